@@ -1,0 +1,45 @@
+#include "engine/backend.h"
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/error.h"
+
+#ifdef KVPR_HAVE_CUDA
+#include "engine/cuda/cuda_backend.h"
+#endif
+
+namespace kvpr {
+
+bool cuda_available() {
+#ifdef KVPR_HAVE_CUDA
+  return cuda_device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Backend> create_backend(const std::string& name, int device) {
+  if (name == "cpu") return std::make_unique<CpuBackend>();
+  if (name == "cuda" || name == "auto") {
+#ifdef KVPR_HAVE_CUDA
+    if (cuda_device_count() > 0) return make_cuda_backend(device);
+#endif
+    (void)device;
+    if (name == "auto") return std::make_unique<CpuBackend>();
+#ifdef KVPR_HAVE_CUDA
+    KVPR_THROW("backend 'cuda' requested but no CUDA device is visible");
+#else
+    KVPR_THROW("backend 'cuda' requested but this build has no CUDA backend (configure with KVPR_CUDA=ON)");
+#endif
+  }
+  KVPR_THROW("unknown backend '", name, "' (expected auto, cpu or cuda)");
+}
+
+bool parse_dtype(std::string_view s, DType* out) {
+  if (s == "F32" || s == "f32" || s == "float32" || s == "fp32" || s == "float") *out = DType::F32;
+  else if (s == "F16" || s == "f16" || s == "float16" || s == "fp16" || s == "half") *out = DType::F16;
+  else if (s == "BF16" || s == "bf16" || s == "bfloat16") *out = DType::BF16;
+  else return false;
+  return true;
+}
+
+}  // namespace kvpr

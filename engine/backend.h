@@ -1,0 +1,95 @@
+// The one device boundary. Model code and the runtime are written against this interface;
+// each backend (cpu/, cuda/) implements memory, streams, events, copies and the ops.
+//
+// Streams follow design.md §3: every backend has a compute stream and two copy streams
+// (host-to-device and device-to-host). Work on one stream runs in order; work on different
+// streams is ordered only by events. Ops run on the compute stream.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace kvpr {
+
+enum class Stream : int { Compute = 0, H2D = 1, D2H = 2 };
+
+enum class Activation { None, ReLU, GELU };
+
+// A point in a stream's work. Backends define what is inside.
+class Event {
+ public:
+  struct Impl {
+    virtual ~Impl() = default;
+  };
+  Event() = default;
+  explicit Event(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// One sequence of an attention call. Its queries are rows [q_begin, q_begin+q_len) of q and
+// out; it attends causally to keys and values rows [0, past_len + j] for its j-th query.
+// k and v are [>= past_len + q_len, hidden] in device memory (any float dtype), and already
+// hold the current chunk's keys and values.
+struct AttentionSeq {
+  int64_t q_begin = 0;
+  int64_t q_len = 0;
+  int64_t past_len = 0;
+  Tensor k;
+  Tensor v;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  // True when device memory is ordinary host memory (the CPU backend).
+  virtual bool device_is_host() const = 0;
+
+  // ---- memory ----
+  virtual Tensor alloc(DType dtype, Shape shape) = 0;         // device memory, zeroed
+  virtual Tensor alloc_pinned(DType dtype, Shape shape) = 0;  // page-locked host memory
+  virtual size_t device_bytes_in_use() const = 0;
+
+  // ---- copies and ordering ----
+  // Copies src into dst (same dtype and element count; any memory kinds) in order on `s`.
+  virtual void copy(const Tensor& dst, const Tensor& src, Stream s) = 0;
+  virtual Event record(Stream s) = 0;
+  virtual void wait(Stream s, const Event& e) = 0;  // work on s after this waits for e
+  virtual void synchronize(const Event& e) = 0;     // the host waits for e
+  virtual void synchronize() = 0;                   // the host waits for every stream
+
+  // ---- ops (compute stream). Activations are F32; weights any float dtype. ----
+  // out[i, :] = table[ids[i], :] (ids I32 in device memory).
+  virtual void gather_rows(const Tensor& out, const Tensor& table, const Tensor& ids) = 0;
+  // out[i, :] += table[ids[i], :].
+  virtual void add_gathered_rows(const Tensor& out, const Tensor& table, const Tensor& ids) = 0;
+  // out = layer_norm(x) * gamma + beta over the last dim; out may alias x.
+  virtual void layer_norm(const Tensor& out, const Tensor& x, const Tensor& gamma,
+                          const Tensor& beta, float eps) = 0;
+  // out[M, N] = act(x[M, K] · w[N, K]ᵀ + bias[N]); bias may be undefined.
+  virtual void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                      Activation act) = 0;
+  // out = a + b elementwise; out may alias a or b.
+  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  // dst = src converted to dst's dtype (same element count).
+  virtual void convert(const Tensor& dst, const Tensor& src) = 0;
+  // Multi-head causal attention. q, out: [T, heads*head_dim] F32; softmax(q·kᵀ·scale)·v.
+  virtual void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
+                         int heads, float scale) = 0;
+};
+
+// Creates a backend by name: "cpu", "cuda" (device 0 or `device`), or "auto" (cuda when
+// a device is present, else cpu). Throws when the requested backend is unavailable.
+std::unique_ptr<Backend> create_backend(const std::string& name, int device = 0);
+
+// Whether this build includes the CUDA backend and a device is visible.
+bool cuda_available();
+
+}  // namespace kvpr

@@ -1,0 +1,325 @@
+#include "engine/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "engine/cpu/vec.h"
+#include "engine/error.h"
+#include "engine/thread_pool.h"
+
+#ifdef KVPR_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace kvpr {
+
+namespace {
+
+using cpu::BF16Tag;
+using cpu::F16Tag;
+using cpu::F32Tag;
+
+// Calls fn with the storage tag of a float dtype.
+template <typename Fn>
+void dispatch_float(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::F32: fn(F32Tag{}); return;
+    case DType::F16: fn(F16Tag{}); return;
+    case DType::BF16: fn(BF16Tag{}); return;
+    default: KVPR_THROW("expected a float tensor, got ", dtype_name(t));
+  }
+}
+
+void check_f32(const Tensor& t, const char* what) {
+  KVPR_CHECK(t.dtype() == DType::F32, what, " must be F32, got ", t.describe());
+}
+
+struct CpuEvent : Event::Impl {};
+
+float apply_act(float v, Activation act) {
+  switch (act) {
+    case Activation::None: return v;
+    case Activation::ReLU: return v > 0.f ? v : 0.f;
+    case Activation::GELU: return 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));
+  }
+  return v;
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend() : bytes_in_use_(std::make_shared<std::atomic<size_t>>(0)) {
+#ifdef KVPR_HAVE_OPENBLAS
+  // OpenBLAS uses its own threads for large GEMMs; keep it to our thread count.
+  openblas_set_num_threads(ThreadPool::global().size());
+#endif
+}
+
+CpuBackend::~CpuBackend() = default;
+
+Tensor CpuBackend::alloc(DType dtype, Shape shape) {
+  size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  auto st = std::make_shared<Storage>();
+  size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  st->data = std::aligned_alloc(64, rounded);
+  KVPR_CHECK(st->data, "out of memory allocating ", bytes, " bytes for ", dtype_name(dtype),
+             shape_str(shape));
+  std::memset(st->data, 0, rounded);
+  st->bytes = bytes;
+  st->kind = MemoryKind::Device;
+  auto counter = bytes_in_use_;
+  counter->fetch_add(bytes);
+  st->release = [counter, bytes](void* p) {
+    counter->fetch_sub(bytes);
+    std::free(p);
+  };
+  return Tensor(std::move(st), 0, dtype, std::move(shape));
+}
+
+Tensor CpuBackend::alloc_pinned(DType dtype, Shape shape) {
+  Tensor t = Tensor::host(dtype, std::move(shape));
+  return t;
+}
+
+void CpuBackend::copy(const Tensor& dst, const Tensor& src, Stream) {
+  KVPR_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy from ",
+             src.describe(), " to ", dst.describe(), ": dtype or size differ");
+  if (dst.data() != src.data()) std::memmove(dst.data(), src.data(), src.nbytes());
+}
+
+Event CpuBackend::record(Stream) { return Event(std::make_shared<CpuEvent>()); }
+void CpuBackend::wait(Stream, const Event&) {}
+void CpuBackend::synchronize(const Event&) {}
+void CpuBackend::synchronize() {}
+
+void CpuBackend::gather_rows(const Tensor& out, const Tensor& table, const Tensor& ids) {
+  check_f32(out, "gather_rows output");
+  KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == out.dim(0) && table.dim(1) == out.dim(1),
+             "gather_rows: shapes ", out.describe(), " ", table.describe(), " ", ids.describe());
+  const int64_t d = out.dim(1), rows = table.dim(0);
+  const int32_t* id = ids.data_as<int32_t>();
+  float* o = out.data_as<float>();
+  dispatch_float(table.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::T;
+    const T* tab = table.data_as<T>();
+    ThreadPool::global().parallel_for(out.dim(0), 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        int64_t r = id[i];
+        if (r < 0 || r >= rows) r = 0;  // ids are validated by the caller; never read out of bounds
+        cpu::to_f32<decltype(tag)>(o + i * d, tab + r * d, d);
+      }
+    });
+  });
+}
+
+void CpuBackend::add_gathered_rows(const Tensor& out, const Tensor& table, const Tensor& ids) {
+  check_f32(out, "add_gathered_rows output");
+  KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == out.dim(0) && table.dim(1) == out.dim(1),
+             "add_gathered_rows: shapes ", out.describe(), " ", table.describe(), " ", ids.describe());
+  const int64_t d = out.dim(1), rows = table.dim(0);
+  const int32_t* id = ids.data_as<int32_t>();
+  float* o = out.data_as<float>();
+  dispatch_float(table.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::T;
+    const T* tab = table.data_as<T>();
+    ThreadPool::global().parallel_for(out.dim(0), 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        int64_t r = id[i];
+        if (r < 0 || r >= rows) r = 0;
+        cpu::axpy<decltype(tag)>(o + i * d, 1.f, tab + r * d, d);
+      }
+    });
+  });
+}
+
+void CpuBackend::layer_norm(const Tensor& out, const Tensor& x, const Tensor& gamma,
+                            const Tensor& beta, float eps) {
+  check_f32(out, "layer_norm output");
+  check_f32(x, "layer_norm input");
+  const int64_t d = x.dim(-1), n = x.numel() / d;
+  KVPR_CHECK(out.numel() == x.numel() && gamma.numel() == d && beta.numel() == d,
+             "layer_norm: shapes ", out.describe(), " ", x.describe(), " ", gamma.describe(), " ",
+             beta.describe());
+  std::vector<float> g(d), bt(d);
+  for (int64_t j = 0; j < d; ++j) {
+    g[j] = load_as_f32(gamma.data(), gamma.dtype(), j);
+    bt[j] = load_as_f32(beta.data(), beta.dtype(), j);
+  }
+  const float* xi = x.data_as<float>();
+  float* o = out.data_as<float>();
+  ThreadPool::global().parallel_for(n, 4, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* row = xi + r * d;
+      double mean = 0;
+      for (int64_t j = 0; j < d; ++j) mean += row[j];
+      mean /= static_cast<double>(d);
+      double var = 0;
+      for (int64_t j = 0; j < d; ++j) {
+        double c = row[j] - mean;
+        var += c * c;
+      }
+      var /= static_cast<double>(d);
+      float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+      float m = static_cast<float>(mean);
+      float* orow = o + r * d;
+      for (int64_t j = 0; j < d; ++j) orow[j] = (row[j] - m) * inv * g[j] + bt[j];
+    }
+  });
+}
+
+void CpuBackend::linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                        Activation act) {
+  check_f32(out, "linear output");
+  check_f32(x, "linear input");
+  const int64_t K = x.dim(-1), M = x.numel() / K, N = w.dim(0);
+  KVPR_CHECK(w.rank() == 2 && w.dim(1) == K && out.numel() == M * N &&
+                 (!bias.defined() || bias.numel() == N),
+             "linear: shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
+  const float* xp = x.data_as<float>();
+  float* op = out.data_as<float>();
+  ThreadPool& pool = ThreadPool::global();
+
+  // Few rows (decode): one pass over the weight in its own dtype, memory-bound.
+  constexpr int64_t kSmallM = 8;
+  bool done = false;
+#ifdef KVPR_HAVE_OPENBLAS
+  if (M > kSmallM) {
+    const float* wf = nullptr;
+    if (w.dtype() == DType::F32) {
+      wf = w.data_as<float>();
+    } else {
+      if (!weight_scratch_.defined() || weight_scratch_.numel() < w.numel())
+        weight_scratch_ = Tensor::host(DType::F32, {w.numel()});
+      float* s = weight_scratch_.data_as<float>();
+      dispatch_float(w.dtype(), [&](auto tag) {
+        using T = typename decltype(tag)::T;
+        const T* wp = w.data_as<T>();
+        pool.parallel_for(N, 64, [&](int64_t b, int64_t e) {
+          cpu::to_f32<decltype(tag)>(s + b * K, wp + b * K, (e - b) * K);
+        });
+      });
+      wf = s;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(K), 1.f, xp, static_cast<int>(K), wf, static_cast<int>(K), 0.f, op,
+                static_cast<int>(N));
+    done = true;
+  }
+#endif
+  if (!done) {
+    // Dot-product kernel, tiled over rows of x so a tile stays in cache while the weight streams.
+    dispatch_float(w.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::T;
+      const T* wp = w.data_as<T>();
+      pool.parallel_for(N, 16, [&](int64_t b, int64_t e) {
+        for (int64_t m0 = 0; m0 < M; m0 += kSmallM) {
+          int64_t m1 = std::min(M, m0 + kSmallM);
+          for (int64_t n = b; n < e; ++n) {
+            const T* wr = wp + n * K;
+            for (int64_t m = m0; m < m1; ++m) op[m * N + n] = cpu::dot<decltype(tag)>(xp + m * K, wr, K);
+          }
+        }
+      });
+    });
+  }
+  // Epilogue: bias and activation.
+  if (bias.defined() || act != Activation::None) {
+    std::vector<float> bv(bias.defined() ? N : 0);
+    for (int64_t n = 0; n < static_cast<int64_t>(bv.size()); ++n)
+      bv[n] = load_as_f32(bias.data(), bias.dtype(), n);
+    pool.parallel_for(M, 4, [&](int64_t b, int64_t e) {
+      for (int64_t m = b; m < e; ++m) {
+        float* row = op + m * N;
+        if (!bv.empty())
+          for (int64_t n = 0; n < N; ++n) row[n] += bv[n];
+        if (act != Activation::None)
+          for (int64_t n = 0; n < N; ++n) row[n] = apply_act(row[n], act);
+      }
+    });
+  }
+}
+
+void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  check_f32(out, "add output");
+  check_f32(a, "add input");
+  check_f32(b, "add input");
+  KVPR_CHECK(out.numel() == a.numel() && a.numel() == b.numel(), "add: shapes ", out.describe(), " ",
+             a.describe(), " ", b.describe());
+  float* o = out.data_as<float>();
+  const float* ap = a.data_as<float>();
+  const float* bp = b.data_as<float>();
+  ThreadPool::global().parallel_for(out.numel(), 1 << 14, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) o[i] = ap[i] + bp[i];
+  });
+}
+
+void CpuBackend::convert(const Tensor& dst, const Tensor& src) {
+  KVPR_CHECK(dst.numel() == src.numel(), "convert: sizes ", dst.describe(), " ", src.describe());
+  if (dst.dtype() == src.dtype()) {
+    copy(dst, src, Stream::Compute);
+    return;
+  }
+  ThreadPool::global().parallel_for(src.numel(), 1 << 14, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i)
+      store_from_f32(dst.data(), dst.dtype(), i, load_as_f32(src.data(), src.dtype(), i));
+  });
+}
+
+void CpuBackend::attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
+                           int heads, float scale) {
+  check_f32(out, "attention output");
+  check_f32(q, "attention query");
+  const int64_t hidden = q.dim(-1);
+  KVPR_CHECK(heads > 0 && hidden % heads == 0, "attention: hidden ", hidden, " not divisible by ",
+             heads, " heads");
+  const int64_t hd = hidden / heads;
+  // One work item per (sequence, head, query row).
+  std::vector<int64_t> first_item(seqs.size() + 1, 0);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const AttentionSeq& a = seqs[s];
+    KVPR_CHECK(a.k.dim(0) >= a.past_len + a.q_len && a.v.dim(0) >= a.past_len + a.q_len &&
+                   a.k.dim(1) == hidden && a.v.dim(1) == hidden && a.k.dtype() == a.v.dtype() &&
+                   a.q_begin + a.q_len <= q.dim(0),
+               "attention: sequence ", s, " has k ", a.k.describe(), " v ", a.v.describe(),
+               " for past ", a.past_len, " + ", a.q_len, " queries");
+    first_item[s + 1] = first_item[s] + a.q_len * heads;
+  }
+  const float* qp = q.data_as<float>();
+  float* op = out.data_as<float>();
+  ThreadPool::global().parallel_for(first_item.back(), 1, [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    size_t s = std::upper_bound(first_item.begin(), first_item.end(), b) - first_item.begin() - 1;
+    for (int64_t item = b; item < e; ++item) {
+      while (item >= first_item[s + 1]) ++s;
+      const AttentionSeq& a = seqs[s];
+      int64_t local = item - first_item[s];
+      int64_t j = local / heads, h = local % heads;
+      int64_t n = a.past_len + j + 1;  // keys visible to this query
+      const float* qr = qp + (a.q_begin + j) * hidden + h * hd;
+      float* orow = op + (a.q_begin + j) * hidden + h * hd;
+      scores.resize(n);
+      dispatch_float(a.k.dtype(), [&](auto tag) {
+        using T = typename decltype(tag)::T;
+        const T* kp = a.k.data_as<T>() + h * hd;
+        const T* vp = a.v.data_as<T>() + h * hd;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < n; ++t) {
+          scores[t] = cpu::dot<decltype(tag)>(qr, kp + t * hidden, hd) * scale;
+          mx = std::max(mx, scores[t]);
+        }
+        float sum = 0.f;
+        for (int64_t t = 0; t < n; ++t) {
+          scores[t] = std::exp(scores[t] - mx);
+          sum += scores[t];
+        }
+        float inv = 1.f / sum;
+        std::fill(orow, orow + hd, 0.f);
+        for (int64_t t = 0; t < n; ++t) cpu::axpy<decltype(tag)>(orow, scores[t] * inv, vp + t * hidden, hd);
+      });
+    }
+  });
+}
+
+}  // namespace kvpr

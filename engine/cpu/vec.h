@@ -1,0 +1,94 @@
+// Vector helpers for the CPU kernels: load 8 floats from F32/F16/BF16 storage, dot products
+// and axpy in fp32. AVX2+FMA+F16C when the build enables them (KVPR_CPU_AVX2), scalar otherwise.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "engine/dtype.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KVPR_VEC_AVX2 1
+#endif
+
+namespace kvpr::cpu {
+
+// Element type tags for templated kernels.
+struct F32Tag { using T = float; };
+struct F16Tag { using T = uint16_t; };
+struct BF16Tag { using T = uint16_t; };
+
+template <typename Tag>
+inline float load1(const typename Tag::T* p) {
+  if constexpr (std::is_same_v<Tag, F32Tag>) return *p;
+  else if constexpr (std::is_same_v<Tag, F16Tag>) return f16_to_f32(*p);
+  else return bf16_to_f32(*p);
+}
+
+#ifdef KVPR_VEC_AVX2
+template <typename Tag>
+inline __m256 load8(const typename Tag::T* p) {
+  if constexpr (std::is_same_v<Tag, F32Tag>) {
+    return _mm256_loadu_ps(p);
+  } else if constexpr (std::is_same_v<Tag, F16Tag>) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+}
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 s = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, s);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// sum_i a[i] * b[i], a in fp32, b in Tag's storage.
+template <typename Tag>
+inline float dot(const float* a, const typename Tag::T* b, int64_t n) {
+  int64_t i = 0;
+  float s = 0.f;
+#ifdef KVPR_VEC_AVX2
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8<Tag>(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8<Tag>(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8<Tag>(b + i), acc0);
+  s = hsum(_mm256_add_ps(acc0, acc1));
+#endif
+  for (; i < n; ++i) s += a[i] * load1<Tag>(b + i);
+  return s;
+}
+
+// y[i] += alpha * x[i], x in Tag's storage.
+template <typename Tag>
+inline void axpy(float* y, float alpha, const typename Tag::T* x, int64_t n) {
+  int64_t i = 0;
+#ifdef KVPR_VEC_AVX2
+  __m256 va = _mm256_set1_ps(alpha);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load8<Tag>(x + i), _mm256_loadu_ps(y + i)));
+#endif
+  for (; i < n; ++i) y[i] += alpha * load1<Tag>(x + i);
+}
+
+// dst[i] = float(src[i]).
+template <typename Tag>
+inline void to_f32(float* dst, const typename Tag::T* src, int64_t n) {
+  int64_t i = 0;
+#ifdef KVPR_VEC_AVX2
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8<Tag>(src + i));
+#endif
+  for (; i < n; ++i) dst[i] = load1<Tag>(src + i);
+}
+
+}  // namespace kvpr::cpu

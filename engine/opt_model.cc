@@ -1,0 +1,252 @@
+#include "engine/opt_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/checkpoint.h"
+#include "engine/error.h"
+
+namespace kvpr {
+
+Tensor Workspace::get(const std::string& name, DType dtype, Shape shape) {
+  int64_t need = std::max<int64_t>(1, shape_numel(shape) * static_cast<int64_t>(dtype_size(dtype)));
+  auto it = buffers_.find(name);
+  if (it == buffers_.end() || it->second.numel() < need) {
+    int64_t grown = it == buffers_.end() ? 0 : it->second.numel() * 3 / 2;
+    buffers_[name] = backend_.alloc(DType::U8, {std::max(need, grown)});
+    it = buffers_.find(name);
+  }
+  return it->second.view_as(dtype, std::move(shape));
+}
+
+DeviceKvCache::DeviceKvCache(Backend& backend, int64_t layers, int64_t slots, int64_t capacity,
+                             int64_t hidden, DType dtype)
+    : slots_(slots), capacity_(capacity), hidden_(hidden), dtype_(dtype) {
+  for (int64_t l = 0; l < layers; ++l) {
+    k_.push_back(backend.alloc(dtype, {slots, capacity, hidden}));
+    v_.push_back(backend.alloc(dtype, {slots, capacity, hidden}));
+  }
+}
+
+Tensor DeviceKvCache::k(int64_t layer, int64_t slot) const {
+  return k_.at(layer).rows(slot, 1).reshape({capacity_, hidden_});
+}
+Tensor DeviceKvCache::v(int64_t layer, int64_t slot) const {
+  return v_.at(layer).rows(slot, 1).reshape({capacity_, hidden_});
+}
+size_t DeviceKvCache::bytes() const {
+  size_t b = 0;
+  for (const auto& t : k_) b += t.nbytes();
+  for (const auto& t : v_) b += t.nbytes();
+  return b;
+}
+
+OptModel::OptModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts)
+    : backend_(backend), ws_(backend) {
+  config_ = OptConfig::load(model_dir);
+  load(model_dir, opts);
+}
+
+void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) {
+  CheckpointDir ckpt(model_dir);
+  format_ = ckpt.format();
+  const OptConfig& c = config_;
+  // The hub uses two prefixes: "model.decoder." (with lm_head.weight) and "decoder.".
+  std::string prefix;
+  if (ckpt.find("model.decoder.embed_tokens.weight")) prefix = "model.decoder.";
+  else if (ckpt.find("decoder.embed_tokens.weight")) prefix = "decoder.";
+  else
+    KVPR_THROW(model_dir, ": missing tensor 'model.decoder.embed_tokens.weight' (nor "
+                          "'decoder.embed_tokens.weight') in ", ckpt.format(), " checkpoint");
+
+  auto get = [&](const std::string& key, Shape expect, bool required = true) -> Tensor {
+    const TensorRecord* r = ckpt.find(key);
+    if (!r) {
+      KVPR_CHECK(!required, model_dir, ": missing tensor '", key, "'");
+      return Tensor();
+    }
+    KVPR_CHECK(is_float(r->dtype), r->file, ": tensor '", key, "' has dtype ", dtype_name(r->dtype),
+               ", expected F32, F16 or BF16");
+    KVPR_CHECK(r->shape == expect, r->file, ": tensor '", key, "' has shape ", shape_str(r->shape),
+               ", expected ", shape_str(expect));
+    Tensor src = Tensor::borrow(const_cast<void*>(r->data), r->dtype, r->shape);
+    DType dt = opts.convert_weights ? opts.weight_dtype : r->dtype;
+    Tensor dst = backend_.alloc(dt, r->shape);
+    if (dt == r->dtype) {
+      backend_.copy(dst, src, Stream::H2D);
+    } else {
+      // Convert on the host, then upload.
+      Tensor tmp = Tensor::host(dt, r->shape);
+      for (int64_t i = 0; i < src.numel(); ++i)
+        store_from_f32(tmp.data(), dt, i, load_as_f32(src.data(), src.dtype(), i));
+      backend_.copy(dst, tmp, Stream::H2D);
+    }
+    parameter_count_ += dst.numel();
+    weight_bytes_ += dst.nbytes();
+    return dst;
+  };
+  const int64_t h = c.hidden_size, d = c.word_embed_proj_dim, f = c.ffn_dim;
+  auto bias = [&](const std::string& key, int64_t n) {
+    return get(key, {n}, c.enable_bias);
+  };
+  embed_tokens_ = get(prefix + "embed_tokens.weight", {c.vocab_size, d});
+  embed_positions_ =
+      get(prefix + "embed_positions.weight", {c.max_position_embeddings + OptConfig::kPositionOffset, h});
+  weight_dtype_ = embed_tokens_.dtype();
+  if (c.has_projection()) {
+    project_in_ = get(prefix + "project_in.weight", {h, d});
+    project_out_ = get(prefix + "project_out.weight", {d, h});
+  }
+  if (c.has_final_layer_norm()) {
+    final_ln_w_ = get(prefix + "final_layer_norm.weight", {h}, c.layer_norm_affine);
+    final_ln_b_ = get(prefix + "final_layer_norm.bias", {h}, c.layer_norm_affine);
+  }
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    std::string p = prefix + "layers." + std::to_string(i) + ".";
+    OptLayer L;
+    L.attn_ln_w = get(p + "self_attn_layer_norm.weight", {h}, c.layer_norm_affine);
+    L.attn_ln_b = get(p + "self_attn_layer_norm.bias", {h}, c.layer_norm_affine);
+    L.wq = get(p + "self_attn.q_proj.weight", {h, h});
+    L.bq = bias(p + "self_attn.q_proj.bias", h);
+    L.wk = get(p + "self_attn.k_proj.weight", {h, h});
+    L.bk = bias(p + "self_attn.k_proj.bias", h);
+    L.wv = get(p + "self_attn.v_proj.weight", {h, h});
+    L.bv = bias(p + "self_attn.v_proj.bias", h);
+    L.wo = get(p + "self_attn.out_proj.weight", {h, h});
+    L.bo = bias(p + "self_attn.out_proj.bias", h);
+    L.ffn_ln_w = get(p + "final_layer_norm.weight", {h}, c.layer_norm_affine);
+    L.ffn_ln_b = get(p + "final_layer_norm.bias", {h}, c.layer_norm_affine);
+    L.fc1_w = get(p + "fc1.weight", {f, h});
+    L.fc1_b = bias(p + "fc1.bias", f);
+    L.fc2_w = get(p + "fc2.weight", {h, f});
+    L.fc2_b = bias(p + "fc2.bias", h);
+    layers_.push_back(std::move(L));
+  }
+  // lm_head is tied to embed_tokens when the checkpoint has none.
+  if (ckpt.find("lm_head.weight")) lm_head_ = get("lm_head.weight", {c.vocab_size, d});
+  else lm_head_ = embed_tokens_;
+  // Layer norms without elementwise affine parameters use gamma = 1, beta = 0.
+  auto unit = [&](Tensor& w, Tensor& b) {
+    if (w.defined()) return;
+    Tensor one = Tensor::host(DType::F32, {h});
+    for (int64_t j = 0; j < h; ++j) one.data_as<float>()[j] = 1.f;
+    w = backend_.alloc(DType::F32, {h});
+    backend_.copy(w, one, Stream::H2D);
+    b = backend_.alloc(DType::F32, {h});
+  };
+  if (c.has_final_layer_norm()) unit(final_ln_w_, final_ln_b_);
+  for (auto& L : layers_) {
+    unit(L.attn_ln_w, L.attn_ln_b);
+    unit(L.ffn_ln_w, L.ffn_ln_b);
+  }
+  backend_.synchronize();
+}
+
+void OptModel::forward(const std::vector<ForwardChunk>& chunks, DeviceKvCache& cache,
+                       const Tensor& logits, bool all_positions) {
+  const OptConfig& c = config_;
+  const int64_t h = c.hidden_size, d = c.word_embed_proj_dim, V = c.vocab_size;
+  Backend& be = backend_;
+  int64_t T = 0;
+  for (const auto& ch : chunks) {
+    KVPR_CHECK(ch.count > 0, "empty forward chunk");
+    KVPR_CHECK(ch.slot >= 0 && ch.slot < cache.slots(), "KV slot ", ch.slot, " out of range");
+    KVPR_CHECK(ch.past_len + ch.count <= cache.capacity(), "sequence of ", ch.past_len + ch.count,
+               " tokens exceeds the KV capacity ", cache.capacity());
+    KVPR_CHECK(ch.past_len + ch.count <= c.max_position_embeddings, "sequence of ",
+               ch.past_len + ch.count, " tokens exceeds max_position_embeddings ",
+               c.max_position_embeddings);
+    T += ch.count;
+  }
+  const int64_t rows = all_positions ? T : static_cast<int64_t>(chunks.size());
+  KVPR_CHECK(logits.dtype() == DType::F32 && logits.numel() == rows * V, "logits buffer ",
+             logits.describe(), " does not hold ", rows, " x ", V);
+
+  // Token ids, positions and the rows whose logits we want, uploaded together.
+  Tensor host_ids = Tensor::host(DType::I32, {2 * T + rows});
+  int32_t* hi = host_ids.data_as<int32_t>();
+  std::vector<AttentionSeq> seqs;
+  int64_t t = 0;
+  for (const auto& ch : chunks) {
+    AttentionSeq s;
+    s.q_begin = t;
+    s.q_len = ch.count;
+    s.past_len = ch.past_len;
+    seqs.push_back(s);
+    for (int64_t j = 0; j < ch.count; ++j, ++t) {
+      KVPR_CHECK(ch.tokens[j] >= 0 && ch.tokens[j] < V, "token id ", ch.tokens[j],
+                 " out of range for vocab_size ", V);
+      hi[t] = ch.tokens[j];
+      hi[T + t] = static_cast<int32_t>(ch.past_len + j + OptConfig::kPositionOffset);
+    }
+  }
+  for (int64_t r = 0, k = 0; r < rows; ++r) {
+    if (all_positions) hi[2 * T + r] = static_cast<int32_t>(r);
+    else hi[2 * T + r] = static_cast<int32_t>((k += chunks[r].count) - 1);
+  }
+  Tensor ids = ws_.get("ids", DType::I32, {2 * T + rows});
+  be.copy(ids, host_ids, Stream::Compute);
+  Tensor tok_ids = ids.rows(0, T), pos_ids = ids.rows(T, T), out_rows = ids.rows(2 * T, rows);
+
+  Tensor x = ws_.get("x", DType::F32, {T, h});  // residual stream [T, hidden]
+  if (c.has_projection()) {
+    Tensor e = ws_.get("embed", DType::F32, {T, d});
+    be.gather_rows(e, embed_tokens_, tok_ids);
+    be.linear(x, e, project_in_, Tensor(), Activation::None);
+  } else {
+    be.gather_rows(x, embed_tokens_, tok_ids);
+  }
+  be.add_gathered_rows(x, embed_positions_, pos_ids);
+
+  Tensor a = ws_.get("a", DType::F32, {T, h});     // normalised input of a sub-block
+  Tensor q = ws_.get("q", DType::F32, {T, h});
+  Tensor k = ws_.get("k", DType::F32, {T, h});
+  Tensor v = ws_.get("v", DType::F32, {T, h});
+  Tensor att = ws_.get("att", DType::F32, {T, h});
+  Tensor o = ws_.get("o", DType::F32, {T, h});
+  Tensor ff = ws_.get("ff", DType::F32, {T, c.ffn_dim});
+  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
+  const float eps = OptConfig::kLayerNormEps;
+  for (int64_t li = 0; li < c.num_layers; ++li) {
+    const OptLayer& L = layers_[li];
+    // Self-attention block.
+    const Tensor& attn_in = c.do_layer_norm_before ? a : x;
+    if (c.do_layer_norm_before) be.layer_norm(a, x, L.attn_ln_w, L.attn_ln_b, eps);
+    be.linear(q, attn_in, L.wq, L.bq, Activation::None);
+    be.linear(k, attn_in, L.wk, L.bk, Activation::None);
+    be.linear(v, attn_in, L.wv, L.bv, Activation::None);
+    for (size_t s = 0; s < chunks.size(); ++s) {
+      Tensor ck = cache.k(li, chunks[s].slot), cv = cache.v(li, chunks[s].slot);
+      be.convert(ck.rows(chunks[s].past_len, chunks[s].count), k.rows(seqs[s].q_begin, chunks[s].count));
+      be.convert(cv.rows(chunks[s].past_len, chunks[s].count), v.rows(seqs[s].q_begin, chunks[s].count));
+      seqs[s].k = ck;
+      seqs[s].v = cv;
+    }
+    be.attention(att, q, seqs, static_cast<int>(c.num_heads), scale);
+    be.linear(o, att, L.wo, L.bo, Activation::None);
+    be.add(x, x, o);
+    if (!c.do_layer_norm_before) be.layer_norm(x, x, L.attn_ln_w, L.attn_ln_b, eps);
+    // Feed-forward block.
+    const Tensor& ffn_in = c.do_layer_norm_before ? a : x;
+    if (c.do_layer_norm_before) be.layer_norm(a, x, L.ffn_ln_w, L.ffn_ln_b, eps);
+    be.linear(ff, ffn_in, L.fc1_w, L.fc1_b, c.activation);
+    be.linear(o, ff, L.fc2_w, L.fc2_b, Activation::None);
+    be.add(x, x, o);
+    if (!c.do_layer_norm_before) be.layer_norm(x, x, L.ffn_ln_w, L.ffn_ln_b, eps);
+  }
+  if (c.has_final_layer_norm()) be.layer_norm(x, x, final_ln_w_, final_ln_b_, eps);
+
+  Tensor sel = ws_.get("sel", DType::F32, {rows, h});
+  be.gather_rows(sel, x, out_rows);
+  Tensor head_in = sel;
+  if (c.has_projection()) {
+    head_in = ws_.get("proj", DType::F32, {rows, d});
+    be.linear(head_in, sel, project_out_, Tensor(), Activation::None);
+  }
+  Tensor out = ws_.get("logits", DType::F32, {rows, V});
+  be.linear(out, head_in, lm_head_, Tensor(), Activation::None);
+  be.copy(logits, out, Stream::Compute);
+  be.synchronize();
+}
+
+}  // namespace kvpr
