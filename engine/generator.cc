@@ -1,0 +1,232 @@
+#include "engine/generator.h"
+
+#include <algorithm>
+#include <random>
+
+#include "engine/error.h"
+
+namespace kvpr {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::None: return "none";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+struct Generator::Sequence {
+  uint64_t id;
+  GenerationParams params;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  int64_t slot = -1;
+  int64_t past_len = 0;  // tokens whose K/V are in the cache
+  Rng rng;
+  StreamDecoder decoder;
+  std::string text;     // decoded so far (truncated at a stop string when one matched)
+  size_t emitted = 0;   // bytes of `text` already handed out
+  bool cancelled = false;
+  Sequence(uint64_t i, const GenerationParams& p, std::vector<int32_t> pr, uint64_t seed, const Tokenizer& t)
+      : id(i), params(p), prompt(std::move(pr)), rng(seed), decoder(t) {}
+};
+
+Generator::~Generator() = default;
+
+Generator::Generator(OptModel& model, const Tokenizer& tokenizer, const GeneratorOptions& opts)
+    : model_(model), tok_(tokenizer) {
+  const OptConfig& c = model.config();
+  max_seq_len_ = opts.max_seq_len > 0 ? std::min(opts.max_seq_len, c.max_position_embeddings)
+                                      : c.max_position_embeddings;
+  KVPR_CHECK(opts.max_batch > 0, "max_batch must be positive");
+  // Ids the tokenizer cannot produce (OPT pads its embedding to 50272) are never sampled.
+  valid_vocab_ = static_cast<int32_t>(std::min<int64_t>(c.vocab_size, tokenizer.size()));
+  cache_ = std::make_unique<DeviceKvCache>(model.backend(), c.num_layers, opts.max_batch, max_seq_len_,
+                                           c.hidden_size, opts.kv_dtype.value_or(model.weight_dtype()));
+  for (int64_t s = opts.max_batch; s-- > 0;) free_slots_.push_back(s);
+}
+
+uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& params) {
+  KVPR_CHECK(!prompt.empty(), "the prompt is empty");
+  KVPR_CHECK(params.max_new_tokens >= 0, "max_tokens must be >= 0, got ", params.max_new_tokens);
+  validate(params.sampling);
+  const int64_t vocab = model_.config().vocab_size;
+  for (int32_t t : prompt)
+    KVPR_CHECK(t >= 0 && t < vocab, "token id ", t, " is out of range [0, ", vocab, ")");
+  KVPR_CHECK(static_cast<int64_t>(prompt.size()) < max_seq_len_, "the prompt has ", prompt.size(),
+             " tokens but the context holds ", max_seq_len_);
+  for (const auto& s : params.stop) KVPR_CHECK(!s.empty(), "stop strings must not be empty");
+  uint64_t seed = params.sampling.seed ? *params.sampling.seed : std::random_device{}();
+  uint64_t id = next_id_++;
+  waiting_.push_back(std::make_unique<Sequence>(id, params, std::move(prompt), seed, tok_));
+  return id;
+}
+
+void Generator::cancel(uint64_t id) {
+  for (auto& s : waiting_)
+    if (s->id == id) s->cancelled = true;
+  for (auto& s : running_)
+    if (s->id == id) s->cancelled = true;
+}
+
+SequenceResult Generator::take_result(uint64_t id) {
+  auto it = done_.find(id);
+  KVPR_CHECK(it != done_.end(), "sequence ", id, " has not finished");
+  SequenceResult r = std::move(it->second);
+  done_.erase(it);
+  return r;
+}
+
+// Text that can be shown now: everything when final, else all but a suffix that could still
+// grow into a stop string.
+std::string Generator::take_visible_text(Sequence& s, bool final) {
+  size_t limit = s.text.size();
+  if (!final) {
+    for (const auto& stop : s.params.stop) {
+      for (size_t k = std::min(stop.size() - 1, s.text.size()); k > 0; --k) {
+        if (s.text.compare(s.text.size() - k, k, stop, 0, k) == 0) {
+          limit = std::min(limit, s.text.size() - k);
+          break;
+        }
+      }
+    }
+  }
+  if (limit <= s.emitted) return "";
+  std::string out = s.text.substr(s.emitted, limit - s.emitted);
+  s.emitted = limit;
+  return out;
+}
+
+void Generator::finish(Sequence& s, FinishReason r, bool flush_decoder, std::vector<StepOutput>& out,
+                       StepOutput& ev) {
+  if (flush_decoder) s.text += s.decoder.finish();  // bytes held back for an unfinished character
+  ev.finish = r;
+  ev.text += take_visible_text(s, true);
+  out.push_back(ev);
+  SequenceResult res;
+  res.prompt = std::move(s.prompt);
+  res.tokens = std::move(s.tokens);
+  res.logprobs = std::move(s.logprobs);
+  res.text = std::move(s.text);
+  res.finish = r;
+  done_[s.id] = std::move(res);
+  if (s.slot >= 0) free_slots_.push_back(s.slot);
+  s.slot = -1;
+}
+
+std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
+  std::vector<StepOutput> out;
+  // Retire cancelled sequences and admit waiting ones into free slots (FIFO).
+  auto retire_cancelled = [&](std::vector<std::unique_ptr<Sequence>>& v) {
+    for (auto it = v.begin(); it != v.end();) {
+      if ((*it)->cancelled) {
+        StepOutput ev;
+        ev.id = (*it)->id;
+        finish(**it, FinishReason::Cancelled, true, out, ev);
+        it = v.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
+  retire_cancelled(waiting_);
+  retire_cancelled(running_);
+  std::vector<Sequence*> batch;
+  for (auto& s : running_) batch.push_back(s.get());
+  while (!waiting_.empty() && !free_slots_.empty()) {
+    auto s = std::move(waiting_.front());
+    waiting_.erase(waiting_.begin());
+    if (s->params.max_new_tokens == 0) {
+      StepOutput ev;
+      ev.id = s->id;
+      finish(*s, FinishReason::Length, true, out, ev);
+      continue;
+    }
+    s->slot = free_slots_.back();
+    free_slots_.pop_back();
+    batch.push_back(s.get());
+    running_.push_back(std::move(s));
+  }
+  if (batch.empty()) return out;
+
+  std::vector<ForwardChunk> chunks;
+  for (Sequence* s : batch) {
+    ForwardChunk c;
+    c.slot = s->slot;
+    c.past_len = s->past_len;
+    if (s->past_len == 0) {  // prefill the whole prompt
+      c.tokens = s->prompt.data();
+      c.count = static_cast<int64_t>(s->prompt.size());
+    } else {  // decode the last generated token
+      c.tokens = &s->tokens.back();
+      c.count = 1;
+    }
+    chunks.push_back(c);
+  }
+  const int64_t V = model_.config().vocab_size;
+  const int64_t rows = static_cast<int64_t>(chunks.size());
+  if (!logits_.defined() || logits_.dim(0) < rows) logits_ = Tensor::host(DType::F32, {rows, V});
+  model_.forward(chunks, *cache_, logits_.rows(0, rows));
+
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence& s = *batch[i];
+    s.past_len += chunks[i].count;
+    const float* row = logits_.data_as<float>() + static_cast<int64_t>(i) * V;
+    if (observer) observer(s.id, row, V);
+    Sampled pick = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch_);
+    s.tokens.push_back(pick.token);
+    s.logprobs.push_back(pick.logprob);
+    StepOutput ev;
+    ev.id = s.id;
+    ev.token = pick.token;
+    ev.logprob = pick.logprob;
+
+    bool is_eos = tok_.eos_id() && pick.token == *tok_.eos_id() && !s.params.ignore_eos;
+    if (is_eos) {
+      finish(s, FinishReason::Stop, true, out, ev);
+      continue;
+    }
+    size_t before = s.text.size();
+    s.text += s.decoder.push(pick.token);
+    // Stop strings: search only where a new match could start.
+    size_t cut = std::string::npos;
+    for (const auto& stop : s.params.stop) {
+      size_t from = before >= stop.size() ? before - stop.size() + 1 : 0;
+      size_t f = s.text.find(stop, from);
+      if (f != std::string::npos) cut = std::min(cut, f);
+    }
+    if (cut != std::string::npos) {
+      s.text.resize(std::max(cut, s.emitted));
+      finish(s, FinishReason::Stop, false, out, ev);
+      continue;
+    }
+    bool at_limit = static_cast<int>(s.tokens.size()) >= s.params.max_new_tokens ||
+                    s.past_len + 1 >= max_seq_len_;
+    if (at_limit) {
+      finish(s, FinishReason::Length, true, out, ev);
+      continue;
+    }
+    ev.text = take_visible_text(s, false);
+    out.push_back(ev);
+  }
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [&](const auto& s) { return s->slot < 0; }),
+                 running_.end());
+  return out;
+}
+
+std::vector<SequenceResult> Generator::generate_all(const std::vector<std::vector<int32_t>>& prompts,
+                                                    const GenerationParams& params,
+                                                    const LogitsObserver& observer) {
+  std::vector<uint64_t> ids;
+  for (const auto& p : prompts) ids.push_back(add(p, params));
+  while (!idle()) step(observer);
+  std::vector<SequenceResult> out;
+  for (uint64_t id : ids) out.push_back(take_result(id));
+  return out;
+}
+
+}  // namespace kvpr

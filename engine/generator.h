@@ -1,0 +1,102 @@
+// Continuous batching over one model: requests join at step boundaries, each step runs one
+// forward over the prompts being admitted and the last token of every running sequence,
+// then samples, detokenizes incrementally and applies stop conditions. Single-threaded:
+// call every method from the thread that owns the Generator.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/opt_model.h"
+#include "engine/sampling.h"
+#include "engine/tokenizer.h"
+
+namespace kvpr {
+
+struct GenerationParams {
+  int max_new_tokens = 16;
+  SamplingParams sampling;
+  std::vector<std::string> stop;  // stop strings; the text ends before the first match
+  bool ignore_eos = false;
+};
+
+enum class FinishReason { None, Stop, Length, Cancelled };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled"
+
+struct GeneratorOptions {
+  int max_batch = 8;          // sequences decoding at once (KV slots)
+  int64_t max_seq_len = 0;    // 0 = the model's max_position_embeddings
+  std::optional<DType> kv_dtype;  // default: the model's weight dtype
+};
+
+// What one step produced for one sequence.
+struct StepOutput {
+  uint64_t id = 0;
+  int32_t token = -1;
+  float logprob = 0.f;
+  std::string text;  // new text safe to show (never splits a character or a stop string)
+  FinishReason finish = FinishReason::None;
+};
+
+struct SequenceResult {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens;    // generated ids (EOS included when it ended the sequence)
+  std::vector<float> logprobs;
+  std::string text;               // generated text, stop string excluded
+  FinishReason finish = FinishReason::None;
+};
+
+class Generator {
+ public:
+  Generator(OptModel& model, const Tokenizer& tokenizer, const GeneratorOptions& opts = {});
+  ~Generator();
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  // Queues a request; throws kvpr::Error (one line) for an empty prompt, a prompt that does
+  // not fit the context, bad ids or bad sampling values.
+  uint64_t add(std::vector<int32_t> prompt, const GenerationParams& params);
+  void cancel(uint64_t id);
+
+  // Called with the raw logits row from which each token is chosen.
+  using LogitsObserver = std::function<void(uint64_t id, const float* logits, int64_t vocab)>;
+  std::vector<StepOutput> step(const LogitsObserver& observer = nullptr);
+
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  size_t running() const { return running_.size(); }
+  size_t waiting() const { return waiting_.size(); }
+  int64_t max_seq_len() const { return max_seq_len_; }
+
+  // Results of finished sequences (removed by take_result).
+  bool finished(uint64_t id) const { return done_.count(id) > 0; }
+  SequenceResult take_result(uint64_t id);
+
+  // Runs every queued request to completion.
+  std::vector<SequenceResult> generate_all(const std::vector<std::vector<int32_t>>& prompts,
+                                           const GenerationParams& params,
+                                           const LogitsObserver& observer = nullptr);
+
+ private:
+  struct Sequence;
+  void finish(Sequence& s, FinishReason r, bool flush_decoder, std::vector<StepOutput>& out, StepOutput& ev);
+  std::string take_visible_text(Sequence& s, bool final);
+
+  OptModel& model_;
+  const Tokenizer& tok_;
+  int64_t max_seq_len_;
+  int32_t valid_vocab_;
+  std::unique_ptr<DeviceKvCache> cache_;
+  std::vector<int64_t> free_slots_;
+  std::vector<std::unique_ptr<Sequence>> waiting_, running_;
+  std::map<uint64_t, SequenceResult> done_;
+  uint64_t next_id_ = 1;
+  Tensor logits_;  // host [rows, vocab]
+  std::vector<std::pair<float, int32_t>> scratch_;
+};
+
+}  // namespace kvpr

@@ -1,0 +1,47 @@
+// Token selection from logits: greedy, temperature, top-k, top-p, with a seeded generator
+// so the same seed gives the same tokens on every machine.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace kvpr {
+
+struct SamplingParams {
+  float temperature = 0.f;  // 0 = greedy
+  int top_k = 0;            // 0 = all
+  float top_p = 1.f;        // 1 = all
+  std::optional<uint64_t> seed;
+};
+
+// Throws kvpr::Error with a one-line message when a value is out of range.
+void validate(const SamplingParams& p);
+
+// SplitMix64: small, fast, and fully specified, unlike std:: distributions.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed) {}
+  uint64_t next() {
+    uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+
+ private:
+  uint64_t s_;
+};
+
+struct Sampled {
+  int32_t token;
+  float logprob;  // log-softmax of the raw logits at `token` (temperature 1)
+};
+
+// Picks a token among ids [0, valid) of `logits` (ids >= valid are never chosen).
+// `scratch` is reused between calls.
+Sampled sample_token(const float* logits, int32_t valid, const SamplingParams& p, Rng& rng,
+                     std::vector<std::pair<float, int32_t>>& scratch);
+
+}  // namespace kvpr

@@ -1,0 +1,547 @@
+#include "engine/tokenizer.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "engine/error.h"
+#include "engine/json.h"
+
+namespace kvpr {
+
+namespace {
+
+struct CodeRange {
+  char32_t lo, hi;
+};
+#include "engine/unicode_tables.inc"
+
+template <size_t N>
+bool in_ranges(const CodeRange (&r)[N], char32_t c) {
+  size_t lo = 0, hi = N;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (c < r[mid].lo) hi = mid;
+    else if (c > r[mid].hi) lo = mid + 1;
+    else return true;
+  }
+  return false;
+}
+
+enum class CharClass { Letter, Number, Space, Other };
+
+CharClass classify(char32_t c) {
+  if (c < 0x80) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return CharClass::Letter;
+    if (c >= '0' && c <= '9') return CharClass::Number;
+    if (c == ' ' || (c >= 0x09 && c <= 0x0d)) return CharClass::Space;
+    return CharClass::Other;
+  }
+  if (in_ranges(kLetterRanges, c)) return CharClass::Letter;
+  if (in_ranges(kNumberRanges, c)) return CharClass::Number;
+  if (in_ranges(kSpaceRanges, c)) return CharClass::Space;
+  return CharClass::Other;
+}
+
+// Decodes one UTF-8 character at s[i]; invalid bytes decode as U+FFFD of length 1.
+// Returns the length in bytes of a valid sequence (1..4), or 0 if s[i..] is an incomplete
+// but so far valid sequence (only when allow_incomplete), or -1 for an invalid byte.
+int utf8_next(std::string_view s, size_t i, char32_t* cp) {
+  unsigned char b0 = static_cast<unsigned char>(s[i]);
+  if (b0 < 0x80) {
+    *cp = b0;
+    return 1;
+  }
+  int len;
+  char32_t c;
+  unsigned char lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+  if (b0 >= 0xc2 && b0 <= 0xdf) {
+    len = 2;
+    c = b0 & 0x1f;
+  } else if (b0 >= 0xe0 && b0 <= 0xef) {
+    len = 3;
+    c = b0 & 0x0f;
+    if (b0 == 0xe0) lo = 0xa0;
+    if (b0 == 0xed) hi = 0x9f;  // no surrogates
+  } else if (b0 >= 0xf0 && b0 <= 0xf4) {
+    len = 4;
+    c = b0 & 0x07;
+    if (b0 == 0xf0) lo = 0x90;
+    if (b0 == 0xf4) hi = 0x8f;
+  } else {
+    *cp = 0xfffd;
+    return -1;
+  }
+  for (int k = 1; k < len; ++k) {
+    if (i + k >= s.size()) {
+      *cp = 0xfffd;
+      return 0;  // incomplete
+    }
+    unsigned char b = static_cast<unsigned char>(s[i + k]);
+    unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xbf;
+    if (b < l || b > h) {
+      *cp = 0xfffd;
+      return -k;  // invalid after k bytes (maximal subpart of length k)
+    }
+    c = (c << 6) | (b & 0x3f);
+  }
+  *cp = c;
+  return len;
+}
+
+void append_utf8(std::string& out, char32_t cp) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xc0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xe0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else {
+    out.push_back(static_cast<char>(0xf0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  }
+}
+
+// Character at byte i for the pre-tokenizer: class and byte length (invalid bytes: 1, Other).
+struct Char {
+  CharClass cls;
+  size_t len;
+};
+Char char_at(std::string_view s, size_t i) {
+  char32_t cp;
+  int n = utf8_next(s, i, &cp);
+  if (n <= 0) return {CharClass::Other, 1};
+  return {classify(cp), static_cast<size_t>(n)};
+}
+
+// GPT-2's byte <-> unicode mapping: printable bytes stand for themselves, the others are
+// shifted to U+0100 and up so that every byte has a visible, non-space character.
+struct ByteMap {
+  std::string encode[256];  // byte -> UTF-8 of its character
+  int16_t decode[512];      // code point -> byte, -1 if none
+  ByteMap() {
+    std::fill(std::begin(decode), std::end(decode), static_cast<int16_t>(-1));
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+      char32_t cp = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
+      append_utf8(encode[b], cp);
+      decode[cp] = static_cast<int16_t>(b);
+    }
+  }
+};
+const ByteMap& byte_map() {
+  static const ByteMap m;
+  return m;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KVPR_CHECK(f, path, ": cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::vector<std::string_view> pretokenize(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    // 's 't 're 've 'm 'll 'd
+    if (s[i] == '\'' && i + 1 < n) {
+      char a = s[i + 1];
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
+        out.push_back(s.substr(i, 2));
+        i += 2;
+        continue;
+      }
+      if (i + 2 < n) {
+        char b = s[i + 2];
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
+          out.push_back(s.substr(i, 3));
+          i += 3;
+          continue;
+        }
+      }
+    }
+    // ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+'
+    size_t j = i + (s[i] == ' ' ? 1 : 0);
+    if (j < n) {
+      Char c = char_at(s, j);
+      if (c.cls != CharClass::Space) {
+        size_t k = j + c.len;
+        while (k < n) {
+          Char d = char_at(s, k);
+          if (d.cls != c.cls) break;
+          k += d.len;
+        }
+        out.push_back(s.substr(i, k - i));
+        i = k;
+        continue;
+      }
+    }
+    // '\s+(?!\S)' then '\s+': a whitespace run; when it is followed by a non-space, its
+    // last character is left to start the next token (so " word" keeps its space).
+    std::vector<size_t> starts;
+    size_t k = i;
+    while (k < n) {
+      Char d = char_at(s, k);
+      if (d.cls != CharClass::Space) break;
+      starts.push_back(k);
+      k += d.len;
+    }
+    if (starts.empty()) {  // cannot happen: a non-space was handled above
+      out.push_back(s.substr(i, 1));
+      ++i;
+      continue;
+    }
+    size_t end = (k < n && starts.size() >= 2) ? starts.back() : k;
+    out.push_back(s.substr(i, end - i));
+    i = end;
+  }
+  return out;
+}
+
+std::string sanitize_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    char32_t cp;
+    int r = utf8_next(s, i, &cp);
+    if (r > 0) {
+      out.append(s.substr(i, r));
+      i += r;
+    } else {
+      out += "\xef\xbf\xbd";
+      // Skip the maximal subpart: invalid lead byte (1), bytes before the bad one, or the rest.
+      size_t skip = r == -1 ? 1 : r == 0 ? s.size() - i : static_cast<size_t>(-r);
+      i += skip;
+    }
+  }
+  return out;
+}
+
+size_t utf8_complete_prefix(std::string_view s) {
+  // Only the last three bytes can start an incomplete sequence.
+  size_t start = s.size() > 3 ? s.size() - 3 : 0;
+  for (size_t i = start; i < s.size(); ++i) {
+    unsigned char b = static_cast<unsigned char>(s[i]);
+    if ((b & 0xc0) == 0x80) continue;  // continuation byte
+    char32_t cp;
+    if (utf8_next(s, i, &cp) == 0) return i;
+  }
+  return s.size();
+}
+
+Tokenizer Tokenizer::from_files(const std::string& vocab_json, const std::string& merges_txt) {
+  Tokenizer t;
+  json::Value vocab = json::parse_file(vocab_json);
+  KVPR_CHECK(vocab.is_object(), vocab_json, ": expected an object of token -> id");
+  for (const auto& [tok, id] : vocab.as_object()) {
+    KVPR_CHECK(id.is_int() && id.as_int() >= 0 && id.as_int() < (1 << 30), vocab_json, ": token '",
+               tok, "' has an invalid id");
+    int32_t i = static_cast<int32_t>(id.as_int());
+    t.vocab_[tok] = i;
+    if (static_cast<size_t>(i) >= t.id_to_token_.size()) t.id_to_token_.resize(i + 1);
+    t.id_to_token_[i] = tok;
+  }
+  std::string merges = read_text(merges_txt);
+  std::istringstream ms(merges);
+  std::string line;
+  int rank = 0, lineno = 0;
+  while (std::getline(ms, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (lineno == 1 && line.rfind("#version", 0) == 0)) continue;
+    size_t sp = line.find(' ');
+    KVPR_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size() &&
+                   line.find(' ', sp + 1) == std::string::npos,
+               merges_txt, ": line ", lineno, " is not a pair \"a b\"");
+    t.merge_rank_.emplace(line, rank++);
+  }
+  t.finish_setup();
+  return t;
+}
+
+void Tokenizer::finish_setup() {
+  int32_t n = static_cast<int32_t>(id_to_token_.size());
+  for (const auto& a : added_) n = std::max(n, a.id + 1);
+  size_ = n;
+  special_.assign(size_, false);
+  for (const auto& a : added_)
+    if (a.special) special_[a.id] = true;
+  std::stable_sort(added_.begin(), added_.end(),
+                   [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
+}
+
+std::optional<int32_t> Tokenizer::lookup_special(const std::string& content) const {
+  for (const auto& a : added_)
+    if (a.content == content) return a.id;
+  auto it = vocab_.find(content);
+  if (it != vocab_.end()) return it->second;
+  return std::nullopt;
+}
+
+Tokenizer Tokenizer::load(const std::string& dir) {
+  namespace fs = std::filesystem;
+  auto path = [&](const char* f) { return (fs::path(dir) / f).string(); };
+  KVPR_CHECK(fs::exists(path("vocab.json")) && fs::exists(path("merges.txt")), dir,
+             ": tokenizer files vocab.json and merges.txt are required");
+  Tokenizer t = from_files(path("vocab.json"), path("merges.txt"));
+
+  auto add = [&](const std::string& content, std::optional<int32_t> id, bool special) {
+    if (content.empty()) return;
+    for (auto& a : t.added_)
+      if (a.content == content) {
+        a.special = a.special || special;
+        return;
+      }
+    if (!id) {
+      auto it = t.vocab_.find(content);
+      id = it != t.vocab_.end() ? it->second : std::max<int32_t>(t.size_, static_cast<int32_t>(t.id_to_token_.size()));
+    }
+    t.added_.push_back({content, *id, special});
+    t.size_ = std::max(t.size_, *id + 1);
+  };
+  auto content_of = [](const json::Value& v) -> std::string {
+    if (v.is_string()) return v.as_string();
+    if (const json::Value* c = v.find("content"); c && c->is_string()) return c->as_string();
+    return "";
+  };
+  t.size_ = static_cast<int32_t>(t.id_to_token_.size());
+
+  // tokenizer.json: the fast tokenizer's added tokens with their ids.
+  if (fs::exists(path("tokenizer.json"))) {
+    json::Value tj = json::parse_file(path("tokenizer.json"));
+    if (const json::Value* at = tj.find("added_tokens"); at && at->is_array()) {
+      for (const auto& e : at->as_array()) {
+        const json::Value* id = e.find("id");
+        const json::Value* sp = e.find("special");
+        KVPR_CHECK(id && id->is_int(), "tokenizer.json: added token without an integer id");
+        add(content_of(e), static_cast<int32_t>(id->as_int()), sp && sp->is_bool() && sp->as_bool());
+      }
+    }
+  }
+  // added_tokens.json: {content: id}.
+  if (fs::exists(path("added_tokens.json"))) {
+    json::Value at = json::parse_file(path("added_tokens.json"));
+    KVPR_CHECK(at.is_object(), "added_tokens.json: expected an object");
+    for (const auto& [content, id] : at.as_object())
+      add(content, static_cast<int32_t>(id.as_int()), false);
+  }
+  json::Value cfg;
+  if (fs::exists(path("tokenizer_config.json"))) cfg = json::parse_file(path("tokenizer_config.json"));
+  json::Value smap;
+  if (fs::exists(path("special_tokens_map.json"))) smap = json::parse_file(path("special_tokens_map.json"));
+  if (const json::Value* atd = cfg.find("added_tokens_decoder"); atd && atd->is_object()) {
+    for (const auto& [id, e] : atd->as_object()) {
+      const json::Value* sp = e.find("special");
+      int32_t i = 0;
+      try {
+        i = static_cast<int32_t>(std::stol(id));
+      } catch (const std::exception&) {
+        KVPR_THROW("tokenizer_config.json: added_tokens_decoder key '", id, "' is not an id");
+      }
+      add(content_of(e), i, !sp || !sp->is_bool() || sp->as_bool());
+    }
+  }
+  // Named special tokens: special_tokens_map.json wins over tokenizer_config.json.
+  std::string names[] = {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"};
+  std::string found[7];
+  for (int k = 0; k < 7; ++k) {
+    for (const json::Value* src : {&smap, &cfg}) {
+      const json::Value* v = src->find(names[k]);
+      if (v && !v->is_null() && found[k].empty()) found[k] = content_of(*v);
+    }
+    add(found[k], std::nullopt, true);
+  }
+  for (const json::Value* src : {&smap, &cfg}) {
+    if (const json::Value* extra = src->find("additional_special_tokens"); extra && extra->is_array())
+      for (const auto& e : extra->as_array()) add(content_of(e), std::nullopt, true);
+  }
+  if (const json::Value* b = cfg.find("add_bos_token"); b && b->is_bool()) t.add_bos_ = b->as_bool();
+  if (const json::Value* b = cfg.find("add_prefix_space"); b && b->is_bool()) t.add_prefix_space_ = b->as_bool();
+  t.finish_setup();
+  if (!found[0].empty()) t.bos_ = t.lookup_special(found[0]);
+  if (!found[1].empty()) t.eos_ = t.lookup_special(found[1]);
+  if (!found[3].empty()) t.pad_ = t.lookup_special(found[3]);
+  KVPR_CHECK(!t.add_bos_ || t.bos_, "tokenizer_config.json: add_bos_token is set but there is no bos_token");
+  return t;
+}
+
+void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) const {
+  {
+    std::lock_guard<std::mutex> lock(*cache_mu_);
+    auto it = cache_->find(std::string(piece));
+    if (it != cache_->end()) {
+      out->insert(out->end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const ByteMap& bm = byte_map();
+  std::vector<std::string> word;
+  for (unsigned char b : piece) word.push_back(bm.encode[b]);
+  std::string key;
+  while (word.size() > 1) {
+    int best = INT32_MAX;
+    size_t best_i = 0;
+    for (size_t i = 0; i + 1 < word.size(); ++i) {
+      key.assign(word[i]).append(" ").append(word[i + 1]);
+      auto it = merge_rank_.find(key);
+      if (it != merge_rank_.end() && it->second < best) {
+        best = it->second;
+        best_i = i;
+      }
+    }
+    if (best == INT32_MAX) break;
+    // Merge every occurrence of the best pair, left to right.
+    const std::string first = word[best_i], second = word[best_i + 1];
+    std::vector<std::string> merged;
+    merged.reserve(word.size());
+    for (size_t i = 0; i < word.size();) {
+      if (i + 1 < word.size() && word[i] == first && word[i + 1] == second) {
+        merged.push_back(first + second);
+        i += 2;
+      } else {
+        merged.push_back(word[i]);
+        ++i;
+      }
+    }
+    word.swap(merged);
+  }
+  std::vector<int32_t> ids;
+  for (const auto& sym : word) {
+    auto it = vocab_.find(sym);
+    if (it != vocab_.end()) {
+      ids.push_back(it->second);
+      continue;
+    }
+    // Not in the vocabulary: fall back to its single-byte symbols.
+    std::string_view sv = sym;
+    for (size_t i = 0; i < sv.size();) {
+      char32_t cp;
+      int len = std::max(1, utf8_next(sv, i, &cp));
+      auto b = vocab_.find(std::string(sv.substr(i, len)));
+      KVPR_CHECK(b != vocab_.end(), "vocabulary lacks byte symbol '", sv.substr(i, len), "'");
+      ids.push_back(b->second);
+      i += len;
+    }
+  }
+  out->insert(out->end(), ids.begin(), ids.end());
+  std::lock_guard<std::mutex> lock(*cache_mu_);
+  if (cache_->size() > 100000) cache_->clear();
+  cache_->emplace(std::string(piece), std::move(ids));
+}
+
+std::vector<int32_t> Tokenizer::encode_ordinary(std::string_view text) const {
+  std::vector<int32_t> out;
+  for (std::string_view p : pretokenize(text)) bpe(p, &out);
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {
+  std::vector<int32_t> out;
+  if (add_special && add_bos_ && bos_) out.push_back(*bos_);
+  std::string prefixed;
+  if (add_prefix_space_ && !text.empty() && text[0] != ' ') {
+    prefixed.reserve(text.size() + 1);
+    prefixed.push_back(' ');
+    prefixed.append(text);
+    text = prefixed;
+  }
+  // Split on added tokens (leftmost occurrence; longest at the same position).
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t best = std::string_view::npos;
+    const Added* hit = nullptr;
+    for (const auto& a : added_) {
+      size_t f = text.find(a.content, pos);
+      if (f != std::string_view::npos && (f < best)) {
+        best = f;
+        hit = &a;
+      }
+    }
+    std::string_view plain = text.substr(pos, hit ? best - pos : std::string_view::npos);
+    for (std::string_view p : pretokenize(plain)) bpe(p, &out);
+    if (!hit) break;
+    out.push_back(hit->id);
+    pos = best + hit->content.size();
+  }
+  return out;
+}
+
+bool Tokenizer::is_special(int32_t id) const {
+  return id >= 0 && id < size_ && special_[id];
+}
+
+std::string Tokenizer::token_bytes(int32_t id, bool skip_special) const {
+  if (id < 0 || id >= size_) return "";
+  if (is_special(id)) {
+    if (skip_special) return "";
+    for (const auto& a : added_)
+      if (a.id == id) return a.content;
+  }
+  for (const auto& a : added_)
+    if (a.id == id) return a.content;
+  if (static_cast<size_t>(id) >= id_to_token_.size()) return "";
+  const std::string& tok = id_to_token_[id];
+  const ByteMap& bm = byte_map();
+  std::string out;
+  std::string_view sv = tok;
+  for (size_t i = 0; i < sv.size();) {
+    char32_t cp;
+    int len = utf8_next(sv, i, &cp);
+    if (len <= 0) {
+      out.push_back(sv[i]);
+      ++i;
+      continue;
+    }
+    if (cp < 512 && bm.decode[cp] >= 0) out.push_back(static_cast<char>(bm.decode[cp]));
+    else out.append(sv.substr(i, len));  // not byte-level (e.g. "<s>" kept verbatim)
+    i += len;
+  }
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
+  std::string bytes;
+  for (int32_t id : ids) bytes += token_bytes(id, skip_special);
+  return sanitize_utf8(bytes);
+}
+
+std::string Tokenizer::id_to_token(int32_t id) const {
+  for (const auto& a : added_)
+    if (a.id == id) return a.content;
+  if (id >= 0 && static_cast<size_t>(id) < id_to_token_.size()) return id_to_token_[id];
+  return "";
+}
+
+std::optional<int32_t> Tokenizer::token_to_id(const std::string& token) const {
+  return lookup_special(token);
+}
+
+std::string StreamDecoder::push(int32_t id) {
+  pending_ += tok_.token_bytes(id, skip_special_);
+  size_t n = utf8_complete_prefix(pending_);
+  std::string out = sanitize_utf8(std::string_view(pending_).substr(0, n));
+  pending_.erase(0, n);
+  return out;
+}
+
+std::string StreamDecoder::finish() {
+  std::string out = sanitize_utf8(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace kvpr

@@ -1,0 +1,99 @@
+// Byte-level BPE (GPT-2, OPT, RoBERTa family) from vocab.json + merges.txt, with special
+// and added tokens from tokenizer_config.json, special_tokens_map.json, added_tokens.json
+// and tokenizer.json. Encoding matches GPT-2's reference encoder exactly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace kvpr {
+
+class Tokenizer {
+ public:
+  // Reads the tokenizer files of a model directory. Throws naming the file on bad input.
+  static Tokenizer load(const std::string& model_dir);
+  // From explicit vocab.json and merges.txt paths (no special tokens).
+  static Tokenizer from_files(const std::string& vocab_json, const std::string& merges_txt);
+
+  // Ids of `text`. Special/added tokens written in the text are recognised. BOS is
+  // prepended when add_bos is set and the tokenizer asks for it (add_bos_token).
+  std::vector<int32_t> encode(std::string_view text, bool add_special = true) const;
+  // Plain BPE of text without special-token splitting or BOS (the GPT-2 reference encode).
+  std::vector<int32_t> encode_ordinary(std::string_view text) const;
+
+  // Text of ids; invalid UTF-8 (from a partial byte sequence) becomes U+FFFD.
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special = true) const;
+  // Raw bytes of one token (may be part of a UTF-8 sequence); empty for unknown ids.
+  std::string token_bytes(int32_t id, bool skip_special = true) const;
+  // The vocabulary string of an id ("Ġthe"), for display.
+  std::string id_to_token(int32_t id) const;
+  std::optional<int32_t> token_to_id(const std::string& token) const;
+
+  // Number of ids the tokenizer can produce: ids >= size() are never sampled.
+  int32_t size() const { return size_; }
+  std::optional<int32_t> bos_id() const { return bos_; }
+  std::optional<int32_t> eos_id() const { return eos_; }
+  std::optional<int32_t> pad_id() const { return pad_; }
+  bool add_bos_token() const { return add_bos_; }
+  bool is_special(int32_t id) const;
+
+ private:
+  struct Added {
+    std::string content;
+    int32_t id;
+    bool special;
+  };
+  void finish_setup();
+  void bpe(std::string_view piece, std::vector<int32_t>* out) const;
+  std::optional<int32_t> lookup_special(const std::string& content) const;
+
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::vector<std::string> id_to_token_;       // vocabulary string by id ("" for holes)
+  std::unordered_map<std::string, int> merge_rank_;  // "a b" -> rank
+  std::vector<Added> added_;                   // longest first
+  std::vector<bool> special_;                  // by id
+  std::optional<int32_t> bos_, eos_, pad_;
+  bool add_bos_ = false;
+  bool add_prefix_space_ = false;
+  int32_t size_ = 0;
+  // Cache of BPE results per pre-token; guarded because encode() may be called from
+  // several threads.
+  mutable std::shared_ptr<std::mutex> cache_mu_ = std::make_shared<std::mutex>();
+  mutable std::shared_ptr<std::unordered_map<std::string, std::vector<int32_t>>> cache_ =
+      std::make_shared<std::unordered_map<std::string, std::vector<int32_t>>>();
+};
+
+// Splits text into the pre-tokens of GPT-2's pattern
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// Exposed for tests. Invalid UTF-8 bytes count as single "other" characters.
+std::vector<std::string_view> pretokenize(std::string_view text);
+
+// UTF-8 helpers.
+// Replaces invalid sequences by U+FFFD (maximal subpart rule, like Python's "replace").
+std::string sanitize_utf8(std::string_view bytes);
+// Length of the longest prefix of `bytes` that ends on a character boundary, treating an
+// incomplete sequence at the end as not yet complete (the rest is held back).
+size_t utf8_complete_prefix(std::string_view bytes);
+
+// Incremental detokenizer for streaming: push ids, get text pieces that never split a
+// UTF-8 character. finish() flushes what is held back (as U+FFFD if incomplete).
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok, bool skip_special = true)
+      : tok_(tok), skip_special_(skip_special) {}
+  std::string push(int32_t id);
+  std::string finish();
+
+ private:
+  const Tokenizer& tok_;
+  bool skip_special_;
+  std::string pending_;
+};
+
+}  // namespace kvpr

@@ -1,0 +1,60 @@
+// Helpers shared by the test suites: fixture paths, .npy reading, tensor comparison that
+// checks NaN/inf first and prints the first mismatch and the maximum error.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/npy.h"
+
+namespace kvpr::test {
+
+inline std::string data_path(const std::string& rel) { return std::string(KVPR_TEST_DATA) + "/" + rel; }
+
+// A fresh empty directory under the system temp dir, removed at destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "kvpr-test-XXXXXX").string();
+    path_ = mkdtemp(tmpl.data()) ? tmpl : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Expects |got - ref| <= rel_tol * max|ref| elementwise (a relative error on the scale of
+// the reference). Reports NaN/inf, the first mismatch and the maximum error.
+inline ::testing::AssertionResult close_rel(const std::vector<double>& ref, const float* got, size_t n,
+                                            double rel_tol) {
+  if (ref.size() != n) return ::testing::AssertionFailure() << "size " << n << " vs reference " << ref.size();
+  double scale = 0;
+  for (double r : ref) scale = std::max(scale, std::fabs(r));
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(got[i])) return ::testing::AssertionFailure() << "non-finite value at " << i << ": " << got[i];
+  double max_err = 0;
+  size_t worst = 0, first_bad = n;
+  for (size_t i = 0; i < n; ++i) {
+    double e = std::fabs(got[i] - ref[i]);
+    if (e > max_err) max_err = e, worst = i;
+    if (e > rel_tol * scale && first_bad == n) first_bad = i;
+  }
+  if (first_bad == n) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "first mismatch at " << first_bad << ": got " << got[first_bad]
+                                       << " want " << ref[first_bad] << "; max error " << max_err << " at "
+                                       << worst << " (relative " << max_err / scale << ", tolerance "
+                                       << rel_tol << ")";
+}
+
+}  // namespace kvpr::test
