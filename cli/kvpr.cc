@@ -157,8 +157,8 @@ int cmd_generate(int argc, char** argv) {
   }
 
   auto backend = create_backend(a.get("--backend", "auto"));
-  Tokenizer tok = Tokenizer::load(dir);
   OptModel model(*backend, dir);
+  Tokenizer tok = Tokenizer::load(dir);
   std::vector<int32_t> prompt = a.has("--prompt") ? tok.encode(a.get("--prompt")) : parse_ids(a.get("--prompt-ids"));
   Generator gen(model, tok, go);
   std::vector<float> dumped;

@@ -67,6 +67,7 @@ OptConfig OptConfig::from_json(const json::Value& v, const std::string& source) 
 }
 
 OptConfig OptConfig::load(const std::string& model_dir) {
+  KVPR_CHECK(std::filesystem::is_directory(model_dir), model_dir, ": not a directory");
   std::string path = (std::filesystem::path(model_dir) / "config.json").string();
   KVPR_CHECK(std::filesystem::exists(path), model_dir, ": no config.json");
   return from_json(json::parse_file(path), "config.json");

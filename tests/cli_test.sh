@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# End-to-end checks of the kvpr CLI: outputs, exit codes and one-line errors.
+set -u
+KVPR=${KVPR_CLI:?}
+DATA=${KVPR_TEST_DATA:?}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0 fail=0
+check() {  # check NAME CONDITION-COMMAND...
+  local name=$1; shift
+  if "$@"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: $name"; fi
+}
+expect_error() {  # expect_error NAME EXPECTED-CODE PATTERN -- ARGS...
+  local name=$1 code=$2 pattern=$3; shift 4
+  "$KVPR" "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  local lines; lines=$(wc -l <"$tmp/err")
+  if [ "$rc" = "$code" ] && [ "$lines" = 1 ] && grep -q -- "$pattern" "$tmp/err"; then pass=$((pass+1))
+  else fail=$((fail+1)); echo "FAIL: $name (rc=$rc, stderr: $(cat "$tmp/err"))"; fi
+}
+
+"$KVPR" make-demo-model --out "$tmp/demo" >/dev/null
+check "demo model written" test -f "$tmp/demo/model.safetensors"
+
+out=$("$KVPR" generate --model "$tmp/demo" --prompt "Hello, my name is" -n 7 --json)
+check "generate --json has 7 tokens" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert len(o['tokens'])==7 and o['prompt_tokens']==5 and isinstance(o['text'],str)" "$out"
+
+# --prompt-ids uses the ids as given; the same ids as --prompt give the same tokens.
+ids=$("$KVPR" tokenize --model "$tmp/demo" --text "Hello, my name is")
+check "tokenize" test "$ids" = "15496 11 616 1438 318"
+out2=$("$KVPR" generate --model "$tmp/demo" --prompt-ids "15496,11,616,1438,318" -n 7 --json)
+check "prompt-ids equals prompt" python3 -c "import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); assert a['tokens']==b['tokens']" "$out" "$out2"
+
+# --dump-logits: row i holds the logits token i was chosen from (greedy: its argmax).
+"$KVPR" generate --model "$tmp/demo" --prompt-ids 1,2,3 -n 4 --json --dump-logits "$tmp/l.npy" >"$tmp/g.json"
+check "dump-logits shape and argmax" python3 - "$tmp/l.npy" "$tmp/g.json" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], 'rb').read()
+assert raw[:6] == b'\x93NUMPY'
+hl = struct.unpack('<H', raw[8:10])[0]
+header = raw[10:10 + hl].decode()
+assert "'<f4'" in header and '(4, 50272)' in header, header
+data = raw[10 + hl:]
+assert len(data) == 4 * 50272 * 4
+toks = json.load(open(sys.argv[2]))['tokens']
+for i, t in enumerate(toks):
+    row = struct.unpack('<50272f', data[i * 50272 * 4:(i + 1) * 50272 * 4])
+    assert max(range(50257), key=lambda v: row[v]) == t
+PY
+
+# Seeded sampling is reproducible.
+s1=$("$KVPR" generate --model "$tmp/demo" --prompt "x" -n 12 --temperature 1 --top-p 0.9 --seed 5 --json)
+s2=$("$KVPR" generate --model "$tmp/demo" --prompt "x" -n 12 --temperature 1 --top-p 0.9 --seed 5 --json)
+check "same seed, same tokens" test "$s1" = "$s2"
+
+info=$("$KVPR" info --model "$tmp/demo" --json)
+check "info json" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert o['layers']==4 and o['kv_bytes_per_token']==2*4*128*2 and o['activation_bytes_per_token']==4*128*2 and o['parameters']>7000000" "$info"
+check "info on a .bin fixture" "$KVPR" info --model "$DATA/opt/fp16_bin_sharded"
+
+expect_error "no model dir" 1 "kvpr: error: /nonexistent: not a directory" -- generate --model /nonexistent --prompt hi
+expect_error "missing option" 2 "missing required option --model" -- generate --prompt hi
+expect_error "both prompts" 2 "exactly one of --prompt and --prompt-ids" -- generate --model "$tmp/demo" --prompt a --prompt-ids 1
+expect_error "bad number" 2 "is not a valid number" -- generate --model "$tmp/demo" --prompt a -n abc
+expect_error "bad ids" 2 "prompt-ids" -- generate --model "$tmp/demo" --prompt-ids 1,,2
+expect_error "id out of range" 1 "token id 99999 is out of range" -- generate --model "$tmp/demo" --prompt-ids 99999
+expect_error "bad temperature" 1 "temperature must be >= 0" -- generate --model "$tmp/demo" --prompt a --temperature -1
+expect_error "bad top-p" 1 "top_p must be in (0, 1]" -- generate --model "$tmp/demo" --prompt a --top-p 1.5
+expect_error "unknown backend" 1 "unknown backend 'tpu'" -- generate --model "$tmp/demo" --prompt a --backend tpu
+expect_error "unknown command" 2 "unknown command 'frobnicate'" -- frobnicate
+expect_error "unknown option" 2 "unknown option '--bogus'" -- info --model "$tmp/demo" --bogus
+cp -r "$tmp/demo" "$tmp/broken"
+head -c 1000 "$tmp/demo/model.safetensors" >"$tmp/broken/model.safetensors"
+expect_error "truncated weights" 1 "model.safetensors" -- info --model "$tmp/broken"
+
+echo "cli: $pass passed, $fail failed"
+[ "$fail" = 0 ]

@@ -1,0 +1,168 @@
+// Every CPU op against a plain double-precision loop, on awkward sizes and all weight dtypes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/error.h"
+#include "test_util.h"
+
+using namespace kvpr;
+
+namespace {
+
+Tensor random_tensor(Backend& be, DType dt, Shape shape, std::mt19937& rng, float scale = 1.f) {
+  Tensor h = Tensor::host(dt, shape);
+  std::normal_distribution<float> nd(0.f, scale);
+  for (int64_t i = 0; i < h.numel(); ++i) store_from_f32(h.data(), dt, i, nd(rng));
+  Tensor d = be.alloc(dt, shape);
+  be.copy(d, h, Stream::H2D);
+  return d;
+}
+
+std::vector<double> as_double(const Tensor& t) {
+  std::vector<double> v(t.numel());
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = load_as_f32(t.data(), t.dtype(), i);
+  return v;
+}
+
+double tol_for(DType dt) { return dt == DType::F32 ? 1e-5 : 1e-5; }  // reference uses the stored values
+
+}  // namespace
+
+class CpuOps : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CpuOps, LinearMatchesReferenceForSmallAndLargeM) {
+  CpuBackend be;
+  std::mt19937 rng(7);
+  for (auto [M, K, N] : {std::tuple{1, 37, 19}, {3, 64, 130}, {8, 33, 7}, {9, 100, 45}, {67, 31, 129}}) {
+    Tensor x = random_tensor(be, DType::F32, {M, K}, rng);
+    Tensor w = random_tensor(be, GetParam(), {N, K}, rng);
+    Tensor b = random_tensor(be, GetParam(), {N}, rng);
+    for (Activation act : {Activation::None, Activation::ReLU, Activation::GELU}) {
+      Tensor out = be.alloc(DType::F32, {M, N});
+      be.linear(out, x, w, b, act);
+      auto xv = as_double(x), wv = as_double(w), bv = as_double(b);
+      std::vector<double> ref(M * N);
+      for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+          double s = bv[n];
+          for (int k = 0; k < K; ++k) s += xv[m * K + k] * wv[n * K + k];
+          if (act == Activation::ReLU) s = std::max(0.0, s);
+          if (act == Activation::GELU) s = 0.5 * s * (1 + std::erf(s / std::sqrt(2.0)));
+          ref[m * N + n] = s;
+        }
+      EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), tol_for(GetParam())))
+          << "M=" << M << " K=" << K << " N=" << N;
+    }
+  }
+}
+
+TEST_P(CpuOps, GatherAndLayerNorm) {
+  CpuBackend be;
+  std::mt19937 rng(8);
+  const int V = 50, D = 45, T = 13;
+  Tensor table = random_tensor(be, GetParam(), {V, D}, rng);
+  Tensor ids = be.alloc(DType::I32, {T});
+  for (int i = 0; i < T; ++i) ids.data_as<int32_t>()[i] = (i * 7) % V;
+  Tensor out = be.alloc(DType::F32, {T, D});
+  be.gather_rows(out, table, ids);
+  be.add_gathered_rows(out, table, ids);
+  auto tv = as_double(table);
+  std::vector<double> ref(T * D);
+  for (int i = 0; i < T; ++i)
+    for (int j = 0; j < D; ++j) ref[i * D + j] = 2 * tv[((i * 7) % V) * D + j];
+  EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), 1e-6));
+
+  Tensor g = random_tensor(be, GetParam(), {D}, rng), b = random_tensor(be, GetParam(), {D}, rng);
+  Tensor ln = be.alloc(DType::F32, {T, D});
+  be.layer_norm(ln, out, g, b, 1e-5f);
+  auto gv = as_double(g), bv = as_double(b);
+  for (int i = 0; i < T; ++i) {
+    double mu = 0, var = 0;
+    for (int j = 0; j < D; ++j) mu += ref[i * D + j];
+    mu /= D;
+    for (int j = 0; j < D; ++j) var += (ref[i * D + j] - mu) * (ref[i * D + j] - mu);
+    var /= D;
+    for (int j = 0; j < D; ++j) ref[i * D + j] = (ref[i * D + j] - mu) / std::sqrt(var + 1e-5) * gv[j] + bv[j];
+  }
+  EXPECT_TRUE(test::close_rel(ref, ln.data_as<float>(), ref.size(), 1e-5));
+}
+
+TEST_P(CpuOps, AttentionPrefillAndDecodeOverCache) {
+  CpuBackend be;
+  std::mt19937 rng(9);
+  const int heads = 3, hd = 20, hidden = heads * hd;
+  // Three sequences: a prefill chunk with no past, a chunk continuing a past, one decode row.
+  struct S { int q_len, past; };
+  std::vector<S> spec = {{5, 0}, {4, 7}, {1, 30}};
+  int T = 0;
+  for (auto s : spec) T += s.q_len;
+  Tensor q = random_tensor(be, DType::F32, {T, hidden}, rng);
+  std::vector<AttentionSeq> seqs;
+  int off = 0;
+  for (auto s : spec) {
+    AttentionSeq a;
+    a.q_begin = off;
+    a.q_len = s.q_len;
+    a.past_len = s.past;
+    a.k = random_tensor(be, GetParam(), {s.past + s.q_len + 3, hidden}, rng);
+    a.v = random_tensor(be, GetParam(), {s.past + s.q_len + 3, hidden}, rng);
+    seqs.push_back(a);
+    off += s.q_len;
+  }
+  Tensor out = be.alloc(DType::F32, {T, hidden});
+  const float scale = 0.3f;
+  be.attention(out, q, seqs, heads, scale);
+  auto qv = as_double(q);
+  std::vector<double> ref(T * hidden);
+  for (const auto& a : seqs) {
+    auto kv = as_double(a.k), vv = as_double(a.v);
+    for (int j = 0; j < a.q_len; ++j)
+      for (int h = 0; h < heads; ++h) {
+        int n = static_cast<int>(a.past_len) + j + 1;
+        std::vector<double> sc(n);
+        double mx = -1e300, sum = 0;
+        for (int t = 0; t < n; ++t) {
+          double s = 0;
+          for (int e = 0; e < hd; ++e) s += qv[(a.q_begin + j) * hidden + h * hd + e] * kv[t * hidden + h * hd + e];
+          sc[t] = s * scale;
+          mx = std::max(mx, sc[t]);
+        }
+        for (int t = 0; t < n; ++t) sum += sc[t] = std::exp(sc[t] - mx);
+        for (int e = 0; e < hd; ++e) {
+          double o = 0;
+          for (int t = 0; t < n; ++t) o += sc[t] / sum * vv[t * hidden + h * hd + e];
+          ref[(a.q_begin + j) * hidden + h * hd + e] = o;
+        }
+      }
+  }
+  EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), 1e-5));
+}
+
+TEST_P(CpuOps, ConvertRoundsToTheStorageType) {
+  CpuBackend be;
+  std::mt19937 rng(10);
+  Tensor src = random_tensor(be, DType::F32, {1000}, rng);
+  Tensor dst = be.alloc(GetParam(), {1000});
+  be.convert(dst, src);
+  for (int i = 0; i < 1000; ++i) {
+    float s = src.data_as<float>()[i];
+    Tensor one = Tensor::host(GetParam(), {1});
+    store_from_f32(one.data(), GetParam(), 0, s);
+    EXPECT_EQ(load_as_f32(dst.data(), GetParam(), i), load_as_f32(one.data(), GetParam(), 0));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WeightDtypes, CpuOps, ::testing::Values(DType::F32, DType::F16, DType::BF16),
+                         [](const auto& p) { return std::string(dtype_name(p.param)); });
+
+TEST(CpuBackend, ShapeErrorsAreReported) {
+  CpuBackend be;
+  Tensor x = be.alloc(DType::F32, {2, 3});
+  Tensor w = be.alloc(DType::F32, {4, 5});
+  Tensor out = be.alloc(DType::F32, {2, 4});
+  EXPECT_THROW(be.linear(out, x, w, Tensor(), Activation::None), Error);
+  EXPECT_THROW(be.copy(be.alloc(DType::F16, {6}), x, Stream::Compute), Error);
+}

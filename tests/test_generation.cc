@@ -1,0 +1,313 @@
+// Generation: greedy tokens equal the reference's, decoding with the cache equals
+// recomputing the whole sequence, batched equals one by one, sampling is reproducible,
+// and stop strings, EOS and length limits end sequences as documented.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/demo_model.h"
+#include "engine/error.h"
+#include "engine/generator.h"
+#include "engine/json.h"
+#include "test_util.h"
+
+using namespace kvpr;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A byte-level tokenizer whose ids 0..n-1 are single printable characters; `eos` names
+// the token used as end of sequence, if any.
+Tokenizer char_tokenizer(const test::TempDir& tmp, int n, const std::string& eos = "") {
+  json::Value vocab(json::Object{});
+  for (int i = 0; i < n; ++i) vocab.set(std::string(1, static_cast<char>('!' + i)), i);
+  std::string dir = tmp.file("tok");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/vocab.json") << vocab.dump();
+  std::ofstream(dir + "/merges.txt") << "#version: 0.2\n";
+  if (!eos.empty()) std::ofstream(dir + "/special_tokens_map.json") << "{\"eos_token\": \"" << eos << "\"}";
+  return Tokenizer::load(dir);
+}
+
+struct Fixture {
+  CpuBackend be;
+  OptModel model;
+  explicit Fixture(const char* name) : model(be, test::data_path(std::string("opt/") + name)) {}
+};
+
+GeneratorOptions f32_kv(int batch) {
+  GeneratorOptions o;
+  o.max_batch = batch;
+  o.kv_dtype = DType::F32;
+  return o;
+}
+
+}  // namespace
+
+TEST(Generation, GreedyTokensMatchReference) {
+  test::TempDir tmp;
+  for (const char* name : {"pre_ln_safetensors", "post_ln_proj_sharded", "decoder_prefix_bin", "fp16_bin_sharded",
+                           "bf16_safetensors"}) {
+    Fixture f(name);
+    Tokenizer tok = char_tokenizer(tmp, 96);
+    std::string dir = test::data_path(std::string("opt/") + name);
+    NpyArray ids = read_npy(dir + "/input_ids.npy");
+    NpyArray greedy = read_npy(dir + "/greedy.npy");
+    std::vector<int32_t> prompt(ids.values.begin(), ids.values.begin() + 5);
+    Generator gen(f.model, tok, f32_kv(1));
+    GenerationParams p;
+    p.max_new_tokens = 8;
+    auto r = gen.generate_all({prompt}, p);
+    std::vector<int32_t> want(greedy.values.begin(), greedy.values.end());
+    EXPECT_EQ(r[0].tokens, want) << name;
+    EXPECT_EQ(r[0].finish, FinishReason::Length);
+  }
+}
+
+TEST(Generation, DecodeWithCacheEqualsFullRecompute) {
+  test::TempDir tmp;
+  Fixture f("post_ln_proj_sharded");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  const int64_t V = f.model.config().vocab_size;
+  std::vector<int32_t> prompt = {5, 17, 33, 2, 80, 41};
+  Generator gen(f.model, tok, f32_kv(1));
+  GenerationParams p;
+  p.max_new_tokens = 12;
+  std::vector<std::vector<float>> rows;
+  auto r = gen.generate_all({prompt}, p, [&](uint64_t, const float* row, int64_t) { rows.emplace_back(row, row + V); });
+  ASSERT_EQ(rows.size(), 12u);
+  std::vector<int32_t> seq = prompt;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    DeviceKvCache cache(f.be, f.model.config().num_layers, 1, 64, f.model.config().hidden_size, DType::F32);
+    Tensor logits = Tensor::host(DType::F32, {1, V});
+    f.model.forward({ForwardChunk{seq.data(), static_cast<int64_t>(seq.size()), 0, 0}}, cache, logits);
+    std::vector<double> full(logits.data_as<float>(), logits.data_as<float>() + V);
+    EXPECT_TRUE(test::close_rel(full, rows[i].data(), V, 1e-5)) << "step " << i;
+    seq.push_back(r[0].tokens[i]);
+  }
+}
+
+TEST(Generation, BatchedEqualsOneByOne) {
+  test::TempDir tmp;
+  Fixture f("fp16_bin_sharded");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  const int64_t V = f.model.config().vocab_size;
+  std::vector<std::vector<int32_t>> prompts = {{4, 9, 12}, {50, 51, 52, 53, 54, 55, 56, 57, 58}, {77}, {3, 3, 3, 3, 3}};
+  GenerationParams p;
+  p.max_new_tokens = 10;
+  Generator batched(f.model, tok, f32_kv(4));
+  std::map<uint64_t, std::vector<std::vector<float>>> brows;
+  auto rb = batched.generate_all(prompts, p, [&](uint64_t id, const float* row, int64_t) {
+    brows[id].emplace_back(row, row + V);
+  });
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Generator single(f.model, tok, f32_kv(1));
+    std::vector<std::vector<float>> srows;
+    auto rs = single.generate_all({prompts[i]}, p, [&](uint64_t, const float* row, int64_t) { srows.emplace_back(row, row + V); });
+    EXPECT_EQ(rb[i].tokens, rs[0].tokens) << "prompt " << i;
+    const auto& mine = brows[i + 1];
+    ASSERT_EQ(mine.size(), srows.size());
+    for (size_t s = 0; s < srows.size(); ++s) {
+      std::vector<double> ref(srows[s].begin(), srows[s].end());
+      EXPECT_TRUE(test::close_rel(ref, mine[s].data(), V, 1e-5)) << "prompt " << i << " step " << s;
+    }
+  }
+}
+
+TEST(Generation, ContinuousBatchingAdmitsNewRequestsMidFlight) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  GenerationParams p;
+  p.max_new_tokens = 6;
+  Generator gen(f.model, tok, f32_kv(2));
+  uint64_t a = gen.add({10, 11, 12}, p);
+  gen.step();
+  gen.step();
+  uint64_t b = gen.add({20, 21}, p);  // joins while a is decoding
+  uint64_t c = gen.add({30}, p);      // waits for a free slot
+  EXPECT_EQ(gen.waiting(), 2u);
+  while (!gen.idle()) gen.step();
+  Generator ref(f.model, tok, f32_kv(1));
+  EXPECT_EQ(gen.take_result(a).tokens, ref.generate_all({{10, 11, 12}}, p)[0].tokens);
+  EXPECT_EQ(gen.take_result(b).tokens, ref.generate_all({{20, 21}}, p)[0].tokens);
+  EXPECT_EQ(gen.take_result(c).tokens, ref.generate_all({{30}}, p)[0].tokens);
+}
+
+TEST(Generation, SamplingIsReproducibleWithASeed) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  GenerationParams p;
+  p.max_new_tokens = 16;
+  p.sampling.temperature = 1.5f;
+  p.sampling.top_p = 0.95f;
+  p.sampling.top_k = 40;
+  p.sampling.seed = 1234;
+  Generator gen(f.model, tok, f32_kv(2));
+  auto r1 = gen.generate_all({{7, 8, 9}}, p);
+  auto r2 = gen.generate_all({{7, 8, 9}}, p);
+  EXPECT_EQ(r1[0].tokens, r2[0].tokens);
+  // Different seeds give different samples (16 tokens at T=1.5 from 96 ids).
+  std::set<std::vector<int32_t>> distinct;
+  for (uint64_t s = 0; s < 5; ++s) {
+    p.sampling.seed = s;
+    distinct.insert(gen.generate_all({{7, 8, 9}}, p)[0].tokens);
+  }
+  EXPECT_GT(distinct.size(), 1u);
+  // top_k = 1 and a tiny top_p are greedy.
+  GenerationParams greedy;
+  greedy.max_new_tokens = 16;
+  auto g = gen.generate_all({{7, 8, 9}}, greedy)[0].tokens;
+  p.sampling.top_k = 1;
+  EXPECT_EQ(gen.generate_all({{7, 8, 9}}, p)[0].tokens, g);
+  p.sampling.top_k = 0;
+  p.sampling.top_p = 1e-6f;
+  EXPECT_EQ(gen.generate_all({{7, 8, 9}}, p)[0].tokens, g);
+}
+
+TEST(Generation, LogprobsAreLogSoftmaxOfTheChosenToken) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 90);  // ids 90..95 exist in the model but not the tokenizer
+  const int64_t V = f.model.config().vocab_size;
+  Generator gen(f.model, tok, f32_kv(1));
+  GenerationParams p;
+  p.max_new_tokens = 5;
+  p.sampling.temperature = 1.f;
+  p.sampling.seed = 3;
+  std::vector<std::vector<float>> rows;
+  auto r = gen.generate_all({{1, 2, 3}}, p, [&](uint64_t, const float* row, int64_t) { rows.emplace_back(row, row + V); });
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_LT(r[0].tokens[i], 90);  // never an id the tokenizer cannot produce
+    double mx = -1e300, z = 0;
+    for (int v = 0; v < 90; ++v) mx = std::max(mx, static_cast<double>(rows[i][v]));
+    for (int v = 0; v < 90; ++v) z += std::exp(rows[i][v] - mx);
+    EXPECT_NEAR(r[0].logprobs[i], rows[i][r[0].tokens[i]] - mx - std::log(z), 1e-4);
+  }
+}
+
+TEST(Generation, StopStringsEosAndLength) {
+  test::TempDir tmp;
+  Fixture f("decoder_prefix_bin");
+  Tokenizer plain = char_tokenizer(tmp, 96);
+  GenerationParams p;
+  p.max_new_tokens = 12;
+  std::vector<int32_t> prompt = {40, 41, 42};
+  Generator gen(f.model, plain, f32_kv(1));
+  auto base = gen.generate_all({prompt}, p)[0];
+  ASSERT_EQ(base.text.size(), 12u);  // one character per token
+  EXPECT_EQ(base.finish, FinishReason::Length);
+
+  // A stop string found in the middle ends the text before it.
+  GenerationParams ps = p;
+  ps.stop = {base.text.substr(5, 2)};
+  size_t first = base.text.find(ps.stop[0]);
+  auto stopped = gen.generate_all({prompt}, ps)[0];
+  EXPECT_EQ(stopped.finish, FinishReason::Stop);
+  EXPECT_EQ(stopped.text, base.text.substr(0, first));
+  EXPECT_EQ(stopped.tokens.size(), first + 2);
+
+  // EOS: make the 4th generated token the tokenizer's eos.
+  test::TempDir tmp2;
+  Tokenizer with_eos = char_tokenizer(tmp2, 96, std::string(1, static_cast<char>('!' + base.tokens[3])));
+  size_t eos_at = 0;
+  while (base.tokens[eos_at] != base.tokens[3]) ++eos_at;
+  Generator g2(f.model, with_eos, f32_kv(1));
+  auto e = g2.generate_all({prompt}, p)[0];
+  EXPECT_EQ(e.finish, FinishReason::Stop);
+  EXPECT_EQ(e.tokens.size(), eos_at + 1);  // EOS is the last token and not in the text
+  EXPECT_EQ(e.text, base.text.substr(0, eos_at));
+  GenerationParams ignore = p;
+  ignore.ignore_eos = true;
+  EXPECT_EQ(g2.generate_all({prompt}, ignore)[0].tokens, base.tokens);
+
+  // Zero new tokens finishes at once with "length".
+  GenerationParams zero = p;
+  zero.max_new_tokens = 0;
+  auto z = gen.generate_all({prompt}, zero)[0];
+  EXPECT_TRUE(z.tokens.empty());
+  EXPECT_EQ(z.finish, FinishReason::Length);
+}
+
+TEST(Generation, StreamedTextHoldsBackPossibleStopStrings) {
+  test::TempDir tmp;
+  Fixture f("decoder_prefix_bin");
+  Tokenizer plain = char_tokenizer(tmp, 96);
+  GenerationParams p;
+  p.max_new_tokens = 12;
+  Generator gen(f.model, plain, f32_kv(1));
+  auto base = gen.generate_all({{40, 41, 42}}, p)[0];
+  p.stop = {base.text.substr(6, 3)};
+  uint64_t id = gen.add({40, 41, 42}, p);
+  std::string streamed;
+  while (!gen.idle())
+    for (const auto& ev : gen.step()) {
+      ASSERT_EQ(ev.id, id);
+      streamed += ev.text;
+      // Nothing shown may later turn out to be part of the stop string.
+      EXPECT_EQ(streamed.find(p.stop[0]), std::string::npos);
+    }
+  EXPECT_EQ(streamed, gen.take_result(id).text);
+}
+
+TEST(Generation, BadRequestsAreRejectedWithOneLineErrors) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  Generator gen(f.model, tok, f32_kv(1));
+  GenerationParams p;
+  EXPECT_THROW(gen.add({}, p), Error);
+  EXPECT_THROW(gen.add({96}, p), Error);
+  EXPECT_THROW(gen.add({-1}, p), Error);
+  EXPECT_THROW(gen.add(std::vector<int32_t>(64, 5), p), Error);  // context is 64
+  GenerationParams bad = p;
+  bad.sampling.temperature = -1;
+  EXPECT_THROW(gen.add({1}, bad), Error);
+  bad = p;
+  bad.sampling.top_p = 0;
+  EXPECT_THROW(gen.add({1}, bad), Error);
+  try {
+    gen.add({200}, p);
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "token id 200 is out of range [0, 96)");
+  }
+}
+
+TEST(Generation, LengthStopsAtTheContextLimit) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  Generator gen(f.model, tok, f32_kv(1));
+  GenerationParams p;
+  p.max_new_tokens = 1000;
+  p.ignore_eos = true;
+  auto r = gen.generate_all({std::vector<int32_t>(60, 7)}, p)[0];
+  EXPECT_EQ(r.finish, FinishReason::Length);
+  EXPECT_EQ(r.prompt.size() + r.tokens.size(), 64u);
+}
+
+TEST(Generation, DemoModelRunsWithTheRealTokenizer) {
+  test::TempDir tmp;
+  write_demo_model(tmp.file("demo"), default_demo_spec(), default_tokenizer_dir());
+  CpuBackend be;
+  OptModel m(be, tmp.file("demo"));
+  Tokenizer tok = Tokenizer::load(tmp.file("demo"));
+  EXPECT_EQ(tok.size(), 50257);
+  EXPECT_EQ(tok.eos_id(), 50256);
+  Generator gen(m, tok);
+  GenerationParams p;
+  p.max_new_tokens = 8;
+  auto r = gen.generate_all({tok.encode("Hello, world")}, p)[0];
+  EXPECT_EQ(r.tokens.size() + (r.finish == FinishReason::Stop ? 0 : 0), r.tokens.size());
+  for (int32_t t : r.tokens) EXPECT_LT(t, 50257);
+  EXPECT_EQ(r.text, sanitize_utf8(r.text));
+  // The demo model is deterministic: writing it again gives the same bytes.
+  write_demo_model(tmp.file("demo2"), default_demo_spec(), default_tokenizer_dir());
+  std::ifstream a(tmp.file("demo/model.safetensors"), std::ios::binary), b(tmp.file("demo2/model.safetensors"), std::ios::binary);
+  EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b)));
+}

@@ -1,0 +1,132 @@
+// The tokenizer against GPT-2's reference encoder (fixture made by
+// tests/scripts/make_tokenizer_fixtures.js from npm gpt-3-encoder@1.1.4).
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "engine/demo_model.h"
+#include "engine/error.h"
+#include "engine/json.h"
+#include "engine/tokenizer.h"
+#include "test_util.h"
+
+using namespace kvpr;
+
+namespace {
+const Tokenizer& gpt2() {
+  static Tokenizer t = Tokenizer::from_files(default_tokenizer_dir() + "/vocab.json",
+                                             default_tokenizer_dir() + "/merges.txt");
+  return t;
+}
+}  // namespace
+
+TEST(Tokenizer, MatchesGpt2ReferenceOnCorpus) {
+  json::Value corpus = json::parse_file(test::data_path("tokenizer_gpt2.json"));
+  ASSERT_GE(corpus.as_array().size(), 200u);
+  int checked = 0;
+  for (const auto& e : corpus.as_array()) {
+    const std::string& text = e.find("text")->as_string();
+    std::vector<int32_t> want;
+    for (const auto& id : e.find("ids")->as_array()) want.push_back(static_cast<int32_t>(id.as_int()));
+    EXPECT_EQ(gpt2().encode_ordinary(text), want) << "text: \"" << text << "\"";
+    // Decoding the reference ids gives the text back.
+    EXPECT_EQ(gpt2().decode(want), text);
+    ++checked;
+  }
+  EXPECT_EQ(checked, static_cast<int>(corpus.as_array().size()));
+}
+
+TEST(Tokenizer, PretokenizerFollowsGpt2Pattern) {
+  auto pieces = [](std::string_view s) {
+    std::vector<std::string> out;
+    for (auto p : pretokenize(s)) out.emplace_back(p);
+    return out;
+  };
+  EXPECT_EQ(pieces("Hello world"), (std::vector<std::string>{"Hello", " world"}));
+  EXPECT_EQ(pieces("a  b"), (std::vector<std::string>{"a", " ", " b"}));
+  EXPECT_EQ(pieces("I'm x's"), (std::vector<std::string>{"I", "'m", " x", "'s"}));
+  EXPECT_EQ(pieces("x  "), (std::vector<std::string>{"x", "  "}));
+  EXPECT_EQ(pieces("12ab!?"), (std::vector<std::string>{"12", "ab", "!?"}));
+  EXPECT_TRUE(pieces("").empty());
+}
+
+TEST(Tokenizer, OptStyleSpecialTokensAndBos) {
+  test::TempDir dir;
+  // OPT: vocab with <s>=0 <pad>=1 </s>=2 <unk>=3 and add_bos_token prepending </s>.
+  std::string vocab = R"({"<s>":0,"<pad>":1,"</s>":2,"<unk>":3,"H":4,"i":5,"Hi":6,"Ġ":7,"Ġthere":8,"t":9,"h":10,"e":11,"r":12})";
+  std::ofstream(dir.file("vocab.json")) << vocab;
+  std::ofstream(dir.file("merges.txt")) << "#version: 0.2\nH i\nĠ t\nĠt h\nĠth e\nĠthe r\nĠther e\n";
+  std::ofstream(dir.file("tokenizer_config.json"))
+      << R"({"add_bos_token": true, "bos_token": {"content": "</s>"}, "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"})";
+  std::ofstream(dir.file("special_tokens_map.json")) << R"({"bos_token": "</s>", "eos_token": "</s>"})";
+  Tokenizer t = Tokenizer::load(dir.path());
+  EXPECT_EQ(t.bos_id(), 2);
+  EXPECT_EQ(t.eos_id(), 2);
+  EXPECT_EQ(t.pad_id(), 1);
+  EXPECT_EQ(t.encode("Hi there"), (std::vector<int32_t>{2, 6, 8}));
+  EXPECT_EQ(t.encode("Hi</s>Hi"), (std::vector<int32_t>{2, 6, 2, 6}));  // special token in text
+  EXPECT_EQ(t.decode({2, 6, 8, 2}), "Hi there");
+  EXPECT_EQ(t.decode({2, 6, 8}, /*skip_special=*/false), "</s>Hi there");
+  EXPECT_TRUE(t.is_special(2));
+  EXPECT_FALSE(t.is_special(6));
+  EXPECT_EQ(t.size(), 13);
+}
+
+TEST(Tokenizer, AddedTokensFromTokenizerJsonExtendTheVocabulary) {
+  test::TempDir dir;
+  std::ofstream(dir.file("vocab.json")) << R"({"a":0,"b":1})";
+  std::ofstream(dir.file("merges.txt")) << "#version: 0.2\n";
+  std::ofstream(dir.file("tokenizer.json"))
+      << R"({"added_tokens":[{"id":2,"content":"<|im_end|>","special":true},{"id":3,"content":"<x>","special":false}]})";
+  Tokenizer t = Tokenizer::load(dir.path());
+  EXPECT_EQ(t.size(), 4);
+  EXPECT_EQ(t.encode("a<|im_end|>b<x>"), (std::vector<int32_t>{0, 2, 1, 3}));
+  EXPECT_EQ(t.decode({0, 2, 1, 3}), "ab<x>");
+}
+
+TEST(Tokenizer, StreamingNeverSplitsACharacter) {
+  const Tokenizer& t = gpt2();
+  for (std::string text : {"😀 emoji and 日本語 text", "naïve café", "👨‍👩‍👧‍👦!", "plain ascii"}) {
+    std::vector<int32_t> ids = t.encode_ordinary(text);
+    StreamDecoder dec(t);
+    std::string joined;
+    for (int32_t id : ids) {
+      std::string piece = dec.push(id);
+      EXPECT_EQ(sanitize_utf8(piece), piece) << "piece is not valid UTF-8";
+      joined += piece;
+    }
+    joined += dec.finish();
+    EXPECT_EQ(joined, text);
+  }
+}
+
+TEST(Tokenizer, PartialUtf8BecomesReplacementCharacter) {
+  EXPECT_EQ(sanitize_utf8("a\xe6\x97"), "a\xef\xbf\xbd");
+  EXPECT_EQ(sanitize_utf8("\xff" "b"), "\xef\xbf\xbd" "b");
+  EXPECT_EQ(sanitize_utf8("\xe6\x97\xa5"), "\xe6\x97\xa5");
+  EXPECT_EQ(utf8_complete_prefix("ab\xe6\x97"), 2u);
+  EXPECT_EQ(utf8_complete_prefix("ab\xe6\x97\xa5"), 5u);
+  // One token of GPT-2 can be half of a character: 日 is split into byte tokens.
+  const Tokenizer& t = gpt2();
+  std::vector<int32_t> ids = t.encode_ordinary("日");
+  ASSERT_GE(ids.size(), 2u);
+  EXPECT_EQ(t.decode({ids[0]}), "\xef\xbf\xbd");
+}
+
+TEST(Tokenizer, MissingFilesGiveClearErrors) {
+  test::TempDir dir;
+  try {
+    Tokenizer::load(dir.path());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vocab.json and merges.txt are required"), std::string::npos);
+  }
+  std::ofstream(dir.file("vocab.json")) << "{\"a\": 0,";
+  std::ofstream(dir.file("merges.txt")) << "#version: 0.2\n";
+  try {
+    Tokenizer::load(dir.path());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vocab.json: invalid JSON"), std::string::npos) << e.what();
+  }
+}
