@@ -213,13 +213,28 @@ void CpuBackend::linear(const Tensor& out, const Tensor& x, const Tensor& w, con
     dispatch_float(w.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::T;
       const T* wp = w.data_as<T>();
-      pool.parallel_for(N, 16, [&](int64_t b, int64_t e) {
-        for (int64_t m0 = 0; m0 < M; m0 += kSmallM) {
-          int64_t m1 = std::min(M, m0 + kSmallM);
-          for (int64_t n = b; n < e; ++n) {
-            const T* wr = wp + n * K;
-            for (int64_t m = m0; m < m1; ++m) op[m * N + n] = cpu::dot<decltype(tag)>(xp + m * K, wr, K);
+      // Blocks of 4 weight rows: each block is widened to fp32 once (for F16/BF16) and
+      // multiplied with all rows of x in a register tile.
+      const int64_t blocks = (N + 3) / 4;
+      pool.parallel_for(blocks, 4, [&](int64_t b, int64_t e) {
+        std::vector<float> wbuf(w.dtype() == DType::F32 ? 0 : 4 * K);
+        for (int64_t blk = b; blk < e; ++blk) {
+          const int64_t n0 = blk * 4, nn = std::min<int64_t>(4, N - n0);
+          if (nn < 4 || M == 1) {  // one row or tail rows: plain dots on the stored dtype
+            for (int64_t n = n0; n < n0 + nn; ++n)
+              for (int64_t m = 0; m < M; ++m) op[m * N + n] = cpu::dot<decltype(tag)>(xp + m * K, wp + n * K, K);
+            continue;
           }
+          const float* rows[4];
+          for (int j = 0; j < 4; ++j) {
+            if constexpr (std::is_same_v<decltype(tag), F32Tag>) {
+              rows[j] = wp + (n0 + j) * K;
+            } else {
+              cpu::to_f32<decltype(tag)>(wbuf.data() + j * K, wp + (n0 + j) * K, K);
+              rows[j] = wbuf.data() + j * K;
+            }
+          }
+          cpu::dot_4xm(xp, 0, M, rows[0], rows[1], rows[2], rows[3], K, op, N, n0);
         }
       });
     });

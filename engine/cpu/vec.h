@@ -91,4 +91,49 @@ inline void to_f32(float* dst, const typename Tag::T* src, int64_t n) {
   for (; i < n; ++i) dst[i] = load1<Tag>(src + i);
 }
 
+// out[m * ldo + n] = dot(x[m, :], w[n, :]) for 4 weight rows n0..n0+3 (fp32) and rows m0..m1
+// of x: a 4x2 register tile so each loaded vector feeds several FMAs.
+inline void dot_4xm(const float* x, int64_t m0, int64_t m1, const float* w0, const float* w1, const float* w2,
+                    const float* w3, int64_t K, float* out, int64_t ldo, int64_t n0) {
+  int64_t m = m0;
+#ifdef KVPR_VEC_AVX2
+  for (; m + 2 <= m1; m += 2) {
+    const float* xa = x + m * K;
+    const float* xb = xa + K;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+      __m256 va = _mm256_loadu_ps(xa + k), vb = _mm256_loadu_ps(xb + k);
+      __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
+      __m256 v2 = _mm256_loadu_ps(w2 + k), v3 = _mm256_loadu_ps(w3 + k);
+      a0 = _mm256_fmadd_ps(va, v0, a0);
+      a1 = _mm256_fmadd_ps(va, v1, a1);
+      a2 = _mm256_fmadd_ps(va, v2, a2);
+      a3 = _mm256_fmadd_ps(va, v3, a3);
+      b0 = _mm256_fmadd_ps(vb, v0, b0);
+      b1 = _mm256_fmadd_ps(vb, v1, b1);
+      b2 = _mm256_fmadd_ps(vb, v2, b2);
+      b3 = _mm256_fmadd_ps(vb, v3, b3);
+    }
+    float ra[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
+    float rb[4] = {hsum(b0), hsum(b1), hsum(b2), hsum(b3)};
+    for (; k < K; ++k) {
+      ra[0] += xa[k] * w0[k], ra[1] += xa[k] * w1[k], ra[2] += xa[k] * w2[k], ra[3] += xa[k] * w3[k];
+      rb[0] += xb[k] * w0[k], rb[1] += xb[k] * w1[k], rb[2] += xb[k] * w2[k], rb[3] += xb[k] * w3[k];
+    }
+    for (int j = 0; j < 4; ++j) {
+      out[m * ldo + n0 + j] = ra[j];
+      out[(m + 1) * ldo + n0 + j] = rb[j];
+    }
+  }
+#endif
+  for (; m < m1; ++m) {
+    const float* xr = x + m * K;
+    out[m * ldo + n0 + 0] = dot<F32Tag>(xr, w0, K);
+    out[m * ldo + n0 + 1] = dot<F32Tag>(xr, w1, K);
+    out[m * ldo + n0 + 2] = dot<F32Tag>(xr, w2, K);
+    out[m * ldo + n0 + 3] = dot<F32Tag>(xr, w3, K);
+  }
+}
+
 }  // namespace kvpr::cpu

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the CPU benchmark and writes bench/results/<date>-cpu-<commit>.json with the
+# hardware it ran on. Usage: bench/run-cpu-bench.sh [--quick]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+out=bench/results/$(date -u +%Y-%m-%d)-cpu-${commit}.json
+mkdir -p bench/results
+tmp=$(mktemp)
+build/bench/kvpr-bench cpu --json "$tmp" "$@"
+python3 - "$tmp" "$out" "$commit" <<'PY'
+import json, os, platform, subprocess, sys, datetime
+r = json.load(open(sys.argv[1]))
+cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.processor())
+mem = next((int(l.split()[1]) * 1024 for l in open('/proc/meminfo') if l.startswith('MemTotal')), 0)
+r['hardware'] = {'cpu': cpu, 'cores': os.cpu_count(), 'memory_bytes': mem, 'kernel': platform.release()}
+r['commit'] = sys.argv[3]
+r['date'] = datetime.datetime.utcnow().strftime('%Y-%m-%dT%H:%M:%SZ')
+json.dump(r, open(sys.argv[2], 'w'), indent=1)
+print('wrote', sys.argv[2])
+PY
+rm -f "$tmp"
