@@ -62,9 +62,12 @@ std::vector<TensorRecord> read_safetensors(const MappedFile& file) {
       r.file = name;
       KVPR_CHECK(safetensors_dtype(dt->as_string(), &r.dtype), "unsupported dtype ", dt->as_string(),
                  " (supported: F32, F16, BF16, I32, I64, U8)");
+      int64_t numel = 1;
       for (const auto& d : shape->as_array()) {
         int64_t v = d.as_int();
         KVPR_CHECK(v >= 0, "negative dimension");
+        KVPR_CHECK(!__builtin_mul_overflow(numel, v, &numel) && numel <= (int64_t{1} << 48),
+                   "shape is too large");
         r.shape.push_back(v);
       }
       const auto& o = offs->as_array();

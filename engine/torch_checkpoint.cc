@@ -420,11 +420,15 @@ std::vector<TensorRecord> read_torch_zip(const MappedFile& file) {
                r.name, "': storage ", t->storage->key, " is truncated");
     // Extent of the view inside its storage.
     int64_t last = t->offset;
-    bool empty = false;
+    bool empty = false, overflow = t->offset < 0;
     for (size_t d = 0; d < r.shape.size(); ++d) {
-      if (r.shape[d] == 0) empty = true;
-      else last += (r.shape[d] - 1) * t->stride[d];
+      int64_t span;
+      if (r.shape[d] < 0 || t->stride[d] < 0) overflow = true;
+      else if (r.shape[d] == 0) empty = true;
+      else overflow |= __builtin_mul_overflow(r.shape[d] - 1, t->stride[d], &span) ||
+                       __builtin_add_overflow(last, span, &last);
     }
+    KVPR_CHECK(!overflow, name, ": tensor '", r.name, "' has an invalid size or stride");
     KVPR_CHECK(empty || (t->offset >= 0 && last < t->storage->numel), name, ": tensor '", r.name,
                "' lies outside its storage");
     const uint8_t* base = file.data() + e->second.data_offset + t->offset * es;
