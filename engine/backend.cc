@@ -9,6 +9,15 @@
 
 namespace kvpr {
 
+const char* stream_name(Stream s) {
+  switch (s) {
+    case Stream::Compute: return "compute";
+    case Stream::H2D: return "h2d";
+    case Stream::D2H: return "d2h";
+  }
+  return "?";
+}
+
 bool cuda_available() {
 #ifdef KVPR_HAVE_CUDA
   return cuda_device_count() > 0;

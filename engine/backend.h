@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/tensor.h"
+#include "engine/trace.h"
 
 namespace kvpr {
 
@@ -59,11 +60,20 @@ class Backend {
 
   // ---- copies and ordering ----
   // Copies src into dst (same dtype and element count; any memory kinds) in order on `s`.
-  virtual void copy(const Tensor& dst, const Tensor& src, Stream s) = 0;
+  // `what` names the copy in traces ("X[0:l]", "KV[l:s']").
+  virtual void copy(const Tensor& dst, const Tensor& src, Stream s, const char* what = "copy") = 0;
   virtual Event record(Stream s) = 0;
   virtual void wait(Stream s, const Event& e) = 0;  // work on s after this waits for e
   virtual void synchronize(const Event& e) = 0;     // the host waits for e
   virtual void synchronize() = 0;                   // the host waits for every stream
+  // Milliseconds between two completed events (synchronize on `end` first).
+  virtual double elapsed_ms(const Event& start, const Event& end) = 0;
+
+  // Tracing: when set, every copy and op is recorded on its stream's track. The label is
+  // prefixed to op names (e.g. "L3") so a trace reads by layer.
+  void set_tracer(Tracer* t) { tracer_ = t; }
+  Tracer* tracer() const { return tracer_; }
+  void set_trace_label(std::string label) { trace_label_ = std::move(label); }
 
   // ---- ops (compute stream). Activations are F32; weights any float dtype. ----
   // out[i, :] = table[ids[i], :] (ids I32 in device memory).
@@ -83,7 +93,13 @@ class Backend {
   // Multi-head causal attention. q, out: [T, heads*head_dim] F32; softmax(q·kᵀ·scale)·v.
   virtual void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
                          int heads, float scale) = 0;
+
+ protected:
+  Tracer* tracer_ = nullptr;
+  std::string trace_label_;
 };
+
+const char* stream_name(Stream s);  // "compute", "h2d", "d2h"
 
 // Creates a backend by name: "cpu", "cuda" (device 0 or `device`), or "auto" (cuda when
 // a device is present, else cpu). Throws when the requested backend is unavailable.

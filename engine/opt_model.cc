@@ -49,6 +49,12 @@ OptModel::OptModel(Backend& backend, const std::string& model_dir, const ModelLo
 
 void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) {
   CheckpointDir ckpt(model_dir);
+  // Uploads read the mapped checkpoint asynchronously: finish them before it is unmapped,
+  // also when loading fails half way.
+  struct FinishUploads {
+    Backend& b;
+    ~FinishUploads() { b.synchronize(); }
+  } finish_uploads{backend_};
   format_ = ckpt.format();
   const OptConfig& c = config_;
   // The hub uses two prefixes: "model.decoder." (with lm_head.weight) and "decoder.".

@@ -18,6 +18,7 @@ Tensor random_tensor(Backend& be, DType dt, Shape shape, std::mt19937& rng, floa
   for (int64_t i = 0; i < h.numel(); ++i) store_from_f32(h.data(), dt, i, nd(rng));
   Tensor d = be.alloc(dt, shape);
   be.copy(d, h, Stream::H2D);
+  be.synchronize();
   return d;
 }
 

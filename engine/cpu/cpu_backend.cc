@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "engine/cpu/vec.h"
 #include "engine/error.h"
@@ -37,7 +38,29 @@ void check_f32(const Tensor& t, const char* what) {
   KVPR_CHECK(t.dtype() == DType::F32, what, " must be F32, got ", t.describe());
 }
 
-struct CpuEvent : Event::Impl {};
+// Completion of a point in a stream, with the time it completed.
+struct CpuEvent : Event::Impl {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::chrono::steady_clock::time_point when;
+  void complete() {
+    std::lock_guard<std::mutex> lock(mu);
+    when = std::chrono::steady_clock::now();
+    done = true;
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+};
+
+CpuEvent& cpu_event(const Event& e) {
+  auto* impl = dynamic_cast<CpuEvent*>(e.impl());
+  KVPR_CHECK(impl, "event does not belong to the CPU backend");
+  return *impl;
+}
 
 float apply_act(float v, Activation act) {
   switch (act) {
@@ -50,6 +73,47 @@ float apply_act(float v, Activation act) {
 
 }  // namespace
 
+CopyEngine::CopyEngine() : thread_([this] { loop(); }) {}
+
+CopyEngine::~CopyEngine() {
+  drain();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CopyEngine::push(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+void CopyEngine::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+}
+
+void CopyEngine::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop requested and nothing left
+    auto task = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    task();
+    lock.lock();
+    busy_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+}
+
 CpuBackend::CpuBackend() : bytes_in_use_(std::make_shared<std::atomic<size_t>>(0)) {
 #ifdef KVPR_HAVE_OPENBLAS
   // OpenBLAS uses its own threads for large GEMMs; keep it to our thread count.
@@ -57,18 +121,25 @@ CpuBackend::CpuBackend() : bytes_in_use_(std::make_shared<std::atomic<size_t>>(0
 #endif
 }
 
-CpuBackend::~CpuBackend() = default;
+CpuBackend::~CpuBackend() { synchronize(); }
 
-Tensor CpuBackend::alloc(DType dtype, Shape shape) {
-  size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+namespace {
+std::shared_ptr<Storage> zeroed_storage(size_t bytes, MemoryKind kind, const std::string& what) {
   auto st = std::make_shared<Storage>();
   size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
   st->data = std::aligned_alloc(64, rounded);
-  KVPR_CHECK(st->data, "out of memory allocating ", bytes, " bytes for ", dtype_name(dtype),
-             shape_str(shape));
+  KVPR_CHECK(st->data, "out of memory allocating ", bytes, " bytes for ", what);
   std::memset(st->data, 0, rounded);
   st->bytes = bytes;
-  st->kind = MemoryKind::Device;
+  st->kind = kind;
+  st->release = [](void* p) { std::free(p); };
+  return st;
+}
+}  // namespace
+
+Tensor CpuBackend::alloc(DType dtype, Shape shape) {
+  size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  auto st = zeroed_storage(bytes, MemoryKind::Device, dtype_name(dtype) + shape_str(shape));
   auto counter = bytes_in_use_;
   counter->fetch_add(bytes);
   st->release = [counter, bytes](void* p) {
@@ -78,21 +149,76 @@ Tensor CpuBackend::alloc(DType dtype, Shape shape) {
   return Tensor(std::move(st), 0, dtype, std::move(shape));
 }
 
+// On the CPU backend every host buffer can be copied asynchronously; "pinned" is a label.
 Tensor CpuBackend::alloc_pinned(DType dtype, Shape shape) {
-  Tensor t = Tensor::host(dtype, std::move(shape));
-  return t;
+  size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  auto st = zeroed_storage(bytes, MemoryKind::PinnedHost, dtype_name(dtype) + shape_str(shape));
+  return Tensor(std::move(st), 0, dtype, std::move(shape));
 }
 
-void CpuBackend::copy(const Tensor& dst, const Tensor& src, Stream) {
+void CpuBackend::trace_op(const char* op, double t0, json::Value args) {
+  if (!tracer_) return;
+  std::string name = trace_label_.empty() ? op : trace_label_ + " " + op;
+  tracer_->span("compute", name, t0, tracer_->now_us(), std::move(args));
+}
+
+void CpuBackend::copy(const Tensor& dst, const Tensor& src, Stream s, const char* what) {
   KVPR_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy from ",
              src.describe(), " to ", dst.describe(), ": dtype or size differ");
-  if (dst.data() != src.data()) std::memmove(dst.data(), src.data(), src.nbytes());
+  if (s == Stream::Compute) {
+    double t0 = tracer_ ? tracer_->now_us() : 0;
+    if (dst.data() != src.data()) std::memmove(dst.data(), src.data(), src.nbytes());
+    if (tracer_) trace_op(what, t0, json::Object{{"bytes", json::Value(static_cast<int64_t>(src.nbytes()))}});
+    return;
+  }
+  std::string name = trace_label_.empty() ? what : trace_label_ + " " + what;
+  engine(s).push([this, dst, src, s, name] {
+    Tracer* tr = tracer_;
+    double t0 = tr ? tr->now_us() : 0;
+    auto start = std::chrono::steady_clock::now();
+    if (dst.data() != src.data()) std::memmove(dst.data(), src.data(), src.nbytes());
+    double gbps = link_gbps_.load();
+    if (gbps > 0) {  // pace like a link of that bandwidth
+      auto target = std::chrono::duration<double>(static_cast<double>(src.nbytes()) / (gbps * 1e9));
+      std::this_thread::sleep_until(start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(target));
+    }
+    if (tr)
+      tr->span(stream_name(s), name, t0, tr->now_us(),
+               json::Object{{"bytes", json::Value(static_cast<int64_t>(src.nbytes()))}});
+  });
 }
 
-Event CpuBackend::record(Stream) { return Event(std::make_shared<CpuEvent>()); }
-void CpuBackend::wait(Stream, const Event&) {}
-void CpuBackend::synchronize(const Event&) {}
-void CpuBackend::synchronize() {}
+Event CpuBackend::record(Stream s) {
+  auto ev = std::make_shared<CpuEvent>();
+  if (s == Stream::Compute) ev->complete();  // compute work runs synchronously
+  else engine(s).push([ev] { ev->complete(); });
+  return Event(ev);
+}
+
+void CpuBackend::wait(Stream s, const Event& e) {
+  CpuEvent& ev = cpu_event(e);
+  if (s == Stream::Compute) {
+    ev.wait();  // the compute stream is this thread
+    return;
+  }
+  auto keep = e;
+  engine(s).push([keep] { cpu_event(keep).wait(); });
+}
+
+void CpuBackend::synchronize(const Event& e) { cpu_event(e).wait(); }
+
+void CpuBackend::synchronize() {
+  h2d_.drain();
+  d2h_.drain();
+}
+
+double CpuBackend::elapsed_ms(const Event& start, const Event& end) {
+  CpuEvent& a = cpu_event(start);
+  CpuEvent& b = cpu_event(end);
+  a.wait();
+  b.wait();
+  return std::chrono::duration<double, std::milli>(b.when - a.when).count();
+}
 
 void CpuBackend::gather_rows(const Tensor& out, const Tensor& table, const Tensor& ids) {
   check_f32(out, "gather_rows output");
