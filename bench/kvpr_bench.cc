@@ -111,7 +111,9 @@ json::Value bench_model(const std::string& dir, int batch, int prompt, int steps
   CpuBackend be;
   OptModel model(be, dir);
   const OptConfig& c = model.config();
-  DeviceKvCache cache(be, c.num_layers, batch, prompt + steps, c.hidden_size, model.weight_dtype());
+  KvRuntimeOptions kvo;
+  kvo.kv_dtype = model.weight_dtype();
+  auto kv = model.make_kv_runtime(batch, prompt + steps, kvo);
   Rng rng(2);
   std::vector<std::vector<int32_t>> toks(batch);
   std::vector<ForwardChunk> chunks;
@@ -121,7 +123,7 @@ json::Value bench_model(const std::string& dir, int batch, int prompt, int steps
   }
   Tensor logits = Tensor::host(DType::F32, {batch, c.vocab_size});
   auto t0 = Clock::now();
-  model.forward(chunks, cache, logits);
+  model.forward(chunks, *kv, logits);
   double t_prefill = seconds_since(t0);
   std::vector<int32_t> next(batch);
   t0 = Clock::now();
@@ -132,7 +134,7 @@ json::Value bench_model(const std::string& dir, int batch, int prompt, int steps
       next[b] = static_cast<int32_t>(std::max_element(row, row + 50257) - row);
       dec.push_back(ForwardChunk{&next[b], 1, prompt + s, b});
     }
-    model.forward(dec, cache, logits);
+    model.forward(dec, *kv, logits);
   }
   double t_decode = seconds_since(t0);
   json::Value r(json::Object{});

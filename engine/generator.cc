@@ -44,8 +44,9 @@ Generator::Generator(OptModel& model, const Tokenizer& tokenizer, const Generato
   KVPR_CHECK(opts.max_batch > 0, "max_batch must be positive");
   // Ids the tokenizer cannot produce (OPT pads its embedding to 50272) are never sampled.
   valid_vocab_ = static_cast<int32_t>(std::min<int64_t>(c.vocab_size, tokenizer.size()));
-  cache_ = std::make_unique<DeviceKvCache>(model.backend(), c.num_layers, opts.max_batch, max_seq_len_,
-                                           c.hidden_size, opts.kv_dtype.value_or(model.weight_dtype()));
+  KvRuntimeOptions kv = opts.kv;
+  kv.kv_dtype = opts.kv_dtype.value_or(model.weight_dtype());
+  runtime_ = model.make_kv_runtime(opts.max_batch, max_seq_len_, kv);
   for (int64_t s = opts.max_batch; s-- > 0;) free_slots_.push_back(s);
 }
 
@@ -169,7 +170,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   const int64_t V = model_.config().vocab_size;
   const int64_t rows = static_cast<int64_t>(chunks.size());
   if (!logits_.defined() || logits_.dim(0) < rows) logits_ = Tensor::host(DType::F32, {rows, V});
-  model_.forward(chunks, *cache_, logits_.rows(0, rows));
+  model_.forward(chunks, *runtime_, logits_.rows(0, rows));
 
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i];

@@ -32,6 +32,7 @@ struct GeneratorOptions {
   int max_batch = 8;          // sequences decoding at once (KV slots)
   int64_t max_seq_len = 0;    // 0 = the model's max_position_embeddings
   std::optional<DType> kv_dtype;  // default: the model's weight dtype
+  KvRuntimeOptions kv;        // KV mode and its settings (kv.kv_dtype is set from kv_dtype)
 };
 
 // What one step produced for one sequence.
@@ -71,6 +72,7 @@ class Generator {
   size_t running() const { return running_.size(); }
   size_t waiting() const { return waiting_.size(); }
   int64_t max_seq_len() const { return max_seq_len_; }
+  KvRuntime& kv_runtime() { return *runtime_; }
 
   // Results of finished sequences (removed by take_result).
   bool finished(uint64_t id) const { return done_.count(id) > 0; }
@@ -90,7 +92,7 @@ class Generator {
   const Tokenizer& tok_;
   int64_t max_seq_len_;
   int32_t valid_vocab_;
-  std::unique_ptr<DeviceKvCache> cache_;
+  std::unique_ptr<KvRuntime> runtime_;
   std::vector<int64_t> free_slots_;
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
   std::map<uint64_t, SequenceResult> done_;

@@ -19,28 +19,6 @@ Tensor Workspace::get(const std::string& name, DType dtype, Shape shape) {
   return it->second.view_as(dtype, std::move(shape));
 }
 
-DeviceKvCache::DeviceKvCache(Backend& backend, int64_t layers, int64_t slots, int64_t capacity,
-                             int64_t hidden, DType dtype)
-    : slots_(slots), capacity_(capacity), hidden_(hidden), dtype_(dtype) {
-  for (int64_t l = 0; l < layers; ++l) {
-    k_.push_back(backend.alloc(dtype, {slots, capacity, hidden}));
-    v_.push_back(backend.alloc(dtype, {slots, capacity, hidden}));
-  }
-}
-
-Tensor DeviceKvCache::k(int64_t layer, int64_t slot) const {
-  return k_.at(layer).rows(slot, 1).reshape({capacity_, hidden_});
-}
-Tensor DeviceKvCache::v(int64_t layer, int64_t slot) const {
-  return v_.at(layer).rows(slot, 1).reshape({capacity_, hidden_});
-}
-size_t DeviceKvCache::bytes() const {
-  size_t b = 0;
-  for (const auto& t : k_) b += t.nbytes();
-  for (const auto& t : v_) b += t.nbytes();
-  return b;
-}
-
 OptModel::OptModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts)
     : backend_(backend), ws_(backend) {
   config_ = OptConfig::load(model_dir);
@@ -148,17 +126,27 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
   backend_.synchronize();
 }
 
-void OptModel::forward(const std::vector<ForwardChunk>& chunks, DeviceKvCache& cache,
-                       const Tensor& logits, bool all_positions) {
+std::unique_ptr<KvRuntime> OptModel::make_kv_runtime(int64_t slots, int64_t capacity,
+                                                     const KvRuntimeOptions& opts) {
+  KVPR_CHECK(capacity <= config_.max_position_embeddings, "KV capacity ", capacity,
+             " exceeds max_position_embeddings ", config_.max_position_embeddings);
+  return std::make_unique<KvRuntime>(backend_, kv_shape(), *this, slots, capacity, opts);
+}
+
+void OptModel::project_kv(int64_t layer, const Tensor& x, const Tensor& k, const Tensor& v) {
+  const OptLayer& L = layers_.at(layer);
+  backend_.linear(k, x, L.wk, L.bk, Activation::None);
+  backend_.linear(v, x, L.wv, L.bv, Activation::None);
+}
+
+void OptModel::forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, const Tensor& logits,
+                       bool all_positions) {
   const OptConfig& c = config_;
   const int64_t h = c.hidden_size, d = c.word_embed_proj_dim, V = c.vocab_size;
   Backend& be = backend_;
   int64_t T = 0;
   for (const auto& ch : chunks) {
     KVPR_CHECK(ch.count > 0, "empty forward chunk");
-    KVPR_CHECK(ch.slot >= 0 && ch.slot < cache.slots(), "KV slot ", ch.slot, " out of range");
-    KVPR_CHECK(ch.past_len + ch.count <= cache.capacity(), "sequence of ", ch.past_len + ch.count,
-               " tokens exceeds the KV capacity ", cache.capacity());
     KVPR_CHECK(ch.past_len + ch.count <= c.max_position_embeddings, "sequence of ",
                ch.past_len + ch.count, " tokens exceeds max_position_embeddings ",
                c.max_position_embeddings);
@@ -171,14 +159,8 @@ void OptModel::forward(const std::vector<ForwardChunk>& chunks, DeviceKvCache& c
   // Token ids, positions and the rows whose logits we want, uploaded together.
   Tensor host_ids = Tensor::host(DType::I32, {2 * T + rows});
   int32_t* hi = host_ids.data_as<int32_t>();
-  std::vector<AttentionSeq> seqs;
   int64_t t = 0;
   for (const auto& ch : chunks) {
-    AttentionSeq s;
-    s.q_begin = t;
-    s.q_len = ch.count;
-    s.past_len = ch.past_len;
-    seqs.push_back(s);
     for (int64_t j = 0; j < ch.count; ++j, ++t) {
       KVPR_CHECK(ch.tokens[j] >= 0 && ch.tokens[j] < V, "token id ", ch.tokens[j],
                  " out of range for vocab_size ", V);
@@ -213,22 +195,17 @@ void OptModel::forward(const std::vector<ForwardChunk>& chunks, DeviceKvCache& c
   Tensor ff = ws_.get("ff", DType::F32, {T, c.ffn_dim});
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
   const float eps = OptConfig::kLayerNormEps;
+  kv.begin(chunks);
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const OptLayer& L = layers_[li];
-    // Self-attention block.
+    kv.prepare_layer(li);
+    // Self-attention block. attn_in is X, the post-norm input of the QKV projection.
     const Tensor& attn_in = c.do_layer_norm_before ? a : x;
     if (c.do_layer_norm_before) be.layer_norm(a, x, L.attn_ln_w, L.attn_ln_b, eps);
     be.linear(q, attn_in, L.wq, L.bq, Activation::None);
     be.linear(k, attn_in, L.wk, L.bk, Activation::None);
     be.linear(v, attn_in, L.wv, L.bv, Activation::None);
-    for (size_t s = 0; s < chunks.size(); ++s) {
-      Tensor ck = cache.k(li, chunks[s].slot), cv = cache.v(li, chunks[s].slot);
-      be.convert(ck.rows(chunks[s].past_len, chunks[s].count), k.rows(seqs[s].q_begin, chunks[s].count));
-      be.convert(cv.rows(chunks[s].past_len, chunks[s].count), v.rows(seqs[s].q_begin, chunks[s].count));
-      seqs[s].k = ck;
-      seqs[s].v = cv;
-    }
-    be.attention(att, q, seqs, static_cast<int>(c.num_heads), scale);
+    kv.attend(li, attn_in, q, k, v, att, scale);
     be.linear(o, att, L.wo, L.bo, Activation::None);
     be.add(x, x, o);
     if (!c.do_layer_norm_before) be.layer_norm(x, x, L.attn_ln_w, L.attn_ln_b, eps);
@@ -240,6 +217,7 @@ void OptModel::forward(const std::vector<ForwardChunk>& chunks, DeviceKvCache& c
     be.add(x, x, o);
     if (!c.do_layer_norm_before) be.layer_norm(x, x, L.ffn_ln_w, L.ffn_ln_b, eps);
   }
+  kv.end();
   if (c.has_final_layer_norm()) be.layer_norm(x, x, final_ln_w_, final_ln_b_, eps);
 
   Tensor sel = ws_.get("sel", DType::F32, {rows, h});

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/kv_runtime.h"
 #include "engine/opt_config.h"
 
 namespace kvpr {
@@ -36,34 +37,7 @@ class Workspace {
   std::map<std::string, Tensor> buffers_;
 };
 
-// K and V of every layer for a fixed number of sequence slots, in device memory.
-// Layout per layer: [slots, capacity, hidden].
-class DeviceKvCache {
- public:
-  DeviceKvCache(Backend& backend, int64_t layers, int64_t slots, int64_t capacity, int64_t hidden,
-                DType dtype);
-  Tensor k(int64_t layer, int64_t slot) const;  // [capacity, hidden]
-  Tensor v(int64_t layer, int64_t slot) const;
-  int64_t slots() const { return slots_; }
-  int64_t capacity() const { return capacity_; }
-  DType dtype() const { return dtype_; }
-  size_t bytes() const;
-
- private:
-  std::vector<Tensor> k_, v_;
-  int64_t slots_, capacity_, hidden_;
-  DType dtype_;
-};
-
-// One sequence's part of a forward call: `tokens` at positions past_len.. in cache `slot`.
-struct ForwardChunk {
-  const int32_t* tokens = nullptr;
-  int64_t count = 0;
-  int64_t past_len = 0;
-  int64_t slot = 0;
-};
-
-class OptModel {
+class OptModel : public KvProjector {
  public:
   OptModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts = {});
 
@@ -74,11 +48,17 @@ class OptModel {
   DType weight_dtype() const { return weight_dtype_; }  // dtype of the big matrices
   const std::string& checkpoint_format() const { return format_; }
 
-  // Runs the chunks through the model, appending their K/V to `cache`, and writes F32
-  // logits to `logits` (host memory): one row per chunk (its last token), or one row per
-  // token when all_positions. logits is [rows, vocab_size].
-  void forward(const std::vector<ForwardChunk>& chunks, DeviceKvCache& cache, const Tensor& logits,
+  // Runs the chunks through the model with the runtime providing each layer's past K/V
+  // (and storing the new ones), and writes F32 logits to `logits` (host memory): one row per
+  // chunk (its last token), or one row per token when all_positions. logits is [rows, vocab].
+  void forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, const Tensor& logits,
                bool all_positions = false);
+
+  KvShape kv_shape() const { return KvShape{config_.num_layers, config_.hidden_size, config_.num_heads}; }
+  // Runtime for this model: `slots` sequences of up to `capacity` tokens.
+  std::unique_ptr<KvRuntime> make_kv_runtime(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
+
+  void project_kv(int64_t layer, const Tensor& x, const Tensor& k, const Tensor& v) override;
 
  private:
   void load(const std::string& model_dir, const ModelLoadOptions& opts);

@@ -82,9 +82,11 @@ TEST(Generation, DecodeWithCacheEqualsFullRecompute) {
   ASSERT_EQ(rows.size(), 12u);
   std::vector<int32_t> seq = prompt;
   for (size_t i = 0; i < rows.size(); ++i) {
-    DeviceKvCache cache(f.be, f.model.config().num_layers, 1, 64, f.model.config().hidden_size, DType::F32);
+    KvRuntimeOptions f32;
+    f32.kv_dtype = DType::F32;
+    auto cache = f.model.make_kv_runtime(1, 64, f32);
     Tensor logits = Tensor::host(DType::F32, {1, V});
-    f.model.forward({ForwardChunk{seq.data(), static_cast<int64_t>(seq.size()), 0, 0}}, cache, logits);
+    f.model.forward({ForwardChunk{seq.data(), static_cast<int64_t>(seq.size()), 0, 0}}, *cache, logits);
     std::vector<double> full(logits.data_as<float>(), logits.data_as<float>() + V);
     EXPECT_TRUE(test::close_rel(full, rows[i].data(), V, 1e-5)) << "step " << i;
     seq.push_back(r[0].tokens[i]);

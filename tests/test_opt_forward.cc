@@ -19,19 +19,21 @@ TEST_P(OptForward, LogitsMatchFloat64Reference) {
   const int64_t T = static_cast<int64_t>(ids.values.size()), V = model.config().vocab_size;
   ASSERT_EQ(ref.shape, (std::vector<int64_t>{T, V}));
   std::vector<int32_t> tokens(ids.values.begin(), ids.values.end());
-  DeviceKvCache cache(be, model.config().num_layers, 1, 64, model.config().hidden_size, DType::F32);
+  KvRuntimeOptions f32;
+  f32.kv_dtype = DType::F32;
+  auto cache = model.make_kv_runtime(1, 64, f32);
   Tensor logits = Tensor::host(DType::F32, {T, V});
-  model.forward({ForwardChunk{tokens.data(), T, 0, 0}}, cache, logits, /*all_positions=*/true);
+  model.forward({ForwardChunk{tokens.data(), T, 0, 0}}, *cache, logits, /*all_positions=*/true);
   EXPECT_TRUE(test::close_rel(ref.values, logits.data_as<float>(), ref.values.size(), 1e-4));
 
   // The same tokens fed as a prefill of 5 and then one at a time through the cache.
-  DeviceKvCache cache2(be, model.config().num_layers, 1, 64, model.config().hidden_size, DType::F32);
+  auto cache2 = model.make_kv_runtime(1, 64, f32);
   Tensor row = Tensor::host(DType::F32, {5, V});
-  model.forward({ForwardChunk{tokens.data(), 5, 0, 0}}, cache2, row, true);
+  model.forward({ForwardChunk{tokens.data(), 5, 0, 0}}, *cache2, row, true);
   std::vector<float> got(row.data_as<float>(), row.data_as<float>() + 5 * V);
   Tensor one = Tensor::host(DType::F32, {1, V});
   for (int64_t t = 5; t < T; ++t) {
-    model.forward({ForwardChunk{tokens.data() + t, 1, t, 0}}, cache2, one);
+    model.forward({ForwardChunk{tokens.data() + t, 1, t, 0}}, *cache2, one);
     got.insert(got.end(), one.data_as<float>(), one.data_as<float>() + V);
   }
   EXPECT_TRUE(test::close_rel(ref.values, got.data(), got.size(), 1e-4));

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "engine/dtype.h"
+#include "engine/error.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -50,6 +51,17 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 #endif
+
+// Calls fn with the storage tag of a float dtype.
+template <typename Fn>
+inline void dispatch_float(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::F32: fn(F32Tag{}); return;
+    case DType::F16: fn(F16Tag{}); return;
+    case DType::BF16: fn(BF16Tag{}); return;
+    default: KVPR_THROW("expected a float tensor, got ", dtype_name(t));
+  }
+}
 
 // sum_i a[i] * b[i], a in fp32, b in Tag's storage.
 template <typename Tag>

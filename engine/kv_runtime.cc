@@ -1,0 +1,385 @@
+#include "engine/kv_runtime.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "engine/cpu/attention.h"
+#include "engine/error.h"
+
+namespace kvpr {
+
+const char* kv_mode_name(KvMode m) {
+  switch (m) {
+    case KvMode::Resident: return "resident";
+    case KvMode::Offload: return "offload";
+    case KvMode::Kvpr: return "kvpr";
+    case KvMode::Recompute: return "recompute";
+    case KvMode::CpuAttn: return "cpu-attn";
+  }
+  return "?";
+}
+
+bool parse_kv_mode(const std::string& s, KvMode* out) {
+  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn})
+    if (s == kv_mode_name(m)) {
+      *out = m;
+      return true;
+    }
+  return false;
+}
+
+bool kv_mode_uses_host(KvMode m) { return m != KvMode::Resident; }
+bool kv_mode_stores_x(KvMode m) { return m == KvMode::Kvpr || m == KvMode::Recompute; }
+
+// ------------------------------------------------------------------ host store
+
+HostKvStore::HostKvStore(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity, DType dtype,
+                         int64_t x_capacity)
+    : capacity_(capacity), x_capacity_(x_capacity), kv_width_(shape.kv_hidden()), x_width_(shape.hidden) {
+  for (int64_t l = 0; l < shape.layers; ++l) {
+    k_.push_back(backend.alloc_pinned(dtype, {slots, capacity, kv_width_}));
+    v_.push_back(backend.alloc_pinned(dtype, {slots, capacity, kv_width_}));
+    if (x_capacity > 0) x_.push_back(backend.alloc_pinned(dtype, {slots, x_capacity, x_width_}));
+  }
+}
+
+Tensor HostKvStore::k(int64_t layer, int64_t slot) const {
+  return k_.at(layer).rows(slot, 1).reshape({capacity_, kv_width_});
+}
+Tensor HostKvStore::v(int64_t layer, int64_t slot) const {
+  return v_.at(layer).rows(slot, 1).reshape({capacity_, kv_width_});
+}
+Tensor HostKvStore::x(int64_t layer, int64_t slot) const {
+  return x_.at(layer).rows(slot, 1).reshape({x_capacity_, x_width_});
+}
+size_t HostKvStore::bytes() const {
+  size_t b = 0;
+  for (const auto* v : {&k_, &v_, &x_})
+    for (const auto& t : *v) b += t.nbytes();
+  return b;
+}
+
+// ------------------------------------------------------------------ runtime
+
+KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projector, int64_t slots,
+                     int64_t capacity, const KvRuntimeOptions& opts)
+    : be_(backend), shape_(shape), projector_(projector), slots_(slots), capacity_(capacity), opts_(opts) {
+  KVPR_CHECK(slots > 0 && capacity > 0, "KV runtime needs at least one slot and one token");
+  KVPR_CHECK(is_float(opts.kv_dtype), "KV dtype must be F32, F16 or BF16");
+  const KvMode m = opts_.mode;
+  if (m == KvMode::Resident) {
+    for (int64_t l = 0; l < shape.layers; ++l) {
+      dev_k_.push_back(be_.alloc(opts.kv_dtype, {slots, capacity, shape.kv_hidden()}));
+      dev_v_.push_back(be_.alloc(opts.kv_dtype, {slots, capacity, shape.kv_hidden()}));
+    }
+    return;
+  }
+  int64_t x_cap = 0;
+  if (kv_mode_stores_x(m)) x_cap = opts.activation_cap < 0 ? capacity : std::min(opts.activation_cap, capacity);
+  host_ = std::make_unique<HostKvStore>(be_, shape, slots, capacity, opts.kv_dtype, x_cap);
+  store_done_.resize(shape.layers);
+  if (m == KvMode::CpuAttn) {
+    int threads = opts.host_attention_threads > 0 ? opts.host_attention_threads
+                                                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    host_pool_ = std::make_unique<ThreadPool>(threads);
+  }
+  if (m == KvMode::Kvpr && !opts.forced_split) {
+    KVPR_CHECK(opts.profile, "kv mode kvpr needs a link profile (run the profiler) or a forced --split");
+    const int64_t es = static_cast<int64_t>(dtype_size(opts.kv_dtype));
+    scheduler_ = std::make_unique<SplitScheduler>(*opts.profile, shape.hidden * es, 2 * shape.kv_hidden() * es,
+                                                  opts.split_granularity, opts.split_model);
+  }
+}
+
+KvRuntime::~KvRuntime() { be_.synchronize(); }
+
+int64_t KvRuntime::host_bytes_per_token(KvMode mode, const KvShape& shape, DType dtype) {
+  if (!kv_mode_uses_host(mode)) return 0;
+  int64_t per_layer = 2 * shape.kv_hidden() + (kv_mode_stores_x(mode) ? shape.hidden : 0);
+  return shape.layers * per_layer * static_cast<int64_t>(dtype_size(dtype));
+}
+
+int64_t KvRuntime::host_bytes_per_token() const { return host_bytes_per_token(opts_.mode, shape_, opts_.kv_dtype); }
+
+Tensor KvRuntime::grow(Tensor& buf, DType dtype, int64_t rows, int64_t width) {
+  rows = std::max<int64_t>(rows, 1);
+  if (!buf.defined() || buf.dim(0) < rows || buf.dtype() != dtype || buf.dim(1) != width)
+    buf = be_.alloc(dtype, {std::max(rows, buf.defined() ? buf.dim(0) * 3 / 2 : 0), width});
+  return buf;
+}
+
+void KvRuntime::decide_splits() {
+  int64_t cached = 0, avail = 0;
+  auto x_avail = [&](const SeqPlan& s) {
+    return host_ ? std::min(s.past, host_->x_capacity()) : 0;
+  };
+  for (const auto& s : plan_) {
+    cached += s.past;
+    avail += x_avail(s);
+  }
+  stats_.split_source = "none";
+  stats_.predicted_layer_ms = 0;
+  const KvMode m = opts_.mode;
+  if (m == KvMode::Recompute) {
+    for (auto& s : plan_) s.split = x_avail(s);
+    stats_.split_source = "all";
+  } else if (m == KvMode::Kvpr && opts_.forced_split) {
+    for (auto& s : plan_) s.split = std::clamp<int64_t>(*opts_.forced_split, 0, x_avail(s));
+    stats_.split_source = "forced";
+  } else if (m == KvMode::Kvpr) {
+    SplitDecision d = scheduler_->choose(cached, avail, scheduler_->other_s());
+    stats_.split_source = std::string("scheduler:") + split_model_name(d.model);
+    stats_.predicted_layer_ms = d.predicted_s * 1e3;
+    // Share the batch's L among sequences in proportion to their cached tokens, each a
+    // multiple of the granularity where its stored X allows.
+    const int64_t g = scheduler_->granularity();
+    int64_t given = 0;
+    for (auto& s : plan_) {
+      if (cached == 0) break;
+      int64_t want = static_cast<int64_t>(std::llround(static_cast<double>(d.split) * s.past / cached));
+      int64_t l = std::min(x_avail(s), want);
+      if (l < x_avail(s) || l % g) l = l / g * g;
+      s.split = l;
+      given += l;
+    }
+    // Rounding can leave part of L unassigned: give it to sequences with room.
+    for (auto& s : plan_) {
+      if (given >= d.split) break;
+      int64_t room = x_avail(s) - s.split;
+      int64_t add = std::min(room, d.split - given);
+      if (add > 0 && add != room) add = add / g * g;
+      s.split += add;
+      given += add;
+    }
+  }
+  stats_.split.clear();
+  stats_.split_total = 0;
+  int64_t x_off = 0;
+  for (auto& s : plan_) {
+    s.x_off = x_off;
+    x_off += s.split;
+    stats_.split.push_back(s.split);
+    stats_.split_total += s.split;
+  }
+  rows_x_ = x_off;
+}
+
+void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
+  plan_.clear();
+  stats_.h2d_bytes = stats_.d2h_bytes = 0;
+  int64_t ctx = 0, q = 0;
+  for (const auto& c : chunks) {
+    KVPR_CHECK(c.slot >= 0 && c.slot < slots_, "KV slot ", c.slot, " out of range");
+    KVPR_CHECK(c.past_len + c.count <= capacity_, "sequence of ", c.past_len + c.count,
+               " tokens exceeds the KV capacity ", capacity_);
+    plan_.push_back(SeqPlan{c.slot, c.past_len, c.count, q, ctx, 0, 0});
+    ctx += c.past_len + c.count;
+    q += c.count;
+  }
+  rows_ctx_ = ctx;
+  rows_q_ = q;
+  timing_.assign(shape_.layers, LayerTiming{});
+  if (opts_.mode == KvMode::Resident) return;
+  decide_splits();
+  const int64_t w = shape_.kv_hidden();
+  for (int b = 0; b < 2; ++b) {
+    grow(kbuf_[b], opts_.kv_dtype, rows_ctx_, w);
+    grow(vbuf_[b], opts_.kv_dtype, rows_ctx_, w);
+    if (kv_mode_stores_x(opts_.mode)) {
+      grow(xbuf_[b], opts_.kv_dtype, rows_x_, shape_.hidden);
+      grow(xnew_[b], opts_.kv_dtype, rows_q_, shape_.hidden);
+    }
+  }
+  if (rows_x_ > 0) {
+    grow(x32_, DType::F32, rows_x_, shape_.hidden);
+    grow(k32_, DType::F32, rows_x_, w);
+    grow(v32_, DType::F32, rows_x_, w);
+  }
+  if (opts_.mode == KvMode::CpuAttn) {
+    grow(knew_, opts_.kv_dtype, rows_q_, w);
+    grow(vnew_, opts_.kv_dtype, rows_q_, w);
+    if (!host_q_.defined() || host_q_.dim(0) < rows_q_) {
+      host_q_ = be_.alloc_pinned(DType::F32, {std::max<int64_t>(rows_q_, 1), shape_.hidden});
+      host_out_ = be_.alloc_pinned(DType::F32, {std::max<int64_t>(rows_q_, 1), shape_.hidden});
+    }
+  }
+  prefetch(0);
+}
+
+void KvRuntime::prefetch(int64_t layer) {
+  const KvMode m = opts_.mode;
+  if (layer >= shape_.layers || !(m == KvMode::Offload || m == KvMode::Kvpr || m == KvMode::Recompute)) return;
+  const int b = static_cast<int>(layer % 2);
+  LayerTiming& t = timing_[layer];
+  // The buffer must be free (its attention done, its rows stored) and this layer's stores
+  // from the previous step must have reached the host.
+  if (buf_free_[b].impl()) be_.wait(Stream::H2D, buf_free_[b]);
+  if (buf_stored_[b].impl()) be_.wait(Stream::H2D, buf_stored_[b]);
+  if (store_done_[layer].impl()) be_.wait(Stream::H2D, store_done_[layer]);
+  be_.set_trace_label("L" + std::to_string(layer));
+  t.h2d_start = be_.record(Stream::H2D);
+  for (const auto& s : plan_) {
+    if (s.split > 0) {
+      be_.copy(xbuf_[b].rows(s.x_off, s.split), host_->x(layer, s.slot).rows(0, s.split), Stream::H2D, "X[0:l]");
+      t.h2d_bytes += s.split * shape_.hidden * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+    }
+  }
+  t.x_ready = be_.record(Stream::H2D);
+  for (const auto& s : plan_) {
+    int64_t n = s.past - s.split;
+    if (n <= 0) continue;
+    be_.copy(kbuf_[b].rows(s.ctx_off + s.split, n), host_->k(layer, s.slot).rows(s.split, n), Stream::H2D, "K[l:s']");
+    be_.copy(vbuf_[b].rows(s.ctx_off + s.split, n), host_->v(layer, s.slot).rows(s.split, n), Stream::H2D, "V[l:s']");
+    t.h2d_bytes += 2 * n * shape_.kv_hidden() * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+  }
+  t.h2d_end = be_.record(Stream::H2D);
+  stats_.h2d_bytes += t.h2d_bytes;
+}
+
+void KvRuntime::prepare_layer(int64_t layer) {
+  LayerTiming& t = timing_[layer];
+  if (layer > 0) timing_[layer - 1].compute_end = be_.record(Stream::Compute);
+  t.compute_start = be_.record(Stream::Compute);
+  if (layer + 1 < shape_.layers) prefetch(layer + 1);  // overlaps this layer's compute
+  be_.set_trace_label("L" + std::to_string(layer));
+}
+
+void KvRuntime::wait_compute(const Event& e, LayerTiming& t) {
+  if (!e.impl()) return;
+  auto t0 = std::chrono::steady_clock::now();
+  be_.wait(Stream::Compute, e);
+  t.waited_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void KvRuntime::attend_resident(int64_t layer, const Tensor& k, const Tensor& v, const Tensor& q, const Tensor& out,
+                                float scale) {
+  const int64_t w = shape_.kv_hidden();
+  std::vector<AttentionSeq> seqs;
+  for (const auto& s : plan_) {
+    Tensor ck = dev_k_[layer].rows(s.slot, 1).reshape({capacity_, w});
+    Tensor cv = dev_v_[layer].rows(s.slot, 1).reshape({capacity_, w});
+    be_.convert(ck.rows(s.past, s.q_len), k.rows(s.q_begin, s.q_len));
+    be_.convert(cv.rows(s.past, s.q_len), v.rows(s.q_begin, s.q_len));
+    seqs.push_back(AttentionSeq{s.q_begin, s.q_len, s.past, ck, cv});
+  }
+  be_.attention(out, q, seqs, static_cast<int>(shape_.heads), scale);
+}
+
+void KvRuntime::attend_cpu(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           float scale) {
+  LayerTiming& t = timing_[layer];
+  const int64_t T = rows_q_;
+  // New K/V in storage dtype, then Q and them down to the host.
+  be_.convert(knew_.rows(0, T), k);
+  be_.convert(vnew_.rows(0, T), v);
+  Event ready = be_.record(Stream::Compute);
+  be_.wait(Stream::D2H, ready);
+  be_.copy(host_q_.rows(0, T), q, Stream::D2H, "Q");
+  stats_.d2h_bytes += static_cast<int64_t>(q.nbytes());
+  for (const auto& s : plan_) {
+    be_.copy(host_->k(layer, s.slot).rows(s.past, s.q_len), knew_.rows(s.q_begin, s.q_len), Stream::D2H, "K new");
+    be_.copy(host_->v(layer, s.slot).rows(s.past, s.q_len), vnew_.rows(s.q_begin, s.q_len), Stream::D2H, "V new");
+    stats_.d2h_bytes += 2 * s.q_len * shape_.kv_hidden() * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+  }
+  Event down = be_.record(Stream::D2H);
+  auto t0 = std::chrono::steady_clock::now();
+  be_.synchronize(down);
+  t.waited_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // Attention on host threads over the host store.
+  std::vector<AttentionSeq> seqs;
+  for (const auto& s : plan_)
+    seqs.push_back(AttentionSeq{s.q_begin, s.q_len, s.past, host_->k(layer, s.slot), host_->v(layer, s.slot)});
+  Tracer* tr = be_.tracer();
+  double a0 = tr ? tr->now_us() : 0;
+  cpu_attention(host_out_.rows(0, T), host_q_.rows(0, T), seqs, static_cast<int>(shape_.heads), scale, *host_pool_);
+  if (tr) tr->span("host-attention", "L" + std::to_string(layer) + " attention", a0, tr->now_us());
+  be_.copy(out, host_out_.rows(0, T), Stream::H2D, "attention out");
+  stats_.h2d_bytes += static_cast<int64_t>(out.nbytes());
+  wait_compute(be_.record(Stream::H2D), t);
+  store_done_[layer] = down;
+}
+
+void KvRuntime::attend(int64_t layer, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& out, float scale) {
+  const KvMode m = opts_.mode;
+  if (m == KvMode::Resident) return attend_resident(layer, k, v, q, out, scale);
+  if (m == KvMode::CpuAttn) return attend_cpu(layer, q, k, v, out, scale);
+
+  const int b = static_cast<int>(layer % 2);
+  LayerTiming& t = timing_[layer];
+  // Rows of buffer b were last stored to the host two layers ago; that must be done before
+  // this layer writes them.
+  if (buf_stored_[b].impl()) wait_compute(buf_stored_[b], t);
+  // Recompute K/V[0:l] from X[0:l] as soon as X has arrived, while KV[l:s'] is still copying.
+  if (rows_x_ > 0) {
+    wait_compute(t.x_ready, t);
+    t.recompute_start = be_.record(Stream::Compute);
+    Tensor x32 = x32_.rows(0, rows_x_), k32 = k32_.rows(0, rows_x_), v32 = v32_.rows(0, rows_x_);
+    be_.convert(x32, xbuf_[b].rows(0, rows_x_));
+    projector_.project_kv(layer, x32, k32, v32);
+    for (const auto& s : plan_) {
+      if (s.split == 0) continue;
+      be_.convert(kbuf_[b].rows(s.ctx_off, s.split), k32.rows(s.x_off, s.split));
+      be_.convert(vbuf_[b].rows(s.ctx_off, s.split), v32.rows(s.x_off, s.split));
+    }
+    t.recompute_end = be_.record(Stream::Compute);
+  }
+  // This step's new K/V join the buffer after the past ones.
+  for (const auto& s : plan_) {
+    be_.convert(kbuf_[b].rows(s.ctx_off + s.past, s.q_len), k.rows(s.q_begin, s.q_len));
+    be_.convert(vbuf_[b].rows(s.ctx_off + s.past, s.q_len), v.rows(s.q_begin, s.q_len));
+  }
+  const bool store_x = kv_mode_stores_x(opts_.mode) && host_->x_capacity() > 0;
+  if (store_x) be_.convert(xnew_[b].rows(0, rows_q_), x);
+  wait_compute(t.h2d_end, t);
+  std::vector<AttentionSeq> seqs;
+  for (const auto& s : plan_)
+    seqs.push_back(AttentionSeq{s.q_begin, s.q_len, s.past, kbuf_[b].rows(s.ctx_off, s.past + s.q_len),
+                                vbuf_[b].rows(s.ctx_off, s.past + s.q_len)});
+  be_.attention(out, q, seqs, static_cast<int>(shape_.heads), scale);
+  buf_free_[b] = be_.record(Stream::Compute);
+
+  // Store the new K, V (and X below the cap) on the D2H stream.
+  be_.wait(Stream::D2H, buf_free_[b]);
+  const int64_t es = static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+  for (const auto& s : plan_) {
+    be_.copy(host_->k(layer, s.slot).rows(s.past, s.q_len), kbuf_[b].rows(s.ctx_off + s.past, s.q_len), Stream::D2H,
+             "K new");
+    be_.copy(host_->v(layer, s.slot).rows(s.past, s.q_len), vbuf_[b].rows(s.ctx_off + s.past, s.q_len), Stream::D2H,
+             "V new");
+    stats_.d2h_bytes += 2 * s.q_len * shape_.kv_hidden() * es;
+    int64_t nx = store_x ? std::min(s.q_len, host_->x_capacity() - s.past) : 0;
+    if (nx > 0) {
+      be_.copy(host_->x(layer, s.slot).rows(s.past, nx), xnew_[b].rows(s.q_begin, nx), Stream::D2H, "X new");
+      stats_.d2h_bytes += nx * shape_.hidden * es;
+    }
+  }
+  buf_stored_[b] = be_.record(Stream::D2H);
+  store_done_[layer] = buf_stored_[b];
+}
+
+void KvRuntime::end() {
+  if (!timing_.empty()) timing_.back().compute_end = be_.record(Stream::Compute);
+  be_.set_trace_label("");
+  Tracer* tr = be_.tracer();
+  if (tr) tr->counter("split", tr->now_us(), "l", static_cast<double>(stats_.split_total));
+  if (scheduler_ && opts_.adapt && !timing_.empty() && timing_.back().h2d_end.impl()) {
+    be_.synchronize(timing_.back().h2d_end);
+    for (const auto& t : timing_) {
+      if (!t.h2d_end.impl()) continue;
+      double link_ms = be_.elapsed_ms(t.h2d_start, t.h2d_end);
+      scheduler_->observe_link(static_cast<double>(t.h2d_bytes), link_ms / 1e3);
+      double rec_ms = t.recompute_end.impl() ? be_.elapsed_ms(t.recompute_start, t.recompute_end) : 0;
+      if (rows_x_ > 0) scheduler_->observe_recompute(rows_x_, rec_ms / 1e3);
+      if (t.compute_end.impl()) {
+        double layer_ms = be_.elapsed_ms(t.compute_start, t.compute_end);
+        scheduler_->observe_other(std::max(0.0, layer_ms - t.waited_ms - rec_ms) / 1e3);
+      }
+    }
+  }
+  if (scheduler_) stats_.link_gbps_estimate = scheduler_->profile().h2d_gbps;
+  ++step_;
+}
+
+}  // namespace kvpr

@@ -1,0 +1,166 @@
+// The KV runtime: where each layer's past K/V come from at every step, written once against
+// the Backend so the CPU backend verifies it and the CUDA backend runs it (design.md §2-3).
+//
+//   resident   K/V stay in device memory                         (upper bound when KV fits)
+//   offload    K/V in host memory; all of KV[0:s'] copied per layer, next layer prefetched
+//   kvpr       X[0:l] copied first and K/V[0:l] recomputed on the device while KV[l:s'] is
+//              copied; both land in one buffer so attention sees contiguous K/V
+//   recompute  l = every cached token with stored X
+//   cpu-attn   Q goes to the host, host threads attend over the host KV, the output comes back
+//
+// Device memory for past K/V is two per-step buffers (layer i and i+1), whatever the number
+// of sequences. New K, V (and X below the activation cap) are stored back on the D2H stream.
+// Not thread-safe: one thread drives a runtime.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/split_scheduler.h"
+#include "engine/thread_pool.h"
+
+namespace kvpr {
+
+enum class KvMode { Resident, Offload, Kvpr, Recompute, CpuAttn };
+const char* kv_mode_name(KvMode m);
+bool parse_kv_mode(const std::string& s, KvMode* out);
+bool kv_mode_uses_host(KvMode m);
+bool kv_mode_stores_x(KvMode m);
+
+// One sequence's part of a forward call: `tokens` at positions past_len.. in KV slot `slot`.
+struct ForwardChunk {
+  const int32_t* tokens = nullptr;
+  int64_t count = 0;
+  int64_t past_len = 0;
+  int64_t slot = 0;
+};
+
+// The model's K/V projection, used to recompute K/V[0:l] from X.
+class KvProjector {
+ public:
+  virtual ~KvProjector() = default;
+  // x [n, hidden] F32 (the post-norm layer input) -> k, v [n, kv_hidden] F32.
+  virtual void project_kv(int64_t layer, const Tensor& x, const Tensor& k, const Tensor& v) = 0;
+};
+
+struct KvShape {
+  int64_t layers = 0;
+  int64_t hidden = 0;  // width of X
+  int64_t heads = 0;   // query heads
+  int64_t kv_hidden() const { return hidden; }  // MHA (OPT); GQA models set fewer KV heads later
+};
+
+struct KvRuntimeOptions {
+  KvMode mode = KvMode::Resident;
+  DType kv_dtype = DType::F32;          // storage of K, V and X
+  int64_t activation_cap = -1;          // X kept for the first N tokens of a sequence; -1 = all
+  std::optional<int64_t> forced_split;  // kvpr: this l for every sequence (capped by stored X)
+  int host_attention_threads = 0;       // cpu-attn: threads of the host attention (0 = all)
+  int64_t split_granularity = 16;       // l is a multiple of this (GEMM-friendly)
+  SplitModel split_model = SplitModel::Pipeline;
+  std::optional<LinkProfile> profile;   // kvpr without forced_split needs one
+  bool adapt = true;                    // update the profile from each step's measurements
+};
+
+// K and V of every token and X of the first tokens, per layer and sequence slot, in pinned
+// host memory. Layout per layer: [slots, capacity, width].
+class HostKvStore {
+ public:
+  HostKvStore(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity, DType dtype,
+              int64_t x_capacity);
+  Tensor k(int64_t layer, int64_t slot) const;  // [capacity, kv_hidden]
+  Tensor v(int64_t layer, int64_t slot) const;
+  Tensor x(int64_t layer, int64_t slot) const;  // [x_capacity, hidden]
+  int64_t x_capacity() const { return x_capacity_; }
+  size_t bytes() const;
+
+ private:
+  std::vector<Tensor> k_, v_, x_;
+  int64_t capacity_, x_capacity_, kv_width_, x_width_;
+};
+
+// What one step did: the split and the bytes that crossed the link.
+struct StepStats {
+  std::vector<int64_t> split;  // l of each chunk (0 where nothing was recomputed)
+  int64_t split_total = 0;
+  std::string split_source;    // "scheduler:pipeline", "scheduler:paper", "forced", "all", "none"
+  double predicted_layer_ms = 0;
+  int64_t h2d_bytes = 0;       // all layers
+  int64_t d2h_bytes = 0;
+  double link_gbps_estimate = 0;
+};
+
+class KvRuntime {
+ public:
+  KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projector, int64_t slots, int64_t capacity,
+            const KvRuntimeOptions& opts);
+  ~KvRuntime();
+
+  KvMode mode() const { return opts_.mode; }
+  int64_t slots() const { return slots_; }
+  int64_t capacity() const { return capacity_; }
+  DType kv_dtype() const { return opts_.kv_dtype; }
+  const HostKvStore* host_store() const { return host_.get(); }
+  SplitScheduler* scheduler() { return scheduler_.get(); }
+  const StepStats& last_step() const { return stats_; }
+  // Host bytes per token of a sequence in this runtime's mode (K, V and X where stored).
+  int64_t host_bytes_per_token() const;
+  static int64_t host_bytes_per_token(KvMode mode, const KvShape& shape, DType dtype);
+
+  // The model's forward calls these, in order: begin, then per layer prepare_layer and
+  // attend, then end.
+  void begin(const std::vector<ForwardChunk>& chunks);
+  void prepare_layer(int64_t layer);
+  // x: the layer's post-norm input [T, hidden] F32; q, k, v: [T, hidden] F32 of this step's
+  // tokens; out: [T, hidden] F32 attention output.
+  void attend(int64_t layer, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
+              const Tensor& out, float scale);
+  void end();
+
+ private:
+  struct SeqPlan {
+    int64_t slot, past, q_len, q_begin;
+    int64_t ctx_off;  // first row in the per-step K/V buffers
+    int64_t split;    // l
+    int64_t x_off;    // first row in the X buffer
+  };
+  struct LayerTiming {
+    Event h2d_start, x_ready, h2d_end, compute_start, compute_end, recompute_start, recompute_end;
+    double waited_ms = 0;
+    int64_t h2d_bytes = 0;
+  };
+  void decide_splits();
+  void prefetch(int64_t layer);
+  void wait_compute(const Event& e, LayerTiming& t);
+  Tensor grow(Tensor& buf, DType dtype, int64_t rows, int64_t width);
+  void attend_resident(int64_t layer, const Tensor& k, const Tensor& v, const Tensor& q, const Tensor& out, float scale);
+  void attend_cpu(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float scale);
+
+  Backend& be_;
+  KvShape shape_;
+  KvProjector& projector_;
+  int64_t slots_, capacity_;
+  KvRuntimeOptions opts_;
+  std::unique_ptr<HostKvStore> host_;
+  std::vector<Tensor> dev_k_, dev_v_;  // resident: [slots, capacity, width] per layer
+  std::unique_ptr<SplitScheduler> scheduler_;
+  std::unique_ptr<ThreadPool> host_pool_;
+
+  // Per step.
+  std::vector<SeqPlan> plan_;
+  int64_t rows_ctx_ = 0, rows_x_ = 0, rows_q_ = 0;
+  Tensor kbuf_[2], vbuf_[2], xbuf_[2], xnew_[2];  // device, kv dtype
+  Tensor x32_, k32_, v32_, knew_, vnew_;          // device scratch
+  Tensor host_q_, host_out_;                      // pinned (cpu-attn)
+  Event buf_free_[2], buf_stored_[2];
+  std::vector<Event> store_done_;                 // per layer: last store to the host finished
+  std::vector<LayerTiming> timing_;
+  StepStats stats_;
+  int64_t step_ = 0;
+};
+
+}  // namespace kvpr
