@@ -14,12 +14,14 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/cpu/cpu_backend.h"
 #include "engine/demo_model.h"
 #include "engine/error.h"
 #include "engine/generator.h"
 #include "engine/json.h"
 #include "engine/npy.h"
 #include "engine/opt_model.h"
+#include "engine/profiler.h"
 #include "engine/tokenizer.h"
 
 namespace {
@@ -37,7 +39,12 @@ const char* kUsage =
     "  generate         --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [-n N]\n"
     "                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop STR]...\n"
     "                   [--ignore-eos] [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16]\n"
+    "                   [--kv-mode resident|offload|kvpr|recompute|cpu-attn] [--split L]\n"
+    "                   [--activation-cap N] [--profile FILE] [--split-model pipeline|paper]\n"
+    "                   [--host-attention-threads N] [--emulate-link-gbps G] [--trace FILE.json]\n"
     "                   [--json] [--dump-logits FILE.npy]\n"
+    "  profile          --model DIR [--backend B] [--kv-dtype D] [--emulate-link-gbps G]\n"
+    "                   [--save FILE] [--json] [--quick]\n"
     "  tokenize         --model DIR --text TEXT [--json]\n"
     "  info             --model DIR [--json]\n"
     "  make-demo-model  --out DIR [--tokenizer-dir DIR]\n"
@@ -130,10 +137,39 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+// --emulate-link-gbps: pace the CPU backend's copy engines like a link of that speed.
+void apply_emulated_link(Backend& be, const Args& a) {
+  if (!a.has("--emulate-link-gbps")) return;
+  double g = parse_number<double>("--emulate-link-gbps", a.get("--emulate-link-gbps"));
+  if (!(g > 0)) throw UsageError("--emulate-link-gbps must be > 0");
+  auto* cpu = dynamic_cast<CpuBackend*>(&be);
+  if (!cpu) throw UsageError("--emulate-link-gbps is for the cpu backend");
+  cpu->set_emulated_link_gbps(g);
+}
+
+std::optional<DType> kv_dtype_flag(const Args& a) {
+  if (!a.has("--kv-dtype")) return std::nullopt;
+  DType dt;
+  if (!parse_dtype(a.get("--kv-dtype"), &dt)) throw UsageError("--kv-dtype: expected f32, f16 or bf16");
+  return dt;
+}
+
+LinkProfile run_profiler(Backend& be, OptModel& model, DType dtype, bool quick) {
+  ProfileOptions po;
+  if (quick) {
+    po.transfer_bytes = 16ll << 20;
+    po.reps = 3;
+    po.rows = {16, 64, 256, 1024};
+  }
+  return profile_backend(be, model, model.kv_shape(), dtype, po);
+}
+
 int cmd_generate(int argc, char** argv) {
   Args a(argc, argv, 2,
          {"--model", "--prompt", "--prompt-ids", "-n", "--max-tokens", "--temperature", "--top-k", "--top-p",
-          "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits"},
+          "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
+          "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
+          "--trace"},
          {"--json", "--ignore-eos"});
   std::string dir = a.require("--model");
   if (a.has("--prompt") == a.has("--prompt-ids"))
@@ -150,24 +186,67 @@ int cmd_generate(int argc, char** argv) {
   validate(gp.sampling);
   GeneratorOptions go;
   go.max_batch = 1;
-  if (a.has("--kv-dtype")) {
-    DType dt;
-    if (!parse_dtype(a.get("--kv-dtype"), &dt)) throw UsageError("--kv-dtype: expected f32, f16 or bf16");
-    go.kv_dtype = dt;
+  go.kv_dtype = kv_dtype_flag(a);
+  if (a.has("--kv-mode") && !parse_kv_mode(a.get("--kv-mode"), &go.kv.mode))
+    throw UsageError("--kv-mode: expected resident, offload, kvpr, recompute or cpu-attn");
+  if (a.has("--split")) {
+    if (go.kv.mode != KvMode::Kvpr) throw UsageError("--split applies to --kv-mode kvpr");
+    go.kv.forced_split = parse_number<int64_t>("--split", a.get("--split"));
+    if (*go.kv.forced_split < 0) throw UsageError("--split must be >= 0");
   }
+  if (a.has("--activation-cap")) go.kv.activation_cap = parse_number<int64_t>("--activation-cap", a.get("--activation-cap"));
+  if (a.has("--split-model")) {
+    std::string m = a.get("--split-model");
+    if (m == "paper") go.kv.split_model = SplitModel::Paper;
+    else if (m != "pipeline") throw UsageError("--split-model: expected pipeline or paper");
+  }
+  if (a.has("--host-attention-threads"))
+    go.kv.host_attention_threads = parse_number<int>("--host-attention-threads", a.get("--host-attention-threads"));
 
   auto backend = create_backend(a.get("--backend", "auto"));
+  apply_emulated_link(*backend, a);
+  Tracer tracer;
+  if (a.has("--trace")) backend->set_tracer(&tracer);
   OptModel model(*backend, dir);
   Tokenizer tok = Tokenizer::load(dir);
   std::vector<int32_t> prompt = a.has("--prompt") ? tok.encode(a.get("--prompt")) : parse_ids(a.get("--prompt-ids"));
+  if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
+    if (a.has("--profile")) {
+      go.kv.profile = LinkProfile::load(a.get("--profile"));
+    } else {
+      std::fprintf(stderr, "kvpr: profiling the link and the recompute GEMM (save one with kvpr profile --save)\n");
+      go.kv.profile = run_profiler(*backend, model, go.kv_dtype.value_or(model.weight_dtype()), true);
+    }
+  }
   Generator gen(model, tok, go);
   std::vector<float> dumped;
   Generator::LogitsObserver obs;
   const int64_t V = model.config().vocab_size;
   if (a.has("--dump-logits"))
     obs = [&](uint64_t, const float* row, int64_t) { dumped.insert(dumped.end(), row, row + V); };
-  auto results = gen.generate_all({prompt}, gp, obs);
-  const SequenceResult& r = results.front();
+  uint64_t id = gen.add(prompt, gp);
+  json::Array steps;
+  while (!gen.idle()) {
+    gen.step(obs);
+    const StepStats& st = gen.kv_runtime().last_step();
+    json::Value o(json::Object{});
+    json::Array split;
+    for (int64_t l : st.split) split.emplace_back(l);
+    o.set("split", std::move(split));
+    o.set("split_source", st.split_source);
+    o.set("h2d_bytes", st.h2d_bytes);
+    o.set("d2h_bytes", st.d2h_bytes);
+    if (st.split_source.rfind("scheduler", 0) == 0) {
+      o.set("predicted_layer_ms", st.predicted_layer_ms);
+      o.set("link_gbps_estimate", st.link_gbps_estimate);
+    }
+    steps.push_back(std::move(o));
+  }
+  SequenceResult r = gen.take_result(id);
+  if (a.has("--trace")) {
+    backend->synchronize();
+    tracer.write(a.get("--trace"));
+  }
   if (a.has("--dump-logits")) {
     int64_t rows = static_cast<int64_t>(dumped.size()) / V;
     write_npy_f32(a.get("--dump-logits"), dumped.data(), {rows, V});
@@ -183,6 +262,8 @@ int cmd_generate(int argc, char** argv) {
     for (float v : r.logprobs) lp.emplace_back(static_cast<double>(v));
     o.set("logprobs", std::move(lp));
     o.set("backend", backend->name());
+    o.set("kv_mode", kv_mode_name(go.kv.mode));
+    o.set("steps", std::move(steps));
     std::cout << o.dump() << "\n";
   } else {
     std::cout << r.text << "\n";
@@ -243,6 +324,10 @@ int cmd_info(int argc, char** argv) {
     o.set("kv_bytes_per_token", kv_per_token);
     o.set("activation_bytes_per_token", act_per_token);
     if (tok) o.set("tokenizer_size", static_cast<int64_t>(tok->size()));
+    json::Value hb(json::Object{});
+    for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn})
+      hb.set(kv_mode_name(m), KvRuntime::host_bytes_per_token(m, model.kv_shape(), model.weight_dtype()));
+    o.set("host_bytes_per_token", std::move(hb));
     std::cout << o.dump() << "\n";
     return 0;
   }
@@ -262,6 +347,42 @@ int cmd_info(int argc, char** argv) {
   std::printf("KV bytes / token      %s (K and V, all layers, %s)\n", human_bytes(kv_per_token).c_str(),
               dtype_name(model.weight_dtype()));
   std::printf("activation bytes / token  %s (layer inputs X, all layers)\n", human_bytes(act_per_token).c_str());
+  std::printf("host bytes / token by --kv-mode:");
+  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn})
+    std::printf("  %s %s", kv_mode_name(m),
+                human_bytes(static_cast<double>(KvRuntime::host_bytes_per_token(m, model.kv_shape(), model.weight_dtype())))
+                    .c_str());
+  std::printf("\n");
+  return 0;
+}
+
+int cmd_profile(int argc, char** argv) {
+  Args a(argc, argv, 2, {"--model", "--backend", "--kv-dtype", "--emulate-link-gbps", "--save"}, {"--json", "--quick"});
+  std::string dir = a.require("--model");
+  auto backend = create_backend(a.get("--backend", "auto"));
+  apply_emulated_link(*backend, a);
+  OptModel model(*backend, dir);
+  DType dt = kv_dtype_flag(a).value_or(model.weight_dtype());
+  LinkProfile p = run_profiler(*backend, model, dt, a.has("--quick"));
+  if (a.has("--save")) p.save(a.get("--save"));
+  if (a.has("--json")) {
+    std::cout << p.to_json().dump() << "\n";
+    return 0;
+  }
+  std::printf("device                    %s\n", p.device.c_str());
+  std::printf("H2D pinned, alone         %8.2f GB/s\n", p.h2d_alone_gbps);
+  std::printf("H2D pinned, D2H running   %8.2f GB/s   (used by the scheduler)\n", p.h2d_gbps);
+  std::printf("D2H pinned                %8.2f GB/s\n", p.d2h_gbps);
+  std::printf("recompute K,V (h=%lld, %s X): %.3f us fixed + %.4f us per token\n", static_cast<long long>(p.hidden),
+              dtype_name(dt), p.recompute_fixed_s * 1e6, p.recompute_per_row_s * 1e6);
+  for (const auto& pt : p.gemm_points.as_array())
+    std::printf("  l = %-6lld %10.3f ms\n", static_cast<long long>(pt.find("rows")->as_int()),
+                pt.find("seconds")->as_double() * 1e3);
+  const int64_t es = static_cast<int64_t>(dtype_size(dt));
+  const double kv_tok = 2.0 * model.config().hidden_size * es, x_tok = model.config().hidden_size * es;
+  std::printf("per token and layer: moving K+V %.3f us, moving X %.3f us, recomputing %.3f us\n",
+              kv_tok / (p.h2d_gbps * 1e9) * 1e6, x_tok / (p.h2d_gbps * 1e9) * 1e6, p.recompute_per_row_s * 1e6);
+  if (a.has("--save")) std::printf("saved to %s\n", a.get("--save").c_str());
   return 0;
 }
 
@@ -285,8 +406,9 @@ int main(int argc, char** argv) {
     if (cmd == "generate") return cmd_generate(argc, argv);
     if (cmd == "tokenize") return cmd_tokenize(argc, argv);
     if (cmd == "info") return cmd_info(argc, argv);
+    if (cmd == "profile") return cmd_profile(argc, argv);
     if (cmd == "make-demo-model") return cmd_make_demo(argc, argv);
-    throw UsageError("unknown command '" + cmd + "' (generate, tokenize, info, make-demo-model)");
+    throw UsageError("unknown command '" + cmd + "' (generate, profile, tokenize, info, make-demo-model)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "kvpr: %s (see kvpr --help)\n", e.what());
     return 2;

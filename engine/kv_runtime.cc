@@ -243,6 +243,7 @@ void KvRuntime::prepare_layer(int64_t layer) {
   t.compute_start = be_.record(Stream::Compute);
   if (layer + 1 < shape_.layers) prefetch(layer + 1);  // overlaps this layer's compute
   be_.set_trace_label("L" + std::to_string(layer));
+  if (Tracer* tr = be_.tracer()) tr->counter("split l", tr->now_us(), "l", static_cast<double>(stats_.split_total));
 }
 
 void KvRuntime::wait_compute(const Event& e, LayerTiming& t) {
@@ -362,8 +363,6 @@ void KvRuntime::attend(int64_t layer, const Tensor& x, const Tensor& q, const Te
 void KvRuntime::end() {
   if (!timing_.empty()) timing_.back().compute_end = be_.record(Stream::Compute);
   be_.set_trace_label("");
-  Tracer* tr = be_.tracer();
-  if (tr) tr->counter("split", tr->now_us(), "l", static_cast<double>(stats_.split_total));
   if (scheduler_ && opts_.adapt && !timing_.empty() && timing_.back().h2d_end.impl()) {
     be_.synchronize(timing_.back().h2d_end);
     for (const auto& t : timing_) {

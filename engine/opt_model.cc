@@ -57,13 +57,13 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
     DType dt = opts.convert_weights ? opts.weight_dtype : r->dtype;
     Tensor dst = backend_.alloc(dt, r->shape);
     if (dt == r->dtype) {
-      backend_.copy(dst, src, Stream::H2D);
+      backend_.copy(dst, src, Stream::H2D, "weights");
     } else {
       // Convert on the host, then upload.
       Tensor tmp = Tensor::host(dt, r->shape);
       for (int64_t i = 0; i < src.numel(); ++i)
         store_from_f32(tmp.data(), dt, i, load_as_f32(src.data(), src.dtype(), i));
-      backend_.copy(dst, tmp, Stream::H2D);
+      backend_.copy(dst, tmp, Stream::H2D, "weights");
     }
     parameter_count_ += dst.numel();
     weight_bytes_ += dst.nbytes();

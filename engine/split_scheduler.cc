@@ -126,8 +126,9 @@ SplitDecision SplitScheduler::choose(int64_t cached, int64_t max_split, double o
 
 void SplitScheduler::observe_link(double bytes, double seconds) {
   if (bytes <= 0 || seconds <= 0) return;
-  double gbps = bytes / seconds / 1e9;
-  profile_.h2d_gbps = (1 - alpha_) * profile_.h2d_gbps + alpha_ * gbps;
+  // Average time per byte (not bytes per second) so a slowdown shows at once.
+  double s_per_byte = (1 - alpha_) / (profile_.h2d_gbps * 1e9) + alpha_ * seconds / bytes;
+  profile_.h2d_gbps = 1.0 / s_per_byte / 1e9;
 }
 
 void SplitScheduler::observe_recompute(int64_t rows, double seconds) {

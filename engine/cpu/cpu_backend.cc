@@ -166,12 +166,22 @@ void CpuBackend::copy(const Tensor& dst, const Tensor& src, Stream s, const char
   engine(s).push([this, dst, src, s, name] {
     Tracer* tr = tracer_;
     double t0 = tr ? tr->now_us() : 0;
-    auto start = std::chrono::steady_clock::now();
+    const auto start = std::chrono::steady_clock::now();
     if (dst.data() != src.data()) std::memmove(dst.data(), src.data(), src.nbytes());
     double gbps = link_gbps_.load();
-    if (gbps > 0) {  // pace like a link of that bandwidth
-      auto target = std::chrono::duration<double>(static_cast<double>(src.nbytes()) / (gbps * 1e9));
-      std::this_thread::sleep_until(start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(target));
+    if (gbps > 0) {
+      // Pace like a link: this copy ends bytes/rate after it could start (the engine reached
+      // it and the link was free). Sleeping stops short and the last stretch is spun, so
+      // a queue of small copies keeps the rate.
+      using namespace std::chrono;
+      auto& busy = link_free_at_[s == Stream::H2D ? 0 : 1];
+      auto begin = std::max(start, busy);
+      auto target = begin + duration_cast<steady_clock::duration>(
+                                duration<double>(static_cast<double>(src.nbytes()) / (gbps * 1e9)));
+      busy = target;
+      if (target - steady_clock::now() > microseconds(200)) std::this_thread::sleep_until(target - microseconds(100));
+      while (steady_clock::now() < target) {
+      }
     }
     if (tr)
       tr->span(stream_name(s), name, t0, tr->now_us(),

@@ -76,6 +76,9 @@ class CpuBackend final : public Backend {
 
   std::shared_ptr<std::atomic<size_t>> bytes_in_use_;
   std::atomic<double> link_gbps_{0.0};
+  // When the emulated link of each direction (H2D, D2H) is next free; used only by that
+  // direction's copy engine thread.
+  std::chrono::steady_clock::time_point link_free_at_[2];
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   CopyEngine h2d_, d2h_;
   Tensor weight_scratch_;  // F32 copy of a F16/BF16 weight for large-M GEMMs

@@ -1,0 +1,192 @@
+// The split scheduler against optima computed by hand from its formulas, and its online
+// adaptation under the CPU backend's emulated link.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/error.h"
+#include "engine/generator.h"
+#include "engine/json.h"
+#include "engine/profiler.h"
+#include "test_util.h"
+
+using namespace kvpr;
+
+namespace {
+
+// 1 GB/s link, 1 us + 0.01 us per recomputed token; X = 1000 B, K+V = 2000 B per token.
+LinkProfile profile(double gbps = 1.0, double c0 = 1e-6, double c1 = 1e-8) {
+  LinkProfile p;
+  p.h2d_gbps = p.h2d_alone_gbps = p.d2h_gbps = gbps;
+  p.recompute_fixed_s = c0;
+  p.recompute_per_row_s = c1;
+  return p;
+}
+
+// Brute force over every L, for checking the O(1) choice.
+int64_t brute(const SplitScheduler& s, int64_t cached, int64_t max_split, double other, bool pipeline, int64_t g) {
+  int64_t best = 0;
+  double bt = pipeline ? s.pipeline_time(cached, 0, other) : s.paper_time(cached, 0);
+  for (int64_t l = g; l <= max_split; l += g) {
+    double t = pipeline ? s.pipeline_time(cached, l, other) : s.paper_time(cached, l);
+    if (t < bt - 1e-15) bt = t, best = l;
+  }
+  return best;
+}
+
+}  // namespace
+
+TEST(SplitScheduler, PaperModelHandComputedOptimum) {
+  // t(L) = L·1e-6 + max(1e-6 + 1e-8·L, (S-L)·2e-6), S = 1000.
+  // Branches meet where 1e-6 + 1e-8 L = 2e-6 (1000 - L): L = (2e-3 - 1e-6) / (2.01e-6) = 994.527...
+  SplitScheduler s(profile(), 1000, 2000, 1, SplitModel::Paper);
+  SplitDecision d = s.choose(1000, 1000, -1);
+  EXPECT_EQ(d.model, SplitModel::Paper);
+  EXPECT_EQ(d.split, 995);  // the discrete optimum next to 994.53
+  EXPECT_NEAR(d.predicted_s, 995e-6 + std::max(1e-6 + 995e-8, 5 * 2e-6), 1e-12);
+  EXPECT_NEAR(d.baseline_s, 2e-3, 1e-12);  // full transfer: 1000 tokens x 2000 B at 1 GB/s
+  EXPECT_EQ(d.split, brute(s, 1000, 1000, -1, false, 1));
+}
+
+TEST(SplitScheduler, PipelineModelHandComputedOptimum) {
+  // t(L) = max((L·1000 + (S-L)·2000)/1e9, other + 1e-6 + 1e-8·L), S = 1000, other = 0.5 ms.
+  // Meet: 2e-3 - 1e-6 L = 5.01e-4 + 1e-8 L  ->  L = 1.499e-3 / 1.01e-6 = 1484.2 -> capped at S.
+  SplitScheduler s(profile(), 1000, 2000, 1, SplitModel::Pipeline);
+  SplitDecision d = s.choose(1000, 1000, 0.5e-3);
+  EXPECT_EQ(d.model, SplitModel::Pipeline);
+  EXPECT_EQ(d.split, 1000);
+  // With more other work the link is hidden earlier: other = 1.5 ms -> L = 4.99e-4/1.01e-6 = 494.06.
+  SplitDecision d2 = s.choose(1000, 1000, 1.5e-3);
+  EXPECT_TRUE(d2.split == 494 || d2.split == 495) << d2.split;
+  EXPECT_EQ(d2.split, brute(s, 1000, 1000, 1.5e-3, true, 1));
+  // When the other work already exceeds the full transfer, recomputing cannot help.
+  EXPECT_EQ(s.choose(1000, 1000, 3e-3).split, 0);
+}
+
+TEST(SplitScheduler, GroupedQueryAttentionGivesZero) {
+  // GQA with 4 query heads per KV head: X (h) is twice K+V (2·h/4): never recompute.
+  SplitScheduler s(profile(0.001), 4096, 2048, 16);
+  EXPECT_FALSE(s.recompute_can_help());
+  EXPECT_EQ(s.choose(100000, 100000, -1).split, 0);
+  EXPECT_EQ(s.choose(100000, 100000, 0.0).split, 0);
+}
+
+TEST(SplitScheduler, BoundaryCases) {
+  SplitScheduler s(profile(), 1000, 2000, 16);
+  EXPECT_EQ(s.choose(0, 0, -1).split, 0);      // nothing cached (prefill)
+  EXPECT_EQ(s.choose(1000, 0, -1).split, 0);   // no stored X
+  // Recompute far too slow (1 ms per token): L = 0.
+  SplitScheduler slow(profile(1.0, 0, 1e-3), 1000, 2000, 16);
+  EXPECT_EQ(slow.choose(1000, 1000, -1).split, 0);
+  // Recompute free and the link slow: L = everything available (l = s').
+  SplitScheduler fast(profile(0.001, 0, 1e-12), 1000, 2000, 16);
+  EXPECT_EQ(fast.choose(1000, 1000, -1).split, 1000);
+  EXPECT_EQ(fast.choose(1000, 300, -1).split, 300);  // capped by stored X, even off the grid
+  // Granularity: a multiple of 16 unless capped.
+  SplitScheduler g(profile(), 1000, 2000, 16, SplitModel::Paper);
+  int64_t l = g.choose(1000, 1000, -1).split;
+  EXPECT_EQ(l % 16, 0);
+  EXPECT_EQ(l, brute(g, 1000, 1000, -1, false, 16));
+}
+
+TEST(SplitScheduler, MatchesBruteForceOnRandomShapes) {
+  uint64_t x = 42;
+  auto rnd = [&](double lo, double hi) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * static_cast<double>(x >> 11) / 9007199254740992.0;
+  };
+  for (int i = 0; i < 300; ++i) {
+    LinkProfile p = profile(rnd(0.01, 30), rnd(0, 1e-4), rnd(1e-9, 1e-5));
+    int64_t g = i % 3 == 0 ? 1 : 16;
+    SplitScheduler s(p, 8192, 16384, g, i % 2 ? SplitModel::Paper : SplitModel::Pipeline);
+    int64_t cached = static_cast<int64_t>(rnd(1, 5000)), max_split = static_cast<int64_t>(rnd(0, static_cast<double>(cached)));
+    double other = i % 2 ? -1 : rnd(0, 5e-3);
+    SplitDecision d = s.choose(cached, max_split, other);
+    bool pipeline = !(i % 2);
+    double best = pipeline ? s.pipeline_time(cached, brute(s, cached, max_split, other, true, g), other)
+                           : s.paper_time(cached, brute(s, cached, max_split, other, false, g));
+    // The O(1) choice is as good as the best multiple of g (it may also take the cap).
+    EXPECT_LE(d.predicted_s, best * (1 + 1e-12)) << "case " << i;
+  }
+}
+
+TEST(SplitScheduler, ProfileSavesAndLoads) {
+  test::TempDir tmp;
+  LinkProfile p = profile(12.5, 3e-6, 2e-8);
+  p.device = "test";
+  p.save(tmp.file("p.json"));
+  LinkProfile q = LinkProfile::load(tmp.file("p.json"));
+  EXPECT_DOUBLE_EQ(q.h2d_gbps, 12.5);
+  EXPECT_DOUBLE_EQ(q.recompute_per_row_s, 2e-8);
+  EXPECT_EQ(q.device, "test");
+  std::ofstream(tmp.file("bad.json")) << R"({"h2d_gbps": -1})";
+  EXPECT_THROW(LinkProfile::load(tmp.file("bad.json")), Error);
+}
+
+TEST(SplitScheduler, AdaptsWhenTheLinkChangesMidRun) {
+  // The CPU backend's emulated link starts slow; the profile claims it is fast. Measured
+  // copy times pull the estimate down and the split up; when the link speeds up, the split
+  // falls back to zero. Each decision is the scheduler's model applied to its estimate.
+  CpuBackend be;
+  OptModel model(be, test::data_path("opt/pre_ln_safetensors"));
+  test::TempDir tmp;
+  json::Value vocab(json::Object{});
+  for (int i = 0; i < 96; ++i) vocab.set(std::string(1, static_cast<char>('!' + i)), i);
+  std::filesystem::create_directories(tmp.file("tok"));
+  std::ofstream(tmp.file("tok/vocab.json")) << vocab.dump();
+  std::ofstream(tmp.file("tok/merges.txt")) << "#version: 0.2\n";
+  Tokenizer tok = Tokenizer::load(tmp.file("tok"));
+
+  GeneratorOptions o;
+  o.max_batch = 1;
+  o.kv_dtype = DType::F32;
+  o.kv.mode = KvMode::Kvpr;
+  o.kv.split_granularity = 1;
+  o.kv.profile = profile(20.0, 50e-6, 1e-8);  // claims a fast link; 50 us to start a recompute
+  Generator gen(model, tok, o);
+  CpuBackend* cpu = &be;
+  cpu->set_emulated_link_gbps(0.002);  // 2 MB/s: 256 B of K+V per token per layer = 128 us
+  GenerationParams p;
+  p.max_new_tokens = 40;
+  p.ignore_eos = true;
+  gen.add(std::vector<int32_t>(20, 9), p);
+  std::vector<int64_t> slow_splits, fast_splits;
+  std::vector<double> estimates;
+  int step = 0;
+  while (!gen.idle()) {
+    if (step == 14) cpu->set_emulated_link_gbps(50.0);
+    gen.step();
+    const StepStats& st = gen.kv_runtime().last_step();
+    if (step >= 6 && step < 14) slow_splits.push_back(st.split_total);
+    if (step >= 26) fast_splits.push_back(st.split_total);
+    if (step == 13) estimates.push_back(st.link_gbps_estimate);
+    ++step;
+  }
+  // Slow link: nearly everything is recomputed.
+  for (int64_t l : slow_splits) EXPECT_GE(l, 15) << "slow link split";
+  ASSERT_EQ(estimates.size(), 1u);
+  EXPECT_LT(estimates[0], 0.01);  // the estimate followed the emulated 0.002 GB/s
+  // Fast link again: moving K/V costs less than any recompute.
+  for (int64_t l : fast_splits) EXPECT_EQ(l, 0) << "fast link split";
+}
+
+TEST(Profiler, MeasuresTheEmulatedLink) {
+  CpuBackend be;
+  be.set_emulated_link_gbps(0.5);
+  OptModel model(be, test::data_path("opt/pre_ln_safetensors"));
+  ProfileOptions po;
+  po.transfer_bytes = 2 << 20;  // 2 MiB at 0.5 GB/s: 4 ms per copy
+  po.reps = 3;
+  po.rows = {4, 16, 64};
+  LinkProfile p = profile_backend(be, model, model.kv_shape(), DType::F32, po);
+  // Pacing bounds the rate from above; a busy machine can only make it lower.
+  for (double g : {p.h2d_alone_gbps, p.h2d_gbps, p.d2h_gbps}) {
+    EXPECT_LE(g, 0.5 * 1.02);
+    EXPECT_GT(g, 0.1);
+  }
+  EXPECT_GT(p.recompute_per_row_s, 0);
+  EXPECT_EQ(p.gemm_points.as_array().size(), 3u);
+}
