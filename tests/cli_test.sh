@@ -56,6 +56,33 @@ info=$("$KVPR" info --model "$tmp/demo" --json)
 check "info json" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert o['layers']==4 and o['kv_bytes_per_token']==2*4*128*2 and o['activation_bytes_per_token']==4*128*2 and o['parameters']>7000000" "$info"
 check "info on a .bin fixture" "$KVPR" info --model "$DATA/opt/fp16_bin_sharded"
 
+# Every KV mode gives the resident mode's greedy tokens; --json reports per-step split and bytes.
+ref=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 6 --json --kv-dtype f32)
+for mode in offload recompute cpu-attn "kvpr --split 3"; do
+  got=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 6 --json --kv-dtype f32 --kv-mode $mode)
+  check "kv-mode $mode tokens" python3 -c "import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); assert a['tokens']==b['tokens'], (a['tokens'], b['tokens'])" "$ref" "$got"
+done
+got=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 4 --json --kv-mode kvpr --split 3 --trace "$tmp/trace.json")
+check "kvpr steps report split and bytes" python3 -c "
+import json,sys; o=json.loads(sys.argv[1]); s=o['steps']
+assert o['kv_mode']=='kvpr' and len(s)==4 and s[0]['split']==[0] and all(x['split']==[3] and x['split_source']=='forced' and x['h2d_bytes']>0 for x in s[1:]), s" "$got"
+check "trace is Chrome trace JSON" python3 -c "
+import json,sys; t=json.load(open(sys.argv[1]))['traceEvents']
+tracks={e['args']['name'] for e in t if e.get('name')=='thread_name'}
+assert {'compute','h2d','d2h'} <= tracks, tracks
+assert any(e.get('name','').endswith('X[0:l]') for e in t)" "$tmp/trace.json"
+"$KVPR" profile --model "$tmp/demo" --quick --emulate-link-gbps 1 --save "$tmp/profile.json" >/dev/null
+check "profile saved" python3 -c "import json,sys; p=json.load(open(sys.argv[1])); assert 0.5 < p['h2d_gbps'] <= 1.05 and p['recompute_per_row_s'] > 0, p" "$tmp/profile.json"
+got=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 4 --json --kv-mode kvpr --profile "$tmp/profile.json" --emulate-link-gbps 1)
+check "kvpr with a profile uses the scheduler" python3 -c "import json,sys; s=json.loads(sys.argv[1])['steps']; assert all(x['split_source'].startswith('scheduler:') for x in s), s" "$got"
+check "info reports host bytes per mode" python3 -c "
+import json,sys; h=json.loads(sys.argv[1])['host_bytes_per_token']
+assert h['resident']==0 and h['offload']==2048 and h['kvpr']==3072 and h['recompute']==3072 and h['cpu-attn']==2048, h" "$("$KVPR" info --model "$tmp/demo" --json)"
+
+expect_error "split needs kvpr" 2 "--split applies to --kv-mode kvpr" -- generate --model "$tmp/demo" --prompt a --split 3
+expect_error "bad kv-mode" 2 "--kv-mode: expected" -- generate --model "$tmp/demo" --prompt a --kv-mode fast
+expect_error "bad link rate" 2 "--emulate-link-gbps must be > 0" -- generate --model "$tmp/demo" --prompt a --emulate-link-gbps 0
+expect_error "missing profile file" 1 "nope.json: cannot open" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --profile "$tmp/nope.json"
 expect_error "no model dir" 1 "kvpr: error: /nonexistent: not a directory" -- generate --model /nonexistent --prompt hi
 expect_error "missing option" 2 "missing required option --model" -- generate --prompt hi
 expect_error "both prompts" 2 "exactly one of --prompt and --prompt-ids" -- generate --model "$tmp/demo" --prompt a --prompt-ids 1
