@@ -6,6 +6,8 @@
 // streams is ordered only by events. Ops run on the compute stream.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,6 +92,9 @@ class Backend {
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   // dst = src converted to dst's dtype (same element count).
   virtual void convert(const Tensor& dst, const Tensor& src) = 0;
+  // Fills a float tensor with normal(mean, stddev) values from a counter-based generator:
+  // element i depends only on (seed, i), so every backend produces the same values.
+  virtual void fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) = 0;
   // Multi-head causal attention. q, out: [T, heads*head_dim] F32; softmax(q·kᵀ·scale)·v.
   virtual void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
                          int heads, float scale) = 0;
@@ -100,6 +105,26 @@ class Backend {
 };
 
 const char* stream_name(Stream s);  // "compute", "h2d", "d2h"
+
+// The counter-based normal generator of fill_random, shared by the backends.
+#if defined(__CUDACC__)
+#define KVPR_HD __host__ __device__
+#else
+#define KVPR_HD
+#endif
+KVPR_HD inline uint64_t random_bits(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + (i + 1) * 0xd1b54a32d192ed03ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+KVPR_HD inline float random_normal(uint64_t seed, uint64_t i) {
+  uint64_t b = random_bits(seed, i);
+  // Box-Muller on two 24-bit uniforms in (0, 1].
+  float u1 = (static_cast<float>(b >> 40) + 1.0f) * (1.0f / 16777216.0f);
+  float u2 = static_cast<float>((b >> 16) & 0xffffff) * (1.0f / 16777216.0f);
+  return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2);
+}
 
 // Creates a backend by name: "cpu", "cuda" (device 0 or `device`), or "auto" (cuda when
 // a device is present, else cpu). Throws when the requested backend is unavailable.

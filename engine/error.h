@@ -2,7 +2,10 @@
 // source location that raised it. Process and HTTP boundaries catch it and report once.
 #pragma once
 
+#if __cplusplus >= 202002L
 #include <source_location>
+#define KVPR_HAVE_SOURCE_LOCATION 1
+#endif
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -11,10 +14,15 @@ namespace kvpr {
 
 class Error : public std::runtime_error {
  public:
+#ifdef KVPR_HAVE_SOURCE_LOCATION
   explicit Error(const std::string& message,
                  std::source_location where = std::source_location::current())
       : std::runtime_error(message),
         where_(std::string(where.file_name()) + ":" + std::to_string(where.line())) {}
+#else
+  // CUDA translation units are compiled as C++17 (CMake 3.25 cannot ask nvcc for C++20).
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+#endif
   // "file.cc:123" of the throw site, for logs.
   const std::string& where() const { return where_; }
 

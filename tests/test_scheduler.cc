@@ -126,10 +126,26 @@ TEST(SplitScheduler, ProfileSavesAndLoads) {
   EXPECT_THROW(LinkProfile::load(tmp.file("bad.json")), Error);
 }
 
-TEST(SplitScheduler, AdaptsWhenTheLinkChangesMidRun) {
-  // The CPU backend's emulated link starts slow; the profile claims it is fast. Measured
-  // copy times pull the estimate down and the split up; when the link speeds up, the split
-  // falls back to zero. Each decision is the scheduler's model applied to its estimate.
+TEST(SplitScheduler, AdaptationMovesTheSplitAsTheModelPredicts) {
+  // Deterministic: measurements of a slow link pull the estimate down and the split up to
+  // every cached token; measurements of a fast link bring it back to zero.
+  SplitScheduler s(profile(20.0, 50e-6, 1e-7), 128, 256, 1, SplitModel::Pipeline);
+  s.observe_other(100e-6);
+  EXPECT_EQ(s.choose(50, 50, s.other_s()).split, 0);  // 50 x 256 B at 20 GB/s: 0.6 us, hidden
+  for (int i = 0; i < 8; ++i) s.observe_link(50 * 256, 50 * 256 / 0.002e9);  // 2 MB/s
+  EXPECT_LT(s.profile().h2d_gbps, 0.0025);
+  // Now moving K+V costs 6.4 ms per layer; recomputing costs 50 us + 5 us: recompute all.
+  EXPECT_EQ(s.choose(50, 50, s.other_s()).split, 50);
+  for (int i = 0; i < 40; ++i) s.observe_link(50 * 128, 50 * 128 / 20e9);
+  EXPECT_GT(s.profile().h2d_gbps, 5.0);
+  EXPECT_EQ(s.choose(50, 50, s.other_s()).split, 0);
+}
+
+TEST(SplitScheduler, FollowsTheEmulatedLinkMidRun) {
+  // The CPU backend's emulated link is slow while the profile claims it is fast: measured
+  // copy times pull the estimate down and the split up to every cached token. When the link
+  // speeds up the estimate rises again. (Pacing makes the slow phase exact; the fast phase's
+  // copies are short enough that thread wake-ups dominate, so only the direction is checked.)
   CpuBackend be;
   OptModel model(be, test::data_path("opt/pre_ln_safetensors"));
   test::TempDir tmp;
@@ -147,30 +163,26 @@ TEST(SplitScheduler, AdaptsWhenTheLinkChangesMidRun) {
   o.kv.split_granularity = 1;
   o.kv.profile = profile(20.0, 50e-6, 1e-8);  // claims a fast link; 50 us to start a recompute
   Generator gen(model, tok, o);
-  CpuBackend* cpu = &be;
-  cpu->set_emulated_link_gbps(0.002);  // 2 MB/s: 256 B of K+V per token per layer = 128 us
+  be.set_emulated_link_gbps(0.002);  // 2 MB/s: 256 B of K+V per token per layer = 128 us
   GenerationParams p;
-  p.max_new_tokens = 40;
+  p.max_new_tokens = 30;
   p.ignore_eos = true;
   gen.add(std::vector<int32_t>(20, 9), p);
-  std::vector<int64_t> slow_splits, fast_splits;
-  std::vector<double> estimates;
+  double slow_estimate = 0, fast_estimate = 0;
   int step = 0;
   while (!gen.idle()) {
-    if (step == 14) cpu->set_emulated_link_gbps(50.0);
+    if (step == 14) be.set_emulated_link_gbps(50.0);
     gen.step();
     const StepStats& st = gen.kv_runtime().last_step();
-    if (step >= 6 && step < 14) slow_splits.push_back(st.split_total);
-    if (step >= 26) fast_splits.push_back(st.split_total);
-    if (step == 13) estimates.push_back(st.link_gbps_estimate);
+    if (step >= 4 && step < 14) {
+      EXPECT_EQ(st.split_total, 20 + step - 1) << "slow link, step " << step;
+    }
+    if (step == 13) slow_estimate = st.link_gbps_estimate;
+    fast_estimate = st.link_gbps_estimate;
     ++step;
   }
-  // Slow link: nearly everything is recomputed.
-  for (int64_t l : slow_splits) EXPECT_GE(l, 15) << "slow link split";
-  ASSERT_EQ(estimates.size(), 1u);
-  EXPECT_LT(estimates[0], 0.01);  // the estimate followed the emulated 0.002 GB/s
-  // Fast link again: moving K/V costs less than any recompute.
-  for (int64_t l : fast_splits) EXPECT_EQ(l, 0) << "fast link split";
+  EXPECT_LT(slow_estimate, 0.0025);
+  EXPECT_GT(fast_estimate, 3 * slow_estimate);
 }
 
 TEST(Profiler, MeasuresTheEmulatedLink) {

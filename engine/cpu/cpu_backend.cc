@@ -417,6 +417,14 @@ void CpuBackend::convert(const Tensor& dst, const Tensor& src) {
   });
 }
 
+void CpuBackend::fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) {
+  KVPR_CHECK(is_float(t.dtype()), "fill_random needs a float tensor, got ", t.describe());
+  ThreadPool::global().parallel_for(t.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      store_from_f32(t.data(), t.dtype(), i, mean + stddev * random_normal(seed, static_cast<uint64_t>(i)));
+  });
+}
+
 void CpuBackend::attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
                            int heads, float scale) {
   double t0 = tracer_ ? tracer_->now_us() : 0;

@@ -67,6 +67,7 @@ class CpuBackend final : public Backend {
               Activation act) override;
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void convert(const Tensor& dst, const Tensor& src) override;
+  void fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) override;
   void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
                  int heads, float scale) override;
 

@@ -1,0 +1,216 @@
+// Attention kernels of the CUDA backend.
+//
+// Both kernels give each warp a (query row, head) and let every lane own one key at a time:
+// the lane reads its key's head slice (contiguous, vector loads) and dots it with the query
+// held in shared memory; the warp keeps an online softmax (max m, sum l) and the output
+// accumulator, each lane owning head_dim/32 contiguous dimensions so V rows are read
+// coalesced. Partial results (m, l, acc) merge exactly.
+//
+// * attention_rows_kernel: any query row (prefill chunks, mixed batches): one warp walks all
+//   keys visible to its row (causal).
+// * decode_split_kernel + decode_merge_kernel: one query per sequence (decode). The context
+//   is cut into splits processed by separate blocks of 4 warps (flash-decoding), so long
+//   contexts keep every SM busy; a second kernel merges the splits.
+#include <cfloat>
+
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/device_util.cuh"
+#include "engine/cuda/kernels.h"
+
+namespace kvpr::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;        // warps per block
+constexpr int kSplitKeys = 256;  // keys per split of the decode kernel (at least)
+
+struct Partial {
+  float m, l;
+};
+
+// Processes keys t = first, first+stride, ... < end (one per lane per iteration) for one
+// head, updating this warp's (m, l, acc). q is in shared memory (fp32, head_dim).
+template <typename T, int CH>
+__device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T* __restrict__ k,
+                                            const T* __restrict__ v, int64_t row_stride, int64_t first, int64_t end,
+                                            int64_t stride, float scale, float& m, float& l, float (&acc)[CH]) {
+  const int lane = threadIdx.x & 31;
+  constexpr int HD = CH * 32;
+  for (int64_t base = first; base < end; base += stride) {
+    const int64_t t = base + lane;
+    float s = -FLT_MAX;
+    if (t < end) {
+      const T* kr = k + t * row_stride;
+      float d = 0.f;
+#pragma unroll 8
+      for (int i = 0; i < HD; ++i) d += q[i] * to_f32(kr[i]);
+      s = d * scale;
+    }
+    const float m_new = fmaxf(m, warp_max(s));
+    const float p = t < end ? __expf(s - m_new) : 0.f;
+    const float correction = __expf(m - m_new);
+    l = l * correction + warp_sum(p);
+#pragma unroll
+    for (int c = 0; c < CH; ++c) acc[c] *= correction;
+    const int64_t left = end - base;
+    const int n = left < 32 ? static_cast<int>(left) : 32;
+    for (int kk = 0; kk < n; ++kk) {
+      const float pk = __shfl_sync(0xffffffffu, p, kk);
+      const T* vr = v + (base + kk) * row_stride + lane * CH;
+#pragma unroll
+      for (int c = 0; c < CH; ++c) acc[c] += pk * to_f32(vr[c]);
+    }
+    m = m_new;
+  }
+}
+
+// Finds the sequence whose query rows contain `row` (descriptors sorted by q_begin).
+__device__ __forceinline__ int find_seq(const AttnDesc* d, int n, int64_t row) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (d[mid].q_begin <= row) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+template <typename T, int CH>
+__global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc* descs, int n_seqs, int64_t total_q,
+                                      int heads, int64_t row_stride, float scale) {
+  constexpr int HD = CH * 32;
+  __shared__ float qs[kWarps][HD];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x;
+  const int h = blockIdx.y * kWarps + warp;
+  if (row >= total_q || h >= heads) return;  // whole warps exit together
+  const AttnDesc d = descs[find_seq(descs, n_seqs, row)];
+  const int64_t j = row - d.q_begin;
+  const int64_t n = d.past + j + 1;
+  const float* qr = q + row * heads * HD + h * HD;
+  for (int i = lane; i < HD; i += 32) qs[warp][i] = qr[i];
+  __syncwarp();
+  float m = -FLT_MAX, l = 0.f, acc[CH];
+#pragma unroll
+  for (int c = 0; c < CH; ++c) acc[c] = 0.f;
+  warp_attend<T, CH>(qs[warp], static_cast<const T*>(d.k) + h * HD, static_cast<const T*>(d.v) + h * HD, row_stride,
+                     0, n, 32, scale, m, l, acc);
+  float* o = out + row * heads * HD + h * HD + lane * CH;
+  const float inv = 1.f / l;
+#pragma unroll
+  for (int c = 0; c < CH; ++c) o[c] = acc[c] * inv;
+}
+
+// Grid (splits, heads, seqs). Writes this split's partial to work.
+template <typename T, int CH>
+__global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int heads, int64_t row_stride, float scale,
+                                    int splits, float* work) {
+  constexpr int HD = CH * 32;
+  __shared__ float qs[HD];
+  __shared__ float wm[kWarps], wl[kWarps];
+  __shared__ float wacc[kWarps][HD];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int split = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+  const AttnDesc d = descs[s];
+  const int64_t n = static_cast<int64_t>(d.past) + 1;
+  const int64_t per = (n + splits - 1) / splits;
+  const int64_t begin = split * per, end = begin + per < n ? begin + per : n;
+  const float* qr = q + d.q_begin * heads * HD + h * HD;
+  for (int i = threadIdx.x; i < HD; i += blockDim.x) qs[i] = qr[i];
+  __syncthreads();
+  float m = -FLT_MAX, l = 0.f, acc[CH];
+#pragma unroll
+  for (int c = 0; c < CH; ++c) acc[c] = 0.f;
+  warp_attend<T, CH>(qs, static_cast<const T*>(d.k) + h * HD, static_cast<const T*>(d.v) + h * HD, row_stride,
+                     begin + warp * 32, end, 32 * kWarps, scale, m, l, acc);
+  if (lane == 0) {
+    wm[warp] = m;
+    wl[warp] = l;
+  }
+#pragma unroll
+  for (int c = 0; c < CH; ++c) wacc[warp][lane * CH + c] = acc[c];
+  __syncthreads();
+  // Merge the warps; thread i owns dimension i.
+  float M = -FLT_MAX;
+  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w]);
+  float* dst = work + ((static_cast<int64_t>(s) * heads + h) * splits + split) * (HD + 2);
+  float L = 0.f;
+  for (int w = 0; w < kWarps; ++w) L += wl[w] > 0.f ? wl[w] * __expf(wm[w] - M) : 0.f;
+  for (int i = threadIdx.x; i < HD; i += blockDim.x) {
+    float a = 0.f;
+    for (int w = 0; w < kWarps; ++w) a += wl[w] > 0.f ? wacc[w][i] * __expf(wm[w] - M) : 0.f;
+    dst[2 + i] = a;
+  }
+  if (threadIdx.x == 0) {
+    dst[0] = M;
+    dst[1] = L;
+  }
+}
+
+// Grid (heads, seqs), HD threads: out = sum_i acc_i e^(m_i - M) / sum_i l_i e^(m_i - M).
+template <int HD>
+__global__ void decode_merge_kernel(float* out, const AttnDesc* descs, int heads, int splits, const float* work) {
+  const int h = blockIdx.x, s = blockIdx.y, i = threadIdx.x;
+  const float* base = work + (static_cast<int64_t>(s) * heads + h) * splits * (HD + 2);
+  float M = -FLT_MAX;
+  for (int p = 0; p < splits; ++p)
+    if (base[p * (HD + 2) + 1] > 0.f) M = fmaxf(M, base[p * (HD + 2)]);
+  float L = 0.f, a = 0.f;
+  for (int p = 0; p < splits; ++p) {
+    const float* part = base + p * (HD + 2);
+    if (part[1] <= 0.f) continue;  // empty split
+    const float w = __expf(part[0] - M);
+    L += part[1] * w;
+    a += part[2 + i] * w;
+  }
+  out[descs[s].q_begin * heads * HD + h * HD + i] = a / L;
+}
+
+int decode_splits(int64_t max_ctx) {
+  int64_t s = (max_ctx + kSplitKeys - 1) / kSplitKeys;
+  return static_cast<int>(s < 1 ? 1 : (s > 64 ? 64 : s));
+}
+
+template <typename T, int CH>
+void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
+            bool all_decode, int heads, float scale, float* work, cudaStream_t stream) {
+  const int64_t row_stride = static_cast<int64_t>(heads) * CH * 32;  // K/V rows hold every head
+  if (all_decode) {
+    const int splits = decode_splits(max_ctx);
+    dim3 grid(splits, heads, static_cast<unsigned>(n_seqs));
+    decode_split_kernel<T, CH><<<grid, kWarps * 32, 0, stream>>>(q, descs, heads, row_stride, scale, splits, work);
+    CUDA_CHECK_LAUNCH();
+    decode_merge_kernel<CH * 32><<<dim3(heads, static_cast<unsigned>(n_seqs)), CH * 32, 0, stream>>>(
+        out, descs, heads, splits, work);
+    CUDA_CHECK_LAUNCH();
+  } else {
+    dim3 grid(static_cast<unsigned>(total_q), (heads + kWarps - 1) / kWarps);
+    attention_rows_kernel<T, CH><<<grid, kWarps * 32, 0, stream>>>(out, q, descs, static_cast<int>(n_seqs), total_q,
+                                                                    heads, row_stride, scale);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim) {
+  return n_seqs * heads * decode_splits(max_ctx) * (head_dim + 2);
+}
+
+void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
+               int64_t /*max_q_len*/, bool all_decode, int heads, int head_dim, DType kv_dtype, float scale,
+               float* work, cudaStream_t stream) {
+  if (n_seqs == 0 || total_q == 0) return;
+  KVPR_CHECK(total_q <= 0x7fffffff && n_seqs <= 65535, "attention batch too large for the grid");
+  KVPR_FLOAT_DISPATCH(kv_dtype, T, {
+    switch (head_dim) {
+      case 32: launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, scale, work, stream); break;
+      case 64: launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, scale, work, stream); break;
+      case 128: launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, scale, work, stream); break;
+      case 256: launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, scale, work, stream); break;
+      default: KVPR_THROW("CUDA attention supports head_dim 32, 64, 128 and 256, not ", head_dim);
+    }
+  });
+}
+
+}  // namespace kvpr::cuda

@@ -1,0 +1,27 @@
+// CUDA_CHECK / CUBLAS_CHECK: turn a failed status into a kvpr::Error naming the call,
+// the status and file:line.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "engine/error.h"
+
+#define CUDA_CHECK(expr)                                                                        \
+  do {                                                                                          \
+    cudaError_t kvpr_status_ = (expr);                                                          \
+    if (kvpr_status_ != cudaSuccess)                                                            \
+      KVPR_THROW("CUDA error ", cudaGetErrorName(kvpr_status_), " (", cudaGetErrorString(kvpr_status_), \
+                 ") in ", #expr, " at ", __FILE__, ":", __LINE__);                              \
+  } while (0)
+
+#define CUBLAS_CHECK(expr)                                                                      \
+  do {                                                                                          \
+    cublasStatus_t kvpr_status_ = (expr);                                                       \
+    if (kvpr_status_ != CUBLAS_STATUS_SUCCESS)                                                  \
+      KVPR_THROW("cuBLAS error ", cublasGetStatusName(kvpr_status_), " in ", #expr, " at ", __FILE__, ":", \
+                 __LINE__);                                                                     \
+  } while (0)
+
+// After a kernel launch: launch-configuration errors surface here.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

@@ -1,0 +1,66 @@
+// Device-side helpers shared by the CUDA kernels: loads and stores of F32/F16/BF16 as
+// fp32, dtype dispatch, and warp/block reductions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/dtype.h"
+#include "engine/error.h"
+
+namespace kvpr::cuda {
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // `part` may still be read by a previous call
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  v = lane < warps ? part[lane] : 0.f;
+  return warp_sum(v);
+}
+
+inline unsigned grid_for(int64_t n, int threads, unsigned cap = 65535u * 8) {
+  int64_t g = (n + threads - 1) / threads;
+  if (g < 1) g = 1;
+  return static_cast<unsigned>(g > cap ? cap : g);
+}
+
+}  // namespace kvpr::cuda
+
+// Runs BODY with `T` the device type of a float DType.
+#define KVPR_FLOAT_DISPATCH(dtype, T, ...)                                               \
+  switch (dtype) {                                                                        \
+    case ::kvpr::DType::F32: { using T = float; __VA_ARGS__; break; }                     \
+    case ::kvpr::DType::F16: { using T = __half; __VA_ARGS__; break; }                    \
+    case ::kvpr::DType::BF16: { using T = __nv_bfloat16; __VA_ARGS__; break; }            \
+    default: KVPR_THROW("CUDA kernel needs a float dtype, got ", ::kvpr::dtype_name(dtype)); \
+  }

@@ -1,0 +1,131 @@
+// Elementwise and row kernels of the CUDA backend.
+#include "engine/backend.h"
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/device_util.cuh"
+#include "engine/cuda/kernels.h"
+
+namespace kvpr::cuda {
+
+namespace {
+
+template <typename T>
+__global__ void gather_rows_kernel(float* out, const T* table, const int32_t* ids, int64_t rows, int64_t n_ids,
+                                   int64_t width, bool accumulate) {
+  for (int64_t i = blockIdx.x; i < n_ids; i += gridDim.x) {
+    int64_t r = ids[i];
+    if (r < 0 || r >= rows) r = 0;  // ids are validated on the host; never read out of bounds
+    const T* src = table + r * width;
+    float* dst = out + i * width;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) {
+      float v = to_f32(src[j]);
+      dst[j] = accumulate ? dst[j] + v : v;
+    }
+  }
+}
+
+template <typename T>
+__global__ void layer_norm_kernel(float* out, const float* x, const T* gamma, const T* beta, int64_t rows,
+                                  int64_t width, float eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * width;
+    float s = 0.f;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) s += xr[j];
+    const float mean = block_sum(s) / static_cast<float>(width);
+    float q = 0.f;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) {
+      float c = xr[j] - mean;
+      q += c * c;
+    }
+    const float inv = rsqrtf(block_sum(q) / static_cast<float>(width) + eps);
+    float* o = out + r * width;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x)
+      o[j] = (xr[j] - mean) * inv * to_f32(gamma[j]) + to_f32(beta[j]);
+    __syncthreads();  // out may alias x: finish reading the row before the next one
+  }
+}
+
+template <typename T>
+__global__ void bias_act_kernel(float* out, const T* bias, int64_t m, int64_t n, int act) {
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = out[i];
+    if (bias) v += to_f32(bias[i % n]);
+    if (act == 1) v = fmaxf(v, 0.f);
+    else if (act == 2) v = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    out[i] = v;
+  }
+}
+
+__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+
+template <typename D, typename S>
+__global__ void convert_kernel(D* dst, const S* src, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = from_f32<D>(to_f32(src[i]));
+}
+
+template <typename T>
+__global__ void fill_random_kernel(T* dst, int64_t n, uint64_t seed, float mean, float stddev) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = from_f32<T>(mean + stddev * random_normal(seed, static_cast<uint64_t>(i)));
+}
+
+}  // namespace
+
+void gather_rows(float* out, const void* table, DType table_dtype, const int32_t* ids, int64_t rows, int64_t n_ids,
+                 int64_t width, bool accumulate, cudaStream_t stream) {
+  if (n_ids == 0) return;
+  KVPR_FLOAT_DISPATCH(table_dtype, T,
+                      gather_rows_kernel<T><<<grid_for(n_ids, 1, 65535), 256, 0, stream>>>(
+                          out, static_cast<const T*>(table), ids, rows, n_ids, width, accumulate));
+  CUDA_CHECK_LAUNCH();
+}
+
+void layer_norm(float* out, const float* x, const void* gamma, const void* beta, DType param_dtype, int64_t rows,
+                int64_t width, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  KVPR_FLOAT_DISPATCH(param_dtype, T,
+                      layer_norm_kernel<T><<<grid_for(rows, 1, 65535), 256, 0, stream>>>(
+                          out, x, static_cast<const T*>(gamma), static_cast<const T*>(beta), rows, width, eps));
+  CUDA_CHECK_LAUNCH();
+}
+
+void bias_act(float* out, const void* bias, DType bias_dtype, int64_t m, int64_t n, int act, cudaStream_t stream) {
+  if (m * n == 0) return;
+  KVPR_FLOAT_DISPATCH(bias_dtype, T,
+                      bias_act_kernel<T><<<grid_for(m * n, 256), 256, 0, stream>>>(out, static_cast<const T*>(bias), m,
+                                                                                   n, act));
+  CUDA_CHECK_LAUNCH();
+}
+
+void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, a, b, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  KVPR_FLOAT_DISPATCH(dst_dtype, D,
+                      KVPR_FLOAT_DISPATCH(src_dtype, S,
+                                          convert_kernel<D, S><<<grid_for(n, 256), 256, 0, stream>>>(
+                                              static_cast<D*>(dst), static_cast<const S*>(src), n)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, float stddev, cudaStream_t stream) {
+  if (n == 0) return;
+  KVPR_FLOAT_DISPATCH(dtype, T,
+                      fill_random_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<T*>(dst), n, seed, mean,
+                                                                                  stddev));
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kvpr::cuda

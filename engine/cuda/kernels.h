@@ -1,0 +1,40 @@
+// Launchers of the CUDA kernels (kernels.cu, attention.cu). All run on `stream`; float
+// inputs of any storage dtype (F32/F16/BF16) are read through load_f32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/dtype.h"
+
+namespace kvpr::cuda {
+
+void gather_rows(float* out, const void* table, DType table_dtype, const int32_t* ids, int64_t rows, int64_t n_ids,
+                 int64_t width, bool accumulate, cudaStream_t stream);
+void layer_norm(float* out, const float* x, const void* gamma, const void* beta, DType param_dtype, int64_t rows,
+                int64_t width, float eps, cudaStream_t stream);
+// out[m, n] = act(out[m, n] + bias[n]); act: 0 none, 1 relu, 2 gelu.
+void bias_act(float* out, const void* bias, DType bias_dtype, int64_t m, int64_t n, int act, cudaStream_t stream);
+void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t stream);
+void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, float stddev, cudaStream_t stream);
+
+// One sequence of an attention call, as the kernels read it from device memory.
+struct AttnDesc {
+  const void* k;   // [>= past + q_len, kv_width] rows, row stride kv_width
+  const void* v;
+  int64_t q_begin;
+  int32_t q_len;
+  int32_t past;
+};
+
+// Attention over `n_seqs` sequences (descriptors in device memory). q, out [T, heads*hd] F32.
+// Decode rows (q_len == 1) use a split-context kernel whose partials live in `work`
+// (work_floats floats; attention_work_floats says how many are needed).
+int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim);
+void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
+               int64_t max_q_len, bool all_decode, int heads, int head_dim, DType kv_dtype, float scale, float* work,
+               cudaStream_t stream);
+
+}  // namespace kvpr::cuda
