@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "engine/checkpoint.h"
 #include "engine/error.h"
@@ -34,7 +35,6 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
     ~FinishUploads() { b.synchronize(); }
   } finish_uploads{backend_};
   format_ = ckpt.format();
-  const OptConfig& c = config_;
   // The hub uses two prefixes: "model.decoder." (with lm_head.weight) and "decoder.".
   std::string prefix;
   if (ckpt.find("model.decoder.embed_tokens.weight")) prefix = "model.decoder.";
@@ -43,7 +43,8 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
     KVPR_THROW(model_dir, ": missing tensor 'model.decoder.embed_tokens.weight' (nor "
                           "'decoder.embed_tokens.weight') in ", ckpt.format(), " checkpoint");
 
-  auto get = [&](const std::string& key, Shape expect, bool required = true) -> Tensor {
+  assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole) -> Tensor {
+    const std::string key = name == "lm_head.weight" ? name : prefix + name;
     const TensorRecord* r = ckpt.find(key);
     if (!r) {
       KVPR_CHECK(!required, model_dir, ": missing tensor '", key, "'");
@@ -65,50 +66,81 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
         store_from_f32(tmp.data(), dt, i, load_as_f32(src.data(), src.dtype(), i));
       backend_.copy(dst, tmp, Stream::H2D, "weights");
     }
-    parameter_count_ += dst.numel();
-    weight_bytes_ += dst.nbytes();
     return dst;
-  };
+  });
+}
+
+OptModel::OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed)
+    : backend_(backend), config_(config), ws_(backend) {
+  format_ = "random";
+  uint64_t n = 0;
+  assemble([&](const std::string& name, const Shape& shape, bool required, WeightRole role) -> Tensor {
+    if (!required && name == "lm_head.weight") return Tensor();  // tied
+    Tensor t = backend_.alloc(dtype, shape);
+    const float fan_in = static_cast<float>(shape.size() == 2 ? shape[1] : 1);
+    switch (role) {
+      case WeightRole::Matrix: backend_.fill_random(t, seed + n, 0.f, 1.f / std::sqrt(fan_in)); break;
+      case WeightRole::Embedding: backend_.fill_random(t, seed + n, 0.f, 0.1f); break;
+      case WeightRole::NormGain: backend_.fill_random(t, seed + n, 1.f, 0.05f); break;
+      case WeightRole::Bias: backend_.fill_random(t, seed + n, 0.f, 0.02f); break;
+    }
+    ++n;
+    return t;
+  });
+  backend_.synchronize();
+}
+
+void OptModel::assemble(const WeightSource& fetch) {
+  const OptConfig& c = config_;
   const int64_t h = c.hidden_size, d = c.word_embed_proj_dim, f = c.ffn_dim;
-  auto bias = [&](const std::string& key, int64_t n) {
-    return get(key, {n}, c.enable_bias);
+  auto take = [&](const std::string& name, Shape shape, bool required, WeightRole role) {
+    Tensor t = fetch(name, shape, required, role);
+    if (t.defined()) {
+      parameter_count_ += t.numel();
+      weight_bytes_ += t.nbytes();
+    }
+    return t;
   };
-  embed_tokens_ = get(prefix + "embed_tokens.weight", {c.vocab_size, d});
-  embed_positions_ =
-      get(prefix + "embed_positions.weight", {c.max_position_embeddings + OptConfig::kPositionOffset, h});
+  auto matrix = [&](const std::string& name, Shape shape) { return take(name, shape, true, WeightRole::Matrix); };
+  auto bias = [&](const std::string& name, int64_t n) { return take(name, {n}, c.enable_bias, WeightRole::Bias); };
+  auto gain = [&](const std::string& name) { return take(name, {h}, c.layer_norm_affine, WeightRole::NormGain); };
+  auto shift = [&](const std::string& name) { return take(name, {h}, c.layer_norm_affine, WeightRole::Bias); };
+  embed_tokens_ = take("embed_tokens.weight", {c.vocab_size, d}, true, WeightRole::Embedding);
+  embed_positions_ = take("embed_positions.weight", {c.max_position_embeddings + OptConfig::kPositionOffset, h},
+                          true, WeightRole::Embedding);
   weight_dtype_ = embed_tokens_.dtype();
   if (c.has_projection()) {
-    project_in_ = get(prefix + "project_in.weight", {h, d});
-    project_out_ = get(prefix + "project_out.weight", {d, h});
+    project_in_ = matrix("project_in.weight", {h, d});
+    project_out_ = matrix("project_out.weight", {d, h});
   }
   if (c.has_final_layer_norm()) {
-    final_ln_w_ = get(prefix + "final_layer_norm.weight", {h}, c.layer_norm_affine);
-    final_ln_b_ = get(prefix + "final_layer_norm.bias", {h}, c.layer_norm_affine);
+    final_ln_w_ = gain("final_layer_norm.weight");
+    final_ln_b_ = shift("final_layer_norm.bias");
   }
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    std::string p = prefix + "layers." + std::to_string(i) + ".";
+    std::string p = "layers." + std::to_string(i) + ".";
     OptLayer L;
-    L.attn_ln_w = get(p + "self_attn_layer_norm.weight", {h}, c.layer_norm_affine);
-    L.attn_ln_b = get(p + "self_attn_layer_norm.bias", {h}, c.layer_norm_affine);
-    L.wq = get(p + "self_attn.q_proj.weight", {h, h});
+    L.attn_ln_w = gain(p + "self_attn_layer_norm.weight");
+    L.attn_ln_b = shift(p + "self_attn_layer_norm.bias");
+    L.wq = matrix(p + "self_attn.q_proj.weight", {h, h});
     L.bq = bias(p + "self_attn.q_proj.bias", h);
-    L.wk = get(p + "self_attn.k_proj.weight", {h, h});
+    L.wk = matrix(p + "self_attn.k_proj.weight", {h, h});
     L.bk = bias(p + "self_attn.k_proj.bias", h);
-    L.wv = get(p + "self_attn.v_proj.weight", {h, h});
+    L.wv = matrix(p + "self_attn.v_proj.weight", {h, h});
     L.bv = bias(p + "self_attn.v_proj.bias", h);
-    L.wo = get(p + "self_attn.out_proj.weight", {h, h});
+    L.wo = matrix(p + "self_attn.out_proj.weight", {h, h});
     L.bo = bias(p + "self_attn.out_proj.bias", h);
-    L.ffn_ln_w = get(p + "final_layer_norm.weight", {h}, c.layer_norm_affine);
-    L.ffn_ln_b = get(p + "final_layer_norm.bias", {h}, c.layer_norm_affine);
-    L.fc1_w = get(p + "fc1.weight", {f, h});
+    L.ffn_ln_w = gain(p + "final_layer_norm.weight");
+    L.ffn_ln_b = shift(p + "final_layer_norm.bias");
+    L.fc1_w = matrix(p + "fc1.weight", {f, h});
     L.fc1_b = bias(p + "fc1.bias", f);
-    L.fc2_w = get(p + "fc2.weight", {h, f});
+    L.fc2_w = matrix(p + "fc2.weight", {h, f});
     L.fc2_b = bias(p + "fc2.bias", h);
     layers_.push_back(std::move(L));
   }
   // lm_head is tied to embed_tokens when the checkpoint has none.
-  if (ckpt.find("lm_head.weight")) lm_head_ = get("lm_head.weight", {c.vocab_size, d});
-  else lm_head_ = embed_tokens_;
+  lm_head_ = take("lm_head.weight", {c.vocab_size, d}, false, WeightRole::Matrix);
+  if (!lm_head_.defined()) lm_head_ = embed_tokens_;
   // Layer norms without elementwise affine parameters use gamma = 1, beta = 0.
   auto unit = [&](Tensor& w, Tensor& b) {
     if (w.defined()) return;

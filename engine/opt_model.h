@@ -2,6 +2,7 @@
 // Pre-LN and post-LN (opt-350m) variants, word_embed_proj_dim projections, tied lm_head.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -40,6 +41,9 @@ class Workspace {
 class OptModel : public KvProjector {
  public:
   OptModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts = {});
+  // A model of this config with random weights of `dtype`, generated on the device
+  // (benchmarks: OPT-6.7B shapes without a 13 GB download).
+  OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed);
 
   const OptConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
@@ -61,7 +65,12 @@ class OptModel : public KvProjector {
   void project_kv(int64_t layer, const Tensor& x, const Tensor& k, const Tensor& v) override;
 
  private:
+  enum class WeightRole { Matrix, Embedding, NormGain, Bias };
+  // Returns the tensor `name` (without the decoder prefix) of the given shape, or an
+  // undefined tensor when it is absent and not required.
+  using WeightSource = std::function<Tensor(const std::string& name, const Shape& shape, bool required, WeightRole)>;
   void load(const std::string& model_dir, const ModelLoadOptions& opts);
+  void assemble(const WeightSource& fetch);
 
   Backend& backend_;
   OptConfig config_;

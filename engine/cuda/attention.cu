@@ -32,10 +32,10 @@ struct Partial {
 // head, updating this warp's (m, l, acc). q is in shared memory (fp32, head_dim).
 template <typename T, int CH>
 __device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T* __restrict__ k,
-                                            const T* __restrict__ v, int64_t row_stride, int64_t first, int64_t end,
-                                            int64_t stride, float scale, float& m, float& l, float (&acc)[CH]) {
+                                            const T* __restrict__ v, int hd, int64_t row_stride, int64_t first,
+                                            int64_t end, int64_t stride, float scale, float& m, float& l,
+                                            float (&acc)[CH]) {
   const int lane = threadIdx.x & 31;
-  constexpr int HD = CH * 32;
   for (int64_t base = first; base < end; base += stride) {
     const int64_t t = base + lane;
     float s = -FLT_MAX;
@@ -43,7 +43,7 @@ __device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T
       const T* kr = k + t * row_stride;
       float d = 0.f;
 #pragma unroll 8
-      for (int i = 0; i < HD; ++i) d += q[i] * to_f32(kr[i]);
+      for (int i = 0; i < hd; ++i) d += q[i] * to_f32(kr[i]);
       s = d * scale;
     }
     const float m_new = fmaxf(m, warp_max(s));
@@ -58,7 +58,8 @@ __device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T
       const float pk = __shfl_sync(0xffffffffu, p, kk);
       const T* vr = v + (base + kk) * row_stride + lane * CH;
 #pragma unroll
-      for (int c = 0; c < CH; ++c) acc[c] += pk * to_f32(vr[c]);
+      for (int c = 0; c < CH; ++c)
+        if (lane * CH + c < hd) acc[c] += pk * to_f32(vr[c]);
     }
     m = m_new;
   }
@@ -77,9 +78,9 @@ __device__ __forceinline__ int find_seq(const AttnDesc* d, int n, int64_t row) {
 
 template <typename T, int CH>
 __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc* descs, int n_seqs, int64_t total_q,
-                                      int heads, int64_t row_stride, float scale) {
-  constexpr int HD = CH * 32;
-  __shared__ float qs[kWarps][HD];
+                                      int heads, int hd, float scale) {
+  __shared__ float qs[kWarps][CH * 32];
+  const int64_t row_stride = static_cast<int64_t>(heads) * hd;  // K/V rows hold every head
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x;
   const int h = blockIdx.y * kWarps + warp;
@@ -87,25 +88,27 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
   const AttnDesc d = descs[find_seq(descs, n_seqs, row)];
   const int64_t j = row - d.q_begin;
   const int64_t n = d.past + j + 1;
-  const float* qr = q + row * heads * HD + h * HD;
-  for (int i = lane; i < HD; i += 32) qs[warp][i] = qr[i];
+  const float* qr = q + row * row_stride + h * hd;
+  for (int i = lane; i < hd; i += 32) qs[warp][i] = qr[i];
   __syncwarp();
   float m = -FLT_MAX, l = 0.f, acc[CH];
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
-  warp_attend<T, CH>(qs[warp], static_cast<const T*>(d.k) + h * HD, static_cast<const T*>(d.v) + h * HD, row_stride,
-                     0, n, 32, scale, m, l, acc);
-  float* o = out + row * heads * HD + h * HD + lane * CH;
+  warp_attend<T, CH>(qs[warp], static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd,
+                     row_stride, 0, n, 32, scale, m, l, acc);
+  float* o = out + row * row_stride + h * hd;
   const float inv = 1.f / l;
 #pragma unroll
-  for (int c = 0; c < CH; ++c) o[c] = acc[c] * inv;
+  for (int c = 0; c < CH; ++c)
+    if (lane * CH + c < hd) o[lane * CH + c] = acc[c] * inv;
 }
 
 // Grid (splits, heads, seqs). Writes this split's partial to work.
 template <typename T, int CH>
-__global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int heads, int64_t row_stride, float scale,
-                                    int splits, float* work) {
-  constexpr int HD = CH * 32;
+__global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int heads, int hd, float scale, int splits,
+                                    float* work) {
+  constexpr int HD = CH * 32;  // shared arrays sized for the largest head_dim of this CH
+  const int64_t row_stride = static_cast<int64_t>(heads) * hd;
   __shared__ float qs[HD];
   __shared__ float wm[kWarps], wl[kWarps];
   __shared__ float wacc[kWarps][HD];
@@ -115,13 +118,13 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
   const int64_t n = static_cast<int64_t>(d.past) + 1;
   const int64_t per = (n + splits - 1) / splits;
   const int64_t begin = split * per, end = begin + per < n ? begin + per : n;
-  const float* qr = q + d.q_begin * heads * HD + h * HD;
-  for (int i = threadIdx.x; i < HD; i += blockDim.x) qs[i] = qr[i];
+  const float* qr = q + d.q_begin * row_stride + h * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
   __syncthreads();
   float m = -FLT_MAX, l = 0.f, acc[CH];
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
-  warp_attend<T, CH>(qs, static_cast<const T*>(d.k) + h * HD, static_cast<const T*>(d.v) + h * HD, row_stride,
+  warp_attend<T, CH>(qs, static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd, row_stride,
                      begin + warp * 32, end, 32 * kWarps, scale, m, l, acc);
   if (lane == 0) {
     wm[warp] = m;
@@ -133,10 +136,10 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
   // Merge the warps; thread i owns dimension i.
   float M = -FLT_MAX;
   for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w]);
-  float* dst = work + ((static_cast<int64_t>(s) * heads + h) * splits + split) * (HD + 2);
+  float* dst = work + ((static_cast<int64_t>(s) * heads + h) * splits + split) * (hd + 2);
   float L = 0.f;
   for (int w = 0; w < kWarps; ++w) L += wl[w] > 0.f ? wl[w] * __expf(wm[w] - M) : 0.f;
-  for (int i = threadIdx.x; i < HD; i += blockDim.x) {
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
     float a = 0.f;
     for (int w = 0; w < kWarps; ++w) a += wl[w] > 0.f ? wacc[w][i] * __expf(wm[w] - M) : 0.f;
     dst[2 + i] = a;
@@ -148,22 +151,22 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
 }
 
 // Grid (heads, seqs), HD threads: out = sum_i acc_i e^(m_i - M) / sum_i l_i e^(m_i - M).
-template <int HD>
-__global__ void decode_merge_kernel(float* out, const AttnDesc* descs, int heads, int splits, const float* work) {
+__global__ void decode_merge_kernel(float* out, const AttnDesc* descs, int heads, int hd, int splits,
+                                    const float* work) {
   const int h = blockIdx.x, s = blockIdx.y, i = threadIdx.x;
-  const float* base = work + (static_cast<int64_t>(s) * heads + h) * splits * (HD + 2);
+  const float* base = work + (static_cast<int64_t>(s) * heads + h) * splits * (hd + 2);
   float M = -FLT_MAX;
   for (int p = 0; p < splits; ++p)
-    if (base[p * (HD + 2) + 1] > 0.f) M = fmaxf(M, base[p * (HD + 2)]);
+    if (base[p * (hd + 2) + 1] > 0.f) M = fmaxf(M, base[p * (hd + 2)]);
   float L = 0.f, a = 0.f;
   for (int p = 0; p < splits; ++p) {
-    const float* part = base + p * (HD + 2);
+    const float* part = base + p * (hd + 2);
     if (part[1] <= 0.f) continue;  // empty split
     const float w = __expf(part[0] - M);
     L += part[1] * w;
     a += part[2 + i] * w;
   }
-  out[descs[s].q_begin * heads * HD + h * HD + i] = a / L;
+  out[descs[s].q_begin * heads * hd + h * hd + i] = a / L;
 }
 
 int decode_splits(int64_t max_ctx) {
@@ -173,20 +176,19 @@ int decode_splits(int64_t max_ctx) {
 
 template <typename T, int CH>
 void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
-            bool all_decode, int heads, float scale, float* work, cudaStream_t stream) {
-  const int64_t row_stride = static_cast<int64_t>(heads) * CH * 32;  // K/V rows hold every head
+            bool all_decode, int heads, int hd, float scale, float* work, cudaStream_t stream) {
   if (all_decode) {
     const int splits = decode_splits(max_ctx);
     dim3 grid(splits, heads, static_cast<unsigned>(n_seqs));
-    decode_split_kernel<T, CH><<<grid, kWarps * 32, 0, stream>>>(q, descs, heads, row_stride, scale, splits, work);
+    decode_split_kernel<T, CH><<<grid, kWarps * 32, 0, stream>>>(q, descs, heads, hd, scale, splits, work);
     CUDA_CHECK_LAUNCH();
-    decode_merge_kernel<CH * 32><<<dim3(heads, static_cast<unsigned>(n_seqs)), CH * 32, 0, stream>>>(
-        out, descs, heads, splits, work);
+    decode_merge_kernel<<<dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream>>>(out, descs, heads, hd, splits,
+                                                                                      work);
     CUDA_CHECK_LAUNCH();
   } else {
     dim3 grid(static_cast<unsigned>(total_q), (heads + kWarps - 1) / kWarps);
     attention_rows_kernel<T, CH><<<grid, kWarps * 32, 0, stream>>>(out, q, descs, static_cast<int>(n_seqs), total_q,
-                                                                    heads, row_stride, scale);
+                                                                    heads, hd, scale);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -203,13 +205,12 @@ void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
   if (n_seqs == 0 || total_q == 0) return;
   KVPR_CHECK(total_q <= 0x7fffffff && n_seqs <= 65535, "attention batch too large for the grid");
   KVPR_FLOAT_DISPATCH(kv_dtype, T, {
-    switch (head_dim) {
-      case 32: launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, scale, work, stream); break;
-      case 64: launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, scale, work, stream); break;
-      case 128: launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, scale, work, stream); break;
-      case 256: launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, scale, work, stream); break;
-      default: KVPR_THROW("CUDA attention supports head_dim 32, 64, 128 and 256, not ", head_dim);
-    }
+    // Each lane owns CH consecutive dimensions of the head.
+    if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, stream);
+    else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, stream);
+    else if (head_dim <= 128) launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, stream);
+    else if (head_dim <= 256) launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, stream);
+    else KVPR_THROW("CUDA attention supports head_dim up to 256, not ", head_dim);
   });
 }
 
