@@ -1,8 +1,14 @@
 // kvpr-bench: benchmarks (never timed tests).
 //   kvpr-bench cpu [--json FILE] [--quick]
-// On OPT-125m shapes with random weights: prefill and decode tokens/s of the CPU backend,
-// and the decode-attention kernel's achieved bandwidth next to a memcpy measured in the same
-// run with the same threads.
+//     OPT-125m shapes with random weights: prefill and decode tokens/s of the CPU backend, and
+//     the decode-attention kernel's bandwidth next to a memcpy measured in the same run.
+//   kvpr-bench decode [--preset opt-6.7b|opt-1.3b|tiny] [--batch B] [--prompt P] [--gen N]
+//                     [--modes resident,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
+//                     [--kv-dtype f16] [--emulate-link-gbps G] [--host-attention-threads N]
+//                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR]
+//     Every KV mode side by side in one run on one model with random weights generated on the
+//     device: decode ms per step, tokens/s, split per step, bytes over the link per step, busy
+//     fraction of the compute stream, and each mode's bound from the measured profile.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,15 +16,20 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/demo_model.h"
 #include "engine/error.h"
 #include "engine/json.h"
 #include "engine/opt_model.h"
+#include "engine/profiler.h"
+#include "engine/split_scheduler.h"
 #include "engine/sampling.h"
 #include "engine/thread_pool.h"
 
@@ -202,13 +213,384 @@ int cmd_cpu(const std::vector<std::string>& args) {
   return 0;
 }
 
+
+// ------------------------------------------------------------------ decode
+
+OptConfig preset(const std::string& name) {
+  OptConfig c;
+  c.vocab_size = 50272;
+  c.max_position_embeddings = 2048;
+  c.torch_dtype = "float16";
+  if (name == "opt-6.7b") {
+    c.hidden_size = 4096, c.num_layers = 32, c.num_heads = 32, c.ffn_dim = 16384;
+  } else if (name == "opt-13b") {
+    c.hidden_size = 5120, c.num_layers = 40, c.num_heads = 40, c.ffn_dim = 20480;
+  } else if (name == "opt-1.3b") {
+    c.hidden_size = 2048, c.num_layers = 24, c.num_heads = 32, c.ffn_dim = 8192;
+  } else if (name == "tiny") {
+    c.hidden_size = 128, c.num_layers = 4, c.num_heads = 4, c.ffn_dim = 512;
+  } else {
+    KVPR_THROW("unknown preset '", name, "' (opt-6.7b, opt-13b, opt-1.3b, tiny)");
+  }
+  c.word_embed_proj_dim = c.hidden_size;
+  return c;
+}
+
+// Device copy bandwidth (read + write bytes per second) of a same-device copy.
+double device_copy_gbps(Backend& be, int64_t bytes) {
+  Tensor a = be.alloc(DType::U8, {bytes}), b = be.alloc(DType::U8, {bytes});
+  std::vector<double> ms;
+  for (int r = 0; r < 4; ++r) {
+    Event e0 = be.record(Stream::Compute);
+    be.copy(b, a, Stream::Compute, "hbm copy");
+    Event e1 = be.record(Stream::Compute);
+    be.synchronize();
+    if (r) ms.push_back(be.elapsed_ms(e0, e1));
+  }
+  std::sort(ms.begin(), ms.end());
+  return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] / 1e3) / 1e9;
+}
+
+double host_copy_gbps(int64_t bytes) {
+  std::vector<char> a(static_cast<size_t>(bytes), 1), b(static_cast<size_t>(bytes), 0);
+  ThreadPool& pool = ThreadPool::global();
+  auto copy = [&] {
+    pool.parallel_for(bytes, 1 << 20, [&](int64_t s, int64_t e) { std::memcpy(b.data() + s, a.data() + s, e - s); });
+  };
+  copy();
+  double t = time_median(3, copy);
+  return 2.0 * static_cast<double>(bytes) / t / 1e9;
+}
+
+struct ModeResult {
+  json::Value json;
+  std::vector<std::vector<int32_t>> tokens;
+  double ms_per_step = 0;
+};
+
+ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, const KvRuntimeOptions& base, int batch, int prompt,
+                    int gen, const std::string& trace_path) {
+  const OptConfig& c = model.config();
+  KvRuntimeOptions o = base;
+  o.mode = mode;
+  auto kv = model.make_kv_runtime(batch, prompt + gen + 2, o);
+  Rng rng(7);
+  std::vector<std::vector<int32_t>> seqs(batch);
+  for (auto& s : seqs)
+    for (int i = 0; i < prompt; ++i) s.push_back(static_cast<int32_t>(3 + rng.next() % 50000));
+  Tensor logits = Tensor::host(DType::F32, {batch, c.vocab_size});
+  // Prefill in groups of at most 8192 tokens.
+  auto t_prefill = Clock::now();
+  const int group = std::max(1, 8192 / std::max(prompt, 1));
+  for (int b0 = 0; b0 < batch; b0 += group) {
+    std::vector<ForwardChunk> chunks;
+    for (int b = b0; b < std::min(batch, b0 + group); ++b) chunks.push_back({seqs[b].data(), prompt, 0, b});
+    Tensor part = logits.rows(b0, static_cast<int64_t>(chunks.size()));
+    model.forward(chunks, *kv, part);
+  }
+  be.synchronize();
+  double prefill_s = seconds_since(t_prefill);
+  auto pick = [&] {
+    for (int b = 0; b < batch; ++b) {
+      const float* row = logits.data_as<float>() + static_cast<int64_t>(b) * c.vocab_size;
+      seqs[b].push_back(static_cast<int32_t>(std::max_element(row, row + 50257) - row));
+    }
+  };
+  pick();
+  auto step = [&] {
+    std::vector<ForwardChunk> chunks;
+    for (int b = 0; b < batch; ++b)
+      chunks.push_back({&seqs[b].back(), 1, static_cast<int64_t>(seqs[b].size()) - 1, b});
+    model.forward(chunks, *kv, logits);
+    pick();
+  };
+  json::Array steps;
+  std::vector<double> ms;
+  double h2d = 0, d2h = 0;
+  for (int s = 0; s < gen; ++s) {
+    auto t0 = Clock::now();
+    step();
+    ms.push_back(seconds_since(t0) * 1e3);
+    const StepStats& st = kv->last_step();
+    json::Value o2(json::Object{});
+    o2.set("ms", ms.back());
+    o2.set("split", st.split_total);
+    o2.set("split_source", st.split_source);
+    o2.set("h2d_bytes", st.h2d_bytes);
+    o2.set("d2h_bytes", st.d2h_bytes);
+    steps.push_back(o2);
+    h2d += static_cast<double>(st.h2d_bytes);
+    d2h += static_cast<double>(st.d2h_bytes);
+  }
+  // Two more steps with the tracer on: the trace file and the compute stream's busy fraction.
+  Tracer tracer;
+  be.synchronize();
+  be.set_tracer(&tracer);
+  double t_start = tracer.now_us();
+  step();
+  step();
+  be.synchronize();
+  double t_end = tracer.now_us();
+  be.set_tracer(nullptr);
+  double busy_us = 0;
+  json::Value doc = tracer.to_json();
+  std::string compute_tid;
+  for (const auto& e : doc.find("traceEvents")->as_array())
+    if (e.find("name")->as_string() == "thread_name" && e.find("args")->find("name")->as_string() == "compute")
+      compute_tid = std::to_string(e.find("tid")->as_int());
+  for (const auto& e : doc.find("traceEvents")->as_array())
+    if (e.find("ph")->as_string() == "X" && std::to_string(e.find("tid")->as_int()) == compute_tid)
+      busy_us += e.find("dur")->as_double();
+  if (!trace_path.empty()) tracer.write(trace_path);
+
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  double mean = 0;
+  for (double v : ms) mean += v;
+  mean /= std::max<size_t>(1, ms.size());
+  ModeResult r;
+  r.ms_per_step = sorted[sorted.size() / 2];
+  r.tokens = seqs;
+  json::Value j(json::Object{});
+  j.set("mode", kv_mode_name(mode));
+  j.set("prefill_s", prefill_s);
+  j.set("decode_ms_per_step_median", r.ms_per_step);
+  j.set("decode_ms_per_step_mean", mean);
+  j.set("decode_tokens_per_s", batch / (r.ms_per_step / 1e3));
+  j.set("h2d_bytes_per_step", h2d / gen);
+  j.set("d2h_bytes_per_step", d2h / gen);
+  j.set("compute_busy_fraction", std::min(1.0, busy_us / std::max(1.0, t_end - t_start)));
+  j.set("host_bytes_per_token", kv->host_bytes_per_token());
+  j.set("steps", std::move(steps));
+  if (!trace_path.empty()) j.set("trace", trace_path);
+  r.json = std::move(j);
+  return r;
+}
+
+std::string svg_chart(const json::Value& result) {
+  // Horizontal bars: decode ms/step per mode (and the peer), with the bound as a tick.
+  struct Bar {
+    std::string label;
+    double ms, bound;
+  };
+  std::vector<Bar> bars;
+  for (const auto& m : result.find("modes")->as_array())
+    bars.push_back({m.find("mode")->as_string(), m.find("decode_ms_per_step_median")->as_double(),
+                    m.find("bound_ms") ? m.find("bound_ms")->as_double() : 0});
+  if (const json::Value* p = result.find("peer"); p && p->find("decode_ms_per_step"))
+    bars.push_back({"HF offloaded", p->find("decode_ms_per_step")->as_double(), 0});
+  double mx = 1e-9;
+  for (const auto& b : bars) mx = std::max({mx, b.ms, b.bound});
+  const int W = 760, left = 130, bar_h = 26, top = 50;
+  const int H = top + static_cast<int>(bars.size()) * (bar_h + 12) + 40;
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"13\">\n";
+  o << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  std::string title = "decode ms/step (lower is better): " + result.find("title")->as_string();
+  std::string esc;
+  for (char ch : title) esc += ch == '&' ? std::string("&amp;") : ch == '<' ? std::string("&lt;") : std::string(1, ch);
+  o << "<text x=\"10\" y=\"24\" font-size=\"15\">" << esc << "</text>\n";
+  const double scale = (W - left - 90) / mx;
+  for (size_t i = 0; i < bars.size(); ++i) {
+    int y = top + static_cast<int>(i) * (bar_h + 12);
+    int w = std::max(1, static_cast<int>(bars[i].ms * scale));
+    o << "<text x=\"10\" y=\"" << y + 18 << "\">" << bars[i].label << "</text>\n";
+    o << "<rect x=\"" << left << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bar_h
+      << "\" fill=\"" << (bars[i].label == "kvpr" ? "#d9534f" : "#5b8def") << "\"/>\n";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f ms", bars[i].ms);
+    o << "<text x=\"" << left + w + 6 << "\" y=\"" << y + 18 << "\">" << buf << "</text>\n";
+    if (bars[i].bound > 0) {
+      int bx = left + static_cast<int>(bars[i].bound * scale);
+      o << "<line x1=\"" << bx << "\" y1=\"" << y - 3 << "\" x2=\"" << bx << "\" y2=\"" << y + bar_h + 3
+        << "\" stroke=\"black\" stroke-width=\"2\"/>\n";
+    }
+  }
+  o << "<text x=\"10\" y=\"" << H - 12 << "\" font-size=\"11\">black tick: bound from the measured profile "
+       "(max of link time at the best split and device time)</text>\n</svg>\n";
+  return o.str();
+}
+
+int cmd_decode(const std::vector<std::string>& args) {
+  std::string preset_name = "opt-6.7b", backend_name = "auto", json_out, svg_out, trace_dir, peer_file;
+  std::string modes_arg = "resident,offload,kvpr,recompute,cpu-attn", kv_dtype_name = "f16";
+  int batch = 32, prompt = 1024, gen = 32, host_threads = 0;
+  double link = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto val = [&]() -> std::string {
+      KVPR_CHECK(i + 1 < args.size(), args[i], " needs a value");
+      return args[++i];
+    };
+    const std::string& a = args[i];
+    if (a == "--preset") preset_name = val();
+    else if (a == "--backend") backend_name = val();
+    else if (a == "--batch") batch = std::stoi(val());
+    else if (a == "--prompt") prompt = std::stoi(val());
+    else if (a == "--gen") gen = std::stoi(val());
+    else if (a == "--modes") modes_arg = val();
+    else if (a == "--kv-dtype") kv_dtype_name = val();
+    else if (a == "--emulate-link-gbps") link = std::stod(val());
+    else if (a == "--host-attention-threads") host_threads = std::stoi(val());
+    else if (a == "--peer") peer_file = val();
+    else if (a == "--json") json_out = val();
+    else if (a == "--svg") svg_out = val();
+    else if (a == "--trace-dir") trace_dir = val();
+    else KVPR_THROW("unknown option '", a, "'");
+  }
+  KVPR_CHECK(batch > 0 && prompt > 0 && gen > 1, "batch and prompt must be positive and gen at least 2");
+  std::vector<KvMode> modes;
+  for (size_t p = 0; p <= modes_arg.size();) {
+    size_t q = modes_arg.find(',', p);
+    if (q == std::string::npos) q = modes_arg.size();
+    KvMode m;
+    KVPR_CHECK(parse_kv_mode(modes_arg.substr(p, q - p), &m), "unknown mode '", modes_arg.substr(p, q - p), "'");
+    modes.push_back(m);
+    p = q + 1;
+  }
+  DType kv_dtype;
+  KVPR_CHECK(parse_dtype(kv_dtype_name, &kv_dtype), "bad --kv-dtype");
+  auto be = create_backend(backend_name);
+  if (link > 0) {
+    auto* cpu = dynamic_cast<CpuBackend*>(be.get());
+    KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
+    cpu->set_emulated_link_gbps(link);
+  }
+  OptConfig cfg = preset(preset_name);
+  std::fprintf(stderr, "kvpr-bench decode: %s on %s, batch %d, prompt %d, %d new tokens\n", preset_name.c_str(),
+               be->name().c_str(), batch, prompt, gen);
+  auto t_init = Clock::now();
+  OptModel model(*be, cfg, DType::F16, 1234);
+  double init_s = seconds_since(t_init);
+
+  // The profile the scheduler uses, measured on this machine now.
+  ProfileOptions po;
+  po.transfer_bytes = be->device_is_host() ? (64ll << 20) : (256ll << 20);
+  LinkProfile prof = profile_backend(*be, model, model.kv_shape(), kv_dtype, po);
+  const double hbm = device_copy_gbps(*be, be->device_is_host() ? (128ll << 20) : (2ll << 30));
+  const double host_bw = host_copy_gbps(256ll << 20);
+  std::fprintf(stderr, "profile: H2D %.2f GB/s (alone %.2f), D2H %.2f GB/s, recompute %.2f us + %.4f us/token; "
+               "device copy %.1f GB/s, host copy %.1f GB/s\n", prof.h2d_gbps, prof.h2d_alone_gbps, prof.d2h_gbps,
+               prof.recompute_fixed_s * 1e6, prof.recompute_per_row_s * 1e6, hbm, host_bw);
+
+  KvRuntimeOptions base;
+  base.kv_dtype = kv_dtype;
+  base.profile = prof;
+  base.host_attention_threads = host_threads;
+  base.adapt = true;
+
+  json::Value result(json::Object{});
+  char title[160];
+  std::snprintf(title, sizeof title, "%s, batch %d, prompt %d, %d tokens, %s", preset_name.c_str(), batch, prompt,
+                gen, be->name().c_str());
+  result.set("title", title);
+  result.set("benchmark", "decode");
+  result.set("device", be->name());
+  result.set("preset", preset_name);
+  result.set("batch", batch);
+  result.set("prompt", prompt);
+  result.set("gen", gen);
+  result.set("kv_dtype", dtype_name(kv_dtype));
+  result.set("weight_bytes", static_cast<int64_t>(model.weight_bytes()));
+  result.set("model_init_s", init_s);
+  result.set("profile", prof.to_json());
+  result.set("device_copy_gbps", hbm);
+  result.set("host_copy_gbps", host_bw);
+
+  json::Array out_modes;
+  std::vector<std::vector<int32_t>> ref_tokens;
+  double resident_ms = -1;
+  std::map<std::string, double> ms_of;
+  for (KvMode m : modes) {
+    std::string trace = trace_dir.empty() ? "" : trace_dir + "/trace-" + kv_mode_name(m) + ".json";
+    std::fprintf(stderr, "  %-9s ...", kv_mode_name(m));
+    ModeResult r = run_mode(*be, model, m, base, batch, prompt, gen, trace);
+    std::fprintf(stderr, " %8.2f ms/step\n", r.ms_per_step);
+    if (m == KvMode::Resident) resident_ms = r.ms_per_step;
+    if (ref_tokens.empty()) ref_tokens = r.tokens;
+    int64_t same = 0, total = 0;
+    for (size_t b = 0; b < r.tokens.size(); ++b)
+      for (size_t t = prompt; t < r.tokens[b].size() && t < ref_tokens[b].size(); ++t, ++total)
+        same += r.tokens[b][t] == ref_tokens[b][t];
+    r.json.set("tokens_equal_to_first_mode", total ? static_cast<double>(same) / total : 1.0);
+    ms_of[kv_mode_name(m)] = r.ms_per_step;
+    out_modes.push_back(std::move(r.json));
+  }
+
+  // Bounds from first principles, per decode step: bytes over the measured bandwidths and
+  // the device time (the resident step, which moves nothing).
+  const OptConfig& c = model.config();
+  const double L = static_cast<double>(c.num_layers);
+  const double es = static_cast<double>(dtype_size(kv_dtype));
+  const double kv_tok = 2.0 * c.hidden_size * es, x_tok = c.hidden_size * es;
+  const double S = static_cast<double>(batch) * (prompt + gen / 2.0);  // mean cached tokens per layer
+  const double v = prof.h2d_gbps * 1e9;
+  const double dev = resident_ms > 0 ? resident_ms / 1e3 : 0;
+  auto recompute_s = [&](double l) { return l > 0 ? L * (prof.recompute_fixed_s + prof.recompute_per_row_s * l) : 0; };
+  double best_l = 0, kvpr_bound = 1e30;
+  for (double l = 0; l <= S; l += 16) {
+    double t = std::max(L * (l * x_tok + (S - l) * kv_tok) / v, dev + recompute_s(l));
+    if (t < kvpr_bound) kvpr_bound = t, best_l = l;
+  }
+  for (auto& mj : out_modes) {
+    const std::string name = mj.find("mode")->as_string();
+    double bound = 0;
+    if (name == "resident") bound = (static_cast<double>(model.weight_bytes()) + L * S * kv_tok) / (hbm / 2 * 1e9);
+    else if (name == "offload") bound = std::max(L * S * kv_tok / v, dev);
+    else if (name == "kvpr") bound = kvpr_bound;
+    else if (name == "recompute") bound = std::max(L * S * x_tok / v, dev + recompute_s(S));
+    else if (name == "cpu-attn") bound = std::max(L * S * kv_tok / (host_bw / 2 * 1e9), dev);
+    mj.set("bound_ms", bound * 1e3);
+    mj.set("over_bound", mj.find("decode_ms_per_step_median")->as_double() / (bound * 1e3));
+  }
+  result.set("kvpr_best_split_from_profile", best_l);
+  result.set("modes", std::move(out_modes));
+  json::Value ratios(json::Object{});
+  if (ms_of.count("kvpr") && ms_of.count("offload")) ratios.set("kvpr_speedup_over_offload", ms_of["offload"] / ms_of["kvpr"]);
+  if (ms_of.count("kvpr") && ms_of.count("cpu-attn")) ratios.set("kvpr_speedup_over_cpu_attn", ms_of["cpu-attn"] / ms_of["kvpr"]);
+  if (!peer_file.empty()) {
+    json::Value peer = json::parse_file(peer_file);
+    result.set("peer", peer);
+    if (const json::Value* p = peer.find("decode_ms_per_step"); p && ms_of.count("kvpr"))
+      ratios.set("kvpr_speedup_over_hf_offloaded", p->as_double() / ms_of["kvpr"]);
+  }
+  result.set("ratios", std::move(ratios));
+
+  // The table, printed last.
+  std::printf("\n%-10s %12s %12s %10s %12s %8s %10s\n", "mode", "ms/step", "tokens/s", "split", "H2D MB/step",
+              "busy", "x bound");
+  for (const auto& mj : result.find("modes")->as_array()) {
+    const auto& steps = mj.find("steps")->as_array();
+    std::printf("%-10s %12.2f %12.1f %10lld %12.1f %8.2f %10.2f\n", mj.find("mode")->as_string().c_str(),
+                mj.find("decode_ms_per_step_median")->as_double(), mj.find("decode_tokens_per_s")->as_double(),
+                static_cast<long long>(steps.back().find("split")->as_int()),
+                mj.find("h2d_bytes_per_step")->as_double() / 1e6, mj.find("compute_busy_fraction")->as_double(),
+                mj.find("over_bound")->as_double());
+  }
+  for (const auto& [k, val] : result.find("ratios")->as_object()) std::printf("%s: %.2f\n", k.c_str(), val.as_double());
+  if (!json_out.empty()) {
+    std::ofstream o(json_out);
+    o << result.dump() << "\n";
+    KVPR_CHECK(o.good(), json_out, ": cannot write");
+  }
+  if (!svg_out.empty()) {
+    std::ofstream o(svg_out);
+    o << svg_chart(result);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + std::min(argc, 2), argv + argc);
   try {
     if (argc >= 2 && std::string(argv[1]) == "cpu") return cmd_cpu(args);
-    std::fprintf(stderr, "usage: kvpr-bench cpu [--json FILE] [--quick]\n");
+    if (argc >= 2 && std::string(argv[1]) == "decode") return cmd_decode(args);
+    std::fprintf(stderr, "usage: kvpr-bench cpu [--json FILE] [--quick]\n"
+                         "       kvpr-bench decode [--preset P] [--batch B] [--prompt P] [--gen N] [--modes M,...]\n"
+                         "                         [--backend B] [--kv-dtype D] [--emulate-link-gbps G] [--peer F]\n"
+                         "                         [--json F] [--svg F] [--trace-dir D]\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvpr-bench: error: %s\n", e.what());

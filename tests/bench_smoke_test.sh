@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# kvpr-bench decode on a tiny model on the CPU backend: every mode runs, gives the same greedy
+# tokens (fp32 KV), and the JSON, chart and traces are written.
+set -eu
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$KVPR_BENCH" decode --preset tiny --backend cpu --batch 3 --prompt 40 --gen 4 --kv-dtype f32 \
+  --emulate-link-gbps 1 --json "$tmp/d.json" --svg "$tmp/d.svg" --trace-dir "$tmp" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+python3 - "$tmp" <<'PY'
+import json, sys, os, xml.dom.minidom
+d = sys.argv[1]
+r = json.load(open(os.path.join(d, 'd.json')))
+modes = {m['mode']: m for m in r['modes']}
+assert set(modes) == {'resident', 'offload', 'kvpr', 'recompute', 'cpu-attn'}, modes.keys()
+for name, m in modes.items():
+    assert m['tokens_equal_to_first_mode'] == 1.0, (name, m['tokens_equal_to_first_mode'])
+    assert len(m['steps']) == 4 and m['bound_ms'] > 0 and 0 <= m['compute_busy_fraction'] <= 1, name
+    json.load(open(os.path.join(d, 'trace-%s.json' % name)))
+assert modes['resident']['h2d_bytes_per_step'] == 0
+assert modes['offload']['h2d_bytes_per_step'] > modes['recompute']['h2d_bytes_per_step'] > 0
+assert r['profile']['h2d_gbps'] > 0 and 'kvpr_speedup_over_offload' in r['ratios']
+xml.dom.minidom.parse(os.path.join(d, 'd.svg'))
+print('bench smoke: 1 passed, 0 failed')
+PY
