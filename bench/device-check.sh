@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The device check: one prepared command for the lent H200 (see ../shared/device-notes.md).
+#
+#   here, once per session:   bench/prepare-device-carry.sh
+#   device tool run:          command "set -o pipefail; bash bench/device-check.sh 2>&1 | tee $OUT/log"
+#                             carry [".carry"], timeout_s 540
+#
+# nvidia-smi (GPU, driver, PCIe) -> build for sm_90 there -> GPU tests -> HF offloaded-cache
+# peer -> kvpr-bench decode (every mode) -> a smaller sweep if time allows. Everything lands
+# in $OUT: result.json (all numbers + hardware), decode.svg, traces.tar.gz, gtest.json, log.
+# Commit result.json as bench/results/<date>-h200-<commit>.json.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kvpr-device-check}
+mkdir -p "$OUT"
+# Overridable for a dry run on a machine without a GPU (CPU backend, tiny model).
+PRESET=${KVPR_CHECK_PRESET:-opt-6.7b}
+BATCH=${KVPR_CHECK_BATCH:-32}
+PROMPT=${KVPR_CHECK_PROMPT:-1024}
+GEN=${KVPR_CHECK_GEN:-32}
+SWEEP=${KVPR_CHECK_SWEEP:-1}
+JOBS=${KVPR_CHECK_JOBS:-16}
+start=$(date +%s)
+elapsed() { echo $(( $(date +%s) - start )); }
+say() { echo "== [$(elapsed)s] $*"; }
+
+say "hardware"
+nvidia-smi -q > "$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed"
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,clocks.max.sm --format=csv | tee "$OUT/gpu.csv"
+nproc; free -g | head -2
+
+say "build (sm_90)"
+GTEST=""
+[ -d .carry/googletest ] && GTEST="-DKVPR_GTEST_SOURCE=$PWD/.carry/googletest"
+cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPR_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DKVPR_WERROR=OFF $GTEST > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+ninja -C build-device -j "$JOBS" kvpr kvpr-bench $( [ -n "$GTEST" ] && echo kvpr_tests ) > "$OUT/build.log" 2>&1 \
+  || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+git rev-parse --short=12 HEAD 2>/dev/null > "$OUT/commit" || echo unknown > "$OUT/commit"
+
+if [ -n "$GTEST" ]; then
+  say "GPU tests"
+  KVPR_THREADS=16 timeout 240 build-device/tests/kvpr_tests --gtest_filter='*Cuda*:*KvModes*:*OptForward*' \
+      --gtest_output=json:"$OUT/gtest.json" 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|mismatch|OK \]" | tail -60
+else
+  say "GPU tests skipped: no .carry/googletest (run bench/prepare-device-carry.sh here first)"
+fi
+
+say "HF transformers offloaded-cache peer"
+PYTHONUNBUFFERED=1 timeout 200 python3 bench/hf_offload_peer.py --preset "$PRESET" --batch "$BATCH" --prompt "$PROMPT" --gen "$GEN" \
+    --out "$OUT/hf.json" 2>&1 | tail -5
+PEER=""
+[ -s "$OUT/hf.json" ] && PEER="--peer $OUT/hf.json"
+
+say "kvpr-bench decode, $PRESET shapes, batch $BATCH, prompt $PROMPT, $GEN tokens, every mode"
+mkdir -p "$OUT/traces"
+KVPR_THREADS=16 timeout 300 build-device/bench/kvpr-bench decode --preset "$PRESET" --batch "$BATCH" --prompt "$PROMPT" --gen "$GEN" \
+    $PEER --json "$OUT/decode.json" --svg "$OUT/decode.svg" --trace-dir "$OUT/traces"
+
+sweep=()
+for cfg in "8 1024" "64 1024" "32 128" "32 512"; do
+  [ "$SWEEP" = 1 ] || break
+  if [ "$(elapsed)" -gt 360 ]; then say "sweep: stopping, time is short"; break; fi
+  set -- $cfg
+  say "sweep: batch $1, prompt $2 (resident, offload, kvpr)"
+  KVPR_THREADS=16 timeout 90 build-device/bench/kvpr-bench decode --preset "$PRESET" --batch "$1" --prompt "$2" \
+      --gen 12 --modes resident,offload,kvpr --json "$OUT/sweep-$1-$2.json" > "$OUT/sweep-$1-$2.txt" 2>&1 \
+    && sweep+=("$OUT/sweep-$1-$2.json")
+  tail -6 "$OUT/sweep-$1-$2.txt"
+done
+
+say "collect"
+tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces 2>/dev/null && rm -rf "$OUT/traces"
+python3 - "$OUT" "${sweep[@]}" <<'PY'
+import json, os, sys, datetime
+out = sys.argv[1]
+def load(name):
+    p = os.path.join(out, name)
+    return json.load(open(p)) if os.path.exists(p) and os.path.getsize(p) else None
+def text(name):
+    p = os.path.join(out, name)
+    return open(p).read() if os.path.exists(p) else ''
+smi = text('nvidia-smi.txt')
+def field(key):
+    for line in smi.splitlines():
+        if line.strip().startswith(key):
+            return line.split(':', 1)[1].strip()
+    return None
+gpu = {}
+rows = [r.strip() for r in text('gpu.csv').splitlines() if r.strip()]
+if len(rows) >= 2:
+    gpu = dict(zip([h.strip() for h in rows[0].split(',')], [v.strip() for v in rows[1].split(',')]))
+gtest = load('gtest.json')
+result = {
+    'date': datetime.datetime.utcnow().strftime('%Y-%m-%dT%H:%M:%SZ'),
+    'commit': text('commit').strip(),
+    'hardware': {'gpu': gpu, 'driver': field('Driver Version'), 'cuda': field('CUDA Version'),
+                 'cpus': os.cpu_count(),
+                 'memory_bytes': next((int(l.split()[1]) * 1024 for l in open('/proc/meminfo') if l.startswith('MemTotal')), 0)},
+    'gpu_tests': None if not gtest else {
+        'tests': gtest.get('tests'), 'failures': gtest.get('failures'),
+        'failed': [t['name'] for s in gtest.get('testsuites', []) for t in s.get('testsuite', []) if t.get('failures')]},
+    'hf_peer': load('hf.json'),
+    'decode': load('decode.json'),
+    'sweep': [json.load(open(p)) for p in sys.argv[2:] if os.path.exists(p)],
+}
+for s in result['sweep']:
+    for m in s.get('modes', []):
+        m.pop('steps', None)
+json.dump(result, open(os.path.join(out, 'result.json'), 'w'), indent=1)
+d = result['decode']
+if d:
+    print('%-10s %10s %10s %8s' % ('mode', 'ms/step', 'bound ms', 'x bound'))
+    for m in d['modes']:
+        print('%-10s %10.2f %10.2f %8.2f' % (m['mode'], m['decode_ms_per_step_median'], m['bound_ms'], m['over_bound']))
+    print(json.dumps(d.get('ratios', {})))
+for s in result['sweep']:
+    print('sweep b=%d p=%d: %s' % (s['batch'], s['prompt'], json.dumps(s.get('ratios', {}))))
+PY
+# At most 8 files come back from the device: keep log, result.json, decode.svg, traces.tar.gz.
+if [ -s "$OUT/result.json" ]; then
+  rm -f "$OUT"/{cmake.log,build.log,commit,gpu.csv,gtest.json,hf.json,decode.json,nvidia-smi.txt} "$OUT"/sweep-*
+fi
+ls "$OUT"
+say "done"
