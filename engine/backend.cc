@@ -26,6 +26,14 @@ bool cuda_available() {
 #endif
 }
 
+int visible_cuda_devices() {
+#ifdef KVPR_HAVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
 std::unique_ptr<Backend> create_backend(const std::string& name, int device) {
   if (name == "cpu") return std::make_unique<CpuBackend>();
   if (name == "cuda" || name == "auto") {

@@ -132,5 +132,7 @@ std::unique_ptr<Backend> create_backend(const std::string& name, int device = 0)
 
 // Whether this build includes the CUDA backend and a device is visible.
 bool cuda_available();
+// Number of visible CUDA devices (0 without the CUDA backend, a driver or a device).
+int visible_cuda_devices();
 
 }  // namespace kvpr

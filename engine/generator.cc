@@ -73,6 +73,12 @@ void Generator::cancel(uint64_t id) {
     if (s->id == id) s->cancelled = true;
 }
 
+int64_t Generator::cached_tokens() const {
+  int64_t n = 0;
+  for (const auto& s : running_) n += s->past_len;
+  return n;
+}
+
 SequenceResult Generator::take_result(uint64_t id) {
   auto it = done_.find(id);
   KVPR_CHECK(it != done_.end(), "sequence ", id, " has not finished");

@@ -70,6 +70,8 @@ class Generator {
 
   bool idle() const { return waiting_.empty() && running_.empty(); }
   size_t running() const { return running_.size(); }
+  // Tokens whose K/V the running sequences hold (host KV in use = this x bytes per token).
+  int64_t cached_tokens() const;
   size_t waiting() const { return waiting_.size(); }
   int64_t max_seq_len() const { return max_seq_len_; }
   KvRuntime& kv_runtime() { return *runtime_; }

@@ -1,0 +1,170 @@
+#include "daemon/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include "engine/error.h"
+
+namespace kvpr {
+
+namespace {
+
+struct Option {
+  const char* name;
+  const char* help;
+  std::function<void(DaemonConfig&, const std::string&)> set;
+};
+
+int to_int(const std::string& k, const std::string& v) {
+  try {
+    size_t used = 0;
+    long long x = std::stoll(v, &used);
+    if (used != v.size()) throw std::invalid_argument(v);
+    return static_cast<int>(x);
+  } catch (const std::exception&) {
+    KVPR_THROW(k, ": '", v, "' is not an integer");
+  }
+}
+double to_double(const std::string& k, const std::string& v) {
+  try {
+    size_t used = 0;
+    double x = std::stod(v, &used);
+    if (used != v.size()) throw std::invalid_argument(v);
+    return x;
+  } catch (const std::exception&) {
+    KVPR_THROW(k, ": '", v, "' is not a number");
+  }
+}
+
+const std::vector<Option>& options() {
+  static const std::vector<Option> o = {
+      {"model", "model directory (Hugging Face OPT checkpoint) [required]", [](DaemonConfig& c, const std::string& v) { c.model = v; }},
+      {"host", "address to listen on [127.0.0.1]", [](DaemonConfig& c, const std::string& v) { c.host = v; }},
+      {"port", "TCP port [8000]", [](DaemonConfig& c, const std::string& v) { c.port = to_int("port", v); }},
+      {"served-model-name", "model name in the API [the model directory's name]",
+       [](DaemonConfig& c, const std::string& v) { c.served_model_name = v; }},
+      {"backend", "auto, cpu or cuda [auto: cuda when a GPU is visible]", [](DaemonConfig& c, const std::string& v) { c.backend = v; }},
+      {"gpus", "cuda: all or a list like 0,2 [all]", [](DaemonConfig& c, const std::string& v) { c.gpus = v; }},
+      {"workers", "cpu: number of CPU workers [1]", [](DaemonConfig& c, const std::string& v) { c.workers = to_int("workers", v); }},
+      {"max-batch", "sequences per worker step [8]", [](DaemonConfig& c, const std::string& v) { c.max_batch = to_int("max-batch", v); }},
+      {"max-seq-len", "context length [the model's]", [](DaemonConfig& c, const std::string& v) { c.max_seq_len = to_int("max-seq-len", v); }},
+      {"kv-mode", "resident, offload, kvpr, recompute or cpu-attn [resident]", [](DaemonConfig& c, const std::string& v) { c.kv_mode = v; }},
+      {"split", "kvpr: force the split l [scheduler]", [](DaemonConfig& c, const std::string& v) { c.split = to_int("split", v); }},
+      {"kv-dtype", "f32, f16 or bf16 [the weights']", [](DaemonConfig& c, const std::string& v) { c.kv_dtype = v; }},
+      {"activation-cap", "tokens per sequence whose X is kept [all]",
+       [](DaemonConfig& c, const std::string& v) { c.activation_cap = to_int("activation-cap", v); }},
+      {"profile", "saved link profile (kvpr profile --save) [measured at start]", [](DaemonConfig& c, const std::string& v) { c.profile = v; }},
+      {"host-attention-threads", "cpu-attn: host attention threads [all]",
+       [](DaemonConfig& c, const std::string& v) { c.host_attention_threads = to_int("host-attention-threads", v); }},
+      {"max-queue", "requests waiting or running before 429 [256]", [](DaemonConfig& c, const std::string& v) { c.max_queue = to_int("max-queue", v); }},
+      {"max-body-bytes", "largest request body, else 413 [1048576]",
+       [](DaemonConfig& c, const std::string& v) { c.max_body_bytes = to_int("max-body-bytes", v); }},
+      {"drain-timeout", "seconds to finish in-flight requests on SIGTERM [30]",
+       [](DaemonConfig& c, const std::string& v) { c.drain_timeout_s = to_double("drain-timeout", v); }},
+      {"chat-template", "auto, plain, opt or llama-2 [auto]", [](DaemonConfig& c, const std::string& v) { c.chat_template = v; }},
+      {"worker-binary", "path of kvpr-worker [next to kvprd]", [](DaemonConfig& c, const std::string& v) { c.worker_binary = v; }},
+      {"log-level", "trace, debug, info, warn or error [info]", [](DaemonConfig& c, const std::string& v) { c.log_level = v; }},
+  };
+  return o;
+}
+
+void apply(DaemonConfig& c, const std::string& key, const std::string& value, const std::string& where) {
+  for (const auto& o : options())
+    if (key == o.name) {
+      try {
+        o.set(c, value);
+      } catch (const Error& e) {
+        KVPR_THROW(where, e.what());
+      }
+      return;
+    }
+  KVPR_THROW(where, "unknown option '", key, "'");
+}
+
+std::string trim(std::string s) {
+  const char* ws = " \t\r\n";
+  s.erase(0, s.find_first_not_of(ws));
+  s.erase(s.find_last_not_of(ws) + 1);
+  return s;
+}
+
+void read_file(DaemonConfig& c, const std::string& path) {
+  std::ifstream f(path);
+  KVPR_CHECK(f, path, ": cannot open");
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) {
+    ++n;
+    line = trim(line.substr(0, line.find('#')));
+    if (line.empty()) continue;
+    size_t eq = line.find('=');
+    KVPR_CHECK(eq != std::string::npos, path, ":", n, ": expected 'key = value'");
+    apply(c, trim(line.substr(0, eq)), trim(line.substr(eq + 1)), path + ":" + std::to_string(n) + ": ");
+  }
+  c.config_file = path;
+}
+
+}  // namespace
+
+std::string daemon_help() {
+  std::string s =
+      "usage: kvprd --model DIR [options]\n\n"
+      "Serves an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,\n"
+      "/health, /metrics, /tokenize, /detokenize) with one worker process per GPU, or N CPU workers.\n\n"
+      "options (each also a 'key = value' line of the config file):\n";
+  for (const auto& o : options()) {
+    std::string name = std::string("  --") + o.name + " V";
+    name.resize(std::max<size_t>(name.size() + 1, 30), ' ');
+    s += name + o.help + "\n";
+  }
+  s += "  --config FILE                config file [/etc/kvprd/kvprd.conf if it exists]\n"
+       "  --help                       this text\n";
+  return s;
+}
+
+DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
+  *show_help = false;
+  std::string config_path;
+  bool explicit_config = false;
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      *show_help = true;
+      continue;
+    }
+    KVPR_CHECK(a.rfind("--", 0) == 0, "unexpected argument '", a, "'");
+    std::string key = a.substr(2), value;
+    if (size_t eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else {
+      KVPR_CHECK(i + 1 < argc, "--", key, " needs a value");
+      value = argv[++i];
+    }
+    if (key == "config") {
+      config_path = value;
+      explicit_config = true;
+    } else {
+      flags.emplace_back(key, value);
+    }
+  }
+  DaemonConfig c;
+  if (!explicit_config && std::filesystem::exists("/etc/kvprd/kvprd.conf")) config_path = "/etc/kvprd/kvprd.conf";
+  if (!config_path.empty()) read_file(c, config_path);
+  for (const auto& [k, v] : flags) apply(c, k, v, "");
+  if (*show_help) return c;
+  KVPR_CHECK(!c.model.empty(), "--model is required (see kvprd --help)");
+  KVPR_CHECK(c.port > 0 && c.port < 65536, "port must be in 1..65535");
+  KVPR_CHECK(c.workers >= 1 && c.workers <= 256, "workers must be in 1..256");
+  KVPR_CHECK(c.max_batch >= 1, "max-batch must be >= 1");
+  KVPR_CHECK(c.max_queue >= 1, "max-queue must be >= 1");
+  KVPR_CHECK(c.backend == "auto" || c.backend == "cpu" || c.backend == "cuda", "backend must be auto, cpu or cuda");
+  if (c.served_model_name.empty()) c.served_model_name = std::filesystem::path(c.model).filename().string();
+  if (c.served_model_name.empty()) c.served_model_name = std::filesystem::path(c.model).parent_path().filename().string();
+  return c;
+}
+
+}  // namespace kvpr

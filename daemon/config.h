@@ -1,0 +1,41 @@
+// kvprd's settings: every option is a command-line flag and a `key = value` line of the
+// config file (/etc/kvprd/kvprd.conf by default; flags win). See systemd/kvprd.conf.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvpr {
+
+struct DaemonConfig {
+  std::string model;                 // model directory (required)
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;     // default: the model directory's name
+  std::string backend = "auto";      // auto: cuda when a GPU is visible, else cpu
+  std::string gpus = "all";          // cuda: "all" or "0,2"
+  int workers = 1;                   // cpu: number of CPU workers
+  int max_batch = 8;                 // sequences per worker step
+  int64_t max_seq_len = 0;           // 0: the model's context
+  std::string kv_mode = "resident";
+  int64_t split = -1;                // kvpr: forced split, -1 = scheduler
+  std::string kv_dtype;              // default: the weights' dtype
+  int64_t activation_cap = -1;
+  std::string profile;               // saved link profile for the kvpr scheduler
+  int host_attention_threads = 0;
+  int max_queue = 256;               // requests waiting or running before 429
+  int64_t max_body_bytes = 1 << 20;  // larger request bodies get 413
+  double drain_timeout_s = 30;       // SIGTERM: time to finish in-flight requests
+  std::string chat_template = "auto";  // auto, plain, opt, llama-2
+  std::string worker_binary;         // default: kvpr-worker next to kvprd
+  std::string log_level = "info";
+  std::string config_file;           // the file that was read, if any
+};
+
+// Parses argv (and the config file named by --config, else /etc/kvprd/kvprd.conf when it
+// exists). Throws kvpr::Error with a one-line message on a bad flag or value.
+DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help);
+std::string daemon_help();
+
+}  // namespace kvpr

@@ -1,0 +1,133 @@
+// kvprd: the controller. Starts the workers, serves the HTTP API, supervises, notifies
+// systemd, and drains on SIGTERM.
+#include <signal.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/chat_template.h"
+#include "daemon/config.h"
+#include "daemon/server.h"
+#include "daemon/worker_pool.h"
+#include "engine/error.h"
+#include "engine/opt_config.h"
+#include "engine/tokenizer.h"
+
+namespace {
+
+std::string self_dir() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "." : p.parent_path().string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kvpr;
+  DaemonConfig cfg;
+  try {
+    bool help = false;
+    cfg = parse_daemon_config(argc, argv, &help);
+    if (help) {
+      std::fputs(daemon_help().c_str(), stdout);
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvprd: %s\n", e.what());
+    return 2;
+  }
+  auto logger = spdlog::stderr_color_mt("kvprd");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(cfg.log_level));
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  ::signal(SIGPIPE, SIG_IGN);
+
+  try {
+    if (!cfg.config_file.empty()) spdlog::info("config file {}", cfg.config_file);
+    OptConfig model_cfg = OptConfig::load(cfg.model);
+    Tokenizer tok = Tokenizer::load(cfg.model);
+    int64_t ctx = cfg.max_seq_len > 0 ? std::min(cfg.max_seq_len, model_cfg.max_position_embeddings)
+                                      : model_cfg.max_position_embeddings;
+    std::string tmpl = cfg.chat_template == "auto" ? "plain" : cfg.chat_template;
+    KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, plain, opt, llama-2)");
+    std::string worker = cfg.worker_binary.empty() ? self_dir() + "/kvpr-worker" : cfg.worker_binary;
+    if (!std::filesystem::exists(worker)) {
+      std::string installed = self_dir() + "/../worker/kvpr-worker";  // build tree layout
+      KVPR_CHECK(std::filesystem::exists(installed), "worker binary not found: ", worker, " (set --worker-binary)");
+      worker = installed;
+    }
+
+    boost::asio::io_context io;
+    WorkerPool pool(io, cfg, worker);
+    Server server(io, cfg, pool, tok, ctx, tmpl);
+    server.listen();
+    spdlog::info("kvprd listening on http://{}:{} serving '{}' ({} layers, context {}, kv mode {})", cfg.host, cfg.port,
+                 cfg.served_model_name, model_cfg.num_layers, ctx, cfg.kv_mode);
+    pool.on_all_ready([&] {
+      spdlog::info("all workers ready");
+      sd_notify(0, "READY=1\nSTATUS=serving");
+    });
+    pool.start();
+
+    // systemd watchdog: ping at half the interval while the io loop is alive.
+    uint64_t watchdog_usec = 0;
+    boost::asio::steady_timer watchdog(io);
+    std::function<void()> ping;
+    if (sd_watchdog_enabled(0, &watchdog_usec) > 0) {
+      ping = [&] {
+        sd_notify(0, "WATCHDOG=1");
+        watchdog.expires_after(std::chrono::microseconds(watchdog_usec / 2));
+        watchdog.async_wait([&](const boost::system::error_code& ec) {
+          if (!ec) ping();
+        });
+      };
+      ping();
+    }
+
+    // SIGTERM / SIGINT: stop taking requests, finish in-flight ones up to the drain timeout.
+    boost::asio::signal_set signals(io, SIGTERM, SIGINT);
+    boost::asio::steady_timer drain_timer(io);
+    auto deadline = std::chrono::steady_clock::now();
+    std::function<void()> check_drained = [&] {
+      if (server.in_flight_requests() == 0 || std::chrono::steady_clock::now() >= deadline) {
+        if (server.in_flight_requests() > 0)
+          spdlog::warn("drain timeout: {} request(s) still running are abandoned", server.in_flight_requests());
+        server.close();
+        pool.stop();
+        watchdog.cancel();
+        io.stop();
+        return;
+      }
+      drain_timer.expires_after(std::chrono::milliseconds(50));
+      drain_timer.async_wait([&](const boost::system::error_code& ec) {
+        if (!ec) check_drained();
+      });
+    };
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      spdlog::info("signal {}: draining ({} request(s) in flight, timeout {}s)", sig, server.in_flight_requests(),
+                   cfg.drain_timeout_s);
+      sd_notify(0, "STOPPING=1");
+      server.begin_drain();
+      deadline = std::chrono::steady_clock::now() +
+                 std::chrono::milliseconds(static_cast<int64_t>(cfg.drain_timeout_s * 1000));
+      check_drained();
+    });
+    io.run();
+    spdlog::info("kvprd stopped");
+    return 0;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    std::fprintf(stderr, "kvprd: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,861 @@
+#include "daemon/server.h"
+
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/json.hpp>
+#include <chrono>
+#include <deque>
+#include <random>
+
+#include <spdlog/spdlog.h>
+
+#include "daemon/chat_template.h"
+#include "daemon/metrics.h"
+#include "engine/error.h"
+
+namespace kvpr {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace bj = boost::json;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+// ------------------------------------------------------------------ errors
+
+// An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError {
+  int status;
+  std::string message;
+  std::string type;
+  std::string param;
+};
+
+ApiError bad_request(std::string msg, std::string param = "") {
+  return {400, std::move(msg), "invalid_request_error", std::move(param)};
+}
+
+bj::value error_body(const ApiError& e) {
+  bj::object err;
+  err["message"] = e.message;
+  err["type"] = e.type;
+  err["param"] = e.param.empty() ? bj::value(nullptr) : bj::value(e.param);
+  err["code"] = e.status;
+  return bj::object{{"error", err}};
+}
+
+// ------------------------------------------------------------------ state
+
+struct Server::State {
+  net::io_context& io;
+  DaemonConfig cfg;
+  WorkerPool& pool;
+  const Tokenizer& tok;
+  int64_t max_model_len;
+  std::string chat_template;
+  tcp::acceptor acceptor;
+  DaemonMetrics metrics;
+  bool draining = false;
+  int64_t active_requests = 0;  // HTTP requests being generated
+  int64_t engine_in_flight = 0; // engine requests (choices) not finished
+  uint64_t next_engine_id = 1;
+  std::mt19937_64 rng{std::random_device{}()};
+  int64_t created_unix = 0;
+  State(net::io_context& i, const DaemonConfig& c, WorkerPool& p, const Tokenizer& t, int64_t m, std::string ct)
+      : io(i), cfg(c), pool(p), tok(t), max_model_len(m), chat_template(std::move(ct)), acceptor(i) {}
+
+  std::string new_id(const char* prefix) {
+    static const char* hex = "0123456789abcdef";
+    std::string s = prefix;
+    uint64_t a = rng(), b = rng();
+    for (int i = 0; i < 16; ++i) s += hex[(a >> (4 * i)) & 15];
+    for (int i = 0; i < 8; ++i) s += hex[(b >> (4 * i)) & 15];
+    return s;
+  }
+};
+
+// ------------------------------------------------------------------ request parsing
+
+namespace {
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+const bj::value* field(const bj::object& o, const char* k) {
+  auto it = o.find(k);
+  return it == o.end() || it->value().is_null() ? nullptr : &it->value();
+}
+
+double number_of(const bj::value& v, const char* name) {
+  if (v.is_int64()) return static_cast<double>(v.as_int64());
+  if (v.is_uint64()) return static_cast<double>(v.as_uint64());
+  if (v.is_double()) return v.as_double();
+  throw bad_request(std::string("'") + name + "' must be a number", name);
+}
+
+int64_t int_of(const bj::value& v, const char* name) {
+  if (v.is_int64()) return v.as_int64();
+  if (v.is_uint64() && v.as_uint64() < (1ull << 62)) return static_cast<int64_t>(v.as_uint64());
+  if (v.is_double() && v.as_double() == static_cast<double>(static_cast<int64_t>(v.as_double())))
+    return static_cast<int64_t>(v.as_double());
+  throw bad_request(std::string("'") + name + "' must be an integer", name);
+}
+
+bool bool_of(const bj::value& v, const char* name) {
+  if (!v.is_bool()) throw bad_request(std::string("'") + name + "' must be a boolean", name);
+  return v.as_bool();
+}
+
+struct Sampling {
+  int64_t max_tokens = 16;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  std::optional<int64_t> seed;
+  std::vector<std::string> stop;
+  int64_t n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  bool logprobs = false;
+  bool echo = false;
+  bool ignore_eos = false;
+};
+
+Sampling parse_sampling(const bj::object& o, bool chat) {
+  Sampling s;
+  if (auto v = field(o, "max_tokens")) s.max_tokens = int_of(*v, "max_tokens");
+  if (chat)
+    if (auto v = field(o, "max_completion_tokens")) s.max_tokens = int_of(*v, "max_completion_tokens");
+  if (s.max_tokens < 0) throw bad_request("'max_tokens' must be >= 0", "max_tokens");
+  if (auto v = field(o, "temperature")) s.temperature = number_of(*v, "temperature");
+  if (!(s.temperature >= 0 && s.temperature <= 2)) throw bad_request("'temperature' must be in [0, 2]", "temperature");
+  if (auto v = field(o, "top_p")) s.top_p = number_of(*v, "top_p");
+  if (!(s.top_p > 0 && s.top_p <= 1)) throw bad_request("'top_p' must be in (0, 1]", "top_p");
+  if (auto v = field(o, "top_k")) s.top_k = int_of(*v, "top_k");
+  if (s.top_k < -1) throw bad_request("'top_k' must be -1 (off), 0 (off) or positive", "top_k");
+  if (s.top_k < 0) s.top_k = 0;
+  if (auto v = field(o, "seed")) s.seed = int_of(*v, "seed");
+  if (auto v = field(o, "n")) s.n = int_of(*v, "n");
+  if (s.n < 1 || s.n > 16) throw bad_request("'n' must be in 1..16", "n");
+  if (auto v = field(o, "stream")) s.stream = bool_of(*v, "stream");
+  if (auto v = field(o, "stream_options")) {
+    if (!v->is_object()) throw bad_request("'stream_options' must be an object", "stream_options");
+    if (!s.stream) throw bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    if (auto u = field(v->as_object(), "include_usage")) s.include_usage = bool_of(*u, "stream_options.include_usage");
+  }
+  if (auto v = field(o, "stop")) {
+    if (v->is_string()) {
+      s.stop.emplace_back(v->as_string());
+    } else if (v->is_array()) {
+      for (const auto& e : v->as_array()) {
+        if (!e.is_string()) throw bad_request("'stop' must be a string or a list of strings", "stop");
+        s.stop.emplace_back(e.as_string());
+      }
+      if (s.stop.size() > 4) throw bad_request("'stop' holds at most 4 strings", "stop");
+    } else {
+      throw bad_request("'stop' must be a string or a list of strings", "stop");
+    }
+    for (const auto& st : s.stop)
+      if (st.empty()) throw bad_request("'stop' strings must not be empty", "stop");
+  }
+  if (auto v = field(o, "logprobs")) {
+    if (chat) {
+      s.logprobs = bool_of(*v, "logprobs");
+    } else {
+      int64_t k = int_of(*v, "logprobs");
+      if (k < 0 || k > 5) throw bad_request("'logprobs' must be in 0..5", "logprobs");
+      s.logprobs = true;
+    }
+  }
+  if (!chat)
+    if (auto v = field(o, "echo")) s.echo = bool_of(*v, "echo");
+  if (auto v = field(o, "ignore_eos")) s.ignore_eos = bool_of(*v, "ignore_eos");
+  if (auto v = field(o, "user"); v && !v->is_string()) throw bad_request("'user' must be a string", "user");
+  return s;
+}
+
+bj::value usage_json(int64_t prompt, int64_t completion) {
+  return bj::object{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ a generation job
+
+// One HTTP request's generations: n choices for each prompt, each an engine request.
+struct Job {
+  struct Choice {
+    uint64_t engine_id = 0;
+    std::vector<int32_t> prompt;
+    std::string echo_text;
+    std::string text;
+    std::vector<int32_t> tokens;
+    std::vector<double> logprobs;
+    std::string finish;
+    bool done = false;
+    bool sent_role = false;
+  };
+  bool chat = false;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  Sampling s;
+  std::vector<Choice> choices;
+  int64_t remaining = 0;
+  std::string error;
+  Clock::time_point t0 = Clock::now(), last_token;
+  bool first_token_seen = false;
+};
+
+// ------------------------------------------------------------------ sessions
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket sock, std::shared_ptr<Server::State> st) : stream_(std::move(sock)), st_(std::move(st)) {}
+
+  void start() { do_read(); }
+
+ private:
+  // ---- reading and plain responses
+  void do_read() {
+    parser_.emplace();
+    parser_->body_limit(static_cast<uint64_t>(st_->cfg.max_body_bytes));
+    parser_->header_limit(64 * 1024);
+    buf_.clear();
+    stream_.expires_after(std::chrono::seconds(300));
+    http::async_read(stream_, buf_, *parser_, beast::bind_front_handler(&Session::on_read, shared_from_this()));
+  }
+
+  void on_read(beast::error_code ec, size_t) {
+    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::operation_aborted) return close();
+    if (ec == http::error::body_limit) {
+      keep_alive_ = false;
+      return send_error({413, "request body larger than " + std::to_string(st_->cfg.max_body_bytes) + " bytes",
+                         "invalid_request_error", ""});
+    }
+    if (ec) {
+      keep_alive_ = false;
+      return send_error(bad_request(std::string("malformed HTTP request: ") + ec.message()));
+    }
+    req_ = parser_->release();
+    keep_alive_ = req_.keep_alive();
+    stream_.expires_never();
+    try {
+      route();
+    } catch (const ApiError& e) {
+      send_error(e);
+    } catch (const std::exception& e) {
+      send_error({500, std::string("internal error: ") + e.what(), "server_error", ""});
+    }
+  }
+
+  void send_json(int status, const bj::value& body, std::vector<std::pair<std::string, std::string>> headers = {}) {
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), 11);
+    res->set(http::field::server, "kvprd");
+    res->set(http::field::content_type, "application/json");
+    for (auto& [k, v] : headers) res->set(k, v);
+    res->body() = bj::serialize(body) + "\n";
+    finish_response(res, status);
+  }
+
+  void send_text(int status, std::string body, const char* type) {
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), 11);
+    res->set(http::field::server, "kvprd");
+    res->set(http::field::content_type, type);
+    res->body() = std::move(body);
+    finish_response(res, status);
+  }
+
+  void finish_response(std::shared_ptr<http::response<http::string_body>> res, int status) {
+    st_->metrics.http_responses[status]++;
+    res->keep_alive(keep_alive_);
+    res->prepare_payload();
+    auto self = shared_from_this();
+    http::async_write(stream_, *res, [self, res](beast::error_code ec, size_t) {
+      if (ec || !self->keep_alive_) return self->close();
+      self->do_read();
+    });
+  }
+
+  void send_error(const ApiError& e) {
+    std::vector<std::pair<std::string, std::string>> h;
+    if (e.status == 429) h.emplace_back("Retry-After", "1");
+    if (e.status >= 500 || e.status == 429 || e.status == 413)
+      spdlog::warn("{} {} -> {} {}", std::string(req_.method_string()), std::string(req_.target()), e.status, e.message);
+    send_json(e.status, error_body(e), std::move(h));
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.socket().close(ec);
+    cancel_job();
+  }
+
+  // ---- routing
+  void route() {
+    std::string target(req_.target());
+    std::string path = target.substr(0, target.find('?'));
+    const bool get = req_.method() == http::verb::get, post = req_.method() == http::verb::post;
+    auto need = [&](bool ok) {
+      if (!ok) throw ApiError{405, "method " + std::string(req_.method_string()) + " not allowed on " + path,
+                              "invalid_request_error", ""};
+    };
+    if (path == "/health") return need(get), health();
+    if (path == "/metrics") return need(get), metrics();
+    if (path == "/v1/models") return need(get), models();
+    if (path == "/tokenize") return need(post), tokenize();
+    if (path == "/detokenize") return need(post), detokenize();
+    if (path == "/v1/completions") return need(post), generate(false);
+    if (path == "/v1/chat/completions") return need(post), generate(true);
+    throw ApiError{404, "no route " + path, "invalid_request_error", ""};
+  }
+
+  bj::object body_object() {
+    bj::error_code ec;
+    bj::value v = bj::parse(req_.body(), ec);
+    if (ec) throw bad_request("request body is not valid JSON: " + ec.message());
+    if (!v.is_object()) throw bad_request("request body must be a JSON object");
+    return std::move(v.as_object());
+  }
+
+  void check_model(const bj::object& o) {
+    const bj::value* m = field(o, "model");
+    if (!m) throw bad_request("'model' is required", "model");
+    if (!m->is_string()) throw bad_request("'model' must be a string", "model");
+    if (m->as_string() != st_->cfg.served_model_name)
+      throw ApiError{404, "model '" + std::string(m->as_string()) + "' does not exist; this server serves '" +
+                              st_->cfg.served_model_name + "'",
+                     "invalid_request_error", "model"};
+  }
+
+  void health() {
+    bj::array workers;
+    int ready = 0;
+    for (const auto& w : st_->pool.status()) {
+      bj::object o{{"index", w.index}, {"state", w.state}, {"pid", w.pid}, {"restarts", w.restarts},
+                   {"in_flight", w.in_flight}};
+      if (!w.last_error.empty()) o["last_error"] = w.last_error;
+      if (w.state == "ready") ++ready;
+      workers.push_back(std::move(o));
+    }
+    std::string status = st_->draining ? "draining" : ready == 0 ? "unavailable"
+                                                     : ready == static_cast<int>(workers.size()) ? "ok" : "degraded";
+    int code = (st_->draining || ready == 0) ? 503 : 200;
+    send_json(code, bj::object{{"status", status}, {"ready_workers", ready}, {"workers", std::move(workers)}});
+  }
+
+  void models() {
+    bj::object m{{"id", st_->cfg.served_model_name}, {"object", "model"}, {"created", st_->created_unix},
+                 {"owned_by", "kvpr"}, {"root", st_->cfg.model}, {"max_model_len", st_->max_model_len}};
+    send_json(200, bj::object{{"object", "list"}, {"data", bj::array{m}}});
+  }
+
+  void tokenize() {
+    bj::object o = body_object();
+    const bj::value* p = field(o, "prompt");
+    if (!p) p = field(o, "text");
+    if (!p || !p->is_string()) throw bad_request("'prompt' must be a string", "prompt");
+    bool special = true;
+    if (auto v = field(o, "add_special_tokens")) special = bool_of(*v, "add_special_tokens");
+    std::vector<int32_t> ids = st_->tok.encode(std::string(p->as_string()), special);
+    bj::array a;
+    for (int32_t t : ids) a.push_back(t);
+    send_json(200, bj::object{{"tokens", std::move(a)}, {"count", static_cast<int64_t>(ids.size())},
+                              {"max_model_len", st_->max_model_len}});
+  }
+
+  void detokenize() {
+    bj::object o = body_object();
+    const bj::value* t = field(o, "tokens");
+    if (!t || !t->is_array()) throw bad_request("'tokens' must be a list of token ids", "tokens");
+    std::vector<int32_t> ids;
+    for (const auto& e : t->as_array()) {
+      int64_t id = int_of(e, "tokens");
+      if (id < 0 || id >= st_->tok.size()) throw bad_request("token id " + std::to_string(id) + " is out of range", "tokens");
+      ids.push_back(static_cast<int32_t>(id));
+    }
+    send_json(200, bj::object{{"prompt", st_->tok.decode(ids)}});
+  }
+
+  void metrics() {
+    DaemonMetrics& m = st_->metrics;
+    std::string out;
+    auto gauge = [&](const std::string& name, const std::string& help, double v, const std::string& labels = "") {
+      out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + labels + " " + std::to_string(v) + "\n";
+    };
+    auto counter = [&](const std::string& name, const std::string& help, double v) {
+      out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " + std::to_string(v) + "\n";
+    };
+    int64_t running = 0, waiting = 0;
+    auto workers = st_->pool.status();
+    for (const auto& w : workers) {
+      if (const json::Value* r = w.stats.find("running")) running += r->as_int();
+      if (const json::Value* q = w.stats.find("waiting")) waiting += q->as_int();
+    }
+    gauge("kvpr_requests_running", "Sequences in a worker's running batch.", static_cast<double>(running));
+    gauge("kvpr_requests_waiting", "Sequences queued in workers or for admission.", static_cast<double>(waiting));
+    gauge("kvpr_http_requests_in_flight", "HTTP generation requests being served.", static_cast<double>(st_->active_requests));
+    counter("kvpr_prompt_tokens_total", "Prompt tokens processed.", static_cast<double>(m.prompt_tokens));
+    counter("kvpr_generation_tokens_total", "Tokens generated.", static_cast<double>(m.generation_tokens));
+    out += "# HELP kvpr_request_success_total Finished sequences by finish reason.\n# TYPE kvpr_request_success_total counter\n";
+    for (const char* r : {"stop", "length", "cancelled", "error"})
+      out += std::string("kvpr_request_success_total{finish_reason=\"") + r + "\"} " +
+             std::to_string(m.finished.count(r) ? m.finished[r] : 0) + "\n";
+    out += "# HELP kvpr_http_responses_total HTTP responses by status code.\n# TYPE kvpr_http_responses_total counter\n";
+    for (const auto& [code, n] : m.http_responses)
+      out += "kvpr_http_responses_total{code=\"" + std::to_string(code) + "\"} " + std::to_string(n) + "\n";
+    m.ttft.render(out, "kvpr_time_to_first_token_seconds", "Time to first token.");
+    m.itl.render(out, "kvpr_inter_token_latency_seconds", "Time between tokens of a sequence.");
+    m.e2e.render(out, "kvpr_e2e_request_latency_seconds", "End-to-end request latency.");
+    auto per_worker = [&](const char* name, const char* help, const char* key) {
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
+      for (const auto& w : workers) {
+        const json::Value* v = w.stats.find(key);
+        double x = v && v->is_number() ? v->as_double() : 0.0;
+        out += std::string(name) + "{worker=\"" + std::to_string(w.index) + "\"} " + std::to_string(x) + "\n";
+      }
+    };
+    per_worker("kvpr_worker_batch_size", "Sequences in the worker's batch.", "running");
+    per_worker("kvpr_worker_split", "Current split l (tokens recomputed per layer).", "split");
+    per_worker("kvpr_worker_h2d_gbps", "Measured host-to-device bandwidth.", "h2d_gbps");
+    per_worker("kvpr_worker_host_kv_bytes", "Host KV bytes in use.", "host_kv_bytes");
+    per_worker("kvpr_worker_busy_fraction", "Fraction of time the worker spent stepping.", "busy_fraction");
+    out += "# HELP kvpr_worker_up Worker ready (1) or not (0).\n# TYPE kvpr_worker_up gauge\n";
+    for (const auto& w : workers)
+      out += "kvpr_worker_up{worker=\"" + std::to_string(w.index) + "\"} " + (w.state == "ready" ? "1" : "0") + "\n";
+    out += "# HELP kvpr_worker_restarts_total Worker restarts.\n# TYPE kvpr_worker_restarts_total counter\n";
+    for (const auto& w : workers)
+      out += "kvpr_worker_restarts_total{worker=\"" + std::to_string(w.index) + "\"} " + std::to_string(w.restarts) + "\n";
+    send_text(200, std::move(out), "text/plain; version=0.0.4; charset=utf-8");
+  }
+
+  // ---- generation
+  std::vector<int32_t> tokens_of(const bj::value& v) {
+    std::vector<int32_t> ids;
+    for (const auto& e : v.as_array()) {
+      int64_t id = int_of(e, "prompt");
+      if (id < 0 || id >= st_->tok.size()) throw bad_request("token id " + std::to_string(id) + " is out of range", "prompt");
+      ids.push_back(static_cast<int32_t>(id));
+    }
+    return ids;
+  }
+
+  void generate(bool chat) {
+    if (st_->draining) throw ApiError{503, "the server is shutting down", "service_unavailable", ""};
+    if (st_->pool.ready_count() == 0) throw ApiError{503, "no worker is ready (loading or restarting)", "service_unavailable", ""};
+    bj::object o = body_object();
+    check_model(o);
+    auto job = std::make_shared<Job>();
+    job->chat = chat;
+    job->s = parse_sampling(o, chat);
+    job->id = st_->new_id(chat ? "chatcmpl-" : "cmpl-");
+    job->created = unix_now();
+    job->model = st_->cfg.served_model_name;
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::string> prompt_texts;
+    if (chat) {
+      const bj::value* msgs = field(o, "messages");
+      if (!msgs || !msgs->is_array() || msgs->as_array().empty())
+        throw bad_request("'messages' must be a non-empty list", "messages");
+      std::vector<ChatMessage> cm;
+      for (const auto& m : msgs->as_array()) {
+        if (!m.is_object()) throw bad_request("each message must be an object", "messages");
+        const bj::value* role = field(m.as_object(), "role");
+        const bj::value* content = field(m.as_object(), "content");
+        if (!role || !role->is_string()) throw bad_request("each message needs a string 'role'", "messages");
+        std::string r(role->as_string());
+        if (r != "system" && r != "user" && r != "assistant" && r != "developer")
+          throw bad_request("unknown message role '" + r + "'", "messages");
+        std::string text;
+        if (content && content->is_string()) {
+          text = content->as_string();
+        } else if (content && content->is_array()) {
+          for (const auto& part : content->as_array()) {  // [{"type": "text", "text": ...}]
+            const bj::value* t = part.is_object() ? field(part.as_object(), "text") : nullptr;
+            if (!t || !t->is_string()) throw bad_request("only text content parts are supported", "messages");
+            text += t->as_string();
+          }
+        } else {
+          throw bad_request("each message needs 'content' (a string or text parts)", "messages");
+        }
+        cm.push_back({r == "developer" ? "system" : r, text});
+      }
+      RenderedChat rc = render_chat(st_->chat_template, cm);
+      for (auto& st : rc.stop) job->s.stop.push_back(st);
+      prompts.push_back(st_->tok.encode(rc.prompt));
+      prompt_texts.push_back(rc.prompt);
+    } else {
+      const bj::value* p = field(o, "prompt");
+      if (!p) throw bad_request("'prompt' is required", "prompt");
+      if (p->is_string()) {
+        prompts.push_back(st_->tok.encode(std::string(p->as_string())));
+        prompt_texts.emplace_back(p->as_string());
+      } else if (p->is_array() && !p->as_array().empty() && p->as_array()[0].is_string()) {
+        for (const auto& e : p->as_array()) {
+          if (!e.is_string()) throw bad_request("'prompt' list must hold only strings", "prompt");
+          prompts.push_back(st_->tok.encode(std::string(e.as_string())));
+          prompt_texts.emplace_back(e.as_string());
+        }
+      } else if (p->is_array() && !p->as_array().empty() && p->as_array()[0].is_array()) {
+        for (const auto& e : p->as_array()) {
+          if (!e.is_array()) throw bad_request("'prompt' must be a list of token-id lists", "prompt");
+          prompts.push_back(tokens_of(e));
+          prompt_texts.push_back(st_->tok.decode(prompts.back(), false));
+        }
+      } else if (p->is_array() && !p->as_array().empty()) {
+        prompts.push_back(tokens_of(*p));
+        prompt_texts.push_back(st_->tok.decode(prompts.back(), false));
+      } else {
+        throw bad_request("'prompt' must be a string, a list of strings, or token ids", "prompt");
+      }
+      if (prompts.size() > 64) throw bad_request("at most 64 prompts per request", "prompt");
+    }
+    for (const auto& pr : prompts) {
+      if (pr.empty()) throw bad_request("the prompt is empty", chat ? "messages" : "prompt");
+      int64_t need = static_cast<int64_t>(pr.size()) + job->s.max_tokens;
+      if (need > st_->max_model_len)
+        throw bad_request("this model's maximum context length is " + std::to_string(st_->max_model_len) +
+                              " tokens, but " + std::to_string(need) + " were requested (" + std::to_string(pr.size()) +
+                              " in the prompt, " + std::to_string(job->s.max_tokens) + " for the completion)",
+                          chat ? "messages" : "prompt");
+    }
+    const int64_t count = static_cast<int64_t>(prompts.size()) * job->s.n;
+    if (st_->engine_in_flight + count > st_->cfg.max_queue)
+      throw ApiError{429, "the server is at capacity (" + std::to_string(st_->engine_in_flight) +
+                              " requests in flight); retry shortly",
+                     "rate_limit_exceeded", ""};
+    // One engine request per choice.
+    json::Value params(json::Object{});
+    params.set("max_tokens", job->s.max_tokens);
+    params.set("temperature", job->s.temperature);
+    params.set("top_p", job->s.top_p);
+    params.set("top_k", job->s.top_k);
+    params.set("ignore_eos", job->s.ignore_eos);
+    json::Array stops;
+    for (const auto& st : job->s.stop) stops.emplace_back(st);
+    params.set("stop", std::move(stops));
+    for (size_t pi = 0; pi < prompts.size(); ++pi)
+      for (int64_t j = 0; j < job->s.n; ++j) {
+        Job::Choice c;
+        c.prompt = prompts[pi];
+        if (job->s.echo) c.echo_text = prompt_texts[pi];
+        job->choices.push_back(std::move(c));
+      }
+    job_ = job;
+    streaming_ = job->s.stream;
+    ++st_->active_requests;
+    job->remaining = static_cast<int64_t>(job->choices.size());
+    if (streaming_) start_stream();
+    watch_disconnect();
+    for (size_t i = 0; i < job->choices.size(); ++i) {
+      Job::Choice& c = job->choices[i];
+      c.engine_id = st_->next_engine_id++;
+      json::Value pp = params;
+      // n > 1 with a seed: each choice gets its own stream of random numbers.
+      if (job->s.seed) pp.set("seed", *job->s.seed + static_cast<int64_t>(i % job->s.n));
+      st_->metrics.prompt_tokens += c.prompt.size();
+      std::string why;
+      // The sink keeps the session alive until the job's last event, also after the client
+      // left, so every choice is accounted for exactly once.
+      bool ok = st_->pool.submit(c.engine_id, c.prompt, pp, static_cast<int64_t>(c.prompt.size()) + job->s.max_tokens,
+                                 [self = shared_from_this(), job, i](const EngineEvent& ev) { self->on_event(job, i, ev); },
+                                 &why);
+      ++st_->engine_in_flight;
+      if (!ok) {
+        EngineEvent ev;
+        ev.error = why;
+        on_event(job, i, ev);
+      }
+    }
+  }
+
+  void on_event(const std::shared_ptr<Job>& job, size_t i, const EngineEvent& ev) {
+    Job::Choice& c = job->choices[i];
+    if (c.done) return;
+    DaemonMetrics& m = st_->metrics;
+    auto now = Clock::now();
+    if (!ev.error.empty()) {
+      c.done = true;
+      c.finish = "error";
+      job->error = ev.error;
+      m.finished["error"]++;
+    } else {
+      if (ev.token >= 0) {
+        ++m.generation_tokens;
+        if (!job->first_token_seen) {
+          job->first_token_seen = true;
+          m.ttft.observe(std::chrono::duration<double>(now - job->t0).count());
+        } else {
+          m.itl.observe(std::chrono::duration<double>(now - job->last_token).count());
+        }
+        job->last_token = now;
+        c.tokens.push_back(ev.token);
+        c.logprobs.push_back(ev.logprob);
+      }
+      c.text += ev.text;
+      if (!ev.finish_reason.empty()) {
+        c.done = true;
+        c.finish = ev.finish_reason;
+        m.finished[ev.finish_reason]++;
+      }
+    }
+    if (c.done) {
+      --job->remaining;
+      --st_->engine_in_flight;
+    }
+    if (job != job_ || closed_) return;  // the client went away: nothing more to send
+    if (streaming_) stream_event(*job, i, ev);
+    if (job->remaining == 0) complete(*job);
+  }
+
+  // ---- non-streaming response
+  void complete(Job& job) {
+    st_->metrics.e2e.observe(std::chrono::duration<double>(Clock::now() - job.t0).count());
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    for (size_t i = 0; i < job.choices.size(); ++i) {
+      if (i % job.s.n == 0) prompt_tokens += static_cast<int64_t>(job.choices[i].prompt.size());
+      completion_tokens += static_cast<int64_t>(job.choices[i].tokens.size());
+    }
+    spdlog::info("{} {}: {} choice(s), prompt {} tokens, completion {} tokens, {} in {:.3f}s", job.id,
+                 job.chat ? "chat" : "completion", job.choices.size(), prompt_tokens, completion_tokens,
+                 job.error.empty() ? job.choices[0].finish : "error",
+                 std::chrono::duration<double>(Clock::now() - job.t0).count());
+    auto finish_request = [&] {
+      job_.reset();
+      --st_->active_requests;
+    };
+    if (streaming_) {
+      if (job.error.empty() && job.s.include_usage) {
+        bj::object u{{"id", job.id}, {"object", job.chat ? "chat.completion.chunk" : "text_completion"},
+                     {"created", job.created}, {"model", job.model}, {"choices", bj::array{}},
+                     {"usage", usage_json(prompt_tokens, completion_tokens)}};
+        push_sse(bj::serialize(u));
+      }
+      push_sse("[DONE]");
+      push_last();
+      finish_request();
+      return;
+    }
+    if (!job.error.empty()) {
+      finish_request();
+      return send_error({500, job.error, "server_error", ""});
+    }
+    bj::array choices;
+    for (size_t i = 0; i < job.choices.size(); ++i) {
+      const Job::Choice& c = job.choices[i];
+      bj::object ch{{"index", static_cast<int64_t>(i)}, {"finish_reason", c.finish}};
+      bj::value lp = nullptr;
+      if (job.s.logprobs) lp = logprobs_json(job, c);
+      if (job.chat) {
+        ch["message"] = bj::object{{"role", "assistant"}, {"content", c.text}};
+      } else {
+        ch["text"] = c.echo_text + c.text;
+      }
+      ch["logprobs"] = lp;
+      choices.push_back(std::move(ch));
+    }
+    bj::object body{{"id", job.id}, {"object", job.chat ? "chat.completion" : "text_completion"},
+                    {"created", job.created}, {"model", job.model}, {"choices", std::move(choices)},
+                    {"usage", usage_json(prompt_tokens, completion_tokens)}};
+    finish_request();
+    send_json(200, body);
+  }
+
+  bj::value logprobs_json(const Job& job, const Job::Choice& c) {
+    if (job.chat) {
+      bj::array content;
+      for (size_t k = 0; k < c.tokens.size(); ++k) {
+        std::string t = st_->tok.token_bytes(c.tokens[k], false);
+        bj::array bytes;
+        for (unsigned char b : t) bytes.push_back(b);
+        content.push_back(bj::object{{"token", sanitize_utf8(t)}, {"logprob", c.logprobs[k]}, {"bytes", bytes},
+                                     {"top_logprobs", bj::array{}}});
+      }
+      return bj::object{{"content", std::move(content)}};
+    }
+    bj::array tokens, lps, offsets, tops;
+    int64_t off = static_cast<int64_t>(c.echo_text.size());
+    for (size_t k = 0; k < c.tokens.size(); ++k) {
+      std::string t = sanitize_utf8(st_->tok.token_bytes(c.tokens[k], false));
+      tokens.push_back(bj::value(t));
+      lps.push_back(c.logprobs[k]);
+      offsets.push_back(off);
+      tops.push_back(bj::object{{t, c.logprobs[k]}});
+      off += static_cast<int64_t>(t.size());
+    }
+    return bj::object{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)},
+                      {"text_offset", std::move(offsets)}};
+  }
+
+  // ---- streaming (server-sent events over chunked transfer encoding)
+  struct Out {
+    enum Kind { Header, Data, Last } kind;
+    std::string data;
+  };
+
+  void start_stream() {
+    sse_res_.emplace(http::status::ok, 11);
+    sse_res_->set(http::field::server, "kvprd");
+    sse_res_->set(http::field::content_type, "text/event-stream");
+    sse_res_->set(http::field::cache_control, "no-cache");
+    sse_res_->keep_alive(keep_alive_);
+    sse_res_->chunked(true);
+    sse_sr_.emplace(*sse_res_);
+    st_->metrics.http_responses[200]++;
+    out_.push_back({Out::Header, {}});
+    write_next();
+  }
+
+  void push_sse(const std::string& payload) {
+    out_.push_back({Out::Data, "data: " + payload + "\n\n"});
+    write_next();
+  }
+  void push_last() {
+    out_.push_back({Out::Last, {}});
+    write_next();
+  }
+
+  void stream_event(Job& job, size_t i, const EngineEvent& ev) {
+    Job::Choice& c = job.choices[i];
+    if (!ev.error.empty()) {
+      ApiError e{500, ev.error, "server_error", ""};
+      push_sse(bj::serialize(error_body(e)));
+      return;
+    }
+    auto chunk = [&](bj::object choice) {
+      return bj::serialize(bj::object{{"id", job.id}, {"object", job.chat ? "chat.completion.chunk" : "text_completion"},
+                                      {"created", job.created}, {"model", job.model},
+                                      {"choices", bj::array{std::move(choice)}}});
+    };
+    if (job.chat && !c.sent_role) {
+      c.sent_role = true;
+      push_sse(chunk(bj::object{{"index", static_cast<int64_t>(i)}, {"delta", bj::object{{"role", "assistant"}, {"content", ""}}},
+                                {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+    }
+    if (!job.chat && !c.echo_text.empty() && c.tokens.size() <= 1 && ev.token >= 0) {
+      push_sse(chunk(bj::object{{"index", static_cast<int64_t>(i)}, {"text", c.echo_text}, {"logprobs", nullptr},
+                                {"finish_reason", nullptr}}));
+    }
+    if (!ev.text.empty()) {
+      bj::object ch{{"index", static_cast<int64_t>(i)}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+      if (job.chat) ch["delta"] = bj::object{{"content", ev.text}};
+      else ch["text"] = ev.text;
+      push_sse(chunk(std::move(ch)));
+    }
+    if (!ev.finish_reason.empty()) {
+      bj::object ch{{"index", static_cast<int64_t>(i)}, {"logprobs", nullptr}, {"finish_reason", ev.finish_reason}};
+      if (job.chat) ch["delta"] = bj::object{};
+      else ch["text"] = "";
+      push_sse(chunk(std::move(ch)));
+    }
+  }
+
+  void write_next() {
+    if (writing_ || out_.empty() || closed_) return;
+    writing_ = true;
+    auto self = shared_from_this();
+    auto done = [self](beast::error_code ec, size_t) {
+      self->writing_ = false;
+      Out::Kind k = self->out_.front().kind;
+      self->out_.pop_front();
+      if (ec) return self->close();  // the client went away: close() cancels the job
+      if (k == Out::Last) {
+        self->sse_sr_.reset();
+        self->sse_res_.reset();
+        self->streaming_ = false;
+        if (!self->keep_alive_) return self->close();
+        return self->do_read();
+      }
+      self->write_next();
+    };
+    Out& o = out_.front();
+    if (o.kind == Out::Header) http::async_write_header(stream_, *sse_sr_, done);
+    else if (o.kind == Out::Data) net::async_write(stream_, http::make_chunk(net::buffer(o.data)), done);
+    else net::async_write(stream_, http::make_chunk_last(), done);
+  }
+
+  // While a job runs, notice a client that disconnects (readable with nothing to read).
+  void watch_disconnect() {
+    auto self = shared_from_this();
+    stream_.socket().async_wait(tcp::socket::wait_read, [self](beast::error_code ec) {
+      if (ec || self->closed_ || !self->job_) return;
+      char c;
+      ssize_t r = ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (r == 0) return self->close();  // orderly shutdown by the client
+      if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return self->close();
+      // Data of a pipelined request: not a disconnect.
+    });
+  }
+
+  void cancel_job() {
+    if (!job_) return;
+    for (const auto& c : job_->choices)
+      if (!c.done) st_->pool.cancel(c.engine_id);
+    spdlog::info("{}: client disconnected, generation cancelled", job_->id);
+    // The job's remaining events arrive with finish "cancelled" and are accounted then.
+    job_.reset();
+    --st_->active_requests;
+  }
+
+  beast::tcp_stream stream_;
+  std::shared_ptr<Server::State> st_;
+  beast::flat_buffer buf_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::request<http::string_body> req_;
+  bool keep_alive_ = true;
+  bool closed_ = false;
+  bool streaming_ = false;
+  bool writing_ = false;
+  std::shared_ptr<Job> job_;
+  std::optional<http::response<http::empty_body>> sse_res_;
+  std::optional<http::response_serializer<http::empty_body>> sse_sr_;
+  std::deque<Out> out_;
+};
+
+// ------------------------------------------------------------------ server
+
+Server::Server(net::io_context& io, const DaemonConfig& cfg, WorkerPool& pool, const Tokenizer& tok,
+               int64_t max_model_len, std::string chat_template)
+    : st_(std::make_shared<State>(io, cfg, pool, tok, max_model_len, std::move(chat_template))) {
+  st_->created_unix = unix_now();
+}
+
+Server::~Server() { close(); }
+
+void Server::listen() {
+  beast::error_code ec;
+  auto addr = net::ip::make_address(st_->cfg.host, ec);
+  KVPR_CHECK(!ec, "bad --host '", st_->cfg.host, "': ", ec.message());
+  tcp::endpoint ep(addr, static_cast<unsigned short>(st_->cfg.port));
+  st_->acceptor.open(ep.protocol(), ec);
+  if (!ec) st_->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) st_->acceptor.bind(ep, ec);
+  if (!ec) st_->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  KVPR_CHECK(!ec, "cannot listen on ", st_->cfg.host, ":", st_->cfg.port, ": ", ec.message());
+  auto st = st_;
+  auto accept = std::make_shared<std::function<void()>>();
+  *accept = [st, accept] {
+    st->acceptor.async_accept([st, accept](beast::error_code e, tcp::socket sock) {
+      if (e == net::error::operation_aborted || !st->acceptor.is_open()) return;
+      if (!e) std::make_shared<Session>(std::move(sock), st)->start();
+      (*accept)();
+    });
+  };
+  (*accept)();
+}
+
+void Server::begin_drain() { st_->draining = true; }
+bool Server::draining() const { return st_->draining; }
+int64_t Server::in_flight_requests() const { return st_->active_requests; }
+
+void Server::close() {
+  beast::error_code ec;
+  st_->acceptor.close(ec);
+}
+
+}  // namespace kvpr

@@ -1,0 +1,358 @@
+#include "daemon/worker_pool.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/backend.h"
+#include "engine/error.h"
+
+extern char** environ;
+
+namespace kvpr {
+
+struct WorkerPool::Worker {
+  int index = 0;
+  bool cuda = false;
+  int device = 0;
+  pid_t pid = 0;
+  std::shared_ptr<FrameChannel> ch;
+  uint64_t gen = 0;  // incarnation: messages of an earlier process are ignored
+  std::string state = "starting";
+  int restarts = 0;
+  std::chrono::milliseconds backoff{1000};
+  std::thread reader;
+  std::atomic<bool> reader_done{true};
+  struct Pending {
+    EventSink sink;
+    int64_t cost;
+  };
+  std::map<uint64_t, Pending> pending;
+  int64_t outstanding = 0;
+  std::string last_error, fatal;
+  json::Value stats, info;
+  std::unique_ptr<boost::asio::steady_timer> restart_timer;
+};
+
+WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std::string worker_binary)
+    : io_(io), cfg_(cfg), binary_(std::move(worker_binary)) {
+  bool cuda = cfg.backend == "cuda" || (cfg.backend == "auto" && cuda_available());
+  std::vector<int> devices;
+  if (cuda) {
+    int n = visible_cuda_devices();
+    if (cfg.gpus == "all") {
+      for (int i = 0; i < n; ++i) devices.push_back(i);
+    } else {
+      size_t p = 0;
+      while (p <= cfg.gpus.size()) {
+        size_t q = cfg.gpus.find(',', p);
+        if (q == std::string::npos) q = cfg.gpus.size();
+        int d = std::stoi(cfg.gpus.substr(p, q - p));
+        KVPR_CHECK(d >= 0 && d < n, "--gpus names device ", d, " but ", n, " are visible");
+        devices.push_back(d);
+        p = q + 1;
+      }
+    }
+    KVPR_CHECK(!devices.empty(), "backend cuda: no GPU visible");
+  }
+  int count = cuda ? static_cast<int>(devices.size()) : cfg.workers;
+  for (int i = 0; i < count; ++i) {
+    auto w = std::make_shared<Worker>();
+    w->index = i;
+    w->cuda = cuda;
+    w->device = cuda ? devices[i] : 0;
+    w->restart_timer = std::make_unique<boost::asio::steady_timer>(io_);
+    workers_.push_back(w);
+  }
+}
+
+WorkerPool::~WorkerPool() { stop(); }
+
+std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const {
+  std::vector<std::string> a = {binary_, "--fd", std::to_string(fd), "--model", cfg_.model, "--index",
+                                std::to_string(w.index), "--backend", w.cuda ? "cuda" : "cpu", "--device",
+                                std::to_string(w.device), "--max-batch", std::to_string(cfg_.max_batch),
+                                "--kv-mode", cfg_.kv_mode};
+  if (cfg_.max_seq_len > 0) a.insert(a.end(), {"--max-seq-len", std::to_string(cfg_.max_seq_len)});
+  if (cfg_.split >= 0) a.insert(a.end(), {"--split", std::to_string(cfg_.split)});
+  if (!cfg_.kv_dtype.empty()) a.insert(a.end(), {"--kv-dtype", cfg_.kv_dtype});
+  if (cfg_.activation_cap >= 0) a.insert(a.end(), {"--activation-cap", std::to_string(cfg_.activation_cap)});
+  if (!cfg_.profile.empty()) a.insert(a.end(), {"--profile", cfg_.profile});
+  if (cfg_.host_attention_threads > 0)
+    a.insert(a.end(), {"--host-attention-threads", std::to_string(cfg_.host_attention_threads)});
+  return a;
+}
+
+void WorkerPool::start() {
+  for (auto& w : workers_) spawn(*w);
+}
+
+void WorkerPool::spawn(Worker& w) {
+  if (w.reader.joinable()) w.reader.join();
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    KVPR_THROW("socketpair failed: ", std::strerror(errno));
+  // Everything the child needs is built before fork: after it only async-signal-safe calls.
+  std::vector<std::string> args = worker_args(w, 3);
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_store;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "KVPR_THREADS=", 13) != 0) env_store.emplace_back(*e);
+  if (!w.cuda) {
+    // CPU workers share the cores.
+    int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    env_store.push_back("KVPR_THREADS=" + std::to_string(std::max(1, cores / static_cast<int>(workers_.size()))));
+  }
+  std::vector<char*> envp;
+  for (auto& s : env_store) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(sv[0]);
+    ::close(sv[1]);
+    KVPR_THROW("fork failed: ", std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a worker never outlives its controller
+    if (sv[1] == 3) ::fcntl(3, F_SETFD, 0);
+    else ::dup2(sv[1], 3);                // dup2 clears close-on-exec on the new descriptor
+    ::execve(argv[0], argv.data(), envp.data());
+    const char msg[] = "kvpr-worker: exec failed\n";
+    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::close(sv[1]);
+  w.pid = pid;
+  w.ch = std::make_shared<FrameChannel>(sv[0]);
+  w.state = "starting";
+  w.fatal.clear();
+  ++w.gen;
+  w.reader_done = false;
+  spdlog::info("worker {}: started pid {} ({} {})", w.index, pid, w.cuda ? "cuda device" : "cpu",
+               w.cuda ? std::to_string(w.device) : "");
+  auto self = workers_[w.index];
+  w.reader = std::thread([this, self, ch = w.ch, gen = w.gen] { reader_loop(self, ch, gen); });
+}
+
+void WorkerPool::reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameChannel> ch, uint64_t gen) {
+  std::string why;
+  try {
+    while (true) {
+      json::Value msg;
+      ch->recv(&msg, -1);
+      boost::asio::post(io_, [this, w, gen, msg] { handle(*w, gen, msg); });
+    }
+  } catch (const ChannelClosed&) {
+  } catch (const std::exception& e) {
+    why = std::string("bad message: ") + e.what();
+  }
+  int status = 0;
+  pid_t pid = w->pid;
+  if (!why.empty()) ::kill(pid, SIGKILL);
+  if (::waitpid(pid, &status, 0) == pid) {
+    if (WIFEXITED(status)) why += (why.empty() ? "" : "; ") + std::string("exited with code ") + std::to_string(WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+      why += (why.empty() ? "" : "; ") + std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+             strsignal(WTERMSIG(status)) + ")";
+  }
+  w->reader_done = true;
+  boost::asio::post(io_, [this, w, gen, why] { on_exit(*w, gen, why); });
+}
+
+void WorkerPool::handle(Worker& w, uint64_t gen, const json::Value& msg) {
+  if (gen != w.gen) return;
+  const json::Value* t = msg.find("type");
+  if (!t || !t->is_string()) return;
+  const std::string& type = t->as_string();
+  if (type == "ready") {
+    w.state = "ready";
+    w.info = msg;
+    w.backoff = std::chrono::milliseconds(1000);
+    spdlog::info("worker {}: ready ({}, kv mode {}, context {})", w.index, msg.find("backend")->as_string(),
+                 msg.find("kv_mode")->as_string(), msg.find("max_seq_len")->as_int());
+    if (!announced_ready_ && all_ready()) {
+      announced_ready_ = true;
+      if (on_all_ready_) on_all_ready_();
+    }
+  } else if (type == "fatal") {
+    w.fatal = msg.find("message") ? msg.find("message")->as_string() : "unknown error";
+    spdlog::error("worker {}: {}", w.index, w.fatal);
+  } else if (type == "stats") {
+    w.stats = msg;
+  } else if (type == "step" || type == "error") {
+    auto deliver = [&](const json::Value& e, bool is_error) {
+      uint64_t id = static_cast<uint64_t>(e.find("id")->as_int());
+      auto it = w.pending.find(id);
+      if (it == w.pending.end()) return;
+      EngineEvent ev;
+      if (is_error) {
+        ev.error = e.find("message")->as_string();
+      } else {
+        if (const json::Value* v = e.find("token")) ev.token = static_cast<int32_t>(v->as_int());
+        if (const json::Value* v = e.find("logprob")) ev.logprob = v->as_double();
+        if (const json::Value* v = e.find("text")) ev.text = v->as_string();
+        if (const json::Value* v = e.find("finish_reason")) ev.finish_reason = v->as_string();
+        if (const json::Value* v = e.find("prompt_tokens")) ev.prompt_tokens = v->as_int();
+        if (const json::Value* v = e.find("completion_tokens")) ev.completion_tokens = v->as_int();
+      }
+      EventSink sink = it->second.sink;
+      if (is_error || !ev.finish_reason.empty()) {
+        w.outstanding -= it->second.cost;
+        w.pending.erase(it);
+        route_.erase(id);
+      }
+      sink(ev);
+    };
+    if (type == "error") deliver(msg, true);
+    else
+      for (const auto& e : msg.find("events")->as_array()) deliver(e, false);
+  }
+}
+
+void WorkerPool::on_exit(Worker& w, uint64_t gen, const std::string& why) {
+  if (gen != w.gen) return;
+  if (w.reader.joinable()) w.reader.join();
+  w.state = "dead";
+  w.last_error = w.fatal.empty() ? why : w.fatal + " (" + why + ")";
+  if (!stopping_) spdlog::error("worker {}: pid {} {}", w.index, w.pid, w.last_error);
+  auto pending = std::move(w.pending);
+  w.pending.clear();
+  w.outstanding = 0;
+  for (auto& [id, p] : pending) {
+    route_.erase(id);
+    EngineEvent ev;
+    ev.error = "worker " + std::to_string(w.index) + " stopped while generating (" + w.last_error +
+               "); the request was not completed";
+    p.sink(ev);
+  }
+  if (stopping_) return;
+  ++w.restarts;
+  auto delay = w.backoff;
+  w.backoff = std::min(w.backoff * 2, std::chrono::milliseconds(30000));
+  spdlog::warn("worker {}: restarting in {} ms", w.index, delay.count());
+  w.restart_timer->expires_after(delay);
+  uint64_t expected = w.gen;
+  w.restart_timer->async_wait([this, &w, expected](const boost::system::error_code& ec) {
+    if (ec || stopping_ || w.gen != expected) return;
+    try {
+      spawn(w);
+    } catch (const std::exception& e) {
+      spdlog::error("worker {}: restart failed: {}", w.index, e.what());
+    }
+  });
+}
+
+bool WorkerPool::submit(uint64_t id, const std::vector<int32_t>& prompt, const json::Value& params, int64_t cost,
+                        EventSink sink, std::string* why) {
+  Worker* best = nullptr;
+  for (auto& w : workers_) {
+    if (w->state != "ready") continue;
+    if (!best || w->outstanding < best->outstanding ||
+        (w->outstanding == best->outstanding && w->pending.size() < best->pending.size()))
+      best = w.get();
+  }
+  if (!best) {
+    *why = "no worker is ready";
+    return false;
+  }
+  json::Value m(json::Object{});
+  m.set("type", "generate");
+  m.set("id", static_cast<int64_t>(id));
+  json::Array ids;
+  for (int32_t t : prompt) ids.emplace_back(static_cast<int64_t>(t));
+  m.set("prompt_ids", std::move(ids));
+  m.set("params", params);
+  try {
+    best->ch->send(m);
+  } catch (const std::exception& e) {
+    *why = std::string("worker ") + std::to_string(best->index) + " is unreachable: " + e.what();
+    return false;
+  }
+  best->pending[id] = Worker::Pending{std::move(sink), cost};
+  best->outstanding += cost;
+  route_[id] = best->index;
+  return true;
+}
+
+void WorkerPool::cancel(uint64_t id) {
+  auto it = route_.find(id);
+  if (it == route_.end()) return;
+  Worker& w = *workers_[it->second];
+  json::Value m(json::Object{});
+  m.set("type", "cancel");
+  m.set("id", static_cast<int64_t>(id));
+  try {
+    w.ch->send(m);
+  } catch (const std::exception&) {
+    // The worker is gone; its exit fails the request.
+  }
+}
+
+std::vector<WorkerStatus> WorkerPool::status() const {
+  std::vector<WorkerStatus> out;
+  for (const auto& w : workers_) {
+    WorkerStatus s;
+    s.index = w->index;
+    s.state = w->state;
+    s.pid = w->pid;
+    s.restarts = w->restarts;
+    s.in_flight = static_cast<int64_t>(w->pending.size());
+    s.last_error = w->last_error;
+    s.stats = w->stats;
+    s.info = w->info;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+bool WorkerPool::all_ready() const {
+  return std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->state == "ready"; });
+}
+
+int WorkerPool::ready_count() const {
+  return static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w->state == "ready"; }));
+}
+
+int64_t WorkerPool::in_flight() const {
+  int64_t n = 0;
+  for (const auto& w : workers_) n += static_cast<int64_t>(w->pending.size());
+  return n;
+}
+
+void WorkerPool::stop() {
+  if (stopping_ && workers_.empty()) return;
+  stopping_ = true;
+  json::Value m(json::Object{});
+  m.set("type", "shutdown");
+  for (auto& w : workers_) {
+    w->restart_timer->cancel();
+    if (w->ch && !w->reader_done) {
+      try {
+        w->ch->send(m);
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (auto& w : workers_) {
+    while (!w->reader_done && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!w->reader_done && w->pid > 0) ::kill(w->pid, SIGKILL);
+    if (w->reader.joinable()) w->reader.join();
+  }
+  workers_.clear();
+}
+
+}  // namespace kvpr

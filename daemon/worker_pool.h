@@ -1,0 +1,87 @@
+// The controller's side of the workers: spawning kvpr-worker processes (one per GPU, or N
+// CPU workers), the framed channel to each, routing requests by least outstanding work,
+// supervision (a dead worker's requests fail with a clear error, it restarts with backoff)
+// and the workers' stats. All callbacks run on the io_context's thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/config.h"
+#include "engine/json.h"
+#include "worker/frame_channel.h"
+
+namespace kvpr {
+
+// One event of a request: new text/token, the end, or an error.
+struct EngineEvent {
+  int32_t token = -1;
+  double logprob = 0;
+  std::string text;
+  std::string finish_reason;  // set on the last event: stop, length, cancelled
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  std::string error;          // set when the request failed
+};
+using EventSink = std::function<void(const EngineEvent&)>;
+
+struct WorkerStatus {
+  int index = 0;
+  std::string state;  // starting, ready, dead
+  pid_t pid = 0;
+  int restarts = 0;
+  int64_t in_flight = 0;
+  std::string last_error;
+  json::Value stats;  // the worker's last stats message
+  json::Value info;   // its ready message
+};
+
+class WorkerPool {
+ public:
+  WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std::string worker_binary);
+  ~WorkerPool();
+
+  void start();
+  // Stops the workers (shutdown message, then SIGKILL after a grace period) and joins.
+  void stop();
+
+  // Sends a request to the worker with the least outstanding work. `cost` is the tokens it
+  // may occupy (prompt + max tokens). Returns false (with *why) when no worker is ready.
+  bool submit(uint64_t id, const std::vector<int32_t>& prompt, const json::Value& params, int64_t cost,
+              EventSink sink, std::string* why);
+  void cancel(uint64_t id);
+
+  std::vector<WorkerStatus> status() const;
+  bool all_ready() const;
+  int ready_count() const;
+  int64_t in_flight() const;
+  // Called once every worker has reported ready for the first time (sd_notify READY=1).
+  void on_all_ready(std::function<void()> f) { on_all_ready_ = std::move(f); }
+
+ private:
+  struct Worker;
+  void spawn(Worker& w);
+  void reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameChannel> ch, uint64_t gen);
+  void handle(Worker& w, uint64_t gen, const json::Value& msg);
+  void on_exit(Worker& w, uint64_t gen, const std::string& why);
+  std::vector<std::string> worker_args(const Worker& w, int fd) const;
+
+  boost::asio::io_context& io_;
+  DaemonConfig cfg_;
+  std::string binary_;
+  std::vector<std::shared_ptr<Worker>> workers_;
+  std::map<uint64_t, int> route_;  // request id -> worker index
+  bool stopping_ = false;
+  bool announced_ready_ = false;
+  std::function<void()> on_all_ready_;
+};
+
+}  // namespace kvpr

@@ -1,0 +1,52 @@
+// kvpr-worker: one engine process, started by kvprd with one end of a socket pair.
+//   kvpr-worker --fd N --model DIR [--backend auto|cpu|cuda] [--device D] [--index I]
+//               [--max-batch B] [--max-seq-len L] [--kv-mode M] [--split L] [--kv-dtype D]
+//               [--activation-cap N] [--profile FILE] [--host-attention-threads N]
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "engine/error.h"
+#include "worker/worker.h"
+
+int main(int argc, char** argv) {
+  using namespace kvpr;
+  WorkerOptions o;
+  int fd = -1;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      auto val = [&]() -> std::string {
+        KVPR_CHECK(i + 1 < argc, a, " needs a value");
+        return argv[++i];
+      };
+      if (a == "--fd") fd = std::stoi(val());
+      else if (a == "--model") o.model_dir = val();
+      else if (a == "--backend") o.backend = val();
+      else if (a == "--device") o.device = std::stoi(val());
+      else if (a == "--index") o.index = std::stoi(val());
+      else if (a == "--max-batch") o.generator.max_batch = std::stoi(val());
+      else if (a == "--max-seq-len") o.generator.max_seq_len = std::stoll(val());
+      else if (a == "--kv-mode") {
+        std::string m = val();
+        KVPR_CHECK(parse_kv_mode(m, &o.generator.kv.mode), "unknown --kv-mode '", m, "'");
+      } else if (a == "--split") o.generator.kv.forced_split = std::stoll(val());
+      else if (a == "--kv-dtype") {
+        DType dt;
+        std::string d = val();
+        KVPR_CHECK(parse_dtype(d, &dt), "unknown --kv-dtype '", d, "'");
+        o.generator.kv_dtype = dt;
+      } else if (a == "--activation-cap") o.generator.kv.activation_cap = std::stoll(val());
+      else if (a == "--profile") o.profile_path = val();
+      else if (a == "--host-attention-threads") o.generator.kv.host_attention_threads = std::stoi(val());
+      else KVPR_THROW("unknown option '", a, "'");
+    }
+    KVPR_CHECK(fd >= 0 && !o.model_dir.empty(), "--fd and --model are required (kvpr-worker is started by kvprd)");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvpr-worker: %s\n", e.what());
+    return 2;
+  }
+  FrameChannel ch(fd);
+  return run_worker(o, ch);
+}

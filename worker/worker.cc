@@ -1,0 +1,171 @@
+#include "worker/worker.h"
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "engine/error.h"
+#include "engine/opt_model.h"
+#include "engine/profiler.h"
+#include "engine/tokenizer.h"
+
+namespace kvpr {
+
+namespace {
+
+GenerationParams params_from(const json::Value& p) {
+  GenerationParams g;
+  if (const json::Value* v = p.find("max_tokens")) g.max_new_tokens = static_cast<int>(v->as_int());
+  if (const json::Value* v = p.find("temperature")) g.sampling.temperature = static_cast<float>(v->as_double());
+  if (const json::Value* v = p.find("top_p")) g.sampling.top_p = static_cast<float>(v->as_double());
+  if (const json::Value* v = p.find("top_k")) g.sampling.top_k = static_cast<int>(v->as_int());
+  if (const json::Value* v = p.find("seed"); v && !v->is_null()) g.sampling.seed = static_cast<uint64_t>(v->as_int());
+  if (const json::Value* v = p.find("ignore_eos")) g.ignore_eos = v->as_bool();
+  if (const json::Value* v = p.find("stop"))
+    for (const auto& s : v->as_array()) g.stop.push_back(s.as_string());
+  return g;
+}
+
+}  // namespace
+
+int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<OptModel> model;
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<Generator> gen;
+  try {
+    backend = create_backend(opts.backend, opts.device);
+    model = std::make_unique<OptModel>(*backend, opts.model_dir);
+    tok = std::make_unique<Tokenizer>(Tokenizer::load(opts.model_dir));
+    GeneratorOptions go = opts.generator;
+    if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
+      if (!opts.profile_path.empty()) {
+        go.kv.profile = LinkProfile::load(opts.profile_path);
+      } else {
+        ProfileOptions po;
+        po.transfer_bytes = 16ll << 20;
+        po.reps = 3;
+        po.rows = {16, 64, 256, 1024};
+        go.kv.profile = profile_backend(*backend, *model, model->kv_shape(),
+                                        go.kv_dtype.value_or(model->weight_dtype()), po);
+      }
+    }
+    gen = std::make_unique<Generator>(*model, *tok, go);
+  } catch (const std::exception& e) {
+    json::Value m(json::Object{});
+    m.set("type", "fatal");
+    m.set("message", e.what());
+    try {
+      ch.send(m);
+    } catch (const ChannelClosed&) {
+    }
+    return 1;
+  }
+  {
+    json::Value m(json::Object{});
+    m.set("type", "ready");
+    m.set("worker", opts.index);
+    m.set("backend", backend->name());
+    m.set("kv_mode", kv_mode_name(opts.generator.kv.mode));
+    m.set("max_seq_len", gen->max_seq_len());
+    m.set("max_batch", opts.generator.max_batch);
+    m.set("host_bytes_per_token", gen->kv_runtime().host_bytes_per_token());
+    ch.send(m);
+  }
+
+  std::map<uint64_t, uint64_t> to_ctrl;    // generator id -> controller id
+  std::map<uint64_t, uint64_t> to_gen;     // controller id -> generator id
+  auto last_stats = std::chrono::steady_clock::now() - std::chrono::seconds(10);
+  uint64_t steps = 0;
+  double busy_s = 0;
+  auto t_start = std::chrono::steady_clock::now();
+  try {
+    while (true) {
+      // Take every message waiting; block only when there is nothing to compute.
+      json::Value msg;
+      int timeout = gen->idle() ? 500 : 0;
+      while (ch.recv(&msg, timeout)) {
+        timeout = 0;
+        const std::string type = msg.find("type") ? msg.find("type")->as_string() : "";
+        if (type == "shutdown") return 0;
+        if (type == "cancel") {
+          uint64_t id = static_cast<uint64_t>(msg.find("id")->as_int());
+          if (auto it = to_gen.find(id); it != to_gen.end()) gen->cancel(it->second);
+          continue;
+        }
+        if (type == "generate") {
+          uint64_t id = static_cast<uint64_t>(msg.find("id")->as_int());
+          try {
+            std::vector<int32_t> prompt;
+            for (const auto& t : msg.find("prompt_ids")->as_array()) prompt.push_back(static_cast<int32_t>(t.as_int()));
+            uint64_t gid = gen->add(std::move(prompt), params_from(*msg.find("params")));
+            to_ctrl[gid] = id;
+            to_gen[id] = gid;
+          } catch (const std::exception& e) {
+            json::Value err(json::Object{});
+            err.set("type", "error");
+            err.set("id", static_cast<int64_t>(id));
+            err.set("message", e.what());
+            ch.send(err);
+          }
+        }
+      }
+      if (!gen->idle()) {
+        auto t0 = std::chrono::steady_clock::now();
+        std::vector<StepOutput> outs = gen->step();
+        busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ++steps;
+        json::Value m(json::Object{});
+        m.set("type", "step");
+        json::Array events;
+        for (const auto& o : outs) {
+          auto it = to_ctrl.find(o.id);
+          if (it == to_ctrl.end()) continue;
+          json::Value e(json::Object{});
+          e.set("id", static_cast<int64_t>(it->second));
+          if (o.token >= 0) {
+            e.set("token", static_cast<int64_t>(o.token));
+            e.set("logprob", static_cast<double>(o.logprob));
+          }
+          e.set("text", o.text);
+          if (o.finish != FinishReason::None) {
+            SequenceResult r = gen->take_result(o.id);
+            e.set("finish_reason", finish_reason_name(o.finish));
+            e.set("completion_tokens", static_cast<int64_t>(r.tokens.size()));
+            e.set("prompt_tokens", static_cast<int64_t>(r.prompt.size()));
+            to_gen.erase(it->second);
+            to_ctrl.erase(it);
+          }
+          events.push_back(std::move(e));
+        }
+        m.set("events", std::move(events));
+        ch.send(m);
+      }
+      auto now = std::chrono::steady_clock::now();
+      if (now - last_stats > std::chrono::milliseconds(500)) {
+        last_stats = now;
+        const StepStats& st = gen->kv_runtime().last_step();
+        json::Value s(json::Object{});
+        s.set("type", "stats");
+        s.set("running", static_cast<int64_t>(gen->running()));
+        s.set("waiting", static_cast<int64_t>(gen->waiting()));
+        s.set("split", st.split_total);
+        s.set("h2d_gbps", st.link_gbps_estimate);
+        s.set("host_kv_bytes", gen->cached_tokens() * gen->kv_runtime().host_bytes_per_token());
+        s.set("host_kv_reserved_bytes",
+              static_cast<int64_t>(gen->kv_runtime().host_store() ? gen->kv_runtime().host_store()->bytes() : 0));
+        s.set("device_bytes", static_cast<int64_t>(backend->device_bytes_in_use()));
+        s.set("steps", static_cast<int64_t>(steps));
+        double wall = std::chrono::duration<double>(now - t_start).count();
+        s.set("busy_fraction", wall > 0 ? busy_s / wall : 0.0);  // since the last stats message
+        ch.send(s);
+        busy_s = 0;
+        t_start = now;
+      }
+    }
+  } catch (const ChannelClosed&) {
+    return 0;  // the controller went away
+  }
+}
+
+}  // namespace kvpr

@@ -1,0 +1,26 @@
+// One worker: a model, its continuous-batching Generator and the request loop that serves the
+// controller's messages (PROTOCOL.md) between engine steps.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/backend.h"
+#include "engine/generator.h"
+#include "worker/frame_channel.h"
+
+namespace kvpr {
+
+struct WorkerOptions {
+  std::string model_dir;
+  std::string backend = "auto";
+  int device = 0;
+  int index = 0;               // worker number, for logs and stats
+  GeneratorOptions generator;  // batch, context, KV mode and its settings
+  std::string profile_path;    // kvpr mode: a saved link profile (else measured at start)
+};
+
+// Serves `channel` until the controller says shutdown or goes away. Returns the exit code.
+int run_worker(const WorkerOptions& opts, FrameChannel& channel);
+
+}  // namespace kvpr
