@@ -273,9 +273,23 @@ class Session : public std::enable_shared_from_this<Session> {
     res->keep_alive(keep_alive_);
     res->prepare_payload();
     auto self = shared_from_this();
-    http::async_write(stream_, *res, [self, res](beast::error_code ec, size_t) {
+    http::async_write(stream_, *res, [self, res, status](beast::error_code ec, size_t) {
+      if (!ec && status == 413) return self->discard_then_close();
       if (ec || !self->keep_alive_) return self->close();
       self->do_read();
+    });
+  }
+
+  // After a 413 the client may still be sending its body: read and drop it for a while so it
+  // gets to read the response instead of a reset connection.
+  void discard_then_close() {
+    stream_.expires_after(std::chrono::seconds(5));
+    discard_.resize(64 * 1024);
+    auto self = shared_from_this();
+    stream_.async_read_some(net::buffer(discard_), [self](beast::error_code ec, size_t n) {
+      self->discarded_ += n;
+      if (ec || self->discarded_ > (64u << 20)) return self->close();
+      self->discard_then_close();
     });
   }
 
@@ -815,6 +829,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::response<http::empty_body>> sse_res_;
   std::optional<http::response_serializer<http::empty_body>> sse_sr_;
   std::deque<Out> out_;
+  std::vector<char> discard_;
+  size_t discarded_ = 0;
 };
 
 // ------------------------------------------------------------------ server

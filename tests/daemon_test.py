@@ -1,0 +1,385 @@
+#!/usr/bin/env python3
+"""Integration tests of kvprd on loopback: the real daemon with 2 CPU workers on the demo
+model, driven over HTTP with the standard library only. Run by ctest (daemon_integration)."""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+KVPRD = os.environ["KVPRD"]
+KVPR = os.environ["KVPR_CLI"]
+TMP = tempfile.mkdtemp(prefix="kvprd-test-")
+MODEL = os.path.join(TMP, "demo")
+passed = failed = 0
+
+
+def check(name, cond, detail=""):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL: {name} {detail}", flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Daemon:
+    def __init__(self, *extra):
+        self.port = free_port()
+        self.log = open(os.path.join(TMP, f"kvprd-{self.port}.log"), "w")
+        self.proc = subprocess.Popen([KVPRD, "--model", MODEL, "--port", str(self.port), "--workers", "2",
+                                      "--max-batch", "8", "--config", "/dev/null", *extra],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                st, body = self.get("/health")
+                if st == 200 and body["status"] == "ok":
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("kvprd did not become ready")
+
+    def conn(self, timeout=60):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method, path, body=None, raw=None, headers=None):
+        c = self.conn()
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        c.request(method, path, body=data, headers=headers or {"Content-Type": "application/json"})
+        r = c.getresponse()
+        text = r.read().decode()
+        c.close()
+        try:
+            return r.status, json.loads(text), dict(r.getheaders())
+        except ValueError:
+            return r.status, text, dict(r.getheaders())
+
+    def get(self, path):
+        st, body, _ = self.request("GET", path)
+        return st, body
+
+    def post(self, path, body):
+        st, body, _ = self.request("POST", path, body)
+        return st, body
+
+    def stream(self, path, body, stop_after=None):
+        """Returns the list of SSE data payloads (parsed JSON or '[DONE]')."""
+        c = self.conn()
+        c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200, (r.status, r.read())
+        assert r.getheader("Content-Type") == "text/event-stream"
+        events, buf = [], b""
+        while True:
+            chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n\n" in buf:
+                ev, buf = buf.split(b"\n\n", 1)
+                payload = ev.decode("utf-8")  # raises if a character was split
+                assert payload.startswith("data: "), payload
+                d = payload[6:]
+                events.append(d if d == "[DONE]" else json.loads(d))
+                if stop_after is not None and len(events) >= stop_after:
+                    return events, c
+            if events and events[-1] == "[DONE]":
+                break
+        c.close()
+        return events, None
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.log.close()
+
+
+def generate_cli(prompt, n):
+    out = subprocess.check_output([KVPR, "generate", "--model", MODEL, "--prompt", prompt, "-n", str(n), "--json"])
+    return json.loads(out)
+
+
+def completion(d, prompt, max_tokens=8, **kw):
+    body = {"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **kw}
+    return d.post("/v1/completions", body)
+
+
+def metrics(d):
+    st, text, _ = d.request("GET", "/metrics")
+    assert st == 200
+    values = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            assert re.match(r"^# (HELP|TYPE) \w+ .+$", line) or not line, line
+            continue
+        m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.eE+-]+|\+Inf|NaN)$', line)
+        assert m, f"not Prometheus text: {line!r}"
+        values[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return values
+
+
+def main():
+    subprocess.check_call([KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
+    d = Daemon()
+    try:
+        # --- the same greedy request as kvpr generate
+        ref = generate_cli("Hello, my name is", 8)
+        st, body = completion(d, "Hello, my name is", 8)
+        check("completion 200", st == 200, body)
+        check("completion text equals kvpr generate", body["choices"][0]["text"] == ref["text"], (body, ref))
+        check("completion shape", body["object"] == "text_completion" and body["usage"] ==
+              {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13} and
+              body["choices"][0]["finish_reason"] == "length", body)
+        st, ids = d.post("/tokenize", {"prompt": "Hello, my name is"})
+        check("tokenize", st == 200 and ids["tokens"] == ref["prompt_ids"], ids)
+        st, body = completion(d, ids["tokens"], 8)
+        check("prompt as token ids", st == 200 and body["choices"][0]["text"] == ref["text"], body)
+        st, de = d.post("/detokenize", {"tokens": ref["tokens"]})
+        check("detokenize", st == 200 and de["prompt"] == ref["text"], de)
+        st, body = completion(d, ["Hello, my name is", "The sky"], 4, n=2)
+        check("list of prompts x n", st == 200 and len(body["choices"]) == 4 and
+              [c["index"] for c in body["choices"]] == [0, 1, 2, 3] and
+              body["choices"][0]["text"] == body["choices"][1]["text"] == ref["text"][:len(body["choices"][0]["text"])], body)
+        st, body = completion(d, "Hello, my name is", 5, echo=True, logprobs=1)
+        check("echo and logprobs", st == 200 and body["choices"][0]["text"].startswith("Hello, my name is") and
+              len(body["choices"][0]["logprobs"]["token_logprobs"]) == 5, body)
+        stop = ref["text"][10:14]
+        st, body = completion(d, "Hello, my name is", 8, stop=[stop])
+        check("stop string", st == 200 and body["choices"][0]["finish_reason"] == "stop" and
+              body["choices"][0]["text"] == ref["text"][:ref["text"].find(stop)], (body, stop))
+        st, a = completion(d, "Once", 12, temperature=1.0, seed=7)
+        st2, b = completion(d, "Once", 12, temperature=1.0, seed=7)
+        check("seeded sampling repeats", a["choices"][0]["text"] == b["choices"][0]["text"], (a, b))
+
+        # --- chat, non-streaming and streaming
+        msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there"}]
+        st, chat = d.post("/v1/chat/completions", {"model": "demo", "messages": msgs, "max_tokens": 6, "temperature": 0})
+        check("chat 200", st == 200 and chat["object"] == "chat.completion" and
+              chat["choices"][0]["message"]["role"] == "assistant", chat)
+        ref_chat = generate_cli("System: You are terse.\n\nUser: Hi there\n\nAssistant:", 6)
+        if chat["choices"][0]["finish_reason"] == "length":
+            check("chat equals kvpr generate on the documented template",
+                  chat["choices"][0]["message"]["content"] == ref_chat["text"], (chat, ref_chat))
+        events, _ = d.stream("/v1/chat/completions", {"model": "demo", "messages": msgs, "max_tokens": 6,
+                                                      "temperature": 0, "stream": True,
+                                                      "stream_options": {"include_usage": True}})
+        check("chat stream ends with [DONE]", events[-1] == "[DONE]", events[-3:])
+        content = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"])
+        check("chat stream text equals non-streaming", content == chat["choices"][0]["message"]["content"], content)
+        check("chat stream first delta has the role", events[0]["choices"][0]["delta"].get("role") == "assistant", events[0])
+        check("usage chunk after the finish chunk", events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 6
+              and events[-3]["choices"][0]["finish_reason"] is not None, events[-3:])
+        events, _ = d.stream("/v1/completions", {"model": "demo", "prompt": "Hello, my name is", "max_tokens": 8,
+                                                 "temperature": 0, "stream": True})
+        text = "".join(e["choices"][0]["text"] for e in events[:-1])
+        check("completion stream text", text == ref["text"] and events[-2]["choices"][0]["finish_reason"] == "length",
+              (text, ref["text"]))
+        events, _ = d.stream("/v1/completions", {"model": "demo", "prompt": "日本語の文章と絵文字😀を", "max_tokens": 24,
+                                                 "temperature": 1.0, "seed": 3, "stream": True})
+        check("stream decodes as UTF-8 event by event", events[-1] == "[DONE]")
+
+        # --- 64 concurrent requests, all correct
+        prompts = [f"Request number {i} says" for i in range(64)]
+        want = {}
+        for p in prompts[:4]:
+            want[p] = generate_cli(p, 6)["text"]
+        results = {}
+
+        def one(p):
+            st, body = completion(d, p, 6)
+            results[p] = (st, body)
+        threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        check("64 concurrent: all 200", all(results[p][0] == 200 for p in prompts),
+              [results[p] for p in prompts if results[p][0] != 200][:2])
+        check("64 concurrent: batched equals alone", all(results[p][1]["choices"][0]["text"] == want[p] for p in want),
+              [(results[p][1]["choices"][0]["text"], want[p]) for p in want])
+        check("64 concurrent: all 6 tokens", all(results[p][1]["usage"]["completion_tokens"] == 6 for p in prompts))
+
+        # --- cancellation: a client that disconnects frees its slot
+        before = metrics(d)
+        events, conn = d.stream("/v1/completions", {"model": "demo", "prompt": "Go on and on", "max_tokens": 1500,
+                                                    "ignore_eos": True, "stream": True}, stop_after=3)
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            m = metrics(d)
+            if m.get('kvpr_request_success_total{finish_reason="cancelled"}', 0) > \
+                    before.get('kvpr_request_success_total{finish_reason="cancelled"}', 0):
+                break
+            time.sleep(0.05)
+        m = metrics(d)
+        check("disconnect cancels the generation", m.get('kvpr_request_success_total{finish_reason="cancelled"}', 0) >
+              before.get('kvpr_request_success_total{finish_reason="cancelled"}', 0), m)
+        check("cancelled run stopped early", m["kvpr_generation_tokens_total"] - before["kvpr_generation_tokens_total"] < 1000)
+        time.sleep(0.6)
+        m = metrics(d)
+        check("no sequence left running", m["kvpr_requests_running"] == 0 and m["kvpr_http_requests_in_flight"] == 0, m)
+
+        # --- malformed requests: the right 4xx JSON, the daemon stays up
+        bad = [
+            ("POST", "/v1/completions", "not json", 400), ("POST", "/v1/completions", "[1,2]", 400),
+            ("POST", "/v1/completions", "{}", 400), ("POST", "/v1/completions", '{"model":"demo"}', 400),
+            ("POST", "/v1/completions", '{"model":"other","prompt":"x"}', 404),
+            ("POST", "/v1/completions", '{"model":5,"prompt":"x"}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":5}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":[]}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":""}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":[1,-3]}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":[1,99999999]}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":[[1],"x"]}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":["a",3]}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","max_tokens":-1}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","max_tokens":"5"}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","max_tokens":1.5}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","max_tokens":100000}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","temperature":-1}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","temperature":3}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","temperature":"hot"}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","top_p":0}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","top_p":1.5}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","top_k":-5}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","n":0}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","n":100}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","stop":5}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","stop":[""]}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","stop":["a","b","c","d","e"]}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","stream":"yes"}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","stream_options":{"include_usage":true}}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","logprobs":9}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","echo":1}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","seed":"s"}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","user":5}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"' + "word " * 2100 + '"}', 400),
+            ("POST", "/v1/chat/completions", '{"model":"demo"}', 400),
+            ("POST", "/v1/chat/completions", '{"model":"demo","messages":[]}', 400),
+            ("POST", "/v1/chat/completions", '{"model":"demo","messages":"hi"}', 400),
+            ("POST", "/v1/chat/completions", '{"model":"demo","messages":[5]}', 400),
+            ("POST", "/v1/chat/completions", '{"model":"demo","messages":[{"content":"x"}]}', 400),
+            ("POST", "/v1/chat/completions", '{"model":"demo","messages":[{"role":"wizard","content":"x"}]}', 400),
+            ("POST", "/v1/chat/completions", '{"model":"demo","messages":[{"role":"user"}]}', 400),
+            ("POST", "/v1/chat/completions", '{"model":"demo","messages":[{"role":"user","content":[{"type":"image_url"}]}]}', 400),
+            ("POST", "/v1/chat/completions", '{"model":"demo","messages":[{"role":"user","content":"x"}],"logprobs":2}', 400),
+            ("POST", "/v1/chat/completions", '{"model":"nope","messages":[{"role":"user","content":"x"}]}', 404),
+            ("POST", "/tokenize", '{"prompt":5}', 400), ("POST", "/tokenize", "nope", 400),
+            ("POST", "/detokenize", '{"tokens":"x"}', 400), ("POST", "/detokenize", '{"tokens":[-1]}', 400),
+            ("GET", "/v1/nothing", None, 404), ("GET", "/", None, 404), ("GET", "/v1/completions", None, 405),
+            ("POST", "/v1/models", "{}", 405), ("DELETE", "/health", None, 405),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"' + "x" * (2 << 20) + '"}', 413),
+        ]
+        ok = 0
+        for method, path, raw, want_status in bad:
+            try:
+                st, body, _ = d.request(method, path, raw=raw)
+            except (ConnectionError, http.client.HTTPException) as e:
+                check(f"malformed {method} {path}", False, f"connection error {e}")
+                continue
+            good = st == want_status and isinstance(body, dict) and set(body.get("error", {})) >= {"message", "type", "param", "code"}
+            check(f"malformed {method} {path} {str(raw)[:60]}", good, (st, body if not isinstance(body, str) else body[:200]))
+            ok += good
+        check("at least 50 malformed requests", len(bad) >= 50, len(bad))
+        # Raw garbage on the socket.
+        s = socket.create_connection(("127.0.0.1", d.port))
+        s.sendall(b"\x00\x01garbage\r\n\r\n")
+        reply = s.recv(4096)
+        s.close()
+        check("garbage gets a 400", reply.startswith(b"HTTP/1.1 400"), reply[:80])
+        st, _ = d.get("/health")
+        check("daemon up after malformed input", st == 200)
+
+        # --- metrics parse as Prometheus text
+        m = metrics(d)
+        for k in ["kvpr_requests_running", "kvpr_requests_waiting", "kvpr_prompt_tokens_total", "kvpr_generation_tokens_total",
+                  'kvpr_request_success_total{finish_reason="length"}', "kvpr_time_to_first_token_seconds_count",
+                  "kvpr_inter_token_latency_seconds_count", "kvpr_e2e_request_latency_seconds_count",
+                  'kvpr_worker_batch_size{worker="0"}', 'kvpr_worker_split{worker="1"}', 'kvpr_worker_h2d_gbps{worker="0"}',
+                  'kvpr_worker_host_kv_bytes{worker="0"}', 'kvpr_worker_busy_fraction{worker="0"}']:
+            check(f"metric {k}", k in m, sorted(m)[:5])
+        check("ttft observed", m["kvpr_time_to_first_token_seconds_count"] > 60)
+
+        # --- kill -9 of a worker mid-stream
+        st, h = d.get("/health")
+        events, conn = d.stream("/v1/completions", {"model": "demo", "prompt": "Keep going", "max_tokens": 1500,
+                                                    "ignore_eos": True, "stream": True}, stop_after=2)
+        victims = [w["pid"] for w in d.get("/health")[1]["workers"] if w["in_flight"] > 0]
+        check("a worker holds the stream", len(victims) == 1, victims)
+        if victims:
+            os.kill(victims[0], signal.SIGKILL)
+            rest, buf = [], b""
+            r = conn.getresponse() if False else None
+            sock_events = []
+            conn.sock.settimeout(20)
+            while True:
+                data = conn.sock.recv(65536)
+                if not data:
+                    break
+                buf += data
+                if b"data: [DONE]" in buf:
+                    break
+            text = buf.decode("utf-8", "replace")
+            check("stream gets an error event, then ends", '"error"' in text and "data: [DONE]" in text, text[-300:])
+            conn.close()
+            deadline = time.time() + 30
+            restarted = False
+            while time.time() < deadline:
+                st, h = d.get("/health")
+                if st == 200 and h["status"] == "ok" and any(w["restarts"] >= 1 for w in h["workers"]):
+                    restarted = True
+                    break
+                time.sleep(0.2)
+            check("worker restarted and health recovers", restarted, h)
+            st, body = completion(d, "Hello, my name is", 8)
+            check("requests fine after the restart", st == 200 and body["choices"][0]["text"] == ref["text"], body)
+
+        # --- SIGTERM drains in-flight requests, then exits 0
+        result = {}
+
+        def slow():
+            result["r"] = completion(d, "Drain me", 300, ignore_eos=True)
+        t = threading.Thread(target=slow)
+        t.start()
+        time.sleep(0.3)
+        d.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        try:
+            st, body = completion(d, "late", 2)
+            check("new requests during drain get 503", st == 503, (st, body))
+        except OSError:
+            check("new requests during drain are refused", True)
+        t.join(60)
+        st, body = result.get("r", (None, None))
+        check("in-flight request finished during drain", st == 200 and body["usage"]["completion_tokens"] == 300, (st, body))
+        code = d.proc.wait(timeout=30)
+        check("exit code 0 after drain", code == 0, code)
+        d.log.close()
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+    print(f"daemon: {passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
