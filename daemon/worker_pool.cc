@@ -140,8 +140,8 @@ void WorkerPool::spawn(Worker& w) {
   w.fatal.clear();
   ++w.gen;
   w.reader_done = false;
-  spdlog::info("worker {}: started pid {} ({} {})", w.index, pid, w.cuda ? "cuda device" : "cpu",
-               w.cuda ? std::to_string(w.device) : "");
+  spdlog::info("worker {}: started pid {} ({})", w.index, pid,
+               w.cuda ? "cuda device " + std::to_string(w.device) : std::string("cpu"));
   auto self = workers_[w.index];
   w.reader = std::thread([this, self, ch = w.ch, gen = w.gen] { reader_loop(self, ch, gen); });
 }

@@ -38,12 +38,16 @@ def free_port():
 
 
 class Daemon:
-    def __init__(self, *extra):
-        self.port = free_port()
+    def __init__(self, *extra, args=None, env=None, wait_ready=True, port=None):
+        self.port = port or free_port()
         self.log = open(os.path.join(TMP, f"kvprd-{self.port}.log"), "w")
-        self.proc = subprocess.Popen([KVPRD, "--model", MODEL, "--port", str(self.port), "--workers", "2",
-                                      "--max-batch", "8", "--config", "/dev/null", *extra],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        argv = args if args is not None else ["--model", MODEL, "--port", str(self.port), "--workers", "2",
+                                              "--max-batch", "8", "--config", "/dev/null", *extra]
+        self.proc = subprocess.Popen([KVPRD, *argv], stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        if not wait_ready:
+            self.wait_listening()
+            return
         deadline = time.time() + 60
         while time.time() < deadline:
             try:
@@ -54,6 +58,16 @@ class Daemon:
                 pass
             time.sleep(0.1)
         raise RuntimeError("kvprd did not become ready")
+
+    def wait_listening(self):
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("kvprd did not listen")
 
     def conn(self, timeout=60):
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -136,8 +150,66 @@ def metrics(d):
     return values
 
 
+def operations():
+    """Config file, systemd notifications, 503 without workers, 429 when full."""
+    # A config file with every key the example documents, pointed at the demo model.
+    port = free_port()
+    example = open(os.path.join(os.path.dirname(__file__), "..", "systemd", "kvprd.conf")).read()
+    conf = os.path.join(TMP, "kvprd.conf")
+    with open(conf, "w") as f:
+        f.write(example.replace("/var/lib/kvprd/models/opt-6.7b", MODEL).replace("port = 8000", f"port = {port}")
+                .replace("served-model-name = opt-6.7b", "served-model-name = demo").replace("kv-mode = kvpr", "kv-mode = offload"))
+    # sd_notify: a datagram socket standing in for systemd.
+    sock_path = os.path.join(TMP, "notify.sock")
+    ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ns.bind(sock_path)
+    ns.settimeout(60)
+    d = Daemon(args=["--config", conf], env={"NOTIFY_SOCKET": sock_path}, port=port)
+    msg = ns.recv(4096).decode()
+    check("sd_notify READY=1 once workers loaded", "READY=1" in msg, msg)
+    st, body = completion(d, "Hello", 3)
+    check("config file: served name and kv mode", st == 200 and body["model"] == "demo", body)
+    code = d.stop()
+    msg = ns.recv(4096).decode()
+    check("sd_notify STOPPING=1 on SIGTERM", "STOPPING=1" in msg, msg)
+    check("config daemon exits 0", code == 0, code)
+    ns.close()
+    # Bad configuration: exit 2 and one line.
+    bad = os.path.join(TMP, "bad.conf")
+    with open(bad, "w") as f:
+        f.write("model = /x\nportt = 5\n")
+    r = subprocess.run([KVPRD, "--config", bad], capture_output=True, text=True)
+    check("bad config line: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and "portt" in r.stderr,
+          (r.returncode, r.stderr))
+    r = subprocess.run([KVPRD, "--help"], capture_output=True, text=True)
+    check("--help lists the options", r.returncode == 0 and all(f"--{k}" in r.stdout for k in
+          ["model", "port", "workers", "kv-mode", "max-queue", "drain-timeout", "config"]), r.stdout[:200])
+    # No worker can start: 503 with a JSON error, /health 503.
+    port = free_port()
+    d = Daemon(args=["--model", MODEL, "--port", str(port), "--config", "/dev/null",
+                     "--worker-binary", "/bin/false"], wait_ready=False, port=port)
+    st, body = completion(d, "Hello", 3)
+    check("503 while no worker is ready", st == 503 and body["error"]["type"] == "service_unavailable", (st, body))
+    st, h = d.get("/health")
+    check("/health 503 without workers", st == 503 and h["ready_workers"] == 0, h)
+    d.stop()
+    # Queue full: 429 with Retry-After.
+    d = Daemon("--max-queue", "1")
+    holder = threading.Thread(target=lambda: completion(d, "Hold", 1500, ignore_eos=True))
+    holder.start()
+    deadline = time.time() + 10
+    while time.time() < deadline and not any(w["in_flight"] for w in d.get("/health")[1]["workers"]):
+        time.sleep(0.01)
+    st, body, headers = d.request("POST", "/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 2})
+    check("429 when the queue is full", st == 429 and headers.get("Retry-After") == "1" and
+          body["error"]["type"] == "rate_limit_exceeded", (st, body, headers))
+    holder.join()
+    d.stop()
+
+
 def main():
     subprocess.check_call([KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
+    operations()
     d = Daemon()
     try:
         # --- the same greedy request as kvpr generate
