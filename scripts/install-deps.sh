@@ -11,6 +11,7 @@ PACKAGES=(
   ninja-build
   pkg-config
   git
+  curl                 # the demo script talks to the daemon
   python3              # the CLI test uses it to check JSON and .npy output
   libopenblas-dev      # CPU GEMMs
   libgtest-dev         # GoogleTest
@@ -20,6 +21,12 @@ PACKAGES=(
   libspdlog-dev        # daemon logging
   libsystemd-dev       # sd_notify
 )
+
+# Node.js and npm run the official `openai` npm client in the daemon's tests. Debian's
+# packages are used unless a Node.js is already installed (it may come from elsewhere).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  PACKAGES+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

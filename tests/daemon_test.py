@@ -289,6 +289,17 @@ def main():
               [(results[p][1]["choices"][0]["text"], want[p]) for p in want])
         check("64 concurrent: all 6 tokens", all(results[p][1]["usage"]["completion_tokens"] == 6 for p in prompts))
 
+        # --- the official openai npm client (v4: runs on Debian 12's Node.js 18)
+        npm_dir = os.environ.get("KVPR_NPM_DIR", os.path.join(TMP, "npm"))
+        if not os.path.exists(os.path.join(npm_dir, "node_modules", "openai", "package.json")):
+            subprocess.run(["npm", "install", "--prefix", npm_dir, "--no-audit", "--no-fund", "--no-save",
+                            "--no-package-lock", "--loglevel=error", "openai@4.104.0"], check=True)
+        r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), "openai_client_test.mjs"), str(d.port), "demo"],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "NODE_PATH": os.path.join(npm_dir, "node_modules")})
+        print(r.stdout.strip())
+        check("openai npm client", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
+
         # --- cancellation: a client that disconnects frees its slot
         before = metrics(d)
         events, conn = d.stream("/v1/completions", {"model": "demo", "prompt": "Go on and on", "max_tokens": 1500,

@@ -1,0 +1,60 @@
+// The official `openai` npm client (v4) against a running kvprd: completions, chat and
+// streaming for both. Usage: node openai_client_test.mjs PORT MODEL (NODE_PATH finds openai).
+import { createRequire } from 'node:module';
+const require = createRequire(import.meta.url);
+const OpenAI = require('openai');
+
+const [port, model] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'unused', maxRetries: 0 });
+let passed = 0, failed = 0;
+function check(name, cond, detail) {
+  if (cond) passed++;
+  else { failed++; console.log(`FAIL: ${name}`, detail ?? ''); }
+}
+
+const models = await client.models.list();
+check('models.list', models.data.length === 1 && models.data[0].id === model, models.data);
+
+const c = await client.completions.create({ model, prompt: 'Hello, my name is', max_tokens: 8, temperature: 0 });
+check('completions.create', c.object === 'text_completion' && c.choices[0].text.length > 0 &&
+  c.usage.completion_tokens === 8 && c.choices[0].finish_reason === 'length', c);
+
+const cs = await client.completions.create({ model, prompt: 'Hello, my name is', max_tokens: 8, temperature: 0, stream: true });
+let text = '', finish = null;
+for await (const chunk of cs) {
+  text += chunk.choices[0]?.text ?? '';
+  if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+}
+check('completions stream equals non-streaming', text === c.choices[0].text && finish === 'length', { text, finish });
+
+const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Tell me about caches.' }];
+const chat = await client.chat.completions.create({ model, messages, max_tokens: 6, temperature: 0 });
+check('chat.completions.create', chat.object === 'chat.completion' && chat.choices[0].message.role === 'assistant' &&
+  typeof chat.choices[0].message.content === 'string', chat);
+
+const stream = await client.chat.completions.create({ model, messages, max_tokens: 6, temperature: 0, stream: true,
+  stream_options: { include_usage: true } });
+let content = '', usage = null, role = null;
+for await (const chunk of stream) {
+  if (chunk.usage) usage = chunk.usage;
+  const d = chunk.choices[0]?.delta;
+  if (d?.role) role = d.role;
+  content += d?.content ?? '';
+}
+check('chat stream equals non-streaming', content === chat.choices[0].message.content, { content, chat: chat.choices[0] });
+check('chat stream role and usage', role === 'assistant' && usage && usage.completion_tokens === chat.usage.completion_tokens, { role, usage });
+
+try {
+  await client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 2 });
+  check('unknown model rejected', false);
+} catch (e) {
+  check('unknown model is a 404 APIError', e instanceof OpenAI.APIError && e.status === 404 && /does not exist/.test(e.message), e);
+}
+try {
+  await client.completions.create({ model, prompt: 'x', max_tokens: 2, temperature: 5 });
+  check('bad temperature rejected', false);
+} catch (e) {
+  check('bad temperature is a 400 with param', e.status === 400 && e.error?.param === 'temperature', e.error);
+}
+console.log(`openai client: ${passed} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);
