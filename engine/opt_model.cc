@@ -43,6 +43,8 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
     KVPR_THROW(model_dir, ": missing tensor 'model.decoder.embed_tokens.weight' (nor "
                           "'decoder.embed_tokens.weight') in ", ckpt.format(), " checkpoint");
 
+  size_t total = 0, done = 0;
+  for (const auto& r : ckpt.tensors()) total += r.nbytes();
   assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole) -> Tensor {
     const std::string key = name == "lm_head.weight" ? name : prefix + name;
     const TensorRecord* r = ckpt.find(key);
@@ -66,6 +68,8 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
         store_from_f32(tmp.data(), dt, i, load_as_f32(src.data(), src.dtype(), i));
       backend_.copy(dst, tmp, Stream::H2D, "weights");
     }
+    done += r->nbytes();
+    if (opts.progress) opts.progress(done, total);
     return dst;
   });
 }

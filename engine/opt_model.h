@@ -18,6 +18,8 @@ struct ModelLoadOptions {
   // Storage dtype for weights; unset keeps each tensor's checkpoint dtype.
   bool convert_weights = false;
   DType weight_dtype = DType::F32;
+  // Called after each tensor is uploaded with the bytes done and the checkpoint's total.
+  std::function<void(size_t done, size_t total)> progress;
 };
 
 struct OptLayer {

@@ -35,7 +35,19 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
   std::unique_ptr<Generator> gen;
   try {
     backend = create_backend(opts.backend, opts.device);
-    model = std::make_unique<OptModel>(*backend, opts.model_dir);
+    // Loading progress on stderr (the journal under systemd), every 10%.
+    ModelLoadOptions lo;
+    int last_decile = -1;
+    auto t0 = std::chrono::steady_clock::now();
+    lo.progress = [&](size_t done, size_t total) {
+      int decile = total ? static_cast<int>(10 * done / total) : 10;
+      if (decile == last_decile) return;
+      last_decile = decile;
+      std::fprintf(stderr, "kvpr-worker %d: loading %s on %s: %d%% of %.2f GB (%.1f s)\n", opts.index,
+                   opts.model_dir.c_str(), backend->name().c_str(), decile * 10, static_cast<double>(total) / 1e9,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    };
+    model = std::make_unique<OptModel>(*backend, opts.model_dir, lo);
     tok = std::make_unique<Tokenizer>(Tokenizer::load(opts.model_dir));
     GeneratorOptions go = opts.generator;
     if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
