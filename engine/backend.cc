@@ -34,6 +34,14 @@ int visible_cuda_devices() {
 #endif
 }
 
+std::vector<std::string> cuda_pci_bus_ids() {
+  std::vector<std::string> ids;
+#ifdef KVPR_HAVE_CUDA
+  for (int d = 0; d < cuda_device_count(); ++d) ids.push_back(cuda_pci_bus_id(d));
+#endif
+  return ids;
+}
+
 std::unique_ptr<Backend> create_backend(const std::string& name, int device) {
   if (name == "cpu") return std::make_unique<CpuBackend>();
   if (name == "cuda" || name == "auto") {

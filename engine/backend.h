@@ -47,6 +47,17 @@ struct AttentionSeq {
   Tensor v;
 };
 
+// Where pinned host memory comes from. The default is the backend's own (cudaHostAlloc, or
+// aligned_alloc on the CPU); a worker bound to a NUMA node installs one that allocates on
+// its node (numa/), which the CUDA backend then registers with cudaHostRegister.
+class HostAllocator {
+ public:
+  virtual ~HostAllocator() = default;
+  virtual void* allocate(size_t bytes) = 0;  // zeroed, page aligned; throws kvpr::Error
+  virtual void deallocate(void* p, size_t bytes) = 0;
+  virtual std::string describe() const = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -76,6 +87,8 @@ class Backend {
   void set_tracer(Tracer* t) { tracer_ = t; }
   Tracer* tracer() const { return tracer_; }
   void set_trace_label(std::string label) { trace_label_ = std::move(label); }
+  // Pinned host allocations (alloc_pinned) made after this come from `a`.
+  void set_host_allocator(std::shared_ptr<HostAllocator> a) { host_allocator_ = std::move(a); }
 
   // ---- ops (compute stream). Activations are F32; weights any float dtype. ----
   // out[i, :] = table[ids[i], :] (ids I32 in device memory).
@@ -102,6 +115,7 @@ class Backend {
  protected:
   Tracer* tracer_ = nullptr;
   std::string trace_label_;
+  std::shared_ptr<HostAllocator> host_allocator_;
 };
 
 const char* stream_name(Stream s);  // "compute", "h2d", "d2h"
@@ -134,5 +148,7 @@ std::unique_ptr<Backend> create_backend(const std::string& name, int device = 0)
 bool cuda_available();
 // Number of visible CUDA devices (0 without the CUDA backend, a driver or a device).
 int visible_cuda_devices();
+// PCI bus id ("0000:17:00.0") of each visible CUDA device, in CUDA's order.
+std::vector<std::string> cuda_pci_bus_ids();
 
 }  // namespace kvpr

@@ -143,6 +143,14 @@ Tensor CpuBackend::alloc(DType dtype, Shape shape) {
 // On the CPU backend every host buffer can be copied asynchronously; "pinned" is a label.
 Tensor CpuBackend::alloc_pinned(DType dtype, Shape shape) {
   size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  if (host_allocator_ && bytes > 0) {
+    auto st = std::make_shared<Storage>();
+    st->data = host_allocator_->allocate(bytes);
+    st->bytes = bytes;
+    st->kind = MemoryKind::PinnedHost;
+    st->release = [a = host_allocator_, bytes](void* p) { a->deallocate(p, bytes); };
+    return Tensor(std::move(st), 0, dtype, std::move(shape));
+  }
   auto st = zeroed_storage(bytes, MemoryKind::PinnedHost, dtype_name(dtype) + shape_str(shape));
   return Tensor(std::move(st), 0, dtype, std::move(shape));
 }

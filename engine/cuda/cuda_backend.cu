@@ -110,6 +110,26 @@ class CudaBackend final : public Backend {
   Tensor alloc_pinned(DType dtype, Shape shape) override {
     size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
     void* p = nullptr;
+    if (bytes > 0 && host_allocator_) {
+      // Memory placed by the allocator (NUMA-local), then page-locked for async copies.
+      p = host_allocator_->allocate(bytes);
+      cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        host_allocator_->deallocate(p, bytes);
+        KVPR_THROW("cannot pin ", bytes, " bytes of host memory from ", host_allocator_->describe(), ": ",
+                   cudaGetErrorString(e));
+      }
+      auto st = std::make_shared<Storage>();
+      st->data = p;
+      st->bytes = bytes;
+      st->kind = MemoryKind::PinnedHost;
+      st->release = [a = host_allocator_, bytes](void* q) {
+        cudaHostUnregister(q);
+        a->deallocate(q, bytes);
+      };
+      return Tensor(std::move(st), 0, dtype, std::move(shape));
+    }
     if (bytes > 0) {
       cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
       if (e != cudaSuccess) {
@@ -384,5 +404,11 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+std::string cuda_pci_bus_id(int device) {
+  char buf[64] = {0};
+  CUDA_CHECK(cudaDeviceGetPCIBusId(buf, sizeof buf, device));
+  return buf;
+}
 
 }  // namespace kvpr

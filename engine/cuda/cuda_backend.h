@@ -11,5 +11,6 @@ namespace kvpr {
 
 int cuda_device_count();  // 0 when no driver or device is present
 std::unique_ptr<Backend> make_cuda_backend(int device);
+std::string cuda_pci_bus_id(int device);  // "0000:17:00.0"
 
 }  // namespace kvpr

@@ -1,0 +1,60 @@
+// Where each worker runs: its GPU, its NUMA node, a cpuset disjoint from the other workers'
+// (and, for cpu-attn, the host attention threads taken from it), and where its host memory
+// (the KV store, pinned staging) lives. Computed by the controller, applied by each worker
+// to itself before it allocates.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/json.h"
+#include "numa/topology.h"
+
+namespace kvpr {
+
+struct WorkerPlacement {
+  int worker = 0;
+  int cuda_device = -1;       // -1: a CPU worker
+  std::string gpu_bus_id;
+  int numa_node = -1;         // OS index; -1: no binding (no NUMA information)
+  std::vector<int> cpus;      // PU OS indices for the worker (disjoint across workers when possible)
+  bool gpu_has_locality = false;
+  std::string note;           // why the plan is what it is, for the table
+};
+
+// GPU workers: one per bus id (CUDA order). CPU workers: `cpu_workers` of them.
+std::vector<WorkerPlacement> plan_placement(const Topology& topo, const std::vector<std::string>& gpu_bus_ids,
+                                            int cpu_workers);
+
+std::string placement_table(const Topology& topo, const std::vector<WorkerPlacement>& plan);
+json::Value placement_json(const Topology& topo, const std::vector<WorkerPlacement>& plan);
+
+// "0-3,8,10-11"
+std::string cpu_list(const std::vector<int>& cpus);
+std::vector<int> parse_cpu_list(const std::string& s);
+
+// Binds the calling process's CPUs and memory policy to the placement (this system only).
+// Returns a one-line description of what was done.
+std::string bind_this_process(const Topology& topo, const WorkerPlacement& p);
+
+// Pinned host memory on one NUMA node (hwloc_alloc_membind), placement verified with
+// hwloc_get_area_memlocation on the first allocation; the CUDA backend registers it.
+class NumaHostAllocator : public HostAllocator {
+ public:
+  NumaHostAllocator(std::shared_ptr<Topology> topo, int node);
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p, size_t bytes) override;
+  std::string describe() const override;
+  // NUMA nodes (OS indices) that hold [p, p+bytes); the pages must have been touched.
+  std::vector<int> where(const void* p, size_t bytes) const;
+  size_t bytes_allocated() const { return allocated_; }
+
+ private:
+  std::shared_ptr<Topology> topo_;
+  int node_;
+  size_t allocated_ = 0;
+};
+
+}  // namespace kvpr
