@@ -23,6 +23,9 @@
 #include "engine/opt_model.h"
 #include "engine/profiler.h"
 #include "engine/tokenizer.h"
+#ifdef KVPR_HAVE_HWLOC
+#include "numa/placement.h"
+#endif
 
 namespace {
 
@@ -45,6 +48,7 @@ const char* kUsage =
     "                   [--json] [--dump-logits FILE.npy]\n"
     "  profile          --model DIR [--backend B] [--kv-dtype D] [--emulate-link-gbps G]\n"
     "                   [--save FILE] [--json] [--quick]\n"
+    "  topology         [--json] [--xml FILE] [--gpus BUSID,...] [--workers N]\n"
     "  tokenize         --model DIR --text TEXT [--json]\n"
     "  info             --model DIR [--json]\n"
     "  make-demo-model  --out DIR [--tokenizer-dir DIR]\n"
@@ -386,6 +390,35 @@ int cmd_profile(int argc, char** argv) {
   return 0;
 }
 
+int cmd_topology(int argc, char** argv) {
+  Args a(argc, argv, 2, {"--xml", "--gpus", "--workers"}, {"--json"});
+#ifdef KVPR_HAVE_HWLOC
+  Topology topo = a.has("--xml") ? Topology::from_xml(a.get("--xml")) : Topology::from_system();
+  std::vector<std::string> bus;
+  if (a.has("--gpus")) {
+    std::string list = a.get("--gpus");
+    for (size_t p = 0; p <= list.size();) {
+      size_t q = list.find(',', p);
+      if (q == std::string::npos) q = list.size();
+      if (q > p) bus.push_back(list.substr(p, q - p));
+      p = q + 1;
+    }
+  } else if (!a.has("--xml")) {
+    bus = cuda_pci_bus_ids();
+  } else {
+    for (const auto& g : topo.gpus()) bus.push_back(g.bus_id);
+  }
+  int workers = parse_number<int>("--workers", a.get("--workers", "1"));
+  auto plan = plan_placement(topo, bus, bus.empty() ? workers : 0);
+  if (a.has("--json")) std::cout << placement_json(topo, plan).dump() << "\n";
+  else std::cout << placement_table(topo, plan);
+  return 0;
+#else
+  (void)a;
+  KVPR_THROW("this build has no hwloc (install libhwloc-dev and rebuild)");
+#endif
+}
+
 int cmd_make_demo(int argc, char** argv) {
   Args a(argc, argv, 2, {"--out", "--tokenizer-dir"}, {});
   std::string out = a.require("--out");
@@ -407,8 +440,9 @@ int main(int argc, char** argv) {
     if (cmd == "tokenize") return cmd_tokenize(argc, argv);
     if (cmd == "info") return cmd_info(argc, argv);
     if (cmd == "profile") return cmd_profile(argc, argv);
+    if (cmd == "topology") return cmd_topology(argc, argv);
     if (cmd == "make-demo-model") return cmd_make_demo(argc, argv);
-    throw UsageError("unknown command '" + cmd + "' (generate, profile, tokenize, info, make-demo-model)");
+    throw UsageError("unknown command '" + cmd + "' (generate, profile, topology, tokenize, info, make-demo-model)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "kvpr: %s (see kvpr --help)\n", e.what());
     return 2;

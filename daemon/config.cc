@@ -120,6 +120,7 @@ std::string daemon_help() {
     s += name + o.help + "\n";
   }
   s += "  --config FILE                config file [/etc/kvprd/kvprd.conf if it exists]\n"
+       "  --print-topology             print each worker's GPU, NUMA node and cpus, and exit\n"
        "  --help                       this text\n";
   return s;
 }

@@ -23,6 +23,18 @@
 
 namespace {
 
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  size_t p = 0;
+  while (p < s.size()) {
+    size_t q = s.find('\n', p);
+    if (q == std::string::npos) q = s.size();
+    out.push_back(s.substr(p, q - p));
+    p = q + 1;
+  }
+  return out;
+}
+
 std::string self_dir() {
   std::error_code ec;
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -34,9 +46,15 @@ std::string self_dir() {
 int main(int argc, char** argv) {
   using namespace kvpr;
   DaemonConfig cfg;
+  bool print_topology = false;
   try {
     bool help = false;
-    cfg = parse_daemon_config(argc, argv, &help);
+    std::vector<char*> args;
+    for (int i = 0; i < argc; ++i) {
+      if (std::string(argv[i]) == "--print-topology") print_topology = true;
+      else args.push_back(argv[i]);
+    }
+    cfg = parse_daemon_config(static_cast<int>(args.size()), args.data(), &help);
     if (help) {
       std::fputs(daemon_help().c_str(), stdout);
       return 0;
@@ -68,6 +86,11 @@ int main(int argc, char** argv) {
 
     boost::asio::io_context io;
     WorkerPool pool(io, cfg, worker);
+    if (print_topology) {
+      std::fputs(pool.placement().c_str(), stdout);
+      return 0;
+    }
+    for (const auto& line : split_lines(pool.placement())) spdlog::info("placement: {}", line);
     Server server(io, cfg, pool, tok, ctx, tmpl);
     server.listen();
     spdlog::info("kvprd listening on http://{}:{} serving '{}' ({} layers, context {}, kv mode {})", cfg.host, cfg.port,

@@ -354,6 +354,10 @@ class Session : public std::enable_shared_from_this<Session> {
       bj::object o{{"index", w.index}, {"state", w.state}, {"pid", w.pid}, {"restarts", w.restarts},
                    {"in_flight", w.in_flight}};
       if (!w.last_error.empty()) o["last_error"] = w.last_error;
+      if (const json::Value* pl = w.info.find("placement")) {
+        bj::error_code jec;
+        o["placement"] = bj::parse(pl->dump(), jec);
+      }
       if (w.state == "ready") ++ready;
       workers.push_back(std::move(o));
     }

@@ -15,6 +15,9 @@
 
 #include "engine/backend.h"
 #include "engine/error.h"
+#ifdef KVPR_HAVE_HWLOC
+#include "numa/placement.h"
+#endif
 
 extern char** environ;
 
@@ -41,6 +44,8 @@ struct WorkerPool::Worker {
   std::string last_error, fatal;
   json::Value stats, info;
   std::unique_ptr<boost::asio::steady_timer> restart_timer;
+  int numa_node = -1;     // from the placement plan
+  std::vector<int> cpus;  // disjoint from the other workers'
 };
 
 WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std::string worker_binary)
@@ -73,6 +78,27 @@ WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std
     w->restart_timer = std::make_unique<boost::asio::steady_timer>(io_);
     workers_.push_back(w);
   }
+#ifdef KVPR_HAVE_HWLOC
+  // Each worker on its GPU's NUMA node with its own cores (numa/placement.h).
+  try {
+    Topology topo = Topology::from_system();
+    std::vector<std::string> bus;
+    if (cuda) {
+      std::vector<std::string> all = cuda_pci_bus_ids();
+      for (int d : devices) bus.push_back(all.at(d));
+    }
+    auto plan = plan_placement(topo, bus, cuda ? 0 : count);
+    for (size_t i = 0; i < plan.size() && i < workers_.size(); ++i) {
+      workers_[i]->numa_node = plan[i].numa_node;
+      workers_[i]->cpus = plan[i].cpus;
+    }
+    placement_ = placement_table(topo, plan);
+  } catch (const std::exception& e) {
+    placement_ = std::string("no placement: ") + e.what() + "\n";
+  }
+#else
+  placement_ = "no placement: built without hwloc\n";
+#endif
 }
 
 WorkerPool::~WorkerPool() { stop(); }
@@ -87,6 +113,12 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
   if (!cfg_.kv_dtype.empty()) a.insert(a.end(), {"--kv-dtype", cfg_.kv_dtype});
   if (cfg_.activation_cap >= 0) a.insert(a.end(), {"--activation-cap", std::to_string(cfg_.activation_cap)});
   if (!cfg_.profile.empty()) a.insert(a.end(), {"--profile", cfg_.profile});
+  if (w.numa_node >= 0) a.insert(a.end(), {"--numa-node", std::to_string(w.numa_node)});
+  if (!w.cpus.empty()) {
+    std::string list;
+    for (int c : w.cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
+    a.insert(a.end(), {"--cpus", list});
+  }
   if (cfg_.host_attention_threads > 0)
     a.insert(a.end(), {"--host-attention-threads", std::to_string(cfg_.host_attention_threads)});
   return a;
@@ -109,8 +141,10 @@ void WorkerPool::spawn(Worker& w) {
   std::vector<std::string> env_store;
   for (char** e = environ; *e; ++e)
     if (std::strncmp(*e, "KVPR_THREADS=", 13) != 0) env_store.emplace_back(*e);
-  if (!w.cuda) {
-    // CPU workers share the cores.
+  if (!w.cpus.empty()) {
+    env_store.push_back("KVPR_THREADS=" + std::to_string(w.cpus.size()));  // its own cores
+  } else if (!w.cuda) {
+    // No placement: CPU workers share the cores.
     int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     env_store.push_back("KVPR_THREADS=" + std::to_string(std::max(1, cores / static_cast<int>(workers_.size()))));
   }

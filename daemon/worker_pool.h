@@ -63,6 +63,8 @@ class WorkerPool {
   bool all_ready() const;
   int ready_count() const;
   int64_t in_flight() const;
+  // The placement plan as a table (logged at start; kvprd --print-topology).
+  const std::string& placement() const { return placement_; }
   // Called once every worker has reported ready for the first time (sd_notify READY=1).
   void on_all_ready(std::function<void()> f) { on_all_ready_ = std::move(f); }
 
@@ -82,6 +84,7 @@ class WorkerPool {
   bool stopping_ = false;
   bool announced_ready_ = false;
   std::function<void()> on_all_ready_;
+  std::string placement_;
 };
 
 }  // namespace kvpr

@@ -79,6 +79,13 @@ check "info reports host bytes per mode" python3 -c "
 import json,sys; h=json.loads(sys.argv[1])['host_bytes_per_token']
 assert h['resident']==0 and h['offload']==2048 and h['kvpr']==3072 and h['recompute']==3072 and h['cpu-attn']==2048, h" "$("$KVPR" info --model "$tmp/demo" --json)"
 
+if "$KVPR" topology --workers 1 >/dev/null 2>&1; then
+  topo=$("$KVPR" topology --xml "$DATA/hwloc/four-gpu-two-socket.xml" --json)
+  check "topology from XML" python3 -c "
+import json,sys; t=json.loads(sys.argv[1]); w=t['workers']
+assert [x['numa_node'] for x in w]==[0,0,1,1] and [x['cpus'] for x in w]==['0-1','2-3','4-5','6-7'], w" "$topo"
+  expect_error "topology bad xml" 1 "no such file" -- topology --xml "$tmp/nope.xml"
+fi
 expect_error "split needs kvpr" 2 "--split applies to --kv-mode kvpr" -- generate --model "$tmp/demo" --prompt a --split 3
 expect_error "bad kv-mode" 2 "--kv-mode: expected" -- generate --model "$tmp/demo" --prompt a --kv-mode fast
 expect_error "bad link rate" 2 "--emulate-link-gbps must be > 0" -- generate --model "$tmp/demo" --prompt a --emulate-link-gbps 0

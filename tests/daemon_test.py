@@ -212,6 +212,14 @@ def main():
     operations()
     d = Daemon()
     try:
+        # --- placement: each worker bound to its own cores (one NUMA node here)
+        st, h = d.get("/health")
+        cpus = [tuple(w["placement"]["cpus"]) for w in h["workers"]]
+        check("workers report disjoint cpusets", all(cpus) and len(set(sum(map(list, cpus), []))) == sum(map(len, cpus)), h)
+        r = subprocess.run([KVPRD, "--model", MODEL, "--workers", "2", "--config", "/dev/null", "--print-topology"],
+                           capture_output=True, text=True)
+        check("kvprd --print-topology", r.returncode == 0 and "worker  gpu  bus id" in r.stdout, r.stdout + r.stderr)
+
         # --- the same greedy request as kvpr generate
         ref = generate_cli("Hello, my name is", 8)
         st, body = completion(d, "Hello, my name is", 8)

@@ -40,6 +40,19 @@ int main(int argc, char** argv) {
       } else if (a == "--activation-cap") o.generator.kv.activation_cap = std::stoll(val());
       else if (a == "--profile") o.profile_path = val();
       else if (a == "--host-attention-threads") o.generator.kv.host_attention_threads = std::stoi(val());
+      else if (a == "--numa-node") o.numa_node = std::stoi(val());
+      else if (a == "--cpus") {
+        std::string list = val();
+        for (size_t p = 0; p < list.size();) {  // "0-3,8"
+          size_t q = list.find(',', p);
+          if (q == std::string::npos) q = list.size();
+          std::string part = list.substr(p, q - p);
+          size_t dash = part.find('-');
+          int lo = std::stoi(part.substr(0, dash)), hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+          for (int c = lo; c <= hi; ++c) o.cpus.push_back(c);
+          p = q + 1;
+        }
+      }
       else KVPR_THROW("unknown option '", a, "'");
     }
     KVPR_CHECK(fd >= 0 && !o.model_dir.empty(), "--fd and --model are required (kvpr-worker is started by kvprd)");
@@ -47,6 +60,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvpr-worker: %s\n", e.what());
     return 2;
   }
+  // The compute thread pool takes the worker's share of the cores (read when first used).
+  if (!o.cpus.empty() && !std::getenv("KVPR_THREADS"))
+    setenv("KVPR_THREADS", std::to_string(o.cpus.size()).c_str(), 1);
   FrameChannel ch(fd);
   return run_worker(o, ch);
 }

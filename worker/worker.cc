@@ -8,6 +8,9 @@
 #include "engine/opt_model.h"
 #include "engine/profiler.h"
 #include "engine/tokenizer.h"
+#ifdef KVPR_HAVE_HWLOC
+#include "numa/placement.h"
+#endif
 
 namespace kvpr {
 
@@ -33,8 +36,29 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
   std::unique_ptr<OptModel> model;
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<Generator> gen;
+  json::Value placement(json::Object{});
   try {
+    // Bind before anything is allocated: CPUs, memory policy, and the pinned KV store's node.
+    std::shared_ptr<HostAllocator> host_alloc;
+#ifdef KVPR_HAVE_HWLOC
+    std::shared_ptr<Topology> topo;
+    if (opts.numa_node >= 0 || !opts.cpus.empty()) {
+      topo = std::make_shared<Topology>(Topology::from_system());
+      WorkerPlacement wp;
+      wp.worker = opts.index;
+      wp.numa_node = opts.numa_node;
+      wp.cpus = opts.cpus;
+      std::string bound = bind_this_process(*topo, wp);
+      std::fprintf(stderr, "kvpr-worker %d: bound to %s\n", opts.index, bound.c_str());
+      placement.set("bound", bound);
+      if (opts.numa_node >= 0) host_alloc = std::make_shared<NumaHostAllocator>(topo, opts.numa_node);
+    }
+#else
+    if (opts.numa_node >= 0 || !opts.cpus.empty())
+      std::fprintf(stderr, "kvpr-worker %d: built without hwloc: placement not applied\n", opts.index);
+#endif
     backend = create_backend(opts.backend, opts.device);
+    if (host_alloc) backend->set_host_allocator(host_alloc);
     // Loading progress on stderr (the journal under systemd), every 10%.
     ModelLoadOptions lo;
     int last_decile = -1;
@@ -62,7 +86,23 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
                                         go.kv_dtype.value_or(model->weight_dtype()), po);
       }
     }
+    if (go.kv.host_attention_threads <= 0 && !opts.cpus.empty())
+      go.kv.host_attention_threads = static_cast<int>(opts.cpus.size());  // cpu-attn threads from our cpuset
     gen = std::make_unique<Generator>(*model, *tok, go);
+#ifdef KVPR_HAVE_HWLOC
+    // Verify where the host KV store landed.
+    if (host_alloc && gen->kv_runtime().host_store()) {
+      const HostKvStore* hs = gen->kv_runtime().host_store();
+      Tensor probe = hs->k(0, 0);
+      auto* na = static_cast<NumaHostAllocator*>(host_alloc.get());
+      std::vector<int> where = na->where(probe.data(), probe.nbytes());
+      std::string w;
+      for (int n : where) w += (w.empty() ? "" : ",") + std::to_string(n);
+      std::fprintf(stderr, "kvpr-worker %d: host KV store %.2f GB on NUMA node(s) %s (asked for %d)\n", opts.index,
+                   static_cast<double>(hs->bytes()) / 1e9, w.empty() ? "?" : w.c_str(), opts.numa_node);
+      placement.set("kv_store_nodes", w);
+    }
+#endif
   } catch (const std::exception& e) {
     json::Value m(json::Object{});
     m.set("type", "fatal");
@@ -82,6 +122,11 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
     m.set("max_seq_len", gen->max_seq_len());
     m.set("max_batch", opts.generator.max_batch);
     m.set("host_bytes_per_token", gen->kv_runtime().host_bytes_per_token());
+    placement.set("numa_node", opts.numa_node);
+    json::Array cpus;
+    for (int c : opts.cpus) cpus.emplace_back(c);
+    placement.set("cpus", std::move(cpus));
+    m.set("placement", placement);
     ch.send(m);
   }
 

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/backend.h"
 #include "engine/generator.h"
@@ -18,6 +19,8 @@ struct WorkerOptions {
   int index = 0;               // worker number, for logs and stats
   GeneratorOptions generator;  // batch, context, KV mode and its settings
   std::string profile_path;    // kvpr mode: a saved link profile (else measured at start)
+  int numa_node = -1;          // bind memory here (-1: no binding)
+  std::vector<int> cpus;       // bind to these CPUs (empty: no binding)
 };
 
 // Serves `channel` until the controller says shutdown or goes away. Returns the exit code.
