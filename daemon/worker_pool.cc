@@ -15,6 +15,7 @@
 
 #include "engine/backend.h"
 #include "engine/error.h"
+#include "engine/weight_broadcast.h"
 #ifdef KVPR_HAVE_HWLOC
 #include "numa/placement.h"
 #endif
@@ -44,6 +45,7 @@ struct WorkerPool::Worker {
   std::string last_error, fatal;
   json::Value stats, info;
   std::unique_ptr<boost::asio::steady_timer> restart_timer;
+  bool first_start = true;  // the NCCL weight broadcast happens only at the first start
   int numa_node = -1;     // from the placement plan
   std::vector<int> cpus;  // disjoint from the other workers'
 };
@@ -77,6 +79,14 @@ WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std
     w->device = cuda ? devices[i] : 0;
     w->restart_timer = std::make_unique<boost::asio::steady_timer>(io_);
     workers_.push_back(w);
+  }
+  // Several GPUs: read the weights once, broadcast them with NCCL.
+  if (cuda && count > 1 && nccl_available()) {
+    try {
+      nccl_id_ = nccl_unique_id_hex();
+    } catch (const std::exception& e) {
+      spdlog::warn("NCCL unavailable ({}): every worker reads the checkpoint", e.what());
+    }
   }
 #ifdef KVPR_HAVE_HWLOC
   // Each worker on its GPU's NUMA node with its own cores (numa/placement.h).
@@ -114,6 +124,9 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
   if (cfg_.activation_cap >= 0) a.insert(a.end(), {"--activation-cap", std::to_string(cfg_.activation_cap)});
   if (!cfg_.profile.empty()) a.insert(a.end(), {"--profile", cfg_.profile});
   if (w.numa_node >= 0) a.insert(a.end(), {"--numa-node", std::to_string(w.numa_node)});
+  if (!nccl_id_.empty() && w.first_start)
+    a.insert(a.end(), {"--nccl-id", nccl_id_, "--nccl-rank", std::to_string(w.index), "--nccl-ranks",
+                       std::to_string(workers_.size())});
   if (!w.cpus.empty()) {
     std::string list;
     for (int c : w.cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
@@ -168,6 +181,7 @@ void WorkerPool::spawn(Worker& w) {
     ::_exit(127);
   }
   ::close(sv[1]);
+  w.first_start = false;  // a restart reads the checkpoint itself
   w.pid = pid;
   w.ch = std::make_shared<FrameChannel>(sv[0]);
   w.state = "starting";

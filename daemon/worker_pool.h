@@ -85,6 +85,7 @@ class WorkerPool {
   bool announced_ready_ = false;
   std::function<void()> on_all_ready_;
   std::string placement_;
+  std::string nccl_id_;  // several GPUs: the first start of every worker joins this group
 };
 
 }  // namespace kvpr

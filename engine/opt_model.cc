@@ -45,6 +45,7 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
 
   size_t total = 0, done = 0;
   for (const auto& r : ckpt.tensors()) total += r.nbytes();
+  std::vector<Tensor> received;  // every checkpoint tensor, in load order (for the broadcast)
   assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole) -> Tensor {
     const std::string key = name == "lm_head.weight" ? name : prefix + name;
     const TensorRecord* r = ckpt.find(key);
@@ -59,7 +60,10 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
     Tensor src = Tensor::borrow(const_cast<void*>(r->data), r->dtype, r->shape);
     DType dt = opts.convert_weights ? opts.weight_dtype : r->dtype;
     Tensor dst = backend_.alloc(dt, r->shape);
-    if (dt == r->dtype) {
+    if (opts.broadcast) received.push_back(dst);
+    if (opts.broadcast && opts.broadcast->rank() != 0) {
+      // Filled by the broadcast from rank 0 below; only the header was read here.
+    } else if (dt == r->dtype) {
       backend_.copy(dst, src, Stream::H2D, "weights");
     } else {
       // Convert on the host, then upload.
@@ -69,9 +73,15 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
       backend_.copy(dst, tmp, Stream::H2D, "weights");
     }
     done += r->nbytes();
-    if (opts.progress) opts.progress(done, total);
+    if (opts.progress && (!opts.broadcast || opts.broadcast->rank() == 0)) opts.progress(done, total);
     return dst;
   });
+  if (opts.broadcast) {
+    backend_.synchronize();  // rank 0's uploads have landed
+    for (const auto& t : received) opts.broadcast->broadcast(t);
+    opts.broadcast->finish();
+    if (opts.progress) opts.progress(total, total);
+  }
 }
 
 OptModel::OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed)

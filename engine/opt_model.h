@@ -10,6 +10,7 @@
 
 #include "engine/backend.h"
 #include "engine/kv_runtime.h"
+#include "engine/weight_broadcast.h"
 #include "engine/opt_config.h"
 
 namespace kvpr {
@@ -20,6 +21,8 @@ struct ModelLoadOptions {
   DType weight_dtype = DType::F32;
   // Called after each tensor is uploaded with the bytes done and the checkpoint's total.
   std::function<void(size_t done, size_t total)> progress;
+  // Several GPUs: rank 0 reads the checkpoint, the others receive the weights from it.
+  WeightBroadcaster* broadcast = nullptr;
 };
 
 struct OptLayer {

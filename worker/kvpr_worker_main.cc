@@ -41,6 +41,9 @@ int main(int argc, char** argv) {
       else if (a == "--profile") o.profile_path = val();
       else if (a == "--host-attention-threads") o.generator.kv.host_attention_threads = std::stoi(val());
       else if (a == "--numa-node") o.numa_node = std::stoi(val());
+      else if (a == "--nccl-id") o.nccl_id = val();
+      else if (a == "--nccl-rank") o.nccl_rank = std::stoi(val());
+      else if (a == "--nccl-ranks") o.nccl_ranks = std::stoi(val());
       else if (a == "--cpus") {
         std::string list = val();
         for (size_t p = 0; p < list.size();) {  // "0-3,8"

@@ -71,7 +71,18 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
                    opts.model_dir.c_str(), backend->name().c_str(), decile * 10, static_cast<double>(total) / 1e9,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     };
+    std::unique_ptr<WeightBroadcaster> bc;
+    if (!opts.nccl_id.empty() && opts.nccl_ranks > 1) {
+      bc = make_nccl_broadcaster(opts.nccl_id, opts.nccl_rank, opts.nccl_ranks, opts.device);
+      lo.broadcast = bc.get();
+    }
     model = std::make_unique<OptModel>(*backend, opts.model_dir, lo);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    placement.set("load_s", load_s);
+    placement.set("weights_from", !bc ? "disk" : bc->rank() == 0 ? "disk, broadcast with NCCL" : "NCCL broadcast");
+    std::fprintf(stderr, "kvpr-worker %d: model loaded in %.2f s (%s)\n", opts.index, load_s,
+                 placement.find("weights_from")->as_string().c_str());
+    bc.reset();
     tok = std::make_unique<Tokenizer>(Tokenizer::load(opts.model_dir));
     GeneratorOptions go = opts.generator;
     if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {

@@ -20,6 +20,8 @@ struct WorkerOptions {
   GeneratorOptions generator;  // batch, context, KV mode and its settings
   std::string profile_path;    // kvpr mode: a saved link profile (else measured at start)
   int numa_node = -1;          // bind memory here (-1: no binding)
+  std::string nccl_id;         // several GPUs: join this NCCL group to receive the weights
+  int nccl_rank = 0, nccl_ranks = 0;
   std::vector<int> cpus;       // bind to these CPUs (empty: no binding)
 };
 
