@@ -160,12 +160,7 @@ TEST(Cuda, OutOfMemoryIsAClearError) {
 TEST(Cuda, EveryKvModeGivesTheCpuGreedyTokens) {
   SKIP_WITHOUT_GPU();
   test::TempDir tmp;
-  json::Value vocab(json::Object{});
-  for (int i = 0; i < 96; ++i) vocab.set(std::string(1, static_cast<char>('!' + i)), i);
-  std::filesystem::create_directories(tmp.file("tok"));
-  std::ofstream(tmp.file("tok/vocab.json")) << vocab.dump();
-  std::ofstream(tmp.file("tok/merges.txt")) << "#version: 0.2\n";
-  Tokenizer tok = Tokenizer::load(tmp.file("tok"));
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
   for (const char* name : {"pre_ln_safetensors", "post_ln_proj_sharded", "decoder_prefix_bin"}) {
     std::string dir = test::data_path(std::string("opt/") + name);
     GenerationParams p;

@@ -20,18 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A byte-level tokenizer whose ids 0..n-1 are single printable characters; `eos` names
-// the token used as end of sequence, if any.
-Tokenizer char_tokenizer(const test::TempDir& tmp, int n, const std::string& eos = "") {
-  json::Value vocab(json::Object{});
-  for (int i = 0; i < n; ++i) vocab.set(std::string(1, static_cast<char>('!' + i)), i);
-  std::string dir = tmp.file("tok");
-  fs::create_directories(dir);
-  std::ofstream(dir + "/vocab.json") << vocab.dump();
-  std::ofstream(dir + "/merges.txt") << "#version: 0.2\n";
-  if (!eos.empty()) std::ofstream(dir + "/special_tokens_map.json") << "{\"eos_token\": \"" << eos << "\"}";
-  return Tokenizer::load(dir);
-}
+using test::char_tokenizer;
 
 struct Fixture {
   CpuBackend be;

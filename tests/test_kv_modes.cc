@@ -19,15 +19,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-Tokenizer char_tokenizer(const test::TempDir& tmp, int n) {
-  json::Value vocab(json::Object{});
-  for (int i = 0; i < n; ++i) vocab.set(std::string(1, static_cast<char>('!' + i)), i);
-  std::string dir = tmp.file("tok");
-  fs::create_directories(dir);
-  std::ofstream(dir + "/vocab.json") << vocab.dump();
-  std::ofstream(dir + "/merges.txt") << "#version: 0.2\n";
-  return Tokenizer::load(dir);
-}
+using test::char_tokenizer;
 
 struct ModeRun {
   std::vector<std::vector<int32_t>> tokens;

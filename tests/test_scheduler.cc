@@ -149,12 +149,7 @@ TEST(SplitScheduler, FollowsTheEmulatedLinkMidRun) {
   CpuBackend be;
   OptModel model(be, test::data_path("opt/pre_ln_safetensors"));
   test::TempDir tmp;
-  json::Value vocab(json::Object{});
-  for (int i = 0; i < 96; ++i) vocab.set(std::string(1, static_cast<char>('!' + i)), i);
-  std::filesystem::create_directories(tmp.file("tok"));
-  std::ofstream(tmp.file("tok/vocab.json")) << vocab.dump();
-  std::ofstream(tmp.file("tok/merges.txt")) << "#version: 0.2\n";
-  Tokenizer tok = Tokenizer::load(tmp.file("tok"));
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
 
   GeneratorOptions o;
   o.max_batch = 1;

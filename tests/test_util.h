@@ -10,7 +10,11 @@
 #include <string>
 #include <vector>
 
+#include <fstream>
+
+#include "engine/json.h"
 #include "engine/npy.h"
+#include "engine/tokenizer.h"
 
 namespace kvpr::test {
 
@@ -55,6 +59,19 @@ inline ::testing::AssertionResult close_rel(const std::vector<double>& ref, cons
                                        << " want " << ref[first_bad] << "; max error " << max_err << " at "
                                        << worst << " (relative " << max_err / scale << ", tolerance "
                                        << rel_tol << ")";
+}
+
+// A tokenizer whose ids 0..n-1 are the single characters '!' + id (no merges); `eos`
+// names the end-of-sequence token, if any. Files are written under tmp/tok.
+inline Tokenizer char_tokenizer(const TempDir& tmp, int n, const std::string& eos = "") {
+  json::Value vocab(json::Object{});
+  for (int i = 0; i < n; ++i) vocab.set(std::string(1, static_cast<char>('!' + i)), i);
+  std::string dir = tmp.file("tok");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/vocab.json") << vocab.dump();
+  std::ofstream(dir + "/merges.txt") << "#version: 0.2\n";
+  if (!eos.empty()) std::ofstream(dir + "/special_tokens_map.json") << "{\"eos_token\": \"" << eos << "\"}";
+  return Tokenizer::load(dir);
 }
 
 }  // namespace kvpr::test
