@@ -857,16 +857,16 @@ void Server::listen() {
   if (!ec) st_->acceptor.bind(ep, ec);
   if (!ec) st_->acceptor.listen(net::socket_base::max_listen_connections, ec);
   KVPR_CHECK(!ec, "cannot listen on ", st_->cfg.host, ":", st_->cfg.port, ": ", ec.message());
-  auto st = st_;
-  auto accept = std::make_shared<std::function<void()>>();
-  *accept = [st, accept] {
-    st->acceptor.async_accept([st, accept](beast::error_code e, tcp::socket sock) {
-      if (e == net::error::operation_aborted || !st->acceptor.is_open()) return;
-      if (!e) std::make_shared<Session>(std::move(sock), st)->start();
-      (*accept)();
-    });
-  };
-  (*accept)();
+  accept_next(st_);
+}
+
+// Each pending accept holds the state; closing the acceptor ends the chain (no cycle).
+void Server::accept_next(std::shared_ptr<State> st) {
+  st->acceptor.async_accept([st](beast::error_code e, tcp::socket sock) {
+    if (e == net::error::operation_aborted || !st->acceptor.is_open()) return;
+    if (!e) std::make_shared<Session>(std::move(sock), st)->start();
+    accept_next(st);
+  });
 }
 
 void Server::begin_drain() { st_->draining = true; }

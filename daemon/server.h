@@ -30,6 +30,7 @@ class Server {
   struct State;
 
  private:
+  static void accept_next(std::shared_ptr<State> st);
   std::shared_ptr<State> st_;
 };
 
