@@ -237,6 +237,7 @@ int cmd_generate(int argc, char** argv) {
     json::Array split;
     for (int64_t l : st.split) split.emplace_back(l);
     o.set("split", std::move(split));
+    o.set("split_layer0", st.split_total_layer0);
     o.set("split_source", st.split_source);
     o.set("h2d_bytes", st.h2d_bytes);
     o.set("d2h_bytes", st.d2h_bytes);

@@ -109,60 +109,74 @@ Tensor KvRuntime::grow(Tensor& buf, DType dtype, int64_t rows, int64_t width) {
   return buf;
 }
 
+int64_t KvRuntime::x_avail(const SeqPlan& s) const { return host_ ? std::min(s.past, host_->x_capacity()) : 0; }
+
+// Shares the batch's L among sequences in proportion to their cached tokens, each a multiple
+// of the granularity where its stored X allows; what rounding leaves goes to sequences with room.
+std::vector<int64_t> KvRuntime::distribute(int64_t total, int64_t cached) const {
+  const int64_t g = scheduler_ ? scheduler_->granularity() : 1;
+  std::vector<int64_t> out(plan_.size(), 0);
+  if (cached == 0 || total == 0) return out;
+  int64_t given = 0;
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    const SeqPlan& s = plan_[i];
+    int64_t want = static_cast<int64_t>(std::llround(static_cast<double>(total) * s.past / cached));
+    int64_t l = std::min(x_avail(s), want);
+    if (l < x_avail(s) || l % g) l = l / g * g;
+    out[i] = l;
+    given += l;
+  }
+  for (size_t i = 0; i < plan_.size() && given < total; ++i) {
+    int64_t room = x_avail(plan_[i]) - out[i];
+    int64_t add = std::min(room, total - given);
+    if (add > 0 && add != room) add = add / g * g;
+    out[i] += add;
+    given += add;
+  }
+  return out;
+}
+
 void KvRuntime::decide_splits() {
   int64_t cached = 0, avail = 0;
-  auto x_avail = [&](const SeqPlan& s) {
-    return host_ ? std::min(s.past, host_->x_capacity()) : 0;
-  };
   for (const auto& s : plan_) {
     cached += s.past;
     avail += x_avail(s);
   }
   stats_.split_source = "none";
   stats_.predicted_layer_ms = 0;
+  for (auto& s : plan_) s.split[0] = s.split[1] = 0;
   const KvMode m = opts_.mode;
   if (m == KvMode::Recompute) {
-    for (auto& s : plan_) s.split = x_avail(s);
+    for (auto& s : plan_) s.split[0] = s.split[1] = x_avail(s);
     stats_.split_source = "all";
   } else if (m == KvMode::Kvpr && opts_.forced_split) {
-    for (auto& s : plan_) s.split = std::clamp<int64_t>(*opts_.forced_split, 0, x_avail(s));
+    for (auto& s : plan_) s.split[0] = s.split[1] = std::clamp<int64_t>(*opts_.forced_split, 0, x_avail(s));
     stats_.split_source = "forced";
   } else if (m == KvMode::Kvpr) {
-    SplitDecision d = scheduler_->choose(cached, avail, scheduler_->other_s());
-    stats_.split_source = std::string("scheduler:") + split_model_name(d.model);
-    stats_.predicted_layer_ms = d.predicted_s * 1e3;
-    // Share the batch's L among sequences in proportion to their cached tokens, each a
-    // multiple of the granularity where its stored X allows.
-    const int64_t g = scheduler_->granularity();
-    int64_t given = 0;
-    for (auto& s : plan_) {
-      if (cached == 0) break;
-      int64_t want = static_cast<int64_t>(std::llround(static_cast<double>(d.split) * s.past / cached));
-      int64_t l = std::min(x_avail(s), want);
-      if (l < x_avail(s) || l % g) l = l / g * g;
-      s.split = l;
-      given += l;
-    }
-    // Rounding can leave part of L unassigned: give it to sequences with room.
-    for (auto& s : plan_) {
-      if (given >= d.split) break;
-      int64_t room = x_avail(s) - s.split;
-      int64_t add = std::min(room, d.split - given);
-      if (add > 0 && add != room) add = add / g * g;
-      s.split += add;
-      given += add;
+    SplitDecision rest = scheduler_->choose(cached, avail, scheduler_->other_s());
+    SplitDecision first = scheduler_->choose(cached, avail, -1.0);  // nothing overlaps layer 0's copies
+    stats_.split_source = std::string("scheduler:") + split_model_name(rest.model);
+    stats_.predicted_layer_ms = rest.predicted_s * 1e3;
+    std::vector<int64_t> l0 = distribute(first.split, cached), l1 = distribute(rest.split, cached);
+    for (size_t i = 0; i < plan_.size(); ++i) {
+      plan_[i].split[0] = l0[i];
+      plan_[i].split[1] = l1[i];
     }
   }
   stats_.split.clear();
-  stats_.split_total = 0;
-  int64_t x_off = 0;
+  stats_.split_total = stats_.split_total_layer0 = 0;
+  int64_t off[2] = {0, 0};
   for (auto& s : plan_) {
-    s.x_off = x_off;
-    x_off += s.split;
-    stats_.split.push_back(s.split);
-    stats_.split_total += s.split;
+    for (int v = 0; v < 2; ++v) {
+      s.x_off[v] = off[v];
+      off[v] += s.split[v];
+    }
+    stats_.split.push_back(s.split[1]);
+    stats_.split_total += s.split[1];
+    stats_.split_total_layer0 += s.split[0];
   }
-  rows_x_ = x_off;
+  rows_x_[0] = off[0];
+  rows_x_[1] = off[1];
 }
 
 void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
@@ -173,7 +187,7 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
     KVPR_CHECK(c.slot >= 0 && c.slot < slots_, "KV slot ", c.slot, " out of range");
     KVPR_CHECK(c.past_len + c.count <= capacity_, "sequence of ", c.past_len + c.count,
                " tokens exceeds the KV capacity ", capacity_);
-    plan_.push_back(SeqPlan{c.slot, c.past_len, c.count, q, ctx, 0, 0});
+    plan_.push_back(SeqPlan{c.slot, c.past_len, c.count, q, ctx, {0, 0}, {0, 0}});
     ctx += c.past_len + c.count;
     q += c.count;
   }
@@ -187,14 +201,14 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
     grow(kbuf_[b], opts_.kv_dtype, rows_ctx_, w);
     grow(vbuf_[b], opts_.kv_dtype, rows_ctx_, w);
     if (kv_mode_stores_x(opts_.mode)) {
-      grow(xbuf_[b], opts_.kv_dtype, rows_x_, shape_.hidden);
+      grow(xbuf_[b], opts_.kv_dtype, std::max(rows_x_[0], rows_x_[1]), shape_.hidden);
       grow(xnew_[b], opts_.kv_dtype, rows_q_, shape_.hidden);
     }
   }
-  if (rows_x_ > 0) {
-    grow(x32_, DType::F32, rows_x_, shape_.hidden);
-    grow(k32_, DType::F32, rows_x_, w);
-    grow(v32_, DType::F32, rows_x_, w);
+  if (const int64_t rx = std::max(rows_x_[0], rows_x_[1]); rx > 0) {
+    grow(x32_, DType::F32, rx, shape_.hidden);
+    grow(k32_, DType::F32, rx, w);
+    grow(v32_, DType::F32, rx, w);
   }
   if (opts_.mode == KvMode::CpuAttn) {
     grow(knew_, opts_.kv_dtype, rows_q_, w);
@@ -219,18 +233,20 @@ void KvRuntime::prefetch(int64_t layer) {
   if (store_done_[layer].impl()) be_.wait(Stream::H2D, store_done_[layer]);
   be_.set_trace_label("L" + std::to_string(layer));
   t.h2d_start = be_.record(Stream::H2D);
+  const int v = variant(layer);
   for (const auto& s : plan_) {
-    if (s.split > 0) {
-      be_.copy(xbuf_[b].rows(s.x_off, s.split), host_->x(layer, s.slot).rows(0, s.split), Stream::H2D, "X[0:l]");
-      t.h2d_bytes += s.split * shape_.hidden * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+    if (s.split[v] > 0) {
+      be_.copy(xbuf_[b].rows(s.x_off[v], s.split[v]), host_->x(layer, s.slot).rows(0, s.split[v]), Stream::H2D,
+               "X[0:l]");
+      t.h2d_bytes += s.split[v] * shape_.hidden * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
     }
   }
   t.x_ready = be_.record(Stream::H2D);
   for (const auto& s : plan_) {
-    int64_t n = s.past - s.split;
+    const int64_t l = s.split[v], n = s.past - l;
     if (n <= 0) continue;
-    be_.copy(kbuf_[b].rows(s.ctx_off + s.split, n), host_->k(layer, s.slot).rows(s.split, n), Stream::H2D, "K[l:s']");
-    be_.copy(vbuf_[b].rows(s.ctx_off + s.split, n), host_->v(layer, s.slot).rows(s.split, n), Stream::H2D, "V[l:s']");
+    be_.copy(kbuf_[b].rows(s.ctx_off + l, n), host_->k(layer, s.slot).rows(l, n), Stream::H2D, "K[l:s']");
+    be_.copy(vbuf_[b].rows(s.ctx_off + l, n), host_->v(layer, s.slot).rows(l, n), Stream::H2D, "V[l:s']");
     t.h2d_bytes += 2 * n * shape_.kv_hidden() * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
   }
   t.h2d_end = be_.record(Stream::H2D);
@@ -243,7 +259,9 @@ void KvRuntime::prepare_layer(int64_t layer) {
   t.compute_start = be_.record(Stream::Compute);
   if (layer + 1 < shape_.layers) prefetch(layer + 1);  // overlaps this layer's compute
   be_.set_trace_label("L" + std::to_string(layer));
-  if (Tracer* tr = be_.tracer()) tr->counter("split l", tr->now_us(), "l", static_cast<double>(stats_.split_total));
+  if (Tracer* tr = be_.tracer())
+    tr->counter("split l", tr->now_us(), "l",
+                static_cast<double>(layer == 0 ? stats_.split_total_layer0 : stats_.split_total));
 }
 
 void KvRuntime::wait_compute(const Event& e, LayerTiming& t) {
@@ -313,16 +331,17 @@ void KvRuntime::attend(int64_t layer, const Tensor& x, const Tensor& q, const Te
   // this layer writes them.
   if (buf_stored_[b].impl()) wait_compute(buf_stored_[b], t);
   // Recompute K/V[0:l] from X[0:l] as soon as X has arrived, while KV[l:s'] is still copying.
-  if (rows_x_ > 0) {
+  const int var = variant(layer);
+  if (const int64_t rx = rows_x_[var]; rx > 0) {
     wait_compute(t.x_ready, t);
     t.recompute_start = be_.record(Stream::Compute);
-    Tensor x32 = x32_.rows(0, rows_x_), k32 = k32_.rows(0, rows_x_), v32 = v32_.rows(0, rows_x_);
-    be_.convert(x32, xbuf_[b].rows(0, rows_x_));
+    Tensor x32 = x32_.rows(0, rx), k32 = k32_.rows(0, rx), v32 = v32_.rows(0, rx);
+    be_.convert(x32, xbuf_[b].rows(0, rx));
     projector_.project_kv(layer, x32, k32, v32);
     for (const auto& s : plan_) {
-      if (s.split == 0) continue;
-      be_.convert(kbuf_[b].rows(s.ctx_off, s.split), k32.rows(s.x_off, s.split));
-      be_.convert(vbuf_[b].rows(s.ctx_off, s.split), v32.rows(s.x_off, s.split));
+      if (s.split[var] == 0) continue;
+      be_.convert(kbuf_[b].rows(s.ctx_off, s.split[var]), k32.rows(s.x_off[var], s.split[var]));
+      be_.convert(vbuf_[b].rows(s.ctx_off, s.split[var]), v32.rows(s.x_off[var], s.split[var]));
     }
     t.recompute_end = be_.record(Stream::Compute);
   }
@@ -365,12 +384,14 @@ void KvRuntime::end() {
   be_.set_trace_label("");
   if (scheduler_ && opts_.adapt && !timing_.empty() && timing_.back().h2d_end.impl()) {
     be_.synchronize(timing_.back().h2d_end);
-    for (const auto& t : timing_) {
+    for (size_t li = 0; li < timing_.size(); ++li) {
+      const LayerTiming& t = timing_[li];
       if (!t.h2d_end.impl()) continue;
       double link_ms = be_.elapsed_ms(t.h2d_start, t.h2d_end);
       scheduler_->observe_link(static_cast<double>(t.h2d_bytes), link_ms / 1e3);
       double rec_ms = t.recompute_end.impl() ? be_.elapsed_ms(t.recompute_start, t.recompute_end) : 0;
-      if (rows_x_ > 0) scheduler_->observe_recompute(rows_x_, rec_ms / 1e3);
+      const int64_t rx = rows_x_[variant(static_cast<int64_t>(li))];
+      if (rx > 0) scheduler_->observe_recompute(rx, rec_ms / 1e3);
       if (t.compute_end.impl()) {
         double layer_ms = be_.elapsed_ms(t.compute_start, t.compute_end);
         scheduler_->observe_other(std::max(0.0, layer_ms - t.waited_ms - rec_ms) / 1e3);

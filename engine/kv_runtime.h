@@ -85,8 +85,11 @@ class HostKvStore {
 
 // What one step did: the split and the bytes that crossed the link.
 struct StepStats {
-  std::vector<int64_t> split;  // l of each chunk (0 where nothing was recomputed)
+  std::vector<int64_t> split;  // l of each chunk for layers 1.. (0 where nothing was recomputed)
   int64_t split_total = 0;
+  // Layer 0's copies have no earlier layer to hide behind, so the scheduler chooses its split
+  // with the paper's model; the other layers use the pipeline model.
+  int64_t split_total_layer0 = 0;
   std::string split_source;    // "scheduler:pipeline", "scheduler:paper", "forced", "all", "none"
   double predicted_layer_ms = 0;
   int64_t h2d_bytes = 0;       // all layers
@@ -124,10 +127,13 @@ class KvRuntime {
  private:
   struct SeqPlan {
     int64_t slot, past, q_len, q_begin;
-    int64_t ctx_off;  // first row in the per-step K/V buffers
-    int64_t split;    // l
-    int64_t x_off;    // first row in the X buffer
+    int64_t ctx_off;   // first row in the per-step K/V buffers
+    int64_t split[2];  // l for layer 0 and for the other layers
+    int64_t x_off[2];  // first row in the X buffer, likewise
   };
+  static int variant(int64_t layer) { return layer == 0 ? 0 : 1; }
+  int64_t x_avail(const SeqPlan& s) const;  // cached tokens of s whose X is stored
+  std::vector<int64_t> distribute(int64_t total, int64_t cached) const;
   struct LayerTiming {
     Event h2d_start, x_ready, h2d_end, compute_start, compute_end, recompute_start, recompute_end;
     double waited_ms = 0;
@@ -152,7 +158,8 @@ class KvRuntime {
 
   // Per step.
   std::vector<SeqPlan> plan_;
-  int64_t rows_ctx_ = 0, rows_x_ = 0, rows_q_ = 0;
+  int64_t rows_ctx_ = 0, rows_q_ = 0;
+  int64_t rows_x_[2] = {0, 0};  // X rows recomputed for layer 0 and for the others
   Tensor kbuf_[2], vbuf_[2], xbuf_[2], xnew_[2];  // device, kv dtype
   Tensor x32_, k32_, v32_, knew_, vnew_;          // device scratch
   Tensor host_q_, host_out_;                      // pinned (cpu-attn)

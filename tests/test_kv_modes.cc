@@ -202,3 +202,41 @@ TEST(KvRuntime, KvprWithoutProfileOrSplitIsAnError) {
     EXPECT_NE(std::string(e.what()).find("needs a link profile"), std::string::npos);
   }
 }
+
+TEST(KvRuntime, FirstLayerGetsItsOwnSplitWhenItPays) {
+  // The link is slow but the rest of each layer's work takes long enough to hide it: the
+  // pipeline model moves everything for layers 1.., while layer 0, whose copies nothing
+  // overlaps, recomputes (the paper's model). Results stay equal to resident.
+  CpuBackend be;
+  OptModel model(be, test::data_path("opt/pre_ln_safetensors"));
+  const OptConfig& c = model.config();
+  LinkProfile p;
+  p.h2d_gbps = p.h2d_alone_gbps = p.d2h_gbps = 0.001;  // 1 MB/s
+  p.recompute_fixed_s = 0;
+  p.recompute_per_row_s = 1e-9;
+  KvRuntimeOptions o;
+  o.kv_dtype = DType::F32;
+  o.mode = KvMode::Kvpr;
+  o.profile = p;
+  o.split_granularity = 1;
+  o.adapt = false;
+  auto kv = model.make_kv_runtime(1, 32, o);
+  kv->scheduler()->observe_other(10.0);  // 10 s of other work per layer: the link is hidden
+  KvRuntimeOptions r;
+  r.kv_dtype = DType::F32;
+  auto resident = model.make_kv_runtime(1, 32, r);
+  std::vector<int32_t> toks = {4, 8, 15, 16, 23, 42, 7, 9};
+  Tensor a = Tensor::host(DType::F32, {1, c.vocab_size}), b = Tensor::host(DType::F32, {1, c.vocab_size});
+  model.forward({ForwardChunk{toks.data(), 7, 0, 0}}, *kv, a);
+  model.forward({ForwardChunk{toks.data(), 7, 0, 0}}, *resident, b);
+  model.forward({ForwardChunk{toks.data() + 7, 1, 7, 0}}, *kv, a);
+  model.forward({ForwardChunk{toks.data() + 7, 1, 7, 0}}, *resident, b);
+  const StepStats& st = kv->last_step();
+  EXPECT_EQ(st.split_source, "scheduler:pipeline");
+  EXPECT_EQ(st.split_total, 0);
+  EXPECT_EQ(st.split_total_layer0, 7);
+  // Layer 0 moves X of 7 tokens; the other layer moves K and V of 7 tokens.
+  EXPECT_EQ(st.h2d_bytes, 7 * c.hidden_size * 4 + 7 * 2 * c.hidden_size * 4);
+  std::vector<double> ref(b.data_as<float>(), b.data_as<float>() + c.vocab_size);
+  EXPECT_TRUE(test::close_rel(ref, a.data_as<float>(), ref.size(), 1e-5));
+}
