@@ -49,6 +49,8 @@ const std::vector<Option>& options() {
       {"gpus", "cuda: all or a list like 0,2 [all]", [](DaemonConfig& c, const std::string& v) { c.gpus = v; }},
       {"workers", "cpu: number of CPU workers [1]", [](DaemonConfig& c, const std::string& v) { c.workers = to_int("workers", v); }},
       {"max-batch", "sequences per worker step [8]", [](DaemonConfig& c, const std::string& v) { c.max_batch = to_int("max-batch", v); }},
+      {"max-step-tokens", "tokens per worker step; longer prefills wait a step [8192]",
+       [](DaemonConfig& c, const std::string& v) { c.max_step_tokens = to_int("max-step-tokens", v); }},
       {"max-seq-len", "context length [the model's]", [](DaemonConfig& c, const std::string& v) { c.max_seq_len = to_int("max-seq-len", v); }},
       {"kv-mode", "resident, offload, kvpr, recompute or cpu-attn [resident]", [](DaemonConfig& c, const std::string& v) { c.kv_mode = v; }},
       {"split", "kvpr: force the split l [scheduler]", [](DaemonConfig& c, const std::string& v) { c.split = to_int("split", v); }},
@@ -161,6 +163,7 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   KVPR_CHECK(c.port > 0 && c.port < 65536, "port must be in 1..65535");
   KVPR_CHECK(c.workers >= 1 && c.workers <= 256, "workers must be in 1..256");
   KVPR_CHECK(c.max_batch >= 1, "max-batch must be >= 1");
+  KVPR_CHECK(c.max_step_tokens >= 1, "max-step-tokens must be >= 1");
   KVPR_CHECK(c.max_queue >= 1, "max-queue must be >= 1");
   KVPR_CHECK(c.backend == "auto" || c.backend == "cpu" || c.backend == "cuda", "backend must be auto, cpu or cuda");
   if (c.served_model_name.empty()) c.served_model_name = std::filesystem::path(c.model).filename().string();

@@ -17,6 +17,7 @@ struct DaemonConfig {
   std::string gpus = "all";          // cuda: "all" or "0,2"
   int workers = 1;                   // cpu: number of CPU workers
   int max_batch = 8;                 // sequences per worker step
+  int64_t max_step_tokens = 8192;    // tokens per worker step (prefill budget)
   int64_t max_seq_len = 0;           // 0: the model's context
   std::string kv_mode = "resident";
   int64_t split = -1;                // kvpr: forced split, -1 = scheduler

@@ -117,6 +117,7 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
   std::vector<std::string> a = {binary_, "--fd", std::to_string(fd), "--model", cfg_.model, "--index",
                                 std::to_string(w.index), "--backend", w.cuda ? "cuda" : "cpu", "--device",
                                 std::to_string(w.device), "--max-batch", std::to_string(cfg_.max_batch),
+                                "--max-step-tokens", std::to_string(cfg_.max_step_tokens),
                                 "--kv-mode", cfg_.kv_mode};
   if (cfg_.max_seq_len > 0) a.insert(a.end(), {"--max-seq-len", std::to_string(cfg_.max_seq_len)});
   if (cfg_.split >= 0) a.insert(a.end(), {"--split", std::to_string(cfg_.split)});

@@ -42,6 +42,8 @@ Generator::Generator(OptModel& model, const Tokenizer& tokenizer, const Generato
   max_seq_len_ = opts.max_seq_len > 0 ? std::min(opts.max_seq_len, c.max_position_embeddings)
                                       : c.max_position_embeddings;
   KVPR_CHECK(opts.max_batch > 0, "max_batch must be positive");
+  KVPR_CHECK(opts.max_step_tokens > 0, "max_step_tokens must be positive");
+  max_step_tokens_ = opts.max_step_tokens;
   // Ids the tokenizer cannot produce (OPT pads its embedding to 50272) are never sampled.
   valid_vocab_ = static_cast<int32_t>(std::min<int64_t>(c.vocab_size, tokenizer.size()));
   KvRuntimeOptions kv = opts.kv;
@@ -143,7 +145,13 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   retire_cancelled(running_);
   std::vector<Sequence*> batch;
   for (auto& s : running_) batch.push_back(s.get());
+  // Admit waiting prompts while slots are free and the step's token budget allows (the
+  // first prompt of a step is always admitted, however long).
+  int64_t step_tokens = static_cast<int64_t>(batch.size());  // one per decoding sequence
+  bool admitted_prompt = false;
   while (!waiting_.empty() && !free_slots_.empty()) {
+    const int64_t need = static_cast<int64_t>(waiting_.front()->prompt.size());
+    if (admitted_prompt && step_tokens + need > max_step_tokens_) break;
     auto s = std::move(waiting_.front());
     waiting_.erase(waiting_.begin());
     if (s->params.max_new_tokens == 0) {
@@ -154,6 +162,8 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     }
     s->slot = free_slots_.back();
     free_slots_.pop_back();
+    step_tokens += need;
+    admitted_prompt = true;
     batch.push_back(s.get());
     running_.push_back(std::move(s));
   }

@@ -30,6 +30,8 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled
 
 struct GeneratorOptions {
   int max_batch = 8;          // sequences decoding at once (KV slots)
+  int64_t max_step_tokens = 8192;  // tokens per forward (bounds activation memory); prompts
+                                   // wait for a later step when the budget is used
   int64_t max_seq_len = 0;    // 0 = the model's max_position_embeddings
   std::optional<DType> kv_dtype;  // default: the model's weight dtype
   KvRuntimeOptions kv;        // KV mode and its settings (kv.kv_dtype is set from kv_dtype)
@@ -93,6 +95,7 @@ class Generator {
   OptModel& model_;
   const Tokenizer& tok_;
   int64_t max_seq_len_;
+  int64_t max_step_tokens_ = 8192;
   int32_t valid_vocab_;
   std::unique_ptr<KvRuntime> runtime_;
   std::vector<int64_t> free_slots_;

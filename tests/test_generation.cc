@@ -129,6 +129,28 @@ TEST(Generation, ContinuousBatchingAdmitsNewRequestsMidFlight) {
   EXPECT_EQ(gen.take_result(c).tokens, ref.generate_all({{30}}, p)[0].tokens);
 }
 
+TEST(Generation, StepTokenBudgetSpreadsPrefillsOverSteps) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  GeneratorOptions o = f32_kv(4);
+  o.max_step_tokens = 10;
+  Generator gen(f.model, tok, o);
+  GenerationParams p;
+  p.max_new_tokens = 3;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(gen.add(std::vector<int32_t>(6, 10 + i), p));
+  gen.step();  // 6 tokens admitted; the next 6 would exceed 10
+  EXPECT_EQ(gen.running(), 1u);
+  EXPECT_EQ(gen.waiting(), 2u);
+  gen.step();  // 1 decode + 6 prefill
+  EXPECT_EQ(gen.running(), 2u);
+  while (!gen.idle()) gen.step();
+  Generator ref(f.model, tok, f32_kv(1));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(gen.take_result(ids[i]).tokens, ref.generate_all({std::vector<int32_t>(6, 10 + i)}, p)[0].tokens);
+}
+
 TEST(Generation, SamplingIsReproducibleWithASeed) {
   test::TempDir tmp;
   Fixture f("pre_ln_safetensors");

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
       else if (a == "--index") o.index = std::stoi(val());
       else if (a == "--max-batch") o.generator.max_batch = std::stoi(val());
       else if (a == "--max-seq-len") o.generator.max_seq_len = std::stoll(val());
+      else if (a == "--max-step-tokens") o.generator.max_step_tokens = std::stoll(val());
       else if (a == "--kv-mode") {
         std::string m = val();
         KVPR_CHECK(parse_kv_mode(m, &o.generator.kv.mode), "unknown --kv-mode '", m, "'");
