@@ -55,18 +55,7 @@ double time_median(int reps, Fn&& fn) {
   return t[t.size() / 2];
 }
 
-OptConfig opt_125m() {
-  OptConfig c;
-  c.vocab_size = 50272;
-  c.hidden_size = 768;
-  c.num_layers = 12;
-  c.num_heads = 12;
-  c.ffn_dim = 3072;
-  c.max_position_embeddings = 2048;
-  c.word_embed_proj_dim = 768;
-  c.torch_dtype = "float16";
-  return c;
-}
+OptConfig preset(const std::string& name);  // below
 
 json::Value bench_attention(CpuBackend& be, DType kv_dtype, int batch, int ctx, int heads, int head_dim, int reps) {
   const int hidden = heads * head_dim;
@@ -176,7 +165,7 @@ int cmd_cpu(const std::vector<std::string>& args) {
   if (!fs::exists(dir + "/model.safetensors")) {
     std::fprintf(stderr, "writing random OPT-125m-shaped weights to %s ...\n", dir.c_str());
     DemoModelSpec spec = default_demo_spec();
-    spec.config = opt_125m();
+    spec.config = preset("opt-125m");
     write_demo_model(dir, spec, default_tokenizer_dir());
   }
   CpuBackend be;
@@ -225,12 +214,14 @@ OptConfig preset(const std::string& name) {
     c.hidden_size = 4096, c.num_layers = 32, c.num_heads = 32, c.ffn_dim = 16384;
   } else if (name == "opt-13b") {
     c.hidden_size = 5120, c.num_layers = 40, c.num_heads = 40, c.ffn_dim = 20480;
+  } else if (name == "opt-125m") {
+    c.hidden_size = 768, c.num_layers = 12, c.num_heads = 12, c.ffn_dim = 3072;
   } else if (name == "opt-1.3b") {
     c.hidden_size = 2048, c.num_layers = 24, c.num_heads = 32, c.ffn_dim = 8192;
   } else if (name == "tiny") {
     c.hidden_size = 128, c.num_layers = 4, c.num_heads = 4, c.ffn_dim = 512;
   } else {
-    KVPR_THROW("unknown preset '", name, "' (opt-6.7b, opt-13b, opt-1.3b, tiny)");
+    KVPR_THROW("unknown preset '", name, "' (opt-6.7b, opt-13b, opt-1.3b, opt-125m, tiny)");
   }
   c.word_embed_proj_dim = c.hidden_size;
   return c;
