@@ -17,7 +17,7 @@
 #include "engine/cuda/device_util.cuh"
 #include "engine/cuda/kernels.h"
 
-namespace kvpr::cuda {
+KVPR_CUDA_NAMESPACE_BEGIN
 
 namespace {
 
@@ -180,14 +180,14 @@ void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, i
   if (all_decode) {
     const int splits = decode_splits(max_ctx);
     dim3 grid(splits, heads, static_cast<unsigned>(n_seqs));
-    decode_split_kernel<T, CH><<<grid, kWarps * 32, 0, stream>>>(q, descs, heads, hd, scale, splits, work);
+    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, decode_split_kernel<T, CH>)(q, descs, heads, hd, scale, splits, work);
     CUDA_CHECK_LAUNCH();
-    decode_merge_kernel<<<dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream>>>(out, descs, heads, hd, splits,
+    KVPR_LAUNCH(dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream, decode_merge_kernel)(out, descs, heads, hd, splits,
                                                                                       work);
     CUDA_CHECK_LAUNCH();
   } else {
     dim3 grid(static_cast<unsigned>(total_q), (heads + kWarps - 1) / kWarps);
-    attention_rows_kernel<T, CH><<<grid, kWarps * 32, 0, stream>>>(out, q, descs, static_cast<int>(n_seqs), total_q,
+    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, attention_rows_kernel<T, CH>)(out, q, descs, static_cast<int>(n_seqs), total_q,
                                                                     heads, hd, scale);
     CUDA_CHECK_LAUNCH();
   }
@@ -214,4 +214,4 @@ void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
   });
 }
 
-}  // namespace kvpr::cuda
+KVPR_CUDA_NAMESPACE_END

@@ -9,9 +9,10 @@
 #include <cstdint>
 
 #include "engine/dtype.h"
+#include "engine/cuda/kernels.h"
 #include "engine/error.h"
 
-namespace kvpr::cuda {
+KVPR_CUDA_NAMESPACE_BEGIN
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
@@ -54,7 +55,17 @@ inline unsigned grid_for(int64_t n, int threads, unsigned cap = 65535u * 8) {
   return static_cast<unsigned>(g > cap ? cap : g);
 }
 
-}  // namespace kvpr::cuda
+KVPR_CUDA_NAMESPACE_END
+
+// KVPR_LAUNCH(grid, block, shared_bytes, stream, kernel)(args...) launches a kernel. Under
+// the SIMT emulator of the tests (tests/simt/simt_emu.h, host compiler, no GPU) the same
+// launch runs the kernel's threads on the CPU.
+#if defined(KVPR_SIMT_EMULATION)
+#define KVPR_LAUNCH(grid, block, smem, stream, ...) \
+  ((void)(smem), (void)(stream), ::kvpr_emu::launch(grid, block, __VA_ARGS__))
+#else
+#define KVPR_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#endif
 
 // Runs BODY with `T` the device type of a float DType.
 #define KVPR_FLOAT_DISPATCH(dtype, T, ...)                                               \

@@ -4,7 +4,7 @@
 #include "engine/cuda/device_util.cuh"
 #include "engine/cuda/kernels.h"
 
-namespace kvpr::cuda {
+KVPR_CUDA_NAMESPACE_BEGIN
 
 namespace {
 
@@ -83,7 +83,7 @@ void gather_rows(float* out, const void* table, DType table_dtype, const int32_t
                  int64_t width, bool accumulate, cudaStream_t stream) {
   if (n_ids == 0) return;
   KVPR_FLOAT_DISPATCH(table_dtype, T,
-                      gather_rows_kernel<T><<<grid_for(n_ids, 1, 65535), 256, 0, stream>>>(
+                      KVPR_LAUNCH(grid_for(n_ids, 1, 65535), 256, 0, stream, gather_rows_kernel<T>)(
                           out, static_cast<const T*>(table), ids, rows, n_ids, width, accumulate));
   CUDA_CHECK_LAUNCH();
 }
@@ -92,7 +92,7 @@ void layer_norm(float* out, const float* x, const void* gamma, const void* beta,
                 int64_t width, float eps, cudaStream_t stream) {
   if (rows == 0) return;
   KVPR_FLOAT_DISPATCH(param_dtype, T,
-                      layer_norm_kernel<T><<<grid_for(rows, 1, 65535), 256, 0, stream>>>(
+                      KVPR_LAUNCH(grid_for(rows, 1, 65535), 256, 0, stream, layer_norm_kernel<T>)(
                           out, x, static_cast<const T*>(gamma), static_cast<const T*>(beta), rows, width, eps));
   CUDA_CHECK_LAUNCH();
 }
@@ -100,14 +100,14 @@ void layer_norm(float* out, const float* x, const void* gamma, const void* beta,
 void bias_act(float* out, const void* bias, DType bias_dtype, int64_t m, int64_t n, int act, cudaStream_t stream) {
   if (m * n == 0) return;
   KVPR_FLOAT_DISPATCH(bias_dtype, T,
-                      bias_act_kernel<T><<<grid_for(m * n, 256), 256, 0, stream>>>(out, static_cast<const T*>(bias), m,
+                      KVPR_LAUNCH(grid_for(m * n, 256), 256, 0, stream, bias_act_kernel<T>)(out, static_cast<const T*>(bias), m,
                                                                                    n, act));
   CUDA_CHECK_LAUNCH();
 }
 
 void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, a, b, n);
+  KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, add_kernel)(out, a, b, n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -115,7 +115,7 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64
   if (n == 0) return;
   KVPR_FLOAT_DISPATCH(dst_dtype, D,
                       KVPR_FLOAT_DISPATCH(src_dtype, S,
-                                          convert_kernel<D, S><<<grid_for(n, 256), 256, 0, stream>>>(
+                                          KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, convert_kernel<D, S>)(
                                               static_cast<D*>(dst), static_cast<const S*>(src), n)));
   CUDA_CHECK_LAUNCH();
 }
@@ -123,9 +123,9 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64
 void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, float stddev, cudaStream_t stream) {
   if (n == 0) return;
   KVPR_FLOAT_DISPATCH(dtype, T,
-                      fill_random_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<T*>(dst), n, seed, mean,
+                      KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, fill_random_kernel<T>)(static_cast<T*>(dst), n, seed, mean,
                                                                                   stddev));
   CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace kvpr::cuda
+KVPR_CUDA_NAMESPACE_END

@@ -8,7 +8,17 @@
 
 #include "engine/dtype.h"
 
-namespace kvpr::cuda {
+// The kernels live in kvpr::cuda. Built for the SIMT emulator of the tests they live in an
+// inline namespace of their own, so that they never clash with the real ones at link time.
+#if defined(KVPR_SIMT_EMULATION)
+#define KVPR_CUDA_NAMESPACE_BEGIN namespace kvpr::cuda { inline namespace simt {
+#define KVPR_CUDA_NAMESPACE_END } }
+#else
+#define KVPR_CUDA_NAMESPACE_BEGIN namespace kvpr::cuda {
+#define KVPR_CUDA_NAMESPACE_END }
+#endif
+
+KVPR_CUDA_NAMESPACE_BEGIN
 
 void gather_rows(float* out, const void* table, DType table_dtype, const int32_t* ids, int64_t rows, int64_t n_ids,
                  int64_t width, bool accumulate, cudaStream_t stream);
@@ -37,4 +47,4 @@ void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
                int64_t max_q_len, bool all_decode, int heads, int head_dim, DType kv_dtype, float scale, float* work,
                cudaStream_t stream);
 
-}  // namespace kvpr::cuda
+KVPR_CUDA_NAMESPACE_END

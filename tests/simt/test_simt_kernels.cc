@@ -1,0 +1,147 @@
+// The CUDA kernels (engine/cuda/*.cu), run by the SIMT emulator (simt_emu.h) on the CPU,
+// against the CPU backend's ops. CI has no GPU: this is where kernel indexing, bounds,
+// reductions and split merges are checked on every change (and under ASan in CI's second
+// phase). tests/test_cuda.cc runs the same comparisons on a real device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/cuda/kernels.h"
+#include "tests/test_util.h"
+
+using namespace kvpr;
+
+namespace {
+
+double tol(DType t) { return t == DType::F32 ? 1e-4 : t == DType::F16 ? 1e-2 : 4e-2; }
+
+std::vector<double> as_double(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = load_as_f32(t.data(), t.dtype(), i);
+  return v;
+}
+std::vector<float> as_float(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = load_as_f32(t.data(), t.dtype(), i);
+  return v;
+}
+
+Tensor random(CpuBackend& cpu, DType dt, Shape shape, uint64_t seed, float stddev = 1.f) {
+  Tensor t = cpu.alloc(dt, std::move(shape));
+  cpu.fill_random(t, seed, 0.f, stddev);
+  return t;
+}
+
+class SimtKernels : public ::testing::TestWithParam<DType> {};
+
+}  // namespace
+
+TEST_P(SimtKernels, GatherLayerNormAddConvert) {
+  CpuBackend cpu;
+  const DType dt = GetParam();
+  const int V = 97, T = 13;
+  for (int D : {45, 300, 769}) {
+    Tensor table = random(cpu, dt, {V, D}, 4);
+    Tensor ids = cpu.alloc(DType::I32, {T});
+    for (int i = 0; i < T; ++i) ids.data_as<int32_t>()[i] = (i * 31) % V;
+    Tensor ref = cpu.alloc(DType::F32, {T, D}), got = cpu.alloc(DType::F32, {T, D});
+    cpu.gather_rows(ref, table, ids);
+    cpu.add_gathered_rows(ref, table, ids);
+    cuda::gather_rows(got.data_as<float>(), table.data(), dt, ids.data_as<int32_t>(), V, T, D, false, nullptr);
+    cuda::gather_rows(got.data_as<float>(), table.data(), dt, ids.data_as<int32_t>(), V, T, D, true, nullptr);
+    EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), T * D, 1e-6)) << "gather D=" << D;
+
+    Tensor g = random(cpu, dt, {D}, 5), b = random(cpu, dt, {D}, 6);
+    Tensor ln_ref = cpu.alloc(DType::F32, {T, D}), ln = cpu.alloc(DType::F32, {T, D});
+    cpu.layer_norm(ln_ref, ref, g, b, 1e-5f);
+    cuda::layer_norm(ln.data_as<float>(), got.data_as<float>(), g.data(), b.data(), dt, T, D, 1e-5f, nullptr);
+    EXPECT_TRUE(test::close_rel(as_double(ln_ref), ln.data_as<float>(), T * D, 1e-5)) << "layer_norm D=" << D;
+    cuda::layer_norm(got.data_as<float>(), got.data_as<float>(), g.data(), b.data(), dt, T, D, 1e-5f, nullptr);
+    EXPECT_TRUE(test::close_rel(as_double(ln_ref), got.data_as<float>(), T * D, 1e-5)) << "in place D=" << D;
+
+    Tensor sum_ref = cpu.alloc(DType::F32, {T, D}), sum = cpu.alloc(DType::F32, {T, D});
+    cpu.add(sum_ref, ln_ref, ref);
+    cuda::add(sum.data_as<float>(), ln.data_as<float>(), ref.data_as<float>(), T * D, nullptr);
+    EXPECT_TRUE(test::close_rel(as_double(sum_ref), sum.data_as<float>(), T * D, 1e-6));
+
+    for (DType to : {DType::F32, DType::F16, DType::BF16}) {
+      Tensor c_ref = cpu.alloc(to, {T, D}), c = cpu.alloc(to, {T, D});
+      cpu.convert(c_ref, sum_ref);
+      cuda::convert(c.data(), to, sum_ref.data(), DType::F32, T * D, nullptr);  // same input: same rounding
+      std::vector<float> cv = as_float(c);
+      EXPECT_TRUE(test::close_rel(as_double(c_ref), cv.data(), cv.size(), 0)) << "convert to " << dtype_name(to);
+    }
+  }
+}
+
+TEST_P(SimtKernels, BiasActivationAndRandomFill) {
+  CpuBackend cpu;
+  const DType dt = GetParam();
+  const int M = 7, K = 33, N = 131;
+  Tensor x = random(cpu, DType::F32, {M, K}, 1);
+  Tensor w = random(cpu, dt, {N, K}, 2, 0.2f);
+  Tensor b = random(cpu, dt, {N}, 3);
+  for (Activation act : {Activation::None, Activation::ReLU, Activation::GELU}) {
+    Tensor ref = cpu.alloc(DType::F32, {M, N}), plain = cpu.alloc(DType::F32, {M, N});
+    cpu.linear(ref, x, w, b, act);
+    cpu.linear(plain, x, w, Tensor(), Activation::None);  // the GEMM part (cuBLAS on a GPU)
+    const int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
+    cuda::bias_act(plain.data_as<float>(), b.data(), dt, M, N, a, nullptr);
+    EXPECT_TRUE(test::close_rel(as_double(ref), plain.data_as<float>(), M * N, 1e-5)) << "act " << a;
+  }
+  // fill_random: the same counter-based values as the CPU backend.
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{70001}}) {
+    Tensor ref = cpu.alloc(dt, {n}), got = cpu.alloc(dt, {n});
+    cpu.fill_random(ref, 42, 0.5f, 0.02f);
+    cuda::fill_random(got.data(), dt, n, 42, 0.5f, 0.02f, nullptr);
+    std::vector<float> g = as_float(got);
+    EXPECT_TRUE(test::close_rel(as_double(ref), g.data(), g.size(), tol(dt) * 0.1)) << "fill_random n=" << n;
+  }
+}
+
+TEST_P(SimtKernels, AttentionPrefillMixedAndDecodeSplits) {
+  CpuBackend cpu;
+  const DType dt = GetParam();
+  for (int hd : {8, 64, 80, 128, 256}) {
+    const int heads = 3, hidden = heads * hd;
+    for (bool decode_only : {false, true}) {
+      struct S {
+        int q_len, past;
+      };
+      // Decode contexts over several 256-key splits, shorter ones with empty splits, and a
+      // context of one key; mixed batches of prefill chunks with and without a past.
+      std::vector<S> spec = decode_only ? std::vector<S>{{1, 0}, {1, 1100}, {1, 37}, {1, 300}}
+                                        : std::vector<S>{{5, 0}, {4, 7}, {1, 70}, {33, 0}};
+      int T = 0;
+      for (auto s : spec) T += s.q_len;
+      Tensor q = random(cpu, DType::F32, {T, hidden}, 7);
+      std::vector<AttentionSeq> seqs;
+      std::vector<cuda::AttnDesc> descs;
+      int off = 0, max_ctx = 0;
+      uint64_t seed = 100;
+      for (auto s : spec) {
+        Tensor k = random(cpu, dt, {s.past + s.q_len, hidden}, seed++);
+        Tensor v = random(cpu, dt, {s.past + s.q_len, hidden}, seed++);
+        seqs.push_back(AttentionSeq{off, s.q_len, s.past, k, v});
+        descs.push_back(cuda::AttnDesc{k.data(), v.data(), off, s.q_len, s.past});
+        off += s.q_len;
+        max_ctx = std::max(max_ctx, s.past + s.q_len);
+      }
+      Tensor ref = cpu.alloc(DType::F32, {T, hidden}), got = cpu.alloc(DType::F32, {T, hidden});
+      const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+      cpu.attention(ref, q, seqs, heads, scale);
+      std::vector<float> work(static_cast<size_t>(
+          cuda::attention_work_floats(static_cast<int64_t>(descs.size()), max_ctx, heads, hd)));
+      cuda::attention(got.data_as<float>(), q.data_as<float>(), descs.data(), static_cast<int64_t>(descs.size()), T,
+                      max_ctx, 33, decode_only, heads, hd, dt, scale, work.data(), nullptr);
+      EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
+          << "head_dim " << hd << (decode_only ? " decode" : " mixed");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, SimtKernels, ::testing::Values(DType::F32, DType::F16, DType::BF16),
+                         [](const auto& p) { return std::string(dtype_name(p.param)); });
