@@ -108,6 +108,11 @@ class Backend {
   // Fills a float tensor with normal(mean, stddev) values from a counter-based generator:
   // element i depends only on (seed, i), so every backend produces the same values.
   virtual void fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) = 0;
+  // Greedy choice and log-sum-exp of each row of logits [R, V] (F32) over ids [0, valid):
+  // ids[r] (I32 [R]) is the first id of the row's largest logit; stats[r] (F32 [R, 2]) holds
+  // that logit and the row's log-sum-exp, so its log-probability is stats[r,0] - stats[r,1].
+  // Greedy decoding needs only these 12 bytes per row on the host, not the logits.
+  virtual void argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) = 0;
   // Multi-head causal attention. q, out: [T, heads*head_dim] F32; softmax(q·kᵀ·scale)·v.
   virtual void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
                          int heads, float scale) = 0;

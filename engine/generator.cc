@@ -185,15 +185,44 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   }
   const int64_t V = model_.config().vocab_size;
   const int64_t rows = static_cast<int64_t>(chunks.size());
-  if (!logits_.defined() || logits_.dim(0) < rows) logits_ = Tensor::host(DType::F32, {rows, V});
-  model_.forward(chunks, *runtime_, logits_.rows(0, rows));
+  Backend& be = model_.backend();
+  Tensor dev_logits = model_.forward_device(chunks, *runtime_);
+  // Greedy choice and log-sum-exp of every row on the device; the logits themselves come to
+  // the host only when a row samples (temperature) or an observer wants them.
+  auto greedy = [](const Sequence& s) { return s.params.sampling.temperature == 0.f || s.params.sampling.top_k == 1; };
+  bool need_logits = static_cast<bool>(observer);
+  for (const Sequence* s : batch) need_logits = need_logits || !greedy(*s);
+  if (!dev_ids_.defined() || dev_ids_.numel() < rows) {
+    const int64_t cap = std::max<int64_t>(rows, 64);
+    dev_ids_ = be.alloc(DType::I32, {cap});
+    dev_stats_ = be.alloc(DType::F32, {cap, 2});
+    host_ids_ = Tensor::host(DType::I32, {cap});
+    host_stats_ = Tensor::host(DType::F32, {cap, 2});
+  }
+  be.argmax_lse(dev_ids_.rows(0, rows), dev_stats_.rows(0, rows), dev_logits, valid_vocab_);
+  be.copy(host_ids_.rows(0, rows), dev_ids_.rows(0, rows), Stream::Compute);
+  be.copy(host_stats_.rows(0, rows), dev_stats_.rows(0, rows), Stream::Compute);
+  if (need_logits) {
+    if (!logits_.defined() || logits_.dim(0) < rows) logits_ = Tensor::host(DType::F32, {rows, V});
+    be.copy(logits_.rows(0, rows), dev_logits, Stream::Compute);
+  }
+  be.synchronize();
 
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i];
     s.past_len += chunks[i].count;
-    const float* row = logits_.data_as<float>() + static_cast<int64_t>(i) * V;
-    if (observer) observer(s.id, row, V);
-    Sampled pick = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch_);
+    Sampled pick{};
+    if (need_logits) {
+      const float* row = logits_.data_as<float>() + static_cast<int64_t>(i) * V;
+      if (observer) observer(s.id, row, V);
+    }
+    if (greedy(s)) {
+      const float* st = host_stats_.data_as<float>() + 2 * i;
+      pick = Sampled{host_ids_.data_as<int32_t>()[i], st[0] - st[1]};
+    } else {
+      const float* row = logits_.data_as<float>() + static_cast<int64_t>(i) * V;
+      pick = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch_);
+    }
     s.tokens.push_back(pick.token);
     s.logprobs.push_back(pick.logprob);
     StepOutput ev;

@@ -102,7 +102,9 @@ class Generator {
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
   std::map<uint64_t, SequenceResult> done_;
   uint64_t next_id_ = 1;
-  Tensor logits_;  // host [rows, vocab]
+  Tensor logits_;                 // host [rows, vocab], for rows sampled on the host
+  Tensor dev_ids_, dev_stats_;    // device: greedy id and (max, log-sum-exp) per row
+  Tensor host_ids_, host_stats_;  // their host copies
   std::vector<std::pair<float, int32_t>> scratch_;
 };
 

@@ -187,6 +187,14 @@ void OptModel::project_kv(int64_t layer, const Tensor& x, const Tensor& k, const
 
 void OptModel::forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, const Tensor& logits,
                        bool all_positions) {
+  Tensor out = forward_device(chunks, kv, all_positions);
+  KVPR_CHECK(logits.dtype() == DType::F32 && logits.numel() == out.numel(), "logits buffer ", logits.describe(),
+             " does not hold ", out.describe());
+  backend_.copy(logits, out, Stream::Compute);
+  backend_.synchronize();
+}
+
+Tensor OptModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions) {
   const OptConfig& c = config_;
   const int64_t h = c.hidden_size, d = c.word_embed_proj_dim, V = c.vocab_size;
   Backend& be = backend_;
@@ -199,8 +207,6 @@ void OptModel::forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, c
     T += ch.count;
   }
   const int64_t rows = all_positions ? T : static_cast<int64_t>(chunks.size());
-  KVPR_CHECK(logits.dtype() == DType::F32 && logits.numel() == rows * V, "logits buffer ",
-             logits.describe(), " does not hold ", rows, " x ", V);
 
   // Token ids, positions and the rows whose logits we want, uploaded together.
   Tensor host_ids = Tensor::host(DType::I32, {2 * T + rows});
@@ -275,8 +281,7 @@ void OptModel::forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, c
   }
   Tensor out = ws_.get("logits", DType::F32, {rows, V});
   be.linear(out, head_in, lm_head_, Tensor(), Activation::None);
-  be.copy(logits, out, Stream::Compute);
-  be.synchronize();
+  return out;
 }
 
 }  // namespace kvpr

@@ -62,6 +62,9 @@ class OptModel : public KvProjector {
   // chunk (its last token), or one row per token when all_positions. logits is [rows, vocab].
   void forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, const Tensor& logits,
                bool all_positions = false);
+  // The same, leaving the logits in device memory: a view of a workspace buffer, valid until
+  // the next forward, with the work possibly still running on the compute stream.
+  Tensor forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions = false);
 
   KvShape kv_shape() const { return KvShape{config_.num_layers, config_.hidden_size, config_.num_heads}; }
   // Runtime for this model: `slots` sequences of up to `capacity` tokens.

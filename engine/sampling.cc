@@ -16,17 +16,23 @@ void validate(const SamplingParams& p) {
              p.top_p);
 }
 
-Sampled sample_token(const float* logits, int32_t valid, const SamplingParams& p, Rng& rng,
-                     std::vector<std::pair<float, int32_t>>& scratch) {
+RowStats row_argmax_lse(const float* logits, int32_t valid) {
   KVPR_CHECK(valid > 0, "no valid token ids to sample from");
-  // log-sum-exp of the raw logits for the reported log-probability.
   float mx = -std::numeric_limits<float>::infinity();
   int32_t arg = 0;
   for (int32_t i = 0; i < valid; ++i)
     if (logits[i] > mx) mx = logits[i], arg = i;
   double sum = 0;
   for (int32_t i = 0; i < valid; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
-  const double lse = mx + std::log(sum);
+  return {arg, mx, mx + std::log(sum)};
+}
+
+Sampled sample_token(const float* logits, int32_t valid, const SamplingParams& p, Rng& rng,
+                     std::vector<std::pair<float, int32_t>>& scratch) {
+  // log-sum-exp of the raw logits for the reported log-probability.
+  const RowStats st = row_argmax_lse(logits, valid);
+  const int32_t arg = st.token;
+  const double lse = st.lse;
   auto logprob = [&](int32_t t) { return static_cast<float>(logits[t] - lse); };
 
   if (p.temperature == 0.f || p.top_k == 1) return {arg, logprob(arg)};

@@ -34,6 +34,16 @@ class Rng {
   uint64_t s_;
 };
 
+// The greedy choice of a logits row and the row's log-sum-exp: `token` is the first id of
+// the largest logit among ids [0, valid); `lse` = log sum_i exp(logits[i]) over the same ids
+// (accumulated in double). The backends' argmax_lse op computes the same per row on device.
+struct RowStats {
+  int32_t token;
+  float max;
+  double lse;
+};
+RowStats row_argmax_lse(const float* logits, int32_t valid);
+
 struct Sampled {
   int32_t token;
   float logprob;  // log-softmax of the raw logits at `token` (temperature 1)

@@ -144,6 +144,28 @@ TEST_P(CudaOps, AttentionPrefillMixedAndLongDecode) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::F32, DType::F16, DType::BF16),
                          [](const auto& p) { return std::string(dtype_name(p.param)); });
 
+TEST(Cuda, ArgmaxLseMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  CpuBackend cpu;
+  auto gpu = create_backend("cuda");
+  for (auto [R, V, valid] : {std::tuple{64, 50272, 50265}, {3, 1000, 999}, {1, 31, 31}}) {
+    Pair l = random_pair(cpu, *gpu, DType::F32, {R, V}, 11, 4.f);
+    Tensor ic = cpu.alloc(DType::I32, {R}), sc = cpu.alloc(DType::F32, {R, 2});
+    Tensor ig = gpu->alloc(DType::I32, {R}), sg = gpu->alloc(DType::F32, {R, 2});
+    cpu.argmax_lse(ic, sc, l.cpu, valid);
+    gpu->argmax_lse(ig, sg, l.gpu, valid);
+    Tensor ih = Tensor::host(DType::I32, {R});
+    gpu->synchronize();
+    gpu->copy(ih, ig, Stream::D2H);
+    std::vector<float> s = download(*gpu, sg);
+    for (int r = 0; r < R; ++r) {
+      EXPECT_EQ(ih.data_as<int32_t>()[r], ic.data_as<int32_t>()[r]) << "row " << r;
+      EXPECT_EQ(s[2 * r], sc.data_as<float>()[2 * r]);
+      EXPECT_NEAR(s[2 * r + 1], sc.data_as<float>()[2 * r + 1], 1e-5 * std::fabs(sc.data_as<float>()[2 * r + 1]));
+    }
+  }
+}
+
 TEST(Cuda, OutOfMemoryIsAClearError) {
   SKIP_WITHOUT_GPU();
   auto gpu = create_backend("cuda");

@@ -188,19 +188,36 @@ TEST(Generation, LogprobsAreLogSoftmaxOfTheChosenToken) {
   Fixture f("pre_ln_safetensors");
   Tokenizer tok = char_tokenizer(tmp, 90);  // ids 90..95 exist in the model but not the tokenizer
   const int64_t V = f.model.config().vocab_size;
-  Generator gen(f.model, tok, f32_kv(1));
-  GenerationParams p;
-  p.max_new_tokens = 5;
-  p.sampling.temperature = 1.f;
-  p.sampling.seed = 3;
-  std::vector<std::vector<float>> rows;
-  auto r = gen.generate_all({{1, 2, 3}}, p, [&](uint64_t, const float* row, int64_t) { rows.emplace_back(row, row + V); });
-  for (size_t i = 0; i < rows.size(); ++i) {
-    EXPECT_LT(r[0].tokens[i], 90);  // never an id the tokenizer cannot produce
-    double mx = -1e300, z = 0;
-    for (int v = 0; v < 90; ++v) mx = std::max(mx, static_cast<double>(rows[i][v]));
-    for (int v = 0; v < 90; ++v) z += std::exp(rows[i][v] - mx);
-    EXPECT_NEAR(r[0].logprobs[i], rows[i][r[0].tokens[i]] - mx - std::log(z), 1e-4);
+  // Sampled on the host (temperature 1) and greedy, chosen on the device (argmax_lse).
+  for (float temperature : {1.f, 0.f}) {
+    Generator gen(f.model, tok, f32_kv(1));
+    GenerationParams p;
+    p.max_new_tokens = 5;
+    p.sampling.temperature = temperature;
+    p.sampling.seed = 3;
+    std::vector<std::vector<float>> rows;
+    auto r =
+        gen.generate_all({{1, 2, 3}}, p, [&](uint64_t, const float* row, int64_t) { rows.emplace_back(row, row + V); });
+    ASSERT_EQ(rows.size(), r[0].tokens.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_LT(r[0].tokens[i], 90);  // never an id the tokenizer cannot produce
+      double mx = -1e300, z = 0;
+      int arg = 0;
+      for (int v = 0; v < 90; ++v)
+        if (rows[i][v] > mx) mx = rows[i][v], arg = v;
+      for (int v = 0; v < 90; ++v) z += std::exp(rows[i][v] - mx);
+      EXPECT_NEAR(r[0].logprobs[i], rows[i][r[0].tokens[i]] - mx - std::log(z), 1e-4) << "T=" << temperature;
+      if (temperature == 0.f) {
+        EXPECT_EQ(r[0].tokens[i], arg);
+      }
+    }
+    // Without an observer the greedy path moves no logits; the result is the same.
+    if (temperature == 0.f) {
+      Generator g2(f.model, tok, f32_kv(1));
+      auto r2 = g2.generate_all({{1, 2, 3}}, p);
+      EXPECT_EQ(r2[0].tokens, r[0].tokens);
+      EXPECT_EQ(r2[0].logprobs, r[0].logprobs);
+    }
   }
 }
 

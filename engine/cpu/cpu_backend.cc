@@ -10,6 +10,7 @@
 #include "engine/cpu/attention.h"
 #include "engine/cpu/vec.h"
 #include "engine/error.h"
+#include "engine/sampling.h"
 #include "engine/thread_pool.h"
 
 #ifdef KVPR_HAVE_OPENBLAS
@@ -411,6 +412,28 @@ void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
     for (int64_t i = s; i < e; ++i) o[i] = ap[i] + bp[i];
   });
   if (tracer_) trace_op("add", trace_t0, json::Value());
+}
+
+void CpuBackend::argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) {
+  const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
+  check_f32(logits, "argmax_lse logits");
+  check_f32(stats, "argmax_lse stats");
+  const int64_t V = logits.dim(-1), R = logits.numel() / V;
+  KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == R && stats.numel() == 2 * R && valid > 0 && valid <= V,
+             "argmax_lse: shapes ids ", ids.describe(), " stats ", stats.describe(), " logits ", logits.describe(),
+             " valid ", valid);
+  const float* lp = logits.data_as<float>();
+  int32_t* ip = ids.data_as<int32_t>();
+  float* sp = stats.data_as<float>();
+  ThreadPool::global().parallel_for(R, 1, [&](int64_t s, int64_t e) {
+    for (int64_t r = s; r < e; ++r) {
+      const RowStats st = row_argmax_lse(lp + r * V, valid);
+      ip[r] = st.token;
+      sp[2 * r] = st.max;
+      sp[2 * r + 1] = static_cast<float>(st.lse);
+    }
+  });
+  if (tracer_) trace_op("argmax_lse", trace_t0, json::Value());
 }
 
 void CpuBackend::convert(const Tensor& dst, const Tensor& src) {

@@ -70,6 +70,7 @@ class CpuBackend final : public Backend {
   void fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) override;
   void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
                  int heads, float scale) override;
+  void argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) override;
 
  private:
   CopyEngine& engine(Stream s) { return s == Stream::H2D ? h2d_ : d2h_; }

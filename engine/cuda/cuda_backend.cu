@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -69,6 +70,8 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(device_);
     cudaDeviceSynchronize();
+    for (auto& st : staging_)
+      if (st.done) cudaEventDestroy(st.done);
     cublasDestroy(cublas_);
     for (auto& s : streams_) cudaStreamDestroy(s);
   }
@@ -88,7 +91,10 @@ class CudaBackend final : public Backend {
         KVPR_THROW("CUDA out of memory allocating ", bytes, " bytes for ", dtype_name(dtype), shape_str(shape),
                    " on ", name_, " (", free_b >> 20, " MiB free of ", total_b >> 20, " MiB)");
       }
-      CUDA_CHECK(cudaMemset(p, 0, bytes));
+      // cudaMemset runs on the legacy default stream, which our non-blocking streams do not
+      // wait for: finish it here, or a copy into the new buffer could land before the zeros.
+      CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cudaStreamLegacy));
+      CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
     }
     auto st = std::make_shared<Storage>();
     st->data = p;
@@ -253,6 +259,17 @@ class CudaBackend final : public Backend {
     cuda::fill_random(t.data(), t.dtype(), t.numel(), seed, mean, stddev, compute());
   }
 
+  void argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) override {
+    check_f32(logits, "argmax_lse logits");
+    check_f32(stats, "argmax_lse stats");
+    const int64_t V = logits.dim(-1), R = logits.numel() / V;
+    KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == R && stats.numel() == 2 * R && valid > 0 && valid <= V,
+               "argmax_lse: shapes ids ", ids.describe(), " stats ", stats.describe(), " logits ", logits.describe(),
+               " valid ", valid);
+    Traced t(*this, Stream::Compute, "argmax_lse", logits.nbytes(), 0);
+    cuda::argmax_lse(ids.data_as<int32_t>(), stats.data_as<float>(), logits.data_as<float>(), R, V, valid, compute());
+  }
+
   void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs, int heads,
                  float scale) override {
     check_f32(out, "attention output");
@@ -282,17 +299,13 @@ class CudaBackend final : public Backend {
       kv_bytes += 2 * (a.past_len + a.q_len) * hidden * static_cast<int64_t>(dtype_size(kv));
     }
     Traced t(*this, Stream::Compute, "attention", kv_bytes, 0);
-    // Descriptors go up from pageable memory: cudaMemcpyAsync has copied them out of the
-    // vector by the time it returns, so the vector may die.
-    Tensor dd = scratch_named(desc_buf_, DType::U8, static_cast<int64_t>(descs.size() * sizeof(cuda::AttnDesc)));
-    CUDA_CHECK(cudaMemcpyAsync(dd.data(), descs.data(), descs.size() * sizeof(cuda::AttnDesc), cudaMemcpyHostToDevice,
-                               compute()));
+    const void* dd = upload_small(descs.data(), descs.size() * sizeof(cuda::AttnDesc));
     float* work = nullptr;
     if (all_decode) {
       int64_t wf = cuda::attention_work_floats(static_cast<int64_t>(descs.size()), max_ctx, heads, static_cast<int>(hd));
       work = scratch_named(work_buf_, DType::F32, wf).data_as<float>();
     }
-    cuda::attention(out.data_as<float>(), q.data_as<float>(), static_cast<const cuda::AttnDesc*>(dd.data()),
+    cuda::attention(out.data_as<float>(), q.data_as<float>(), static_cast<const cuda::AttnDesc*>(dd),
                     static_cast<int64_t>(descs.size()), total_q, max_ctx, max_q, all_decode, heads, static_cast<int>(hd),
                     kv, scale, work, compute());
   }
@@ -377,6 +390,41 @@ class CudaBackend final : public Backend {
                       ids.numel(), out.dim(1), accumulate, compute());
   }
 
+  // Small per-call parameters (attention descriptors) go up through a ring of pinned staging
+  // slots: an upload from pageable memory may make the host wait for the compute stream,
+  // which would stall the layer loop the runtime keeps ahead of the device. A slot is reused
+  // once its copy has run (its event); the ring is deep enough that this wait means the
+  // host is already that many calls ahead.
+  const void* upload_small(const void* src, size_t bytes) {
+    Staging& st = staging_[staging_next_++ % staging_.size()];
+    if (!st.done) CUDA_CHECK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming));
+    else CUDA_CHECK(cudaEventSynchronize(st.done));
+    if (!st.host.defined() || st.host.nbytes() < bytes) {
+      const int64_t cap = static_cast<int64_t>(std::max<size_t>(bytes * 2, 4096));
+      st.host = Tensor();
+      st.host = cuda_pinned(cap);
+      st.dev = alloc(DType::U8, {cap});  // the old one is freed only after the device is idle
+    }
+    std::memcpy(st.host.data(), src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(st.dev.data(), st.host.data(), bytes, cudaMemcpyHostToDevice, compute()));
+    CUDA_CHECK(cudaEventRecord(st.done, compute()));
+    return st.dev.data();
+  }
+  Tensor cuda_pinned(int64_t bytes) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocPortable));
+    auto st = std::make_shared<Storage>();
+    st->data = p;
+    st->bytes = static_cast<size_t>(bytes);
+    st->kind = MemoryKind::PinnedHost;
+    st->release = [](void* q) { cudaFreeHost(q); };
+    return Tensor(std::move(st), 0, DType::U8, {bytes});
+  }
+  struct Staging {
+    Tensor host, dev;
+    cudaEvent_t done = nullptr;
+  };
+
   // Grow-only device scratch. Work on the compute stream is in order, so reusing a scratch
   // buffer for the next op is safe.
   Tensor scratch(DType dt, int64_t n) { return scratch_named(gemm_buf_, dt, n); }
@@ -394,7 +442,9 @@ class CudaBackend final : public Backend {
   cudaStream_t streams_[3] = {nullptr, nullptr, nullptr};
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<std::atomic<size_t>> in_use_ = std::make_shared<std::atomic<size_t>>(0);
-  Tensor gemm_buf_, desc_buf_, work_buf_;
+  Tensor gemm_buf_, work_buf_;
+  std::array<Staging, 32> staging_;
+  size_t staging_next_ = 0;
   std::mutex trace_mu_;
   std::vector<PendingSpan> pending_;
   cudaEvent_t trace_base_ = nullptr;

@@ -1,4 +1,4 @@
-// Launchers of the CUDA kernels (kernels.cu, attention.cu). All run on `stream`; float
+// Launchers of the CUDA kernels (kernels.cu, attention.cu, sampling.cu). All run on `stream`; float
 // inputs of any storage dtype (F32/F16/BF16) are read through load_f32.
 #pragma once
 
@@ -46,5 +46,10 @@ int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int he
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t max_q_len, bool all_decode, int heads, int head_dim, DType kv_dtype, float scale, float* work,
                cudaStream_t stream);
+
+// Per row of logits [rows, vocab]: ids[r] = first id of the largest logit among [0, valid),
+// stats[r] = (that logit, log-sum-exp over [0, valid)). One block per row.
+void argmax_lse(int32_t* ids, float* stats, const float* logits, int64_t rows, int64_t vocab, int32_t valid,
+                cudaStream_t stream);
 
 KVPR_CUDA_NAMESPACE_END

@@ -132,6 +132,15 @@ T exchange(T v, int src) {
   return r;
 }
 
+// getcontext returns twice: kept out of functions with locals it could clobber.
+[[gnu::noinline]] inline void init_fiber(Fiber& f) {
+  getcontext(&f.uc);
+  f.uc.uc_stack.ss_sp = f.stack;
+  f.uc.uc_stack.ss_size = f.stack_size;
+  f.uc.uc_link = nullptr;
+  makecontext(&f.uc, fiber_main, 0);
+}
+
 // Runs one block: every fiber until it finishes or waits at a barrier; a barrier opens when
 // every live thread of its warp (or block) waits at it. Threads that wait at different
 // barriers forever are a deadlock on the GPU too: it throws.
@@ -143,11 +152,7 @@ inline void run_block(std::vector<Fiber>& fibers, BlockState& b, dim3 bid, dim3 
     f.done = false;
     f.wait = Wait::None;
     f.fake_stack = nullptr;
-    getcontext(&f.uc);
-    f.uc.uc_stack.ss_sp = f.stack;
-    f.uc.uc_stack.ss_size = f.stack_size;
-    f.uc.uc_link = nullptr;
-    makecontext(&f.uc, fiber_main, 0);
+    init_fiber(f);
   }
   const int warps = (n + 31) / 32;
   for (;;) {

@@ -10,6 +10,7 @@
 #include "engine/backend.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/kernels.h"
+#include "engine/sampling.h"
 #include "tests/test_util.h"
 
 using namespace kvpr;
@@ -140,6 +141,33 @@ TEST_P(SimtKernels, AttentionPrefillMixedAndDecodeSplits) {
       EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
           << "head_dim " << hd << (decode_only ? " decode" : " mixed");
     }
+  }
+}
+
+// Greedy choice and log-sum-exp per row: ties go to the first id, ids past `valid` never
+// win, a constant row picks id 0; the same as the host's sequential scan (engine/sampling.cc).
+TEST(SimtSampling, ArgmaxLseMatchesHostScan) {
+  CpuBackend cpu;
+  for (auto [R, V, valid] : {std::tuple{6, 50272, 50265}, {3, 1000, 1000}, {3, 33, 7}}) {
+    Tensor logits = random(cpu, DType::F32, {R, V}, 9, 3.f);
+    float* l = logits.data_as<float>();
+    l[0 * V + valid / 2] = l[0 * V + valid - 1] = 40.f;  // a tie: the first one wins
+    if (valid < V) l[1 * V + valid] = 100.f;              // beyond valid: ignored
+    for (int i = 0; i < V; ++i) l[2 * V + i] = -1.5f;     // constant row: id 0
+    Tensor ids = cpu.alloc(DType::I32, {R}), stats = cpu.alloc(DType::F32, {R, 2});
+    cuda::argmax_lse(ids.data_as<int32_t>(), stats.data_as<float>(), l, R, V, valid, nullptr);
+    Tensor cids = cpu.alloc(DType::I32, {R}), cstats = cpu.alloc(DType::F32, {R, 2});
+    cpu.argmax_lse(cids, cstats, logits, valid);
+    for (int r = 0; r < R; ++r) {
+      const RowStats want = row_argmax_lse(l + static_cast<int64_t>(r) * V, valid);
+      EXPECT_EQ(ids.data_as<int32_t>()[r], want.token) << "row " << r << " V " << V;
+      EXPECT_EQ(cids.data_as<int32_t>()[r], want.token) << "row " << r << " V " << V;
+      EXPECT_EQ(stats.data_as<float>()[2 * r], want.max);
+      EXPECT_NEAR(stats.data_as<float>()[2 * r + 1], want.lse, 1e-6 * std::fabs(want.lse) + 1e-6);
+      EXPECT_EQ(cstats.data_as<float>()[2 * r + 1], static_cast<float>(want.lse));
+    }
+    EXPECT_EQ(ids.data_as<int32_t>()[0], valid / 2);
+    EXPECT_EQ(ids.data_as<int32_t>()[2], 0);
   }
 }
 

@@ -1,0 +1,4 @@
+// The CUDA kernels of engine/cuda/sampling.cu, compiled by the host compiler for the SIMT emulator.
+#include "tests/simt/simt_emu.h"
+// clang-format off
+#include "engine/cuda/sampling.cu"
