@@ -1,7 +1,8 @@
 // Attention kernels of the CUDA backend.
 //
 // Both kernels give each warp a (query row, head) and let every lane own one key at a time:
-// the lane reads its key's head slice (contiguous, vector loads) and dots it with the query
+// the lane reads its key's head slice (contiguous; 16-byte loads when head_dim is a multiple
+// of 8 and the rows are 16-byte aligned, which every real model has) and dots it with the query
 // held in shared memory; the warp keeps an online softmax (max m, sum l) and the output
 // accumulator, each lane owning head_dim/32 contiguous dimensions so V rows are read
 // coalesced. Partial results (m, l, acc) merge exactly.
@@ -30,7 +31,7 @@ struct Partial {
 
 // Processes keys t = first, first+stride, ... < end (one per lane per iteration) for one
 // head, updating this warp's (m, l, acc). q is in shared memory (fp32, head_dim).
-template <typename T, int CH>
+template <typename T, int CH, bool VEC>
 __device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T* __restrict__ k,
                                             const T* __restrict__ v, int hd, int64_t row_stride, int64_t first,
                                             int64_t end, int64_t stride, float scale, float& m, float& l,
@@ -42,8 +43,17 @@ __device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T
     if (t < end) {
       const T* kr = k + t * row_stride;
       float d = 0.f;
+      if constexpr (VEC) {
+        for (int i = 0; i < hd; i += 8) {
+          float kf[8];
+          load8(kr + i, kf);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) d += q[i + j] * kf[j];
+        }
+      } else {
 #pragma unroll 8
-      for (int i = 0; i < hd; ++i) d += q[i] * to_f32(kr[i]);
+        for (int i = 0; i < hd; ++i) d += q[i] * to_f32(kr[i]);
+      }
       s = d * scale;
     }
     const float m_new = fmaxf(m, warp_max(s));
@@ -76,7 +86,7 @@ __device__ __forceinline__ int find_seq(const AttnDesc* d, int n, int64_t row) {
   return lo;
 }
 
-template <typename T, int CH>
+template <typename T, int CH, bool VEC>
 __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc* descs, int n_seqs, int64_t total_q,
                                       int heads, int hd, float scale) {
   __shared__ float qs[kWarps][CH * 32];
@@ -94,7 +104,7 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
   float m = -FLT_MAX, l = 0.f, acc[CH];
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
-  warp_attend<T, CH>(qs[warp], static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd,
+  warp_attend<T, CH, VEC>(qs[warp], static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd,
                      row_stride, 0, n, 32, scale, m, l, acc);
   float* o = out + row * row_stride + h * hd;
   const float inv = 1.f / l;
@@ -104,7 +114,7 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
 }
 
 // Grid (splits, heads, seqs). Writes this split's partial to work.
-template <typename T, int CH>
+template <typename T, int CH, bool VEC>
 __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int heads, int hd, float scale, int splits,
                                     float* work) {
   constexpr int HD = CH * 32;  // shared arrays sized for the largest head_dim of this CH
@@ -124,7 +134,7 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
   float m = -FLT_MAX, l = 0.f, acc[CH];
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
-  warp_attend<T, CH>(qs, static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd, row_stride,
+  warp_attend<T, CH, VEC>(qs, static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd, row_stride,
                      begin + warp * 32, end, 32 * kWarps, scale, m, l, acc);
   if (lane == 0) {
     wm[warp] = m;
@@ -174,23 +184,32 @@ int decode_splits(int64_t max_ctx) {
   return static_cast<int>(s < 1 ? 1 : (s > 64 ? 64 : s));
 }
 
-template <typename T, int CH>
-void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
-            bool all_decode, int heads, int hd, float scale, float* work, cudaStream_t stream) {
+template <typename T, int CH, bool VEC>
+void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
+               bool all_decode, int heads, int hd, float scale, float* work, cudaStream_t stream) {
   if (all_decode) {
     const int splits = decode_splits(max_ctx);
     dim3 grid(splits, heads, static_cast<unsigned>(n_seqs));
-    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, decode_split_kernel<T, CH>)(q, descs, heads, hd, scale, splits, work);
+    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, decode_split_kernel<T, CH, VEC>)(q, descs, heads, hd, scale, splits, work);
     CUDA_CHECK_LAUNCH();
     KVPR_LAUNCH(dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream, decode_merge_kernel)(out, descs, heads, hd, splits,
                                                                                       work);
     CUDA_CHECK_LAUNCH();
   } else {
     dim3 grid(static_cast<unsigned>(total_q), (heads + kWarps - 1) / kWarps);
-    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, attention_rows_kernel<T, CH>)(out, q, descs, static_cast<int>(n_seqs), total_q,
+    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, attention_rows_kernel<T, CH, VEC>)(out, q, descs, static_cast<int>(n_seqs), total_q,
                                                                     heads, hd, scale);
     CUDA_CHECK_LAUNCH();
   }
+}
+
+template <typename T, int CH>
+void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
+            bool all_decode, int heads, int hd, float scale, float* work, bool aligned, cudaStream_t stream) {
+  if (aligned && hd % 8 == 0)
+    launch_as<T, CH, true>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, stream);
+  else
+    launch_as<T, CH, false>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, stream);
 }
 
 }  // namespace
@@ -201,15 +220,15 @@ int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int he
 
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t /*max_q_len*/, bool all_decode, int heads, int head_dim, DType kv_dtype, float scale,
-               float* work, cudaStream_t stream) {
+               float* work, bool kv_aligned16, cudaStream_t stream) {
   if (n_seqs == 0 || total_q == 0) return;
   KVPR_CHECK(total_q <= 0x7fffffff && n_seqs <= 65535, "attention batch too large for the grid");
   KVPR_FLOAT_DISPATCH(kv_dtype, T, {
     // Each lane owns CH consecutive dimensions of the head.
-    if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, stream);
-    else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, stream);
-    else if (head_dim <= 128) launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, stream);
-    else if (head_dim <= 256) launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, stream);
+    if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, stream);
+    else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, stream);
+    else if (head_dim <= 128) launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, stream);
+    else if (head_dim <= 256) launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, stream);
     else KVPR_THROW("CUDA attention supports head_dim up to 256, not ", head_dim);
   });
 }

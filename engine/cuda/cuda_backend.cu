@@ -280,7 +280,7 @@ class CudaBackend final : public Backend {
     const int64_t hd = hidden / heads;
     std::vector<cuda::AttnDesc> descs;
     int64_t max_ctx = 0, max_q = 0, total_q = 0;
-    bool all_decode = true;
+    bool all_decode = true, aligned = true;
     DType kv = seqs.front().k.dtype();
     int64_t kv_bytes = 0;
     for (size_t s = 0; s < seqs.size(); ++s) {
@@ -296,6 +296,8 @@ class CudaBackend final : public Backend {
       max_q = std::max(max_q, a.q_len);
       total_q = std::max(total_q, a.q_begin + a.q_len);
       all_decode = all_decode && a.q_len == 1;
+      aligned = aligned && reinterpret_cast<uintptr_t>(a.k.data()) % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(a.v.data()) % 16 == 0;
       kv_bytes += 2 * (a.past_len + a.q_len) * hidden * static_cast<int64_t>(dtype_size(kv));
     }
     Traced t(*this, Stream::Compute, "attention", kv_bytes, 0);
@@ -307,7 +309,7 @@ class CudaBackend final : public Backend {
     }
     cuda::attention(out.data_as<float>(), q.data_as<float>(), static_cast<const cuda::AttnDesc*>(dd),
                     static_cast<int64_t>(descs.size()), total_q, max_ctx, max_q, all_decode, heads, static_cast<int>(hd),
-                    kv, scale, work, compute());
+                    kv, scale, work, aligned, compute());
   }
 
  private:

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "engine/dtype.h"
 #include "engine/cuda/kernels.h"
@@ -26,6 +27,40 @@ template <>
 __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Eight consecutive elements at a 16-byte-aligned address, as fp32: one 16-byte load for
+// fp16/bf16, two for fp32.
+__device__ __forceinline__ void load8(const float* p, float (&o)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+__device__ __forceinline__ float bits_as_f32(uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(w);
+#else
+  float f;
+  memcpy(&f, &w, sizeof f);
+  return f;
+#endif
+}
+__device__ __forceinline__ float half_bits_as_f32(uint32_t bits16) {
+  __half_raw r;
+  r.x = static_cast<unsigned short>(bits16);
+  return __half2float(__half(r));
+}
+__device__ __forceinline__ void load8(const __half* p, float (&o)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[2 * i] = half_bits_as_f32(w[i] & 0xffffu), o[2 * i + 1] = half_bits_as_f32(w[i] >> 16);
+}
+// bf16 is the high half of an fp32: widening is a shift.
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&o)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[2 * i] = bits_as_f32(w[i] << 16), o[2 * i + 1] = bits_as_f32(w[i] & 0xffff0000u);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

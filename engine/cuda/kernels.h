@@ -41,11 +41,12 @@ struct AttnDesc {
 
 // Attention over `n_seqs` sequences (descriptors in device memory). q, out [T, heads*hd] F32.
 // Decode rows (q_len == 1) use a split-context kernel whose partials live in `work`
-// (work_floats floats; attention_work_floats says how many are needed).
+// (work_floats floats; attention_work_floats says how many are needed). kv_aligned16: every
+// k and v pointer is 16-byte aligned (then keys are read with 16-byte loads when head_dim % 8 == 0).
 int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim);
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t max_q_len, bool all_decode, int heads, int head_dim, DType kv_dtype, float scale, float* work,
-               cudaStream_t stream);
+               bool kv_aligned16, cudaStream_t stream);
 
 // Per row of logits [rows, vocab]: ids[r] = first id of the largest logit among [0, valid),
 // stats[r] = (that logit, log-sum-exp over [0, valid)). One block per row.

@@ -4,6 +4,7 @@
 // phase). tests/test_cuda.cc runs the same comparisons on a real device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -136,10 +137,14 @@ TEST_P(SimtKernels, AttentionPrefillMixedAndDecodeSplits) {
       cpu.attention(ref, q, seqs, heads, scale);
       std::vector<float> work(static_cast<size_t>(
           cuda::attention_work_floats(static_cast<int64_t>(descs.size()), max_ctx, heads, hd)));
-      cuda::attention(got.data_as<float>(), q.data_as<float>(), descs.data(), static_cast<int64_t>(descs.size()), T,
-                      max_ctx, 33, decode_only, heads, hd, dt, scale, work.data(), nullptr);
-      EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
-          << "head_dim " << hd << (decode_only ? " decode" : " mixed");
+      // Keys read element by element, and with 16-byte loads (the tensors are aligned).
+      for (bool aligned : {false, true}) {
+        std::fill_n(got.data_as<float>(), got.numel(), 0.f);
+        cuda::attention(got.data_as<float>(), q.data_as<float>(), descs.data(), static_cast<int64_t>(descs.size()), T,
+                        max_ctx, 33, decode_only, heads, hd, dt, scale, work.data(), aligned, nullptr);
+        EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
+            << "head_dim " << hd << (decode_only ? " decode" : " mixed") << (aligned ? " 16-byte loads" : "");
+      }
     }
   }
 }
