@@ -29,13 +29,19 @@ struct Partial {
   float m, l;
 };
 
+// How a lane reads its key: element by element (any head_dim, any alignment), with 16-byte
+// loads (head_dim % 8 == 0, rows 16-byte aligned), or with 16-byte loads and head_dim known
+// at compile time (head_dim == 32 * CH: 32, 64, 128, 256), so the loops unroll completely.
+enum LoadMode : int { kScalar = 0, kVector = 1, kVectorExact = 2 };
+
 // Processes keys t = first, first+stride, ... < end (one per lane per iteration) for one
 // head, updating this warp's (m, l, acc). q is in shared memory (fp32, head_dim).
-template <typename T, int CH, bool VEC>
+template <typename T, int CH, int LOAD>
 __device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T* __restrict__ k,
-                                            const T* __restrict__ v, int hd, int64_t row_stride, int64_t first,
-                                            int64_t end, int64_t stride, float scale, float& m, float& l,
-                                            float (&acc)[CH]) {
+                                            const T* __restrict__ v, int hd_runtime, int64_t row_stride,
+                                            int64_t first, int64_t end, int64_t stride, float scale, float& m,
+                                            float& l, float (&acc)[CH]) {
+  const int hd = LOAD == kVectorExact ? CH * 32 : hd_runtime;
   const int lane = threadIdx.x & 31;
   for (int64_t base = first; base < end; base += stride) {
     const int64_t t = base + lane;
@@ -43,7 +49,8 @@ __device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T
     if (t < end) {
       const T* kr = k + t * row_stride;
       float d = 0.f;
-      if constexpr (VEC) {
+      if constexpr (LOAD != kScalar) {
+#pragma unroll 4
         for (int i = 0; i < hd; i += 8) {
           float kf[8];
           load8(kr + i, kf);
@@ -62,14 +69,20 @@ __device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T
     l = l * correction + warp_sum(p);
 #pragma unroll
     for (int c = 0; c < CH; ++c) acc[c] *= correction;
-    const int64_t left = end - base;
-    const int n = left < 32 ? static_cast<int>(left) : 32;
-    for (int kk = 0; kk < n; ++kk) {
+    // V rows of this chunk, read coalesced: lane owns dimensions [lane*CH, lane*CH + CH).
+    auto accumulate = [&](int kk) {
       const float pk = __shfl_sync(0xffffffffu, p, kk);
       const T* vr = v + (base + kk) * row_stride + lane * CH;
 #pragma unroll
       for (int c = 0; c < CH; ++c)
         if (lane * CH + c < hd) acc[c] += pk * to_f32(vr[c]);
+    };
+    const int64_t left = end - base;
+    if (left >= 32) {
+#pragma unroll 8
+      for (int kk = 0; kk < 32; ++kk) accumulate(kk);  // full chunk: loads overlap
+    } else {
+      for (int kk = 0; kk < static_cast<int>(left); ++kk) accumulate(kk);
     }
     m = m_new;
   }
@@ -86,7 +99,7 @@ __device__ __forceinline__ int find_seq(const AttnDesc* d, int n, int64_t row) {
   return lo;
 }
 
-template <typename T, int CH, bool VEC>
+template <typename T, int CH, int LOAD>
 __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc* descs, int n_seqs, int64_t total_q,
                                       int heads, int hd, float scale) {
   __shared__ float qs[kWarps][CH * 32];
@@ -104,7 +117,7 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
   float m = -FLT_MAX, l = 0.f, acc[CH];
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
-  warp_attend<T, CH, VEC>(qs[warp], static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd,
+  warp_attend<T, CH, LOAD>(qs[warp], static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd,
                      row_stride, 0, n, 32, scale, m, l, acc);
   float* o = out + row * row_stride + h * hd;
   const float inv = 1.f / l;
@@ -114,7 +127,7 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
 }
 
 // Grid (splits, heads, seqs). Writes this split's partial to work.
-template <typename T, int CH, bool VEC>
+template <typename T, int CH, int LOAD>
 __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int heads, int hd, float scale, int splits,
                                     float* work) {
   constexpr int HD = CH * 32;  // shared arrays sized for the largest head_dim of this CH
@@ -134,7 +147,7 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
   float m = -FLT_MAX, l = 0.f, acc[CH];
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
-  warp_attend<T, CH, VEC>(qs, static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd, row_stride,
+  warp_attend<T, CH, LOAD>(qs, static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd, row_stride,
                      begin + warp * 32, end, 32 * kWarps, scale, m, l, acc);
   if (lane == 0) {
     wm[warp] = m;
@@ -184,20 +197,20 @@ int decode_splits(int64_t max_ctx) {
   return static_cast<int>(s < 1 ? 1 : (s > 64 ? 64 : s));
 }
 
-template <typename T, int CH, bool VEC>
+template <typename T, int CH, int LOAD>
 void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                bool all_decode, int heads, int hd, float scale, float* work, cudaStream_t stream) {
   if (all_decode) {
     const int splits = decode_splits(max_ctx);
     dim3 grid(splits, heads, static_cast<unsigned>(n_seqs));
-    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, decode_split_kernel<T, CH, VEC>)(q, descs, heads, hd, scale, splits, work);
+    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, decode_split_kernel<T, CH, LOAD>)(q, descs, heads, hd, scale, splits, work);
     CUDA_CHECK_LAUNCH();
     KVPR_LAUNCH(dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream, decode_merge_kernel)(out, descs, heads, hd, splits,
                                                                                       work);
     CUDA_CHECK_LAUNCH();
   } else {
     dim3 grid(static_cast<unsigned>(total_q), (heads + kWarps - 1) / kWarps);
-    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, attention_rows_kernel<T, CH, VEC>)(out, q, descs, static_cast<int>(n_seqs), total_q,
+    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, attention_rows_kernel<T, CH, LOAD>)(out, q, descs, static_cast<int>(n_seqs), total_q,
                                                                     heads, hd, scale);
     CUDA_CHECK_LAUNCH();
   }
@@ -206,10 +219,12 @@ void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
 template <typename T, int CH>
 void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
             bool all_decode, int heads, int hd, float scale, float* work, bool aligned, cudaStream_t stream) {
-  if (aligned && hd % 8 == 0)
-    launch_as<T, CH, true>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, stream);
+  if (aligned && hd == CH * 32)
+    launch_as<T, CH, kVectorExact>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, stream);
+  else if (aligned && hd % 8 == 0)
+    launch_as<T, CH, kVector>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, stream);
   else
-    launch_as<T, CH, false>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, stream);
+    launch_as<T, CH, kScalar>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, stream);
 }
 
 }  // namespace
