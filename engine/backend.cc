@@ -18,6 +18,17 @@ const char* stream_name(Stream s) {
   return "?";
 }
 
+void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) {
+  KVPR_CHECK(dst.rank() == 2 && src.rank() == 2 && dst.dim(1) == src.dim(1) && is_float(dst.dtype()) &&
+                 is_float(src.dtype()),
+             "copy_rows: dst ", dst.describe(), " and src ", src.describe(), " must be 2-D float of one width");
+  for (const RowSpan& s : spans)
+    KVPR_CHECK(s.count >= 0 && s.src_row >= 0 && s.dst_row >= 0 && s.src_row + s.count <= src.dim(0) &&
+                   s.dst_row + s.count <= dst.dim(0),
+               "copy_rows: span of ", s.count, " rows from ", s.src_row, " to ", s.dst_row, " outside src ",
+               src.describe(), " or dst ", dst.describe());
+}
+
 bool cuda_available() {
 #ifdef KVPR_HAVE_CUDA
   return cuda_device_count() > 0;

@@ -47,6 +47,16 @@ struct AttentionSeq {
   Tensor v;
 };
 
+// Rows [src_row, src_row + count) of a copy_rows source go to [dst_row, dst_row + count).
+struct RowSpan {
+  int64_t src_row = 0;
+  int64_t dst_row = 0;
+  int64_t count = 0;
+};
+// Throws unless dst and src are 2-D float tensors of one width and every span lies inside
+// both. Shared by the backends' copy_rows.
+void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans);
+
 // Where pinned host memory comes from. The default is the backend's own (cudaHostAlloc, or
 // aligned_alloc on the CPU); a worker bound to a NUMA node installs one that allocates on
 // its node (numa/), which the CUDA backend then registers with cudaHostRegister.
@@ -101,10 +111,19 @@ class Backend {
   // out[M, N] = act(x[M, K] · w[N, K]ᵀ + bias[N]); bias may be undefined.
   virtual void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
                       Activation act) = 0;
+  // out[b] = act(x · w[b]ᵀ + bias[b]) for every b: x [M, K] shared, w [B, N, K], bias [B, N]
+  // (or undefined), out [B, M, N]. One strided-batched GEMM on a GPU: a layer's Q, K and V
+  // projections (or K and V when recomputing) in one call, the input converted once.
+  virtual void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                              Activation act) = 0;
   // out = a + b elementwise; out may alias a or b.
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   // dst = src converted to dst's dtype (same element count).
   virtual void convert(const Tensor& dst, const Tensor& src) = 0;
+  // Every span's rows of src, converted to dst's dtype, into its rows of dst, as one op:
+  // the new K/V rows of a whole batch go into their sequences' caches in one launch, not
+  // two per sequence. dst and src are 2-D of one width; spans must not overlap in dst.
+  virtual void copy_rows(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) = 0;
   // Fills a float tensor with normal(mean, stddev) values from a counter-based generator:
   // element i depends only on (seed, i), so every backend produces the same values.
   virtual void fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) = 0;

@@ -207,8 +207,7 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
   }
   if (const int64_t rx = std::max(rows_x_[0], rows_x_[1]); rx > 0) {
     grow(x32_, DType::F32, rx, shape_.hidden);
-    grow(k32_, DType::F32, rx, w);
-    grow(v32_, DType::F32, rx, w);
+    grow(kv32_, DType::F32, 2 * rx, w);
   }
   if (opts_.mode == KvMode::CpuAttn) {
     grow(knew_, opts_.kv_dtype, rows_q_, w);
@@ -273,13 +272,16 @@ void KvRuntime::wait_compute(const Event& e, LayerTiming& t) {
 
 void KvRuntime::attend_resident(int64_t layer, const Tensor& k, const Tensor& v, const Tensor& q, const Tensor& out,
                                 float scale) {
-  const int64_t w = shape_.kv_hidden();
+  const int64_t w = shape_.kv_hidden(), slots = dev_k_[layer].dim(0);
+  // The new rows of every sequence into its cache slot: one op for K, one for V.
+  std::vector<RowSpan> spans;
+  for (const auto& s : plan_) spans.push_back(RowSpan{s.q_begin, s.slot * capacity_ + s.past, s.q_len});
+  be_.copy_rows(dev_k_[layer].reshape({slots * capacity_, w}), k, spans);
+  be_.copy_rows(dev_v_[layer].reshape({slots * capacity_, w}), v, spans);
   std::vector<AttentionSeq> seqs;
   for (const auto& s : plan_) {
     Tensor ck = dev_k_[layer].rows(s.slot, 1).reshape({capacity_, w});
     Tensor cv = dev_v_[layer].rows(s.slot, 1).reshape({capacity_, w});
-    be_.convert(ck.rows(s.past, s.q_len), k.rows(s.q_begin, s.q_len));
-    be_.convert(cv.rows(s.past, s.q_len), v.rows(s.q_begin, s.q_len));
     seqs.push_back(AttentionSeq{s.q_begin, s.q_len, s.past, ck, cv});
   }
   be_.attention(out, q, seqs, static_cast<int>(shape_.heads), scale);
@@ -335,21 +337,23 @@ void KvRuntime::attend(int64_t layer, const Tensor& x, const Tensor& q, const Te
   if (const int64_t rx = rows_x_[var]; rx > 0) {
     wait_compute(t.x_ready, t);
     t.recompute_start = be_.record(Stream::Compute);
-    Tensor x32 = x32_.rows(0, rx), k32 = k32_.rows(0, rx), v32 = v32_.rows(0, rx);
+    const int64_t w = shape_.kv_hidden();
+    Tensor x32 = x32_.rows(0, rx), kv32 = kv32_.rows(0, 2 * rx).reshape({2, rx, w});
+    Tensor k32 = kv32.rows(0, 1).reshape({rx, w}), v32 = kv32.rows(1, 1).reshape({rx, w});
     be_.convert(x32, xbuf_[b].rows(0, rx));
-    projector_.project_kv(layer, x32, k32, v32);
-    for (const auto& s : plan_) {
-      if (s.split[var] == 0) continue;
-      be_.convert(kbuf_[b].rows(s.ctx_off, s.split[var]), k32.rows(s.x_off[var], s.split[var]));
-      be_.convert(vbuf_[b].rows(s.ctx_off, s.split[var]), v32.rows(s.x_off[var], s.split[var]));
-    }
+    projector_.project_kv(layer, x32, kv32);
+    std::vector<RowSpan> spans;
+    for (const auto& s : plan_)
+      if (s.split[var] > 0) spans.push_back(RowSpan{s.x_off[var], s.ctx_off, s.split[var]});
+    be_.copy_rows(kbuf_[b], k32, spans);
+    be_.copy_rows(vbuf_[b], v32, spans);
     t.recompute_end = be_.record(Stream::Compute);
   }
   // This step's new K/V join the buffer after the past ones.
-  for (const auto& s : plan_) {
-    be_.convert(kbuf_[b].rows(s.ctx_off + s.past, s.q_len), k.rows(s.q_begin, s.q_len));
-    be_.convert(vbuf_[b].rows(s.ctx_off + s.past, s.q_len), v.rows(s.q_begin, s.q_len));
-  }
+  std::vector<RowSpan> fresh;
+  for (const auto& s : plan_) fresh.push_back(RowSpan{s.q_begin, s.ctx_off + s.past, s.q_len});
+  be_.copy_rows(kbuf_[b], k, fresh);
+  be_.copy_rows(vbuf_[b], v, fresh);
   const bool store_x = kv_mode_stores_x(opts_.mode) && host_->x_capacity() > 0;
   if (store_x) be_.convert(xnew_[b].rows(0, rows_q_), x);
   wait_compute(t.h2d_end, t);

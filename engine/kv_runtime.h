@@ -43,8 +43,8 @@ struct ForwardChunk {
 class KvProjector {
  public:
   virtual ~KvProjector() = default;
-  // x [n, hidden] F32 (the post-norm layer input) -> k, v [n, kv_hidden] F32.
-  virtual void project_kv(int64_t layer, const Tensor& x, const Tensor& k, const Tensor& v) = 0;
+  // x [n, hidden] F32 (the post-norm layer input) -> kv [2, n, kv_hidden] F32: K, then V.
+  virtual void project_kv(int64_t layer, const Tensor& x, const Tensor& kv) = 0;
 };
 
 struct KvShape {
@@ -161,7 +161,7 @@ class KvRuntime {
   int64_t rows_ctx_ = 0, rows_q_ = 0;
   int64_t rows_x_[2] = {0, 0};  // X rows recomputed for layer 0 and for the others
   Tensor kbuf_[2], vbuf_[2], xbuf_[2], xnew_[2];  // device, kv dtype
-  Tensor x32_, k32_, v32_, knew_, vnew_;          // device scratch
+  Tensor x32_, kv32_, knew_, vnew_;          // device scratch
   Tensor host_q_, host_out_;                      // pinned (cpu-attn)
   Event buf_free_[2], buf_stored_[2];
   std::vector<Event> store_done_;                 // per layer: last store to the host finished

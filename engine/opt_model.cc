@@ -82,6 +82,7 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
     opts.broadcast->finish();
     if (opts.progress) opts.progress(total, total);
   }
+  stack_qkv();
 }
 
 OptModel::OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed)
@@ -101,7 +102,7 @@ OptModel::OptModel(Backend& backend, const OptConfig& config, DType dtype, uint6
     ++n;
     return t;
   });
-  backend_.synchronize();
+  stack_qkv();
 }
 
 void OptModel::assemble(const WeightSource& fetch) {
@@ -179,10 +180,51 @@ std::unique_ptr<KvRuntime> OptModel::make_kv_runtime(int64_t slots, int64_t capa
   return std::make_unique<KvRuntime>(backend_, kv_shape(), *this, slots, capacity, opts);
 }
 
-void OptModel::project_kv(int64_t layer, const Tensor& x, const Tensor& k, const Tensor& v) {
+void OptModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv) {
   const OptLayer& L = layers_.at(layer);
-  backend_.linear(k, x, L.wk, L.bk, Activation::None);
-  backend_.linear(v, x, L.wv, L.bv, Activation::None);
+  const int64_t n = kv.dim(1), w = kv.dim(2);
+  if (L.wqkv.defined()) {  // K and V at once: [wk; wv] are rows 1..2 of the stack
+    backend_.linear_batched(kv, x, L.wqkv.rows(1, 2), L.bqkv.defined() ? L.bqkv.rows(1, 2) : Tensor(),
+                            Activation::None);
+    return;
+  }
+  backend_.linear(kv.rows(0, 1).reshape({n, w}), x, L.wk, L.bk, Activation::None);
+  backend_.linear(kv.rows(1, 1).reshape({n, w}), x, L.wv, L.bv, Activation::None);
+}
+
+void OptModel::stack_qkv() {
+  const int64_t h = config_.hidden_size;
+  backend_.synchronize();  // every weight has landed (uploads, random fills, broadcast)
+  for (OptLayer& L : layers_) {
+    const DType dt = L.wq.dtype();
+    if (L.wk.dtype() != dt || L.wv.dtype() != dt) continue;  // mixed checkpoint: three GEMMs
+    Tensor w = backend_.alloc(dt, {3, h, h});
+    backend_.copy(w.rows(0, 1).reshape({h, h}), L.wq, Stream::Compute, "stack q");
+    backend_.copy(w.rows(1, 1).reshape({h, h}), L.wk, Stream::Compute, "stack k");
+    backend_.copy(w.rows(2, 1).reshape({h, h}), L.wv, Stream::Compute, "stack v");
+    Tensor b;
+    const bool biases = L.bq.defined() && L.bk.defined() && L.bv.defined() && L.bk.dtype() == L.bq.dtype() &&
+                        L.bv.dtype() == L.bq.dtype();
+    if (biases) {
+      b = backend_.alloc(L.bq.dtype(), {3, h});
+      backend_.copy(b.rows(0, 1).reshape({h}), L.bq, Stream::Compute, "stack q bias");
+      backend_.copy(b.rows(1, 1).reshape({h}), L.bk, Stream::Compute, "stack k bias");
+      backend_.copy(b.rows(2, 1).reshape({h}), L.bv, Stream::Compute, "stack v bias");
+    } else if (L.bq.defined() || L.bk.defined() || L.bv.defined()) {
+      continue;  // some biases but not three of one dtype: keep the separate GEMMs
+    }
+    backend_.synchronize();  // the copies are done before the separate tensors go
+    L.wqkv = w;
+    L.wq = w.rows(0, 1).reshape({h, h});
+    L.wk = w.rows(1, 1).reshape({h, h});
+    L.wv = w.rows(2, 1).reshape({h, h});
+    if (biases) {
+      L.bqkv = b;
+      L.bq = b.rows(0, 1).reshape({h});
+      L.bk = b.rows(1, 1).reshape({h});
+      L.bv = b.rows(2, 1).reshape({h});
+    }
+  }
 }
 
 void OptModel::forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, const Tensor& logits,
@@ -239,9 +281,10 @@ Tensor OptModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRunti
   be.add_gathered_rows(x, embed_positions_, pos_ids);
 
   Tensor a = ws_.get("a", DType::F32, {T, h});     // normalised input of a sub-block
-  Tensor q = ws_.get("q", DType::F32, {T, h});
-  Tensor k = ws_.get("k", DType::F32, {T, h});
-  Tensor v = ws_.get("v", DType::F32, {T, h});
+  Tensor qkv = ws_.get("qkv", DType::F32, {3, T, h});
+  Tensor q = qkv.rows(0, 1).reshape({T, h});
+  Tensor k = qkv.rows(1, 1).reshape({T, h});
+  Tensor v = qkv.rows(2, 1).reshape({T, h});
   Tensor att = ws_.get("att", DType::F32, {T, h});
   Tensor o = ws_.get("o", DType::F32, {T, h});
   Tensor ff = ws_.get("ff", DType::F32, {T, c.ffn_dim});
@@ -254,9 +297,13 @@ Tensor OptModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRunti
     // Self-attention block. attn_in is X, the post-norm input of the QKV projection.
     const Tensor& attn_in = c.do_layer_norm_before ? a : x;
     if (c.do_layer_norm_before) be.layer_norm(a, x, L.attn_ln_w, L.attn_ln_b, eps);
-    be.linear(q, attn_in, L.wq, L.bq, Activation::None);
-    be.linear(k, attn_in, L.wk, L.bk, Activation::None);
-    be.linear(v, attn_in, L.wv, L.bv, Activation::None);
+    if (L.wqkv.defined()) {
+      be.linear_batched(qkv, attn_in, L.wqkv, L.bqkv, Activation::None);
+    } else {
+      be.linear(q, attn_in, L.wq, L.bq, Activation::None);
+      be.linear(k, attn_in, L.wk, L.bk, Activation::None);
+      be.linear(v, attn_in, L.wv, L.bv, Activation::None);
+    }
     kv.attend(li, attn_in, q, k, v, att, scale);
     be.linear(o, att, L.wo, L.bo, Activation::None);
     be.add(x, x, o);

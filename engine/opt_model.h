@@ -28,6 +28,9 @@ struct ModelLoadOptions {
 struct OptLayer {
   Tensor attn_ln_w, attn_ln_b;  // self_attn_layer_norm
   Tensor wq, bq, wk, bk, wv, bv, wo, bo;
+  // Q, K and V projections stacked ([3, h, h] and [3, h]; wq..bv are views into them) when
+  // their dtypes agree, for one batched GEMM per layer. Undefined otherwise.
+  Tensor wqkv, bqkv;
   Tensor ffn_ln_w, ffn_ln_b;    // final_layer_norm of the layer
   Tensor fc1_w, fc1_b, fc2_w, fc2_b;
 };
@@ -70,7 +73,7 @@ class OptModel : public KvProjector {
   // Runtime for this model: `slots` sequences of up to `capacity` tokens.
   std::unique_ptr<KvRuntime> make_kv_runtime(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
 
-  void project_kv(int64_t layer, const Tensor& x, const Tensor& k, const Tensor& v) override;
+  void project_kv(int64_t layer, const Tensor& x, const Tensor& kv) override;
 
  private:
   enum class WeightRole { Matrix, Embedding, NormGain, Bias };
@@ -79,6 +82,9 @@ class OptModel : public KvProjector {
   using WeightSource = std::function<Tensor(const std::string& name, const Shape& shape, bool required, WeightRole)>;
   void load(const std::string& model_dir, const ModelLoadOptions& opts);
   void assemble(const WeightSource& fetch);
+  // Stacks each layer's Q, K, V weights (and biases) into one tensor; after every weight
+  // has its values (the broadcast included).
+  void stack_qkv();
 
   Backend& backend_;
   OptConfig config_;

@@ -59,13 +59,15 @@ LinkProfile profile_backend(Backend& be, KvProjector& projector, const KvShape& 
   for (int64_t rows : opts.rows) {
     Tensor x = be.alloc(dtype, {rows, shape.hidden});
     Tensor x32 = be.alloc(DType::F32, {rows, shape.hidden});
-    Tensor k32 = be.alloc(DType::F32, {rows, shape.kv_hidden()}), v32 = be.alloc(DType::F32, {rows, shape.kv_hidden()});
+    Tensor kv32 = be.alloc(DType::F32, {2, rows, shape.kv_hidden()});
+    Tensor k32 = kv32.rows(0, 1).reshape({rows, shape.kv_hidden()});
+    Tensor v32 = kv32.rows(1, 1).reshape({rows, shape.kv_hidden()});
     Tensor k = be.alloc(dtype, {rows, shape.kv_hidden()}), v = be.alloc(dtype, {rows, shape.kv_hidden()});
     std::vector<double> ms;
     for (int r = 0; r < opts.reps + 1; ++r) {
       Event a = be.record(Stream::Compute);
       be.convert(x32, x);
-      projector.project_kv(0, x32, k32, v32);
+      projector.project_kv(0, x32, kv32);
       be.convert(k, k32);
       be.convert(v, v32);
       Event b = be.record(Stream::Compute);

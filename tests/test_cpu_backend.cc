@@ -166,4 +166,35 @@ TEST(CpuBackend, ShapeErrorsAreReported) {
   Tensor out = be.alloc(DType::F32, {2, 4});
   EXPECT_THROW(be.linear(out, x, w, Tensor(), Activation::None), Error);
   EXPECT_THROW(be.copy(be.alloc(DType::F16, {6}), x, Stream::Compute), Error);
+  Tensor dst = be.alloc(DType::F16, {4, 3});
+  EXPECT_THROW(be.copy_rows(dst, x, {RowSpan{1, 0, 2}}), Error);  // past the source's rows
+  EXPECT_THROW(be.copy_rows(dst, x, {RowSpan{0, 3, 2}}), Error);  // past the destination's
+  EXPECT_THROW(be.copy_rows(dst, w, {RowSpan{0, 0, 1}}), Error);  // widths differ
+}
+
+TEST(CpuBackend, BatchedLinearIsOneLinearPerBatch) {
+  CpuBackend be;
+  Tensor x = be.alloc(DType::F32, {5, 7}), w = be.alloc(DType::F16, {3, 4, 7}), b = be.alloc(DType::F16, {3, 4});
+  be.fill_random(x, 1, 0.f, 1.f);
+  be.fill_random(w, 2, 0.f, 0.3f);
+  be.fill_random(b, 3, 0.f, 1.f);
+  Tensor out = be.alloc(DType::F32, {3, 5, 4});
+  be.linear_batched(out, x, w, b, Activation::ReLU);
+  for (int64_t i = 0; i < 3; ++i) {
+    Tensor one = be.alloc(DType::F32, {5, 4});
+    be.linear(one, x, w.rows(i, 1).reshape({4, 7}), b.rows(i, 1).reshape({4}), Activation::ReLU);
+    for (int64_t j = 0; j < 20; ++j) EXPECT_EQ(out.data_as<float>()[i * 20 + j], one.data_as<float>()[j]);
+  }
+}
+
+TEST(CpuBackend, CopyRowsMovesEverySpanAndNothingElse) {
+  CpuBackend be;
+  Tensor src = be.alloc(DType::F32, {6, 5}), dst = be.alloc(DType::F16, {10, 5});
+  for (int i = 0; i < 30; ++i) src.data_as<float>()[i] = static_cast<float>(i);
+  be.copy_rows(dst, src, {RowSpan{0, 8, 2}, RowSpan{2, 0, 0}, RowSpan{3, 1, 3}});
+  for (int r = 0; r < 10; ++r)
+    for (int c = 0; c < 5; ++c) {
+      float want = r >= 8 ? static_cast<float>((r - 8) * 5 + c) : (r >= 1 && r < 4) ? static_cast<float>((r + 2) * 5 + c) : 0.f;
+      EXPECT_EQ(load_as_f32(dst.data(), DType::F16, r * 5 + c), want) << r << "," << c;
+    }
 }

@@ -76,6 +76,24 @@ TEST_P(CudaOps, LinearMatchesCpu) {
   }
 }
 
+TEST_P(CudaOps, BatchedLinearMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  CpuBackend cpu;
+  auto gpu = create_backend("cuda");
+  for (auto [B, M, K, N] : {std::tuple{3, 1, 64, 64}, {2, 17, 100, 45}, {3, 32, 768, 768}}) {
+    Pair x = random_pair(cpu, *gpu, DType::F32, {M, K}, 41);
+    Pair w = random_pair(cpu, *gpu, GetParam(), {B, N, K}, 42, 0.1f);
+    Pair b = random_pair(cpu, *gpu, GetParam(), {B, N}, 43);
+    for (bool with_bias : {true, false}) {
+      Tensor oc = cpu.alloc(DType::F32, {B, M, N}), og = gpu->alloc(DType::F32, {B, M, N});
+      cpu.linear_batched(oc, x.cpu, w.cpu, with_bias ? b.cpu : Tensor(), Activation::None);
+      gpu->linear_batched(og, x.gpu, w.gpu, with_bias ? b.gpu : Tensor(), Activation::None);
+      EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), B * M * N, tol(GetParam())))
+          << "B=" << B << " M=" << M << " K=" << K << " N=" << N << (with_bias ? " bias" : "");
+    }
+  }
+}
+
 TEST_P(CudaOps, RowOpsMatchCpu) {
   SKIP_WITHOUT_GPU();
   CpuBackend cpu;
@@ -143,6 +161,21 @@ TEST_P(CudaOps, AttentionPrefillMixedAndLongDecode) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::F32, DType::F16, DType::BF16),
                          [](const auto& p) { return std::string(dtype_name(p.param)); });
+
+TEST_P(CudaOps, CopyRowsMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  CpuBackend cpu;
+  auto gpu = create_backend("cuda");
+  const int64_t W = 4096 + 3;
+  Pair src = random_pair(cpu, *gpu, DType::F32, {64, W}, 31);
+  Pair dst = random_pair(cpu, *gpu, GetParam(), {300, W}, 32);
+  std::vector<RowSpan> spans;
+  for (int i = 0; i < 32; ++i) spans.push_back(RowSpan{2 * i, 299 - 9 * i, i % 3 == 0 ? 0 : 2});
+  cpu.copy_rows(dst.cpu, src.cpu, spans);
+  gpu->copy_rows(dst.gpu, src.gpu, spans);
+  EXPECT_TRUE(test::close_rel(as_double(dst.cpu), download(*gpu, dst.gpu).data(), 300 * W, 0));
+  EXPECT_THROW(gpu->copy_rows(dst.gpu, src.gpu, {RowSpan{63, 0, 2}}), Error);  // past the source
+}
 
 TEST(Cuda, ArgmaxLseMatchesCpu) {
   SKIP_WITHOUT_GPU();

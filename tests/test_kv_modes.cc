@@ -148,8 +148,9 @@ TEST(KvRuntime, HostStoreHoldsTheComputedKeysValuesAndInputs) {
   // Recompute every layer's K from the stored X and compare with the stored K.
   for (int64_t l = 0; l < c.num_layers; ++l) {
     Tensor x = store->x(l, 1).rows(0, 9);
-    Tensor k = Tensor::host(DType::F32, {9, c.hidden_size}), v = Tensor::host(DType::F32, {9, c.hidden_size});
-    model.project_kv(l, x, k, v);
+    Tensor kvp = Tensor::host(DType::F32, {2, 9, c.hidden_size});
+    Tensor k = kvp.rows(0, 1).reshape({9, c.hidden_size}), v = kvp.rows(1, 1).reshape({9, c.hidden_size});
+    model.project_kv(l, x, kvp);
     std::vector<double> stored_k(9 * c.hidden_size), stored_v(9 * c.hidden_size);
     for (int64_t i = 0; i < 9 * c.hidden_size; ++i) {
       stored_k[i] = store->k(l, 1).data_as<float>()[i];

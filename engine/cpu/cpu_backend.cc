@@ -398,6 +398,16 @@ void CpuBackend::linear(const Tensor& out, const Tensor& x, const Tensor& w, con
   if (tracer_) trace_op("linear", trace_t0, json::Object{{"flops", json::Value(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K))}, {"shape", json::Value(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K))}});
 }
 
+void CpuBackend::linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                Activation act) {
+  KVPR_CHECK(w.rank() == 3 && out.rank() == 3 && out.dim(0) == w.dim(0) && (!bias.defined() || bias.rank() == 2),
+             "linear_batched: shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
+  const int64_t B = w.dim(0), N = w.dim(1), K = w.dim(2);
+  for (int64_t b = 0; b < B; ++b)
+    linear(out.rows(b, 1).reshape({out.dim(1), out.dim(2)}), x, w.rows(b, 1).reshape({N, K}),
+           bias.defined() ? bias.rows(b, 1).reshape({N}) : Tensor(), act);
+}
+
 void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
   const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
   check_f32(out, "add output");
@@ -446,6 +456,12 @@ void CpuBackend::convert(const Tensor& dst, const Tensor& src) {
     for (int64_t i = s; i < e; ++i)
       store_from_f32(dst.data(), dst.dtype(), i, load_as_f32(src.data(), src.dtype(), i));
   });
+}
+
+void CpuBackend::copy_rows(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) {
+  check_row_spans(dst, src, spans);
+  for (const RowSpan& s : spans)
+    if (s.count > 0) convert(dst.rows(s.dst_row, s.count), src.rows(s.src_row, s.count));
 }
 
 void CpuBackend::fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) {

@@ -65,8 +65,11 @@ class CpuBackend final : public Backend {
                   float eps) override;
   void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
               Activation act) override;
+  void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                      Activation act) override;
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void convert(const Tensor& dst, const Tensor& src) override;
+  void copy_rows(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) override;
   void fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) override;
   void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
                  int heads, float scale) override;

@@ -231,7 +231,38 @@ class CudaBackend final : public Backend {
     int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
     if (bias.defined() || a)
       cuda::bias_act(out.data_as<float>(), bias.defined() ? bias.data() : nullptr,
-                     bias.defined() ? bias.dtype() : DType::F32, M, N, a, compute());
+                     bias.defined() ? bias.dtype() : DType::F32, 1, M, N, a, compute());
+  }
+
+  void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                      Activation act) override {
+    check_f32(out, "linear_batched output");
+    check_f32(x, "linear_batched input");
+    KVPR_CHECK(w.rank() == 3 && out.rank() == 3, "linear_batched: w ", w.describe(), " out ", out.describe());
+    const int64_t B = w.dim(0), N = w.dim(1), K = w.dim(2), M = x.numel() / std::max<int64_t>(K, 1);
+    KVPR_CHECK(x.dim(-1) == K && out.dim(0) == B && out.dim(1) == M && out.dim(2) == N &&
+                   (!bias.defined() || (bias.rank() == 2 && bias.dim(0) == B && bias.dim(1) == N)),
+               "linear_batched: shapes x ", x.describe(), " w ", w.describe(), " bias ", bias.describe(), " out ",
+               out.describe());
+    if (M == 0 || B == 0) return;
+    Traced t(*this, Stream::Compute, "linear_batched", 0, 2.0 * B * M * N * K);
+    const float alpha = 1.f, beta = 0.f;
+    const void* xin = x.data();
+    if (w.dtype() != DType::F32) {
+      Tensor xh = scratch(w.dtype(), M * K);
+      cuda::convert(xh.data(), w.dtype(), x.data(), DType::F32, M * K, compute());
+      xin = xh.data();
+    }
+    // Column-major outᵀ[b] (N×M) = w[b] (as K×N, transposed) · xᵀ (K×M); x is shared (stride 0).
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
+        w.data(), cuda_type(w.dtype()), static_cast<int>(K), N * K, xin, cuda_type(w.dtype()), static_cast<int>(K), 0,
+        &beta, out.data(), CUDA_R_32F, static_cast<int>(N), M * N, static_cast<int>(B), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
+    int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
+    if (bias.defined() || a)
+      cuda::bias_act(out.data_as<float>(), bias.defined() ? bias.data() : nullptr,
+                     bias.defined() ? bias.dtype() : DType::F32, B, M, N, a, compute());
   }
 
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
@@ -252,6 +283,23 @@ class CudaBackend final : public Backend {
     }
     Traced t(*this, Stream::Compute, "convert", 0, 0);
     cuda::convert(dst.data(), dst.dtype(), src.data(), src.dtype(), src.numel(), compute());
+  }
+
+  void copy_rows(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) override {
+    check_row_spans(dst, src, spans);
+    std::vector<cuda::SpanDesc> descs;
+    int64_t rows = 0;
+    for (const RowSpan& s : spans) {
+      if (s.count == 0) continue;
+      descs.push_back(cuda::SpanDesc{s.src_row, s.dst_row, rows});
+      rows += s.count;
+    }
+    if (rows == 0) return;
+    Traced t(*this, Stream::Compute, "copy_rows",
+             static_cast<size_t>(rows * src.dim(1)) * (dtype_size(src.dtype()) + dtype_size(dst.dtype())), 0);
+    const void* d = upload_small(descs.data(), descs.size() * sizeof(cuda::SpanDesc));
+    cuda::copy_rows(dst.data(), dst.dtype(), src.data(), src.dtype(), static_cast<const cuda::SpanDesc*>(d),
+                    static_cast<int64_t>(descs.size()), rows, src.dim(1), compute());
   }
 
   void fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) override {

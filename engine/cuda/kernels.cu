@@ -45,12 +45,12 @@ __global__ void layer_norm_kernel(float* out, const float* x, const T* gamma, co
 }
 
 template <typename T>
-__global__ void bias_act_kernel(float* out, const T* bias, int64_t m, int64_t n, int act) {
-  const int64_t total = m * n;
+__global__ void bias_act_kernel(float* out, const T* bias, int64_t batch, int64_t m, int64_t n, int act) {
+  const int64_t per = m * n, total = batch * per;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float v = out[i];
-    if (bias) v += to_f32(bias[i % n]);
+    if (bias) v += to_f32(bias[(i / per) * n + i % n]);
     if (act == 1) v = fmaxf(v, 0.f);
     else if (act == 2) v = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
     out[i] = v;
@@ -68,6 +68,23 @@ __global__ void convert_kernel(D* dst, const S* src, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     dst[i] = from_f32<D>(to_f32(src[i]));
+}
+
+template <typename D, typename S>
+__global__ void copy_rows_kernel(D* dst, const S* src, const SpanDesc* spans, int64_t n_spans, int64_t total_rows,
+                                 int64_t width) {
+  for (int64_t r = blockIdx.x; r < total_rows; r += gridDim.x) {
+    int64_t lo = 0, hi = n_spans - 1;  // the last span starting at or before row r
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (spans[mid].first <= r) lo = mid;
+      else hi = mid - 1;
+    }
+    const SpanDesc s = spans[lo];
+    const S* in = src + (s.src_row + (r - s.first)) * width;
+    D* out = dst + (s.dst_row + (r - s.first)) * width;
+    for (int64_t c = threadIdx.x; c < width; c += blockDim.x) out[c] = from_f32<D>(to_f32(in[c]));
+  }
 }
 
 template <typename T>
@@ -97,11 +114,12 @@ void layer_norm(float* out, const float* x, const void* gamma, const void* beta,
   CUDA_CHECK_LAUNCH();
 }
 
-void bias_act(float* out, const void* bias, DType bias_dtype, int64_t m, int64_t n, int act, cudaStream_t stream) {
-  if (m * n == 0) return;
+void bias_act(float* out, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n, int act,
+              cudaStream_t stream) {
+  if (batch * m * n == 0) return;
   KVPR_FLOAT_DISPATCH(bias_dtype, T,
-                      KVPR_LAUNCH(grid_for(m * n, 256), 256, 0, stream, bias_act_kernel<T>)(out, static_cast<const T*>(bias), m,
-                                                                                   n, act));
+                      KVPR_LAUNCH(grid_for(batch * m * n, 256), 256, 0, stream, bias_act_kernel<T>)(
+                          out, static_cast<const T*>(bias), batch, m, n, act));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -117,6 +135,18 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64
                       KVPR_FLOAT_DISPATCH(src_dtype, S,
                                           KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, convert_kernel<D, S>)(
                                               static_cast<D*>(dst), static_cast<const S*>(src), n)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void copy_rows(void* dst, DType dst_dtype, const void* src, DType src_dtype, const SpanDesc* spans, int64_t n_spans,
+               int64_t total_rows, int64_t width, cudaStream_t stream) {
+  if (total_rows == 0 || width == 0 || n_spans == 0) return;
+  KVPR_FLOAT_DISPATCH(dst_dtype, D,
+                      KVPR_FLOAT_DISPATCH(src_dtype, S,
+                                          KVPR_LAUNCH(grid_for(total_rows, 1, 1u << 20), 128, 0, stream,
+                                                      copy_rows_kernel<D, S>)(static_cast<D*>(dst),
+                                                                              static_cast<const S*>(src), spans,
+                                                                              n_spans, total_rows, width)));
   CUDA_CHECK_LAUNCH();
 }
 

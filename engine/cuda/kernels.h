@@ -24,8 +24,9 @@ void gather_rows(float* out, const void* table, DType table_dtype, const int32_t
                  int64_t width, bool accumulate, cudaStream_t stream);
 void layer_norm(float* out, const float* x, const void* gamma, const void* beta, DType param_dtype, int64_t rows,
                 int64_t width, float eps, cudaStream_t stream);
-// out[m, n] = act(out[m, n] + bias[n]); act: 0 none, 1 relu, 2 gelu.
-void bias_act(float* out, const void* bias, DType bias_dtype, int64_t m, int64_t n, int act, cudaStream_t stream);
+// out[b, m, n] = act(out[b, m, n] + bias[b, n]) (bias may be null); act: 0 none, 1 relu, 2 gelu.
+void bias_act(float* out, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n, int act,
+              cudaStream_t stream);
 void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t stream);
 void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, float stddev, cudaStream_t stream);
@@ -47,6 +48,18 @@ int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int he
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t max_q_len, bool all_decode, int heads, int head_dim, DType kv_dtype, float scale, float* work,
                bool kv_aligned16, cudaStream_t stream);
+
+// One span of copy_rows as the kernel reads it: `first` is the index of the span's first row
+// among all rows of the call (spans in order, first ascending).
+struct SpanDesc {
+  int64_t src_row;
+  int64_t dst_row;
+  int64_t first;
+};
+// dst row (span.dst_row + j) = src row (span.src_row + j) converted, for the total_rows rows
+// of n_spans spans (descriptors in device memory).
+void copy_rows(void* dst, DType dst_dtype, const void* src, DType src_dtype, const SpanDesc* spans, int64_t n_spans,
+               int64_t total_rows, int64_t width, cudaStream_t stream);
 
 // Per row of logits [rows, vocab]: ids[r] = first id of the largest logit among [0, valid),
 // stats[r] = (that logit, log-sum-exp over [0, valid)). One block per row.

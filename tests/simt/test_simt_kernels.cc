@@ -79,6 +79,37 @@ TEST_P(SimtKernels, GatherLayerNormAddConvert) {
   }
 }
 
+// Spans of rows from a source into a destination of another dtype, as copy_rows launches
+// them: uneven spans, an empty one, destinations out of order; rows outside the spans untouched.
+TEST_P(SimtKernels, CopyRowsConvertsEverySpan) {
+  CpuBackend cpu;
+  const DType dt = GetParam();
+  const int64_t W = 131;
+  Tensor src = random(cpu, DType::F32, {40, W}, 21);
+  for (DType dst_dt : {DType::F32, DType::F16, DType::BF16}) {
+    for (DType src_dt : {DType::F32, dt}) {
+      Tensor s = cpu.alloc(src_dt, {40, W});
+      cpu.convert(s, src);
+      std::vector<RowSpan> spans = {{0, 50, 3}, {3, 0, 1}, {4, 10, 0}, {4, 20, 17}, {21, 70, 19}};
+      Tensor ref = random(cpu, dst_dt, {90, W}, 22), got = cpu.alloc(dst_dt, {90, W});
+      cpu.copy(got, ref, Stream::Compute);
+      cpu.copy_rows(ref, s, spans);
+      std::vector<cuda::SpanDesc> descs;
+      int64_t rows = 0;
+      for (const RowSpan& sp : spans) {
+        if (sp.count == 0) continue;
+        descs.push_back(cuda::SpanDesc{sp.src_row, sp.dst_row, rows});
+        rows += sp.count;
+      }
+      cuda::copy_rows(got.data(), dst_dt, s.data(), src_dt, descs.data(), static_cast<int64_t>(descs.size()), rows, W,
+                      nullptr);
+      std::vector<float> g = as_float(got);
+      EXPECT_TRUE(test::close_rel(as_double(ref), g.data(), g.size(), 0))
+          << dtype_name(src_dt) << " -> " << dtype_name(dst_dt);
+    }
+  }
+}
+
 TEST_P(SimtKernels, BiasActivationAndRandomFill) {
   CpuBackend cpu;
   const DType dt = GetParam();
@@ -91,8 +122,17 @@ TEST_P(SimtKernels, BiasActivationAndRandomFill) {
     cpu.linear(ref, x, w, b, act);
     cpu.linear(plain, x, w, Tensor(), Activation::None);  // the GEMM part (cuBLAS on a GPU)
     const int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
-    cuda::bias_act(plain.data_as<float>(), b.data(), dt, M, N, a, nullptr);
+    cuda::bias_act(plain.data_as<float>(), b.data(), dt, 1, M, N, a, nullptr);
     EXPECT_TRUE(test::close_rel(as_double(ref), plain.data_as<float>(), M * N, 1e-5)) << "act " << a;
+  }
+  // The bias of a batched linear: bias[b] for out[b] (the stacked Q, K, V projections).
+  Tensor w3 = random(cpu, dt, {3, N, K}, 12, 0.2f), b3 = random(cpu, dt, {3, N}, 13);
+  for (Activation act : {Activation::None, Activation::GELU}) {
+    Tensor ref = cpu.alloc(DType::F32, {3, M, N}), plain = cpu.alloc(DType::F32, {3, M, N});
+    cpu.linear_batched(ref, x, w3, b3, act);
+    cpu.linear_batched(plain, x, w3, Tensor(), Activation::None);
+    cuda::bias_act(plain.data_as<float>(), b3.data(), dt, 3, M, N, act == Activation::GELU ? 2 : 0, nullptr);
+    EXPECT_TRUE(test::close_rel(as_double(ref), plain.data_as<float>(), 3 * M * N, 1e-5)) << "batched bias";
   }
   // fill_random: the same counter-based values as the CPU backend.
   for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{70001}}) {
