@@ -46,6 +46,10 @@ else
   say "GPU tests skipped: no .carry/googletest (run bench/prepare-device-carry.sh here first)"
 fi
 
+say "kvpr-bench ops: each op of a decode layer against the device copy bandwidth"
+KVPR_THREADS=16 timeout 60 build-device/bench/kvpr-bench ops --preset "$PRESET" --batch "$BATCH" --ctx "$PROMPT" \
+    --json "$OUT/ops.json" 2>&1 | tail -16
+
 say "HF transformers offloaded-cache peer"
 PYTHONUNBUFFERED=1 timeout 200 python3 bench/hf_offload_peer.py --preset "$PRESET" --batch "$BATCH" --prompt "$PROMPT" --gen "$GEN" \
     --out "$OUT/hf.json" 2>&1 | tail -5
@@ -101,6 +105,7 @@ result = {
         'tests': gtest.get('tests'), 'failures': gtest.get('failures'),
         'failed': [t['name'] for s in gtest.get('testsuites', []) for t in s.get('testsuite', []) if t.get('failures')]},
     'hf_peer': load('hf.json'),
+    'ops': load('ops.json'),
     'decode': load('decode.json'),
     'sweep': [json.load(open(p)) for p in sys.argv[2:] if os.path.exists(p)],
 }

@@ -9,7 +9,15 @@
 //     Every KV mode side by side in one run on one model with random weights generated on the
 //     device: decode ms per step, tokens/s, split per step, bytes over the link per step, busy
 //     fraction of the compute stream, and each mode's bound from the measured profile.
+//   kvpr-bench ops [--preset P] [--batch B] [--ctx S] [--backend B] [--json FILE]
+//     The device ops of one decode layer at the preset's shapes, each timed alone with events
+//     (median of repeats): bytes and flops per call, GB/s and TFLOP/s, and GB/s as a fraction
+//     of the device copy bandwidth measured in the same run (the memory-bound ceiling).
+//     Batched against unbatched forms (one Q/K/V GEMM vs three, copy_rows vs a copy per
+//     sequence) are timed side by side, launch overhead included.
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -251,6 +259,144 @@ double host_copy_gbps(int64_t bytes) {
   copy();
   double t = time_median(3, copy);
   return 2.0 * static_cast<double>(bytes) / t / 1e9;
+}
+
+// ------------------------------------------------------------------ ops
+
+int cmd_ops(const std::vector<std::string>& args) {
+  std::string preset_name = "opt-6.7b", backend_name = "auto", json_out;
+  int batch = 32, ctx = 1024, reps = 10;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto val = [&]() -> std::string {
+      KVPR_CHECK(i + 1 < args.size(), args[i], " needs a value");
+      return args[++i];
+    };
+    const std::string& a = args[i];
+    if (a == "--preset") preset_name = val();
+    else if (a == "--backend") backend_name = val();
+    else if (a == "--batch") batch = std::stoi(val());
+    else if (a == "--ctx") ctx = std::stoi(val());
+    else if (a == "--reps") reps = std::stoi(val());
+    else if (a == "--json") json_out = val();
+    else KVPR_THROW("unknown option '", a, "'");
+  }
+  KVPR_CHECK(batch > 0 && ctx > 0 && reps > 0, "batch, ctx and reps must be positive");
+  const OptConfig c = preset(preset_name);
+  const int64_t h = c.hidden_size, f = c.ffn_dim, V = c.vocab_size, B = batch, S = ctx;
+  auto be = create_backend(backend_name);
+  std::fprintf(stderr, "kvpr-bench ops: %s shapes on %s, batch %d, context %d\n", preset_name.c_str(),
+               be->name().c_str(), batch, ctx);
+  const double hbm = device_copy_gbps(*be, be->device_is_host() ? (128ll << 20) : (2ll << 30));
+  const DType wt = DType::F16, kv = DType::F16;
+  const double es = 2.0;  // bytes per fp16 element
+
+  auto rnd = [&](DType dt, Shape shape, uint64_t seed, float sd) {
+    Tensor t = be->alloc(dt, std::move(shape));
+    be->fill_random(t, seed, 0.f, sd);
+    return t;
+  };
+  // Median milliseconds of fn() between events on the compute stream, after a warm-up.
+  auto time_ms = [&](const std::function<void()>& fn) {
+    fn();
+    be->synchronize();
+    std::vector<double> ms;
+    for (int r = 0; r < reps; ++r) {
+      Event e0 = be->record(Stream::Compute);
+      fn();
+      Event e1 = be->record(Stream::Compute);
+      be->synchronize();
+      ms.push_back(be->elapsed_ms(e0, e1));
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  json::Array rows;
+  auto report = [&](const std::string& name, double ms, double bytes, double flops) {
+    json::Value o(json::Object{});
+    o.set("op", name);
+    o.set("ms", ms);
+    o.set("bytes", bytes);
+    o.set("flops", flops);
+    const double gbps = bytes / (ms / 1e3) / 1e9;
+    o.set("gbps", gbps);
+    o.set("of_device_copy", gbps / hbm);
+    o.set("tflops", flops / (ms / 1e3) / 1e12);
+    std::printf("%-34s %9.4f ms %9.1f GB/s (%5.1f%% of copy) %8.2f TFLOP/s\n", name.c_str(), ms, gbps,
+                100.0 * gbps / hbm, flops / (ms / 1e3) / 1e12);
+    rows.push_back(std::move(o));
+  };
+
+  Tensor x = rnd(DType::F32, {B, h}, 1, 1.f);
+  // Projections at decode shapes (M = batch): weight bytes dominate.
+  {
+    Tensor wqkv = rnd(wt, {3, h, h}, 2, 0.02f), bqkv = rnd(wt, {3, h}, 3, 0.02f);
+    Tensor out3 = be->alloc(DType::F32, {3, B, h});
+    const double bytes = 3.0 * h * h * es + B * h * 4.0 + 3.0 * B * h * 4.0, flops = 2.0 * 3 * B * h * h;
+    report("qkv: one batched GEMM", time_ms([&] { be->linear_batched(out3, x, wqkv, bqkv, Activation::None); }), bytes,
+           flops);
+    report("qkv: three GEMMs", time_ms([&] {
+             for (int64_t i = 0; i < 3; ++i)
+               be->linear(out3.rows(i, 1).reshape({B, h}), x, wqkv.rows(i, 1).reshape({h, h}),
+                          bqkv.rows(i, 1).reshape({h}), Activation::None);
+           }),
+           bytes, flops);
+    Tensor fc1 = rnd(wt, {f, h}, 4, 0.02f), b1 = rnd(wt, {f}, 5, 0.02f), fc2 = rnd(wt, {h, f}, 6, 0.02f);
+    Tensor mid = be->alloc(DType::F32, {B, f}), out = be->alloc(DType::F32, {B, h});
+    report("fc1 + relu", time_ms([&] { be->linear(mid, x, fc1, b1, Activation::ReLU); }),
+           f * h * es + B * (h + f) * 4.0, 2.0 * B * f * h);
+    report("fc2", time_ms([&] { be->linear(out, mid, fc2, Tensor(), Activation::None); }),
+           f * h * es + B * (h + f) * 4.0, 2.0 * B * f * h);
+    Tensor lm = rnd(wt, {V, h}, 7, 0.02f), logits = be->alloc(DType::F32, {B, V});
+    report("lm_head", time_ms([&] { be->linear(logits, x, lm, Tensor(), Activation::None); }),
+           V * h * es + B * (h + V) * 4.0, 2.0 * B * V * h);
+    Tensor ids = be->alloc(DType::I32, {B}), stats = be->alloc(DType::F32, {B, 2});
+    report("argmax_lse (greedy)", time_ms([&] { be->argmax_lse(ids, stats, logits, static_cast<int32_t>(V)); }),
+           B * V * 4.0, 0);
+    Tensor g = rnd(wt, {h}, 8, 1.f), bb = rnd(wt, {h}, 9, 0.1f), y = be->alloc(DType::F32, {B, h});
+    report("layer_norm", time_ms([&] { be->layer_norm(y, x, g, bb, 1e-5f); }), 2.0 * B * h * 4.0, 0);
+  }
+  // KVPR recompute: K and V of l cached tokens from their X (one batched GEMM).
+  for (int64_t l : {int64_t{256}, S * B / 4}) {
+    Tensor xl = rnd(DType::F32, {l, h}, 10, 1.f), wkv = rnd(wt, {2, h, h}, 11, 0.02f);
+    Tensor kvl = be->alloc(DType::F32, {2, l, h});
+    report("recompute K,V of " + std::to_string(l) + " rows",
+           time_ms([&] { be->linear_batched(kvl, xl, wkv, Tensor(), Activation::None); }),
+           2.0 * h * h * es + l * h * 4.0 + 2.0 * l * h * 4.0, 4.0 * l * h * h);
+  }
+  // Decode attention over a resident cache: batch sequences of S tokens, fp16 K/V.
+  {
+    Tensor q = rnd(DType::F32, {B, h}, 12, 1.f), out = be->alloc(DType::F32, {B, h});
+    Tensor kc = rnd(kv, {B, S + 1, h}, 13, 1.f), vc = rnd(kv, {B, S + 1, h}, 14, 1.f);
+    std::vector<AttentionSeq> seqs;
+    for (int64_t s = 0; s < B; ++s)
+      seqs.push_back(AttentionSeq{s, 1, S, kc.rows(s, 1).reshape({S + 1, h}), vc.rows(s, 1).reshape({S + 1, h})});
+    const double scale = 1.0 / std::sqrt(static_cast<double>(h / c.num_heads));
+    report("decode attention (ctx " + std::to_string(S) + ")",
+           time_ms([&] { be->attention(out, q, seqs, static_cast<int>(c.num_heads), static_cast<float>(scale)); }),
+           2.0 * B * (S + 1) * h * es + 2.0 * B * h * 4.0, 4.0 * B * (S + 1) * h);
+    // The batch's new K rows into their caches: one copy_rows against one convert per sequence.
+    Tensor cache = kc.reshape({B * (S + 1), h});
+    std::vector<RowSpan> spans;
+    for (int64_t s = 0; s < B; ++s) spans.push_back(RowSpan{s, s * (S + 1) + S, 1});
+    report("new K rows: copy_rows", time_ms([&] { be->copy_rows(cache, x, spans); }), B * h * (4.0 + es), 0);
+    report("new K rows: convert per sequence", time_ms([&] {
+             for (const RowSpan& sp : spans) be->convert(cache.rows(sp.dst_row, 1), x.rows(sp.src_row, 1));
+           }),
+           B * h * (4.0 + es), 0);
+  }
+  json::Value result(json::Object{});
+  result.set("preset", preset_name);
+  result.set("backend", be->name());
+  result.set("batch", batch);
+  result.set("ctx", ctx);
+  result.set("device_copy_gbps", hbm);
+  result.set("ops", std::move(rows));
+  if (!json_out.empty()) {
+    std::ofstream o(json_out);
+    o << result.dump() << "\n";
+    KVPR_CHECK(o.good(), json_out, ": cannot write");
+  }
+  return 0;
 }
 
 struct ModeResult {
@@ -578,10 +724,12 @@ int main(int argc, char** argv) {
   try {
     if (argc >= 2 && std::string(argv[1]) == "cpu") return cmd_cpu(args);
     if (argc >= 2 && std::string(argv[1]) == "decode") return cmd_decode(args);
+    if (argc >= 2 && std::string(argv[1]) == "ops") return cmd_ops(args);
     std::fprintf(stderr, "usage: kvpr-bench cpu [--json FILE] [--quick]\n"
                          "       kvpr-bench decode [--preset P] [--batch B] [--prompt P] [--gen N] [--modes M,...]\n"
                          "                         [--backend B] [--kv-dtype D] [--emulate-link-gbps G] [--peer F]\n"
-                         "                         [--json F] [--svg F] [--trace-dir D]\n");
+                         "                         [--json F] [--svg F] [--trace-dir D]\n"
+                         "       kvpr-bench ops [--preset P] [--batch B] [--ctx S] [--reps N] [--backend B] [--json F]\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvpr-bench: error: %s\n", e.what());

@@ -6,6 +6,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$KVPR_BENCH" decode --preset tiny --backend cpu --batch 3 --prompt 40 --gen 4 --kv-dtype f32 \
   --emulate-link-gbps 1 --json "$tmp/d.json" --svg "$tmp/d.svg" --trace-dir "$tmp" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+# kvpr-bench ops: every op of a decode layer timed, with bytes and rates.
+"$KVPR_BENCH" ops --preset tiny --backend cpu --batch 3 --ctx 40 --reps 2 --json "$tmp/ops.json" >"$tmp/ops.out" 2>&1 \
+  || { cat "$tmp/ops.out"; exit 1; }
 python3 - "$tmp" <<'PY'
 import json, sys, os, xml.dom.minidom
 d = sys.argv[1]
@@ -20,5 +23,13 @@ assert modes['resident']['h2d_bytes_per_step'] == 0
 assert modes['offload']['h2d_bytes_per_step'] > modes['recompute']['h2d_bytes_per_step'] > 0
 assert r['profile']['h2d_gbps'] > 0 and 'kvpr_speedup_over_offload' in r['ratios']
 xml.dom.minidom.parse(os.path.join(d, 'd.svg'))
+ops = json.load(open(os.path.join(d, 'ops.json')))
+names = [o['op'] for o in ops['ops']]
+for want in ('qkv: one batched GEMM', 'qkv: three GEMMs', 'decode attention (ctx 40)', 'new K rows: copy_rows',
+             'argmax_lse (greedy)'):
+    assert want in names, (want, names)
+assert ops['device_copy_gbps'] > 0
+for o in ops['ops']:
+    assert o['ms'] > 0 and o['bytes'] > 0 and o['gbps'] > 0, o
 print('bench smoke: 1 passed, 0 failed')
 PY
