@@ -4,6 +4,7 @@
 #include <random>
 
 #include "engine/error.h"
+#include "engine/thread_pool.h"
 
 namespace kvpr {
 
@@ -208,21 +209,35 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   }
   be.synchronize();
 
+  // Greedy rows take the device's choice; sampled rows are drawn on host threads (each
+  // sequence has its own generator, so the draws do not depend on the threads).
+  std::vector<Sampled> picks(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!greedy(*batch[i])) continue;
+    const float* st = host_stats_.data_as<float>() + 2 * i;
+    picks[i] = Sampled{host_ids_.data_as<int32_t>()[i], st[0] - st[1]};
+  }
+  if (need_logits && !observer) {
+    ThreadPool::global().parallel_for(static_cast<int64_t>(batch.size()), 1, [&](int64_t b, int64_t e) {
+      std::vector<std::pair<float, int32_t>> scratch;
+      for (int64_t i = b; i < e; ++i) {
+        Sequence& s = *batch[static_cast<size_t>(i)];
+        if (greedy(s)) continue;
+        picks[static_cast<size_t>(i)] =
+            sample_token(logits_.data_as<float>() + i * V, valid_vocab_, s.params.sampling, s.rng, scratch);
+      }
+    });
+  }
+
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i];
     s.past_len += chunks[i].count;
-    Sampled pick{};
-    if (need_logits) {
+    if (observer) {
       const float* row = logits_.data_as<float>() + static_cast<int64_t>(i) * V;
-      if (observer) observer(s.id, row, V);
+      observer(s.id, row, V);
+      if (!greedy(s)) picks[i] = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch_);
     }
-    if (greedy(s)) {
-      const float* st = host_stats_.data_as<float>() + 2 * i;
-      pick = Sampled{host_ids_.data_as<int32_t>()[i], st[0] - st[1]};
-    } else {
-      const float* row = logits_.data_as<float>() + static_cast<int64_t>(i) * V;
-      pick = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch_);
-    }
+    const Sampled pick = picks[i];
     s.tokens.push_back(pick.token);
     s.logprobs.push_back(pick.logprob);
     StepOutput ev;

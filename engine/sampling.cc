@@ -37,41 +37,53 @@ Sampled sample_token(const float* logits, int32_t valid, const SamplingParams& p
 
   if (p.temperature == 0.f || p.top_k == 1) return {arg, logprob(arg)};
 
-  // Candidates: top-k by logit (all when k = 0), in descending order.
+  // Candidates: the top-k by logit (all ids when k = 0). Their order is descending logit,
+  // ties to the lower id; only as much of it is sorted as the draw needs (a heavy head
+  // usually holds the mass, so a full vocabulary is not sorted per token).
   scratch.clear();
   for (int32_t i = 0; i < valid; ++i) scratch.emplace_back(logits[i], i);
   auto desc = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  size_t k = p.top_k > 0 ? std::min<size_t>(p.top_k, scratch.size()) : scratch.size();
+  const size_t k = p.top_k > 0 ? std::min<size_t>(p.top_k, scratch.size()) : scratch.size();
   if (k < scratch.size()) {
     std::nth_element(scratch.begin(), scratch.begin() + k, scratch.end(), desc);
     scratch.resize(k);
   }
-  std::sort(scratch.begin(), scratch.end(), desc);
-  // Softmax at the temperature over the candidates.
+  // Softmax at the temperature over the candidates; z sums them all (any order).
   const double inv_t = 1.0 / p.temperature;
-  const double top = scratch.front().first;
-  std::vector<double> prob(scratch.size());
+  const double top = st.max;  // the row's maximum is always a candidate
+  auto weight = [&](size_t i) { return std::exp((static_cast<double>(scratch[i].first) - top) * inv_t); };
   double z = 0;
-  for (size_t i = 0; i < scratch.size(); ++i) z += prob[i] = std::exp((scratch[i].first - top) * inv_t);
-  // Nucleus: the smallest prefix whose mass reaches top_p.
-  size_t keep = scratch.size();
+  for (size_t i = 0; i < k; ++i) z += weight(i);
+  // Sorts the prefix [0, need) (the rest keeps following it in order), growing it 4x at a time.
+  size_t sorted = 0;
+  auto sort_to = [&](size_t need) {
+    need = std::min(need, k);
+    if (need <= sorted) return;
+    std::partial_sort(scratch.begin() + sorted, scratch.begin() + need, scratch.end(), desc);
+    sorted = need;
+  };
+  // Nucleus: the smallest prefix whose mass reaches top_p (all candidates when top_p = 1).
+  size_t keep = k;
+  double mass = z;
   if (p.top_p < 1.f) {
     double cum = 0;
-    for (size_t i = 0; i < scratch.size(); ++i) {
-      cum += prob[i] / z;
-      if (cum >= p.top_p) {
+    for (size_t i = 0; i < k; ++i) {
+      if (i == sorted) sort_to(std::max<size_t>(256, 4 * sorted));
+      cum += weight(i);
+      if (cum / z >= p.top_p) {
         keep = i + 1;
         break;
       }
     }
+    mass = keep == k ? z : cum;
   }
-  double mass = 0;
-  for (size_t i = 0; i < keep; ++i) mass += prob[i];
   double u = rng.uniform() * mass;
   for (size_t i = 0; i < keep; ++i) {
-    u -= prob[i];
+    if (i == sorted) sort_to(std::max<size_t>(256, 4 * sorted));
+    u -= weight(i);
     if (u < 0) return {scratch[i].second, logprob(scratch[i].second)};
   }
+  sort_to(keep);
   return {scratch[keep - 1].second, logprob(scratch[keep - 1].second)};
 }
 

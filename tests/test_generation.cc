@@ -3,6 +3,8 @@
 // and stop strings, EOS and length limits end sequences as documented.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -340,4 +342,72 @@ TEST(Generation, DemoModelRunsWithTheRealTokenizer) {
   write_demo_model(tmp.file("demo2"), default_demo_spec(), default_tokenizer_dir());
   std::ifstream a(tmp.file("demo/model.safetensors"), std::ios::binary), b(tmp.file("demo2/model.safetensors"), std::ios::binary);
   EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b)));
+}
+
+namespace {
+// The textbook draw: sort every candidate, softmax at the temperature, nucleus prefix,
+// then walk it with u * mass. sample_token sorts only the prefix it needs.
+int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p, Rng& rng) {
+  std::vector<std::pair<float, int32_t>> c;
+  for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i) c.emplace_back(logits[i], i);
+  std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < c.size()) c.resize(p.top_k);
+  std::vector<double> w(c.size());
+  double z = 0;
+  for (size_t i = 0; i < c.size(); ++i) z += w[i] = std::exp((c[i].first - c[0].first) / p.temperature);
+  size_t keep = c.size();
+  double cum = 0;
+  for (size_t i = 0; i < c.size() && p.top_p < 1.f; ++i)
+    if ((cum += w[i]) / z >= p.top_p) {
+      keep = i + 1;
+      break;
+    }
+  double mass = 0;
+  for (size_t i = 0; i < keep; ++i) mass += w[i];
+  double u = rng.uniform() * mass;
+  for (size_t i = 0; i < keep; ++i)
+    if ((u -= w[i]) < 0) return c[i].second;
+  return c[keep - 1].second;
+}
+}  // namespace
+
+TEST(Sampling, DrawsWhatAFullSortDraws) {
+  Rng data(7);
+  std::vector<float> logits(50272);
+  std::vector<std::pair<float, int32_t>> scratch;
+  int trials = 0;
+  for (float t : {0.3f, 0.7f, 1.f, 1.5f})
+    for (int k : {0, 5, 50, 2000})
+      for (float top_p : {1.f, 0.9f, 0.5f}) {
+        for (auto& l : logits) l = static_cast<float>(8.0 * data.uniform() - 4.0);  // flat: a long nucleus
+        logits[123] = logits[4567] = 6.f;                                         // a tie at the top
+        SamplingParams p;
+        p.temperature = t;
+        p.top_k = k;
+        p.top_p = top_p;
+        for (uint64_t seed = 0; seed < 4; ++seed, ++trials) {
+          Rng a(seed), b(seed);
+          Sampled got = sample_token(logits.data(), static_cast<int32_t>(logits.size()), p, a, scratch);
+          EXPECT_EQ(got.token, reference_draw(logits, p, b)) << "T=" << t << " k=" << k << " p=" << top_p;
+          EXPECT_EQ(a.next(), b.next());  // one uniform per token, as before
+        }
+      }
+  EXPECT_EQ(trials, 192);
+}
+
+TEST(Sampling, FrequenciesFollowTheTemperedSoftmax) {
+  const std::vector<float> logits = {2.f, 1.f, 0.5f, 0.f, -1.f, 1.f, -3.f, 0.2f};
+  SamplingParams p;
+  p.temperature = 0.8f;
+  Rng rng(99);
+  std::vector<std::pair<float, int32_t>> scratch;
+  std::vector<int> count(logits.size(), 0);
+  const int n = 40000;
+  for (int i = 0; i < n; ++i) ++count[sample_token(logits.data(), 8, p, rng, scratch).token];
+  double z = 0;
+  for (float l : logits) z += std::exp(l / 0.8);
+  for (size_t i = 0; i < logits.size(); ++i)
+    EXPECT_NEAR(count[i] / static_cast<double>(n), std::exp(logits[i] / 0.8) / z, 0.01) << "token " << i;
 }
