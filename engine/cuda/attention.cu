@@ -126,6 +126,89 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
     if (lane * CH + c < hd) o[lane * CH + c] = acc[c] * inv;
 }
 
+// Grid (tiles, heads), 4 warps. Each 32-key tile of K and V (this head's columns) is loaded
+// once into shared memory, as fp32, for the tile's 16 query rows; warp w owns rows
+// 4w..4w+3 and keeps their online softmax. Lane j scores key j of the tile (K rows padded by
+// one float so the lanes hit distinct banks), then the warp accumulates V rows coalesced.
+template <typename T, int CH>
+__global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc* descs, const AttnTile* tiles,
+                                      int heads, int hd, float scale) {
+  constexpr int HD = CH * 32, RPW = kAttnTileRows / kWarps, KT = 32;
+  __shared__ float qs[kAttnTileRows][HD];
+  __shared__ float ks[KT][HD + 1];
+  __shared__ float vs[KT][HD];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const AttnTile tile = tiles[blockIdx.x];
+  const int h = blockIdx.y;
+  const AttnDesc d = descs[tile.seq];
+  const int64_t row_stride = static_cast<int64_t>(heads) * hd;
+  const int rows = d.q_len - tile.first < kAttnTileRows ? d.q_len - tile.first : kAttnTileRows;
+  const int64_t q0 = d.q_begin + tile.first;  // first query row of the tile in q and out
+  for (int i = threadIdx.x; i < kAttnTileRows * HD; i += blockDim.x) {
+    const int r = i / HD, c = i % HD;
+    qs[r][c] = r < rows && c < hd ? q[(q0 + r) * row_stride + h * hd + c] : 0.f;
+  }
+  const T* kb_ptr = static_cast<const T*>(d.k) + h * hd;
+  const T* vb_ptr = static_cast<const T*>(d.v) + h * hd;
+  const int64_t n_keys = static_cast<int64_t>(d.past) + tile.first + rows;  // what the last row sees
+  float m[RPW], l[RPW], acc[RPW][CH];
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    m[rr] = -FLT_MAX;
+    l[rr] = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) acc[rr][c] = 0.f;
+  }
+  for (int64_t kb = 0; kb < n_keys; kb += KT) {
+    __syncthreads();  // the previous tile is consumed (and the queries are in place)
+    for (int i = threadIdx.x; i < KT * hd; i += blockDim.x) {
+      const int r = i / hd, c = i % hd;
+      const int64_t t = kb + r;
+      ks[r][c] = t < n_keys ? to_f32(kb_ptr[t * row_stride + c]) : 0.f;
+      vs[r][c] = t < n_keys ? to_f32(vb_ptr[t * row_stride + c]) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+      const int r = warp * RPW + rr;
+      const int64_t limit = static_cast<int64_t>(d.past) + tile.first + r + 1;  // keys [0, limit) for row r
+      if (r >= rows || kb >= limit) continue;                                     // the same for the whole warp
+      const int64_t t = kb + lane;
+      float s = -FLT_MAX;
+      if (t < limit) {
+        float dot = 0.f;
+        for (int i = 0; i < hd; ++i) dot += qs[r][i] * ks[lane][i];
+        s = dot * scale;
+      }
+      const float m_new = fmaxf(m[rr], warp_max(s));
+      const float p = t < limit ? __expf(s - m_new) : 0.f;
+      const float correction = __expf(m[rr] - m_new);
+      l[rr] = l[rr] * correction + warp_sum(p);
+#pragma unroll
+      for (int c = 0; c < CH; ++c) acc[rr][c] *= correction;
+      const int64_t left = limit - kb;
+      const int nk = left < KT ? static_cast<int>(left) : KT;
+      for (int kk = 0; kk < nk; ++kk) {
+        const float pk = __shfl_sync(0xffffffffu, p, kk);
+#pragma unroll
+        for (int c = 0; c < CH; ++c)
+          if (lane * CH + c < hd) acc[rr][c] += pk * vs[kk][lane * CH + c];
+      }
+      m[rr] = m_new;
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int r = warp * RPW + rr;
+    if (r >= rows) continue;
+    float* o = out + (q0 + r) * row_stride + h * hd;
+    const float inv = 1.f / l[rr];
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+      if (lane * CH + c < hd) o[lane * CH + c] = acc[rr][c] * inv;
+  }
+}
+
 // Grid (splits, heads, seqs). Writes this split's partial to work.
 template <typename T, int CH, int LOAD>
 __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int heads, int hd, float scale, int splits,
@@ -199,7 +282,8 @@ int decode_splits(int64_t max_ctx) {
 
 template <typename T, int CH, int LOAD>
 void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
-               bool all_decode, int heads, int hd, float scale, float* work, cudaStream_t stream) {
+               bool all_decode, int heads, int hd, float scale, float* work, const AttnTile* tiles, int64_t n_tiles,
+               cudaStream_t stream) {
   if (all_decode) {
     const int splits = decode_splits(max_ctx);
     dim3 grid(splits, heads, static_cast<unsigned>(n_seqs));
@@ -208,6 +292,12 @@ void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
     KVPR_LAUNCH(dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream, decode_merge_kernel)(out, descs, heads, hd, splits,
                                                                                       work);
     CUDA_CHECK_LAUNCH();
+  } else if (CH <= 4 && tiles && n_tiles > 0) {  // shared memory sized for head_dim <= 128
+    if constexpr (CH <= 4) {
+      KVPR_LAUNCH(dim3(static_cast<unsigned>(n_tiles), heads), kWarps * 32, 0, stream, attention_tile_kernel<T, CH>)(
+          out, q, descs, tiles, heads, hd, scale);
+      CUDA_CHECK_LAUNCH();
+    }
   } else {
     dim3 grid(static_cast<unsigned>(total_q), (heads + kWarps - 1) / kWarps);
     KVPR_LAUNCH(grid, kWarps * 32, 0, stream, attention_rows_kernel<T, CH, LOAD>)(out, q, descs, static_cast<int>(n_seqs), total_q,
@@ -218,13 +308,14 @@ void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
 
 template <typename T, int CH>
 void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
-            bool all_decode, int heads, int hd, float scale, float* work, bool aligned, cudaStream_t stream) {
+            bool all_decode, int heads, int hd, float scale, float* work, bool aligned, const AttnTile* tiles,
+            int64_t n_tiles, cudaStream_t stream) {
   if (aligned && hd == CH * 32)
-    launch_as<T, CH, kVectorExact>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, stream);
+    launch_as<T, CH, kVectorExact>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, tiles, n_tiles, stream);
   else if (aligned && hd % 8 == 0)
-    launch_as<T, CH, kVector>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, stream);
+    launch_as<T, CH, kVector>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, tiles, n_tiles, stream);
   else
-    launch_as<T, CH, kScalar>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, stream);
+    launch_as<T, CH, kScalar>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, tiles, n_tiles, stream);
 }
 
 }  // namespace
@@ -235,15 +326,15 @@ int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int he
 
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t /*max_q_len*/, bool all_decode, int heads, int head_dim, DType kv_dtype, float scale,
-               float* work, bool kv_aligned16, cudaStream_t stream) {
+               float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles, cudaStream_t stream) {
   if (n_seqs == 0 || total_q == 0) return;
   KVPR_CHECK(total_q <= 0x7fffffff && n_seqs <= 65535, "attention batch too large for the grid");
   KVPR_FLOAT_DISPATCH(kv_dtype, T, {
     // Each lane owns CH consecutive dimensions of the head.
-    if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, stream);
-    else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, stream);
-    else if (head_dim <= 128) launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, stream);
-    else if (head_dim <= 256) launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, stream);
+    if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
+    else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
+    else if (head_dim <= 128) launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
+    else if (head_dim <= 256) launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
     else KVPR_THROW("CUDA attention supports head_dim up to 256, not ", head_dim);
   });
 }

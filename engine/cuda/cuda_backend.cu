@@ -350,6 +350,13 @@ class CudaBackend final : public Backend {
     }
     Traced t(*this, Stream::Compute, "attention", kv_bytes, 0);
     const void* dd = upload_small(descs.data(), descs.size() * sizeof(cuda::AttnDesc));
+    const void* tiles = nullptr;
+    int64_t n_tiles = 0;
+    if (!all_decode && hd <= 128) {
+      std::vector<cuda::AttnTile> t = cuda::attention_tiles(descs.data(), static_cast<int64_t>(descs.size()));
+      n_tiles = static_cast<int64_t>(t.size());
+      tiles = upload_small(t.data(), t.size() * sizeof(cuda::AttnTile));
+    }
     float* work = nullptr;
     if (all_decode) {
       int64_t wf = cuda::attention_work_floats(static_cast<int64_t>(descs.size()), max_ctx, heads, static_cast<int>(hd));
@@ -357,7 +364,7 @@ class CudaBackend final : public Backend {
     }
     cuda::attention(out.data_as<float>(), q.data_as<float>(), static_cast<const cuda::AttnDesc*>(dd),
                     static_cast<int64_t>(descs.size()), total_q, max_ctx, max_q, all_decode, heads, static_cast<int>(hd),
-                    kv, scale, work, aligned, compute());
+                    kv, scale, work, aligned, static_cast<const cuda::AttnTile*>(tiles), n_tiles, compute());
   }
 
  private:

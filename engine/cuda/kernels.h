@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "engine/dtype.h"
 
@@ -40,14 +41,32 @@ struct AttnDesc {
   int32_t past;
 };
 
+// A tile of the prefill kernel: query rows [first, first + kAttnTileRows) of sequence `seq`
+// (fewer at the sequence's end), one block per (tile, head).
+struct AttnTile {
+  int32_t seq;
+  int32_t first;
+};
+constexpr int kAttnTileRows = 16;
+// The tiles covering every query row of the sequences, in order.
+inline std::vector<AttnTile> attention_tiles(const AttnDesc* descs, int64_t n_seqs) {
+  std::vector<AttnTile> t;
+  for (int64_t s = 0; s < n_seqs; ++s)
+    for (int32_t f = 0; f < descs[s].q_len; f += kAttnTileRows) t.push_back(AttnTile{static_cast<int32_t>(s), f});
+  return t;
+}
+
 // Attention over `n_seqs` sequences (descriptors in device memory). q, out [T, heads*hd] F32.
 // Decode rows (q_len == 1) use a split-context kernel whose partials live in `work`
 // (work_floats floats; attention_work_floats says how many are needed). kv_aligned16: every
 // k and v pointer is 16-byte aligned (then keys are read with 16-byte loads when head_dim % 8 == 0).
+// Other batches use the tiled kernel when `tiles` (device memory, attention_tiles) is given
+// and head_dim <= 128: a block loads each 32-key tile of K and V once into shared memory for
+// 16 query rows; else one warp per (row, head) walks the keys.
 int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim);
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t max_q_len, bool all_decode, int heads, int head_dim, DType kv_dtype, float scale, float* work,
-               bool kv_aligned16, cudaStream_t stream);
+               bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles, cudaStream_t stream);
 
 // One span of copy_rows as the kernel reads it: `first` is the index of the span's first row
 // among all rows of the call (spans in order, first ascending).

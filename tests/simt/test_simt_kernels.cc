@@ -156,7 +156,7 @@ TEST_P(SimtKernels, AttentionPrefillMixedAndDecodeSplits) {
       // Decode contexts over several 256-key splits, shorter ones with empty splits, and a
       // context of one key; mixed batches of prefill chunks with and without a past.
       std::vector<S> spec = decode_only ? std::vector<S>{{1, 0}, {1, 1100}, {1, 37}, {1, 300}}
-                                        : std::vector<S>{{5, 0}, {4, 7}, {1, 70}, {33, 0}};
+                                        : std::vector<S>{{20, 9}, {4, 7}, {1, 70}, {33, 0}};
       int T = 0;
       for (auto s : spec) T += s.q_len;
       Tensor q = random(cpu, DType::F32, {T, hidden}, 7);
@@ -177,14 +177,20 @@ TEST_P(SimtKernels, AttentionPrefillMixedAndDecodeSplits) {
       cpu.attention(ref, q, seqs, heads, scale);
       std::vector<float> work(static_cast<size_t>(
           cuda::attention_work_floats(static_cast<int64_t>(descs.size()), max_ctx, heads, hd)));
-      // Keys read element by element, and with 16-byte loads (the tensors are aligned).
-      for (bool aligned : {false, true}) {
-        std::fill_n(got.data_as<float>(), got.numel(), 0.f);
-        cuda::attention(got.data_as<float>(), q.data_as<float>(), descs.data(), static_cast<int64_t>(descs.size()), T,
-                        max_ctx, 33, decode_only, heads, hd, dt, scale, work.data(), aligned, nullptr);
-        EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
-            << "head_dim " << hd << (decode_only ? " decode" : " mixed") << (aligned ? " 16-byte loads" : "");
-      }
+      // Keys read element by element, and with 16-byte loads (the tensors are aligned); mixed
+      // batches by the tiled kernel (head_dim <= 128) and by the one-warp-per-row kernel.
+      const std::vector<cuda::AttnTile> tiles = cuda::attention_tiles(descs.data(), static_cast<int64_t>(descs.size()));
+      for (bool aligned : {false, true})
+        for (bool tiled : {false, true}) {
+          if (tiled && decode_only) continue;
+          std::fill_n(got.data_as<float>(), got.numel(), 0.f);
+          cuda::attention(got.data_as<float>(), q.data_as<float>(), descs.data(), static_cast<int64_t>(descs.size()),
+                          T, max_ctx, 33, decode_only, heads, hd, dt, scale, work.data(), aligned,
+                          tiled ? tiles.data() : nullptr, tiled ? static_cast<int64_t>(tiles.size()) : 0, nullptr);
+          EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
+              << "head_dim " << hd << (decode_only ? " decode" : " mixed") << (aligned ? " 16-byte loads" : "")
+              << (tiled ? " tiled" : "");
+        }
     }
   }
 }
