@@ -7,7 +7,8 @@
 #
 # nvidia-smi (GPU, driver, PCIe) -> build for sm_90 there -> GPU tests -> HF offloaded-cache
 # peer -> kvpr-bench decode (every mode) -> a smaller sweep if time allows. Everything lands
-# in $OUT: result.json (all numbers + hardware), decode.svg, traces.tar.gz, gtest.json, log.
+# in $OUT: result.json (all numbers + hardware), decode.svg, traces.tar.gz, ops.json, log, and
+# sanitizer.txt when a GPU test failed.
 # Commit result.json as bench/results/<date>-h200-<commit>.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,26 @@ if [ -n "$GTEST" ]; then
   say "GPU tests"
   KVPR_THREADS=16 timeout 240 build-device/tests/kvpr_tests --gtest_filter='*Cuda*:*KvModes*:*OptForward*' \
       --gtest_output=json:"$OUT/gtest.json" 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|mismatch|OK \]" | tail -60
+  # Failing (or crashed) GPU tests run again under compute-sanitizer, which names the kernel
+  # and the bad access: the next session fixes from that, without another device run.
+  failed=$(python3 - "$OUT/gtest.json" <<'PY'
+import json, sys
+try:
+    g = json.load(open(sys.argv[1]))
+except Exception:
+    print('CRASH'); sys.exit()
+print(':'.join(s['name'] + '.' + t['name'] for s in g.get('testsuites', []) for t in s.get('testsuite', [])
+               if t.get('failures')))
+PY
+)
+  if [ -n "$failed" ]; then
+    [ "$failed" = CRASH ] && failed='*CudaOps*F16*:Cuda.ArgmaxLse*'
+    say "compute-sanitizer memcheck on: $failed"
+    SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    KVPR_THREADS=16 timeout 120 "$SAN" --tool memcheck --print-limit 10 build-device/tests/kvpr_tests \
+        --gtest_filter="$failed" > "$OUT/sanitizer.txt" 2>&1
+    grep -E "=========|FAILED|Failure" "$OUT/sanitizer.txt" | head -40
+  fi
 else
   say "GPU tests skipped: no .carry/googletest (run bench/prepare-device-carry.sh here first)"
 fi
@@ -51,14 +72,16 @@ KVPR_THREADS=16 timeout 60 build-device/bench/kvpr-bench ops --preset "$PRESET" 
     --json "$OUT/ops.json" 2>&1 | tail -16
 
 say "HF transformers offloaded-cache peer"
-PYTHONUNBUFFERED=1 timeout 200 python3 bench/hf_offload_peer.py --preset "$PRESET" --batch "$BATCH" --prompt "$PROMPT" --gen "$GEN" \
+[ "$(elapsed)" -lt 330 ] || say "HF peer skipped: time is short"
+[ "$(elapsed)" -lt 330 ] && PYTHONUNBUFFERED=1 timeout 200 python3 bench/hf_offload_peer.py --preset "$PRESET" --batch "$BATCH" --prompt "$PROMPT" --gen "$GEN" \
     --out "$OUT/hf.json" 2>&1 | tail -5
 PEER=""
 [ -s "$OUT/hf.json" ] && PEER="--peer $OUT/hf.json"
 
 say "kvpr-bench decode, $PRESET shapes, batch $BATCH, prompt $PROMPT, $GEN tokens, every mode"
 mkdir -p "$OUT/traces"
-KVPR_THREADS=16 timeout 300 build-device/bench/kvpr-bench decode --preset "$PRESET" --batch "$BATCH" --prompt "$PROMPT" --gen "$GEN" \
+left=$(( 530 - $(elapsed) )); [ "$left" -gt 300 ] && left=300; [ "$left" -lt 60 ] && left=60
+KVPR_THREADS=16 timeout "$left" build-device/bench/kvpr-bench decode --preset "$PRESET" --batch "$BATCH" --prompt "$PROMPT" --gen "$GEN" \
     $PEER --json "$OUT/decode.json" --svg "$OUT/decode.svg" --trace-dir "$OUT/traces"
 
 sweep=()
