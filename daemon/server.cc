@@ -119,6 +119,7 @@ struct Sampling {
   bool stream = false;
   bool include_usage = false;
   bool logprobs = false;
+  int64_t top_logprobs = 0;  // alternatives per token: completions' logprobs=k, chat's top_logprobs
   bool echo = false;
   bool ignore_eos = false;
 };
@@ -167,8 +168,15 @@ Sampling parse_sampling(const bj::object& o, bool chat) {
       int64_t k = int_of(*v, "logprobs");
       if (k < 0 || k > 5) throw bad_request("'logprobs' must be in 0..5", "logprobs");
       s.logprobs = true;
+      s.top_logprobs = k;
     }
   }
+  if (chat)
+    if (auto v = field(o, "top_logprobs")) {
+      s.top_logprobs = int_of(*v, "top_logprobs");
+      if (s.top_logprobs < 0 || s.top_logprobs > 20) throw bad_request("'top_logprobs' must be in 0..20", "top_logprobs");
+      if (!s.logprobs) throw bad_request("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
+    }
   if (!chat)
     if (auto v = field(o, "echo")) s.echo = bool_of(*v, "echo");
   if (auto v = field(o, "ignore_eos")) s.ignore_eos = bool_of(*v, "ignore_eos");
@@ -193,6 +201,7 @@ struct Job {
     std::string text;
     std::vector<int32_t> tokens;
     std::vector<double> logprobs;
+    std::vector<std::vector<std::pair<int32_t, double>>> tops;  // per token, when asked for
     std::string finish;
     bool done = false;
     bool sent_role = false;
@@ -554,6 +563,7 @@ class Session : public std::enable_shared_from_this<Session> {
     params.set("top_p", job->s.top_p);
     params.set("top_k", job->s.top_k);
     params.set("ignore_eos", job->s.ignore_eos);
+    if (job->s.top_logprobs > 0) params.set("top_logprobs", job->s.top_logprobs);
     json::Array stops;
     for (const auto& st : job->s.stop) stops.emplace_back(st);
     params.set("stop", std::move(stops));
@@ -614,6 +624,7 @@ class Session : public std::enable_shared_from_this<Session> {
         job->last_token = now;
         c.tokens.push_back(ev.token);
         c.logprobs.push_back(ev.logprob);
+        c.tops.push_back(ev.top);
       }
       c.text += ev.text;
       if (!ev.finish_reason.empty()) {
@@ -684,26 +695,42 @@ class Session : public std::enable_shared_from_this<Session> {
     send_json(200, body);
   }
 
+  // OpenAI's logprobs objects. Chat: content[i] = {token, logprob, bytes, top_logprobs: the
+  // top_logprobs most likely tokens}. Completions: tokens, token_logprobs, text_offset and
+  // top_logprobs[i] = {token text: logprob} for the `logprobs` most likely tokens plus the
+  // sampled one (so up to logprobs + 1 entries, as OpenAI documents).
   bj::value logprobs_json(const Job& job, const Job::Choice& c) {
+    auto text_of = [&](int32_t id) { return sanitize_utf8(st_->tok.token_bytes(id, false)); };
     if (job.chat) {
-      bj::array content;
-      for (size_t k = 0; k < c.tokens.size(); ++k) {
-        std::string t = st_->tok.token_bytes(c.tokens[k], false);
+      auto entry = [&](int32_t id, double lp) {
+        std::string t = st_->tok.token_bytes(id, false);
         bj::array bytes;
         for (unsigned char b : t) bytes.push_back(b);
-        content.push_back(bj::object{{"token", sanitize_utf8(t)}, {"logprob", c.logprobs[k]}, {"bytes", bytes},
-                                     {"top_logprobs", bj::array{}}});
+        return bj::object{{"token", sanitize_utf8(t)}, {"logprob", lp}, {"bytes", std::move(bytes)}};
+      };
+      bj::array content;
+      for (size_t k = 0; k < c.tokens.size(); ++k) {
+        bj::object e = entry(c.tokens[k], c.logprobs[k]);
+        bj::array top;
+        if (k < c.tops.size())
+          for (const auto& [id, lp] : c.tops[k]) top.push_back(entry(id, lp));
+        e["top_logprobs"] = std::move(top);
+        content.push_back(std::move(e));
       }
       return bj::object{{"content", std::move(content)}};
     }
     bj::array tokens, lps, offsets, tops;
     int64_t off = static_cast<int64_t>(c.echo_text.size());
     for (size_t k = 0; k < c.tokens.size(); ++k) {
-      std::string t = sanitize_utf8(st_->tok.token_bytes(c.tokens[k], false));
+      std::string t = text_of(c.tokens[k]);
       tokens.push_back(bj::value(t));
       lps.push_back(c.logprobs[k]);
       offsets.push_back(off);
-      tops.push_back(bj::object{{t, c.logprobs[k]}});
+      bj::object top;
+      if (k < c.tops.size())
+        for (const auto& [id, lp] : c.tops[k]) top.emplace(text_of(id), lp);  // first (likelier) wins a clash
+      top.emplace(t, c.logprobs[k]);  // the sampled token is always there
+      tops.push_back(std::move(top));
       off += static_cast<int64_t>(t.size());
     }
     return bj::object{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)},

@@ -25,6 +25,7 @@ namespace kvpr {
 struct EngineEvent {
   int32_t token = -1;
   double logprob = 0;
+  std::vector<std::pair<int32_t, double>> top;  // most likely ids at this position (top_logprobs)
   std::string text;
   std::string finish_reason;  // set on the last event: stop, length, cancelled
   int64_t prompt_tokens = 0;

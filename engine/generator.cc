@@ -24,6 +24,7 @@ struct Generator::Sequence {
   std::vector<int32_t> prompt;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top;
   int64_t slot = -1;
   int64_t past_len = 0;  // tokens whose K/V are in the cache
   Rng rng;
@@ -63,6 +64,8 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
   KVPR_CHECK(static_cast<int64_t>(prompt.size()) < max_seq_len_, "the prompt has ", prompt.size(),
              " tokens but the context holds ", max_seq_len_);
   for (const auto& s : params.stop) KVPR_CHECK(!s.empty(), "stop strings must not be empty");
+  KVPR_CHECK(params.top_logprobs >= 0 && params.top_logprobs <= 20, "top_logprobs must be in 0..20, got ",
+             params.top_logprobs);
   uint64_t seed = params.sampling.seed ? *params.sampling.seed : std::random_device{}();
   uint64_t id = next_id_++;
   waiting_.push_back(std::make_unique<Sequence>(id, params, std::move(prompt), seed, tok_));
@@ -120,6 +123,7 @@ void Generator::finish(Sequence& s, FinishReason r, bool flush_decoder, std::vec
   res.prompt = std::move(s.prompt);
   res.tokens = std::move(s.tokens);
   res.logprobs = std::move(s.logprobs);
+  res.top = std::move(s.top);
   res.text = std::move(s.text);
   res.finish = r;
   done_[s.id] = std::move(res);
@@ -192,7 +196,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   // the host only when a row samples (temperature) or an observer wants them.
   auto greedy = [](const Sequence& s) { return s.params.sampling.temperature == 0.f || s.params.sampling.top_k == 1; };
   bool need_logits = static_cast<bool>(observer);
-  for (const Sequence* s : batch) need_logits = need_logits || !greedy(*s);
+  for (const Sequence* s : batch) need_logits = need_logits || !greedy(*s) || s->params.top_logprobs > 0;
   if (!dev_ids_.defined() || dev_ids_.numel() < rows) {
     const int64_t cap = std::max<int64_t>(rows, 64);
     dev_ids_ = be.alloc(DType::I32, {cap});
@@ -212,6 +216,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   // Greedy rows take the device's choice; sampled rows are drawn on host threads (each
   // sequence has its own generator, so the draws do not depend on the threads).
   std::vector<Sampled> picks(batch.size());
+  std::vector<std::vector<TokenLogprob>> tops(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!greedy(*batch[i])) continue;
     const float* st = host_stats_.data_as<float>() + 2 * i;
@@ -222,9 +227,11 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
       std::vector<std::pair<float, int32_t>> scratch;
       for (int64_t i = b; i < e; ++i) {
         Sequence& s = *batch[static_cast<size_t>(i)];
-        if (greedy(s)) continue;
-        picks[static_cast<size_t>(i)] =
-            sample_token(logits_.data_as<float>() + i * V, valid_vocab_, s.params.sampling, s.rng, scratch);
+        const float* row = logits_.data_as<float>() + i * V;
+        if (s.params.top_logprobs > 0)
+          tops[static_cast<size_t>(i)] = top_logprobs(row, valid_vocab_, s.params.top_logprobs,
+                                                      host_stats_.data_as<float>()[2 * i + 1], scratch);
+        if (!greedy(s)) picks[static_cast<size_t>(i)] = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch);
       }
     });
   }
@@ -235,15 +242,20 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     if (observer) {
       const float* row = logits_.data_as<float>() + static_cast<int64_t>(i) * V;
       observer(s.id, row, V);
+      if (s.params.top_logprobs > 0)
+        tops[i] = top_logprobs(row, valid_vocab_, s.params.top_logprobs, host_stats_.data_as<float>()[2 * i + 1],
+                               scratch_);
       if (!greedy(s)) picks[i] = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch_);
     }
     const Sampled pick = picks[i];
+    if (s.params.top_logprobs > 0) s.top.push_back(tops[i]);
     s.tokens.push_back(pick.token);
     s.logprobs.push_back(pick.logprob);
     StepOutput ev;
     ev.id = s.id;
     ev.token = pick.token;
     ev.logprob = pick.logprob;
+    ev.top = std::move(tops[i]);
 
     bool is_eos = tok_.eos_id() && pick.token == *tok_.eos_id() && !s.params.ignore_eos;
     if (is_eos) {

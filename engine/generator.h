@@ -23,6 +23,7 @@ struct GenerationParams {
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings; the text ends before the first match
   bool ignore_eos = false;
+  int top_logprobs = 0;           // alternatives reported per generated token (0..20)
 };
 
 enum class FinishReason { None, Stop, Length, Cancelled };
@@ -42,6 +43,7 @@ struct StepOutput {
   uint64_t id = 0;
   int32_t token = -1;
   float logprob = 0.f;
+  std::vector<TokenLogprob> top;  // the params.top_logprobs most likely ids at this position
   std::string text;  // new text safe to show (never splits a character or a stop string)
   FinishReason finish = FinishReason::None;
 };
@@ -50,6 +52,7 @@ struct SequenceResult {
   std::vector<int32_t> prompt;
   std::vector<int32_t> tokens;    // generated ids (EOS included when it ended the sequence)
   std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top;  // per generated token, when asked for
   std::string text;               // generated text, stop string excluded
   FinishReason finish = FinishReason::None;
 };

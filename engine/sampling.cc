@@ -27,6 +27,19 @@ RowStats row_argmax_lse(const float* logits, int32_t valid) {
   return {arg, mx, mx + std::log(sum)};
 }
 
+std::vector<TokenLogprob> top_logprobs(const float* logits, int32_t valid, int n, double lse,
+                                       std::vector<std::pair<float, int32_t>>& scratch) {
+  const size_t k = std::min<size_t>(static_cast<size_t>(std::max(n, 0)), static_cast<size_t>(std::max(valid, 0)));
+  scratch.clear();
+  for (int32_t i = 0; i < valid; ++i) scratch.emplace_back(logits[i], i);
+  auto desc = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  std::partial_sort(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(k), scratch.end(), desc);
+  std::vector<TokenLogprob> out;
+  for (size_t i = 0; i < k; ++i)
+    out.emplace_back(scratch[i].second, static_cast<float>(static_cast<double>(scratch[i].first) - lse));
+  return out;
+}
+
 Sampled sample_token(const float* logits, int32_t valid, const SamplingParams& p, Rng& rng,
                      std::vector<std::pair<float, int32_t>>& scratch) {
   // log-sum-exp of the raw logits for the reported log-probability.

@@ -44,6 +44,12 @@ struct RowStats {
 };
 RowStats row_argmax_lse(const float* logits, int32_t valid);
 
+// The n most likely ids among [0, valid) (descending logit, ties to the lower id) with their
+// log-probabilities logits[id] - lse. `scratch` is reused between calls.
+using TokenLogprob = std::pair<int32_t, float>;
+std::vector<TokenLogprob> top_logprobs(const float* logits, int32_t valid, int n, double lse,
+                                       std::vector<std::pair<float, int32_t>>& scratch);
+
 struct Sampled {
   int32_t token;
   float logprob;  // log-softmax of the raw logits at `token` (temperature 1)

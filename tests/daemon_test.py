@@ -241,6 +241,24 @@ def main():
         st, body = completion(d, "Hello, my name is", 5, echo=True, logprobs=1)
         check("echo and logprobs", st == 200 and body["choices"][0]["text"].startswith("Hello, my name is") and
               len(body["choices"][0]["logprobs"]["token_logprobs"]) == 5, body)
+        # logprobs=k: the k most likely tokens at each position (+ the sampled one), sorted,
+        # the greedy token first, all of them log-probabilities.
+        st, body = completion(d, "Hello, my name is", 4, logprobs=3)
+        lp = body["choices"][0]["logprobs"] if st == 200 else {}
+        tops = lp.get("top_logprobs", [])
+        check("completions logprobs=3 gives 3 alternatives per token",
+              st == 200 and len(tops) == 4 and all(3 <= len(t) <= 4 for t in tops) and
+              all(v <= 0 for t in tops for v in t.values()) and
+              all(abs(max(t.values()) - lp["token_logprobs"][i]) < 1e-4 and
+                  lp["tokens"][i] in t for i, t in enumerate(tops)), body)
+        msgs1 = [{"role": "user", "content": "Hi there"}]
+        st, body = d.post("/v1/chat/completions", {"model": "demo", "messages": msgs1, "max_tokens": 3, "temperature": 0,
+                                                   "logprobs": True, "top_logprobs": 2})
+        content = body["choices"][0]["logprobs"]["content"] if st == 200 else []
+        check("chat top_logprobs=2", st == 200 and len(content) == 3 and
+              all(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"] and
+                  c["top_logprobs"][0]["logprob"] >= c["top_logprobs"][1]["logprob"] and
+                  isinstance(c["top_logprobs"][1]["bytes"], list) for c in content), body)
         stop = ref["text"][10:14]
         st, body = completion(d, "Hello, my name is", 8, stop=[stop])
         check("stop string", st == 200 and body["choices"][0]["finish_reason"] == "stop" and
@@ -373,6 +391,9 @@ def main():
             ("POST", "/v1/chat/completions", '{"model":"demo","messages":[{"role":"user"}]}', 400),
             ("POST", "/v1/chat/completions", '{"model":"demo","messages":[{"role":"user","content":[{"type":"image_url"}]}]}', 400),
             ("POST", "/v1/chat/completions", '{"model":"demo","messages":[{"role":"user","content":"x"}],"logprobs":2}', 400),
+            ("POST", "/v1/chat/completions", '{"model":"demo","messages":[{"role":"user","content":"x"}],"top_logprobs":2}', 400),
+            ("POST", "/v1/chat/completions",
+             '{"model":"demo","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}', 400),
             ("POST", "/v1/chat/completions", '{"model":"nope","messages":[{"role":"user","content":"x"}]}', 404),
             ("POST", "/tokenize", '{"prompt":5}', 400), ("POST", "/tokenize", "nope", 400),
             ("POST", "/detokenize", '{"tokens":"x"}', 400), ("POST", "/detokenize", '{"tokens":[-1]}', 400),

@@ -197,6 +197,7 @@ TEST(Generation, LogprobsAreLogSoftmaxOfTheChosenToken) {
     p.max_new_tokens = 5;
     p.sampling.temperature = temperature;
     p.sampling.seed = 3;
+    p.top_logprobs = 5;
     std::vector<std::vector<float>> rows;
     auto r =
         gen.generate_all({{1, 2, 3}}, p, [&](uint64_t, const float* row, int64_t) { rows.emplace_back(row, row + V); });
@@ -209,6 +210,15 @@ TEST(Generation, LogprobsAreLogSoftmaxOfTheChosenToken) {
         if (rows[i][v] > mx) mx = rows[i][v], arg = v;
       for (int v = 0; v < 90; ++v) z += std::exp(rows[i][v] - mx);
       EXPECT_NEAR(r[0].logprobs[i], rows[i][r[0].tokens[i]] - mx - std::log(z), 1e-4) << "T=" << temperature;
+      // The alternatives: the five likeliest valid ids in order, with their log-probabilities.
+      std::vector<int> order(90);
+      for (int v = 0; v < 90; ++v) order[v] = v;
+      std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return rows[i][x] > rows[i][y]; });
+      ASSERT_EQ(r[0].top.at(i).size(), 5u);
+      for (int k = 0; k < 5; ++k) {
+        EXPECT_EQ(r[0].top[i][k].first, order[k]) << "step " << i << " rank " << k;
+        EXPECT_NEAR(r[0].top[i][k].second, rows[i][order[k]] - mx - std::log(z), 1e-4);
+      }
       if (temperature == 0.f) {
         EXPECT_EQ(r[0].tokens[i], arg);
       }
@@ -221,6 +231,24 @@ TEST(Generation, LogprobsAreLogSoftmaxOfTheChosenToken) {
       EXPECT_EQ(r2[0].logprobs, r[0].logprobs);
     }
   }
+}
+
+TEST(Generation, TopLogprobsWithoutAnObserverAndLimits) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 90);
+  // Without an observer (the daemon's path) the same alternatives come out.
+  Generator g1(f.model, tok, f32_kv(1)), g2(f.model, tok, f32_kv(1));
+  GenerationParams p;
+  p.max_new_tokens = 3;
+  p.top_logprobs = 3;
+  auto a = g1.generate_all({{4, 5}}, p);
+  auto b = g2.generate_all({{4, 5}}, p, [](uint64_t, const float*, int64_t) {});
+  ASSERT_EQ(a[0].top.size(), 3u);
+  EXPECT_EQ(a[0].top[0].size(), 3u);
+  EXPECT_EQ(a[0].top, b[0].top);
+  p.top_logprobs = 21;
+  EXPECT_THROW(g1.add({1}, p), Error);
 }
 
 TEST(Generation, StopStringsEosAndLength) {

@@ -24,6 +24,7 @@ GenerationParams params_from(const json::Value& p) {
   if (const json::Value* v = p.find("top_k")) g.sampling.top_k = static_cast<int>(v->as_int());
   if (const json::Value* v = p.find("seed"); v && !v->is_null()) g.sampling.seed = static_cast<uint64_t>(v->as_int());
   if (const json::Value* v = p.find("ignore_eos")) g.ignore_eos = v->as_bool();
+  if (const json::Value* v = p.find("top_logprobs")) g.top_logprobs = static_cast<int>(v->as_int());
   if (const json::Value* v = p.find("stop"))
     for (const auto& s : v->as_array()) g.stop.push_back(s.as_string());
   return g;
@@ -194,6 +195,16 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
           if (o.token >= 0) {
             e.set("token", static_cast<int64_t>(o.token));
             e.set("logprob", static_cast<double>(o.logprob));
+            if (!o.top.empty()) {
+              json::Array top;
+              for (const auto& [id, lp] : o.top) {
+                json::Array pair;
+                pair.emplace_back(static_cast<int64_t>(id));
+                pair.emplace_back(static_cast<double>(lp));
+                top.emplace_back(std::move(pair));
+              }
+              e.set("top", std::move(top));
+            }
           }
           e.set("text", o.text);
           if (o.finish != FinishReason::None) {
