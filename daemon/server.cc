@@ -205,6 +205,8 @@ struct Job {
     std::string finish;
     bool done = false;
     bool sent_role = false;
+    size_t lp_sent = 0;     // streaming: tokens whose logprobs went out
+    int64_t lp_offset = 0;  // streaming: text offset of the next token (completions)
   };
   bool chat = false;
   std::string id;
@@ -679,7 +681,10 @@ class Session : public std::enable_shared_from_this<Session> {
       const Job::Choice& c = job.choices[i];
       bj::object ch{{"index", static_cast<int64_t>(i)}, {"finish_reason", c.finish}};
       bj::value lp = nullptr;
-      if (job.s.logprobs) lp = logprobs_json(job, c);
+      if (job.s.logprobs) {
+        int64_t off = static_cast<int64_t>(c.echo_text.size());
+        lp = logprobs_json(job, c, 0, c.tokens.size(), off);
+      }
       if (job.chat) {
         ch["message"] = bj::object{{"role", "assistant"}, {"content", c.text}};
       } else {
@@ -695,11 +700,12 @@ class Session : public std::enable_shared_from_this<Session> {
     send_json(200, body);
   }
 
-  // OpenAI's logprobs objects. Chat: content[i] = {token, logprob, bytes, top_logprobs: the
-  // top_logprobs most likely tokens}. Completions: tokens, token_logprobs, text_offset and
-  // top_logprobs[i] = {token text: logprob} for the `logprobs` most likely tokens plus the
-  // sampled one (so up to logprobs + 1 entries, as OpenAI documents).
-  bj::value logprobs_json(const Job& job, const Job::Choice& c) {
+  // OpenAI's logprobs objects for tokens [from, to) of a choice. Chat: content[i] = {token,
+  // logprob, bytes, top_logprobs: the top_logprobs most likely tokens}. Completions: tokens,
+  // token_logprobs, text_offset (from `offset`, advanced past the tokens) and top_logprobs[i]
+  // = {token text: logprob} for the `logprobs` most likely tokens plus the sampled one (so up
+  // to logprobs + 1 entries, as OpenAI documents).
+  bj::value logprobs_json(const Job& job, const Job::Choice& c, size_t from, size_t to, int64_t& offset) {
     auto text_of = [&](int32_t id) { return sanitize_utf8(st_->tok.token_bytes(id, false)); };
     if (job.chat) {
       auto entry = [&](int32_t id, double lp) {
@@ -709,7 +715,7 @@ class Session : public std::enable_shared_from_this<Session> {
         return bj::object{{"token", sanitize_utf8(t)}, {"logprob", lp}, {"bytes", std::move(bytes)}};
       };
       bj::array content;
-      for (size_t k = 0; k < c.tokens.size(); ++k) {
+      for (size_t k = from; k < to; ++k) {
         bj::object e = entry(c.tokens[k], c.logprobs[k]);
         bj::array top;
         if (k < c.tops.size())
@@ -720,18 +726,17 @@ class Session : public std::enable_shared_from_this<Session> {
       return bj::object{{"content", std::move(content)}};
     }
     bj::array tokens, lps, offsets, tops;
-    int64_t off = static_cast<int64_t>(c.echo_text.size());
-    for (size_t k = 0; k < c.tokens.size(); ++k) {
+    for (size_t k = from; k < to; ++k) {
       std::string t = text_of(c.tokens[k]);
       tokens.push_back(bj::value(t));
       lps.push_back(c.logprobs[k]);
-      offsets.push_back(off);
+      offsets.push_back(offset);
       bj::object top;
       if (k < c.tops.size())
         for (const auto& [id, lp] : c.tops[k]) top.emplace(text_of(id), lp);  // first (likelier) wins a clash
       top.emplace(t, c.logprobs[k]);  // the sampled token is always there
       tops.push_back(std::move(top));
-      off += static_cast<int64_t>(t.size());
+      offset += static_cast<int64_t>(t.size());
     }
     return bj::object{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)},
                       {"text_offset", std::move(offsets)}};
@@ -786,14 +791,23 @@ class Session : public std::enable_shared_from_this<Session> {
       push_sse(chunk(bj::object{{"index", static_cast<int64_t>(i)}, {"text", c.echo_text}, {"logprobs", nullptr},
                                 {"finish_reason", nullptr}}));
     }
+    // Logprobs of the tokens not yet reported ride on the next chunk that goes out.
+    auto pending_logprobs = [&]() -> bj::value {
+      if (!job.s.logprobs || c.lp_sent >= c.tokens.size()) return nullptr;
+      if (c.lp_sent == 0) c.lp_offset = static_cast<int64_t>(c.echo_text.size());
+      bj::value v = logprobs_json(job, c, c.lp_sent, c.tokens.size(), c.lp_offset);
+      c.lp_sent = c.tokens.size();
+      return v;
+    };
     if (!ev.text.empty()) {
-      bj::object ch{{"index", static_cast<int64_t>(i)}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+      bj::object ch{{"index", static_cast<int64_t>(i)}, {"logprobs", pending_logprobs()}, {"finish_reason", nullptr}};
       if (job.chat) ch["delta"] = bj::object{{"content", ev.text}};
       else ch["text"] = ev.text;
       push_sse(chunk(std::move(ch)));
     }
     if (!ev.finish_reason.empty()) {
-      bj::object ch{{"index", static_cast<int64_t>(i)}, {"logprobs", nullptr}, {"finish_reason", ev.finish_reason}};
+      bj::object ch{{"index", static_cast<int64_t>(i)}, {"logprobs", pending_logprobs()},
+                    {"finish_reason", ev.finish_reason}};
       if (job.chat) ch["delta"] = bj::object{};
       else ch["text"] = "";
       push_sse(chunk(std::move(ch)));

@@ -290,6 +290,29 @@ def main():
         text = "".join(e["choices"][0]["text"] for e in events[:-1])
         check("completion stream text", text == ref["text"] and events[-2]["choices"][0]["finish_reason"] == "length",
               (text, ref["text"]))
+        # Streaming with logprobs: every token's logprobs arrive exactly once, in order, equal to
+        # the non-streaming answer (text offsets included).
+        req = {"model": "demo", "prompt": "Hello, my name is", "max_tokens": 8, "temperature": 0, "logprobs": 2}
+        st, whole = d.post("/v1/completions", req)
+        events, _ = d.stream("/v1/completions", dict(req, stream=True))
+        got = {"tokens": [], "token_logprobs": [], "text_offset": [], "top_logprobs": []}
+        for e in events[:-1]:
+            lp = e["choices"][0]["logprobs"] if e["choices"] else None
+            for key in got:
+                got[key] += lp[key] if lp else []
+        want = whole["choices"][0]["logprobs"] if st == 200 else None
+        check("streamed logprobs equal the non-streaming ones",
+              want is not None and got["tokens"] == want["tokens"] and got["text_offset"] == want["text_offset"] and
+              got["top_logprobs"] == want["top_logprobs"] and
+              all(abs(a - b) < 1e-9 for a, b in zip(got["token_logprobs"], want["token_logprobs"])) and
+              len(got["tokens"]) == 8, (got, want))
+        events, _ = d.stream("/v1/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "Hi"}],
+                                                      "max_tokens": 4, "temperature": 0, "stream": True,
+                                                      "logprobs": True, "top_logprobs": 1})
+        content = [c for e in events[:-1] if e["choices"] and e["choices"][0].get("logprobs")
+                   for c in e["choices"][0]["logprobs"]["content"]]
+        check("chat stream carries logprobs", len(content) == 4 and all(len(c["top_logprobs"]) == 1 for c in content),
+              events)
         events, _ = d.stream("/v1/completions", {"model": "demo", "prompt": "日本語の文章と絵文字😀を", "max_tokens": 24,
                                                  "temperature": 1.0, "seed": 3, "stream": True})
         check("stream decodes as UTF-8 event by event", events[-1] == "[DONE]")
