@@ -202,6 +202,9 @@ struct Job {
     std::vector<int32_t> tokens;
     std::vector<double> logprobs;
     std::vector<std::vector<std::pair<int32_t, double>>> tops;  // per token, when asked for
+    std::vector<double> prompt_logprobs;  // echo + logprobs: prompt tokens 1..P-1
+    std::vector<std::vector<std::pair<int32_t, double>>> prompt_tops;
+    bool echo_sent = false;  // streaming
     std::string finish;
     bool done = false;
     bool sent_role = false;
@@ -566,6 +569,8 @@ class Session : public std::enable_shared_from_this<Session> {
     params.set("top_k", job->s.top_k);
     params.set("ignore_eos", job->s.ignore_eos);
     if (job->s.top_logprobs > 0) params.set("top_logprobs", job->s.top_logprobs);
+    // echo + logprobs: the prompt's tokens are scored too (OpenAI's legacy completions).
+    if (!chat && job->s.echo && job->s.logprobs) params.set("prompt_logprobs", job->s.top_logprobs);
     json::Array stops;
     for (const auto& st : job->s.stop) stops.emplace_back(st);
     params.set("stop", std::move(stops));
@@ -628,6 +633,10 @@ class Session : public std::enable_shared_from_this<Session> {
         c.logprobs.push_back(ev.logprob);
         c.tops.push_back(ev.top);
       }
+      if (!ev.prompt_logprobs.empty()) {
+        c.prompt_logprobs = ev.prompt_logprobs;
+        c.prompt_tops = ev.prompt_top;
+      }
       c.text += ev.text;
       if (!ev.finish_reason.empty()) {
         c.done = true;
@@ -682,8 +691,16 @@ class Session : public std::enable_shared_from_this<Session> {
       bj::object ch{{"index", static_cast<int64_t>(i)}, {"finish_reason", c.finish}};
       bj::value lp = nullptr;
       if (job.s.logprobs) {
-        int64_t off = static_cast<int64_t>(c.echo_text.size());
+        int64_t off = 0;
+        bj::value prompt_part = job.s.echo && !job.chat ? prompt_logprobs_json(c, off) : bj::value();
+        off = static_cast<int64_t>(c.echo_text.size());
         lp = logprobs_json(job, c, 0, c.tokens.size(), off);
+        if (prompt_part.is_object())  // prompt tokens first, then the generated ones
+          for (auto& [key, arr] : lp.as_object()) {
+            bj::array joined = prompt_part.as_object().at(key).as_array();
+            for (auto& v : arr.as_array()) joined.push_back(std::move(v));
+            arr = std::move(joined);
+          }
       }
       if (job.chat) {
         ch["message"] = bj::object{{"role", "assistant"}, {"content", c.text}};
@@ -698,6 +715,38 @@ class Session : public std::enable_shared_from_this<Session> {
                     {"usage", usage_json(prompt_tokens, completion_tokens)}};
     finish_request();
     send_json(200, body);
+  }
+
+  // The echoed prompt's part of a completions logprobs object: its tokens (text as the echo
+  // shows it, so text_offset indexes the returned text), their log-probabilities (null for
+  // the first, which nothing predicts) and alternatives.
+  bj::value prompt_logprobs_json(const Job::Choice& c, int64_t& offset) {
+    // Token texts that concatenate to the echoed text: without special tokens for a text
+    // prompt (its BOS is not in the echo), with them for a prompt given as ids.
+    bool skip = true;
+    std::string joined;
+    for (int32_t id : c.prompt) joined += st_->tok.token_bytes(id, true);
+    if (joined != c.echo_text) skip = false;
+    bj::array tokens, lps, offsets, tops;
+    for (size_t k = 0; k < c.prompt.size(); ++k) {
+      std::string t = st_->tok.token_bytes(c.prompt[k], skip);
+      tokens.push_back(bj::value(sanitize_utf8(t)));
+      offsets.push_back(offset);
+      offset += static_cast<int64_t>(t.size());
+      if (k == 0 || k - 1 >= c.prompt_logprobs.size()) {
+        lps.push_back(nullptr);
+        tops.push_back(nullptr);
+        continue;
+      }
+      lps.push_back(c.prompt_logprobs[k - 1]);
+      bj::object top;
+      if (k - 1 < c.prompt_tops.size())
+        for (const auto& [id, lp] : c.prompt_tops[k - 1]) top.emplace(sanitize_utf8(st_->tok.token_bytes(id, false)), lp);
+      top.emplace(sanitize_utf8(t), c.prompt_logprobs[k - 1]);  // the prompt's own token is always there
+      tops.push_back(std::move(top));
+    }
+    return bj::object{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)},
+                      {"text_offset", std::move(offsets)}};
   }
 
   // OpenAI's logprobs objects for tokens [from, to) of a choice. Chat: content[i] = {token,
@@ -787,8 +836,11 @@ class Session : public std::enable_shared_from_this<Session> {
       push_sse(chunk(bj::object{{"index", static_cast<int64_t>(i)}, {"delta", bj::object{{"role", "assistant"}, {"content", ""}}},
                                 {"logprobs", nullptr}, {"finish_reason", nullptr}}));
     }
-    if (!job.chat && !c.echo_text.empty() && c.tokens.size() <= 1 && ev.token >= 0) {
-      push_sse(chunk(bj::object{{"index", static_cast<int64_t>(i)}, {"text", c.echo_text}, {"logprobs", nullptr},
+    if (!job.chat && job.s.echo && !c.echo_sent) {  // the prompt first (with its logprobs when asked)
+      c.echo_sent = true;
+      int64_t off = 0;
+      push_sse(chunk(bj::object{{"index", static_cast<int64_t>(i)}, {"text", c.echo_text},
+                                {"logprobs", job.s.logprobs ? prompt_logprobs_json(c, off) : bj::value()},
                                 {"finish_reason", nullptr}}));
     }
     // Logprobs of the tokens not yet reported ride on the next chunk that goes out.

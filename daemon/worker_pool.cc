@@ -251,9 +251,17 @@ void WorkerPool::handle(Worker& w, uint64_t gen, const json::Value& msg) {
       } else {
         if (const json::Value* v = e.find("token")) ev.token = static_cast<int32_t>(v->as_int());
         if (const json::Value* v = e.find("logprob")) ev.logprob = v->as_double();
-        if (const json::Value* v = e.find("top"))
-          for (const auto& p : v->as_array())
-            ev.top.emplace_back(static_cast<int32_t>(p.as_array().at(0).as_int()), p.as_array().at(1).as_double());
+        auto pairs = [](const json::Value& a) {
+          std::vector<std::pair<int32_t, double>> out;
+          for (const auto& p : a.as_array())
+            out.emplace_back(static_cast<int32_t>(p.as_array().at(0).as_int()), p.as_array().at(1).as_double());
+          return out;
+        };
+        if (const json::Value* v = e.find("top")) ev.top = pairs(*v);
+        if (const json::Value* v = e.find("prompt_logprobs"))
+          for (const auto& x : v->as_array()) ev.prompt_logprobs.push_back(x.as_double());
+        if (const json::Value* v = e.find("prompt_top"))
+          for (const auto& pt : v->as_array()) ev.prompt_top.push_back(pairs(pt));
         if (const json::Value* v = e.find("text")) ev.text = v->as_string();
         if (const json::Value* v = e.find("finish_reason")) ev.finish_reason = v->as_string();
         if (const json::Value* v = e.find("prompt_tokens")) ev.prompt_tokens = v->as_int();

@@ -26,6 +26,8 @@ struct EngineEvent {
   int32_t token = -1;
   double logprob = 0;
   std::vector<std::pair<int32_t, double>> top;  // most likely ids at this position (top_logprobs)
+  std::vector<double> prompt_logprobs;         // first event when the prompt is scored
+  std::vector<std::vector<std::pair<int32_t, double>>> prompt_top;
   std::string text;
   std::string finish_reason;  // set on the last event: stop, length, cancelled
   int64_t prompt_tokens = 0;

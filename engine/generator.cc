@@ -25,6 +25,8 @@ struct Generator::Sequence {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   std::vector<std::vector<TokenLogprob>> top;
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_top;
   int64_t slot = -1;
   int64_t past_len = 0;  // tokens whose K/V are in the cache
   Rng rng;
@@ -66,6 +68,8 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
   for (const auto& s : params.stop) KVPR_CHECK(!s.empty(), "stop strings must not be empty");
   KVPR_CHECK(params.top_logprobs >= 0 && params.top_logprobs <= 20, "top_logprobs must be in 0..20, got ",
              params.top_logprobs);
+  KVPR_CHECK(params.prompt_logprobs >= -1 && params.prompt_logprobs <= 20, "prompt_logprobs must be in -1..20, got ",
+             params.prompt_logprobs);
   uint64_t seed = params.sampling.seed ? *params.sampling.seed : std::random_device{}();
   uint64_t id = next_id_++;
   waiting_.push_back(std::make_unique<Sequence>(id, params, std::move(prompt), seed, tok_));
@@ -124,6 +128,8 @@ void Generator::finish(Sequence& s, FinishReason r, bool flush_decoder, std::vec
   res.tokens = std::move(s.tokens);
   res.logprobs = std::move(s.logprobs);
   res.top = std::move(s.top);
+  res.prompt_logprobs = std::move(s.prompt_logprobs);
+  res.prompt_top = std::move(s.prompt_top);
   res.text = std::move(s.text);
   res.finish = r;
   done_[s.id] = std::move(res);
@@ -159,7 +165,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     if (admitted_prompt && step_tokens + need > max_step_tokens_) break;
     auto s = std::move(waiting_.front());
     waiting_.erase(waiting_.begin());
-    if (s->params.max_new_tokens == 0) {
+    if (s->params.max_new_tokens == 0 && s->params.prompt_logprobs < 0) {
       StepOutput ev;
       ev.id = s->id;
       finish(*s, FinishReason::Length, true, out, ev);
@@ -182,6 +188,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     if (s->past_len == 0) {  // prefill the whole prompt
       c.tokens = s->prompt.data();
       c.count = static_cast<int64_t>(s->prompt.size());
+      c.all_rows = s->params.prompt_logprobs >= 0;
     } else {  // decode the last generated token
       c.tokens = &s->tokens.back();
       c.count = 1;
@@ -189,14 +196,25 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     chunks.push_back(c);
   }
   const int64_t V = model_.config().vocab_size;
-  const int64_t rows = static_cast<int64_t>(chunks.size());
+  // Logits rows: one per chunk (its last token), or one per token of a chunk whose prompt is
+  // scored; last[i] is the row batch[i]'s next token comes from.
+  std::vector<int64_t> first(batch.size()), last(batch.size());
+  int64_t rows = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    first[i] = rows;
+    rows += chunks[i].all_rows ? chunks[i].count : 1;
+    last[i] = rows - 1;
+  }
   Backend& be = model_.backend();
   Tensor dev_logits = model_.forward_device(chunks, *runtime_);
   // Greedy choice and log-sum-exp of every row on the device; the logits themselves come to
-  // the host only when a row samples (temperature) or an observer wants them.
+  // the host only when a row samples (temperature), alternatives or prompt scores are asked
+  // for, or an observer wants them.
   auto greedy = [](const Sequence& s) { return s.params.sampling.temperature == 0.f || s.params.sampling.top_k == 1; };
+  auto scores_prompt = [&](size_t i) { return chunks[i].all_rows; };
   bool need_logits = static_cast<bool>(observer);
-  for (const Sequence* s : batch) need_logits = need_logits || !greedy(*s) || s->params.top_logprobs > 0;
+  for (size_t i = 0; i < batch.size(); ++i)
+    need_logits = need_logits || !greedy(*batch[i]) || batch[i]->params.top_logprobs > 0 || scores_prompt(i);
   if (!dev_ids_.defined() || dev_ids_.numel() < rows) {
     const int64_t cap = std::max<int64_t>(rows, 64);
     dev_ids_ = be.alloc(DType::I32, {cap});
@@ -212,27 +230,41 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     be.copy(logits_.rows(0, rows), dev_logits, Stream::Compute);
   }
   be.synchronize();
+  const float* stats = host_stats_.data_as<float>();
+  auto row_of = [&](int64_t r) { return logits_.data_as<float>() + r * V; };
 
   // Greedy rows take the device's choice; sampled rows are drawn on host threads (each
-  // sequence has its own generator, so the draws do not depend on the threads).
+  // sequence has its own generator, so the draws do not depend on the threads), as are the
+  // alternatives and prompt scores.
   std::vector<Sampled> picks(batch.size());
   std::vector<std::vector<TokenLogprob>> tops(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!greedy(*batch[i])) continue;
-    const float* st = host_stats_.data_as<float>() + 2 * i;
-    picks[i] = Sampled{host_ids_.data_as<int32_t>()[i], st[0] - st[1]};
+    const float* st = stats + 2 * last[i];
+    picks[i] = Sampled{host_ids_.data_as<int32_t>()[last[i]], st[0] - st[1]};
   }
+  auto score_prompt = [&](size_t i, std::vector<std::pair<float, int32_t>>& scratch) {
+    Sequence& s = *batch[i];
+    for (int64_t j = 0; j + 1 < chunks[i].count; ++j) {  // row j predicts prompt token j + 1
+      const int64_t r = first[i] + j;
+      const int32_t next = s.prompt[static_cast<size_t>(j + 1)];
+      s.prompt_logprobs.push_back(static_cast<float>(static_cast<double>(row_of(r)[next]) - stats[2 * r + 1]));
+      if (s.params.prompt_logprobs > 0)
+        s.prompt_top.push_back(top_logprobs(row_of(r), valid_vocab_, s.params.prompt_logprobs, stats[2 * r + 1], scratch));
+    }
+  };
+  auto host_work = [&](size_t i, std::vector<std::pair<float, int32_t>>& scratch) {
+    Sequence& s = *batch[i];
+    if (scores_prompt(i)) score_prompt(i, scratch);
+    if (s.params.max_new_tokens == 0) return;  // scored only
+    if (s.params.top_logprobs > 0)
+      tops[i] = top_logprobs(row_of(last[i]), valid_vocab_, s.params.top_logprobs, stats[2 * last[i] + 1], scratch);
+    if (!greedy(s)) picks[i] = sample_token(row_of(last[i]), valid_vocab_, s.params.sampling, s.rng, scratch);
+  };
   if (need_logits && !observer) {
     ThreadPool::global().parallel_for(static_cast<int64_t>(batch.size()), 1, [&](int64_t b, int64_t e) {
       std::vector<std::pair<float, int32_t>> scratch;
-      for (int64_t i = b; i < e; ++i) {
-        Sequence& s = *batch[static_cast<size_t>(i)];
-        const float* row = logits_.data_as<float>() + i * V;
-        if (s.params.top_logprobs > 0)
-          tops[static_cast<size_t>(i)] = top_logprobs(row, valid_vocab_, s.params.top_logprobs,
-                                                      host_stats_.data_as<float>()[2 * i + 1], scratch);
-        if (!greedy(s)) picks[static_cast<size_t>(i)] = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch);
-      }
+      for (int64_t i = b; i < e; ++i) host_work(static_cast<size_t>(i), scratch);
     });
   }
 
@@ -240,12 +272,16 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     Sequence& s = *batch[i];
     s.past_len += chunks[i].count;
     if (observer) {
-      const float* row = logits_.data_as<float>() + static_cast<int64_t>(i) * V;
-      observer(s.id, row, V);
-      if (s.params.top_logprobs > 0)
-        tops[i] = top_logprobs(row, valid_vocab_, s.params.top_logprobs, host_stats_.data_as<float>()[2 * i + 1],
-                               scratch_);
-      if (!greedy(s)) picks[i] = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch_);
+      observer(s.id, row_of(last[i]), V);
+      host_work(i, scratch_);
+    }
+    if (s.params.max_new_tokens == 0) {  // the prompt was scored; nothing is generated
+      StepOutput ev;
+      ev.id = s.id;
+      ev.prompt_logprobs = s.prompt_logprobs;
+      ev.prompt_top = s.prompt_top;
+      finish(s, FinishReason::Length, true, out, ev);
+      continue;
     }
     const Sampled pick = picks[i];
     if (s.params.top_logprobs > 0) s.top.push_back(tops[i]);
@@ -256,6 +292,10 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     ev.token = pick.token;
     ev.logprob = pick.logprob;
     ev.top = std::move(tops[i]);
+    if (scores_prompt(i)) {
+      ev.prompt_logprobs = s.prompt_logprobs;
+      ev.prompt_top = s.prompt_top;
+    }
 
     bool is_eos = tok_.eos_id() && pick.token == *tok_.eos_id() && !s.params.ignore_eos;
     if (is_eos) {

@@ -24,6 +24,9 @@ struct GenerationParams {
   std::vector<std::string> stop;  // stop strings; the text ends before the first match
   bool ignore_eos = false;
   int top_logprobs = 0;           // alternatives reported per generated token (0..20)
+  // >= 0: also the log-probability of every prompt token after the first, with this many
+  // alternatives each (0..20). With max_new_tokens = 0 the prompt is only scored.
+  int prompt_logprobs = -1;
 };
 
 enum class FinishReason { None, Stop, Length, Cancelled };
@@ -44,6 +47,10 @@ struct StepOutput {
   int32_t token = -1;
   float logprob = 0.f;
   std::vector<TokenLogprob> top;  // the params.top_logprobs most likely ids at this position
+  // On a sequence's first output when params.prompt_logprobs >= 0: for prompt tokens 1..P-1,
+  // their log-probabilities and the prompt_logprobs most likely ids at each position.
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_top;
   std::string text;  // new text safe to show (never splits a character or a stop string)
   FinishReason finish = FinishReason::None;
 };
@@ -53,6 +60,8 @@ struct SequenceResult {
   std::vector<int32_t> tokens;    // generated ids (EOS included when it ended the sequence)
   std::vector<float> logprobs;
   std::vector<std::vector<TokenLogprob>> top;  // per generated token, when asked for
+  std::vector<float> prompt_logprobs;          // see StepOutput
+  std::vector<std::vector<TokenLogprob>> prompt_top;
   std::string text;               // generated text, stop string excluded
   FinishReason finish = FinishReason::None;
 };

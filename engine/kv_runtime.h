@@ -37,6 +37,7 @@ struct ForwardChunk {
   int64_t count = 0;
   int64_t past_len = 0;
   int64_t slot = 0;
+  bool all_rows = false;  // logits for every token of the chunk (else only its last)
 };
 
 // The model's K/V projection, used to recompute K/V[0:l] from X.

@@ -248,7 +248,8 @@ Tensor OptModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRunti
                c.max_position_embeddings);
     T += ch.count;
   }
-  const int64_t rows = all_positions ? T : static_cast<int64_t>(chunks.size());
+  int64_t rows = 0;
+  for (const auto& ch : chunks) rows += all_positions || ch.all_rows ? ch.count : 1;
 
   // Token ids, positions and the rows whose logits we want, uploaded together.
   Tensor host_ids = Tensor::host(DType::I32, {2 * T + rows});
@@ -262,9 +263,12 @@ Tensor OptModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRunti
       hi[T + t] = static_cast<int32_t>(ch.past_len + j + OptConfig::kPositionOffset);
     }
   }
-  for (int64_t r = 0, k = 0; r < rows; ++r) {
-    if (all_positions) hi[2 * T + r] = static_cast<int32_t>(r);
-    else hi[2 * T + r] = static_cast<int32_t>((k += chunks[r].count) - 1);
+  for (int64_t r = 0, first = 0; const auto& ch : chunks) {  // token rows whose logits are wanted
+    if (all_positions || ch.all_rows)
+      for (int64_t j = 0; j < ch.count; ++j) hi[2 * T + r++] = static_cast<int32_t>(first + j);
+    else
+      hi[2 * T + r++] = static_cast<int32_t>(first + ch.count - 1);
+    first += ch.count;
   }
   Tensor ids = ws_.get("ids", DType::I32, {2 * T + rows});
   be.copy(ids, host_ids, Stream::Compute);

@@ -62,7 +62,8 @@ class OptModel : public KvProjector {
 
   // Runs the chunks through the model with the runtime providing each layer's past K/V
   // (and storing the new ones), and writes F32 logits to `logits` (host memory): one row per
-  // chunk (its last token), or one row per token when all_positions. logits is [rows, vocab].
+  // chunk (its last token), or one row per token for chunks with all_rows and for every chunk
+  // when all_positions; rows in chunk order. logits is [rows, vocab].
   void forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, const Tensor& logits,
                bool all_positions = false);
   // The same, leaving the logits in device memory: a view of a workspace buffer, valid until

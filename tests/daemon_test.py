@@ -239,8 +239,9 @@ def main():
               [c["index"] for c in body["choices"]] == [0, 1, 2, 3] and
               body["choices"][0]["text"] == body["choices"][1]["text"] == ref["text"][:len(body["choices"][0]["text"])], body)
         st, body = completion(d, "Hello, my name is", 5, echo=True, logprobs=1)
-        check("echo and logprobs", st == 200 and body["choices"][0]["text"].startswith("Hello, my name is") and
-              len(body["choices"][0]["logprobs"]["token_logprobs"]) == 5, body)
+        check("echo and logprobs: the prompt's tokens, then the 5 generated",
+              st == 200 and body["choices"][0]["text"].startswith("Hello, my name is") and
+              len(body["choices"][0]["logprobs"]["token_logprobs"]) == body["usage"]["prompt_tokens"] + 5, body)
         # logprobs=k: the k most likely tokens at each position (+ the sampled one), sorted,
         # the greedy token first, all of them log-probabilities.
         st, body = completion(d, "Hello, my name is", 4, logprobs=3)
@@ -251,6 +252,31 @@ def main():
               all(v <= 0 for t in tops for v in t.values()) and
               all(abs(max(t.values()) - lp["token_logprobs"][i]) < 1e-4 and
                   lp["tokens"][i] in t for i, t in enumerate(tops)), body)
+        # echo + logprobs scores the prompt (how evaluation harnesses compute log-likelihoods):
+        # prompt tokens come first with null for the first one, offsets index the echoed text,
+        # and max_tokens = 0 only scores.
+        st, ids = d.post("/tokenize", {"prompt": "Hello, my name is"})
+        st2, body = completion(d, "Hello, my name is", 0, echo=True, logprobs=1)
+        lp = body["choices"][0]["logprobs"] if st2 == 200 else {}
+        text = body["choices"][0]["text"] if st2 == 200 else ""
+        n = len(ids.get("tokens", []))
+        check("echo + logprobs scores the prompt",
+              st2 == 200 and text == "Hello, my name is" and len(lp["tokens"]) == n and
+              lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None and
+              all(v is not None and v <= 0 for v in lp["token_logprobs"][1:]) and
+              all(text[o:o + len(t)] == t for o, t in zip(lp["text_offset"], lp["tokens"])) and
+              all(1 <= len(t) <= 2 for t in lp["top_logprobs"][1:]), (ids, body))
+        st3, gen = completion(d, "Hello, my name is", 3, echo=True, logprobs=1)
+        lp3 = gen["choices"][0]["logprobs"] if st3 == 200 else {}
+        check("echo + logprobs + generation: prompt then generated tokens",
+              st3 == 200 and len(lp3["tokens"]) == n + 3 and lp3["token_logprobs"][:n][1:] == lp["token_logprobs"][1:] and
+              gen["choices"][0]["text"][lp3["text_offset"][n]:].startswith(lp3["tokens"][n]), gen)
+        events, _ = d.stream("/v1/completions", {"model": "demo", "prompt": "Hello, my name is", "max_tokens": 0,
+                                                 "echo": True, "logprobs": 1, "temperature": 0, "stream": True})
+        first = events[0]["choices"][0] if events and isinstance(events[0], dict) else {}
+        check("streamed echo carries the prompt's logprobs",
+              first.get("text") == "Hello, my name is" and first.get("logprobs", {}).get("token_logprobs") ==
+              lp["token_logprobs"], events)
         msgs1 = [{"role": "user", "content": "Hi there"}]
         st, body = d.post("/v1/chat/completions", {"model": "demo", "messages": msgs1, "max_tokens": 3, "temperature": 0,
                                                    "logprobs": True, "top_logprobs": 2})

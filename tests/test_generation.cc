@@ -439,3 +439,51 @@ TEST(Sampling, FrequenciesFollowTheTemperedSoftmax) {
   for (size_t i = 0; i < logits.size(); ++i)
     EXPECT_NEAR(count[i] / static_cast<double>(n), std::exp(logits[i] / 0.8) / z, 0.01) << "token " << i;
 }
+
+// Prompt scoring (echo + logprobs in the API): every prompt token after the first gets its
+// log-probability under the float64 torch logits of the fixture, with alternatives; scoring
+// does not change what is generated, and max_new_tokens = 0 only scores.
+TEST(Generation, PromptLogprobsMatchTheReferenceLogits) {
+  test::TempDir tmp;
+  const std::string dir = test::data_path("opt/pre_ln_safetensors");
+  Fixture f("pre_ln_safetensors");
+  const int64_t V = f.model.config().vocab_size;
+  Tokenizer tok = char_tokenizer(tmp, static_cast<int>(V));
+  NpyArray ids = read_npy(dir + "/input_ids.npy");
+  NpyArray ref = read_npy(dir + "/logits.npy");  // [T, V], float64, independent implementation
+  const std::vector<int32_t> prompt(ids.values.begin(), ids.values.end());
+  const size_t T = prompt.size();
+  GenerationParams p;
+  p.max_new_tokens = 0;
+  p.prompt_logprobs = 3;
+  Generator gen(f.model, tok, f32_kv(2));
+  auto scored = gen.generate_all({prompt}, p);
+  EXPECT_TRUE(scored[0].tokens.empty());
+  EXPECT_EQ(scored[0].finish, FinishReason::Length);
+  ASSERT_EQ(scored[0].prompt_logprobs.size(), T - 1);
+  ASSERT_EQ(scored[0].prompt_top.size(), T - 1);
+  for (size_t j = 0; j + 1 < T; ++j) {
+    const double* row = ref.values.data() + j * V;
+    double mx = row[0], z = 0;
+    int best = 0;
+    for (int64_t v = 0; v < V; ++v)
+      if (row[v] > mx) mx = row[v], best = static_cast<int>(v);
+    for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - mx);
+    EXPECT_NEAR(scored[0].prompt_logprobs[j], row[prompt[j + 1]] - mx - std::log(z), 1e-3) << "position " << j;
+    ASSERT_EQ(scored[0].prompt_top[j].size(), 3u);
+    EXPECT_EQ(scored[0].prompt_top[j][0].first, best);
+    EXPECT_NEAR(scored[0].prompt_top[j][0].second, -std::log(z), 1e-3);
+  }
+  // Scoring while generating: the same scores, and the same tokens as without scoring.
+  GenerationParams g;
+  g.max_new_tokens = 4;
+  auto plain = gen.generate_all({prompt}, g);
+  g.prompt_logprobs = 0;
+  auto both = gen.generate_all({prompt, {4, 5, 6}}, g);
+  EXPECT_EQ(both[0].tokens, plain[0].tokens);
+  ASSERT_EQ(both[0].prompt_logprobs.size(), T - 1);
+  for (size_t j = 0; j + 1 < T; ++j)  // another batch shape: equal up to GEMM rounding
+    EXPECT_NEAR(both[0].prompt_logprobs[j], scored[0].prompt_logprobs[j], 1e-4);
+  EXPECT_TRUE(both[0].prompt_top.empty());
+  EXPECT_EQ(both[1].prompt_logprobs.size(), 2u);
+}

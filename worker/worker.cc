@@ -25,9 +25,22 @@ GenerationParams params_from(const json::Value& p) {
   if (const json::Value* v = p.find("seed"); v && !v->is_null()) g.sampling.seed = static_cast<uint64_t>(v->as_int());
   if (const json::Value* v = p.find("ignore_eos")) g.ignore_eos = v->as_bool();
   if (const json::Value* v = p.find("top_logprobs")) g.top_logprobs = static_cast<int>(v->as_int());
+  if (const json::Value* v = p.find("prompt_logprobs")) g.prompt_logprobs = static_cast<int>(v->as_int());
   if (const json::Value* v = p.find("stop"))
     for (const auto& s : v->as_array()) g.stop.push_back(s.as_string());
   return g;
+}
+
+// [[id, logprob], ...]
+json::Value pairs_json(const std::vector<TokenLogprob>& v) {
+  json::Array a;
+  for (const auto& [id, lp] : v) {
+    json::Array pair;
+    pair.emplace_back(static_cast<int64_t>(id));
+    pair.emplace_back(static_cast<double>(lp));
+    a.emplace_back(std::move(pair));
+  }
+  return json::Value(std::move(a));
 }
 
 }  // namespace
@@ -195,15 +208,16 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
           if (o.token >= 0) {
             e.set("token", static_cast<int64_t>(o.token));
             e.set("logprob", static_cast<double>(o.logprob));
-            if (!o.top.empty()) {
-              json::Array top;
-              for (const auto& [id, lp] : o.top) {
-                json::Array pair;
-                pair.emplace_back(static_cast<int64_t>(id));
-                pair.emplace_back(static_cast<double>(lp));
-                top.emplace_back(std::move(pair));
-              }
-              e.set("top", std::move(top));
+            if (!o.top.empty()) e.set("top", pairs_json(o.top));
+          }
+          if (!o.prompt_logprobs.empty()) {
+            json::Array lps;
+            for (float lp : o.prompt_logprobs) lps.emplace_back(static_cast<double>(lp));
+            e.set("prompt_logprobs", std::move(lps));
+            if (!o.prompt_top.empty()) {
+              json::Array tops;
+              for (const auto& t : o.prompt_top) tops.emplace_back(pairs_json(t));
+              e.set("prompt_top", std::move(tops));
             }
           }
           e.set("text", o.text);
