@@ -47,6 +47,7 @@
 #endif
 #endif
 #if defined(KVPR_EMU_ASAN)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -205,9 +206,14 @@ inline void run_block(std::vector<Fiber>& fibers, BlockState& b, dim3 bid, dim3 
       released = true;
     }
     if (all_done) return;
-    if (!ran && !released)
+    if (!ran && !released) {
+#if defined(KVPR_EMU_ASAN)
+      // The stuck fibers never unwind: clear their frames' poison before the stacks are reused.
+      for (Fiber& f : fibers) ASAN_UNPOISON_MEMORY_REGION(f.stack, f.stack_size);
+#endif
       throw std::runtime_error("simt_emu: deadlock in block (" + std::to_string(bid.x) + "," + std::to_string(bid.y) +
                                "," + std::to_string(bid.z) + "): threads wait at different barriers");
+    }
   }
 }
 
