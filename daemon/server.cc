@@ -3,6 +3,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
+#include <charconv>
 #include <chrono>
 #include <deque>
 #include <random>
@@ -120,6 +121,8 @@ struct Sampling {
   bool include_usage = false;
   bool logprobs = false;
   int64_t top_logprobs = 0;  // alternatives per token: completions' logprobs=k, chat's top_logprobs
+  double presence_penalty = 0, frequency_penalty = 0;
+  std::vector<std::pair<int64_t, double>> logit_bias;
   bool echo = false;
   bool ignore_eos = false;
 };
@@ -180,6 +183,25 @@ Sampling parse_sampling(const bj::object& o, bool chat) {
   if (!chat)
     if (auto v = field(o, "echo")) s.echo = bool_of(*v, "echo");
   if (auto v = field(o, "ignore_eos")) s.ignore_eos = bool_of(*v, "ignore_eos");
+  for (auto [name, dst] : {std::pair{"presence_penalty", &s.presence_penalty}, {"frequency_penalty", &s.frequency_penalty}})
+    if (auto v = field(o, name)) {
+      *dst = number_of(*v, name);
+      if (!(*dst >= -2 && *dst <= 2)) throw bad_request(std::string("'") + name + "' must be in [-2, 2]", name);
+    }
+  if (auto v = field(o, "logit_bias"); v && !v->is_null()) {
+    if (!v->is_object()) throw bad_request("'logit_bias' must map token ids to numbers", "logit_bias");
+    for (const auto& kv : v->as_object()) {
+      const std::string key(kv.key());
+      int64_t id = -1;
+      auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0)
+        throw bad_request("'logit_bias' keys must be token ids, got '" + key + "'", "logit_bias");
+      const double b = number_of(kv.value(), "logit_bias");
+      if (!(b >= -100 && b <= 100)) throw bad_request("'logit_bias' values must be in [-100, 100]", "logit_bias");
+      s.logit_bias.emplace_back(id, b);
+    }
+    if (s.logit_bias.size() > 300) throw bad_request("'logit_bias' holds at most 300 tokens", "logit_bias");
+  }
   if (auto v = field(o, "user"); v && !v->is_string()) throw bad_request("'user' must be a string", "user");
   return s;
 }
@@ -569,6 +591,20 @@ class Session : public std::enable_shared_from_this<Session> {
     params.set("top_k", job->s.top_k);
     params.set("ignore_eos", job->s.ignore_eos);
     if (job->s.top_logprobs > 0) params.set("top_logprobs", job->s.top_logprobs);
+    if (job->s.presence_penalty != 0) params.set("presence_penalty", job->s.presence_penalty);
+    if (job->s.frequency_penalty != 0) params.set("frequency_penalty", job->s.frequency_penalty);
+    if (!job->s.logit_bias.empty()) {
+      json::Array bias;
+      for (const auto& [id, b] : job->s.logit_bias) {
+        if (id >= st_->tok.size())
+          throw bad_request("'logit_bias' token id " + std::to_string(id) + " is not in the vocabulary", "logit_bias");
+        json::Array pair;
+        pair.emplace_back(id);
+        pair.emplace_back(b);
+        bias.emplace_back(std::move(pair));
+      }
+      params.set("logit_bias", std::move(bias));
+    }
     // echo + logprobs: the prompt's tokens are scored too (OpenAI's legacy completions).
     if (!chat && job->s.echo && job->s.logprobs) params.set("prompt_logprobs", job->s.top_logprobs);
     json::Array stops;

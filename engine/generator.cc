@@ -214,7 +214,8 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   auto scores_prompt = [&](size_t i) { return chunks[i].all_rows; };
   bool need_logits = static_cast<bool>(observer);
   for (size_t i = 0; i < batch.size(); ++i)
-    need_logits = need_logits || !greedy(*batch[i]) || batch[i]->params.top_logprobs > 0 || scores_prompt(i);
+    need_logits = need_logits || !greedy(*batch[i]) || batch[i]->params.top_logprobs > 0 || scores_prompt(i) ||
+                  batch[i]->params.sampling.adjusts_logits();
   if (!dev_ids_.defined() || dev_ids_.numel() < rows) {
     const int64_t cap = std::max<int64_t>(rows, 64);
     dev_ids_ = be.alloc(DType::I32, {cap});
@@ -257,9 +258,19 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     Sequence& s = *batch[i];
     if (scores_prompt(i)) score_prompt(i, scratch);
     if (s.params.max_new_tokens == 0) return;  // scored only
+    const float* row = row_of(last[i]);
     if (s.params.top_logprobs > 0)
-      tops[i] = top_logprobs(row_of(last[i]), valid_vocab_, s.params.top_logprobs, stats[2 * last[i] + 1], scratch);
-    if (!greedy(s)) picks[i] = sample_token(row_of(last[i]), valid_vocab_, s.params.sampling, s.rng, scratch);
+      tops[i] = top_logprobs(row, valid_vocab_, s.params.top_logprobs, stats[2 * last[i] + 1], scratch);
+    if (s.params.sampling.adjusts_logits()) {
+      // Penalties and bias decide the choice; the reported log-probability is the model's.
+      std::vector<float> adjusted(row, row + V);
+      adjust_logits(adjusted.data(), valid_vocab_, s.params.sampling, s.tokens);
+      const int32_t t = greedy(s) ? row_argmax_lse(adjusted.data(), valid_vocab_).token
+                                  : sample_token(adjusted.data(), valid_vocab_, s.params.sampling, s.rng, scratch).token;
+      picks[i] = Sampled{t, static_cast<float>(static_cast<double>(row[t]) - stats[2 * last[i] + 1])};
+    } else if (!greedy(s)) {
+      picks[i] = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch);
+    }
   };
   if (need_logits && !observer) {
     ThreadPool::global().parallel_for(static_cast<int64_t>(batch.size()), 1, [&](int64_t b, int64_t e) {

@@ -14,6 +14,30 @@ void validate(const SamplingParams& p) {
   KVPR_CHECK(p.top_k >= 0, "top_k must be >= 0, got ", p.top_k);
   KVPR_CHECK(std::isfinite(p.top_p) && p.top_p > 0.f && p.top_p <= 1.f, "top_p must be in (0, 1], got ",
              p.top_p);
+  KVPR_CHECK(p.presence_penalty >= -2.f && p.presence_penalty <= 2.f, "presence_penalty must be in [-2, 2], got ",
+             p.presence_penalty);
+  KVPR_CHECK(p.frequency_penalty >= -2.f && p.frequency_penalty <= 2.f, "frequency_penalty must be in [-2, 2], got ",
+             p.frequency_penalty);
+  for (const auto& [id, b] : p.logit_bias)
+    KVPR_CHECK(id >= 0 && b >= -100.f && b <= 100.f, "logit_bias needs ids >= 0 and values in [-100, 100], got ", id,
+               ": ", b);
+}
+
+void adjust_logits(float* logits, int32_t valid, const SamplingParams& p, const std::vector<int32_t>& generated) {
+  if (p.presence_penalty != 0.f || p.frequency_penalty != 0.f) {
+    std::vector<int32_t> seen(generated);
+    std::sort(seen.begin(), seen.end());
+    for (size_t i = 0; i < seen.size();) {
+      size_t j = i;
+      while (j < seen.size() && seen[j] == seen[i]) ++j;
+      const int32_t t = seen[i];
+      if (t >= 0 && t < valid)
+        logits[t] -= p.frequency_penalty * static_cast<float>(j - i) + p.presence_penalty;
+      i = j;
+    }
+  }
+  for (const auto& [id, b] : p.logit_bias)
+    if (id < valid) logits[id] += b;
 }
 
 RowStats row_argmax_lse(const float* logits, int32_t valid) {

@@ -277,6 +277,13 @@ def main():
         check("streamed echo carries the prompt's logprobs",
               first.get("text") == "Hello, my name is" and first.get("logprobs", {}).get("token_logprobs") ==
               lp["token_logprobs"], events)
+        # logit_bias and penalties are applied, not ignored.
+        st, ids = d.post("/tokenize", {"prompt": " the"})
+        the = ids["tokens"][-1]
+        st, body = completion(d, "Hello, my name is", 4, logit_bias={str(the): 100})
+        check("logit_bias +100 forces its token", st == 200 and body["choices"][0]["text"] == " the" * 4, body)
+        st, body = completion(d, "Hello, my name is", 8, frequency_penalty=2.0, presence_penalty=2.0)
+        check("penalties change greedy output", st == 200 and body["choices"][0]["text"] != ref["text"], (body, ref))
         msgs1 = [{"role": "user", "content": "Hi there"}]
         st, body = d.post("/v1/chat/completions", {"model": "demo", "messages": msgs1, "max_tokens": 3, "temperature": 0,
                                                    "logprobs": True, "top_logprobs": 2})
@@ -428,6 +435,12 @@ def main():
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","stream_options":{"include_usage":true}}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","logprobs":9}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","echo":1}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","presence_penalty":3}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","frequency_penalty":"a"}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","logit_bias":{"x":1}}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","logit_bias":{"5":200}}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","logit_bias":{"99999999":1}}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","logit_bias":[1]}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","seed":"s"}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","user":5}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"' + "word " * 2100 + '"}', 400),

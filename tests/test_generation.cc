@@ -487,3 +487,54 @@ TEST(Generation, PromptLogprobsMatchTheReferenceLogits) {
   EXPECT_TRUE(both[0].prompt_top.empty());
   EXPECT_EQ(both[1].prompt_logprobs.size(), 2u);
 }
+
+// Penalties and logit_bias change the choice as OpenAI defines them, against the raw logits
+// the observer sees; reported log-probabilities stay the model's own.
+TEST(Generation, PenaltiesAndLogitBiasAdjustTheChoice) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 90);
+  const int64_t V = f.model.config().vocab_size;
+  GenerationParams p;
+  p.max_new_tokens = 10;
+  p.ignore_eos = true;
+  p.sampling.frequency_penalty = 1.5f;
+  p.sampling.presence_penalty = 0.5f;
+  std::vector<std::vector<float>> rows;
+  auto observe = [&](uint64_t, const float* row, int64_t) { rows.emplace_back(row, row + V); };
+  Generator gen(f.model, tok, f32_kv(1));
+  auto r = gen.generate_all({{1, 2, 3}}, p, observe);
+  ASSERT_EQ(rows.size(), 10u);
+  std::map<int32_t, int> count;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    int best = -1;
+    double best_v = -1e300, mx = -1e300, z = 0;
+    for (int v = 0; v < 90; ++v) {
+      const double adj = rows[k][v] - 1.5 * count[v] - (count[v] > 0 ? 0.5 : 0.0);
+      if (adj > best_v) best_v = adj, best = v;
+      mx = std::max(mx, static_cast<double>(rows[k][v]));
+    }
+    for (int v = 0; v < 90; ++v) z += std::exp(rows[k][v] - mx);
+    EXPECT_EQ(r[0].tokens[k], best) << "step " << k;
+    EXPECT_NEAR(r[0].logprobs[k], rows[k][best] - mx - std::log(z), 1e-4);  // the model's own
+    ++count[r[0].tokens[k]];
+  }
+  // The penalties change what greedy decoding picks on this model.
+  GenerationParams plain;
+  plain.max_new_tokens = 10;
+  plain.ignore_eos = true;
+  auto g = gen.generate_all({{1, 2, 3}}, plain);
+  EXPECT_NE(g[0].tokens, r[0].tokens);
+  // A +100 bias forces its token; -100 forbids greedy's first choice.
+  GenerationParams biased = plain;
+  biased.sampling.logit_bias = {{42, 100.f}};
+  biased.sampling.temperature = 1.f;
+  biased.sampling.seed = 1;
+  auto b = gen.generate_all({{1, 2, 3}}, biased);
+  EXPECT_EQ(b[0].tokens, std::vector<int32_t>(10, 42));
+  biased.sampling = {};
+  biased.sampling.logit_bias = {{g[0].tokens[0], -100.f}};
+  EXPECT_NE(gen.generate_all({{1, 2, 3}}, biased)[0].tokens[0], g[0].tokens[0]);
+  biased.sampling.presence_penalty = 2.5f;
+  EXPECT_THROW(gen.add({1}, biased), Error);
+}

@@ -26,6 +26,12 @@ GenerationParams params_from(const json::Value& p) {
   if (const json::Value* v = p.find("ignore_eos")) g.ignore_eos = v->as_bool();
   if (const json::Value* v = p.find("top_logprobs")) g.top_logprobs = static_cast<int>(v->as_int());
   if (const json::Value* v = p.find("prompt_logprobs")) g.prompt_logprobs = static_cast<int>(v->as_int());
+  if (const json::Value* v = p.find("presence_penalty")) g.sampling.presence_penalty = static_cast<float>(v->as_double());
+  if (const json::Value* v = p.find("frequency_penalty")) g.sampling.frequency_penalty = static_cast<float>(v->as_double());
+  if (const json::Value* v = p.find("logit_bias"))
+    for (const auto& pair : v->as_array())
+      g.sampling.logit_bias.emplace_back(static_cast<int32_t>(pair.as_array().at(0).as_int()),
+                                         static_cast<float>(pair.as_array().at(1).as_double()));
   if (const json::Value* v = p.find("stop"))
     for (const auto& s : v->as_array()) g.stop.push_back(s.as_string());
   return g;
