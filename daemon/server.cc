@@ -203,6 +203,26 @@ Sampling parse_sampling(const bj::object& o, bool chat) {
     if (s.logit_bias.size() > 300) throw bad_request("'logit_bias' holds at most 300 tokens", "logit_bias");
   }
   if (auto v = field(o, "user"); v && !v->is_string()) throw bad_request("'user' must be a string", "user");
+  // Features this server does not have are refused, not silently ignored (their neutral
+  // values, which some clients always send, are accepted).
+  auto unsupported = [](const char* name, const char* what) {
+    return bad_request(std::string("'") + name + "' is not supported by this server (" + what + ")", name);
+  };
+  if (!chat) {
+    if (auto v = field(o, "suffix"); v && !v->is_null() && !(v->is_string() && v->as_string().empty()))
+      throw unsupported("suffix", "insertion");
+    if (auto v = field(o, "best_of"); v && !v->is_null() && !(v->is_int64() && v->as_int64() <= s.n))
+      throw unsupported("best_of", "server-side best-of ranking");
+  } else {
+    for (const char* name : {"tools", "functions"})
+      if (auto v = field(o, name); v && !v->is_null() && !(v->is_array() && v->as_array().empty()))
+        throw unsupported(name, "tool calls");
+    if (auto v = field(o, "response_format"); v && !v->is_null()) {
+      const bj::value* type = v->is_object() ? v->as_object().if_contains("type") : nullptr;
+      if (!type || !type->is_string() || type->as_string() != "text")
+        throw unsupported("response_format", "only {\"type\": \"text\"}");
+    }
+  }
   return s;
 }
 

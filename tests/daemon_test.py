@@ -284,6 +284,10 @@ def main():
         check("logit_bias +100 forces its token", st == 200 and body["choices"][0]["text"] == " the" * 4, body)
         st, body = completion(d, "Hello, my name is", 8, frequency_penalty=2.0, presence_penalty=2.0)
         check("penalties change greedy output", st == 200 and body["choices"][0]["text"] != ref["text"], (body, ref))
+        st, body = d.post("/v1/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "x"}],
+                                                   "max_tokens": 2, "tools": [], "response_format": {"type": "text"},
+                                                   "presence_penalty": 0, "logit_bias": {}})
+        check("neutral values of unsupported features are accepted", st == 200, body)
         msgs1 = [{"role": "user", "content": "Hi there"}]
         st, body = d.post("/v1/chat/completions", {"model": "demo", "messages": msgs1, "max_tokens": 3, "temperature": 0,
                                                    "logprobs": True, "top_logprobs": 2})
@@ -441,6 +445,12 @@ def main():
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","logit_bias":{"5":200}}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","logit_bias":{"99999999":1}}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","logit_bias":[1]}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","suffix":"end"}', 400),
+            ("POST", "/v1/completions", '{"model":"demo","prompt":"x","best_of":3}', 400),
+            ("POST", "/v1/chat/completions",
+             '{"model":"demo","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}', 400),
+            ("POST", "/v1/chat/completions",
+             '{"model":"demo","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","seed":"s"}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","user":5}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"' + "word " * 2100 + '"}', 400),
