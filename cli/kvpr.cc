@@ -41,7 +41,8 @@ const char* kUsage =
     "commands:\n"
     "  generate         --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [-n N]\n"
     "                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop STR]...\n"
-    "                   [--ignore-eos] [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16]\n"
+    "                   [--presence-penalty P] [--frequency-penalty F] [--top-logprobs K]\n"
+    "                   [--prompt-logprobs K] [--ignore-eos] [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16]\n"
     "                   [--kv-mode resident|offload|kvpr|recompute|cpu-attn] [--split L]\n"
     "                   [--activation-cap N] [--profile FILE] [--split-model pipeline|paper]\n"
     "                   [--host-attention-threads N] [--emulate-link-gbps G] [--trace FILE.json]\n"
@@ -173,7 +174,7 @@ int cmd_generate(int argc, char** argv) {
          {"--model", "--prompt", "--prompt-ids", "-n", "--max-tokens", "--temperature", "--top-k", "--top-p",
           "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
           "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
-          "--trace"},
+          "--trace", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs"},
          {"--json", "--ignore-eos"});
   std::string dir = a.require("--model");
   if (a.has("--prompt") == a.has("--prompt-ids"))
@@ -187,6 +188,10 @@ int cmd_generate(int argc, char** argv) {
   if (a.has("--seed")) gp.sampling.seed = parse_number<uint64_t>("--seed", a.get("--seed"));
   gp.stop = a.all("--stop");
   gp.ignore_eos = a.has("--ignore-eos");
+  gp.sampling.presence_penalty = parse_number<float>("--presence-penalty", a.get("--presence-penalty", "0"));
+  gp.sampling.frequency_penalty = parse_number<float>("--frequency-penalty", a.get("--frequency-penalty", "0"));
+  gp.top_logprobs = parse_number<int>("--top-logprobs", a.get("--top-logprobs", "0"));
+  gp.prompt_logprobs = parse_number<int>("--prompt-logprobs", a.get("--prompt-logprobs", "-1"));
   validate(gp.sampling);
   GeneratorOptions go;
   go.max_batch = 1;
@@ -266,6 +271,18 @@ int cmd_generate(int argc, char** argv) {
     json::Array lp;
     for (float v : r.logprobs) lp.emplace_back(static_cast<double>(v));
     o.set("logprobs", std::move(lp));
+    auto pairs = [](const std::vector<std::vector<TokenLogprob>>& rows) {
+      json::Array out;
+      for (const auto& row : rows) out.push_back(logprob_pairs_json(row));
+      return out;
+    };
+    if (gp.top_logprobs > 0) o.set("top_logprobs", pairs(r.top));
+    if (gp.prompt_logprobs >= 0) {
+      json::Array plp;
+      for (float v : r.prompt_logprobs) plp.emplace_back(static_cast<double>(v));
+      o.set("prompt_logprobs", std::move(plp));
+      if (gp.prompt_logprobs > 0) o.set("prompt_top_logprobs", pairs(r.prompt_top));
+    }
     o.set("backend", backend->name());
     o.set("kv_mode", kv_mode_name(go.kv.mode));
     o.set("steps", std::move(steps));

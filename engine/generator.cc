@@ -8,6 +8,17 @@
 
 namespace kvpr {
 
+json::Value logprob_pairs_json(const std::vector<TokenLogprob>& v) {
+  json::Array a;
+  for (const auto& [id, lp] : v) {
+    json::Array pair;
+    pair.emplace_back(static_cast<int64_t>(id));
+    pair.emplace_back(static_cast<double>(lp));
+    a.emplace_back(std::move(pair));
+  }
+  return json::Value(std::move(a));
+}
+
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::None: return "none";

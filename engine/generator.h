@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/json.h"
 #include "engine/opt_model.h"
 #include "engine/sampling.h"
 #include "engine/tokenizer.h"
@@ -28,6 +29,9 @@ struct GenerationParams {
   // alternatives each (0..20). With max_new_tokens = 0 the prompt is only scored.
   int prompt_logprobs = -1;
 };
+
+// [[id, logprob], ...]: how the worker protocol and the CLI's JSON carry alternatives.
+json::Value logprob_pairs_json(const std::vector<TokenLogprob>& v);
 
 enum class FinishReason { None, Stop, Length, Cancelled };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled"

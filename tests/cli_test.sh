@@ -48,6 +48,14 @@ for i, t in enumerate(toks):
 PY
 
 # Seeded sampling is reproducible.
+lp=$("$KVPR" generate --model "$tmp/demo" --prompt "Hello, my name is" -n 3 --top-logprobs 2 --prompt-logprobs 1 --json)
+check "generate --top-logprobs/--prompt-logprobs" python3 -c "
+import json, sys
+o = json.loads(sys.argv[1])
+assert len(o['top_logprobs']) == 3 and all(len(r) == 2 for r in o['top_logprobs'])
+assert all(r[0][1] >= r[1][1] for r in o['top_logprobs']) and o['top_logprobs'][0][0][0] == o['tokens'][0]
+assert len(o['prompt_logprobs']) == o['prompt_tokens'] - 1 and all(v <= 0 for v in o['prompt_logprobs'])
+assert len(o['prompt_top_logprobs']) == o['prompt_tokens'] - 1" "$lp"
 s1=$("$KVPR" generate --model "$tmp/demo" --prompt "x" -n 12 --temperature 1 --top-p 0.9 --seed 5 --json)
 s2=$("$KVPR" generate --model "$tmp/demo" --prompt "x" -n 12 --temperature 1 --top-p 0.9 --seed 5 --json)
 check "same seed, same tokens" test "$s1" = "$s2"
@@ -97,6 +105,8 @@ expect_error "bad number" 2 "is not a valid number" -- generate --model "$tmp/de
 expect_error "bad ids" 2 "prompt-ids" -- generate --model "$tmp/demo" --prompt-ids 1,,2
 expect_error "id out of range" 1 "token id 99999 is out of range" -- generate --model "$tmp/demo" --prompt-ids 99999
 expect_error "bad temperature" 1 "temperature must be >= 0" -- generate --model "$tmp/demo" --prompt a --temperature -1
+expect_error "bad presence penalty" 1 "presence_penalty must be in" -- generate --model "$tmp/demo" --prompt a --presence-penalty 3
+expect_error "bad top logprobs" 1 "top_logprobs must be in 0..20" -- generate --model "$tmp/demo" --prompt a --top-logprobs 21
 expect_error "bad top-p" 1 "top_p must be in (0, 1]" -- generate --model "$tmp/demo" --prompt a --top-p 1.5
 expect_error "unknown backend" 1 "unknown backend 'tpu'" -- generate --model "$tmp/demo" --prompt a --backend tpu
 expect_error "unknown command" 2 "unknown command 'frobnicate'" -- frobnicate

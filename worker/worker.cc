@@ -37,18 +37,6 @@ GenerationParams params_from(const json::Value& p) {
   return g;
 }
 
-// [[id, logprob], ...]
-json::Value pairs_json(const std::vector<TokenLogprob>& v) {
-  json::Array a;
-  for (const auto& [id, lp] : v) {
-    json::Array pair;
-    pair.emplace_back(static_cast<int64_t>(id));
-    pair.emplace_back(static_cast<double>(lp));
-    a.emplace_back(std::move(pair));
-  }
-  return json::Value(std::move(a));
-}
-
 }  // namespace
 
 int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
@@ -214,7 +202,7 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
           if (o.token >= 0) {
             e.set("token", static_cast<int64_t>(o.token));
             e.set("logprob", static_cast<double>(o.logprob));
-            if (!o.top.empty()) e.set("top", pairs_json(o.top));
+            if (!o.top.empty()) e.set("top", logprob_pairs_json(o.top));
           }
           if (!o.prompt_logprobs.empty()) {
             json::Array lps;
@@ -222,7 +210,7 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
             e.set("prompt_logprobs", std::move(lps));
             if (!o.prompt_top.empty()) {
               json::Array tops;
-              for (const auto& t : o.prompt_top) tops.emplace_back(pairs_json(t));
+              for (const auto& t : o.prompt_top) tops.emplace_back(logprob_pairs_json(t));
               e.set("prompt_top", std::move(tops));
             }
           }

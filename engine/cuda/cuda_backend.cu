@@ -353,9 +353,9 @@ class CudaBackend final : public Backend {
     const void* tiles = nullptr;
     int64_t n_tiles = 0;
     if (!all_decode && hd <= 128) {
-      std::vector<cuda::AttnTile> t = cuda::attention_tiles(descs.data(), static_cast<int64_t>(descs.size()));
-      n_tiles = static_cast<int64_t>(t.size());
-      tiles = upload_small(t.data(), t.size() * sizeof(cuda::AttnTile));
+      std::vector<cuda::AttnTile> tv = cuda::attention_tiles(descs.data(), static_cast<int64_t>(descs.size()));
+      n_tiles = static_cast<int64_t>(tv.size());
+      tiles = upload_small(tv.data(), tv.size() * sizeof(cuda::AttnTile));
     }
     float* work = nullptr;
     if (all_decode) {
