@@ -44,6 +44,24 @@ for await (const chunk of stream) {
 check('chat stream equals non-streaming', content === chat.choices[0].message.content, { content, chat: chat.choices[0] });
 check('chat stream role and usage', role === 'assistant' && usage && usage.completion_tokens === chat.usage.completion_tokens, { role, usage });
 
+// Log-probabilities through the client: chat alternatives, and streamed chunks that carry them.
+const lp = await client.chat.completions.create({ model, messages, max_tokens: 4, temperature: 0, logprobs: true,
+  top_logprobs: 3 });
+const lpc = lp.choices[0].logprobs?.content ?? [];
+check('chat logprobs with top_logprobs', lpc.length === 4 && lpc.every((t) => t.top_logprobs.length === 3 &&
+  t.top_logprobs[0].token === t.token && t.logprob <= 0 && Array.isArray(t.bytes)), lp.choices[0]);
+const lps = await client.chat.completions.create({ model, messages, max_tokens: 4, temperature: 0, logprobs: true,
+  top_logprobs: 3, stream: true });
+const streamed = [];
+for await (const chunk of lps) streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+check('chat stream carries the same logprobs', JSON.stringify(streamed.map((t) => t.token)) ===
+  JSON.stringify(lpc.map((t) => t.token)), { streamed, lpc });
+const scored = await client.completions.create({ model, prompt: 'Hello, my name is', max_tokens: 0, echo: true,
+  logprobs: 1 });
+const sl = scored.choices[0].logprobs;
+check('echo + logprobs scores the prompt', scored.choices[0].text === 'Hello, my name is' &&
+  sl.token_logprobs[0] === null && sl.token_logprobs.slice(1).every((v) => v <= 0), scored.choices[0]);
+
 try {
   await client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 2 });
   check('unknown model rejected', false);
