@@ -65,6 +65,43 @@ double time_median(int reps, Fn&& fn) {
 
 OptConfig preset(const std::string& name);  // below
 
+// A subcommand's "--name value" options; a name not in `known` is an error.
+class Options {
+ public:
+  Options(const std::vector<std::string>& args, std::initializer_list<const char*> known) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      KVPR_CHECK(std::find_if(known.begin(), known.end(), [&](const char* k) { return a == k; }) != known.end(),
+                 "unknown option '", a, "'");
+      KVPR_CHECK(i + 1 < args.size(), a, " needs a value");
+      values_[a] = args[++i];
+    }
+  }
+  std::string get(const std::string& name, const std::string& def) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? def : it->second;
+  }
+  int get_int(const std::string& name, int def) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? def : std::stoi(it->second);
+  }
+  double get_double(const std::string& name, double def) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? def : std::stod(it->second);
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// Writes `v` to `path` unless the path is empty.
+void write_json(const std::string& path, const json::Value& v) {
+  if (path.empty()) return;
+  std::ofstream o(path);
+  o << v.dump() << "\n";
+  KVPR_CHECK(o.good(), path, ": cannot write");
+}
+
 json::Value bench_attention(CpuBackend& be, DType kv_dtype, int batch, int ctx, int heads, int head_dim, int reps) {
   const int hidden = heads * head_dim;
   Rng rng(1);
@@ -202,11 +239,7 @@ int cmd_cpu(const std::vector<std::string>& args) {
                 r.find("decode_weight_gbps")->as_double());
   }
   result.set("model_runs", std::move(runs));
-  if (!json_out.empty()) {
-    std::ofstream o(json_out);
-    o << result.dump() << "\n";
-    KVPR_CHECK(o.good(), json_out, ": cannot write");
-  }
+  write_json(json_out, result);
   return 0;
 }
 
@@ -264,22 +297,10 @@ double host_copy_gbps(int64_t bytes) {
 // ------------------------------------------------------------------ ops
 
 int cmd_ops(const std::vector<std::string>& args) {
-  std::string preset_name = "opt-6.7b", backend_name = "auto", json_out;
-  int batch = 32, ctx = 1024, reps = 10;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto val = [&]() -> std::string {
-      KVPR_CHECK(i + 1 < args.size(), args[i], " needs a value");
-      return args[++i];
-    };
-    const std::string& a = args[i];
-    if (a == "--preset") preset_name = val();
-    else if (a == "--backend") backend_name = val();
-    else if (a == "--batch") batch = std::stoi(val());
-    else if (a == "--ctx") ctx = std::stoi(val());
-    else if (a == "--reps") reps = std::stoi(val());
-    else if (a == "--json") json_out = val();
-    else KVPR_THROW("unknown option '", a, "'");
-  }
+  const Options opt(args, {"--preset", "--backend", "--batch", "--ctx", "--reps", "--json"});
+  const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
+  const std::string json_out = opt.get("--json", "");
+  const int batch = opt.get_int("--batch", 32), ctx = opt.get_int("--ctx", 1024), reps = opt.get_int("--reps", 10);
   KVPR_CHECK(batch > 0 && ctx > 0 && reps > 0, "batch, ctx and reps must be positive");
   const OptConfig c = preset(preset_name);
   const int64_t h = c.hidden_size, f = c.ffn_dim, V = c.vocab_size, B = batch, S = ctx;
@@ -391,11 +412,7 @@ int cmd_ops(const std::vector<std::string>& args) {
   result.set("ctx", ctx);
   result.set("device_copy_gbps", hbm);
   result.set("ops", std::move(rows));
-  if (!json_out.empty()) {
-    std::ofstream o(json_out);
-    o << result.dump() << "\n";
-    KVPR_CHECK(o.good(), json_out, ": cannot write");
-  }
+  write_json(json_out, result);
   return 0;
 }
 
@@ -550,31 +567,16 @@ std::string svg_chart(const json::Value& result) {
 }
 
 int cmd_decode(const std::vector<std::string>& args) {
-  std::string preset_name = "opt-6.7b", backend_name = "auto", json_out, svg_out, trace_dir, peer_file;
-  std::string modes_arg = "resident,offload,kvpr,recompute,cpu-attn", kv_dtype_name = "f16";
-  int batch = 32, prompt = 1024, gen = 32, host_threads = 0;
-  double link = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto val = [&]() -> std::string {
-      KVPR_CHECK(i + 1 < args.size(), args[i], " needs a value");
-      return args[++i];
-    };
-    const std::string& a = args[i];
-    if (a == "--preset") preset_name = val();
-    else if (a == "--backend") backend_name = val();
-    else if (a == "--batch") batch = std::stoi(val());
-    else if (a == "--prompt") prompt = std::stoi(val());
-    else if (a == "--gen") gen = std::stoi(val());
-    else if (a == "--modes") modes_arg = val();
-    else if (a == "--kv-dtype") kv_dtype_name = val();
-    else if (a == "--emulate-link-gbps") link = std::stod(val());
-    else if (a == "--host-attention-threads") host_threads = std::stoi(val());
-    else if (a == "--peer") peer_file = val();
-    else if (a == "--json") json_out = val();
-    else if (a == "--svg") svg_out = val();
-    else if (a == "--trace-dir") trace_dir = val();
-    else KVPR_THROW("unknown option '", a, "'");
-  }
+  const Options opt(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype",
+                         "--emulate-link-gbps", "--host-attention-threads", "--peer", "--json", "--svg", "--trace-dir"});
+  const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
+  const std::string json_out = opt.get("--json", ""), svg_out = opt.get("--svg", ""), trace_dir = opt.get("--trace-dir", "");
+  const std::string peer_file = opt.get("--peer", "");
+  const std::string modes_arg = opt.get("--modes", "resident,offload,kvpr,recompute,cpu-attn");
+  const std::string kv_dtype_name = opt.get("--kv-dtype", "f16");
+  const int batch = opt.get_int("--batch", 32), prompt = opt.get_int("--prompt", 1024), gen = opt.get_int("--gen", 32);
+  const int host_threads = opt.get_int("--host-attention-threads", 0);
+  const double link = opt.get_double("--emulate-link-gbps", 0);
   KVPR_CHECK(batch > 0 && prompt > 0 && gen > 1, "batch and prompt must be positive and gen at least 2");
   std::vector<KvMode> modes;
   for (size_t p = 0; p <= modes_arg.size();) {
@@ -705,11 +707,7 @@ int cmd_decode(const std::vector<std::string>& args) {
                 mj.find("over_bound")->as_double());
   }
   for (const auto& [k, val] : result.find("ratios")->as_object()) std::printf("%s: %.2f\n", k.c_str(), val.as_double());
-  if (!json_out.empty()) {
-    std::ofstream o(json_out);
-    o << result.dump() << "\n";
-    KVPR_CHECK(o.good(), json_out, ": cannot write");
-  }
+  write_json(json_out, result);
   if (!svg_out.empty()) {
     std::ofstream o(svg_out);
     o << svg_chart(result);

@@ -29,6 +29,16 @@ void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<Row
                src.describe(), " or dst ", dst.describe());
 }
 
+int64_t check_argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) {
+  KVPR_CHECK(logits.dtype() == DType::F32 && stats.dtype() == DType::F32 && logits.rank() >= 1 && logits.dim(-1) > 0,
+             "argmax_lse: logits ", logits.describe(), " and stats ", stats.describe(), " must be F32");
+  const int64_t V = logits.dim(-1), R = logits.numel() / V;
+  KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == R && stats.numel() == 2 * R && valid > 0 && valid <= V,
+             "argmax_lse: shapes ids ", ids.describe(), " stats ", stats.describe(), " logits ", logits.describe(),
+             " valid ", valid);
+  return R;
+}
+
 bool cuda_available() {
 #ifdef KVPR_HAVE_CUDA
   return cuda_device_count() > 0;

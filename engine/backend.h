@@ -57,6 +57,9 @@ struct RowSpan {
 // both. Shared by the backends' copy_rows.
 void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans);
 
+// Throws unless argmax_lse's tensors fit (see Backend::argmax_lse); returns the row count.
+int64_t check_argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid);
+
 // Where pinned host memory comes from. The default is the backend's own (cudaHostAlloc, or
 // aligned_alloc on the CPU); a worker bound to a NUMA node installs one that allocates on
 // its node (numa/), which the CUDA backend then registers with cudaHostRegister.

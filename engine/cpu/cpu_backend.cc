@@ -426,12 +426,7 @@ void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 
 void CpuBackend::argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) {
   const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
-  check_f32(logits, "argmax_lse logits");
-  check_f32(stats, "argmax_lse stats");
-  const int64_t V = logits.dim(-1), R = logits.numel() / V;
-  KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == R && stats.numel() == 2 * R && valid > 0 && valid <= V,
-             "argmax_lse: shapes ids ", ids.describe(), " stats ", stats.describe(), " logits ", logits.describe(),
-             " valid ", valid);
+  const int64_t R = check_argmax_lse(ids, stats, logits, valid), V = logits.dim(-1);
   const float* lp = logits.data_as<float>();
   int32_t* ip = ids.data_as<int32_t>();
   float* sp = stats.data_as<float>();

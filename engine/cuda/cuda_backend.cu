@@ -287,13 +287,8 @@ class CudaBackend final : public Backend {
 
   void copy_rows(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) override {
     check_row_spans(dst, src, spans);
-    std::vector<cuda::SpanDesc> descs;
     int64_t rows = 0;
-    for (const RowSpan& s : spans) {
-      if (s.count == 0) continue;
-      descs.push_back(cuda::SpanDesc{s.src_row, s.dst_row, rows});
-      rows += s.count;
-    }
+    const std::vector<cuda::SpanDesc> descs = cuda::span_descs(spans, &rows);
     if (rows == 0) return;
     Traced t(*this, Stream::Compute, "copy_rows",
              static_cast<size_t>(rows * src.dim(1)) * (dtype_size(src.dtype()) + dtype_size(dst.dtype())), 0);
@@ -308,12 +303,7 @@ class CudaBackend final : public Backend {
   }
 
   void argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) override {
-    check_f32(logits, "argmax_lse logits");
-    check_f32(stats, "argmax_lse stats");
-    const int64_t V = logits.dim(-1), R = logits.numel() / V;
-    KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == R && stats.numel() == 2 * R && valid > 0 && valid <= V,
-               "argmax_lse: shapes ids ", ids.describe(), " stats ", stats.describe(), " logits ", logits.describe(),
-               " valid ", valid);
+    const int64_t R = check_argmax_lse(ids, stats, logits, valid), V = logits.dim(-1);
     Traced t(*this, Stream::Compute, "argmax_lse", logits.nbytes(), 0);
     cuda::argmax_lse(ids.data_as<int32_t>(), stats.data_as<float>(), logits.data_as<float>(), R, V, valid, compute());
   }

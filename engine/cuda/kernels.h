@@ -75,6 +75,18 @@ struct SpanDesc {
   int64_t dst_row;
   int64_t first;
 };
+// The descriptors of copy_rows' non-empty spans; `rows` gets their total row count.
+template <typename Span>
+std::vector<SpanDesc> span_descs(const std::vector<Span>& spans, int64_t* rows) {
+  std::vector<SpanDesc> d;
+  *rows = 0;
+  for (const Span& s : spans) {
+    if (s.count == 0) continue;
+    d.push_back(SpanDesc{s.src_row, s.dst_row, *rows});
+    *rows += s.count;
+  }
+  return d;
+}
 // dst row (span.dst_row + j) = src row (span.src_row + j) converted, for the total_rows rows
 // of n_spans spans (descriptors in device memory).
 void copy_rows(void* dst, DType dst_dtype, const void* src, DType src_dtype, const SpanDesc* spans, int64_t n_spans,

@@ -94,13 +94,8 @@ TEST_P(SimtKernels, CopyRowsConvertsEverySpan) {
       Tensor ref = random(cpu, dst_dt, {90, W}, 22), got = cpu.alloc(dst_dt, {90, W});
       cpu.copy(got, ref, Stream::Compute);
       cpu.copy_rows(ref, s, spans);
-      std::vector<cuda::SpanDesc> descs;
       int64_t rows = 0;
-      for (const RowSpan& sp : spans) {
-        if (sp.count == 0) continue;
-        descs.push_back(cuda::SpanDesc{sp.src_row, sp.dst_row, rows});
-        rows += sp.count;
-      }
+      const std::vector<cuda::SpanDesc> descs = cuda::span_descs(spans, &rows);
       cuda::copy_rows(got.data(), dst_dt, s.data(), src_dt, descs.data(), static_cast<int64_t>(descs.size()), rows, W,
                       nullptr);
       std::vector<float> g = as_float(got);
