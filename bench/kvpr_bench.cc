@@ -297,7 +297,7 @@ double host_copy_gbps(int64_t bytes) {
 // ------------------------------------------------------------------ ops
 
 int cmd_ops(const std::vector<std::string>& args) {
-  const Options opt(args, {"--preset", "--backend", "--batch", "--ctx", "--reps", "--json"});
+  const Options opt(args, {"--preset", "--backend", "--batch", "--ctx", "--reps", "--probe-mib", "--json"});
   const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
   const std::string json_out = opt.get("--json", "");
   const int batch = opt.get_int("--batch", 32), ctx = opt.get_int("--ctx", 1024), reps = opt.get_int("--reps", 10);
@@ -307,7 +307,9 @@ int cmd_ops(const std::vector<std::string>& args) {
   auto be = create_backend(backend_name);
   std::fprintf(stderr, "kvpr-bench ops: %s shapes on %s, batch %d, context %d\n", preset_name.c_str(),
                be->name().c_str(), batch, ctx);
-  const double hbm = device_copy_gbps(*be, be->device_is_host() ? (128ll << 20) : (2ll << 30));
+  const int64_t probe_mib = opt.get_int("--probe-mib", be->device_is_host() ? 128 : 2048);
+  KVPR_CHECK(probe_mib > 0, "--probe-mib must be positive");
+  const double hbm = device_copy_gbps(*be, probe_mib << 20);
   const DType wt = DType::F16, kv = DType::F16;
   const double es = 2.0;  // bytes per fp16 element
 
@@ -568,7 +570,8 @@ std::string svg_chart(const json::Value& result) {
 
 int cmd_decode(const std::vector<std::string>& args) {
   const Options opt(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype",
-                         "--emulate-link-gbps", "--host-attention-threads", "--peer", "--json", "--svg", "--trace-dir"});
+                         "--emulate-link-gbps", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
+                         "--trace-dir"});
   const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
   const std::string json_out = opt.get("--json", ""), svg_out = opt.get("--svg", ""), trace_dir = opt.get("--trace-dir", "");
   const std::string peer_file = opt.get("--peer", "");
@@ -604,9 +607,12 @@ int cmd_decode(const std::vector<std::string>& args) {
 
   // The profile the scheduler uses, measured on this machine now.
   ProfileOptions po;
-  po.transfer_bytes = be->device_is_host() ? (64ll << 20) : (256ll << 20);
+  // Bandwidth probes: big enough to reach the link's and the memory's plateau.
+  const int64_t probe_mib = opt.get_int("--probe-mib", be->device_is_host() ? 128 : 2048);
+  KVPR_CHECK(probe_mib > 0, "--probe-mib must be positive");
+  po.transfer_bytes = std::max<int64_t>(1, probe_mib / (be->device_is_host() ? 2 : 8)) << 20;
   LinkProfile prof = profile_backend(*be, model, model.kv_shape(), kv_dtype, po);
-  const double hbm = device_copy_gbps(*be, be->device_is_host() ? (128ll << 20) : (2ll << 30));
+  const double hbm = device_copy_gbps(*be, probe_mib << 20);
   const double host_bw = host_copy_gbps(256ll << 20);
   std::fprintf(stderr, "profile: H2D %.2f GB/s (alone %.2f), D2H %.2f GB/s, recompute %.2f us + %.4f us/token; "
                "device copy %.1f GB/s, host copy %.1f GB/s\n", prof.h2d_gbps, prof.h2d_alone_gbps, prof.d2h_gbps,

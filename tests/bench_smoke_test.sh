@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# kvpr-bench decode on a tiny model on the CPU backend: every mode runs, gives the same greedy
+# kvpr-bench decode on a tiny model on the CPU backend (or KVPR_BENCH_BACKEND): every mode runs, gives the same greedy
 # tokens (fp32 KV), and the JSON, chart and traces are written.
 set -eu
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$KVPR_BENCH" decode --preset tiny --backend cpu --batch 3 --prompt 40 --gen 4 --kv-dtype f32 \
-  --emulate-link-gbps 1 --json "$tmp/d.json" --svg "$tmp/d.svg" --trace-dir "$tmp" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+# KVPR_BENCH_BACKEND=cuda runs the same checks on a CUDA backend (the emulated device in CI).
+backend=${KVPR_BENCH_BACKEND:-cpu}
+if [ "$backend" = cpu ]; then extra=(--emulate-link-gbps 1); else extra=(--probe-mib 8); fi
+"$KVPR_BENCH" decode --preset tiny --backend "$backend" --batch 3 --prompt 40 --gen 4 --kv-dtype f32 \
+  "${extra[@]}" --json "$tmp/d.json" --svg "$tmp/d.svg" --trace-dir "$tmp" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
 # kvpr-bench ops: every op of a decode layer timed, with bytes and rates.
-"$KVPR_BENCH" ops --preset tiny --backend cpu --batch 3 --ctx 40 --reps 2 --json "$tmp/ops.json" >"$tmp/ops.out" 2>&1 \
-  || { cat "$tmp/ops.out"; exit 1; }
+if [ "$backend" = cpu ]; then extra=(); fi
+"$KVPR_BENCH" ops --preset tiny --backend "$backend" --batch 3 --ctx 40 --reps 2 "${extra[@]}" --json "$tmp/ops.json" \
+  >"$tmp/ops.out" 2>&1 || { cat "$tmp/ops.out"; exit 1; }
 python3 - "$tmp" <<'PY'
 import json, sys, os, xml.dom.minidom
 d = sys.argv[1]

@@ -96,8 +96,7 @@ KVPR_CUDA_NAMESPACE_END
 // the SIMT emulator of the tests (tests/simt/simt_emu.h, host compiler, no GPU) the same
 // launch runs the kernel's threads on the CPU.
 #if defined(KVPR_SIMT_EMULATION)
-#define KVPR_LAUNCH(grid, block, smem, stream, ...) \
-  ((void)(smem), (void)(stream), ::kvpr_emu::launch(grid, block, __VA_ARGS__))
+#define KVPR_LAUNCH(grid, block, smem, stream, ...) ::kvpr_emu::launch(grid, block, smem, stream, __VA_ARGS__)
 #else
 #define KVPR_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
 #endif

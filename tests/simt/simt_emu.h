@@ -3,7 +3,7 @@
 //
 // The kernel sources are compiled unchanged by the host compiler with this header included
 // first (tests/simt/*_emu.cc). A launch runs the grid's blocks one after another; each GPU
-// thread of a block is a fiber (ucontext) on the calling OS thread, run until it finishes or
+// thread of a block is a fiber on the calling OS thread, run until it finishes or
 // reaches a barrier: __syncthreads waits for every live thread of the block, warp shuffles
 // and __syncwarp for every live thread of the warp, and __shared__ variables are statics
 // (one block runs at a time, so they are per block). A thread that returns drops out of its
@@ -32,9 +32,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #define KVPR_SIMT_EMULATION 1
@@ -51,13 +54,25 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
+// Fiber switches: on x86-64 a few instructions (simt_switch.cc) that save the callee-saved
+// registers and swap stacks; swapcontext would also make a signal-mask system call per switch,
+// which was most of the emulator's time. Elsewhere, ucontext.
+#if defined(__x86_64__) && defined(__linux__)
+#define KVPR_EMU_FAST_SWITCH 1
+extern "C" void kvpr_emu_switch(void** save_sp, void* new_sp);
+#endif
+
 namespace kvpr_emu {
 
 // One GPU thread: a fiber with its own stack, resumed by the block's scheduler.
 enum class Wait { None, Warp, Block };
 
 struct Fiber {
+#if defined(KVPR_EMU_FAST_SWITCH)
+  void* sp = nullptr;  // saved stack pointer while switched out
+#else
   ucontext_t uc{};
+#endif
   char* stack = nullptr;  // usable part, above a guard page
   size_t stack_size = 0;
   dim3 thread_idx;
@@ -69,7 +84,11 @@ struct Fiber {
 
 struct BlockState {
   std::vector<Fiber>* fibers = nullptr;
+#if defined(KVPR_EMU_FAST_SWITCH)
+  void* scheduler_sp = nullptr;
+#else
   ucontext_t scheduler{};
+#endif
   void* scheduler_fake_stack = nullptr;
   const void* scheduler_stack_bottom = nullptr;
   size_t scheduler_stack_size = 0;
@@ -94,7 +113,11 @@ inline void yield_to_scheduler(bool finished) {
   __sanitizer_start_switch_fiber(finished ? nullptr : &f.fake_stack, b.scheduler_stack_bottom,
                                  b.scheduler_stack_size);
 #endif
+#if defined(KVPR_EMU_FAST_SWITCH)
+  kvpr_emu_switch(&f.sp, b.scheduler_sp);
+#else
   swapcontext(&f.uc, &b.scheduler);
+#endif
 #if defined(KVPR_EMU_ASAN)
   __sanitizer_finish_switch_fiber(f.fake_stack, &b.scheduler_stack_bottom, &b.scheduler_stack_size);
 #endif
@@ -133,6 +156,19 @@ T exchange(T v, int src) {
   return r;
 }
 
+#if defined(KVPR_EMU_FAST_SWITCH)
+// A new fiber's stack, as kvpr_emu_switch leaves a switched-out one: the control words, six
+// callee-saved registers, then the address it "returns" to (fiber_main, entered as if called:
+// a null return address above it, the stack 16-byte aligned at the call).
+inline void init_fiber(Fiber& f) {
+  auto* top = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(f.stack) + f.stack_size) & ~uintptr_t{15});
+  top[-1] = 0;                                          // fiber_main's return address: none
+  top[-2] = reinterpret_cast<uint64_t>(&fiber_main);   // popped by ret
+  for (int r = 3; r <= 8; ++r) top[-r] = 0;            // rbp rbx r12 r13 r14 r15
+  top[-9] = 0x1F80ull | (0x037Full << 32);              // MXCSR and x87 control word defaults
+  f.sp = &top[-9];
+}
+#else
 // getcontext returns twice: kept out of functions with locals it could clobber.
 [[gnu::noinline]] inline void init_fiber(Fiber& f) {
   getcontext(&f.uc);
@@ -141,6 +177,7 @@ T exchange(T v, int src) {
   f.uc.uc_link = nullptr;
   makecontext(&f.uc, fiber_main, 0);
 }
+#endif
 
 // Runs one block: every fiber until it finishes or waits at a barrier; a barrier opens when
 // every live thread of its warp (or block) waits at it. Threads that wait at different
@@ -172,7 +209,11 @@ inline void run_block(std::vector<Fiber>& fibers, BlockState& b, dim3 bid, dim3 
 #if defined(KVPR_EMU_ASAN)
       __sanitizer_start_switch_fiber(&b.scheduler_fake_stack, f.stack, f.stack_size);
 #endif
+#if defined(KVPR_EMU_FAST_SWITCH)
+      kvpr_emu_switch(&b.scheduler_sp, f.sp);
+#else
       swapcontext(&b.scheduler, &f.uc);
+#endif
 #if defined(KVPR_EMU_ASAN)
       __sanitizer_finish_switch_fiber(b.scheduler_fake_stack, nullptr, nullptr);
 #endif
@@ -243,9 +284,17 @@ inline StackPool& stacks() {
   return pool;
 }
 
+// Set by the emulated CUDA runtime (cuda_runtime_emu.cc): queues a launch's work on its
+// stream, after checking the pointers it is handed. Without it (the kernel tests) a launch
+// runs at once.
+inline void (*submit_launch)(cudaStream_t stream, std::function<void()> run,
+                             const std::vector<const void*>& pointer_args) = nullptr;
+
 template <typename... P>
 struct Launch {
   dim3 grid, block;
+  size_t shared_bytes;
+  cudaStream_t stream;
   void (*kernel)(P...);
 
   template <typename... A>
@@ -255,35 +304,55 @@ struct Launch {
     if (n <= 0 || n > 1024) throw std::runtime_error("simt_emu: invalid block size " + std::to_string(n));
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) throw std::runtime_error("simt_emu: empty grid");
     if (grid.y > 65535 || grid.z > 65535) throw std::runtime_error("simt_emu: grid.y/z over 65535");
+    if (shared_bytes > 48 * 1024)  // more needs cudaFuncSetAttribute, which no launcher calls
+      throw std::runtime_error("simt_emu: " + std::to_string(shared_bytes) + " bytes of dynamic shared memory");
     struct Call {
       void (*kernel)(P...);
       std::tuple<P...> params;
-    } call{kernel, std::tuple<P...>(static_cast<P>(args)...)};  // converted as a launch converts them
-    std::vector<Fiber> fibers(static_cast<size_t>(n));
-    for (int t = 0; t < n; ++t) {
-      Fiber& f = fibers[static_cast<size_t>(t)];
-      f.stack = stacks().get(static_cast<size_t>(t));
-      f.stack_size = StackPool::kStack;
-      const unsigned u = static_cast<unsigned>(t);
-      f.thread_idx = dim3(u % block.x, (u / block.x) % block.y, u / (block.x * block.y));
-      f.lane = t & 31;
-      f.warp = t >> 5;
-    }
-    BlockState b;
-    b.entry = [](void* p) {
-      auto* c = static_cast<Call*>(p);
-      std::apply(c->kernel, c->params);
     };
-    b.entry_arg = &call;
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-      for (unsigned by = 0; by < grid.y; ++by)
-        for (unsigned bx = 0; bx < grid.x; ++bx) run_block(fibers, b, dim3(bx, by, bz), block, grid);
+    // Converted as a launch converts them, and copied: the launch owns its arguments.
+    auto call = std::make_shared<Call>(Call{kernel, std::tuple<P...>(static_cast<P>(args)...)});
+    const dim3 g = grid, bl = block;
+    std::function<void()> run = [call, g, bl, n] {
+      std::vector<Fiber> fibers(static_cast<size_t>(n));
+      for (int t = 0; t < n; ++t) {
+        Fiber& f = fibers[static_cast<size_t>(t)];
+        f.stack = stacks().get(static_cast<size_t>(t));
+        f.stack_size = StackPool::kStack;
+        const unsigned u = static_cast<unsigned>(t);
+        f.thread_idx = dim3(u % bl.x, (u / bl.x) % bl.y, u / (bl.x * bl.y));
+        f.lane = t & 31;
+        f.warp = t >> 5;
+      }
+      BlockState b;
+      b.entry = [](void* p) {
+        auto* c = static_cast<Call*>(p);
+        std::apply(c->kernel, c->params);
+      };
+      b.entry_arg = call.get();
+      for (unsigned bz = 0; bz < g.z; ++bz)
+        for (unsigned by = 0; by < g.y; ++by)
+          for (unsigned bx = 0; bx < g.x; ++bx) run_block(fibers, b, dim3(bx, by, bz), bl, g);
+    };
+    if (!submit_launch) return run();
+    std::vector<const void*> pointers;
+    std::apply(
+        [&pointers](const auto&... p) {
+          (
+              [&pointers](const auto& v) {
+                if constexpr (std::is_pointer_v<std::decay_t<decltype(v)>>)
+                  pointers.push_back(static_cast<const void*>(v));
+              }(p),
+              ...);
+        },
+        call->params);
+    submit_launch(stream, std::move(run), pointers);
   }
 };
 
 template <typename... P>
-Launch<P...> launch(dim3 grid, dim3 block, void (*kernel)(P...)) {
-  return Launch<P...>{grid, block, kernel};
+Launch<P...> launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, void (*kernel)(P...)) {
+  return Launch<P...>{grid, block, shared_bytes, stream, kernel};
 }
 
 }  // namespace kvpr_emu

@@ -55,7 +55,7 @@ __global__ void grid_ids(int* out) {
 
 TEST(SimtEmulator, WarpShufflesExchangeLanes) {
   std::vector<int> out(4 * 64);
-  ::kvpr_emu::launch(dim3(1), dim3(64), lane_exchange)(out.data());
+  ::kvpr_emu::launch(dim3(1), dim3(64), 0, nullptr, lane_exchange)(out.data());
   for (int t = 0; t < 64; ++t) {
     const int warp = t / 32 * 32, lane = t % 32;
     EXPECT_EQ(out[4 * t + 0], t ^ 1);
@@ -69,27 +69,27 @@ TEST(SimtEmulator, SyncthreadsOrdersSharedMemoryPerBlock) {
   const int n = 256, blocks = 3;
   std::vector<int> data(n * blocks);
   for (int i = 0; i < n * blocks; ++i) data[i] = i;
-  ::kvpr_emu::launch(dim3(blocks), dim3(n), block_reverse)(data.data(), n);
+  ::kvpr_emu::launch(dim3(blocks), dim3(n), 0, nullptr, block_reverse)(data.data(), n);
   for (int b = 0; b < blocks; ++b)
     for (int t = 0; t < n; ++t) ASSERT_EQ(data[b * n + t], b * n + n - 1 - t);
 }
 
 TEST(SimtEmulator, ExitedThreadsLeaveTheBarrier) {
   int count = -1;
-  ::kvpr_emu::launch(dim3(1), dim3(128), early_exit_then_barrier)(&count);
+  ::kvpr_emu::launch(dim3(1), dim3(128), 0, nullptr, early_exit_then_barrier)(&count);
   EXPECT_EQ(count, 2);  // one per remaining warp
 }
 
 TEST(SimtEmulator, DivergentBarriersAreReportedAsADeadlock) {
   std::vector<int> out(32);
-  EXPECT_THROW(::kvpr_emu::launch(dim3(1), dim3(32), divergent_barrier)(out.data()), std::runtime_error);
+  EXPECT_THROW(::kvpr_emu::launch(dim3(1), dim3(32), 0, nullptr, divergent_barrier)(out.data()), std::runtime_error);
 }
 
 TEST(SimtEmulator, GridAndBlockIndicesCoverTheLaunch) {
   std::vector<int> out(4 * 3 * 2, -1);
-  ::kvpr_emu::launch(dim3(4, 3, 2), dim3(1), grid_ids)(out.data());
+  ::kvpr_emu::launch(dim3(4, 3, 2), dim3(1), 0, nullptr, grid_ids)(out.data());
   for (int z = 0; z < 2; ++z)
     for (int y = 0; y < 3; ++y)
       for (int x = 0; x < 4; ++x) EXPECT_EQ(out[(z * 3 + y) * 4 + x], 1000 + x * 100 + y * 10 + z);
-  EXPECT_THROW(::kvpr_emu::launch(dim3(1), dim3(2048), grid_ids)(out.data()), std::runtime_error);
+  EXPECT_THROW(::kvpr_emu::launch(dim3(1), dim3(2048), 0, nullptr, grid_ids)(out.data()), std::runtime_error);
 }

@@ -1,0 +1,48 @@
+// Every KV mode on a device backend against the CPU backend's greedy tokens, for one tiny
+// fixture: what tests/test_cuda.cc checks on a GPU and the emulated-device suite checks under
+// random schedules.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/generator.h"
+
+namespace kvpr::test {
+
+inline std::vector<std::vector<int32_t>> greedy_tokens(OptModel& model, const Tokenizer& tok,
+                                                       const GeneratorOptions& o,
+                                                       const std::vector<std::vector<int32_t>>& prompts,
+                                                       const GenerationParams& p) {
+  std::vector<std::vector<int32_t>> out;
+  for (auto& r : Generator(model, tok, o).generate_all(prompts, p)) out.push_back(r.tokens);
+  return out;
+}
+
+// Greedy decoding of `prompts` (max_new tokens, EOS ignored, fp32 KV, one batch) in each mode
+// on `device` (KVPR with its split forced to `kvpr_split`) equals the CPU backend's.
+inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::string& dir, const Tokenizer& tok,
+                                                  const std::vector<std::vector<int32_t>>& prompts, int max_new,
+                                                  int kvpr_split, const std::string& label) {
+  GenerationParams p;
+  p.max_new_tokens = max_new;
+  p.ignore_eos = true;
+  CpuBackend cpu;
+  OptModel mc(cpu, dir);
+  GeneratorOptions oc;
+  oc.max_batch = static_cast<int>(prompts.size());
+  oc.kv_dtype = DType::F32;
+  const std::vector<std::vector<int32_t>> want = greedy_tokens(mc, tok, oc, prompts, p);
+  OptModel mg(device, dir);
+  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
+    GeneratorOptions og = oc;
+    og.kv.mode = m;
+    if (m == KvMode::Kvpr) og.kv.forced_split = kvpr_split;
+    EXPECT_EQ(greedy_tokens(mg, tok, og, prompts, p), want) << label << " " << kv_mode_name(m);
+  }
+}
+
+}  // namespace kvpr::test

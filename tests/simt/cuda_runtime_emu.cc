@@ -1,0 +1,809 @@
+// The emulated CUDA device of cuda_runtime_emu.h: device memory arena, lazy streams, events,
+// copies, kernel launches (run by the SIMT emulator) and cuBLAS GEMMs.
+#define KVPR_EMU_RUNTIME_IMPL 1
+#include "tests/simt/simt_emu.h"
+// clang-format off
+#include "tests/simt/cuda_runtime_emu.h"
+// clang-format on
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <vector>
+
+// The handle types the CUDA headers leave opaque.
+struct CUstream_st {
+  std::deque<std::function<void()>> queue;
+  uint64_t submitted = 0, done = 0;  // ops queued so far; ops run so far
+};
+struct CUevent_st {
+  bool timing = true;
+  bool recorded = false;
+  std::shared_ptr<CUstream_st> stream;  // where it was last recorded
+  uint64_t seq = 0;                     // complete once stream->done >= seq
+  uint64_t generation = 0;
+  double time_ms = 0;  // when the device reached the latest record
+};
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+};
+
+namespace kvpr_emu {
+namespace {
+
+constexpr size_t kAlign = 256;      // cudaMalloc's alignment
+constexpr size_t kRedZone = 256;    // poisoned bytes after every allocation
+constexpr size_t kCapacity = size_t{8} << 30;
+constexpr unsigned char kGarbage = 0xff;  // fresh memory reads as NaN
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+void poison(const void* p, size_t n) {
+#if defined(KVPR_EMU_ASAN)
+  ASAN_POISON_MEMORY_REGION(p, n);
+#else
+  (void)p, (void)n;
+#endif
+}
+void unpoison(const void* p, size_t n) {
+#if defined(KVPR_EMU_ASAN)
+  ASAN_UNPOISON_MEMORY_REGION(p, n);
+#else
+  (void)p, (void)n;
+#endif
+}
+
+char* g_arena = nullptr;  // read by the SIGSEGV handler
+
+void on_segv(int, siginfo_t* info, void*) {
+  const char* a = static_cast<const char*>(info->si_addr);
+  if (g_arena && a >= g_arena && a < g_arena + kCapacity) {
+    char msg[160];
+    int n = snprintf(msg, sizeof msg,
+                     "kvpr emulated device: the host touched device memory at %p (arena offset %zu)\n",
+                     info->si_addr, static_cast<size_t>(a - g_arena));
+    if (n > 0) (void)!write(2, msg, static_cast<size_t>(n));
+  }
+  // SA_RESETHAND restored the default action: the access faults again and the process dies.
+}
+
+struct Allocation {
+  size_t bytes;  // requested
+  size_t chunk;  // reserved, red zone included
+};
+
+struct State {
+  std::recursive_mutex mu;
+  char* arena = nullptr;
+  size_t extent = 0;  // the arena's used prefix (page aligned), mprotect'ed as a whole
+  int device_depth = 0;
+  std::map<size_t, size_t> free_;  // offset -> size, coalesced
+  std::map<size_t, Allocation> live;
+  size_t allocated = 0;
+  struct Pinned {
+    size_t bytes;
+    bool owned;  // cudaHostAlloc (else cudaHostRegister)
+  };
+  std::map<uintptr_t, Pinned> pinned;
+  std::shared_ptr<CUstream_st> legacy = std::make_shared<CUstream_st>();
+  std::map<CUstream_st*, std::shared_ptr<CUstream_st>> streams;
+  std::map<CUevent_st*, std::shared_ptr<CUevent_st>> events;
+  std::map<cublasContext*, std::unique_ptr<cublasContext>> handles;
+  cudaError_t last_error = cudaSuccess;
+  Schedule schedule = Schedule::Lazy;
+  std::mt19937_64 rng{1};
+  uint64_t kernels = 0, gemms = 0;
+  std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
+
+  State() {
+    void* p = mmap(nullptr, kCapacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("kvpr emulated device: cannot reserve the device arena");
+    arena = static_cast<char*>(p);
+    g_arena = arena;
+    free_[0] = kCapacity;
+#if !defined(KVPR_EMU_ASAN)
+    struct sigaction sa {};
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sigaction(SIGSEGV, &sa, nullptr);
+#endif
+    if (const char* s = std::getenv("KVPR_EMU_SCHEDULE")) {
+      const std::string v = s;
+      if (v == "eager") schedule = Schedule::Eager;
+      else if (v.rfind("random", 0) == 0) {
+        schedule = Schedule::Random;
+        rng.seed(v.size() > 7 ? std::stoull(v.substr(7)) : 1);
+      }
+    }
+  }
+};
+
+State& state() {
+  static State* s = new State;  // never destroyed: backends may release memory during exit
+  return *s;
+}
+
+// The device may touch the arena while at least one of these lives.
+struct DeviceWindow {
+  State& s;
+  explicit DeviceWindow(State& st) : s(st) {
+    if (s.device_depth++ == 0 && s.extent) mprotect(s.arena, s.extent, PROT_READ | PROT_WRITE);
+  }
+  ~DeviceWindow() {
+    if (--s.device_depth == 0 && s.extent) mprotect(s.arena, s.extent, PROT_NONE);
+  }
+};
+
+// The live allocation holding [p, p + n), or null.
+const Allocation* find_allocation(State& s, const void* p, size_t n, size_t* offset = nullptr) {
+  const char* c = static_cast<const char*>(p);
+  if (c < s.arena || c >= s.arena + kCapacity) return nullptr;
+  const size_t off = static_cast<size_t>(c - s.arena);
+  auto it = s.live.upper_bound(off);
+  if (it == s.live.begin()) return nullptr;
+  --it;
+  if (off + n > it->first + it->second.bytes || off < it->first) return nullptr;
+  if (offset) *offset = it->first;
+  return &it->second;
+}
+
+const State::Pinned* find_pinned(State& s, const void* p, size_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = s.pinned.upper_bound(a);
+  if (it == s.pinned.begin()) return nullptr;
+  --it;
+  if (a + n > it->first + it->second.bytes) return nullptr;
+  return &it->second;
+}
+
+Memory classify_locked(State& s, const void* p) {
+  const char* c = static_cast<const char*>(p);
+  if (c >= s.arena && c < s.arena + kCapacity) return Memory::Device;
+  if (find_pinned(s, p, 1)) return Memory::Pinned;
+  return Memory::Pageable;
+}
+
+std::string where(const void* p, size_t n) {
+  char b[96];
+  snprintf(b, sizeof b, "[%p, +%zu)", p, n);
+  return b;
+}
+
+// Throws the fault a GPU would raise when work touches [p, p + n) outside its memory.
+void check_range(State& s, const void* p, size_t n, const char* what) {
+  if (n == 0) return;
+  switch (classify_locked(s, p)) {
+    case Memory::Device:
+      if (!find_allocation(s, p, n))
+        throw DeviceFault(std::string(what) + ": device range " + where(p, n) + " is not inside one live allocation");
+      return;
+    case Memory::Pinned:
+      if (!find_pinned(s, p, n))
+        throw DeviceFault(std::string(what) + ": pinned range " + where(p, n) + " runs past its registration");
+      return;
+    case Memory::Pageable: return;
+  }
+}
+
+cudaError_t fail(State& s, cudaError_t e) {
+  s.last_error = e;
+  return e;
+}
+
+std::shared_ptr<CUstream_st> stream_of(State& s, cudaStream_t h) {
+  if (h == nullptr || h == cudaStreamLegacy) return s.legacy;
+  auto it = s.streams.find(h);
+  return it == s.streams.end() ? nullptr : it->second;
+}
+
+// Runs queued ops of `st` until `seq` of them have run. An op that waits on an event runs
+// the other stream up to it first (so no schedule can break an event's order).
+void run_until(State& s, const std::shared_ptr<CUstream_st>& st, uint64_t seq) {
+  if (st->done >= seq) return;
+  DeviceWindow w(s);
+  while (st->done < seq && !st->queue.empty()) {
+    std::function<void()> op = std::move(st->queue.front());
+    st->queue.pop_front();
+    ++st->done;
+    op();
+  }
+}
+void run_all(State& s) {
+  run_until(s, s.legacy, s.legacy->submitted);
+  std::vector<std::shared_ptr<CUstream_st>> all;
+  for (auto& [h, st] : s.streams) all.push_back(st);
+  for (auto& st : all) run_until(s, st, st->submitted);
+}
+
+// Random schedule: some queued work runs now, as on a device that is partly caught up.
+void maybe_run_some(State& s) {
+  if (s.schedule != Schedule::Random || s.device_depth > 0) return;
+  std::vector<std::shared_ptr<CUstream_st>> busy;
+  if (!s.legacy->queue.empty()) busy.push_back(s.legacy);
+  for (auto& [h, st] : s.streams)
+    if (!st->queue.empty()) busy.push_back(st);
+  if (busy.empty() || s.rng() % 3 != 0) return;
+  auto& st = busy[s.rng() % busy.size()];
+  run_until(s, st, st->done + 1 + s.rng() % 3);
+}
+
+void enqueue(State& s, const std::shared_ptr<CUstream_st>& st, std::function<void()> op) {
+  st->queue.push_back(std::move(op));
+  ++st->submitted;
+  if (s.schedule == Schedule::Eager) run_until(s, st, st->submitted);
+}
+
+// Every API call holds the lock; under the random schedule it may let the device run first.
+struct Api {
+  State& s;
+  std::lock_guard<std::recursive_mutex> lock;
+  Api() : s(state()), lock(s.mu) { maybe_run_some(s); }
+};
+
+double now_ms(State& s) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s.epoch).count();
+}
+
+void submit_kernel(cudaStream_t stream, std::function<void()> run, const std::vector<const void*>& pointers) {
+  Api a;
+  auto st = stream_of(a.s, stream);
+  if (!st) throw DeviceFault("kernel launch on an invalid stream");
+  for (size_t i = 0; i < pointers.size(); ++i) {
+    const void* p = pointers[i];
+    if (!p) continue;
+    const Memory m = classify_locked(a.s, p);
+    if (m == Memory::Pageable)
+      throw DeviceFault("kernel argument " + std::to_string(i) + " (" + where(p, 0) +
+                        ") points to pageable host memory, which a GPU cannot read");
+    if (m == Memory::Device && !find_allocation(a.s, p, 1) && !find_allocation(a.s, static_cast<const char*>(p) - 1, 1))
+      throw DeviceFault("kernel argument " + std::to_string(i) + " (" + where(p, 0) +
+                        ") points to device memory that is not allocated");
+  }
+  State* s = &a.s;
+  enqueue(a.s, st, [run = std::move(run), s] {
+    run();
+    ++s->kernels;
+  });
+}
+
+struct Installer {
+  Installer() { submit_launch = submit_kernel; }
+} installer;
+
+}  // namespace
+
+void set_schedule(Schedule sc, uint64_t seed) {
+  Api a;
+  run_all(a.s);
+  a.s.schedule = sc;
+  a.s.rng.seed(seed);
+}
+Schedule schedule() {
+  Api a;
+  return a.s.schedule;
+}
+size_t device_capacity() { return kCapacity; }
+size_t device_bytes_allocated() {
+  Api a;
+  return a.s.allocated;
+}
+uint64_t kernels_run() {
+  Api a;
+  return a.s.kernels;
+}
+uint64_t gemms_run() {
+  Api a;
+  return a.s.gemms;
+}
+Memory classify(const void* p) {
+  Api a;
+  return classify_locked(a.s, p);
+}
+
+// ---- device ----
+cudaError_t cudaGetDeviceCount(int* count) {
+  Api a;
+  if (!count) return fail(a.s, cudaErrorInvalidValue);
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  Api a;
+  return device == 0 ? cudaSuccess : fail(a.s, cudaErrorInvalidDevice);
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  Api a;
+  if (!prop) return fail(a.s, cudaErrorInvalidValue);
+  if (device != 0) return fail(a.s, cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  snprintf(prop->name, sizeof prop->name, "kvpr emulated device");
+  prop->totalGlobalMem = kCapacity;
+  prop->sharedMemPerBlock = 48 * 1024;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
+  Api a;
+  if (!bus_id || len < 13) return fail(a.s, cudaErrorInvalidValue);
+  if (device != 0) return fail(a.s, cudaErrorInvalidDevice);
+  snprintf(bus_id, static_cast<size_t>(len), "0000:00:00.0");
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError() {
+  Api a;
+  cudaError_t e = a.s.last_error;
+  a.s.last_error = cudaSuccess;
+  return e;
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
+    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
+    case cudaErrorNotSupported: return "operation not supported";
+    default: return "unknown error";
+  }
+}
+cudaError_t cudaDeviceSynchronize() {
+  Api a;
+  run_all(a.s);
+  return cudaSuccess;
+}
+
+// ---- memory ----
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  Api a;
+  State& s = a.s;
+  if (!p) return fail(s, cudaErrorInvalidValue);
+  *p = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  if (bytes > kCapacity) return fail(s, cudaErrorMemoryAllocation);
+  const size_t chunk = round_up(bytes, kAlign) + kRedZone;
+  auto it = s.free_.begin();
+  while (it != s.free_.end() && it->second < chunk) ++it;
+  if (it == s.free_.end() || s.allocated + chunk > kCapacity) return fail(s, cudaErrorMemoryAllocation);
+  const size_t off = it->first, left = it->second - chunk;
+  s.free_.erase(it);
+  if (left) s.free_[off + chunk] = left;
+  s.live[off] = Allocation{bytes, chunk};
+  s.allocated += chunk;
+  const size_t end = round_up(off + chunk, size_t{2} << 20);
+  if (end > s.extent) {
+    if (s.device_depth > 0) mprotect(s.arena + s.extent, end - s.extent, PROT_READ | PROT_WRITE);
+    s.extent = end;
+  }
+  char* q = s.arena + off;
+  unpoison(q, bytes);
+  {
+    DeviceWindow w(s);
+    std::memset(q, kGarbage, bytes);  // cudaMalloc does not clear: reading it unset gives NaNs
+  }
+  poison(q + bytes, chunk - bytes);
+  *p = q;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* p) {
+  Api a;
+  State& s = a.s;
+  if (!p) return cudaSuccess;
+  const char* c = static_cast<const char*>(p);
+  if (c < s.arena || c >= s.arena + kCapacity) return fail(s, cudaErrorInvalidValue);
+  const size_t off = static_cast<size_t>(c - s.arena);
+  auto it = s.live.find(off);
+  if (it == s.live.end()) return fail(s, cudaErrorInvalidValue);
+  run_all(s);  // cudaFree waits for the device
+  const size_t chunk = it->second.chunk;
+  s.live.erase(it);
+  s.allocated -= chunk;
+  poison(s.arena + off, chunk);
+  // Give large chunks' pages back (they read as garbage again once reallocated).
+  const size_t lo = round_up(off, 4096), hi = (off + chunk) / 4096 * 4096;
+  if (hi > lo + (size_t{1} << 20)) madvise(s.arena + lo, hi - lo, MADV_DONTNEED);
+  auto [ins, ok] = s.free_.emplace(off, chunk);
+  (void)ok;
+  auto next = std::next(ins);
+  if (next != s.free_.end() && ins->first + ins->second == next->first) {
+    ins->second += next->second;
+    s.free_.erase(next);
+  }
+  if (ins != s.free_.begin()) {
+    auto prev = std::prev(ins);
+    if (prev->first + prev->second == ins->first) {
+      prev->second += ins->second;
+      s.free_.erase(ins);
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  Api a;
+  if (!free_bytes || !total_bytes) return fail(a.s, cudaErrorInvalidValue);
+  *total_bytes = kCapacity;
+  *free_bytes = kCapacity - a.s.allocated;
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
+  Api a;
+  if (!p) return fail(a.s, cudaErrorInvalidValue);
+  *p = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  void* q = std::aligned_alloc(4096, round_up(bytes, 4096));
+  if (!q) return fail(a.s, cudaErrorMemoryAllocation);
+  std::memset(q, kGarbage, bytes);
+  a.s.pinned[reinterpret_cast<uintptr_t>(q)] = State::Pinned{bytes, true};
+  *p = q;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  Api a;
+  if (!p) return cudaSuccess;
+  auto it = a.s.pinned.find(reinterpret_cast<uintptr_t>(p));
+  if (it == a.s.pinned.end() || !it->second.owned) return fail(a.s, cudaErrorInvalidValue);
+  run_all(a.s);  // as cudaFreeHost, waits for the device
+  a.s.pinned.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned) {
+  Api a;
+  if (!p || bytes == 0 || classify_locked(a.s, p) == Memory::Device) return fail(a.s, cudaErrorInvalidValue);
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  auto it = a.s.pinned.lower_bound(lo);
+  if (it != a.s.pinned.end() && it->first < lo + bytes) return fail(a.s, cudaErrorHostMemoryAlreadyRegistered);
+  if (it != a.s.pinned.begin() && std::prev(it)->first + std::prev(it)->second.bytes > lo)
+    return fail(a.s, cudaErrorHostMemoryAlreadyRegistered);
+  a.s.pinned[lo] = State::Pinned{bytes, false};
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void* p) {
+  Api a;
+  auto it = a.s.pinned.find(reinterpret_cast<uintptr_t>(p));
+  if (it == a.s.pinned.end() || it->second.owned) return fail(a.s, cudaErrorHostMemoryNotRegistered);
+  run_all(a.s);
+  a.s.pinned.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  Api a;
+  State& s = a.s;
+  auto st = stream_of(s, stream);
+  if (!st) return fail(s, cudaErrorInvalidResourceHandle);
+  if (bytes == 0) return cudaSuccess;
+  if (!dst || !src) return fail(s, cudaErrorInvalidValue);
+  const bool dd = classify_locked(s, dst) == Memory::Device, sd = classify_locked(s, src) == Memory::Device;
+  const bool kind_ok = kind == cudaMemcpyDefault || (kind == cudaMemcpyHostToDevice && dd && !sd) ||
+                       (kind == cudaMemcpyDeviceToHost && !dd && sd) || (kind == cudaMemcpyDeviceToDevice && dd && sd) ||
+                       (kind == cudaMemcpyHostToHost && !dd && !sd);
+  if (!kind_ok) return fail(s, cudaErrorInvalidValue);
+  check_range(s, dst, bytes, "cudaMemcpyAsync destination");
+  check_range(s, src, bytes, "cudaMemcpyAsync source");
+  if (classify_locked(s, src) == Memory::Pageable) {
+    // From pageable memory the data is taken at the call (staged), as CUDA does.
+    auto copy = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+    enqueue(s, st, [dst, copy] { std::memcpy(dst, copy->data(), copy->size()); });
+  } else {
+    enqueue(s, st, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  }
+  // Into pageable memory the call returns once the copy is done.
+  if (classify_locked(s, dst) == Memory::Pageable) run_until(s, st, st->submitted);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  Api a;
+  cudaError_t e = kvpr_emu::cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  if (e == cudaSuccess) run_all(a.s);
+  return e;
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+  Api a;
+  auto st = stream_of(a.s, stream);
+  if (!st) return fail(a.s, cudaErrorInvalidResourceHandle);
+  if (bytes == 0) return cudaSuccess;
+  if (classify_locked(a.s, p) != Memory::Device) return fail(a.s, cudaErrorInvalidValue);
+  check_range(a.s, p, bytes, "cudaMemsetAsync");
+  enqueue(a.s, st, [p, value, bytes] { std::memset(p, value, bytes); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  Api a;
+  cudaError_t e = kvpr_emu::cudaMemsetAsync(p, value, bytes, nullptr);
+  if (e == cudaSuccess) run_until(a.s, a.s.legacy, a.s.legacy->submitted);
+  return e;
+}
+
+// ---- streams and events ----
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned flags) {
+  Api a;
+  if (!out) return fail(a.s, cudaErrorInvalidValue);
+  // A blocking stream would synchronise implicitly with the legacy stream: not modelled.
+  if (!(flags & cudaStreamNonBlocking)) return fail(a.s, cudaErrorNotSupported);
+  auto st = std::make_shared<CUstream_st>();
+  *out = st.get();
+  a.s.streams[st.get()] = st;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  Api a;
+  auto it = a.s.streams.find(stream);
+  if (it == a.s.streams.end()) return fail(a.s, cudaErrorInvalidResourceHandle);
+  auto st = it->second;
+  run_until(a.s, st, st->submitted);  // queued work still runs
+  a.s.streams.erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  Api a;
+  auto st = stream_of(a.s, stream);
+  if (!st) return fail(a.s, cudaErrorInvalidResourceHandle);
+  run_until(a.s, st, st->submitted);
+  return cudaSuccess;
+}
+
+namespace {
+std::shared_ptr<CUevent_st> event_of(State& s, cudaEvent_t e) {
+  auto it = s.events.find(e);
+  return it == s.events.end() ? nullptr : it->second;
+}
+}  // namespace
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned flags) {
+  Api a;
+  if (!out) return fail(a.s, cudaErrorInvalidValue);
+  auto e = std::make_shared<CUevent_st>();
+  e->timing = !(flags & cudaEventDisableTiming);
+  *out = e.get();
+  a.s.events[e.get()] = e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* out) { return kvpr_emu::cudaEventCreateWithFlags(out, cudaEventDefault); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  Api a;
+  // Queued records and waits hold the event; the handle is gone now.
+  return a.s.events.erase(e) ? cudaSuccess : fail(a.s, cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
+  Api a;
+  auto e = event_of(a.s, ev);
+  auto st = stream_of(a.s, stream);
+  if (!e || !st) return fail(a.s, cudaErrorInvalidResourceHandle);
+  const uint64_t gen = ++e->generation;
+  e->recorded = true;
+  e->stream = st;
+  State* s = &a.s;
+  enqueue(a.s, st, [e, gen, s] {
+    if (e->generation == gen) e->time_ms = now_ms(*s);
+  });
+  e->seq = st->submitted;
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  Api a;
+  auto e = event_of(a.s, ev);
+  if (!e) return fail(a.s, cudaErrorInvalidResourceHandle);
+  if (e->recorded) run_until(a.s, e->stream, e->seq);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t ev) {
+  Api a;
+  auto e = event_of(a.s, ev);
+  if (!e) return fail(a.s, cudaErrorInvalidResourceHandle);
+  return !e->recorded || e->stream->done >= e->seq ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned) {
+  Api a;
+  auto e = event_of(a.s, ev);
+  auto st = stream_of(a.s, stream);
+  if (!e || !st) return fail(a.s, cudaErrorInvalidResourceHandle);
+  if (!e->recorded) return cudaSuccess;  // waiting on a never-recorded event waits for nothing
+  State* s = &a.s;
+  // The wait is for the record made before this call, even if the event is recorded again.
+  enqueue(a.s, st, [s, other = e->stream, seq = e->seq] { run_until(*s, other, seq); });
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  Api a;
+  auto e0 = event_of(a.s, start), e1 = event_of(a.s, end);
+  if (!ms || !e0 || !e1) return fail(a.s, cudaErrorInvalidResourceHandle);
+  if (!e0->timing || !e1->timing || !e0->recorded || !e1->recorded)
+    return fail(a.s, cudaErrorInvalidResourceHandle);
+  if (e0->stream->done < e0->seq || e1->stream->done < e1->seq) return fail(a.s, cudaErrorNotReady);
+  *ms = static_cast<float>(e1->time_ms - e0->time_ms);
+  return cudaSuccess;
+}
+
+// ---- cuBLAS ----
+cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
+  Api a;
+  if (!h) return CUBLAS_STATUS_INVALID_VALUE;
+  auto c = std::make_unique<cublasContext>();
+  *h = c.get();
+  a.s.handles[c.get()] = std::move(c);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
+  Api a;
+  return a.s.handles.erase(h) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t stream) {
+  Api a;
+  if (!a.s.handles.count(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (!stream_of(a.s, stream)) return CUBLAS_STATUS_INVALID_VALUE;
+  h->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t) {
+  Api a;
+  return a.s.handles.count(h) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+const char* cublasGetStatusName(cublasStatus_t st) {
+  switch (st) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    default: return "CUBLAS_STATUS_UNKNOWN";
+  }
+}
+
+namespace {
+
+size_t type_size(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_32F: return 4;
+    case CUDA_R_16F:
+    case CUDA_R_16BF: return 2;
+    default: return 0;
+  }
+}
+float load(const void* p, cudaDataType_t t, size_t i) {
+  switch (t) {
+    case CUDA_R_32F: return static_cast<const float*>(p)[i];
+    case CUDA_R_16F: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+}
+void store(void* p, cudaDataType_t t, size_t i, float v) {
+  switch (t) {
+    case CUDA_R_32F: static_cast<float*>(p)[i] = v; break;
+    case CUDA_R_16F: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    default: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+  }
+}
+
+// Bytes from a matrix's first element to one past its last, over the batch.
+size_t extent_bytes(int rows, int cols, int ld, long long stride, int batch, size_t es) {
+  if (rows == 0 || cols == 0 || batch == 0) return 0;
+  const long long last = static_cast<long long>(batch - 1) * std::max(stride, 0LL) +
+                         static_cast<long long>(cols - 1) * ld + (rows - 1);
+  return static_cast<size_t>(last + 1) * es;
+}
+
+bool overlap(const void* a, size_t na, const void* b, size_t nb) {
+  const char *x = static_cast<const char*>(a), *y = static_cast<const char*>(b);
+  return na && nb && x < y + nb && y < x + na;
+}
+
+}  // namespace
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                          int n, int k, const void* alpha, const void* A, cudaDataType_t a_type,
+                                          int lda, long long stride_a, const void* B, cudaDataType_t b_type, int ldb,
+                                          long long stride_b, const void* beta, void* C, cudaDataType_t c_type,
+                                          int ldc, long long stride_c, int batch, cublasComputeType_t compute,
+                                          cublasGemmAlgo_t) {
+  Api a;
+  State& s = a.s;
+  if (!s.handles.count(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  auto is_op = [](cublasOperation_t o) { return o == CUBLAS_OP_N || o == CUBLAS_OP_T; };
+  const bool ta = transa == CUBLAS_OP_T, tb = transb == CUBLAS_OP_T;
+  // cuBLAS's argument rules (cublasGemmEx, cublas<t>gemmStridedBatched).
+  if (!is_op(transa) || !is_op(transb) || m < 0 || n < 0 || k < 0 || batch < 0 || !alpha || !beta ||
+      lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  // The combinations used for fp32 accumulation (cublasGemmEx's table, CUBLAS_COMPUTE_32F).
+  const bool types_ok = a_type == b_type && type_size(a_type) && (c_type == CUDA_R_32F || c_type == a_type) &&
+                        (compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC);
+  if (!types_ok) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  const size_t ea = type_size(a_type), ec = type_size(c_type);
+  const size_t na = k ? extent_bytes(ta ? k : m, ta ? m : k, lda, stride_a, batch, ea) : 0;
+  const size_t nb = k ? extent_bytes(tb ? n : k, tb ? k : n, ldb, stride_b, batch, ea) : 0;
+  const size_t nc = extent_bytes(m, n, ldc, stride_c, batch, ec);
+  for (auto [p, bytes, what] : {std::tuple{A, na, "A"}, {B, nb, "B"}, {static_cast<const void*>(C), nc, "C"}}) {
+    if (bytes && classify_locked(s, p) != Memory::Device)
+      throw DeviceFault(std::string("cuBLAS GEMM: matrix ") + what + " " + where(p, bytes) + " is not device memory");
+    check_range(s, p, bytes, (std::string("cuBLAS GEMM: matrix ") + what).c_str());
+  }
+  if (overlap(C, nc, A, na) || overlap(C, nc, B, nb)) throw DeviceFault("cuBLAS GEMM: C overlaps A or B");
+  if (batch > 1 && stride_c < static_cast<long long>(ldc) * n) throw DeviceFault("cuBLAS GEMM: batches of C overlap");
+  auto st = stream_of(s, h->stream);
+  State* sp = &s;
+  enqueue(s, st, [=] {
+    // op(A) as rows i (contiguous in l) and op(B) as columns j, in fp32; fp32 accumulation.
+    std::vector<float> ar(static_cast<size_t>(m) * k), bc(static_cast<size_t>(n) * k);
+    for (int b = 0; b < batch; ++b) {
+      const void* Ab = static_cast<const char*>(A) + static_cast<long long>(b) * stride_a * static_cast<long long>(ea);
+      const void* Bb = static_cast<const char*>(B) + static_cast<long long>(b) * stride_b * static_cast<long long>(ea);
+      void* Cb = static_cast<char*>(C) + static_cast<long long>(b) * stride_c * static_cast<long long>(ec);
+      for (int i = 0; i < m; ++i)
+        for (int l = 0; l < k; ++l)
+          ar[static_cast<size_t>(i) * k + l] =
+              load(Ab, a_type, ta ? static_cast<size_t>(l) + static_cast<size_t>(i) * lda
+                                  : static_cast<size_t>(i) + static_cast<size_t>(l) * lda);
+      for (int j = 0; j < n; ++j)
+        for (int l = 0; l < k; ++l)
+          bc[static_cast<size_t>(j) * k + l] =
+              load(Bb, b_type, tb ? static_cast<size_t>(j) + static_cast<size_t>(l) * ldb
+                                  : static_cast<size_t>(l) + static_cast<size_t>(j) * ldb);
+      for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+          const float* x = &ar[static_cast<size_t>(i) * k];
+          const float* y = &bc[static_cast<size_t>(j) * k];
+          float acc[8] = {};
+          int l = 0;
+          for (; l + 8 <= k; l += 8)
+            for (int u = 0; u < 8; ++u) acc[u] += x[l + u] * y[l + u];
+          for (; l < k; ++l) acc[0] += x[l] * y[l];
+          const float dot = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+          const size_t ci = static_cast<size_t>(i) + static_cast<size_t>(j) * ldc;
+          // beta == 0: C is not read (it may hold NaNs), as cuBLAS documents.
+          store(Cb, c_type, ci, be == 0.f ? al * dot : al * dot + be * load(Cb, c_type, ci));
+        }
+    }
+    ++sp->gemms;
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+                            const void* alpha, const void* A, cudaDataType_t a_type, int lda, const void* B,
+                            cudaDataType_t b_type, int ldb, const void* beta, void* C, cudaDataType_t c_type, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+  return kvpr_emu::cublasGemmStridedBatchedEx(h, transa, transb, m, n, k, alpha, A, a_type, lda, 0, B, b_type, ldb, 0,
+                                              beta, C, c_type, ldc, 0, 1, compute, algo);
+}
+
+}  // namespace kvpr_emu

@@ -1,0 +1,155 @@
+// An emulated CUDA device for CI (which has the CUDA headers but no GPU): the part of the CUDA
+// runtime and cuBLAS that engine/cuda/cuda_backend.cu calls, so that the unchanged backend,
+// with its kernels run by the SIMT emulator (simt_emu.h), is tested end to end on the CPU:
+// tests/test_cuda.cc (the GPU test suite) runs against it in CI on every change.
+//
+// What it models, so that the bugs a first run on a real GPU would show are found here:
+// - Device memory is an arena the host cannot touch: it is PROT_NONE except while the
+//   emulated device runs work, so host code dereferencing a device pointer faults. Every
+//   allocation is 256-byte aligned and followed by a poisoned red zone, freed memory is
+//   poisoned (under AddressSanitizer), so kernels reading past a buffer or after a free fail.
+// - Streams are queues the device runs lazily: work runs only when the host waits for it
+//   (stream/event/device synchronize, a copy to pageable memory, cudaFree) or when another
+//   stream's work waits on an event of it. A host read of results without the right wait, or
+//   a stream that reads another stream's output without an event, sees stale data. A random
+//   schedule (run_random) additionally runs queued work at random points, as a GPU may.
+// - Copies follow CUDA's rules for pageable memory (an async copy from pageable memory takes
+//   the data at the call; to pageable memory returns once it is done) and must lie inside one
+//   allocation; kernels may be handed device or pinned pointers only; cuBLAS checks its
+//   arguments as cuBLAS documents them and each matrix's extent against its allocation, and
+//   computes with fp32 accumulation (column-major, as cuBLAS).
+// - Events record when the device reached them; elapsed time needs timing-enabled, completed
+//   events, as CUDA requires.
+// Not modelled: performance, the legacy stream's implicit synchronisation with blocking
+// streams (the backend creates non-blocking streams only), multiple devices, graphs.
+//
+// Include after the CUDA headers (simt_emu.h includes them): the macros at the end send the
+// backend's CUDA calls here.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace kvpr_emu {
+
+// A fault the real device would report asynchronously (an illegal address): thrown at once.
+struct DeviceFault : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// How queued work is run. Lazy: only when something waits for it. Eager: at once (a device
+// that is never behind). Random: lazy, plus queued work run at random API calls.
+enum class Schedule { Lazy, Eager, Random };
+void set_schedule(Schedule s, uint64_t seed = 0);
+Schedule schedule();
+
+// Emulated device memory capacity (cudaMemGetInfo's total; cudaMalloc fails beyond it).
+size_t device_capacity();
+// Bytes of device memory allocated now, and the number of kernels and GEMMs run so far.
+size_t device_bytes_allocated();
+uint64_t kernels_run();
+uint64_t gemms_run();
+// Where a pointer points: device memory, pinned (page-locked, registered) host memory, or
+// other (pageable) host memory.
+enum class Memory { Device, Pinned, Pageable };
+Memory classify(const void* p);
+
+// ---- the runtime API (names as CUDA's; the macros below send the backend's calls here) ----
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device);
+cudaError_t cudaGetLastError();
+const char* cudaGetErrorName(cudaError_t e);
+const char* cudaGetErrorString(cudaError_t e);
+cudaError_t cudaMalloc(void** p, size_t bytes);
+cudaError_t cudaFree(void* p);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags);
+cudaError_t cudaFreeHost(void* p);
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned flags);
+cudaError_t cudaHostUnregister(void* p);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s);
+cudaError_t cudaMemset(void* p, int value, size_t bytes);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* h);
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h);
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode);
+const char* cublasGetStatusName(cublasStatus_t s);
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+                            const void* alpha, const void* A, cudaDataType_t a_type, int lda, const void* B,
+                            cudaDataType_t b_type, int ldb, const void* beta, void* C, cudaDataType_t c_type, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                          int n, int k, const void* alpha, const void* A, cudaDataType_t a_type,
+                                          int lda, long long stride_a, const void* B, cudaDataType_t b_type, int ldb,
+                                          long long stride_b, const void* beta, void* C, cudaDataType_t c_type,
+                                          int ldc, long long stride_c, int batch, cublasComputeType_t compute,
+                                          cublasGemmAlgo_t algo);
+
+}  // namespace kvpr_emu
+
+#if !defined(KVPR_EMU_RUNTIME_IMPL)
+#define KVPR_EMU_REDIRECT(name) ::kvpr_emu::name
+#undef cudaGetDeviceProperties
+#undef cublasCreate_v2
+#undef cublasDestroy_v2
+#undef cublasSetStream_v2
+#define cudaGetDeviceCount KVPR_EMU_REDIRECT(cudaGetDeviceCount)
+#define cudaSetDevice KVPR_EMU_REDIRECT(cudaSetDevice)
+#define cudaGetDeviceProperties KVPR_EMU_REDIRECT(cudaGetDeviceProperties)
+#define cudaDeviceGetPCIBusId KVPR_EMU_REDIRECT(cudaDeviceGetPCIBusId)
+#define cudaGetLastError KVPR_EMU_REDIRECT(cudaGetLastError)
+#define cudaGetErrorName KVPR_EMU_REDIRECT(cudaGetErrorName)
+#define cudaGetErrorString KVPR_EMU_REDIRECT(cudaGetErrorString)
+#define cudaMalloc KVPR_EMU_REDIRECT(cudaMalloc)
+#define cudaFree KVPR_EMU_REDIRECT(cudaFree)
+#define cudaMemGetInfo KVPR_EMU_REDIRECT(cudaMemGetInfo)
+#define cudaHostAlloc KVPR_EMU_REDIRECT(cudaHostAlloc)
+#define cudaFreeHost KVPR_EMU_REDIRECT(cudaFreeHost)
+#define cudaHostRegister KVPR_EMU_REDIRECT(cudaHostRegister)
+#define cudaHostUnregister KVPR_EMU_REDIRECT(cudaHostUnregister)
+#define cudaMemcpyAsync KVPR_EMU_REDIRECT(cudaMemcpyAsync)
+#define cudaMemcpy KVPR_EMU_REDIRECT(cudaMemcpy)
+#define cudaMemsetAsync KVPR_EMU_REDIRECT(cudaMemsetAsync)
+#define cudaMemset KVPR_EMU_REDIRECT(cudaMemset)
+#define cudaStreamCreateWithFlags KVPR_EMU_REDIRECT(cudaStreamCreateWithFlags)
+#define cudaStreamDestroy KVPR_EMU_REDIRECT(cudaStreamDestroy)
+#define cudaStreamSynchronize KVPR_EMU_REDIRECT(cudaStreamSynchronize)
+#define cudaStreamWaitEvent KVPR_EMU_REDIRECT(cudaStreamWaitEvent)
+#define cudaDeviceSynchronize KVPR_EMU_REDIRECT(cudaDeviceSynchronize)
+#define cudaEventCreate KVPR_EMU_REDIRECT(cudaEventCreate)
+#define cudaEventCreateWithFlags KVPR_EMU_REDIRECT(cudaEventCreateWithFlags)
+#define cudaEventDestroy KVPR_EMU_REDIRECT(cudaEventDestroy)
+#define cudaEventRecord KVPR_EMU_REDIRECT(cudaEventRecord)
+#define cudaEventSynchronize KVPR_EMU_REDIRECT(cudaEventSynchronize)
+#define cudaEventQuery KVPR_EMU_REDIRECT(cudaEventQuery)
+#define cudaEventElapsedTime KVPR_EMU_REDIRECT(cudaEventElapsedTime)
+#define cublasCreate_v2 KVPR_EMU_REDIRECT(cublasCreate_v2)
+#define cublasDestroy_v2 KVPR_EMU_REDIRECT(cublasDestroy_v2)
+#define cublasSetStream_v2 KVPR_EMU_REDIRECT(cublasSetStream_v2)
+#define cublasSetMathMode KVPR_EMU_REDIRECT(cublasSetMathMode)
+#define cublasGetStatusName KVPR_EMU_REDIRECT(cublasGetStatusName)
+#define cublasGemmEx KVPR_EMU_REDIRECT(cublasGemmEx)
+#define cublasGemmStridedBatchedEx KVPR_EMU_REDIRECT(cublasGemmStridedBatchedEx)
+#endif

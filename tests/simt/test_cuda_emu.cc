@@ -1,0 +1,264 @@
+// The emulated device itself (cuda_runtime_emu.h): it has to catch the bugs it exists for
+// (host access to device memory, missing waits between streams or before the host reads,
+// bad cuBLAS arguments, pageable or freed pointers handed to kernels), compute what cuBLAS
+// computes, and under a random schedule still give the CPU's greedy tokens in every KV mode.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "tests/simt/simt_emu.h"
+// clang-format off
+#include "tests/simt/cuda_runtime_emu.h"
+// clang-format on
+#include "engine/cpu/cpu_backend.h"
+#include "engine/cuda/kernels.h"
+#include "engine/generator.h"
+#include "tests/simt/cuda_backend_emu.h"
+#include "tests/kv_mode_check.h"
+#include "tests/test_util.h"
+
+using kvpr_emu::DeviceFault;
+
+namespace {
+
+template <typename T>
+T* device_alloc(size_t n) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
+  return static_cast<T*>(p);
+}
+template <typename T>
+T* pinned_alloc(size_t n) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaHostAlloc(&p, n * sizeof(T), cudaHostAllocPortable), cudaSuccess);
+  return static_cast<T*>(p);
+}
+cudaStream_t new_stream() {
+  cudaStream_t s = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  return s;
+}
+
+// Each test runs on the lazy schedule (what it checks depends on it), whatever
+// KVPR_EMU_SCHEDULE chose for the suite, and gives the suite's schedule back after.
+class EmulatedDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    suite_schedule_ = kvpr_emu::schedule();
+    kvpr_emu::set_schedule(kvpr_emu::Schedule::Lazy);
+  }
+  void TearDown() override { kvpr_emu::set_schedule(suite_schedule_, 1); }
+
+ private:
+  kvpr_emu::Schedule suite_schedule_ = kvpr_emu::Schedule::Lazy;
+};
+using EmulatedDeviceDeathTest = EmulatedDevice;
+
+}  // namespace
+
+TEST_F(EmulatedDevice, MemoryKindsAndAllocationRules) {
+  float* d = device_alloc<float>(100);
+  float* h = pinned_alloc<float>(100);
+  std::vector<float> pageable(100);
+  EXPECT_EQ(kvpr_emu::classify(d), kvpr_emu::Memory::Device);
+  EXPECT_EQ(kvpr_emu::classify(d + 99), kvpr_emu::Memory::Device);
+  EXPECT_EQ(kvpr_emu::classify(h), kvpr_emu::Memory::Pinned);
+  EXPECT_EQ(kvpr_emu::classify(pageable.data()), kvpr_emu::Memory::Pageable);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(d) % 256, 0u);
+  void* huge = nullptr;
+  EXPECT_EQ(cudaMalloc(&huge, size_t{1} << 42), cudaErrorMemoryAllocation);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once, then cleared
+  EXPECT_EQ(cudaFree(d + 1), cudaErrorInvalidValue);  // not the start of an allocation
+  EXPECT_EQ(cudaHostRegister(h, 64, 0), cudaErrorHostMemoryAlreadyRegistered);
+  EXPECT_EQ(cudaHostUnregister(pageable.data()), cudaErrorHostMemoryNotRegistered);
+  EXPECT_EQ(cudaHostRegister(pageable.data(), pageable.size() * sizeof(float), cudaHostRegisterPortable), cudaSuccess);
+  EXPECT_EQ(kvpr_emu::classify(pageable.data() + 50), kvpr_emu::Memory::Pinned);
+  EXPECT_EQ(cudaHostUnregister(pageable.data()), cudaSuccess);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(h), cudaSuccess);
+}
+
+TEST_F(EmulatedDeviceDeathTest, HostCodeTouchingDeviceMemoryFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  float* d = device_alloc<float>(16);
+  // Our SIGSEGV note, or AddressSanitizer's report of the fault.
+  EXPECT_DEATH({ *reinterpret_cast<volatile float*>(d) = 1.f; }, "touched device memory|SEGV");
+  EXPECT_EQ(cudaMemsetAsync(d, 0, 16 * sizeof(float), nullptr), cudaSuccess);  // through the device: fine
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(d);
+}
+
+TEST_F(EmulatedDevice, StreamsRunLazilySoMissingWaitsShow) {
+  const size_t n = 64;
+  float* src = pinned_alloc<float>(n);
+  float* out = pinned_alloc<float>(n);
+  float* d = device_alloc<float>(n);
+  cudaStream_t copy = new_stream(), compute = new_stream();
+  for (size_t i = 0; i < n; ++i) src[i] = static_cast<float>(i);
+
+  // The compute stream reads what the copy stream writes, without an event: stale.
+  ASSERT_EQ(cudaMemcpyAsync(d, src, n * sizeof(float), cudaMemcpyHostToDevice, copy), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(out, d, n * sizeof(float), cudaMemcpyDeviceToHost, compute), cudaSuccess);
+  EXPECT_TRUE(std::isnan(out[3])) << "nothing ran before the host waited";
+  ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+  EXPECT_TRUE(std::isnan(out[3])) << "the copy stream's write was not waited for";
+
+  // With the event, the same work is ordered.
+  cudaEvent_t ev = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ev, copy), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(compute, ev, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(out, d, n * sizeof(float), cudaMemcpyDeviceToHost, compute), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+  EXPECT_EQ(out[3], 3.f);
+
+  // A wait holds the record made before it, even when the event is recorded again.
+  for (size_t i = 0; i < n; ++i) src[i] = 100.f;
+  ASSERT_EQ(cudaEventRecord(ev, compute), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(copy, ev, 0), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ev, copy), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(ev), cudaErrorNotReady);
+  ASSERT_EQ(cudaEventSynchronize(ev), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(ev), cudaSuccess);
+
+  // A pageable source is taken at the call; a pageable destination is written before it returns.
+  std::vector<float> page(n, 7.f), back(n, 0.f);
+  ASSERT_EQ(cudaMemcpyAsync(d, page.data(), n * sizeof(float), cudaMemcpyDefault, copy), cudaSuccess);
+  page.assign(n, -1.f);
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), d, n * sizeof(float), cudaMemcpyDefault, copy), cudaSuccess);
+  EXPECT_EQ(back[5], 7.f);
+
+  // A copy must lie inside one allocation and match its declared direction.
+  EXPECT_THROW(cudaMemcpyAsync(d + 1, src, n * sizeof(float), cudaMemcpyHostToDevice, copy), DeviceFault);
+  EXPECT_EQ(cudaMemcpyAsync(src, out, 4, cudaMemcpyHostToDevice, copy), cudaErrorInvalidValue);
+  cudaEventDestroy(ev);
+  cudaStreamDestroy(copy);
+  cudaStreamDestroy(compute);
+  cudaFree(d);
+  cudaFreeHost(src);
+  cudaFreeHost(out);
+}
+
+TEST_F(EmulatedDevice, EventTimingFollowsCudaRules) {
+  cudaStream_t s = new_stream();
+  cudaEvent_t a = nullptr, b = nullptr, untimed = nullptr;
+  ASSERT_EQ(cudaEventCreate(&a), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&b), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming), cudaSuccess);
+  float ms = -1.f;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaErrorInvalidResourceHandle);  // never recorded
+  ASSERT_EQ(cudaEventRecord(a, s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(b, s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(untimed, s), cudaSuccess);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaErrorNotReady);  // not reached yet
+  ASSERT_EQ(cudaEventSynchronize(b), cudaSuccess);
+  ASSERT_EQ(cudaEventElapsedTime(&ms, a, b), cudaSuccess);
+  EXPECT_GE(ms, 0.f);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a, untimed), cudaErrorInvalidResourceHandle);
+  cudaEventDestroy(a);
+  EXPECT_EQ(cudaEventRecord(a, s), cudaErrorInvalidResourceHandle);  // destroyed handle
+  cudaEventDestroy(b);
+  cudaEventDestroy(untimed);
+  cudaStreamDestroy(s);
+}
+
+TEST_F(EmulatedDevice, KernelsGetDeviceOrPinnedPointersOnly) {
+  const int64_t n = 300;
+  float* d = device_alloc<float>(n);
+  float* h = pinned_alloc<float>(n);
+  std::vector<float> pageable(n, 1.f);
+  cudaStream_t s = new_stream();
+  ASSERT_EQ(cudaMemsetAsync(d, 0, n * sizeof(float), s), cudaSuccess);
+  for (int64_t i = 0; i < n; ++i) h[i] = 2.f;
+  kvpr::cuda::add(d, d, h, n, s);  // pinned memory is mapped for the device: allowed
+  EXPECT_THROW(kvpr::cuda::add(d, d, pageable.data(), n, s), DeviceFault);
+  ASSERT_EQ(cudaMemcpyAsync(h, d, n * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  const uint64_t before = kvpr_emu::kernels_run();
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(kvpr_emu::kernels_run(), before + 1);
+  EXPECT_EQ(h[n - 1], 2.f);
+  float* gone = device_alloc<float>(n);
+  cudaFree(gone);
+  EXPECT_THROW(kvpr::cuda::add(d, d, gone, n, s), DeviceFault);  // freed memory
+  cudaStreamDestroy(s);
+  cudaFree(d);
+  cudaFreeHost(h);
+}
+
+TEST_F(EmulatedDevice, CublasGemmComputesAndChecksLikeCublas) {
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  cudaStream_t s = new_stream();
+  ASSERT_EQ(cublasSetStream(h, s), CUBLAS_STATUS_SUCCESS);
+  // Column-major C (2x2, ldc 3) = Aᵀ · B, A stored 3x2 (lda 3), B 3x2 (ldb 4): hand-checked.
+  const float A[6] = {1, 2, 3, 4, 5, 6};              // A = [[1,4],[2,5],[3,6]]
+  const float B[8] = {1, 0, -1, 9, 2, 1, 0, 9};       // B = [[1,2],[0,1],[-1,0]] (+ ld padding)
+  float* dA = device_alloc<float>(6);
+  float* dB = device_alloc<float>(8);
+  float* dC = device_alloc<float>(6);
+  ASSERT_EQ(cudaMemcpyAsync(dA, A, sizeof A, cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(dB, B, sizeof B, cudaMemcpyHostToDevice, s), cudaSuccess);
+  const float one = 1.f, zero = 0.f;
+  // beta = 0: C's old contents (NaNs from a fresh allocation) are not read.
+  ASSERT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 3, &one, dA, CUDA_R_32F, 3, dB, CUDA_R_32F, 4, &zero, dC,
+                         CUDA_R_32F, 3, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  float C[6] = {};
+  ASSERT_EQ(cudaMemcpyAsync(C, dC, sizeof C, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  // Aᵀ = [[1,2,3],[4,5,6]]; Aᵀ·B = [[1-3, 2+2], [4-6, 8+5]] = [[-2,4],[-2,13]].
+  EXPECT_EQ(C[0], -2.f);
+  EXPECT_EQ(C[1], -2.f);
+  EXPECT_EQ(C[3], 4.f);
+  EXPECT_EQ(C[4], 13.f);
+  EXPECT_TRUE(std::isnan(C[2])) << "the ldc padding row is not written";
+  // cuBLAS's argument rules: lda >= k for a transposed A, ldc >= m.
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 3, &one, dA, CUDA_R_32F, 2, dB, CUDA_R_32F, 4, &zero, dC,
+                         CUDA_R_32F, 3, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 3, &one, dA, CUDA_R_32F, 3, dB, CUDA_R_16F, 4, &zero, dC,
+                         CUDA_R_32F, 3, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  // A matrix reaching past its allocation, or in host memory, is an illegal address.
+  EXPECT_THROW(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2, 3, 3, &one, dA, CUDA_R_32F, 3, dB, CUDA_R_32F, 4, &zero,
+                            dC, CUDA_R_32F, 3, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               DeviceFault);
+  EXPECT_THROW(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 3, &one, A, CUDA_R_32F, 3, dB, CUDA_R_32F, 4, &zero, dC,
+                            CUDA_R_32F, 3, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               DeviceFault);
+  // Strided batches: stride 0 shares B; batches of C must not overlap.
+  float* dC2 = device_alloc<float>(12);
+  ASSERT_EQ(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 3, &one, dA, CUDA_R_32F, 3, 0, dB,
+                                       CUDA_R_32F, 4, 0, &zero, dC2, CUDA_R_32F, 2, 4, 3, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  float C2[12] = {};
+  ASSERT_EQ(cudaMemcpyAsync(C2, dC2, sizeof C2, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(C2[4 * b + 3], 13.f) << "batch " << b;
+  EXPECT_THROW(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 3, &one, dA, CUDA_R_32F, 3, 0, dB,
+                                          CUDA_R_32F, 4, 0, &zero, dC2, CUDA_R_32F, 2, 2, 3, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT),
+               DeviceFault);
+  EXPECT_EQ(kvpr_emu::gemms_run() > 0, true);
+  cublasDestroy(h);
+  cudaStreamDestroy(s);
+  for (float* p : {dA, dB, dC, dC2}) cudaFree(p);
+}
+
+// The model's whole step on the emulated device under random schedules (queued work runs at
+// random API calls, as on a device partly caught up): every KV mode still gives the CPU's
+// greedy tokens, so no result depends on a stream happening to be late or early.
+TEST_F(EmulatedDevice, EveryKvModeUnderRandomSchedules) {
+  using namespace kvpr;
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  for (uint64_t seed : {1, 2}) {
+    kvpr_emu::set_schedule(kvpr_emu::Schedule::Random, seed);
+    auto gpu = emulated_create_backend("cuda");
+    test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path("opt/post_ln_proj_sharded"), tok,
+                                                {{5, 17, 33, 2, 80, 41, 9}, {60, 61}}, 6, 3,
+                                                "seed " + std::to_string(seed));
+  }
+}
