@@ -453,12 +453,21 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, const KvRuntimeOp
     }
   };
   pick();
+  // A decode step as the generator runs it for greedy requests: logits stay on the device,
+  // argmax and log-sum-exp there, 12 bytes per sequence come back (pinned) and the host waits
+  // for the compute stream only.
+  Tensor ids_dev = be.alloc(DType::I32, {batch}), stats_dev = be.alloc(DType::F32, {batch, 2});
+  Tensor ids_host = be.alloc_pinned(DType::I32, {batch}), stats_host = be.alloc_pinned(DType::F32, {batch, 2});
   auto step = [&] {
     std::vector<ForwardChunk> chunks;
     for (int b = 0; b < batch; ++b)
       chunks.push_back({&seqs[b].back(), 1, static_cast<int64_t>(seqs[b].size()) - 1, b});
-    model.forward(chunks, *kv, logits);
-    pick();
+    Tensor dev_logits = model.forward_device(chunks, *kv);
+    be.argmax_lse(ids_dev, stats_dev, dev_logits, 50257);
+    be.copy(ids_host, ids_dev, Stream::Compute);
+    be.copy(stats_host, stats_dev, Stream::Compute);
+    be.synchronize(be.record(Stream::Compute));
+    for (int b = 0; b < batch; ++b) seqs[b].push_back(ids_host.data_as<int32_t>()[b]);
   };
   json::Array steps;
   std::vector<double> ms;

@@ -231,17 +231,21 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     const int64_t cap = std::max<int64_t>(rows, 64);
     dev_ids_ = be.alloc(DType::I32, {cap});
     dev_stats_ = be.alloc(DType::F32, {cap, 2});
-    host_ids_ = Tensor::host(DType::I32, {cap});
-    host_stats_ = Tensor::host(DType::F32, {cap, 2});
+    // Pinned: the copies below stay asynchronous (into pageable memory each would make the
+    // host wait), so the step costs the host one wait, for the compute stream only.
+    host_ids_ = be.alloc_pinned(DType::I32, {cap});
+    host_stats_ = be.alloc_pinned(DType::F32, {cap, 2});
   }
   be.argmax_lse(dev_ids_.rows(0, rows), dev_stats_.rows(0, rows), dev_logits, valid_vocab_);
   be.copy(host_ids_.rows(0, rows), dev_ids_.rows(0, rows), Stream::Compute);
   be.copy(host_stats_.rows(0, rows), dev_stats_.rows(0, rows), Stream::Compute);
   if (need_logits) {
-    if (!logits_.defined() || logits_.dim(0) < rows) logits_ = Tensor::host(DType::F32, {rows, V});
+    if (!logits_.defined() || logits_.dim(0) < rows) logits_ = be.alloc_pinned(DType::F32, {rows, V});
     be.copy(logits_.rows(0, rows), dev_logits, Stream::Compute);
   }
-  be.synchronize();
+  // Only the compute stream: the KV runtime's last write-backs may still run on the copy
+  // streams while the host samples (its own events order them before their buffers' reuse).
+  be.synchronize(be.record(Stream::Compute));
   const float* stats = host_stats_.data_as<float>();
   auto row_of = [&](int64_t r) { return logits_.data_as<float>() + r * V; };
 

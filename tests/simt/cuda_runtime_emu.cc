@@ -6,6 +6,7 @@
 #include "tests/simt/cuda_runtime_emu.h"
 // clang-format on
 
+#include <execinfo.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -101,6 +103,7 @@ struct State {
   Schedule schedule = Schedule::Lazy;
   std::mt19937_64 rng{1};
   uint64_t kernels = 0, gemms = 0;
+  uint64_t host_waits = 0;  // calls that blocked the host on queued work
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
 
   State() {
@@ -216,10 +219,31 @@ void run_until(State& s, const std::shared_ptr<CUstream_st>& st, uint64_t seq) {
     op();
   }
 }
+// The host blocks until `st` has run `seq` ops.
+void note_wait() {
+  static const bool on = std::getenv("KVPR_EMU_TRACE_WAITS") != nullptr;
+  if (!on) return;
+  void* frames[24];
+  int n = backtrace(frames, 24);
+  fprintf(stderr, "-- host wait\n");
+  backtrace_symbols_fd(frames, n, 2);
+}
+void host_wait(State& s, const std::shared_ptr<CUstream_st>& st, uint64_t seq) {
+  if (st->done < seq) ++s.host_waits, note_wait();
+  run_until(s, st, seq);
+}
+
 void run_all(State& s) {
-  run_until(s, s.legacy, s.legacy->submitted);
-  std::vector<std::shared_ptr<CUstream_st>> all;
+  std::vector<std::shared_ptr<CUstream_st>> all{s.legacy};
   for (auto& [h, st] : s.streams) all.push_back(st);
+  for (auto& st : all)
+    if (st->done < st->submitted) {
+      ++s.host_waits;
+      note_wait();
+      break;
+    }
+  // Under the random schedule the streams catch up in a random order too.
+  if (s.schedule == Schedule::Random) std::shuffle(all.begin(), all.end(), s.rng);
   for (auto& st : all) run_until(s, st, st->submitted);
 }
 
@@ -302,6 +326,10 @@ uint64_t kernels_run() {
 uint64_t gemms_run() {
   Api a;
   return a.s.gemms;
+}
+uint64_t host_waits() {
+  Api a;
+  return a.s.host_waits;
 }
 Memory classify(const void* p) {
   Api a;
@@ -523,7 +551,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     enqueue(s, st, [dst, src, bytes] { std::memmove(dst, src, bytes); });
   }
   // Into pageable memory the call returns once the copy is done.
-  if (classify_locked(s, dst) == Memory::Pageable) run_until(s, st, st->submitted);
+  if (classify_locked(s, dst) == Memory::Pageable) host_wait(s, st, st->submitted);
   return cudaSuccess;
 }
 
@@ -548,7 +576,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   Api a;
   cudaError_t e = kvpr_emu::cudaMemsetAsync(p, value, bytes, nullptr);
-  if (e == cudaSuccess) run_until(a.s, a.s.legacy, a.s.legacy->submitted);
+  if (e == cudaSuccess) host_wait(a.s, a.s.legacy, a.s.legacy->submitted);
   return e;
 }
 
@@ -576,7 +604,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Api a;
   auto st = stream_of(a.s, stream);
   if (!st) return fail(a.s, cudaErrorInvalidResourceHandle);
-  run_until(a.s, st, st->submitted);
+  host_wait(a.s, st, st->submitted);
   return cudaSuccess;
 }
 
@@ -621,7 +649,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   Api a;
   auto e = event_of(a.s, ev);
   if (!e) return fail(a.s, cudaErrorInvalidResourceHandle);
-  if (e->recorded) run_until(a.s, e->stream, e->seq);
+  if (e->recorded) host_wait(a.s, e->stream, e->seq);
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t ev) {

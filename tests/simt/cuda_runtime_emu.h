@@ -54,6 +54,9 @@ size_t device_capacity();
 size_t device_bytes_allocated();
 uint64_t kernels_run();
 uint64_t gemms_run();
+// Calls that made the host wait for queued device work (synchronizes, copies into pageable
+// memory, and the implicit waits of cudaFree and friends).
+uint64_t host_waits();
 // Where a pointer points: device memory, pinned (page-locked, registered) host memory, or
 // other (pageable) host memory.
 enum class Memory { Device, Pinned, Pageable };

@@ -15,6 +15,10 @@
 #include "engine/cuda/kernels.h"
 #include "engine/generator.h"
 #include "tests/simt/cuda_backend_emu.h"
+#if defined(KVPR_HAVE_HWLOC)
+#include "numa/placement.h"
+#include "numa/topology.h"
+#endif
 #include "tests/kv_mode_check.h"
 #include "tests/test_util.h"
 
@@ -260,5 +264,63 @@ TEST_F(EmulatedDevice, EveryKvModeUnderRandomSchedules) {
     test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path("opt/post_ln_proj_sharded"), tok,
                                                 {{5, 17, 33, 2, 80, 41, 9}, {60, 61}}, 6, 3,
                                                 "seed " + std::to_string(seed));
+  }
+}
+
+#if defined(KVPR_HAVE_HWLOC)
+// A GPU worker's pinned memory: allocated on its NUMA node by hwloc (NumaHostAllocator), then
+// page-locked with cudaHostRegister and released with cudaHostUnregister; the host KV store of
+// every mode lives there.
+TEST_F(EmulatedDevice, NumaPlacedPinnedMemoryIsRegisteredAndServesEveryKvMode) {
+  using namespace kvpr;
+  auto topo = std::make_shared<Topology>(Topology::from_system());
+  auto gpu = emulated_create_backend("cuda");
+  gpu->set_host_allocator(std::make_shared<NumaHostAllocator>(topo, 0));
+  void* where = nullptr;
+  {
+    Tensor t = gpu->alloc_pinned(DType::F16, {1000, 3});
+    where = t.data();
+    EXPECT_EQ(kvpr_emu::classify(t.data()), kvpr_emu::Memory::Pinned);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 4096, 0u);
+  }
+  EXPECT_EQ(kvpr_emu::classify(where), kvpr_emu::Memory::Pageable) << "unregistered when released";
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path("opt/pre_ln_safetensors"), tok,
+                                              {{3, 1, 4, 1, 5, 9, 2, 6}, {40}}, 5, 5, "NUMA-placed pinned memory");
+}
+#endif
+
+// The host should wait for the device once per decode step (for the step's tokens), plus
+// once per layer in cpu-attn mode (for Q before host attention): any other wait inside the
+// layer loop stops the host from queueing ahead and the copy streams from overlapping. Counted
+// on a warmed generator (buffers already grown), as the difference between 50 and 10 steps.
+TEST_F(EmulatedDevice, HostWaitsOncePerDecodeStep) {
+  using namespace kvpr;
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  auto gpu = emulated_create_backend("cuda");
+  OptModel mg(*gpu, test::data_path("opt/pre_ln_safetensors"));
+  const int64_t layers = mg.config().num_layers;
+  const std::vector<std::vector<int32_t>> prompts = {{3, 1, 4, 1, 5, 9, 2, 6}, {40}};
+  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
+    GeneratorOptions og;
+    og.max_batch = 2;
+    og.kv_dtype = DType::F32;
+    og.kv.mode = m;
+    if (m == KvMode::Kvpr) og.kv.forced_split = 3;
+    Generator g(mg, tok, og);
+    auto waits = [&](int n) {
+      GenerationParams p;
+      p.max_new_tokens = n;
+      p.ignore_eos = true;
+      const uint64_t before = kvpr_emu::host_waits();
+      g.generate_all(prompts, p);
+      return static_cast<double>(kvpr_emu::host_waits() - before);
+    };
+    waits(50);  // grows every buffer to its size
+    const double per_step = (waits(50) - waits(10)) / 40.0;
+    const double want = 1.0 + (m == KvMode::CpuAttn ? static_cast<double>(layers) : 0.0);
+    EXPECT_EQ(per_step, want) << kv_mode_name(m);
   }
 }
