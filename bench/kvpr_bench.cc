@@ -458,7 +458,11 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, const KvRuntimeOp
   // for the compute stream only.
   Tensor ids_dev = be.alloc(DType::I32, {batch}), stats_dev = be.alloc(DType::F32, {batch, 2});
   Tensor ids_host = be.alloc_pinned(DType::I32, {batch}), stats_host = be.alloc_pinned(DType::F32, {batch, 2});
+  // Host time to issue a step's work (everything before the wait): when it approaches the step
+  // time, the step is bound by launches on the host, not by the device (the case for graphs).
+  std::vector<double> issue_ms;
   auto step = [&] {
+    const auto t_issue = Clock::now();
     std::vector<ForwardChunk> chunks;
     for (int b = 0; b < batch; ++b)
       chunks.push_back({&seqs[b].back(), 1, static_cast<int64_t>(seqs[b].size()) - 1, b});
@@ -466,6 +470,7 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, const KvRuntimeOp
     be.argmax_lse(ids_dev, stats_dev, dev_logits, 50257);
     be.copy(ids_host, ids_dev, Stream::Compute);
     be.copy(stats_host, stats_dev, Stream::Compute);
+    issue_ms.push_back(seconds_since(t_issue) * 1e3);
     be.synchronize(be.record(Stream::Compute));
     for (int b = 0; b < batch; ++b) seqs[b].push_back(ids_host.data_as<int32_t>()[b]);
   };
@@ -479,6 +484,7 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, const KvRuntimeOp
     const StepStats& st = kv->last_step();
     json::Value o2(json::Object{});
     o2.set("ms", ms.back());
+    o2.set("host_issue_ms", issue_ms.back());
     o2.set("split", st.split_total);
     o2.set("split_source", st.split_source);
     o2.set("h2d_bytes", st.h2d_bytes);
@@ -498,14 +504,17 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, const KvRuntimeOp
   double t_end = tracer.now_us();
   be.set_tracer(nullptr);
   double busy_us = 0;
+  int64_t compute_ops = 0;
   json::Value doc = tracer.to_json();
   std::string compute_tid;
   for (const auto& e : doc.find("traceEvents")->as_array())
     if (e.find("name")->as_string() == "thread_name" && e.find("args")->find("name")->as_string() == "compute")
       compute_tid = std::to_string(e.find("tid")->as_int());
   for (const auto& e : doc.find("traceEvents")->as_array())
-    if (e.find("ph")->as_string() == "X" && std::to_string(e.find("tid")->as_int()) == compute_tid)
+    if (e.find("ph")->as_string() == "X" && std::to_string(e.find("tid")->as_int()) == compute_tid) {
       busy_us += e.find("dur")->as_double();
+      ++compute_ops;
+    }
   if (!trace_path.empty()) tracer.write(trace_path);
 
   std::vector<double> sorted = ms;
@@ -525,6 +534,10 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, const KvRuntimeOp
   j.set("h2d_bytes_per_step", h2d / gen);
   j.set("d2h_bytes_per_step", d2h / gen);
   j.set("compute_busy_fraction", std::min(1.0, busy_us / std::max(1.0, t_end - t_start)));
+  std::vector<double> issue_sorted(issue_ms.begin(), issue_ms.begin() + gen);  // the untraced steps
+  std::sort(issue_sorted.begin(), issue_sorted.end());
+  j.set("host_issue_ms_per_step_median", issue_sorted[issue_sorted.size() / 2]);
+  j.set("compute_ops_per_step", static_cast<double>(compute_ops) / 2.0);  // ops and copies on the compute stream
   j.set("host_bytes_per_token", kv->host_bytes_per_token());
   j.set("steps", std::move(steps));
   if (!trace_path.empty()) j.set("trace", trace_path);
@@ -711,15 +724,16 @@ int cmd_decode(const std::vector<std::string>& args) {
   result.set("ratios", std::move(ratios));
 
   // The table, printed last.
-  std::printf("\n%-10s %12s %12s %10s %12s %8s %10s\n", "mode", "ms/step", "tokens/s", "split", "H2D MB/step",
-              "busy", "x bound");
+  std::printf("\n%-10s %12s %12s %10s %12s %8s %10s %10s %8s\n", "mode", "ms/step", "tokens/s", "split",
+              "H2D MB/step", "busy", "x bound", "issue ms", "ops");
   for (const auto& mj : result.find("modes")->as_array()) {
     const auto& steps = mj.find("steps")->as_array();
-    std::printf("%-10s %12.2f %12.1f %10lld %12.1f %8.2f %10.2f\n", mj.find("mode")->as_string().c_str(),
+    std::printf("%-10s %12.2f %12.1f %10lld %12.1f %8.2f %10.2f %10.2f %8.0f\n", mj.find("mode")->as_string().c_str(),
                 mj.find("decode_ms_per_step_median")->as_double(), mj.find("decode_tokens_per_s")->as_double(),
                 static_cast<long long>(steps.back().find("split")->as_int()),
                 mj.find("h2d_bytes_per_step")->as_double() / 1e6, mj.find("compute_busy_fraction")->as_double(),
-                mj.find("over_bound")->as_double());
+                mj.find("over_bound")->as_double(), mj.find("host_issue_ms_per_step_median")->as_double(),
+                mj.find("compute_ops_per_step")->as_double());
   }
   for (const auto& [k, val] : result.find("ratios")->as_object()) std::printf("%s: %.2f\n", k.c_str(), val.as_double());
   write_json(json_out, result);

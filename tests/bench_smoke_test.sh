@@ -22,6 +22,8 @@ assert set(modes) == {'resident', 'offload', 'kvpr', 'recompute', 'cpu-attn'}, m
 for name, m in modes.items():
     assert m['tokens_equal_to_first_mode'] == 1.0, (name, m['tokens_equal_to_first_mode'])
     assert len(m['steps']) == 4 and m['bound_ms'] > 0 and 0 <= m['compute_busy_fraction'] <= 1, name
+    assert 0 < m['host_issue_ms_per_step_median'] and m['compute_ops_per_step'] > 0, name
+    assert all(0 < s['host_issue_ms'] <= s['ms'] for s in m['steps']), name
     json.load(open(os.path.join(d, 'trace-%s.json' % name)))
 assert modes['resident']['h2d_bytes_per_step'] == 0
 assert modes['offload']['h2d_bytes_per_step'] > modes['recompute']['h2d_bytes_per_step'] > 0
