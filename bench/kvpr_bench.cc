@@ -364,11 +364,17 @@ int cmd_ops(const std::vector<std::string>& args) {
            }),
            bytes, flops);
     Tensor fc1 = rnd(wt, {f, h}, 4, 0.02f), b1 = rnd(wt, {f}, 5, 0.02f), fc2 = rnd(wt, {h, f}, 6, 0.02f);
-    Tensor mid = be->alloc(DType::F32, {B, f}), out = be->alloc(DType::F32, {B, h});
+    Tensor mid = be->alloc(DType::F32, {B, f}), out = be->alloc(DType::F32, {B, h}), y2 = be->alloc(DType::F32, {B, h});
     report("fc1 + relu", time_ms([&] { be->linear(mid, x, fc1, b1, Activation::ReLU); }),
            f * h * es + B * (h + f) * 4.0, 2.0 * B * f * h);
-    report("fc2", time_ms([&] { be->linear(out, mid, fc2, Tensor(), Activation::None); }),
-           f * h * es + B * (h + f) * 4.0, 2.0 * B * f * h);
+    Tensor b2 = rnd(wt, {h}, 10, 0.02f);
+    report("fc2 + residual: linear_accumulate", time_ms([&] { be->linear_accumulate(out, mid, fc2, b2); }),
+           f * h * es + B * (2 * h + f) * 4.0, 2.0 * B * f * h);
+    report("fc2 + residual: linear, add", time_ms([&] {
+             be->linear(y2, mid, fc2, b2, Activation::None);
+             be->add(out, out, y2);
+           }),
+           f * h * es + B * (4 * h + f) * 4.0, 2.0 * B * f * h);
     Tensor lm = rnd(wt, {V, h}, 7, 0.02f), logits = be->alloc(DType::F32, {B, V});
     report("lm_head", time_ms([&] { be->linear(logits, x, lm, Tensor(), Activation::None); }),
            V * h * es + B * (h + V) * 4.0, 2.0 * B * V * h);

@@ -114,6 +114,10 @@ class Backend {
   // out[M, N] = act(x[M, K] · w[N, K]ᵀ + bias[N]); bias may be undefined.
   virtual void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
                       Activation act) = 0;
+  // out[M, N] += x[M, K] · w[N, K]ᵀ + bias[N] (bias may be undefined): a projection added into
+  // the residual stream in place. On a GPU the GEMM accumulates into out (beta = 1) and one
+  // kernel adds the bias: no temporary and no separate add launch.
+  virtual void linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) = 0;
   // out[b] = act(x · w[b]ᵀ + bias[b]) for every b: x [M, K] shared, w [B, N, K], bias [B, N]
   // (or undefined), out [B, M, N]. One strided-batched GEMM on a GPU: a layer's Q, K and V
   // projections (or K and V when recomputing) in one call, the input converted once.

@@ -290,7 +290,6 @@ Tensor OptModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRunti
   Tensor k = qkv.rows(1, 1).reshape({T, h});
   Tensor v = qkv.rows(2, 1).reshape({T, h});
   Tensor att = ws_.get("att", DType::F32, {T, h});
-  Tensor o = ws_.get("o", DType::F32, {T, h});
   Tensor ff = ws_.get("ff", DType::F32, {T, c.ffn_dim});
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
   const float eps = OptConfig::kLayerNormEps;
@@ -309,15 +308,13 @@ Tensor OptModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRunti
       be.linear(v, attn_in, L.wv, L.bv, Activation::None);
     }
     kv.attend(li, attn_in, q, k, v, att, scale);
-    be.linear(o, att, L.wo, L.bo, Activation::None);
-    be.add(x, x, o);
+    be.linear_accumulate(x, att, L.wo, L.bo);  // x += att · Woᵀ + bo
     if (!c.do_layer_norm_before) be.layer_norm(x, x, L.attn_ln_w, L.attn_ln_b, eps);
     // Feed-forward block.
     const Tensor& ffn_in = c.do_layer_norm_before ? a : x;
     if (c.do_layer_norm_before) be.layer_norm(a, x, L.ffn_ln_w, L.ffn_ln_b, eps);
     be.linear(ff, ffn_in, L.fc1_w, L.fc1_b, c.activation);
-    be.linear(o, ff, L.fc2_w, L.fc2_b, Activation::None);
-    be.add(x, x, o);
+    be.linear_accumulate(x, ff, L.fc2_w, L.fc2_b);
     if (!c.do_layer_norm_before) be.layer_norm(x, x, L.ffn_ln_w, L.ffn_ln_b, eps);
   }
   kv.end();

@@ -31,7 +31,7 @@ assert r['profile']['h2d_gbps'] > 0 and 'kvpr_speedup_over_offload' in r['ratios
 xml.dom.minidom.parse(os.path.join(d, 'd.svg'))
 ops = json.load(open(os.path.join(d, 'ops.json')))
 names = [o['op'] for o in ops['ops']]
-for want in ('qkv: one batched GEMM', 'qkv: three GEMMs', 'decode attention (ctx 40)', 'new K rows: copy_rows',
+for want in ('qkv: one batched GEMM', 'qkv: three GEMMs', 'fc2 + residual: linear_accumulate', 'decode attention (ctx 40)', 'new K rows: copy_rows',
              'argmax_lse (greedy)'):
     assert want in names, (want, names)
 assert ops['device_copy_gbps'] > 0

@@ -60,6 +60,27 @@ TEST_P(CpuOps, LinearMatchesReferenceForSmallAndLargeM) {
   }
 }
 
+TEST_P(CpuOps, LinearAccumulateAddsIntoTheResidual) {
+  CpuBackend be;
+  std::mt19937 rng(17);
+  for (auto [M, K, N] : {std::tuple{1, 37, 19}, {9, 100, 45}}) {
+    Tensor x = random_tensor(be, DType::F32, {M, K}, rng);
+    Tensor w = random_tensor(be, GetParam(), {N, K}, rng);
+    Tensor b = random_tensor(be, GetParam(), {N}, rng);
+    Tensor out = random_tensor(be, DType::F32, {M, N}, rng);
+    auto xv = as_double(x), wv = as_double(w), bv = as_double(b), ov = as_double(out);
+    be.linear_accumulate(out, x, w, b);
+    std::vector<double> ref(M * N);
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) {
+        double s = ov[m * N + n] + bv[n];
+        for (int k = 0; k < K; ++k) s += xv[m * K + k] * wv[n * K + k];
+        ref[m * N + n] = s;
+      }
+    EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), tol_for(GetParam()))) << "M=" << M;
+  }
+}
+
 TEST_P(CpuOps, GatherAndLayerNorm) {
   CpuBackend be;
   std::mt19937 rng(8);

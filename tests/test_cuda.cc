@@ -74,6 +74,13 @@ TEST_P(CudaOps, LinearMatchesCpu) {
       EXPECT_TRUE(test::close_rel(as_double(oc), got.data(), got.size(), tol(GetParam())))
           << "M=" << M << " K=" << K << " N=" << N;
     }
+    // Accumulated into a residual (GEMM with beta = 1, then the bias).
+    Pair r = random_pair(cpu, *gpu, DType::F32, {M, N}, 4);
+    cpu.linear_accumulate(r.cpu, x.cpu, w.cpu, b.cpu);
+    gpu->linear_accumulate(r.gpu, x.gpu, w.gpu, b.gpu);
+    std::vector<float> got = download(*gpu, r.gpu);
+    EXPECT_TRUE(test::close_rel(as_double(r.cpu), got.data(), got.size(), tol(GetParam())))
+        << "accumulate M=" << M << " K=" << K << " N=" << N;
   }
 }
 

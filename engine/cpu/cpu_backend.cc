@@ -408,6 +408,17 @@ void CpuBackend::linear_batched(const Tensor& out, const Tensor& x, const Tensor
            bias.defined() ? bias.rows(b, 1).reshape({N}) : Tensor(), act);
 }
 
+void CpuBackend::linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check_f32(out, "linear_accumulate output");
+  const int64_t N = w.dim(0), M = out.numel() / std::max<int64_t>(N, 1);
+  KVPR_CHECK(w.rank() == 2 && out.numel() == M * N, "linear_accumulate: w ", w.describe(), " out ", out.describe());
+  if (!accumulate_scratch_.defined() || accumulate_scratch_.numel() < M * N)
+    accumulate_scratch_ = Tensor::host(DType::F32, {std::max<int64_t>(M * N, 1)});
+  Tensor t = accumulate_scratch_.view_as(DType::F32, {M, N});
+  linear(t, x, w, bias, Activation::None);
+  add(out, out, t);
+}
+
 void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
   const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
   check_f32(out, "add output");

@@ -67,6 +67,7 @@ class CpuBackend final : public Backend {
               Activation act) override;
   void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
                       Activation act) override;
+  void linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override;
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void convert(const Tensor& dst, const Tensor& src) override;
   void copy_rows(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) override;
@@ -87,6 +88,7 @@ class CpuBackend final : public Backend {
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   CopyEngine h2d_, d2h_;
   Tensor weight_scratch_;  // F32 copy of a F16/BF16 weight for large-M GEMMs
+  Tensor accumulate_scratch_;  // linear_accumulate's product before it is added
 };
 
 }  // namespace kvpr

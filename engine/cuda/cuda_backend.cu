@@ -211,27 +211,24 @@ class CudaBackend final : public Backend {
                "linear: shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
     if (M == 0) return;
     Traced t(*this, Stream::Compute, "linear", 0, 2.0 * M * N * K);
-    const float alpha = 1.f, beta = 0.f;
-    // Row-major out[M,N] = x[M,K] · w[N,K]ᵀ is column-major outᵀ[N,M] = wᵀ[N,K] · xᵀ[K,M].
-    if (w.dtype() == DType::F32) {
-      CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
-                                static_cast<int>(K), &alpha, w.data(), CUDA_R_32F, static_cast<int>(K), x.data(),
-                                CUDA_R_32F, static_cast<int>(K), &beta, out.data(), CUDA_R_32F, static_cast<int>(N),
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    } else {
-      // fp16/bf16 inputs, fp32 accumulation and output: the activations are rounded to the
-      // weight's dtype first.
-      Tensor xh = scratch(w.dtype(), M * K);
-      cuda::convert(xh.data(), w.dtype(), x.data(), DType::F32, M * K, compute());
-      CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
-                                static_cast<int>(K), &alpha, w.data(), cuda_type(w.dtype()), static_cast<int>(K),
-                                xh.data(), cuda_type(w.dtype()), static_cast<int>(K), &beta, out.data(), CUDA_R_32F,
-                                static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
+    gemm(out, x, w, M, N, K, 0.f);
     int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
     if (bias.defined() || a)
       cuda::bias_act(out.data_as<float>(), bias.defined() ? bias.data() : nullptr,
                      bias.defined() ? bias.dtype() : DType::F32, 1, M, N, a, compute());
+  }
+
+  void linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override {
+    check_f32(out, "linear_accumulate output");
+    check_f32(x, "linear_accumulate input");
+    const int64_t K = x.dim(-1), M = x.numel() / K, N = w.dim(0);
+    KVPR_CHECK(w.rank() == 2 && w.dim(1) == K && out.numel() == M * N && (!bias.defined() || bias.numel() == N),
+               "linear_accumulate: shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
+    if (M == 0) return;
+    Traced t(*this, Stream::Compute, "linear_accumulate", 0, 2.0 * M * N * K);
+    gemm(out, x, w, M, N, K, 1.f);  // out += x · wᵀ
+    if (bias.defined())
+      cuda::bias_act(out.data_as<float>(), bias.data(), bias.dtype(), 1, M, N, 0, compute());
   }
 
   void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -419,6 +416,22 @@ class CudaBackend final : public Backend {
       cudaEventDestroy(p.end);
     }
     pending_.clear();
+  }
+
+  // Row-major out[M,N] = x[M,K] · w[N,K]ᵀ + beta · out, as column-major outᵀ[N,M] = wᵀ[N,K] · xᵀ[K,M]:
+  // fp32 accumulation; fp16/bf16 weights take the activations rounded to their dtype.
+  void gemm(const Tensor& out, const Tensor& x, const Tensor& w, int64_t M, int64_t N, int64_t K, float beta) {
+    const float alpha = 1.f;
+    const void* xin = x.data();
+    if (w.dtype() != DType::F32) {
+      Tensor xh = scratch(w.dtype(), M * K);
+      cuda::convert(xh.data(), w.dtype(), x.data(), DType::F32, M * K, compute());
+      xin = xh.data();
+    }
+    CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
+                              static_cast<int>(K), &alpha, w.data(), cuda_type(w.dtype()), static_cast<int>(K), xin,
+                              cuda_type(w.dtype()), static_cast<int>(K), &beta, out.data(), CUDA_R_32F,
+                              static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
   cudaStream_t stream(Stream s) const { return streams_[static_cast<int>(s)]; }
