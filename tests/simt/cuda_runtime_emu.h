@@ -20,6 +20,9 @@
 //   computes with fp32 accumulation (column-major, as cuBLAS).
 // - Events record when the device reached them; elapsed time needs timing-enabled, completed
 //   events, as CUDA requires.
+// Environment: KVPR_EMU_SCHEDULE=lazy (default) | eager | random:SEED picks the schedule of a
+// whole run; KVPR_EMU_TRACE_WAITS=1 prints a backtrace wherever the host waits for the device
+// (how the extra waits of the decode step were found).
 // Not modelled: performance, the legacy stream's implicit synchronisation with blocking
 // streams (the backend creates non-blocking streams only), multiple devices, graphs.
 //
