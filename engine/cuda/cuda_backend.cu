@@ -173,7 +173,10 @@ class CudaBackend final : public Backend {
     return Event(ev);
   }
   void wait(Stream s, const Event& e) override { CUDA_CHECK(cudaStreamWaitEvent(stream(s), cuda_event(e), 0)); }
-  void synchronize(const Event& e) override { CUDA_CHECK(cudaEventSynchronize(cuda_event(e))); }
+  void synchronize(const Event& e) override {
+    CUDA_CHECK(cudaEventSynchronize(cuda_event(e)));
+    if (tracer_) flush_trace();  // the spans that are complete (a decode step waits here only)
+  }
   void synchronize() override {
     for (auto& st : streams_) CUDA_CHECK(cudaStreamSynchronize(st));
     flush_trace();
@@ -399,12 +402,20 @@ class CudaBackend final : public Backend {
     trace_base_us_ = tracer_->now_us();
   }
 
+  // Turns the pending spans whose end the device has reached into trace spans; the others stay
+  // pending (a span still running on a copy stream) until a later flush.
   void flush_trace() {
     std::lock_guard<std::mutex> lock(trace_mu_);
     if (!tracer_ || pending_.empty()) return;
+    std::vector<PendingSpan> keep;
     for (const auto& p : pending_) {
+      const cudaError_t done = cudaEventQuery(p.end);
+      if (done == cudaErrorNotReady) {
+        keep.push_back(p);
+        continue;
+      }
       float a = 0, b = 0;
-      if (cudaEventElapsedTime(&a, trace_base_, p.start) == cudaSuccess &&
+      if (done == cudaSuccess && cudaEventElapsedTime(&a, trace_base_, p.start) == cudaSuccess &&
           cudaEventElapsedTime(&b, trace_base_, p.end) == cudaSuccess) {
         json::Value args(json::Object{});
         if (p.bytes) args.set("bytes", static_cast<int64_t>(p.bytes));
@@ -415,7 +426,8 @@ class CudaBackend final : public Backend {
       cudaEventDestroy(p.start);
       cudaEventDestroy(p.end);
     }
-    pending_.clear();
+    cudaGetLastError();  // a not-ready query is not an error to keep
+    pending_ = std::move(keep);
   }
 
   // Row-major out[M,N] = x[M,K] · w[N,K]ᵀ + beta · out, as column-major outᵀ[N,M] = wᵀ[N,K] · xᵀ[K,M]:
