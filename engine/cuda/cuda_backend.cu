@@ -462,25 +462,43 @@ class CudaBackend final : public Backend {
                       ids.numel(), out.dim(1), accumulate, compute());
   }
 
-  // Small per-call parameters (attention descriptors) go up through a ring of pinned staging
-  // slots: an upload from pageable memory may make the host wait for the compute stream,
-  // which would stall the layer loop the runtime keeps ahead of the device. A slot is reused
-  // once its copy has run (its event); the ring is deep enough that this wait means the
-  // host is already that many calls ahead.
+  // Small per-call parameters (attention descriptors, copy_rows spans) go up through a ring of
+  // pinned staging slots: an upload from pageable memory may make the host wait for the compute
+  // stream, which would stall the layer loop the runtime keeps ahead of the device. A slot is
+  // reused once its copy has run (its event). The ring holds a whole decode step's uploads
+  // (up to 4 per layer with KVPR, 128 layers), so reusing a slot never makes the host wait
+  // inside a step: with 32 slots a 7-layer KVPR step already waited 3 times (found on the
+  // emulated device). 2 MiB of pinned and of device memory in all.
   const void* upload_small(const void* src, size_t bytes) {
-    Staging& st = staging_[staging_next_++ % staging_.size()];
+    const size_t i = staging_next_++ % staging_.size();
+    Staging& st = staging_[i];
     if (!st.done) CUDA_CHECK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming));
     else CUDA_CHECK(cudaEventSynchronize(st.done));
-    if (!st.host.defined() || st.host.nbytes() < bytes) {
-      const int64_t cap = static_cast<int64_t>(std::max<size_t>(bytes * 2, 4096));
-      st.host = Tensor();
-      st.host = cuda_pinned(cap);
-      st.dev = alloc(DType::U8, {cap});  // the old one is freed only after the device is idle
+    char *h = nullptr, *d = nullptr;
+    if (bytes <= kStagingSlotBytes) {
+      // Every slot's usual room, allocated once: a new slot costs no allocation (a device
+      // allocation is zeroed in order, which would make the host wait).
+      if (!ring_host_.defined()) {
+        ring_host_ = cuda_pinned(static_cast<int64_t>(staging_.size() * kStagingSlotBytes));
+        ring_dev_ = alloc(DType::U8, {static_cast<int64_t>(staging_.size() * kStagingSlotBytes)});
+      }
+      h = static_cast<char*>(ring_host_.data()) + i * kStagingSlotBytes;
+      d = static_cast<char*>(ring_dev_.data()) + i * kStagingSlotBytes;
+    } else {
+      // A large upload (a big prefill's tiles): the slot's own buffers, grown as needed.
+      if (!st.host.defined() || st.host.nbytes() < bytes) {
+        const int64_t cap = static_cast<int64_t>(bytes * 2);
+        st.host = Tensor();
+        st.host = cuda_pinned(cap);
+        st.dev = alloc(DType::U8, {cap});  // the old one is freed only after the device is idle
+      }
+      h = static_cast<char*>(st.host.data());
+      d = static_cast<char*>(st.dev.data());
     }
-    std::memcpy(st.host.data(), src, bytes);
-    CUDA_CHECK(cudaMemcpyAsync(st.dev.data(), st.host.data(), bytes, cudaMemcpyHostToDevice, compute()));
+    std::memcpy(h, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, compute()));
     CUDA_CHECK(cudaEventRecord(st.done, compute()));
-    return st.dev.data();
+    return d;
   }
   Tensor cuda_pinned(int64_t bytes) {
     void* p = nullptr;
@@ -515,7 +533,9 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<std::atomic<size_t>> in_use_ = std::make_shared<std::atomic<size_t>>(0);
   Tensor gemm_buf_, work_buf_;
-  std::array<Staging, 32> staging_;
+  static constexpr size_t kStagingSlotBytes = 4096;
+  std::array<Staging, 512> staging_;
+  Tensor ring_host_, ring_dev_;  // kStagingSlotBytes per slot
   size_t staging_next_ = 0;
   std::mutex trace_mu_;
   std::vector<PendingSpan> pending_;
