@@ -138,9 +138,12 @@ for s in result['sweep']:
 json.dump(result, open(os.path.join(out, 'result.json'), 'w'), indent=1)
 d = result['decode']
 if d:
-    print('%-10s %10s %10s %8s' % ('mode', 'ms/step', 'bound ms', 'x bound'))
+    # issue ms near ms/step, or busy well below 1: the step is bound by host launches.
+    print('%-10s %10s %10s %8s %10s %6s %6s' % ('mode', 'ms/step', 'bound ms', 'x bound', 'issue ms', 'busy', 'ops'))
     for m in d['modes']:
-        print('%-10s %10.2f %10.2f %8.2f' % (m['mode'], m['decode_ms_per_step_median'], m['bound_ms'], m['over_bound']))
+        print('%-10s %10.2f %10.2f %8.2f %10.2f %6.2f %6.0f' % (
+            m['mode'], m['decode_ms_per_step_median'], m['bound_ms'], m['over_bound'],
+            m.get('host_issue_ms_per_step_median', 0), m.get('compute_busy_fraction', 0), m.get('compute_ops_per_step', 0)))
     print(json.dumps(d.get('ratios', {})))
 for s in result['sweep']:
     print('sweep b=%d p=%d: %s' % (s['batch'], s['prompt'], json.dumps(s.get('ratios', {}))))
