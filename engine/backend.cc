@@ -29,6 +29,15 @@ void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<Row
                src.describe(), " or dst ", dst.describe());
 }
 
+LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const char* what) {
+  KVPR_CHECK(out.dtype() == DType::F32 && x.dtype() == DType::F32 && x.rank() >= 1 && x.dim(-1) > 0, what,
+             ": output ", out.describe(), " and input ", x.describe(), " must be F32");
+  const int64_t K = x.dim(-1), M = x.numel() / K, N = w.rank() == 2 ? w.dim(0) : 0;
+  KVPR_CHECK(w.rank() == 2 && w.dim(1) == K && out.numel() == M * N && (!bias.defined() || bias.numel() == N), what,
+             ": shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
+  return LinearShape{M, N, K};
+}
+
 int64_t check_argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) {
   KVPR_CHECK(logits.dtype() == DType::F32 && stats.dtype() == DType::F32 && logits.rank() >= 1 && logits.dim(-1) > 0,
              "argmax_lse: logits ", logits.describe(), " and stats ", stats.describe(), " must be F32");

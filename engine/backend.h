@@ -57,6 +57,12 @@ struct RowSpan {
 // both. Shared by the backends' copy_rows.
 void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans);
 
+// The sizes of out [M, N] = x [M, K] · w [N, K]ᵀ (+ bias [N]); throws (naming `what`) unless the
+// tensors fit and the activations are F32. Shared by the backends' linear and linear_accumulate.
+struct LinearShape {
+  int64_t M, N, K;
+};
+LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const char* what);
 // Throws unless argmax_lse's tensors fit (see Backend::argmax_lse); returns the row count.
 int64_t check_argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid);
 

@@ -312,12 +312,7 @@ void CpuBackend::layer_norm(const Tensor& out, const Tensor& x, const Tensor& ga
 void CpuBackend::linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
                         Activation act) {
   const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
-  check_f32(out, "linear output");
-  check_f32(x, "linear input");
-  const int64_t K = x.dim(-1), M = x.numel() / K, N = w.dim(0);
-  KVPR_CHECK(w.rank() == 2 && w.dim(1) == K && out.numel() == M * N &&
-                 (!bias.defined() || bias.numel() == N),
-             "linear: shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
+  const auto [M, N, K] = check_linear(out, x, w, bias, "linear");
   const float* xp = x.data_as<float>();
   float* op = out.data_as<float>();
   ThreadPool& pool = ThreadPool::global();
@@ -409,9 +404,8 @@ void CpuBackend::linear_batched(const Tensor& out, const Tensor& x, const Tensor
 }
 
 void CpuBackend::linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  check_f32(out, "linear_accumulate output");
-  const int64_t N = w.dim(0), M = out.numel() / std::max<int64_t>(N, 1);
-  KVPR_CHECK(w.rank() == 2 && out.numel() == M * N, "linear_accumulate: w ", w.describe(), " out ", out.describe());
+  const auto [M, N, K] = check_linear(out, x, w, bias, "linear_accumulate");
+  (void)K;
   if (!accumulate_scratch_.defined() || accumulate_scratch_.numel() < M * N)
     accumulate_scratch_ = Tensor::host(DType::F32, {std::max<int64_t>(M * N, 1)});
   Tensor t = accumulate_scratch_.view_as(DType::F32, {M, N});

@@ -207,11 +207,7 @@ class CudaBackend final : public Backend {
   }
 
   void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) override {
-    check_f32(out, "linear output");
-    check_f32(x, "linear input");
-    const int64_t K = x.dim(-1), M = x.numel() / K, N = w.dim(0);
-    KVPR_CHECK(w.rank() == 2 && w.dim(1) == K && out.numel() == M * N && (!bias.defined() || bias.numel() == N),
-               "linear: shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
+    const auto [M, N, K] = check_linear(out, x, w, bias, "linear");
     if (M == 0) return;
     Traced t(*this, Stream::Compute, "linear", 0, 2.0 * M * N * K);
     gemm(out, x, w, M, N, K, 0.f);
@@ -222,11 +218,7 @@ class CudaBackend final : public Backend {
   }
 
   void linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override {
-    check_f32(out, "linear_accumulate output");
-    check_f32(x, "linear_accumulate input");
-    const int64_t K = x.dim(-1), M = x.numel() / K, N = w.dim(0);
-    KVPR_CHECK(w.rank() == 2 && w.dim(1) == K && out.numel() == M * N && (!bias.defined() || bias.numel() == N),
-               "linear_accumulate: shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
+    const auto [M, N, K] = check_linear(out, x, w, bias, "linear_accumulate");
     if (M == 0) return;
     Traced t(*this, Stream::Compute, "linear_accumulate", 0, 2.0 * M * N * K);
     gemm(out, x, w, M, N, K, 1.f);  // out += x · wᵀ
@@ -247,12 +239,7 @@ class CudaBackend final : public Backend {
     if (M == 0 || B == 0) return;
     Traced t(*this, Stream::Compute, "linear_batched", 0, 2.0 * B * M * N * K);
     const float alpha = 1.f, beta = 0.f;
-    const void* xin = x.data();
-    if (w.dtype() != DType::F32) {
-      Tensor xh = scratch(w.dtype(), M * K);
-      cuda::convert(xh.data(), w.dtype(), x.data(), DType::F32, M * K, compute());
-      xin = xh.data();
-    }
+    const void* xin = gemm_input(x, w.dtype(), M * K);
     // Column-major outᵀ[b] (N×M) = w[b] (as K×N, transposed) · xᵀ (K×M); x is shared (stride 0).
     CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
@@ -430,16 +417,20 @@ class CudaBackend final : public Backend {
     pending_ = std::move(keep);
   }
 
+  // The F32 activations x (n values) as a GEMM input next to weights of dtype `dt`: x itself, or
+  // x rounded to fp16/bf16 in the GEMM scratch buffer.
+  const void* gemm_input(const Tensor& x, DType dt, int64_t n) {
+    if (dt == DType::F32) return x.data();
+    Tensor xh = scratch(dt, n);
+    cuda::convert(xh.data(), dt, x.data(), DType::F32, n, compute());
+    return xh.data();
+  }
+
   // Row-major out[M,N] = x[M,K] · w[N,K]ᵀ + beta · out, as column-major outᵀ[N,M] = wᵀ[N,K] · xᵀ[K,M]:
   // fp32 accumulation; fp16/bf16 weights take the activations rounded to their dtype.
   void gemm(const Tensor& out, const Tensor& x, const Tensor& w, int64_t M, int64_t N, int64_t K, float beta) {
     const float alpha = 1.f;
-    const void* xin = x.data();
-    if (w.dtype() != DType::F32) {
-      Tensor xh = scratch(w.dtype(), M * K);
-      cuda::convert(xh.data(), w.dtype(), x.data(), DType::F32, M * K, compute());
-      xin = xh.data();
-    }
+    const void* xin = gemm_input(x, w.dtype(), M * K);
     CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
                               static_cast<int>(K), &alpha, w.data(), cuda_type(w.dtype()), static_cast<int>(K), xin,
                               cuda_type(w.dtype()), static_cast<int>(K), &beta, out.data(), CUDA_R_32F,

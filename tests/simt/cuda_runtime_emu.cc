@@ -314,11 +314,6 @@ Schedule schedule() {
   Api a;
   return a.s.schedule;
 }
-size_t device_capacity() { return kCapacity; }
-size_t device_bytes_allocated() {
-  Api a;
-  return a.s.allocated;
-}
 uint64_t kernels_run() {
   Api a;
   return a.s.kernels;

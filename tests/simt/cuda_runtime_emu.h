@@ -51,10 +51,7 @@ enum class Schedule { Lazy, Eager, Random };
 void set_schedule(Schedule s, uint64_t seed = 0);
 Schedule schedule();
 
-// Emulated device memory capacity (cudaMemGetInfo's total; cudaMalloc fails beyond it).
-size_t device_capacity();
-// Bytes of device memory allocated now, and the number of kernels and GEMMs run so far.
-size_t device_bytes_allocated();
+// The number of kernels and GEMMs run so far.
 uint64_t kernels_run();
 uint64_t gemms_run();
 // Calls that made the host wait for queued device work (synchronizes, copies into pageable
