@@ -9,6 +9,17 @@
 
 namespace kvpr {
 
+const char* graph_outcome_name(GraphOutcome o) {
+  switch (o) {
+    case GraphOutcome::None: return "none";
+    case GraphOutcome::Eager: return "eager";
+    case GraphOutcome::Captured: return "captured";
+    case GraphOutcome::Replayed: return "replayed";
+    case GraphOutcome::Interrupted: return "interrupted";
+  }
+  return "?";
+}
+
 const char* stream_name(Stream s) {
   switch (s) {
     case Stream::Compute: return "compute";

@@ -77,6 +77,24 @@ class HostAllocator {
   virtual std::string describe() const = 0;
 };
 
+// What Backend::end_graph_step did with a step's work.
+enum class GraphOutcome {
+  None,         // no graph step was open, or the backend has no graphs (the CPU)
+  Eager,        // issued op by op: the first step with this work
+  Captured,     // the second step with this work: captured into a CUDA graph and launched
+  Replayed,     // an earlier step's graph launched: one call instead of one per op
+  Interrupted,  // a call a graph cannot hold came mid-step: the step ran op by op
+};
+const char* graph_outcome_name(GraphOutcome o);
+struct GraphStep {
+  GraphOutcome outcome = GraphOutcome::None;
+  int64_t ops = 0;            // ops and copies the step recorded
+  std::string capture_error;  // why capturing failed (the step then ran op by op)
+};
+struct GraphCounters {
+  int64_t eager = 0, captured = 0, replayed = 0, interrupted = 0, capture_failed = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -108,6 +126,24 @@ class Backend {
   void set_trace_label(std::string label) { trace_label_ = std::move(label); }
   // Pinned host allocations (alloc_pinned) made after this come from `a`.
   void set_host_allocator(std::shared_ptr<HostAllocator> a) { host_allocator_ = std::move(a); }
+
+  // ---- decode-step graphs ----
+  // Work issued on the compute stream between begin_graph_step() and end_graph_step() is
+  // recorded, not launched; end_graph_step() issues it. The first time a step's work is seen
+  // it is issued op by op; the second time in a row it is captured into a CUDA graph; every
+  // later step with the same work replays that graph: one launch instead of hundreds. "The
+  // same work" is the same ops on the same buffers with the same sizes and launch shapes;
+  // values that come through uploaded parameters (token ids, positions, context lengths, the
+  // rows new K/V go to) and the contents of pinned inputs may differ. The launch shapes of
+  // decode attention change only every 256 tokens of context, so a decode step is replayed
+  // between those points. A call a graph cannot hold (another stream, an event, a host wait,
+  // a copy into pageable memory) interrupts the recording: what was recorded is issued op by
+  // op, then the call runs, and the rest of the step runs as usual. Memory released while a
+  // step is recorded is freed after the step is issued. Backends without graphs (the CPU) run
+  // the work as it comes. With a tracer attached a recorded step is traced as one span.
+  virtual void begin_graph_step() {}
+  virtual GraphStep end_graph_step() { return {}; }
+  virtual GraphCounters graph_counters() const { return {}; }
 
   // ---- ops (compute stream). Activations are F32; weights any float dtype. ----
   // out[i, :] = table[ids[i], :] (ids I32 in device memory).
@@ -153,6 +189,32 @@ class Backend {
   Tracer* tracer_ = nullptr;
   std::string trace_label_;
   std::shared_ptr<HostAllocator> host_allocator_;
+};
+
+// Opens a graph step when `on`; ends it at end(), or when an exception leaves the scope (what
+// was recorded is then issued, as it would have been without a graph step).
+class GraphStepScope {
+ public:
+  GraphStepScope(Backend& be, bool on) : be_(on ? &be : nullptr) {
+    if (be_) be_->begin_graph_step();
+  }
+  ~GraphStepScope() {
+    try {
+      if (be_) be_->end_graph_step();
+    } catch (...) {  // already unwinding from the step's own error
+    }
+  }
+  GraphStep end() {
+    GraphStep r;
+    if (be_) r = be_->end_graph_step();
+    be_ = nullptr;
+    return r;
+  }
+  GraphStepScope(const GraphStepScope&) = delete;
+  GraphStepScope& operator=(const GraphStepScope&) = delete;
+
+ private:
+  Backend* be_;
 };
 
 const char* stream_name(Stream s);  // "compute", "h2d", "d2h"

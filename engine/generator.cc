@@ -59,6 +59,7 @@ Generator::Generator(OptModel& model, const Tokenizer& tokenizer, const Generato
   KVPR_CHECK(opts.max_batch > 0, "max_batch must be positive");
   KVPR_CHECK(opts.max_step_tokens > 0, "max_step_tokens must be positive");
   max_step_tokens_ = opts.max_step_tokens;
+  cuda_graphs_ = opts.cuda_graphs && opts.kv.mode == KvMode::Resident;
   // Ids the tokenizer cannot produce (OPT pads its embedding to 50272) are never sampled.
   valid_vocab_ = static_cast<int32_t>(std::min<int64_t>(c.vocab_size, tokenizer.size()));
   KvRuntimeOptions kv = opts.kv;
@@ -217,6 +218,11 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     last[i] = rows - 1;
   }
   Backend& be = model_.backend();
+  // A step that only decodes is the same work every step (until the batch changes or the
+  // context crosses a 256-token point): recorded, it is replayed as one CUDA graph.
+  bool graph_step = cuda_graphs_;
+  for (const ForwardChunk& c : chunks) graph_step = graph_step && c.count == 1 && !c.all_rows;
+  GraphStepScope graph(be, graph_step);
   Tensor dev_logits = model_.forward_device(chunks, *runtime_);
   // Greedy choice and log-sum-exp of every row on the device; the logits themselves come to
   // the host only when a row samples (temperature), alternatives or prompt scores are asked
@@ -243,6 +249,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     if (!logits_.defined() || logits_.dim(0) < rows) logits_ = be.alloc_pinned(DType::F32, {rows, V});
     be.copy(logits_.rows(0, rows), dev_logits, Stream::Compute);
   }
+  graph.end();
   // Only the compute stream: the KV runtime's last write-backs may still run on the copy
   // streams while the host samples (its own events order them before their buffers' reuse).
   be.synchronize(be.record(Stream::Compute));

@@ -43,6 +43,10 @@ struct GeneratorOptions {
   int64_t max_seq_len = 0;    // 0 = the model's max_position_embeddings
   std::optional<DType> kv_dtype;  // default: the model's weight dtype
   KvRuntimeOptions kv;        // KV mode and its settings (kv.kv_dtype is set from kv_dtype)
+  // Decode steps as CUDA graphs (Backend::begin_graph_step): resident mode, steps that only
+  // decode. Other modes move KV on the copy streams with events every layer, which a graph
+  // step does not hold; prefill steps change shape every time.
+  bool cuda_graphs = false;
 };
 
 // What one step produced for one sequence.
@@ -113,6 +117,7 @@ class Generator {
   int64_t max_seq_len_;
   int64_t max_step_tokens_ = 8192;
   int32_t valid_vocab_;
+  bool cuda_graphs_ = false;
   std::unique_ptr<KvRuntime> runtime_;
   std::vector<int64_t> free_slots_;
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;

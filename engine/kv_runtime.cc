@@ -254,8 +254,12 @@ void KvRuntime::prefetch(int64_t layer) {
 
 void KvRuntime::prepare_layer(int64_t layer) {
   LayerTiming& t = timing_[layer];
-  if (layer > 0) timing_[layer - 1].compute_end = be_.record(Stream::Compute);
-  t.compute_start = be_.record(Stream::Compute);
+  // The layer's compute time feeds the split scheduler's profile; resident has none to feed
+  // (and a step without events can be replayed as a CUDA graph).
+  if (opts_.mode != KvMode::Resident) {
+    if (layer > 0) timing_[layer - 1].compute_end = be_.record(Stream::Compute);
+    t.compute_start = be_.record(Stream::Compute);
+  }
   if (layer + 1 < shape_.layers) prefetch(layer + 1);  // overlaps this layer's compute
   be_.set_trace_label("L" + std::to_string(layer));
   if (Tracer* tr = be_.tracer())
@@ -384,7 +388,7 @@ void KvRuntime::attend(int64_t layer, const Tensor& x, const Tensor& q, const Te
 }
 
 void KvRuntime::end() {
-  if (!timing_.empty()) timing_.back().compute_end = be_.record(Stream::Compute);
+  if (!timing_.empty() && opts_.mode != KvMode::Resident) timing_.back().compute_end = be_.record(Stream::Compute);
   be_.set_trace_label("");
   if (scheduler_ && opts_.adapt && !timing_.empty() && timing_.back().h2d_end.impl()) {
     be_.synchronize(timing_.back().h2d_end);

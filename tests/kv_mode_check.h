@@ -43,6 +43,17 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
     if (m == KvMode::Kvpr) og.kv.forced_split = kvpr_split;
     EXPECT_EQ(greedy_tokens(mg, tok, og, prompts, p), want) << label << " " << kv_mode_name(m);
   }
+  // Resident decode steps as CUDA graphs: captured on the second decode step, replayed after.
+  GeneratorOptions og = oc;
+  og.cuda_graphs = true;
+  const GraphCounters before = device.graph_counters();
+  EXPECT_EQ(greedy_tokens(mg, tok, og, prompts, p), want) << label << " resident, CUDA graphs";
+  const GraphCounters after = device.graph_counters();
+  if (device.name().rfind("cuda", 0) == 0 && max_new >= 4) {
+    EXPECT_EQ(after.capture_failed, before.capture_failed) << label;
+    EXPECT_EQ(after.interrupted, before.interrupted) << label;
+    EXPECT_GE(after.replayed - before.replayed, 1) << label;
+  }
 }
 
 }  // namespace kvpr::test

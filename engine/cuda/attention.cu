@@ -320,6 +320,8 @@ void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, i
 
 }  // namespace
 
+int64_t attention_launch_ctx(int64_t max_ctx) { return static_cast<int64_t>(decode_splits(max_ctx)) * kSplitKeys; }
+
 int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim) {
   return n_seqs * heads * decode_splits(max_ctx) * (head_dim + 2);
 }

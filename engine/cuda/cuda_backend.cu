@@ -8,7 +8,12 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <mutex>
+#include <set>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "engine/cuda/cuda_check.h"
@@ -43,6 +48,37 @@ cudaEvent_t cuda_event(const Event& e) {
   return impl->ev;
 }
 
+// Holds back frees while a graph step is recorded: the recorded work still refers to the
+// memory (a scratch buffer grown mid-step, a temporary released before the step is issued).
+struct FreeGate {
+  std::mutex mu;
+  bool holding = false;
+  std::vector<std::function<void()>> held;
+  void release(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (holding) {
+        held.push_back(std::move(f));
+        return;
+      }
+    }
+    f();
+  }
+  void hold() {
+    std::lock_guard<std::mutex> lock(mu);
+    holding = true;
+  }
+  void open() {
+    std::vector<std::function<void()>> h;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      holding = false;
+      h.swap(held);
+    }
+    for (auto& f : h) f();
+  }
+};
+
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
     case DType::F32: return CUDA_R_32F;
@@ -65,11 +101,16 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream(Stream::Compute)));
     CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    // cuBLAS's workspace, ours: a captured GEMM then allocates nothing, whatever the version.
+    cublas_workspace_ = alloc(DType::U8, {kCublasWorkspaceBytes});
+    CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.data(), kCublasWorkspaceBytes));
   }
 
   ~CudaBackend() override {
     cudaSetDevice(device_);
     cudaDeviceSynchronize();
+    gate_->open();
+    for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
     for (auto& st : staging_)
       if (st.done) cudaEventDestroy(st.done);
     cublasDestroy(cublas_);
@@ -103,12 +144,14 @@ class CudaBackend final : public Backend {
     auto counter = in_use_;
     counter->fetch_add(bytes);
     int dev = device_;
-    st->release = [counter, bytes, dev](void* q) {
-      counter->fetch_sub(bytes);
-      if (q) {
-        cudaSetDevice(dev);
-        cudaFree(q);
-      }
+    st->release = [counter, bytes, dev, gate = gate_](void* q) {
+      gate->release([counter, bytes, dev, q] {
+        counter->fetch_sub(bytes);
+        if (q) {
+          cudaSetDevice(dev);
+          cudaFree(q);
+        }
+      });
     };
     return Tensor(std::move(st), 0, dtype, std::move(shape));
   }
@@ -130,9 +173,11 @@ class CudaBackend final : public Backend {
       st->data = p;
       st->bytes = bytes;
       st->kind = MemoryKind::PinnedHost;
-      st->release = [a = host_allocator_, bytes](void* q) {
-        cudaHostUnregister(q);
-        a->deallocate(q, bytes);
+      st->release = [a = host_allocator_, bytes, gate = gate_](void* q) {
+        gate->release([a, bytes, q] {
+          cudaHostUnregister(q);
+          a->deallocate(q, bytes);
+        });
       };
       return Tensor(std::move(st), 0, dtype, std::move(shape));
     }
@@ -149,8 +194,8 @@ class CudaBackend final : public Backend {
     st->data = p;
     st->bytes = bytes;
     st->kind = MemoryKind::PinnedHost;
-    st->release = [](void* q) {
-      if (q) cudaFreeHost(q);
+    st->release = [gate = gate_](void* q) {
+      if (q) gate->release([q] { cudaFreeHost(q); });
     };
     return Tensor(std::move(st), 0, dtype, std::move(shape));
   }
@@ -161,6 +206,18 @@ class CudaBackend final : public Backend {
     KVPR_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy from ", src.describe(), " to ",
                dst.describe(), ": dtype or size differ");
     if (src.nbytes() == 0 || dst.data() == src.data()) return;
+    if (rec_.on) {
+      // A graph holds copies on the compute stream into device or pinned memory; a pageable
+      // source is taken now, as CUDA does, into the step's uploaded parameters.
+      if (s == Stream::Compute && dst.memory() != MemoryKind::Host) {
+        const void* from = src.memory() == MemoryKind::Host ? record_upload(src.data(), src.nbytes()) : src.data();
+        if (from) {
+          issue("copy", &copy_call, dst.data(), from, src.nbytes(), compute());
+          return;
+        }
+      }
+      interrupt();
+    }
     Traced t(*this, s, what, src.nbytes(), 0);
     CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDefault, stream(s)));
     // A pageable host destination is only valid once the copy ran: make it synchronous.
@@ -168,21 +225,28 @@ class CudaBackend final : public Backend {
   }
 
   Event record(Stream s) override {
+    if (rec_.on) interrupt();
     auto ev = std::make_shared<CudaEvent>();
     CUDA_CHECK(cudaEventRecord(ev->ev, stream(s)));
     return Event(ev);
   }
-  void wait(Stream s, const Event& e) override { CUDA_CHECK(cudaStreamWaitEvent(stream(s), cuda_event(e), 0)); }
+  void wait(Stream s, const Event& e) override {
+    if (rec_.on) interrupt();
+    CUDA_CHECK(cudaStreamWaitEvent(stream(s), cuda_event(e), 0));
+  }
   void synchronize(const Event& e) override {
+    if (rec_.on) interrupt();
     CUDA_CHECK(cudaEventSynchronize(cuda_event(e)));
     if (tracer_) flush_trace();  // the spans that are complete (a decode step waits here only)
   }
   void synchronize() override {
+    if (rec_.on) interrupt();
     for (auto& st : streams_) CUDA_CHECK(cudaStreamSynchronize(st));
     flush_trace();
   }
   double elapsed_ms(const Event& start, const Event& end) override {
     float ms = 0.f;
+    if (rec_.on) interrupt();
     CUDA_CHECK(cudaEventSynchronize(cuda_event(end)));
     CUDA_CHECK(cudaEventElapsedTime(&ms, cuda_event(start), cuda_event(end)));
     return ms;
@@ -202,28 +266,24 @@ class CudaBackend final : public Backend {
     KVPR_CHECK(out.numel() == x.numel() && gamma.numel() == d && beta.numel() == d && gamma.dtype() == beta.dtype(),
                "layer_norm: shapes ", out.describe(), " ", x.describe(), " ", gamma.describe(), " ", beta.describe());
     Traced t(*this, Stream::Compute, "layer_norm", 0, 0);
-    cuda::layer_norm(out.data_as<float>(), x.data_as<float>(), gamma.data(), beta.data(), gamma.dtype(), n, d, eps,
-                     compute());
+    issue("layer_norm", &cuda::layer_norm, out.data_as<float>(), x.data_as<float>(), gamma.data(), beta.data(),
+          gamma.dtype(), n, d, eps, compute());
   }
 
   void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) override {
     const auto [M, N, K] = check_linear(out, x, w, bias, "linear");
     if (M == 0) return;
     Traced t(*this, Stream::Compute, "linear", 0, 2.0 * M * N * K);
-    gemm(out, x, w, M, N, K, 0.f);
-    int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
-    if (bias.defined() || a)
-      cuda::bias_act(out.data_as<float>(), bias.defined() ? bias.data() : nullptr,
-                     bias.defined() ? bias.dtype() : DType::F32, 1, M, N, a, compute());
+    gemm(out, x, w, 1, M, N, K, 0.f);
+    bias_act(out, bias, act, 1, M, N);
   }
 
   void linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override {
     const auto [M, N, K] = check_linear(out, x, w, bias, "linear_accumulate");
     if (M == 0) return;
     Traced t(*this, Stream::Compute, "linear_accumulate", 0, 2.0 * M * N * K);
-    gemm(out, x, w, M, N, K, 1.f);  // out += x · wᵀ
-    if (bias.defined())
-      cuda::bias_act(out.data_as<float>(), bias.data(), bias.dtype(), 1, M, N, 0, compute());
+    gemm(out, x, w, 1, M, N, K, 1.f);  // out += x · wᵀ
+    bias_act(out, bias, Activation::None, 1, M, N);
   }
 
   void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -238,18 +298,8 @@ class CudaBackend final : public Backend {
                out.describe());
     if (M == 0 || B == 0) return;
     Traced t(*this, Stream::Compute, "linear_batched", 0, 2.0 * B * M * N * K);
-    const float alpha = 1.f, beta = 0.f;
-    const void* xin = gemm_input(x, w.dtype(), M * K);
-    // Column-major outᵀ[b] (N×M) = w[b] (as K×N, transposed) · xᵀ (K×M); x is shared (stride 0).
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-        cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
-        w.data(), cuda_type(w.dtype()), static_cast<int>(K), N * K, xin, cuda_type(w.dtype()), static_cast<int>(K), 0,
-        &beta, out.data(), CUDA_R_32F, static_cast<int>(N), M * N, static_cast<int>(B), CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT));
-    int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
-    if (bias.defined() || a)
-      cuda::bias_act(out.data_as<float>(), bias.defined() ? bias.data() : nullptr,
-                     bias.defined() ? bias.dtype() : DType::F32, B, M, N, a, compute());
+    gemm(out, x, w, B, M, N, K, 0.f);
+    bias_act(out, bias, act, B, M, N);
   }
 
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
@@ -259,7 +309,7 @@ class CudaBackend final : public Backend {
     KVPR_CHECK(out.numel() == a.numel() && a.numel() == b.numel(), "add: shapes ", out.describe(), " ",
                a.describe(), " ", b.describe());
     Traced t(*this, Stream::Compute, "add", 0, 0);
-    cuda::add(out.data_as<float>(), a.data_as<float>(), b.data_as<float>(), out.numel(), compute());
+    issue("add", &cuda::add, out.data_as<float>(), a.data_as<float>(), b.data_as<float>(), out.numel(), compute());
   }
 
   void convert(const Tensor& dst, const Tensor& src) override {
@@ -269,7 +319,7 @@ class CudaBackend final : public Backend {
       return;
     }
     Traced t(*this, Stream::Compute, "convert", 0, 0);
-    cuda::convert(dst.data(), dst.dtype(), src.data(), src.dtype(), src.numel(), compute());
+    issue("convert", &cuda::convert, dst.data(), dst.dtype(), src.data(), src.dtype(), src.numel(), compute());
   }
 
   void copy_rows(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) override {
@@ -280,19 +330,20 @@ class CudaBackend final : public Backend {
     Traced t(*this, Stream::Compute, "copy_rows",
              static_cast<size_t>(rows * src.dim(1)) * (dtype_size(src.dtype()) + dtype_size(dst.dtype())), 0);
     const void* d = upload_small(descs.data(), descs.size() * sizeof(cuda::SpanDesc));
-    cuda::copy_rows(dst.data(), dst.dtype(), src.data(), src.dtype(), static_cast<const cuda::SpanDesc*>(d),
-                    static_cast<int64_t>(descs.size()), rows, src.dim(1), compute());
+    issue("copy_rows", &cuda::copy_rows, dst.data(), dst.dtype(), src.data(), src.dtype(),
+          static_cast<const cuda::SpanDesc*>(d), static_cast<int64_t>(descs.size()), rows, src.dim(1), compute());
   }
 
   void fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) override {
     KVPR_CHECK(is_float(t.dtype()), "fill_random needs a float tensor, got ", t.describe());
-    cuda::fill_random(t.data(), t.dtype(), t.numel(), seed, mean, stddev, compute());
+    issue("fill_random", &cuda::fill_random, t.data(), t.dtype(), t.numel(), seed, mean, stddev, compute());
   }
 
   void argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) override {
     const int64_t R = check_argmax_lse(ids, stats, logits, valid), V = logits.dim(-1);
     Traced t(*this, Stream::Compute, "argmax_lse", logits.nbytes(), 0);
-    cuda::argmax_lse(ids.data_as<int32_t>(), stats.data_as<float>(), logits.data_as<float>(), R, V, valid, compute());
+    issue("argmax_lse", &cuda::argmax_lse, ids.data_as<int32_t>(), stats.data_as<float>(), logits.data_as<float>(), R,
+          V, valid, compute());
   }
 
   void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs, int heads,
@@ -325,6 +376,8 @@ class CudaBackend final : public Backend {
                 reinterpret_cast<uintptr_t>(a.v.data()) % 16 == 0;
       kv_bytes += 2 * (a.past_len + a.q_len) * hidden * static_cast<int64_t>(dtype_size(kv));
     }
+    // The smallest context with the same launches: they change every 256 tokens, not every step.
+    max_ctx = cuda::attention_launch_ctx(max_ctx);
     Traced t(*this, Stream::Compute, "attention", kv_bytes, 0);
     const void* dd = upload_small(descs.data(), descs.size() * sizeof(cuda::AttnDesc));
     const void* tiles = nullptr;
@@ -339,9 +392,10 @@ class CudaBackend final : public Backend {
       int64_t wf = cuda::attention_work_floats(static_cast<int64_t>(descs.size()), max_ctx, heads, static_cast<int>(hd));
       work = scratch_named(work_buf_, DType::F32, wf).data_as<float>();
     }
-    cuda::attention(out.data_as<float>(), q.data_as<float>(), static_cast<const cuda::AttnDesc*>(dd),
-                    static_cast<int64_t>(descs.size()), total_q, max_ctx, max_q, all_decode, heads, static_cast<int>(hd),
-                    kv, scale, work, aligned, static_cast<const cuda::AttnTile*>(tiles), n_tiles, compute());
+    issue("attention", &cuda::attention, out.data_as<float>(), q.data_as<float>(),
+          static_cast<const cuda::AttnDesc*>(dd), static_cast<int64_t>(descs.size()), total_q, max_ctx, max_q,
+          all_decode, heads, static_cast<int>(hd), kv, scale, work, aligned, static_cast<const cuda::AttnTile*>(tiles),
+          n_tiles, compute());
   }
 
  private:
@@ -351,7 +405,8 @@ class CudaBackend final : public Backend {
     CudaBackend& b;
     bool on;
     size_t idx = 0;
-    Traced(CudaBackend& be, Stream s, const char* what, size_t bytes, double flops) : b(be), on(be.tracer_ != nullptr) {
+    Traced(CudaBackend& be, Stream s, const char* what, size_t bytes, double flops)
+        : b(be), on(be.tracer_ != nullptr && !be.rec_.on) {  // a recorded step is traced as one span
       if (!on) return;
       std::lock_guard<std::mutex> lock(b.trace_mu_);
       b.ensure_trace_base();
@@ -422,19 +477,40 @@ class CudaBackend final : public Backend {
   const void* gemm_input(const Tensor& x, DType dt, int64_t n) {
     if (dt == DType::F32) return x.data();
     Tensor xh = scratch(dt, n);
-    cuda::convert(xh.data(), dt, x.data(), DType::F32, n, compute());
+    issue("convert", &cuda::convert, xh.data(), dt, x.data(), DType::F32, n, compute());
     return xh.data();
   }
 
-  // Row-major out[M,N] = x[M,K] · w[N,K]ᵀ + beta · out, as column-major outᵀ[N,M] = wᵀ[N,K] · xᵀ[K,M]:
-  // fp32 accumulation; fp16/bf16 weights take the activations rounded to their dtype.
-  void gemm(const Tensor& out, const Tensor& x, const Tensor& w, int64_t M, int64_t N, int64_t K, float beta) {
-    const float alpha = 1.f;
+  // Row-major out[b][M,N] = x[M,K] · w[b][N,K]ᵀ + beta · out[b] for each of B weight matrices
+  // (x shared), as column-major outᵀ[N,M] = wᵀ[N,K] · xᵀ[K,M]: fp32 accumulation; fp16/bf16
+  // weights take the activations rounded to their dtype.
+  void gemm(const Tensor& out, const Tensor& x, const Tensor& w, int64_t B, int64_t M, int64_t N, int64_t K,
+            float beta) {
     const void* xin = gemm_input(x, w.dtype(), M * K);
-    CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
-                              static_cast<int>(K), &alpha, w.data(), cuda_type(w.dtype()), static_cast<int>(K), xin,
-                              cuda_type(w.dtype()), static_cast<int>(K), &beta, out.data(), CUDA_R_32F,
-                              static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    issue("gemm", &gemm_call, cublas_, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), w.data(),
+          cuda_type(w.dtype()), xin, beta, out.data(), static_cast<int>(B));
+  }
+  static void gemm_call(cublasHandle_t h, int n, int m, int k, const void* w, cudaDataType_t wt, const void* x,
+                        float beta, void* out, int batch) {
+    const float alpha = 1.f;
+    if (batch == 1)
+      CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, wt, k, x, wt, k, &beta, out,
+                                CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    else  // weights [batch, n, k] one after another, x shared (stride 0), out [batch, m, n]
+      CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, wt, k,
+                                              static_cast<long long>(n) * k, x, wt, k, 0, &beta, out, CUDA_R_32F, n,
+                                              static_cast<long long>(m) * n, batch, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT));
+  }
+  static void copy_call(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  }
+  // out = act(out + bias) over B×M rows of N, when there is a bias or an activation.
+  void bias_act(const Tensor& out, const Tensor& bias, Activation act, int64_t B, int64_t M, int64_t N) {
+    const int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
+    if (!bias.defined() && !a) return;
+    issue("bias_act", &cuda::bias_act, out.data_as<float>(), bias.defined() ? bias.data() : nullptr,
+          bias.defined() ? bias.dtype() : DType::F32, B, M, N, a, compute());
   }
 
   cudaStream_t stream(Stream s) const { return streams_[static_cast<int>(s)]; }
@@ -449,8 +525,8 @@ class CudaBackend final : public Backend {
     KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == out.dim(0) && table.dim(1) == out.dim(1), what,
                ": shapes ", out.describe(), " ", table.describe(), " ", ids.describe());
     Traced t(*this, Stream::Compute, what, 0, 0);
-    cuda::gather_rows(out.data_as<float>(), table.data(), table.dtype(), ids.data_as<int32_t>(), table.dim(0),
-                      ids.numel(), out.dim(1), accumulate, compute());
+    issue(what, &cuda::gather_rows, out.data_as<float>(), table.data(), table.dtype(), ids.data_as<int32_t>(),
+          table.dim(0), ids.numel(), out.dim(1), accumulate, compute());
   }
 
   // Small per-call parameters (attention descriptors, copy_rows spans) go up through a ring of
@@ -461,6 +537,15 @@ class CudaBackend final : public Backend {
   // inside a step: with 32 slots a 7-layer KVPR step already waited 3 times (found on the
   // emulated device). 2 MiB of pinned and of device memory in all.
   const void* upload_small(const void* src, size_t bytes) {
+    if (rec_.on) {
+      if (const void* d = record_upload(src, bytes)) return d;
+      interrupt();
+    }
+    return upload(src, bytes, nullptr);
+  }
+  // Copies `bytes` from the host through a ring slot to `dst` (nullptr: the slot's own device
+  // room) on the compute stream; returns the device address.
+  const void* upload(const void* src, size_t bytes, void* dst) {
     const size_t i = staging_next_++ % staging_.size();
     Staging& st = staging_[i];
     if (!st.done) CUDA_CHECK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming));
@@ -476,16 +561,20 @@ class CudaBackend final : public Backend {
       h = static_cast<char*>(ring_host_.data()) + i * kStagingSlotBytes;
       d = static_cast<char*>(ring_dev_.data()) + i * kStagingSlotBytes;
     } else {
-      // A large upload (a big prefill's tiles): the slot's own buffers, grown as needed.
+      // A large upload (a big prefill's tiles, a graph step's parameters): the slot's own
+      // buffers, grown as needed.
       if (!st.host.defined() || st.host.nbytes() < bytes) {
         const int64_t cap = static_cast<int64_t>(bytes * 2);
         st.host = Tensor();
         st.host = cuda_pinned(cap);
-        st.dev = alloc(DType::U8, {cap});  // the old one is freed only after the device is idle
+        st.dev = Tensor();
       }
+      if (!dst && (!st.dev.defined() || st.dev.nbytes() < bytes))
+        st.dev = alloc(DType::U8, {st.host.numel()});  // the old one is freed only after the device is idle
       h = static_cast<char*>(st.host.data());
-      d = static_cast<char*>(st.dev.data());
+      d = st.dev.defined() ? static_cast<char*>(st.dev.data()) : nullptr;
     }
+    if (dst) d = static_cast<char*>(dst);
     std::memcpy(h, src, bytes);
     CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, compute()));
     CUDA_CHECK(cudaEventRecord(st.done, compute()));
@@ -498,8 +587,165 @@ class CudaBackend final : public Backend {
     st->data = p;
     st->bytes = static_cast<size_t>(bytes);
     st->kind = MemoryKind::PinnedHost;
-    st->release = [](void* q) { cudaFreeHost(q); };
+    st->release = [gate = gate_](void* q) { gate->release([q] { cudaFreeHost(q); }); };
     return Tensor(std::move(st), 0, DType::U8, {bytes});
+  }
+
+  // ---- graph steps (Backend::begin_graph_step) ----
+  // While a step is recorded, every op's launch goes through issue(): the launch function and
+  // all its arguments (pointers, sizes, dtypes, launch shapes: every value the launch depends
+  // on) are kept, and appended to the step's key. Small parameters the ops upload (attention
+  // descriptors, copy_rows spans, token ids) go to one device area, uploaded before the step
+  // runs; only their contents differ between steps whose keys are equal.
+  struct Recording {
+    bool open = false;  // between begin_graph_step and end_graph_step
+    bool on = false;    // recording (not interrupted)
+    std::vector<std::function<void()>> cmds;
+    std::string key;
+    std::vector<char> args;  // parameter bytes for graph_args_
+    int64_t ops = 0;
+  };
+  struct CachedGraph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t used = 0;
+  };
+
+  template <typename T>
+  struct Same {  // std::type_identity (C++20; CUDA sources are C++17): P from f only
+    using type = T;
+  };
+  template <typename... P>
+  void issue(const char* tag, void (*f)(P...), typename Same<P>::type... args) {
+    if (!rec_.on) {
+      f(args...);
+      return;
+    }
+    key_bytes(tag, std::strlen(tag) + 1);
+    const auto fn = reinterpret_cast<uintptr_t>(f);
+    key_bytes(&fn, sizeof fn);
+    (key_value(args), ...);
+    rec_.cmds.push_back([f, args...] { f(args...); });
+    ++rec_.ops;
+  }
+  template <typename T>
+  void key_value(const T& v) {
+    static_assert(std::is_scalar_v<T>, "a recorded launch's arguments are scalars: pointers, sizes, enums");
+    key_bytes(&v, sizeof v);
+  }
+  void key_bytes(const void* p, size_t n) { rec_.key.append(static_cast<const char*>(p), n); }
+
+  // The device address `bytes` of parameters will have when the recorded step runs, or null
+  // when the step's parameter area is full.
+  const void* record_upload(const void* src, size_t bytes) {
+    const size_t off = (rec_.args.size() + 15) / 16 * 16;
+    if (off + bytes > kGraphArgBytes) return nullptr;
+    if (!graph_args_.defined()) graph_args_ = alloc(DType::U8, {static_cast<int64_t>(kGraphArgBytes)});
+    rec_.args.resize(off + bytes);
+    std::memcpy(rec_.args.data() + off, src, bytes);
+    return static_cast<char*>(graph_args_.data()) + off;
+  }
+  void upload_args() {
+    if (!rec_.args.empty()) upload(rec_.args.data(), rec_.args.size(), graph_args_.data());
+  }
+  void run_recorded() {
+    for (auto& c : rec_.cmds) c();
+  }
+  // A call a graph cannot hold: what was recorded is issued op by op, the rest of the step too.
+  void interrupt() {
+    rec_.on = false;
+    upload_args();
+    run_recorded();
+    rec_.cmds.clear();
+    rec_.args.clear();
+  }
+
+ public:
+  void begin_graph_step() override {
+    KVPR_CHECK(!rec_.open, "begin_graph_step: a graph step is already open");
+    rec_ = Recording{};
+    rec_.open = rec_.on = true;
+    gate_->hold();
+  }
+
+  GraphStep end_graph_step() override {
+    GraphStep r;
+    if (!rec_.open) return r;
+    struct OpenGate {  // memory released during the step is freed once its work is issued
+      FreeGate& g;
+      ~OpenGate() { g.open(); }
+    } open_gate{*gate_};
+    rec_.open = false;
+    r.ops = rec_.ops;
+    if (!rec_.on) {
+      r.outcome = GraphOutcome::Interrupted;
+      ++counters_.interrupted;
+      return r;
+    }
+    rec_.on = false;
+    auto it = graphs_.find(rec_.key);
+    r.outcome = it != graphs_.end()                                   ? GraphOutcome::Replayed
+                : rec_.key == last_key_ && !uncapturable_.count(rec_.key) ? GraphOutcome::Captured
+                                                                      : GraphOutcome::Eager;
+    const std::string span = std::string("step (") + graph_outcome_name(r.outcome) + ", " + std::to_string(r.ops) + " ops)";
+    Traced t(*this, Stream::Compute, span.c_str(), 0, 0);
+    upload_args();  // before the step's work, on the same stream
+    if (r.outcome == GraphOutcome::Captured) {
+      cudaGraphExec_t exec = capture(&r.capture_error);
+      if (exec) {
+        evict_graphs();
+        it = graphs_.emplace(rec_.key, CachedGraph{exec, 0}).first;
+      } else {
+        ++counters_.capture_failed;
+        uncapturable_.insert(rec_.key);
+        r.outcome = GraphOutcome::Eager;
+      }
+    }
+    if (r.outcome == GraphOutcome::Eager) {
+      run_recorded();
+      ++counters_.eager;
+      last_key_ = std::move(rec_.key);
+    } else {
+      it->second.used = ++graph_clock_;
+      CUDA_CHECK(cudaGraphLaunch(it->second.exec, compute()));
+      ++(r.outcome == GraphOutcome::Replayed ? counters_.replayed : counters_.captured);
+    }
+    rec_.cmds.clear();
+    return r;
+  }
+
+  GraphCounters graph_counters() const override { return counters_; }
+
+ private:
+  // The recorded step as an executable graph, or null (with the reason) when CUDA refused to
+  // capture it; nothing has run then, and the caller issues the step op by op.
+  cudaGraphExec_t capture(std::string* error) {
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    try {
+      CUDA_CHECK(cudaStreamBeginCapture(compute(), cudaStreamCaptureModeThreadLocal));
+      try {
+        run_recorded();
+      } catch (...) {
+        cudaStreamEndCapture(compute(), &g);
+        throw;
+      }
+      CUDA_CHECK(cudaStreamEndCapture(compute(), &g));
+      CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    } catch (const std::exception& e) {
+      *error = e.what();
+      exec = nullptr;
+    }
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();  // a refused capture is reported through *error
+    return exec;
+  }
+  void evict_graphs() {
+    while (graphs_.size() >= kMaxGraphs) {
+      auto lru = std::min_element(graphs_.begin(), graphs_.end(),
+                                  [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+      CUDA_CHECK(cudaGraphExecDestroy(lru->second.exec));  // one in flight is freed when it completes
+      graphs_.erase(lru);
+    }
   }
   struct Staging {
     Tensor host, dev;
@@ -528,6 +774,19 @@ class CudaBackend final : public Backend {
   std::array<Staging, 512> staging_;
   Tensor ring_host_, ring_dev_;  // kStagingSlotBytes per slot
   size_t staging_next_ = 0;
+  static constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
+  Tensor cublas_workspace_;
+  // Graph steps. Parameters of a decode step: about 6 KB a layer at batch 64.
+  static constexpr size_t kGraphArgBytes = size_t{4} << 20;
+  static constexpr size_t kMaxGraphs = 8;
+  std::shared_ptr<FreeGate> gate_ = std::make_shared<FreeGate>();
+  Recording rec_;
+  Tensor graph_args_;
+  std::map<std::string, CachedGraph> graphs_;
+  std::set<std::string> uncapturable_;
+  std::string last_key_;  // of the last step issued op by op
+  uint64_t graph_clock_ = 0;
+  GraphCounters counters_;
   std::mutex trace_mu_;
   std::vector<PendingSpan> pending_;
   cudaEvent_t trace_base_ = nullptr;

@@ -63,6 +63,11 @@ inline std::vector<AttnTile> attention_tiles(const AttnDesc* descs, int64_t n_se
 // Other batches use the tiled kernel when `tiles` (device memory, attention_tiles) is given
 // and head_dim <= 128: a block loads each 32-key tile of K and V once into shared memory for
 // 16 query rows; else one warp per (row, head) walks the keys.
+// The launches depend on max_ctx only through the decode kernel's split count (one per 256
+// keys, at most 64): this is the smallest max_ctx with the same launches. The backend passes
+// it, so a decode step's launches change every 256 tokens of context, not every token (graph
+// replay); the results are unchanged.
+int64_t attention_launch_ctx(int64_t max_ctx);
 int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim);
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t max_q_len, bool all_decode, int heads, int head_dim, DType kv_dtype, float scale, float* work,

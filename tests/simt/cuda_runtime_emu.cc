@@ -22,13 +22,22 @@
 #include <vector>
 
 // The handle types the CUDA headers leave opaque.
+struct CUgraph_st {
+  std::vector<std::function<void()>> nodes;  // in stream order (one captured stream)
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> nodes;
+};
 struct CUstream_st {
   std::deque<std::function<void()>> queue;
   uint64_t submitted = 0, done = 0;  // ops queued so far; ops run so far
+  std::shared_ptr<CUgraph_st> capture;  // while capturing: where its work goes instead
+  bool capture_invalid = false;          // a prohibited call was made during the capture
 };
 struct CUevent_st {
   bool timing = true;
   bool recorded = false;
+  bool captured = false;  // its last record was made inside a stream capture
   std::shared_ptr<CUstream_st> stream;  // where it was last recorded
   uint64_t seq = 0;                     // complete once stream->done >= seq
   uint64_t generation = 0;
@@ -36,6 +45,7 @@ struct CUevent_st {
 };
 struct cublasContext {
   cudaStream_t stream = nullptr;
+  void* workspace = nullptr;  // cublasSetWorkspace (the emulated GEMMs need none)
 };
 
 namespace kvpr_emu {
@@ -99,11 +109,16 @@ struct State {
   std::map<CUstream_st*, std::shared_ptr<CUstream_st>> streams;
   std::map<CUevent_st*, std::shared_ptr<CUevent_st>> events;
   std::map<cublasContext*, std::unique_ptr<cublasContext>> handles;
+  std::map<CUgraph_st*, std::shared_ptr<CUgraph_st>> graphs;
+  std::map<CUgraphExec_st*, std::shared_ptr<CUgraphExec_st>> execs;
+  std::shared_ptr<CUstream_st> capturing;  // the stream being captured (one at a time)
   cudaError_t last_error = cudaSuccess;
   Schedule schedule = Schedule::Lazy;
   std::mt19937_64 rng{1};
   uint64_t kernels = 0, gemms = 0;
   uint64_t host_waits = 0;  // calls that blocked the host on queued work
+  uint64_t submissions = 0;  // kernels, GEMMs, copies, memsets and graph launches the host issued
+  uint64_t graph_launches = 0, graphs_instantiated = 0;
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
 
   State() {
@@ -201,6 +216,16 @@ cudaError_t fail(State& s, cudaError_t e) {
   return e;
 }
 
+// A call that may make the host wait, or allocates, while a stream is being captured: CUDA
+// refuses it (cudaStreamCaptureModeGlobal and ThreadLocal, the modes the backend uses) and the
+// capture is invalidated, so cudaStreamEndCapture fails too.
+bool capture_violation(State& s) {
+  if (!s.capturing) return false;
+  s.capturing->capture_invalid = true;
+  s.last_error = cudaErrorStreamCaptureUnsupported;
+  return true;
+}
+
 std::shared_ptr<CUstream_st> stream_of(State& s, cudaStream_t h) {
   if (h == nullptr || h == cudaStreamLegacy) return s.legacy;
   auto it = s.streams.find(h);
@@ -260,6 +285,10 @@ void maybe_run_some(State& s) {
 }
 
 void enqueue(State& s, const std::shared_ptr<CUstream_st>& st, std::function<void()> op) {
+  if (st->capture) {  // captured: becomes a node of the graph, runs only when that is launched
+    st->capture->nodes.push_back(std::move(op));
+    return;
+  }
   st->queue.push_back(std::move(op));
   ++st->submitted;
   if (s.schedule == Schedule::Eager) run_until(s, st, st->submitted);
@@ -292,6 +321,7 @@ void submit_kernel(cudaStream_t stream, std::function<void()> run, const std::ve
                         ") points to device memory that is not allocated");
   }
   State* s = &a.s;
+  ++a.s.submissions;
   enqueue(a.s, st, [run = std::move(run), s] {
     run();
     ++s->kernels;
@@ -325,6 +355,18 @@ uint64_t gemms_run() {
 uint64_t host_waits() {
   Api a;
   return a.s.host_waits;
+}
+uint64_t host_submissions() {
+  Api a;
+  return a.s.submissions;
+}
+uint64_t graph_launches() {
+  Api a;
+  return a.s.graph_launches;
+}
+uint64_t graphs_instantiated() {
+  Api a;
+  return a.s.graphs_instantiated;
 }
 Memory classify(const void* p) {
   Api a;
@@ -400,6 +442,7 @@ const char* cudaGetErrorString(cudaError_t e) {
 }
 cudaError_t cudaDeviceSynchronize() {
   Api a;
+  if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   run_all(a.s);
   return cudaSuccess;
 }
@@ -407,6 +450,7 @@ cudaError_t cudaDeviceSynchronize() {
 // ---- memory ----
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   Api a;
+  if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   State& s = a.s;
   if (!p) return fail(s, cudaErrorInvalidValue);
   *p = nullptr;
@@ -439,6 +483,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 
 cudaError_t cudaFree(void* p) {
   Api a;
+  if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   State& s = a.s;
   if (!p) return cudaSuccess;
   const char* c = static_cast<const char*>(p);
@@ -481,6 +526,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
   Api a;
+  if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   if (!p) return fail(a.s, cudaErrorInvalidValue);
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
@@ -494,6 +540,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
 
 cudaError_t cudaFreeHost(void* p) {
   Api a;
+  if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   if (!p) return cudaSuccess;
   auto it = a.s.pinned.find(reinterpret_cast<uintptr_t>(p));
   if (it == a.s.pinned.end() || !it->second.owned) return fail(a.s, cudaErrorInvalidValue);
@@ -505,6 +552,7 @@ cudaError_t cudaFreeHost(void* p) {
 
 cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned) {
   Api a;
+  if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   if (!p || bytes == 0 || classify_locked(a.s, p) == Memory::Device) return fail(a.s, cudaErrorInvalidValue);
   const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
   auto it = a.s.pinned.lower_bound(lo);
@@ -517,6 +565,7 @@ cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned) {
 
 cudaError_t cudaHostUnregister(void* p) {
   Api a;
+  if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   auto it = a.s.pinned.find(reinterpret_cast<uintptr_t>(p));
   if (it == a.s.pinned.end() || it->second.owned) return fail(a.s, cudaErrorHostMemoryNotRegistered);
   run_all(a.s);
@@ -538,6 +587,12 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (!kind_ok) return fail(s, cudaErrorInvalidValue);
   check_range(s, dst, bytes, "cudaMemcpyAsync destination");
   check_range(s, src, bytes, "cudaMemcpyAsync source");
+  // A graph's copy node reads and writes at replay: pageable memory cannot be in one, and a
+  // copy into pageable memory would make the host wait.
+  const bool pageable = classify_locked(s, src) == Memory::Pageable || classify_locked(s, dst) == Memory::Pageable;
+  if (pageable && (st->capture || classify_locked(s, dst) == Memory::Pageable) && capture_violation(s))
+    return cudaErrorStreamCaptureUnsupported;
+  ++s.submissions;
   if (classify_locked(s, src) == Memory::Pageable) {
     // From pageable memory the data is taken at the call (staged), as CUDA does.
     auto copy = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
@@ -552,6 +607,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   Api a;
+  if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   cudaError_t e = kvpr_emu::cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
   if (e == cudaSuccess) run_all(a.s);
   return e;
@@ -564,12 +620,14 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
   if (bytes == 0) return cudaSuccess;
   if (classify_locked(a.s, p) != Memory::Device) return fail(a.s, cudaErrorInvalidValue);
   check_range(a.s, p, bytes, "cudaMemsetAsync");
+  ++a.s.submissions;
   enqueue(a.s, st, [p, value, bytes] { std::memset(p, value, bytes); });
   return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   Api a;
+  if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   cudaError_t e = kvpr_emu::cudaMemsetAsync(p, value, bytes, nullptr);
   if (e == cudaSuccess) host_wait(a.s, a.s.legacy, a.s.legacy->submitted);
   return e;
@@ -588,6 +646,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned flags) {
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   Api a;
+  if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   auto it = a.s.streams.find(stream);
   if (it == a.s.streams.end()) return fail(a.s, cudaErrorInvalidResourceHandle);
   auto st = it->second;
@@ -597,6 +656,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Api a;
+  if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   auto st = stream_of(a.s, stream);
   if (!st) return fail(a.s, cudaErrorInvalidResourceHandle);
   host_wait(a.s, st, st->submitted);
@@ -632,6 +692,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
   if (!e || !st) return fail(a.s, cudaErrorInvalidResourceHandle);
   const uint64_t gen = ++e->generation;
   e->recorded = true;
+  e->captured = st->capture != nullptr;
   e->stream = st;
   State* s = &a.s;
   enqueue(a.s, st, [e, gen, s] {
@@ -644,6 +705,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   Api a;
   auto e = event_of(a.s, ev);
   if (!e) return fail(a.s, cudaErrorInvalidResourceHandle);
+  if (e->captured || capture_violation(a.s)) return fail(a.s, cudaErrorStreamCaptureUnsupported);
   if (e->recorded) host_wait(a.s, e->stream, e->seq);
   return cudaSuccess;
 }
@@ -651,6 +713,7 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
   Api a;
   auto e = event_of(a.s, ev);
   if (!e) return fail(a.s, cudaErrorInvalidResourceHandle);
+  if (e->captured) return fail(a.s, cudaErrorStreamCaptureUnsupported);  // a record inside a capture is no point in time
   return !e->recorded || e->stream->done >= e->seq ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned) {
@@ -658,6 +721,15 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned) {
   auto e = event_of(a.s, ev);
   auto st = stream_of(a.s, stream);
   if (!e || !st) return fail(a.s, cudaErrorInvalidResourceHandle);
+  if (st->capture) {
+    // Inside a capture: an event of the same capture orders nothing more in one stream; one
+    // recorded outside it would tie the graph to work outside (CUDA: capture isolation).
+    if (e->captured && e->stream == st) return cudaSuccess;
+    capture_violation(a.s);
+    return fail(a.s, cudaErrorStreamCaptureIsolation);
+  }
+  // Joining another stream into a capture (fork/join across streams) is not modelled.
+  if (e->captured) return fail(a.s, cudaErrorNotSupported);
   if (!e->recorded) return cudaSuccess;  // waiting on a never-recorded event waits for nothing
   State* s = &a.s;
   // The wait is for the record made before this call, even if the event is recorded again.
@@ -670,9 +742,78 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if (!ms || !e0 || !e1) return fail(a.s, cudaErrorInvalidResourceHandle);
   if (!e0->timing || !e1->timing || !e0->recorded || !e1->recorded)
     return fail(a.s, cudaErrorInvalidResourceHandle);
+  if (e0->captured || e1->captured) return fail(a.s, cudaErrorStreamCaptureUnsupported);
   if (e0->stream->done < e0->seq || e1->stream->done < e1->seq) return fail(a.s, cudaErrorNotReady);
   *ms = static_cast<float>(e1->time_ms - e0->time_ms);
   return cudaSuccess;
+}
+
+// ---- stream capture and graphs ----
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  Api a;
+  auto st = stream_of(a.s, stream);
+  if (!st) return fail(a.s, cudaErrorInvalidResourceHandle);
+  if (st == a.s.legacy) return fail(a.s, cudaErrorStreamCaptureUnsupported);  // as CUDA: not the legacy stream
+  if (st->capture) return fail(a.s, cudaErrorIllegalState);
+  // Relaxed mode and several captures at once are not modelled.
+  if (mode == cudaStreamCaptureModeRelaxed || a.s.capturing) return fail(a.s, cudaErrorNotSupported);
+  st->capture = std::make_shared<CUgraph_st>();
+  st->capture_invalid = false;
+  a.s.capturing = st;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  Api a;
+  auto st = stream_of(a.s, stream);
+  if (!st || !graph) return fail(a.s, cudaErrorInvalidValue);
+  if (!st->capture) return fail(a.s, cudaErrorIllegalState);
+  auto g = std::move(st->capture);
+  st->capture = nullptr;
+  a.s.capturing = nullptr;
+  *graph = nullptr;
+  if (st->capture_invalid) return fail(a.s, cudaErrorStreamCaptureInvalidated);
+  *graph = g.get();
+  a.s.graphs[g.get()] = std::move(g);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  Api a;
+  auto st = stream_of(a.s, stream);
+  if (!st || !status) return fail(a.s, cudaErrorInvalidValue);
+  *status = !st->capture ? cudaStreamCaptureStatusNone
+                         : st->capture_invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  Api a;
+  auto it = a.s.graphs.find(graph);
+  if (!exec || it == a.s.graphs.end()) return fail(a.s, cudaErrorInvalidValue);
+  auto e = std::make_shared<CUgraphExec_st>();
+  e->nodes = it->second->nodes;  // the nodes hold their parameters by value, as an executable graph does
+  *exec = e.get();
+  a.s.execs[e.get()] = std::move(e);
+  ++a.s.graphs_instantiated;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  Api a;
+  auto it = a.s.execs.find(exec);
+  auto st = stream_of(a.s, stream);
+  if (it == a.s.execs.end() || !st) return fail(a.s, cudaErrorInvalidResourceHandle);
+  if (st->capture) return fail(a.s, cudaErrorNotSupported);  // a graph launched into a capture: not modelled
+  ++a.s.submissions;
+  ++a.s.graph_launches;
+  for (const auto& node : it->second->nodes) enqueue(a.s, st, node);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  Api a;
+  // Launches already queued keep their own copies of the nodes.
+  return a.s.execs.erase(exec) ? cudaSuccess : fail(a.s, cudaErrorInvalidValue);
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  Api a;
+  return a.s.graphs.erase(graph) ? cudaSuccess : fail(a.s, cudaErrorInvalidValue);
 }
 
 // ---- cuBLAS ----
@@ -693,6 +834,13 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t stream) {
   if (!a.s.handles.count(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!stream_of(a.s, stream)) return CUBLAS_STATUS_INVALID_VALUE;
   h->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void* workspace, size_t bytes) {
+  Api a;
+  if (!a.s.handles.count(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes && (!workspace || !find_allocation(a.s, workspace, bytes))) return CUBLAS_STATUS_INVALID_VALUE;
+  h->workspace = workspace;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t) {
@@ -784,6 +932,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t tr
   if (batch > 1 && stride_c < static_cast<long long>(ldc) * n) throw DeviceFault("cuBLAS GEMM: batches of C overlap");
   auto st = stream_of(s, h->stream);
   State* sp = &s;
+  ++s.submissions;
   enqueue(s, st, [=] {
     // op(A) as rows i (contiguous in l) and op(B) as columns j, in fp32; fp32 accumulation.
     std::vector<float> ar(static_cast<size_t>(m) * k), bc(static_cast<size_t>(n) * k);

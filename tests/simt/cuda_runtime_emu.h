@@ -23,8 +23,13 @@
 // Environment: KVPR_EMU_SCHEDULE=lazy (default) | eager | random:SEED picks the schedule of a
 // whole run; KVPR_EMU_TRACE_WAITS=1 prints a backtrace wherever the host waits for the device
 // (how the extra waits of the decode step were found).
+// - Stream capture and graphs: work issued on a capturing stream becomes the graph's nodes
+//   (run only when an instantiated graph is launched, reading its buffers then); calls that
+//   would wait or allocate during a capture fail and invalidate it, as do waits on events
+//   recorded outside it and host queries of events recorded inside it.
 // Not modelled: performance, the legacy stream's implicit synchronisation with blocking
-// streams (the backend creates non-blocking streams only), multiple devices, graphs.
+// streams (the backend creates non-blocking streams only), multiple devices, relaxed capture,
+// captures that fork across streams, graph updates.
 //
 // Include after the CUDA headers (simt_emu.h includes them): the macros at the end send the
 // backend's CUDA calls here.
@@ -57,6 +62,11 @@ uint64_t gemms_run();
 // Calls that made the host wait for queued device work (synchronizes, copies into pageable
 // memory, and the implicit waits of cudaFree and friends).
 uint64_t host_waits();
+// Work the host handed to streams: kernel launches, GEMMs, copies and memsets (captured ones
+// too), and graph launches, each counting once: what a step costs the host in launch calls.
+uint64_t host_submissions();
+uint64_t graph_launches();
+uint64_t graphs_instantiated();
 // Where a pointer points: device memory, pinned (page-locked, registered) host memory, or
 // other (pageable) host memory.
 enum class Memory { Device, Pinned, Pageable };
@@ -93,11 +103,19 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t* h);
 cublasStatus_t cublasDestroy_v2(cublasHandle_t h);
 cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode);
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void* workspace, size_t bytes);
 const char* cublasGetStatusName(cublasStatus_t s);
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
                             const void* alpha, const void* A, cudaDataType_t a_type, int lda, const void* B,
@@ -118,6 +136,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t tr
 #undef cublasCreate_v2
 #undef cublasDestroy_v2
 #undef cublasSetStream_v2
+#undef cublasSetWorkspace_v2
 #define cudaGetDeviceCount KVPR_EMU_REDIRECT(cudaGetDeviceCount)
 #define cudaSetDevice KVPR_EMU_REDIRECT(cudaSetDevice)
 #define cudaGetDeviceProperties KVPR_EMU_REDIRECT(cudaGetDeviceProperties)
@@ -148,10 +167,18 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t tr
 #define cudaEventSynchronize KVPR_EMU_REDIRECT(cudaEventSynchronize)
 #define cudaEventQuery KVPR_EMU_REDIRECT(cudaEventQuery)
 #define cudaEventElapsedTime KVPR_EMU_REDIRECT(cudaEventElapsedTime)
+#define cudaStreamBeginCapture KVPR_EMU_REDIRECT(cudaStreamBeginCapture)
+#define cudaStreamEndCapture KVPR_EMU_REDIRECT(cudaStreamEndCapture)
+#define cudaStreamIsCapturing KVPR_EMU_REDIRECT(cudaStreamIsCapturing)
+#define cudaGraphInstantiate KVPR_EMU_REDIRECT(cudaGraphInstantiate)
+#define cudaGraphLaunch KVPR_EMU_REDIRECT(cudaGraphLaunch)
+#define cudaGraphExecDestroy KVPR_EMU_REDIRECT(cudaGraphExecDestroy)
+#define cudaGraphDestroy KVPR_EMU_REDIRECT(cudaGraphDestroy)
 #define cublasCreate_v2 KVPR_EMU_REDIRECT(cublasCreate_v2)
 #define cublasDestroy_v2 KVPR_EMU_REDIRECT(cublasDestroy_v2)
 #define cublasSetStream_v2 KVPR_EMU_REDIRECT(cublasSetStream_v2)
 #define cublasSetMathMode KVPR_EMU_REDIRECT(cublasSetMathMode)
+#define cublasSetWorkspace_v2 KVPR_EMU_REDIRECT(cublasSetWorkspace_v2)
 #define cublasGetStatusName KVPR_EMU_REDIRECT(cublasGetStatusName)
 #define cublasGemmEx KVPR_EMU_REDIRECT(cublasGemmEx)
 #define cublasGemmStridedBatchedEx KVPR_EMU_REDIRECT(cublasGemmStridedBatchedEx)
