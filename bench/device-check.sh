@@ -89,9 +89,9 @@ for cfg in "8 1024" "64 1024" "32 128" "32 512"; do
   [ "$SWEEP" = 1 ] || break
   if [ "$(elapsed)" -gt 360 ]; then say "sweep: stopping, time is short"; break; fi
   set -- $cfg
-  say "sweep: batch $1, prompt $2 (resident, offload, kvpr)"
+  say "sweep: batch $1, prompt $2 (resident with and without graphs, offload, kvpr)"
   KVPR_THREADS=16 timeout 90 build-device/bench/kvpr-bench decode --preset "$PRESET" --batch "$1" --prompt "$2" \
-      --gen 12 --modes resident,offload,kvpr --json "$OUT/sweep-$1-$2.json" > "$OUT/sweep-$1-$2.txt" 2>&1 \
+      --gen 12 --modes resident,resident+graphs,offload,kvpr --json "$OUT/sweep-$1-$2.json" > "$OUT/sweep-$1-$2.txt" 2>&1 \
     && sweep+=("$OUT/sweep-$1-$2.json")
   tail -6 "$OUT/sweep-$1-$2.txt"
 done
@@ -139,9 +139,9 @@ json.dump(result, open(os.path.join(out, 'result.json'), 'w'), indent=1)
 d = result['decode']
 if d:
     # issue ms near ms/step, or busy well below 1: the step is bound by host launches.
-    print('%-10s %10s %10s %8s %10s %6s %6s' % ('mode', 'ms/step', 'bound ms', 'x bound', 'issue ms', 'busy', 'ops'))
+    print('%-15s %10s %10s %8s %10s %6s %6s' % ('mode', 'ms/step', 'bound ms', 'x bound', 'issue ms', 'busy', 'ops'))
     for m in d['modes']:
-        print('%-10s %10.2f %10.2f %8.2f %10.2f %6.2f %6.0f' % (
+        print('%-15s %10.2f %10.2f %8.2f %10.2f %6.2f %6.0f' % (
             m['mode'], m['decode_ms_per_step_median'], m['bound_ms'], m['over_bound'],
             m.get('host_issue_ms_per_step_median', 0), m.get('compute_busy_fraction', 0), m.get('compute_ops_per_step', 0)))
     print(json.dumps(d.get('ratios', {})))

@@ -3,12 +3,13 @@
 //     OPT-125m shapes with random weights: prefill and decode tokens/s of the CPU backend, and
 //     the decode-attention kernel's bandwidth next to a memcpy measured in the same run.
 //   kvpr-bench decode [--preset opt-6.7b|opt-1.3b|tiny] [--batch B] [--prompt P] [--gen N]
-//                     [--modes resident,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
+//                     [--modes resident,resident+graphs,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
 //                     [--kv-dtype f16] [--emulate-link-gbps G] [--host-attention-threads N]
 //                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR]
 //     Every KV mode side by side in one run on one model with random weights generated on the
 //     device: decode ms per step, tokens/s, split per step, bytes over the link per step, busy
 //     fraction of the compute stream, and each mode's bound from the measured profile.
+//     resident+graphs is resident with its decode steps replayed as CUDA graphs (GPU default).
 //   kvpr-bench ops [--preset P] [--batch B] [--ctx S] [--backend B] [--json FILE]
 //     The device ops of one decode layer at the preset's shapes, each timed alone with events
 //     (median of repeats): bytes and flops per call, GB/s and TFLOP/s, and GB/s as a fraction
@@ -430,8 +431,8 @@ struct ModeResult {
   double ms_per_step = 0;
 };
 
-ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, const KvRuntimeOptions& base, int batch, int prompt,
-                    int gen, const std::string& trace_path) {
+ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, bool graphs, const KvRuntimeOptions& base, int batch,
+                    int prompt, int gen, const std::string& trace_path) {
   const OptConfig& c = model.config();
   KvRuntimeOptions o = base;
   o.mode = mode;
@@ -467,15 +468,18 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, const KvRuntimeOp
   // Host time to issue a step's work (everything before the wait): when it approaches the step
   // time, the step is bound by launches on the host, not by the device (the case for graphs).
   std::vector<double> issue_ms;
+  std::vector<GraphOutcome> outcomes;
   auto step = [&] {
     const auto t_issue = Clock::now();
     std::vector<ForwardChunk> chunks;
     for (int b = 0; b < batch; ++b)
       chunks.push_back({&seqs[b].back(), 1, static_cast<int64_t>(seqs[b].size()) - 1, b});
+    GraphStepScope graph(be, graphs);  // as the generator with cuda_graphs: recorded, then replayed
     Tensor dev_logits = model.forward_device(chunks, *kv);
     be.argmax_lse(ids_dev, stats_dev, dev_logits, 50257);
     be.copy(ids_host, ids_dev, Stream::Compute);
     be.copy(stats_host, stats_dev, Stream::Compute);
+    outcomes.push_back(graph.end().outcome);
     issue_ms.push_back(seconds_since(t_issue) * 1e3);
     be.synchronize(be.record(Stream::Compute));
     for (int b = 0; b < batch; ++b) seqs[b].push_back(ids_host.data_as<int32_t>()[b]);
@@ -491,6 +495,7 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, const KvRuntimeOp
     json::Value o2(json::Object{});
     o2.set("ms", ms.back());
     o2.set("host_issue_ms", issue_ms.back());
+    if (graphs) o2.set("graph", graph_outcome_name(outcomes.back()));
     o2.set("split", st.split_total);
     o2.set("split_source", st.split_source);
     o2.set("h2d_bytes", st.h2d_bytes);
@@ -532,7 +537,11 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, const KvRuntimeOp
   r.ms_per_step = sorted[sorted.size() / 2];
   r.tokens = seqs;
   json::Value j(json::Object{});
-  j.set("mode", kv_mode_name(mode));
+  j.set("mode", std::string(kv_mode_name(mode)) + (graphs ? "+graphs" : ""));
+  j.set("cuda_graphs", graphs);
+  if (graphs)
+    j.set("graph_replayed_steps",
+          static_cast<int64_t>(std::count(outcomes.begin(), outcomes.begin() + gen, GraphOutcome::Replayed)));
   j.set("prefill_s", prefill_s);
   j.set("decode_ms_per_step_median", r.ms_per_step);
   j.set("decode_ms_per_step_mean", mean);
@@ -603,24 +612,33 @@ int cmd_decode(const std::vector<std::string>& args) {
   const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
   const std::string json_out = opt.get("--json", ""), svg_out = opt.get("--svg", ""), trace_dir = opt.get("--trace-dir", "");
   const std::string peer_file = opt.get("--peer", "");
-  const std::string modes_arg = opt.get("--modes", "resident,offload,kvpr,recompute,cpu-attn");
   const std::string kv_dtype_name = opt.get("--kv-dtype", "f16");
   const int batch = opt.get_int("--batch", 32), prompt = opt.get_int("--prompt", 1024), gen = opt.get_int("--gen", 32);
   const int host_threads = opt.get_int("--host-attention-threads", 0);
   const double link = opt.get_double("--emulate-link-gbps", 0);
   KVPR_CHECK(batch > 0 && prompt > 0 && gen > 1, "batch and prompt must be positive and gen at least 2");
-  std::vector<KvMode> modes;
-  for (size_t p = 0; p <= modes_arg.size();) {
-    size_t q = modes_arg.find(',', p);
-    if (q == std::string::npos) q = modes_arg.size();
-    KvMode m;
-    KVPR_CHECK(parse_kv_mode(modes_arg.substr(p, q - p), &m), "unknown mode '", modes_arg.substr(p, q - p), "'");
-    modes.push_back(m);
-    p = q + 1;
-  }
   DType kv_dtype;
   KVPR_CHECK(parse_dtype(kv_dtype_name, &kv_dtype), "bad --kv-dtype");
   auto be = create_backend(backend_name);
+  // resident+graphs: resident with decode steps as CUDA graphs; by default on a GPU only.
+  const std::string modes_arg = opt.get("--modes", be->device_is_host() ? "resident,offload,kvpr,recompute,cpu-attn"
+                                                                         : "resident,resident+graphs,offload,kvpr,recompute,cpu-attn");
+  struct Variant {
+    KvMode mode;
+    bool graphs;
+  };
+  std::vector<Variant> modes;
+  for (size_t p = 0; p <= modes_arg.size();) {
+    size_t q = modes_arg.find(',', p);
+    if (q == std::string::npos) q = modes_arg.size();
+    std::string name = modes_arg.substr(p, q - p);
+    const bool graphs = name == "resident+graphs";
+    if (graphs) name = "resident";
+    KvMode m;
+    KVPR_CHECK(parse_kv_mode(name, &m), "unknown mode '", modes_arg.substr(p, q - p), "'");
+    modes.push_back({m, graphs});
+    p = q + 1;
+  }
   if (link > 0) {
     auto* cpu = dynamic_cast<CpuBackend*>(be.get());
     KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
@@ -674,19 +692,20 @@ int cmd_decode(const std::vector<std::string>& args) {
   std::vector<std::vector<int32_t>> ref_tokens;
   double resident_ms = -1;
   std::map<std::string, double> ms_of;
-  for (KvMode m : modes) {
-    std::string trace = trace_dir.empty() ? "" : trace_dir + "/trace-" + kv_mode_name(m) + ".json";
-    std::fprintf(stderr, "  %-9s ...", kv_mode_name(m));
-    ModeResult r = run_mode(*be, model, m, base, batch, prompt, gen, trace);
+  for (const auto [m, graphs] : modes) {
+    const std::string name = std::string(kv_mode_name(m)) + (graphs ? "+graphs" : "");
+    std::string trace = trace_dir.empty() ? "" : trace_dir + "/trace-" + name + ".json";
+    std::fprintf(stderr, "  %-15s ...", name.c_str());
+    ModeResult r = run_mode(*be, model, m, graphs, base, batch, prompt, gen, trace);
     std::fprintf(stderr, " %8.2f ms/step\n", r.ms_per_step);
-    if (m == KvMode::Resident) resident_ms = r.ms_per_step;
+    if (m == KvMode::Resident && (resident_ms < 0 || r.ms_per_step < resident_ms)) resident_ms = r.ms_per_step;
     if (ref_tokens.empty()) ref_tokens = r.tokens;
     int64_t same = 0, total = 0;
     for (size_t b = 0; b < r.tokens.size(); ++b)
       for (size_t t = prompt; t < r.tokens[b].size() && t < ref_tokens[b].size(); ++t, ++total)
         same += r.tokens[b][t] == ref_tokens[b][t];
     r.json.set("tokens_equal_to_first_mode", total ? static_cast<double>(same) / total : 1.0);
-    ms_of[kv_mode_name(m)] = r.ms_per_step;
+    ms_of[name] = r.ms_per_step;
     out_modes.push_back(std::move(r.json));
   }
 
@@ -708,7 +727,7 @@ int cmd_decode(const std::vector<std::string>& args) {
   for (auto& mj : out_modes) {
     const std::string name = mj.find("mode")->as_string();
     double bound = 0;
-    if (name == "resident") bound = (static_cast<double>(model.weight_bytes()) + L * S * kv_tok) / (hbm / 2 * 1e9);
+    if (name == "resident" || name == "resident+graphs") bound = (static_cast<double>(model.weight_bytes()) + L * S * kv_tok) / (hbm / 2 * 1e9);
     else if (name == "offload") bound = std::max(L * S * kv_tok / v, dev);
     else if (name == "kvpr") bound = kvpr_bound;
     else if (name == "recompute") bound = std::max(L * S * x_tok / v, dev + recompute_s(S));
@@ -721,6 +740,8 @@ int cmd_decode(const std::vector<std::string>& args) {
   json::Value ratios(json::Object{});
   if (ms_of.count("kvpr") && ms_of.count("offload")) ratios.set("kvpr_speedup_over_offload", ms_of["offload"] / ms_of["kvpr"]);
   if (ms_of.count("kvpr") && ms_of.count("cpu-attn")) ratios.set("kvpr_speedup_over_cpu_attn", ms_of["cpu-attn"] / ms_of["kvpr"]);
+  if (ms_of.count("resident") && ms_of.count("resident+graphs"))
+    ratios.set("resident_graphs_speedup", ms_of["resident"] / ms_of["resident+graphs"]);
   if (!peer_file.empty()) {
     json::Value peer = json::parse_file(peer_file);
     result.set("peer", peer);
@@ -730,11 +751,11 @@ int cmd_decode(const std::vector<std::string>& args) {
   result.set("ratios", std::move(ratios));
 
   // The table, printed last.
-  std::printf("\n%-10s %12s %12s %10s %12s %8s %10s %10s %8s\n", "mode", "ms/step", "tokens/s", "split",
+  std::printf("\n%-15s %12s %12s %10s %12s %8s %10s %10s %8s\n", "mode", "ms/step", "tokens/s", "split",
               "H2D MB/step", "busy", "x bound", "issue ms", "ops");
   for (const auto& mj : result.find("modes")->as_array()) {
     const auto& steps = mj.find("steps")->as_array();
-    std::printf("%-10s %12.2f %12.1f %10lld %12.1f %8.2f %10.2f %10.2f %8.0f\n", mj.find("mode")->as_string().c_str(),
+    std::printf("%-15s %12.2f %12.1f %10lld %12.1f %8.2f %10.2f %10.2f %8.0f\n", mj.find("mode")->as_string().c_str(),
                 mj.find("decode_ms_per_step_median")->as_double(), mj.find("decode_tokens_per_s")->as_double(),
                 static_cast<long long>(steps.back().find("split")->as_int()),
                 mj.find("h2d_bytes_per_step")->as_double() / 1e6, mj.find("compute_busy_fraction")->as_double(),

@@ -46,7 +46,7 @@ const char* kUsage =
     "                   [--kv-mode resident|offload|kvpr|recompute|cpu-attn] [--split L]\n"
     "                   [--activation-cap N] [--profile FILE] [--split-model pipeline|paper]\n"
     "                   [--host-attention-threads N] [--emulate-link-gbps G] [--trace FILE.json]\n"
-    "                   [--json] [--dump-logits FILE.npy]\n"
+    "                   [--cuda-graphs] [--json] [--dump-logits FILE.npy]\n"
     "  profile          --model DIR [--backend B] [--kv-dtype D] [--emulate-link-gbps G]\n"
     "                   [--save FILE] [--json] [--quick]\n"
     "  topology         [--json] [--xml FILE] [--gpus BUSID,...] [--workers N]\n"
@@ -175,7 +175,7 @@ int cmd_generate(int argc, char** argv) {
           "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
           "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
           "--trace", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs"},
-         {"--json", "--ignore-eos"});
+         {"--json", "--ignore-eos", "--cuda-graphs"});
   std::string dir = a.require("--model");
   if (a.has("--prompt") == a.has("--prompt-ids"))
     throw UsageError("give exactly one of --prompt and --prompt-ids");
@@ -209,6 +209,8 @@ int cmd_generate(int argc, char** argv) {
     if (m == "paper") go.kv.split_model = SplitModel::Paper;
     else if (m != "pipeline") throw UsageError("--split-model: expected pipeline or paper");
   }
+  go.cuda_graphs = a.has("--cuda-graphs");
+  if (go.cuda_graphs && go.kv.mode != KvMode::Resident) throw UsageError("--cuda-graphs applies to --kv-mode resident");
   if (a.has("--host-attention-threads"))
     go.kv.host_attention_threads = parse_number<int>("--host-attention-threads", a.get("--host-attention-threads"));
 

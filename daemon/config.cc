@@ -58,6 +58,11 @@ const std::vector<Option>& options() {
       {"activation-cap", "tokens per sequence whose X is kept [all]",
        [](DaemonConfig& c, const std::string& v) { c.activation_cap = to_int("activation-cap", v); }},
       {"profile", "saved link profile (kvpr profile --save) [measured at start]", [](DaemonConfig& c, const std::string& v) { c.profile = v; }},
+      {"cuda-graphs", "on or off: resident decode steps replayed as CUDA graphs [off]",
+       [](DaemonConfig& c, const std::string& v) {
+         KVPR_CHECK(v == "on" || v == "off", "cuda-graphs: expected on or off, got '", v, "'");
+         c.cuda_graphs = v == "on";
+       }},
       {"host-attention-threads", "cpu-attn: host attention threads [all]",
        [](DaemonConfig& c, const std::string& v) { c.host_attention_threads = to_int("host-attention-threads", v); }},
       {"max-queue", "requests waiting or running before 429 [256]", [](DaemonConfig& c, const std::string& v) { c.max_queue = to_int("max-queue", v); }},
@@ -166,6 +171,8 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   KVPR_CHECK(c.max_step_tokens >= 1, "max-step-tokens must be >= 1");
   KVPR_CHECK(c.max_queue >= 1, "max-queue must be >= 1");
   KVPR_CHECK(c.backend == "auto" || c.backend == "cpu" || c.backend == "cuda", "backend must be auto, cpu or cuda");
+  KVPR_CHECK(!c.cuda_graphs || c.kv_mode == "resident",
+             "cuda-graphs applies to kv-mode resident (the other modes move KV every layer), not ", c.kv_mode);
   if (c.served_model_name.empty()) c.served_model_name = std::filesystem::path(c.model).filename().string();
   if (c.served_model_name.empty()) c.served_model_name = std::filesystem::path(c.model).parent_path().filename().string();
   return c;

@@ -25,6 +25,7 @@ struct DaemonConfig {
   int64_t activation_cap = -1;
   std::string profile;               // saved link profile for the kvpr scheduler
   int host_attention_threads = 0;
+  bool cuda_graphs = false;          // resident decode steps replayed as CUDA graphs
   int max_queue = 256;               // requests waiting or running before 429
   int64_t max_body_bytes = 1 << 20;  // larger request bodies get 413
   double drain_timeout_s = 30;       // SIGTERM: time to finish in-flight requests

@@ -18,7 +18,13 @@ import json, sys, os, xml.dom.minidom
 d = sys.argv[1]
 r = json.load(open(os.path.join(d, 'd.json')))
 modes = {m['mode']: m for m in r['modes']}
-assert set(modes) == {'resident', 'offload', 'kvpr', 'recompute', 'cpu-attn'}, modes.keys()
+want = {'resident', 'offload', 'kvpr', 'recompute', 'cpu-attn'}
+if not r['device'].startswith('cpu'):  # a GPU also runs resident decode steps as CUDA graphs
+    want.add('resident+graphs')
+    g = modes['resident+graphs']
+    assert [s['graph'] for s in g['steps']] == ['eager', 'captured', 'replayed', 'replayed'], g['steps']
+    assert g['graph_replayed_steps'] == 2 and 'resident_graphs_speedup' in r['ratios']
+assert set(modes) == want, modes.keys()
 for name, m in modes.items():
     assert m['tokens_equal_to_first_mode'] == 1.0, (name, m['tokens_equal_to_first_mode'])
     assert len(m['steps']) == 4 and m['bound_ms'] > 0 and 0 <= m['compute_busy_fraction'] <= 1, name

@@ -23,6 +23,8 @@ check "demo model written" test -f "$tmp/demo/model.safetensors"
 
 out=$("$KVPR" generate --model "$tmp/demo" --prompt "Hello, my name is" -n 7 --json)
 check "generate --json has 7 tokens" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert len(o['tokens'])==7 and o['prompt_tokens']==5 and isinstance(o['text'],str)" "$out"
+outg=$("$KVPR" generate --model "$tmp/demo" --prompt "Hello, my name is" -n 7 --json --cuda-graphs)
+check "--cuda-graphs gives the same tokens" python3 -c "import json,sys; assert json.loads(sys.argv[1])['tokens']==json.loads(sys.argv[2])['tokens']" "$out" "$outg"
 
 # --prompt-ids uses the ids as given; the same ids as --prompt give the same tokens.
 ids=$("$KVPR" tokenize --model "$tmp/demo" --text "Hello, my name is")
@@ -95,6 +97,7 @@ assert [x['numa_node'] for x in w]==[0,0,1,1] and [x['cpus'] for x in w]==['0-1'
   expect_error "topology bad xml" 1 "no such file" -- topology --xml "$tmp/nope.xml"
 fi
 expect_error "split needs kvpr" 2 "--split applies to --kv-mode kvpr" -- generate --model "$tmp/demo" --prompt a --split 3
+expect_error "graphs need resident" 2 "--cuda-graphs applies to --kv-mode resident" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --cuda-graphs
 expect_error "bad kv-mode" 2 "--kv-mode: expected" -- generate --model "$tmp/demo" --prompt a --kv-mode fast
 expect_error "bad link rate" 2 "--emulate-link-gbps must be > 0" -- generate --model "$tmp/demo" --prompt a --emulate-link-gbps 0
 expect_error "missing profile file" 1 "nope.json: cannot open" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --profile "$tmp/nope.json"

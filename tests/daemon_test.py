@@ -181,9 +181,12 @@ def operations():
     r = subprocess.run([KVPRD, "--config", bad], capture_output=True, text=True)
     check("bad config line: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and "portt" in r.stderr,
           (r.returncode, r.stderr))
+    r = subprocess.run([KVPRD, "--model", MODEL, "--cuda-graphs", "maybe"], capture_output=True, text=True)
+    check("bad cuda-graphs value: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and
+          "cuda-graphs: expected on or off" in r.stderr, (r.returncode, r.stderr))
     r = subprocess.run([KVPRD, "--help"], capture_output=True, text=True)
     check("--help lists the options", r.returncode == 0 and all(f"--{k}" in r.stdout for k in
-          ["model", "port", "workers", "kv-mode", "max-queue", "drain-timeout", "config"]), r.stdout[:200])
+          ["model", "port", "workers", "kv-mode", "cuda-graphs", "max-queue", "drain-timeout", "config"]), r.stdout[:200])
     # No worker can start: 503 with a JSON error, /health 503.
     port = free_port()
     d = Daemon(args=["--model", MODEL, "--port", str(port), "--config", "/dev/null",

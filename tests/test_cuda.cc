@@ -231,3 +231,120 @@ TEST(Cuda, EveryKvModeGivesTheCpuGreedyTokens) {
     test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path(std::string("opt/") + name), tok,
                                                 {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4, name);
 }
+
+// Graph steps (Backend::begin_graph_step): a small decode-like step — token ids uploaded from
+// pageable memory, gather, layer norm, new rows into a K/V cache at per-step positions,
+// attention over contexts that grow every step, a projection, argmax into pinned memory — run
+// step after step. With graph steps the results must be bit-for-bit those of the same steps
+// issued op by op (which match the CPU backend), while the outcomes go eager, captured,
+// replayed; a step interrupted by an event, a step with a temporary released before it is
+// issued, and contexts crossing the attention's 256-key launch point must stay correct.
+TEST(Cuda, GraphStepsReplayDecodeStepsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  CpuBackend cpu;
+  auto gpu = create_backend("cuda");
+  const int64_t R = 5, heads = 4, hd = 12, W = heads * hd, V = 37, cap = 300;
+  Pair table = random_pair(cpu, *gpu, DType::F16, {V, W}, 41), w = random_pair(cpu, *gpu, DType::F16, {V, W}, 42);
+  Pair bias = random_pair(cpu, *gpu, DType::F32, {V}, 43), gamma = random_pair(cpu, *gpu, DType::F32, {W}, 44);
+  Pair beta = random_pair(cpu, *gpu, DType::F32, {W}, 45);
+  Pair k0 = random_pair(cpu, *gpu, DType::F32, {R * cap, W}, 46), v0 = random_pair(cpu, *gpu, DType::F32, {R * cap, W}, 47);
+  struct Bufs {
+    Tensor kc, vc, ids, x, att, logits, out_ids, stats, pin_ids, pin_stats;
+  };
+  auto make = [&](Backend& be, const Pair& k, const Pair& v, bool on_gpu) {
+    Bufs b;
+    b.kc = be.alloc(DType::F32, {R * cap, W});
+    b.vc = be.alloc(DType::F32, {R * cap, W});
+    be.copy(b.kc, on_gpu ? k.gpu : k.cpu, Stream::Compute);
+    be.copy(b.vc, on_gpu ? v.gpu : v.cpu, Stream::Compute);
+    b.ids = be.alloc(DType::I32, {R});
+    b.x = be.alloc(DType::F32, {R, W});
+    b.att = be.alloc(DType::F32, {R, W});
+    b.logits = be.alloc(DType::F32, {R, V});
+    b.out_ids = be.alloc(DType::I32, {R});
+    b.stats = be.alloc(DType::F32, {R, 2});
+    b.pin_ids = be.alloc_pinned(DType::I32, {R});
+    b.pin_stats = be.alloc_pinned(DType::F32, {R, 2});
+    be.synchronize();
+    return b;
+  };
+  enum Extra { kPlain, kEvent, kTemporary };
+  // One step at context base `past0`; returns the greedy ids and their stats.
+  auto step = [&](Backend& be, Bufs& b, bool on_gpu, int s, int64_t past0, Extra extra, GraphStep* outcome) {
+    GraphStepScope graph(be, outcome != nullptr);
+    Tensor host_ids = Tensor::host(DType::I32, {R});
+    std::vector<RowSpan> spans;
+    std::vector<AttentionSeq> seqs;
+    for (int64_t r = 0; r < R; ++r) {
+      host_ids.data_as<int32_t>()[r] = static_cast<int32_t>((7 * s + 3 * r) % V);
+      const int64_t past = past0 + s + r;
+      spans.push_back(RowSpan{r, r * cap + past, 1});
+      seqs.push_back(AttentionSeq{r, 1, past, b.kc.rows(r * cap, cap), b.vc.rows(r * cap, cap)});
+    }
+    be.copy(b.ids, host_ids, Stream::Compute);
+    be.gather_rows(b.x, on_gpu ? table.gpu : table.cpu, b.ids);
+    be.layer_norm(b.x, b.x, on_gpu ? gamma.gpu : gamma.cpu, on_gpu ? beta.gpu : beta.cpu, 1e-5f);
+    if (extra == kEvent) be.record(Stream::Compute);  // a graph cannot hold it: the step goes op by op
+    if (extra == kTemporary) {  // released before the step is issued: freed only after
+      Tensor t = be.alloc(DType::F32, {R, W});
+      be.add(t, b.x, b.x);
+      be.add(b.x, t, b.x);
+    }
+    be.copy_rows(b.kc, b.x, spans);
+    be.copy_rows(b.vc, b.x, spans);
+    be.attention(b.att, b.x, seqs, static_cast<int>(heads), 1.f / std::sqrt(static_cast<float>(hd)));
+    be.linear(b.logits, b.att, on_gpu ? w.gpu : w.cpu, on_gpu ? bias.gpu : bias.cpu, Activation::None);
+    be.argmax_lse(b.out_ids, b.stats, b.logits, static_cast<int32_t>(V));
+    be.copy(b.pin_ids, b.out_ids, Stream::Compute);
+    be.copy(b.pin_stats, b.stats, Stream::Compute);
+    if (outcome) *outcome = graph.end();
+    be.synchronize(be.record(Stream::Compute));
+    std::vector<float> got;
+    for (int64_t r = 0; r < R; ++r) {
+      got.push_back(static_cast<float>(b.pin_ids.data_as<int32_t>()[r]));
+      got.push_back(b.pin_stats.data_as<float>()[2 * r]);
+      got.push_back(b.pin_stats.data_as<float>()[2 * r + 1]);
+    }
+    return got;
+  };
+  struct Plan {
+    int s;
+    int64_t past0;
+    Extra extra;
+    GraphOutcome want;
+  };
+  const std::vector<Plan> plan = {
+      {0, 10, kPlain, GraphOutcome::Eager},       {1, 10, kPlain, GraphOutcome::Captured},
+      {2, 10, kPlain, GraphOutcome::Replayed},    {3, 10, kPlain, GraphOutcome::Replayed},
+      {4, 10, kEvent, GraphOutcome::Interrupted}, {5, 10, kPlain, GraphOutcome::Replayed},
+      {6, 10, kTemporary, GraphOutcome::Eager},   {7, 250, kPlain, GraphOutcome::Eager},  // contexts past 256
+      {8, 250, kPlain, GraphOutcome::Captured},   {9, 250, kPlain, GraphOutcome::Replayed},
+      // Back below 256: the attention's scratch grew for the longer contexts, so the first
+      // graph (which baked in the old one) no longer matches; the second is still cached.
+      {10, 10, kPlain, GraphOutcome::Eager},      {11, 10, kPlain, GraphOutcome::Captured},
+      {12, 250, kPlain, GraphOutcome::Replayed},
+  };
+  Bufs bc = make(cpu, k0, v0, false), bp = make(*gpu, k0, v0, true), bg = make(*gpu, k0, v0, true);
+  const GraphCounters before = gpu->graph_counters();
+  for (const Plan& p : plan) {
+    const std::vector<float> want = step(cpu, bc, false, p.s, p.past0, p.extra, nullptr);
+    const std::vector<float> plain = step(*gpu, bp, true, p.s, p.past0, p.extra, nullptr);
+    GraphStep outcome;
+    const std::vector<float> graphed = step(*gpu, bg, true, p.s, p.past0, p.extra, &outcome);
+    EXPECT_EQ(graphed, plain) << "step " << p.s << ": a graph step must compute exactly what op by op does";
+    EXPECT_EQ(outcome.outcome, p.want) << "step " << p.s << ": " << graph_outcome_name(outcome.outcome) << " "
+                                       << outcome.capture_error;
+    for (int64_t r = 0; r < R; ++r) {
+      EXPECT_EQ(plain[3 * r], want[3 * r]) << "step " << p.s << " row " << r;
+      EXPECT_NEAR(plain[3 * r + 1], want[3 * r + 1], 2e-2 * (1 + std::fabs(want[3 * r + 1])));
+    }
+  }
+  const GraphCounters after = gpu->graph_counters();
+  EXPECT_EQ(after.replayed - before.replayed, 5);
+  EXPECT_EQ(after.captured - before.captured, 3);
+  EXPECT_EQ(after.interrupted - before.interrupted, 1);
+  EXPECT_EQ(after.capture_failed, before.capture_failed);
+  // The CPU backend has no graphs: a step there is run as it comes.
+  cpu.begin_graph_step();
+  EXPECT_EQ(cpu.end_graph_step().outcome, GraphOutcome::None);
+}

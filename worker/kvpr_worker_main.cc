@@ -1,7 +1,7 @@
 // kvpr-worker: one engine process, started by kvprd with one end of a socket pair.
 //   kvpr-worker --fd N --model DIR [--backend auto|cpu|cuda] [--device D] [--index I]
 //               [--max-batch B] [--max-seq-len L] [--kv-mode M] [--split L] [--kv-dtype D]
-//               [--activation-cap N] [--profile FILE] [--host-attention-threads N]
+//               [--activation-cap N] [--profile FILE] [--host-attention-threads N] [--cuda-graphs]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
         o.generator.kv_dtype = dt;
       } else if (a == "--activation-cap") o.generator.kv.activation_cap = std::stoll(val());
       else if (a == "--profile") o.profile_path = val();
+      else if (a == "--cuda-graphs") o.generator.cuda_graphs = true;
       else if (a == "--host-attention-threads") o.generator.kv.host_attention_threads = std::stoi(val());
       else if (a == "--numa-node") o.numa_node = std::stoi(val());
       else if (a == "--nccl-id") o.nccl_id = val();

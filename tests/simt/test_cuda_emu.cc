@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "tests/simt/simt_emu.h"
@@ -142,6 +143,79 @@ TEST_F(EmulatedDevice, StreamsRunLazilySoMissingWaitsShow) {
   cudaStreamDestroy(compute);
   cudaFree(d);
   cudaFreeHost(src);
+  cudaFreeHost(out);
+}
+
+// Stream capture as CUDA does it: captured work runs only when the graph is launched, reading
+// its buffers then (so one graph serves every step whose inputs are rewritten in place), and
+// calls that would wait, allocate or tie the graph to outside work fail and invalidate it.
+TEST_F(EmulatedDevice, StreamCaptureRecordsGraphsThatReadTheirBuffersAtLaunch) {
+  const size_t n = 16;
+  float* in = pinned_alloc<float>(n);
+  float* out = pinned_alloc<float>(n);
+  float* d = device_alloc<float>(n);
+  cudaStream_t s = new_stream(), other = new_stream();
+  for (size_t i = 0; i < n; ++i) in[i] = out[i] = 0.f;
+
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ASSERT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive);
+  ASSERT_EQ(cudaMemcpyAsync(d, in, n * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(out, d, n * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  cudaGraph_t g = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  ASSERT_NE(g, nullptr);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(g), cudaSuccess);  // the executable graph stands alone
+  for (float step : {1.f, 2.f}) {
+    for (size_t i = 0; i < n; ++i) in[i] = step * 10.f + static_cast<float>(i);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    EXPECT_EQ(out[3], step == 1.f ? 0.f : 13.f) << "nothing runs before the host waits";
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(out[3], step * 10.f + 3.f) << "a launch reads the inputs as they are then";
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+
+  // Waiting, allocating or synchronizing during a capture fails and invalidates it.
+  cudaGraph_t bad = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(other), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &bad), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(bad, nullptr);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, 64), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &bad), cudaErrorStreamCaptureInvalidated);
+  // Pageable memory cannot be in a graph.
+  std::vector<float> page(n, 1.f);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(d, page.data(), n * sizeof(float), cudaMemcpyDefault, s), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &bad), cudaErrorStreamCaptureInvalidated);
+  // A captured stream may not wait on work outside the capture; an event recorded inside is
+  // no point in time the host can query.
+  cudaEvent_t outside = nullptr, inside = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&outside, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&inside, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(outside, other), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(inside, s), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(inside), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamWaitEvent(s, outside, 0), cudaErrorStreamCaptureIsolation);
+  EXPECT_EQ(cudaStreamEndCapture(s, &bad), cudaErrorStreamCaptureInvalidated);
+  // Not on the legacy stream, not twice, and no end without a beginning.
+  EXPECT_EQ(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeThreadLocal),
+            cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &bad), cudaErrorIllegalState);
+  cudaGetLastError();
+  cudaEventDestroy(outside);
+  cudaEventDestroy(inside);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(other);
+  cudaFree(d);
+  cudaFreeHost(in);
   cudaFreeHost(out);
 }
 
@@ -331,4 +405,56 @@ TEST_F(EmulatedDevice, HostWaitsOncePerDecodeStep) {
       EXPECT_EQ(per_step, want) << kv_mode_name(m) << ", " << layers << " layers";
     }
   }
+}
+
+// What CUDA graphs are for: a replayed resident decode step costs the host two calls (its
+// parameter upload and the graph launch) instead of one per op, with the same tokens and still
+// one wait per step. Counted on a warmed generator as the difference between 30 and 10 steps.
+TEST_F(EmulatedDevice, GraphReplayedDecodeStepCostsTheHostTwoCalls) {
+  using namespace kvpr;
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  auto gpu = emulated_create_backend("cuda");
+  OptConfig c = OptConfig::load(test::data_path("opt/pre_ln_safetensors"));
+  c.num_layers = 5;
+  OptModel model(*gpu, c, DType::F16, 11);
+  const std::vector<std::vector<int32_t>> prompts = {{3, 1, 4, 1, 5, 9, 2, 6}, {40}, {7, 8}};
+  std::map<bool, std::vector<std::vector<int32_t>>> tokens;
+  std::map<bool, double> calls, waits;
+  for (bool graphs : {false, true}) {
+    GeneratorOptions og;
+    og.max_batch = 3;
+    og.kv_dtype = DType::F16;
+    og.cuda_graphs = graphs;
+    Generator g(model, tok, og);
+    auto run = [&](int n) {
+      GenerationParams p;
+      p.max_new_tokens = n;
+      p.ignore_eos = true;
+      const uint64_t c0 = kvpr_emu::host_submissions(), w0 = kvpr_emu::host_waits();
+      auto r = g.generate_all(prompts, p);
+      tokens[graphs].clear();
+      for (auto& s : r) tokens[graphs].push_back(s.tokens);
+      return std::pair<double, double>(static_cast<double>(kvpr_emu::host_submissions() - c0),
+                                       static_cast<double>(kvpr_emu::host_waits() - w0));
+    };
+    run(30);
+    const GraphCounters before = gpu->graph_counters();
+    auto [c30, w30] = run(30);
+    auto [c10, w10] = run(10);
+    calls[graphs] = (c30 - c10) / 20.0;
+    waits[graphs] = (w30 - w10) / 20.0;
+    const GraphCounters after = gpu->graph_counters();
+    if (graphs) {
+      EXPECT_EQ(after.captured - before.captured, 0) << "the warm-up run captured the step already";
+      EXPECT_EQ(after.replayed - before.replayed, 29 + 9);
+      EXPECT_EQ(after.interrupted, 0);
+      EXPECT_EQ(after.capture_failed, 0);
+    }
+  }
+  EXPECT_EQ(tokens[true], tokens[false]);
+  EXPECT_EQ(calls[true], 2.0);
+  EXPECT_GE(calls[false], 10.0 * c.num_layers) << "op by op: every kernel, GEMM and copy is a call";
+  EXPECT_EQ(waits[true], 1.0);
+  EXPECT_EQ(waits[false], 1.0);
 }
