@@ -144,6 +144,9 @@ if d:
         print('%-15s %10.2f %10.2f %8.2f %10.2f %6.2f %6.0f' % (
             m['mode'], m['decode_ms_per_step_median'], m['bound_ms'], m['over_bound'],
             m.get('host_issue_ms_per_step_median', 0), m.get('compute_busy_fraction', 0), m.get('compute_ops_per_step', 0)))
+        if m.get('cuda_graphs'):
+            print('  graphs: %s of %d steps replayed%s' % (m.get('graph_replayed_steps'), len(m.get('steps', [])),
+                  ('; capture refused: ' + m['graph_capture_error']) if m.get('graph_capture_error') else ''))
     print(json.dumps(d.get('ratios', {})))
 for s in result['sweep']:
     print('sweep b=%d p=%d: %s' % (s['batch'], s['prompt'], json.dumps(s.get('ratios', {}))))

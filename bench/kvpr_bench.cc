@@ -469,6 +469,7 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, bool graphs, cons
   // time, the step is bound by launches on the host, not by the device (the case for graphs).
   std::vector<double> issue_ms;
   std::vector<GraphOutcome> outcomes;
+  std::string capture_error;  // why CUDA refused to capture a step, if it did
   auto step = [&] {
     const auto t_issue = Clock::now();
     std::vector<ForwardChunk> chunks;
@@ -479,7 +480,9 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, bool graphs, cons
     be.argmax_lse(ids_dev, stats_dev, dev_logits, 50257);
     be.copy(ids_host, ids_dev, Stream::Compute);
     be.copy(stats_host, stats_dev, Stream::Compute);
-    outcomes.push_back(graph.end().outcome);
+    const GraphStep gs = graph.end();
+    outcomes.push_back(gs.outcome);
+    if (capture_error.empty()) capture_error = gs.capture_error;
     issue_ms.push_back(seconds_since(t_issue) * 1e3);
     be.synchronize(be.record(Stream::Compute));
     for (int b = 0; b < batch; ++b) seqs[b].push_back(ids_host.data_as<int32_t>()[b]);
@@ -539,9 +542,11 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, bool graphs, cons
   json::Value j(json::Object{});
   j.set("mode", std::string(kv_mode_name(mode)) + (graphs ? "+graphs" : ""));
   j.set("cuda_graphs", graphs);
-  if (graphs)
+  if (graphs) {
     j.set("graph_replayed_steps",
           static_cast<int64_t>(std::count(outcomes.begin(), outcomes.begin() + gen, GraphOutcome::Replayed)));
+    if (!capture_error.empty()) j.set("graph_capture_error", capture_error);
+  }
   j.set("prefill_s", prefill_s);
   j.set("decode_ms_per_step_median", r.ms_per_step);
   j.set("decode_ms_per_step_mean", mean);
