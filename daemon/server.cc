@@ -499,6 +499,8 @@ class Session : public std::enable_shared_from_this<Session> {
     per_worker("kvpr_worker_h2d_gbps", "Measured host-to-device bandwidth.", "h2d_gbps");
     per_worker("kvpr_worker_host_kv_bytes", "Host KV bytes in use.", "host_kv_bytes");
     per_worker("kvpr_worker_busy_fraction", "Fraction of time the worker spent stepping.", "busy_fraction");
+    per_worker("kvpr_worker_graph_replays", "Decode steps replayed as CUDA graphs since the worker started (cuda-graphs).",
+               "graph_replays");
     out += "# HELP kvpr_worker_up Worker ready (1) or not (0).\n# TYPE kvpr_worker_up gauge\n";
     for (const auto& w : workers)
       out += "kvpr_worker_up{worker=\"" + std::to_string(w.index) + "\"} " + (w.state == "ready" ? "1" : "0") + "\n";

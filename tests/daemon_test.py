@@ -502,7 +502,8 @@ def main():
                   'kvpr_request_success_total{finish_reason="length"}', "kvpr_time_to_first_token_seconds_count",
                   "kvpr_inter_token_latency_seconds_count", "kvpr_e2e_request_latency_seconds_count",
                   'kvpr_worker_batch_size{worker="0"}', 'kvpr_worker_split{worker="1"}', 'kvpr_worker_h2d_gbps{worker="0"}',
-                  'kvpr_worker_host_kv_bytes{worker="0"}', 'kvpr_worker_busy_fraction{worker="0"}']:
+                  'kvpr_worker_host_kv_bytes{worker="0"}', 'kvpr_worker_busy_fraction{worker="0"}',
+                  'kvpr_worker_graph_replays{worker="0"}']:
             check(f"metric {k}", k in m, sorted(m)[:5])
         check("ttft observed", m["kvpr_time_to_first_token_seconds_count"] > 60)
 
