@@ -85,7 +85,7 @@ KVPR_THREADS=16 timeout "$left" build-device/bench/kvpr-bench decode --preset "$
     $PEER --json "$OUT/decode.json" --svg "$OUT/decode.svg" --trace-dir "$OUT/traces"
 
 sweep=()
-for cfg in "8 1024" "64 1024" "32 128" "32 512"; do
+for cfg in "8 1024" "64 1024" "32 128" "32 512" "1 128"; do  # the last: launch-bound decode, where graphs pay most
   [ "$SWEEP" = 1 ] || break
   if [ "$(elapsed)" -gt 360 ]; then say "sweep: stopping, time is short"; break; fi
   set -- $cfg
