@@ -135,8 +135,8 @@ class Backend {
   // same work" is the same ops on the same buffers with the same sizes and launch shapes;
   // values that come through uploaded parameters (token ids, positions, context lengths, the
   // rows new K/V go to) and the contents of pinned inputs may differ. The launch shapes of
-  // decode attention change only every 256 tokens of context, so a decode step is replayed
-  // between those points. A call a graph cannot hold (another stream, an event, a host wait,
+  // decode attention change only when the longest context passes 256, 512, 1024, ... tokens,
+  // so a decode step is replayed between those points. A call a graph cannot hold (another stream, an event, a host wait,
   // a copy into pageable memory) interrupts the recording: what was recorded is issued op by
   // op, then the call runs, and the rest of the step runs as usual. Memory released while a
   // step is recorded is freed after the step is issued. Backends without graphs (the CPU) run

@@ -320,7 +320,11 @@ void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, i
 
 }  // namespace
 
-int64_t attention_launch_ctx(int64_t max_ctx) { return static_cast<int64_t>(decode_splits(max_ctx)) * kSplitKeys; }
+int64_t attention_launch_ctx(int64_t max_ctx) {
+  int64_t s = 1;
+  while (s < decode_splits(max_ctx)) s *= 2;  // 1, 2, 4, ... 64 splits
+  return s * kSplitKeys;
+}
 
 int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim) {
   return n_seqs * heads * decode_splits(max_ctx) * (head_dim + 2);

@@ -376,7 +376,7 @@ class CudaBackend final : public Backend {
                 reinterpret_cast<uintptr_t>(a.v.data()) % 16 == 0;
       kv_bytes += 2 * (a.past_len + a.q_len) * hidden * static_cast<int64_t>(dtype_size(kv));
     }
-    // The smallest context with the same launches: they change every 256 tokens, not every step.
+    // The context class of the launches: they change at 256, 512, 1024, ... tokens, not every step.
     max_ctx = cuda::attention_launch_ctx(max_ctx);
     Traced t(*this, Stream::Compute, "attention", kv_bytes, 0);
     const void* dd = upload_small(descs.data(), descs.size() * sizeof(cuda::AttnDesc));
@@ -778,7 +778,7 @@ class CudaBackend final : public Backend {
   Tensor cublas_workspace_;
   // Graph steps. Parameters of a decode step: about 6 KB a layer at batch 64.
   static constexpr size_t kGraphArgBytes = size_t{4} << 20;
-  static constexpr size_t kMaxGraphs = 8;
+  static constexpr size_t kMaxGraphs = 32;  // batch sizes × context classes a server meets
   std::shared_ptr<FreeGate> gate_ = std::make_shared<FreeGate>();
   Recording rec_;
   Tensor graph_args_;

@@ -64,9 +64,10 @@ inline std::vector<AttnTile> attention_tiles(const AttnDesc* descs, int64_t n_se
 // and head_dim <= 128: a block loads each 32-key tile of K and V once into shared memory for
 // 16 query rows; else one warp per (row, head) walks the keys.
 // The launches depend on max_ctx only through the decode kernel's split count (one per 256
-// keys, at most 64): this is the smallest max_ctx with the same launches. The backend passes
-// it, so a decode step's launches change every 256 tokens of context, not every token (graph
-// replay); the results are unchanged.
+// keys, at most 64). The backend passes this instead of max_ctx: the split count rounded up to
+// a power of two, times 256. A decode step's launches then change when the longest context
+// passes 256, 512, 1024, ... tokens, not every token, so a CUDA graph of the step is replayed
+// in between and a server sees few distinct steps (batch sizes × 7 context classes).
 int64_t attention_launch_ctx(int64_t max_ctx);
 int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim);
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
