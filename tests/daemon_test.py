@@ -196,8 +196,8 @@ def operations():
     st, h = d.get("/health")
     check("/health 503 without workers", st == 503 and h["ready_workers"] == 0, h)
     d.stop()
-    # Queue full: 429 with Retry-After.
-    d = Daemon("--max-queue", "1")
+    # Queue full: 429 with Retry-After. (Its workers also take cuda-graphs = on, a no-op on the CPU.)
+    d = Daemon("--max-queue", "1", "--cuda-graphs", "on")
     holder = threading.Thread(target=lambda: completion(d, "Hold", 1500, ignore_eos=True))
     holder.start()
     deadline = time.time() + 10
