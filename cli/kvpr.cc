@@ -248,6 +248,7 @@ int cmd_generate(int argc, char** argv) {
     o.set("split_source", st.split_source);
     o.set("h2d_bytes", st.h2d_bytes);
     o.set("d2h_bytes", st.d2h_bytes);
+    if (go.cuda_graphs) o.set("graph", graph_outcome_name(gen.last_graph_step().outcome));
     if (st.split_source.rfind("scheduler", 0) == 0) {
       o.set("predicted_layer_ms", st.predicted_layer_ms);
       o.set("link_gbps_estimate", st.link_gbps_estimate);

@@ -249,7 +249,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     if (!logits_.defined() || logits_.dim(0) < rows) logits_ = be.alloc_pinned(DType::F32, {rows, V});
     be.copy(logits_.rows(0, rows), dev_logits, Stream::Compute);
   }
-  graph.end();
+  last_graph_ = graph.end();
   // Only the compute stream: the KV runtime's last write-backs may still run on the copy
   // streams while the host samples (its own events order them before their buffers' reuse).
   be.synchronize(be.record(Stream::Compute));

@@ -97,6 +97,8 @@ class Generator {
   size_t waiting() const { return waiting_.size(); }
   int64_t max_seq_len() const { return max_seq_len_; }
   KvRuntime& kv_runtime() { return *runtime_; }
+  // What the last step did as a CUDA graph (GraphOutcome::None when it was no graph step).
+  const GraphStep& last_graph_step() const { return last_graph_; }
 
   // Results of finished sequences (removed by take_result).
   bool finished(uint64_t id) const { return done_.count(id) > 0; }
@@ -118,6 +120,7 @@ class Generator {
   int64_t max_step_tokens_ = 8192;
   int32_t valid_vocab_;
   bool cuda_graphs_ = false;
+  GraphStep last_graph_;
   std::unique_ptr<KvRuntime> runtime_;
   std::vector<int64_t> free_slots_;
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;

@@ -24,7 +24,9 @@ check "demo model written" test -f "$tmp/demo/model.safetensors"
 out=$("$KVPR" generate --model "$tmp/demo" --prompt "Hello, my name is" -n 7 --json)
 check "generate --json has 7 tokens" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert len(o['tokens'])==7 and o['prompt_tokens']==5 and isinstance(o['text'],str)" "$out"
 outg=$("$KVPR" generate --model "$tmp/demo" --prompt "Hello, my name is" -n 7 --json --cuda-graphs)
-check "--cuda-graphs gives the same tokens" python3 -c "import json,sys; assert json.loads(sys.argv[1])['tokens']==json.loads(sys.argv[2])['tokens']" "$out" "$outg"
+check "--cuda-graphs gives the same tokens (each step's graph outcome listed; none on the CPU)" python3 -c "
+import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2])
+assert a['tokens']==b['tokens'] and [s['graph'] for s in b['steps']]==['none']*7 and 'graph' not in a['steps'][0], b['steps']" "$out" "$outg"
 
 # --prompt-ids uses the ids as given; the same ids as --prompt give the same tokens.
 ids=$("$KVPR" tokenize --model "$tmp/demo" --text "Hello, my name is")
