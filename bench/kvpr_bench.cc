@@ -15,7 +15,8 @@
 //     (median of repeats): bytes and flops per call, GB/s and TFLOP/s, and GB/s as a fraction
 //     of the device copy bandwidth measured in the same run (the memory-bound ceiling).
 //     Batched against unbatched forms (one Q/K/V GEMM vs three, copy_rows vs a copy per
-//     sequence) are timed side by side, launch overhead included.
+//     sequence) are timed side by side, launch overhead included, and so is one whole decode
+//     layer issued op by op against the same layer replayed as a CUDA graph.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -413,6 +414,35 @@ int cmd_ops(const std::vector<std::string>& args) {
              for (const RowSpan& sp : spans) be->convert(cache.rows(sp.dst_row, 1), x.rows(sp.src_row, 1));
            }),
            B * h * (4.0 + es), 0);
+    // One resident decode layer's ops in order, issued op by op and replayed as a CUDA graph
+    // (the same work): the difference is what launching costs per layer, host and device.
+    Tensor wqkv = rnd(wt, {3, h, h}, 20, 0.02f), bqkv = rnd(wt, {3, h}, 21, 0.02f), wo = rnd(wt, {h, h}, 22, 0.02f);
+    Tensor bo = rnd(wt, {h}, 23, 0.02f), fc1 = rnd(wt, {f, h}, 24, 0.02f), b1 = rnd(wt, {f}, 25, 0.02f);
+    Tensor fc2 = rnd(wt, {h, f}, 26, 0.02f), b2 = rnd(wt, {h}, 27, 0.02f), g = rnd(wt, {h}, 28, 1.f);
+    Tensor bb = rnd(wt, {h}, 29, 0.1f), a = be->alloc(DType::F32, {B, h}), qkv = be->alloc(DType::F32, {3, B, h});
+    Tensor mid = be->alloc(DType::F32, {B, f}), res = rnd(DType::F32, {B, h}, 30, 1.f);
+    std::vector<RowSpan> kv_spans;
+    for (int64_t s = 0; s < B; ++s) kv_spans.push_back(RowSpan{s, s * (S + 1) + S, 1});
+    Tensor vcache = vc.reshape({B * (S + 1), h});
+    auto layer = [&] {
+      be->layer_norm(a, res, g, bb, 1e-5f);
+      be->linear_batched(qkv, a, wqkv, bqkv, Activation::None);
+      be->copy_rows(cache, qkv.rows(1, 1).reshape({B, h}), kv_spans);
+      be->copy_rows(vcache, qkv.rows(2, 1).reshape({B, h}), kv_spans);
+      be->attention(out, qkv.rows(0, 1).reshape({B, h}), seqs, static_cast<int>(c.num_heads), static_cast<float>(scale));
+      be->linear_accumulate(res, out, wo, bo);
+      be->layer_norm(a, res, g, bb, 1e-5f);
+      be->linear(mid, a, fc1, b1, Activation::ReLU);
+      be->linear_accumulate(res, mid, fc2, b2);
+    };
+    const double layer_bytes = (4.0 * h * h + 2.0 * f * h) * es + 2.0 * B * (S + 1) * h * es;
+    const double layer_flops = 2.0 * B * (4.0 * h * h + 2.0 * f * h) + 4.0 * B * (S + 1) * h;
+    report("decode layer: op by op", time_ms(layer), layer_bytes, layer_flops);
+    report("decode layer: CUDA graph", time_ms([&] {
+             GraphStepScope graph(*be, true);  // eager, then captured, then replayed (the median)
+             layer();
+           }),
+           layer_bytes, layer_flops);
   }
   json::Value result(json::Object{});
   result.set("preset", preset_name);

@@ -38,7 +38,7 @@ xml.dom.minidom.parse(os.path.join(d, 'd.svg'))
 ops = json.load(open(os.path.join(d, 'ops.json')))
 names = [o['op'] for o in ops['ops']]
 for want in ('qkv: one batched GEMM', 'qkv: three GEMMs', 'fc2 + residual: linear_accumulate', 'decode attention (ctx 40)', 'new K rows: copy_rows',
-             'argmax_lse (greedy)'):
+             'argmax_lse (greedy)', 'decode layer: op by op', 'decode layer: CUDA graph'):
     assert want in names, (want, names)
 assert ops['device_copy_gbps'] > 0
 for o in ops['ops']:
