@@ -136,11 +136,12 @@ class Backend {
   // values that come through uploaded parameters (token ids, positions, context lengths, the
   // rows new K/V go to) and the contents of pinned inputs may differ. The launch shapes of
   // decode attention change only when the longest context passes 256, 512, 1024, ... tokens,
-  // so a decode step is replayed between those points. A call a graph cannot hold (another stream, an event, a host wait,
-  // a copy into pageable memory) interrupts the recording: what was recorded is issued op by
-  // op, then the call runs, and the rest of the step runs as usual. Memory released while a
-  // step is recorded is freed after the step is issued. Backends without graphs (the CPU) run
-  // the work as it comes. With a tracer attached a recorded step is traced as one span.
+  // so a decode step is replayed between those points. A call a graph cannot hold (another
+  // stream, an event, a host wait, a copy into pageable memory) interrupts the recording: what
+  // was recorded is issued op by op, then the call runs, and the rest of the step runs as
+  // usual. Memory released while a step is recorded is freed after the step is issued.
+  // Backends without graphs (the CPU) run the work as it comes. With a tracer attached a
+  // recorded step is traced as one span.
   virtual void begin_graph_step() {}
   virtual GraphStep end_graph_step() { return {}; }
   virtual GraphCounters graph_counters() const { return {}; }

@@ -218,8 +218,9 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     last[i] = rows - 1;
   }
   Backend& be = model_.backend();
-  // A step that only decodes is the same work every step (until the batch changes or the
-  // context crosses a 256-token point): recorded, it is replayed as one CUDA graph.
+  // A step that only decodes is the same work every step (until the number of sequences
+  // changes or the longest context passes 256, 512, 1024, ... tokens): recorded, it is
+  // replayed as one CUDA graph.
   bool graph_step = cuda_graphs_;
   for (const ForwardChunk& c : chunks) graph_step = graph_step && c.count == 1 && !c.all_rows;
   GraphStepScope graph(be, graph_step);
