@@ -118,7 +118,6 @@ struct State {
   uint64_t kernels = 0, gemms = 0;
   uint64_t host_waits = 0;  // calls that blocked the host on queued work
   uint64_t submissions = 0;  // kernels, GEMMs, copies, memsets and graph launches the host issued
-  uint64_t graph_launches = 0, graphs_instantiated = 0;
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
 
   State() {
@@ -359,14 +358,6 @@ uint64_t host_waits() {
 uint64_t host_submissions() {
   Api a;
   return a.s.submissions;
-}
-uint64_t graph_launches() {
-  Api a;
-  return a.s.graph_launches;
-}
-uint64_t graphs_instantiated() {
-  Api a;
-  return a.s.graphs_instantiated;
 }
 Memory classify(const void* p) {
   Api a;
@@ -792,7 +783,6 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
   e->nodes = it->second->nodes;  // the nodes hold their parameters by value, as an executable graph does
   *exec = e.get();
   a.s.execs[e.get()] = std::move(e);
-  ++a.s.graphs_instantiated;
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
@@ -802,7 +792,6 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (it == a.s.execs.end() || !st) return fail(a.s, cudaErrorInvalidResourceHandle);
   if (st->capture) return fail(a.s, cudaErrorNotSupported);  // a graph launched into a capture: not modelled
   ++a.s.submissions;
-  ++a.s.graph_launches;
   for (const auto& node : it->second->nodes) enqueue(a.s, st, node);
   return cudaSuccess;
 }

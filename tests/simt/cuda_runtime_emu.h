@@ -65,8 +65,6 @@ uint64_t host_waits();
 // Work the host handed to streams: kernel launches, GEMMs, copies and memsets (captured ones
 // too), and graph launches, each counting once: what a step costs the host in launch calls.
 uint64_t host_submissions();
-uint64_t graph_launches();
-uint64_t graphs_instantiated();
 // Where a pointer points: device memory, pinned (page-locked, registered) host memory, or
 // other (pageable) host memory.
 enum class Memory { Device, Pinned, Pageable };
