@@ -20,6 +20,7 @@
 #include "engine/generator.h"
 #include "engine/json.h"
 #include "engine/npy.h"
+#include "engine/llama_model.h"
 #include "engine/opt_model.h"
 #include "engine/profiler.h"
 #include "engine/tokenizer.h"
@@ -159,7 +160,7 @@ std::optional<DType> kv_dtype_flag(const Args& a) {
   return dt;
 }
 
-LinkProfile run_profiler(Backend& be, OptModel& model, DType dtype, bool quick) {
+LinkProfile run_profiler(Backend& be, Model& model, DType dtype, bool quick) {
   ProfileOptions po;
   if (quick) {
     po.transfer_bytes = 16ll << 20;
@@ -218,7 +219,8 @@ int cmd_generate(int argc, char** argv) {
   apply_emulated_link(*backend, a);
   Tracer tracer;
   if (a.has("--trace")) backend->set_tracer(&tracer);
-  OptModel model(*backend, dir);
+  std::unique_ptr<Model> loaded = load_model(*backend, dir);
+  Model& model = *loaded;
   Tokenizer tok = Tokenizer::load(dir);
   std::vector<int32_t> prompt = a.has("--prompt") ? tok.encode(a.get("--prompt")) : parse_ids(a.get("--prompt-ids"));
   if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
@@ -232,7 +234,7 @@ int cmd_generate(int argc, char** argv) {
   Generator gen(model, tok, go);
   std::vector<float> dumped;
   Generator::LogitsObserver obs;
-  const int64_t V = model.config().vocab_size;
+  const int64_t V = model.spec().vocab_size;
   if (a.has("--dump-logits"))
     obs = [&](uint64_t, const float* row, int64_t) { dumped.insert(dumped.end(), row, row + V); };
   uint64_t id = gen.add(prompt, gp);
@@ -318,8 +320,12 @@ int cmd_info(int argc, char** argv) {
   Args a(argc, argv, 2, {"--model", "--backend"}, {"--json"});
   std::string dir = a.require("--model");
   auto backend = create_backend(a.get("--backend", "cpu"));
-  OptModel model(*backend, dir);
-  const OptConfig& c = model.config();
+  std::unique_ptr<Model> loaded = load_model(*backend, dir);
+  const Model& model = *loaded;
+  const ModelSpec& c = model.spec();
+  const auto* opt = dynamic_cast<const OptModel*>(&model);
+  const auto* llama = dynamic_cast<const LlamaModel*>(&model);
+  const char* arch = opt ? "OPTForCausalLM" : "LlamaForCausalLM";
   std::optional<Tokenizer> tok;
   try {
     tok = Tokenizer::load(dir);
@@ -327,21 +333,29 @@ int cmd_info(int argc, char** argv) {
     // A model without tokenizer files still has an architecture to report.
   }
   const size_t es = dtype_size(model.weight_dtype());
-  const int64_t kv_per_token = 2 * c.num_layers * c.hidden_size * static_cast<int64_t>(es);
+  const int64_t kv_per_token = 2 * c.num_layers * c.kv_hidden() * static_cast<int64_t>(es);
   const int64_t act_per_token = c.num_layers * c.hidden_size * static_cast<int64_t>(es);
   if (a.has("--json")) {
     json::Value o(json::Object{});
-    o.set("architecture", "OPTForCausalLM");
-    o.set("model_type", "opt");
+    o.set("architecture", arch);
+    o.set("model_type", c.model_type);
     o.set("layers", c.num_layers);
     o.set("hidden_size", c.hidden_size);
     o.set("heads", c.num_heads);
-    o.set("head_dim", c.head_dim());
+    o.set("kv_heads", c.num_kv_heads);
+    o.set("head_dim", c.head_dim);
     o.set("ffn_dim", c.ffn_dim);
     o.set("vocab_size", c.vocab_size);
-    o.set("word_embed_proj_dim", c.word_embed_proj_dim);
     o.set("max_position_embeddings", c.max_position_embeddings);
-    o.set("layer_norm", c.do_layer_norm_before ? "pre" : "post");
+    if (opt) {
+      o.set("word_embed_proj_dim", opt->config().word_embed_proj_dim);
+      o.set("layer_norm", opt->config().do_layer_norm_before ? "pre" : "post");
+    }
+    if (llama) {
+      o.set("rope_theta", llama->config().rope_theta);
+      o.set("rms_norm_eps", llama->config().rms_norm_eps);
+      o.set("tie_word_embeddings", llama->config().tie_word_embeddings);
+    }
     o.set("checkpoint_format", model.checkpoint_format());
     o.set("weight_dtype", dtype_name(model.weight_dtype()));
     o.set("parameters", model.parameter_count());
@@ -356,11 +370,14 @@ int cmd_info(int argc, char** argv) {
     std::cout << o.dump() << "\n";
     return 0;
   }
-  std::printf("architecture          OPTForCausalLM (%s-LN%s)\n", c.do_layer_norm_before ? "pre" : "post",
-              c.has_projection() ? ", projected embeddings" : "");
+  if (opt)
+    std::printf("architecture          %s (%s-LN%s)\n", arch, opt->config().do_layer_norm_before ? "pre" : "post",
+                opt->config().has_projection() ? ", projected embeddings" : "");
+  else
+    std::printf("architecture          %s (RMSNorm, rotary theta %g, SwiGLU)\n", arch, llama->config().rope_theta);
   std::printf("layers                %lld\n", static_cast<long long>(c.num_layers));
   std::printf("hidden / heads        %lld / %lld (head dim %lld)\n", static_cast<long long>(c.hidden_size),
-              static_cast<long long>(c.num_heads), static_cast<long long>(c.head_dim()));
+              static_cast<long long>(c.num_heads), static_cast<long long>(c.head_dim));
   std::printf("ffn                   %lld\n", static_cast<long long>(c.ffn_dim));
   std::printf("vocab                 %lld%s\n", static_cast<long long>(c.vocab_size),
               tok ? (" (tokenizer " + std::to_string(tok->size()) + ")").c_str() : "");
@@ -386,7 +403,8 @@ int cmd_profile(int argc, char** argv) {
   std::string dir = a.require("--model");
   auto backend = create_backend(a.get("--backend", "auto"));
   apply_emulated_link(*backend, a);
-  OptModel model(*backend, dir);
+  std::unique_ptr<Model> loaded = load_model(*backend, dir);
+  Model& model = *loaded;
   DType dt = kv_dtype_flag(a).value_or(model.weight_dtype());
   LinkProfile p = run_profiler(*backend, model, dt, a.has("--quick"));
   if (a.has("--save")) p.save(a.get("--save"));
@@ -404,7 +422,7 @@ int cmd_profile(int argc, char** argv) {
     std::printf("  l = %-6lld %10.3f ms\n", static_cast<long long>(pt.find("rows")->as_int()),
                 pt.find("seconds")->as_double() * 1e3);
   const int64_t es = static_cast<int64_t>(dtype_size(dt));
-  const double kv_tok = 2.0 * model.config().hidden_size * es, x_tok = model.config().hidden_size * es;
+  const double kv_tok = 2.0 * model.spec().kv_hidden() * es, x_tok = model.spec().hidden_size * es;
   std::printf("per token and layer: moving K+V %.3f us, moving X %.3f us, recomputing %.3f us\n",
               kv_tok / (p.h2d_gbps * 1e9) * 1e6, x_tok / (p.h2d_gbps * 1e9) * 1e6, p.recompute_per_row_s * 1e6);
   if (a.has("--save")) std::printf("saved to %s\n", a.get("--save").c_str());

@@ -18,7 +18,7 @@
 #include "daemon/server.h"
 #include "daemon/worker_pool.h"
 #include "engine/error.h"
-#include "engine/opt_config.h"
+#include "engine/model.h"
 #include "engine/tokenizer.h"
 
 namespace {
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
 
   try {
     if (!cfg.config_file.empty()) spdlog::info("config file {}", cfg.config_file);
-    OptConfig model_cfg = OptConfig::load(cfg.model);
+    ModelSpec model_cfg = load_model_spec(cfg.model);
     Tokenizer tok = Tokenizer::load(cfg.model);
     int64_t ctx = cfg.max_seq_len > 0 ? std::min(cfg.max_seq_len, model_cfg.max_position_embeddings)
                                       : model_cfg.max_position_embeddings;

@@ -49,6 +49,27 @@ LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, co
   return LinearShape{M, N, K};
 }
 
+int64_t check_rope(const Tensor& x, const Tensor& positions, int head_dim) {
+  KVPR_CHECK(x.dtype() == DType::F32 && x.rank() >= 2 && head_dim > 0 && head_dim % 2 == 0 &&
+                 x.dim(-1) % head_dim == 0 && positions.dtype() == DType::I32 && positions.rank() == 1 &&
+                 positions.dim(0) == x.dim(-2),
+             "rope: x ", x.describe(), " (F32 [..., T, heads*head_dim]) and positions ", positions.describe(),
+             " (I32 [T]) do not fit head_dim ", head_dim);
+  return positions.dim(0);
+}
+
+void check_rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma) {
+  KVPR_CHECK(out.dtype() == DType::F32 && x.dtype() == DType::F32 && x.rank() >= 1 && out.numel() == x.numel() &&
+                 gamma.numel() == x.dim(-1) && is_float(gamma.dtype()),
+             "rms_norm: shapes out ", out.describe(), " x ", x.describe(), " gamma ", gamma.describe());
+}
+
+void check_silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  KVPR_CHECK(out.dtype() == DType::F32 && gate.dtype() == DType::F32 && up.dtype() == DType::F32 &&
+                 out.numel() == gate.numel() && gate.numel() == up.numel(),
+             "silu_mul: shapes out ", out.describe(), " gate ", gate.describe(), " up ", up.describe());
+}
+
 int64_t check_argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) {
   KVPR_CHECK(logits.dtype() == DType::F32 && stats.dtype() == DType::F32 && logits.rank() >= 1 && logits.dim(-1) > 0,
              "argmax_lse: logits ", logits.describe(), " and stats ", stats.describe(), " must be F32");

@@ -63,6 +63,11 @@ struct LinearShape {
   int64_t M, N, K;
 };
 LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const char* what);
+// Throws unless rope's tensors fit (see Backend::rope); returns T, the rows positions covers.
+int64_t check_rope(const Tensor& x, const Tensor& positions, int head_dim);
+// Throws unless rms_norm's and silu_mul's tensors fit.
+void check_rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma);
+void check_silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up);
 // Throws unless argmax_lse's tensors fit (see Backend::argmax_lse); returns the row count.
 int64_t check_argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid);
 
@@ -154,6 +159,16 @@ class Backend {
   // out = layer_norm(x) * gamma + beta over the last dim; out may alias x.
   virtual void layer_norm(const Tensor& out, const Tensor& x, const Tensor& gamma,
                           const Tensor& beta, float eps) = 0;
+  // out = x / sqrt(mean(x²) + eps) * gamma over the last dim (RMSNorm, Llama); out may alias x.
+  virtual void rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma, float eps) = 0;
+  // Rotary position embedding (Llama, Hugging Face's rotate_half layout), in place. x is
+  // [..., T, width] F32 with width a multiple of head_dim; every row r of the last two dims is
+  // rotated by position positions[r % T] (I32 [T], device memory): in each head, element i and
+  // i + head_dim/2 turn by the angle p · freq_scale · theta^(-2i/head_dim), computed in fp32 as
+  // Hugging Face does. Q and K stacked as [2, T, hidden] turn in one call.
+  virtual void rope(const Tensor& x, const Tensor& positions, int head_dim, float theta, float freq_scale) = 0;
+  // out = silu(gate) * up elementwise (SwiGLU's gate, Llama's MLP); out may alias gate or up.
+  virtual void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
   // out[M, N] = act(x[M, K] · w[N, K]ᵀ + bias[N]); bias may be undefined.
   virtual void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
                       Activation act) = 0;
@@ -238,6 +253,15 @@ KVPR_HD inline float random_normal(uint64_t seed, uint64_t i) {
   float u1 = (static_cast<float>(b >> 40) + 1.0f) * (1.0f / 16777216.0f);
   float u2 = static_cast<float>((b >> 16) & 0xffffff) * (1.0f / 16777216.0f);
   return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2);
+}
+
+// The angle by which rope turns element pair i (of head_dim / 2) at `position`: the frequency
+// theta^(-2i/head_dim) · freq_scale rounded to fp32, times the position in fp32, as Hugging
+// Face's LlamaRotaryEmbedding computes it. Shared by the backends.
+KVPR_HD inline float rope_angle(int32_t position, int i, int head_dim, float theta, float freq_scale) {
+  const float inv_freq = static_cast<float>(static_cast<double>(freq_scale) /
+                                            pow(static_cast<double>(theta), 2.0 * i / static_cast<double>(head_dim)));
+  return static_cast<float>(position) * inv_freq;
 }
 
 // Creates a backend by name: "cpu", "cuda" (device 0 or `device`), or "auto" (cuda when

@@ -7,6 +7,7 @@
 #include "engine/checkpoint.h"
 #include "engine/error.h"
 #include "engine/sampling.h"
+#include "engine/opt_model.h"
 
 #ifndef KVPR_SOURCE_DIR
 #define KVPR_SOURCE_DIR ""

@@ -51,9 +51,9 @@ struct Generator::Sequence {
 
 Generator::~Generator() = default;
 
-Generator::Generator(OptModel& model, const Tokenizer& tokenizer, const GeneratorOptions& opts)
+Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOptions& opts)
     : model_(model), tok_(tokenizer) {
-  const OptConfig& c = model.config();
+  const ModelSpec& c = model.spec();
   max_seq_len_ = opts.max_seq_len > 0 ? std::min(opts.max_seq_len, c.max_position_embeddings)
                                       : c.max_position_embeddings;
   KVPR_CHECK(opts.max_batch > 0, "max_batch must be positive");
@@ -72,7 +72,7 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
   KVPR_CHECK(!prompt.empty(), "the prompt is empty");
   KVPR_CHECK(params.max_new_tokens >= 0, "max_tokens must be >= 0, got ", params.max_new_tokens);
   validate(params.sampling);
-  const int64_t vocab = model_.config().vocab_size;
+  const int64_t vocab = model_.spec().vocab_size;
   for (int32_t t : prompt)
     KVPR_CHECK(t >= 0 && t < vocab, "token id ", t, " is out of range [0, ", vocab, ")");
   KVPR_CHECK(static_cast<int64_t>(prompt.size()) < max_seq_len_, "the prompt has ", prompt.size(),
@@ -207,7 +207,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     }
     chunks.push_back(c);
   }
-  const int64_t V = model_.config().vocab_size;
+  const int64_t V = model_.spec().vocab_size;
   // Logits rows: one per chunk (its last token), or one per token of a chunk whose prompt is
   // scored; last[i] is the row batch[i]'s next token comes from.
   std::vector<int64_t> first(batch.size()), last(batch.size());

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/json.h"
-#include "engine/opt_model.h"
+#include "engine/model.h"
 #include "engine/sampling.h"
 #include "engine/tokenizer.h"
 
@@ -76,7 +76,7 @@ struct SequenceResult {
 
 class Generator {
  public:
-  Generator(OptModel& model, const Tokenizer& tokenizer, const GeneratorOptions& opts = {});
+  Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOptions& opts = {});
   ~Generator();
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
@@ -114,7 +114,7 @@ class Generator {
   void finish(Sequence& s, FinishReason r, bool flush_decoder, std::vector<StepOutput>& out, StepOutput& ev);
   std::string take_visible_text(Sequence& s, bool final);
 
-  OptModel& model_;
+  Model& model_;
   const Tokenizer& tok_;
   int64_t max_seq_len_;
   int64_t max_step_tokens_ = 8192;

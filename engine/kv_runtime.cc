@@ -208,6 +208,16 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
   if (const int64_t rx = std::max(rows_x_[0], rows_x_[1]); rx > 0) {
     grow(x32_, DType::F32, rx, shape_.hidden);
     grow(kv32_, DType::F32, 2 * rx, w);
+    if (projector_.needs_positions()) {
+      // Stored X starts at a sequence's first token: recomputed row j of a sequence is position j.
+      Tensor host = Tensor::host(DType::I32, {rows_x_[0] + rows_x_[1]});
+      int32_t* p = host.data_as<int32_t>();
+      for (int v = 0; v < 2; ++v)
+        for (const auto& s : plan_)
+          for (int64_t j = 0; j < s.split[v]; ++j) *p++ = static_cast<int32_t>(j);
+      grow(xpos_, DType::I32, host.numel(), 1);
+      be_.copy(xpos_.rows(0, host.numel()), host.reshape({host.numel(), 1}), Stream::Compute);
+    }
   }
   if (opts_.mode == KvMode::CpuAttn) {
     grow(knew_, opts_.kv_dtype, rows_q_, w);
@@ -345,7 +355,9 @@ void KvRuntime::attend(int64_t layer, const Tensor& x, const Tensor& q, const Te
     Tensor x32 = x32_.rows(0, rx), kv32 = kv32_.rows(0, 2 * rx).reshape({2, rx, w});
     Tensor k32 = kv32.rows(0, 1).reshape({rx, w}), v32 = kv32.rows(1, 1).reshape({rx, w});
     be_.convert(x32, xbuf_[b].rows(0, rx));
-    projector_.project_kv(layer, x32, kv32);
+    Tensor pos;
+    if (projector_.needs_positions()) pos = xpos_.rows(var == 0 ? 0 : rows_x_[0], rx).reshape({rx});
+    projector_.project_kv(layer, x32, kv32, pos);
     std::vector<RowSpan> spans;
     for (const auto& s : plan_)
       if (s.split[var] > 0) spans.push_back(RowSpan{s.x_off[var], s.ctx_off, s.split[var]});

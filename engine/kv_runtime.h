@@ -45,7 +45,10 @@ class KvProjector {
  public:
   virtual ~KvProjector() = default;
   // x [n, hidden] F32 (the post-norm layer input) -> kv [2, n, kv_hidden] F32: K, then V.
-  virtual void project_kv(int64_t layer, const Tensor& x, const Tensor& kv) = 0;
+  // positions (I32 [n], device memory) holds each row's position in its sequence when
+  // needs_positions() (rotary models turn K by it); else it is undefined.
+  virtual void project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) = 0;
+  virtual bool needs_positions() const { return false; }
 };
 
 struct KvShape {
@@ -163,6 +166,7 @@ class KvRuntime {
   int64_t rows_x_[2] = {0, 0};  // X rows recomputed for layer 0 and for the others
   Tensor kbuf_[2], vbuf_[2], xbuf_[2], xnew_[2];  // device, kv dtype
   Tensor x32_, kv32_, knew_, vnew_;          // device scratch
+  Tensor xpos_;                                   // device: positions of the X rows of both variants
   Tensor host_q_, host_out_;                      // pinned (cpu-attn)
   Event buf_free_[2], buf_stored_[2];
   std::vector<Event> store_done_;                 // per layer: last store to the host finished

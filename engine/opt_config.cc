@@ -1,62 +1,35 @@
 #include "engine/opt_config.h"
 
-#include <filesystem>
-
+#include "engine/config_fields.h"
 #include "engine/error.h"
 
 namespace kvpr {
 
 OptConfig OptConfig::from_json(const json::Value& v, const std::string& source) {
-  KVPR_CHECK(v.is_object(), source, ": not a JSON object");
+  ConfigFields f(v, source);
   OptConfig c;
-  auto field = [&](const char* name) -> const json::Value* { return v.find(name); };
-  auto get_int = [&](const char* name, int64_t* out, bool required) {
-    const json::Value* f = field(name);
-    if (!f || f->is_null()) {
-      KVPR_CHECK(!required, source, ": missing \"", name, "\"");
-      return;
-    }
-    try {
-      *out = f->as_int();
-    } catch (const Error& e) {
-      KVPR_THROW(source, ": \"", name, "\": ", e.what());
-    }
-  };
-  auto get_bool = [&](const char* name, bool* out) {
-    const json::Value* f = field(name);
-    if (!f || f->is_null()) return;
-    try {
-      *out = f->as_bool();
-    } catch (const Error& e) {
-      KVPR_THROW(source, ": \"", name, "\": ", e.what());
-    }
-  };
-  const json::Value* mt = field("model_type");
-  KVPR_CHECK(mt && mt->is_string(), source, ": missing \"model_type\"");
-  KVPR_CHECK(mt->as_string() == "opt", source, ": model_type \"", mt->as_string(),
-             "\" is not supported (supported: opt)");
-  get_int("vocab_size", &c.vocab_size, true);
-  get_int("hidden_size", &c.hidden_size, true);
-  get_int("num_hidden_layers", &c.num_layers, true);
-  get_int("num_attention_heads", &c.num_heads, true);
-  get_int("ffn_dim", &c.ffn_dim, true);
-  get_int("max_position_embeddings", &c.max_position_embeddings, true);
+  f.expect_model_type("opt");
+  f.get_int("vocab_size", &c.vocab_size, true);
+  f.get_int("hidden_size", &c.hidden_size, true);
+  f.get_int("num_hidden_layers", &c.num_layers, true);
+  f.get_int("num_attention_heads", &c.num_heads, true);
+  f.get_int("ffn_dim", &c.ffn_dim, true);
+  f.get_int("max_position_embeddings", &c.max_position_embeddings, true);
   c.word_embed_proj_dim = c.hidden_size;
-  get_int("word_embed_proj_dim", &c.word_embed_proj_dim, false);
-  get_bool("do_layer_norm_before", &c.do_layer_norm_before);
-  get_bool("_remove_final_layer_norm", &c.remove_final_layer_norm);
-  get_bool("enable_bias", &c.enable_bias);
-  get_bool("layer_norm_elementwise_affine", &c.layer_norm_affine);
-  get_int("bos_token_id", &c.bos_token_id, false);
-  get_int("eos_token_id", &c.eos_token_id, false);
-  get_int("pad_token_id", &c.pad_token_id, false);
-  if (const json::Value* a = field("activation_function"); a && a->is_string()) {
-    const std::string& s = a->as_string();
+  f.get_int("word_embed_proj_dim", &c.word_embed_proj_dim, false);
+  f.get_bool("do_layer_norm_before", &c.do_layer_norm_before);
+  f.get_bool("_remove_final_layer_norm", &c.remove_final_layer_norm);
+  f.get_bool("enable_bias", &c.enable_bias);
+  f.get_bool("layer_norm_elementwise_affine", &c.layer_norm_affine);
+  f.get_int("bos_token_id", &c.bos_token_id, false);
+  f.get_int("eos_token_id", &c.eos_token_id, false);
+  f.get_int("pad_token_id", &c.pad_token_id, false);
+  if (std::string s; f.get_string("activation_function", &s), !s.empty()) {
     if (s == "relu") c.activation = Activation::ReLU;
     else if (s == "gelu" || s == "gelu_new" || s == "gelu_pytorch_tanh") c.activation = Activation::GELU;
     else KVPR_THROW(source, ": activation_function \"", s, "\" is not supported (relu, gelu)");
   }
-  if (const json::Value* d = field("torch_dtype"); d && d->is_string()) c.torch_dtype = d->as_string();
+  f.get_string("torch_dtype", &c.torch_dtype);
   KVPR_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 &&
                  c.ffn_dim > 0 && c.max_position_embeddings > 0 && c.word_embed_proj_dim > 0,
              source, ": sizes must be positive");
@@ -67,10 +40,24 @@ OptConfig OptConfig::from_json(const json::Value& v, const std::string& source) 
 }
 
 OptConfig OptConfig::load(const std::string& model_dir) {
-  KVPR_CHECK(std::filesystem::is_directory(model_dir), model_dir, ": not a directory");
-  std::string path = (std::filesystem::path(model_dir) / "config.json").string();
-  KVPR_CHECK(std::filesystem::exists(path), model_dir, ": no config.json");
-  return from_json(json::parse_file(path), "config.json");
+  return from_json(read_config_json(model_dir), "config.json");
+}
+
+ModelSpec OptConfig::spec() const {
+  ModelSpec s;
+  s.model_type = "opt";
+  s.vocab_size = vocab_size;
+  s.hidden_size = hidden_size;
+  s.num_layers = num_layers;
+  s.num_heads = s.num_kv_heads = num_heads;
+  s.head_dim = head_dim();
+  s.ffn_dim = ffn_dim;
+  s.max_position_embeddings = max_position_embeddings;
+  s.bos_token_id = bos_token_id;
+  s.eos_token_id = eos_token_id;
+  s.pad_token_id = pad_token_id;
+  s.torch_dtype = torch_dtype;
+  return s;
 }
 
 json::Value OptConfig::to_json() const {

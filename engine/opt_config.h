@@ -6,6 +6,7 @@
 
 #include "engine/backend.h"
 #include "engine/json.h"
+#include "engine/model_spec.h"
 
 namespace kvpr {
 
@@ -38,6 +39,7 @@ struct OptConfig {
   static OptConfig from_json(const json::Value& v, const std::string& source);
   static OptConfig load(const std::string& model_dir);  // <dir>/config.json
   json::Value to_json() const;                           // the HF config.json form
+  ModelSpec spec() const;
 };
 
 }  // namespace kvpr

@@ -9,99 +9,35 @@
 
 namespace kvpr {
 
-Tensor Workspace::get(const std::string& name, DType dtype, Shape shape) {
-  int64_t need = std::max<int64_t>(1, shape_numel(shape) * static_cast<int64_t>(dtype_size(dtype)));
-  auto it = buffers_.find(name);
-  if (it == buffers_.end() || it->second.numel() < need) {
-    int64_t grown = it == buffers_.end() ? 0 : it->second.numel() * 3 / 2;
-    buffers_[name] = backend_.alloc(DType::U8, {std::max(need, grown)});
-    it = buffers_.find(name);
-  }
-  return it->second.view_as(dtype, std::move(shape));
-}
-
 OptModel::OptModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts)
-    : backend_(backend), ws_(backend) {
+    : Model(backend) {
   config_ = OptConfig::load(model_dir);
+  spec_ = config_.spec();
   load(model_dir, opts);
 }
 
 void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) {
-  CheckpointDir ckpt(model_dir);
-  // Uploads read the mapped checkpoint asynchronously: finish them before it is unmapped,
-  // also when loading fails half way.
-  struct FinishUploads {
-    Backend& b;
-    ~FinishUploads() { b.synchronize(); }
-  } finish_uploads{backend_};
-  format_ = ckpt.format();
   // The hub uses two prefixes: "model.decoder." (with lm_head.weight) and "decoder.".
   std::string prefix;
-  if (ckpt.find("model.decoder.embed_tokens.weight")) prefix = "model.decoder.";
-  else if (ckpt.find("decoder.embed_tokens.weight")) prefix = "decoder.";
-  else
-    KVPR_THROW(model_dir, ": missing tensor 'model.decoder.embed_tokens.weight' (nor "
-                          "'decoder.embed_tokens.weight') in ", ckpt.format(), " checkpoint");
-
-  size_t total = 0, done = 0;
-  for (const auto& r : ckpt.tensors()) total += r.nbytes();
-  std::vector<Tensor> received;  // every checkpoint tensor, in load order (for the broadcast)
-  assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole) -> Tensor {
-    const std::string key = name == "lm_head.weight" ? name : prefix + name;
-    const TensorRecord* r = ckpt.find(key);
-    if (!r) {
-      KVPR_CHECK(!required, model_dir, ": missing tensor '", key, "'");
-      return Tensor();
-    }
-    KVPR_CHECK(is_float(r->dtype), r->file, ": tensor '", key, "' has dtype ", dtype_name(r->dtype),
-               ", expected F32, F16 or BF16");
-    KVPR_CHECK(r->shape == expect, r->file, ": tensor '", key, "' has shape ", shape_str(r->shape),
-               ", expected ", shape_str(expect));
-    Tensor src = Tensor::borrow(const_cast<void*>(r->data), r->dtype, r->shape);
-    DType dt = opts.convert_weights ? opts.weight_dtype : r->dtype;
-    Tensor dst = backend_.alloc(dt, r->shape);
-    if (opts.broadcast) received.push_back(dst);
-    if (opts.broadcast && opts.broadcast->rank() != 0) {
-      // Filled by the broadcast from rank 0 below; only the header was read here.
-    } else if (dt == r->dtype) {
-      backend_.copy(dst, src, Stream::H2D, "weights");
-    } else {
-      // Convert on the host, then upload.
-      Tensor tmp = Tensor::host(dt, r->shape);
-      for (int64_t i = 0; i < src.numel(); ++i)
-        store_from_f32(tmp.data(), dt, i, load_as_f32(src.data(), src.dtype(), i));
-      backend_.copy(dst, tmp, Stream::H2D, "weights");
-    }
-    done += r->nbytes();
-    if (opts.progress && (!opts.broadcast || opts.broadcast->rank() == 0)) opts.progress(done, total);
-    return dst;
-  });
-  if (opts.broadcast) {
-    backend_.synchronize();  // rank 0's uploads have landed
-    for (const auto& t : received) opts.broadcast->broadcast(t);
-    opts.broadcast->finish();
-    if (opts.progress) opts.progress(total, total);
-  }
+  load_checkpoint(
+      model_dir, opts,
+      [&](const CheckpointDir& ckpt) {
+        if (ckpt.find("model.decoder.embed_tokens.weight")) prefix = "model.decoder.";
+        else if (ckpt.find("decoder.embed_tokens.weight")) prefix = "decoder.";
+        else
+          KVPR_THROW(model_dir, ": missing tensor 'model.decoder.embed_tokens.weight' (nor "
+                                "'decoder.embed_tokens.weight') in ", ckpt.format(), " checkpoint");
+      },
+      [&](const std::string& name) { return name == "lm_head.weight" ? name : prefix + name; },
+      [&](const WeightSource& fetch) { assemble(fetch); });
   stack_qkv();
 }
 
 OptModel::OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed)
-    : backend_(backend), config_(config), ws_(backend) {
+    : Model(backend), config_(config) {
+  spec_ = config_.spec();
   format_ = "random";
-  uint64_t n = 0;
-  assemble([&](const std::string& name, const Shape& shape, bool required, WeightRole role) -> Tensor {
-    if (!required && name == "lm_head.weight") return Tensor();  // tied
-    Tensor t = backend_.alloc(dtype, shape);
-    const float fan_in = static_cast<float>(shape.size() == 2 ? shape[1] : 1);
-    switch (role) {
-      case WeightRole::Matrix: backend_.fill_random(t, seed + n, 0.f, 1.f / std::sqrt(fan_in)); break;
-      case WeightRole::Embedding: backend_.fill_random(t, seed + n, 0.f, 0.1f); break;
-      case WeightRole::NormGain: backend_.fill_random(t, seed + n, 1.f, 0.05f); break;
-      case WeightRole::Bias: backend_.fill_random(t, seed + n, 0.f, 0.02f); break;
-    }
-    ++n;
-    return t;
-  });
+  assemble(random_weights(dtype, seed));
   stack_qkv();
 }
 
@@ -109,12 +45,7 @@ void OptModel::assemble(const WeightSource& fetch) {
   const OptConfig& c = config_;
   const int64_t h = c.hidden_size, d = c.word_embed_proj_dim, f = c.ffn_dim;
   auto take = [&](const std::string& name, Shape shape, bool required, WeightRole role) {
-    Tensor t = fetch(name, shape, required, role);
-    if (t.defined()) {
-      parameter_count_ += t.numel();
-      weight_bytes_ += t.nbytes();
-    }
-    return t;
+    return fetch(name, shape, required, role);
   };
   auto matrix = [&](const std::string& name, Shape shape) { return take(name, shape, true, WeightRole::Matrix); };
   auto bias = [&](const std::string& name, int64_t n) { return take(name, {n}, c.enable_bias, WeightRole::Bias); };
@@ -173,14 +104,7 @@ void OptModel::assemble(const WeightSource& fetch) {
   backend_.synchronize();
 }
 
-std::unique_ptr<KvRuntime> OptModel::make_kv_runtime(int64_t slots, int64_t capacity,
-                                                     const KvRuntimeOptions& opts) {
-  KVPR_CHECK(capacity <= config_.max_position_embeddings, "KV capacity ", capacity,
-             " exceeds max_position_embeddings ", config_.max_position_embeddings);
-  return std::make_unique<KvRuntime>(backend_, kv_shape(), *this, slots, capacity, opts);
-}
-
-void OptModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv) {
+void OptModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor&) {
   const OptLayer& L = layers_.at(layer);
   const int64_t n = kv.dim(1), w = kv.dim(2);
   if (L.wqkv.defined()) {  // K and V at once: [wk; wv] are rows 1..2 of the stack
@@ -227,51 +151,14 @@ void OptModel::stack_qkv() {
   }
 }
 
-void OptModel::forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, const Tensor& logits,
-                       bool all_positions) {
-  Tensor out = forward_device(chunks, kv, all_positions);
-  KVPR_CHECK(logits.dtype() == DType::F32 && logits.numel() == out.numel(), "logits buffer ", logits.describe(),
-             " does not hold ", out.describe());
-  backend_.copy(logits, out, Stream::Compute);
-  backend_.synchronize();
-}
-
 Tensor OptModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions) {
   const OptConfig& c = config_;
   const int64_t h = c.hidden_size, d = c.word_embed_proj_dim, V = c.vocab_size;
   Backend& be = backend_;
-  int64_t T = 0;
-  for (const auto& ch : chunks) {
-    KVPR_CHECK(ch.count > 0, "empty forward chunk");
-    KVPR_CHECK(ch.past_len + ch.count <= c.max_position_embeddings, "sequence of ",
-               ch.past_len + ch.count, " tokens exceeds max_position_embeddings ",
-               c.max_position_embeddings);
-    T += ch.count;
-  }
   int64_t rows = 0;
-  for (const auto& ch : chunks) rows += all_positions || ch.all_rows ? ch.count : 1;
-
+  const int64_t T = check_chunks(chunks, all_positions, &rows);
   // Token ids, positions and the rows whose logits we want, uploaded together.
-  Tensor host_ids = Tensor::host(DType::I32, {2 * T + rows});
-  int32_t* hi = host_ids.data_as<int32_t>();
-  int64_t t = 0;
-  for (const auto& ch : chunks) {
-    for (int64_t j = 0; j < ch.count; ++j, ++t) {
-      KVPR_CHECK(ch.tokens[j] >= 0 && ch.tokens[j] < V, "token id ", ch.tokens[j],
-                 " out of range for vocab_size ", V);
-      hi[t] = ch.tokens[j];
-      hi[T + t] = static_cast<int32_t>(ch.past_len + j + OptConfig::kPositionOffset);
-    }
-  }
-  for (int64_t r = 0, first = 0; const auto& ch : chunks) {  // token rows whose logits are wanted
-    if (all_positions || ch.all_rows)
-      for (int64_t j = 0; j < ch.count; ++j) hi[2 * T + r++] = static_cast<int32_t>(first + j);
-    else
-      hi[2 * T + r++] = static_cast<int32_t>(first + ch.count - 1);
-    first += ch.count;
-  }
-  Tensor ids = ws_.get("ids", DType::I32, {2 * T + rows});
-  be.copy(ids, host_ids, Stream::Compute);
+  Tensor ids = upload_ids(chunks, T, rows, all_positions, static_cast<int32_t>(OptConfig::kPositionOffset));
   Tensor tok_ids = ids.rows(0, T), pos_ids = ids.rows(T, T), out_rows = ids.rows(2 * T, rows);
 
   Tensor x = ws_.get("x", DType::F32, {T, h});  // residual stream [T, hidden]

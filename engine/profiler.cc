@@ -63,11 +63,18 @@ LinkProfile profile_backend(Backend& be, KvProjector& projector, const KvShape& 
     Tensor k32 = kv32.rows(0, 1).reshape({rows, shape.kv_hidden()});
     Tensor v32 = kv32.rows(1, 1).reshape({rows, shape.kv_hidden()});
     Tensor k = be.alloc(dtype, {rows, shape.kv_hidden()}), v = be.alloc(dtype, {rows, shape.kv_hidden()});
+    Tensor pos;  // rotary models turn the recomputed K by each row's position
+    if (projector.needs_positions()) {
+      Tensor host_pos = Tensor::host(DType::I32, {rows});
+      for (int64_t i = 0; i < rows; ++i) host_pos.data_as<int32_t>()[i] = static_cast<int32_t>(i);
+      pos = be.alloc(DType::I32, {rows});
+      be.copy(pos, host_pos, Stream::Compute);
+    }
     std::vector<double> ms;
     for (int r = 0; r < opts.reps + 1; ++r) {
       Event a = be.record(Stream::Compute);
       be.convert(x32, x);
-      projector.project_kv(0, x32, kv32);
+      projector.project_kv(0, x32, kv32, pos);
       be.convert(k, k32);
       be.convert(v, v32);
       Event b = be.record(Stream::Compute);

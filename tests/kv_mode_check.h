@@ -10,10 +10,11 @@
 
 #include "engine/cpu/cpu_backend.h"
 #include "engine/generator.h"
+#include "engine/model.h"
 
 namespace kvpr::test {
 
-inline std::vector<std::vector<int32_t>> greedy_tokens(OptModel& model, const Tokenizer& tok,
+inline std::vector<std::vector<int32_t>> greedy_tokens(Model& model, const Tokenizer& tok,
                                                        const GeneratorOptions& o,
                                                        const std::vector<std::vector<int32_t>>& prompts,
                                                        const GenerationParams& p) {
@@ -31,12 +32,14 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
   p.max_new_tokens = max_new;
   p.ignore_eos = true;
   CpuBackend cpu;
-  OptModel mc(cpu, dir);
+  std::unique_ptr<Model> mc_owned = load_model(cpu, dir);
+  Model& mc = *mc_owned;
   GeneratorOptions oc;
   oc.max_batch = static_cast<int>(prompts.size());
   oc.kv_dtype = DType::F32;
   const std::vector<std::vector<int32_t>> want = greedy_tokens(mc, tok, oc, prompts, p);
-  OptModel mg(device, dir);
+  std::unique_ptr<Model> mg_owned = load_model(device, dir);
+  Model& mg = *mg_owned;
   for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
     GeneratorOptions og = oc;
     og.kv.mode = m;

@@ -112,6 +112,52 @@ TEST_P(CpuOps, GatherAndLayerNorm) {
   EXPECT_TRUE(test::close_rel(ref, ln.data_as<float>(), ref.size(), 1e-5));
 }
 
+// Llama's ops against their definitions in Hugging Face's modeling_llama.py, in double:
+// LlamaRMSNorm, apply_rotary_pos_emb with rotate_half (cos/sin of position · inv_freq, linear
+// scaling dividing inv_freq), and silu(gate_proj) · up_proj.
+TEST_P(CpuOps, RmsNormRopeAndSiluMul) {
+  CpuBackend be;
+  std::mt19937 rng(9);
+  const int T = 7, D = 45;
+  Tensor x = random_tensor(be, DType::F32, {T, D}, rng, 2.f), g = random_tensor(be, GetParam(), {D}, rng);
+  Tensor out = be.alloc(DType::F32, {T, D});
+  be.rms_norm(out, x, g, 1e-5f);
+  auto xv = as_double(x), gv = as_double(g);
+  std::vector<double> ref(T * D);
+  for (int i = 0; i < T; ++i) {
+    double ms = 0;
+    for (int j = 0; j < D; ++j) ms += xv[i * D + j] * xv[i * D + j] / D;
+    for (int j = 0; j < D; ++j) ref[i * D + j] = xv[i * D + j] / std::sqrt(ms + 1e-5) * gv[j];
+  }
+  EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), 1e-6));
+
+  const int hd = 16, heads = 3, W = hd * heads;
+  Tensor qk = random_tensor(be, DType::F32, {2, T, W}, rng);
+  Tensor pos = be.alloc(DType::I32, {T});
+  for (int i = 0; i < T; ++i) pos.data_as<int32_t>()[i] = 3 + 5 * i;
+  auto qv = as_double(qk);
+  be.rope(qk, pos, hd, 500000.f, 0.25f);
+  std::vector<double> rr(qv.size());
+  for (int r = 0; r < 2 * T; ++r)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < hd; ++i) {
+        const int j = i % (hd / 2);
+        const double a = (3 + 5 * (r % T)) * 0.25 / std::pow(500000.0, 2.0 * j / hd);
+        const double* v = &qv[r * W + h * hd];
+        const double rot = i < hd / 2 ? -v[i + hd / 2] : v[i - hd / 2];  // rotate_half
+        rr[r * W + h * hd + i] = v[i] * std::cos(a) + rot * std::sin(a);
+      }
+  EXPECT_TRUE(test::close_rel(rr, qk.data_as<float>(), rr.size(), 1e-5));
+  EXPECT_THROW(be.rope(qk, pos, 10, 1e4f, 1.f), Error);           // 48 is no multiple of 10
+  EXPECT_THROW(be.rope(qk, be.alloc(DType::I32, {T + 1}), hd, 1e4f, 1.f), Error);
+
+  Tensor gate = random_tensor(be, DType::F32, {T, D}, rng, 3.f), up = random_tensor(be, DType::F32, {T, D}, rng);
+  auto gtv = as_double(gate), uv = as_double(up);
+  be.silu_mul(gate, gate, up);  // in place
+  for (int i = 0; i < T * D; ++i) ref[i] = gtv[i] / (1 + std::exp(-gtv[i])) * uv[i];
+  EXPECT_TRUE(test::close_rel(ref, gate.data_as<float>(), ref.size(), 1e-6));
+}
+
 TEST_P(CpuOps, AttentionPrefillAndDecodeOverCache) {
   CpuBackend be;
   std::mt19937 rng(9);

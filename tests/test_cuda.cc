@@ -13,6 +13,7 @@
 #include "engine/error.h"
 #include "engine/generator.h"
 #include "engine/json.h"
+#include "engine/opt_model.h"
 #include "kv_mode_check.h"
 #include "test_util.h"
 
@@ -172,6 +173,45 @@ TEST_P(CudaOps, AttentionPrefillMixedAndLongDecode) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::F32, DType::F16, DType::BF16),
                          [](const auto& p) { return std::string(dtype_name(p.param)); });
 
+// Llama's ops: RMSNorm (gain in the parameter dtype, in place too), rotary embedding of Q and
+// K stacked [2, T, width] at scattered positions (up to 4095, where fp32 angles are large),
+// and SwiGLU's silu(gate) · up (in place too).
+TEST_P(CudaOps, LlamaOpsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  CpuBackend cpu;
+  auto gpu = create_backend("cuda");
+  const int64_t T = 13, D = 333;
+  Pair x = random_pair(cpu, *gpu, DType::F32, {T, D}, 51, 3.f);
+  Pair g = random_pair(cpu, *gpu, GetParam(), {D}, 52);
+  Tensor oc = cpu.alloc(DType::F32, {T, D}), og = gpu->alloc(DType::F32, {T, D});
+  cpu.rms_norm(oc, x.cpu, g.cpu, 1e-6f);
+  gpu->rms_norm(og, x.gpu, g.gpu, 1e-6f);
+  EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), T * D, 1e-5));
+  cpu.rms_norm(x.cpu, x.cpu, g.cpu, 1e-6f);
+  gpu->rms_norm(x.gpu, x.gpu, g.gpu, 1e-6f);
+  EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, x.gpu).data(), T * D, 1e-5));
+
+  for (int hd : {8, 64, 128}) {
+    const int64_t W = 3 * hd;
+    Pair qk = random_pair(cpu, *gpu, DType::F32, {2, T, W}, 53);
+    Tensor pc = cpu.alloc(DType::I32, {T}), pg = gpu->alloc(DType::I32, {T});
+    for (int i = 0; i < T; ++i) pc.data_as<int32_t>()[i] = i == 0 ? 0 : i == 1 ? 4095 : (i * 377) % 2048;
+    gpu->copy(pg, pc, Stream::H2D);
+    gpu->wait(Stream::Compute, gpu->record(Stream::H2D));
+    cpu.rope(qk.cpu, pc, hd, 10000.f, 0.5f);
+    gpu->rope(qk.gpu, pg, hd, 10000.f, 0.5f);
+    EXPECT_TRUE(test::close_rel(as_double(qk.cpu), download(*gpu, qk.gpu).data(), 2 * T * W, 1e-5)) << "head_dim " << hd;
+  }
+  EXPECT_THROW(gpu->rope(og, gpu->alloc(DType::I32, {T}), 6, 1e4f, 1.f), Error);  // 333 is no multiple of 6
+
+  Pair gate = random_pair(cpu, *gpu, DType::F32, {T, D}, 54, 4.f), up = random_pair(cpu, *gpu, DType::F32, {T, D}, 55);
+  cpu.silu_mul(oc, gate.cpu, up.cpu);
+  gpu->silu_mul(og, gate.gpu, up.gpu);
+  EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), T * D, 1e-5));
+  gpu->silu_mul(gate.gpu, gate.gpu, up.gpu);
+  EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, gate.gpu).data(), T * D, 1e-5));
+}
+
 TEST_P(CudaOps, CopyRowsMatchesCpu) {
   SKIP_WITHOUT_GPU();
   CpuBackend cpu;
@@ -227,8 +267,9 @@ TEST(Cuda, EveryKvModeGivesTheCpuGreedyTokens) {
   test::TempDir tmp;
   Tokenizer tok = test::char_tokenizer(tmp, 96);
   auto gpu = create_backend("cuda");
-  for (const char* name : {"pre_ln_safetensors", "post_ln_proj_sharded", "decoder_prefix_bin"})
-    test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path(std::string("opt/") + name), tok,
+  for (const char* name : {"opt/pre_ln_safetensors", "opt/post_ln_proj_sharded", "opt/decoder_prefix_bin",
+                           "llama/f32_safetensors", "llama/bf16_tied_scaled_sharded"})
+    test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path(name), tok,
                                                 {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4, name);
 }
 

@@ -12,6 +12,7 @@
 #include "engine/error.h"
 #include "engine/generator.h"
 #include "engine/json.h"
+#include "engine/opt_model.h"
 #include "test_util.h"
 
 using namespace kvpr;
@@ -150,7 +151,7 @@ TEST(KvRuntime, HostStoreHoldsTheComputedKeysValuesAndInputs) {
     Tensor x = store->x(l, 1).rows(0, 9);
     Tensor kvp = Tensor::host(DType::F32, {2, 9, c.hidden_size});
     Tensor k = kvp.rows(0, 1).reshape({9, c.hidden_size}), v = kvp.rows(1, 1).reshape({9, c.hidden_size});
-    model.project_kv(l, x, kvp);
+    model.project_kv(l, x, kvp, Tensor());
     std::vector<double> stored_k(9 * c.hidden_size), stored_v(9 * c.hidden_size);
     for (int64_t i = 0; i < 9 * c.hidden_size; ++i) {
       stored_k[i] = store->k(l, 1).data_as<float>()[i];

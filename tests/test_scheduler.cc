@@ -11,6 +11,7 @@
 #include "engine/generator.h"
 #include "engine/json.h"
 #include "engine/profiler.h"
+#include "engine/opt_model.h"
 #include "test_util.h"
 
 using namespace kvpr;

@@ -10,6 +10,7 @@
 #include "engine/error.h"
 #include "engine/generator.h"
 #include "engine/json.h"
+#include "engine/opt_model.h"
 #include "test_util.h"
 
 using namespace kvpr;

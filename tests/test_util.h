@@ -74,4 +74,13 @@ inline Tokenizer char_tokenizer(const TempDir& tmp, int n, const std::string& eo
   return Tokenizer::load(dir);
 }
 
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 }  // namespace kvpr::test
+
+// The message contains `needle`; prints the message when it does not.
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "engine/error.h"
-#include "engine/opt_model.h"
+#include "engine/model.h"
 #include "engine/profiler.h"
 #include "engine/tokenizer.h"
 #ifdef KVPR_HAVE_HWLOC
@@ -41,7 +41,7 @@ GenerationParams params_from(const json::Value& p) {
 
 int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<OptModel> model;
+  std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<Generator> gen;
   json::Value placement(json::Object{});
@@ -84,7 +84,7 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
       bc = make_nccl_broadcaster(opts.nccl_id, opts.nccl_rank, opts.nccl_ranks, opts.device);
       lo.broadcast = bc.get();
     }
-    model = std::make_unique<OptModel>(*backend, opts.model_dir, lo);
+    model = load_model(*backend, opts.model_dir, lo);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     placement.set("load_s", load_s);
     placement.set("weights_from", !bc ? "disk" : bc->rank() == 0 ? "disk, broadcast with NCCL" : "NCCL broadcast");

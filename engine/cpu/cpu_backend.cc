@@ -309,6 +309,66 @@ void CpuBackend::layer_norm(const Tensor& out, const Tensor& x, const Tensor& ga
   if (tracer_) trace_op("layer_norm", trace_t0, json::Value());
 }
 
+void CpuBackend::rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma, float eps) {
+  const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
+  check_rms_norm(out, x, gamma);
+  const int64_t d = x.dim(-1), n = x.numel() / d;
+  std::vector<float> g(d);
+  for (int64_t j = 0; j < d; ++j) g[j] = load_as_f32(gamma.data(), gamma.dtype(), j);
+  const float* xi = x.data_as<float>();
+  float* o = out.data_as<float>();
+  ThreadPool::global().parallel_for(n, 4, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* row = xi + r * d;
+      double ss = 0;
+      for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(row[j]) * row[j];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
+      float* orow = o + r * d;
+      for (int64_t j = 0; j < d; ++j) orow[j] = row[j] * inv * g[j];
+    }
+  });
+  if (tracer_) trace_op("rms_norm", trace_t0, json::Value());
+}
+
+void CpuBackend::rope(const Tensor& x, const Tensor& positions, int head_dim, float theta, float freq_scale) {
+  const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
+  const int64_t T = check_rope(x, positions, head_dim), W = x.dim(-1), rows = x.numel() / W;
+  const int half = head_dim / 2;
+  const int32_t* pos = positions.data_as<int32_t>();
+  float* xp = x.data_as<float>();
+  ThreadPool::global().parallel_for(rows, 4, [&](int64_t b, int64_t e) {
+    std::vector<float> c(half), s(half);
+    for (int64_t r = b; r < e; ++r) {
+      for (int i = 0; i < half; ++i) {
+        const double a = rope_angle(pos[r % T], i, head_dim, theta, freq_scale);
+        c[i] = static_cast<float>(std::cos(a));
+        s[i] = static_cast<float>(std::sin(a));
+      }
+      for (int64_t h0 = 0; h0 < W; h0 += head_dim) {
+        float* v = xp + r * W + h0;
+        for (int i = 0; i < half; ++i) {
+          const float lo = v[i], hi = v[i + half];
+          v[i] = lo * c[i] - hi * s[i];
+          v[i + half] = hi * c[i] + lo * s[i];
+        }
+      }
+    }
+  });
+  if (tracer_) trace_op("rope", trace_t0, json::Value());
+}
+
+void CpuBackend::silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
+  check_silu_mul(out, gate, up);
+  float* o = out.data_as<float>();
+  const float* g = gate.data_as<float>();
+  const float* u = up.data_as<float>();
+  ThreadPool::global().parallel_for(out.numel(), 1 << 14, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  });
+  if (tracer_) trace_op("silu_mul", trace_t0, json::Value());
+}
+
 void CpuBackend::linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
                         Activation act) {
   const double trace_t0 = tracer_ ? tracer_->now_us() : 0;

@@ -270,6 +270,28 @@ class CudaBackend final : public Backend {
           gamma.dtype(), n, d, eps, compute());
   }
 
+  void rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma, float eps) override {
+    check_rms_norm(out, x, gamma);
+    const int64_t d = x.dim(-1), n = x.numel() / d;
+    Traced t(*this, Stream::Compute, "rms_norm", 0, 0);
+    issue("rms_norm", &cuda::rms_norm, out.data_as<float>(), x.data_as<float>(), gamma.data(), gamma.dtype(), n, d,
+          eps, compute());
+  }
+
+  void rope(const Tensor& x, const Tensor& positions, int head_dim, float theta, float freq_scale) override {
+    const int64_t T = check_rope(x, positions, head_dim), W = x.dim(-1);
+    Traced t(*this, Stream::Compute, "rope", 0, 0);
+    issue("rope", &cuda::rope, x.data_as<float>(), positions.data_as<int32_t>(), x.numel() / W, T, W, head_dim, theta,
+          freq_scale, compute());
+  }
+
+  void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) override {
+    check_silu_mul(out, gate, up);
+    Traced t(*this, Stream::Compute, "silu_mul", 0, 0);
+    issue("silu_mul", &cuda::silu_mul, out.data_as<float>(), gate.data_as<float>(), up.data_as<float>(), out.numel(),
+          compute());
+  }
+
   void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) override {
     const auto [M, N, K] = check_linear(out, x, w, bias, "linear");
     if (M == 0) return;

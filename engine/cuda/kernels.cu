@@ -45,6 +45,48 @@ __global__ void layer_norm_kernel(float* out, const float* x, const T* gamma, co
 }
 
 template <typename T>
+__global__ void rms_norm_kernel(float* out, const float* x, const T* gamma, int64_t rows, int64_t width, float eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * width;
+    float q = 0.f;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) q += xr[j] * xr[j];
+    const float inv = rsqrtf(block_sum(q) / static_cast<float>(width) + eps);
+    float* o = out + r * width;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) o[j] = xr[j] * inv * to_f32(gamma[j]);
+    __syncthreads();  // out may alias x: finish reading the row before the next one
+  }
+}
+
+// One block per row; each thread turns pairs (i, i + head_dim/2) of the row's heads.
+__global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t width, int head_dim,
+                            float theta, float freq_scale) {
+  const int half = head_dim / 2;
+  const int64_t pairs = width / 2;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int32_t p = positions[r % t];
+    float* row = x + r * width;
+    for (int64_t j = threadIdx.x; j < pairs; j += blockDim.x) {
+      const int i = static_cast<int>(j % half);
+      float* v = row + (j / half) * head_dim;
+      double s, c;
+      sincos(static_cast<double>(rope_angle(p, i, head_dim, theta, freq_scale)), &s, &c);
+      const float cf = static_cast<float>(c), sf = static_cast<float>(s);
+      const float lo = v[i], hi = v[i + half];
+      v[i] = lo * cf - hi * sf;
+      v[i + half] = hi * cf + lo * sf;
+    }
+  }
+}
+
+__global__ void silu_mul_kernel(float* out, const float* gate, const float* up, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.f + expf(-g)) * up[i];
+  }
+}
+
+template <typename T>
 __global__ void bias_act_kernel(float* out, const T* bias, int64_t batch, int64_t m, int64_t n, int act) {
   const int64_t per = m * n, total = batch * per;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -111,6 +153,29 @@ void layer_norm(float* out, const float* x, const void* gamma, const void* beta,
   KVPR_FLOAT_DISPATCH(param_dtype, T,
                       KVPR_LAUNCH(grid_for(rows, 1, 65535), 256, 0, stream, layer_norm_kernel<T>)(
                           out, x, static_cast<const T*>(gamma), static_cast<const T*>(beta), rows, width, eps));
+  CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm(float* out, const float* x, const void* gamma, DType gamma_dtype, int64_t rows, int64_t width, float eps,
+              cudaStream_t stream) {
+  if (rows == 0) return;
+  KVPR_FLOAT_DISPATCH(gamma_dtype, T,
+                      KVPR_LAUNCH(grid_for(rows, 1, 65535), 256, 0, stream, rms_norm_kernel<T>)(
+                          out, x, static_cast<const T*>(gamma), rows, width, eps));
+  CUDA_CHECK_LAUNCH();
+}
+
+void rope(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t width, int head_dim, float theta,
+          float freq_scale, cudaStream_t stream) {
+  if (rows == 0 || width == 0) return;
+  KVPR_LAUNCH(grid_for(rows, 1, 65535), 128, 0, stream, rope_kernel)(x, positions, rows, t, width, head_dim, theta,
+                                                                       freq_scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+void silu_mul(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, silu_mul_kernel)(out, gate, up, n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -15,6 +15,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/kernels.h"
 #include "engine/generator.h"
+#include "engine/opt_model.h"
 #include "tests/simt/cuda_backend_emu.h"
 #if defined(KVPR_HAVE_HWLOC)
 #include "numa/placement.h"

@@ -1,0 +1,98 @@
+#include "engine/llama_config.h"
+
+#include "engine/config_fields.h"
+#include "engine/error.h"
+
+namespace kvpr {
+
+LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& source) {
+  ConfigFields f(v, source);
+  LlamaConfig c;
+  f.expect_model_type("llama");
+  f.get_int("vocab_size", &c.vocab_size, true);
+  f.get_int("hidden_size", &c.hidden_size, true);
+  f.get_int("intermediate_size", &c.intermediate_size, true);
+  f.get_int("num_hidden_layers", &c.num_layers, true);
+  f.get_int("num_attention_heads", &c.num_heads, true);
+  c.num_kv_heads = c.num_heads;
+  f.get_int("num_key_value_heads", &c.num_kv_heads);
+  f.get_int("max_position_embeddings", &c.max_position_embeddings, true);
+  f.get_double("rms_norm_eps", &c.rms_norm_eps);
+  f.get_bool("tie_word_embeddings", &c.tie_word_embeddings);
+  f.get_bool("attention_bias", &c.attention_bias);
+  f.get_bool("mlp_bias", &c.mlp_bias);
+  f.get_int("bos_token_id", &c.bos_token_id);
+  f.get_int("pad_token_id", &c.pad_token_id);
+  if (const json::Value* e = f.find("eos_token_id"); e && e->is_array()) {  // several stop ids: the first
+    KVPR_CHECK(!e->as_array().empty(), source, ": \"eos_token_id\" is an empty list");
+    c.eos_token_id = e->as_array().front().as_int();
+  } else {
+    f.get_int("eos_token_id", &c.eos_token_id);
+  }
+  f.get_string("torch_dtype", &c.torch_dtype);
+  if (std::string act; f.get_string("hidden_act", &act), !act.empty())
+    KVPR_CHECK(act == "silu", source, ": hidden_act \"", act, "\" is not supported (silu)");
+
+  // Rotary embedding: rope_theta (transformers 4) or rope_parameters (transformers 5), and
+  // rope_scaling, of which kvpr runs none ("default") and "linear".
+  f.get_double("rope_theta", &c.rope_theta);
+  const json::Value* scaling = f.find("rope_scaling");
+  if (const json::Value* rp = f.find("rope_parameters")) {
+    ConfigFields p(*rp, source + ": rope_parameters");
+    p.get_double("rope_theta", &c.rope_theta);
+    if (p.find("rope_type") || p.find("type")) scaling = rp;
+  }
+  if (scaling) {
+    ConfigFields s(*scaling, source + ": rope scaling");
+    std::string type = "default";
+    s.get_string("type", &type);
+    s.get_string("rope_type", &type);
+    if (type == "linear") {
+      double factor = 1.0;
+      s.get_double("factor", &factor);
+      KVPR_CHECK(factor > 0, source, ": rope scaling factor must be positive");
+      c.rope_freq_scale = 1.0 / factor;
+    } else {
+      KVPR_CHECK(type == "default", source, ": rope scaling type \"", type, "\" is not supported (default, linear)");
+    }
+  }
+
+  KVPR_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0 &&
+                 c.num_heads > 0 && c.num_kv_heads > 0 && c.max_position_embeddings > 0 && c.rms_norm_eps > 0 &&
+                 c.rope_theta > 0,
+             source, ": sizes must be positive");
+  KVPR_CHECK(c.hidden_size % c.num_heads == 0 && c.head_dim() % 2 == 0, source, ": hidden_size ", c.hidden_size,
+             " is not divisible into ", c.num_heads, " heads of an even size");
+  if (int64_t hd = c.head_dim(); f.get_int("head_dim", &hd), hd != c.head_dim())
+    KVPR_THROW(source, ": head_dim ", hd, " is not hidden_size / num_attention_heads (", c.head_dim(),
+               "); not supported");
+  KVPR_CHECK(c.num_kv_heads == c.num_heads, source, ": num_key_value_heads ", c.num_kv_heads,
+             " differs from num_attention_heads ", c.num_heads,
+             ": grouped-query attention is not supported yet (Llama-2 7B and 13B use full multi-head attention)");
+  KVPR_CHECK(c.vocab_size < (int64_t{1} << 31), source, ": vocab_size too large");
+  return c;
+}
+
+LlamaConfig LlamaConfig::load(const std::string& model_dir) {
+  return from_json(read_config_json(model_dir), "config.json");
+}
+
+ModelSpec LlamaConfig::spec() const {
+  ModelSpec s;
+  s.model_type = "llama";
+  s.vocab_size = vocab_size;
+  s.hidden_size = hidden_size;
+  s.num_layers = num_layers;
+  s.num_heads = num_heads;
+  s.num_kv_heads = num_kv_heads;
+  s.head_dim = head_dim();
+  s.ffn_dim = intermediate_size;
+  s.max_position_embeddings = max_position_embeddings;
+  s.bos_token_id = bos_token_id;
+  s.eos_token_id = eos_token_id;
+  s.pad_token_id = pad_token_id;
+  s.torch_dtype = torch_dtype;
+  return s;
+}
+
+}  // namespace kvpr

@@ -1,0 +1,42 @@
+// The Llama architecture's hyper-parameters (Llama-2 and the models built like it), read from
+// a Hugging Face config.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/json.h"
+#include "engine/model_spec.h"
+
+namespace kvpr {
+
+struct LlamaConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  double rope_freq_scale = 1.0;  // 1 / rope_scaling.factor for "linear" scaling
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  int64_t bos_token_id = 1;
+  int64_t eos_token_id = 2;
+  int64_t pad_token_id = -1;
+  std::string torch_dtype = "float32";
+
+  int64_t head_dim() const { return hidden_size / num_heads; }
+
+  // Parses and validates; errors name `source` and the offending field. What kvpr does not
+  // run (grouped-query attention, rope scaling other than linear, activations other than
+  // silu) is refused here, by name.
+  static LlamaConfig from_json(const json::Value& v, const std::string& source);
+  static LlamaConfig load(const std::string& model_dir);  // <dir>/config.json
+  ModelSpec spec() const;
+};
+
+}  // namespace kvpr

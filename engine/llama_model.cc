@@ -1,0 +1,159 @@
+#include "engine/llama_model.h"
+
+#include <cmath>
+
+#include "engine/checkpoint.h"
+#include "engine/error.h"
+
+namespace kvpr {
+
+LlamaModel::LlamaModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts)
+    : Model(backend) {
+  config_ = LlamaConfig::load(model_dir);
+  spec_ = config_.spec();
+  load_checkpoint(
+      model_dir, opts,
+      [&](const CheckpointDir& ckpt) {
+        KVPR_CHECK(ckpt.find("model.embed_tokens.weight"), model_dir,
+                   ": missing tensor 'model.embed_tokens.weight' in ", ckpt.format(), " checkpoint");
+      },
+      [](const std::string& name) { return name == "lm_head.weight" ? name : "model." + name; },
+      [&](const WeightSource& fetch) { assemble(fetch); });
+  stack_weights();
+}
+
+LlamaModel::LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed)
+    : Model(backend), config_(config) {
+  spec_ = config_.spec();
+  format_ = "random";
+  assemble(random_weights(dtype, seed));
+  stack_weights();
+}
+
+void LlamaModel::assemble(const WeightSource& fetch) {
+  const LlamaConfig& c = config_;
+  const int64_t h = c.hidden_size, f = c.intermediate_size, kvh = c.num_kv_heads * c.head_dim();
+  auto matrix = [&](const std::string& name, Shape shape) { return fetch(name, shape, true, WeightRole::Matrix); };
+  auto bias = [&](const std::string& name, int64_t n, bool on) {
+    return on ? fetch(name, {n}, true, WeightRole::Bias) : Tensor();
+  };
+  auto gain = [&](const std::string& name) { return fetch(name, {h}, true, WeightRole::NormGain); };
+  embed_tokens_ = fetch("embed_tokens.weight", {c.vocab_size, h}, true, WeightRole::Embedding);
+  weight_dtype_ = embed_tokens_.dtype();
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    LlamaLayer L;
+    Parts P;
+    L.attn_norm = gain(p + "input_layernorm.weight");
+    P.wq = matrix(p + "self_attn.q_proj.weight", {h, h});
+    P.wk = matrix(p + "self_attn.k_proj.weight", {kvh, h});
+    P.wv = matrix(p + "self_attn.v_proj.weight", {kvh, h});
+    L.wo = matrix(p + "self_attn.o_proj.weight", {h, h});
+    P.bq = bias(p + "self_attn.q_proj.bias", h, c.attention_bias);
+    P.bk = bias(p + "self_attn.k_proj.bias", kvh, c.attention_bias);
+    P.bv = bias(p + "self_attn.v_proj.bias", kvh, c.attention_bias);
+    L.bo = bias(p + "self_attn.o_proj.bias", h, c.attention_bias);
+    L.mlp_norm = gain(p + "post_attention_layernorm.weight");
+    P.w_gate = matrix(p + "mlp.gate_proj.weight", {f, h});
+    P.w_up = matrix(p + "mlp.up_proj.weight", {f, h});
+    L.w_down = matrix(p + "mlp.down_proj.weight", {h, f});
+    P.b_gate = bias(p + "mlp.gate_proj.bias", f, c.mlp_bias);
+    P.b_up = bias(p + "mlp.up_proj.bias", f, c.mlp_bias);
+    L.b_down = bias(p + "mlp.down_proj.bias", h, c.mlp_bias);
+    layers_.push_back(std::move(L));
+    parts_.push_back(std::move(P));
+  }
+  final_norm_ = gain("norm.weight");
+  // Tied models may still ship lm_head.weight; use it when present.
+  lm_head_ = fetch("lm_head.weight", {c.vocab_size, h}, !c.tie_word_embeddings, WeightRole::Matrix);
+  if (!lm_head_.defined()) lm_head_ = embed_tokens_;
+  backend_.synchronize();
+}
+
+void LlamaModel::stack_weights() {
+  backend_.synchronize();  // every weight has landed (uploads, random fills, broadcast)
+  // [n, rows, cols] from n equal-shaped tensors, converted to the first one's dtype when a
+  // checkpoint mixes dtypes.
+  auto stack = [&](std::initializer_list<const Tensor*> parts) {
+    const Tensor& first = **parts.begin();
+    Shape shape{static_cast<int64_t>(parts.size())};
+    for (int64_t d : first.shape()) shape.push_back(d);
+    Tensor out = backend_.alloc(first.dtype(), shape);
+    int64_t i = 0;
+    for (const Tensor* t : parts) backend_.convert(out.rows(i++, 1).reshape(first.shape()), *t);
+    return out;
+  };
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    LlamaLayer& L = layers_[i];
+    const Parts& P = parts_[i];
+    L.wqkv = stack({&P.wq, &P.wk, &P.wv});
+    if (P.bq.defined()) L.bqkv = stack({&P.bq, &P.bk, &P.bv});
+    L.w_gate_up = stack({&P.w_gate, &P.w_up});
+    if (P.b_gate.defined()) L.b_gate_up = stack({&P.b_gate, &P.b_up});
+  }
+  backend_.synchronize();  // the copies are done before the separate tensors go
+  parts_.clear();
+}
+
+void LlamaModel::rope(const Tensor& x, const Tensor& positions) {
+  backend_.rope(x, positions, static_cast<int>(config_.head_dim()), static_cast<float>(config_.rope_theta),
+                static_cast<float>(config_.rope_freq_scale));
+}
+
+void LlamaModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) {
+  const LlamaLayer& L = layers_.at(layer);
+  KVPR_CHECK(positions.defined() && positions.numel() == kv.dim(1), "llama project_kv needs the rows' positions");
+  backend_.linear_batched(kv, x, L.wqkv.rows(1, 2), L.bqkv.defined() ? L.bqkv.rows(1, 2) : Tensor(),
+                          Activation::None);
+  const int64_t n = kv.dim(1), w = kv.dim(2);
+  rope(kv.rows(0, 1).reshape({n, w}), positions);  // K turns; V does not
+}
+
+Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions) {
+  const LlamaConfig& c = config_;
+  const int64_t h = c.hidden_size, f = c.intermediate_size, V = c.vocab_size;
+  Backend& be = backend_;
+  int64_t rows = 0;
+  const int64_t T = check_chunks(chunks, all_positions, &rows);
+  // Token ids, positions (from 0) and the rows whose logits we want, uploaded together.
+  Tensor ids = upload_ids(chunks, T, rows, all_positions, 0);
+  Tensor tok_ids = ids.rows(0, T), pos_ids = ids.rows(T, T), out_rows = ids.rows(2 * T, rows);
+
+  Tensor x = ws_.get("x", DType::F32, {T, h});  // residual stream [T, hidden]
+  be.gather_rows(x, embed_tokens_, tok_ids);
+  Tensor a = ws_.get("a", DType::F32, {T, h});  // normalised input of a sub-block
+  Tensor qkv = ws_.get("qkv", DType::F32, {3, T, h});
+  Tensor q = qkv.rows(0, 1).reshape({T, h});
+  Tensor k = qkv.rows(1, 1).reshape({T, h});
+  Tensor v = qkv.rows(2, 1).reshape({T, h});
+  Tensor att = ws_.get("att", DType::F32, {T, h});
+  Tensor gate_up = ws_.get("gate_up", DType::F32, {2, T, f});  // [gate; up]
+  Tensor gate = gate_up.rows(0, 1).reshape({T, f}), up = gate_up.rows(1, 1).reshape({T, f});
+  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  kv.begin(chunks);
+  for (int64_t li = 0; li < c.num_layers; ++li) {
+    const LlamaLayer& L = layers_[li];
+    kv.prepare_layer(li);
+    // Self-attention. `a` is X, the post-norm input of the QKV projection.
+    be.rms_norm(a, x, L.attn_norm, eps);
+    be.linear_batched(qkv, a, L.wqkv, L.bqkv, Activation::None);
+    rope(qkv.rows(0, 2), pos_ids);  // Q and K, [2, T, hidden]
+    kv.attend(li, a, q, k, v, att, scale);
+    be.linear_accumulate(x, att, L.wo, L.bo);  // x += att · Woᵀ
+    // SwiGLU MLP: x += (silu(a · Wgᵀ) * (a · Wuᵀ)) · Wdᵀ
+    be.rms_norm(a, x, L.mlp_norm, eps);
+    be.linear_batched(gate_up, a, L.w_gate_up, L.b_gate_up, Activation::None);
+    be.silu_mul(gate, gate, up);
+    be.linear_accumulate(x, gate, L.w_down, L.b_down);
+  }
+  kv.end();
+  Tensor sel = ws_.get("sel", DType::F32, {rows, h});
+  be.gather_rows(sel, x, out_rows);
+  be.rms_norm(sel, sel, final_norm_, eps);  // the final norm is per row: only the rows we need
+  Tensor out = ws_.get("logits", DType::F32, {rows, V});
+  be.linear(out, sel, lm_head_, Tensor(), Activation::None);
+  return out;
+}
+
+}  // namespace kvpr

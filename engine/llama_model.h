@@ -1,0 +1,52 @@
+// Llama (Touvron et al. 2023; Hugging Face LlamaForCausalLM) written once against the Backend:
+// RMSNorm before attention and MLP, rotary position embeddings on Q and K, SwiGLU MLP, no
+// biases unless the config asks for them. KVPR stores X (the normalised attention input) and
+// recomputes K from it with the rows' positions: K = rope(X · W_Kᵀ, position).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/llama_config.h"
+#include "engine/model.h"
+
+namespace kvpr {
+
+struct LlamaLayer {
+  Tensor attn_norm;                       // input_layernorm
+  Tensor wqkv, bqkv;                      // q_proj, k_proj, v_proj stacked: [3, h, h] (and [3, h])
+  Tensor wo, bo;                          // o_proj
+  Tensor mlp_norm;                        // post_attention_layernorm
+  Tensor w_gate_up, b_gate_up;            // gate_proj, up_proj stacked: [2, ffn, h] (and [2, ffn])
+  Tensor w_down, b_down;                  // down_proj
+};
+
+class LlamaModel : public Model {
+ public:
+  LlamaModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts = {});
+  // A model of this config with random weights of `dtype`, generated on the device.
+  LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed);
+
+  const LlamaConfig& config() const { return config_; }
+  Tensor forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions = false) override;
+  void project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) override;
+  bool needs_positions() const override { return true; }
+
+ private:
+  void assemble(const WeightSource& fetch);
+  // Q/K/V and gate/up stacked into one tensor each, for one batched GEMM apiece.
+  void stack_weights();
+  void rope(const Tensor& x, const Tensor& positions);
+
+  LlamaConfig config_;
+  Tensor embed_tokens_, final_norm_, lm_head_;
+  // The separate checkpoint tensors until stack_weights() joins them.
+  struct Parts {
+    Tensor wq, wk, wv, bq, bk, bv, w_gate, w_up, b_gate, b_up;
+  };
+  std::vector<Parts> parts_;
+  std::vector<LlamaLayer> layers_;
+};
+
+}  // namespace kvpr

@@ -1,0 +1,24 @@
+// The hyper-parameters every model has, whatever its architecture (OPT, Llama).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kvpr {
+
+struct ModelSpec {
+  std::string model_type;  // "opt", "llama"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;     // query heads
+  int64_t num_kv_heads = 0;  // key/value heads (= num_heads without grouped-query attention)
+  int64_t head_dim = 0;
+  int64_t ffn_dim = 0;
+  int64_t max_position_embeddings = 0;
+  int64_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
+  std::string torch_dtype;
+  int64_t kv_hidden() const { return num_kv_heads * head_dim; }
+};
+
+}  // namespace kvpr

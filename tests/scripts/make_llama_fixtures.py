@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Reference fixtures for the Llama forward pass, made offline with Debian's python3-torch.
+
+For each tiny configuration this writes a Hugging Face style model directory under
+tests/data/llama/<name>/ (config.json and weights in the format under test), the input ids,
+and float64 logits for every position computed by a Llama forward written here in plain
+torch (independent of kvpr's C++ code, following transformers' modeling_llama.py: RMSNorm,
+rotary embeddings with rotate_half and fp32 frequencies, SwiGLU), plus the greedy
+continuation of the reference.
+
+    /usr/bin/python3 tests/scripts/make_llama_fixtures.py     # rewrites tests/data/llama
+
+CI never runs this; it only reads the committed outputs.
+"""
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_opt_fixtures import ST_DTYPE, write_checkpoint  # noqa: E402  (the checkpoint writers)
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "llama")
+
+BASE = dict(vocab_size=96, hidden_size=32, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+            hidden_act="silu", tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+            bos_token_id=1, eos_token_id=2, model_type="llama", architectures=["LlamaForCausalLM"])
+
+CASES = [
+    # name, config overrides, storage dtype, format, shards
+    ("f32_safetensors", {}, torch.float32, "safetensors", 1),
+    # bf16, tied head (no lm_head.weight), biases on the attention projections, a large theta
+    # with linear rope scaling, head_dim 16, three layers, two shards.
+    ("bf16_tied_scaled_sharded",
+     dict(torch_dtype="bfloat16", hidden_size=64, intermediate_size=96, num_hidden_layers=3, tie_word_embeddings=True,
+          attention_bias=True, rope_theta=500000.0, rope_scaling={"type": "linear", "factor": 2.0}),
+     torch.bfloat16, "safetensors", 2),
+    # fp16 PyTorch .bin, MLP biases, transformers 5's rope_parameters, eos as a list.
+    ("f16_bin_rope_parameters",
+     dict(torch_dtype="float16", mlp_bias=True, eos_token_id=[2, 5],
+          rope_parameters={"rope_theta": 20000.0, "rope_type": "default"}),
+     torch.float16, "bin", 1),
+]
+
+
+def make_weights(cfg, dtype, gen):
+    h, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+
+    def rnd(*shape, std=1.0, mean=0.0):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * std + mean).to(dtype)
+
+    w = {"model.embed_tokens.weight": rnd(v, h, std=0.5), "model.norm.weight": rnd(h, std=0.1, mean=1.0)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = rnd(h, std=0.1, mean=1.0)
+        w[p + "post_attention_layernorm.weight"] = rnd(h, std=0.1, mean=1.0)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            w[p + "self_attn." + proj + ".weight"] = rnd(h, h, std=h ** -0.5)
+            if cfg["attention_bias"]:
+                w[p + "self_attn." + proj + ".bias"] = rnd(h, std=0.1)
+        w[p + "mlp.gate_proj.weight"] = rnd(f, h, std=h ** -0.5)
+        w[p + "mlp.up_proj.weight"] = rnd(f, h, std=h ** -0.5)
+        w[p + "mlp.down_proj.weight"] = rnd(h, f, std=f ** -0.5)
+        if cfg["mlp_bias"]:
+            for proj, n in (("gate_proj", f), ("up_proj", f), ("down_proj", h)):
+                w[p + "mlp." + proj + ".bias"] = rnd(n, std=0.1)
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = rnd(v, h, std=0.5)
+    return w
+
+
+def rms_norm(x, g, eps):
+    return g * (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps))
+
+
+def rope_cos_sin(cfg, T, hd):
+    """LlamaRotaryEmbedding: fp32 inverse frequencies and angles, as transformers computes them."""
+    theta = cfg.get("rope_parameters", {}).get("rope_theta", cfg["rope_theta"])
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    scaling = cfg.get("rope_scaling")
+    if scaling and scaling.get("type", scaling.get("rope_type")) == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    freqs = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(torch.float64), emb.sin().to(torch.float64)
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def reference_logits(cfg, w, ids):
+    """Llama forward in float64 for one sequence; returns logits [T, vocab]."""
+    W = {k: t.to(torch.float64) for k, t in w.items()}
+    h, nh, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["rms_norm_eps"]
+    hd = h // nh
+    T = len(ids)
+    x = W["model.embed_tokens.weight"][torch.tensor(ids)]
+    cos, sin = rope_cos_sin(cfg, T, hd)
+    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+
+    def lin(t, name):
+        y = t @ W[name + ".weight"].T
+        return y + W[name + ".bias"] if name + ".bias" in W else y
+
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q, k, v = (lin(a, p + "self_attn." + n).view(T, nh, hd).transpose(0, 1) for n in ("q_proj", "k_proj", "v_proj"))
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        att = torch.softmax(q @ k.transpose(1, 2) * hd ** -0.5 + mask, dim=-1) @ v
+        x = x + lin(att.transpose(0, 1).reshape(T, h), p + "self_attn.o_proj")
+        a = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        x = x + lin(torch.nn.functional.silu(lin(a, p + "mlp.gate_proj")) * lin(a, p + "mlp.up_proj"),
+                    p + "mlp.down_proj")
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    head = W["lm_head.weight"] if "lm_head.weight" in W else W["model.embed_tokens.weight"]
+    return x @ head.T
+
+
+def main():
+    if os.path.isdir(OUT):
+        shutil.rmtree(OUT)
+    os.makedirs(OUT)
+    for n, (name, over, dtype, fmt, shards) in enumerate(CASES):
+        cfg = dict(BASE, **over)
+        cfg.setdefault("torch_dtype", "float32")
+        gen = torch.Generator().manual_seed(2000 + n)
+        w = make_weights(cfg, dtype, gen)
+        d = os.path.join(OUT, name)
+        os.makedirs(d)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=1)
+        write_checkpoint(d, w, fmt, shards)
+        ids = torch.randint(3, cfg["vocab_size"], (13,), generator=gen).tolist()
+        np.save(os.path.join(d, "input_ids.npy"), np.array(ids, dtype=np.int64))
+        np.save(os.path.join(d, "logits.npy"), reference_logits(cfg, w, ids).numpy())
+        # Greedy continuation by the reference: 8 tokens after the first 5 ids.
+        seq = ids[:5]
+        for _ in range(8):
+            seq.append(int(reference_logits(cfg, w, seq)[-1].argmax()))
+        np.save(os.path.join(d, "greedy.npy"), np.array(seq[5:], dtype=np.int64))
+        print(f"{name}: {fmt} x{shards}, {ST_DTYPE[dtype]}")
+    print("torch", torch.__version__, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

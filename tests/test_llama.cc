@@ -1,0 +1,156 @@
+// Llama against float64 logits and greedy tokens from an independent torch implementation
+// (tests/scripts/make_llama_fixtures.py): every fixture layout (f32 safetensors; bf16, tied
+// head, attention biases and linear rope scaling in two shards; f16 .bin with MLP biases and
+// transformers 5's rope_parameters), through the cache one token at a time, every KV mode
+// (KVPR's recompute turns K by each row's position), and the configs kvpr refuses.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/error.h"
+#include "engine/generator.h"
+#include "engine/llama_model.h"
+#include "engine/npy.h"
+#include "kv_mode_check.h"
+#include "test_util.h"
+
+using namespace kvpr;
+
+namespace {
+
+const char* const kFixtures[] = {"f32_safetensors", "bf16_tied_scaled_sharded", "f16_bin_rope_parameters"};
+
+std::string fixture(const std::string& name) { return test::data_path("llama/" + name); }
+
+class LlamaForward : public ::testing::TestWithParam<const char*> {};
+
+}  // namespace
+
+TEST_P(LlamaForward, LogitsMatchFloat64Reference) {
+  const std::string dir = fixture(GetParam());
+  CpuBackend be;
+  std::unique_ptr<Model> model = load_model(be, dir);
+  ASSERT_NE(dynamic_cast<LlamaModel*>(model.get()), nullptr);
+  EXPECT_EQ(model->spec().model_type, "llama");
+  NpyArray ids = read_npy(dir + "/input_ids.npy");
+  NpyArray ref = read_npy(dir + "/logits.npy");
+  const int64_t T = static_cast<int64_t>(ids.values.size()), V = model->spec().vocab_size;
+  ASSERT_EQ(ref.shape, (std::vector<int64_t>{T, V}));
+  std::vector<int32_t> tokens(ids.values.begin(), ids.values.end());
+  KvRuntimeOptions f32;
+  f32.kv_dtype = DType::F32;
+  auto cache = model->make_kv_runtime(1, 64, f32);
+  Tensor logits = Tensor::host(DType::F32, {T, V});
+  model->forward({ForwardChunk{tokens.data(), T, 0, 0}}, *cache, logits, /*all_positions=*/true);
+  EXPECT_TRUE(test::close_rel(ref.values, logits.data_as<float>(), ref.values.size(), 1e-4));
+
+  // A prefill of 5, then one token at a time at positions 5.. through the cache.
+  auto cache2 = model->make_kv_runtime(1, 64, f32);
+  Tensor rows5 = Tensor::host(DType::F32, {5, V});
+  model->forward({ForwardChunk{tokens.data(), 5, 0, 0}}, *cache2, rows5, true);
+  std::vector<float> got(rows5.data_as<float>(), rows5.data_as<float>() + 5 * V);
+  Tensor one = Tensor::host(DType::F32, {1, V});
+  for (int64_t t = 5; t < T; ++t) {
+    model->forward({ForwardChunk{tokens.data() + t, 1, t, 0}}, *cache2, one);
+    got.insert(got.end(), one.data_as<float>(), one.data_as<float>() + V);
+  }
+  EXPECT_TRUE(test::close_rel(ref.values, got.data(), got.size(), 1e-4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaForward, ::testing::ValuesIn(kFixtures),
+                         [](const auto& p) { return std::string(p.param); });
+
+TEST(Llama, GreedyTokensMatchReference) {
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  for (const char* name : kFixtures) {
+    CpuBackend be;
+    std::unique_ptr<Model> model = load_model(be, fixture(name));
+    NpyArray ids = read_npy(fixture(name) + "/input_ids.npy");
+    NpyArray greedy = read_npy(fixture(name) + "/greedy.npy");
+    std::vector<int32_t> prompt(ids.values.begin(), ids.values.begin() + 5);
+    GeneratorOptions o;
+    o.kv_dtype = DType::F32;
+    GenerationParams p;
+    p.max_new_tokens = 8;
+    p.ignore_eos = true;
+    auto r = Generator(*model, tok, o).generate_all({prompt}, p);
+    EXPECT_EQ(r[0].tokens, std::vector<int32_t>(greedy.values.begin(), greedy.values.end())) << name;
+  }
+}
+
+// Every KV mode on the CPU backend gives the tokens of resident decoding on the CPU; KVPR's
+// forced split puts the recompute/transfer boundary inside every prompt.
+TEST(Llama, EveryKvModeGivesTheSameGreedyTokens) {
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  CpuBackend device;
+  for (const char* name : kFixtures)
+    test::expect_every_kv_mode_gives_cpu_tokens(device, fixture(name), tok, {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}},
+                                                10, 3, name);
+}
+
+// X kept in the host store, projected again with each row's position, gives the stored K
+// (rotated) and V: what KVPR's recompute relies on. Without positions it is refused.
+TEST(Llama, RecomputedKeysFromStoredInputsEqualStoredKeys) {
+  CpuBackend be;
+  LlamaModel model(be, fixture("f32_safetensors"));
+  KvRuntimeOptions o;
+  o.mode = KvMode::Recompute;
+  o.kv_dtype = DType::F32;
+  auto kv = model.make_kv_runtime(2, 32, o);
+  const int64_t V = model.spec().vocab_size, h = model.spec().hidden_size;
+  std::vector<int32_t> toks = {4, 8, 15, 16, 23, 42, 7, 9, 11};
+  Tensor logits = Tensor::host(DType::F32, {1, V});
+  model.forward({ForwardChunk{toks.data(), 8, 0, 1}}, *kv, logits);
+  model.forward({ForwardChunk{toks.data() + 8, 1, 8, 1}}, *kv, logits);
+  be.synchronize();
+  const HostKvStore* store = kv->host_store();
+  Tensor pos = Tensor::host(DType::I32, {9});
+  for (int i = 0; i < 9; ++i) pos.data_as<int32_t>()[i] = i;
+  for (int64_t l = 0; l < model.spec().num_layers; ++l) {
+    Tensor kvp = Tensor::host(DType::F32, {2, 9, h});
+    model.project_kv(l, store->x(l, 1).rows(0, 9), kvp, pos);
+    std::vector<double> stored_k(9 * h), stored_v(9 * h);
+    for (int64_t i = 0; i < 9 * h; ++i) {
+      stored_k[i] = store->k(l, 1).data_as<float>()[i];
+      stored_v[i] = store->v(l, 1).data_as<float>()[i];
+    }
+    EXPECT_TRUE(test::close_rel(stored_k, kvp.data_as<float>(), stored_k.size(), 1e-5)) << "layer " << l;
+    EXPECT_TRUE(test::close_rel(stored_v, kvp.data_as<float>() + 9 * h, stored_v.size(), 1e-5)) << "layer " << l;
+  }
+  EXPECT_THROW(model.project_kv(0, store->x(0, 1).rows(0, 9), Tensor::host(DType::F32, {2, 9, h}), Tensor()), Error);
+}
+
+TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
+  test::TempDir tmp;
+  const std::string good = test::read_file(fixture("f32_safetensors") + "/config.json");
+  auto error_for = [&](const std::string& key, const std::string& value) {
+    json::Value cfg = json::parse(good);
+    cfg.set(key, json::parse(value));
+    const std::string dir = tmp.file("m");
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/config.json") << cfg.dump();
+    try {
+      load_model_spec(dir);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_HAS(error_for("num_key_value_heads", "2"), "grouped-query attention is not supported yet");
+  EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0})"),
+             "config.json: rope scaling type \"llama3\" is not supported (default, linear)");
+  EXPECT_HAS(error_for("hidden_act", "\"gelu\""), "config.json: hidden_act \"gelu\" is not supported (silu)");
+  EXPECT_HAS(error_for("num_attention_heads", "5"), "is not divisible into 5 heads");
+  EXPECT_HAS(error_for("intermediate_size", "\"80\""), "config.json: \"intermediate_size\": expected an integer");
+  EXPECT_EQ(error_for("rope_scaling", "null"), "");
+  ModelSpec s = load_model_spec(fixture("f16_bin_rope_parameters"));
+  EXPECT_EQ(s.model_type, "llama");
+  EXPECT_EQ(s.eos_token_id, 2);  // the first of the list
+  EXPECT_EQ(s.ffn_dim, 80);
+  EXPECT_EQ(LlamaConfig::load(fixture("f16_bin_rope_parameters")).rope_theta, 20000.0);
+  EXPECT_EQ(LlamaConfig::load(fixture("bf16_tied_scaled_sharded")).rope_freq_scale, 0.5);
+}
