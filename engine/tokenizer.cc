@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <queue>
 #include <sstream>
 
 #include "engine/error.h"
@@ -256,6 +257,98 @@ Tokenizer Tokenizer::from_files(const std::string& vocab_json, const std::string
   return t;
 }
 
+namespace {
+constexpr std::string_view kSpaceMark = "\xe2\x96\x81";  // U+2581 "▁", SentencePiece's space
+
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    if (s.compare(i, from.size(), from) == 0) {
+      out.append(to);
+      i += from.size();
+    } else {
+      out.push_back(s[i++]);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
+  json::Value tj = json::parse_file(path);
+  const json::Value* model = tj.find("model");
+  const json::Value* type = model ? model->find("type") : nullptr;
+  KVPR_CHECK(type && type->is_string() && type->as_string() == "BPE", path,
+             ": only BPE models are supported (model.type is ", type && type->is_string() ? type->as_string() : "absent",
+             ")");
+  Tokenizer t;
+  t.kind_ = Kind::Metaspace;
+  // Where "▁" comes from: the Prepend + Replace normalizers (Llama-2 as released) or the
+  // Metaspace pre-tokenizer (later conversions). Anything else is not a SentencePiece BPE.
+  bool metaspace = false;
+  auto visit = [&](const json::Value* v, auto&& self) -> void {
+    if (!v || !v->is_object()) return;
+    const json::Value* ty = v->find("type");
+    const std::string kind = ty && ty->is_string() ? ty->as_string() : "";
+    if (kind == "Sequence") {
+      for (const char* key : {"normalizers", "pretokenizers"})
+        if (const json::Value* list = v->find(key); list && list->is_array())
+          for (const auto& e : list->as_array()) self(&e, self);
+    } else if (kind == "Prepend") {
+      metaspace = true;
+      t.prepend_ = Prepend::Always;
+    } else if (kind == "Metaspace") {
+      metaspace = true;
+      t.prepend_ = Prepend::Always;
+      if (const json::Value* ps = v->find("prepend_scheme"); ps && ps->is_string())
+        t.prepend_ = ps->as_string() == "first" ? Prepend::First : ps->as_string() == "never" ? Prepend::Never : Prepend::Always;
+      else if (const json::Value* ap = v->find("add_prefix_space"); ap && ap->is_bool() && !ap->as_bool())
+        t.prepend_ = Prepend::Never;
+      const json::Value* sp = v->find("split");
+      t.split_words_ = !sp || !sp->is_bool() || sp->as_bool();
+    } else if (kind == "ByteLevel") {
+      KVPR_THROW(path, ": byte-level BPE is read from vocab.json and merges.txt; they are missing");
+    }
+  };
+  visit(tj.find("normalizer"), visit);
+  visit(tj.find("pre_tokenizer"), visit);
+  KVPR_CHECK(metaspace, path, ": a BPE model without a Metaspace pre-tokenizer or a \"▁\" Prepend normalizer is not supported");
+
+  const json::Value* vocab = model->find("vocab");
+  KVPR_CHECK(vocab && vocab->is_object(), path, ": model.vocab must be an object of token -> id");
+  for (const auto& [tok, id] : vocab->as_object()) {
+    KVPR_CHECK(id.is_int() && id.as_int() >= 0 && id.as_int() < (1 << 30), path, ": token '", tok,
+               "' has an invalid id");
+    const int32_t i = static_cast<int32_t>(id.as_int());
+    t.vocab_[tok] = i;
+    if (static_cast<size_t>(i) >= t.id_to_token_.size()) t.id_to_token_.resize(i + 1);
+    t.id_to_token_[i] = tok;
+  }
+  const json::Value* merges = model->find("merges");
+  KVPR_CHECK(merges && merges->is_array(), path, ": model.merges must be a list");
+  int rank = 0;
+  for (const auto& m : merges->as_array()) {
+    std::string key;
+    if (m.is_string()) key = m.as_string();  // "a b"
+    else if (m.is_array() && m.as_array().size() == 2 && m.as_array()[0].is_string() && m.as_array()[1].is_string())
+      key = m.as_array()[0].as_string() + " " + m.as_array()[1].as_string();  // ["a", "b"] (tokenizers >= 0.20)
+    KVPR_CHECK(!key.empty(), path, ": merge ", rank, " is neither \"a b\" nor [\"a\", \"b\"]");
+    t.merge_rank_.emplace(std::move(key), rank++);
+  }
+  t.byte_token_.assign(256, -1);
+  const json::Value* fallback = model->find("byte_fallback");
+  if (fallback && fallback->is_bool() && fallback->as_bool())
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      if (auto it = t.vocab_.find(name); it != t.vocab_.end()) t.byte_token_[b] = it->second;
+    }
+  if (const json::Value* unk = model->find("unk_token"); unk && unk->is_string())
+    if (auto it = t.vocab_.find(unk->as_string()); it != t.vocab_.end()) t.unk_ = it->second;
+  t.finish_setup();
+  return t;
+}
+
 void Tokenizer::finish_setup() {
   int32_t n = static_cast<int32_t>(id_to_token_.size());
   for (const auto& a : added_) n = std::max(n, a.id + 1);
@@ -278,9 +371,11 @@ std::optional<int32_t> Tokenizer::lookup_special(const std::string& content) con
 Tokenizer Tokenizer::load(const std::string& dir) {
   namespace fs = std::filesystem;
   auto path = [&](const char* f) { return (fs::path(dir) / f).string(); };
-  KVPR_CHECK(fs::exists(path("vocab.json")) && fs::exists(path("merges.txt")), dir,
-             ": tokenizer files vocab.json and merges.txt are required");
-  Tokenizer t = from_files(path("vocab.json"), path("merges.txt"));
+  const bool byte_level = fs::exists(path("vocab.json")) && fs::exists(path("merges.txt"));
+  KVPR_CHECK(byte_level || fs::exists(path("tokenizer.json")), dir,
+             ": tokenizer files vocab.json and merges.txt are required (or tokenizer.json for SentencePiece BPE)");
+  Tokenizer t = byte_level ? from_files(path("vocab.json"), path("merges.txt"))
+                           : from_tokenizer_json(path("tokenizer.json"));
 
   auto add = [&](const std::string& content, std::optional<int32_t> id, bool special) {
     if (content.empty()) return;
@@ -426,9 +521,100 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) const {
   cache_->emplace(std::string(piece), std::move(ids));
 }
 
+// Hugging Face's BPE::merge_word: symbols start as characters (or the <0xNN> tokens of a
+// character missing from the vocabulary); the pair of lowest merge rank is merged first, ties
+// to the left; a heap of candidate pairs keeps it O(n log n) over a whole unsplit segment.
+void Tokenizer::bpe_metaspace(std::string_view word, std::vector<int32_t>* out) const {
+  struct Sym {
+    std::string text;
+    int32_t id;  // -1: a run of byte tokens, in `bytes`
+    std::vector<int32_t> bytes;
+    int prev, next;
+    bool alive = true;
+  };
+  std::vector<Sym> syms;
+  for (size_t i = 0; i < word.size();) {
+    char32_t cp;
+    const int len = std::max(1, utf8_next(word, i, &cp));
+    std::string ch(word.substr(i, len));
+    const int n = static_cast<int>(syms.size());
+    if (auto it = vocab_.find(ch); it != vocab_.end()) {
+      syms.push_back(Sym{ch, it->second, {}, n - 1, n + 1});
+    } else {
+      Sym s{ch, -1, {}, n - 1, n + 1};
+      for (unsigned char b : ch) {
+        const int32_t id = byte_token_.empty() ? -1 : byte_token_[b];
+        if (id >= 0) s.bytes.push_back(id);
+        else if (unk_ && (s.bytes.empty() || s.bytes.back() != *unk_)) s.bytes.push_back(*unk_);
+      }
+      KVPR_CHECK(!s.bytes.empty() || unk_, "character '", ch, "' is not in the vocabulary and has no byte tokens");
+      syms.push_back(std::move(s));
+    }
+    i += len;
+  }
+  if (syms.empty()) return;
+  syms.back().next = -1;
+  struct Cand {
+    int rank, left;
+    std::string l, r;  // the pair's texts when queued (stale if either changed)
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  std::string key;
+  auto push = [&](int a) {
+    if (a < 0 || syms[a].next < 0) return;
+    const Sym &x = syms[a], &y = syms[x.next];
+    if (x.id < 0 || y.id < 0) return;  // byte tokens never merge
+    key.assign(x.text).append(" ").append(y.text);
+    if (auto it = merge_rank_.find(key); it != merge_rank_.end()) heap.push(Cand{it->second, a, x.text, y.text});
+  };
+  for (int i = 0; i + 1 < static_cast<int>(syms.size()); ++i) push(i);
+  while (!heap.empty()) {
+    Cand c = heap.top();
+    heap.pop();
+    Sym& x = syms[c.left];
+    if (!x.alive || x.next < 0 || x.text != c.l || syms[x.next].text != c.r) continue;
+    Sym& y = syms[x.next];
+    const std::string merged = x.text + y.text;
+    auto it = vocab_.find(merged);
+    if (it == vocab_.end()) continue;  // a merge whose result the vocabulary lacks
+    x.text = merged;
+    x.id = it->second;
+    y.alive = false;
+    x.next = y.next;
+    if (x.next >= 0) syms[x.next].prev = c.left;
+    push(x.prev);
+    push(c.left);
+  }
+  for (int i = 0; i >= 0; i = syms[i].next) {
+    if (syms[i].id >= 0) out->push_back(syms[i].id);
+    else out->insert(out->end(), syms[i].bytes.begin(), syms[i].bytes.end());
+  }
+}
+
+void Tokenizer::encode_plain(std::string_view text, bool first, std::vector<int32_t>* out) const {
+  if (kind_ == Kind::ByteLevel) {
+    for (std::string_view p : pretokenize(text)) bpe(p, out);
+    return;
+  }
+  if (text.empty()) return;
+  std::string s = replace_all(text, " ", kSpaceMark);
+  if (prepend_ == Prepend::Always || (prepend_ == Prepend::First && first)) s.insert(0, kSpaceMark);
+  if (!split_words_) return bpe_metaspace(s, out);
+  // Metaspace(split): each word begins at a "▁".
+  size_t start = 0;
+  for (size_t i = kSpaceMark.size(); i <= s.size(); ++i)
+    if (i == s.size() || s.compare(i, kSpaceMark.size(), kSpaceMark) == 0) {
+      if (i > start) bpe_metaspace(std::string_view(s).substr(start, i - start), out);
+      start = i;
+      if (i == s.size()) break;
+      i += kSpaceMark.size() - 1;
+    }
+}
+
 std::vector<int32_t> Tokenizer::encode_ordinary(std::string_view text) const {
   std::vector<int32_t> out;
-  for (std::string_view p : pretokenize(text)) bpe(p, &out);
+  encode_plain(text, true, &out);
   return out;
 }
 
@@ -436,7 +622,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) 
   std::vector<int32_t> out;
   if (add_special && add_bos_ && bos_) out.push_back(*bos_);
   std::string prefixed;
-  if (add_prefix_space_ && !text.empty() && text[0] != ' ') {
+  if (kind_ == Kind::ByteLevel && add_prefix_space_ && !text.empty() && text[0] != ' ') {
     prefixed.reserve(text.size() + 1);
     prefixed.push_back(' ');
     prefixed.append(text);
@@ -455,7 +641,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) 
       }
     }
     std::string_view plain = text.substr(pos, hit ? best - pos : std::string_view::npos);
-    for (std::string_view p : pretokenize(plain)) bpe(p, &out);
+    encode_plain(plain, pos == 0, &out);
     if (!hit) break;
     out.push_back(hit->id);
     pos = best + hit->content.size();
@@ -478,6 +664,11 @@ std::string Tokenizer::token_bytes(int32_t id, bool skip_special) const {
     if (a.id == id) return a.content;
   if (static_cast<size_t>(id) >= id_to_token_.size()) return "";
   const std::string& tok = id_to_token_[id];
+  if (kind_ == Kind::Metaspace) {
+    for (int b = 0; b < 256; ++b)
+      if (byte_token_[b] == id) return std::string(1, static_cast<char>(b));
+    return replace_all(tok, kSpaceMark, " ");
+  }
   const ByteMap& bm = byte_map();
   std::string out;
   std::string_view sv = tok;
@@ -499,6 +690,7 @@ std::string Tokenizer::token_bytes(int32_t id, bool skip_special) const {
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::string bytes;
   for (int32_t id : ids) bytes += token_bytes(id, skip_special);
+  if (kind_ == Kind::Metaspace && prepend_ != Prepend::Never && !bytes.empty() && bytes[0] == ' ') bytes.erase(0, 1);
   return sanitize_utf8(bytes);
 }
 

@@ -1,6 +1,11 @@
-// Byte-level BPE (GPT-2, OPT, RoBERTa family) from vocab.json + merges.txt, with special
-// and added tokens from tokenizer_config.json, special_tokens_map.json, added_tokens.json
-// and tokenizer.json. Encoding matches GPT-2's reference encoder exactly.
+// BPE tokenizers of two kinds, with special and added tokens from tokenizer_config.json,
+// special_tokens_map.json, added_tokens.json and tokenizer.json:
+//  - byte-level (GPT-2, OPT, RoBERTa family) from vocab.json + merges.txt; encoding matches
+//    GPT-2's reference encoder exactly;
+//  - SentencePiece-style (Llama, Llama-2) from tokenizer.json's BPE model: spaces become "▁",
+//    "▁" is prepended (the Prepend normalizer or the Metaspace pre-tokenizer), characters
+//    missing from the vocabulary fall back to <0xNN> byte tokens, and merges apply by rank
+//    over the whole segment, as Hugging Face tokenizers does.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +25,9 @@ class Tokenizer {
   static Tokenizer load(const std::string& model_dir);
   // From explicit vocab.json and merges.txt paths (no special tokens).
   static Tokenizer from_files(const std::string& vocab_json, const std::string& merges_txt);
+  // The SentencePiece-style BPE model of a tokenizer.json (its added tokens are read by load).
+  static Tokenizer from_tokenizer_json(const std::string& path);
+  bool is_byte_level() const { return kind_ == Kind::ByteLevel; }
 
   // Ids of `text`. Special/added tokens written in the text are recognised. BOS is
   // prepended when add_bos is set and the tokenizer asks for it (add_bos_token).
@@ -27,7 +35,10 @@ class Tokenizer {
   // Plain BPE of text without special-token splitting or BOS (the GPT-2 reference encode).
   std::vector<int32_t> encode_ordinary(std::string_view text) const;
 
-  // Text of ids; invalid UTF-8 (from a partial byte sequence) becomes U+FFFD.
+  // Text of ids; invalid UTF-8 (from a partial byte sequence) becomes U+FFFD. SentencePiece
+  // tokenizers drop the space their "▁" prefix put before the first word, as Hugging Face's
+  // decode does; token_bytes (and so streamed text) keeps it, so a completion reads on from
+  // its prompt.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = true) const;
   // Raw bytes of one token (may be part of a UTF-8 sequence); empty for unknown ids.
   std::string token_bytes(int32_t id, bool skip_special = true) const;
@@ -49,8 +60,14 @@ class Tokenizer {
     int32_t id;
     bool special;
   };
+  enum class Kind { ByteLevel, Metaspace };
+  enum class Prepend { Always, First, Never };  // where Metaspace puts "▁" before a segment
   void finish_setup();
   void bpe(std::string_view piece, std::vector<int32_t>* out) const;
+  // Encodes one segment of plain text (no added tokens in it); `first`: it starts the text.
+  void encode_plain(std::string_view text, bool first, std::vector<int32_t>* out) const;
+  // SentencePiece-style BPE of one word (already with "▁" for spaces).
+  void bpe_metaspace(std::string_view word, std::vector<int32_t>* out) const;
   std::optional<int32_t> lookup_special(const std::string& content) const;
 
   std::unordered_map<std::string, int32_t> vocab_;
@@ -61,6 +78,11 @@ class Tokenizer {
   std::optional<int32_t> bos_, eos_, pad_;
   bool add_bos_ = false;
   bool add_prefix_space_ = false;
+  Kind kind_ = Kind::ByteLevel;
+  Prepend prepend_ = Prepend::Always;
+  bool split_words_ = false;              // Metaspace(split=true): BPE per "▁"-led word
+  std::vector<int32_t> byte_token_;       // id of <0xNN> by byte (-1: absent)
+  std::optional<int32_t> unk_;
   int32_t size_ = 0;
   // Cache of BPE results per pre-token; guarded because encode() may be called from
   // several threads.

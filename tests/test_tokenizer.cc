@@ -1,5 +1,7 @@
 // The tokenizer against GPT-2's reference encoder (fixture made by
-// tests/scripts/make_tokenizer_fixtures.js from npm gpt-3-encoder@1.1.4).
+// tests/scripts/make_tokenizer_fixtures.js from npm gpt-3-encoder@1.1.4) and against Llama-2's
+// SentencePiece BPE as npm llama-tokenizer-js@1.2.2 encodes it
+// (tests/scripts/make_llama_tokenizer_fixtures.mjs).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -34,6 +36,81 @@ TEST(Tokenizer, MatchesGpt2ReferenceOnCorpus) {
     ++checked;
   }
   EXPECT_EQ(checked, static_cast<int>(corpus.as_array().size()));
+}
+
+TEST(LlamaTokenizer, MatchesReferenceEncoderOnCorpus) {
+  const std::string dir = test::data_path("llama-tokenizer");
+  Tokenizer t = Tokenizer::load(dir);
+  EXPECT_FALSE(t.is_byte_level());
+  EXPECT_EQ(t.size(), 32000);
+  EXPECT_EQ(t.bos_id(), 1);
+  EXPECT_EQ(t.eos_id(), 2);
+  EXPECT_TRUE(t.add_bos_token());
+  json::Value corpus = json::parse_file(dir + "/cases.json");
+  ASSERT_GE(corpus.as_array().size(), 250u);
+  for (const auto& e : corpus.as_array()) {
+    const std::string& text = e.find("text")->as_string();
+    std::vector<int32_t> want;
+    for (const auto& id : e.find("ids")->as_array()) want.push_back(static_cast<int32_t>(id.as_int()));
+    EXPECT_EQ(t.encode_ordinary(text), want) << "text: \"" << text << "\"";
+    std::vector<int32_t> with_bos = {1};
+    with_bos.insert(with_bos.end(), want.begin(), want.end());
+    EXPECT_EQ(t.encode(text), with_bos) << "text: \"" << text << "\"";
+    // Decoding drops the "▁" the encoder put first (and BOS), giving the text back.
+    EXPECT_EQ(t.decode(with_bos), text);
+  }
+}
+
+TEST(LlamaTokenizer, SpecialTokensBytesAndStreamedText) {
+  Tokenizer t = Tokenizer::load(test::data_path("llama-tokenizer"));
+  // Written special tokens are recognised; each plain segment gets its "▁" (Llama-2's legacy
+  // Prepend normalizer, as transformers' fast tokenizer encodes it).
+  const std::vector<int32_t> hi = t.encode_ordinary("Hi");
+  std::vector<int32_t> want = {1, 1};
+  want.insert(want.end(), hi.begin(), hi.end());
+  want.push_back(2);
+  EXPECT_EQ(t.encode("<s>Hi</s>"), want);
+  // A character outside the vocabulary becomes its UTF-8 bytes as <0xNN> tokens, and back.
+  const std::vector<int32_t> ids = t.encode_ordinary("\xf0\x9f\xab\xa0");  // U+1FAE0
+  ASSERT_EQ(ids.size(), 5u);                            // "▁" + four byte tokens
+  EXPECT_EQ(t.id_to_token(ids[1]), "<0xF0>");
+  EXPECT_EQ(t.token_bytes(ids[1]), "\xf0");
+  // Streamed text keeps the space before each word (it continues the prompt); the bytes of a
+  // split character come out once complete.
+  StreamDecoder sd(t);
+  std::string streamed;
+  for (int32_t id : t.encode_ordinary("Paris \xf0\x9f\xab\xa0!")) streamed += sd.push(id);
+  streamed += sd.finish();
+  EXPECT_EQ(streamed, " Paris \xf0\x9f\xab\xa0!");
+  EXPECT_EQ(t.token_bytes(1), "");  // BOS is skipped as special
+}
+
+TEST(LlamaTokenizer, TokenizerJsonItCannotRunIsRefused) {
+  test::TempDir dir;
+  auto error_for = [&](const std::string& body) {
+    std::ofstream(dir.file("tokenizer.json")) << body;
+    try {
+      Tokenizer::load(dir.path());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_HAS(error_for(R"({"model": {"type": "Unigram", "vocab": []}})"), "only BPE models are supported");
+  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}})"),
+             "byte-level BPE is read from vocab.json and merges.txt");
+  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})"), "without a Metaspace pre-tokenizer");
+  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [3]},
+                           "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"}})"),
+             "merge 0 is neither");
+  // Metaspace with split and prepend_scheme "first", merges as pairs (tokenizers >= 0.20).
+  std::ofstream(dir.file("tokenizer.json")) << R"({"model": {"type": "BPE", "vocab": {"\u2581": 0, "a": 1, "b": 2,
+      "\u2581a": 3, "\u2581ab": 4, "ab": 5}, "merges": [["\u2581", "a"], ["\u2581a", "b"], ["a", "b"]]},
+      "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": true}})";
+  Tokenizer m = Tokenizer::load(dir.path());
+  EXPECT_EQ(m.encode_ordinary("ab ab"), (std::vector<int32_t>{4, 4}));
+  EXPECT_EQ(m.encode_ordinary("abab"), (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(m.decode({4, 4}), "ab ab");
 }
 
 TEST(Tokenizer, PretokenizerFollowsGpt2Pattern) {
