@@ -47,7 +47,7 @@ const char* kUsage =
     "                   [--kv-mode resident|offload|kvpr|recompute|cpu-attn] [--split L]\n"
     "                   [--activation-cap N] [--profile FILE] [--split-model pipeline|paper]\n"
     "                   [--host-attention-threads N] [--emulate-link-gbps G] [--trace FILE.json]\n"
-    "                   [--cuda-graphs] [--json] [--dump-logits FILE.npy]\n"
+    "                   [--weights device|host] [--cuda-graphs] [--json] [--dump-logits FILE.npy]\n"
     "  profile          --model DIR [--backend B] [--kv-dtype D] [--emulate-link-gbps G]\n"
     "                   [--save FILE] [--json] [--quick]\n"
     "  topology         [--json] [--xml FILE] [--gpus BUSID,...] [--workers N]\n"
@@ -153,6 +153,13 @@ void apply_emulated_link(Backend& be, const Args& a) {
   cpu->set_emulated_link_gbps(g);
 }
 
+// --weights device (default) or host: the layers' matrices streamed from pinned host memory.
+bool weights_flag(const Args& a) {
+  const std::string w = a.get("--weights", "device");
+  if (w != "device" && w != "host") throw UsageError("--weights: expected device or host");
+  return w == "host";
+}
+
 std::optional<DType> kv_dtype_flag(const Args& a) {
   if (!a.has("--kv-dtype")) return std::nullopt;
   DType dt;
@@ -175,7 +182,7 @@ int cmd_generate(int argc, char** argv) {
          {"--model", "--prompt", "--prompt-ids", "-n", "--max-tokens", "--temperature", "--top-k", "--top-p",
           "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
           "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
-          "--trace", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs"},
+          "--trace", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights"},
          {"--json", "--ignore-eos", "--cuda-graphs"});
   std::string dir = a.require("--model");
   if (a.has("--prompt") == a.has("--prompt-ids"))
@@ -212,6 +219,10 @@ int cmd_generate(int argc, char** argv) {
   }
   go.cuda_graphs = a.has("--cuda-graphs");
   if (go.cuda_graphs && go.kv.mode != KvMode::Resident) throw UsageError("--cuda-graphs applies to --kv-mode resident");
+  ModelLoadOptions lo;
+  lo.stream_weights = weights_flag(a);
+  if (go.cuda_graphs && lo.stream_weights)
+    throw UsageError("--cuda-graphs does not apply to --weights host (every layer waits for its copies)");
   if (a.has("--host-attention-threads"))
     go.kv.host_attention_threads = parse_number<int>("--host-attention-threads", a.get("--host-attention-threads"));
 
@@ -219,7 +230,7 @@ int cmd_generate(int argc, char** argv) {
   apply_emulated_link(*backend, a);
   Tracer tracer;
   if (a.has("--trace")) backend->set_tracer(&tracer);
-  std::unique_ptr<Model> loaded = load_model(*backend, dir);
+  std::unique_ptr<Model> loaded = load_model(*backend, dir, lo);
   Model& model = *loaded;
   Tokenizer tok = Tokenizer::load(dir);
   std::vector<int32_t> prompt = a.has("--prompt") ? tok.encode(a.get("--prompt")) : parse_ids(a.get("--prompt-ids"));
@@ -250,6 +261,7 @@ int cmd_generate(int argc, char** argv) {
     o.set("split_source", st.split_source);
     o.set("h2d_bytes", st.h2d_bytes);
     o.set("d2h_bytes", st.d2h_bytes);
+    if (lo.stream_weights) o.set("weight_h2d_bytes", st.weight_h2d_bytes);
     if (go.cuda_graphs) o.set("graph", graph_outcome_name(gen.last_graph_step().outcome));
     if (st.split_source.rfind("scheduler", 0) == 0) {
       o.set("predicted_layer_ms", st.predicted_layer_ms);
@@ -290,6 +302,7 @@ int cmd_generate(int argc, char** argv) {
     }
     o.set("backend", backend->name());
     o.set("kv_mode", kv_mode_name(go.kv.mode));
+    o.set("weights", lo.stream_weights ? "host" : "device");
     o.set("steps", std::move(steps));
     std::cout << o.dump() << "\n";
   } else {
@@ -320,8 +333,12 @@ int cmd_info(int argc, char** argv) {
   Args a(argc, argv, 2, {"--model", "--backend"}, {"--json"});
   std::string dir = a.require("--model");
   auto backend = create_backend(a.get("--backend", "cpu"));
-  std::unique_ptr<Model> loaded = load_model(*backend, dir);
+  // Loaded as --weights host would, to report what the device holds either way.
+  ModelLoadOptions lo;
+  lo.stream_weights = true;
+  std::unique_ptr<Model> loaded = load_model(*backend, dir, lo);
   const Model& model = *loaded;
+  const LayerWeightStream* ws = model.weight_stream();
   const ModelSpec& c = model.spec();
   const auto* opt = dynamic_cast<const OptModel*>(&model);
   const auto* llama = dynamic_cast<const LlamaModel*>(&model);
@@ -360,6 +377,11 @@ int cmd_info(int argc, char** argv) {
     o.set("weight_dtype", dtype_name(model.weight_dtype()));
     o.set("parameters", model.parameter_count());
     o.set("weight_bytes", static_cast<int64_t>(model.weight_bytes()));
+    json::Value dw(json::Object{});
+    dw.set("device", static_cast<int64_t>(model.weight_bytes()));
+    dw.set("host", static_cast<int64_t>(model.device_weight_bytes()));
+    o.set("device_weight_bytes", std::move(dw));
+    o.set("streamed_layer_bytes", static_cast<int64_t>(ws->max_layer_bytes()));
     o.set("kv_bytes_per_token", kv_per_token);
     o.set("activation_bytes_per_token", act_per_token);
     if (tok) o.set("tokenizer_size", static_cast<int64_t>(tok->size()));
@@ -386,6 +408,10 @@ int cmd_info(int argc, char** argv) {
   std::printf("parameters            %lld (%.1fM)\n", static_cast<long long>(model.parameter_count()),
               model.parameter_count() / 1e6);
   std::printf("weight bytes          %s\n", human_bytes(static_cast<double>(model.weight_bytes())).c_str());
+  std::printf("on the device         %s with --weights device; %s with --weights host (2 layer slots of %s)\n",
+              human_bytes(static_cast<double>(model.weight_bytes())).c_str(),
+              human_bytes(static_cast<double>(model.device_weight_bytes())).c_str(),
+              human_bytes(static_cast<double>(ws->max_layer_bytes())).c_str());
   std::printf("KV bytes / token      %s (K and V, all layers, %s)\n", human_bytes(kv_per_token).c_str(),
               dtype_name(model.weight_dtype()));
   std::printf("activation bytes / token  %s (layer inputs X, all layers)\n", human_bytes(act_per_token).c_str());

@@ -63,8 +63,14 @@ size_t HostKvStore::bytes() const {
 // ------------------------------------------------------------------ runtime
 
 KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projector, int64_t slots,
-                     int64_t capacity, const KvRuntimeOptions& opts)
-    : be_(backend), shape_(shape), projector_(projector), slots_(slots), capacity_(capacity), opts_(opts) {
+                     int64_t capacity, const KvRuntimeOptions& opts, LayerWeightStream* weights)
+    : be_(backend),
+      shape_(shape),
+      projector_(projector),
+      slots_(slots),
+      capacity_(capacity),
+      opts_(opts),
+      weights_(weights) {
   KVPR_CHECK(slots > 0 && capacity > 0, "KV runtime needs at least one slot and one token");
   KVPR_CHECK(is_float(opts.kv_dtype), "KV dtype must be F32, F16 or BF16");
   const KvMode m = opts_.mode;
@@ -89,6 +95,9 @@ KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projec
     const int64_t es = static_cast<int64_t>(dtype_size(opts.kv_dtype));
     scheduler_ = std::make_unique<SplitScheduler>(*opts.profile, shape.hidden * es, 2 * shape.kv_hidden() * es,
                                                   opts.split_granularity, opts.split_model);
+    if (weights_)
+      scheduler_->set_fixed_link_bytes(static_cast<double>(weights_->host_bytes()) /
+                                       static_cast<double>(std::max<int64_t>(1, weights_->layers())));
   }
 }
 
@@ -181,7 +190,7 @@ void KvRuntime::decide_splits() {
 
 void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
   plan_.clear();
-  stats_.h2d_bytes = stats_.d2h_bytes = 0;
+  stats_.h2d_bytes = stats_.d2h_bytes = stats_.weight_h2d_bytes = 0;
   int64_t ctx = 0, q = 0;
   for (const auto& c : chunks) {
     KVPR_CHECK(c.slot >= 0 && c.slot < slots_, "KV slot ", c.slot, " out of range");
@@ -194,7 +203,11 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
   rows_ctx_ = ctx;
   rows_q_ = q;
   timing_.assign(shape_.layers, LayerTiming{});
-  if (opts_.mode == KvMode::Resident) return;
+  if (opts_.mode != KvMode::Resident) allocate_step();
+  prefetch(0);
+}
+
+void KvRuntime::allocate_step() {
   decide_splits();
   const int64_t w = shape_.kv_hidden();
   for (int b = 0; b < 2; ++b) {
@@ -227,50 +240,87 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
       host_out_ = be_.alloc_pinned(DType::F32, {std::max<int64_t>(rows_q_, 1), shape_.hidden});
     }
   }
-  prefetch(0);
 }
 
 void KvRuntime::prefetch(int64_t layer) {
   const KvMode m = opts_.mode;
-  if (layer >= shape_.layers || !(m == KvMode::Offload || m == KvMode::Kvpr || m == KvMode::Recompute)) return;
+  const bool kv = m == KvMode::Offload || m == KvMode::Kvpr || m == KvMode::Recompute;
+  if (layer >= shape_.layers || !(kv || weights_)) return;
   const int b = static_cast<int>(layer % 2);
   LayerTiming& t = timing_[layer];
-  // The buffer must be free (its attention done, its rows stored) and this layer's stores
-  // from the previous step must have reached the host.
-  if (buf_free_[b].impl()) be_.wait(Stream::H2D, buf_free_[b]);
-  if (buf_stored_[b].impl()) be_.wait(Stream::H2D, buf_stored_[b]);
-  if (store_done_[layer].impl()) be_.wait(Stream::H2D, store_done_[layer]);
+  if (kv) {
+    // The buffer must be free (its attention done, its rows stored) and this layer's stores
+    // from the previous step must have reached the host.
+    if (buf_free_[b].impl()) be_.wait(Stream::H2D, buf_free_[b]);
+    if (buf_stored_[b].impl()) be_.wait(Stream::H2D, buf_stored_[b]);
+    if (store_done_[layer].impl()) be_.wait(Stream::H2D, store_done_[layer]);
+  }
+  if (weights_) weights_->reserve(layer);  // its weight slot must be free too
   be_.set_trace_label("L" + std::to_string(layer));
   t.h2d_start = be_.record(Stream::H2D);
+  int64_t weight_bytes = 0;
+  // Q/K/V weights first: the projection and the recompute need them before attention's KV.
+  if (weights_) weight_bytes += static_cast<int64_t>(weights_->issue(layer, LayerWeightStream::Part::Front));
   const int v = variant(layer);
-  for (const auto& s : plan_) {
-    if (s.split[v] > 0) {
-      be_.copy(xbuf_[b].rows(s.x_off[v], s.split[v]), host_->x(layer, s.slot).rows(0, s.split[v]), Stream::H2D,
-               "X[0:l]");
-      t.h2d_bytes += s.split[v] * shape_.hidden * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+  if (kv) {
+    for (const auto& s : plan_) {
+      if (s.split[v] > 0) {
+        be_.copy(xbuf_[b].rows(s.x_off[v], s.split[v]), host_->x(layer, s.slot).rows(0, s.split[v]), Stream::H2D,
+                 "X[0:l]");
+        t.h2d_bytes += s.split[v] * shape_.hidden * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+      }
     }
   }
   t.x_ready = be_.record(Stream::H2D);
-  for (const auto& s : plan_) {
-    const int64_t l = s.split[v], n = s.past - l;
-    if (n <= 0) continue;
-    be_.copy(kbuf_[b].rows(s.ctx_off + l, n), host_->k(layer, s.slot).rows(l, n), Stream::H2D, "K[l:s']");
-    be_.copy(vbuf_[b].rows(s.ctx_off + l, n), host_->v(layer, s.slot).rows(l, n), Stream::H2D, "V[l:s']");
-    t.h2d_bytes += 2 * n * shape_.kv_hidden() * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+  if (kv) {
+    for (const auto& s : plan_) {
+      const int64_t l = s.split[v], n = s.past - l;
+      if (n <= 0) continue;
+      be_.copy(kbuf_[b].rows(s.ctx_off + l, n), host_->k(layer, s.slot).rows(l, n), Stream::H2D, "K[l:s']");
+      be_.copy(vbuf_[b].rows(s.ctx_off + l, n), host_->v(layer, s.slot).rows(l, n), Stream::H2D, "V[l:s']");
+      t.h2d_bytes += 2 * n * shape_.kv_hidden() * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+    }
   }
   t.h2d_end = be_.record(Stream::H2D);
+  if (weights_) {
+    weight_bytes += static_cast<int64_t>(weights_->issue(layer, LayerWeightStream::Part::Back));
+    t.link_end = be_.record(Stream::H2D);
+  } else {
+    t.link_end = t.h2d_end;
+  }
+  t.h2d_bytes += weight_bytes;
   stats_.h2d_bytes += t.h2d_bytes;
+  stats_.weight_h2d_bytes += weight_bytes;
+}
+
+void KvRuntime::prefetch_next(int64_t layer) {
+  if (layer + 1 < shape_.layers) {
+    prefetch(layer + 1);  // overlaps this layer's compute
+  } else if (weights_) {
+    // Weights do not depend on the step: the next step's layer 0 overlaps this last layer.
+    weights_->reserve(0);
+    const auto n = static_cast<int64_t>(weights_->issue(0, LayerWeightStream::Part::Front) +
+                                        weights_->issue(0, LayerWeightStream::Part::Back));
+    stats_.weight_h2d_bytes += n;
+    stats_.h2d_bytes += n;
+  }
 }
 
 void KvRuntime::prepare_layer(int64_t layer) {
   LayerTiming& t = timing_[layer];
   // The layer's compute time feeds the split scheduler's profile; resident has none to feed
   // (and a step without events can be replayed as a CUDA graph).
-  if (opts_.mode != KvMode::Resident) {
+  if (opts_.mode != KvMode::Resident || weights_) {
     if (layer > 0) timing_[layer - 1].compute_end = be_.record(Stream::Compute);
     t.compute_start = be_.record(Stream::Compute);
   }
-  if (layer + 1 < shape_.layers) prefetch(layer + 1);  // overlaps this layer's compute
+  if (weights_) {
+    if (layer > 0) weights_->release(layer - 1);  // its slot takes layer + 1 next
+    weights_->bind(layer);                         // this layer's Q/K/V weights have arrived
+  }
+  // cpu-attn sends its attention output up on the H2D stream: the next layer's copies go
+  // after it (attend), or the output would queue behind them.
+  if (opts_.mode != KvMode::CpuAttn) prefetch_next(layer);
   be_.set_trace_label("L" + std::to_string(layer));
   if (Tracer* tr = be_.tracer())
     tr->counter("split l", tr->now_us(), "l",
@@ -338,9 +388,17 @@ void KvRuntime::attend_cpu(int64_t layer, const Tensor& q, const Tensor& k, cons
 void KvRuntime::attend(int64_t layer, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& out, float scale) {
   const KvMode m = opts_.mode;
-  if (m == KvMode::Resident) return attend_resident(layer, k, v, q, out, scale);
-  if (m == KvMode::CpuAttn) return attend_cpu(layer, q, k, v, out, scale);
+  if (m == KvMode::Resident) attend_resident(layer, k, v, q, out, scale);
+  else if (m == KvMode::CpuAttn) {
+    attend_cpu(layer, q, k, v, out, scale);
+    prefetch_next(layer);
+  } else attend_offloaded(layer, x, q, k, v, out, scale);
+  // The rest of the layer (output projection, MLP) needs the back of its weights.
+  if (weights_) weights_->wait_back(layer);
+}
 
+void KvRuntime::attend_offloaded(int64_t layer, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& out, float scale) {
   const int b = static_cast<int>(layer % 2);
   LayerTiming& t = timing_[layer];
   // Rows of buffer b were last stored to the host two layers ago; that must be done before
@@ -400,14 +458,16 @@ void KvRuntime::attend(int64_t layer, const Tensor& x, const Tensor& q, const Te
 }
 
 void KvRuntime::end() {
-  if (!timing_.empty() && opts_.mode != KvMode::Resident) timing_.back().compute_end = be_.record(Stream::Compute);
+  if (!timing_.empty() && (opts_.mode != KvMode::Resident || weights_))
+    timing_.back().compute_end = be_.record(Stream::Compute);
+  if (weights_) weights_->release(shape_.layers - 1);
   be_.set_trace_label("");
-  if (scheduler_ && opts_.adapt && !timing_.empty() && timing_.back().h2d_end.impl()) {
-    be_.synchronize(timing_.back().h2d_end);
+  if (scheduler_ && opts_.adapt && !timing_.empty() && timing_.back().link_end.impl()) {
+    be_.synchronize(timing_.back().link_end);
     for (size_t li = 0; li < timing_.size(); ++li) {
       const LayerTiming& t = timing_[li];
-      if (!t.h2d_end.impl()) continue;
-      double link_ms = be_.elapsed_ms(t.h2d_start, t.h2d_end);
+      if (!t.link_end.impl()) continue;
+      double link_ms = be_.elapsed_ms(t.h2d_start, t.link_end);
       scheduler_->observe_link(static_cast<double>(t.h2d_bytes), link_ms / 1e3);
       double rec_ms = t.recompute_end.impl() ? be_.elapsed_ms(t.recompute_start, t.recompute_end) : 0;
       const int64_t rx = rows_x_[variant(static_cast<int64_t>(li))];

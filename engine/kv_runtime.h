@@ -22,6 +22,7 @@
 #include "engine/backend.h"
 #include "engine/split_scheduler.h"
 #include "engine/thread_pool.h"
+#include "engine/weight_stream.h"
 
 namespace kvpr {
 
@@ -96,15 +97,18 @@ struct StepStats {
   int64_t split_total_layer0 = 0;
   std::string split_source;    // "scheduler:pipeline", "scheduler:paper", "forced", "all", "none"
   double predicted_layer_ms = 0;
-  int64_t h2d_bytes = 0;       // all layers
+  int64_t h2d_bytes = 0;       // all layers (streamed weights included)
   int64_t d2h_bytes = 0;
+  int64_t weight_h2d_bytes = 0;  // of h2d_bytes: streamed layer weights
   double link_gbps_estimate = 0;
 };
 
 class KvRuntime {
  public:
+  // With `weights`, the layers' weights are streamed too: each layer's copies go on the H2D
+  // stream with its KV (weights front, X[0:l], KV[l:s'], weights back), a layer ahead.
   KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projector, int64_t slots, int64_t capacity,
-            const KvRuntimeOptions& opts);
+            const KvRuntimeOptions& opts, LayerWeightStream* weights = nullptr);
   ~KvRuntime();
 
   KvMode mode() const { return opts_.mode; }
@@ -139,15 +143,20 @@ class KvRuntime {
   int64_t x_avail(const SeqPlan& s) const;  // cached tokens of s whose X is stored
   std::vector<int64_t> distribute(int64_t total, int64_t cached) const;
   struct LayerTiming {
-    Event h2d_start, x_ready, h2d_end, compute_start, compute_end, recompute_start, recompute_end;
+    // h2d_end: the layer's KV has arrived; link_end: its weights too.
+    Event h2d_start, x_ready, h2d_end, link_end, compute_start, compute_end, recompute_start, recompute_end;
     double waited_ms = 0;
     int64_t h2d_bytes = 0;
   };
   void decide_splits();
+  void allocate_step();  // splits and buffers of a step that moves KV
   void prefetch(int64_t layer);
+  void prefetch_next(int64_t layer);  // layer + 1's copies, or after the last layer the next step's weights
   void wait_compute(const Event& e, LayerTiming& t);
   Tensor grow(Tensor& buf, DType dtype, int64_t rows, int64_t width);
   void attend_resident(int64_t layer, const Tensor& k, const Tensor& v, const Tensor& q, const Tensor& out, float scale);
+  void attend_offloaded(int64_t layer, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, float scale);
   void attend_cpu(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float scale);
 
   Backend& be_;
@@ -155,6 +164,7 @@ class KvRuntime {
   KvProjector& projector_;
   int64_t slots_, capacity_;
   KvRuntimeOptions opts_;
+  LayerWeightStream* weights_;
   std::unique_ptr<HostKvStore> host_;
   std::vector<Tensor> dev_k_, dev_v_;  // resident: [slots, capacity, width] per layer
   std::unique_ptr<SplitScheduler> scheduler_;

@@ -20,14 +20,28 @@ LlamaModel::LlamaModel(Backend& backend, const std::string& model_dir, const Mod
       [](const std::string& name) { return name == "lm_head.weight" ? name : "model." + name; },
       [&](const WeightSource& fetch) { assemble(fetch); });
   stack_weights();
+  stream_layers();
 }
 
-LlamaModel::LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed)
+LlamaModel::LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed, bool stream_weights)
     : Model(backend), config_(config) {
   spec_ = config_.spec();
   format_ = "random";
+  stream_weights_ = stream_weights;
   assemble(random_weights(dtype, seed));
   stack_weights();
+  stream_layers();
+}
+
+void LlamaModel::stream_layers() {
+  start_streaming([&](LayerWeightStream& ws) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      LlamaLayer& L = layers_[i];
+      const int64_t li = static_cast<int64_t>(i);
+      ws.add(li, &L.wqkv, LayerWeightStream::Part::Front);
+      for (Tensor* w : {&L.wo, &L.w_gate_up, &L.w_down}) ws.add(li, w, LayerWeightStream::Part::Back);
+    }
+  });
 }
 
 void LlamaModel::assemble(const WeightSource& fetch) {
@@ -72,24 +86,16 @@ void LlamaModel::assemble(const WeightSource& fetch) {
 
 void LlamaModel::stack_weights() {
   backend_.synchronize();  // every weight has landed (uploads, random fills, broadcast)
-  // [n, rows, cols] from n equal-shaped tensors, converted to the first one's dtype when a
-  // checkpoint mixes dtypes.
-  auto stack = [&](std::initializer_list<const Tensor*> parts) {
-    const Tensor& first = **parts.begin();
-    Shape shape{static_cast<int64_t>(parts.size())};
-    for (int64_t d : first.shape()) shape.push_back(d);
-    Tensor out = backend_.alloc(first.dtype(), shape);
-    int64_t i = 0;
-    for (const Tensor* t : parts) backend_.convert(out.rows(i++, 1).reshape(first.shape()), *t);
-    return out;
-  };
   for (size_t i = 0; i < layers_.size(); ++i) {
     LlamaLayer& L = layers_[i];
-    const Parts& P = parts_[i];
+    Parts& P = parts_[i];
     L.wqkv = stack({&P.wq, &P.wk, &P.wv});
     if (P.bq.defined()) L.bqkv = stack({&P.bq, &P.bk, &P.bv});
     L.w_gate_up = stack({&P.w_gate, &P.w_up});
     if (P.b_gate.defined()) L.b_gate_up = stack({&P.b_gate, &P.b_up});
+    // Streamed weights were stacked on the host, synchronously: free the parts now, so loading
+    // never holds two copies of the model in pinned memory.
+    if (L.wqkv.memory() == MemoryKind::PinnedHost) P.wq = P.wk = P.wv = P.w_gate = P.w_up = Tensor();
   }
   backend_.synchronize();  // the copies are done before the separate tensors go
   parts_.clear();

@@ -26,7 +26,7 @@ class LlamaModel : public Model {
  public:
   LlamaModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts = {});
   // A model of this config with random weights of `dtype`, generated on the device.
-  LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed);
+  LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed, bool stream_weights = false);
 
   const LlamaConfig& config() const { return config_; }
   Tensor forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions = false) override;
@@ -37,6 +37,8 @@ class LlamaModel : public Model {
   void assemble(const WeightSource& fetch);
   // Q/K/V and gate/up stacked into one tensor each, for one batched GEMM apiece.
   void stack_weights();
+  // Streamed weights: Q/K/V first, then the output projection and the MLP.
+  void stream_layers();
   void rope(const Tensor& x, const Tensor& positions);
 
   LlamaConfig config_;

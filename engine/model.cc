@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "engine/checkpoint.h"
 #include "engine/config_fields.h"
@@ -34,7 +35,54 @@ void Model::forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, cons
 std::unique_ptr<KvRuntime> Model::make_kv_runtime(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts) {
   KVPR_CHECK(capacity <= spec_.max_position_embeddings, "KV capacity ", capacity,
              " exceeds max_position_embeddings ", spec_.max_position_embeddings);
-  return std::make_unique<KvRuntime>(backend_, kv_shape(), *this, slots, capacity, opts);
+  return std::make_unique<KvRuntime>(backend_, kv_shape(), *this, slots, capacity, opts, weight_stream_.get());
+}
+
+size_t Model::device_weight_bytes() const {
+  if (!weight_stream_) return weight_bytes_;
+  return weight_bytes_ - streamed_bytes_ + weight_stream_->device_bytes();
+}
+
+bool Model::streamed(const std::string& name, WeightRole role) const {
+  return stream_weights_ && role == WeightRole::Matrix && name.rfind("layers.", 0) == 0;
+}
+
+Tensor Model::stack(std::initializer_list<const Tensor*> parts) {
+  const Tensor& first = **parts.begin();
+  Shape shape{static_cast<int64_t>(parts.size())};
+  for (int64_t d : first.shape()) shape.push_back(d);
+  if (first.memory() != MemoryKind::PinnedHost) {
+    Tensor out = backend_.alloc(first.dtype(), shape);
+    int64_t i = 0;
+    for (const Tensor* t : parts) backend_.convert(out.rows(i++, 1).reshape(first.shape()), *t);
+    return out;
+  }
+  // Streamed weights are stacked on the host.
+  backend_.synchronize();
+  Tensor out = backend_.alloc_pinned(first.dtype(), shape);
+  int64_t i = 0;
+  for (const Tensor* t : parts) {
+    KVPR_CHECK(t->memory() == MemoryKind::PinnedHost && t->numel() == first.numel(), "cannot stack ",
+               t->describe(), " with ", first.describe());
+    Tensor dst = out.rows(i++, 1);
+    if (t->dtype() == first.dtype()) {
+      std::memcpy(dst.data(), t->data(), t->nbytes());
+    } else {
+      for (int64_t j = 0; j < t->numel(); ++j)
+        store_from_f32(dst.data(), first.dtype(), j, load_as_f32(t->data(), t->dtype(), j));
+    }
+  }
+  return out;
+}
+
+void Model::start_streaming(const std::function<void(LayerWeightStream&)>& register_fields) {
+  if (!stream_weights_) return;
+  backend_.synchronize();
+  auto ws = std::make_unique<LayerWeightStream>(backend_);
+  register_fields(*ws);
+  ws->finalize();
+  streamed_bytes_ = ws->host_bytes();
+  weight_stream_ = std::move(ws);
 }
 
 int64_t Model::check_chunks(const std::vector<ForwardChunk>& chunks, bool all_positions, int64_t* rows) const {
@@ -80,6 +128,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
                             const std::function<std::string(const std::string&)>& key_of,
                             const std::function<void(const WeightSource&)>& assemble) {
   CheckpointDir ckpt(model_dir);
+  stream_weights_ = opts.stream_weights;
   // Uploads read the mapped checkpoint asynchronously: finish them before it is unmapped,
   // also when loading fails half way.
   struct FinishUploads {
@@ -92,7 +141,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   for (const auto& r : ckpt.tensors()) total += r.nbytes();
   std::vector<Tensor> received;  // every checkpoint tensor, in load order (for the broadcast)
   const bool receiver = opts.broadcast && opts.broadcast->rank() != 0;
-  assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole) -> Tensor {
+  assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole role) -> Tensor {
     const std::string key = key_of(name);
     const TensorRecord* r = ckpt.find(key);
     if (!r) {
@@ -105,9 +154,11 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
                shape_str(expect));
     Tensor src = Tensor::borrow(const_cast<void*>(r->data), r->dtype, r->shape);
     DType dt = opts.convert_weights ? opts.weight_dtype : r->dtype;
-    Tensor dst = backend_.alloc(dt, r->shape);
-    if (opts.broadcast) received.push_back(dst);
-    if (receiver) {
+    // Streamed weights go to pinned host memory, read by every rank; the rest to the device.
+    const bool host = streamed(name, role);
+    Tensor dst = host ? backend_.alloc_pinned(dt, r->shape) : backend_.alloc(dt, r->shape);
+    if (opts.broadcast && !host) received.push_back(dst);
+    if (receiver && !host) {
       // Filled by the broadcast from rank 0 below; only the header was read here.
     } else if (dt == r->dtype) {
       backend_.copy(dst, src, Stream::H2D, "weights");
@@ -119,7 +170,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
       backend_.copy(dst, tmp, Stream::H2D, "weights");
     }
     done += r->nbytes();
-    if (opts.progress && !receiver) opts.progress(done, total);
+    if (opts.progress && (!receiver || host)) opts.progress(done, total);
     parameter_count_ += dst.numel();
     weight_bytes_ += dst.nbytes();
     return dst;
@@ -136,6 +187,7 @@ Model::WeightSource Model::random_weights(DType dtype, uint64_t seed) {
   auto n = std::make_shared<uint64_t>(0);
   return [this, dtype, seed, n](const std::string& name, const Shape& shape, bool required, WeightRole role) {
     if (!required && name == "lm_head.weight") return Tensor();  // tied
+    const bool host = streamed(name, role);
     Tensor t = backend_.alloc(dtype, shape);
     const float fan_in = static_cast<float>(shape.size() == 2 ? shape[1] : 1);
     const uint64_t s = seed + (*n)++;
@@ -147,7 +199,11 @@ Model::WeightSource Model::random_weights(DType dtype, uint64_t seed) {
     }
     parameter_count_ += t.numel();
     weight_bytes_ += t.nbytes();
-    return t;
+    if (!host) return t;
+    Tensor pinned = backend_.alloc_pinned(dtype, shape);  // generated on the device, kept on the host
+    backend_.copy(pinned, t, Stream::Compute);
+    backend_.synchronize();
+    return pinned;
   };
 }
 

@@ -14,6 +14,7 @@
 #include "engine/kv_runtime.h"
 #include "engine/model_spec.h"
 #include "engine/weight_broadcast.h"
+#include "engine/weight_stream.h"
 
 namespace kvpr {
 
@@ -27,6 +28,10 @@ struct ModelLoadOptions {
   std::function<void(size_t done, size_t total)> progress;
   // Several GPUs: rank 0 reads the checkpoint, the others receive the weights from it.
   WeightBroadcaster* broadcast = nullptr;
+  // Keep the layers' matrices in pinned host memory and stream them to the device a layer
+  // ahead of their use (weight_stream.h), for models that do not fit on the device. Every
+  // rank then reads them from the checkpoint itself (the page cache shares the reads).
+  bool stream_weights = false;
 };
 
 // Scratch tensors reused across forward calls; grown on demand.
@@ -49,6 +54,11 @@ class Model : public KvProjector {
   size_t weight_bytes() const { return weight_bytes_; }
   DType weight_dtype() const { return weight_dtype_; }  // dtype of the big matrices
   const std::string& checkpoint_format() const { return format_; }
+  // The layers' weights streamed from host memory, or null when they are resident.
+  LayerWeightStream* weight_stream() const { return weight_stream_.get(); }
+  // Device bytes the weights take: all of them, or, when streamed, the resident ones plus the
+  // two layer slots.
+  size_t device_weight_bytes() const;
 
   // Runs the chunks through the model with the runtime providing each layer's past K/V
   // (and storing the new ones), and leaves F32 logits in device memory: one row per chunk
@@ -90,6 +100,13 @@ class Model : public KvProjector {
   // A source of random weights of `dtype` generated on the device (an absent lm_head.weight
   // stays absent: tied); norm gains near 1, matrices scaled by their fan-in.
   WeightSource random_weights(DType dtype, uint64_t seed);
+  // Whether the weight `name` of this role lives in pinned host memory (streamed layers).
+  bool streamed(const std::string& name, WeightRole role) const;
+  // [n, ...] from n tensors of one shape, in the memory of the first (device, or pinned host
+  // for streamed weights), converted to the first one's dtype.
+  Tensor stack(std::initializer_list<const Tensor*> parts);
+  // Hands the registered layer fields to a new LayerWeightStream (when stream_weights_).
+  void start_streaming(const std::function<void(LayerWeightStream&)>& register_fields);
 
   Backend& backend_;
   ModelSpec spec_;
@@ -97,6 +114,9 @@ class Model : public KvProjector {
   int64_t parameter_count_ = 0;
   size_t weight_bytes_ = 0;
   DType weight_dtype_ = DType::F32;
+  bool stream_weights_ = false;
+  size_t streamed_bytes_ = 0;  // of weight_bytes_
+  std::unique_ptr<LayerWeightStream> weight_stream_;
   Workspace ws_{backend_};
 };
 

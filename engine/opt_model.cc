@@ -31,14 +31,33 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
       [&](const std::string& name) { return name == "lm_head.weight" ? name : prefix + name; },
       [&](const WeightSource& fetch) { assemble(fetch); });
   stack_qkv();
+  stream_layers();
 }
 
-OptModel::OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed)
+OptModel::OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed, bool stream_weights)
     : Model(backend), config_(config) {
   spec_ = config_.spec();
   format_ = "random";
+  stream_weights_ = stream_weights;
   assemble(random_weights(dtype, seed));
   stack_qkv();
+  stream_layers();
+}
+
+void OptModel::stream_layers() {
+  start_streaming([&](LayerWeightStream& ws) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      OptLayer& L = layers_[i];
+      const int64_t li = static_cast<int64_t>(i);
+      if (L.wqkv.defined()) {
+        ws.add(li, &L.wqkv, LayerWeightStream::Part::Front);
+        L.wq = L.wk = L.wv = Tensor();  // views of the host stack; the forward uses wqkv
+      } else {
+        for (Tensor* w : {&L.wq, &L.wk, &L.wv}) ws.add(li, w, LayerWeightStream::Part::Front);
+      }
+      for (Tensor* w : {&L.wo, &L.fc1_w, &L.fc2_w}) ws.add(li, w, LayerWeightStream::Part::Back);
+    }
+  });
 }
 
 void OptModel::assemble(const WeightSource& fetch) {
@@ -122,7 +141,8 @@ void OptModel::stack_qkv() {
   for (OptLayer& L : layers_) {
     const DType dt = L.wq.dtype();
     if (L.wk.dtype() != dt || L.wv.dtype() != dt) continue;  // mixed checkpoint: three GEMMs
-    Tensor w = backend_.alloc(dt, {3, h, h});
+    Tensor w = L.wq.memory() == MemoryKind::PinnedHost ? backend_.alloc_pinned(dt, {3, h, h})  // streamed
+                                                        : backend_.alloc(dt, {3, h, h});
     backend_.copy(w.rows(0, 1).reshape({h, h}), L.wq, Stream::Compute, "stack q");
     backend_.copy(w.rows(1, 1).reshape({h, h}), L.wk, Stream::Compute, "stack k");
     backend_.copy(w.rows(2, 1).reshape({h, h}), L.wv, Stream::Compute, "stack v");

@@ -27,8 +27,9 @@ class OptModel : public Model {
  public:
   OptModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts = {});
   // A model of this config with random weights of `dtype`, generated on the device
-  // (benchmarks: OPT-6.7B shapes without a 13 GB download).
-  OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed);
+  // (benchmarks: OPT-6.7B shapes without a 13 GB download); `stream_weights` keeps the layers'
+  // matrices in host memory as ModelLoadOptions::stream_weights does.
+  OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed, bool stream_weights = false);
 
   const OptConfig& config() const { return config_; }
   Tensor forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions = false) override;
@@ -40,6 +41,8 @@ class OptModel : public Model {
   // Stacks each layer's Q, K, V weights (and biases) into one tensor; after every weight
   // has its values (the broadcast included).
   void stack_qkv();
+  // Streamed weights: Q/K/V first, then the output projection and the MLP.
+  void stream_layers();
 
   OptConfig config_;
   Tensor embed_tokens_, embed_positions_, project_in_, project_out_, final_ln_w_, final_ln_b_, lm_head_;

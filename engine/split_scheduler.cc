@@ -78,14 +78,15 @@ double SplitScheduler::recompute_time(int64_t split) const {
 
 double SplitScheduler::paper_time(int64_t cached, int64_t split) const {
   const double v = link_bytes_per_s();
-  double x = static_cast<double>(split) * x_bytes_ / v;
+  double x = (fixed_bytes_ + static_cast<double>(split) * x_bytes_) / v;
   double kv = static_cast<double>(cached - split) * kv_bytes_ / v;
   return x + std::max(recompute_time(split), kv);
 }
 
 double SplitScheduler::pipeline_time(int64_t cached, int64_t split, double other_s) const {
   const double v = link_bytes_per_s();
-  double link = (static_cast<double>(split) * x_bytes_ + static_cast<double>(cached - split) * kv_bytes_) / v;
+  double link =
+      (fixed_bytes_ + static_cast<double>(split) * x_bytes_ + static_cast<double>(cached - split) * kv_bytes_) / v;
   return std::max(link, std::max(0.0, other_s) + recompute_time(split));
 }
 
@@ -104,7 +105,7 @@ SplitDecision SplitScheduler::choose(int64_t cached, int64_t max_split, double o
   const double c0 = profile_.recompute_fixed_s, c1 = profile_.recompute_per_row_s;
   const double kvv = kv_bytes_ / v, xv = x_bytes_ / v;
   double meet;
-  if (pipeline) meet = (cached * kvv - std::max(0.0, other_s) - c0) / (c1 + kvv - xv);
+  if (pipeline) meet = (fixed_bytes_ / v + cached * kvv - std::max(0.0, other_s) - c0) / (c1 + kvv - xv);
   else meet = (cached * kvv - c0) / (c1 + kvv);
   const int64_t g = granularity_;
   int64_t candidates[6] = {0, hi, hi / g * g, 0, 0, 0};

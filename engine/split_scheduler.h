@@ -8,6 +8,9 @@
 // Paper model:    t(L) = L·x/v + max(recomp(L), (S−L)·kv/v)
 // Pipeline model: t(L) = max(link(L), other + recomp(L)), where `other` is the rest of the
 //                 layer's device work, which the next layer's copies overlap (prefetch).
+// With the weights streamed (weight_stream.h) the link also carries W bytes of weights per
+// layer: link(L) gains W/v, and so does the paper model's t(L) (its optimum does not move;
+// the pipeline model's moves towards more recomputation, since the link is busier).
 // Each is piecewise linear, so the optimum is at L = 0, at a clamp, or where the two branches
 // meet; choose() evaluates those few candidates: O(1) per decision.
 #pragma once
@@ -57,6 +60,10 @@ class SplitScheduler {
   // layer's other device time; when unknown (< 0) the paper model is used.
   SplitDecision choose(int64_t cached, int64_t max_split, double other_s) const;
 
+  // Bytes the link carries per layer besides X and KV (streamed weights).
+  void set_fixed_link_bytes(double bytes) { fixed_bytes_ = bytes; }
+  double fixed_link_bytes() const { return fixed_bytes_; }
+
   // Online adaptation: exponential moving averages of what each step measured.
   void observe_link(double bytes, double seconds);
   void observe_recompute(int64_t rows, double seconds);
@@ -78,6 +85,7 @@ class SplitScheduler {
   int64_t x_bytes_, kv_bytes_, granularity_;
   SplitModel preferred_;
   double other_s_ = -1;
+  double fixed_bytes_ = 0;
   double alpha_ = 0.3;  // weight of a new measurement
 };
 

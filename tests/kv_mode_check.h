@@ -24,7 +24,8 @@ inline std::vector<std::vector<int32_t>> greedy_tokens(Model& model, const Token
 }
 
 // Greedy decoding of `prompts` (max_new tokens, EOS ignored, fp32 KV, one batch) in each mode
-// on `device` (KVPR with its split forced to `kvpr_split`) equals the CPU backend's.
+// on `device` (KVPR with its split forced to `kvpr_split`) equals the CPU backend's, with the
+// weights on the device and streamed from pinned host memory (--weights host).
 inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::string& dir, const Tokenizer& tok,
                                                   const std::vector<std::vector<int32_t>>& prompts, int max_new,
                                                   int kvpr_split, const std::string& label) {
@@ -46,6 +47,16 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
     if (m == KvMode::Kvpr) og.kv.forced_split = kvpr_split;
     EXPECT_EQ(greedy_tokens(mg, tok, og, prompts, p), want) << label << " " << kv_mode_name(m);
   }
+  ModelLoadOptions streamed;
+  streamed.stream_weights = true;
+  std::unique_ptr<Model> ms = load_model(device, dir, streamed);
+  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
+    GeneratorOptions og = oc;
+    og.kv.mode = m;
+    if (m == KvMode::Kvpr) og.kv.forced_split = kvpr_split;
+    EXPECT_EQ(greedy_tokens(*ms, tok, og, prompts, p), want) << label << " " << kv_mode_name(m) << ", streamed weights";
+  }
+  ms.reset();
   // Resident decode steps as CUDA graphs: captured on the second decode step, replayed after.
   GeneratorOptions og = oc;
   og.cuda_graphs = true;

@@ -122,6 +122,36 @@ TEST_P(KvModes, HalfPrecisionStorageKeepsGreedyTokens) {
   expect_same(ref, run(model, tok, options(KvMode::Kvpr, DType::F16, 4)), 1e-2, "kvpr f16");
 }
 
+TEST_P(KvModes, StreamedWeightsGiveTheSameResults) {
+  // The layers' weights in pinned host memory, streamed a layer ahead (--weights host): every
+  // KV mode gives the tokens and logits of resident KV with the weights on the device.
+  test::TempDir tmp;
+  CpuBackend be;
+  const std::string dir = test::data_path(std::string("opt/") + GetParam());
+  OptModel resident(be, dir);
+  ModelLoadOptions lo;
+  lo.stream_weights = true;
+  OptModel streamed(be, dir, lo);
+  ASSERT_NE(streamed.weight_stream(), nullptr);
+  EXPECT_EQ(resident.weight_stream(), nullptr);
+  EXPECT_EQ(streamed.parameter_count(), resident.parameter_count());
+  EXPECT_EQ(streamed.weight_bytes(), resident.weight_bytes());
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  ModeRun ref = run(resident, tok, options(KvMode::Resident, DType::F32));
+  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Recompute, KvMode::CpuAttn})
+    expect_same(ref, run(streamed, tok, options(m, DType::F32)), 1e-6, std::string("streamed ") + kv_mode_name(m));
+  expect_same(ref, run(streamed, tok, options(KvMode::Kvpr, DType::F32, 5)), 1e-5, "streamed kvpr split 5");
+  // What crossed the link: the KV of offload plus, every step, the layers that were not still
+  // in a slot.
+  ModeRun off = run(resident, tok, options(KvMode::Offload, DType::F32));
+  ModeRun off_streamed = run(streamed, tok, options(KvMode::Offload, DType::F32));
+  ASSERT_EQ(off.steps.size(), off_streamed.steps.size());
+  for (size_t s = 0; s < off.steps.size(); ++s) {
+    EXPECT_EQ(off.steps[s].weight_h2d_bytes, 0);
+    EXPECT_EQ(off_streamed.steps[s].h2d_bytes - off_streamed.steps[s].weight_h2d_bytes, off.steps[s].h2d_bytes);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, KvModes,
                          ::testing::Values("pre_ln_safetensors", "post_ln_proj_sharded", "fp16_bin_sharded"),
                          [](const auto& p) { return std::string(p.param); });
@@ -190,6 +220,73 @@ TEST(KvRuntime, BytesMovedFollowTheSplit) {
     // Stored: the new token's K, V and X.
     EXPECT_EQ(st.d2h_bytes, c.num_layers * 3 * c.hidden_size * 2);
   }
+}
+
+TEST(WeightStream, EveryLayerCountCopiesEachLayerOncePerStep) {
+  // Random OPT models of 1, 2, 3 and 5 layers, weights on the device and streamed, same seed:
+  // the same logits. Two slots hold two layers, so models of one or two layers never copy
+  // after loading; larger ones copy every layer once per step (the next step's layer 0 during
+  // the last layer), whichever slot parity the step starts in.
+  CpuBackend be;
+  for (int64_t layers : {1, 2, 3, 5}) {
+    OptConfig c;
+    c.vocab_size = 64;
+    c.max_position_embeddings = 64;
+    c.hidden_size = 32;
+    c.num_heads = 4;
+    c.ffn_dim = 48;
+    c.word_embed_proj_dim = 32;
+    c.num_layers = layers;
+    OptModel dev(be, c, DType::F16, 7);
+    OptModel host(be, c, DType::F16, 7, true);
+    LayerWeightStream* ws = host.weight_stream();
+    ASSERT_NE(ws, nullptr);
+    ASSERT_EQ(ws->layers(), layers);
+    // Per layer: Q/K/V, out_proj, fc1, fc2 in F16, each on a 256-byte boundary.
+    const size_t per_layer = 3 * 32 * 32 * 2 + 32 * 32 * 2 + 48 * 32 * 2 + 32 * 48 * 2;
+    EXPECT_EQ(ws->layer_bytes(0), per_layer);
+    EXPECT_EQ(ws->host_bytes(), per_layer * static_cast<size_t>(layers));
+    EXPECT_EQ(host.device_weight_bytes(), dev.weight_bytes() - per_layer * static_cast<size_t>(layers) + 2 * per_layer);
+    for (KvMode m : {KvMode::Resident, KvMode::Offload}) {
+      KvRuntimeOptions o;
+      o.mode = m;
+      auto kd = dev.make_kv_runtime(2, 32, o), kh = host.make_kv_runtime(2, 32, o);
+      std::vector<int32_t> a = {3, 9, 27, 17, 51, 25, 40, 2}, b = {8, 1, 60};
+      Tensor la = Tensor::host(DType::F32, {2, c.vocab_size}), lb = Tensor::host(DType::F32, {2, c.vocab_size});
+      for (int step = 0; step < 5; ++step) {
+        std::vector<ForwardChunk> chunks =
+            step == 0 ? std::vector<ForwardChunk>{{a.data(), 3, 0, 0}, {b.data(), 2, 0, 1}}
+                      : std::vector<ForwardChunk>{{a.data() + step + 2, 1, step + 2, 0}, {b.data(), 1, step + 1, 1}};
+        dev.forward(chunks, *kd, la);
+        host.forward(chunks, *kh, lb);
+        for (int64_t i = 0; i < la.numel(); ++i)
+          ASSERT_EQ(la.data_as<float>()[i], lb.data_as<float>()[i])
+              << layers << " layers, " << kv_mode_name(m) << ", step " << step << ", logit " << i;
+        const int64_t copied = kh->last_step().weight_h2d_bytes;
+        if (layers <= 2) {
+          EXPECT_EQ(copied, 0) << layers << " layers, step " << step;
+        } else if (step > 0 || m == KvMode::Offload) {  // the very first step found layers 0 and 1 loaded
+          EXPECT_EQ(copied, static_cast<int64_t>(ws->host_bytes())) << layers << " layers, step " << step;
+        }
+        EXPECT_EQ(kd->last_step().weight_h2d_bytes, 0);
+      }
+    }
+  }
+}
+
+TEST(WeightStream, SchedulerCountsTheWeightsOnTheLink) {
+  // The KVPR scheduler of a streamed model adds a layer's weight bytes to the link time.
+  CpuBackend be;
+  ModelLoadOptions lo;
+  lo.stream_weights = true;
+  OptModel model(be, test::data_path("opt/pre_ln_safetensors"), lo);
+  KvRuntimeOptions o;
+  o.mode = KvMode::Kvpr;
+  o.profile = LinkProfile{};
+  o.profile->h2d_gbps = o.profile->h2d_alone_gbps = o.profile->d2h_gbps = 1;
+  auto kv = model.make_kv_runtime(1, 16, o);
+  EXPECT_DOUBLE_EQ(kv->scheduler()->fixed_link_bytes(),
+                   static_cast<double>(model.weight_stream()->host_bytes()) / model.config().num_layers);
 }
 
 TEST(KvRuntime, KvprWithoutProfileOrSplitIsAnError) {

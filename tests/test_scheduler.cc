@@ -67,6 +67,24 @@ TEST(SplitScheduler, PipelineModelHandComputedOptimum) {
   EXPECT_EQ(s.choose(1000, 1000, 3e-3).split, 0);
 }
 
+TEST(SplitScheduler, StreamedWeightsShiftThePipelineOptimum) {
+  // W = 0.5 MB of weights per layer on the link as well: link(L) = (5e5 + 2e6 - 1000 L)/1e9.
+  // other = 1.5 ms: meet 2.5e-3 - 1e-6 L = 1.501e-3 + 1e-8 L -> L = 9.99e-4 / 1.01e-6 = 989.1,
+  // where without weights it was 494 (above): a busier link is worth more recomputation.
+  SplitScheduler s(profile(), 1000, 2000, 1, SplitModel::Pipeline);
+  s.set_fixed_link_bytes(5e5);
+  SplitDecision d = s.choose(1000, 1000, 1.5e-3);
+  EXPECT_TRUE(d.split == 989 || d.split == 990) << d.split;
+  EXPECT_EQ(d.split, brute(s, 1000, 1000, 1.5e-3, true, 1));
+  EXPECT_NEAR(d.baseline_s, 2.5e-3, 1e-12);
+  // The paper model only gains the constant W/v: same optimum as without weights (995).
+  SplitScheduler p(profile(), 1000, 2000, 1, SplitModel::Paper);
+  p.set_fixed_link_bytes(5e5);
+  SplitDecision dp = p.choose(1000, 1000, -1);
+  EXPECT_EQ(dp.split, 995);
+  EXPECT_NEAR(dp.predicted_s, 5e-4 + 995e-6 + std::max(1e-6 + 995e-8, 5 * 2e-6), 1e-12);
+}
+
 TEST(SplitScheduler, GroupedQueryAttentionGivesZero) {
   // GQA with 4 query heads per KV head: X (h) is twice K+V (2·h/4): never recompute.
   SplitScheduler s(profile(0.001), 4096, 2048, 16);
