@@ -63,6 +63,11 @@ const std::vector<Option>& options() {
          KVPR_CHECK(v == "on" || v == "off", "cuda-graphs: expected on or off, got '", v, "'");
          c.cuda_graphs = v == "on";
        }},
+      {"weights", "device, or host: layer weights in pinned host memory, streamed a layer ahead [device]",
+       [](DaemonConfig& c, const std::string& v) {
+         KVPR_CHECK(v == "device" || v == "host", "weights: expected device or host, got '", v, "'");
+         c.weights_on_host = v == "host";
+       }},
       {"host-attention-threads", "cpu-attn: host attention threads [all]",
        [](DaemonConfig& c, const std::string& v) { c.host_attention_threads = to_int("host-attention-threads", v); }},
       {"max-queue", "requests waiting or running before 429 [256]", [](DaemonConfig& c, const std::string& v) { c.max_queue = to_int("max-queue", v); }},
@@ -173,6 +178,8 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   KVPR_CHECK(c.backend == "auto" || c.backend == "cpu" || c.backend == "cuda", "backend must be auto, cpu or cuda");
   KVPR_CHECK(!c.cuda_graphs || c.kv_mode == "resident",
              "cuda-graphs applies to kv-mode resident (the other modes move KV every layer), not ", c.kv_mode);
+  KVPR_CHECK(!c.cuda_graphs || !c.weights_on_host,
+             "cuda-graphs does not apply to weights = host (every layer waits for its copies)");
   if (c.served_model_name.empty()) c.served_model_name = std::filesystem::path(c.model).filename().string();
   if (c.served_model_name.empty()) c.served_model_name = std::filesystem::path(c.model).parent_path().filename().string();
   return c;

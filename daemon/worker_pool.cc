@@ -125,6 +125,7 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
   if (cfg_.activation_cap >= 0) a.insert(a.end(), {"--activation-cap", std::to_string(cfg_.activation_cap)});
   if (!cfg_.profile.empty()) a.insert(a.end(), {"--profile", cfg_.profile});
   if (cfg_.cuda_graphs) a.push_back("--cuda-graphs");
+  if (cfg_.weights_on_host) a.insert(a.end(), {"--weights", "host"});
   if (w.numa_node >= 0) a.insert(a.end(), {"--numa-node", std::to_string(w.numa_node)});
   if (!nccl_id_.empty() && w.first_start)
     a.insert(a.end(), {"--nccl-id", nccl_id_, "--nccl-rank", std::to_string(w.index), "--nccl-ranks",

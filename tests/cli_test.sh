@@ -28,6 +28,16 @@ check "--cuda-graphs gives the same tokens (each step's graph outcome listed; no
 import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2])
 assert a['tokens']==b['tokens'] and [s['graph'] for s in b['steps']]==['none']*7 and 'graph' not in a['steps'][0], b['steps']" "$out" "$outg"
 
+# --weights host: the layers' weights streamed from host memory, the same tokens in every mode.
+for mode in resident offload "kvpr --split 4" cpu-attn; do
+  outw=$("$KVPR" generate --model "$tmp/demo" --prompt "Hello, my name is" -n 7 --json --weights host --kv-mode $mode)
+  check "--weights host --kv-mode $mode gives the same tokens, weights copied every decode step" python3 -c "
+import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2])
+assert a['tokens']==b['tokens'] and a['weights']=='device' and b['weights']=='host', (a, b)
+w=[s['weight_h2d_bytes'] for s in b['steps']]
+assert w[0] > 0 and len(set(w[1:])) == 1 and w[1] > w[0] and all(s['h2d_bytes'] >= s['weight_h2d_bytes'] for s in b['steps']), w" "$out" "$outw"
+done
+
 # --prompt-ids uses the ids as given; the same ids as --prompt give the same tokens.
 ids=$("$KVPR" tokenize --model "$tmp/demo" --text "Hello, my name is")
 check "tokenize" test "$ids" = "15496 11 616 1438 318"
@@ -102,6 +112,9 @@ assert any(e.get('name','').endswith('X[0:l]') for e in t)" "$tmp/trace.json"
 check "profile saved" python3 -c "import json,sys; p=json.load(open(sys.argv[1])); assert 0.5 < p['h2d_gbps'] <= 1.05 and p['recompute_per_row_s'] > 0, p" "$tmp/profile.json"
 got=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 4 --json --kv-mode kvpr --profile "$tmp/profile.json" --emulate-link-gbps 1)
 check "kvpr with a profile uses the scheduler" python3 -c "import json,sys; s=json.loads(sys.argv[1])['steps']; assert all(x['split_source'].startswith('scheduler:') for x in s), s" "$got"
+check "info reports the device's weight bytes with and without --weights host" python3 -c "
+import json,sys; o=json.loads(sys.argv[1]); d=o['device_weight_bytes']
+assert d['device']==o['weight_bytes'] and d['host']==d['device']-4*o['streamed_layer_bytes']+2*o['streamed_layer_bytes'], o" "$("$KVPR" info --model "$tmp/demo" --json)"
 check "info reports host bytes per mode" python3 -c "
 import json,sys; h=json.loads(sys.argv[1])['host_bytes_per_token']
 assert h['resident']==0 and h['offload']==2048 and h['kvpr']==3072 and h['recompute']==3072 and h['cpu-attn']==2048, h" "$("$KVPR" info --model "$tmp/demo" --json)"
@@ -115,6 +128,8 @@ assert [x['numa_node'] for x in w]==[0,0,1,1] and [x['cpus'] for x in w]==['0-1'
 fi
 expect_error "split needs kvpr" 2 "--split applies to --kv-mode kvpr" -- generate --model "$tmp/demo" --prompt a --split 3
 expect_error "graphs need resident" 2 "--cuda-graphs applies to --kv-mode resident" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --cuda-graphs
+expect_error "bad weights" 2 "--weights: expected device or host" -- generate --model "$tmp/demo" --prompt a --weights gpu
+expect_error "graphs need device weights" 2 "--cuda-graphs does not apply to --weights host" -- generate --model "$tmp/demo" --prompt a --weights host --cuda-graphs
 expect_error "bad kv-mode" 2 "--kv-mode: expected" -- generate --model "$tmp/demo" --prompt a --kv-mode fast
 expect_error "bad link rate" 2 "--emulate-link-gbps must be > 0" -- generate --model "$tmp/demo" --prompt a --emulate-link-gbps 0
 expect_error "missing profile file" 1 "nope.json: cannot open" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --profile "$tmp/nope.json"

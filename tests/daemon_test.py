@@ -158,7 +158,8 @@ def operations():
     conf = os.path.join(TMP, "kvprd.conf")
     with open(conf, "w") as f:
         f.write(example.replace("/var/lib/kvprd/models/opt-6.7b", MODEL).replace("port = 8000", f"port = {port}")
-                .replace("served-model-name = opt-6.7b", "served-model-name = demo").replace("kv-mode = kvpr", "kv-mode = offload"))
+                .replace("served-model-name = opt-6.7b", "served-model-name = demo").replace("kv-mode = kvpr", "kv-mode = offload")
+                .replace("# weights = host", "weights = host"))
     # sd_notify: a datagram socket standing in for systemd.
     sock_path = os.path.join(TMP, "notify.sock")
     ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -169,6 +170,10 @@ def operations():
     check("sd_notify READY=1 once workers loaded", "READY=1" in msg, msg)
     st, body = completion(d, "Hello", 3)
     check("config file: served name and kv mode", st == 200 and body["model"] == "demo", body)
+    ref = generate_cli("Hello", 3)
+    check("weights = host: the tokens of kvpr generate", body["choices"][0]["text"] == ref["text"], (body, ref))
+    st, h = d.get("/health")
+    check("weights = host in /health", all(w["placement"].get("weights") == "host" for w in h["workers"]), h)
     code = d.stop()
     msg = ns.recv(4096).decode()
     check("sd_notify STOPPING=1 on SIGTERM", "STOPPING=1" in msg, msg)
@@ -184,9 +189,13 @@ def operations():
     r = subprocess.run([KVPRD, "--model", MODEL, "--cuda-graphs", "maybe"], capture_output=True, text=True)
     check("bad cuda-graphs value: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and
           "cuda-graphs: expected on or off" in r.stderr, (r.returncode, r.stderr))
+    r = subprocess.run([KVPRD, "--model", MODEL, "--weights", "gpu"], capture_output=True, text=True)
+    check("bad weights value: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and
+          "weights: expected device or host" in r.stderr, (r.returncode, r.stderr))
     r = subprocess.run([KVPRD, "--help"], capture_output=True, text=True)
     check("--help lists the options", r.returncode == 0 and all(f"--{k}" in r.stdout for k in
-          ["model", "port", "workers", "kv-mode", "cuda-graphs", "max-queue", "drain-timeout", "config"]), r.stdout[:200])
+          ["model", "port", "workers", "kv-mode", "cuda-graphs", "weights", "max-queue", "drain-timeout", "config"]),
+          r.stdout[:200])
     # No worker can start: 503 with a JSON error, /health 503.
     port = free_port()
     d = Daemon(args=["--model", MODEL, "--port", str(port), "--config", "/dev/null",

@@ -2,6 +2,7 @@
 //   kvpr-worker --fd N --model DIR [--backend auto|cpu|cuda] [--device D] [--index I]
 //               [--max-batch B] [--max-seq-len L] [--kv-mode M] [--split L] [--kv-dtype D]
 //               [--activation-cap N] [--profile FILE] [--host-attention-threads N] [--cuda-graphs]
+//               [--weights device|host]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +42,11 @@ int main(int argc, char** argv) {
       } else if (a == "--activation-cap") o.generator.kv.activation_cap = std::stoll(val());
       else if (a == "--profile") o.profile_path = val();
       else if (a == "--cuda-graphs") o.generator.cuda_graphs = true;
+      else if (a == "--weights") {
+        std::string w = val();
+        KVPR_CHECK(w == "device" || w == "host", "--weights: expected device or host, got '", w, "'");
+        o.stream_weights = w == "host";
+      }
       else if (a == "--host-attention-threads") o.generator.kv.host_attention_threads = std::stoi(val());
       else if (a == "--numa-node") o.numa_node = std::stoi(val());
       else if (a == "--nccl-id") o.nccl_id = val();

@@ -69,6 +69,7 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
     if (host_alloc) backend->set_host_allocator(host_alloc);
     // Loading progress on stderr (the journal under systemd), every 10%.
     ModelLoadOptions lo;
+    lo.stream_weights = opts.stream_weights;
     int last_decile = -1;
     auto t0 = std::chrono::steady_clock::now();
     lo.progress = [&](size_t done, size_t total) {
@@ -88,6 +89,15 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     placement.set("load_s", load_s);
     placement.set("weights_from", !bc ? "disk" : bc->rank() == 0 ? "disk, broadcast with NCCL" : "NCCL broadcast");
+    if (const LayerWeightStream* ws = model->weight_stream()) {
+      placement.set("weights", "host");
+      std::fprintf(stderr,
+                   "kvpr-worker %d: layer weights %.2f GB in pinned host memory, streamed through 2 device slots "
+                   "of %.2f GB (%.2f GB of weights on the device)\n",
+                   opts.index, static_cast<double>(ws->host_bytes()) / 1e9,
+                   static_cast<double>(ws->max_layer_bytes()) / 1e9,
+                   static_cast<double>(model->device_weight_bytes()) / 1e9);
+    }
     std::fprintf(stderr, "kvpr-worker %d: model loaded in %.2f s (%s)\n", opts.index, load_s,
                  placement.find("weights_from")->as_string().c_str());
     bc.reset();

@@ -23,6 +23,7 @@ struct WorkerOptions {
   std::string nccl_id;         // several GPUs: join this NCCL group to receive the weights
   int nccl_rank = 0, nccl_ranks = 0;
   std::vector<int> cpus;       // bind to these CPUs (empty: no binding)
+  bool stream_weights = false; // layer weights in (NUMA-local) pinned host memory, streamed
 };
 
 // Serves `channel` until the controller says shutdown or goes away. Returns the exit code.
