@@ -85,15 +85,23 @@ KVPR_THREADS=16 timeout "$left" build-device/bench/kvpr-bench decode --preset "$
     $PEER --json "$OUT/decode.json" --svg "$OUT/decode.svg" --trace-dir "$OUT/traces"
 
 sweep=()
-for cfg in "8 1024" "64 1024" "32 128" "32 512" "1 128"; do  # the last: launch-bound decode, where graphs pay most
+# "host": the layers' weights streamed from pinned host memory (--weights host) in every mode.
+for cfg in "8 1024" "64 1024" "32 1024 host" "32 128" "32 512" "1 128"; do  # the last: launch-bound decode, where graphs pay most
   [ "$SWEEP" = 1 ] || break
   if [ "$(elapsed)" -gt 360 ]; then say "sweep: stopping, time is short"; break; fi
   set -- $cfg
-  say "sweep: batch $1, prompt $2 (resident with and without graphs, offload, kvpr)"
+  name="sweep-$1-$2${3:+-$3}"
+  if [ "${3:-}" = host ]; then
+    say "sweep: batch $1, prompt $2, weights streamed from host memory (resident, offload, kvpr)"
+    args=(--weights host --modes resident,offload,kvpr)
+  else
+    say "sweep: batch $1, prompt $2 (resident with and without graphs, offload, kvpr)"
+    args=(--modes resident,resident+graphs,offload,kvpr)
+  fi
   KVPR_THREADS=16 timeout 90 build-device/bench/kvpr-bench decode --preset "$PRESET" --batch "$1" --prompt "$2" \
-      --gen 12 --modes resident,resident+graphs,offload,kvpr --json "$OUT/sweep-$1-$2.json" > "$OUT/sweep-$1-$2.txt" 2>&1 \
-    && sweep+=("$OUT/sweep-$1-$2.json")
-  tail -6 "$OUT/sweep-$1-$2.txt"
+      --gen 12 "${args[@]}" --json "$OUT/$name.json" > "$OUT/$name.txt" 2>&1 \
+    && sweep+=("$OUT/$name.json")
+  tail -6 "$OUT/$name.txt"
 done
 
 say "collect"
@@ -149,7 +157,8 @@ if d:
                   ('; capture refused: ' + m['graph_capture_error']) if m.get('graph_capture_error') else ''))
     print(json.dumps(d.get('ratios', {})))
 for s in result['sweep']:
-    print('sweep b=%d p=%d: %s' % (s['batch'], s['prompt'], json.dumps(s.get('ratios', {}))))
+    print('sweep b=%d p=%d%s: %s' % (s['batch'], s['prompt'], ', weights host' if s.get('weights') == 'host' else '',
+                                      json.dumps(s.get('ratios', {}))))
 PY
 # At most 8 files come back from the device: keep log, result.json, decode.svg, traces.tar.gz.
 if [ -s "$OUT/result.json" ]; then

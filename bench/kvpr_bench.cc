@@ -4,12 +4,13 @@
 //     the decode-attention kernel's bandwidth next to a memcpy measured in the same run.
 //   kvpr-bench decode [--preset opt-6.7b|opt-1.3b|tiny] [--batch B] [--prompt P] [--gen N]
 //                     [--modes resident,resident+graphs,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
-//                     [--kv-dtype f16] [--emulate-link-gbps G] [--host-attention-threads N]
+//                     [--kv-dtype f16] [--weights device|host] [--emulate-link-gbps G] [--host-attention-threads N]
 //                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR]
 //     Every KV mode side by side in one run on one model with random weights generated on the
 //     device: decode ms per step, tokens/s, split per step, bytes over the link per step, busy
 //     fraction of the compute stream, and each mode's bound from the measured profile.
 //     resident+graphs is resident with its decode steps replayed as CUDA graphs (GPU default).
+//     --weights host streams the layers' weights from pinned host memory in every mode (no graphs).
 //   kvpr-bench ops [--preset P] [--batch B] [--ctx S] [--backend B] [--json FILE]
 //     The device ops of one decode layer at the preset's shapes, each timed alone with events
 //     (median of repeats): bytes and flops per call, GB/s and TFLOP/s, and GB/s as a fraction
@@ -642,7 +643,7 @@ std::string svg_chart(const json::Value& result) {
 
 int cmd_decode(const std::vector<std::string>& args) {
   const Options opt(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype",
-                         "--emulate-link-gbps", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
+                         "--emulate-link-gbps", "--weights", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
                          "--trace-dir"});
   const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
   const std::string json_out = opt.get("--json", ""), svg_out = opt.get("--svg", ""), trace_dir = opt.get("--trace-dir", "");
@@ -651,13 +652,17 @@ int cmd_decode(const std::vector<std::string>& args) {
   const int batch = opt.get_int("--batch", 32), prompt = opt.get_int("--prompt", 1024), gen = opt.get_int("--gen", 32);
   const int host_threads = opt.get_int("--host-attention-threads", 0);
   const double link = opt.get_double("--emulate-link-gbps", 0);
+  const std::string weights = opt.get("--weights", "device");
+  KVPR_CHECK(weights == "device" || weights == "host", "--weights: expected device or host");
+  const bool stream_weights = weights == "host";
   KVPR_CHECK(batch > 0 && prompt > 0 && gen > 1, "batch and prompt must be positive and gen at least 2");
   DType kv_dtype;
   KVPR_CHECK(parse_dtype(kv_dtype_name, &kv_dtype), "bad --kv-dtype");
   auto be = create_backend(backend_name);
   // resident+graphs: resident with decode steps as CUDA graphs; by default on a GPU only.
-  const std::string modes_arg = opt.get("--modes", be->device_is_host() ? "resident,offload,kvpr,recompute,cpu-attn"
-                                                                         : "resident,resident+graphs,offload,kvpr,recompute,cpu-attn");
+  const std::string modes_arg =
+      opt.get("--modes", be->device_is_host() || stream_weights ? "resident,offload,kvpr,recompute,cpu-attn"
+                                                                : "resident,resident+graphs,offload,kvpr,recompute,cpu-attn");
   struct Variant {
     KvMode mode;
     bool graphs;
@@ -669,6 +674,7 @@ int cmd_decode(const std::vector<std::string>& args) {
     std::string name = modes_arg.substr(p, q - p);
     const bool graphs = name == "resident+graphs";
     if (graphs) name = "resident";
+    KVPR_CHECK(!(graphs && stream_weights), "resident+graphs does not apply to --weights host");
     KvMode m;
     KVPR_CHECK(parse_kv_mode(name, &m), "unknown mode '", modes_arg.substr(p, q - p), "'");
     modes.push_back({m, graphs});
@@ -680,10 +686,10 @@ int cmd_decode(const std::vector<std::string>& args) {
     cpu->set_emulated_link_gbps(link);
   }
   OptConfig cfg = preset(preset_name);
-  std::fprintf(stderr, "kvpr-bench decode: %s on %s, batch %d, prompt %d, %d new tokens\n", preset_name.c_str(),
-               be->name().c_str(), batch, prompt, gen);
+  std::fprintf(stderr, "kvpr-bench decode: %s on %s, batch %d, prompt %d, %d new tokens, weights on the %s\n",
+               preset_name.c_str(), be->name().c_str(), batch, prompt, gen, weights.c_str());
   auto t_init = Clock::now();
-  OptModel model(*be, cfg, DType::F16, 1234);
+  OptModel model(*be, cfg, DType::F16, 1234, stream_weights);
   double init_s = seconds_since(t_init);
 
   // The profile the scheduler uses, measured on this machine now.
@@ -707,8 +713,8 @@ int cmd_decode(const std::vector<std::string>& args) {
 
   json::Value result(json::Object{});
   char title[160];
-  std::snprintf(title, sizeof title, "%s, batch %d, prompt %d, %d tokens, %s", preset_name.c_str(), batch, prompt,
-                gen, be->name().c_str());
+  std::snprintf(title, sizeof title, "%s, batch %d, prompt %d, %d tokens, %s%s", preset_name.c_str(), batch, prompt,
+                gen, be->name().c_str(), stream_weights ? ", weights streamed from host" : "");
   result.set("title", title);
   result.set("benchmark", "decode");
   result.set("device", be->name());
@@ -718,6 +724,10 @@ int cmd_decode(const std::vector<std::string>& args) {
   result.set("gen", gen);
   result.set("kv_dtype", dtype_name(kv_dtype));
   result.set("weight_bytes", static_cast<int64_t>(model.weight_bytes()));
+  result.set("weights", weights);
+  const double streamed_bytes = stream_weights ? static_cast<double>(model.weight_stream()->host_bytes()) : 0;
+  result.set("streamed_weight_bytes", streamed_bytes);
+  result.set("device_weight_bytes", static_cast<int64_t>(model.device_weight_bytes()));
   result.set("model_init_s", init_s);
   result.set("profile", prof.to_json());
   result.set("device_copy_gbps", hbm);
@@ -725,7 +735,7 @@ int cmd_decode(const std::vector<std::string>& args) {
 
   json::Array out_modes;
   std::vector<std::vector<int32_t>> ref_tokens;
-  double resident_ms = -1;
+  double resident_ms = -1, resident_busy_ms = -1;
   std::map<std::string, double> ms_of;
   for (const auto [m, graphs] : modes) {
     const std::string name = std::string(kv_mode_name(m)) + (graphs ? "+graphs" : "");
@@ -733,7 +743,10 @@ int cmd_decode(const std::vector<std::string>& args) {
     std::fprintf(stderr, "  %-15s ...", name.c_str());
     ModeResult r = run_mode(*be, model, m, graphs, base, batch, prompt, gen, trace);
     std::fprintf(stderr, " %8.2f ms/step\n", r.ms_per_step);
-    if (m == KvMode::Resident && (resident_ms < 0 || r.ms_per_step < resident_ms)) resident_ms = r.ms_per_step;
+    if (m == KvMode::Resident && (resident_ms < 0 || r.ms_per_step < resident_ms)) {
+      resident_ms = r.ms_per_step;
+      resident_busy_ms = r.ms_per_step * r.json.find("compute_busy_fraction")->as_double();
+    }
     if (ref_tokens.empty()) ref_tokens = r.tokens;
     int64_t same = 0, total = 0;
     for (size_t b = 0; b < r.tokens.size(); ++b)
@@ -745,28 +758,34 @@ int cmd_decode(const std::vector<std::string>& args) {
   }
 
   // Bounds from first principles, per decode step: bytes over the measured bandwidths and
-  // the device time (the resident step, which moves nothing).
+  // the device time (the resident step, which moves nothing; with streamed weights the resident
+  // step waits for them, so its compute stream's busy time). Streamed weights add W bytes per
+  // step to every mode's link.
   const OptConfig& c = model.config();
   const double L = static_cast<double>(c.num_layers);
   const double es = static_cast<double>(dtype_size(kv_dtype));
   const double kv_tok = 2.0 * c.hidden_size * es, x_tok = c.hidden_size * es;
   const double S = static_cast<double>(batch) * (prompt + gen / 2.0);  // mean cached tokens per layer
   const double v = prof.h2d_gbps * 1e9;
-  const double dev = resident_ms > 0 ? resident_ms / 1e3 : 0;
+  const double dev = (stream_weights ? resident_busy_ms : resident_ms) > 0
+                        ? (stream_weights ? resident_busy_ms : resident_ms) / 1e3
+                        : 0;
+  const double W = streamed_bytes;  // per step, all layers
   auto recompute_s = [&](double l) { return l > 0 ? L * (prof.recompute_fixed_s + prof.recompute_per_row_s * l) : 0; };
   double best_l = 0, kvpr_bound = 1e30;
   for (double l = 0; l <= S; l += 16) {
-    double t = std::max(L * (l * x_tok + (S - l) * kv_tok) / v, dev + recompute_s(l));
+    double t = std::max((W + L * (l * x_tok + (S - l) * kv_tok)) / v, dev + recompute_s(l));
     if (t < kvpr_bound) kvpr_bound = t, best_l = l;
   }
   for (auto& mj : out_modes) {
     const std::string name = mj.find("mode")->as_string();
     double bound = 0;
-    if (name == "resident" || name == "resident+graphs") bound = (static_cast<double>(model.weight_bytes()) + L * S * kv_tok) / (hbm / 2 * 1e9);
-    else if (name == "offload") bound = std::max(L * S * kv_tok / v, dev);
+    if (name == "resident" || name == "resident+graphs")
+      bound = std::max(W / v, (static_cast<double>(model.weight_bytes()) + L * S * kv_tok) / (hbm / 2 * 1e9));
+    else if (name == "offload") bound = std::max((W + L * S * kv_tok) / v, dev);
     else if (name == "kvpr") bound = kvpr_bound;
-    else if (name == "recompute") bound = std::max(L * S * x_tok / v, dev + recompute_s(S));
-    else if (name == "cpu-attn") bound = std::max(L * S * kv_tok / (host_bw / 2 * 1e9), dev);
+    else if (name == "recompute") bound = std::max((W + L * S * x_tok) / v, dev + recompute_s(S));
+    else if (name == "cpu-attn") bound = std::max({W / v, L * S * kv_tok / (host_bw / 2 * 1e9), dev});
     mj.set("bound_ms", bound * 1e3);
     mj.set("over_bound", mj.find("decode_ms_per_step_median")->as_double() / (bound * 1e3));
   }
@@ -816,7 +835,8 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::string(argv[1]) == "ops") return cmd_ops(args);
     std::fprintf(stderr, "usage: kvpr-bench cpu [--json FILE] [--quick]\n"
                          "       kvpr-bench decode [--preset P] [--batch B] [--prompt P] [--gen N] [--modes M,...]\n"
-                         "                         [--backend B] [--kv-dtype D] [--emulate-link-gbps G] [--peer F]\n"
+                         "                         [--backend B] [--kv-dtype D] [--weights device|host]\n"
+                         "                         [--emulate-link-gbps G] [--peer F]\n"
                          "                         [--json F] [--svg F] [--trace-dir D]\n"
                          "       kvpr-bench ops [--preset P] [--batch B] [--ctx S] [--reps N] [--backend B] [--json F]\n");
     return 2;

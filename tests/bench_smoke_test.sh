@@ -13,6 +13,9 @@ if [ "$backend" = cpu ]; then extra=(--emulate-link-gbps 1); else extra=(--probe
 if [ "$backend" = cpu ]; then extra=(); fi
 "$KVPR_BENCH" ops --preset tiny --backend "$backend" --batch 3 --ctx 40 --reps 2 "${extra[@]}" --json "$tmp/ops.json" \
   >"$tmp/ops.out" 2>&1 || { cat "$tmp/ops.out"; exit 1; }
+# --weights host: the layers' weights streamed from pinned host memory in every mode.
+"$KVPR_BENCH" decode --preset tiny --backend "$backend" --batch 3 --prompt 40 --gen 4 --kv-dtype f32 --weights host \
+  --modes resident,offload,kvpr "${extra[@]}" --json "$tmp/w.json" >"$tmp/w.out" 2>&1 || { cat "$tmp/w.out"; exit 1; }
 python3 - "$tmp" <<'PY'
 import json, sys, os, xml.dom.minidom
 d = sys.argv[1]
@@ -43,5 +46,15 @@ for want in ('qkv: one batched GEMM', 'qkv: three GEMMs', 'fc2 + residual: linea
 assert ops['device_copy_gbps'] > 0
 for o in ops['ops']:
     assert o['ms'] > 0 and o['bytes'] > 0 and o['gbps'] > 0, o
+w = json.load(open(os.path.join(d, 'w.json')))
+assert w['weights'] == 'host' and 0 < w['device_weight_bytes'] < w['weight_bytes'], w
+wm = {m['mode']: m for m in w['modes']}
+assert set(wm) == {'resident', 'offload', 'kvpr'}, wm.keys()
+for name, m in wm.items():
+    assert m['tokens_equal_to_first_mode'] == 1.0 and m['bound_ms'] > 0, name
+    # Four layers, two slots: every layer crosses the link once per decode step.
+    assert all(s['h2d_bytes'] >= w['streamed_weight_bytes'] for s in m['steps']), (name, m['steps'])
+assert all(s['h2d_bytes'] == w['streamed_weight_bytes'] for s in wm['resident']['steps']), wm['resident']['steps']
+assert wm['offload']['h2d_bytes_per_step'] - w['streamed_weight_bytes'] == modes['offload']['h2d_bytes_per_step']
 print('bench smoke: 1 passed, 0 failed')
 PY
