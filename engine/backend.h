@@ -197,7 +197,9 @@ class Backend {
   // that logit and the row's log-sum-exp, so its log-probability is stats[r,0] - stats[r,1].
   // Greedy decoding needs only these 12 bytes per row on the host, not the logits.
   virtual void argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) = 0;
-  // Multi-head causal attention. q, out: [T, heads*head_dim] F32; softmax(q·kᵀ·scale)·v.
+  // Multi-head causal attention. q, out: [T, heads*head_dim] F32; softmax(q·kᵀ·scale)·v. The
+  // sequences' K and V rows hold kv_heads*head_dim values, kv_heads dividing heads: query head h
+  // attends with KV head h / (heads / kv_heads) (grouped-query attention; MHA when equal).
   virtual void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
                          int heads, float scale) = 0;
 

@@ -161,52 +161,63 @@ TEST_P(CpuOps, RmsNormRopeAndSiluMul) {
 TEST_P(CpuOps, AttentionPrefillAndDecodeOverCache) {
   CpuBackend be;
   std::mt19937 rng(9);
-  const int heads = 3, hd = 20, hidden = heads * hd;
-  // Three sequences: a prefill chunk with no past, a chunk continuing a past, one decode row.
-  struct S { int q_len, past; };
-  std::vector<S> spec = {{5, 0}, {4, 7}, {1, 30}};
-  int T = 0;
-  for (auto s : spec) T += s.q_len;
-  Tensor q = random_tensor(be, DType::F32, {T, hidden}, rng);
-  std::vector<AttentionSeq> seqs;
-  int off = 0;
-  for (auto s : spec) {
-    AttentionSeq a;
-    a.q_begin = off;
-    a.q_len = s.q_len;
-    a.past_len = s.past;
-    a.k = random_tensor(be, GetParam(), {s.past + s.q_len + 3, hidden}, rng);
-    a.v = random_tensor(be, GetParam(), {s.past + s.q_len + 3, hidden}, rng);
-    seqs.push_back(a);
-    off += s.q_len;
-  }
-  Tensor out = be.alloc(DType::F32, {T, hidden});
-  const float scale = 0.3f;
-  be.attention(out, q, seqs, heads, scale);
-  auto qv = as_double(q);
-  std::vector<double> ref(T * hidden);
-  for (const auto& a : seqs) {
-    auto kv = as_double(a.k), vv = as_double(a.v);
-    for (int j = 0; j < a.q_len; ++j)
-      for (int h = 0; h < heads; ++h) {
-        int n = static_cast<int>(a.past_len) + j + 1;
-        std::vector<double> sc(n);
-        double mx = -1e300, sum = 0;
-        for (int t = 0; t < n; ++t) {
-          double s = 0;
-          for (int e = 0; e < hd; ++e) s += qv[(a.q_begin + j) * hidden + h * hd + e] * kv[t * hidden + h * hd + e];
-          sc[t] = s * scale;
-          mx = std::max(mx, sc[t]);
+  const int heads = 4, hd = 20, hidden = heads * hd;
+  // K/V with every head (MHA), two heads shared by pairs of query heads, and one head (GQA).
+  for (int kv_heads : {4, 2, 1}) {
+    const int kvw = kv_heads * hd, group = heads / kv_heads;
+    // Three sequences: a prefill chunk with no past, a chunk continuing a past, one decode row.
+    struct S { int q_len, past; };
+    std::vector<S> spec = {{5, 0}, {4, 7}, {1, 300}};
+    int T = 0;
+    for (auto s : spec) T += s.q_len;
+    Tensor q = random_tensor(be, DType::F32, {T, hidden}, rng);
+    std::vector<AttentionSeq> seqs;
+    int off = 0;
+    for (auto s : spec) {
+      AttentionSeq a;
+      a.q_begin = off;
+      a.q_len = s.q_len;
+      a.past_len = s.past;
+      a.k = random_tensor(be, GetParam(), {s.past + s.q_len + 3, kvw}, rng);
+      a.v = random_tensor(be, GetParam(), {s.past + s.q_len + 3, kvw}, rng);
+      seqs.push_back(a);
+      off += s.q_len;
+    }
+    Tensor out = be.alloc(DType::F32, {T, hidden});
+    const float scale = 0.3f;
+    be.attention(out, q, seqs, heads, scale);
+    auto qv = as_double(q);
+    std::vector<double> ref(T * hidden);
+    for (const auto& a : seqs) {
+      auto kv = as_double(a.k), vv = as_double(a.v);
+      for (int j = 0; j < a.q_len; ++j)
+        for (int h = 0; h < heads; ++h) {
+          const int kh = h / group;  // modeling_llama's repeat_kv: query head h reads KV head h / group
+          int n = static_cast<int>(a.past_len) + j + 1;
+          std::vector<double> sc(n);
+          double mx = -1e300, sum = 0;
+          for (int t = 0; t < n; ++t) {
+            double s = 0;
+            for (int e = 0; e < hd; ++e) s += qv[(a.q_begin + j) * hidden + h * hd + e] * kv[t * kvw + kh * hd + e];
+            sc[t] = s * scale;
+            mx = std::max(mx, sc[t]);
+          }
+          for (int t = 0; t < n; ++t) sum += sc[t] = std::exp(sc[t] - mx);
+          for (int e = 0; e < hd; ++e) {
+            double o = 0;
+            for (int t = 0; t < n; ++t) o += sc[t] / sum * vv[t * kvw + kh * hd + e];
+            ref[(a.q_begin + j) * hidden + h * hd + e] = o;
+          }
         }
-        for (int t = 0; t < n; ++t) sum += sc[t] = std::exp(sc[t] - mx);
-        for (int e = 0; e < hd; ++e) {
-          double o = 0;
-          for (int t = 0; t < n; ++t) o += sc[t] / sum * vv[t * hidden + h * hd + e];
-          ref[(a.q_begin + j) * hidden + h * hd + e] = o;
-        }
-      }
+    }
+    EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), 1e-5)) << kv_heads << " KV heads";
   }
-  EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), 1e-5));
+  // K/V widths that are not a whole number of KV heads dividing the query heads.
+  Tensor q = be.alloc(DType::F32, {1, hidden}), out = be.alloc(DType::F32, {1, hidden});
+  for (int bad : {3 * hd, hd + 1}) {
+    Tensor k = be.alloc(GetParam(), {4, bad}), v = be.alloc(GetParam(), {4, bad});
+    EXPECT_THROW(be.attention(out, q, {AttentionSeq{0, 1, 2, k, v}}, heads, 1.f), Error) << bad;
+  }
 }
 
 TEST_P(CpuOps, ConvertRoundsToTheStorageType) {

@@ -143,7 +143,9 @@ TEST_P(CudaOps, AttentionPrefillMixedAndLongDecode) {
   auto gpu = create_backend("cuda");
   for (int hd : {8, 64, 80, 128}) {
     const int heads = 3, hidden = heads * hd;
+    for (int kv_heads : {3, 1})  // MHA, and one KV head for every query head (GQA)
     for (bool decode_only : {false, true}) {
+      const int kvw = kv_heads * hd;
       struct S { int q_len, past; };
       std::vector<S> spec = decode_only ? std::vector<S>{{1, 0}, {1, 5000}, {1, 37}, {1, 700}}
                                         : std::vector<S>{{5, 0}, {4, 7}, {1, 300}, {33, 0}};
@@ -154,8 +156,8 @@ TEST_P(CudaOps, AttentionPrefillMixedAndLongDecode) {
       int off = 0;
       uint64_t seed = 100;
       for (auto s : spec) {
-        Pair k = random_pair(cpu, *gpu, GetParam(), {s.past + s.q_len, hidden}, seed++);
-        Pair v = random_pair(cpu, *gpu, GetParam(), {s.past + s.q_len, hidden}, seed++);
+        Pair k = random_pair(cpu, *gpu, GetParam(), {s.past + s.q_len, kvw}, seed++);
+        Pair v = random_pair(cpu, *gpu, GetParam(), {s.past + s.q_len, kvw}, seed++);
         sc.push_back(AttentionSeq{off, s.q_len, s.past, k.cpu, v.cpu});
         sg.push_back(AttentionSeq{off, s.q_len, s.past, k.gpu, v.gpu});
         off += s.q_len;
@@ -165,7 +167,7 @@ TEST_P(CudaOps, AttentionPrefillMixedAndLongDecode) {
       cpu.attention(oc, q.cpu, sc, heads, scale);
       gpu->attention(og, q.gpu, sg, heads, scale);
       EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), T * hidden, 1e-4))
-          << "head_dim " << hd << (decode_only ? " decode" : " mixed");
+          << "head_dim " << hd << ", " << kv_heads << " KV heads" << (decode_only ? " decode" : " mixed");
     }
   }
 }

@@ -23,12 +23,12 @@ namespace {
 // leaves per-head (max, sum, unnormalised output) that are merged afterwards.
 template <typename Tag>
 void decode_attention_chunk(const float* q, const typename Tag::T* k, const typename Tag::T* v, int64_t t0,
-                            int64_t t1, int64_t hidden, int heads, int64_t hd, float scale, float* scores,
+                            int64_t t1, int64_t kv_width, int heads, int group, int64_t hd, float scale, float* scores,
                             float* m_out, float* l_out, float* acc) {
   const int64_t n = t1 - t0;
   for (int64_t t = 0; t < n; ++t) {
-    const typename Tag::T* krow = k + (t0 + t) * hidden;
-    for (int h = 0; h < heads; ++h) scores[h * n + t] = cpu::dot<Tag>(q + h * hd, krow + h * hd, hd) * scale;
+    const typename Tag::T* krow = k + (t0 + t) * kv_width;
+    for (int h = 0; h < heads; ++h) scores[h * n + t] = cpu::dot<Tag>(q + h * hd, krow + (h / group) * hd, hd) * scale;
   }
   for (int h = 0; h < heads; ++h) {
     float* sc = scores + h * n;
@@ -41,8 +41,8 @@ void decode_attention_chunk(const float* q, const typename Tag::T* k, const type
   }
   std::fill(acc, acc + heads * hd, 0.f);
   for (int64_t t = 0; t < n; ++t) {
-    const typename Tag::T* vrow = v + (t0 + t) * hidden;
-    for (int h = 0; h < heads; ++h) cpu::axpy<Tag>(acc + h * hd, scores[h * n + t], vrow + h * hd, hd);
+    const typename Tag::T* vrow = v + (t0 + t) * kv_width;
+    for (int h = 0; h < heads; ++h) cpu::axpy<Tag>(acc + h * hd, scores[h * n + t], vrow + (h / group) * hd, hd);
   }
 }
 
@@ -55,10 +55,16 @@ void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<Attenti
   KVPR_CHECK(heads > 0 && hidden % heads == 0, "attention: hidden ", hidden, " not divisible by ",
              heads, " heads");
   const int64_t hd = hidden / heads;
+  if (seqs.empty()) return;
+  // K/V rows may hold fewer heads than q: query head h reads KV head h / group (GQA).
+  const int64_t kv_width = seqs.front().k.dim(-1);
+  KVPR_CHECK(kv_width % hd == 0 && heads % (kv_width / hd) == 0, "attention: K/V width ", kv_width,
+             " is not a whole number of KV heads of ", hd, " dividing ", heads, " heads");
+  const int group = static_cast<int>(heads / (kv_width / hd));
   for (size_t s = 0; s < seqs.size(); ++s) {
     const AttentionSeq& a = seqs[s];
     KVPR_CHECK(a.k.dim(0) >= a.past_len + a.q_len && a.v.dim(0) >= a.past_len + a.q_len &&
-                   a.k.dim(1) == hidden && a.v.dim(1) == hidden && a.k.dtype() == a.v.dtype() &&
+                   a.k.dim(1) == kv_width && a.v.dim(1) == kv_width && a.k.dtype() == a.v.dtype() &&
                    a.q_begin + a.q_len <= q.dim(0),
                "attention: sequence ", s, " has k ", a.k.describe(), " v ", a.v.describe(),
                " for past ", a.past_len, " + ", a.q_len, " queries");
@@ -90,7 +96,7 @@ void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<Attenti
         dispatch_float(a.k.dtype(), [&](auto tag) {
           using T = typename decltype(tag)::T;
           decode_attention_chunk<decltype(tag)>(qp + a.q_begin * hidden, a.k.data_as<T>(), a.v.data_as<T>(), pc.t0,
-                                                pc.t1, hidden, heads, hd, scale, scores.data(), part, part + heads,
+                                                pc.t1, kv_width, heads, group, hd, scale, scores.data(), part, part + heads,
                                                 part + 2 * heads);
         });
       }
@@ -137,11 +143,11 @@ void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<Attenti
       scores.resize(n);
       dispatch_float(a.k.dtype(), [&](auto tag) {
         using T = typename decltype(tag)::T;
-        const T* kp = a.k.data_as<T>() + h * hd;
-        const T* vp = a.v.data_as<T>() + h * hd;
+        const T* kp = a.k.data_as<T>() + (h / group) * hd;
+        const T* vp = a.v.data_as<T>() + (h / group) * hd;
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < n; ++t) {
-          scores[t] = cpu::dot<decltype(tag)>(qr, kp + t * hidden, hd) * scale;
+          scores[t] = cpu::dot<decltype(tag)>(qr, kp + t * kv_width, hd) * scale;
           mx = std::max(mx, scores[t]);
         }
         float sum = 0.f;
@@ -151,7 +157,7 @@ void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<Attenti
         }
         float inv = 1.f / sum;
         std::fill(orow, orow + hd, 0.f);
-        for (int64_t t = 0; t < n; ++t) cpu::axpy<decltype(tag)>(orow, scores[t] * inv, vp + t * hidden, hd);
+        for (int64_t t = 0; t < n; ++t) cpu::axpy<decltype(tag)>(orow, scores[t] * inv, vp + t * kv_width, hd);
       });
     }
   });

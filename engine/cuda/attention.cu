@@ -101,9 +101,10 @@ __device__ __forceinline__ int find_seq(const AttnDesc* d, int n, int64_t row) {
 
 template <typename T, int CH, int LOAD>
 __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc* descs, int n_seqs, int64_t total_q,
-                                      int heads, int hd, float scale) {
+                                      int heads, int kv_heads, int hd, float scale) {
   __shared__ float qs[kWarps][CH * 32];
-  const int64_t row_stride = static_cast<int64_t>(heads) * hd;  // K/V rows hold every head
+  const int64_t row_stride = static_cast<int64_t>(heads) * hd;     // q and out rows hold every head
+  const int64_t kv_stride = static_cast<int64_t>(kv_heads) * hd;   // K/V rows hold every KV head
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x;
   const int h = blockIdx.y * kWarps + warp;
@@ -117,8 +118,9 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
   float m = -FLT_MAX, l = 0.f, acc[CH];
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
-  warp_attend<T, CH, LOAD>(qs[warp], static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd,
-                     row_stride, 0, n, 32, scale, m, l, acc);
+  const int64_t kh = h / (heads / kv_heads);  // the KV head this query head reads (GQA)
+  warp_attend<T, CH, LOAD>(qs[warp], static_cast<const T*>(d.k) + kh * hd, static_cast<const T*>(d.v) + kh * hd, hd,
+                     kv_stride, 0, n, 32, scale, m, l, acc);
   float* o = out + row * row_stride + h * hd;
   const float inv = 1.f / l;
 #pragma unroll
@@ -132,7 +134,7 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
 // one float so the lanes hit distinct banks), then the warp accumulates V rows coalesced.
 template <typename T, int CH>
 __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc* descs, const AttnTile* tiles,
-                                      int heads, int hd, float scale) {
+                                      int heads, int kv_heads, int hd, float scale) {
   constexpr int HD = CH * 32, RPW = kAttnTileRows / kWarps, KT = 32;
   __shared__ float qs[kAttnTileRows][HD];
   __shared__ float ks[KT][HD + 1];
@@ -142,14 +144,16 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
   const int h = blockIdx.y;
   const AttnDesc d = descs[tile.seq];
   const int64_t row_stride = static_cast<int64_t>(heads) * hd;
+  const int64_t kv_stride = static_cast<int64_t>(kv_heads) * hd;
+  const int64_t kh = h / (heads / kv_heads);
   const int rows = d.q_len - tile.first < kAttnTileRows ? d.q_len - tile.first : kAttnTileRows;
   const int64_t q0 = d.q_begin + tile.first;  // first query row of the tile in q and out
   for (int i = threadIdx.x; i < kAttnTileRows * HD; i += blockDim.x) {
     const int r = i / HD, c = i % HD;
     qs[r][c] = r < rows && c < hd ? q[(q0 + r) * row_stride + h * hd + c] : 0.f;
   }
-  const T* kb_ptr = static_cast<const T*>(d.k) + h * hd;
-  const T* vb_ptr = static_cast<const T*>(d.v) + h * hd;
+  const T* kb_ptr = static_cast<const T*>(d.k) + kh * hd;
+  const T* vb_ptr = static_cast<const T*>(d.v) + kh * hd;
   const int64_t n_keys = static_cast<int64_t>(d.past) + tile.first + rows;  // what the last row sees
   float m[RPW], l[RPW], acc[RPW][CH];
 #pragma unroll
@@ -164,8 +168,8 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
     for (int i = threadIdx.x; i < KT * hd; i += blockDim.x) {
       const int r = i / hd, c = i % hd;
       const int64_t t = kb + r;
-      ks[r][c] = t < n_keys ? to_f32(kb_ptr[t * row_stride + c]) : 0.f;
-      vs[r][c] = t < n_keys ? to_f32(vb_ptr[t * row_stride + c]) : 0.f;
+      ks[r][c] = t < n_keys ? to_f32(kb_ptr[t * kv_stride + c]) : 0.f;
+      vs[r][c] = t < n_keys ? to_f32(vb_ptr[t * kv_stride + c]) : 0.f;
     }
     __syncthreads();
 #pragma unroll
@@ -211,10 +215,11 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
 
 // Grid (splits, heads, seqs). Writes this split's partial to work.
 template <typename T, int CH, int LOAD>
-__global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int heads, int hd, float scale, int splits,
-                                    float* work) {
+__global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int heads, int kv_heads, int hd, float scale,
+                                    int splits, float* work) {
   constexpr int HD = CH * 32;  // shared arrays sized for the largest head_dim of this CH
   const int64_t row_stride = static_cast<int64_t>(heads) * hd;
+  const int64_t kv_stride = static_cast<int64_t>(kv_heads) * hd;
   __shared__ float qs[HD];
   __shared__ float wm[kWarps], wl[kWarps];
   __shared__ float wacc[kWarps][HD];
@@ -230,7 +235,8 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
   float m = -FLT_MAX, l = 0.f, acc[CH];
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
-  warp_attend<T, CH, LOAD>(qs, static_cast<const T*>(d.k) + h * hd, static_cast<const T*>(d.v) + h * hd, hd, row_stride,
+  const int64_t kh = h / (heads / kv_heads);
+  warp_attend<T, CH, LOAD>(qs, static_cast<const T*>(d.k) + kh * hd, static_cast<const T*>(d.v) + kh * hd, hd, kv_stride,
                      begin + warp * 32, end, 32 * kWarps, scale, m, l, acc);
   if (lane == 0) {
     wm[warp] = m;
@@ -282,12 +288,13 @@ int decode_splits(int64_t max_ctx) {
 
 template <typename T, int CH, int LOAD>
 void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
-               bool all_decode, int heads, int hd, float scale, float* work, const AttnTile* tiles, int64_t n_tiles,
-               cudaStream_t stream) {
+               bool all_decode, int heads, int kv_heads, int hd, float scale, float* work, const AttnTile* tiles,
+               int64_t n_tiles, cudaStream_t stream) {
   if (all_decode) {
     const int splits = decode_splits(max_ctx);
     dim3 grid(splits, heads, static_cast<unsigned>(n_seqs));
-    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, decode_split_kernel<T, CH, LOAD>)(q, descs, heads, hd, scale, splits, work);
+    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, decode_split_kernel<T, CH, LOAD>)(q, descs, heads, kv_heads, hd, scale, splits,
+                                                                                    work);
     CUDA_CHECK_LAUNCH();
     KVPR_LAUNCH(dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream, decode_merge_kernel)(out, descs, heads, hd, splits,
                                                                                       work);
@@ -295,27 +302,30 @@ void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
   } else if (CH <= 4 && tiles && n_tiles > 0) {  // shared memory sized for head_dim <= 128
     if constexpr (CH <= 4) {
       KVPR_LAUNCH(dim3(static_cast<unsigned>(n_tiles), heads), kWarps * 32, 0, stream, attention_tile_kernel<T, CH>)(
-          out, q, descs, tiles, heads, hd, scale);
+          out, q, descs, tiles, heads, kv_heads, hd, scale);
       CUDA_CHECK_LAUNCH();
     }
   } else {
     dim3 grid(static_cast<unsigned>(total_q), (heads + kWarps - 1) / kWarps);
     KVPR_LAUNCH(grid, kWarps * 32, 0, stream, attention_rows_kernel<T, CH, LOAD>)(out, q, descs, static_cast<int>(n_seqs), total_q,
-                                                                    heads, hd, scale);
+                                                                    heads, kv_heads, hd, scale);
     CUDA_CHECK_LAUNCH();
   }
 }
 
 template <typename T, int CH>
 void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
-            bool all_decode, int heads, int hd, float scale, float* work, bool aligned, const AttnTile* tiles,
-            int64_t n_tiles, cudaStream_t stream) {
+            bool all_decode, int heads, int kv_heads, int hd, float scale, float* work, bool aligned,
+            const AttnTile* tiles, int64_t n_tiles, cudaStream_t stream) {
   if (aligned && hd == CH * 32)
-    launch_as<T, CH, kVectorExact>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, tiles, n_tiles, stream);
+    launch_as<T, CH, kVectorExact>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, scale, work, tiles,
+                                     n_tiles, stream);
   else if (aligned && hd % 8 == 0)
-    launch_as<T, CH, kVector>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, tiles, n_tiles, stream);
+    launch_as<T, CH, kVector>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, scale, work, tiles,
+                                     n_tiles, stream);
   else
-    launch_as<T, CH, kScalar>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, hd, scale, work, tiles, n_tiles, stream);
+    launch_as<T, CH, kScalar>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, scale, work, tiles,
+                                     n_tiles, stream);
 }
 
 }  // namespace
@@ -331,16 +341,19 @@ int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int he
 }
 
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
-               int64_t /*max_q_len*/, bool all_decode, int heads, int head_dim, DType kv_dtype, float scale,
-               float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles, cudaStream_t stream) {
+               int64_t /*max_q_len*/, bool all_decode, int heads, int kv_heads, int head_dim, DType kv_dtype,
+               float scale, float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles,
+               cudaStream_t stream) {
   if (n_seqs == 0 || total_q == 0) return;
   KVPR_CHECK(total_q <= 0x7fffffff && n_seqs <= 65535, "attention batch too large for the grid");
+  KVPR_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads, " heads do not share ", kv_heads,
+             " KV heads evenly");
   KVPR_FLOAT_DISPATCH(kv_dtype, T, {
     // Each lane owns CH consecutive dimensions of the head.
-    if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
-    else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
-    else if (head_dim <= 128) launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
-    else if (head_dim <= 256) launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
+    if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
+    else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
+    else if (head_dim <= 128) launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
+    else if (head_dim <= 256) launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
     else KVPR_THROW("CUDA attention supports head_dim up to 256, not ", head_dim);
   });
 }

@@ -376,6 +376,11 @@ class CudaBackend final : public Backend {
     KVPR_CHECK(heads > 0 && hidden % heads == 0, "attention: hidden ", hidden, " not divisible by ", heads, " heads");
     if (seqs.empty()) return;
     const int64_t hd = hidden / heads;
+    // K/V rows may hold fewer heads than q (grouped-query attention).
+    const int64_t kv_width = seqs.front().k.dim(-1);
+    KVPR_CHECK(kv_width % hd == 0 && heads % (kv_width / hd) == 0, "attention: K/V width ", kv_width,
+               " is not a whole number of KV heads of ", hd, " dividing ", heads, " heads");
+    const int kv_heads = static_cast<int>(kv_width / hd);
     std::vector<cuda::AttnDesc> descs;
     int64_t max_ctx = 0, max_q = 0, total_q = 0;
     bool all_decode = true, aligned = true;
@@ -383,8 +388,8 @@ class CudaBackend final : public Backend {
     int64_t kv_bytes = 0;
     for (size_t s = 0; s < seqs.size(); ++s) {
       const AttentionSeq& a = seqs[s];
-      KVPR_CHECK(a.k.dim(0) >= a.past_len + a.q_len && a.v.dim(0) >= a.past_len + a.q_len && a.k.dim(1) == hidden &&
-                     a.v.dim(1) == hidden && a.k.dtype() == kv && a.v.dtype() == kv &&
+      KVPR_CHECK(a.k.dim(0) >= a.past_len + a.q_len && a.v.dim(0) >= a.past_len + a.q_len && a.k.dim(1) == kv_width &&
+                     a.v.dim(1) == kv_width && a.k.dtype() == kv && a.v.dtype() == kv &&
                      a.q_begin + a.q_len <= q.dim(0) && (s == 0 || a.q_begin >= seqs[s - 1].q_begin),
                  "attention: sequence ", s, " has k ", a.k.describe(), " v ", a.v.describe(), " for past ",
                  a.past_len, " + ", a.q_len, " queries");
@@ -396,7 +401,7 @@ class CudaBackend final : public Backend {
       all_decode = all_decode && a.q_len == 1;
       aligned = aligned && reinterpret_cast<uintptr_t>(a.k.data()) % 16 == 0 &&
                 reinterpret_cast<uintptr_t>(a.v.data()) % 16 == 0;
-      kv_bytes += 2 * (a.past_len + a.q_len) * hidden * static_cast<int64_t>(dtype_size(kv));
+      kv_bytes += 2 * (a.past_len + a.q_len) * kv_width * static_cast<int64_t>(dtype_size(kv));
     }
     // The context class of the launches: they change at 256, 512, 1024, ... tokens, not every step.
     max_ctx = cuda::attention_launch_ctx(max_ctx);
@@ -416,7 +421,7 @@ class CudaBackend final : public Backend {
     }
     issue("attention", &cuda::attention, out.data_as<float>(), q.data_as<float>(),
           static_cast<const cuda::AttnDesc*>(dd), static_cast<int64_t>(descs.size()), total_q, max_ctx, max_q,
-          all_decode, heads, static_cast<int>(hd), kv, scale, work, aligned, static_cast<const cuda::AttnTile*>(tiles),
+          all_decode, heads, kv_heads, static_cast<int>(hd), kv, scale, work, aligned, static_cast<const cuda::AttnTile*>(tiles),
           n_tiles, compute());
   }
 

@@ -144,7 +144,9 @@ TEST_P(SimtKernels, AttentionPrefillMixedAndDecodeSplits) {
   const DType dt = GetParam();
   for (int hd : {8, 64, 80, 128, 256}) {
     const int heads = 3, hidden = heads * hd;
+    for (int kv_heads : {3, 1})  // MHA, and one KV head for every query head (GQA)
     for (bool decode_only : {false, true}) {
+      const int kvw = kv_heads * hd;
       struct S {
         int q_len, past;
       };
@@ -160,8 +162,8 @@ TEST_P(SimtKernels, AttentionPrefillMixedAndDecodeSplits) {
       int off = 0, max_ctx = 0;
       uint64_t seed = 100;
       for (auto s : spec) {
-        Tensor k = random(cpu, dt, {s.past + s.q_len, hidden}, seed++);
-        Tensor v = random(cpu, dt, {s.past + s.q_len, hidden}, seed++);
+        Tensor k = random(cpu, dt, {s.past + s.q_len, kvw}, seed++);
+        Tensor v = random(cpu, dt, {s.past + s.q_len, kvw}, seed++);
         seqs.push_back(AttentionSeq{off, s.q_len, s.past, k, v});
         descs.push_back(cuda::AttnDesc{k.data(), v.data(), off, s.q_len, s.past});
         off += s.q_len;
@@ -180,10 +182,10 @@ TEST_P(SimtKernels, AttentionPrefillMixedAndDecodeSplits) {
           if (tiled && decode_only) continue;
           std::fill_n(got.data_as<float>(), got.numel(), 0.f);
           cuda::attention(got.data_as<float>(), q.data_as<float>(), descs.data(), static_cast<int64_t>(descs.size()),
-                          T, max_ctx, 33, decode_only, heads, hd, dt, scale, work.data(), aligned,
+                          T, max_ctx, 33, decode_only, heads, kv_heads, hd, dt, scale, work.data(), aligned,
                           tiled ? tiles.data() : nullptr, tiled ? static_cast<int64_t>(tiles.size()) : 0, nullptr);
           EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
-              << "head_dim " << hd << (decode_only ? " decode" : " mixed") << (aligned ? " 16-byte loads" : "")
+              << "head_dim " << hd << ", " << kv_heads << " KV heads" << (decode_only ? " decode" : " mixed") << (aligned ? " 16-byte loads" : "")
               << (tiled ? " tiled" : "");
         }
     }
