@@ -54,9 +54,10 @@ class KvProjector {
 
 struct KvShape {
   int64_t layers = 0;
-  int64_t hidden = 0;  // width of X
-  int64_t heads = 0;   // query heads
-  int64_t kv_hidden() const { return hidden; }  // MHA (OPT); GQA models set fewer KV heads later
+  int64_t hidden = 0;    // width of X
+  int64_t heads = 0;     // query heads
+  int64_t kv_heads = 0;  // key/value heads (fewer than heads with grouped-query attention; 0: = heads)
+  int64_t kv_hidden() const { return kv_heads > 0 ? hidden / heads * kv_heads : hidden; }  // width of K and V
 };
 
 struct KvRuntimeOptions {

@@ -66,9 +66,10 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   if (int64_t hd = c.head_dim(); f.get_int("head_dim", &hd), hd != c.head_dim())
     KVPR_THROW(source, ": head_dim ", hd, " is not hidden_size / num_attention_heads (", c.head_dim(),
                "); not supported");
-  KVPR_CHECK(c.num_kv_heads == c.num_heads, source, ": num_key_value_heads ", c.num_kv_heads,
-             " differs from num_attention_heads ", c.num_heads,
-             ": grouped-query attention is not supported yet (Llama-2 7B and 13B use full multi-head attention)");
+  // Grouped-query attention (Llama-2-70B, TinyLlama): every KV head serves the same number of
+  // query heads.
+  KVPR_CHECK(c.num_kv_heads <= c.num_heads && c.num_heads % c.num_kv_heads == 0, source, ": num_key_value_heads ",
+             c.num_kv_heads, " does not divide num_attention_heads ", c.num_heads);
   KVPR_CHECK(c.vocab_size < (int64_t{1} << 31), source, ": vocab_size too large");
   return c;
 }

@@ -38,7 +38,12 @@ void LlamaModel::stream_layers() {
     for (size_t i = 0; i < layers_.size(); ++i) {
       LlamaLayer& L = layers_[i];
       const int64_t li = static_cast<int64_t>(i);
-      ws.add(li, &L.wqkv, LayerWeightStream::Part::Front);
+      if (L.wqkv.defined()) {
+        ws.add(li, &L.wqkv, LayerWeightStream::Part::Front);
+      } else {
+        ws.add(li, &L.wq, LayerWeightStream::Part::Front);
+        ws.add(li, &L.wkv, LayerWeightStream::Part::Front);
+      }
       for (Tensor* w : {&L.wo, &L.w_gate_up, &L.w_down}) ws.add(li, w, LayerWeightStream::Part::Back);
     }
   });
@@ -89,13 +94,20 @@ void LlamaModel::stack_weights() {
   for (size_t i = 0; i < layers_.size(); ++i) {
     LlamaLayer& L = layers_[i];
     Parts& P = parts_[i];
-    L.wqkv = stack({&P.wq, &P.wk, &P.wv});
-    if (P.bq.defined()) L.bqkv = stack({&P.bq, &P.bk, &P.bv});
+    if (config_.num_kv_heads == config_.num_heads) {
+      L.wqkv = stack({&P.wq, &P.wk, &P.wv});
+      if (P.bq.defined()) L.bqkv = stack({&P.bq, &P.bk, &P.bv});
+    } else {  // K and V are narrower than Q: Q alone, K and V stacked
+      L.wq = P.wq;
+      L.bq = P.bq;
+      L.wkv = stack({&P.wk, &P.wv});
+      if (P.bk.defined()) L.bkv = stack({&P.bk, &P.bv});
+    }
     L.w_gate_up = stack({&P.w_gate, &P.w_up});
     if (P.b_gate.defined()) L.b_gate_up = stack({&P.b_gate, &P.b_up});
     // Streamed weights were stacked on the host, synchronously: free the parts now, so loading
     // never holds two copies of the model in pinned memory.
-    if (L.wqkv.memory() == MemoryKind::PinnedHost) P.wq = P.wk = P.wv = P.w_gate = P.w_up = Tensor();
+    if (L.w_gate_up.memory() == MemoryKind::PinnedHost) P.wq = P.wk = P.wv = P.w_gate = P.w_up = Tensor();
   }
   backend_.synchronize();  // the copies are done before the separate tensors go
   parts_.clear();
@@ -109,15 +121,18 @@ void LlamaModel::rope(const Tensor& x, const Tensor& positions) {
 void LlamaModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) {
   const LlamaLayer& L = layers_.at(layer);
   KVPR_CHECK(positions.defined() && positions.numel() == kv.dim(1), "llama project_kv needs the rows' positions");
-  backend_.linear_batched(kv, x, L.wqkv.rows(1, 2), L.bqkv.defined() ? L.bqkv.rows(1, 2) : Tensor(),
-                          Activation::None);
+  if (L.wqkv.defined())
+    backend_.linear_batched(kv, x, L.wqkv.rows(1, 2), L.bqkv.defined() ? L.bqkv.rows(1, 2) : Tensor(),
+                            Activation::None);
+  else
+    backend_.linear_batched(kv, x, L.wkv, L.bkv, Activation::None);
   const int64_t n = kv.dim(1), w = kv.dim(2);
   rope(kv.rows(0, 1).reshape({n, w}), positions);  // K turns; V does not
 }
 
 Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions) {
   const LlamaConfig& c = config_;
-  const int64_t h = c.hidden_size, f = c.intermediate_size, V = c.vocab_size;
+  const int64_t h = c.hidden_size, f = c.intermediate_size, V = c.vocab_size, kvh = c.num_kv_heads * c.head_dim();
   Backend& be = backend_;
   int64_t rows = 0;
   const int64_t T = check_chunks(chunks, all_positions, &rows);
@@ -128,10 +143,14 @@ Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRun
   Tensor x = ws_.get("x", DType::F32, {T, h});  // residual stream [T, hidden]
   be.gather_rows(x, embed_tokens_, tok_ids);
   Tensor a = ws_.get("a", DType::F32, {T, h});  // normalised input of a sub-block
-  Tensor qkv = ws_.get("qkv", DType::F32, {3, T, h});
-  Tensor q = qkv.rows(0, 1).reshape({T, h});
-  Tensor k = qkv.rows(1, 1).reshape({T, h});
-  Tensor v = qkv.rows(2, 1).reshape({T, h});
+  // Q, K, V: stacked [3, T, h] (MHA, one batched GEMM); with grouped-query attention Q [T, h]
+  // and K, V stacked [2, T, kv_h].
+  const bool mha = kvh == h;
+  Tensor qkv = ws_.get("qkv", DType::F32, {mha ? 3 * T * h : T * h + 2 * T * kvh});
+  Tensor q = qkv.rows(0, T * h).reshape({T, h});
+  Tensor kv_new = qkv.rows(T * h, 2 * T * kvh).reshape({2, T, kvh});
+  Tensor k = kv_new.rows(0, 1).reshape({T, kvh});
+  Tensor v = kv_new.rows(1, 1).reshape({T, kvh});
   Tensor att = ws_.get("att", DType::F32, {T, h});
   Tensor gate_up = ws_.get("gate_up", DType::F32, {2, T, f});  // [gate; up]
   Tensor gate = gate_up.rows(0, 1).reshape({T, f}), up = gate_up.rows(1, 1).reshape({T, f});
@@ -143,8 +162,15 @@ Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRun
     kv.prepare_layer(li);
     // Self-attention. `a` is X, the post-norm input of the QKV projection.
     be.rms_norm(a, x, L.attn_norm, eps);
-    be.linear_batched(qkv, a, L.wqkv, L.bqkv, Activation::None);
-    rope(qkv.rows(0, 2), pos_ids);  // Q and K, [2, T, hidden]
+    if (mha) {
+      be.linear_batched(qkv.reshape({3, T, h}), a, L.wqkv, L.bqkv, Activation::None);
+      rope(qkv.rows(0, 2 * T * h).reshape({2, T, h}), pos_ids);  // Q and K, [2, T, hidden]
+    } else {
+      be.linear(q, a, L.wq, L.bq, Activation::None);
+      be.linear_batched(kv_new, a, L.wkv, L.bkv, Activation::None);
+      rope(q, pos_ids);
+      rope(k, pos_ids);
+    }
     kv.attend(li, a, q, k, v, att, scale);
     be.linear_accumulate(x, att, L.wo, L.bo);  // x += att · Woᵀ
     // SwiGLU MLP: x += (silu(a · Wgᵀ) * (a · Wuᵀ)) · Wdᵀ

@@ -1,6 +1,7 @@
 // Llama (Touvron et al. 2023; Hugging Face LlamaForCausalLM) written once against the Backend:
 // RMSNorm before attention and MLP, rotary position embeddings on Q and K, SwiGLU MLP, no
-// biases unless the config asks for them. KVPR stores X (the normalised attention input) and
+// biases unless the config asks for them; grouped-query attention (fewer K/V heads, each
+// serving a group of query heads). KVPR stores X (the normalised attention input) and
 // recomputes K from it with the rows' positions: K = rope(X · W_Kᵀ, position).
 #pragma once
 
@@ -15,7 +16,9 @@ namespace kvpr {
 
 struct LlamaLayer {
   Tensor attn_norm;                       // input_layernorm
-  Tensor wqkv, bqkv;                      // q_proj, k_proj, v_proj stacked: [3, h, h] (and [3, h])
+  Tensor wqkv, bqkv;                      // q_proj, k_proj, v_proj stacked: [3, h, h] (and [3, h]) (MHA)
+  Tensor wq, bq, wkv, bkv;                // grouped-query attention: q_proj [h, h]; k_proj, v_proj
+                                          // stacked [2, kv_h, h] (and biases)
   Tensor wo, bo;                          // o_proj
   Tensor mlp_norm;                        // post_attention_layernorm
   Tensor w_gate_up, b_gate_up;            // gate_proj, up_proj stacked: [2, ffn, h] (and [2, ffn])

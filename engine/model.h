@@ -71,7 +71,9 @@ class Model : public KvProjector {
   void forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, const Tensor& logits,
                bool all_positions = false);
 
-  KvShape kv_shape() const { return KvShape{spec_.num_layers, spec_.hidden_size, spec_.num_heads}; }
+  KvShape kv_shape() const {
+    return KvShape{spec_.num_layers, spec_.hidden_size, spec_.num_heads, spec_.num_kv_heads};
+  }
   // Runtime for this model: `slots` sequences of up to `capacity` tokens.
   std::unique_ptr<KvRuntime> make_kv_runtime(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
 

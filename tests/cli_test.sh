@@ -77,20 +77,25 @@ check "same seed, same tokens" test "$s1" = "$s2"
 info=$("$KVPR" info --model "$tmp/demo" --json)
 check "info json" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert o['layers']==4 and o['kv_bytes_per_token']==2*4*128*2 and o['activation_bytes_per_token']==4*128*2 and o['parameters']>7000000" "$info"
 check "info on a .bin fixture" "$KVPR" info --model "$DATA/opt/fp16_bin_sharded"
-# A Llama checkpoint with Llama-2's tokenizer (tokenizer.json): info names it; the greedy tokens
-# of the torch reference (greedy.npy) come out of resident and KVPR (recompute inside the prompt).
-mkdir -p "$tmp/llama" && cp "$DATA"/llama/f32_safetensors/* "$DATA"/llama-tokenizer/tokenizer*.json "$tmp/llama/"
-check "info on a llama checkpoint" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert o['model_type']=='llama' and o['architecture']=='LlamaForCausalLM' and o['kv_heads']==4, o" "$("$KVPR" info --model "$tmp/llama" --json)"
-ids=$(python3 -c "
+# Llama checkpoints (multi-head, and grouped-query with 2 KV heads for 4 query heads) with
+# Llama-2's tokenizer (tokenizer.json): info names them; the greedy tokens of the torch reference
+# (greedy.npy) come out of resident, KVPR (recompute inside the prompt) and offload with the
+# weights streamed from host memory.
+for fx in "f32_safetensors 4" "gqa_f32_safetensors 2"; do
+  set -- $fx
+  mkdir -p "$tmp/$1" && cp "$DATA"/llama/$1/* "$DATA"/llama-tokenizer/tokenizer*.json "$tmp/$1/"
+  check "info on llama $1" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert o['model_type']=='llama' and o['architecture']=='LlamaForCausalLM' and o['kv_heads']==int(sys.argv[2]) and o['kv_bytes_per_token']==2*2*4*8*int(sys.argv[2]), o" "$("$KVPR" info --model "$tmp/$1" --json)" "$2"
+  ids=$(python3 -c "
 import struct,sys
 b=open(sys.argv[1],'rb').read(); n=struct.unpack('<H',b[8:10])[0]; v=struct.unpack('<13q',b[10+n:10+n+104])
-print(','.join(map(str,v[:5])))" "$DATA/llama/f32_safetensors/input_ids.npy")
-for mode in "resident" "kvpr --split 3"; do
-  out=$("$KVPR" generate --model "$tmp/llama" --prompt-ids "$ids" -n 8 --ignore-eos --kv-dtype f32 --kv-mode $mode --json)
-  check "llama greedy tokens equal the reference ($mode)" python3 -c "
+print(','.join(map(str,v[:5])))" "$DATA/llama/$1/input_ids.npy")
+  for mode in "resident" "kvpr --split 3" "offload --weights host"; do
+    out=$("$KVPR" generate --model "$tmp/$1" --prompt-ids "$ids" -n 8 --ignore-eos --kv-dtype f32 --kv-mode $mode --json)
+    check "llama $1 greedy tokens equal the reference ($mode)" python3 -c "
 import json,struct,sys
 b=open(sys.argv[2],'rb').read(); n=struct.unpack('<H',b[8:10])[0]; want=list(struct.unpack('<8q',b[10+n:10+n+64]))
-assert json.loads(sys.argv[1])['tokens']==want, (sys.argv[1], want)" "$out" "$DATA/llama/f32_safetensors/greedy.npy"
+assert json.loads(sys.argv[1])['tokens']==want, (sys.argv[1], want)" "$out" "$DATA/llama/$1/greedy.npy"
+  done
 done
 
 # Every KV mode gives the resident mode's greedy tokens; --json reports per-step split and bytes.

@@ -20,7 +20,8 @@ using namespace kvpr;
 
 namespace {
 
-const char* const kFixtures[] = {"f32_safetensors", "bf16_tied_scaled_sharded", "f16_bin_rope_parameters"};
+const char* const kFixtures[] = {"f32_safetensors", "bf16_tied_scaled_sharded", "f16_bin_rope_parameters",
+                                 "gqa_f32_safetensors", "mqa_f16_bin_sharded"};
 
 std::string fixture(const std::string& name) { return test::data_path("llama/" + name); }
 
@@ -95,33 +96,60 @@ TEST(Llama, EveryKvModeGivesTheSameGreedyTokens) {
 // X kept in the host store, projected again with each row's position, gives the stored K
 // (rotated) and V: what KVPR's recompute relies on. Without positions it is refused.
 TEST(Llama, RecomputedKeysFromStoredInputsEqualStoredKeys) {
-  CpuBackend be;
-  LlamaModel model(be, fixture("f32_safetensors"));
-  KvRuntimeOptions o;
-  o.mode = KvMode::Recompute;
-  o.kv_dtype = DType::F32;
-  auto kv = model.make_kv_runtime(2, 32, o);
-  const int64_t V = model.spec().vocab_size, h = model.spec().hidden_size;
-  std::vector<int32_t> toks = {4, 8, 15, 16, 23, 42, 7, 9, 11};
-  Tensor logits = Tensor::host(DType::F32, {1, V});
-  model.forward({ForwardChunk{toks.data(), 8, 0, 1}}, *kv, logits);
-  model.forward({ForwardChunk{toks.data() + 8, 1, 8, 1}}, *kv, logits);
-  be.synchronize();
-  const HostKvStore* store = kv->host_store();
-  Tensor pos = Tensor::host(DType::I32, {9});
-  for (int i = 0; i < 9; ++i) pos.data_as<int32_t>()[i] = i;
-  for (int64_t l = 0; l < model.spec().num_layers; ++l) {
-    Tensor kvp = Tensor::host(DType::F32, {2, 9, h});
-    model.project_kv(l, store->x(l, 1).rows(0, 9), kvp, pos);
-    std::vector<double> stored_k(9 * h), stored_v(9 * h);
-    for (int64_t i = 0; i < 9 * h; ++i) {
-      stored_k[i] = store->k(l, 1).data_as<float>()[i];
-      stored_v[i] = store->v(l, 1).data_as<float>()[i];
+  for (const char* name : {"f32_safetensors", "gqa_f32_safetensors"}) {
+    CpuBackend be;
+    LlamaModel model(be, fixture(name));
+    KvRuntimeOptions o;
+    o.mode = KvMode::Recompute;
+    o.kv_dtype = DType::F32;
+    auto kv = model.make_kv_runtime(2, 32, o);
+    const int64_t V = model.spec().vocab_size, w = model.spec().kv_hidden();  // K/V width (GQA: narrower than X)
+    std::vector<int32_t> toks = {4, 8, 15, 16, 23, 42, 7, 9, 11};
+    Tensor logits = Tensor::host(DType::F32, {1, V});
+    model.forward({ForwardChunk{toks.data(), 8, 0, 1}}, *kv, logits);
+    model.forward({ForwardChunk{toks.data() + 8, 1, 8, 1}}, *kv, logits);
+    be.synchronize();
+    const HostKvStore* store = kv->host_store();
+    Tensor pos = Tensor::host(DType::I32, {9});
+    for (int i = 0; i < 9; ++i) pos.data_as<int32_t>()[i] = i;
+    for (int64_t l = 0; l < model.spec().num_layers; ++l) {
+      Tensor kvp = Tensor::host(DType::F32, {2, 9, w});
+      model.project_kv(l, store->x(l, 1).rows(0, 9), kvp, pos);
+      std::vector<double> stored_k(9 * w), stored_v(9 * w);
+      for (int64_t i = 0; i < 9 * w; ++i) {
+        stored_k[i] = store->k(l, 1).data_as<float>()[i];
+        stored_v[i] = store->v(l, 1).data_as<float>()[i];
+      }
+      EXPECT_TRUE(test::close_rel(stored_k, kvp.data_as<float>(), stored_k.size(), 1e-5)) << name << " layer " << l;
+      EXPECT_TRUE(test::close_rel(stored_v, kvp.data_as<float>() + 9 * w, stored_v.size(), 1e-5)) << name << " layer " << l;
     }
-    EXPECT_TRUE(test::close_rel(stored_k, kvp.data_as<float>(), stored_k.size(), 1e-5)) << "layer " << l;
-    EXPECT_TRUE(test::close_rel(stored_v, kvp.data_as<float>() + 9 * h, stored_v.size(), 1e-5)) << "layer " << l;
+    EXPECT_THROW(model.project_kv(0, store->x(0, 1).rows(0, 9), Tensor::host(DType::F32, {2, 9, w}), Tensor()), Error);
   }
-  EXPECT_THROW(model.project_kv(0, store->x(0, 1).rows(0, 9), Tensor::host(DType::F32, {2, 9, h}), Tensor()), Error);
+}
+
+// With grouped-query attention X (hidden) is not smaller than K+V (2 * kv_hidden): the
+// scheduler never recomputes (design.md §1), and a forced split still gives the same tokens.
+TEST(Llama, GroupedQueryAttentionSchedulesNoRecompute) {
+  CpuBackend be;
+  LlamaModel model(be, fixture("gqa_f32_safetensors"));
+  EXPECT_EQ(model.spec().num_kv_heads, 2);
+  EXPECT_EQ(model.kv_shape().kv_hidden(), 16);
+  KvRuntimeOptions o;
+  o.mode = KvMode::Kvpr;
+  o.kv_dtype = DType::F32;
+  o.profile = LinkProfile{};
+  o.profile->h2d_gbps = o.profile->h2d_alone_gbps = o.profile->d2h_gbps = 0.001;  // a slow link
+  o.profile->recompute_per_row_s = 1e-12;                                           // and free recompute
+  auto kv = model.make_kv_runtime(1, 32, o);
+  EXPECT_FALSE(kv->scheduler()->recompute_can_help());
+  std::vector<int32_t> toks = {4, 8, 15, 16, 23, 42, 7, 9};
+  Tensor logits = Tensor::host(DType::F32, {1, model.spec().vocab_size});
+  model.forward({ForwardChunk{toks.data(), 7, 0, 0}}, *kv, logits);
+  model.forward({ForwardChunk{toks.data() + 7, 1, 7, 0}}, *kv, logits);
+  EXPECT_EQ(kv->last_step().split_total, 0);
+  EXPECT_EQ(kv->last_step().split_total_layer0, 0);
+  // Per token and layer: K and V of 2 heads of 8 (f32), and X of 32.
+  EXPECT_EQ(KvRuntime::host_bytes_per_token(KvMode::Kvpr, model.kv_shape(), DType::F32), 2 * (2 * 16 + 32) * 4);
 }
 
 TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
@@ -140,7 +168,9 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
     }
     return std::string();
   };
-  EXPECT_HAS(error_for("num_key_value_heads", "2"), "grouped-query attention is not supported yet");
+  EXPECT_HAS(error_for("num_key_value_heads", "3"), "config.json: num_key_value_heads 3 does not divide num_attention_heads 4");
+  EXPECT_HAS(error_for("num_key_value_heads", "8"), "num_key_value_heads 8 does not divide");
+  EXPECT_EQ(error_for("num_key_value_heads", "1"), "");  // multi-query attention
   EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0})"),
              "config.json: rope scaling type \"llama3\" is not supported (default, linear)");
   EXPECT_HAS(error_for("hidden_act", "\"gelu\""), "config.json: hidden_act \"gelu\" is not supported (silu)");

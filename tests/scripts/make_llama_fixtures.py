@@ -44,11 +44,18 @@ CASES = [
      dict(torch_dtype="float16", mlp_bias=True, eos_token_id=[2, 5],
           rope_parameters={"rope_theta": 20000.0, "rope_type": "default"}),
      torch.float16, "bin", 1),
+    # Grouped-query attention: 4 query heads sharing 2 KV heads (as Llama-2-70B shares 8 among 64).
+    ("gqa_f32_safetensors", dict(num_key_value_heads=2), torch.float32, "safetensors", 1),
+    # Multi-query attention, fp16 .bin in two shards, attention biases (K/V biases of one head).
+    ("mqa_f16_bin_sharded",
+     dict(torch_dtype="float16", hidden_size=64, num_attention_heads=8, num_key_value_heads=1, attention_bias=True),
+     torch.float16, "bin", 2),
 ]
 
 
 def make_weights(cfg, dtype, gen):
     h, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    kvh = cfg["num_key_value_heads"] * (h // cfg["num_attention_heads"])  # K/V projection width
 
     def rnd(*shape, std=1.0, mean=0.0):
         return (torch.randn(*shape, generator=gen, dtype=torch.float64) * std + mean).to(dtype)
@@ -59,9 +66,10 @@ def make_weights(cfg, dtype, gen):
         w[p + "input_layernorm.weight"] = rnd(h, std=0.1, mean=1.0)
         w[p + "post_attention_layernorm.weight"] = rnd(h, std=0.1, mean=1.0)
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            w[p + "self_attn." + proj + ".weight"] = rnd(h, h, std=h ** -0.5)
+            rows = kvh if proj in ("k_proj", "v_proj") else h
+            w[p + "self_attn." + proj + ".weight"] = rnd(rows, h, std=h ** -0.5)
             if cfg["attention_bias"]:
-                w[p + "self_attn." + proj + ".bias"] = rnd(h, std=0.1)
+                w[p + "self_attn." + proj + ".bias"] = rnd(rows, std=0.1)
         w[p + "mlp.gate_proj.weight"] = rnd(f, h, std=h ** -0.5)
         w[p + "mlp.up_proj.weight"] = rnd(f, h, std=h ** -0.5)
         w[p + "mlp.down_proj.weight"] = rnd(h, f, std=f ** -0.5)
@@ -99,6 +107,7 @@ def reference_logits(cfg, w, ids):
     W = {k: t.to(torch.float64) for k, t in w.items()}
     h, nh, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["rms_norm_eps"]
     hd = h // nh
+    nkv = cfg["num_key_value_heads"]
     T = len(ids)
     x = W["model.embed_tokens.weight"][torch.tensor(ids)]
     cos, sin = rope_cos_sin(cfg, T, hd)
@@ -111,9 +120,12 @@ def reference_logits(cfg, w, ids):
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         a = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-        q, k, v = (lin(a, p + "self_attn." + n).view(T, nh, hd).transpose(0, 1) for n in ("q_proj", "k_proj", "v_proj"))
+        q = lin(a, p + "self_attn.q_proj").view(T, nh, hd).transpose(0, 1)
+        k, v = (lin(a, p + "self_attn." + n).view(T, nkv, hd).transpose(0, 1) for n in ("k_proj", "v_proj"))
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        # repeat_kv: KV head j serves query heads j*group .. j*group + group - 1.
+        k, v = (t.repeat_interleave(nh // nkv, dim=0) for t in (k, v))
         att = torch.softmax(q @ k.transpose(1, 2) * hd ** -0.5 + mask, dim=-1) @ v
         x = x + lin(att.transpose(0, 1).reshape(T, h), p + "self_attn.o_proj")
         a = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
