@@ -315,8 +315,8 @@ void KvRuntime::prepare_layer(int64_t layer) {
     t.compute_start = be_.record(Stream::Compute);
   }
   if (weights_) {
-    if (layer > 0) weights_->release(layer - 1);  // its slot takes layer + 1 next
-    weights_->bind(layer);                         // this layer's Q/K/V weights have arrived
+    if (layer > 0) weights_->release(layer - 1);        // its slot takes layer + 1 next
+    stall(t, [&] { weights_->bind(layer); });           // this layer's Q/K/V weights have arrived
   }
   // cpu-attn sends its attention output up on the H2D stream: the next layer's copies go
   // after it (attend), or the output would queue behind them.
@@ -327,11 +327,16 @@ void KvRuntime::prepare_layer(int64_t layer) {
                 static_cast<double>(layer == 0 ? stats_.split_total_layer0 : stats_.split_total));
 }
 
+template <typename F>
+void KvRuntime::stall(LayerTiming& t, F&& wait) {
+  Event before = be_.record(Stream::Compute);
+  wait();
+  t.stalls.emplace_back(std::move(before), be_.record(Stream::Compute));
+}
+
 void KvRuntime::wait_compute(const Event& e, LayerTiming& t) {
   if (!e.impl()) return;
-  auto t0 = std::chrono::steady_clock::now();
-  be_.wait(Stream::Compute, e);
-  t.waited_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  stall(t, [&] { be_.wait(Stream::Compute, e); });
 }
 
 void KvRuntime::attend_resident(int64_t layer, const Tensor& k, const Tensor& v, const Tensor& q, const Tensor& out,
@@ -394,7 +399,7 @@ void KvRuntime::attend(int64_t layer, const Tensor& x, const Tensor& q, const Te
     prefetch_next(layer);
   } else attend_offloaded(layer, x, q, k, v, out, scale);
   // The rest of the layer (output projection, MLP) needs the back of its weights.
-  if (weights_) weights_->wait_back(layer);
+  if (weights_) stall(timing_[layer], [&] { weights_->wait_back(layer); });
 }
 
 void KvRuntime::attend_offloaded(int64_t layer, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -474,7 +479,11 @@ void KvRuntime::end() {
       if (rx > 0) scheduler_->observe_recompute(rx, rec_ms / 1e3);
       if (t.compute_end.impl()) {
         double layer_ms = be_.elapsed_ms(t.compute_start, t.compute_end);
-        scheduler_->observe_other(std::max(0.0, layer_ms - t.waited_ms - rec_ms) / 1e3);
+        // The layer's device work other than the recompute: its time on the compute stream
+        // less the waits for copies (which the pipeline model accounts for as link time).
+        double stalled_ms = 0;
+        for (const auto& [before, after] : t.stalls) stalled_ms += be_.elapsed_ms(before, after);
+        scheduler_->observe_other(std::max(0.0, layer_ms - stalled_ms - rec_ms) / 1e3);
       }
     }
   }

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backend.h"
@@ -146,7 +147,10 @@ class KvRuntime {
   struct LayerTiming {
     // h2d_end: the layer's KV has arrived; link_end: its weights too.
     Event h2d_start, x_ready, h2d_end, link_end, compute_start, compute_end, recompute_start, recompute_end;
-    double waited_ms = 0;
+    // The compute stream's waits for copies, as events around each wait: on a GPU the stream,
+    // not the host, waits, so the layer's device time includes them; they are not device work.
+    std::vector<std::pair<Event, Event>> stalls;
+    double waited_ms = 0;  // host time blocked in the layer (cpu-attn's round trips)
     int64_t h2d_bytes = 0;
   };
   void decide_splits();
@@ -154,6 +158,9 @@ class KvRuntime {
   void prefetch(int64_t layer);
   void prefetch_next(int64_t layer);  // layer + 1's copies, or after the last layer the next step's weights
   void wait_compute(const Event& e, LayerTiming& t);
+  // Runs `wait` (which makes the compute stream wait) between two compute-stream events.
+  template <typename F>
+  void stall(LayerTiming& t, F&& wait);
   Tensor grow(Tensor& buf, DType dtype, int64_t rows, int64_t width);
   void attend_resident(int64_t layer, const Tensor& k, const Tensor& v, const Tensor& q, const Tensor& out, float scale);
   void attend_offloaded(int64_t layer, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,

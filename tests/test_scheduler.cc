@@ -199,6 +199,29 @@ TEST(SplitScheduler, FollowsTheEmulatedLinkMidRun) {
   EXPECT_GT(fast_estimate, 3 * slow_estimate);
 }
 
+TEST(SplitScheduler, OtherWorkLeavesOutWaitsForTheLink) {
+  // A slow link and a recompute too slow to ever pay (1 s per token): every layer copies all of
+  // its KV and the compute stream waits for it. The "other" device time the pipeline model
+  // learns is the layer's own work, not those waits: were the waits counted, other + recompute
+  // would always equal the link time and the split could never move.
+  CpuBackend be;
+  OptModel model(be, test::data_path("opt/pre_ln_safetensors"));
+  KvRuntimeOptions o;
+  o.mode = KvMode::Kvpr;
+  o.kv_dtype = DType::F32;
+  o.profile = profile(0.002, 0, 1.0);
+  auto kv = model.make_kv_runtime(1, 40, o);
+  be.set_emulated_link_gbps(0.002);  // 2 MB/s: 256 B of K+V per token per layer = 128 us
+  std::vector<int32_t> toks(30, 9);
+  Tensor logits = Tensor::host(DType::F32, {1, model.config().vocab_size});
+  model.forward({ForwardChunk{toks.data(), 24, 0, 0}}, *kv, logits);
+  for (int64_t t = 24; t < 28; ++t) model.forward({ForwardChunk{toks.data() + t, 1, t, 0}}, *kv, logits);
+  EXPECT_EQ(kv->last_step().split_total, 0);
+  const double link_s = 27.0 * 2 * model.config().hidden_size * 4 / 2e6;  // one layer's KV of the last step
+  EXPECT_GT(kv->scheduler()->other_s(), 0);
+  EXPECT_LT(kv->scheduler()->other_s(), 0.25 * link_s) << "link " << link_s;
+}
+
 TEST(Profiler, MeasuresTheEmulatedLink) {
   CpuBackend be;
   be.set_emulated_link_gbps(0.5);
