@@ -2,7 +2,9 @@
 //   plain (also "opt"): "System: ...\n\nUser: ...\n\nAssistant: ...\n\n" ... "Assistant:"
 //                       and "\n\nUser:" is added as a stop string so the model does not
 //                       write the user's next turn.
-//   llama-2:            "<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>..."
+//   llama-2:            "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ..."
+//                       (the first <s> is the BOS the tokenizer adds, as apply_chat_template's
+//                       text tokenized without special tokens gives it once)
 #pragma once
 
 #include <string>
@@ -23,5 +25,9 @@ struct RenderedChat {
 // `name`: plain, opt, llama-2 (auto resolves to the model family's template before this).
 RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages);
 bool known_chat_template(const std::string& name);
+// What "auto" means for the model in `model_dir`: llama-2 when its tokenizer_config.json has a
+// chat_template written for Llama-2 chat (with [INST] and <<SYS>>), else plain. `why` gets a
+// few words on how it was decided.
+std::string auto_chat_template(const std::string& model_dir, std::string* why);
 
 }  // namespace kvpr

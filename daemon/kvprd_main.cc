@@ -75,7 +75,12 @@ int main(int argc, char** argv) {
     Tokenizer tok = Tokenizer::load(cfg.model);
     int64_t ctx = cfg.max_seq_len > 0 ? std::min(cfg.max_seq_len, model_cfg.max_position_embeddings)
                                       : model_cfg.max_position_embeddings;
-    std::string tmpl = cfg.chat_template == "auto" ? "plain" : cfg.chat_template;
+    std::string tmpl = cfg.chat_template;
+    if (tmpl == "auto") {
+      std::string why;
+      tmpl = auto_chat_template(cfg.model, &why);
+      spdlog::info("chat template {} (auto: {})", tmpl, why);
+    }
     KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, plain, opt, llama-2)");
     std::string worker = cfg.worker_binary.empty() ? self_dir() + "/kvpr-worker" : cfg.worker_binary;
     if (!std::filesystem::exists(worker)) {
@@ -91,7 +96,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     for (const auto& line : split_lines(pool.placement())) spdlog::info("placement: {}", line);
-    Server server(io, cfg, pool, tok, ctx, tmpl);
+    if (tok.size() > model_cfg.vocab_size)
+      spdlog::warn("the tokenizer has {} tokens, the model's vocabulary {}: prompts with ids beyond it are refused",
+                   tok.size(), model_cfg.vocab_size);
+    Server server(io, cfg, pool, tok, ctx, tmpl, model_cfg.vocab_size);
     server.listen();
     spdlog::info("kvprd listening on http://{}:{} serving '{}' ({} layers, context {}, kv mode {})", cfg.host, cfg.port,
                  cfg.served_model_name, model_cfg.num_layers, ctx, cfg.kv_mode);

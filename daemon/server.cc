@@ -55,6 +55,7 @@ struct Server::State {
   const Tokenizer& tok;
   int64_t max_model_len;
   std::string chat_template;
+  int64_t vocab_size;  // the model's: prompt ids at or beyond it cannot be embedded
   tcp::acceptor acceptor;
   DaemonMetrics metrics;
   bool draining = false;
@@ -63,8 +64,9 @@ struct Server::State {
   uint64_t next_engine_id = 1;
   std::mt19937_64 rng{std::random_device{}()};
   int64_t created_unix = 0;
-  State(net::io_context& i, const DaemonConfig& c, WorkerPool& p, const Tokenizer& t, int64_t m, std::string ct)
-      : io(i), cfg(c), pool(p), tok(t), max_model_len(m), chat_template(std::move(ct)), acceptor(i) {}
+  State(net::io_context& i, const DaemonConfig& c, WorkerPool& p, const Tokenizer& t, int64_t m, std::string ct,
+        int64_t v)
+      : io(i), cfg(c), pool(p), tok(t), max_model_len(m), chat_template(std::move(ct)), vocab_size(v), acceptor(i) {}
 
   std::string new_id(const char* prefix) {
     static const char* hex = "0123456789abcdef";
@@ -593,6 +595,14 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     for (const auto& pr : prompts) {
       if (pr.empty()) throw bad_request("the prompt is empty", chat ? "messages" : "prompt");
+      // A tokenizer larger than the model's embedding (a mismatched checkpoint) yields ids
+      // the model cannot take: refused here, not failed in the worker.
+      for (int32_t id : pr)
+        if (id >= st_->vocab_size)
+          throw bad_request("prompt token id " + std::to_string(id) + " is beyond the model's vocabulary of " +
+                                std::to_string(st_->vocab_size) + " tokens (the tokenizer has " +
+                                std::to_string(st_->tok.size()) + ")",
+                            chat ? "messages" : "prompt");
       int64_t need = static_cast<int64_t>(pr.size()) + job->s.max_tokens;
       if (need > st_->max_model_len)
         throw bad_request("this model's maximum context length is " + std::to_string(st_->max_model_len) +
@@ -991,8 +1001,8 @@ class Session : public std::enable_shared_from_this<Session> {
 // ------------------------------------------------------------------ server
 
 Server::Server(net::io_context& io, const DaemonConfig& cfg, WorkerPool& pool, const Tokenizer& tok,
-               int64_t max_model_len, std::string chat_template)
-    : st_(std::make_shared<State>(io, cfg, pool, tok, max_model_len, std::move(chat_template))) {
+               int64_t max_model_len, std::string chat_template, int64_t vocab_size)
+    : st_(std::make_shared<State>(io, cfg, pool, tok, max_model_len, std::move(chat_template), vocab_size)) {
   st_->created_unix = unix_now();
 }
 

@@ -16,7 +16,7 @@ namespace kvpr {
 class Server {
  public:
   Server(boost::asio::io_context& io, const DaemonConfig& cfg, WorkerPool& pool, const Tokenizer& tok,
-         int64_t max_model_len, std::string chat_template);
+         int64_t max_model_len, std::string chat_template, int64_t vocab_size);
   ~Server();
   // Binds and starts accepting. Throws kvpr::Error when the address cannot be bound.
   void listen();

@@ -219,9 +219,100 @@ def operations():
     d.stop()
 
 
+def write_tiny_llama(model, vocab=32000, hidden=32, heads=4, kv_heads=2, ffn=48):
+    """A one-layer Llama with Llama-2's vocabulary and random weights, as config.json and an F32
+    model.safetensors written here (8-byte header length, JSON header, raw data)."""
+    import random
+    import struct
+    from array import array
+    json.dump(dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=1,
+                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
+                   rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu", tie_word_embeddings=True,
+                   model_type="llama", torch_dtype="float32", bos_token_id=1, eos_token_id=2),
+              open(os.path.join(model, "config.json"), "w"))
+    kvw, p = kv_heads * hidden // heads, "model.layers.0."
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden],
+              p + "input_layernorm.weight": [hidden], p + "post_attention_layernorm.weight": [hidden],
+              p + "self_attn.q_proj.weight": [hidden, hidden], p + "self_attn.k_proj.weight": [kvw, hidden],
+              p + "self_attn.v_proj.weight": [kvw, hidden], p + "self_attn.o_proj.weight": [hidden, hidden],
+              p + "mlp.gate_proj.weight": [ffn, hidden], p + "mlp.up_proj.weight": [ffn, hidden],
+              p + "mlp.down_proj.weight": [hidden, ffn]}
+    rng, header, data = random.Random(7), {}, array("f")
+    for name, shape in shapes.items():
+        n = shape[0] * (shape[1] if len(shape) > 1 else 1)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [4 * len(data), 4 * (len(data) + n)]}
+        data.extend([1.0] * n if name.endswith("norm.weight") else [rng.uniform(-0.2, 0.2) for _ in range(n)])
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(os.path.join(model, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data.tobytes())
+
+
+def llama_chat():
+    """A Llama checkpoint (grouped-query attention) whose tokenizer_config.json carries Llama-2
+    chat's template: --chat-template auto picks llama-2, and the prompt starts with one BOS."""
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "llama-tokenizer")
+    model = os.path.join(TMP, "llama")
+    os.makedirs(model)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        with open(os.path.join(data, name), "rb") as f, open(os.path.join(model, name), "wb") as g:
+            g.write(f.read())
+    write_tiny_llama(model)
+    cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
+    # The start of Llama-2-chat's Jinja template: what auto detection looks for.
+    cfg["chat_template"] = ("{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n' + "
+                            "messages[0]['content'] | trim + '\\n<</SYS>>\\n\\n' %}{% endif %}"
+                            "{{ bos_token + '[INST] ' + content | trim + ' [/INST]' }}")
+    json.dump(cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
+    port = free_port()
+    d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--max-batch", "4",
+                     "--config", "/dev/null"], port=port)
+    try:
+        log = open(os.path.join(TMP, f"kvprd-{port}.log")).read()
+        check("chat template auto: llama-2 from tokenizer_config.json", "chat template llama-2 (auto" in log, log[-500:])
+        for msgs, text in (
+                ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+                 "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]"),
+                ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+                  {"role": "user", "content": "More"}],
+                 "[INST] Hi [/INST] Hello </s><s>[INST] More [/INST]")):
+            st, body = d.post("/v1/chat/completions", {"model": "llama", "messages": msgs, "max_tokens": 2,
+                                                       "temperature": 0, "ignore_eos": True})
+            st2, ids = d.post("/tokenize", {"prompt": text})
+            check("llama-2 chat prompt: one BOS, the template's tokens (grouped-query attention model)",
+                  st == 200 and st2 == 200 and ids["tokens"][0] == 1 and ids["tokens"][1] != 1 and
+                  body["usage"]["prompt_tokens"] == len(ids["tokens"]) and
+                  ids["tokens"].count(1) == 1 + text.count("<s>"), (body, ids))
+    finally:
+        d.stop()
+    # A prompt id the model cannot embed (a tokenizer larger than the model's vocabulary) is a
+    # 400 naming it, not a worker failure.
+    small = os.path.join(TMP, "llama-small-vocab")
+    os.makedirs(small)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        with open(os.path.join(model, name), "rb") as f, open(os.path.join(small, name), "wb") as g:
+            g.write(f.read())
+    write_tiny_llama(small, vocab=96)
+    port = free_port()
+    d = Daemon(args=["--model", small, "--port", str(port), "--workers", "1", "--config", "/dev/null"], port=port)
+    try:
+        st, body = d.post("/v1/completions", {"model": "llama-small-vocab", "prompt": "Hello world", "max_tokens": 2})
+        check("prompt ids beyond the model's vocabulary: 400 naming them",
+              st == 400 and "beyond the model's vocabulary of 96 tokens (the tokenizer has 32000)" in
+              body["error"]["message"], (st, body))
+        st, body = d.post("/v1/completions", {"model": "llama-small-vocab", "prompt": [1, 5, 9], "max_tokens": 2, "temperature": 0})
+        check("ids within it still run", st == 200 and body["usage"]["completion_tokens"] == 2, (st, body))
+        log = open(os.path.join(TMP, f"kvprd-{port}.log")).read()
+        check("the mismatch is logged at start", "the tokenizer has 32000 tokens, the model's vocabulary 96" in log,
+              log[-400:])
+    finally:
+        d.stop()
+
+
 def main():
     subprocess.check_call([KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
     operations()
+    llama_chat()
     d = Daemon()
     try:
         # --- placement: each worker bound to its own cores (one NUMA node here)
