@@ -2,7 +2,8 @@
 //   kvpr-bench cpu [--json FILE] [--quick]
 //     OPT-125m shapes with random weights: prefill and decode tokens/s of the CPU backend, and
 //     the decode-attention kernel's bandwidth next to a memcpy measured in the same run.
-//   kvpr-bench decode [--preset opt-6.7b|opt-1.3b|tiny] [--batch B] [--prompt P] [--gen N]
+//   kvpr-bench decode [--preset opt-6.7b|opt-13b|opt-1.3b|tiny|llama-2-7b|llama-2-13b|llama-2-70b|llama-tiny]
+//                     [--batch B] [--prompt P] [--gen N]
 //                     [--modes resident,resident+graphs,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
 //                     [--kv-dtype f16] [--weights device|host] [--emulate-link-gbps G] [--host-attention-threads N]
 //                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR]
@@ -38,6 +39,7 @@
 #include "engine/demo_model.h"
 #include "engine/error.h"
 #include "engine/json.h"
+#include "engine/llama_model.h"
 #include "engine/opt_model.h"
 #include "engine/profiler.h"
 #include "engine/split_scheduler.h"
@@ -248,6 +250,25 @@ int cmd_cpu(const std::vector<std::string>& args) {
 
 
 // ------------------------------------------------------------------ decode
+
+// Llama-2 shapes (and a tiny one for tests) with random weights generated on the device.
+std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool stream_weights) {
+  if (name.rfind("llama", 0) != 0) return std::make_unique<OptModel>(be, preset(name), DType::F16, 1234, stream_weights);
+  LlamaConfig c;
+  c.vocab_size = 32000;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-5;
+  c.torch_dtype = "float16";
+  auto shape = [&](int64_t h, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn) {
+    c.hidden_size = h, c.num_layers = layers, c.num_heads = heads, c.num_kv_heads = kv_heads, c.intermediate_size = ffn;
+  };
+  if (name == "llama-2-7b") shape(4096, 32, 32, 32, 11008);
+  else if (name == "llama-2-13b") shape(5120, 40, 40, 40, 13824);
+  else if (name == "llama-2-70b") shape(8192, 80, 64, 8, 28672);  // grouped-query attention
+  else if (name == "llama-tiny") shape(128, 4, 4, 2, 344);
+  else KVPR_THROW("unknown preset '", name, "' (llama-2-7b, llama-2-13b, llama-2-70b, llama-tiny)");
+  return std::make_unique<LlamaModel>(be, c, DType::F16, 1234, stream_weights);
+}
 
 OptConfig preset(const std::string& name) {
   OptConfig c;
@@ -462,16 +483,18 @@ struct ModeResult {
   double ms_per_step = 0;
 };
 
-ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, bool graphs, const KvRuntimeOptions& base, int batch,
+ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const KvRuntimeOptions& base, int batch,
                     int prompt, int gen, const std::string& trace_path) {
-  const OptConfig& c = model.config();
+  const ModelSpec& c = model.spec();
+  // Ids a tokenizer produces: GPT-2's 50257 for OPT (whose embedding is padded to 50272).
+  const int32_t valid = static_cast<int32_t>(c.model_type == "opt" ? std::min<int64_t>(50257, c.vocab_size) : c.vocab_size);
   KvRuntimeOptions o = base;
   o.mode = mode;
   auto kv = model.make_kv_runtime(batch, prompt + gen + 2, o);
   Rng rng(7);
   std::vector<std::vector<int32_t>> seqs(batch);
   for (auto& s : seqs)
-    for (int i = 0; i < prompt; ++i) s.push_back(static_cast<int32_t>(3 + rng.next() % 50000));
+    for (int i = 0; i < prompt; ++i) s.push_back(static_cast<int32_t>(3 + rng.next() % static_cast<uint64_t>(valid - 3)));
   Tensor logits = Tensor::host(DType::F32, {batch, c.vocab_size});
   // Prefill in groups of at most 8192 tokens.
   auto t_prefill = Clock::now();
@@ -487,7 +510,7 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, bool graphs, cons
   auto pick = [&] {
     for (int b = 0; b < batch; ++b) {
       const float* row = logits.data_as<float>() + static_cast<int64_t>(b) * c.vocab_size;
-      seqs[b].push_back(static_cast<int32_t>(std::max_element(row, row + 50257) - row));
+      seqs[b].push_back(static_cast<int32_t>(std::max_element(row, row + valid) - row));
     }
   };
   pick();
@@ -508,7 +531,7 @@ ModeResult run_mode(Backend& be, OptModel& model, KvMode mode, bool graphs, cons
       chunks.push_back({&seqs[b].back(), 1, static_cast<int64_t>(seqs[b].size()) - 1, b});
     GraphStepScope graph(be, graphs);  // as the generator with cuda_graphs: recorded, then replayed
     Tensor dev_logits = model.forward_device(chunks, *kv);
-    be.argmax_lse(ids_dev, stats_dev, dev_logits, 50257);
+    be.argmax_lse(ids_dev, stats_dev, dev_logits, valid);
     be.copy(ids_host, ids_dev, Stream::Compute);
     be.copy(stats_host, stats_dev, Stream::Compute);
     const GraphStep gs = graph.end();
@@ -685,11 +708,11 @@ int cmd_decode(const std::vector<std::string>& args) {
     KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
     cpu->set_emulated_link_gbps(link);
   }
-  OptConfig cfg = preset(preset_name);
   std::fprintf(stderr, "kvpr-bench decode: %s on %s, batch %d, prompt %d, %d new tokens, weights on the %s\n",
                preset_name.c_str(), be->name().c_str(), batch, prompt, gen, weights.c_str());
   auto t_init = Clock::now();
-  OptModel model(*be, cfg, DType::F16, 1234, stream_weights);
+  std::unique_ptr<Model> model_owned = preset_model(*be, preset_name, stream_weights);
+  Model& model = *model_owned;
   double init_s = seconds_since(t_init);
 
   // The profile the scheduler uses, measured on this machine now.
@@ -761,10 +784,10 @@ int cmd_decode(const std::vector<std::string>& args) {
   // the device time (the resident step, which moves nothing; with streamed weights the resident
   // step waits for them, so its compute stream's busy time). Streamed weights add W bytes per
   // step to every mode's link.
-  const OptConfig& c = model.config();
+  const ModelSpec& c = model.spec();
   const double L = static_cast<double>(c.num_layers);
   const double es = static_cast<double>(dtype_size(kv_dtype));
-  const double kv_tok = 2.0 * c.hidden_size * es, x_tok = c.hidden_size * es;
+  const double kv_tok = 2.0 * c.kv_hidden() * es, x_tok = c.hidden_size * es;  // K+V: fewer heads with GQA
   const double S = static_cast<double>(batch) * (prompt + gen / 2.0);  // mean cached tokens per layer
   const double v = prof.h2d_gbps * 1e9;
   const double dev = (stream_weights ? resident_busy_ms : resident_ms) > 0

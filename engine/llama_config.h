@@ -32,8 +32,8 @@ struct LlamaConfig {
   int64_t head_dim() const { return hidden_size / num_heads; }
 
   // Parses and validates; errors name `source` and the offending field. What kvpr does not
-  // run (grouped-query attention, rope scaling other than linear, activations other than
-  // silu) is refused here, by name.
+  // run (KV heads that do not divide the heads, rope scaling other than linear, activations
+  // other than silu) is refused here, by name.
   static LlamaConfig from_json(const json::Value& v, const std::string& source);
   static LlamaConfig load(const std::string& model_dir);  // <dir>/config.json
   ModelSpec spec() const;

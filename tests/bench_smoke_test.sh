@@ -16,6 +16,10 @@ if [ "$backend" = cpu ]; then extra=(); fi
 # --weights host: the layers' weights streamed from pinned host memory in every mode.
 "$KVPR_BENCH" decode --preset tiny --backend "$backend" --batch 3 --prompt 40 --gen 4 --kv-dtype f32 --weights host \
   --modes resident,offload,kvpr "${extra[@]}" --json "$tmp/w.json" >"$tmp/w.out" 2>&1 || { cat "$tmp/w.out"; exit 1; }
+# A Llama with grouped-query attention, weights streamed: KVPR never recomputes (X is not
+# smaller than K+V) and every mode gives the same tokens.
+"$KVPR_BENCH" decode --preset llama-tiny --backend "$backend" --batch 2 --prompt 24 --gen 3 --kv-dtype f32 --weights host \
+  --modes resident,kvpr,cpu-attn "${extra[@]}" --json "$tmp/l.json" >"$tmp/l.out" 2>&1 || { cat "$tmp/l.out"; exit 1; }
 python3 - "$tmp" <<'PY'
 import json, sys, os, xml.dom.minidom
 d = sys.argv[1]
@@ -56,5 +60,11 @@ for name, m in wm.items():
     assert all(s['h2d_bytes'] >= w['streamed_weight_bytes'] for s in m['steps']), (name, m['steps'])
 assert all(s['h2d_bytes'] == w['streamed_weight_bytes'] for s in wm['resident']['steps']), wm['resident']['steps']
 assert wm['offload']['h2d_bytes_per_step'] - w['streamed_weight_bytes'] == modes['offload']['h2d_bytes_per_step']
+l = json.load(open(os.path.join(d, 'l.json')))
+assert l['preset'] == 'llama-tiny' and l['weights'] == 'host', l['preset']
+for m in l['modes']:
+    assert m['tokens_equal_to_first_mode'] == 1.0 and m['bound_ms'] > 0, m['mode']
+    if m['mode'] == 'kvpr':
+        assert all(s['split'] == 0 for s in m['steps']), m['steps']
 print('bench smoke: 1 passed, 0 failed')
 PY
