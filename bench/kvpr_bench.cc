@@ -5,7 +5,8 @@
 //   kvpr-bench decode [--preset opt-6.7b|opt-13b|opt-1.3b|tiny|llama-2-7b|llama-2-13b|llama-2-70b|llama-tiny]
 //                     [--batch B] [--prompt P] [--gen N]
 //                     [--modes resident,resident+graphs,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
-//                     [--kv-dtype f16] [--weights device|host] [--emulate-link-gbps G] [--host-attention-threads N]
+//                     [--kv-dtype f16] [--weights device|host] [--gpu-batches N] [--emulate-link-gbps G]
+//                     [--host-attention-threads N]
 //                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR]
 //     Every KV mode side by side in one run on one model with random weights generated on the
 //     device: decode ms per step, tokens/s, split per step, bytes over the link per step, busy
@@ -666,7 +667,7 @@ std::string svg_chart(const json::Value& result) {
 
 int cmd_decode(const std::vector<std::string>& args) {
   const Options opt(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype",
-                         "--emulate-link-gbps", "--weights", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
+                         "--emulate-link-gbps", "--weights", "--gpu-batches", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
                          "--trace-dir"});
   const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
   const std::string json_out = opt.get("--json", ""), svg_out = opt.get("--svg", ""), trace_dir = opt.get("--trace-dir", "");
@@ -733,6 +734,8 @@ int cmd_decode(const std::vector<std::string>& args) {
   base.profile = prof;
   base.host_attention_threads = host_threads;
   base.adapt = true;
+  base.gpu_batches = opt.get_int("--gpu-batches", 1);
+  KVPR_CHECK(base.gpu_batches >= 1 && base.gpu_batches <= batch, "--gpu-batches must be in 1..batch");
 
   json::Value result(json::Object{});
   char title[160];
@@ -748,6 +751,7 @@ int cmd_decode(const std::vector<std::string>& args) {
   result.set("kv_dtype", dtype_name(kv_dtype));
   result.set("weight_bytes", static_cast<int64_t>(model.weight_bytes()));
   result.set("weights", weights);
+  result.set("gpu_batches", base.gpu_batches);
   const double streamed_bytes = stream_weights ? static_cast<double>(model.weight_stream()->host_bytes()) : 0;
   result.set("streamed_weight_bytes", streamed_bytes);
   result.set("device_weight_bytes", static_cast<int64_t>(model.device_weight_bytes()));
@@ -858,7 +862,7 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::string(argv[1]) == "ops") return cmd_ops(args);
     std::fprintf(stderr, "usage: kvpr-bench cpu [--json FILE] [--quick]\n"
                          "       kvpr-bench decode [--preset P] [--batch B] [--prompt P] [--gen N] [--modes M,...]\n"
-                         "                         [--backend B] [--kv-dtype D] [--weights device|host]\n"
+                         "                         [--backend B] [--kv-dtype D] [--weights device|host] [--gpu-batches N]\n"
                          "                         [--emulate-link-gbps G] [--peer F]\n"
                          "                         [--json F] [--svg F] [--trace-dir D]\n"
                          "       kvpr-bench ops [--preset P] [--batch B] [--ctx S] [--reps N] [--backend B] [--json F]\n");

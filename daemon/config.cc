@@ -68,6 +68,8 @@ const std::vector<Option>& options() {
          KVPR_CHECK(v == "device" || v == "host", "weights: expected device or host, got '", v, "'");
          c.weights_on_host = v == "host";
        }},
+      {"gpu-batches", "a step's sequences in this many GPU batches, each through a layer before the next [1]",
+       [](DaemonConfig& c, const std::string& v) { c.gpu_batches = to_int("gpu-batches", v); }},
       {"host-attention-threads", "cpu-attn: host attention threads [all]",
        [](DaemonConfig& c, const std::string& v) { c.host_attention_threads = to_int("host-attention-threads", v); }},
       {"max-queue", "requests waiting or running before 429 [256]", [](DaemonConfig& c, const std::string& v) { c.max_queue = to_int("max-queue", v); }},
@@ -173,6 +175,8 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   KVPR_CHECK(c.port > 0 && c.port < 65536, "port must be in 1..65535");
   KVPR_CHECK(c.workers >= 1 && c.workers <= 256, "workers must be in 1..256");
   KVPR_CHECK(c.max_batch >= 1, "max-batch must be >= 1");
+  KVPR_CHECK(c.gpu_batches >= 1 && c.gpu_batches <= c.max_batch, "gpu-batches must be in 1..max-batch (", c.max_batch,
+             "), not ", c.gpu_batches);
   KVPR_CHECK(c.max_step_tokens >= 1, "max-step-tokens must be >= 1");
   KVPR_CHECK(c.max_queue >= 1, "max-queue must be >= 1");
   KVPR_CHECK(c.backend == "auto" || c.backend == "cpu" || c.backend == "cuda", "backend must be auto, cpu or cuda");

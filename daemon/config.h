@@ -27,6 +27,7 @@ struct DaemonConfig {
   int host_attention_threads = 0;
   bool cuda_graphs = false;          // resident decode steps replayed as CUDA graphs
   bool weights_on_host = false;      // layers' weights streamed from pinned host memory
+  int gpu_batches = 1;               // GPU batches per layer (column by column)
   int max_queue = 256;               // requests waiting or running before 429
   int64_t max_body_bytes = 1 << 20;  // larger request bodies get 413
   double drain_timeout_s = 30;       // SIGTERM: time to finish in-flight requests

@@ -126,6 +126,7 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
   if (!cfg_.profile.empty()) a.insert(a.end(), {"--profile", cfg_.profile});
   if (cfg_.cuda_graphs) a.push_back("--cuda-graphs");
   if (cfg_.weights_on_host) a.insert(a.end(), {"--weights", "host"});
+  if (cfg_.gpu_batches > 1) a.insert(a.end(), {"--gpu-batches", std::to_string(cfg_.gpu_batches)});
   if (w.numa_node >= 0) a.insert(a.end(), {"--numa-node", std::to_string(w.numa_node)});
   if (!nccl_id_.empty() && w.first_start)
     a.insert(a.end(), {"--nccl-id", nccl_id_, "--nccl-rank", std::to_string(w.index), "--nccl-ranks",

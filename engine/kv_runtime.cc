@@ -120,23 +120,23 @@ Tensor KvRuntime::grow(Tensor& buf, DType dtype, int64_t rows, int64_t width) {
 
 int64_t KvRuntime::x_avail(const SeqPlan& s) const { return host_ ? std::min(s.past, host_->x_capacity()) : 0; }
 
-// Shares the batch's L among sequences in proportion to their cached tokens, each a multiple
+// Shares a group's L among its sequences in proportion to their cached tokens, each a multiple
 // of the granularity where its stored X allows; what rounding leaves goes to sequences with room.
-std::vector<int64_t> KvRuntime::distribute(int64_t total, int64_t cached) const {
+std::vector<int64_t> KvRuntime::distribute(std::span<const SeqPlan> seqs, int64_t total, int64_t cached) const {
   const int64_t g = scheduler_ ? scheduler_->granularity() : 1;
-  std::vector<int64_t> out(plan_.size(), 0);
+  std::vector<int64_t> out(seqs.size(), 0);
   if (cached == 0 || total == 0) return out;
   int64_t given = 0;
-  for (size_t i = 0; i < plan_.size(); ++i) {
-    const SeqPlan& s = plan_[i];
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqPlan& s = seqs[i];
     int64_t want = static_cast<int64_t>(std::llround(static_cast<double>(total) * s.past / cached));
     int64_t l = std::min(x_avail(s), want);
     if (l < x_avail(s) || l % g) l = l / g * g;
     out[i] = l;
     given += l;
   }
-  for (size_t i = 0; i < plan_.size() && given < total; ++i) {
-    int64_t room = x_avail(plan_[i]) - out[i];
+  for (size_t i = 0; i < seqs.size() && given < total; ++i) {
+    int64_t room = x_avail(seqs[i]) - out[i];
     int64_t add = std::min(room, total - given);
     if (add > 0 && add != room) add = add / g * g;
     out[i] += add;
@@ -146,11 +146,6 @@ std::vector<int64_t> KvRuntime::distribute(int64_t total, int64_t cached) const 
 }
 
 void KvRuntime::decide_splits() {
-  int64_t cached = 0, avail = 0;
-  for (const auto& s : plan_) {
-    cached += s.past;
-    avail += x_avail(s);
-  }
   stats_.split_source = "none";
   stats_.predicted_layer_ms = 0;
   for (auto& s : plan_) s.split[0] = s.split[1] = 0;
@@ -162,47 +157,81 @@ void KvRuntime::decide_splits() {
     for (auto& s : plan_) s.split[0] = s.split[1] = std::clamp<int64_t>(*opts_.forced_split, 0, x_avail(s));
     stats_.split_source = "forced";
   } else if (m == KvMode::Kvpr) {
-    SplitDecision rest = scheduler_->choose(cached, avail, scheduler_->other_s());
-    SplitDecision first = scheduler_->choose(cached, avail, -1.0);  // nothing overlaps layer 0's copies
-    stats_.split_source = std::string("scheduler:") + split_model_name(rest.model);
-    stats_.predicted_layer_ms = rest.predicted_s * 1e3;
-    std::vector<int64_t> l0 = distribute(first.split, cached), l1 = distribute(rest.split, cached);
-    for (size_t i = 0; i < plan_.size(); ++i) {
-      plan_[i].split[0] = l0[i];
-      plan_[i].split[1] = l1[i];
+    // Each GPU batch is a unit of the pipeline: its own split from its own cached tokens.
+    for (int64_t g = 0; g < groups(); ++g) {
+      std::span<SeqPlan> sp = seqs(g);
+      int64_t cached = 0, avail = 0;
+      for (const auto& s : sp) {
+        cached += s.past;
+        avail += x_avail(s);
+      }
+      SplitDecision rest = scheduler_->choose(cached, avail, scheduler_->other_s());
+      SplitDecision first = scheduler_->choose(cached, avail, -1.0);  // nothing overlaps layer 0's copies
+      stats_.split_source = std::string("scheduler:") + split_model_name(rest.model);
+      stats_.predicted_layer_ms += rest.predicted_s * 1e3;
+      std::vector<int64_t> l0 = distribute(sp, first.split, cached), l1 = distribute(sp, rest.split, cached);
+      for (size_t i = 0; i < sp.size(); ++i) {
+        sp[i].split[0] = l0[i];
+        sp[i].split[1] = l1[i];
+      }
     }
   }
   stats_.split.clear();
   stats_.split_total = stats_.split_total_layer0 = 0;
-  int64_t off[2] = {0, 0};
-  for (auto& s : plan_) {
-    for (int v = 0; v < 2; ++v) {
-      s.x_off[v] = off[v];
-      off[v] += s.split[v];
+  int64_t pos = 0;  // positions of every group's recomputed rows, both variants, in xpos_
+  for (int64_t g = 0; g < groups(); ++g) {
+    Group& gr = groups_[g];
+    int64_t off[2] = {0, 0};
+    for (auto& s : seqs(g)) {
+      for (int v = 0; v < 2; ++v) {
+        s.x_off[v] = off[v];
+        off[v] += s.split[v];
+      }
+      stats_.split.push_back(s.split[1]);
+      stats_.split_total += s.split[1];
+      stats_.split_total_layer0 += s.split[0];
     }
-    stats_.split.push_back(s.split[1]);
-    stats_.split_total += s.split[1];
-    stats_.split_total_layer0 += s.split[0];
+    for (int v = 0; v < 2; ++v) {
+      gr.x_rows[v] = off[v];
+      gr.xpos_off[v] = pos;
+      pos += off[v];
+    }
   }
-  rows_x_[0] = off[0];
-  rows_x_[1] = off[1];
+}
+
+KvRuntime::Rows KvRuntime::group_rows(int64_t group) const {
+  const Group& g = groups_.at(static_cast<size_t>(group));
+  return Rows{g.q_begin, g.q_rows};
 }
 
 void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
   plan_.clear();
+  groups_.clear();
   stats_.h2d_bytes = stats_.d2h_bytes = stats_.weight_h2d_bytes = 0;
-  int64_t ctx = 0, q = 0;
   for (const auto& c : chunks) {
     KVPR_CHECK(c.slot >= 0 && c.slot < slots_, "KV slot ", c.slot, " out of range");
     KVPR_CHECK(c.past_len + c.count <= capacity_, "sequence of ", c.past_len + c.count,
                " tokens exceeds the KV capacity ", capacity_);
-    plan_.push_back(SeqPlan{c.slot, c.past_len, c.count, q, ctx, {0, 0}, {0, 0}});
-    ctx += c.past_len + c.count;
-    q += c.count;
   }
-  rows_ctx_ = ctx;
-  rows_q_ = q;
-  timing_.assign(shape_.layers, LayerTiming{});
+  // GPU batches of consecutive chunks, as even in sequence count as can be.
+  const size_t n = chunks.size();
+  const size_t G = std::clamp<size_t>(static_cast<size_t>(std::max<int64_t>(1, opts_.gpu_batches)), 1, std::max<size_t>(n, 1));
+  int64_t row = 0;
+  for (size_t g = 0; g < G; ++g) {
+    Group gr;
+    gr.first = n * g / G;
+    gr.last = n * (g + 1) / G;
+    gr.q_begin = row;
+    for (size_t i = gr.first; i < gr.last; ++i) {
+      const ForwardChunk& c = chunks[i];
+      plan_.push_back(SeqPlan{c.slot, c.past_len, c.count, gr.q_rows, gr.ctx_rows, {0, 0}, {0, 0}});
+      gr.ctx_rows += c.past_len + c.count;
+      gr.q_rows += c.count;
+    }
+    row += gr.q_rows;
+    groups_.push_back(gr);
+  }
+  timing_.assign(static_cast<size_t>(shape_.layers * groups()), LayerTiming{});
   if (opts_.mode != KvMode::Resident) allocate_step();
   prefetch(0);
 }
@@ -210,44 +239,55 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
 void KvRuntime::allocate_step() {
   decide_splits();
   const int64_t w = shape_.kv_hidden();
+  int64_t ctx = 0, q = 0, rx = 0;
+  for (const Group& g : groups_) {
+    ctx = std::max(ctx, g.ctx_rows);
+    q = std::max(q, g.q_rows);
+    rx = std::max({rx, g.x_rows[0], g.x_rows[1]});
+  }
   for (int b = 0; b < 2; ++b) {
-    grow(kbuf_[b], opts_.kv_dtype, rows_ctx_, w);
-    grow(vbuf_[b], opts_.kv_dtype, rows_ctx_, w);
+    grow(kbuf_[b], opts_.kv_dtype, ctx, w);
+    grow(vbuf_[b], opts_.kv_dtype, ctx, w);
     if (kv_mode_stores_x(opts_.mode)) {
-      grow(xbuf_[b], opts_.kv_dtype, std::max(rows_x_[0], rows_x_[1]), shape_.hidden);
-      grow(xnew_[b], opts_.kv_dtype, rows_q_, shape_.hidden);
+      grow(xbuf_[b], opts_.kv_dtype, rx, shape_.hidden);
+      grow(xnew_[b], opts_.kv_dtype, q, shape_.hidden);
     }
   }
-  if (const int64_t rx = std::max(rows_x_[0], rows_x_[1]); rx > 0) {
+  if (rx > 0) {
     grow(x32_, DType::F32, rx, shape_.hidden);
     grow(kv32_, DType::F32, 2 * rx, w);
     if (projector_.needs_positions()) {
       // Stored X starts at a sequence's first token: recomputed row j of a sequence is position j.
-      Tensor host = Tensor::host(DType::I32, {rows_x_[0] + rows_x_[1]});
+      const Group& last = groups_.back();
+      const int64_t total = last.xpos_off[1] + last.x_rows[1];
+      Tensor host = Tensor::host(DType::I32, {std::max<int64_t>(total, 1)});
       int32_t* p = host.data_as<int32_t>();
-      for (int v = 0; v < 2; ++v)
-        for (const auto& s : plan_)
-          for (int64_t j = 0; j < s.split[v]; ++j) *p++ = static_cast<int32_t>(j);
+      for (int64_t g = 0; g < groups(); ++g)
+        for (int v = 0; v < 2; ++v)
+          for (const auto& s : seqs(g))
+            for (int64_t j = 0; j < s.split[v]; ++j) *p++ = static_cast<int32_t>(j);
       grow(xpos_, DType::I32, host.numel(), 1);
       be_.copy(xpos_.rows(0, host.numel()), host.reshape({host.numel(), 1}), Stream::Compute);
     }
   }
   if (opts_.mode == KvMode::CpuAttn) {
-    grow(knew_, opts_.kv_dtype, rows_q_, w);
-    grow(vnew_, opts_.kv_dtype, rows_q_, w);
-    if (!host_q_.defined() || host_q_.dim(0) < rows_q_) {
-      host_q_ = be_.alloc_pinned(DType::F32, {std::max<int64_t>(rows_q_, 1), shape_.hidden});
-      host_out_ = be_.alloc_pinned(DType::F32, {std::max<int64_t>(rows_q_, 1), shape_.hidden});
+    grow(knew_, opts_.kv_dtype, q, w);
+    grow(vnew_, opts_.kv_dtype, q, w);
+    if (!host_q_.defined() || host_q_.dim(0) < q) {
+      host_q_ = be_.alloc_pinned(DType::F32, {std::max<int64_t>(q, 1), shape_.hidden});
+      host_out_ = be_.alloc_pinned(DType::F32, {std::max<int64_t>(q, 1), shape_.hidden});
     }
   }
 }
 
-void KvRuntime::prefetch(int64_t layer) {
+void KvRuntime::prefetch(int64_t u) {
   const KvMode m = opts_.mode;
   const bool kv = m == KvMode::Offload || m == KvMode::Kvpr || m == KvMode::Recompute;
+  const int64_t G = groups(), layer = u / G, group = u % G;
   if (layer >= shape_.layers || !(kv || weights_)) return;
-  const int b = static_cast<int>(layer % 2);
-  LayerTiming& t = timing_[layer];
+  const bool with_weights = weights_ && group == 0;  // a layer's weights come with its first unit
+  const int b = static_cast<int>(u % 2);
+  LayerTiming& t = timing_[u];
   if (kv) {
     // The buffer must be free (its attention done, its rows stored) and this layer's stores
     // from the previous step must have reached the host.
@@ -255,34 +295,35 @@ void KvRuntime::prefetch(int64_t layer) {
     if (buf_stored_[b].impl()) be_.wait(Stream::H2D, buf_stored_[b]);
     if (store_done_[layer].impl()) be_.wait(Stream::H2D, store_done_[layer]);
   }
-  if (weights_) weights_->reserve(layer);  // its weight slot must be free too
-  be_.set_trace_label("L" + std::to_string(layer));
+  if (with_weights) weights_->reserve(layer);  // its weight slot must be free too
+  be_.set_trace_label("L" + std::to_string(layer) + (G > 1 ? "." + std::to_string(group) : ""));
   t.h2d_start = be_.record(Stream::H2D);
   int64_t weight_bytes = 0;
   // Q/K/V weights first: the projection and the recompute need them before attention's KV.
-  if (weights_) weight_bytes += static_cast<int64_t>(weights_->issue(layer, LayerWeightStream::Part::Front));
+  if (with_weights) weight_bytes += static_cast<int64_t>(weights_->issue(layer, LayerWeightStream::Part::Front));
   const int v = variant(layer);
+  const int64_t es = static_cast<int64_t>(dtype_size(opts_.kv_dtype));
   if (kv) {
-    for (const auto& s : plan_) {
+    for (const auto& s : seqs(group)) {
       if (s.split[v] > 0) {
         be_.copy(xbuf_[b].rows(s.x_off[v], s.split[v]), host_->x(layer, s.slot).rows(0, s.split[v]), Stream::H2D,
                  "X[0:l]");
-        t.h2d_bytes += s.split[v] * shape_.hidden * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+        t.h2d_bytes += s.split[v] * shape_.hidden * es;
       }
     }
   }
   t.x_ready = be_.record(Stream::H2D);
   if (kv) {
-    for (const auto& s : plan_) {
+    for (const auto& s : seqs(group)) {
       const int64_t l = s.split[v], n = s.past - l;
       if (n <= 0) continue;
       be_.copy(kbuf_[b].rows(s.ctx_off + l, n), host_->k(layer, s.slot).rows(l, n), Stream::H2D, "K[l:s']");
       be_.copy(vbuf_[b].rows(s.ctx_off + l, n), host_->v(layer, s.slot).rows(l, n), Stream::H2D, "V[l:s']");
-      t.h2d_bytes += 2 * n * shape_.kv_hidden() * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+      t.h2d_bytes += 2 * n * shape_.kv_hidden() * es;
     }
   }
   t.h2d_end = be_.record(Stream::H2D);
-  if (weights_) {
+  if (with_weights) {
     weight_bytes += static_cast<int64_t>(weights_->issue(layer, LayerWeightStream::Part::Back));
     t.link_end = be_.record(Stream::H2D);
   } else {
@@ -293,35 +334,47 @@ void KvRuntime::prefetch(int64_t layer) {
   stats_.weight_h2d_bytes += weight_bytes;
 }
 
-void KvRuntime::prefetch_next(int64_t layer) {
-  if (layer + 1 < shape_.layers) {
-    prefetch(layer + 1);  // overlaps this layer's compute
+void KvRuntime::issue_weights(int64_t layer) {
+  weights_->reserve(layer);
+  const auto n = static_cast<int64_t>(weights_->issue(layer, LayerWeightStream::Part::Front) +
+                                      weights_->issue(layer, LayerWeightStream::Part::Back));
+  stats_.weight_h2d_bytes += n;
+  stats_.h2d_bytes += n;
+}
+
+void KvRuntime::prefetch_next(int64_t u) {
+  if (u + 1 < shape_.layers * groups()) {
+    prefetch(u + 1);  // overlaps this unit's compute
   } else if (weights_) {
-    // Weights do not depend on the step: the next step's layer 0 overlaps this last layer.
-    weights_->reserve(0);
-    const auto n = static_cast<int64_t>(weights_->issue(0, LayerWeightStream::Part::Front) +
-                                        weights_->issue(0, LayerWeightStream::Part::Back));
-    stats_.weight_h2d_bytes += n;
-    stats_.h2d_bytes += n;
+    // Weights do not depend on the step: the next step's layer 0 overlaps the last unit.
+    issue_weights(0);
   }
 }
 
-void KvRuntime::prepare_layer(int64_t layer) {
-  LayerTiming& t = timing_[layer];
-  // The layer's compute time feeds the split scheduler's profile; resident has none to feed
+void KvRuntime::prepare(int64_t layer, int64_t group) {
+  const int64_t G = groups(), u = unit(layer, group);
+  KVPR_CHECK(layer >= 0 && layer < shape_.layers && group >= 0 && group < G, "KV runtime: no unit (layer ", layer,
+             ", GPU batch ", group, ") in this step");
+  LayerTiming& t = timing_[u];
+  // The unit's compute time feeds the split scheduler's profile; resident has none to feed
   // (and a step without events can be replayed as a CUDA graph).
   if (opts_.mode != KvMode::Resident || weights_) {
-    if (layer > 0) timing_[layer - 1].compute_end = be_.record(Stream::Compute);
+    if (u > 0) timing_[u - 1].compute_end = be_.record(Stream::Compute);
     t.compute_start = be_.record(Stream::Compute);
   }
-  if (weights_) {
+  if (weights_ && group == 0) {
     if (layer > 0) weights_->release(layer - 1);        // its slot takes layer + 1 next
     stall(t, [&] { weights_->bind(layer); });           // this layer's Q/K/V weights have arrived
   }
-  // cpu-attn sends its attention output up on the H2D stream: the next layer's copies go
+  // cpu-attn sends its attention output up on the H2D stream: the next unit's copies go
   // after it (attend), or the output would queue behind them.
-  if (opts_.mode != KvMode::CpuAttn) prefetch_next(layer);
-  be_.set_trace_label("L" + std::to_string(layer));
+  if (opts_.mode != KvMode::CpuAttn) {
+    prefetch_next(u);
+    // Several GPU batches: the next layer's weights follow the next batch's KV now, so they
+    // arrive while this layer's batches run, not behind the next layer's first KV.
+    if (weights_ && group == 0 && G > 1) issue_weights(layer + 1 < shape_.layers ? layer + 1 : 0);
+  }
+  be_.set_trace_label("L" + std::to_string(layer) + (G > 1 ? "." + std::to_string(group) : ""));
   if (Tracer* tr = be_.tracer())
     tr->counter("split l", tr->now_us(), "l",
                 static_cast<double>(layer == 0 ? stats_.split_total_layer0 : stats_.split_total));
@@ -339,16 +392,16 @@ void KvRuntime::wait_compute(const Event& e, LayerTiming& t) {
   stall(t, [&] { be_.wait(Stream::Compute, e); });
 }
 
-void KvRuntime::attend_resident(int64_t layer, const Tensor& k, const Tensor& v, const Tensor& q, const Tensor& out,
-                                float scale) {
+void KvRuntime::attend_resident(int64_t layer, int64_t group, const Tensor& k, const Tensor& v, const Tensor& q,
+                                const Tensor& out, float scale) {
   const int64_t w = shape_.kv_hidden(), slots = dev_k_[layer].dim(0);
   // The new rows of every sequence into its cache slot: one op for K, one for V.
   std::vector<RowSpan> spans;
-  for (const auto& s : plan_) spans.push_back(RowSpan{s.q_begin, s.slot * capacity_ + s.past, s.q_len});
+  for (const auto& s : this->seqs(group)) spans.push_back(RowSpan{s.q_begin, s.slot * capacity_ + s.past, s.q_len});
   be_.copy_rows(dev_k_[layer].reshape({slots * capacity_, w}), k, spans);
   be_.copy_rows(dev_v_[layer].reshape({slots * capacity_, w}), v, spans);
   std::vector<AttentionSeq> seqs;
-  for (const auto& s : plan_) {
+  for (const auto& s : this->seqs(group)) {
     Tensor ck = dev_k_[layer].rows(s.slot, 1).reshape({capacity_, w});
     Tensor cv = dev_v_[layer].rows(s.slot, 1).reshape({capacity_, w});
     seqs.push_back(AttentionSeq{s.q_begin, s.q_len, s.past, ck, cv});
@@ -356,10 +409,10 @@ void KvRuntime::attend_resident(int64_t layer, const Tensor& k, const Tensor& v,
   be_.attention(out, q, seqs, static_cast<int>(shape_.heads), scale);
 }
 
-void KvRuntime::attend_cpu(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                           float scale) {
-  LayerTiming& t = timing_[layer];
-  const int64_t T = rows_q_;
+void KvRuntime::attend_cpu(int64_t layer, int64_t group, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& out, float scale) {
+  LayerTiming& t = timing_[unit(layer, group)];
+  const int64_t T = groups_[group].q_rows;
   // New K/V in storage dtype, then Q and them down to the host.
   be_.convert(knew_.rows(0, T), k);
   be_.convert(vnew_.rows(0, T), v);
@@ -367,7 +420,7 @@ void KvRuntime::attend_cpu(int64_t layer, const Tensor& q, const Tensor& k, cons
   be_.wait(Stream::D2H, ready);
   be_.copy(host_q_.rows(0, T), q, Stream::D2H, "Q");
   stats_.d2h_bytes += static_cast<int64_t>(q.nbytes());
-  for (const auto& s : plan_) {
+  for (const auto& s : this->seqs(group)) {
     be_.copy(host_->k(layer, s.slot).rows(s.past, s.q_len), knew_.rows(s.q_begin, s.q_len), Stream::D2H, "K new");
     be_.copy(host_->v(layer, s.slot).rows(s.past, s.q_len), vnew_.rows(s.q_begin, s.q_len), Stream::D2H, "V new");
     stats_.d2h_bytes += 2 * s.q_len * shape_.kv_hidden() * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
@@ -378,7 +431,7 @@ void KvRuntime::attend_cpu(int64_t layer, const Tensor& q, const Tensor& k, cons
   t.waited_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   // Attention on host threads over the host store.
   std::vector<AttentionSeq> seqs;
-  for (const auto& s : plan_)
+  for (const auto& s : this->seqs(group))
     seqs.push_back(AttentionSeq{s.q_begin, s.q_len, s.past, host_->k(layer, s.slot), host_->v(layer, s.slot)});
   Tracer* tr = be_.tracer();
   double a0 = tr ? tr->now_us() : 0;
@@ -390,28 +443,33 @@ void KvRuntime::attend_cpu(int64_t layer, const Tensor& q, const Tensor& k, cons
   store_done_[layer] = down;
 }
 
-void KvRuntime::attend(int64_t layer, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const Tensor& out, float scale) {
+void KvRuntime::attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& out, float scale) {
   const KvMode m = opts_.mode;
-  if (m == KvMode::Resident) attend_resident(layer, k, v, q, out, scale);
+  const int64_t u = unit(layer, group);
+  KVPR_CHECK(q.dim(0) == groups_.at(static_cast<size_t>(group)).q_rows, "KV runtime: GPU batch ", group, " has ",
+             groups_[group].q_rows, " query rows, not ", q.dim(0));
+  if (m == KvMode::Resident) attend_resident(layer, group, k, v, q, out, scale);
   else if (m == KvMode::CpuAttn) {
-    attend_cpu(layer, q, k, v, out, scale);
-    prefetch_next(layer);
-  } else attend_offloaded(layer, x, q, k, v, out, scale);
+    attend_cpu(layer, group, q, k, v, out, scale);
+    prefetch_next(u);
+  } else attend_offloaded(layer, group, x, q, k, v, out, scale);
   // The rest of the layer (output projection, MLP) needs the back of its weights.
-  if (weights_) stall(timing_[layer], [&] { weights_->wait_back(layer); });
+  if (weights_ && group == 0) stall(timing_[u], [&] { weights_->wait_back(layer); });
 }
 
-void KvRuntime::attend_offloaded(int64_t layer, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
-                                 const Tensor& out, float scale) {
-  const int b = static_cast<int>(layer % 2);
-  LayerTiming& t = timing_[layer];
-  // Rows of buffer b were last stored to the host two layers ago; that must be done before
-  // this layer writes them.
+void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const Tensor& out, float scale) {
+  const int64_t u = unit(layer, group);
+  const int b = static_cast<int>(u % 2);
+  LayerTiming& t = timing_[u];
+  const Group& gr = groups_[group];
+  // Rows of buffer b were last stored to the host two units ago; that must be done before
+  // this unit writes them.
   if (buf_stored_[b].impl()) wait_compute(buf_stored_[b], t);
   // Recompute K/V[0:l] from X[0:l] as soon as X has arrived, while KV[l:s'] is still copying.
   const int var = variant(layer);
-  if (const int64_t rx = rows_x_[var]; rx > 0) {
+  if (const int64_t rx = gr.x_rows[var]; rx > 0) {
     wait_compute(t.x_ready, t);
     t.recompute_start = be_.record(Stream::Compute);
     const int64_t w = shape_.kv_hidden();
@@ -419,10 +477,10 @@ void KvRuntime::attend_offloaded(int64_t layer, const Tensor& x, const Tensor& q
     Tensor k32 = kv32.rows(0, 1).reshape({rx, w}), v32 = kv32.rows(1, 1).reshape({rx, w});
     be_.convert(x32, xbuf_[b].rows(0, rx));
     Tensor pos;
-    if (projector_.needs_positions()) pos = xpos_.rows(var == 0 ? 0 : rows_x_[0], rx).reshape({rx});
+    if (projector_.needs_positions()) pos = xpos_.rows(gr.xpos_off[var], rx).reshape({rx});
     projector_.project_kv(layer, x32, kv32, pos);
     std::vector<RowSpan> spans;
-    for (const auto& s : plan_)
+    for (const auto& s : this->seqs(group))
       if (s.split[var] > 0) spans.push_back(RowSpan{s.x_off[var], s.ctx_off, s.split[var]});
     be_.copy_rows(kbuf_[b], k32, spans);
     be_.copy_rows(vbuf_[b], v32, spans);
@@ -430,14 +488,14 @@ void KvRuntime::attend_offloaded(int64_t layer, const Tensor& x, const Tensor& q
   }
   // This step's new K/V join the buffer after the past ones.
   std::vector<RowSpan> fresh;
-  for (const auto& s : plan_) fresh.push_back(RowSpan{s.q_begin, s.ctx_off + s.past, s.q_len});
+  for (const auto& s : this->seqs(group)) fresh.push_back(RowSpan{s.q_begin, s.ctx_off + s.past, s.q_len});
   be_.copy_rows(kbuf_[b], k, fresh);
   be_.copy_rows(vbuf_[b], v, fresh);
   const bool store_x = kv_mode_stores_x(opts_.mode) && host_->x_capacity() > 0;
-  if (store_x) be_.convert(xnew_[b].rows(0, rows_q_), x);
+  if (store_x) be_.convert(xnew_[b].rows(0, gr.q_rows), x);
   wait_compute(t.h2d_end, t);
   std::vector<AttentionSeq> seqs;
-  for (const auto& s : plan_)
+  for (const auto& s : this->seqs(group))
     seqs.push_back(AttentionSeq{s.q_begin, s.q_len, s.past, kbuf_[b].rows(s.ctx_off, s.past + s.q_len),
                                 vbuf_[b].rows(s.ctx_off, s.past + s.q_len)});
   be_.attention(out, q, seqs, static_cast<int>(shape_.heads), scale);
@@ -446,7 +504,7 @@ void KvRuntime::attend_offloaded(int64_t layer, const Tensor& x, const Tensor& q
   // Store the new K, V (and X below the cap) on the D2H stream.
   be_.wait(Stream::D2H, buf_free_[b]);
   const int64_t es = static_cast<int64_t>(dtype_size(opts_.kv_dtype));
-  for (const auto& s : plan_) {
+  for (const auto& s : this->seqs(group)) {
     be_.copy(host_->k(layer, s.slot).rows(s.past, s.q_len), kbuf_[b].rows(s.ctx_off + s.past, s.q_len), Stream::D2H,
              "K new");
     be_.copy(host_->v(layer, s.slot).rows(s.past, s.q_len), vbuf_[b].rows(s.ctx_off + s.past, s.q_len), Stream::D2H,
@@ -475,7 +533,8 @@ void KvRuntime::end() {
       double link_ms = be_.elapsed_ms(t.h2d_start, t.link_end);
       scheduler_->observe_link(static_cast<double>(t.h2d_bytes), link_ms / 1e3);
       double rec_ms = t.recompute_end.impl() ? be_.elapsed_ms(t.recompute_start, t.recompute_end) : 0;
-      const int64_t rx = rows_x_[variant(static_cast<int64_t>(li))];
+      const int64_t G = std::max<int64_t>(1, groups());
+      const int64_t rx = groups_[static_cast<size_t>(static_cast<int64_t>(li) % G)].x_rows[variant(static_cast<int64_t>(li) / G)];
       if (rx > 0) scheduler_->observe_recompute(rx, rec_ms / 1e3);
       if (t.compute_end.impl()) {
         double layer_ms = be_.elapsed_ms(t.compute_start, t.compute_end);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,6 +72,11 @@ struct KvRuntimeOptions {
   SplitModel split_model = SplitModel::Pipeline;
   std::optional<LinkProfile> profile;   // kvpr without forced_split needs one
   bool adapt = true;                    // update the profile from each step's measurements
+  // Column by column (design.md §2): a step's sequences split into this many GPU batches, each
+  // run through a layer before the next layer starts, so one pass over a layer's weights (and
+  // one weight copy, with streamed weights) serves them all while the device holds the KV of
+  // one batch at a time. 1: the whole step is one batch.
+  int64_t gpu_batches = 1;
 };
 
 // K and V of every token and X of the first tokens, per layer and sequence slot, in pinned
@@ -124,26 +130,41 @@ class KvRuntime {
   int64_t host_bytes_per_token() const;
   static int64_t host_bytes_per_token(KvMode mode, const KvShape& shape, DType dtype);
 
-  // The model's forward calls these, in order: begin, then per layer prepare_layer and
+  // The model's forward calls these, in order: begin, then per layer and per GPU batch
+  // (groups(), of consecutive chunks: rows group_rows(g) of the step's tokens) prepare and
   // attend, then end.
   void begin(const std::vector<ForwardChunk>& chunks);
-  void prepare_layer(int64_t layer);
-  // x: the layer's post-norm input [T, hidden] F32; q, k, v: [T, hidden] F32 of this step's
-  // tokens; out: [T, hidden] F32 attention output.
-  void attend(int64_t layer, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
+  struct Rows {
+    int64_t begin = 0, count = 0;
+  };
+  int64_t groups() const { return static_cast<int64_t>(groups_.size()); }
+  Rows group_rows(int64_t group) const;
+  void prepare(int64_t layer, int64_t group);
+  // Of the group's tokens: x, the layer's post-norm input [n, hidden] F32; q [n, hidden], k and
+  // v [n, kv_hidden] F32; out: [n, hidden] F32 attention output.
+  void attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
               const Tensor& out, float scale);
   void end();
 
  private:
   struct SeqPlan {
-    int64_t slot, past, q_len, q_begin;
+    int64_t slot, past, q_len, q_begin;  // q_begin: first row among its group's tokens
     int64_t ctx_off;   // first row in the per-step K/V buffers
     int64_t split[2];  // l for layer 0 and for the other layers
     int64_t x_off[2];  // first row in the X buffer, likewise
   };
+  // A GPU batch: plan_[first, last), its tokens' rows, and its buffer extents.
+  struct Group {
+    size_t first = 0, last = 0;
+    int64_t q_begin = 0, q_rows = 0, ctx_rows = 0;
+    int64_t x_rows[2] = {0, 0};    // X rows recomputed for layer 0 and for the others
+    int64_t xpos_off[2] = {0, 0};  // where their positions start in xpos_
+  };
   static int variant(int64_t layer) { return layer == 0 ? 0 : 1; }
+  std::span<SeqPlan> seqs(int64_t group) { return {plan_.data() + groups_[group].first, plan_.data() + groups_[group].last}; }
+  int64_t unit(int64_t layer, int64_t group) const { return layer * groups() + group; }
   int64_t x_avail(const SeqPlan& s) const;  // cached tokens of s whose X is stored
-  std::vector<int64_t> distribute(int64_t total, int64_t cached) const;
+  std::vector<int64_t> distribute(std::span<const SeqPlan> seqs, int64_t total, int64_t cached) const;
   struct LayerTiming {
     // h2d_end: the layer's KV has arrived; link_end: its weights too.
     Event h2d_start, x_ready, h2d_end, link_end, compute_start, compute_end, recompute_start, recompute_end;
@@ -155,17 +176,19 @@ class KvRuntime {
   };
   void decide_splits();
   void allocate_step();  // splits and buffers of a step that moves KV
-  void prefetch(int64_t layer);
-  void prefetch_next(int64_t layer);  // layer + 1's copies, or after the last layer the next step's weights
+  void prefetch(int64_t u);       // the copies of unit u = layer * groups() + group
+  void prefetch_next(int64_t u);  // unit u + 1's copies, or after the last one the next step's weights
+  void issue_weights(int64_t layer);  // all of a layer's weights, ahead of its first unit
   void wait_compute(const Event& e, LayerTiming& t);
   // Runs `wait` (which makes the compute stream wait) between two compute-stream events.
   template <typename F>
   void stall(LayerTiming& t, F&& wait);
   Tensor grow(Tensor& buf, DType dtype, int64_t rows, int64_t width);
-  void attend_resident(int64_t layer, const Tensor& k, const Tensor& v, const Tensor& q, const Tensor& out, float scale);
-  void attend_offloaded(int64_t layer, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& out, float scale);
-  void attend_cpu(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float scale);
+  void attend_resident(int64_t layer, int64_t group, const Tensor& k, const Tensor& v, const Tensor& q,
+                       const Tensor& out, float scale);
+  void attend_offloaded(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, float scale);
+  void attend_cpu(int64_t layer, int64_t group, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float scale);
 
   Backend& be_;
   KvShape shape_;
@@ -180,15 +203,14 @@ class KvRuntime {
 
   // Per step.
   std::vector<SeqPlan> plan_;
-  int64_t rows_ctx_ = 0, rows_q_ = 0;
-  int64_t rows_x_[2] = {0, 0};  // X rows recomputed for layer 0 and for the others
+  std::vector<Group> groups_;
   Tensor kbuf_[2], vbuf_[2], xbuf_[2], xnew_[2];  // device, kv dtype
   Tensor x32_, kv32_, knew_, vnew_;          // device scratch
   Tensor xpos_;                                   // device: positions of the X rows of both variants
   Tensor host_q_, host_out_;                      // pinned (cpu-attn)
   Event buf_free_[2], buf_stored_[2];
   std::vector<Event> store_done_;                 // per layer: last store to the host finished
-  std::vector<LayerTiming> timing_;
+  std::vector<LayerTiming> timing_;               // per unit (layer, group)
   StepStats stats_;
   int64_t step_ = 0;
 };

@@ -1,6 +1,8 @@
 #include "engine/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "engine/checkpoint.h"
 #include "engine/error.h"
@@ -142,42 +144,52 @@ Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRun
 
   Tensor x = ws_.get("x", DType::F32, {T, h});  // residual stream [T, hidden]
   be.gather_rows(x, embed_tokens_, tok_ids);
-  Tensor a = ws_.get("a", DType::F32, {T, h});  // normalised input of a sub-block
-  // Q, K, V: stacked [3, T, h] (MHA, one batched GEMM); with grouped-query attention Q [T, h]
-  // and K, V stacked [2, T, kv_h].
   const bool mha = kvh == h;
-  Tensor qkv = ws_.get("qkv", DType::F32, {mha ? 3 * T * h : T * h + 2 * T * kvh});
-  Tensor q = qkv.rows(0, T * h).reshape({T, h});
-  Tensor kv_new = qkv.rows(T * h, 2 * T * kvh).reshape({2, T, kvh});
-  Tensor k = kv_new.rows(0, 1).reshape({T, kvh});
-  Tensor v = kv_new.rows(1, 1).reshape({T, kvh});
-  Tensor att = ws_.get("att", DType::F32, {T, h});
-  Tensor gate_up = ws_.get("gate_up", DType::F32, {2, T, f});  // [gate; up]
-  Tensor gate = gate_up.rows(0, 1).reshape({T, f}), up = gate_up.rows(1, 1).reshape({T, f});
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
   const float eps = static_cast<float>(c.rms_norm_eps);
   kv.begin(chunks);
+  // Scratch for one GPU batch (kv.groups() of them per layer; one unless asked for), sized
+  // once for the largest so no buffer moves during the step.
+  int64_t rows_max = 0;
+  for (int64_t g = 0; g < kv.groups(); ++g) rows_max = std::max(rows_max, kv.group_rows(g).count);
+  for (auto [name, width] : {std::pair{"a", h}, {"qkv", h + 2 * std::max(h, kvh)}, {"att", h}, {"gate_up", 2 * f}})
+    ws_.get(name, DType::F32, {rows_max, width});
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const LlamaLayer& L = layers_[li];
-    kv.prepare_layer(li);
-    // Self-attention. `a` is X, the post-norm input of the QKV projection.
-    be.rms_norm(a, x, L.attn_norm, eps);
-    if (mha) {
-      be.linear_batched(qkv.reshape({3, T, h}), a, L.wqkv, L.bqkv, Activation::None);
-      rope(qkv.rows(0, 2 * T * h).reshape({2, T, h}), pos_ids);  // Q and K, [2, T, hidden]
-    } else {
-      be.linear(q, a, L.wq, L.bq, Activation::None);
-      be.linear_batched(kv_new, a, L.wkv, L.bkv, Activation::None);
-      rope(q, pos_ids);
-      rope(k, pos_ids);
+    for (int64_t g = 0; g < kv.groups(); ++g) {
+      const auto [r0, n] = kv.group_rows(g);
+      Tensor xg = x.rows(r0, n), pos = pos_ids.rows(r0, n);  // this batch's residual stream and positions
+      Tensor a = ws_.get("a", DType::F32, {n, h});            // normalised input of a sub-block
+      // Q, K, V: stacked [3, n, h] (MHA, one batched GEMM); with grouped-query attention Q
+      // [n, h] and K, V stacked [2, n, kv_h].
+      Tensor qkv = ws_.get("qkv", DType::F32, {n * h + 2 * n * kvh});
+      Tensor q = qkv.rows(0, n * h).reshape({n, h});
+      Tensor kv_new = qkv.rows(n * h, 2 * n * kvh).reshape({2, n, kvh});
+      Tensor k = kv_new.rows(0, 1).reshape({n, kvh});
+      Tensor v = kv_new.rows(1, 1).reshape({n, kvh});
+      Tensor att = ws_.get("att", DType::F32, {n, h});
+      Tensor gate_up = ws_.get("gate_up", DType::F32, {2, n, f});  // [gate; up]
+      Tensor gate = gate_up.rows(0, 1).reshape({n, f}), up = gate_up.rows(1, 1).reshape({n, f});
+      kv.prepare(li, g);
+      // Self-attention. `a` is X, the post-norm input of the QKV projection.
+      be.rms_norm(a, xg, L.attn_norm, eps);
+      if (mha) {
+        be.linear_batched(qkv.reshape({3, n, h}), a, L.wqkv, L.bqkv, Activation::None);
+        rope(qkv.rows(0, 2 * n * h).reshape({2, n, h}), pos);  // Q and K, [2, n, hidden]
+      } else {
+        be.linear(q, a, L.wq, L.bq, Activation::None);
+        be.linear_batched(kv_new, a, L.wkv, L.bkv, Activation::None);
+        rope(q, pos);
+        rope(k, pos);
+      }
+      kv.attend(li, g, a, q, k, v, att, scale);
+      be.linear_accumulate(xg, att, L.wo, L.bo);  // x += att · Woᵀ
+      // SwiGLU MLP: x += (silu(a · Wgᵀ) * (a · Wuᵀ)) · Wdᵀ
+      be.rms_norm(a, xg, L.mlp_norm, eps);
+      be.linear_batched(gate_up, a, L.w_gate_up, L.b_gate_up, Activation::None);
+      be.silu_mul(gate, gate, up);
+      be.linear_accumulate(xg, gate, L.w_down, L.b_down);
     }
-    kv.attend(li, a, q, k, v, att, scale);
-    be.linear_accumulate(x, att, L.wo, L.bo);  // x += att · Woᵀ
-    // SwiGLU MLP: x += (silu(a · Wgᵀ) * (a · Wuᵀ)) · Wdᵀ
-    be.rms_norm(a, x, L.mlp_norm, eps);
-    be.linear_batched(gate_up, a, L.w_gate_up, L.b_gate_up, Activation::None);
-    be.silu_mul(gate, gate, up);
-    be.linear_accumulate(x, gate, L.w_down, L.b_down);
   }
   kv.end();
   Tensor sel = ws_.get("sel", DType::F32, {rows, h});

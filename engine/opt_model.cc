@@ -191,38 +191,48 @@ Tensor OptModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRunti
   }
   be.add_gathered_rows(x, embed_positions_, pos_ids);
 
-  Tensor a = ws_.get("a", DType::F32, {T, h});     // normalised input of a sub-block
-  Tensor qkv = ws_.get("qkv", DType::F32, {3, T, h});
-  Tensor q = qkv.rows(0, 1).reshape({T, h});
-  Tensor k = qkv.rows(1, 1).reshape({T, h});
-  Tensor v = qkv.rows(2, 1).reshape({T, h});
-  Tensor att = ws_.get("att", DType::F32, {T, h});
-  Tensor ff = ws_.get("ff", DType::F32, {T, c.ffn_dim});
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
   const float eps = OptConfig::kLayerNormEps;
   kv.begin(chunks);
+  // Scratch for one GPU batch (kv.groups() of them per layer; one unless asked for), sized
+  // once for the largest so no buffer moves during the step.
+  int64_t rows_max = 0;
+  for (int64_t g = 0; g < kv.groups(); ++g) rows_max = std::max(rows_max, kv.group_rows(g).count);
+  for (auto [name, width] : {std::pair{"a", h}, {"qkv", 3 * h}, {"att", h}, {"ff", c.ffn_dim}})
+    ws_.get(name, DType::F32, {rows_max, width});
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const OptLayer& L = layers_[li];
-    kv.prepare_layer(li);
-    // Self-attention block. attn_in is X, the post-norm input of the QKV projection.
-    const Tensor& attn_in = c.do_layer_norm_before ? a : x;
-    if (c.do_layer_norm_before) be.layer_norm(a, x, L.attn_ln_w, L.attn_ln_b, eps);
-    if (L.wqkv.defined()) {
-      be.linear_batched(qkv, attn_in, L.wqkv, L.bqkv, Activation::None);
-    } else {
-      be.linear(q, attn_in, L.wq, L.bq, Activation::None);
-      be.linear(k, attn_in, L.wk, L.bk, Activation::None);
-      be.linear(v, attn_in, L.wv, L.bv, Activation::None);
+    for (int64_t g = 0; g < kv.groups(); ++g) {
+      const auto [r0, n] = kv.group_rows(g);
+      Tensor xg = x.rows(r0, n);                           // this batch's residual stream
+      Tensor a = ws_.get("a", DType::F32, {n, h});         // normalised input of a sub-block
+      Tensor qkv = ws_.get("qkv", DType::F32, {3, n, h});
+      Tensor q = qkv.rows(0, 1).reshape({n, h});
+      Tensor k = qkv.rows(1, 1).reshape({n, h});
+      Tensor v = qkv.rows(2, 1).reshape({n, h});
+      Tensor att = ws_.get("att", DType::F32, {n, h});
+      Tensor ff = ws_.get("ff", DType::F32, {n, c.ffn_dim});
+      kv.prepare(li, g);
+      // Self-attention block. attn_in is X, the post-norm input of the QKV projection.
+      const Tensor& attn_in = c.do_layer_norm_before ? a : xg;
+      if (c.do_layer_norm_before) be.layer_norm(a, xg, L.attn_ln_w, L.attn_ln_b, eps);
+      if (L.wqkv.defined()) {
+        be.linear_batched(qkv, attn_in, L.wqkv, L.bqkv, Activation::None);
+      } else {
+        be.linear(q, attn_in, L.wq, L.bq, Activation::None);
+        be.linear(k, attn_in, L.wk, L.bk, Activation::None);
+        be.linear(v, attn_in, L.wv, L.bv, Activation::None);
+      }
+      kv.attend(li, g, attn_in, q, k, v, att, scale);
+      be.linear_accumulate(xg, att, L.wo, L.bo);  // x += att · Woᵀ + bo
+      if (!c.do_layer_norm_before) be.layer_norm(xg, xg, L.attn_ln_w, L.attn_ln_b, eps);
+      // Feed-forward block.
+      const Tensor& ffn_in = c.do_layer_norm_before ? a : xg;
+      if (c.do_layer_norm_before) be.layer_norm(a, xg, L.ffn_ln_w, L.ffn_ln_b, eps);
+      be.linear(ff, ffn_in, L.fc1_w, L.fc1_b, c.activation);
+      be.linear_accumulate(xg, ff, L.fc2_w, L.fc2_b);
+      if (!c.do_layer_norm_before) be.layer_norm(xg, xg, L.ffn_ln_w, L.ffn_ln_b, eps);
     }
-    kv.attend(li, attn_in, q, k, v, att, scale);
-    be.linear_accumulate(x, att, L.wo, L.bo);  // x += att · Woᵀ + bo
-    if (!c.do_layer_norm_before) be.layer_norm(x, x, L.attn_ln_w, L.attn_ln_b, eps);
-    // Feed-forward block.
-    const Tensor& ffn_in = c.do_layer_norm_before ? a : x;
-    if (c.do_layer_norm_before) be.layer_norm(a, x, L.ffn_ln_w, L.ffn_ln_b, eps);
-    be.linear(ff, ffn_in, L.fc1_w, L.fc1_b, c.activation);
-    be.linear_accumulate(x, ff, L.fc2_w, L.fc2_b);
-    if (!c.do_layer_norm_before) be.layer_norm(x, x, L.ffn_ln_w, L.ffn_ln_b, eps);
   }
   kv.end();
   if (c.has_final_layer_norm()) be.layer_norm(x, x, final_ln_w_, final_ln_b_, eps);

@@ -41,8 +41,10 @@ class Daemon:
     def __init__(self, *extra, args=None, env=None, wait_ready=True, port=None):
         self.port = port or free_port()
         self.log = open(os.path.join(TMP, f"kvprd-{self.port}.log"), "w")
+        # Two GPU batches per layer (column by column) whenever a worker runs two or more
+        # sequences: every check below also holds for it.
         argv = args if args is not None else ["--model", MODEL, "--port", str(self.port), "--workers", "2",
-                                              "--max-batch", "8", "--config", "/dev/null", *extra]
+                                              "--max-batch", "8", "--gpu-batches", "2", "--config", "/dev/null", *extra]
         self.proc = subprocess.Popen([KVPRD, *argv], stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
         if not wait_ready:
@@ -159,7 +161,7 @@ def operations():
     with open(conf, "w") as f:
         f.write(example.replace("/var/lib/kvprd/models/opt-6.7b", MODEL).replace("port = 8000", f"port = {port}")
                 .replace("served-model-name = opt-6.7b", "served-model-name = demo").replace("kv-mode = kvpr", "kv-mode = offload")
-                .replace("# weights = host", "weights = host"))
+                .replace("# weights = host", "weights = host").replace("# gpu-batches = 4", "gpu-batches = 2"))
     # sd_notify: a datagram socket standing in for systemd.
     sock_path = os.path.join(TMP, "notify.sock")
     ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -189,6 +191,9 @@ def operations():
     r = subprocess.run([KVPRD, "--model", MODEL, "--cuda-graphs", "maybe"], capture_output=True, text=True)
     check("bad cuda-graphs value: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and
           "cuda-graphs: expected on or off" in r.stderr, (r.returncode, r.stderr))
+    r = subprocess.run([KVPRD, "--model", MODEL, "--max-batch", "4", "--gpu-batches", "5"], capture_output=True, text=True)
+    check("gpu-batches above max-batch: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and
+          "gpu-batches must be in 1..max-batch (4), not 5" in r.stderr, (r.returncode, r.stderr))
     r = subprocess.run([KVPRD, "--model", MODEL, "--weights", "gpu"], capture_output=True, text=True)
     check("bad weights value: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and
           "weights: expected device or host" in r.stderr, (r.returncode, r.stderr))

@@ -3,6 +3,7 @@
 // activation cap; the host store holds exactly what was computed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -26,6 +27,7 @@ struct ModeRun {
   std::vector<std::vector<int32_t>> tokens;
   std::map<uint64_t, std::vector<std::vector<float>>> logits;  // per request id, per step
   std::vector<StepStats> steps;
+  std::vector<int64_t> groups;  // GPU batches of each step
 };
 
 // Prompts of different lengths; the third joins two steps later (continuous batching).
@@ -42,13 +44,16 @@ ModeRun run(OptModel& model, const Tokenizer& tok, const GeneratorOptions& opts,
     if (s == 2) ids.push_back(gen.add({7, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, p));
     gen.step(obs);
     r.steps.push_back(gen.kv_runtime().last_step());
+    r.groups.push_back(gen.kv_runtime().groups());
   }
   for (uint64_t id : ids) r.tokens.push_back(gen.take_result(id).tokens);
   return r;
 }
 
-GeneratorOptions options(KvMode mode, DType kv, std::optional<int64_t> split = std::nullopt, int64_t cap = -1) {
+GeneratorOptions options(KvMode mode, DType kv, std::optional<int64_t> split = std::nullopt, int64_t cap = -1,
+                         int64_t gpu_batches = 1) {
   GeneratorOptions o;
+  o.kv.gpu_batches = gpu_batches;
   o.max_batch = 3;
   o.kv_dtype = kv;
   o.kv.mode = mode;
@@ -68,6 +73,13 @@ void expect_same(const ModeRun& ref, const ModeRun& got, double tol, const std::
       EXPECT_TRUE(test::close_rel(r, mine[s].data(), r.size(), tol)) << what << " request " << id << " step " << s;
     }
   }
+}
+
+// The fixture's model with its layers' weights streamed from pinned host memory (--weights host).
+OptModel streamed_model(Backend& be, const std::string& dir) {
+  ModelLoadOptions lo;
+  lo.stream_weights = true;
+  return OptModel(be, dir, lo);
 }
 
 class KvModes : public ::testing::TestWithParam<const char*> {};
@@ -129,9 +141,7 @@ TEST_P(KvModes, StreamedWeightsGiveTheSameResults) {
   CpuBackend be;
   const std::string dir = test::data_path(std::string("opt/") + GetParam());
   OptModel resident(be, dir);
-  ModelLoadOptions lo;
-  lo.stream_weights = true;
-  OptModel streamed(be, dir, lo);
+  OptModel streamed = streamed_model(be, dir);
   ASSERT_NE(streamed.weight_stream(), nullptr);
   EXPECT_EQ(resident.weight_stream(), nullptr);
   EXPECT_EQ(streamed.parameter_count(), resident.parameter_count());
@@ -219,6 +229,41 @@ TEST(KvRuntime, BytesMovedFollowTheSplit) {
     EXPECT_EQ(st.h2d_bytes, want) << "split " << split;
     // Stored: the new token's K, V and X.
     EXPECT_EQ(st.d2h_bytes, c.num_layers * 3 * c.hidden_size * 2);
+  }
+}
+
+TEST_P(KvModes, GpuBatchesColumnByColumnGiveTheSameResults) {
+  // The step's sequences in 2 or 3 GPU batches, each through a layer before the next layer:
+  // every mode gives resident's tokens and logits; the same KV crosses the link, and with
+  // streamed weights each layer's weights still cross once per step.
+  test::TempDir tmp;
+  CpuBackend be;
+  const std::string dir = test::data_path(std::string("opt/") + GetParam());
+  OptModel model(be, dir);
+  OptModel streamed = streamed_model(be, dir);
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  ModeRun ref = run(model, tok, options(KvMode::Resident, DType::F32));
+  ModeRun off1 = run(model, tok, options(KvMode::Offload, DType::F32));
+  ModeRun wh1 = run(streamed, tok, options(KvMode::Offload, DType::F32));
+  for (int64_t G : {2, 3}) {
+    const std::string g = ", " + std::to_string(G) + " GPU batches";
+    for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Recompute, KvMode::CpuAttn})
+      expect_same(ref, run(model, tok, options(m, DType::F32, std::nullopt, -1, G)), 1e-6, kv_mode_name(m) + g);
+    ModeRun k = run(model, tok, options(KvMode::Kvpr, DType::F32, 5, -1, G));
+    expect_same(ref, k, 1e-5, "kvpr split 5" + g);
+    ModeRun off = run(model, tok, options(KvMode::Offload, DType::F32, std::nullopt, -1, G));
+    ModeRun wh = run(streamed, tok, options(KvMode::Offload, DType::F32, std::nullopt, -1, G));
+    EXPECT_EQ(off.groups.front(), 2) << g;  // two sequences, then three
+    EXPECT_EQ(*std::max_element(off.groups.begin(), off.groups.end()), G) << g;
+    expect_same(ref, wh, 1e-6, "streamed weights, offload" + g);
+    expect_same(ref, run(streamed, tok, options(KvMode::Kvpr, DType::F32, 4, -1, G)), 1e-5, "streamed kvpr" + g);
+    ASSERT_EQ(off.steps.size(), off1.steps.size());
+    for (size_t s = 0; s < off.steps.size(); ++s) {
+      EXPECT_EQ(off.steps[s].h2d_bytes, off1.steps[s].h2d_bytes) << "step " << s << g;
+      EXPECT_EQ(off.steps[s].d2h_bytes, off1.steps[s].d2h_bytes) << "step " << s << g;
+      EXPECT_EQ(wh.steps[s].weight_h2d_bytes, wh1.steps[s].weight_h2d_bytes) << "step " << s << g;
+      EXPECT_EQ(wh.steps[s].h2d_bytes, wh1.steps[s].h2d_bytes) << "step " << s << g;
+    }
   }
 }
 
