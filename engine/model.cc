@@ -43,6 +43,18 @@ size_t Model::device_weight_bytes() const {
   return weight_bytes_ - streamed_bytes_ + weight_stream_->device_bytes();
 }
 
+Tensor Model::alloc_weight(DType dtype, const Shape& shape, size_t model_bytes) {
+  try {
+    return backend_.alloc(dtype, shape);
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    if (stream_weights_ || m.find("out of memory") == std::string::npos) throw;
+    const std::string size = model_bytes > 0 ? " " + std::to_string(model_bytes >> 20) + " MiB of" : "";
+    KVPR_THROW(m, "; the model's", size, " weights do not fit on the device: keep its layers in host memory with "
+               "--weights host (kvprd: weights = host)");
+  }
+}
+
 bool Model::streamed(const std::string& name, WeightRole role) const {
   return stream_weights_ && role == WeightRole::Matrix && name.rfind("layers.", 0) == 0;
 }
@@ -156,7 +168,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     DType dt = opts.convert_weights ? opts.weight_dtype : r->dtype;
     // Streamed weights go to pinned host memory, read by every rank; the rest to the device.
     const bool host = streamed(name, role);
-    Tensor dst = host ? backend_.alloc_pinned(dt, r->shape) : backend_.alloc(dt, r->shape);
+    Tensor dst = host ? backend_.alloc_pinned(dt, r->shape) : alloc_weight(dt, r->shape, total);
     if (opts.broadcast && !host) received.push_back(dst);
     if (receiver && !host) {
       // Filled by the broadcast from rank 0 below; only the header was read here.
@@ -188,7 +200,7 @@ Model::WeightSource Model::random_weights(DType dtype, uint64_t seed) {
   return [this, dtype, seed, n](const std::string& name, const Shape& shape, bool required, WeightRole role) {
     if (!required && name == "lm_head.weight") return Tensor();  // tied
     const bool host = streamed(name, role);
-    Tensor t = backend_.alloc(dtype, shape);
+    Tensor t = alloc_weight(dtype, shape, 0);
     const float fan_in = static_cast<float>(shape.size() == 2 ? shape[1] : 1);
     const uint64_t s = seed + (*n)++;
     switch (role) {

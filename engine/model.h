@@ -102,6 +102,9 @@ class Model : public KvProjector {
   // A source of random weights of `dtype` generated on the device (an absent lm_head.weight
   // stays absent: tied); norm gains near 1, matrices scaled by their fan-in.
   WeightSource random_weights(DType dtype, uint64_t seed);
+  // Device memory for a weight of a model of `model_bytes` (0: unknown); running out names the
+  // way around it (--weights host).
+  Tensor alloc_weight(DType dtype, const Shape& shape, size_t model_bytes);
   // Whether the weight `name` of this role lives in pinned host memory (streamed layers).
   bool streamed(const std::string& name, WeightRole role) const;
   // [n, ...] from n tensors of one shape, in the memory of the first (device, or pinned host

@@ -264,6 +264,27 @@ TEST(Cuda, OutOfMemoryIsAClearError) {
   EXPECT_EQ(ok.numel(), 16);
 }
 
+// Weights that do not fit on the device: the error says so and names --weights host.
+TEST(Cuda, WeightsTooLargeForTheDeviceNameTheWayOut) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = create_backend("cuda");
+  OptConfig c;
+  c.vocab_size = int64_t{1} << 28;  // a 2^28 x 2^12 fp16 embedding: 2 TiB
+  c.hidden_size = c.word_embed_proj_dim = 4096;
+  c.num_layers = 1;
+  c.num_heads = 32;
+  c.ffn_dim = 16384;
+  c.max_position_embeddings = 2048;
+  try {
+    OptModel m(*gpu, c, DType::F16, 1);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA out of memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--weights host (kvprd: weights = host)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(gpu->alloc(DType::F32, {16}).numel(), 16);  // the device is still usable
+}
+
 TEST(Cuda, EveryKvModeGivesTheCpuGreedyTokens) {
   SKIP_WITHOUT_GPU();
   test::TempDir tmp;
