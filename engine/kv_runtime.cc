@@ -213,14 +213,28 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
     KVPR_CHECK(c.past_len + c.count <= capacity_, "sequence of ", c.past_len + c.count,
                " tokens exceeds the KV capacity ", capacity_);
   }
-  // GPU batches of consecutive chunks, as even in sequence count as can be.
+  // GPU batches of consecutive chunks with context tokens as even as can be: the largest sets
+  // the device buffers, and every batch's copies should take as long as the others'.
   const size_t n = chunks.size();
   const size_t G = std::clamp<size_t>(static_cast<size_t>(std::max<int64_t>(1, opts_.gpu_batches)), 1, std::max<size_t>(n, 1));
+  std::vector<int64_t> prefix(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + chunks[i].past_len + chunks[i].count;
+  std::vector<size_t> cut(G + 1, n);
+  cut[0] = 0;
+  for (size_t g = 1; g < G; ++g) {
+    const double target = static_cast<double>(prefix[n]) * static_cast<double>(g) / static_cast<double>(G);
+    const size_t lo = cut[g - 1] + 1, hi = n - (G - g);  // every batch keeps at least one chunk
+    size_t best = lo;
+    for (size_t i = lo; i <= hi; ++i)
+      if (std::abs(static_cast<double>(prefix[i]) - target) < std::abs(static_cast<double>(prefix[best]) - target))
+        best = i;
+    cut[g] = best;
+  }
   int64_t row = 0;
   for (size_t g = 0; g < G; ++g) {
     Group gr;
-    gr.first = n * g / G;
-    gr.last = n * (g + 1) / G;
+    gr.first = cut[g];
+    gr.last = cut[g + 1];
     gr.q_begin = row;
     for (size_t i = gr.first; i < gr.last; ++i) {
       const ForwardChunk& c = chunks[i];

@@ -267,6 +267,35 @@ TEST_P(KvModes, GpuBatchesColumnByColumnGiveTheSameResults) {
   }
 }
 
+TEST(KvRuntime, GpuBatchesBalanceContextTokens) {
+  // Contexts of 10, 10, 10, 10 and 40 tokens in two GPU batches: the first four together (40)
+  // and the long one alone (40), not two and three sequences (20 and 60). More batches than
+  // sequences: one per sequence.
+  CpuBackend be;
+  OptModel model(be, test::data_path("opt/pre_ln_safetensors"));
+  KvRuntimeOptions o;
+  o.mode = KvMode::Offload;
+  o.kv_dtype = DType::F32;
+  o.gpu_batches = 2;
+  std::vector<int32_t> tok = {7};
+  std::vector<ForwardChunk> chunks;
+  int64_t slot = 0;
+  for (int64_t past : {9, 9, 9, 9, 39}) chunks.push_back(ForwardChunk{tok.data(), 1, past, slot++});
+  auto kv = model.make_kv_runtime(5, 64, o);
+  kv->begin(chunks);
+  ASSERT_EQ(kv->groups(), 2);
+  EXPECT_EQ(kv->group_rows(0).begin, 0);
+  EXPECT_EQ(kv->group_rows(0).count, 4);
+  EXPECT_EQ(kv->group_rows(1).begin, 4);
+  EXPECT_EQ(kv->group_rows(1).count, 1);
+  o.gpu_batches = 8;
+  auto kv8 = model.make_kv_runtime(5, 64, o);
+  kv8->begin({chunks.begin(), chunks.begin() + 3});
+  ASSERT_EQ(kv8->groups(), 3);
+  for (int64_t g = 0; g < 3; ++g) EXPECT_EQ(kv8->group_rows(g).begin, g);
+  be.synchronize();
+}
+
 TEST(WeightStream, EveryLayerCountCopiesEachLayerOncePerStep) {
   // Random OPT models of 1, 2, 3 and 5 layers, weights on the device and streamed, same seed:
   // the same logits. Two slots hold two layers, so models of one or two layers never copy
