@@ -1,7 +1,6 @@
 #include "engine/kv_runtime.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 #include "engine/cpu/attention.h"
@@ -440,9 +439,7 @@ void KvRuntime::attend_cpu(int64_t layer, int64_t group, const Tensor& q, const 
     stats_.d2h_bytes += 2 * s.q_len * shape_.kv_hidden() * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
   }
   Event down = be_.record(Stream::D2H);
-  auto t0 = std::chrono::steady_clock::now();
   be_.synchronize(down);
-  t.waited_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   // Attention on host threads over the host store.
   std::vector<AttentionSeq> seqs;
   for (const auto& s : this->seqs(group))

@@ -171,7 +171,6 @@ class KvRuntime {
     // The compute stream's waits for copies, as events around each wait: on a GPU the stream,
     // not the host, waits, so the layer's device time includes them; they are not device work.
     std::vector<std::pair<Event, Event>> stalls;
-    double waited_ms = 0;  // host time blocked in the layer (cpu-attn's round trips)
     int64_t h2d_bytes = 0;
   };
   void decide_splits();

@@ -40,7 +40,7 @@ std::unique_ptr<KvRuntime> Model::make_kv_runtime(int64_t slots, int64_t capacit
 
 size_t Model::device_weight_bytes() const {
   if (!weight_stream_) return weight_bytes_;
-  return weight_bytes_ - streamed_bytes_ + weight_stream_->device_bytes();
+  return weight_bytes_ - weight_stream_->host_bytes() + weight_stream_->device_bytes();
 }
 
 Tensor Model::alloc_weight(DType dtype, const Shape& shape, size_t model_bytes) {
@@ -93,7 +93,6 @@ void Model::start_streaming(const std::function<void(LayerWeightStream&)>& regis
   auto ws = std::make_unique<LayerWeightStream>(backend_);
   register_fields(*ws);
   ws->finalize();
-  streamed_bytes_ = ws->host_bytes();
   weight_stream_ = std::move(ws);
 }
 

@@ -120,7 +120,6 @@ class Model : public KvProjector {
   size_t weight_bytes_ = 0;
   DType weight_dtype_ = DType::F32;
   bool stream_weights_ = false;
-  size_t streamed_bytes_ = 0;  // of weight_bytes_
   std::unique_ptr<LayerWeightStream> weight_stream_;
   Workspace ws_{backend_};
 };

@@ -141,22 +141,12 @@ void OptModel::stack_qkv() {
   for (OptLayer& L : layers_) {
     const DType dt = L.wq.dtype();
     if (L.wk.dtype() != dt || L.wv.dtype() != dt) continue;  // mixed checkpoint: three GEMMs
-    Tensor w = L.wq.memory() == MemoryKind::PinnedHost ? backend_.alloc_pinned(dt, {3, h, h})  // streamed
-                                                        : backend_.alloc(dt, {3, h, h});
-    backend_.copy(w.rows(0, 1).reshape({h, h}), L.wq, Stream::Compute, "stack q");
-    backend_.copy(w.rows(1, 1).reshape({h, h}), L.wk, Stream::Compute, "stack k");
-    backend_.copy(w.rows(2, 1).reshape({h, h}), L.wv, Stream::Compute, "stack v");
-    Tensor b;
     const bool biases = L.bq.defined() && L.bk.defined() && L.bv.defined() && L.bk.dtype() == L.bq.dtype() &&
                         L.bv.dtype() == L.bq.dtype();
-    if (biases) {
-      b = backend_.alloc(L.bq.dtype(), {3, h});
-      backend_.copy(b.rows(0, 1).reshape({h}), L.bq, Stream::Compute, "stack q bias");
-      backend_.copy(b.rows(1, 1).reshape({h}), L.bk, Stream::Compute, "stack k bias");
-      backend_.copy(b.rows(2, 1).reshape({h}), L.bv, Stream::Compute, "stack v bias");
-    } else if (L.bq.defined() || L.bk.defined() || L.bv.defined()) {
-      continue;  // some biases but not three of one dtype: keep the separate GEMMs
-    }
+    // Some biases but not three of one dtype: keep the separate GEMMs.
+    if (!biases && (L.bq.defined() || L.bk.defined() || L.bv.defined())) continue;
+    Tensor w = stack({&L.wq, &L.wk, &L.wv});  // in host memory when the layers are streamed
+    Tensor b = biases ? stack({&L.bq, &L.bk, &L.bv}) : Tensor();
     backend_.synchronize();  // the copies are done before the separate tensors go
     L.wqkv = w;
     L.wq = w.rows(0, 1).reshape({h, h});

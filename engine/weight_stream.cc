@@ -64,7 +64,6 @@ void LayerWeightStream::finalize() {
   }
   for (int64_t i = 2; i < layers(); ++i) point_fields(i, static_cast<int>(i % 2));
   be_.synchronize();
-  copied_bytes_ = 0;
 }
 
 size_t LayerWeightStream::layer_bytes(int64_t layer) const { return layers_.at(static_cast<size_t>(layer)).bytes; }
@@ -118,7 +117,6 @@ size_t LayerWeightStream::issue(int64_t layer, Part part) {
                Stream::H2D, "W front");
     sl.front_ready = be_.record(Stream::H2D);
     sl.front_issued = true;
-    copied_bytes_ += static_cast<int64_t>(L.front_bytes);
     return L.front_bytes;
   }
   const int s = slot_of(layer);
@@ -131,7 +129,6 @@ size_t LayerWeightStream::issue(int64_t layer, Part part) {
              L.block.rows(static_cast<int64_t>(L.front_bytes), static_cast<int64_t>(n)), Stream::H2D, "W back");
   sl.back_ready = be_.record(Stream::H2D);
   sl.back_issued = true;
-  copied_bytes_ += static_cast<int64_t>(n);
   return n;
 }
 

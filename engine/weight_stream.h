@@ -62,8 +62,6 @@ class LayerWeightStream {
   void wait_back(int64_t layer);
   // The compute work issued so far is the layer's last use of its slot.
   void release(int64_t layer);
-  // How many bytes issue() copied since the stream was made (for reports).
-  int64_t copied_bytes() const { return copied_bytes_; }
 
  private:
   struct Field {
@@ -92,7 +90,6 @@ class LayerWeightStream {
   Slot slots_[2];
   int last_slot_ = 1;      // the slot the latest front went to
   size_t slot_bytes_ = 0;
-  int64_t copied_bytes_ = 0;
   bool finalized_ = false;
 };
 

@@ -5,6 +5,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -260,8 +261,7 @@ def llama_chat():
     model = os.path.join(TMP, "llama")
     os.makedirs(model)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        with open(os.path.join(data, name), "rb") as f, open(os.path.join(model, name), "wb") as g:
-            g.write(f.read())
+        shutil.copyfile(os.path.join(data, name), os.path.join(model, name))
     write_tiny_llama(model)
     cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
     # The start of Llama-2-chat's Jinja template: what auto detection looks for.
@@ -295,8 +295,7 @@ def llama_chat():
     small = os.path.join(TMP, "llama-small-vocab")
     os.makedirs(small)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        with open(os.path.join(model, name), "rb") as f, open(os.path.join(small, name), "wb") as g:
-            g.write(f.read())
+        shutil.copyfile(os.path.join(model, name), os.path.join(small, name))
     write_tiny_llama(small, vocab=96)
     port = free_port()
     d = Daemon(args=["--model", small, "--port", str(port), "--workers", "1", "--config", "/dev/null"], port=port)
