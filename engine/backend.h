@@ -63,6 +63,20 @@ struct LinearShape {
   int64_t M, N, K;
 };
 LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const char* what);
+
+// Rotary embedding frequencies, as Hugging Face's rope types "default", "linear" and "llama3"
+// compute them. Element pair i of a head (of head_dim / 2) turns by position · inv_freq(i),
+// inv_freq(i) = theta^(-2i/head_dim) · freq_scale, then, with llama3_factor > 0 (Llama-3.1,
+// 3.2): a frequency whose wavelength 2π/f exceeds original_max_position / low_freq_factor is
+// divided by llama3_factor, one below original_max_position / high_freq_factor is kept, and
+// the band between blends the two by (original_max_position / wavelength - low) / (high - low).
+struct RopeParams {
+  float theta = 10000.f;
+  float freq_scale = 1.f;  // "linear": 1 / factor
+  float llama3_factor = 0.f;  // 0: no llama3 scaling
+  float low_freq_factor = 1.f, high_freq_factor = 4.f, original_max_position = 8192.f;
+};
+
 // Throws unless rope's tensors fit (see Backend::rope); returns T, the rows positions covers.
 int64_t check_rope(const Tensor& x, const Tensor& positions, int head_dim);
 // Throws unless rms_norm's and silu_mul's tensors fit.
@@ -164,9 +178,9 @@ class Backend {
   // Rotary position embedding (Llama, Hugging Face's rotate_half layout), in place. x is
   // [..., T, width] F32 with width a multiple of head_dim; every row r of the last two dims is
   // rotated by position positions[r % T] (I32 [T], device memory): in each head, element i and
-  // i + head_dim/2 turn by the angle p · freq_scale · theta^(-2i/head_dim), computed in fp32 as
+  // i + head_dim/2 turn by the angle rope_angle(p, i, head_dim, params), computed in fp32 as
   // Hugging Face does. Q and K stacked as [2, T, hidden] turn in one call.
-  virtual void rope(const Tensor& x, const Tensor& positions, int head_dim, float theta, float freq_scale) = 0;
+  virtual void rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params) = 0;
   // out = silu(gate) * up elementwise (SwiGLU's gate, Llama's MLP); out may alias gate or up.
   virtual void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
   // out[M, N] = act(x[M, K] · w[N, K]ᵀ + bias[N]); bias may be undefined.
@@ -257,13 +271,28 @@ KVPR_HD inline float random_normal(uint64_t seed, uint64_t i) {
   return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2);
 }
 
-// The angle by which rope turns element pair i (of head_dim / 2) at `position`: the frequency
-// theta^(-2i/head_dim) · freq_scale rounded to fp32, times the position in fp32, as Hugging
-// Face's LlamaRotaryEmbedding computes it. Shared by the backends.
-KVPR_HD inline float rope_angle(int32_t position, int i, int head_dim, float theta, float freq_scale) {
-  const float inv_freq = static_cast<float>(static_cast<double>(freq_scale) /
-                                            pow(static_cast<double>(theta), 2.0 * i / static_cast<double>(head_dim)));
-  return static_cast<float>(position) * inv_freq;
+// The frequency of element pair i (RopeParams).
+KVPR_HD inline float rope_inv_freq(int i, int head_dim, const RopeParams& r) {
+  double f = static_cast<double>(r.freq_scale) /
+             pow(static_cast<double>(r.theta), 2.0 * i / static_cast<double>(head_dim));
+  if (r.llama3_factor > 0.f) {
+    const double wavelen = 6.283185307179586 / f;
+    const double old_len = r.original_max_position;
+    if (wavelen > old_len / r.low_freq_factor) {
+      f /= r.llama3_factor;
+    } else if (!(wavelen < old_len / r.high_freq_factor)) {
+      const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      f = (1.0 - smooth) * f / r.llama3_factor + smooth * f;
+    }
+  }
+  return static_cast<float>(f);
+}
+
+// The angle by which rope turns element pair i at `position`: the frequency rounded to fp32,
+// times the position in fp32, as Hugging Face's rotary embedding computes it. Shared by the
+// backends.
+KVPR_HD inline float rope_angle(int32_t position, int i, int head_dim, const RopeParams& r) {
+  return static_cast<float>(position) * rope_inv_freq(i, head_dim, r);
 }
 
 // Creates a backend by name: "cpu", "cuda" (device 0 or `device`), or "auto" (cuda when

@@ -36,8 +36,8 @@ class ConfigFields {
   void get_bool(const char* name, bool* out) const {
     read(name, false, [&](const json::Value& f) { *out = f.as_bool(); });
   }
-  void get_double(const char* name, double* out) const {
-    read(name, false, [&](const json::Value& f) { *out = f.as_double(); });
+  void get_double(const char* name, double* out, bool required = false) const {
+    read(name, required, [&](const json::Value& f) { *out = f.as_double(); });
   }
   void get_string(const char* name, std::string* out, bool required = false) const {
     read(name, required, [&](const json::Value& f) { *out = f.as_string(); });

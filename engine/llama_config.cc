@@ -34,7 +34,7 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
     KVPR_CHECK(act == "silu", source, ": hidden_act \"", act, "\" is not supported (silu)");
 
   // Rotary embedding: rope_theta (transformers 4) or rope_parameters (transformers 5), and
-  // rope_scaling, of which kvpr runs none ("default") and "linear".
+  // rope_scaling, of which kvpr runs none ("default"), "linear" and "llama3".
   f.get_double("rope_theta", &c.rope_theta);
   const json::Value* scaling = f.find("rope_scaling");
   if (const json::Value* rp = f.find("rope_parameters")) {
@@ -52,8 +52,18 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
       s.get_double("factor", &factor);
       KVPR_CHECK(factor > 0, source, ": rope scaling factor must be positive");
       c.rope_freq_scale = 1.0 / factor;
+    } else if (type == "llama3") {
+      s.get_double("factor", &c.rope_llama3_factor, true);
+      s.get_double("low_freq_factor", &c.rope_low_freq_factor, true);
+      s.get_double("high_freq_factor", &c.rope_high_freq_factor, true);
+      s.get_double("original_max_position_embeddings", &c.rope_original_max_position, true);
+      KVPR_CHECK(c.rope_llama3_factor > 0 && c.rope_low_freq_factor > 0 && c.rope_original_max_position > 0, source,
+                 ": llama3 rope scaling needs a positive factor, low_freq_factor and original_max_position_embeddings");
+      KVPR_CHECK(c.rope_high_freq_factor > c.rope_low_freq_factor, source,
+                 ": llama3 rope scaling needs high_freq_factor above low_freq_factor");
     } else {
-      KVPR_CHECK(type == "default", source, ": rope scaling type \"", type, "\" is not supported (default, linear)");
+      KVPR_CHECK(type == "default", source, ": rope scaling type \"", type,
+                 "\" is not supported (default, linear, llama3)");
     }
   }
 

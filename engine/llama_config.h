@@ -21,6 +21,11 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   double rope_freq_scale = 1.0;  // 1 / rope_scaling.factor for "linear" scaling
+  // "llama3" scaling (Llama-3.1, 3.2): factor (0: none), the band's low and high frequency
+  // factors and the original context the band is measured against (see RopeParams).
+  double rope_llama3_factor = 0.0;
+  double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  double rope_original_max_position = 8192.0;
   bool tie_word_embeddings = false;
   bool attention_bias = false;
   bool mlp_bias = false;
@@ -32,7 +37,7 @@ struct LlamaConfig {
   int64_t head_dim() const { return hidden_size / num_heads; }
 
   // Parses and validates; errors name `source` and the offending field. What kvpr does not
-  // run (KV heads that do not divide the heads, rope scaling other than linear, activations
+  // run (KV heads that do not divide the heads, rope scaling other than linear and llama3, activations
   // other than silu) is refused here, by name.
   static LlamaConfig from_json(const json::Value& v, const std::string& source);
   static LlamaConfig load(const std::string& model_dir);  // <dir>/config.json

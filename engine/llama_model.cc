@@ -116,8 +116,14 @@ void LlamaModel::stack_weights() {
 }
 
 void LlamaModel::rope(const Tensor& x, const Tensor& positions) {
-  backend_.rope(x, positions, static_cast<int>(config_.head_dim()), static_cast<float>(config_.rope_theta),
-                static_cast<float>(config_.rope_freq_scale));
+  RopeParams r;
+  r.theta = static_cast<float>(config_.rope_theta);
+  r.freq_scale = static_cast<float>(config_.rope_freq_scale);
+  r.llama3_factor = static_cast<float>(config_.rope_llama3_factor);
+  r.low_freq_factor = static_cast<float>(config_.rope_low_freq_factor);
+  r.high_freq_factor = static_cast<float>(config_.rope_high_freq_factor);
+  r.original_max_position = static_cast<float>(config_.rope_original_max_position);
+  backend_.rope(x, positions, static_cast<int>(config_.head_dim()), r);
 }
 
 void LlamaModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) {

@@ -135,21 +135,52 @@ TEST_P(CpuOps, RmsNormRopeAndSiluMul) {
   Tensor qk = random_tensor(be, DType::F32, {2, T, W}, rng);
   Tensor pos = be.alloc(DType::I32, {T});
   for (int i = 0; i < T; ++i) pos.data_as<int32_t>()[i] = 3 + 5 * i;
-  auto qv = as_double(qk);
-  be.rope(qk, pos, hd, 500000.f, 0.25f);
-  std::vector<double> rr(qv.size());
-  for (int r = 0; r < 2 * T; ++r)
-    for (int h = 0; h < heads; ++h)
-      for (int i = 0; i < hd; ++i) {
-        const int j = i % (hd / 2);
-        const double a = (3 + 5 * (r % T)) * 0.25 / std::pow(500000.0, 2.0 * j / hd);
-        const double* v = &qv[r * W + h * hd];
-        const double rot = i < hd / 2 ? -v[i + hd / 2] : v[i - hd / 2];  // rotate_half
-        rr[r * W + h * hd + i] = v[i] * std::cos(a) + rot * std::sin(a);
-      }
-  EXPECT_TRUE(test::close_rel(rr, qk.data_as<float>(), rr.size(), 1e-5));
-  EXPECT_THROW(be.rope(qk, pos, 10, 1e4f, 1.f), Error);           // 48 is no multiple of 10
-  EXPECT_THROW(be.rope(qk, be.alloc(DType::I32, {T + 1}), hd, 1e4f, 1.f), Error);
+  // Linear scaling (a quarter of the frequency), then llama3 scaling: Hugging Face's
+  // _compute_llama3_parameters written out in double, with a head wide enough that its
+  // frequencies fall in all three bands (kept, blended, divided).
+  auto check_rope = [&](int d, const RopeParams& p, auto&& inv_freq) {
+    const int rw = d * heads;
+    Tensor t = random_tensor(be, DType::F32, {2, T, rw}, rng);
+    auto tv = as_double(t);
+    be.rope(t, pos, d, p);
+    std::vector<double> rr(tv.size());
+    for (int r = 0; r < 2 * T; ++r)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < d; ++i) {
+          const int j = i % (d / 2);
+          const double a = (3 + 5 * (r % T)) * inv_freq(j, d);
+          const double* v = &tv[r * rw + h * d];
+          const double rot = i < d / 2 ? -v[i + d / 2] : v[i - d / 2];  // rotate_half
+          rr[r * rw + h * d + i] = v[i] * std::cos(a) + rot * std::sin(a);
+        }
+    EXPECT_TRUE(test::close_rel(rr, t.data_as<float>(), rr.size(), 1e-5)) << "head_dim " << d;
+  };
+  RopeParams linear;
+  linear.theta = 500000.f;
+  linear.freq_scale = 0.25f;
+  check_rope(hd, linear, [](int j, int d) { return 0.25 / std::pow(500000.0, 2.0 * j / d); });
+  RopeParams l3;
+  l3.theta = 500000.f;
+  l3.llama3_factor = 8.f;
+  l3.low_freq_factor = 1.f;
+  l3.high_freq_factor = 4.f;
+  l3.original_max_position = 8192.f;
+  int bands[3] = {0, 0, 0};
+  auto l3_freq = [&](int j, int d) {
+    const double f = 1.0 / std::pow(500000.0, 2.0 * j / d), wavelen = 2 * M_PI / f;
+    const double low_wavelen = 8192.0 / 1.0, high_wavelen = 8192.0 / 4.0;
+    if (wavelen < high_wavelen) return ++bands[0], f;
+    if (wavelen > low_wavelen) return ++bands[2], f / 8.0;
+    ++bands[1];
+    const double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+    return (1 - smooth) * f / 8.0 + smooth * f;
+  };
+  check_rope(128, l3, l3_freq);
+  EXPECT_GT(bands[0], 0);
+  EXPECT_GT(bands[1], 0);
+  EXPECT_GT(bands[2], 0);
+  EXPECT_THROW(be.rope(qk, pos, 10, RopeParams{}), Error);           // 48 is no multiple of 10
+  EXPECT_THROW(be.rope(qk, be.alloc(DType::I32, {T + 1}), hd, RopeParams{}), Error);
 
   Tensor gate = random_tensor(be, DType::F32, {T, D}, rng, 3.f), up = random_tensor(be, DType::F32, {T, D}, rng);
   auto gtv = as_double(gate), uv = as_double(up);

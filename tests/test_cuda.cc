@@ -193,18 +193,23 @@ TEST_P(CudaOps, LlamaOpsMatchCpu) {
   gpu->rms_norm(x.gpu, x.gpu, g.gpu, 1e-6f);
   EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, x.gpu).data(), T * D, 1e-5));
 
-  for (int hd : {8, 64, 128}) {
+  RopeParams linear, l3;
+  linear.freq_scale = 0.5f;
+  l3.theta = 500000.f;
+  l3.llama3_factor = 32.f;  // Llama-3.2's
+  for (int hd : {8, 64, 128})
+  for (const RopeParams& rp : {linear, l3}) {
     const int64_t W = 3 * hd;
     Pair qk = random_pair(cpu, *gpu, DType::F32, {2, T, W}, 53);
     Tensor pc = cpu.alloc(DType::I32, {T}), pg = gpu->alloc(DType::I32, {T});
     for (int i = 0; i < T; ++i) pc.data_as<int32_t>()[i] = i == 0 ? 0 : i == 1 ? 4095 : (i * 377) % 2048;
     gpu->copy(pg, pc, Stream::H2D);
     gpu->wait(Stream::Compute, gpu->record(Stream::H2D));
-    cpu.rope(qk.cpu, pc, hd, 10000.f, 0.5f);
-    gpu->rope(qk.gpu, pg, hd, 10000.f, 0.5f);
+    cpu.rope(qk.cpu, pc, hd, rp);
+    gpu->rope(qk.gpu, pg, hd, rp);
     EXPECT_TRUE(test::close_rel(as_double(qk.cpu), download(*gpu, qk.gpu).data(), 2 * T * W, 1e-5)) << "head_dim " << hd;
   }
-  EXPECT_THROW(gpu->rope(og, gpu->alloc(DType::I32, {T}), 6, 1e4f, 1.f), Error);  // 333 is no multiple of 6
+  EXPECT_THROW(gpu->rope(og, gpu->alloc(DType::I32, {T}), 6, RopeParams{}), Error);  // 333 is no multiple of 6
 
   Pair gate = random_pair(cpu, *gpu, DType::F32, {T, D}, 54, 4.f), up = random_pair(cpu, *gpu, DType::F32, {T, D}, 55);
   cpu.silu_mul(oc, gate.cpu, up.cpu);
@@ -292,7 +297,7 @@ TEST(Cuda, EveryKvModeGivesTheCpuGreedyTokens) {
   auto gpu = create_backend("cuda");
   for (const char* name : {"opt/pre_ln_safetensors", "opt/post_ln_proj_sharded", "opt/decoder_prefix_bin",
                            "llama/f32_safetensors", "llama/bf16_tied_scaled_sharded", "llama/gqa_f32_safetensors",
-                           "llama/mqa_f16_bin_sharded"})
+                           "llama/mqa_f16_bin_sharded", "llama/llama3_rope_gqa_bf16"})
     test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path(name), tok,
                                                 {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4, name);
 }

@@ -1,7 +1,7 @@
 // Llama against float64 logits and greedy tokens from an independent torch implementation
 // (tests/scripts/make_llama_fixtures.py): every fixture layout (f32 safetensors; bf16, tied
 // head, attention biases and linear rope scaling in two shards; f16 .bin with MLP biases and
-// transformers 5's rope_parameters), through the cache one token at a time, every KV mode
+// transformers 5's rope_parameters; llama3 rope scaling with grouped-query attention), through the cache one token at a time, every KV mode
 // (KVPR's recompute turns K by each row's position), and the configs kvpr refuses.
 #include <gtest/gtest.h>
 
@@ -21,7 +21,7 @@ using namespace kvpr;
 namespace {
 
 const char* const kFixtures[] = {"f32_safetensors", "bf16_tied_scaled_sharded", "f16_bin_rope_parameters",
-                                 "gqa_f32_safetensors", "mqa_f16_bin_sharded"};
+                                 "gqa_f32_safetensors", "mqa_f16_bin_sharded", "llama3_rope_gqa_bf16"};
 
 std::string fixture(const std::string& name) { return test::data_path("llama/" + name); }
 
@@ -171,8 +171,13 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   EXPECT_HAS(error_for("num_key_value_heads", "3"), "config.json: num_key_value_heads 3 does not divide num_attention_heads 4");
   EXPECT_HAS(error_for("num_key_value_heads", "8"), "num_key_value_heads 8 does not divide");
   EXPECT_EQ(error_for("num_key_value_heads", "1"), "");  // multi-query attention
+  EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "yarn", "factor": 8.0})"),
+             "config.json: rope scaling type \"yarn\" is not supported (default, linear, llama3)");
   EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0})"),
-             "config.json: rope scaling type \"llama3\" is not supported (default, linear)");
+             "config.json: rope scaling: missing \"low_freq_factor\"");
+  EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                                          "high_freq_factor": 1.0, "original_max_position_embeddings": 8192})"),
+             "config.json: llama3 rope scaling needs high_freq_factor above low_freq_factor");
   EXPECT_HAS(error_for("hidden_act", "\"gelu\""), "config.json: hidden_act \"gelu\" is not supported (silu)");
   EXPECT_HAS(error_for("num_attention_heads", "5"), "is not divisible into 5 heads");
   EXPECT_HAS(error_for("intermediate_size", "\"80\""), "config.json: \"intermediate_size\": expected an integer");
@@ -183,4 +188,8 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   EXPECT_EQ(s.ffn_dim, 80);
   EXPECT_EQ(LlamaConfig::load(fixture("f16_bin_rope_parameters")).rope_theta, 20000.0);
   EXPECT_EQ(LlamaConfig::load(fixture("bf16_tied_scaled_sharded")).rope_freq_scale, 0.5);
+  const LlamaConfig l3 = LlamaConfig::load(fixture("llama3_rope_gqa_bf16"));
+  EXPECT_EQ(l3.rope_llama3_factor, 8.0);
+  EXPECT_EQ(l3.rope_high_freq_factor, 4.0);
+  EXPECT_EQ(l3.rope_original_max_position, 256.0);
 }

@@ -330,7 +330,7 @@ void CpuBackend::rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamm
   if (tracer_) trace_op("rms_norm", trace_t0, json::Value());
 }
 
-void CpuBackend::rope(const Tensor& x, const Tensor& positions, int head_dim, float theta, float freq_scale) {
+void CpuBackend::rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params) {
   const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
   const int64_t T = check_rope(x, positions, head_dim), W = x.dim(-1), rows = x.numel() / W;
   const int half = head_dim / 2;
@@ -340,7 +340,7 @@ void CpuBackend::rope(const Tensor& x, const Tensor& positions, int head_dim, fl
     std::vector<float> c(half), s(half);
     for (int64_t r = b; r < e; ++r) {
       for (int i = 0; i < half; ++i) {
-        const double a = rope_angle(pos[r % T], i, head_dim, theta, freq_scale);
+        const double a = rope_angle(pos[r % T], i, head_dim, params);
         c[i] = static_cast<float>(std::cos(a));
         s[i] = static_cast<float>(std::sin(a));
       }

@@ -64,7 +64,7 @@ class CpuBackend final : public Backend {
   void layer_norm(const Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                   float eps) override;
   void rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma, float eps) override;
-  void rope(const Tensor& x, const Tensor& positions, int head_dim, float theta, float freq_scale) override;
+  void rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params) override;
   void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) override;
   void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
               Activation act) override;

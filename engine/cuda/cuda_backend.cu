@@ -278,11 +278,11 @@ class CudaBackend final : public Backend {
           eps, compute());
   }
 
-  void rope(const Tensor& x, const Tensor& positions, int head_dim, float theta, float freq_scale) override {
+  void rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params) override {
     const int64_t T = check_rope(x, positions, head_dim), W = x.dim(-1);
     Traced t(*this, Stream::Compute, "rope", 0, 0);
-    issue("rope", &cuda::rope, x.data_as<float>(), positions.data_as<int32_t>(), x.numel() / W, T, W, head_dim, theta,
-          freq_scale, compute());
+    issue("rope", &cuda::rope, x.data_as<float>(), positions.data_as<int32_t>(), x.numel() / W, T, W, head_dim, params,
+          compute());
   }
 
   void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) override {
@@ -658,6 +658,11 @@ class CudaBackend final : public Backend {
   void key_value(const T& v) {
     static_assert(std::is_scalar_v<T>, "a recorded launch's arguments are scalars: pointers, sizes, enums");
     key_bytes(&v, sizeof v);
+  }
+  void key_value(const RopeParams& r) {  // a struct of scalars, field by field
+    for (float f : {r.theta, r.freq_scale, r.llama3_factor, r.low_freq_factor, r.high_freq_factor,
+                    r.original_max_position})
+      key_value(f);
   }
   void key_bytes(const void* p, size_t n) { rec_.key.append(static_cast<const char*>(p), n); }
 

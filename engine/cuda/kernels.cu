@@ -59,7 +59,7 @@ __global__ void rms_norm_kernel(float* out, const float* x, const T* gamma, int6
 
 // One block per row; each thread turns pairs (i, i + head_dim/2) of the row's heads.
 __global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t width, int head_dim,
-                            float theta, float freq_scale) {
+                            RopeParams params) {
   const int half = head_dim / 2;
   const int64_t pairs = width / 2;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -69,7 +69,7 @@ __global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, in
       const int i = static_cast<int>(j % half);
       float* v = row + (j / half) * head_dim;
       double s, c;
-      sincos(static_cast<double>(rope_angle(p, i, head_dim, theta, freq_scale)), &s, &c);
+      sincos(static_cast<double>(rope_angle(p, i, head_dim, params)), &s, &c);
       const float cf = static_cast<float>(c), sf = static_cast<float>(s);
       const float lo = v[i], hi = v[i + half];
       v[i] = lo * cf - hi * sf;
@@ -165,11 +165,10 @@ void rms_norm(float* out, const float* x, const void* gamma, DType gamma_dtype, 
   CUDA_CHECK_LAUNCH();
 }
 
-void rope(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t width, int head_dim, float theta,
-          float freq_scale, cudaStream_t stream) {
+void rope(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t width, int head_dim,
+          RopeParams params, cudaStream_t stream) {
   if (rows == 0 || width == 0) return;
-  KVPR_LAUNCH(grid_for(rows, 1, 65535), 128, 0, stream, rope_kernel)(x, positions, rows, t, width, head_dim, theta,
-                                                                       freq_scale);
+  KVPR_LAUNCH(grid_for(rows, 1, 65535), 128, 0, stream, rope_kernel)(x, positions, rows, t, width, head_dim, params);
   CUDA_CHECK_LAUNCH();
 }
 

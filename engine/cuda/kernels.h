@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/dtype.h"
+
 
 // The kernels live in kvpr::cuda. Built for the SIMT emulator of the tests they live in an
 // inline namespace of their own, so that they never clash with the real ones at link time.
@@ -28,8 +30,8 @@ void layer_norm(float* out, const float* x, const void* gamma, const void* beta,
 void rms_norm(float* out, const float* x, const void* gamma, DType gamma_dtype, int64_t rows, int64_t width, float eps,
               cudaStream_t stream);
 // x [rows, width] F32 in place; row r turns by positions[r % t] (Backend::rope).
-void rope(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t width, int head_dim, float theta,
-          float freq_scale, cudaStream_t stream);
+void rope(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t width, int head_dim,
+          RopeParams params, cudaStream_t stream);
 void silu_mul(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream);
 // out[b, m, n] = act(out[b, m, n] + bias[b, n]) (bias may be null); act: 0 none, 1 relu, 2 gelu.
 void bias_act(float* out, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n, int act,

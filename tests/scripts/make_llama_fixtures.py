@@ -13,6 +13,7 @@ continuation of the reference.
 CI never runs this; it only reads the committed outputs.
 """
 import json
+import math
 import os
 import shutil
 import sys
@@ -50,6 +51,14 @@ CASES = [
     ("mqa_f16_bin_sharded",
      dict(torch_dtype="float16", hidden_size=64, num_attention_heads=8, num_key_value_heads=1, attention_bias=True),
      torch.float16, "bin", 2),
+    # Llama-3.1/3.2 style: llama3 rope scaling, grouped-query attention, bf16, tied head. The
+    # original context (256, with head_dim 8) puts the first positions' rotations in all
+    # three of its bands (kept, blended, divided by the factor) and the logits show it.
+    ("llama3_rope_gqa_bf16",
+     dict(torch_dtype="bfloat16", num_key_value_heads=2, tie_word_embeddings=True, rope_theta=500000.0,
+          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 256}),
+     torch.bfloat16, "safetensors", 1),
 ]
 
 
@@ -90,8 +99,20 @@ def rope_cos_sin(cfg, T, hd):
     theta = cfg.get("rope_parameters", {}).get("rope_theta", cfg["rope_theta"])
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     scaling = cfg.get("rope_scaling")
-    if scaling and scaling.get("type", scaling.get("rope_type")) == "linear":
+    kind = scaling.get("type", scaling.get("rope_type")) if scaling else None
+    if kind == "linear":
         inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        # transformers' _compute_llama3_parameters: long wavelengths slowed by the factor,
+        # short ones kept, the band between interpolated.
+        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / lo, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / hi) * ~(wavelen > old / lo)
+        inv_freq = torch.where(medium, blended, scaled)
     freqs = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(torch.float64), emb.sin().to(torch.float64)
