@@ -1,5 +1,6 @@
 #include "daemon/chat_template.h"
 
+#include <ctime>
 #include <filesystem>
 
 #include "engine/error.h"
@@ -7,7 +8,37 @@
 
 namespace kvpr {
 
-bool known_chat_template(const std::string& name) { return name == "plain" || name == "opt" || name == "llama-2"; }
+bool known_chat_template(const std::string& name) {
+  for (const char* n : {"plain", "opt", "llama-2", "llama-3", "llama-3.1", "llama-3.2"})
+    if (name == n) return true;
+  return false;
+}
+
+namespace {
+
+// Jinja's trim: leading and trailing whitespace off.
+std::string trim(const std::string& s) {
+  const char* ws = " \t\n\r\f\v";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+std::string llama3_turn(const std::string& role, const std::string& content) {
+  return "<|start_header_id|>" + role + "<|end_header_id|>\n\n" + trim(content) + "<|eot_id|>";
+}
+
+// Today as Llama-3.2's template writes it with strftime_now("%d %b %Y"): "05 Mar 2025".
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
+  return buf;
+}
+
+}  // namespace
 
 RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages) {
   RenderedChat r;
@@ -42,6 +73,26 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
     }
     return r;
   }
+  if (name == "llama-3" || name == "llama-3.1" || name == "llama-3.2") {
+    // The BOS before the first header is the tokenizer's own; the model ends its turn with
+    // <|eot_id|>, a special token (no text), so it is a stop token, not a stop string.
+    size_t i = 0;
+    if (name != "llama-3") {
+      std::string system;
+      if (!messages.empty() && messages[0].role == "system") {
+        system = messages[0].content;
+        i = 1;
+      }
+      const std::string date = name == "llama-3.1" ? "26 Jul 2024" : today();
+      // Only the system message is trimmed, not the header lines before it.
+      r.prompt += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: " +
+                  date + "\n\n" + trim(system) + "<|eot_id|>";
+    }
+    for (; i < messages.size(); ++i) r.prompt += llama3_turn(messages[i].role, messages[i].content);
+    r.prompt += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    r.stop_tokens = {"<|eot_id|>"};
+    return r;
+  }
   KVPR_THROW("unknown chat template '", name, "'");
 }
 
@@ -68,9 +119,22 @@ std::string auto_chat_template(const std::string& model_dir, std::string* why) {
     *why = "tokenizer_config.json has no chat_template";
     return "plain";
   }
-  if (jinja.find("[INST]") != std::string::npos && jinja.find("<<SYS>>") != std::string::npos) {
+  auto has = [&](const char* s) { return jinja.find(s) != std::string::npos; };
+  if (has("[INST]") && has("<<SYS>>")) {
     *why = "tokenizer_config.json's chat_template is Llama-2's";
     return "llama-2";
+  }
+  if (has("<|start_header_id|>") && has("<|eot_id|>")) {
+    if (!has("Cutting Knowledge Date")) {
+      *why = "tokenizer_config.json's chat_template is Llama-3's";
+      return "llama-3";
+    }
+    if (has("strftime_now")) {
+      *why = "tokenizer_config.json's chat_template is Llama-3.2's (today's date in the system header)";
+      return "llama-3.2";
+    }
+    *why = "tokenizer_config.json's chat_template is Llama-3.1's";
+    return "llama-3.1";
   }
   *why = "tokenizer_config.json's chat_template is not one kvprd has built in";
   return "plain";

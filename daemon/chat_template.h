@@ -5,6 +5,12 @@
 //   llama-2:            "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ..."
 //                       (the first <s> is the BOS the tokenizer adds, as apply_chat_template's
 //                       text tokenized without special tokens gives it once)
+//   llama-3:            "<|start_header_id|>{role}<|end_header_id|>\n\n{content, trimmed}<|eot_id|>" per
+//                       message, then "<|start_header_id|>assistant<|end_header_id|>\n\n" (BOS is the
+//                       tokenizer's); <|eot_id|> is a stop token
+//   llama-3.1/3.2:      the same after a system turn "Cutting Knowledge Date: December 2023\nToday
+//                       Date: {date}\n\n{system message}" ({date}: 26 Jul 2024 for 3.1, today for 3.2,
+//                       as their templates write it when no tools are given)
 #pragma once
 
 #include <string>
@@ -20,13 +26,16 @@ struct ChatMessage {
 struct RenderedChat {
   std::string prompt;
   std::vector<std::string> stop;  // stop strings the template implies
+  std::vector<std::string> stop_tokens;  // special tokens that end the assistant's turn
 };
 
-// `name`: plain, opt, llama-2 (auto resolves to the model family's template before this).
+// `name`: plain, opt, llama-2, llama-3, llama-3.1, llama-3.2 (auto resolves to the model family's template before this).
 RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages);
 bool known_chat_template(const std::string& name);
 // What "auto" means for the model in `model_dir`: llama-2 when its tokenizer_config.json has a
-// chat_template written for Llama-2 chat (with [INST] and <<SYS>>), else plain. `why` gets a
+// chat_template written for Llama-2 chat (with [INST] and <<SYS>>), llama-3/3.1/3.2 for Llama-3's
+// headers (3.1 with its "Cutting Knowledge Date" system header, 3.2 when that takes today's date
+// from strftime_now), else plain. `why` gets a
 // few words on how it was decided.
 std::string auto_chat_template(const std::string& model_dir, std::string* why);
 

@@ -118,6 +118,7 @@ struct Sampling {
   int64_t top_k = 0;
   std::optional<int64_t> seed;
   std::vector<std::string> stop;
+  std::vector<int64_t> stop_token_ids;  // vLLM's extension; chat templates add their end-of-turn id
   int64_t n = 1;
   bool stream = false;
   bool include_usage = false;
@@ -165,6 +166,11 @@ Sampling parse_sampling(const bj::object& o, bool chat) {
     }
     for (const auto& st : s.stop)
       if (st.empty()) throw bad_request("'stop' strings must not be empty", "stop");
+  }
+  if (auto v = field(o, "stop_token_ids"); v && !v->is_null()) {
+    if (!v->is_array()) throw bad_request("'stop_token_ids' must be a list of token ids", "stop_token_ids");
+    for (const auto& e : v->as_array()) s.stop_token_ids.push_back(int_of(e, "stop_token_ids"));
+    if (s.stop_token_ids.size() > 16) throw bad_request("'stop_token_ids' holds at most 16 ids", "stop_token_ids");
   }
   if (auto v = field(o, "logprobs")) {
     if (chat) {
@@ -565,6 +571,8 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       RenderedChat rc = render_chat(st_->chat_template, cm);
       for (auto& st : rc.stop) job->s.stop.push_back(st);
+      for (const auto& t : rc.stop_tokens)
+        if (auto id = st_->tok.token_to_id(t)) job->s.stop_token_ids.push_back(*id);
       prompts.push_back(st_->tok.encode(rc.prompt));
       prompt_texts.push_back(rc.prompt);
     } else {
@@ -642,6 +650,15 @@ class Session : public std::enable_shared_from_this<Session> {
     json::Array stops;
     for (const auto& st : job->s.stop) stops.emplace_back(st);
     params.set("stop", std::move(stops));
+    if (!job->s.stop_token_ids.empty()) {
+      json::Array ids;
+      for (int64_t id : job->s.stop_token_ids) {
+        if (id < 0 || id >= st_->tok.size())
+          throw bad_request("'stop_token_ids' id " + std::to_string(id) + " is not in the vocabulary", "stop_token_ids");
+        ids.emplace_back(id);
+      }
+      params.set("stop_token_ids", std::move(ids));
+    }
     for (size_t pi = 0; pi < prompts.size(); ++pi)
       for (int64_t j = 0; j < job->s.n; ++j) {
         Job::Choice c;

@@ -332,8 +332,9 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
       ev.prompt_top = s.prompt_top;
     }
 
-    bool is_eos = tok_.eos_id() && pick.token == *tok_.eos_id() && !s.params.ignore_eos;
-    if (is_eos) {
+    const bool is_eos = tok_.is_eos(pick.token) && !s.params.ignore_eos;
+    const auto& stop_ids = s.params.stop_token_ids;
+    if (is_eos || std::find(stop_ids.begin(), stop_ids.end(), pick.token) != stop_ids.end()) {
       finish(s, FinishReason::Stop, true, out, ev);
       continue;
     }

@@ -24,6 +24,9 @@ struct GenerationParams {
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings; the text ends before the first match
   bool ignore_eos = false;
+  // Ids that end the sequence when sampled (finish reason stop), whatever ignore_eos says; the
+  // id is kept in the tokens and adds no text.
+  std::vector<int32_t> stop_token_ids;
   int top_logprobs = 0;           // alternatives reported per generated token (0..20)
   // >= 0: also the log-probability of every prompt token after the first, with this many
   // alternatives each (0..20). With max_new_tokens = 0 the prompt is only scored.

@@ -135,6 +135,84 @@ std::string read_text(const std::string& path) {
 
 }  // namespace
 
+namespace {
+bool is_cr_lf(std::string_view s, size_t i) { return s[i] == '\r' || s[i] == '\n'; }
+char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+}  // namespace
+
+// Llama-3's pattern (Qwen2's with max_digits 1), alternative by alternative:
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d) | [^\r\n\p{L}\p{N}]?\p{L}+ | \p{N}{1,3} |
+//    ?[^\s\p{L}\p{N}]+[\r\n]* | \s*[\r\n]+ | \s+(?!\S) | \s+
+std::vector<std::string_view> pretokenize_llama3(std::string_view s, int max_digits) {
+  std::vector<std::string_view> out;
+  const size_t n = s.size();
+  auto emit = [&](size_t from, size_t to) { out.push_back(s.substr(from, to - from)); };
+  auto cls_at = [&](size_t k) { return k < n ? char_at(s, k).cls : CharClass::Space; };
+  size_t i = 0;
+  while (i < n) {
+    if (s[i] == '\'' && i + 1 < n) {  // contractions, in any case
+      const char a = ascii_lower(s[i + 1]);
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
+        emit(i, i + 2);
+        i += 2;
+        continue;
+      }
+      if (i + 2 < n) {
+        const char b = ascii_lower(s[i + 2]);
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
+          emit(i, i + 3);
+          i += 3;
+          continue;
+        }
+      }
+    }
+    const Char c = char_at(s, i);
+    // A letter run, with one leading character that is no letter, digit, CR or LF.
+    size_t j = i;
+    if (c.cls != CharClass::Letter && c.cls != CharClass::Number && !is_cr_lf(s, i) &&
+        cls_at(i + c.len) == CharClass::Letter)
+      j = i + c.len;
+    if (j < n && cls_at(j) == CharClass::Letter) {
+      size_t k = j;
+      while (k < n && cls_at(k) == CharClass::Letter) k += char_at(s, k).len;
+      emit(i, k);
+      i = k;
+      continue;
+    }
+    if (c.cls == CharClass::Number) {  // up to max_digits digits
+      size_t k = i;
+      for (int d = 0; d < max_digits && k < n && cls_at(k) == CharClass::Number; ++d) k += char_at(s, k).len;
+      emit(i, k);
+      i = k;
+      continue;
+    }
+    // Punctuation and symbols (after an optional space), with the CR/LF that follow them.
+    j = i + (s[i] == ' ' ? 1 : 0);
+    if (j < n && cls_at(j) == CharClass::Other) {
+      size_t k = j;
+      while (k < n && cls_at(k) == CharClass::Other) k += char_at(s, k).len;
+      while (k < n && is_cr_lf(s, k)) ++k;
+      emit(i, k);
+      i = k;
+      continue;
+    }
+    // Whitespace: up to its last CR/LF if it holds one; else all of it, less its last character
+    // when a non-space follows and it has more than one.
+    size_t k = i, last_nl = std::string_view::npos, last_start = i;
+    while (k < n && cls_at(k) == CharClass::Space) {
+      if (is_cr_lf(s, k)) last_nl = k;
+      last_start = k;
+      k += char_at(s, k).len;
+    }
+    size_t end = k;
+    if (last_nl != std::string_view::npos) end = last_nl + 1;
+    else if (k < n && last_start > i) end = last_start;
+    emit(i, end);
+    i = end;
+  }
+  return out;
+}
+
 std::vector<std::string_view> pretokenize(std::string_view s) {
   std::vector<std::string_view> out;
   size_t i = 0;
@@ -284,8 +362,10 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   Tokenizer t;
   t.kind_ = Kind::Metaspace;
   // Where "▁" comes from: the Prepend + Replace normalizers (Llama-2 as released) or the
-  // Metaspace pre-tokenizer (later conversions). Anything else is not a SentencePiece BPE.
-  bool metaspace = false;
+  // Metaspace pre-tokenizer (later conversions). A ByteLevel pre-tokenizer makes a byte-level
+  // BPE: with its own regex (GPT-2's pattern) or after a Split by a pattern kvpr knows.
+  bool metaspace = false, byte_level = false;
+  std::optional<Pattern> split;
   auto visit = [&](const json::Value* v, auto&& self) -> void {
     if (!v || !v->is_object()) return;
     const json::Value* ty = v->find("type");
@@ -306,13 +386,56 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
         t.prepend_ = Prepend::Never;
       const json::Value* sp = v->find("split");
       t.split_words_ = !sp || !sp->is_bool() || sp->as_bool();
+    } else if (kind == "Split") {
+      const json::Value* pat = v->find("pattern");
+      const json::Value* re = pat ? pat->find("Regex") : nullptr;
+      const json::Value* behavior = v->find("behavior");
+      const json::Value* invert = v->find("invert");
+      KVPR_CHECK(re && re->is_string(), path, ": a Split pre-tokenizer without a regex pattern is not supported");
+      KVPR_CHECK(behavior && behavior->is_string() && behavior->as_string() == "Isolated" &&
+                     !(invert && invert->is_bool() && invert->as_bool()),
+                 path, ": only Split pre-tokenizers with behavior Isolated are supported");
+      static const std::string kLlama3 =
+          "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+      static const std::string kQwen2 =
+          "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+      static const std::string kGpt2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+      const std::string& r = re->as_string();
+      KVPR_CHECK(!split, path, ": more than one Split pre-tokenizer is not supported");
+      if (r == kLlama3) split = Pattern::Llama3;
+      else if (r == kQwen2) split = Pattern::Qwen2;
+      else if (r == kGpt2) split = Pattern::Gpt2;
+      else KVPR_THROW(path, ": the Split pre-tokenizer's pattern is not one kvpr knows (GPT-2's, Llama-3's, Qwen2's): ", r);
     } else if (kind == "ByteLevel") {
-      KVPR_THROW(path, ": byte-level BPE is read from vocab.json and merges.txt; they are missing");
+      byte_level = true;
+      const json::Value* use_regex = v->find("use_regex");
+      if (!use_regex || !use_regex->is_bool() || use_regex->as_bool()) {
+        KVPR_CHECK(!split, path, ": a Split followed by a ByteLevel pre-tokenizer with its own regex is not supported");
+        split = Pattern::Gpt2;
+      }
+      if (const json::Value* ap = v->find("add_prefix_space"); ap && ap->is_bool()) t.add_prefix_space_ = ap->as_bool();
+    } else if (kind == "Replace") {  // Llama-2's " " -> "▁", part of the Metaspace scheme
+      const json::Value* pat = v->find("pattern");
+      const json::Value* from = pat ? pat->find("String") : nullptr;
+      const json::Value* to = v->find("content");
+      KVPR_CHECK(from && from->is_string() && from->as_string() == " " && to && to->is_string() &&
+                     to->as_string() == kSpaceMark,
+                 path, ": only the Replace normalizer of \" \" by \"▁\" is supported");
+    } else if (!kind.empty() && kind != "NFC") {  // NFC: text is taken as already composed
+      KVPR_THROW(path, ": the ", kind, " normalizer or pre-tokenizer is not supported");
     }
   };
   visit(tj.find("normalizer"), visit);
   visit(tj.find("pre_tokenizer"), visit);
-  KVPR_CHECK(metaspace, path, ": a BPE model without a Metaspace pre-tokenizer or a \"▁\" Prepend normalizer is not supported");
+  if (byte_level) {
+    KVPR_CHECK(!metaspace, path, ": a byte-level BPE with a \"▁\" normalizer is not supported");
+    KVPR_CHECK(split, path, ": a ByteLevel pre-tokenizer without a regex and without a Split before it is not supported");
+    t.kind_ = Kind::ByteLevel;
+    t.pattern_ = *split;
+    if (const json::Value* im = model->find("ignore_merges"); im && im->is_bool()) t.ignore_merges_ = im->as_bool();
+  } else {
+    KVPR_CHECK(metaspace, path, ": a BPE model without a ByteLevel or Metaspace pre-tokenizer or a \"▁\" Prepend normalizer is not supported");
+  }
 
   const json::Value* vocab = model->find("vocab");
   KVPR_CHECK(vocab && vocab->is_object(), path, ": model.vocab must be an object of token -> id");
@@ -373,7 +496,7 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   auto path = [&](const char* f) { return (fs::path(dir) / f).string(); };
   const bool byte_level = fs::exists(path("vocab.json")) && fs::exists(path("merges.txt"));
   KVPR_CHECK(byte_level || fs::exists(path("tokenizer.json")), dir,
-             ": tokenizer files vocab.json and merges.txt are required (or tokenizer.json for SentencePiece BPE)");
+             ": tokenizer files vocab.json and merges.txt, or tokenizer.json, are required");
   Tokenizer t = byte_level ? from_files(path("vocab.json"), path("merges.txt"))
                            : from_tokenizer_json(path("tokenizer.json"));
 
@@ -398,9 +521,26 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   };
   t.size_ = static_cast<int32_t>(t.id_to_token_.size());
 
-  // tokenizer.json: the fast tokenizer's added tokens with their ids.
+  // tokenizer.json: the fast tokenizer's added tokens with their ids, and the special token its
+  // post-processor puts before every text (Llama-3's BOS, which tokenizer_config.json does not
+  // mention).
+  std::string template_bos;
   if (fs::exists(path("tokenizer.json"))) {
     json::Value tj = json::parse_file(path("tokenizer.json"));
+    auto find_template = [&](const json::Value* v, auto&& self) -> void {
+      if (!v || !v->is_object()) return;
+      const json::Value* ty = v->find("type");
+      if (ty && ty->is_string() && ty->as_string() == "Sequence") {
+        if (const json::Value* list = v->find("processors"); list && list->is_array())
+          for (const auto& e : list->as_array()) self(&e, self);
+      } else if (ty && ty->is_string() && ty->as_string() == "TemplateProcessing") {
+        const json::Value* single = v->find("single");
+        if (single && single->is_array() && !single->as_array().empty())
+          if (const json::Value* st = single->as_array().front().find("SpecialToken"))
+            if (const json::Value* id = st->find("id"); id && id->is_string()) template_bos = id->as_string();
+      }
+    };
+    find_template(tj.find("post_processor"), find_template);
     if (const json::Value* at = tj.find("added_tokens"); at && at->is_array()) {
       for (const auto& e : at->as_array()) {
         const json::Value* id = e.find("id");
@@ -447,14 +587,38 @@ Tokenizer Tokenizer::load(const std::string& dir) {
     if (const json::Value* extra = src->find("additional_special_tokens"); extra && extra->is_array())
       for (const auto& e : extra->as_array()) add(content_of(e), std::nullopt, true);
   }
-  if (const json::Value* b = cfg.find("add_bos_token"); b && b->is_bool()) t.add_bos_ = b->as_bool();
+  if (const json::Value* b = cfg.find("add_bos_token"); b && b->is_bool()) {
+    t.add_bos_ = b->as_bool();
+  } else if (!template_bos.empty()) {
+    t.add_bos_ = true;
+    found[0] = template_bos;  // what the post-processor prepends
+  }
   if (const json::Value* b = cfg.find("add_prefix_space"); b && b->is_bool()) t.add_prefix_space_ = b->as_bool();
   t.finish_setup();
   if (!found[0].empty()) t.bos_ = t.lookup_special(found[0]);
   if (!found[1].empty()) t.eos_ = t.lookup_special(found[1]);
   if (!found[3].empty()) t.pad_ = t.lookup_special(found[3]);
   KVPR_CHECK(!t.add_bos_ || t.bos_, "tokenizer_config.json: add_bos_token is set but there is no bos_token");
+  // Further end-of-sequence ids: generation_config.json's eos_token_id, else config.json's (an
+  // id or a list of ids); ids the tokenizer cannot produce are left out.
+  for (const char* file : {"generation_config.json", "config.json"}) {
+    if (!fs::exists(path(file))) continue;
+    const json::Value c = json::parse_file(path(file));
+    const json::Value* e = c.find("eos_token_id");
+    if (!e || e->is_null()) continue;
+    std::vector<json::Value> ids = e->is_array() ? e->as_array() : std::vector<json::Value>{*e};
+    for (const auto& v : ids) {
+      KVPR_CHECK(v.is_int(), file, ": eos_token_id must be an id or a list of ids");
+      const int64_t id = v.as_int();
+      if (id >= 0 && id < t.size_ && !t.is_eos(static_cast<int32_t>(id))) t.extra_eos_.push_back(static_cast<int32_t>(id));
+    }
+    break;
+  }
   return t;
+}
+
+bool Tokenizer::is_eos(int32_t id) const {
+  return (eos_ && id == *eos_) || std::find(extra_eos_.begin(), extra_eos_.end(), id) != extra_eos_.end();
 }
 
 void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) const {
@@ -594,7 +758,21 @@ void Tokenizer::bpe_metaspace(std::string_view word, std::vector<int32_t>* out) 
 
 void Tokenizer::encode_plain(std::string_view text, bool first, std::vector<int32_t>* out) const {
   if (kind_ == Kind::ByteLevel) {
-    for (std::string_view p : pretokenize(text)) bpe(p, out);
+    const std::vector<std::string_view> pieces =
+        pattern_ == Pattern::Gpt2 ? pretokenize(text) : pretokenize_llama3(text, pattern_ == Pattern::Llama3 ? 3 : 1);
+    const ByteMap& bm = byte_map();
+    std::string mapped;
+    for (std::string_view p : pieces) {
+      if (ignore_merges_) {  // a pre-token that is a token is taken whole, merges or not
+        mapped.clear();
+        for (unsigned char b : p) mapped += bm.encode[b];
+        if (auto it = vocab_.find(mapped); it != vocab_.end()) {
+          out->push_back(it->second);
+          continue;
+        }
+      }
+      bpe(p, out);
+    }
     return;
   }
   if (text.empty()) return;

@@ -1,7 +1,10 @@
 // BPE tokenizers of two kinds, with special and added tokens from tokenizer_config.json,
 // special_tokens_map.json, added_tokens.json and tokenizer.json:
 //  - byte-level (GPT-2, OPT, RoBERTa family) from vocab.json + merges.txt; encoding matches
-//    GPT-2's reference encoder exactly;
+//    GPT-2's reference encoder exactly; or from tokenizer.json's BPE model with a ByteLevel
+//    pre-tokenizer, after GPT-2's pattern or a Split by Llama-3's (Qwen2's) pattern, with
+//    ignore_merges (a pre-token in the vocabulary is one token) and BOS from a
+//    TemplateProcessing post-processor (Llama-3);
 //  - SentencePiece-style (Llama, Llama-2) from tokenizer.json's BPE model: spaces become "▁",
 //    "▁" is prepended (the Prepend normalizer or the Metaspace pre-tokenizer), characters
 //    missing from the vocabulary fall back to <0xNN> byte tokens, and merges apply by rank
@@ -25,7 +28,8 @@ class Tokenizer {
   static Tokenizer load(const std::string& model_dir);
   // From explicit vocab.json and merges.txt paths (no special tokens).
   static Tokenizer from_files(const std::string& vocab_json, const std::string& merges_txt);
-  // The SentencePiece-style BPE model of a tokenizer.json (its added tokens are read by load).
+  // The BPE model of a tokenizer.json, byte-level or SentencePiece-style (its added tokens and
+  // post-processor are read by load).
   static Tokenizer from_tokenizer_json(const std::string& path);
   bool is_byte_level() const { return kind_ == Kind::ByteLevel; }
 
@@ -50,6 +54,11 @@ class Tokenizer {
   int32_t size() const { return size_; }
   std::optional<int32_t> bos_id() const { return bos_; }
   std::optional<int32_t> eos_id() const { return eos_; }
+  // Whether generation ends at `id`: the EOS token, or one of the eos_token_id of the model's
+  // generation_config.json (else config.json), as Hugging Face's generate stops at any of them
+  // (Llama-3 Instruct: <|end_of_text|>, <|eom_id|>, <|eot_id|>).
+  bool is_eos(int32_t id) const;
+  const std::vector<int32_t>& extra_eos_ids() const { return extra_eos_; }
   std::optional<int32_t> pad_id() const { return pad_; }
   bool add_bos_token() const { return add_bos_; }
   bool is_special(int32_t id) const;
@@ -61,6 +70,7 @@ class Tokenizer {
     bool special;
   };
   enum class Kind { ByteLevel, Metaspace };
+  enum class Pattern { Gpt2, Llama3, Qwen2 };  // how byte-level text splits into pre-tokens
   enum class Prepend { Always, First, Never };  // where Metaspace puts "▁" before a segment
   void finish_setup();
   void bpe(std::string_view piece, std::vector<int32_t>* out) const;
@@ -76,9 +86,12 @@ class Tokenizer {
   std::vector<Added> added_;                   // longest first
   std::vector<bool> special_;                  // by id
   std::optional<int32_t> bos_, eos_, pad_;
+  std::vector<int32_t> extra_eos_;
   bool add_bos_ = false;
   bool add_prefix_space_ = false;
   Kind kind_ = Kind::ByteLevel;
+  Pattern pattern_ = Pattern::Gpt2;
+  bool ignore_merges_ = false;            // a pre-token found in the vocabulary is one token
   Prepend prepend_ = Prepend::Always;
   bool split_words_ = false;              // Metaspace(split=true): BPE per "▁"-led word
   std::vector<int32_t> byte_token_;       // id of <0xNN> by byte (-1: absent)
@@ -95,6 +108,9 @@ class Tokenizer {
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // Exposed for tests. Invalid UTF-8 bytes count as single "other" characters.
 std::vector<std::string_view> pretokenize(std::string_view text);
+// Llama-3's pattern (max_digits 3; Qwen2's with 1)
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+std::vector<std::string_view> pretokenize_llama3(std::string_view text, int max_digits = 3);
 
 // UTF-8 helpers.
 // Replaces invalid sequences by U+FFFD (maximal subpart rule, like Python's "replace").

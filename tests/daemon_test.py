@@ -225,16 +225,16 @@ def operations():
     d.stop()
 
 
-def write_tiny_llama(model, vocab=32000, hidden=32, heads=4, kv_heads=2, ffn=48):
+def write_tiny_llama(model, vocab=32000, hidden=32, heads=4, kv_heads=2, ffn=48, **config):
     """A one-layer Llama with Llama-2's vocabulary and random weights, as config.json and an F32
     model.safetensors written here (8-byte header length, JSON header, raw data)."""
     import random
     import struct
     from array import array
-    json.dump(dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=1,
-                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
-                   rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu", tie_word_embeddings=True,
-                   model_type="llama", torch_dtype="float32", bos_token_id=1, eos_token_id=2),
+    json.dump(dict(dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=1,
+                        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
+                        rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu", tie_word_embeddings=True,
+                        model_type="llama", torch_dtype="float32", bos_token_id=1, eos_token_id=2), **config),
               open(os.path.join(model, "config.json"), "w"))
     kvw, p = kv_heads * hidden // heads, "model.layers.0."
     shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden],
@@ -313,10 +313,91 @@ def llama_chat():
         d.stop()
 
 
+def llama3_chat():
+    """A Llama-3.1-style checkpoint: Llama-3's tokenizer (BOS from its post-processor), llama3
+    rope scaling, Llama-3.1's chat template and generation_config.json's three EOS ids."""
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "llama3-tokenizer")
+    model = os.path.join(TMP, "llama3")
+    os.makedirs(model)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(data, name), os.path.join(model, name))
+    write_tiny_llama(model, vocab=128256, hidden=16, heads=2, kv_heads=1, ffn=24, bos_token_id=128000,
+                     eos_token_id=128001, rope_theta=500000.0,
+                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    json.dump({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]},
+              open(os.path.join(model, "generation_config.json"), "w"))
+    cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
+    # Pieces of Llama-3.1-Instruct's Jinja template: what auto detection looks for.
+    cfg["chat_template"] = ("{{- bos_token }}{%- if not date_string is defined %}{%- set date_string = \"26 Jul 2024\" %}"
+                            "{%- endif %}{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
+                            "{{- \"Cutting Knowledge Date: December 2023\\n\" }}{{- system_message }}{{- \"<|eot_id|>\" }}")
+    json.dump(cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
+    port = free_port()
+    d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--config", "/dev/null",
+                     "--kv-mode", "kvpr"], port=port)
+    try:
+        log = open(os.path.join(TMP, f"kvprd-{port}.log")).read()
+        check("chat template auto: llama-3.1 from tokenizer_config.json", "chat template llama-3.1 (auto" in log,
+              log[-500:])
+        text = ("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                "Today Date: 26 Jul 2024\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi"
+                "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+        st, body = d.post("/v1/chat/completions", {"model": "llama3", "max_tokens": 2, "temperature": 0,
+                                                   "messages": [{"role": "system", "content": " Be brief. "},
+                                                                {"role": "user", "content": "Hi\n"}]})
+        st2, ids = d.post("/tokenize", {"prompt": text})
+        check("llama-3.1 chat prompt: BOS from the post-processor, headers as special tokens",
+              st == 200 and st2 == 200 and ids["tokens"][0] == 128000 and ids["tokens"].count(128000) == 1 and
+              ids["tokens"].count(128009) == 2 and body["usage"]["prompt_tokens"] == len(ids["tokens"]), (body, ids))
+        # <|eot_id|> ends a chat turn; generation_config.json's <|eom_id|> ends any generation
+        # unless ignore_eos; stop_token_ids end it whatever ignore_eos says.
+        msgs = [{"role": "user", "content": "Hi"}]
+        for what, path, req, reason, n in (
+                ("chat stops at <|eot_id|>", "/v1/chat/completions",
+                 {"messages": msgs, "logit_bias": {"128009": 100}}, "stop", 1),
+                ("generation_config's <|eom_id|> is an EOS", "/v1/completions",
+                 {"prompt": "Hi", "logit_bias": {"128008": 100}}, "stop", 1),
+                ("ignore_eos runs past it", "/v1/completions",
+                 {"prompt": "Hi", "logit_bias": {"128008": 100}, "ignore_eos": True}, "length", 4),
+                ("stop_token_ids end it anyway", "/v1/completions",
+                 {"prompt": "Hi", "logit_bias": {"1734": 100}, "ignore_eos": True, "stop_token_ids": [1734]},
+                 "stop", 1)):
+            st, body = d.post(path, dict(req, model="llama3", max_tokens=4, temperature=0))
+            c = body.get("choices", [{}])[0] if st == 200 else {}
+            check(what, st == 200 and c.get("finish_reason") == reason and body["usage"]["completion_tokens"] == n,
+                  (st, body))
+        st, body = d.post("/v1/completions", {"model": "llama3", "prompt": "Hi", "stop_token_ids": [128256]})
+        check("stop_token_ids beyond the vocabulary: 400", st == 400 and body["error"]["param"] == "stop_token_ids",
+              (st, body))
+    finally:
+        d.stop()
+    # The other two by name: Llama-3 (no system header unless asked) and Llama-3.2 (today's date).
+    today = time.strftime("%d %b %Y", time.gmtime())
+    for name, text in (
+            ("llama-3", "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                        "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+            ("llama-3.2", "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                          f"Today Date: {today}\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\n")):
+        port = free_port()
+        d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--config", "/dev/null",
+                         "--chat-template", name], port=port)
+        try:
+            st, body = d.post("/v1/chat/completions", {"model": "llama3", "max_tokens": 1,
+                                                       "messages": [{"role": "user", "content": "Hi"}]})
+            st2, ids = d.post("/tokenize", {"prompt": text})
+            check(f"{name} chat prompt", st == 200 and st2 == 200 and
+                  body["usage"]["prompt_tokens"] == len(ids["tokens"]), (body, ids))
+        finally:
+            d.stop()
+
+
 def main():
     subprocess.check_call([KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
     operations()
     llama_chat()
+    llama3_chat()
     d = Daemon()
     try:
         # --- placement: each worker bound to its own cores (one NUMA node here)

@@ -287,6 +287,14 @@ TEST(Generation, StopStringsEosAndLength) {
   ignore.ignore_eos = true;
   EXPECT_EQ(g2.generate_all({prompt}, ignore)[0].tokens, base.tokens);
 
+  // A stop token id ends the sequence as EOS does, and ignore_eos does not lift it.
+  GenerationParams ids = ignore;
+  ids.stop_token_ids = {base.tokens[3]};
+  auto s = gen.generate_all({prompt}, ids)[0];
+  EXPECT_EQ(s.finish, FinishReason::Stop);
+  EXPECT_EQ(s.tokens.size(), eos_at + 1);
+  EXPECT_EQ(s.text, base.text.substr(0, eos_at));
+
   // Zero new tokens finishes at once with "length".
   GenerationParams zero = p;
   zero.max_new_tokens = 0;

@@ -1,9 +1,11 @@
 // The tokenizer against GPT-2's reference encoder (fixture made by
 // tests/scripts/make_tokenizer_fixtures.js from npm gpt-3-encoder@1.1.4) and against Llama-2's
 // SentencePiece BPE as npm llama-tokenizer-js@1.2.2 encodes it
-// (tests/scripts/make_llama_tokenizer_fixtures.mjs).
+// (tests/scripts/make_llama_tokenizer_fixtures.mjs) and Llama-3's byte-level BPE as npm
+// llama3-tokenizer-js@1.2.0 encodes it (tests/scripts/make_llama3_tokenizer_fixtures.mjs).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "engine/demo_model.h"
@@ -97,9 +99,17 @@ TEST(LlamaTokenizer, TokenizerJsonItCannotRunIsRefused) {
     return std::string();
   };
   EXPECT_HAS(error_for(R"({"model": {"type": "Unigram", "vocab": []}})"), "only BPE models are supported");
-  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}})"),
-             "byte-level BPE is read from vocab.json and merges.txt");
-  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})"), "without a Metaspace pre-tokenizer");
+  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Sequence",
+      "pretokenizers": [{"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Isolated", "invert": false},
+                        {"type": "ByteLevel", "use_regex": false}]}})"),
+             "the Split pre-tokenizer's pattern is not one kvpr knows");
+  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []},
+                           "pre_tokenizer": {"type": "ByteLevel", "use_regex": false}})"),
+             "a ByteLevel pre-tokenizer without a regex and without a Split before it is not supported");
+  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "normalizer": {"type": "Lowercase"},
+                           "pre_tokenizer": {"type": "ByteLevel"}})"),
+             "the Lowercase normalizer or pre-tokenizer is not supported");
+  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})"), "without a ByteLevel or Metaspace pre-tokenizer");
   EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [3]},
                            "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"}})"),
              "merge 0 is neither");
@@ -111,6 +121,88 @@ TEST(LlamaTokenizer, TokenizerJsonItCannotRunIsRefused) {
   EXPECT_EQ(m.encode_ordinary("ab ab"), (std::vector<int32_t>{4, 4}));
   EXPECT_EQ(m.encode_ordinary("abab"), (std::vector<int32_t>{4, 5}));
   EXPECT_EQ(m.decode({4, 4}), "ab ab");
+}
+
+// Llama-3's tokenizer.json (byte-level BPE after a Split by Llama-3's pattern, ignore_merges,
+// BOS from the post-processor) against npm llama3-tokenizer-js@1.2.0's own encoder
+// (tests/scripts/make_llama3_tokenizer_fixtures.mjs).
+TEST(Llama3Tokenizer, MatchesReferenceEncoderOnCorpus) {
+  const std::string dir = test::data_path("llama3-tokenizer");
+  Tokenizer t = Tokenizer::load(dir);
+  EXPECT_TRUE(t.is_byte_level());
+  EXPECT_EQ(t.size(), 128256);
+  EXPECT_EQ(t.bos_id(), 128000);  // <|begin_of_text|>, added by the TemplateProcessing post-processor
+  EXPECT_EQ(t.eos_id(), 128001);  // <|end_of_text|>
+  EXPECT_TRUE(t.add_bos_token());
+  json::Value corpus = json::parse_file(dir + "/cases.json");
+  ASSERT_GE(corpus.as_array().size(), 280u);
+  for (const auto& e : corpus.as_array()) {
+    const std::string& text = e.find("text")->as_string();
+    std::vector<int32_t> want;
+    for (const auto& id : e.find("ids")->as_array()) want.push_back(static_cast<int32_t>(id.as_int()));
+    std::vector<int32_t> with_bos = {128000};
+    with_bos.insert(with_bos.end(), want.begin(), want.end());
+    EXPECT_EQ(t.encode(text), with_bos) << "text: \"" << text << "\"";
+    // Byte-level: decoding gives the text back (special tokens written in it included).
+    EXPECT_EQ(t.decode(with_bos, /*skip_special=*/false), "<|begin_of_text|>" + text) << "text: \"" << text << "\"";
+  }
+}
+
+TEST(Llama3Tokenizer, IgnoreMergesStopIdsAndSpecialTokens) {
+  test::TempDir dir;
+  const std::string src = test::data_path("llama3-tokenizer");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(src + "/" + f, dir.file(f));
+  // Llama-3-Instruct's generation_config.json: generation ends at any of its EOS ids.
+  std::ofstream(dir.file("generation_config.json")) << R"({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})";
+  Tokenizer t = Tokenizer::load(dir.path());
+  EXPECT_TRUE(t.is_eos(128001));
+  EXPECT_TRUE(t.is_eos(128008));
+  EXPECT_TRUE(t.is_eos(128009));
+  EXPECT_FALSE(t.is_eos(128000));
+  EXPECT_FALSE(t.is_eos(13));
+  EXPECT_EQ(t.extra_eos_ids(), (std::vector<int32_t>{128008, 128009}));
+  EXPECT_EQ(t.token_to_id("<|eot_id|>"), 128009);
+  EXPECT_TRUE(t.is_special(128009));
+  EXPECT_EQ(t.decode({9906, 128009}), "Hello");  // special tokens skipped
+  // ignore_merges: a pre-token that is in the vocabulary is that token, even where the merges
+  // would not build it. A vocabulary of single bytes, one merge "a b", and "abc" as a token
+  // that no merge makes: "abc" is one token with ignore_merges and "ab" + "c" without.
+  const std::string small = R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4},
+      "merges": ["a b"], "ignore_merges": IGNORE}, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+       "behavior": "Isolated", "invert": false}, {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}})";
+  for (bool ignore : {true, false}) {
+    test::TempDir d;
+    std::string body = small;
+    body.replace(body.find("IGNORE"), 6, ignore ? "true" : "false");
+    std::ofstream(d.file("tokenizer.json")) << body;
+    Tokenizer m = Tokenizer::load(d.path());
+    EXPECT_FALSE(m.add_bos_token());  // no post-processor, no add_bos_token
+    EXPECT_EQ(m.encode("abc"), ignore ? std::vector<int32_t>({4}) : std::vector<int32_t>({3, 2}));
+  }
+}
+
+TEST(Tokenizer, PretokenizerFollowsLlama3Pattern) {
+  auto pieces = [](std::string_view s, int digits = 3) {
+    std::vector<std::string> out;
+    for (auto p : pretokenize_llama3(s, digits)) out.emplace_back(p);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(pieces("Hello world"), (V{"Hello", " world"}));
+  EXPECT_EQ(pieces("I'M x'Ll"), (V{"I", "'M", " x", "'Ll"}));  // contractions in any case
+  EXPECT_EQ(pieces("1234567"), (V{"123", "456", "7"}));
+  EXPECT_EQ(pieces("1234", 1), (V{"1", "2", "3", "4"}));  // Qwen2's
+  EXPECT_EQ(pieces("(hello)"), (V{"(hello", ")"}));       // one mark joins the word after it
+  EXPECT_EQ(pieces("\thi"), (V{"\thi"}));
+  EXPECT_EQ(pieces("a  b"), (V{"a", " ", " b"}));
+  EXPECT_EQ(pieces("  \n  x"), (V{"  \n", " ", " x"}));   // whitespace up to its last newline
+  EXPECT_EQ(pieces("x...\n\ny"), (V{"x", "...\n\n", "y"}));
+  EXPECT_EQ(pieces("a\r\nb"), (V{"a", "\r\n", "b"}));
+  EXPECT_EQ(pieces("x \t!"), (V{"x", " ", "\t", "!"}));
+  EXPECT_EQ(pieces("end  "), (V{"end", "  "}));
+  EXPECT_TRUE(pieces("").empty());
 }
 
 TEST(Tokenizer, PretokenizerFollowsGpt2Pattern) {
@@ -196,7 +288,7 @@ TEST(Tokenizer, MissingFilesGiveClearErrors) {
     Tokenizer::load(dir.path());
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("vocab.json and merges.txt are required"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("vocab.json and merges.txt, or tokenizer.json, are required"), std::string::npos);
   }
   std::ofstream(dir.file("vocab.json")) << "{\"a\": 0,";
   std::ofstream(dir.file("merges.txt")) << "#version: 0.2\n";

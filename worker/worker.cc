@@ -34,6 +34,8 @@ GenerationParams params_from(const json::Value& p) {
                                          static_cast<float>(pair.as_array().at(1).as_double()));
   if (const json::Value* v = p.find("stop"))
     for (const auto& s : v->as_array()) g.stop.push_back(s.as_string());
+  if (const json::Value* v = p.find("stop_token_ids"))
+    for (const auto& id : v->as_array()) g.stop_token_ids.push_back(static_cast<int32_t>(id.as_int()));
   return g;
 }
 
