@@ -254,21 +254,29 @@ def write_tiny_llama(model, vocab=32000, hidden=32, heads=4, kv_heads=2, ffn=48,
         f.write(struct.pack("<Q", len(h)) + h + data.tobytes())
 
 
+def llama_model(name, tokenizer, chat_template, **config):
+    """A tiny Llama (write_tiny_llama) under TMP/name with the tokenizer files of
+    tests/data/<tokenizer> and `chat_template` in its tokenizer_config.json."""
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", tokenizer)
+    model = os.path.join(TMP, name)
+    os.makedirs(model)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(data, f), os.path.join(model, f))
+    write_tiny_llama(model, **config)
+    cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
+    cfg["chat_template"] = chat_template
+    json.dump(cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
+    return model
+
+
 def llama_chat():
     """A Llama checkpoint (grouped-query attention) whose tokenizer_config.json carries Llama-2
     chat's template: --chat-template auto picks llama-2, and the prompt starts with one BOS."""
-    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "llama-tokenizer")
-    model = os.path.join(TMP, "llama")
-    os.makedirs(model)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(os.path.join(data, name), os.path.join(model, name))
-    write_tiny_llama(model)
-    cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
     # The start of Llama-2-chat's Jinja template: what auto detection looks for.
-    cfg["chat_template"] = ("{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n' + "
-                            "messages[0]['content'] | trim + '\\n<</SYS>>\\n\\n' %}{% endif %}"
-                            "{{ bos_token + '[INST] ' + content | trim + ' [/INST]' }}")
-    json.dump(cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
+    model = llama_model("llama", "llama-tokenizer",
+                        "{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n' + "
+                        "messages[0]['content'] | trim + '\\n<</SYS>>\\n\\n' %}{% endif %}"
+                        "{{ bos_token + '[INST] ' + content | trim + ' [/INST]' }}")
     port = free_port()
     d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--max-batch", "4",
                      "--config", "/dev/null"], port=port)
@@ -316,23 +324,17 @@ def llama_chat():
 def llama3_chat():
     """A Llama-3.1-style checkpoint: Llama-3's tokenizer (BOS from its post-processor), llama3
     rope scaling, Llama-3.1's chat template and generation_config.json's three EOS ids."""
-    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "llama3-tokenizer")
-    model = os.path.join(TMP, "llama3")
-    os.makedirs(model)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(os.path.join(data, name), os.path.join(model, name))
-    write_tiny_llama(model, vocab=128256, hidden=16, heads=2, kv_heads=1, ffn=24, bos_token_id=128000,
-                     eos_token_id=128001, rope_theta=500000.0,
-                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    # Pieces of Llama-3.1-Instruct's Jinja template: what auto detection looks for.
+    model = llama_model("llama3", "llama3-tokenizer",
+                        "{{- bos_token }}{%- if not date_string is defined %}{%- set date_string = \"26 Jul 2024\" %}"
+                        "{%- endif %}{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
+                        "{{- \"Cutting Knowledge Date: December 2023\\n\" }}{{- system_message }}{{- \"<|eot_id|>\" }}",
+                        vocab=128256, hidden=16, heads=2, kv_heads=1, ffn=24, bos_token_id=128000,
+                        eos_token_id=128001, rope_theta=500000.0,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
     json.dump({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]},
               open(os.path.join(model, "generation_config.json"), "w"))
-    cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
-    # Pieces of Llama-3.1-Instruct's Jinja template: what auto detection looks for.
-    cfg["chat_template"] = ("{{- bos_token }}{%- if not date_string is defined %}{%- set date_string = \"26 Jul 2024\" %}"
-                            "{%- endif %}{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
-                            "{{- \"Cutting Knowledge Date: December 2023\\n\" }}{{- system_message }}{{- \"<|eot_id|>\" }}")
-    json.dump(cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
     port = free_port()
     d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--config", "/dev/null",
                      "--kv-mode", "kvpr"], port=port)
