@@ -329,6 +329,19 @@ int cmd_tokenize(int argc, char** argv) {
   return 0;
 }
 
+// "no", "linear x2", "llama3 x8 (1-4, 8192)": the rotary scaling a Llama config asks for.
+std::string rope_scaling_text(const LlamaConfig& c) {
+  char buf[96];
+  if (c.rope_llama3_factor > 0)
+    std::snprintf(buf, sizeof buf, "llama3 x%g (%g-%g, %g)", c.rope_llama3_factor, c.rope_low_freq_factor,
+                  c.rope_high_freq_factor, c.rope_original_max_position);
+  else if (c.rope_freq_scale != 1.0)
+    std::snprintf(buf, sizeof buf, "linear x%g", 1.0 / c.rope_freq_scale);
+  else
+    return "no";
+  return buf;
+}
+
 int cmd_info(int argc, char** argv) {
   Args a(argc, argv, 2, {"--model", "--backend"}, {"--json"});
   std::string dir = a.require("--model");
@@ -370,6 +383,7 @@ int cmd_info(int argc, char** argv) {
     }
     if (llama) {
       o.set("rope_theta", llama->config().rope_theta);
+      o.set("rope_scaling", rope_scaling_text(llama->config()));
       o.set("rms_norm_eps", llama->config().rms_norm_eps);
       o.set("tie_word_embeddings", llama->config().tie_word_embeddings);
     }
@@ -396,7 +410,8 @@ int cmd_info(int argc, char** argv) {
     std::printf("architecture          %s (%s-LN%s)\n", arch, opt->config().do_layer_norm_before ? "pre" : "post",
                 opt->config().has_projection() ? ", projected embeddings" : "");
   else
-    std::printf("architecture          %s (RMSNorm, rotary theta %g, SwiGLU)\n", arch, llama->config().rope_theta);
+    std::printf("architecture          %s (RMSNorm, rotary theta %g, %s rope scaling, SwiGLU)\n", arch,
+                llama->config().rope_theta, rope_scaling_text(llama->config()).c_str());
   std::printf("layers                %lld\n", static_cast<long long>(c.num_layers));
   std::printf("hidden / heads        %lld / %lld (head dim %lld)\n", static_cast<long long>(c.hidden_size),
               static_cast<long long>(c.num_heads), static_cast<long long>(c.head_dim));

@@ -77,14 +77,15 @@ check "same seed, same tokens" test "$s1" = "$s2"
 info=$("$KVPR" info --model "$tmp/demo" --json)
 check "info json" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert o['layers']==4 and o['kv_bytes_per_token']==2*4*128*2 and o['activation_bytes_per_token']==4*128*2 and o['parameters']>7000000" "$info"
 check "info on a .bin fixture" "$KVPR" info --model "$DATA/opt/fp16_bin_sharded"
-# Llama checkpoints (multi-head, and grouped-query with 2 KV heads for 4 query heads) with
-# Llama-2's tokenizer (tokenizer.json): info names them; the greedy tokens of the torch reference
-# (greedy.npy) come out of resident, KVPR (recompute inside the prompt) and offload with the
-# weights streamed from host memory.
-for fx in "f32_safetensors 4" "gqa_f32_safetensors 2"; do
+# Llama checkpoints (multi-head; grouped-query with 2 KV heads for 4 query heads; Llama-3.1's
+# rope scaling in bf16) with Llama-2's or Llama-3's tokenizer (tokenizer.json): info names them;
+# the greedy tokens of the torch reference (greedy.npy) come out of resident, KVPR (recompute
+# inside the prompt) and offload with the weights streamed from host memory.
+for fx in "f32_safetensors 4 4 llama-tokenizer" "gqa_f32_safetensors 2 4 llama-tokenizer" \
+          "llama3_rope_gqa_bf16 2 2 llama3-tokenizer"; do
   set -- $fx
-  mkdir -p "$tmp/$1" && cp "$DATA"/llama/$1/* "$DATA"/llama-tokenizer/tokenizer*.json "$tmp/$1/"
-  check "info on llama $1" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert o['model_type']=='llama' and o['architecture']=='LlamaForCausalLM' and o['kv_heads']==int(sys.argv[2]) and o['kv_bytes_per_token']==2*2*4*8*int(sys.argv[2]), o" "$("$KVPR" info --model "$tmp/$1" --json)" "$2"
+  mkdir -p "$tmp/$1" && cp "$DATA"/llama/$1/* "$DATA"/$4/tokenizer*.json "$tmp/$1/"
+  check "info on llama $1" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert o['model_type']=='llama' and o['architecture']=='LlamaForCausalLM' and o['kv_heads']==int(sys.argv[2]) and o['kv_bytes_per_token']==2*2*int(sys.argv[3])*8*int(sys.argv[2]), o" "$("$KVPR" info --model "$tmp/$1" --json)" "$2" "$3"
   ids=$(python3 -c "
 import struct,sys
 b=open(sys.argv[1],'rb').read(); n=struct.unpack('<H',b[8:10])[0]; v=struct.unpack('<13q',b[10+n:10+n+104])
