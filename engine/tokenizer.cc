@@ -630,55 +630,14 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) const {
       return;
     }
   }
+  // Bytes become GPT-2's visible characters, which are all in a byte-level vocabulary; then
+  // the pair of lowest rank merges first. (GPT-2's reference merges every occurrence of that
+  // pair at once; since a merge's product only appears in later merges, the order is the same.)
   const ByteMap& bm = byte_map();
-  std::vector<std::string> word;
-  for (unsigned char b : piece) word.push_back(bm.encode[b]);
-  std::string key;
-  while (word.size() > 1) {
-    int best = INT32_MAX;
-    size_t best_i = 0;
-    for (size_t i = 0; i + 1 < word.size(); ++i) {
-      key.assign(word[i]).append(" ").append(word[i + 1]);
-      auto it = merge_rank_.find(key);
-      if (it != merge_rank_.end() && it->second < best) {
-        best = it->second;
-        best_i = i;
-      }
-    }
-    if (best == INT32_MAX) break;
-    // Merge every occurrence of the best pair, left to right.
-    const std::string first = word[best_i], second = word[best_i + 1];
-    std::vector<std::string> merged;
-    merged.reserve(word.size());
-    for (size_t i = 0; i < word.size();) {
-      if (i + 1 < word.size() && word[i] == first && word[i + 1] == second) {
-        merged.push_back(first + second);
-        i += 2;
-      } else {
-        merged.push_back(word[i]);
-        ++i;
-      }
-    }
-    word.swap(merged);
-  }
+  std::string mapped;
+  for (unsigned char b : piece) mapped += bm.encode[b];
   std::vector<int32_t> ids;
-  for (const auto& sym : word) {
-    auto it = vocab_.find(sym);
-    if (it != vocab_.end()) {
-      ids.push_back(it->second);
-      continue;
-    }
-    // Not in the vocabulary: fall back to its single-byte symbols.
-    std::string_view sv = sym;
-    for (size_t i = 0; i < sv.size();) {
-      char32_t cp;
-      int len = std::max(1, utf8_next(sv, i, &cp));
-      auto b = vocab_.find(std::string(sv.substr(i, len)));
-      KVPR_CHECK(b != vocab_.end(), "vocabulary lacks byte symbol '", sv.substr(i, len), "'");
-      ids.push_back(b->second);
-      i += len;
-    }
-  }
+  bpe_merge(mapped, &ids);
   out->insert(out->end(), ids.begin(), ids.end());
   std::lock_guard<std::mutex> lock(*cache_mu_);
   if (cache_->size() > 100000) cache_->clear();
@@ -687,11 +646,12 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) const {
 
 // Hugging Face's BPE::merge_word: symbols start as characters (or the <0xNN> tokens of a
 // character missing from the vocabulary); the pair of lowest merge rank is merged first, ties
-// to the left; a heap of candidate pairs keeps it O(n log n) over a whole unsplit segment.
-void Tokenizer::bpe_metaspace(std::string_view word, std::vector<int32_t>* out) const {
+// to the left; a heap of candidate pairs keeps it O(n log n) over a whole unsplit segment (or
+// a pre-token of a megabyte of one letter).
+void Tokenizer::bpe_merge(std::string_view word, std::vector<int32_t>* out) const {
   struct Sym {
     std::string text;
-    int32_t id;  // -1: a run of byte tokens, in `bytes`
+    int32_t id;  // -1: a run of byte tokens, in `bytes`; -2: a merge the vocabulary lacks
     std::vector<int32_t> bytes;
     int prev, next;
     bool alive = true;
@@ -728,7 +688,7 @@ void Tokenizer::bpe_metaspace(std::string_view word, std::vector<int32_t>* out) 
   auto push = [&](int a) {
     if (a < 0 || syms[a].next < 0) return;
     const Sym &x = syms[a], &y = syms[x.next];
-    if (x.id < 0 || y.id < 0) return;  // byte tokens never merge
+    if (x.id == -1 || y.id == -1) return;  // byte tokens never merge
     key.assign(x.text).append(" ").append(y.text);
     if (auto it = merge_rank_.find(key); it != merge_rank_.end()) heap.push(Cand{it->second, a, x.text, y.text});
   };
@@ -741,9 +701,11 @@ void Tokenizer::bpe_metaspace(std::string_view word, std::vector<int32_t>* out) 
     Sym& y = syms[x.next];
     const std::string merged = x.text + y.text;
     auto it = vocab_.find(merged);
-    if (it == vocab_.end()) continue;  // a merge whose result the vocabulary lacks
+    // A merge whose result the vocabulary lacks: Hugging Face refuses such a tokenizer (here it
+    // is skipped); GPT-2's reference merges on and spells what is left over in characters.
+    if (it == vocab_.end() && kind_ != Kind::ByteLevel) continue;
     x.text = merged;
-    x.id = it->second;
+    x.id = it == vocab_.end() ? -2 : it->second;
     y.alive = false;
     x.next = y.next;
     if (x.next >= 0) syms[x.next].prev = c.left;
@@ -751,8 +713,21 @@ void Tokenizer::bpe_metaspace(std::string_view word, std::vector<int32_t>* out) 
     push(c.left);
   }
   for (int i = 0; i >= 0; i = syms[i].next) {
-    if (syms[i].id >= 0) out->push_back(syms[i].id);
-    else out->insert(out->end(), syms[i].bytes.begin(), syms[i].bytes.end());
+    if (syms[i].id >= 0) {
+      out->push_back(syms[i].id);
+    } else if (syms[i].id == -1) {
+      out->insert(out->end(), syms[i].bytes.begin(), syms[i].bytes.end());
+    } else {
+      const std::string_view t = syms[i].text;
+      for (size_t k = 0; k < t.size();) {
+        char32_t cp;
+        const int len = std::max(1, utf8_next(t, k, &cp));
+        auto b = vocab_.find(std::string(t.substr(k, len)));
+        KVPR_CHECK(b != vocab_.end(), "vocabulary lacks byte symbol '", t.substr(k, len), "'");
+        out->push_back(b->second);
+        k += len;
+      }
+    }
   }
 }
 
@@ -778,12 +753,12 @@ void Tokenizer::encode_plain(std::string_view text, bool first, std::vector<int3
   if (text.empty()) return;
   std::string s = replace_all(text, " ", kSpaceMark);
   if (prepend_ == Prepend::Always || (prepend_ == Prepend::First && first)) s.insert(0, kSpaceMark);
-  if (!split_words_) return bpe_metaspace(s, out);
+  if (!split_words_) return bpe_merge(s, out);
   // Metaspace(split): each word begins at a "▁".
   size_t start = 0;
   for (size_t i = kSpaceMark.size(); i <= s.size(); ++i)
     if (i == s.size() || s.compare(i, kSpaceMark.size(), kSpaceMark) == 0) {
-      if (i > start) bpe_metaspace(std::string_view(s).substr(start, i - start), out);
+      if (i > start) bpe_merge(std::string_view(s).substr(start, i - start), out);
       start = i;
       if (i == s.size()) break;
       i += kSpaceMark.size() - 1;
@@ -806,16 +781,21 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) 
     prefixed.append(text);
     text = prefixed;
   }
-  // Split on added tokens (leftmost occurrence; longest at the same position).
+  // Split on added tokens (leftmost occurrence; longest at the same position). Each token's
+  // next occurrence is searched for again only once the text has moved past it, so a text
+  // full of them costs O(tokens x length), not that per occurrence.
   size_t pos = 0;
+  constexpr size_t kUnsearched = std::string_view::npos - 1;
+  std::vector<size_t> next(added_.size(), kUnsearched);
   while (pos < text.size()) {
     size_t best = std::string_view::npos;
     const Added* hit = nullptr;
-    for (const auto& a : added_) {
-      size_t f = text.find(a.content, pos);
-      if (f != std::string_view::npos && (f < best)) {
-        best = f;
-        hit = &a;
+    for (size_t j = 0; j < added_.size(); ++j) {
+      if (next[j] == kUnsearched || (next[j] != std::string_view::npos && next[j] < pos))
+        next[j] = text.find(added_[j].content, pos);
+      if (next[j] < best) {
+        best = next[j];
+        hit = &added_[j];
       }
     }
     std::string_view plain = text.substr(pos, hit ? best - pos : std::string_view::npos);

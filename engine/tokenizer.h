@@ -76,8 +76,9 @@ class Tokenizer {
   void bpe(std::string_view piece, std::vector<int32_t>* out) const;
   // Encodes one segment of plain text (no added tokens in it); `first`: it starts the text.
   void encode_plain(std::string_view text, bool first, std::vector<int32_t>* out) const;
-  // SentencePiece-style BPE of one word (already with "▁" for spaces).
-  void bpe_metaspace(std::string_view word, std::vector<int32_t>* out) const;
+  // BPE merges over the characters of `word` (SentencePiece-style with "▁" for spaces, or
+  // byte-level characters), by rank.
+  void bpe_merge(std::string_view word, std::vector<int32_t>* out) const;
   std::optional<int32_t> lookup_special(const std::string& content) const;
 
   std::unordered_map<std::string, int32_t> vocab_;

@@ -205,6 +205,24 @@ TEST(Tokenizer, PretokenizerFollowsLlama3Pattern) {
   EXPECT_TRUE(pieces("").empty());
 }
 
+// A pre-token can be as long as the request (here 256 KiB of one letter): BPE over it merges
+// through a heap, O(n log n), and gives the text back.
+TEST(Tokenizer, HugePretokensAndManySpecialTokensEncode) {
+  const std::string big(1 << 18, 'a');
+  const std::vector<int32_t> ids = gpt2().encode_ordinary(big);
+  EXPECT_LT(ids.size(), big.size() / 2);
+  EXPECT_EQ(gpt2().decode(ids), big);
+  Tokenizer l3 = Tokenizer::load(test::data_path("llama3-tokenizer"));
+  EXPECT_EQ(l3.decode(l3.encode(big)), big);
+  // As many special tokens as fit in it: each of the 256 is searched for once per occurrence
+  // of its own, not once per occurrence of any.
+  std::string many;
+  for (int i = 0; i < 20000; ++i) many += "<|eot_id|>x";
+  const std::vector<int32_t> e = l3.encode(many, false);
+  ASSERT_EQ(e.size(), 40000u);
+  EXPECT_EQ(std::count(e.begin(), e.end(), 128009), 20000);
+}
+
 TEST(Tokenizer, PretokenizerFollowsGpt2Pattern) {
   auto pieces = [](std::string_view s) {
     std::vector<std::string> out;
