@@ -1,5 +1,8 @@
 #include "engine/backend.h"
 
+#include <cstdint>
+#include <fstream>
+
 #include "engine/cpu/cpu_backend.h"
 #include "engine/error.h"
 
@@ -78,6 +81,16 @@ int64_t check_argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& l
              "argmax_lse: shapes ids ", ids.describe(), " stats ", stats.describe(), " logits ", logits.describe(),
              " valid ", valid);
   return R;
+}
+
+size_t host_bytes_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return SIZE_MAX;
 }
 
 bool cuda_available() {

@@ -126,6 +126,8 @@ class Backend {
   virtual Tensor alloc(DType dtype, Shape shape) = 0;         // device memory, zeroed
   virtual Tensor alloc_pinned(DType dtype, Shape shape) = 0;  // page-locked host memory
   virtual size_t device_bytes_in_use() const = 0;
+  // Device memory free for new allocations now (the CPU backend: host_bytes_available()).
+  virtual size_t device_bytes_free() const = 0;
 
   // ---- copies and ordering ----
   // Copies src into dst (same dtype and element count; any memory kinds) in order on `s`.
@@ -298,6 +300,10 @@ KVPR_HD inline float rope_angle(int32_t position, int i, int head_dim, const Rop
 // Creates a backend by name: "cpu", "cuda" (device 0 or `device`), or "auto" (cuda when
 // a device is present, else cpu). Throws when the requested backend is unavailable.
 std::unique_ptr<Backend> create_backend(const std::string& name, int device = 0);
+
+// Host memory the kernel could hand out now without swapping (MemAvailable of /proc/meminfo),
+// or SIZE_MAX where it cannot be read. Pinned memory must all be resident, so this bounds it.
+size_t host_bytes_available();
 
 // Whether this build includes the CUDA backend and a device is visible.
 bool cuda_available();

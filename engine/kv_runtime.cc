@@ -73,6 +73,7 @@ KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projec
   KVPR_CHECK(slots > 0 && capacity > 0, "KV runtime needs at least one slot and one token");
   KVPR_CHECK(is_float(opts.kv_dtype), "KV dtype must be F32, F16 or BF16");
   const KvMode m = opts_.mode;
+  check_fits(backend, shape, slots, capacity, opts);
   if (m == KvMode::Resident) {
     for (int64_t l = 0; l < shape.layers; ++l) {
       dev_k_.push_back(be_.alloc(opts.kv_dtype, {slots, capacity, shape.kv_hidden()}));
@@ -101,6 +102,32 @@ KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projec
 }
 
 KvRuntime::~KvRuntime() { be_.synchronize(); }
+
+void KvRuntime::check_fits(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity,
+                           const KvRuntimeOptions& opts) {
+  // The cache is allocated whole, for every slot at full capacity: say so before allocating
+  // what cannot fit (a failed pinned allocation, or the OOM killer while zeroing it).
+  const bool on_device = opts.mode == KvMode::Resident;
+  const double es = static_cast<double>(dtype_size(opts.kv_dtype)), rows = static_cast<double>(slots);
+  double need = static_cast<double>(shape.layers) * 2.0 * static_cast<double>(shape.kv_hidden()) * es * rows *
+                static_cast<double>(capacity);
+  if (kv_mode_stores_x(opts.mode)) {
+    const int64_t x_cap = opts.activation_cap < 0 ? capacity : std::min(opts.activation_cap, capacity);
+    need += static_cast<double>(shape.layers) * static_cast<double>(shape.hidden) * es * rows * static_cast<double>(x_cap);
+  }
+  const bool device_memory = on_device && !backend.device_is_host();
+  const size_t avail = device_memory ? backend.device_bytes_free() : host_bytes_available();
+  if (avail == SIZE_MAX || need <= static_cast<double>(avail)) return;
+  char msg[512];
+  std::snprintf(msg, sizeof msg,
+                "the KV cache of %lld sequences x %lld tokens (kv mode %s) needs %.2f GiB of %s and %.2f GiB are "
+                "available: lower max-batch or max-seq-len%s",
+                static_cast<long long>(slots), static_cast<long long>(capacity), kv_mode_name(opts.mode),
+                need / 1073741824.0, device_memory ? "device memory" : on_device ? "memory" : "pinned host memory",
+                static_cast<double>(avail) / 1073741824.0,
+                device_memory ? ", or keep it in host memory (kv mode offload or kvpr)" : "");
+  KVPR_THROW(msg);
+}
 
 int64_t KvRuntime::host_bytes_per_token(KvMode mode, const KvShape& shape, DType dtype) {
   if (!kv_mode_uses_host(mode)) return 0;

@@ -128,6 +128,10 @@ class KvRuntime {
   const StepStats& last_step() const { return stats_; }
   // Host bytes per token of a sequence in this runtime's mode (K, V and X where stored).
   int64_t host_bytes_per_token() const;
+  // Throws a one-line error naming the sizes when the KV cache of `slots` x `capacity` tokens
+  // (on the device for resident, else in pinned host memory) exceeds what is free there.
+  static void check_fits(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity,
+                         const KvRuntimeOptions& opts);
   static int64_t host_bytes_per_token(KvMode mode, const KvShape& shape, DType dtype);
 
   // The model's forward calls these, in order: begin, then per layer and per GPU batch

@@ -269,6 +269,26 @@ TEST(Cuda, OutOfMemoryIsAClearError) {
   EXPECT_EQ(ok.numel(), 16);
 }
 
+// A resident KV cache larger than the device's free memory: refused before allocating, naming
+// its size and the way out.
+TEST(Cuda, KvCacheTooLargeForTheDeviceNamesTheWayOut) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = create_backend("cuda");
+  EXPECT_GT(gpu->device_bytes_free(), 0u);
+  OptModel model(*gpu, test::data_path("opt/pre_ln_safetensors"));
+  KvRuntimeOptions o;
+  o.kv_dtype = DType::F16;
+  try {
+    model.make_kv_runtime(int64_t{1} << 30, 64, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("GiB of device memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("keep it in host memory (kv mode offload or kvpr)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(gpu->alloc(DType::F32, {16}).numel(), 16);
+}
+
 // Weights that do not fit on the device: the error says so and names --weights host.
 TEST(Cuda, WeightsTooLargeForTheDeviceNameTheWayOut) {
   SKIP_WITHOUT_GPU();

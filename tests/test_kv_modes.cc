@@ -166,6 +166,30 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, KvModes,
                          ::testing::Values("pre_ln_safetensors", "post_ln_proj_sharded", "fp16_bin_sharded"),
                          [](const auto& p) { return std::string(p.param); });
 
+// A cache larger than the memory it would live in is refused before anything is allocated, with
+// its size and the settings that change it (2^30 sequences: 32 TiB in every mode).
+TEST(KvRuntime, ACacheThatCannotFitIsRefusedByItsSize) {
+  CpuBackend be;
+  OptModel model(be, test::data_path("opt/pre_ln_safetensors"));
+  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr}) {
+    KvRuntimeOptions o;
+    o.kv_dtype = DType::F32;
+    o.mode = m;
+    o.forced_split = 0;
+    try {
+      model.make_kv_runtime(int64_t{1} << 30, 64, o);
+      ADD_FAILURE() << kv_mode_name(m);
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("the KV cache of 1073741824 sequences x 64 tokens (kv mode " + std::string(kv_mode_name(m)) +
+                         ") needs "), std::string::npos) << msg;
+      EXPECT_NE(msg.find(m == KvMode::Resident ? "GiB of memory" : "GiB of pinned host memory"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("lower max-batch or max-seq-len"), std::string::npos) << msg;
+    }
+  }
+  EXPECT_NE(host_bytes_available(), 0u);
+}
+
 TEST(KvRuntime, HostStoreHoldsTheComputedKeysValuesAndInputs) {
   // After a prefill in offload/kvpr mode, the host store equals what the resident cache
   // computed, row for row; X equals the layer input (checked through recomputation).

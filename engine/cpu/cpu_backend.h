@@ -47,6 +47,7 @@ class CpuBackend final : public Backend {
   Tensor alloc(DType dtype, Shape shape) override;
   Tensor alloc_pinned(DType dtype, Shape shape) override;
   size_t device_bytes_in_use() const override { return bytes_in_use_->load(); }
+  size_t device_bytes_free() const override { return host_bytes_available(); }
 
   void copy(const Tensor& dst, const Tensor& src, Stream s, const char* what = "copy") override;
   Event record(Stream s) override;

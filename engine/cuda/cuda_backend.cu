@@ -201,6 +201,11 @@ class CudaBackend final : public Backend {
   }
 
   size_t device_bytes_in_use() const override { return in_use_->load(); }
+  size_t device_bytes_free() const override {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return free_b;
+  }
 
   void copy(const Tensor& dst, const Tensor& src, Stream s, const char* what) override {
     KVPR_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy from ", src.describe(), " to ",
