@@ -31,6 +31,11 @@ bool parse_kv_mode(const std::string& s, KvMode* out) {
 bool kv_mode_uses_host(KvMode m) { return m != KvMode::Resident; }
 bool kv_mode_stores_x(KvMode m) { return m == KvMode::Kvpr || m == KvMode::Recompute; }
 
+namespace {
+// Recomputing K/V from X saves link bytes only where X is smaller than K+V (not with GQA).
+bool recompute_can_pay(const KvShape& shape) { return shape.hidden < 2 * shape.kv_hidden(); }
+}  // namespace
+
 // ------------------------------------------------------------------ host store
 
 HostKvStore::HostKvStore(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity, DType dtype,
@@ -81,9 +86,7 @@ KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projec
     }
     return;
   }
-  int64_t x_cap = 0;
-  if (kv_mode_stores_x(m)) x_cap = opts.activation_cap < 0 ? capacity : std::min(opts.activation_cap, capacity);
-  host_ = std::make_unique<HostKvStore>(be_, shape, slots, capacity, opts.kv_dtype, x_cap);
+  host_ = std::make_unique<HostKvStore>(be_, shape, slots, capacity, opts.kv_dtype, x_capacity(shape, capacity, opts));
   store_done_.resize(shape.layers);
   if (m == KvMode::CpuAttn) {
     int threads = opts.host_attention_threads > 0 ? opts.host_attention_threads
@@ -111,10 +114,8 @@ void KvRuntime::check_fits(Backend& backend, const KvShape& shape, int64_t slots
   const double es = static_cast<double>(dtype_size(opts.kv_dtype)), rows = static_cast<double>(slots);
   double need = static_cast<double>(shape.layers) * 2.0 * static_cast<double>(shape.kv_hidden()) * es * rows *
                 static_cast<double>(capacity);
-  if (kv_mode_stores_x(opts.mode)) {
-    const int64_t x_cap = opts.activation_cap < 0 ? capacity : std::min(opts.activation_cap, capacity);
-    need += static_cast<double>(shape.layers) * static_cast<double>(shape.hidden) * es * rows * static_cast<double>(x_cap);
-  }
+  need += static_cast<double>(shape.layers) * static_cast<double>(shape.hidden) * es * rows *
+          static_cast<double>(x_capacity(shape, capacity, opts));
   const bool device_memory = on_device && !backend.device_is_host();
   const size_t avail = device_memory ? backend.device_bytes_free() : host_bytes_available();
   if (avail == SIZE_MAX || need <= static_cast<double>(avail)) return;
@@ -129,13 +130,25 @@ void KvRuntime::check_fits(Backend& backend, const KvShape& shape, int64_t slots
   KVPR_THROW(msg);
 }
 
+int64_t KvRuntime::x_capacity(const KvShape& shape, int64_t capacity, const KvRuntimeOptions& opts) {
+  if (!kv_mode_stores_x(opts.mode)) return 0;
+  // kvpr keeps X only where recomputing from it can save bytes, or a split is forced.
+  if (opts.mode == KvMode::Kvpr && !opts.forced_split && !recompute_can_pay(shape)) return 0;
+  return opts.activation_cap < 0 ? capacity : std::min(opts.activation_cap, capacity);
+}
+
 int64_t KvRuntime::host_bytes_per_token(KvMode mode, const KvShape& shape, DType dtype) {
   if (!kv_mode_uses_host(mode)) return 0;
-  int64_t per_layer = 2 * shape.kv_hidden() + (kv_mode_stores_x(mode) ? shape.hidden : 0);
+  const bool x = mode == KvMode::Recompute || (mode == KvMode::Kvpr && recompute_can_pay(shape));
+  int64_t per_layer = 2 * shape.kv_hidden() + (x ? shape.hidden : 0);
   return shape.layers * per_layer * static_cast<int64_t>(dtype_size(dtype));
 }
 
-int64_t KvRuntime::host_bytes_per_token() const { return host_bytes_per_token(opts_.mode, shape_, opts_.kv_dtype); }
+int64_t KvRuntime::host_bytes_per_token() const {
+  if (!host_) return 0;
+  const int64_t x = host_->x_capacity() > 0 ? shape_.hidden : 0;
+  return shape_.layers * (2 * shape_.kv_hidden() + x) * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+}
 
 Tensor KvRuntime::grow(Tensor& buf, DType dtype, int64_t rows, int64_t width) {
   rows = std::max<int64_t>(rows, 1);
@@ -288,7 +301,7 @@ void KvRuntime::allocate_step() {
   for (int b = 0; b < 2; ++b) {
     grow(kbuf_[b], opts_.kv_dtype, ctx, w);
     grow(vbuf_[b], opts_.kv_dtype, ctx, w);
-    if (kv_mode_stores_x(opts_.mode)) {
+    if (host_ && host_->x_capacity() > 0) {
       grow(xbuf_[b], opts_.kv_dtype, rx, shape_.hidden);
       grow(xnew_[b], opts_.kv_dtype, q, shape_.hidden);
     }

@@ -132,7 +132,12 @@ class KvRuntime {
   // (on the device for resident, else in pinned host memory) exceeds what is free there.
   static void check_fits(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity,
                          const KvRuntimeOptions& opts);
+  // Host bytes per token a runtime of `mode` takes by default (no forced split): K and V, and X
+  // for recompute, and for kvpr where recomputing from X can pay (X smaller than K+V: not with
+  // grouped-query attention, where kvpr stores no X and moves the KV as offload does).
   static int64_t host_bytes_per_token(KvMode mode, const KvShape& shape, DType dtype);
+  // Tokens of X each sequence keeps: activation_cap (all when negative) where X is kept, else 0.
+  static int64_t x_capacity(const KvShape& shape, int64_t capacity, const KvRuntimeOptions& opts);
 
   // The model's forward calls these, in order: begin, then per layer and per GPU batch
   // (groups(), of consecutive chunks: rows group_rows(g) of the step's tokens) prepare and

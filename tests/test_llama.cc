@@ -128,7 +128,8 @@ TEST(Llama, RecomputedKeysFromStoredInputsEqualStoredKeys) {
 }
 
 // With grouped-query attention X (hidden) is not smaller than K+V (2 * kv_hidden): the
-// scheduler never recomputes (design.md §1), and a forced split still gives the same tokens.
+// scheduler never recomputes (design.md §1), kvpr stores no X, and a forced split still gives
+// the same tokens.
 TEST(Llama, GroupedQueryAttentionSchedulesNoRecompute) {
   CpuBackend be;
   LlamaModel model(be, fixture("gqa_f32_safetensors"));
@@ -148,8 +149,16 @@ TEST(Llama, GroupedQueryAttentionSchedulesNoRecompute) {
   model.forward({ForwardChunk{toks.data() + 7, 1, 7, 0}}, *kv, logits);
   EXPECT_EQ(kv->last_step().split_total, 0);
   EXPECT_EQ(kv->last_step().split_total_layer0, 0);
-  // Per token and layer: K and V of 2 heads of 8 (f32), and X of 32.
-  EXPECT_EQ(KvRuntime::host_bytes_per_token(KvMode::Kvpr, model.kv_shape(), DType::F32), 2 * (2 * 16 + 32) * 4);
+  // Per token and layer: K and V of 2 heads of 8 (f32); kvpr keeps no X it would never use,
+  // recompute (and kvpr with a forced split) keeps X of 32 too.
+  EXPECT_EQ(KvRuntime::host_bytes_per_token(KvMode::Kvpr, model.kv_shape(), DType::F32), 2 * (2 * 16) * 4);
+  EXPECT_EQ(kv->host_bytes_per_token(), 2 * (2 * 16) * 4);
+  EXPECT_EQ(kv->host_store()->x_capacity(), 0);
+  EXPECT_EQ(KvRuntime::host_bytes_per_token(KvMode::Recompute, model.kv_shape(), DType::F32), 2 * (2 * 16 + 32) * 4);
+  o.forced_split = 4;
+  auto forced = model.make_kv_runtime(1, 32, o);
+  EXPECT_EQ(forced->host_store()->x_capacity(), 32);
+  EXPECT_EQ(forced->host_bytes_per_token(), 2 * (2 * 16 + 32) * 4);
 }
 
 TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
