@@ -107,11 +107,22 @@ int main(int argc, char** argv) {
       spdlog::info("all workers ready");
       sd_notify(0, "READY=1\nSTATUS=serving");
     });
+    int exit_code = 0;
+    boost::asio::steady_timer watchdog(io);
+    pool.on_start_failed([&](const std::string& why) {
+      spdlog::error("no worker could start; exiting: {}", why);
+      std::fprintf(stderr, "kvprd: error: %s\n", why.c_str());
+      sd_notifyf(0, "STATUS=no worker could start: %s", why.c_str());
+      exit_code = 1;
+      server.close();
+      pool.stop();
+      watchdog.cancel();
+      io.stop();
+    });
     pool.start();
 
     // systemd watchdog: ping at half the interval while the io loop is alive.
     uint64_t watchdog_usec = 0;
-    boost::asio::steady_timer watchdog(io);
     std::function<void()> ping;
     if (sd_watchdog_enabled(0, &watchdog_usec) > 0) {
       ping = [&] {
@@ -155,7 +166,7 @@ int main(int argc, char** argv) {
     });
     io.run();
     spdlog::info("kvprd stopped");
-    return 0;
+    return exit_code;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     std::fprintf(stderr, "kvprd: %s\n", e.what());

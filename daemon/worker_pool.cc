@@ -46,6 +46,8 @@ struct WorkerPool::Worker {
   json::Value stats, info;
   std::unique_ptr<boost::asio::steady_timer> restart_timer;
   bool first_start = true;  // the NCCL weight broadcast happens only at the first start
+  bool ever_ready = false;
+  bool failed_at_start = false;  // reported an error and exited before it was ever ready
   int numa_node = -1;     // from the placement plan
   std::vector<int> cpus;  // disjoint from the other workers'
 };
@@ -230,6 +232,7 @@ void WorkerPool::handle(Worker& w, uint64_t gen, const json::Value& msg) {
   const std::string& type = t->as_string();
   if (type == "ready") {
     w.state = "ready";
+    w.ever_ready = true;
     w.info = msg;
     w.backoff = std::chrono::milliseconds(1000);
     spdlog::info("worker {}: ready ({}, kv mode {}, context {})", w.index, msg.find("backend")->as_string(),
@@ -301,6 +304,17 @@ void WorkerPool::on_exit(Worker& w, uint64_t gen, const std::string& why) {
     p.sink(ev);
   }
   if (stopping_) return;
+  // Every worker reported an error and exited before any was ever ready: the configuration
+  // cannot start (a model that does not load, a cache that does not fit), and restarting will
+  // not change that.
+  if (!w.ever_ready && !w.fatal.empty()) w.failed_at_start = true;
+  const bool none_started = std::all_of(workers_.begin(), workers_.end(), [](const auto& x) {
+    return !x->ever_ready && x->failed_at_start;
+  });
+  if (none_started && on_start_failed_) {
+    on_start_failed_("worker " + std::to_string(w.index) + ": " + w.fatal);
+    return;
+  }
   ++w.restarts;
   auto delay = w.backoff;
   w.backoff = std::min(w.backoff * 2, std::chrono::milliseconds(30000));

@@ -70,6 +70,9 @@ class WorkerPool {
   const std::string& placement() const { return placement_; }
   // Called once every worker has reported ready for the first time (sd_notify READY=1).
   void on_all_ready(std::function<void()> f) { on_all_ready_ = std::move(f); }
+  // Called, instead of restarting, once every worker has exited with an error before any was
+  // ever ready (the error of the last one); without it workers restart with backoff.
+  void on_start_failed(std::function<void(const std::string&)> f) { on_start_failed_ = std::move(f); }
 
  private:
   struct Worker;
@@ -87,6 +90,7 @@ class WorkerPool {
   bool stopping_ = false;
   bool announced_ready_ = false;
   std::function<void()> on_all_ready_;
+  std::function<void(const std::string&)> on_start_failed_;
   std::string placement_;
   std::string nccl_id_;  // several GPUs: the first start of every worker joins this group
 };

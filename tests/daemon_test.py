@@ -202,6 +202,13 @@ def operations():
     check("--help lists the options", r.returncode == 0 and all(f"--{k}" in r.stdout for k in
           ["model", "port", "workers", "kv-mode", "cuda-graphs", "weights", "max-queue", "drain-timeout", "config"]),
           r.stdout[:200])
+    # Every worker reports an error before it is ever ready (a KV cache of 10^6 sequences cannot
+    # fit): kvprd exits 1 with the error instead of restarting them forever.
+    r = subprocess.run([KVPRD, "--model", MODEL, "--workers", "2", "--max-batch", "1000000", "--port", str(free_port()),
+                        "--config", "/dev/null"], capture_output=True, text=True, timeout=120)
+    check("a configuration no worker can start with: exit 1 naming the error", r.returncode == 1 and
+          "kvprd: error: worker" in r.stderr and "the KV cache of 1000000 sequences x 2048 tokens" in r.stderr and
+          "lower max-batch or max-seq-len" in r.stderr, (r.returncode, r.stderr[-600:]))
     # No worker can start: 503 with a JSON error, /health 503.
     port = free_port()
     d = Daemon(args=["--model", MODEL, "--port", str(port), "--config", "/dev/null",
