@@ -355,7 +355,7 @@ int cmd_info(int argc, char** argv) {
   const ModelSpec& c = model.spec();
   const auto* opt = dynamic_cast<const OptModel*>(&model);
   const auto* llama = dynamic_cast<const LlamaModel*>(&model);
-  const char* arch = opt ? "OPTForCausalLM" : "LlamaForCausalLM";
+  const char* arch = opt ? "OPTForCausalLM" : c.model_type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM";
   std::optional<Tokenizer> tok;
   try {
     tok = Tokenizer::load(dir);
@@ -418,7 +418,12 @@ int cmd_info(int argc, char** argv) {
   std::printf("ffn                   %lld\n", static_cast<long long>(c.ffn_dim));
   std::printf("vocab                 %lld%s\n", static_cast<long long>(c.vocab_size),
               tok ? (" (tokenizer " + std::to_string(tok->size()) + ")").c_str() : "");
-  std::printf("context               %lld\n", static_cast<long long>(c.max_position_embeddings));
+  if (llama && llama->config().context() < llama->config().max_position_embeddings)
+    std::printf("context               %lld (the sliding window; %lld positions)\n",
+                static_cast<long long>(c.max_position_embeddings),
+                static_cast<long long>(llama->config().max_position_embeddings));
+  else
+    std::printf("context               %lld\n", static_cast<long long>(c.max_position_embeddings));
   std::printf("checkpoint            %s, %s\n", model.checkpoint_format().c_str(), dtype_name(model.weight_dtype()));
   std::printf("parameters            %lld (%.1fM)\n", static_cast<long long>(model.parameter_count()),
               model.parameter_count() / 1e6);

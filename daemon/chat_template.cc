@@ -9,7 +9,7 @@
 namespace kvpr {
 
 bool known_chat_template(const std::string& name) {
-  for (const char* n : {"plain", "opt", "llama-2", "llama-3", "llama-3.1", "llama-3.2"})
+  for (const char* n : {"plain", "opt", "llama-2", "mistral", "llama-3", "llama-3.1", "llama-3.2"})
     if (name == n) return true;
   return false;
 }
@@ -73,6 +73,27 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
     }
     return r;
   }
+  if (name == "mistral") {
+    // Mistral-7B-Instruct's: "[INST] {user} [/INST]{assistant}</s>[INST] ..." after the
+    // tokenizer's BOS; it has no system role, so a system message opens the first user turn.
+    std::string system;
+    size_t i = 0;
+    if (!messages.empty() && messages[0].role == "system") {
+      system = messages[0].content;
+      i = 1;
+    }
+    bool first = true;
+    for (; i < messages.size(); ++i) {
+      const auto& m = messages[i];
+      if (m.role == "user") {
+        r.prompt += "[INST] " + (first && !system.empty() ? system + "\n\n" : "") + m.content + " [/INST]";
+        first = false;
+      } else if (m.role == "assistant") {
+        r.prompt += m.content + "</s>";
+      }
+    }
+    return r;
+  }
   if (name == "llama-3" || name == "llama-3.1" || name == "llama-3.2") {
     // The BOS before the first header is the tokenizer's own; the model ends its turn with
     // <|eot_id|>, a special token (no text), so it is a stop token, not a stop string.
@@ -123,6 +144,10 @@ std::string auto_chat_template(const std::string& model_dir, std::string* why) {
   if (has("[INST]") && has("<<SYS>>")) {
     *why = "tokenizer_config.json's chat_template is Llama-2's";
     return "llama-2";
+  }
+  if (has("[INST]")) {
+    *why = "tokenizer_config.json's chat_template is Mistral's ([INST] without <<SYS>>)";
+    return "mistral";
   }
   if (has("<|start_header_id|>") && has("<|eot_id|>")) {
     if (!has("Cutting Knowledge Date")) {

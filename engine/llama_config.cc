@@ -8,7 +8,11 @@ namespace kvpr {
 LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& source) {
   ConfigFields f(v, source);
   LlamaConfig c;
-  f.expect_model_type("llama");
+  f.get_string("model_type", &c.model_type, true);
+  KVPR_CHECK(c.model_type == "llama" || c.model_type == "mistral", source, ": model_type \"", c.model_type,
+             "\" is not llama or mistral");
+  f.get_int("sliding_window", &c.sliding_window);
+  KVPR_CHECK(c.sliding_window >= 0, source, ": sliding_window must not be negative");
   f.get_int("vocab_size", &c.vocab_size, true);
   f.get_int("hidden_size", &c.hidden_size, true);
   f.get_int("intermediate_size", &c.intermediate_size, true);
@@ -90,7 +94,7 @@ LlamaConfig LlamaConfig::load(const std::string& model_dir) {
 
 ModelSpec LlamaConfig::spec() const {
   ModelSpec s;
-  s.model_type = "llama";
+  s.model_type = model_type;
   s.vocab_size = vocab_size;
   s.hidden_size = hidden_size;
   s.num_layers = num_layers;
@@ -98,7 +102,7 @@ ModelSpec LlamaConfig::spec() const {
   s.num_kv_heads = num_kv_heads;
   s.head_dim = head_dim();
   s.ffn_dim = intermediate_size;
-  s.max_position_embeddings = max_position_embeddings;
+  s.max_position_embeddings = context();
   s.bos_token_id = bos_token_id;
   s.eos_token_id = eos_token_id;
   s.pad_token_id = pad_token_id;

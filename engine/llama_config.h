@@ -2,6 +2,7 @@
 // a Hugging Face config.json.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -33,6 +34,14 @@ struct LlamaConfig {
   int64_t eos_token_id = 2;
   int64_t pad_token_id = -1;
   std::string torch_dtype = "float32";
+  std::string model_type = "llama";  // or "mistral": the same architecture
+  // Mistral's sliding-window attention: each token sees the last sliding_window positions
+  // (0: all). kvpr serves contexts up to the window, where that is exact: context() is
+  // min(max_position_embeddings, sliding_window).
+  int64_t sliding_window = 0;
+  int64_t context() const {
+    return sliding_window > 0 ? std::min(max_position_embeddings, sliding_window) : max_position_embeddings;
+  }
 
   int64_t head_dim() const { return hidden_size / num_heads; }
 

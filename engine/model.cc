@@ -223,18 +223,18 @@ std::string model_type(const std::string& model_dir) {
   ConfigFields f(v, "config.json");
   std::string mt;
   f.get_string("model_type", &mt, true);
-  KVPR_CHECK(mt == "opt" || mt == "llama", "config.json: model_type \"", mt,
-             "\" is not supported (supported: opt, llama)");
+  KVPR_CHECK(mt == "opt" || mt == "llama" || mt == "mistral", "config.json: model_type \"", mt,
+             "\" is not supported (supported: opt, llama, mistral)");
   return mt;
 }
 
 ModelSpec load_model_spec(const std::string& model_dir) {
-  if (model_type(model_dir) == "llama") return LlamaConfig::load(model_dir).spec();
+  if (model_type(model_dir) != "opt") return LlamaConfig::load(model_dir).spec();
   return OptConfig::load(model_dir).spec();
 }
 
 std::unique_ptr<Model> load_model(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts) {
-  if (model_type(model_dir) == "llama") return std::make_unique<LlamaModel>(backend, model_dir, opts);
+  if (model_type(model_dir) != "opt") return std::make_unique<LlamaModel>(backend, model_dir, opts);
   return std::make_unique<OptModel>(backend, model_dir, opts);
 }
 

@@ -167,8 +167,8 @@ TEST(Checkpoint, BadConfig) {
   std::string d = copy_fixture("pre_ln_safetensors", tmp);
   write_all(d + "/config.json", "{\"model_type\": \"opt\", ");
   EXPECT_HAS(load_error(d), "config.json: invalid JSON");
-  write_all(d + "/config.json", R"({"model_type": "mistral"})");
-  EXPECT_HAS(load_error(d), "config.json: model_type \"mistral\" is not supported (supported: opt, llama)");
+  write_all(d + "/config.json", R"({"model_type": "gpt_neox"})");
+  EXPECT_HAS(load_error(d), "config.json: model_type \"gpt_neox\" is not supported (supported: opt, llama, mistral)");
   write_all(d + "/config.json", R"({"model_type": "llama"})");
   EXPECT_HAS(load_error(d), "config.json: missing \"vocab_size\"");
   write_all(d + "/config.json", R"({"model_type": "opt", "hidden_size": 32})");

@@ -21,7 +21,8 @@ using namespace kvpr;
 namespace {
 
 const char* const kFixtures[] = {"f32_safetensors", "bf16_tied_scaled_sharded", "f16_bin_rope_parameters",
-                                 "gqa_f32_safetensors", "mqa_f16_bin_sharded", "llama3_rope_gqa_bf16"};
+                                 "gqa_f32_safetensors", "mqa_f16_bin_sharded", "llama3_rope_gqa_bf16",
+                                 "mistral_sliding_window"};
 
 std::string fixture(const std::string& name) { return test::data_path("llama/" + name); }
 
@@ -34,7 +35,7 @@ TEST_P(LlamaForward, LogitsMatchFloat64Reference) {
   CpuBackend be;
   std::unique_ptr<Model> model = load_model(be, dir);
   ASSERT_NE(dynamic_cast<LlamaModel*>(model.get()), nullptr);
-  EXPECT_EQ(model->spec().model_type, "llama");
+  EXPECT_EQ(model->spec().model_type, std::string(GetParam()).rfind("mistral", 0) == 0 ? "mistral" : "llama");
   NpyArray ids = read_npy(dir + "/input_ids.npy");
   NpyArray ref = read_npy(dir + "/logits.npy");
   const int64_t T = static_cast<int64_t>(ids.values.size()), V = model->spec().vocab_size;
@@ -42,13 +43,14 @@ TEST_P(LlamaForward, LogitsMatchFloat64Reference) {
   std::vector<int32_t> tokens(ids.values.begin(), ids.values.end());
   KvRuntimeOptions f32;
   f32.kv_dtype = DType::F32;
-  auto cache = model->make_kv_runtime(1, 64, f32);
+  const int64_t ctx = model->spec().max_position_embeddings;  // 64, or Mistral's window
+  auto cache = model->make_kv_runtime(1, ctx, f32);
   Tensor logits = Tensor::host(DType::F32, {T, V});
   model->forward({ForwardChunk{tokens.data(), T, 0, 0}}, *cache, logits, /*all_positions=*/true);
   EXPECT_TRUE(test::close_rel(ref.values, logits.data_as<float>(), ref.values.size(), 1e-4));
 
   // A prefill of 5, then one token at a time at positions 5.. through the cache.
-  auto cache2 = model->make_kv_runtime(1, 64, f32);
+  auto cache2 = model->make_kv_runtime(1, ctx, f32);
   Tensor rows5 = Tensor::host(DType::F32, {5, V});
   model->forward({ForwardChunk{tokens.data(), 5, 0, 0}}, *cache2, rows5, true);
   std::vector<float> got(rows5.data_as<float>(), rows5.data_as<float>() + 5 * V);
@@ -197,6 +199,11 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   EXPECT_EQ(s.ffn_dim, 80);
   EXPECT_EQ(LlamaConfig::load(fixture("f16_bin_rope_parameters")).rope_theta, 20000.0);
   EXPECT_EQ(LlamaConfig::load(fixture("bf16_tied_scaled_sharded")).rope_freq_scale, 0.5);
+  // Mistral: the context served is the sliding window, where full attention is exact.
+  const ModelSpec mistral = load_model_spec(fixture("mistral_sliding_window"));
+  EXPECT_EQ(mistral.model_type, "mistral");
+  EXPECT_EQ(mistral.max_position_embeddings, 32);
+  EXPECT_HAS(error_for("model_type", "\"qwen2\""), "config.json: model_type \"qwen2\" is not supported");
   const LlamaConfig l3 = LlamaConfig::load(fixture("llama3_rope_gqa_bf16"));
   EXPECT_EQ(l3.rope_llama3_factor, 8.0);
   EXPECT_EQ(l3.rope_high_freq_factor, 4.0);

@@ -59,6 +59,11 @@ CASES = [
           rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                         "original_max_position_embeddings": 256}),
      torch.bfloat16, "safetensors", 1),
+    # Mistral: Llama's architecture under model_type mistral, grouped-query attention, and a
+    # sliding window (32 of 64 positions) that caps the context kvpr serves.
+    ("mistral_sliding_window",
+     dict(model_type="mistral", architectures=["MistralForCausalLM"], num_key_value_heads=2, sliding_window=32),
+     torch.float32, "safetensors", 1),
 ]
 
 
@@ -133,6 +138,8 @@ def reference_logits(cfg, w, ids):
     x = W["model.embed_tokens.weight"][torch.tensor(ids)]
     cos, sin = rope_cos_sin(cfg, T, hd)
     mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+    if cfg.get("sliding_window"):  # Mistral: token i sees positions i - window + 1 .. i
+        mask = mask + torch.full((T, T), float("-inf"), dtype=torch.float64).tril(-cfg["sliding_window"])
 
     def lin(t, name):
         y = t @ W[name + ".weight"].T
