@@ -2,7 +2,8 @@
 //   kvpr-bench cpu [--json FILE] [--quick]
 //     OPT-125m shapes with random weights: prefill and decode tokens/s of the CPU backend, and
 //     the decode-attention kernel's bandwidth next to a memcpy measured in the same run.
-//   kvpr-bench decode [--preset opt-6.7b|opt-13b|opt-1.3b|tiny|llama-2-7b|llama-2-13b|llama-2-70b|llama-tiny]
+//   kvpr-bench decode [--preset opt-6.7b|opt-13b|opt-1.3b|tiny|llama-2-7b|llama-2-13b|llama-2-70b|llama-3.1-8b|
+//                      llama-tiny]
 //                     [--batch B] [--prompt P] [--gen N]
 //                     [--modes resident,resident+graphs,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
 //                     [--kv-dtype f16] [--weights device|host] [--gpu-batches N] [--emulate-link-gbps G]
@@ -266,8 +267,14 @@ std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool s
   if (name == "llama-2-7b") shape(4096, 32, 32, 32, 11008);
   else if (name == "llama-2-13b") shape(5120, 40, 40, 40, 13824);
   else if (name == "llama-2-70b") shape(8192, 80, 64, 8, 28672);  // grouped-query attention
-  else if (name == "llama-tiny") shape(128, 4, 4, 2, 344);
-  else KVPR_THROW("unknown preset '", name, "' (llama-2-7b, llama-2-13b, llama-2-70b, llama-tiny)");
+  else if (name == "llama-3.1-8b") {  // grouped-query attention, 128256 tokens, llama3 rope scaling
+    shape(4096, 32, 32, 8, 14336);
+    c.vocab_size = 128256;
+    c.max_position_embeddings = 131072;
+    c.rope_theta = 500000;
+    c.rope_llama3_factor = 8;
+  } else if (name == "llama-tiny") shape(128, 4, 4, 2, 344);
+  else KVPR_THROW("unknown preset '", name, "' (llama-2-7b, llama-2-13b, llama-2-70b, llama-3.1-8b, llama-tiny)");
   return std::make_unique<LlamaModel>(be, c, DType::F16, 1234, stream_weights);
 }
 
