@@ -9,7 +9,7 @@
 namespace kvpr {
 
 bool known_chat_template(const std::string& name) {
-  for (const char* n : {"plain", "opt", "llama-2", "mistral", "llama-3", "llama-3.1", "llama-3.2"})
+  for (const char* n : {"plain", "opt", "llama-2", "mistral", "llama-3", "llama-3.1", "llama-3.2", "zephyr", "chatml"})
     if (name == n) return true;
   return false;
 }
@@ -94,6 +94,22 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
     }
     return r;
   }
+  if (name == "zephyr") {
+    // Zephyr's, which TinyLlama-Chat uses: "<|role|>\n{content}</s>\n" per message, then
+    // "<|assistant|>\n" (as Hugging Face renders it with trim_blocks).
+    for (const auto& m : messages) r.prompt += "<|" + m.role + "|>\n" + m.content + "</s>\n";
+    r.prompt += "<|assistant|>\n";
+    return r;
+  }
+  if (name == "chatml") {
+    // ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then the assistant's
+    // opening; its turn ends at <|im_end|>.
+    for (const auto& m : messages) r.prompt += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    r.prompt += "<|im_start|>assistant\n";
+    r.stop_tokens = {"<|im_end|>"};
+    r.stop = {"<|im_end|>"};  // where the tokenizer lacks it as a token, as text
+    return r;
+  }
   if (name == "llama-3" || name == "llama-3.1" || name == "llama-3.2") {
     // The BOS before the first header is the tokenizer's own; the model ends its turn with
     // <|eot_id|>, a special token (no text), so it is a stop token, not a stop string.
@@ -148,6 +164,14 @@ std::string auto_chat_template(const std::string& model_dir, std::string* why) {
   if (has("[INST]")) {
     *why = "tokenizer_config.json's chat_template is Mistral's ([INST] without <<SYS>>)";
     return "mistral";
+  }
+  if (has("<|im_start|>") && has("<|im_end|>")) {
+    *why = "tokenizer_config.json's chat_template is ChatML";
+    return "chatml";
+  }
+  if (has("<|user|>") && has("<|assistant|>")) {
+    *why = "tokenizer_config.json's chat_template is Zephyr's (TinyLlama-Chat)";
+    return "zephyr";
   }
   if (has("<|start_header_id|>") && has("<|eot_id|>")) {
     if (!has("Cutting Knowledge Date")) {

@@ -31,7 +31,7 @@ struct DaemonConfig {
   int max_queue = 256;               // requests waiting or running before 429
   int64_t max_body_bytes = 1 << 20;  // larger request bodies get 413
   double drain_timeout_s = 30;       // SIGTERM: time to finish in-flight requests
-  std::string chat_template = "auto";  // auto, plain, opt, llama-2, mistral, llama-3, llama-3.1, llama-3.2
+  std::string chat_template = "auto";  // see chat_template.h
   std::string worker_binary;         // default: kvpr-worker next to kvprd
   std::string log_level = "info";
   std::string config_file;           // the file that was read, if any

@@ -305,19 +305,26 @@ def llama_chat():
                   ids["tokens"].count(1) == 1 + text.count("<s>"), (body, ids))
     finally:
         d.stop()
-    # Mistral's template by name on the same model: a system message opens the first user turn.
-    port = free_port()
-    d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--config", "/dev/null",
-                     "--chat-template", "mistral"], port=port)
-    try:
-        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More"}]
-        st, body = d.post("/v1/chat/completions", {"model": "llama", "messages": msgs, "max_tokens": 1})
-        st2, ids = d.post("/tokenize", {"prompt": "[INST] Be brief.\n\nHi [/INST]Hello</s>[INST] More [/INST]"})
-        check("mistral chat prompt", st == 200 and st2 == 200 and body["usage"]["prompt_tokens"] == len(ids["tokens"])
-              and ids["tokens"].count(2) == 1, (body, ids))
-    finally:
-        d.stop()
+    # Mistral's, Zephyr's and ChatML by name on the same model (Mistral's has no system role: the
+    # system message opens the first user turn).
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More"}]
+    for name, text, bos in (
+            ("mistral", "[INST] Be brief.\n\nHi [/INST]Hello</s>[INST] More [/INST]", 1),
+            ("zephyr", "<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello</s>\n<|user|>\nMore</s>\n"
+                       "<|assistant|>\n", 1),
+            ("chatml", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+                       "Hello<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n", 1)):
+        port = free_port()
+        d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--config", "/dev/null",
+                         "--chat-template", name], port=port)
+        try:
+            st, body = d.post("/v1/chat/completions", {"model": "llama", "messages": msgs, "max_tokens": 1})
+            st2, ids = d.post("/tokenize", {"prompt": text})
+            check(f"{name} chat prompt", st == 200 and st2 == 200 and
+                  body["usage"]["prompt_tokens"] == len(ids["tokens"]) and ids["tokens"].count(1) == bos, (body, ids))
+        finally:
+            d.stop()
     # A prompt id the model cannot embed (a tokenizer larger than the model's vocabulary) is a
     # 400 naming it, not a worker failure.
     small = os.path.join(TMP, "llama-small-vocab")
