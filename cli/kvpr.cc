@@ -1,5 +1,5 @@
 // kvpr: the command-line front end of the engine.
-//   kvpr generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]
+//   kvpr generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3 | --chat TEXT) [options]
 //   kvpr tokenize --model DIR --text TEXT [--json]
 //   kvpr info --model DIR [--json]
 //   kvpr make-demo-model --out DIR [--tokenizer-dir DIR]
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/chat_template.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/demo_model.h"
 #include "engine/error.h"
@@ -40,7 +41,9 @@ const char* kUsage =
     "usage: kvpr <command> [options]\n"
     "\n"
     "commands:\n"
-    "  generate         --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [-n N]\n"
+    "  generate         --model DIR (--prompt TEXT | --prompt-ids 1,2,3 | --chat TEXT [--system TEXT]\n"
+    "                   [--chat-template auto|plain|llama-2|mistral|zephyr|chatml|llama-3|llama-3.1|llama-3.2])\n"
+    "                   [-n N]\n"
     "                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop STR]...\n"
     "                   [--presence-penalty P] [--frequency-penalty F] [--top-logprobs K]\n"
     "                   [--prompt-logprobs K] [--ignore-eos] [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16]\n"
@@ -182,11 +185,14 @@ int cmd_generate(int argc, char** argv) {
          {"--model", "--prompt", "--prompt-ids", "-n", "--max-tokens", "--temperature", "--top-k", "--top-p",
           "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
           "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
-          "--trace", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights"},
+          "--trace", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights",
+          "--chat", "--system", "--chat-template"},
          {"--json", "--ignore-eos", "--cuda-graphs"});
   std::string dir = a.require("--model");
-  if (a.has("--prompt") == a.has("--prompt-ids"))
-    throw UsageError("give exactly one of --prompt and --prompt-ids");
+  if (a.has("--prompt") + a.has("--prompt-ids") + a.has("--chat") != 1)
+    throw UsageError("give exactly one of --prompt, --prompt-ids and --chat");
+  if ((a.has("--system") || a.has("--chat-template")) && !a.has("--chat"))
+    throw UsageError("--system and --chat-template apply to --chat");
   GenerationParams gp;
   gp.max_new_tokens = parse_number<int>("-n", a.get("-n", a.get("--max-tokens", "16")));
   if (gp.max_new_tokens < 0) throw UsageError("-n must be >= 0");
@@ -233,7 +239,24 @@ int cmd_generate(int argc, char** argv) {
   std::unique_ptr<Model> loaded = load_model(*backend, dir, lo);
   Model& model = *loaded;
   Tokenizer tok = Tokenizer::load(dir);
-  std::vector<int32_t> prompt = a.has("--prompt") ? tok.encode(a.get("--prompt")) : parse_ids(a.get("--prompt-ids"));
+  std::vector<int32_t> prompt;
+  if (a.has("--chat")) {
+    // One user turn (after an optional system message) in the model's chat template, as kvprd
+    // renders /v1/chat/completions; the template's stop strings and tokens apply.
+    std::string tmpl = a.get("--chat-template", "auto"), why;
+    if (tmpl == "auto") tmpl = auto_chat_template(dir, &why);
+    if (!known_chat_template(tmpl)) throw UsageError("--chat-template: unknown template '" + tmpl + "'");
+    std::vector<ChatMessage> messages;
+    if (a.has("--system")) messages.push_back({"system", a.get("--system")});
+    messages.push_back({"user", a.get("--chat")});
+    RenderedChat rc = render_chat(tmpl, messages);
+    gp.stop.insert(gp.stop.end(), rc.stop.begin(), rc.stop.end());
+    for (const auto& t : rc.stop_tokens)
+      if (auto tid = tok.token_to_id(t)) gp.stop_token_ids.push_back(*tid);
+    prompt = tok.encode(rc.prompt);
+  } else {
+    prompt = a.has("--prompt") ? tok.encode(a.get("--prompt")) : parse_ids(a.get("--prompt-ids"));
+  }
   if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
     if (a.has("--profile")) {
       go.kv.profile = LinkProfile::load(a.get("--profile"));

@@ -13,7 +13,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "daemon/chat_template.h"
+#include "engine/chat_template.h"
 #include "daemon/config.h"
 #include "daemon/server.h"
 #include "daemon/worker_pool.h"

@@ -10,7 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "daemon/chat_template.h"
+#include "engine/chat_template.h"
 #include "daemon/metrics.h"
 #include "engine/error.h"
 

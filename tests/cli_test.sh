@@ -141,12 +141,23 @@ expect_error "bad link rate" 2 "--emulate-link-gbps must be > 0" -- generate --m
 expect_error "missing profile file" 1 "nope.json: cannot open" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --profile "$tmp/nope.json"
 expect_error "no model dir" 1 "kvpr: error: /nonexistent: not a directory" -- generate --model /nonexistent --prompt hi
 expect_error "missing option" 2 "missing required option --model" -- generate --prompt hi
-expect_error "both prompts" 2 "exactly one of --prompt and --prompt-ids" -- generate --model "$tmp/demo" --prompt a --prompt-ids 1
+expect_error "both prompts" 2 "exactly one of --prompt, --prompt-ids and --chat" -- generate --model "$tmp/demo" --prompt a --prompt-ids 1
 expect_error "bad number" 2 "is not a valid number" -- generate --model "$tmp/demo" --prompt a -n abc
 expect_error "bad ids" 2 "prompt-ids" -- generate --model "$tmp/demo" --prompt-ids 1,,2
 expect_error "id out of range" 1 "token id 99999 is out of range" -- generate --model "$tmp/demo" --prompt-ids 99999
 expect_error "bad temperature" 1 "temperature must be >= 0" -- generate --model "$tmp/demo" --prompt a --temperature -1
 expect_error "bad presence penalty" 1 "presence_penalty must be in" -- generate --model "$tmp/demo" --prompt a --presence-penalty 3
+# --chat renders one user turn in a chat template (here ChatML by name on the demo model) as kvprd
+# would, and the prompt is that text's tokens.
+outc=$("$KVPR" generate --model "$tmp/demo" --chat "Hi" --system "Be brief." --chat-template chatml -n 2 --json)
+text=$(printf '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n.')
+idsc=$("$KVPR" tokenize --model "$tmp/demo" --json --text "${text%.}")  # (the dot keeps the last newline)
+check "generate --chat renders the template" python3 -c "
+import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2])
+assert a['prompt_ids']==b['ids'] and len(a['tokens'])==2, (a['prompt_ids'], b)" "$outc" "$idsc"
+expect_error "chat options without --chat" 2 "--system and --chat-template apply to --chat" -- generate --model "$tmp/demo" --prompt a --system b
+expect_error "two prompts" 2 "give exactly one of --prompt, --prompt-ids and --chat" -- generate --model "$tmp/demo" --prompt a --chat b
+expect_error "unknown chat template" 2 "unknown template 'vicuna'" -- generate --model "$tmp/demo" --chat a --chat-template vicuna
 expect_error "bad top logprobs" 1 "top_logprobs must be in 0..20" -- generate --model "$tmp/demo" --prompt a --top-logprobs 21
 expect_error "bad top-p" 1 "top_p must be in (0, 1]" -- generate --model "$tmp/demo" --prompt a --top-p 1.5
 expect_error "unknown backend" 1 "unknown backend 'tpu'" -- generate --model "$tmp/demo" --prompt a --backend tpu

@@ -2,7 +2,7 @@
 //   plain (also "opt"): "System: ...\n\nUser: ...\n\nAssistant: ...\n\n" ... "Assistant:"
 //                       and "\n\nUser:" is added as a stop string so the model does not
 //                       write the user's next turn.
-//   llama-2:            "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ..."
+//   llama-2:            "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ..." (turns stripped)
 //                       (the first <s> is the BOS the tokenizer adds, as apply_chat_template's
 //                       text tokenized without special tokens gives it once)
 //   mistral:            "[INST] {system}\n\n{user} [/INST]{assistant}</s>[INST] ..." (after the

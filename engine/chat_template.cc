@@ -1,4 +1,4 @@
-#include "daemon/chat_template.h"
+#include "engine/chat_template.h"
 
 #include <ctime>
 #include <filesystem>
@@ -64,11 +64,11 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
       if (m.role == "user") {
         std::string content = m.content;
         if (first && !system.empty()) content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
-        // Every turn opens with BOS; the first one is the tokenizer's own.
-        r.prompt += (first ? "" : "<s>") + std::string("[INST] ") + content + " [/INST]";
+        // Every turn opens with BOS; the first one is the tokenizer's own. Turns are stripped.
+        r.prompt += (first ? "" : "<s>") + std::string("[INST] ") + trim(content) + " [/INST]";
         first = false;
       } else if (m.role == "assistant") {
-        r.prompt += " " + m.content + " </s>";
+        r.prompt += " " + trim(m.content) + " </s>";
       }
     }
     return r;
