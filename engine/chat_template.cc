@@ -51,45 +51,30 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
     r.stop = {"\n\nUser:"};
     return r;
   }
-  if (name == "llama-2") {
+  if (name == "llama-2" || name == "mistral") {
+    // Both have [INST] turns and no system turn: a system message opens the first user turn
+    // (Llama-2 in <<SYS>> tags, Mistral followed by a blank line).
     std::string system;
     size_t i = 0;
     if (!messages.empty() && messages[0].role == "system") {
       system = messages[0].content;
       i = 1;
     }
+    const bool llama = name == "llama-2";
     bool first = true;
     for (; i < messages.size(); ++i) {
       const auto& m = messages[i];
       if (m.role == "user") {
         std::string content = m.content;
-        if (first && !system.empty()) content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
-        // Every turn opens with BOS; the first one is the tokenizer's own. Turns are stripped.
-        r.prompt += (first ? "" : "<s>") + std::string("[INST] ") + trim(content) + " [/INST]";
+        if (first && !system.empty())
+          content = llama ? "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content : system + "\n\n" + content;
+        // Llama-2: every turn opens with BOS (the first is the tokenizer's own) and is stripped.
+        // Mistral-7B-Instruct: "[INST] {user} [/INST]{assistant}</s>" after the one BOS.
+        if (llama) r.prompt += (first ? "" : "<s>") + std::string("[INST] ") + trim(content) + " [/INST]";
+        else r.prompt += "[INST] " + content + " [/INST]";
         first = false;
       } else if (m.role == "assistant") {
-        r.prompt += " " + trim(m.content) + " </s>";
-      }
-    }
-    return r;
-  }
-  if (name == "mistral") {
-    // Mistral-7B-Instruct's: "[INST] {user} [/INST]{assistant}</s>[INST] ..." after the
-    // tokenizer's BOS; it has no system role, so a system message opens the first user turn.
-    std::string system;
-    size_t i = 0;
-    if (!messages.empty() && messages[0].role == "system") {
-      system = messages[0].content;
-      i = 1;
-    }
-    bool first = true;
-    for (; i < messages.size(); ++i) {
-      const auto& m = messages[i];
-      if (m.role == "user") {
-        r.prompt += "[INST] " + (first && !system.empty() ? system + "\n\n" : "") + m.content + " [/INST]";
-        first = false;
-      } else if (m.role == "assistant") {
-        r.prompt += m.content + "</s>";
+        r.prompt += llama ? " " + trim(m.content) + " </s>" : m.content + "</s>";
       }
     }
     return r;
