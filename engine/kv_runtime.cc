@@ -139,7 +139,9 @@ int64_t KvRuntime::x_capacity(const KvShape& shape, int64_t capacity, const KvRu
 
 int64_t KvRuntime::host_bytes_per_token(KvMode mode, const KvShape& shape, DType dtype) {
   if (!kv_mode_uses_host(mode)) return 0;
-  const bool x = mode == KvMode::Recompute || (mode == KvMode::Kvpr && recompute_can_pay(shape));
+  KvRuntimeOptions defaults;  // no forced split, no activation cap
+  defaults.mode = mode;
+  const bool x = x_capacity(shape, 1, defaults) > 0;
   int64_t per_layer = 2 * shape.kv_hidden() + (x ? shape.hidden : 0);
   return shape.layers * per_layer * static_cast<int64_t>(dtype_size(dtype));
 }

@@ -45,6 +45,7 @@ class LlamaModel : public Model {
   void rope(const Tensor& x, const Tensor& positions);
 
   LlamaConfig config_;
+  RopeParams rope_;  // from config_, once
   Tensor embed_tokens_, final_norm_, lm_head_;
   // The separate checkpoint tensors until stack_weights() joins them.
   struct Parts {

@@ -353,7 +353,10 @@ std::string replace_all(std::string_view s, std::string_view from, std::string_v
 }  // namespace
 
 Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
-  json::Value tj = json::parse_file(path);
+  return from_tokenizer_json(json::parse_file(path), path);
+}
+
+Tokenizer Tokenizer::from_tokenizer_json(const json::Value& tj, const std::string& path) {
   const json::Value* model = tj.find("model");
   const json::Value* type = model ? model->find("type") : nullptr;
   KVPR_CHECK(type && type->is_string() && type->as_string() == "BPE", path,
@@ -497,8 +500,10 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   const bool byte_level = fs::exists(path("vocab.json")) && fs::exists(path("merges.txt"));
   KVPR_CHECK(byte_level || fs::exists(path("tokenizer.json")), dir,
              ": tokenizer files vocab.json and merges.txt, or tokenizer.json, are required");
+  // tokenizer.json (6 MB for Llama-3) is parsed once, for the model and the added tokens.
+  const json::Value tj = fs::exists(path("tokenizer.json")) ? json::parse_file(path("tokenizer.json")) : json::Value();
   Tokenizer t = byte_level ? from_files(path("vocab.json"), path("merges.txt"))
-                           : from_tokenizer_json(path("tokenizer.json"));
+                           : from_tokenizer_json(tj, path("tokenizer.json"));
 
   auto add = [&](const std::string& content, std::optional<int32_t> id, bool special) {
     if (content.empty()) return;
@@ -525,8 +530,7 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   // post-processor puts before every text (Llama-3's BOS, which tokenizer_config.json does not
   // mention).
   std::string template_bos;
-  if (fs::exists(path("tokenizer.json"))) {
-    json::Value tj = json::parse_file(path("tokenizer.json"));
+  if (!tj.is_null()) {
     auto find_template = [&](const json::Value* v, auto&& self) -> void {
       if (!v || !v->is_object()) return;
       const json::Value* ty = v->find("type");
@@ -637,7 +641,9 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) const {
   std::string mapped;
   for (unsigned char b : piece) mapped += bm.encode[b];
   std::vector<int32_t> ids;
-  bpe_merge(mapped, &ids);
+  auto whole = ignore_merges_ ? vocab_.find(mapped) : vocab_.end();
+  if (whole != vocab_.end()) ids.push_back(whole->second);  // ignore_merges: a token is taken whole
+  else bpe_merge(mapped, &ids);
   out->insert(out->end(), ids.begin(), ids.end());
   std::lock_guard<std::mutex> lock(*cache_mu_);
   if (cache_->size() > 100000) cache_->clear();
@@ -735,19 +741,7 @@ void Tokenizer::encode_plain(std::string_view text, bool first, std::vector<int3
   if (kind_ == Kind::ByteLevel) {
     const std::vector<std::string_view> pieces =
         pattern_ == Pattern::Gpt2 ? pretokenize(text) : pretokenize_llama3(text, pattern_ == Pattern::Llama3 ? 3 : 1);
-    const ByteMap& bm = byte_map();
-    std::string mapped;
-    for (std::string_view p : pieces) {
-      if (ignore_merges_) {  // a pre-token that is a token is taken whole, merges or not
-        mapped.clear();
-        for (unsigned char b : p) mapped += bm.encode[b];
-        if (auto it = vocab_.find(mapped); it != vocab_.end()) {
-          out->push_back(it->second);
-          continue;
-        }
-      }
-      bpe(p, out);
-    }
+    for (std::string_view p : pieces) bpe(p, out);
     return;
   }
   if (text.empty()) return;

@@ -22,6 +22,10 @@
 
 namespace kvpr {
 
+namespace json {
+class Value;
+}
+
 class Tokenizer {
  public:
   // Reads the tokenizer files of a model directory. Throws naming the file on bad input.
@@ -31,6 +35,7 @@ class Tokenizer {
   // The BPE model of a tokenizer.json, byte-level or SentencePiece-style (its added tokens and
   // post-processor are read by load).
   static Tokenizer from_tokenizer_json(const std::string& path);
+  static Tokenizer from_tokenizer_json(const json::Value& tokenizer_json, const std::string& path);
   bool is_byte_level() const { return kind_ == Kind::ByteLevel; }
 
   // Ids of `text`. Special/added tokens written in the text are recognised. BOS is
