@@ -378,7 +378,7 @@ int cmd_info(int argc, char** argv) {
   const ModelSpec& c = model.spec();
   const auto* opt = dynamic_cast<const OptModel*>(&model);
   const auto* llama = dynamic_cast<const LlamaModel*>(&model);
-  const char* arch = opt ? "OPTForCausalLM" : c.model_type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM";
+  const char* arch = opt ? "OPTForCausalLM" : llama->config().architecture();
   std::optional<Tokenizer> tok;
   try {
     tok = Tokenizer::load(dir);

@@ -9,10 +9,9 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   ConfigFields f(v, source);
   LlamaConfig c;
   f.get_string("model_type", &c.model_type, true);
-  KVPR_CHECK(c.model_type == "llama" || c.model_type == "mistral", source, ": model_type \"", c.model_type,
-             "\" is not llama or mistral");
-  f.get_int("sliding_window", &c.sliding_window);
-  KVPR_CHECK(c.sliding_window >= 0, source, ": sliding_window must not be negative");
+  KVPR_CHECK(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2", source,
+             ": model_type \"", c.model_type, "\" is not llama, mistral or qwen2");
+  const bool qwen2 = c.model_type == "qwen2";
   f.get_int("vocab_size", &c.vocab_size, true);
   f.get_int("hidden_size", &c.hidden_size, true);
   f.get_int("intermediate_size", &c.intermediate_size, true);
@@ -21,9 +20,31 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   c.num_kv_heads = c.num_heads;
   f.get_int("num_key_value_heads", &c.num_kv_heads);
   f.get_int("max_position_embeddings", &c.max_position_embeddings, true);
+  // Mistral slides its window over every layer when sliding_window is set. Qwen2 only when
+  // use_sliding_window is true, and then on the layers from max_window_layers on (as
+  // transformers' Qwen2Config builds layer_types); its released configs carry a
+  // sliding_window with use_sliding_window false, which is full attention.
+  int64_t window = 0;
+  f.get_int("sliding_window", &window);
+  KVPR_CHECK(window >= 0, source, ": sliding_window must not be negative");
+  if (!qwen2) {
+    c.sliding_window = window;
+  } else {
+    bool use_sliding_window = false;
+    f.get_bool("use_sliding_window", &use_sliding_window);
+    int64_t max_window_layers = 0;
+    f.get_int("max_window_layers", &max_window_layers);
+    if (use_sliding_window && max_window_layers < c.num_layers) c.sliding_window = window;
+  }
   f.get_double("rms_norm_eps", &c.rms_norm_eps);
   f.get_bool("tie_word_embeddings", &c.tie_word_embeddings);
-  f.get_bool("attention_bias", &c.attention_bias);
+  if (qwen2) {  // Qwen2Attention: q/k/v with biases, o_proj without; no config field says so
+    c.qkv_bias = true;
+  } else {
+    bool attention_bias = false;
+    f.get_bool("attention_bias", &attention_bias);
+    c.qkv_bias = c.o_bias = attention_bias;
+  }
   f.get_bool("mlp_bias", &c.mlp_bias);
   f.get_int("bos_token_id", &c.bos_token_id);
   f.get_int("pad_token_id", &c.pad_token_id);

@@ -28,19 +28,27 @@ struct LlamaConfig {
   double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
   double rope_original_max_position = 8192.0;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;
+  // Biases of the attention projections: Llama's attention_bias puts them on all four;
+  // Qwen2 has them on q/k/v and not on o_proj.
+  bool qkv_bias = false;
+  bool o_bias = false;
   bool mlp_bias = false;
   int64_t bos_token_id = 1;
   int64_t eos_token_id = 2;
   int64_t pad_token_id = -1;
   std::string torch_dtype = "float32";
-  std::string model_type = "llama";  // or "mistral": the same architecture
-  // Mistral's sliding-window attention: each token sees the last sliding_window positions
-  // (0: all). kvpr serves contexts up to the window, where that is exact: context() is
-  // min(max_position_embeddings, sliding_window).
+  std::string model_type = "llama";  // or "mistral", "qwen2": the same architecture
+  // Sliding-window attention (Mistral-7B-v0.1; Qwen2 with use_sliding_window on some layers):
+  // each token sees the last sliding_window positions (0: all). kvpr serves contexts up to
+  // the window, where that is exact: context() is min(max_position_embeddings, sliding_window).
   int64_t sliding_window = 0;
   int64_t context() const {
     return sliding_window > 0 ? std::min(max_position_embeddings, sliding_window) : max_position_embeddings;
+  }
+
+  // What Hugging Face calls the architecture (kvpr info).
+  const char* architecture() const {
+    return model_type == "mistral" ? "MistralForCausalLM" : model_type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
   }
 
   int64_t head_dim() const { return hidden_size / num_heads; }

@@ -84,10 +84,10 @@ void LlamaModel::assemble(const WeightSource& fetch) {
     P.wk = matrix(p + "self_attn.k_proj.weight", {kvh, h});
     P.wv = matrix(p + "self_attn.v_proj.weight", {kvh, h});
     L.wo = matrix(p + "self_attn.o_proj.weight", {h, h});
-    P.bq = bias(p + "self_attn.q_proj.bias", h, c.attention_bias);
-    P.bk = bias(p + "self_attn.k_proj.bias", kvh, c.attention_bias);
-    P.bv = bias(p + "self_attn.v_proj.bias", kvh, c.attention_bias);
-    L.bo = bias(p + "self_attn.o_proj.bias", h, c.attention_bias);
+    P.bq = bias(p + "self_attn.q_proj.bias", h, c.qkv_bias);
+    P.bk = bias(p + "self_attn.k_proj.bias", kvh, c.qkv_bias);
+    P.bv = bias(p + "self_attn.v_proj.bias", kvh, c.qkv_bias);
+    L.bo = bias(p + "self_attn.o_proj.bias", h, c.o_bias);
     L.mlp_norm = gain(p + "post_attention_layernorm.weight");
     P.w_gate = matrix(p + "mlp.gate_proj.weight", {f, h});
     P.w_up = matrix(p + "mlp.up_proj.weight", {f, h});

@@ -124,7 +124,7 @@ class Model : public KvProjector {
   Workspace ws_{backend_};
 };
 
-// The model_type of <dir>/config.json ("opt", "llama", "mistral": Llama's architecture); throws naming the file when it is
+// The model_type of <dir>/config.json ("opt", "llama", "mistral", "qwen2": the last three Llama's architecture); throws naming the file when it is
 // missing or not one kvpr supports.
 std::string model_type(const std::string& model_dir);
 // The ModelSpec of <dir>/config.json without loading weights.

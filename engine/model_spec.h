@@ -7,7 +7,7 @@
 namespace kvpr {
 
 struct ModelSpec {
-  std::string model_type;  // "opt", "llama", "mistral"
+  std::string model_type;  // "opt", "llama", "mistral", "qwen2"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;

@@ -22,7 +22,7 @@ namespace {
 
 const char* const kFixtures[] = {"f32_safetensors", "bf16_tied_scaled_sharded", "f16_bin_rope_parameters",
                                  "gqa_f32_safetensors", "mqa_f16_bin_sharded", "llama3_rope_gqa_bf16",
-                                 "mistral_sliding_window"};
+                                 "mistral_sliding_window", "qwen2_qkv_bias_tied_bf16"};
 
 std::string fixture(const std::string& name) { return test::data_path("llama/" + name); }
 
@@ -35,7 +35,10 @@ TEST_P(LlamaForward, LogitsMatchFloat64Reference) {
   CpuBackend be;
   std::unique_ptr<Model> model = load_model(be, dir);
   ASSERT_NE(dynamic_cast<LlamaModel*>(model.get()), nullptr);
-  EXPECT_EQ(model->spec().model_type, std::string(GetParam()).rfind("mistral", 0) == 0 ? "mistral" : "llama");
+  const std::string name = GetParam();
+  EXPECT_EQ(model->spec().model_type, name.substr(0, name.find('_')) == "mistral" ? "mistral"
+                                      : name.substr(0, name.find('_')) == "qwen2" ? "qwen2"
+                                                                                  : "llama");
   NpyArray ids = read_npy(dir + "/input_ids.npy");
   NpyArray ref = read_npy(dir + "/logits.npy");
   const int64_t T = static_cast<int64_t>(ids.values.size()), V = model->spec().vocab_size;
@@ -203,7 +206,26 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   const ModelSpec mistral = load_model_spec(fixture("mistral_sliding_window"));
   EXPECT_EQ(mistral.model_type, "mistral");
   EXPECT_EQ(mistral.max_position_embeddings, 32);
-  EXPECT_HAS(error_for("model_type", "\"qwen2\""), "config.json: model_type \"qwen2\" is not supported");
+  EXPECT_HAS(error_for("model_type", "\"gemma\""), "config.json: model_type \"gemma\" is not supported");
+  // Qwen2: biases on q/k/v only; its sliding_window counts only with use_sliding_window, and
+  // then only when some layer (those from max_window_layers on) slides.
+  const LlamaConfig qwen = LlamaConfig::load(fixture("qwen2_qkv_bias_tied_bf16"));
+  EXPECT_TRUE(qwen.qkv_bias);
+  EXPECT_FALSE(qwen.o_bias);
+  EXPECT_EQ(qwen.context(), 64);
+  EXPECT_STREQ(qwen.architecture(), "Qwen2ForCausalLM");
+  auto qwen_context = [&](bool use, int64_t max_window_layers) {
+    json::Value cfg = json::parse(test::read_file(fixture("qwen2_qkv_bias_tied_bf16") + "/config.json"));
+    cfg.set("use_sliding_window", use);
+    cfg.set("max_window_layers", max_window_layers);
+    return LlamaConfig::from_json(cfg, "config.json").context();
+  };
+  EXPECT_EQ(qwen_context(false, 0), 64);
+  EXPECT_EQ(qwen_context(true, 0), 4);
+  EXPECT_EQ(qwen_context(true, 1), 4);
+  EXPECT_EQ(qwen_context(true, 2), 64);  // both layers below max_window_layers: full attention
+  const LlamaConfig llama_bias = LlamaConfig::load(fixture("bf16_tied_scaled_sharded"));
+  EXPECT_TRUE(llama_bias.qkv_bias && llama_bias.o_bias);
   const LlamaConfig l3 = LlamaConfig::load(fixture("llama3_rope_gqa_bf16"));
   EXPECT_EQ(l3.rope_llama3_factor, 8.0);
   EXPECT_EQ(l3.rope_high_freq_factor, 4.0);

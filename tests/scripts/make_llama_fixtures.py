@@ -64,7 +64,32 @@ CASES = [
     ("mistral_sliding_window",
      dict(model_type="mistral", architectures=["MistralForCausalLM"], num_key_value_heads=2, sliding_window=32),
      torch.float32, "safetensors", 1),
+    # Qwen2 (Qwen2.5): biases on q/k/v and none on o_proj (no config field says so), a tied
+    # head, theta 1e6, grouped-query attention, bf16; and a sliding_window of 4 with
+    # use_sliding_window false, as Qwen2.5's configs ship it: full attention, which 13 tokens show.
+    ("qwen2_qkv_bias_tied_bf16",
+     dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], torch_dtype="bfloat16", num_key_value_heads=2,
+          tie_word_embeddings=True, rope_theta=1000000.0, sliding_window=4, use_sliding_window=False,
+          max_window_layers=2, attention_bias=None),
+     torch.bfloat16, "safetensors", 1),
 ]
+
+
+def has_bias(cfg, proj):
+    """Which attention projections carry a bias: Qwen2Attention's q/k/v always; Llama's all four
+    with attention_bias."""
+    if cfg["model_type"] == "qwen2":
+        return proj != "o_proj"
+    return cfg["attention_bias"]
+
+
+def window(cfg):
+    """The sliding window the reference applies: Mistral's whenever set; Qwen2's only with
+    use_sliding_window (on layers from max_window_layers on; this script's cases have none)."""
+    if cfg["model_type"] == "qwen2":
+        assert not cfg.get("use_sliding_window")
+        return None
+    return cfg.get("sliding_window")
 
 
 def make_weights(cfg, dtype, gen):
@@ -82,7 +107,7 @@ def make_weights(cfg, dtype, gen):
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
             rows = kvh if proj in ("k_proj", "v_proj") else h
             w[p + "self_attn." + proj + ".weight"] = rnd(rows, h, std=h ** -0.5)
-            if cfg["attention_bias"]:
+            if has_bias(cfg, proj):
                 w[p + "self_attn." + proj + ".bias"] = rnd(rows, std=0.1)
         w[p + "mlp.gate_proj.weight"] = rnd(f, h, std=h ** -0.5)
         w[p + "mlp.up_proj.weight"] = rnd(f, h, std=h ** -0.5)
@@ -138,8 +163,8 @@ def reference_logits(cfg, w, ids):
     x = W["model.embed_tokens.weight"][torch.tensor(ids)]
     cos, sin = rope_cos_sin(cfg, T, hd)
     mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
-    if cfg.get("sliding_window"):  # Mistral: token i sees positions i - window + 1 .. i
-        mask = mask + torch.full((T, T), float("-inf"), dtype=torch.float64).tril(-cfg["sliding_window"])
+    if window(cfg):  # Mistral: token i sees positions i - window + 1 .. i
+        mask = mask + torch.full((T, T), float("-inf"), dtype=torch.float64).tril(-window(cfg))
 
     def lin(t, name):
         y = t @ W[name + ".weight"].T
@@ -169,7 +194,7 @@ def main():
         shutil.rmtree(OUT)
     os.makedirs(OUT)
     for n, (name, over, dtype, fmt, shards) in enumerate(CASES):
-        cfg = dict(BASE, **over)
+        cfg = {k: v for k, v in dict(BASE, **over).items() if v is not None}  # None: a field the model lacks
         cfg.setdefault("torch_dtype", "float32")
         gen = torch.Generator().manual_seed(2000 + n)
         w = make_weights(cfg, dtype, gen)
