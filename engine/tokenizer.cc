@@ -8,6 +8,7 @@
 
 #include "engine/error.h"
 #include "engine/json.h"
+#include "engine/unicode_nfc.h"
 #include "engine/utf8.h"
 
 namespace kvpr {
@@ -44,52 +45,6 @@ CharClass classify(char32_t c) {
   if (in_ranges(kNumberRanges, c)) return CharClass::Number;
   if (in_ranges(kSpaceRanges, c)) return CharClass::Space;
   return CharClass::Other;
-}
-
-// Decodes one UTF-8 character at s[i]; invalid bytes decode as U+FFFD of length 1.
-// Returns the length in bytes of a valid sequence (1..4), or 0 if s[i..] is an incomplete
-// but so far valid sequence (only when allow_incomplete), or -1 for an invalid byte.
-int utf8_next(std::string_view s, size_t i, char32_t* cp) {
-  unsigned char b0 = static_cast<unsigned char>(s[i]);
-  if (b0 < 0x80) {
-    *cp = b0;
-    return 1;
-  }
-  int len;
-  char32_t c;
-  unsigned char lo = 0x80, hi = 0xbf;  // allowed range of the second byte
-  if (b0 >= 0xc2 && b0 <= 0xdf) {
-    len = 2;
-    c = b0 & 0x1f;
-  } else if (b0 >= 0xe0 && b0 <= 0xef) {
-    len = 3;
-    c = b0 & 0x0f;
-    if (b0 == 0xe0) lo = 0xa0;
-    if (b0 == 0xed) hi = 0x9f;  // no surrogates
-  } else if (b0 >= 0xf0 && b0 <= 0xf4) {
-    len = 4;
-    c = b0 & 0x07;
-    if (b0 == 0xf0) lo = 0x90;
-    if (b0 == 0xf4) hi = 0x8f;
-  } else {
-    *cp = 0xfffd;
-    return -1;
-  }
-  for (int k = 1; k < len; ++k) {
-    if (i + k >= s.size()) {
-      *cp = 0xfffd;
-      return 0;  // incomplete
-    }
-    unsigned char b = static_cast<unsigned char>(s[i + k]);
-    unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xbf;
-    if (b < l || b > h) {
-      *cp = 0xfffd;
-      return -k;  // invalid after k bytes (maximal subpart of length k)
-    }
-    c = (c << 6) | (b & 0x3f);
-  }
-  *cp = c;
-  return len;
 }
 
 // Character at byte i for the pre-tokenizer: class and byte length (invalid bytes: 1, Other).
@@ -424,7 +379,9 @@ Tokenizer Tokenizer::from_tokenizer_json(const json::Value& tj, const std::strin
       KVPR_CHECK(from && from->is_string() && from->as_string() == " " && to && to->is_string() &&
                      to->as_string() == kSpaceMark,
                  path, ": only the Replace normalizer of \" \" by \"▁\" is supported");
-    } else if (!kind.empty() && kind != "NFC") {  // NFC: text is taken as already composed
+    } else if (kind == "NFC") {  // Qwen2's
+      t.nfc_ = true;
+    } else if (!kind.empty()) {
       KVPR_THROW(path, ": the ", kind, " normalizer or pre-tokenizer is not supported");
     }
   };
@@ -738,6 +695,11 @@ void Tokenizer::bpe_merge(std::string_view word, std::vector<int32_t>* out) cons
 }
 
 void Tokenizer::encode_plain(std::string_view text, bool first, std::vector<int32_t>* out) const {
+  std::string normalized;
+  if (nfc_ && !nfc_quick_yes(text)) {
+    normalized = to_nfc(text);
+    text = normalized;
+  }
   if (kind_ == Kind::ByteLevel) {
     const std::vector<std::string_view> pieces =
         pattern_ == Pattern::Gpt2 ? pretokenize(text) : pretokenize_llama3(text, pattern_ == Pattern::Llama3 ? 3 : 1);

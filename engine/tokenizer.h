@@ -97,6 +97,7 @@ class Tokenizer {
   bool add_prefix_space_ = false;
   Kind kind_ = Kind::ByteLevel;
   Pattern pattern_ = Pattern::Gpt2;
+  bool nfc_ = false;                      // the NFC normalizer (Qwen2): text between added tokens composed first
   bool ignore_merges_ = false;            // a pre-token found in the vocabulary is one token
   Prepend prepend_ = Prepend::Always;
   bool split_words_ = false;              // Metaspace(split=true): BPE per "▁"-led word

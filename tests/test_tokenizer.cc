@@ -12,6 +12,7 @@
 #include "engine/error.h"
 #include "engine/json.h"
 #include "engine/tokenizer.h"
+#include "engine/unicode_nfc.h"
 #include "test_util.h"
 
 using namespace kvpr;
@@ -146,6 +147,53 @@ TEST(Llama3Tokenizer, MatchesReferenceEncoderOnCorpus) {
     // Byte-level: decoding gives the text back (special tokens written in it included).
     EXPECT_EQ(t.decode(with_bos, /*skip_special=*/false), "<|begin_of_text|>" + text) << "text: \"" << text << "\"";
   }
+}
+
+// Qwen2.5's tokenizer.json (NFC normalizer, Split by Qwen2's pattern: digits one by one, then
+// ByteLevel; 22 added tokens, special or not; no BOS) against @lenml/tokenizers@3.7.2, a fork
+// of transformers.js (tests/scripts/make_qwen2_tokenizer_fixtures.mjs): the ids, and the text
+// they decode to (NFC's, where the input was not composed).
+TEST(Qwen2Tokenizer, MatchesReferenceEncoderOnCorpus) {
+  const std::string dir = test::data_path("qwen2-tokenizer");
+  Tokenizer t = Tokenizer::load(dir);
+  EXPECT_TRUE(t.is_byte_level());
+  EXPECT_EQ(t.size(), 151665);
+  EXPECT_FALSE(t.add_bos_token());
+  EXPECT_EQ(t.eos_id(), 151645);  // <|im_end|>: tokenizer_config.json's eos_token (Instruct)
+  EXPECT_EQ(t.token_to_id("<|endoftext|>"), 151643);
+  json::Value corpus = json::parse_file(dir + "/cases.json");
+  ASSERT_GE(corpus.as_array().size(), 260u);
+  int changed_by_nfc = 0;
+  for (const auto& e : corpus.as_array()) {
+    const std::string& text = e.find("text")->as_string();
+    const std::string& decoded = e.find("decoded")->as_string();
+    std::vector<int32_t> want;
+    for (const auto& id : e.find("ids")->as_array()) want.push_back(static_cast<int32_t>(id.as_int()));
+    EXPECT_EQ(t.encode(text), want) << "text: \"" << text << "\"";
+    EXPECT_EQ(t.decode(want, /*skip_special=*/false), decoded) << "text: \"" << text << "\"";
+    EXPECT_EQ(to_nfc(text), decoded) << "text: \"" << text << "\"";
+    changed_by_nfc += decoded != text;
+  }
+  EXPECT_GE(changed_by_nfc, 10);  // the corpus exercises the normalizer
+}
+
+// NFC on its own: decomposition, canonical order, composition (blocked and not), Hangul,
+// singletons and exclusions; bytes that are not UTF-8 pass through.
+TEST(Tokenizer, NfcComposesAsUnicodeSays) {
+  EXPECT_EQ(to_nfc("plain ASCII, Latin-1 \xc3\xa9"), "plain ASCII, Latin-1 \xc3\xa9");
+  EXPECT_TRUE(nfc_quick_yes("\xc3\xa9t\xc3\xa9"));
+  EXPECT_FALSE(nfc_quick_yes("e\xcc\x81"));
+  EXPECT_EQ(to_nfc("e\xcc\x81"), "\xc3\xa9");                      // e + U+0301 -> U+00E9
+  EXPECT_EQ(to_nfc("\xe1\xba\xbf"), "\xe1\xba\xbf");              // U+1EBF stays composed
+  EXPECT_EQ(to_nfc("e\xcc\x82\xcc\x81"), "\xe1\xba\xbf");        // e + circumflex + acute -> U+1EBF
+  EXPECT_EQ(to_nfc("a\xcc\x82\xcc\xa3"), "\xe1\xba\xad");        // dot below (220) sorts first: U+1EAD
+  EXPECT_EQ(to_nfc("\xe2\x84\xab"), "\xc3\x85");                   // U+212B ANGSTROM SIGN -> U+00C5
+  EXPECT_EQ(to_nfc("\xe0\xa5\x98"), "\xe0\xa4\x95\xe0\xa4\xbc");  // U+0958 is excluded: stays decomposed
+  EXPECT_EQ(to_nfc("\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8"), "\xea\xb0\x81");  // jamo -> U+AC01
+  EXPECT_EQ(to_nfc("\xea\xb0\x80\xe1\x86\xa8"), "\xea\xb0\x81");  // LV syllable + T
+  EXPECT_EQ(to_nfc("\xcc\x81" "e"), "\xcc\x81" "e");                      // a mark with no starter before it
+  EXPECT_EQ(to_nfc("e\xff\xcc\x81"), "e\xff\xcc\x81");            // an invalid byte blocks composition
+  EXPECT_EQ(to_nfc("\xea\xb0\x81"), "\xea\xb0\x81");
 }
 
 TEST(Llama3Tokenizer, IgnoreMergesStopIdsAndSpecialTokens) {
