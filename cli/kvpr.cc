@@ -42,7 +42,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  generate         --model DIR (--prompt TEXT | --prompt-ids 1,2,3 | --chat TEXT [--system TEXT]\n"
-    "                   [--chat-template auto|plain|llama-2|mistral|zephyr|chatml|llama-3|llama-3.1|llama-3.2])\n"
+    "                   [--chat-template auto|plain|llama-2|mistral|zephyr|chatml|qwen2|qwen2.5|llama-3|llama-3.1|llama-3.2])\n"
     "                   [-n N]\n"
     "                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop STR]...\n"
     "                   [--presence-penalty P] [--frequency-penalty F] [--top-logprobs K]\n"

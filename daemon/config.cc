@@ -77,7 +77,7 @@ const std::vector<Option>& options() {
        [](DaemonConfig& c, const std::string& v) { c.max_body_bytes = to_int("max-body-bytes", v); }},
       {"drain-timeout", "seconds to finish in-flight requests on SIGTERM [30]",
        [](DaemonConfig& c, const std::string& v) { c.drain_timeout_s = to_double("drain-timeout", v); }},
-      {"chat-template", "auto, plain, opt, llama-2, mistral, zephyr, chatml, llama-3, llama-3.1 or llama-3.2 [auto]", [](DaemonConfig& c, const std::string& v) { c.chat_template = v; }},
+      {"chat-template", "auto, plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, llama-3, llama-3.1 or llama-3.2 [auto]", [](DaemonConfig& c, const std::string& v) { c.chat_template = v; }},
       {"worker-binary", "path of kvpr-worker [next to kvprd]", [](DaemonConfig& c, const std::string& v) { c.worker_binary = v; }},
       {"log-level", "trace, debug, info, warn or error [info]", [](DaemonConfig& c, const std::string& v) { c.log_level = v; }},
   };

@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
       tmpl = auto_chat_template(cfg.model, &why);
       spdlog::info("chat template {} (auto: {})", tmpl, why);
     }
-    KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, plain, opt, llama-2, mistral, zephyr, chatml, llama-3, llama-3.1, llama-3.2)");
+    KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, llama-3, llama-3.1, llama-3.2)");
     std::string worker = cfg.worker_binary.empty() ? self_dir() + "/kvpr-worker" : cfg.worker_binary;
     if (!std::filesystem::exists(worker)) {
       std::string installed = self_dir() + "/../worker/kvpr-worker";  // build tree layout

@@ -9,7 +9,7 @@
 namespace kvpr {
 
 bool known_chat_template(const std::string& name) {
-  for (const char* n : {"plain", "opt", "llama-2", "mistral", "llama-3", "llama-3.1", "llama-3.2", "zephyr", "chatml"})
+  for (const char* n : {"plain", "opt", "llama-2", "mistral", "llama-3", "llama-3.1", "llama-3.2", "zephyr", "chatml", "qwen2", "qwen2.5"})
     if (name == n) return true;
   return false;
 }
@@ -86,9 +86,15 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
     r.prompt += "<|assistant|>\n";
     return r;
   }
-  if (name == "chatml") {
+  if (name == "chatml" || name == "qwen2" || name == "qwen2.5") {
     // ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then the assistant's
-    // opening; its turn ends at <|im_end|>.
+    // opening; its turn ends at <|im_end|>. Qwen2's and Qwen2.5's templates put their default
+    // system message first when the conversation does not open with one.
+    if (name != "chatml" && (messages.empty() || messages[0].role != "system"))
+      r.prompt += std::string("<|im_start|>system\n") +
+                  (name == "qwen2" ? "You are a helpful assistant."
+                                   : "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.") +
+                  "<|im_end|>\n";
     for (const auto& m : messages) r.prompt += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
     r.prompt += "<|im_start|>assistant\n";
     r.stop_tokens = {"<|im_end|>"};
@@ -149,6 +155,14 @@ std::string auto_chat_template(const std::string& model_dir, std::string* why) {
   if (has("[INST]")) {
     *why = "tokenizer_config.json's chat_template is Mistral's ([INST] without <<SYS>>)";
     return "mistral";
+  }
+  if (has("<|im_start|>") && has("<|im_end|>") && has("You are Qwen, created by Alibaba Cloud.")) {
+    *why = "tokenizer_config.json's chat_template is Qwen2.5's (ChatML with its default system message)";
+    return "qwen2.5";
+  }
+  if (has("<|im_start|>") && has("<|im_end|>") && has("You are a helpful assistant.")) {
+    *why = "tokenizer_config.json's chat_template is Qwen2's (ChatML with a default system message)";
+    return "qwen2";
   }
   if (has("<|im_start|>") && has("<|im_end|>")) {
     *why = "tokenizer_config.json's chat_template is ChatML";

@@ -10,6 +10,9 @@
 //   zephyr:             "<|system|>\n{system}</s>\n<|user|>\n{user}</s>\n<|assistant|>\n" (TinyLlama-Chat)
 //   chatml:             "<|im_start|>{role}\n{content}<|im_end|>\n" ... "<|im_start|>assistant\n";
 //                       <|im_end|> ends the turn
+//   qwen2, qwen2.5:     chatml after a default system turn when the first message is not a system
+//                       one ("You are a helpful assistant." / "You are Qwen, created by Alibaba
+//                       Cloud. You are a helpful assistant.", as their templates write it)
 //   llama-3:            "<|start_header_id|>{role}<|end_header_id|>\n\n{content, trimmed}<|eot_id|>" per
 //                       message, then "<|start_header_id|>assistant<|end_header_id|>\n\n" (BOS is the
 //                       tokenizer's); <|eot_id|> is a stop token
@@ -34,12 +37,13 @@ struct RenderedChat {
   std::vector<std::string> stop_tokens;  // special tokens that end the assistant's turn
 };
 
-// `name`: plain, opt, llama-2, mistral, zephyr, chatml, llama-3, llama-3.1, llama-3.2 (auto resolves to the model family's template before this).
+// `name`: plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, llama-3, llama-3.1, llama-3.2 (auto resolves to the model family's template before this).
 RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages);
 bool known_chat_template(const std::string& name);
 // What "auto" means for the model in `model_dir`: llama-2 when its tokenizer_config.json has a
 // chat_template written for Llama-2 chat (with [INST] and <<SYS>>), mistral for [INST] without
-// <<SYS>>, chatml for <|im_start|>, zephyr for <|user|> and <|assistant|>, llama-3/3.1/3.2 for Llama-3's
+// <<SYS>>, qwen2.5 / qwen2 for <|im_start|> with Qwen's default system message, chatml for other
+// <|im_start|> ones, zephyr for <|user|> and <|assistant|>, llama-3/3.1/3.2 for Llama-3's
 // headers (3.1 with its "Cutting Knowledge Date" system header, 3.2 when that takes today's date
 // from strftime_now), else plain. `why` gets a
 // few words on how it was decided.

@@ -234,7 +234,8 @@ def operations():
 
 def write_tiny_llama(model, vocab=32000, hidden=32, heads=4, kv_heads=2, ffn=48, **config):
     """A one-layer Llama with Llama-2's vocabulary and random weights, as config.json and an F32
-    model.safetensors written here (8-byte header length, JSON header, raw data)."""
+    model.safetensors written here (8-byte header length, JSON header, raw data). Qwen2
+    (model_type qwen2) gets the biases of its q/k/v projections."""
     import random
     import struct
     from array import array
@@ -250,6 +251,9 @@ def write_tiny_llama(model, vocab=32000, hidden=32, heads=4, kv_heads=2, ffn=48,
               p + "self_attn.v_proj.weight": [kvw, hidden], p + "self_attn.o_proj.weight": [hidden, hidden],
               p + "mlp.gate_proj.weight": [ffn, hidden], p + "mlp.up_proj.weight": [ffn, hidden],
               p + "mlp.down_proj.weight": [hidden, ffn]}
+    if config.get("model_type") == "qwen2":
+        shapes.update({p + "self_attn.q_proj.bias": [hidden], p + "self_attn.k_proj.bias": [kvw],
+                       p + "self_attn.v_proj.bias": [kvw]})
     rng, header, data = random.Random(7), {}, array("f")
     for name, shape in shapes.items():
         n = shape[0] * (shape[1] if len(shape) > 1 else 1)
@@ -270,9 +274,10 @@ def llama_model(name, tokenizer, chat_template, **config):
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(os.path.join(data, f), os.path.join(model, f))
     write_tiny_llama(model, **config)
-    cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
-    cfg["chat_template"] = chat_template
-    json.dump(cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
+    if chat_template is not None:  # None: the tokenizer's own
+        cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
+        cfg["chat_template"] = chat_template
+        json.dump(cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
     return model
 
 
@@ -422,11 +427,55 @@ def llama3_chat():
             d.stop()
 
 
+def qwen_chat():
+    """A Qwen2.5-Instruct-style checkpoint: model_type qwen2 (q/k/v biases), Qwen2.5's real
+    tokenizer files (NFC normalizer, its chat template with the default system message), a
+    config vocabulary larger than the tokenizer's (152064 rows for 151665 tokens, as Qwen2.5-7B
+    ships), and generation_config.json's two EOS ids."""
+    model = llama_model("qwen", "qwen2-tokenizer", None, model_type="qwen2", vocab=152064, hidden=16, heads=2,
+                        kv_heads=1, ffn=24, bos_token_id=151643, eos_token_id=151645, rope_theta=1000000.0,
+                        sliding_window=32768, use_sliding_window=False, max_window_layers=28)
+    json.dump({"bos_token_id": 151643, "eos_token_id": [151645, 151643]},
+              open(os.path.join(model, "generation_config.json"), "w"))
+    port = free_port()
+    d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--config", "/dev/null",
+                     "--kv-mode", "offload"], port=port)
+    try:
+        log = open(os.path.join(TMP, f"kvprd-{port}.log")).read()
+        check("chat template auto: qwen2.5 from Qwen2.5's tokenizer_config.json", "chat template qwen2.5 (auto" in log,
+              log[-500:])
+        text = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+                "<|im_start|>user\nCaf\u00e9?<|im_end|>\n<|im_start|>assistant\n")
+        st, body = d.post("/v1/chat/completions", {"model": "qwen", "max_tokens": 2, "temperature": 0,
+                                                   "messages": [{"role": "user", "content": "Cafe\u0301?"}]})
+        st2, ids = d.post("/tokenize", {"prompt": text})
+        check("qwen2.5 chat prompt: default system turn, NFC-composed text, no BOS",
+              st == 200 and st2 == 200 and ids["tokens"][0] == 151644 and ids["tokens"].count(151645) == 2 and
+              body["usage"]["prompt_tokens"] == len(ids["tokens"]), (body, ids))
+        msgs = [{"role": "user", "content": "Hi"}]
+        for what, path, req, reason, n in (
+                ("qwen chat stops at <|im_end|>", "/v1/chat/completions",
+                 {"messages": msgs, "logit_bias": {"151645": 100}}, "stop", 1),
+                ("generation_config's <|endoftext|> is an EOS", "/v1/completions",
+                 {"prompt": "Hi", "logit_bias": {"151643": 100}}, "stop", 1)):
+            st, body = d.post(path, dict(req, model="qwen", max_tokens=3, temperature=0))
+            c = body.get("choices", [{}])[0] if st == 200 else {}
+            check(what, st == 200 and c.get("finish_reason") == reason and body["usage"]["completion_tokens"] == n,
+                  (st, body))
+        # The checkpoint's rows past the tokenizer's 151665 tokens are no tokens: a bias on one
+        # is refused.
+        st, body = d.post("/v1/completions", {"model": "qwen", "prompt": "Hi", "logit_bias": {"151665": 5}})
+        check("logit_bias past the tokenizer: 400", st == 400 and body["error"]["param"] == "logit_bias", (st, body))
+    finally:
+        d.stop()
+
+
 def main():
     subprocess.check_call([KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
     operations()
     llama_chat()
     llama3_chat()
+    qwen_chat()
     d = Daemon()
     try:
         # --- placement: each worker bound to its own cores (one NUMA node here)

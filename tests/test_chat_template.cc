@@ -29,6 +29,15 @@ TEST(ChatTemplate, RendersEachFormat) {
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n Hi\n<|im_end|>\n<|im_start|>assistant\nHello"
             "<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(ml.stop_tokens, std::vector<std::string>{"<|im_end|>"});
+  // Qwen2 and Qwen2.5: ChatML, with their default system turn only when none is given.
+  EXPECT_EQ(render_chat("qwen2.5", kChat).prompt, ml.prompt);
+  EXPECT_EQ(render_chat("qwen2.5", kChat).stop_tokens, std::vector<std::string>{"<|im_end|>"});
+  EXPECT_EQ(render_chat("qwen2.5", {{"user", "Hi"}}).prompt,
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(render_chat("qwen2", {{"user", "Hi"}, {"assistant", "Yo"}, {"system", "late"}}).prompt,
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nYo<|im_end|>\n<|im_start|>system\nlate<|im_end|>\n<|im_start|>assistant\n");
   // Llama-3 trims every message; 3.1 and 3.2 open with Meta's system header.
   RenderedChat l3 = render_chat("llama-3", kChat);
   EXPECT_EQ(l3.prompt,
@@ -67,6 +76,13 @@ TEST(ChatTemplate, AutoReadsTokenizerConfig) {
             "llama-3");
   EXPECT_EQ(with("<|start_header_id|><|eot_id|>Cutting Knowledge Date: December 2023 {{ date_string }}"), "llama-3.1");
   EXPECT_EQ(with("<|start_header_id|><|eot_id|>Cutting Knowledge Date {{ strftime_now('%d %b %Y') }}"), "llama-3.2");
+  // Qwen2-Instruct's template, verbatim; Qwen2.5-Instruct's is the fixture's.
+  EXPECT_EQ(with("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+                 "'<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + "
+                 "message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if "
+                 "add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"),
+            "qwen2");
+  EXPECT_EQ(auto_chat_template(test::data_path("qwen2-tokenizer"), &why), "qwen2.5");
   EXPECT_EQ(with("{{ messages }}"), "plain");
   EXPECT_NE(why.find("not one kvprd has built in"), std::string::npos);
 }
