@@ -462,10 +462,13 @@ def qwen_chat():
             c = body.get("choices", [{}])[0] if st == 200 else {}
             check(what, st == 200 and c.get("finish_reason") == reason and body["usage"]["completion_tokens"] == n,
                   (st, body))
-        # The checkpoint's rows past the tokenizer's 151665 tokens are no tokens: a bias on one
-        # is refused.
+        # The checkpoint's rows past the tokenizer's 151665 tokens are no tokens: a bias or a
+        # stop id naming one is refused.
         st, body = d.post("/v1/completions", {"model": "qwen", "prompt": "Hi", "logit_bias": {"151665": 5}})
         check("logit_bias past the tokenizer: 400", st == 400 and body["error"]["param"] == "logit_bias", (st, body))
+        st, body = d.post("/v1/completions", {"model": "qwen", "prompt": "Hi", "stop_token_ids": [151700]})
+        check("stop_token_ids past the tokenizer: 400", st == 400 and body["error"]["param"] == "stop_token_ids",
+              (st, body))
     finally:
         d.stop()
 
