@@ -45,7 +45,7 @@ const char* kUsage =
     "                   [--chat-template auto|plain|llama-2|mistral|zephyr|chatml|qwen2|qwen2.5|llama-3|llama-3.1|llama-3.2])\n"
     "                   [-n N]\n"
     "                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop STR]...\n"
-    "                   [--presence-penalty P] [--frequency-penalty F] [--top-logprobs K]\n"
+    "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--top-logprobs K]\n"
     "                   [--prompt-logprobs K] [--ignore-eos] [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16]\n"
     "                   [--kv-mode resident|offload|kvpr|recompute|cpu-attn] [--split L]\n"
     "                   [--activation-cap N] [--profile FILE] [--split-model pipeline|paper]\n"
@@ -185,7 +185,7 @@ int cmd_generate(int argc, char** argv) {
          {"--model", "--prompt", "--prompt-ids", "-n", "--max-tokens", "--temperature", "--top-k", "--top-p",
           "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
           "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
-          "--trace", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights",
+          "--trace", "--repetition-penalty", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights",
           "--chat", "--system", "--chat-template"},
          {"--json", "--ignore-eos", "--cuda-graphs"});
   std::string dir = a.require("--model");
@@ -202,6 +202,7 @@ int cmd_generate(int argc, char** argv) {
   if (a.has("--seed")) gp.sampling.seed = parse_number<uint64_t>("--seed", a.get("--seed"));
   gp.stop = a.all("--stop");
   gp.ignore_eos = a.has("--ignore-eos");
+  gp.sampling.repetition_penalty = parse_number<float>("--repetition-penalty", a.get("--repetition-penalty", "1"));
   gp.sampling.presence_penalty = parse_number<float>("--presence-penalty", a.get("--presence-penalty", "0"));
   gp.sampling.frequency_penalty = parse_number<float>("--frequency-penalty", a.get("--frequency-penalty", "0"));
   gp.top_logprobs = parse_number<int>("--top-logprobs", a.get("--top-logprobs", "0"));

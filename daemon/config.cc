@@ -78,6 +78,13 @@ const std::vector<Option>& options() {
       {"drain-timeout", "seconds to finish in-flight requests on SIGTERM [30]",
        [](DaemonConfig& c, const std::string& v) { c.drain_timeout_s = to_double("drain-timeout", v); }},
       {"chat-template", "auto, plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, llama-3, llama-3.1 or llama-3.2 [auto]", [](DaemonConfig& c, const std::string& v) { c.chat_template = v; }},
+      {"generation-config",
+       "auto: fields a request leaves out (temperature, top_p, top_k, repetition_penalty) take the model's "
+       "generation_config.json values; none: OpenAI's defaults [auto]",
+       [](DaemonConfig& c, const std::string& v) {
+         KVPR_CHECK(v == "auto" || v == "none", "generation-config: expected auto or none, got '", v, "'");
+         c.generation_config = v == "auto";
+       }},
       {"worker-binary", "path of kvpr-worker [next to kvprd]", [](DaemonConfig& c, const std::string& v) { c.worker_binary = v; }},
       {"log-level", "trace, debug, info, warn or error [info]", [](DaemonConfig& c, const std::string& v) { c.log_level = v; }},
   };

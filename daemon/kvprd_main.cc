@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/chat_template.h"
+#include "engine/generation_config.h"
 #include "daemon/config.h"
 #include "daemon/server.h"
 #include "daemon/worker_pool.h"
@@ -82,6 +83,10 @@ int main(int argc, char** argv) {
       spdlog::info("chat template {} (auto: {})", tmpl, why);
     }
     KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, llama-3, llama-3.1, llama-3.2)");
+    // Sampling defaults: read (and refused when out of range) before any worker starts.
+    const SamplingDefaults defaults = cfg.generation_config ? read_sampling_defaults(cfg.model) : SamplingDefaults{};
+    if (cfg.generation_config)
+      spdlog::info("sampling defaults from generation_config.json: {}", defaults.describe());
     std::string worker = cfg.worker_binary.empty() ? self_dir() + "/kvpr-worker" : cfg.worker_binary;
     if (!std::filesystem::exists(worker)) {
       std::string installed = self_dir() + "/../worker/kvpr-worker";  // build tree layout
@@ -99,7 +104,7 @@ int main(int argc, char** argv) {
     if (tok.size() > model_cfg.vocab_size)
       spdlog::warn("the tokenizer has {} tokens, the model's vocabulary {}: prompts with ids beyond it are refused",
                    tok.size(), model_cfg.vocab_size);
-    Server server(io, cfg, pool, tok, ctx, tmpl, model_cfg.vocab_size);
+    Server server(io, cfg, pool, tok, ctx, tmpl, model_cfg.vocab_size, defaults);
     server.listen();
     spdlog::info("kvprd listening on http://{}:{} serving '{}' ({} layers, context {}, kv mode {})", cfg.host, cfg.port,
                  cfg.served_model_name, model_cfg.num_layers, ctx, cfg.kv_mode);

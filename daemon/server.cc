@@ -4,6 +4,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
 #include <charconv>
+#include <cmath>
 #include <chrono>
 #include <deque>
 #include <random>
@@ -56,6 +57,7 @@ struct Server::State {
   int64_t max_model_len;
   std::string chat_template;
   int64_t vocab_size;  // the model's: prompt ids at or beyond it cannot be embedded
+  SamplingDefaults defaults;  // generation_config.json's, for fields a request leaves out
   tcp::acceptor acceptor;
   DaemonMetrics metrics;
   bool draining = false;
@@ -65,8 +67,9 @@ struct Server::State {
   std::mt19937_64 rng{std::random_device{}()};
   int64_t created_unix = 0;
   State(net::io_context& i, const DaemonConfig& c, WorkerPool& p, const Tokenizer& t, int64_t m, std::string ct,
-        int64_t v)
-      : io(i), cfg(c), pool(p), tok(t), max_model_len(m), chat_template(std::move(ct)), vocab_size(v), acceptor(i) {}
+        int64_t v, SamplingDefaults d)
+      : io(i), cfg(c), pool(p), tok(t), max_model_len(m), chat_template(std::move(ct)), vocab_size(v), defaults(d),
+        acceptor(i) {}
 
   std::string new_id(const char* prefix) {
     static const char* hex = "0123456789abcdef";
@@ -124,14 +127,21 @@ struct Sampling {
   bool include_usage = false;
   bool logprobs = false;
   int64_t top_logprobs = 0;  // alternatives per token: completions' logprobs=k, chat's top_logprobs
+  double repetition_penalty = 1;  // vLLM's extension
   double presence_penalty = 0, frequency_penalty = 0;
   std::vector<std::pair<int64_t, double>> logit_bias;
   bool echo = false;
   bool ignore_eos = false;
 };
 
-Sampling parse_sampling(const bj::object& o, bool chat) {
+// A request's sampling fields; those it leaves out take `d` (generation_config.json's) where set,
+// else OpenAI's defaults.
+Sampling parse_sampling(const bj::object& o, bool chat, const SamplingDefaults& d) {
   Sampling s;
+  s.temperature = d.temperature.value_or(s.temperature);
+  s.top_p = d.top_p.value_or(s.top_p);
+  s.top_k = std::max<int64_t>(d.top_k.value_or(s.top_k), 0);
+  s.repetition_penalty = d.repetition_penalty.value_or(s.repetition_penalty);
   if (auto v = field(o, "max_tokens")) s.max_tokens = int_of(*v, "max_tokens");
   if (chat)
     if (auto v = field(o, "max_completion_tokens")) s.max_tokens = int_of(*v, "max_completion_tokens");
@@ -191,6 +201,11 @@ Sampling parse_sampling(const bj::object& o, bool chat) {
   if (!chat)
     if (auto v = field(o, "echo")) s.echo = bool_of(*v, "echo");
   if (auto v = field(o, "ignore_eos")) s.ignore_eos = bool_of(*v, "ignore_eos");
+  if (auto v = field(o, "repetition_penalty")) {
+    s.repetition_penalty = number_of(*v, "repetition_penalty");
+    if (!(s.repetition_penalty > 0 && std::isfinite(s.repetition_penalty)))
+      throw bad_request("'repetition_penalty' must be a number > 0", "repetition_penalty");
+  }
   for (auto [name, dst] : {std::pair{"presence_penalty", &s.presence_penalty}, {"frequency_penalty", &s.frequency_penalty}})
     if (auto v = field(o, name)) {
       *dst = number_of(*v, name);
@@ -536,7 +551,7 @@ class Session : public std::enable_shared_from_this<Session> {
     check_model(o);
     auto job = std::make_shared<Job>();
     job->chat = chat;
-    job->s = parse_sampling(o, chat);
+    job->s = parse_sampling(o, chat, st_->defaults);
     job->id = st_->new_id(chat ? "chatcmpl-" : "cmpl-");
     job->created = unix_now();
     job->model = st_->cfg.served_model_name;
@@ -631,6 +646,7 @@ class Session : public std::enable_shared_from_this<Session> {
     params.set("top_k", job->s.top_k);
     params.set("ignore_eos", job->s.ignore_eos);
     if (job->s.top_logprobs > 0) params.set("top_logprobs", job->s.top_logprobs);
+    if (job->s.repetition_penalty != 1) params.set("repetition_penalty", job->s.repetition_penalty);
     if (job->s.presence_penalty != 0) params.set("presence_penalty", job->s.presence_penalty);
     if (job->s.frequency_penalty != 0) params.set("frequency_penalty", job->s.frequency_penalty);
     if (!job->s.logit_bias.empty()) {
@@ -1018,8 +1034,9 @@ class Session : public std::enable_shared_from_this<Session> {
 // ------------------------------------------------------------------ server
 
 Server::Server(net::io_context& io, const DaemonConfig& cfg, WorkerPool& pool, const Tokenizer& tok,
-               int64_t max_model_len, std::string chat_template, int64_t vocab_size)
-    : st_(std::make_shared<State>(io, cfg, pool, tok, max_model_len, std::move(chat_template), vocab_size)) {
+               int64_t max_model_len, std::string chat_template, int64_t vocab_size, const SamplingDefaults& defaults)
+    : st_(std::make_shared<State>(io, cfg, pool, tok, max_model_len, std::move(chat_template), vocab_size,
+                                  defaults)) {
   st_->created_unix = unix_now();
 }
 

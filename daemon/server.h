@@ -9,6 +9,7 @@
 
 #include "daemon/config.h"
 #include "daemon/worker_pool.h"
+#include "engine/generation_config.h"
 #include "engine/tokenizer.h"
 
 namespace kvpr {
@@ -16,7 +17,7 @@ namespace kvpr {
 class Server {
  public:
   Server(boost::asio::io_context& io, const DaemonConfig& cfg, WorkerPool& pool, const Tokenizer& tok,
-         int64_t max_model_len, std::string chat_template, int64_t vocab_size);
+         int64_t max_model_len, std::string chat_template, int64_t vocab_size, const SamplingDefaults& defaults);
   ~Server();
   // Binds and starts accepting. Throws kvpr::Error when the address cannot be bound.
   void listen();

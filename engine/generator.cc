@@ -288,7 +288,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     if (s.params.sampling.adjusts_logits()) {
       // Penalties and bias decide the choice; the reported log-probability is the model's.
       std::vector<float> adjusted(row, row + V);
-      adjust_logits(adjusted.data(), valid_vocab_, s.params.sampling, s.tokens);
+      adjust_logits(adjusted.data(), valid_vocab_, s.params.sampling, s.prompt, s.tokens);
       const int32_t t = greedy(s) ? row_argmax_lse(adjusted.data(), valid_vocab_).token
                                   : sample_token(adjusted.data(), valid_vocab_, s.params.sampling, s.rng, scratch).token;
       picks[i] = Sampled{t, static_cast<float>(static_cast<double>(row[t]) - stats[2 * last[i] + 1])};

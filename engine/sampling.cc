@@ -14,6 +14,8 @@ void validate(const SamplingParams& p) {
   KVPR_CHECK(p.top_k >= 0, "top_k must be >= 0, got ", p.top_k);
   KVPR_CHECK(std::isfinite(p.top_p) && p.top_p > 0.f && p.top_p <= 1.f, "top_p must be in (0, 1], got ",
              p.top_p);
+  KVPR_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.f,
+             "repetition_penalty must be > 0, got ", p.repetition_penalty);
   KVPR_CHECK(p.presence_penalty >= -2.f && p.presence_penalty <= 2.f, "presence_penalty must be in [-2, 2], got ",
              p.presence_penalty);
   KVPR_CHECK(p.frequency_penalty >= -2.f && p.frequency_penalty <= 2.f, "frequency_penalty must be in [-2, 2], got ",
@@ -23,7 +25,17 @@ void validate(const SamplingParams& p) {
                ": ", b);
 }
 
-void adjust_logits(float* logits, int32_t valid, const SamplingParams& p, const std::vector<int32_t>& generated) {
+void adjust_logits(float* logits, int32_t valid, const SamplingParams& p, const std::vector<int32_t>& prompt,
+                   const std::vector<int32_t>& generated) {
+  if (p.repetition_penalty != 1.f) {
+    // Once per distinct id, however often it occurs (as Hugging Face's gather/scatter does).
+    std::vector<int32_t> ids(prompt);
+    ids.insert(ids.end(), generated.begin(), generated.end());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (int32_t t : ids)
+      if (t >= 0 && t < valid) logits[t] = logits[t] < 0.f ? logits[t] * p.repetition_penalty : logits[t] / p.repetition_penalty;
+  }
   if (p.presence_penalty != 0.f || p.frequency_penalty != 0.f) {
     std::vector<int32_t> seen(generated);
     std::sort(seen.begin(), seen.end());

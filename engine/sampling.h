@@ -13,21 +13,28 @@ struct SamplingParams {
   int top_k = 0;            // 0 = all
   float top_p = 1.f;        // 1 = all
   std::optional<uint64_t> seed;
-  // OpenAI's logit adjustments, applied before the choice (greedy or sampled): each generated
-  // token t lowers logits[t] by frequency_penalty per occurrence so far and presence_penalty
-  // once; logit_bias adds its value to its id's logit. Reported log-probabilities stay the
-  // model's own.
-  float presence_penalty = 0.f;   // [-2, 2]
-  float frequency_penalty = 0.f;  // [-2, 2]
+  // Logit adjustments, applied before the choice (greedy or sampled), in this order:
+  // repetition_penalty (Hugging Face's and vLLM's): every id of the prompt or the output so far
+  // has its logit divided by it where positive and multiplied where negative; then OpenAI's:
+  // each generated token t lowers logits[t] by frequency_penalty per occurrence so far and
+  // presence_penalty once; logit_bias adds its value to its id's logit. Reported
+  // log-probabilities stay the model's own.
+  float repetition_penalty = 1.f;  // > 0; 1 = off
+  float presence_penalty = 0.f;    // [-2, 2]
+  float frequency_penalty = 0.f;   // [-2, 2]
   std::vector<std::pair<int32_t, float>> logit_bias;  // (id, bias in [-100, 100])
-  bool adjusts_logits() const { return presence_penalty != 0.f || frequency_penalty != 0.f || !logit_bias.empty(); }
+  bool adjusts_logits() const {
+    return repetition_penalty != 1.f || presence_penalty != 0.f || frequency_penalty != 0.f || !logit_bias.empty();
+  }
 };
 
 // Throws kvpr::Error with a one-line message when a value is out of range.
 void validate(const SamplingParams& p);
 
-// logits (a copy the caller owns) adjusted by p's penalties for `generated` tokens and its bias.
-void adjust_logits(float* logits, int32_t valid, const SamplingParams& p, const std::vector<int32_t>& generated);
+// logits (a copy the caller owns) adjusted by p's penalties for the `prompt` and `generated`
+// tokens and its bias.
+void adjust_logits(float* logits, int32_t valid, const SamplingParams& p, const std::vector<int32_t>& prompt,
+                   const std::vector<int32_t>& generated);
 
 // SplitMix64: small, fast, and fully specified, unlike std:: distributions.
 class Rng {

@@ -281,6 +281,17 @@ def llama_model(name, tokenizer, chat_template, **config):
     return model
 
 
+def single_worker(model, *extra, generation_config=None):
+    """kvprd with one CPU worker on `model` (generation_config.json written first when given);
+    returns the daemon and its log so far."""
+    if generation_config is not None:
+        json.dump(generation_config, open(os.path.join(model, "generation_config.json"), "w"))
+    port = free_port()
+    d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--config", "/dev/null", *extra],
+               port=port)
+    return d, open(os.path.join(TMP, f"kvprd-{port}.log")).read()
+
+
 def llama_chat():
     """A Llama checkpoint (grouped-query attention) whose tokenizer_config.json carries Llama-2
     chat's template: --chat-template auto picks llama-2, and the prompt starts with one BOS."""
@@ -365,13 +376,9 @@ def llama3_chat():
                         eos_token_id=128001, rope_theta=500000.0,
                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
-    json.dump({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]},
-              open(os.path.join(model, "generation_config.json"), "w"))
-    port = free_port()
-    d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--config", "/dev/null",
-                     "--kv-mode", "kvpr"], port=port)
+    d, log = single_worker(model, "--kv-mode", "kvpr",
+                           generation_config={"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})
     try:
-        log = open(os.path.join(TMP, f"kvprd-{port}.log")).read()
         check("chat template auto: llama-3.1 from tokenizer_config.json", "chat template llama-3.1 (auto" in log,
               log[-500:])
         text = ("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
@@ -435,13 +442,9 @@ def qwen_chat():
     model = llama_model("qwen", "qwen2-tokenizer", None, model_type="qwen2", vocab=152064, hidden=16, heads=2,
                         kv_heads=1, ffn=24, bos_token_id=151643, eos_token_id=151645, rope_theta=1000000.0,
                         sliding_window=32768, use_sliding_window=False, max_window_layers=28)
-    json.dump({"bos_token_id": 151643, "eos_token_id": [151645, 151643]},
-              open(os.path.join(model, "generation_config.json"), "w"))
-    port = free_port()
-    d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--config", "/dev/null",
-                     "--kv-mode", "offload"], port=port)
+    d, log = single_worker(model, "--kv-mode", "offload",
+                           generation_config={"bos_token_id": 151643, "eos_token_id": [151645, 151643]})
     try:
-        log = open(os.path.join(TMP, f"kvprd-{port}.log")).read()
         check("chat template auto: qwen2.5 from Qwen2.5's tokenizer_config.json", "chat template qwen2.5 (auto" in log,
               log[-500:])
         text = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
@@ -473,8 +476,42 @@ def qwen_chat():
         d.stop()
 
 
+def generation_defaults():
+    """generation_config.json's sampling fields are the defaults of requests that leave them out
+    (--generation-config auto); a request's own values win; values a request could not have
+    stop kvprd at start, naming the file."""
+    model = os.path.join(TMP, "demo-gc")
+    shutil.copytree(MODEL, model)
+    d, log = single_worker(model, "--served-model-name", "demo",
+                           generation_config={"temperature": 0.0, "repetition_penalty": 1.5, "eos_token_id": 2})
+    try:
+        check("sampling defaults logged", "sampling defaults from generation_config.json: temperature 0, "
+              "repetition_penalty 1.5" in log, log[-500:])
+        prompt = "Hello, my name is"
+        st, implicit = d.post("/v1/completions", {"model": "demo", "prompt": prompt, "max_tokens": 12})
+        st2, explicit = completion(d, prompt, 12, repetition_penalty=1.5)
+        st3, plain = completion(d, prompt, 12, repetition_penalty=1.0)
+        check("defaults apply to what a request leaves out", st == st2 == st3 == 200 and
+              implicit["choices"][0]["text"] == explicit["choices"][0]["text"], (implicit, explicit))
+        check("repetition_penalty changes greedy output", plain["choices"][0]["text"] != explicit["choices"][0]["text"],
+              (plain, explicit))
+        st, body = completion(d, prompt, 2, repetition_penalty=0)
+        check("repetition_penalty 0: 400", st == 400 and body["error"]["param"] == "repetition_penalty", (st, body))
+    finally:
+        d.stop()
+    json.dump({"temperature": 3.0}, open(os.path.join(model, "generation_config.json"), "w"))
+    r = subprocess.run([KVPRD, "--model", model, "--port", str(free_port()), "--workers", "1", "--config", "/dev/null"],
+                       capture_output=True, text=True, timeout=60)
+    check("an out-of-range generation_config.json stops kvprd with one line",
+          r.returncode == 1 and 'generation_config.json: "temperature" is 3, outside [0, 2]' in r.stderr, r.stderr[-500:])
+    r = subprocess.run([KVPRD, "--model", model, "--port", str(free_port()), "--workers", "1", "--config", "/dev/null",
+                        "--generation-config", "none", "--print-topology"], capture_output=True, text=True, timeout=60)
+    check("--generation-config none ignores it", r.returncode == 0, r.stderr[-500:])
+
+
 def main():
     subprocess.check_call([KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
+    generation_defaults()
     operations()
     llama_chat()
     llama3_chat()

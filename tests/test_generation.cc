@@ -13,6 +13,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/demo_model.h"
 #include "engine/error.h"
+#include "engine/generation_config.h"
 #include "engine/generator.h"
 #include "engine/json.h"
 #include "engine/opt_model.h"
@@ -546,4 +547,74 @@ TEST(Generation, PenaltiesAndLogitBiasAdjustTheChoice) {
   EXPECT_NE(gen.generate_all({{1, 2, 3}}, biased)[0].tokens[0], g[0].tokens[0]);
   biased.sampling.presence_penalty = 2.5f;
   EXPECT_THROW(gen.add({1}, biased), Error);
+}
+
+// repetition_penalty as Hugging Face's RepetitionPenaltyLogitsProcessor: every distinct id of the
+// prompt and of the output so far, its logit divided by the penalty where positive, multiplied
+// where negative; against the raw logits the observer sees.
+TEST(Generation, RepetitionPenaltyCoversPromptAndOutput) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 90);
+  const int64_t V = f.model.config().vocab_size;
+  const std::vector<int32_t> prompt = {1, 2, 3, 3};
+  GenerationParams p;
+  p.max_new_tokens = 10;
+  p.ignore_eos = true;
+  p.sampling.repetition_penalty = 1.8f;
+  std::vector<std::vector<float>> rows;
+  auto observe = [&](uint64_t, const float* row, int64_t) { rows.emplace_back(row, row + V); };
+  Generator gen(f.model, tok, f32_kv(1));
+  auto r = gen.generate_all({prompt}, p, observe);
+  ASSERT_EQ(rows.size(), 10u);
+  std::set<int32_t> seen(prompt.begin(), prompt.end());
+  for (size_t k = 0; k < rows.size(); ++k) {
+    int best = -1;
+    double best_v = -1e300;
+    for (int v = 0; v < 90; ++v) {
+      double x = rows[k][v];
+      if (seen.count(v)) x = x < 0 ? x * 1.8 : x / 1.8;
+      if (x > best_v) best_v = x, best = v;
+    }
+    EXPECT_EQ(r[0].tokens[k], best) << "step " << k;
+    seen.insert(r[0].tokens[k]);
+  }
+  GenerationParams plain = p;
+  plain.sampling.repetition_penalty = 1.f;
+  EXPECT_NE(gen.generate_all({prompt}, plain)[0].tokens, r[0].tokens);
+  p.sampling.repetition_penalty = 0.f;
+  EXPECT_THROW(gen.add({1}, p), Error);
+}
+
+// generation_config.json's sampling fields, read as kvprd's defaults.
+TEST(Generation, SamplingDefaultsFromGenerationConfig) {
+  test::TempDir dir;
+  EXPECT_TRUE(read_sampling_defaults(dir.path()).empty());  // no file
+  std::ofstream(dir.file("generation_config.json"))
+      << R"({"bos_token_id": 151643, "do_sample": true, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
+            "repetition_penalty": 1.05, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "transformers_version": "4.37.0"})";
+  SamplingDefaults d = read_sampling_defaults(dir.path());  // Qwen2.5-7B-Instruct's
+  EXPECT_EQ(d.temperature, 0.7);
+  EXPECT_EQ(d.top_p, 0.8);
+  EXPECT_EQ(d.top_k, 20);
+  EXPECT_EQ(d.repetition_penalty, 1.05);
+  EXPECT_EQ(d.describe(), "temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05");
+  std::ofstream(dir.file("generation_config.json")) << R"({"temperature": null, "top_p": 0.9, "max_length": 4096})";
+  d = read_sampling_defaults(dir.path());
+  EXPECT_FALSE(d.temperature);
+  EXPECT_EQ(d.describe(), "top_p 0.9");
+  auto error = [&](const std::string& body) {
+    std::ofstream(dir.file("generation_config.json")) << body;
+    try {
+      read_sampling_defaults(dir.path());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_HAS(error(R"({"temperature": 2.5})"), "generation_config.json: \"temperature\" is 2.5, outside [0, 2]");
+  EXPECT_HAS(error(R"({"top_p": 0})"), "\"top_p\" is 0, outside (0, 1]");
+  EXPECT_HAS(error(R"({"top_k": 2.5})"), "\"top_k\" is 2.5");
+  EXPECT_HAS(error(R"({"repetition_penalty": "high"})"), "\"repetition_penalty\" must be a number");
+  EXPECT_HAS(error("[1]"), "expected a JSON object");
 }

@@ -26,6 +26,7 @@ GenerationParams params_from(const json::Value& p) {
   if (const json::Value* v = p.find("ignore_eos")) g.ignore_eos = v->as_bool();
   if (const json::Value* v = p.find("top_logprobs")) g.top_logprobs = static_cast<int>(v->as_int());
   if (const json::Value* v = p.find("prompt_logprobs")) g.prompt_logprobs = static_cast<int>(v->as_int());
+  if (const json::Value* v = p.find("repetition_penalty")) g.sampling.repetition_penalty = static_cast<float>(v->as_double());
   if (const json::Value* v = p.find("presence_penalty")) g.sampling.presence_penalty = static_cast<float>(v->as_double());
   if (const json::Value* v = p.find("frequency_penalty")) g.sampling.frequency_penalty = static_cast<float>(v->as_double());
   if (const json::Value* v = p.find("logit_bias"))
