@@ -434,11 +434,13 @@ int cmd_info(int argc, char** argv) {
     std::printf("architecture          %s (%s-LN%s)\n", arch, opt->config().do_layer_norm_before ? "pre" : "post",
                 opt->config().has_projection() ? ", projected embeddings" : "");
   else
-    std::printf("architecture          %s (RMSNorm, rotary theta %g, %s rope scaling, SwiGLU)\n", arch,
-                llama->config().rope_theta, rope_scaling_text(llama->config()).c_str());
+    std::printf("architecture          %s (RMSNorm, rotary theta %g, %s rope scaling,%s SwiGLU)\n", arch,
+                llama->config().rope_theta, rope_scaling_text(llama->config()).c_str(),
+                llama->config().qk_norm ? " per-head Q/K norms," : "");
   std::printf("layers                %lld\n", static_cast<long long>(c.num_layers));
-  std::printf("hidden / heads        %lld / %lld (head dim %lld)\n", static_cast<long long>(c.hidden_size),
-              static_cast<long long>(c.num_heads), static_cast<long long>(c.head_dim));
+  std::printf("hidden / heads        %lld / %lld (head dim %lld%s)\n", static_cast<long long>(c.hidden_size),
+              static_cast<long long>(c.num_heads), static_cast<long long>(c.head_dim),
+              c.q_width() != c.hidden_size ? (", Q " + std::to_string(c.q_width()) + " wide").c_str() : "");
   std::printf("ffn                   %lld\n", static_cast<long long>(c.ffn_dim));
   std::printf("vocab                 %lld%s\n", static_cast<long long>(c.vocab_size),
               tok ? (" (tokenizer " + std::to_string(tok->size()) + ")").c_str() : "");

@@ -329,8 +329,8 @@ void KvRuntime::allocate_step() {
     grow(knew_, opts_.kv_dtype, q, w);
     grow(vnew_, opts_.kv_dtype, q, w);
     if (!host_q_.defined() || host_q_.dim(0) < q) {
-      host_q_ = be_.alloc_pinned(DType::F32, {std::max<int64_t>(q, 1), shape_.hidden});
-      host_out_ = be_.alloc_pinned(DType::F32, {std::max<int64_t>(q, 1), shape_.hidden});
+      host_q_ = be_.alloc_pinned(DType::F32, {std::max<int64_t>(q, 1), shape_.q_width()});
+      host_out_ = be_.alloc_pinned(DType::F32, {std::max<int64_t>(q, 1), shape_.q_width()});
     }
   }
 }

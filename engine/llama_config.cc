@@ -9,9 +9,9 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   ConfigFields f(v, source);
   LlamaConfig c;
   f.get_string("model_type", &c.model_type, true);
-  KVPR_CHECK(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2", source,
-             ": model_type \"", c.model_type, "\" is not llama, mistral or qwen2");
-  const bool qwen2 = c.model_type == "qwen2";
+  KVPR_CHECK(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" || c.model_type == "qwen3",
+             source, ": model_type \"", c.model_type, "\" is not llama, mistral, qwen2 or qwen3");
+  const bool qwen = c.model_type == "qwen2" || c.model_type == "qwen3";
   f.get_int("vocab_size", &c.vocab_size, true);
   f.get_int("hidden_size", &c.hidden_size, true);
   f.get_int("intermediate_size", &c.intermediate_size, true);
@@ -27,7 +27,7 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   int64_t window = 0;
   f.get_int("sliding_window", &window);
   KVPR_CHECK(window >= 0, source, ": sliding_window must not be negative");
-  if (!qwen2) {
+  if (!qwen) {
     c.sliding_window = window;
   } else {
     bool use_sliding_window = false;
@@ -38,7 +38,7 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   }
   f.get_double("rms_norm_eps", &c.rms_norm_eps);
   f.get_bool("tie_word_embeddings", &c.tie_word_embeddings);
-  if (qwen2) {  // Qwen2Attention: q/k/v with biases, o_proj without; no config field says so
+  if (c.model_type == "qwen2") {  // Qwen2Attention: q/k/v with biases, o_proj without; no config field says so
     c.qkv_bias = true;
   } else {
     bool attention_bias = false;
@@ -96,11 +96,15 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
                  c.num_heads > 0 && c.num_kv_heads > 0 && c.max_position_embeddings > 0 && c.rms_norm_eps > 0 &&
                  c.rope_theta > 0,
              source, ": sizes must be positive");
-  KVPR_CHECK(c.hidden_size % c.num_heads == 0 && c.head_dim() % 2 == 0, source, ": hidden_size ", c.hidden_size,
-             " is not divisible into ", c.num_heads, " heads of an even size");
-  if (int64_t hd = c.head_dim(); f.get_int("head_dim", &hd), hd != c.head_dim())
-    KVPR_THROW(source, ": head_dim ", hd, " is not hidden_size / num_attention_heads (", c.head_dim(),
-               "); not supported");
+  c.qk_norm = c.model_type == "qwen3";
+  if (const json::Value* hd = f.find("head_dim"); hd && !hd->is_null()) {  // explicit: any even width
+    f.get_int("head_dim", &c.head_dim_);
+    KVPR_CHECK(c.head_dim_ > 0 && c.head_dim_ % 2 == 0, source, ": head_dim ", c.head_dim_,
+               " must be positive and even");
+  } else {
+    KVPR_CHECK(c.hidden_size % c.num_heads == 0 && c.head_dim() % 2 == 0, source, ": hidden_size ", c.hidden_size,
+               " is not divisible into ", c.num_heads, " heads of an even size");
+  }
   // Grouped-query attention (Llama-2-70B, TinyLlama): every KV head serves the same number of
   // query heads.
   KVPR_CHECK(c.num_kv_heads <= c.num_heads && c.num_heads % c.num_kv_heads == 0, source, ": num_key_value_heads ",

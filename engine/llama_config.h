@@ -32,12 +32,19 @@ struct LlamaConfig {
   // Qwen2 has them on q/k/v and not on o_proj.
   bool qkv_bias = false;
   bool o_bias = false;
+  // Qwen3: an RMSNorm over each head of Q and of K (q_norm, k_norm: [head_dim] gains) after the
+  // projection and before the rotation.
+  bool qk_norm = false;
+  // The width of one attention head: hidden_size / num_attention_heads unless config.json says
+  // otherwise (Qwen3-0.6B: 16 heads of 128 on a hidden size of 1024); Q and the attention
+  // output are num_heads x head_dim wide, which need not be hidden_size.
+  int64_t head_dim_ = 0;
   bool mlp_bias = false;
   int64_t bos_token_id = 1;
   int64_t eos_token_id = 2;
   int64_t pad_token_id = -1;
   std::string torch_dtype = "float32";
-  std::string model_type = "llama";  // or "mistral", "qwen2": the same architecture
+  std::string model_type = "llama";  // or "mistral", "qwen2", "qwen3": the same architecture
   // Sliding-window attention (Mistral-7B-v0.1; Qwen2 with use_sliding_window on some layers):
   // each token sees the last sliding_window positions (0: all). kvpr serves contexts up to
   // the window, where that is exact: context() is min(max_position_embeddings, sliding_window).
@@ -48,10 +55,14 @@ struct LlamaConfig {
 
   // What Hugging Face calls the architecture (kvpr info).
   const char* architecture() const {
-    return model_type == "mistral" ? "MistralForCausalLM" : model_type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+    return model_type == "mistral" ? "MistralForCausalLM"
+           : model_type == "qwen2" ? "Qwen2ForCausalLM"
+           : model_type == "qwen3" ? "Qwen3ForCausalLM"
+                                   : "LlamaForCausalLM";
   }
 
-  int64_t head_dim() const { return hidden_size / num_heads; }
+  int64_t head_dim() const { return head_dim_ > 0 ? head_dim_ : hidden_size / num_heads; }
+  int64_t q_width() const { return num_heads * head_dim(); }  // Q and the attention output
 
   // Parses and validates; errors name `source` and the offending field. What kvpr does not
   // run (KV heads that do not divide the heads, rope scaling other than linear and llama3, activations

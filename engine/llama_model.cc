@@ -67,7 +67,7 @@ void LlamaModel::stream_layers() {
 
 void LlamaModel::assemble(const WeightSource& fetch) {
   const LlamaConfig& c = config_;
-  const int64_t h = c.hidden_size, f = c.intermediate_size, kvh = c.num_kv_heads * c.head_dim();
+  const int64_t h = c.hidden_size, f = c.intermediate_size, kvh = c.num_kv_heads * c.head_dim(), qw = c.q_width();
   auto matrix = [&](const std::string& name, Shape shape) { return fetch(name, shape, true, WeightRole::Matrix); };
   auto bias = [&](const std::string& name, int64_t n, bool on) {
     return on ? fetch(name, {n}, true, WeightRole::Bias) : Tensor();
@@ -80,11 +80,15 @@ void LlamaModel::assemble(const WeightSource& fetch) {
     LlamaLayer L;
     Parts P;
     L.attn_norm = gain(p + "input_layernorm.weight");
-    P.wq = matrix(p + "self_attn.q_proj.weight", {h, h});
+    P.wq = matrix(p + "self_attn.q_proj.weight", {qw, h});
     P.wk = matrix(p + "self_attn.k_proj.weight", {kvh, h});
     P.wv = matrix(p + "self_attn.v_proj.weight", {kvh, h});
-    L.wo = matrix(p + "self_attn.o_proj.weight", {h, h});
-    P.bq = bias(p + "self_attn.q_proj.bias", h, c.qkv_bias);
+    L.wo = matrix(p + "self_attn.o_proj.weight", {h, qw});
+    if (c.qk_norm) {
+      L.q_norm = fetch(p + "self_attn.q_norm.weight", {c.head_dim()}, true, WeightRole::NormGain);
+      L.k_norm = fetch(p + "self_attn.k_norm.weight", {c.head_dim()}, true, WeightRole::NormGain);
+    }
+    P.bq = bias(p + "self_attn.q_proj.bias", qw, c.qkv_bias);
     P.bk = bias(p + "self_attn.k_proj.bias", kvh, c.qkv_bias);
     P.bv = bias(p + "self_attn.v_proj.bias", kvh, c.qkv_bias);
     L.bo = bias(p + "self_attn.o_proj.bias", h, c.o_bias);
@@ -133,6 +137,13 @@ void LlamaModel::rope(const Tensor& x, const Tensor& positions) {
   backend_.rope(x, positions, static_cast<int>(config_.head_dim()), rope_);
 }
 
+void LlamaModel::head_norm(const Tensor& x, const Tensor& gain) {
+  if (!gain.defined()) return;
+  const int64_t hd = config_.head_dim(), heads = x.numel() / hd;
+  Tensor rows = x.reshape({heads, hd});
+  backend_.rms_norm(rows, rows, gain, static_cast<float>(config_.rms_norm_eps));
+}
+
 void LlamaModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) {
   const LlamaLayer& L = layers_.at(layer);
   KVPR_CHECK(positions.defined() && positions.numel() == kv.dim(1), "llama project_kv needs the rows' positions");
@@ -142,12 +153,15 @@ void LlamaModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, co
   else
     backend_.linear_batched(kv, x, L.wkv, L.bkv, Activation::None);
   const int64_t n = kv.dim(1), w = kv.dim(2);
-  rope(kv.rows(0, 1).reshape({n, w}), positions);  // K turns; V does not
+  Tensor k = kv.rows(0, 1).reshape({n, w});
+  head_norm(k, L.k_norm);
+  rope(k, positions);  // K turns; V does not
 }
 
 Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions) {
   const LlamaConfig& c = config_;
   const int64_t h = c.hidden_size, f = c.intermediate_size, V = c.vocab_size, kvh = c.num_kv_heads * c.head_dim();
+  const int64_t qw = c.q_width();
   Backend& be = backend_;
   int64_t rows = 0;
   const int64_t T = check_chunks(chunks, all_positions, &rows);
@@ -157,7 +171,7 @@ Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRun
 
   Tensor x = ws_.get("x", DType::F32, {T, h});  // residual stream [T, hidden]
   be.gather_rows(x, embed_tokens_, tok_ids);
-  const bool mha = kvh == h;
+  const bool mha = c.num_kv_heads == c.num_heads;  // Q, K and V equally wide: stacked
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
   const float eps = static_cast<float>(c.rms_norm_eps);
   kv.begin(chunks);
@@ -165,7 +179,7 @@ Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRun
   // once for the largest so no buffer moves during the step.
   int64_t rows_max = 0;
   for (int64_t g = 0; g < kv.groups(); ++g) rows_max = std::max(rows_max, kv.group_rows(g).count);
-  for (auto [name, width] : {std::pair{"a", h}, {"qkv", h + 2 * std::max(h, kvh)}, {"att", h}, {"gate_up", 2 * f}})
+  for (auto [name, width] : {std::pair{"a", h}, {"qkv", qw + 2 * kvh}, {"att", qw}, {"gate_up", 2 * f}})
     ws_.get(name, DType::F32, {rows_max, width});
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const LlamaLayer& L = layers_[li];
@@ -173,25 +187,30 @@ Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRun
       const auto [r0, n] = kv.group_rows(g);
       Tensor xg = x.rows(r0, n), pos = pos_ids.rows(r0, n);  // this batch's residual stream and positions
       Tensor a = ws_.get("a", DType::F32, {n, h});            // normalised input of a sub-block
-      // Q, K, V: stacked [3, n, h] (MHA, one batched GEMM); with grouped-query attention Q
-      // [n, h] and K, V stacked [2, n, kv_h].
-      Tensor qkv = ws_.get("qkv", DType::F32, {n * h + 2 * n * kvh});
-      Tensor q = qkv.rows(0, n * h).reshape({n, h});
-      Tensor kv_new = qkv.rows(n * h, 2 * n * kvh).reshape({2, n, kvh});
+      // Q, K, V: stacked [3, n, qw] (MHA, one batched GEMM); with grouped-query attention Q
+      // [n, qw] and K, V stacked [2, n, kv_h].
+      Tensor qkv = ws_.get("qkv", DType::F32, {n * qw + 2 * n * kvh});
+      Tensor q = qkv.rows(0, n * qw).reshape({n, qw});
+      Tensor kv_new = qkv.rows(n * qw, 2 * n * kvh).reshape({2, n, kvh});
       Tensor k = kv_new.rows(0, 1).reshape({n, kvh});
       Tensor v = kv_new.rows(1, 1).reshape({n, kvh});
-      Tensor att = ws_.get("att", DType::F32, {n, h});
+      Tensor att = ws_.get("att", DType::F32, {n, qw});
       Tensor gate_up = ws_.get("gate_up", DType::F32, {2, n, f});  // [gate; up]
       Tensor gate = gate_up.rows(0, 1).reshape({n, f}), up = gate_up.rows(1, 1).reshape({n, f});
       kv.prepare(li, g);
       // Self-attention. `a` is X, the post-norm input of the QKV projection.
       be.rms_norm(a, xg, L.attn_norm, eps);
       if (mha) {
-        be.linear_batched(qkv.reshape({3, n, h}), a, L.wqkv, L.bqkv, Activation::None);
-        rope(qkv.rows(0, 2 * n * h).reshape({2, n, h}), pos);  // Q and K, [2, n, hidden]
+        be.linear_batched(qkv.reshape({3, n, qw}), a, L.wqkv, L.bqkv, Activation::None);
       } else {
         be.linear(q, a, L.wq, L.bq, Activation::None);
         be.linear_batched(kv_new, a, L.wkv, L.bkv, Activation::None);
+      }
+      head_norm(q, L.q_norm);
+      head_norm(k, L.k_norm);
+      if (mha) {
+        rope(qkv.rows(0, 2 * n * qw).reshape({2, n, qw}), pos);  // Q and K, [2, n, qw]: one launch
+      } else {
         rope(q, pos);
         rope(k, pos);
       }

@@ -1,8 +1,9 @@
 // Llama (Touvron et al. 2023; Hugging Face LlamaForCausalLM) written once against the Backend:
 // RMSNorm before attention and MLP, rotary position embeddings on Q and K, SwiGLU MLP, no
 // biases unless the config asks for them; grouped-query attention (fewer K/V heads, each
-// serving a group of query heads). KVPR stores X (the normalised attention input) and
-// recomputes K from it with the rows' positions: K = rope(X · W_Kᵀ, position).
+// serving a group of query heads); Qwen3's per-head norms of Q and K and its own head width.
+// KVPR stores X (the normalised attention input) and recomputes K from it with the rows'
+// positions: K = rope(k_norm(X · W_Kᵀ), position).
 #pragma once
 
 #include <memory>
@@ -16,10 +17,12 @@ namespace kvpr {
 
 struct LlamaLayer {
   Tensor attn_norm;                       // input_layernorm
-  Tensor wqkv, bqkv;                      // q_proj, k_proj, v_proj stacked: [3, h, h] (and [3, h]) (MHA)
-  Tensor wq, bq, wkv, bkv;                // grouped-query attention: q_proj [h, h]; k_proj, v_proj
+  Tensor wqkv, bqkv;                      // q_proj, k_proj, v_proj stacked: [3, qw, h] (and [3, qw]) (MHA)
+  Tensor wq, bq, wkv, bkv;                // grouped-query attention: q_proj [qw, h]; k_proj, v_proj
                                           // stacked [2, kv_h, h] (and biases)
-  Tensor wo, bo;                          // o_proj
+  Tensor q_norm, k_norm;                  // Qwen3: per-head RMSNorm gains [head_dim]
+  Tensor wo, bo;                          // o_proj [h, qw]
+                                          // (qw = heads x head_dim, h unless config.json sets head_dim)
   Tensor mlp_norm;                        // post_attention_layernorm
   Tensor w_gate_up, b_gate_up;            // gate_proj, up_proj stacked: [2, ffn, h] (and [2, ffn])
   Tensor w_down, b_down;                  // down_proj
@@ -43,6 +46,9 @@ class LlamaModel : public Model {
   // Streamed weights: Q/K/V first, then the output projection and the MLP.
   void stream_layers();
   void rope(const Tensor& x, const Tensor& positions);
+  // Qwen3's per-head RMSNorm of rows [n, heads x head_dim] with `gain` (in place); nothing for
+  // models without it.
+  void head_norm(const Tensor& x, const Tensor& gain);
 
   LlamaConfig config_;
   RopeParams rope_;  // from config_, once

@@ -72,7 +72,7 @@ class Model : public KvProjector {
                bool all_positions = false);
 
   KvShape kv_shape() const {
-    return KvShape{spec_.num_layers, spec_.hidden_size, spec_.num_heads, spec_.num_kv_heads};
+    return KvShape{spec_.num_layers, spec_.hidden_size, spec_.num_heads, spec_.num_kv_heads, spec_.head_dim};
   }
   // Runtime for this model: `slots` sequences of up to `capacity` tokens.
   std::unique_ptr<KvRuntime> make_kv_runtime(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
@@ -124,7 +124,7 @@ class Model : public KvProjector {
   Workspace ws_{backend_};
 };
 
-// The model_type of <dir>/config.json ("opt", "llama", "mistral", "qwen2": the last three Llama's architecture); throws naming the file when it is
+// The model_type of <dir>/config.json ("opt", or "llama", "mistral", "qwen2", "qwen3": Llama's architecture); throws naming the file when it is
 // missing or not one kvpr supports.
 std::string model_type(const std::string& model_dir);
 // The ModelSpec of <dir>/config.json without loading weights.

@@ -7,7 +7,7 @@
 namespace kvpr {
 
 struct ModelSpec {
-  std::string model_type;  // "opt", "llama", "mistral", "qwen2"
+  std::string model_type;  // "opt", "llama", "mistral", "qwen2", "qwen3"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
@@ -19,6 +19,7 @@ struct ModelSpec {
   int64_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
   std::string torch_dtype;
   int64_t kv_hidden() const { return num_kv_heads * head_dim; }
+  int64_t q_width() const { return num_heads * head_dim; }  // Q and the attention output (Qwen3: not hidden_size)
 };
 
 }  // namespace kvpr

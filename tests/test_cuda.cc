@@ -318,7 +318,8 @@ TEST(Cuda, EveryKvModeGivesTheCpuGreedyTokens) {
   for (const char* name : {"opt/pre_ln_safetensors", "opt/post_ln_proj_sharded", "opt/decoder_prefix_bin",
                            "llama/f32_safetensors", "llama/bf16_tied_scaled_sharded", "llama/gqa_f32_safetensors",
                            "llama/mqa_f16_bin_sharded", "llama/llama3_rope_gqa_bf16",
-                           "llama/mistral_sliding_window", "llama/qwen2_qkv_bias_tied_bf16"})
+                           "llama/mistral_sliding_window", "llama/qwen2_qkv_bias_tied_bf16",
+                           "llama/qwen3_head_dim_qk_norm_bf16", "llama/qwen3_mha_head_dim_f32"})
     test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path(name), tok,
                                                 {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4, name);
 }

@@ -22,7 +22,8 @@ namespace {
 
 const char* const kFixtures[] = {"f32_safetensors", "bf16_tied_scaled_sharded", "f16_bin_rope_parameters",
                                  "gqa_f32_safetensors", "mqa_f16_bin_sharded", "llama3_rope_gqa_bf16",
-                                 "mistral_sliding_window", "qwen2_qkv_bias_tied_bf16"};
+                                 "mistral_sliding_window", "qwen2_qkv_bias_tied_bf16",
+                                 "qwen3_head_dim_qk_norm_bf16", "qwen3_mha_head_dim_f32"};
 
 std::string fixture(const std::string& name) { return test::data_path("llama/" + name); }
 
@@ -36,9 +37,8 @@ TEST_P(LlamaForward, LogitsMatchFloat64Reference) {
   std::unique_ptr<Model> model = load_model(be, dir);
   ASSERT_NE(dynamic_cast<LlamaModel*>(model.get()), nullptr);
   const std::string name = GetParam();
-  EXPECT_EQ(model->spec().model_type, name.substr(0, name.find('_')) == "mistral" ? "mistral"
-                                      : name.substr(0, name.find('_')) == "qwen2" ? "qwen2"
-                                                                                  : "llama");
+  const std::string family = name.substr(0, name.find('_'));
+  EXPECT_EQ(model->spec().model_type, family == "mistral" || family == "qwen2" || family == "qwen3" ? family : "llama");
   NpyArray ids = read_npy(dir + "/input_ids.npy");
   NpyArray ref = read_npy(dir + "/logits.npy");
   const int64_t T = static_cast<int64_t>(ids.values.size()), V = model->spec().vocab_size;
@@ -196,6 +196,10 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   EXPECT_HAS(error_for("num_attention_heads", "5"), "is not divisible into 5 heads");
   EXPECT_HAS(error_for("intermediate_size", "\"80\""), "config.json: \"intermediate_size\": expected an integer");
   EXPECT_EQ(error_for("rope_scaling", "null"), "");
+  EXPECT_EQ(error_for("sliding_window", "null"), "");  // as Qwen3 and Llama configs write "none"
+  EXPECT_EQ(error_for("head_dim", "null"), "");
+  EXPECT_EQ(error_for("head_dim", "8"), "");  // hidden_size / heads, said explicitly
+  EXPECT_HAS(error_for("head_dim", "7"), "config.json: head_dim 7 must be positive and even");
   ModelSpec s = load_model_spec(fixture("f16_bin_rope_parameters"));
   EXPECT_EQ(s.model_type, "llama");
   EXPECT_EQ(s.eos_token_id, 2);  // the first of the list
@@ -224,6 +228,17 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   EXPECT_EQ(qwen_context(true, 0), 4);
   EXPECT_EQ(qwen_context(true, 1), 4);
   EXPECT_EQ(qwen_context(true, 2), 64);  // both layers below max_window_layers: full attention
+  // Qwen3: its own head width (Q 64 wide on a hidden size of 32), per-head Q/K norms, no biases.
+  const LlamaConfig q3 = LlamaConfig::load(fixture("qwen3_head_dim_qk_norm_bf16"));
+  EXPECT_EQ(q3.head_dim(), 16);
+  EXPECT_EQ(q3.q_width(), 64);
+  EXPECT_TRUE(q3.qk_norm);
+  EXPECT_FALSE(q3.qkv_bias || q3.o_bias);
+  EXPECT_STREQ(q3.architecture(), "Qwen3ForCausalLM");
+  const ModelSpec q3s = load_model_spec(fixture("qwen3_head_dim_qk_norm_bf16"));
+  EXPECT_EQ(q3s.head_dim, 16);
+  EXPECT_EQ(q3s.kv_hidden(), 32);
+  EXPECT_EQ(q3s.q_width(), 64);
   const LlamaConfig llama_bias = LlamaConfig::load(fixture("bf16_tied_scaled_sharded"));
   EXPECT_TRUE(llama_bias.qkv_bias && llama_bias.o_bias);
   const LlamaConfig l3 = LlamaConfig::load(fixture("llama3_rope_gqa_bf16"));

@@ -72,7 +72,25 @@ CASES = [
           tie_word_embeddings=True, rope_theta=1000000.0, sliding_window=4, use_sliding_window=False,
           max_window_layers=2, attention_bias=None),
      torch.bfloat16, "safetensors", 1),
+    # Qwen3: a head width set by head_dim (4 heads of 16 on a hidden size of 32: Q and the
+    # attention output 64 wide), an RMSNorm over each head of Q and K before the rotation,
+    # grouped-query attention, no biases, a tied head, bf16.
+    ("qwen3_head_dim_qk_norm_bf16",
+     dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], torch_dtype="bfloat16", head_dim=16,
+          num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1000000.0, sliding_window=None,
+          use_sliding_window=False, max_window_layers=2),
+     torch.bfloat16, "safetensors", 1),
+    # The same with as many KV heads as query heads (Q, K and V stacked for one GEMM), heads of
+    # 12 (Q 48 wide on a hidden size of 32), f32.
+    ("qwen3_mha_head_dim_f32",
+     dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=12, rope_theta=1000000.0,
+          use_sliding_window=False),
+     torch.float32, "safetensors", 1),
 ]
+
+
+def head_dim(cfg):
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
 
 
 def has_bias(cfg, proj):
@@ -80,13 +98,13 @@ def has_bias(cfg, proj):
     with attention_bias."""
     if cfg["model_type"] == "qwen2":
         return proj != "o_proj"
-    return cfg["attention_bias"]
+    return cfg.get("attention_bias", False)
 
 
 def window(cfg):
     """The sliding window the reference applies: Mistral's whenever set; Qwen2's only with
     use_sliding_window (on layers from max_window_layers on; this script's cases have none)."""
-    if cfg["model_type"] == "qwen2":
+    if cfg["model_type"] in ("qwen2", "qwen3"):
         assert not cfg.get("use_sliding_window")
         return None
     return cfg.get("sliding_window")
@@ -94,7 +112,8 @@ def window(cfg):
 
 def make_weights(cfg, dtype, gen):
     h, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    kvh = cfg["num_key_value_heads"] * (h // cfg["num_attention_heads"])  # K/V projection width
+    kvh = cfg["num_key_value_heads"] * head_dim(cfg)  # K/V projection width
+    qw = cfg["num_attention_heads"] * head_dim(cfg)  # Q projection and attention output width
 
     def rnd(*shape, std=1.0, mean=0.0):
         return (torch.randn(*shape, generator=gen, dtype=torch.float64) * std + mean).to(dtype)
@@ -105,10 +124,13 @@ def make_weights(cfg, dtype, gen):
         w[p + "input_layernorm.weight"] = rnd(h, std=0.1, mean=1.0)
         w[p + "post_attention_layernorm.weight"] = rnd(h, std=0.1, mean=1.0)
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            rows = kvh if proj in ("k_proj", "v_proj") else h
-            w[p + "self_attn." + proj + ".weight"] = rnd(rows, h, std=h ** -0.5)
+            rows, cols = {"q_proj": (qw, h), "k_proj": (kvh, h), "v_proj": (kvh, h), "o_proj": (h, qw)}[proj]
+            w[p + "self_attn." + proj + ".weight"] = rnd(rows, cols, std=cols ** -0.5)
             if has_bias(cfg, proj):
                 w[p + "self_attn." + proj + ".bias"] = rnd(rows, std=0.1)
+        if cfg["model_type"] == "qwen3":  # Qwen3RMSNorm over each head of Q and of K
+            w[p + "self_attn.q_norm.weight"] = rnd(head_dim(cfg), std=0.1, mean=1.0)
+            w[p + "self_attn.k_norm.weight"] = rnd(head_dim(cfg), std=0.1, mean=1.0)
         w[p + "mlp.gate_proj.weight"] = rnd(f, h, std=h ** -0.5)
         w[p + "mlp.up_proj.weight"] = rnd(f, h, std=h ** -0.5)
         w[p + "mlp.down_proj.weight"] = rnd(h, f, std=f ** -0.5)
@@ -157,7 +179,7 @@ def reference_logits(cfg, w, ids):
     """Llama forward in float64 for one sequence; returns logits [T, vocab]."""
     W = {k: t.to(torch.float64) for k, t in w.items()}
     h, nh, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["rms_norm_eps"]
-    hd = h // nh
+    hd = head_dim(cfg)
     nkv = cfg["num_key_value_heads"]
     T = len(ids)
     x = W["model.embed_tokens.weight"][torch.tensor(ids)]
@@ -175,12 +197,15 @@ def reference_logits(cfg, w, ids):
         a = rms_norm(x, W[p + "input_layernorm.weight"], eps)
         q = lin(a, p + "self_attn.q_proj").view(T, nh, hd).transpose(0, 1)
         k, v = (lin(a, p + "self_attn." + n).view(T, nkv, hd).transpose(0, 1) for n in ("k_proj", "v_proj"))
+        if p + "self_attn.q_norm.weight" in W:  # Qwen3: per-head norms before the rotation
+            q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         # repeat_kv: KV head j serves query heads j*group .. j*group + group - 1.
         k, v = (t.repeat_interleave(nh // nkv, dim=0) for t in (k, v))
         att = torch.softmax(q @ k.transpose(1, 2) * hd ** -0.5 + mask, dim=-1) @ v
-        x = x + lin(att.transpose(0, 1).reshape(T, h), p + "self_attn.o_proj")
+        x = x + lin(att.transpose(0, 1).reshape(T, nh * hd), p + "self_attn.o_proj")
         a = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         x = x + lin(torch.nn.functional.silu(lin(a, p + "mlp.gate_proj")) * lin(a, p + "mlp.up_proj"),
                     p + "mlp.down_proj")
