@@ -42,7 +42,8 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  generate         --model DIR (--prompt TEXT | --prompt-ids 1,2,3 | --chat TEXT [--system TEXT]\n"
-    "                   [--chat-template auto|plain|llama-2|mistral|zephyr|chatml|qwen2|qwen2.5|llama-3|llama-3.1|llama-3.2])\n"
+    "                   [--chat-template auto|plain|llama-2|mistral|zephyr|chatml|qwen2|qwen2.5|qwen3|llama-3|llama-3.1|\n"
+    "                   llama-3.2] [--no-thinking])\n"
     "                   [-n N]\n"
     "                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop STR]...\n"
     "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--top-logprobs K]\n"
@@ -187,12 +188,12 @@ int cmd_generate(int argc, char** argv) {
           "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
           "--trace", "--repetition-penalty", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights",
           "--chat", "--system", "--chat-template"},
-         {"--json", "--ignore-eos", "--cuda-graphs"});
+         {"--json", "--ignore-eos", "--cuda-graphs", "--no-thinking"});
   std::string dir = a.require("--model");
   if (a.has("--prompt") + a.has("--prompt-ids") + a.has("--chat") != 1)
     throw UsageError("give exactly one of --prompt, --prompt-ids and --chat");
-  if ((a.has("--system") || a.has("--chat-template")) && !a.has("--chat"))
-    throw UsageError("--system and --chat-template apply to --chat");
+  if ((a.has("--system") || a.has("--chat-template") || a.has("--no-thinking")) && !a.has("--chat"))
+    throw UsageError("--system, --chat-template and --no-thinking apply to --chat");
   GenerationParams gp;
   gp.max_new_tokens = parse_number<int>("-n", a.get("-n", a.get("--max-tokens", "16")));
   if (gp.max_new_tokens < 0) throw UsageError("-n must be >= 0");
@@ -245,12 +246,14 @@ int cmd_generate(int argc, char** argv) {
     // One user turn (after an optional system message) in the model's chat template, as kvprd
     // renders /v1/chat/completions; the template's stop strings and tokens apply.
     std::string tmpl = a.get("--chat-template", "auto"), why;
-    if (tmpl == "auto") tmpl = auto_chat_template(dir, &why);
+    ChatOptions co;
+    if (tmpl == "auto") tmpl = auto_chat_template(dir, &why, &co.default_system);
     if (!known_chat_template(tmpl)) throw UsageError("--chat-template: unknown template '" + tmpl + "'");
     std::vector<ChatMessage> messages;
     if (a.has("--system")) messages.push_back({"system", a.get("--system")});
     messages.push_back({"user", a.get("--chat")});
-    RenderedChat rc = render_chat(tmpl, messages);
+    co.enable_thinking = !a.has("--no-thinking");
+    RenderedChat rc = render_chat(tmpl, messages, co);
     gp.stop.insert(gp.stop.end(), rc.stop.begin(), rc.stop.end());
     for (const auto& t : rc.stop_tokens)
       if (auto tid = tok.token_to_id(t)) gp.stop_token_ids.push_back(*tid);

@@ -76,17 +76,22 @@ int main(int argc, char** argv) {
     Tokenizer tok = Tokenizer::load(cfg.model);
     int64_t ctx = cfg.max_seq_len > 0 ? std::min(cfg.max_seq_len, model_cfg.max_position_embeddings)
                                       : model_cfg.max_position_embeddings;
-    std::string tmpl = cfg.chat_template;
+    ServedModel served;
+    served.max_model_len = ctx;
+    served.vocab_size = model_cfg.vocab_size;
+    std::string& tmpl = served.chat_template;
+    tmpl = cfg.chat_template;
     if (tmpl == "auto") {
       std::string why;
-      tmpl = auto_chat_template(cfg.model, &why);
+      tmpl = auto_chat_template(cfg.model, &why, &served.default_system);
       spdlog::info("chat template {} (auto: {})", tmpl, why);
     }
-    KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, llama-3, llama-3.1, llama-3.2)");
+    KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, qwen3, llama-3, llama-3.1, llama-3.2)");
     // Sampling defaults: read (and refused when out of range) before any worker starts.
-    const SamplingDefaults defaults = cfg.generation_config ? read_sampling_defaults(cfg.model) : SamplingDefaults{};
-    if (cfg.generation_config)
-      spdlog::info("sampling defaults from generation_config.json: {}", defaults.describe());
+    if (cfg.generation_config) {
+      served.defaults = read_sampling_defaults(cfg.model);
+      spdlog::info("sampling defaults from generation_config.json: {}", served.defaults.describe());
+    }
     std::string worker = cfg.worker_binary.empty() ? self_dir() + "/kvpr-worker" : cfg.worker_binary;
     if (!std::filesystem::exists(worker)) {
       std::string installed = self_dir() + "/../worker/kvpr-worker";  // build tree layout
@@ -104,7 +109,7 @@ int main(int argc, char** argv) {
     if (tok.size() > model_cfg.vocab_size)
       spdlog::warn("the tokenizer has {} tokens, the model's vocabulary {}: prompts with ids beyond it are refused",
                    tok.size(), model_cfg.vocab_size);
-    Server server(io, cfg, pool, tok, ctx, tmpl, model_cfg.vocab_size, defaults);
+    Server server(io, cfg, pool, tok, served);
     server.listen();
     spdlog::info("kvprd listening on http://{}:{} serving '{}' ({} layers, context {}, kv mode {})", cfg.host, cfg.port,
                  cfg.served_model_name, model_cfg.num_layers, ctx, cfg.kv_mode);

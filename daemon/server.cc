@@ -54,10 +54,7 @@ struct Server::State {
   DaemonConfig cfg;
   WorkerPool& pool;
   const Tokenizer& tok;
-  int64_t max_model_len;
-  std::string chat_template;
-  int64_t vocab_size;  // the model's: prompt ids at or beyond it cannot be embedded
-  SamplingDefaults defaults;  // generation_config.json's, for fields a request leaves out
+  ServedModel served;
   tcp::acceptor acceptor;
   DaemonMetrics metrics;
   bool draining = false;
@@ -66,10 +63,8 @@ struct Server::State {
   uint64_t next_engine_id = 1;
   std::mt19937_64 rng{std::random_device{}()};
   int64_t created_unix = 0;
-  State(net::io_context& i, const DaemonConfig& c, WorkerPool& p, const Tokenizer& t, int64_t m, std::string ct,
-        int64_t v, SamplingDefaults d)
-      : io(i), cfg(c), pool(p), tok(t), max_model_len(m), chat_template(std::move(ct)), vocab_size(v), defaults(d),
-        acceptor(i) {}
+  State(net::io_context& i, const DaemonConfig& c, WorkerPool& p, const Tokenizer& t, const ServedModel& m)
+      : io(i), cfg(c), pool(p), tok(t), served(m), acceptor(i) {}
 
   std::string new_id(const char* prefix) {
     static const char* hex = "0123456789abcdef";
@@ -448,7 +443,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void models() {
     bj::object m{{"id", st_->cfg.served_model_name}, {"object", "model"}, {"created", st_->created_unix},
-                 {"owned_by", "kvpr"}, {"root", st_->cfg.model}, {"max_model_len", st_->max_model_len}};
+                 {"owned_by", "kvpr"}, {"root", st_->cfg.model}, {"max_model_len", st_->served.max_model_len}};
     send_json(200, bj::object{{"object", "list"}, {"data", bj::array{m}}});
   }
 
@@ -463,7 +458,7 @@ class Session : public std::enable_shared_from_this<Session> {
     bj::array a;
     for (int32_t t : ids) a.push_back(t);
     send_json(200, bj::object{{"tokens", std::move(a)}, {"count", static_cast<int64_t>(ids.size())},
-                              {"max_model_len", st_->max_model_len}});
+                              {"max_model_len", st_->served.max_model_len}});
   }
 
   void detokenize() {
@@ -551,7 +546,7 @@ class Session : public std::enable_shared_from_this<Session> {
     check_model(o);
     auto job = std::make_shared<Job>();
     job->chat = chat;
-    job->s = parse_sampling(o, chat, st_->defaults);
+    job->s = parse_sampling(o, chat, st_->served.defaults);
     job->id = st_->new_id(chat ? "chatcmpl-" : "cmpl-");
     job->created = unix_now();
     job->model = st_->cfg.served_model_name;
@@ -584,7 +579,19 @@ class Session : public std::enable_shared_from_this<Session> {
         }
         cm.push_back({r == "developer" ? "system" : r, text});
       }
-      RenderedChat rc = render_chat(st_->chat_template, cm);
+      ChatOptions chat_options;
+      chat_options.default_system = st_->served.default_system;
+      if (const bj::value* kw = field(o, "chat_template_kwargs"); kw && !kw->is_null()) {  // vLLM's extension
+        if (!kw->is_object()) throw bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+        for (const auto& kv : kw->as_object()) {
+          if (kv.key() != "enable_thinking")
+            throw bad_request("'chat_template_kwargs." + std::string(kv.key()) +
+                                  "' is not supported by this server (enable_thinking is)",
+                              "chat_template_kwargs");
+          chat_options.enable_thinking = bool_of(kv.value(), "chat_template_kwargs.enable_thinking");
+        }
+      }
+      RenderedChat rc = render_chat(st_->served.chat_template, cm, chat_options);
       for (auto& st : rc.stop) job->s.stop.push_back(st);
       for (const auto& t : rc.stop_tokens)
         if (auto id = st_->tok.token_to_id(t)) job->s.stop_token_ids.push_back(*id);
@@ -621,14 +628,14 @@ class Session : public std::enable_shared_from_this<Session> {
       // A tokenizer larger than the model's embedding (a mismatched checkpoint) yields ids
       // the model cannot take: refused here, not failed in the worker.
       for (int32_t id : pr)
-        if (id >= st_->vocab_size)
+        if (id >= st_->served.vocab_size)
           throw bad_request("prompt token id " + std::to_string(id) + " is beyond the model's vocabulary of " +
-                                std::to_string(st_->vocab_size) + " tokens (the tokenizer has " +
+                                std::to_string(st_->served.vocab_size) + " tokens (the tokenizer has " +
                                 std::to_string(st_->tok.size()) + ")",
                             chat ? "messages" : "prompt");
       int64_t need = static_cast<int64_t>(pr.size()) + job->s.max_tokens;
-      if (need > st_->max_model_len)
-        throw bad_request("this model's maximum context length is " + std::to_string(st_->max_model_len) +
+      if (need > st_->served.max_model_len)
+        throw bad_request("this model's maximum context length is " + std::to_string(st_->served.max_model_len) +
                               " tokens, but " + std::to_string(need) + " were requested (" + std::to_string(pr.size()) +
                               " in the prompt, " + std::to_string(job->s.max_tokens) + " for the completion)",
                           chat ? "messages" : "prompt");
@@ -1034,9 +1041,8 @@ class Session : public std::enable_shared_from_this<Session> {
 // ------------------------------------------------------------------ server
 
 Server::Server(net::io_context& io, const DaemonConfig& cfg, WorkerPool& pool, const Tokenizer& tok,
-               int64_t max_model_len, std::string chat_template, int64_t vocab_size, const SamplingDefaults& defaults)
-    : st_(std::make_shared<State>(io, cfg, pool, tok, max_model_len, std::move(chat_template), vocab_size,
-                                  defaults)) {
+               const ServedModel& served)
+    : st_(std::make_shared<State>(io, cfg, pool, tok, served)) {
   st_->created_unix = unix_now();
 }
 

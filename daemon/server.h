@@ -14,10 +14,19 @@
 
 namespace kvpr {
 
+// What kvprd serves, as decided at start from the model and the flags.
+struct ServedModel {
+  int64_t max_model_len = 0;  // context: prompt + max_tokens
+  int64_t vocab_size = 0;     // the model's: prompt ids at or beyond it cannot be embedded
+  std::string chat_template;  // a name of render_chat's
+  std::string default_system; // chatml: the template's own system message, if any
+  SamplingDefaults defaults;  // generation_config.json's, for fields a request leaves out
+};
+
 class Server {
  public:
   Server(boost::asio::io_context& io, const DaemonConfig& cfg, WorkerPool& pool, const Tokenizer& tok,
-         int64_t max_model_len, std::string chat_template, int64_t vocab_size, const SamplingDefaults& defaults);
+         const ServedModel& served);
   ~Server();
   // Binds and starts accepting. Throws kvpr::Error when the address cannot be bound.
   void listen();

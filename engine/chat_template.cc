@@ -9,12 +9,33 @@
 namespace kvpr {
 
 bool known_chat_template(const std::string& name) {
-  for (const char* n : {"plain", "opt", "llama-2", "mistral", "llama-3", "llama-3.1", "llama-3.2", "zephyr", "chatml", "qwen2", "qwen2.5"})
+  for (const char* n : {"plain", "opt", "llama-2", "mistral", "llama-3", "llama-3.1", "llama-3.2", "zephyr", "chatml", "qwen2", "qwen2.5", "qwen3"})
     if (name == n) return true;
   return false;
 }
 
 namespace {
+
+const std::string kQwen2System = "You are a helpful assistant.";
+const std::string kQwen25System = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+
+// The system message a ChatML template writes itself: a string literal
+// '<|im_start|>system\n{text}<|im_end|>' (newline written as \n or as itself) whose text is
+// plain (no quote, no Jinja); "" when it has none.
+std::string chatml_default_system(const std::string& jinja) {
+  const std::string open = "<|im_start|>system";
+  for (size_t at = jinja.find(open); at != std::string::npos; at = jinja.find(open, at + 1)) {
+    size_t b = at + open.size();
+    if (jinja.compare(b, 2, "\\n") == 0) b += 2;
+    else if (b < jinja.size() && jinja[b] == '\n') b += 1;
+    else continue;
+    const size_t e = jinja.find("<|im_end|>", b);
+    if (e == std::string::npos) break;
+    const std::string text = jinja.substr(b, e - b);
+    if (!text.empty() && text.find_first_of("'\"{}+\\\n") == std::string::npos) return text;
+  }
+  return "";
+}
 
 // Jinja's trim: leading and trailing whitespace off.
 std::string trim(const std::string& s) {
@@ -38,10 +59,67 @@ std::string today() {
   return buf;
 }
 
+// Python's str.strip/lstrip/rstrip of newlines, as Qwen3's template uses them.
+std::string strip_newlines(const std::string& s, bool left, bool right) {
+  size_t b = 0, e = s.size();
+  while (left && b < e && s[b] == '\n') ++b;
+  while (right && e > b && s[e - 1] == '\n') --e;
+  return s.substr(b, e - b);
+}
+
+// Qwen3's: ChatML whose assistant turns split "<think>reasoning</think>answer". Reasoning is
+// kept only after the last user message (the turns of the exchange in progress).
+void render_qwen3(const std::vector<ChatMessage>& messages, const ChatOptions& options, RenderedChat* r) {
+  size_t i = 0;
+  if (!messages.empty() && messages[0].role == "system") {
+    r->prompt += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+    i = 1;
+  }
+  size_t last_query = messages.size() - 1;
+  for (size_t j = messages.size(); j-- > 0;) {
+    const std::string& c = messages[j].content;
+    const bool tool_response = c.starts_with("<tool_response>") && c.ends_with("</tool_response>");
+    if (messages[j].role == "user" && !tool_response) {
+      last_query = j;
+      break;
+    }
+  }
+  for (; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role != "assistant") {
+      r->prompt += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      continue;
+    }
+    std::string content = m.content, reasoning;
+    if (const size_t end = content.find("</think>"); end != std::string::npos) {
+      reasoning = strip_newlines(content.substr(0, end), false, true);
+      if (const size_t open = reasoning.rfind("<think>"); open != std::string::npos) reasoning = reasoning.substr(open + 7);
+      reasoning = strip_newlines(reasoning, true, false);
+      content = strip_newlines(content.substr(content.rfind("</think>") + 8), true, false);
+    }
+    const bool last = i + 1 == messages.size();
+    if (i > last_query && (last || !reasoning.empty()))
+      r->prompt += "<|im_start|>assistant\n<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" +
+                   strip_newlines(content, true, false);
+    else
+      r->prompt += "<|im_start|>assistant\n" + content;
+    r->prompt += "<|im_end|>\n";
+  }
+  r->prompt += "<|im_start|>assistant\n";
+  if (!options.enable_thinking) r->prompt += "<think>\n\n</think>\n\n";
+  r->stop_tokens = {"<|im_end|>"};
+  r->stop = {"<|im_end|>"};
+}
+
 }  // namespace
 
-RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages) {
+RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages,
+                         const ChatOptions& options) {
   RenderedChat r;
+  if (name == "qwen3") {
+    render_qwen3(messages, options, &r);
+    return r;
+  }
   if (name == "plain" || name == "opt") {
     for (const auto& m : messages) {
       std::string who = m.role == "system" ? "System" : m.role == "assistant" ? "Assistant" : "User";
@@ -90,11 +168,9 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
     // ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then the assistant's
     // opening; its turn ends at <|im_end|>. Qwen2's and Qwen2.5's templates put their default
     // system message first when the conversation does not open with one.
-    if (name != "chatml" && (messages.empty() || messages[0].role != "system"))
-      r.prompt += std::string("<|im_start|>system\n") +
-                  (name == "qwen2" ? "You are a helpful assistant."
-                                   : "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.") +
-                  "<|im_end|>\n";
+    const std::string& preset = name == "qwen2" ? kQwen2System : name == "qwen2.5" ? kQwen25System : options.default_system;
+    if (!preset.empty() && (messages.empty() || messages[0].role != "system"))
+      r.prompt += "<|im_start|>system\n" + preset + "<|im_end|>\n";
     for (const auto& m : messages) r.prompt += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
     r.prompt += "<|im_start|>assistant\n";
     r.stop_tokens = {"<|im_end|>"};
@@ -124,7 +200,8 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
   KVPR_THROW("unknown chat template '", name, "'");
 }
 
-std::string auto_chat_template(const std::string& model_dir, std::string* why) {
+std::string auto_chat_template(const std::string& model_dir, std::string* why, std::string* default_system) {
+  if (default_system) default_system->clear();
   const std::string path = model_dir + "/tokenizer_config.json";
   if (!std::filesystem::exists(path)) {
     *why = "no tokenizer_config.json";
@@ -156,16 +233,25 @@ std::string auto_chat_template(const std::string& model_dir, std::string* why) {
     *why = "tokenizer_config.json's chat_template is Mistral's ([INST] without <<SYS>>)";
     return "mistral";
   }
-  if (has("<|im_start|>") && has("<|im_end|>") && has("You are Qwen, created by Alibaba Cloud.")) {
-    *why = "tokenizer_config.json's chat_template is Qwen2.5's (ChatML with its default system message)";
-    return "qwen2.5";
-  }
-  if (has("<|im_start|>") && has("<|im_end|>") && has("You are a helpful assistant.")) {
-    *why = "tokenizer_config.json's chat_template is Qwen2's (ChatML with a default system message)";
-    return "qwen2";
+  if (has("<|im_start|>") && has("<|im_end|>") && has("enable_thinking") && has("<think>")) {
+    *why = "tokenizer_config.json's chat_template is Qwen3's (ChatML with think blocks)";
+    return "qwen3";
   }
   if (has("<|im_start|>") && has("<|im_end|>")) {
+    const std::string system = chatml_default_system(jinja);
+    if (system == kQwen25System) {
+      *why = "tokenizer_config.json's chat_template is Qwen2.5's (ChatML with its default system message)";
+      return "qwen2.5";
+    }
+    if (system == kQwen2System) {
+      *why = "tokenizer_config.json's chat_template is Qwen2's (ChatML with a default system message)";
+      return "qwen2";
+    }
     *why = "tokenizer_config.json's chat_template is ChatML";
+    if (!system.empty()) {
+      *why += ", with the default system message \"" + system + "\"";
+      if (default_system) *default_system = system;
+    }
     return "chatml";
   }
   if (has("<|user|>") && has("<|assistant|>")) {

@@ -10,9 +10,14 @@
 //   zephyr:             "<|system|>\n{system}</s>\n<|user|>\n{user}</s>\n<|assistant|>\n" (TinyLlama-Chat)
 //   chatml:             "<|im_start|>{role}\n{content}<|im_end|>\n" ... "<|im_start|>assistant\n";
 //                       <|im_end|> ends the turn
+//   qwen3:              chatml; assistant turns after the last user message keep their reasoning
+//                       as "<think>\n{reasoning}\n</think>\n\n{answer}", earlier ones only the
+//                       answer (text after "</think>"); with enable_thinking false the assistant's
+//                       opening is followed by an empty "<think>\n\n</think>\n\n"
 //   qwen2, qwen2.5:     chatml after a default system turn when the first message is not a system
 //                       one ("You are a helpful assistant." / "You are Qwen, created by Alibaba
-//                       Cloud. You are a helpful assistant.", as their templates write it)
+//                       Cloud. You are a helpful assistant.", as their templates write it); chatml
+//                       with ChatOptions::default_system does the same with any message
 //   llama-3:            "<|start_header_id|>{role}<|end_header_id|>\n\n{content, trimmed}<|eot_id|>" per
 //                       message, then "<|start_header_id|>assistant<|end_header_id|>\n\n" (BOS is the
 //                       tokenizer's); <|eot_id|> is a stop token
@@ -31,22 +36,35 @@ struct ChatMessage {
   std::string content;
 };
 
+// What a template renders with besides the messages.
+struct ChatOptions {
+  bool enable_thinking = true;  // qwen3: false opens the answer with an empty think block (a request's
+                                // chat_template_kwargs)
+  std::string default_system;   // chatml: the system turn put first when the conversation has none
+                                // (the model's template's, found by auto_chat_template)
+};
+
 struct RenderedChat {
   std::string prompt;
   std::vector<std::string> stop;  // stop strings the template implies
   std::vector<std::string> stop_tokens;  // special tokens that end the assistant's turn
 };
 
-// `name`: plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, llama-3, llama-3.1, llama-3.2 (auto resolves to the model family's template before this).
-RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages);
+// `name`: plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, qwen3, llama-3, llama-3.1, llama-3.2 (auto
+// resolves to the model family's template before this).
+RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages,
+                         const ChatOptions& options = {});
 bool known_chat_template(const std::string& name);
 // What "auto" means for the model in `model_dir`: llama-2 when its tokenizer_config.json has a
 // chat_template written for Llama-2 chat (with [INST] and <<SYS>>), mistral for [INST] without
-// <<SYS>>, qwen2.5 / qwen2 for <|im_start|> with Qwen's default system message, chatml for other
+// <<SYS>>, qwen3 for <|im_start|> with enable_thinking, qwen2.5 / qwen2 for <|im_start|> with
+// Qwen's default system message, chatml for other
 // <|im_start|> ones, zephyr for <|user|> and <|assistant|>, llama-3/3.1/3.2 for Llama-3's
 // headers (3.1 with its "Cutting Knowledge Date" system header, 3.2 when that takes today's date
-// from strftime_now), else plain. `why` gets a
-// few words on how it was decided.
-std::string auto_chat_template(const std::string& model_dir, std::string* why);
+// from strftime_now), else plain. `why` gets a few words on how it was decided. A ChatML
+// template that opens with a system message of its own when the conversation has none
+// (Qwen1.5's "You are a helpful assistant", Qwen2.5-Math's) gives chatml and that message in
+// `default_system` (qwen2 and qwen2.5 are those of Qwen2 and Qwen2.5).
+std::string auto_chat_template(const std::string& model_dir, std::string* why, std::string* default_system = nullptr);
 
 }  // namespace kvpr

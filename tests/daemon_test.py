@@ -474,6 +474,24 @@ def qwen_chat():
               (st, body))
     finally:
         d.stop()
+    # Qwen3's template by name: chat_template_kwargs.enable_thinking (vLLM's) opens the answer
+    # with an empty think block; other kwargs are refused by name.
+    d, log = single_worker(model, "--chat-template", "qwen3")
+    try:
+        msgs = [{"role": "user", "content": "Hi"}]
+        for kwargs, text in (({}, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
+                             ({"enable_thinking": False},
+                              "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")):
+            st, body = d.post("/v1/chat/completions", {"model": "qwen", "messages": msgs, "max_tokens": 1,
+                                                       "chat_template_kwargs": kwargs})
+            st2, ids = d.post("/tokenize", {"prompt": text})
+            check(f"qwen3 chat prompt with {kwargs}", st == 200 and st2 == 200 and
+                  body["usage"]["prompt_tokens"] == len(ids["tokens"]), (body, ids))
+        st, body = d.post("/v1/chat/completions", {"model": "qwen", "messages": msgs,
+                                                   "chat_template_kwargs": {"add_vision_id": True}})
+        check("unknown chat_template_kwargs: 400", st == 400 and "add_vision_id" in body["error"]["message"], body)
+    finally:
+        d.stop()
 
 
 def generation_defaults():

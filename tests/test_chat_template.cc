@@ -2,7 +2,9 @@
 // gives for the same messages, and auto picks a template from tokenizer_config.json.
 #include <gtest/gtest.h>
 
+#include <ctime>
 #include <fstream>
+#include <map>
 
 #include "engine/chat_template.h"
 #include "engine/error.h"
@@ -85,4 +87,49 @@ TEST(ChatTemplate, AutoReadsTokenizerConfig) {
   EXPECT_EQ(auto_chat_template(test::data_path("qwen2-tokenizer"), &why), "qwen2.5");
   EXPECT_EQ(with("{{ messages }}"), "plain");
   EXPECT_NE(why.find("not one kvprd has built in"), std::string::npos);
+}
+
+// The real templates of Qwen3, Qwen2.5, Qwen1.5, Llama-3 and Llama-3.2 (their
+// tokenizer_config.json's chat_template) rendered by Hugging Face's JavaScript Jinja
+// (tests/scripts/make_chat_template_fixtures.mjs): auto picks kvpr's template for each, and
+// kvpr renders every conversation to the same text (less the BOS the tokenizer adds).
+TEST(ChatTemplate, MatchesTheModelsJinjaTemplates) {
+  const std::string dir = test::data_path("chat-templates");
+  const json::Value templates = json::parse_file(dir + "/templates.json");
+  const json::Value cases = json::parse_file(dir + "/cases.json");
+  std::map<std::string, std::pair<std::string, ChatOptions>> picked;  // source -> (template, options)
+  for (const auto& [source, t] : templates.as_object()) {
+    test::TempDir tmp;
+    json::Value cfg(json::Object{});
+    cfg.set("chat_template", t.find("chat_template")->as_string());
+    std::ofstream(tmp.file("tokenizer_config.json")) << cfg.dump();
+    std::string why;
+    ChatOptions o;
+    const std::string name = auto_chat_template(tmp.path(), &why, &o.default_system);
+    EXPECT_EQ(name, t.find("kvpr_template")->as_string()) << source << ": " << why;
+    picked[source] = {name, o};
+  }
+  EXPECT_EQ(picked.at("qwen1.5").second.default_system, "You are a helpful assistant");  // no full stop
+  ASSERT_GE(cases.as_array().size(), 48u);
+  for (const auto& c : cases.as_array()) {
+    const std::string source = c.find("source")->as_string();
+    auto [name, options] = picked.at(source);
+    options.enable_thinking = c.find("enable_thinking")->as_bool();
+    std::vector<ChatMessage> messages;
+    for (const auto& m : c.find("messages")->as_array())
+      messages.push_back({m.find("role")->as_string(), m.find("content")->as_string()});
+    std::string want = c.find("prompt")->as_string();
+    const std::string bos = templates.find(source)->find("bos_token")->as_string();
+    ASSERT_EQ(want.compare(0, bos.size(), bos), 0) << source;
+    want = want.substr(bos.size());
+    if (const size_t at = want.find("__TODAY__"); at != std::string::npos) {  // Llama-3.2's strftime_now("%d %b %Y")
+      char today[32];
+      const std::time_t now = std::time(nullptr);
+      std::tm tm{};
+      gmtime_r(&now, &tm);
+      std::strftime(today, sizeof today, "%d %b %Y", &tm);
+      want.replace(at, 9, today);
+    }
+    EXPECT_EQ(render_chat(name, messages, options).prompt, want) << source << " with " << messages.size() << " messages";
+  }
 }
