@@ -156,7 +156,14 @@ idsc=$("$KVPR" tokenize --model "$tmp/demo" --json --text "${text%.}")  # (the d
 check "generate --chat renders the template" python3 -c "
 import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2])
 assert a['prompt_ids']==b['ids'] and len(a['tokens'])==2, (a['prompt_ids'], b)" "$outc" "$idsc"
-expect_error "chat options without --chat" 2 "--system and --chat-template apply to --chat" -- generate --model "$tmp/demo" --prompt a --system b
+expect_error "chat options without --chat" 2 "--system, --chat-template and --no-thinking apply to --chat" -- generate --model "$tmp/demo" --prompt a --system b
+# --no-thinking: Qwen3's template opens the answer with an empty think block.
+outq=$("$KVPR" generate --model "$tmp/demo" --chat "Hi" --chat-template qwen3 --no-thinking -n 1 --json)
+text=$(printf '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n.')
+idsq=$("$KVPR" tokenize --model "$tmp/demo" --json --text "${text%.}")
+check "generate --chat --no-thinking (qwen3)" python3 -c "
+import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2])
+assert a['prompt_ids']==b['ids'], (a['prompt_ids'], b)" "$outq" "$idsq"
 expect_error "two prompts" 2 "give exactly one of --prompt, --prompt-ids and --chat" -- generate --model "$tmp/demo" --prompt a --chat b
 expect_error "unknown chat template" 2 "unknown template 'vicuna'" -- generate --model "$tmp/demo" --chat a --chat-template vicuna
 expect_error "bad top logprobs" 1 "top_logprobs must be in 0..20" -- generate --model "$tmp/demo" --prompt a --top-logprobs 21
