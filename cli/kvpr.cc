@@ -45,7 +45,7 @@ const char* kUsage =
     "                   [--chat-template auto|plain|llama-2|mistral|zephyr|chatml|qwen2|qwen2.5|qwen3|llama-3|llama-3.1|\n"
     "                   llama-3.2] [--no-thinking])\n"
     "                   [-n N]\n"
-    "                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop STR]...\n"
+    "                   [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--stop STR]...\n"
     "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--top-logprobs K]\n"
     "                   [--prompt-logprobs K] [--ignore-eos] [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16]\n"
     "                   [--kv-mode resident|offload|kvpr|recompute|cpu-attn] [--split L]\n"
@@ -183,7 +183,7 @@ LinkProfile run_profiler(Backend& be, Model& model, DType dtype, bool quick) {
 
 int cmd_generate(int argc, char** argv) {
   Args a(argc, argv, 2,
-         {"--model", "--prompt", "--prompt-ids", "-n", "--max-tokens", "--temperature", "--top-k", "--top-p",
+         {"--model", "--prompt", "--prompt-ids", "-n", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
           "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
           "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
           "--trace", "--repetition-penalty", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights",
@@ -200,6 +200,7 @@ int cmd_generate(int argc, char** argv) {
   gp.sampling.temperature = parse_number<float>("--temperature", a.get("--temperature", "0"));
   gp.sampling.top_k = parse_number<int>("--top-k", a.get("--top-k", "0"));
   gp.sampling.top_p = parse_number<float>("--top-p", a.get("--top-p", "1"));
+  gp.sampling.min_p = parse_number<float>("--min-p", a.get("--min-p", "0"));
   if (a.has("--seed")) gp.sampling.seed = parse_number<uint64_t>("--seed", a.get("--seed"));
   gp.stop = a.all("--stop");
   gp.ignore_eos = a.has("--ignore-eos");

@@ -79,7 +79,7 @@ const std::vector<Option>& options() {
        [](DaemonConfig& c, const std::string& v) { c.drain_timeout_s = to_double("drain-timeout", v); }},
       {"chat-template", "auto, plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, qwen3, llama-3, llama-3.1 or llama-3.2 [auto]", [](DaemonConfig& c, const std::string& v) { c.chat_template = v; }},
       {"generation-config",
-       "auto: fields a request leaves out (temperature, top_p, top_k, repetition_penalty) take the model's "
+       "auto: fields a request leaves out (temperature, top_p, top_k, min_p, repetition_penalty) take the model's "
        "generation_config.json values; none: OpenAI's defaults [auto]",
        [](DaemonConfig& c, const std::string& v) {
          KVPR_CHECK(v == "auto" || v == "none", "generation-config: expected auto or none, got '", v, "'");

@@ -114,6 +114,7 @@ struct Sampling {
   double temperature = 1.0;
   double top_p = 1.0;
   int64_t top_k = 0;
+  double min_p = 0;  // vLLM's extension
   std::optional<int64_t> seed;
   std::vector<std::string> stop;
   std::vector<int64_t> stop_token_ids;  // vLLM's extension; chat templates add their end-of-turn id
@@ -136,6 +137,7 @@ Sampling parse_sampling(const bj::object& o, bool chat, const SamplingDefaults& 
   s.temperature = d.temperature.value_or(s.temperature);
   s.top_p = d.top_p.value_or(s.top_p);
   s.top_k = std::max<int64_t>(d.top_k.value_or(s.top_k), 0);
+  s.min_p = d.min_p.value_or(s.min_p);
   s.repetition_penalty = d.repetition_penalty.value_or(s.repetition_penalty);
   if (auto v = field(o, "max_tokens")) s.max_tokens = int_of(*v, "max_tokens");
   if (chat)
@@ -148,6 +150,8 @@ Sampling parse_sampling(const bj::object& o, bool chat, const SamplingDefaults& 
   if (auto v = field(o, "top_k")) s.top_k = int_of(*v, "top_k");
   if (s.top_k < -1) throw bad_request("'top_k' must be -1 (off), 0 (off) or positive", "top_k");
   if (s.top_k < 0) s.top_k = 0;
+  if (auto v = field(o, "min_p")) s.min_p = number_of(*v, "min_p");
+  if (!(s.min_p >= 0 && s.min_p <= 1)) throw bad_request("'min_p' must be in [0, 1]", "min_p");
   if (auto v = field(o, "seed")) s.seed = int_of(*v, "seed");
   if (auto v = field(o, "n")) s.n = int_of(*v, "n");
   if (s.n < 1 || s.n > 16) throw bad_request("'n' must be in 1..16", "n");
@@ -651,6 +655,7 @@ class Session : public std::enable_shared_from_this<Session> {
     params.set("temperature", job->s.temperature);
     params.set("top_p", job->s.top_p);
     params.set("top_k", job->s.top_k);
+    if (job->s.min_p > 0) params.set("min_p", job->s.min_p);
     params.set("ignore_eos", job->s.ignore_eos);
     if (job->s.top_logprobs > 0) params.set("top_logprobs", job->s.top_logprobs);
     if (job->s.repetition_penalty != 1) params.set("repetition_penalty", job->s.repetition_penalty);

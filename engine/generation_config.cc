@@ -20,6 +20,7 @@ std::string SamplingDefaults::describe() const {
   put("temperature", temperature);
   put("top_p", top_p);
   put("top_k", top_k);
+  put("min_p", min_p);
   put("repetition_penalty", repetition_penalty);
   return empty() ? "none" : o.str();
 }
@@ -41,6 +42,7 @@ SamplingDefaults read_sampling_defaults(const std::string& model_dir) {
   };
   number("temperature", &d.temperature, [](double x) { return x >= 0 && x <= 2; }, "[0, 2]");
   number("top_p", &d.top_p, [](double x) { return x > 0 && x <= 1; }, "(0, 1]");
+  number("min_p", &d.min_p, [](double x) { return x >= 0 && x <= 1; }, "[0, 1]");
   number("repetition_penalty", &d.repetition_penalty, [](double x) { return x > 0; }, "(0, inf)");
   std::optional<double> top_k;
   number("top_k", &top_k, [](double x) { return x >= -1 && x == std::floor(x); }, "the integers from -1");

@@ -14,6 +14,7 @@ void validate(const SamplingParams& p) {
   KVPR_CHECK(p.top_k >= 0, "top_k must be >= 0, got ", p.top_k);
   KVPR_CHECK(std::isfinite(p.top_p) && p.top_p > 0.f && p.top_p <= 1.f, "top_p must be in (0, 1], got ",
              p.top_p);
+  KVPR_CHECK(std::isfinite(p.min_p) && p.min_p >= 0.f && p.min_p <= 1.f, "min_p must be in [0, 1], got ", p.min_p);
   KVPR_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.f,
              "repetition_penalty must be > 0, got ", p.repetition_penalty);
   KVPR_CHECK(p.presence_penalty >= -2.f && p.presence_penalty <= 2.f, "presence_penalty must be in [-2, 2], got ",
@@ -125,6 +126,15 @@ Sampled sample_token(const float* logits, int32_t valid, const SamplingParams& p
       }
     }
     mass = keep == k ? z : cum;
+  }
+  // min_p: the candidates at least min_p times as likely as the top one (weight is that ratio),
+  // a prefix of the order; it applies where it is tighter than the nucleus.
+  if (p.min_p > 0.f) {
+    size_t m = 0;
+    double m_mass = 0;
+    for (size_t i = 0; i < k; ++i)
+      if (const double w = weight(i); w >= p.min_p) ++m, m_mass += w;
+    if (m < keep) keep = m, mass = m_mass;
   }
   double u = rng.uniform() * mass;
   for (size_t i = 0; i < keep; ++i) {

@@ -12,6 +12,7 @@ struct SamplingParams {
   float temperature = 0.f;  // 0 = greedy
   int top_k = 0;            // 0 = all
   float top_p = 1.f;        // 1 = all
+  float min_p = 0.f;        // 0 = all; else only ids at least min_p times as likely as the most likely (vLLM's)
   std::optional<uint64_t> seed;
   // Logit adjustments, applied before the choice (greedy or sampled), in this order:
   // repetition_penalty (Hugging Face's and vLLM's): every id of the prompt or the output so far

@@ -515,6 +515,12 @@ def generation_defaults():
               (plain, explicit))
         st, body = completion(d, prompt, 2, repetition_penalty=0)
         check("repetition_penalty 0: 400", st == 400 and body["error"]["param"] == "repetition_penalty", (st, body))
+        # min_p 1 keeps only the most likely token: sampling at any temperature is greedy.
+        st, body = completion(d, prompt, 12, repetition_penalty=1.0, temperature=1.5, min_p=1.0, seed=5)
+        check("min_p 1 samples the greedy tokens", st == 200 and body["choices"][0]["text"] == plain["choices"][0]["text"],
+              (body, plain))
+        st, body = completion(d, prompt, 2, min_p=2)
+        check("min_p 2: 400", st == 400 and body["error"]["param"] == "min_p", (st, body))
     finally:
         d.stop()
     json.dump({"temperature": 3.0}, open(os.path.join(model, "generation_config.json"), "w"))

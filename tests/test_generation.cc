@@ -341,6 +341,9 @@ TEST(Generation, BadRequestsAreRejectedWithOneLineErrors) {
   bad = p;
   bad.sampling.top_p = 0;
   EXPECT_THROW(gen.add({1}, bad), Error);
+  bad.sampling.top_p = 1;
+  bad.sampling.min_p = 1.5f;
+  EXPECT_THROW(gen.add({1}, bad), Error);
   try {
     gen.add({200}, p);
   } catch (const Error& e) {
@@ -383,8 +386,8 @@ TEST(Generation, DemoModelRunsWithTheRealTokenizer) {
 }
 
 namespace {
-// The textbook draw: sort every candidate, softmax at the temperature, nucleus prefix,
-// then walk it with u * mass. sample_token sorts only the prefix it needs.
+// The textbook draw: sort every candidate, softmax at the temperature, nucleus prefix cut
+// further by min_p, then walk it with u * mass. sample_token sorts only the prefix it needs.
 int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p, Rng& rng) {
   std::vector<std::pair<float, int32_t>> c;
   for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i) c.emplace_back(logits[i], i);
@@ -400,6 +403,11 @@ int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p
   for (size_t i = 0; i < c.size() && p.top_p < 1.f; ++i)
     if ((cum += w[i]) / z >= p.top_p) {
       keep = i + 1;
+      break;
+    }
+  for (size_t i = 0; i < keep; ++i)  // w[i] is p(i) / p(top)
+    if (w[i] < p.min_p) {
+      keep = i;
       break;
     }
   double mass = 0;
@@ -418,21 +426,24 @@ TEST(Sampling, DrawsWhatAFullSortDraws) {
   int trials = 0;
   for (float t : {0.3f, 0.7f, 1.f, 1.5f})
     for (int k : {0, 5, 50, 2000})
-      for (float top_p : {1.f, 0.9f, 0.5f}) {
-        for (auto& l : logits) l = static_cast<float>(8.0 * data.uniform() - 4.0);  // flat: a long nucleus
-        logits[123] = logits[4567] = 6.f;                                         // a tie at the top
-        SamplingParams p;
-        p.temperature = t;
-        p.top_k = k;
-        p.top_p = top_p;
-        for (uint64_t seed = 0; seed < 4; ++seed, ++trials) {
-          Rng a(seed), b(seed);
-          Sampled got = sample_token(logits.data(), static_cast<int32_t>(logits.size()), p, a, scratch);
-          EXPECT_EQ(got.token, reference_draw(logits, p, b)) << "T=" << t << " k=" << k << " p=" << top_p;
-          EXPECT_EQ(a.next(), b.next());  // one uniform per token, as before
+      for (float top_p : {1.f, 0.9f, 0.5f})
+        for (float min_p : {0.f, 0.02f, 0.3f}) {
+          for (auto& l : logits) l = static_cast<float>(8.0 * data.uniform() - 4.0);  // flat: a long nucleus
+          logits[123] = logits[4567] = 6.f;                                         // a tie at the top
+          SamplingParams p;
+          p.temperature = t;
+          p.top_k = k;
+          p.top_p = top_p;
+          p.min_p = min_p;
+          for (uint64_t seed = 0; seed < 2; ++seed, ++trials) {
+            Rng a(seed), b(seed);
+            Sampled got = sample_token(logits.data(), static_cast<int32_t>(logits.size()), p, a, scratch);
+            EXPECT_EQ(got.token, reference_draw(logits, p, b))
+                << "T=" << t << " k=" << k << " p=" << top_p << " min_p=" << min_p;
+            EXPECT_EQ(a.next(), b.next());  // one uniform per token, as before
+          }
         }
-      }
-  EXPECT_EQ(trials, 192);
+  EXPECT_EQ(trials, 288);
 }
 
 TEST(Sampling, FrequenciesFollowTheTemperedSoftmax) {
@@ -599,10 +610,10 @@ TEST(Generation, SamplingDefaultsFromGenerationConfig) {
   EXPECT_EQ(d.top_k, 20);
   EXPECT_EQ(d.repetition_penalty, 1.05);
   EXPECT_EQ(d.describe(), "temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05");
-  std::ofstream(dir.file("generation_config.json")) << R"({"temperature": null, "top_p": 0.9, "max_length": 4096})";
+  std::ofstream(dir.file("generation_config.json")) << R"({"temperature": null, "top_p": 0.9, "min_p": 0.05, "max_length": 4096})";
   d = read_sampling_defaults(dir.path());
   EXPECT_FALSE(d.temperature);
-  EXPECT_EQ(d.describe(), "top_p 0.9");
+  EXPECT_EQ(d.describe(), "top_p 0.9, min_p 0.05");
   auto error = [&](const std::string& body) {
     std::ofstream(dir.file("generation_config.json")) << body;
     try {
@@ -614,6 +625,7 @@ TEST(Generation, SamplingDefaultsFromGenerationConfig) {
   };
   EXPECT_HAS(error(R"({"temperature": 2.5})"), "generation_config.json: \"temperature\" is 2.5, outside [0, 2]");
   EXPECT_HAS(error(R"({"top_p": 0})"), "\"top_p\" is 0, outside (0, 1]");
+  EXPECT_HAS(error(R"({"min_p": 1.5})"), "\"min_p\" is 1.5, outside [0, 1]");
   EXPECT_HAS(error(R"({"top_k": 2.5})"), "\"top_k\" is 2.5");
   EXPECT_HAS(error(R"({"repetition_penalty": "high"})"), "\"repetition_penalty\" must be a number");
   EXPECT_HAS(error("[1]"), "expected a JSON object");

@@ -22,6 +22,7 @@ GenerationParams params_from(const json::Value& p) {
   if (const json::Value* v = p.find("temperature")) g.sampling.temperature = static_cast<float>(v->as_double());
   if (const json::Value* v = p.find("top_p")) g.sampling.top_p = static_cast<float>(v->as_double());
   if (const json::Value* v = p.find("top_k")) g.sampling.top_k = static_cast<int>(v->as_int());
+  if (const json::Value* v = p.find("min_p")) g.sampling.min_p = static_cast<float>(v->as_double());
   if (const json::Value* v = p.find("seed"); v && !v->is_null()) g.sampling.seed = static_cast<uint64_t>(v->as_int());
   if (const json::Value* v = p.find("ignore_eos")) g.ignore_eos = v->as_bool();
   if (const json::Value* v = p.find("top_logprobs")) g.top_logprobs = static_cast<int>(v->as_int());
