@@ -3,7 +3,7 @@
 //     OPT-125m shapes with random weights: prefill and decode tokens/s of the CPU backend, and
 //     the decode-attention kernel's bandwidth next to a memcpy measured in the same run.
 //   kvpr-bench decode [--preset opt-6.7b|opt-13b|opt-1.3b|tiny|llama-2-7b|llama-2-13b|llama-2-70b|llama-3.1-8b|
-//                      llama-tiny]
+//                      llama-tiny|qwen2.5-7b|qwen3-8b|qwen3-0.6b|qwen3-tiny]
 //                     [--batch B] [--prompt P] [--gen N]
 //                     [--modes resident,resident+graphs,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
 //                     [--kv-dtype f16] [--weights device|host] [--gpu-batches N] [--emulate-link-gbps G]
@@ -253,9 +253,10 @@ int cmd_cpu(const std::vector<std::string>& args) {
 
 // ------------------------------------------------------------------ decode
 
-// Llama-2 shapes (and a tiny one for tests) with random weights generated on the device.
+// Llama-2/3.1 and Qwen shapes (and tiny ones for tests) with random weights generated on the device.
 std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool stream_weights) {
-  if (name.rfind("llama", 0) != 0) return std::make_unique<OptModel>(be, preset(name), DType::F16, 1234, stream_weights);
+  if (name.rfind("llama", 0) != 0 && name.rfind("qwen", 0) != 0)
+    return std::make_unique<OptModel>(be, preset(name), DType::F16, 1234, stream_weights);
   LlamaConfig c;
   c.vocab_size = 32000;
   c.max_position_embeddings = 4096;
@@ -273,8 +274,40 @@ std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool s
     c.max_position_embeddings = 131072;
     c.rope_theta = 500000;
     c.rope_llama3_factor = 8;
-  } else if (name == "llama-tiny") shape(128, 4, 4, 2, 344);
-  else KVPR_THROW("unknown preset '", name, "' (llama-2-7b, llama-2-13b, llama-2-70b, llama-3.1-8b, llama-tiny)");
+  } else if (name == "llama-tiny") {
+    shape(128, 4, 4, 2, 344);
+  } else if (name.rfind("qwen", 0) == 0) {  // 151936-row embeddings (152064 for 2.5-7B), theta 1e6
+    c.vocab_size = 151936;
+    c.max_position_embeddings = 32768;
+    c.rope_theta = 1e6;
+    c.rms_norm_eps = 1e-6;
+    c.torch_dtype = "bfloat16";
+    c.model_type = "qwen3";
+    c.qk_norm = true;
+    c.config_head_dim = 128;
+    if (name == "qwen2.5-7b") {  // q/k/v biases, 4 KV heads
+      shape(3584, 28, 28, 4, 18944);
+      c.model_type = "qwen2";
+      c.qk_norm = false;
+      c.qkv_bias = true;
+      c.config_head_dim = 0;
+      c.vocab_size = 152064;
+    } else if (name == "qwen3-8b") {
+      shape(4096, 36, 32, 8, 12288);
+    } else if (name == "qwen3-0.6b") {  // K+V (2 x 8 x 128) twice X (1024): recomputing pays
+      shape(1024, 28, 16, 8, 3072);
+      c.tie_word_embeddings = true;
+    } else if (name == "qwen3-tiny") {  // heads of 64 on a hidden size of 128, as many KV heads
+      shape(128, 4, 4, 4, 344);
+      c.config_head_dim = 64;
+      c.vocab_size = 1024;
+      c.max_position_embeddings = 4096;
+    } else {
+      KVPR_THROW("unknown preset '", name, "' (qwen2.5-7b, qwen3-8b, qwen3-0.6b, qwen3-tiny)");
+    }
+  } else {
+    KVPR_THROW("unknown preset '", name, "' (llama-2-7b, llama-2-13b, llama-2-70b, llama-3.1-8b, llama-tiny)");
+  }
   return std::make_unique<LlamaModel>(be, c, DType::F16, 1234, stream_weights);
 }
 

@@ -98,8 +98,8 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
              source, ": sizes must be positive");
   c.qk_norm = c.model_type == "qwen3";
   if (const json::Value* hd = f.find("head_dim"); hd && !hd->is_null()) {  // explicit: any even width
-    f.get_int("head_dim", &c.head_dim_);
-    KVPR_CHECK(c.head_dim_ > 0 && c.head_dim_ % 2 == 0, source, ": head_dim ", c.head_dim_,
+    f.get_int("head_dim", &c.config_head_dim);
+    KVPR_CHECK(c.config_head_dim > 0 && c.config_head_dim % 2 == 0, source, ": head_dim ", c.config_head_dim,
                " must be positive and even");
   } else {
     KVPR_CHECK(c.hidden_size % c.num_heads == 0 && c.head_dim() % 2 == 0, source, ": hidden_size ", c.hidden_size,

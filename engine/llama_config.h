@@ -35,10 +35,10 @@ struct LlamaConfig {
   // Qwen3: an RMSNorm over each head of Q and of K (q_norm, k_norm: [head_dim] gains) after the
   // projection and before the rotation.
   bool qk_norm = false;
-  // The width of one attention head: hidden_size / num_attention_heads unless config.json says
-  // otherwise (Qwen3-0.6B: 16 heads of 128 on a hidden size of 1024); Q and the attention
-  // output are num_heads x head_dim wide, which need not be hidden_size.
-  int64_t head_dim_ = 0;
+  // config.json's head_dim (0: absent). head_dim() is it, else hidden_size / num_attention_heads
+  // (Qwen3-0.6B: 16 heads of 128 on a hidden size of 1024); Q and the attention output are
+  // num_heads x head_dim() wide, which need not be hidden_size.
+  int64_t config_head_dim = 0;
   bool mlp_bias = false;
   int64_t bos_token_id = 1;
   int64_t eos_token_id = 2;
@@ -61,7 +61,7 @@ struct LlamaConfig {
                                    : "LlamaForCausalLM";
   }
 
-  int64_t head_dim() const { return head_dim_ > 0 ? head_dim_ : hidden_size / num_heads; }
+  int64_t head_dim() const { return config_head_dim > 0 ? config_head_dim : hidden_size / num_heads; }
   int64_t q_width() const { return num_heads * head_dim(); }  // Q and the attention output
 
   // Parses and validates; errors name `source` and the offending field. What kvpr does not
