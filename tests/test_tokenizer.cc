@@ -11,8 +11,10 @@
 #include "engine/demo_model.h"
 #include "engine/error.h"
 #include "engine/json.h"
+#include "engine/sampling.h"
 #include "engine/tokenizer.h"
 #include "engine/unicode_nfc.h"
+#include "engine/utf8.h"
 #include "test_util.h"
 
 using namespace kvpr;
@@ -194,6 +196,26 @@ TEST(Tokenizer, NfcComposesAsUnicodeSays) {
   EXPECT_EQ(to_nfc("\xcc\x81" "e"), "\xcc\x81" "e");                      // a mark with no starter before it
   EXPECT_EQ(to_nfc("e\xff\xcc\x81"), "e\xff\xcc\x81");            // an invalid byte blocks composition
   EXPECT_EQ(to_nfc("\xea\xb0\x81"), "\xea\xb0\x81");
+  // Random code points from the ranges where NFC acts (Latin, combining marks, Greek, Hebrew,
+  // Devanagari, jamo, syllables) and random bytes: NFC's output is its own NFC, and nothing
+  // but valid UTF-8 comes out of valid UTF-8.
+  Rng rng(5);
+  const std::pair<char32_t, char32_t> ranges[] = {{0x41, 0x7a}, {0xc0, 0x17f}, {0x300, 0x36f}, {0x386, 0x3ce},
+                                                  {0x591, 0x5f4}, {0x900, 0x97f}, {0x1100, 0x11ff}, {0xac00, 0xd7a3},
+                                                  {0x1e00, 0x1fff}, {0x2126, 0x212b}};
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string text;
+    const int n = 1 + static_cast<int>(rng.next() % 12);
+    for (int i = 0; i < n; ++i) {
+      const auto& [lo, hi] = ranges[rng.next() % std::size(ranges)];
+      append_utf8(text, lo + static_cast<char32_t>(rng.next() % (hi - lo + 1)));
+    }
+    const std::string once = to_nfc(text);
+    EXPECT_EQ(to_nfc(once), once) << "text: \"" << text << "\"";
+    std::string bytes(1 + rng.next() % 16, '\0');
+    for (char& b : bytes) b = static_cast<char>(rng.next());
+    EXPECT_EQ(to_nfc(to_nfc(bytes)), to_nfc(bytes));  // invalid bytes pass through, and stay put
+  }
 }
 
 TEST(Llama3Tokenizer, IgnoreMergesStopIdsAndSpecialTokens) {
