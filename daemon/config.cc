@@ -85,6 +85,13 @@ const std::vector<Option>& options() {
          KVPR_CHECK(v == "auto" || v == "none", "generation-config: expected auto or none, got '", v, "'");
          c.generation_config = v == "auto";
        }},
+      {"reasoning-parser",
+       "qwen3: a chat answer that opens with <think> has its reasoning (up to </think>) in reasoning_content, "
+       "the rest in content, as vLLM's qwen3 parser; none: all in content [none]",
+       [](DaemonConfig& c, const std::string& v) {
+         KVPR_CHECK(v == "none" || v == "qwen3", "reasoning-parser: expected none or qwen3, got '", v, "'");
+         c.reasoning_parser = v;
+       }},
       {"worker-binary", "path of kvpr-worker [next to kvprd]", [](DaemonConfig& c, const std::string& v) { c.worker_binary = v; }},
       {"log-level", "trace, debug, info, warn or error [info]", [](DaemonConfig& c, const std::string& v) { c.log_level = v; }},
   };

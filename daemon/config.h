@@ -33,6 +33,7 @@ struct DaemonConfig {
   double drain_timeout_s = 30;       // SIGTERM: time to finish in-flight requests
   std::string chat_template = "auto";  // see chat_template.h
   bool generation_config = true;     // sampling defaults from the model's generation_config.json
+  std::string reasoning_parser = "none";  // qwen3: chat answers split into reasoning_content and content
   std::string worker_binary;         // default: kvpr-worker next to kvprd
   std::string log_level = "info";
   std::string config_file;           // the file that was read, if any

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/chat_template.h"
+#include "engine/reasoning.h"
 #include "daemon/metrics.h"
 #include "engine/error.h"
 
@@ -272,6 +273,7 @@ struct Job {
     std::string finish;
     bool done = false;
     bool sent_role = false;
+    ReasoningSplitter reasoning;  // streaming with a reasoning parser
     size_t lp_sent = 0;     // streaming: tokens whose logprobs went out
     int64_t lp_offset = 0;  // streaming: text offset of the next token (completions)
   };
@@ -815,7 +817,13 @@ class Session : public std::enable_shared_from_this<Session> {
             arr = std::move(joined);
           }
       }
-      if (job.chat) {
+      if (job.chat && st_->cfg.reasoning_parser != "none") {
+        const ReasoningSplitter::Parts parts = ReasoningSplitter::split(c.text);
+        bj::object msg{{"role", "assistant"}, {"content", parts.content}, {"reasoning_content", parts.reasoning}};
+        if (parts.content.empty() && !parts.reasoning.empty()) msg["content"] = nullptr;
+        if (parts.reasoning.empty()) msg["reasoning_content"] = nullptr;
+        ch["message"] = std::move(msg);
+      } else if (job.chat) {
         ch["message"] = bj::object{{"role", "assistant"}, {"content", c.text}};
       } else {
         ch["text"] = c.echo_text + c.text;
@@ -964,7 +972,22 @@ class Session : public std::enable_shared_from_this<Session> {
       c.lp_sent = c.tokens.size();
       return v;
     };
-    if (!ev.text.empty()) {
+    if (job.chat && st_->cfg.reasoning_parser != "none") {
+      // Reasoning and answer as separate delta fields; text that may still be a tag waits.
+      ReasoningSplitter::Parts parts = c.reasoning.feed(ev.text);
+      if (!ev.finish_reason.empty()) {
+        ReasoningSplitter::Parts rest = c.reasoning.finish();
+        parts.reasoning += rest.reasoning;
+        parts.content += rest.content;
+      }
+      if (!parts.reasoning.empty() || !parts.content.empty()) {
+        bj::object delta;
+        if (!parts.reasoning.empty()) delta["reasoning_content"] = parts.reasoning;
+        if (!parts.content.empty()) delta["content"] = parts.content;
+        push_sse(chunk(bj::object{{"index", static_cast<int64_t>(i)}, {"delta", std::move(delta)},
+                                  {"logprobs", pending_logprobs()}, {"finish_reason", nullptr}}));
+      }
+    } else if (!ev.text.empty()) {
       bj::object ch{{"index", static_cast<int64_t>(i)}, {"logprobs", pending_logprobs()}, {"finish_reason", nullptr}};
       if (job.chat) ch["delta"] = bj::object{{"content", ev.text}};
       else ch["text"] = ev.text;

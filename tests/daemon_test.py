@@ -475,8 +475,15 @@ def qwen_chat():
     finally:
         d.stop()
     # Qwen3's template by name: chat_template_kwargs.enable_thinking (vLLM's) opens the answer
-    # with an empty think block; other kwargs are refused by name.
-    d, log = single_worker(model, "--chat-template", "qwen3")
+    # with an empty think block; other kwargs are refused by name. Qwen3's tokenizer has
+    # <think> and </think> as added tokens: given to this one, so that --reasoning-parser qwen3
+    # can be shown splitting them off.
+    tj = json.load(open(os.path.join(model, "tokenizer.json")))
+    for i, tag in ((151665, "<think>"), (151666, "</think>")):
+        tj["added_tokens"].append({"id": i, "content": tag, "single_word": False, "lstrip": False, "rstrip": False,
+                                   "normalized": False, "special": False})
+    json.dump(tj, open(os.path.join(model, "tokenizer.json"), "w"))
+    d, log = single_worker(model, "--chat-template", "qwen3", "--reasoning-parser", "qwen3")
     try:
         msgs = [{"role": "user", "content": "Hi"}]
         for kwargs, text in (({}, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
@@ -490,6 +497,20 @@ def qwen_chat():
         st, body = d.post("/v1/chat/completions", {"model": "qwen", "messages": msgs,
                                                    "chat_template_kwargs": {"add_vision_id": True}})
         check("unknown chat_template_kwargs: 400", st == 400 and "add_vision_id" in body["error"]["message"], body)
+        # An answer that opens with <think> is reasoning (here it never closes: content null);
+        # one that does not is all content. Streamed, the same split arrives as delta fields.
+        st, hi = d.post("/tokenize", {"prompt": "Hi"})
+        for bias, reasoning, content in (({"151665": 100}, "<think><think>", None),
+                                         ({str(hi["tokens"][0]): 100}, None, "HiHiHi")):
+            req = {"model": "qwen", "messages": msgs, "max_tokens": 3, "temperature": 0, "logit_bias": bias}
+            st, body = d.post("/v1/chat/completions", req)
+            m = body["choices"][0]["message"] if st == 200 else {}
+            check(f"reasoning parser: reasoning_content {reasoning!r}, content {content!r}",
+                  m.get("reasoning_content") == reasoning and m.get("content") == content, body)
+            events, _ = d.stream("/v1/chat/completions", dict(req, stream=True))
+            deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+            check("reasoning parser, streamed", "".join(x.get("reasoning_content", "") for x in deltas) == (reasoning or "")
+                  and "".join(x.get("content", "") for x in deltas) == (content or ""), deltas)
     finally:
         d.stop()
 

@@ -1,5 +1,6 @@
 // Chat templates (engine/chat_template.h): each renders the text its model's Jinja template
-// gives for the same messages, and auto picks a template from tokenizer_config.json.
+// gives for the same messages, and auto picks a template from tokenizer_config.json; and the
+// split of a thinking model's output into reasoning and answer (engine/reasoning.h).
 #include <gtest/gtest.h>
 
 #include <ctime>
@@ -9,6 +10,7 @@
 #include "engine/chat_template.h"
 #include "engine/error.h"
 #include "engine/json.h"
+#include "engine/reasoning.h"
 #include "test_util.h"
 
 using namespace kvpr;
@@ -131,5 +133,44 @@ TEST(ChatTemplate, MatchesTheModelsJinjaTemplates) {
       want.replace(at, 9, today);
     }
     EXPECT_EQ(render_chat(name, messages, options).prompt, want) << source << " with " << messages.size() << " messages";
+  }
+}
+
+// Reasoning and answer of a thinking model's output, whole and streamed in any pieces.
+TEST(ReasoningSplitter, SplitsAtTheThinkTags) {
+  using P = ReasoningSplitter::Parts;
+  auto split = [](const std::string& s) {
+    P p = ReasoningSplitter::split(s);
+    return std::pair{p.reasoning, p.content};
+  };
+  using S = std::pair<std::string, std::string>;
+  EXPECT_EQ(split("<think>\nWhy? Rayleigh.\n</think>\n\nBlue."), S("\nWhy? Rayleigh.\n", "\n\nBlue."));
+  EXPECT_EQ(split("Blue."), S("", "Blue."));                           // thinking off: all answer
+  EXPECT_EQ(split("<think>\nstill going"), S("\nstill going", ""));   // cut off mid-thought
+  EXPECT_EQ(split("<thi"), S("", "<thi"));                             // not a tag after all
+  EXPECT_EQ(split("<think>a</th"), S("a</th", ""));
+  EXPECT_EQ(split("x<think>a</think>b"), S("", "x<think>a</think>b"));  // tags only count at the start
+  EXPECT_EQ(split("<think></think>b</think>"), S("", "b</think>"));
+  EXPECT_EQ(split(""), S("", ""));
+  // Streamed in every two pieces and byte by byte, the parts add up to the whole's.
+  for (const std::string text : {"<think>\nr1 </ r2 </thin\n</think>\n\nA </think>", "<think", "plain </think>",
+                                 "<think>x</think>"}) {
+    const P whole = ReasoningSplitter::split(text);
+    for (size_t cut = 0; cut <= text.size(); ++cut) {
+      ReasoningSplitter s;
+      P a = s.feed(text.substr(0, cut)), b = s.feed(text.substr(cut)), c = s.finish();
+      EXPECT_EQ(a.reasoning + b.reasoning + c.reasoning, whole.reasoning) << text << " cut " << cut;
+      EXPECT_EQ(a.content + b.content + c.content, whole.content) << text << " cut " << cut;
+    }
+    ReasoningSplitter s;
+    std::string r, c;
+    for (char ch : text) {
+      P p = s.feed(std::string(1, ch));
+      r += p.reasoning;
+      c += p.content;
+    }
+    P end = s.finish();
+    EXPECT_EQ(r + end.reasoning, whole.reasoning) << text;
+    EXPECT_EQ(c + end.content, whole.content) << text;
   }
 }
