@@ -414,6 +414,9 @@ int cmd_info(int argc, char** argv) {
       o.set("rope_scaling", rope_scaling_text(llama->config()));
       o.set("rms_norm_eps", llama->config().rms_norm_eps);
       o.set("tie_word_embeddings", llama->config().tie_word_embeddings);
+      o.set("q_width", llama->config().q_width());
+      o.set("qk_norm", llama->config().qk_norm);
+      o.set("attention_biases", llama->config().o_bias ? "qkvo" : llama->config().qkv_bias ? "qkv" : "none");
     }
     o.set("checkpoint_format", model.checkpoint_format());
     o.set("weight_dtype", dtype_name(model.weight_dtype()));

@@ -81,11 +81,18 @@ check "info on a .bin fixture" "$KVPR" info --model "$DATA/opt/fp16_bin_sharded"
 # rope scaling in bf16) with Llama-2's or Llama-3's tokenizer (tokenizer.json): info names them;
 # the greedy tokens of the torch reference (greedy.npy) come out of resident, KVPR (recompute
 # inside the prompt) and offload with the weights streamed from host memory.
-for fx in "f32_safetensors 4 4 llama-tokenizer" "gqa_f32_safetensors 2 4 llama-tokenizer" \
-          "llama3_rope_gqa_bf16 2 2 llama3-tokenizer"; do
+# Qwen3 (heads of 16 on a hidden size of 32, per-head Q/K norms) with Qwen2.5's tokenizer too.
+for fx in "f32_safetensors 4 4 llama-tokenizer llama LlamaForCausalLM 8" \
+          "gqa_f32_safetensors 2 4 llama-tokenizer llama LlamaForCausalLM 8" \
+          "llama3_rope_gqa_bf16 2 2 llama3-tokenizer llama LlamaForCausalLM 8" \
+          "qwen3_head_dim_qk_norm_bf16 2 2 qwen2-tokenizer qwen3 Qwen3ForCausalLM 16"; do
   set -- $fx
   mkdir -p "$tmp/$1" && cp "$DATA"/llama/$1/* "$DATA"/$4/tokenizer*.json "$tmp/$1/"
-  check "info on llama $1" python3 -c "import json,sys; o=json.loads(sys.argv[1]); assert o['model_type']=='llama' and o['architecture']=='LlamaForCausalLM' and o['kv_heads']==int(sys.argv[2]) and o['kv_bytes_per_token']==2*2*int(sys.argv[3])*8*int(sys.argv[2]), o" "$("$KVPR" info --model "$tmp/$1" --json)" "$2" "$3"
+  check "info on $1" python3 -c "
+import json,sys; o=json.loads(sys.argv[1]); kvh,es,mt,arch,hd=int(sys.argv[2]),int(sys.argv[3]),sys.argv[4],sys.argv[5],int(sys.argv[6])
+assert o['model_type']==mt and o['architecture']==arch and o['kv_heads']==kvh and o['head_dim']==hd, o
+assert o['q_width']==o['heads']*hd and o['kv_bytes_per_token']==2*2*es*hd*kvh, o
+assert o['qk_norm']==(mt=='qwen3'), o" "$("$KVPR" info --model "$tmp/$1" --json)" "$2" "$3" "$5" "$6" "$7"
   ids=$(python3 -c "
 import struct,sys
 b=open(sys.argv[1],'rb').read(); n=struct.unpack('<H',b[8:10])[0]; v=struct.unpack('<13q',b[10+n:10+n+104])
