@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 
+#include "engine/chat_template.h"
 #include "engine/error.h"
 
 namespace kvpr {
@@ -13,7 +14,7 @@ namespace {
 
 struct Option {
   const char* name;
-  const char* help;
+  std::string help;
   std::function<void(DaemonConfig&, const std::string&)> set;
 };
 
@@ -77,7 +78,8 @@ const std::vector<Option>& options() {
        [](DaemonConfig& c, const std::string& v) { c.max_body_bytes = to_int("max-body-bytes", v); }},
       {"drain-timeout", "seconds to finish in-flight requests on SIGTERM [30]",
        [](DaemonConfig& c, const std::string& v) { c.drain_timeout_s = to_double("drain-timeout", v); }},
-      {"chat-template", "auto, plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, qwen3, llama-3, llama-3.1 or llama-3.2 [auto]", [](DaemonConfig& c, const std::string& v) { c.chat_template = v; }},
+      {"chat-template", "auto, or one of " + chat_template_names() + " [auto]",
+       [](DaemonConfig& c, const std::string& v) { c.chat_template = v; }},
       {"generation-config",
        "auto: fields a request leaves out (temperature, top_p, top_k, min_p, repetition_penalty) take the model's "
        "generation_config.json values; none: OpenAI's defaults [auto]",

@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
       tmpl = auto_chat_template(cfg.model, &why, &served.default_system);
       spdlog::info("chat template {} (auto: {})", tmpl, why);
     }
-    KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, plain, opt, llama-2, mistral, zephyr, chatml, qwen2, qwen2.5, qwen3, llama-3, llama-3.1, llama-3.2)");
+    KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, ",
+               chat_template_names(), ")");
     // Sampling defaults: read (and refused when out of range) before any worker starts.
     if (cfg.generation_config) {
       served.defaults = read_sampling_defaults(cfg.model);

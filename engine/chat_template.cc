@@ -8,13 +8,10 @@
 
 namespace kvpr {
 
-bool known_chat_template(const std::string& name) {
-  for (const char* n : {"plain", "opt", "llama-2", "mistral", "llama-3", "llama-3.1", "llama-3.2", "zephyr", "chatml", "qwen2", "qwen2.5", "qwen3"})
-    if (name == n) return true;
-  return false;
-}
-
 namespace {
+
+constexpr const char* kTemplateNames[] = {"plain",  "opt",     "llama-2", "mistral", "zephyr",    "chatml",
+                                          "qwen2",  "qwen2.5", "qwen3",   "llama-3", "llama-3.1", "llama-3.2"};
 
 const std::string kQwen2System = "You are a helpful assistant.";
 const std::string kQwen25System = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
@@ -59,6 +56,16 @@ std::string today() {
   return buf;
 }
 
+// One ChatML message, and the opening of the assistant's answer with its end-of-turn stops.
+std::string chatml_turn(const std::string& role, const std::string& content) {
+  return "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+}
+void open_chatml_answer(RenderedChat* r) {
+  r->prompt += "<|im_start|>assistant\n";
+  r->stop_tokens = {"<|im_end|>"};
+  r->stop = {"<|im_end|>"};  // where the tokenizer lacks it as a token, as text
+}
+
 // Python's str.strip/lstrip/rstrip of newlines, as Qwen3's template uses them.
 std::string strip_newlines(const std::string& s, bool left, bool right) {
   size_t b = 0, e = s.size();
@@ -72,7 +79,7 @@ std::string strip_newlines(const std::string& s, bool left, bool right) {
 void render_qwen3(const std::vector<ChatMessage>& messages, const ChatOptions& options, RenderedChat* r) {
   size_t i = 0;
   if (!messages.empty() && messages[0].role == "system") {
-    r->prompt += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+    r->prompt += chatml_turn("system", messages[0].content);
     i = 1;
   }
   size_t last_query = messages.size() - 1;
@@ -87,7 +94,7 @@ void render_qwen3(const std::vector<ChatMessage>& messages, const ChatOptions& o
   for (; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role != "assistant") {
-      r->prompt += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      r->prompt += chatml_turn(m.role, m.content);
       continue;
     }
     std::string content = m.content, reasoning;
@@ -99,19 +106,26 @@ void render_qwen3(const std::vector<ChatMessage>& messages, const ChatOptions& o
     }
     const bool last = i + 1 == messages.size();
     if (i > last_query && (last || !reasoning.empty()))
-      r->prompt += "<|im_start|>assistant\n<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" +
-                   strip_newlines(content, true, false);
-    else
-      r->prompt += "<|im_start|>assistant\n" + content;
-    r->prompt += "<|im_end|>\n";
+      content = "<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" + content;
+    r->prompt += chatml_turn("assistant", content);
   }
-  r->prompt += "<|im_start|>assistant\n";
+  open_chatml_answer(r);
   if (!options.enable_thinking) r->prompt += "<think>\n\n</think>\n\n";
-  r->stop_tokens = {"<|im_end|>"};
-  r->stop = {"<|im_end|>"};
 }
 
 }  // namespace
+
+std::string chat_template_names() {
+  std::string out;
+  for (const char* n : kTemplateNames) out += (out.empty() ? "" : ", ") + std::string(n);
+  return out;
+}
+
+bool known_chat_template(const std::string& name) {
+  for (const char* n : kTemplateNames)
+    if (name == n) return true;
+  return false;
+}
 
 RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages,
                          const ChatOptions& options) {
@@ -169,12 +183,9 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
     // opening; its turn ends at <|im_end|>. Qwen2's and Qwen2.5's templates put their default
     // system message first when the conversation does not open with one.
     const std::string& preset = name == "qwen2" ? kQwen2System : name == "qwen2.5" ? kQwen25System : options.default_system;
-    if (!preset.empty() && (messages.empty() || messages[0].role != "system"))
-      r.prompt += "<|im_start|>system\n" + preset + "<|im_end|>\n";
-    for (const auto& m : messages) r.prompt += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-    r.prompt += "<|im_start|>assistant\n";
-    r.stop_tokens = {"<|im_end|>"};
-    r.stop = {"<|im_end|>"};  // where the tokenizer lacks it as a token, as text
+    if (!preset.empty() && (messages.empty() || messages[0].role != "system")) r.prompt += chatml_turn("system", preset);
+    for (const auto& m : messages) r.prompt += chatml_turn(m.role, m.content);
+    open_chatml_answer(&r);
     return r;
   }
   if (name == "llama-3" || name == "llama-3.1" || name == "llama-3.2") {

@@ -55,6 +55,7 @@ struct RenderedChat {
 RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages,
                          const ChatOptions& options = {});
 bool known_chat_template(const std::string& name);
+std::string chat_template_names();  // "plain, opt, llama-2, ...": every name render_chat takes
 // What "auto" means for the model in `model_dir`: llama-2 when its tokenizer_config.json has a
 // chat_template written for Llama-2 chat (with [INST] and <<SYS>>), mistral for [INST] without
 // <<SYS>>, qwen3 for <|im_start|> with enable_thinking, qwen2.5 / qwen2 for <|im_start|> with

@@ -59,10 +59,9 @@ struct KvShape {
   int64_t hidden = 0;    // width of X
   int64_t heads = 0;     // query heads
   int64_t kv_heads = 0;  // key/value heads (fewer than heads with grouped-query attention; 0: = heads)
-  int64_t head_dim = 0;  // 0: hidden / heads (Qwen3 sets its own)
-  int64_t dim() const { return head_dim > 0 ? head_dim : hidden / heads; }
-  int64_t kv_hidden() const { return (kv_heads > 0 ? kv_heads : heads) * dim(); }  // width of K and V
-  int64_t q_width() const { return heads * dim(); }  // width of Q and of the attention output
+  int64_t head_dim = 0;  // ModelSpec's (Qwen3: not hidden / heads)
+  int64_t kv_hidden() const { return (kv_heads > 0 ? kv_heads : heads) * head_dim; }  // width of K and V
+  int64_t q_width() const { return heads * head_dim; }  // width of Q and of the attention output
 };
 
 struct KvRuntimeOptions {
