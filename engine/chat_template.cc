@@ -74,14 +74,69 @@ std::string strip_newlines(const std::string& s, bool left, bool right) {
   return s.substr(b, e - b);
 }
 
+// Qwen2.5's and Qwen3's tool section of the system turn: every tool as tojson (Python's
+// json.dumps) on its own line between <tools> tags, then the format of a call.
+std::string tools_section(const json::Array& tools) {
+  std::string out =
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+      "function signatures within <tools></tools> XML tags:\n<tools>";
+  for (const auto& t : tools) out += "\n" + t.dump_python();
+  out +=
+      "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+      "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+      "<args-json-object>}\n</tool_call>";
+  return out;
+}
+
+std::string tool_call_block(const ChatToolCall& c) {
+  // The name goes in as text (the templates concatenate it), the arguments through tojson.
+  return "<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + c.arguments.dump_python() + "}\n</tool_call>";
+}
+
+// A tool message: consecutive ones share one user turn of <tool_response> blocks.
+void tool_response(const std::vector<ChatMessage>& messages, size_t i, RenderedChat* r) {
+  if (i == 0 || messages[i - 1].role != "tool") r->prompt += "<|im_start|>user";
+  r->prompt += "\n<tool_response>\n" + messages[i].content + "\n</tool_response>";
+  if (i + 1 == messages.size() || messages[i + 1].role != "tool") r->prompt += "<|im_end|>\n";
+}
+
+// Qwen2.5's: ChatML after its default system turn, with Hermes-style tools.
+void render_qwen25(const std::string& preset, const std::vector<ChatMessage>& messages, const ChatOptions& options,
+                   RenderedChat* r) {
+  const bool system_first = !messages.empty() && messages[0].role == "system";
+  if (!options.tools.empty())
+    r->prompt += "<|im_start|>system\n" + (system_first ? messages[0].content : preset) + "\n\n" +
+                 tools_section(options.tools) + "<|im_end|>\n";
+  else if (!system_first)
+    r->prompt += chatml_turn("system", preset);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "system" && i == 0 && !options.tools.empty()) continue;  // written with the tools
+    if (m.role == "tool") {
+      tool_response(messages, i, r);
+    } else if (m.role == "assistant" && !m.tool_calls.empty()) {
+      r->prompt += "<|im_start|>assistant";
+      if (!m.content.empty()) r->prompt += "\n" + m.content;
+      for (const auto& c : m.tool_calls) r->prompt += "\n" + tool_call_block(c);
+      r->prompt += "<|im_end|>\n";
+    } else {
+      r->prompt += chatml_turn(m.role, m.content);
+    }
+  }
+  open_chatml_answer(r);
+}
+
 // Qwen3's: ChatML whose assistant turns split "<think>reasoning</think>answer". Reasoning is
 // kept only after the last user message (the turns of the exchange in progress).
 void render_qwen3(const std::vector<ChatMessage>& messages, const ChatOptions& options, RenderedChat* r) {
   size_t i = 0;
-  if (!messages.empty() && messages[0].role == "system") {
+  const bool system_first = !messages.empty() && messages[0].role == "system";
+  if (!options.tools.empty())
+    r->prompt += "<|im_start|>system\n" + (system_first ? messages[0].content + "\n\n" : "") +
+                 tools_section(options.tools) + "<|im_end|>\n";
+  else if (system_first)
     r->prompt += chatml_turn("system", messages[0].content);
-    i = 1;
-  }
+  if (system_first) i = 1;
   size_t last_query = messages.size() - 1;
   for (size_t j = messages.size(); j-- > 0;) {
     const std::string& c = messages[j].content;
@@ -93,21 +148,33 @@ void render_qwen3(const std::vector<ChatMessage>& messages, const ChatOptions& o
   }
   for (; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
+    if (m.role == "tool") {
+      tool_response(messages, i, r);
+      continue;
+    }
     if (m.role != "assistant") {
       r->prompt += chatml_turn(m.role, m.content);
       continue;
     }
     std::string content = m.content, reasoning;
-    if (const size_t end = content.find("</think>"); end != std::string::npos) {
+    if (m.reasoning) {
+      reasoning = *m.reasoning;  // given apart: the content is taken as it is
+    } else if (const size_t end = content.find("</think>"); end != std::string::npos) {
       reasoning = strip_newlines(content.substr(0, end), false, true);
       if (const size_t open = reasoning.rfind("<think>"); open != std::string::npos) reasoning = reasoning.substr(open + 7);
       reasoning = strip_newlines(reasoning, true, false);
       content = strip_newlines(content.substr(content.rfind("</think>") + 8), true, false);
     }
     const bool last = i + 1 == messages.size();
+    std::string turn = content;
     if (i > last_query && (last || !reasoning.empty()))
-      content = "<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" + content;
-    r->prompt += chatml_turn("assistant", content);
+      turn = "<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" + strip_newlines(content, true, false);
+    r->prompt += "<|im_start|>assistant\n" + turn;
+    for (size_t j = 0; j < m.tool_calls.size(); ++j) {
+      if (j > 0 || !content.empty()) r->prompt += "\n";  // (Qwen3's test is on the unstripped content)
+      r->prompt += tool_call_block(m.tool_calls[j]);
+    }
+    r->prompt += "<|im_end|>\n";
   }
   open_chatml_answer(r);
   if (!options.enable_thinking) r->prompt += "<think>\n\n</think>\n\n";
@@ -127,11 +194,25 @@ bool known_chat_template(const std::string& name) {
   return false;
 }
 
+bool chat_template_has_tools(const std::string& name) { return name == "qwen2.5" || name == "qwen3"; }
+
 RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages,
                          const ChatOptions& options) {
   RenderedChat r;
+  if (!chat_template_has_tools(name)) {
+    const char* what = !options.tools.empty() ? "tools" : nullptr;
+    for (const auto& m : messages) {
+      if (m.role == "tool") what = "tool messages";
+      if (!m.tool_calls.empty()) what = "tool calls";
+    }
+    KVPR_CHECK(what == nullptr, "the chat template '", name, "' has no ", what, " (qwen2.5 and qwen3 have)");
+  }
   if (name == "qwen3") {
     render_qwen3(messages, options, &r);
+    return r;
+  }
+  if (name == "qwen2.5") {
+    render_qwen25(kQwen25System, messages, options, &r);
     return r;
   }
   if (name == "plain" || name == "opt") {
@@ -178,11 +259,11 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
     r.prompt += "<|assistant|>\n";
     return r;
   }
-  if (name == "chatml" || name == "qwen2" || name == "qwen2.5") {
+  if (name == "chatml" || name == "qwen2") {
     // ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then the assistant's
-    // opening; its turn ends at <|im_end|>. Qwen2's and Qwen2.5's templates put their default
-    // system message first when the conversation does not open with one.
-    const std::string& preset = name == "qwen2" ? kQwen2System : name == "qwen2.5" ? kQwen25System : options.default_system;
+    // opening; its turn ends at <|im_end|>. Qwen2's template puts its default system message
+    // first when the conversation does not open with one (Qwen2.5's too, above).
+    const std::string& preset = name == "qwen2" ? kQwen2System : options.default_system;
     if (!preset.empty() && (messages.empty() || messages[0].role != "system")) r.prompt += chatml_turn("system", preset);
     for (const auto& m : messages) r.prompt += chatml_turn(m.role, m.content);
     open_chatml_answer(&r);

@@ -14,6 +14,11 @@
 //                       as "<think>\n{reasoning}\n</think>\n\n{answer}", earlier ones only the
 //                       answer (text after "</think>"); with enable_thinking false the assistant's
 //                       opening is followed by an empty "<think>\n\n</think>\n\n"
+//                       With tools (qwen2.5 and qwen3): a system turn "# Tools ... <tools>\n{tool as
+//                       json.dumps}...</tools> ... <tool_call>...", after the system message (Qwen2.5:
+//                       or its default one); assistant tool calls as "<tool_call>\n{"name": ...,
+//                       "arguments": {...}}\n</tool_call>" blocks; consecutive tool messages as one
+//                       user turn of "<tool_response>\n{content}\n</tool_response>" blocks
 //   qwen2, qwen2.5:     chatml after a default system turn when the first message is not a system
 //                       one ("You are a helpful assistant." / "You are Qwen, created by Alibaba
 //                       Cloud. You are a helpful assistant.", as their templates write it); chatml
@@ -26,14 +31,31 @@
 //                       as their templates write it when no tools are given)
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "engine/json.h"
 
 namespace kvpr {
 
+// A call an assistant message made (OpenAI's tool_calls[i].function), with its arguments
+// parsed from their JSON text, as vLLM hands them to a template.
+struct ChatToolCall {
+  std::string name;
+  json::Value arguments;
+};
+
 struct ChatMessage {
-  std::string role;  // system, user, assistant
-  std::string content;
+  ChatMessage() = default;
+  ChatMessage(std::string r, std::string c) : role(std::move(r)), content(std::move(c)) {}
+
+  std::string role;  // system, user, assistant, tool
+  std::string content;  // a null content is ""
+  std::vector<ChatToolCall> tool_calls;  // assistant
+  std::optional<std::string> reasoning;  // assistant: reasoning_content (qwen3 renders it instead of
+                                         // splitting the content at </think>)
 };
 
 // What a template renders with besides the messages.
@@ -42,6 +64,8 @@ struct ChatOptions {
                                 // chat_template_kwargs)
   std::string default_system;   // chatml: the system turn put first when the conversation has none
                                 // (the model's template's, found by auto_chat_template)
+  json::Array tools;            // the request's tools ({"type": "function", "function": {...}}),
+                                // written into the system turn by templates that take tools
 };
 
 struct RenderedChat {
@@ -55,6 +79,10 @@ struct RenderedChat {
 RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages,
                          const ChatOptions& options = {});
 bool known_chat_template(const std::string& name);
+// Whether the template writes tools, assistant tool calls and tool results (qwen2.5 and qwen3:
+// Hermes-style <tool_call> blocks). render_chat refuses tools, tool calls and "tool" messages
+// for the others.
+bool chat_template_has_tools(const std::string& name);
 std::string chat_template_names();  // "plain, opt, llama-2, ...": every name render_chat takes
 // What "auto" means for the model in `model_dir`: llama-2 when its tokenizer_config.json has a
 // chat_template written for Llama-2 chat (with [INST] and <<SYS>>), mistral for [INST] without

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "engine/error.h"
 #include "engine/utf8.h"
@@ -373,9 +375,92 @@ class Parser {
 };
 }  // namespace
 
+namespace {
+// Python's repr of a float: the shortest digits that round-trip, fixed notation for decimal
+// exponents -4..15, else d.ddde+XX.
+void append_python_float(std::string& out, double d) {
+  if (std::isnan(d)) {
+    out += "NaN";
+    return;
+  }
+  if (std::isinf(d)) {
+    out += d < 0 ? "-Infinity" : "Infinity";
+    return;
+  }
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
+  const std::string_view s(buf, static_cast<size_t>(r.ptr - buf));
+  const size_t e = s.find('e');
+  std::string digits;
+  bool negative = false;
+  for (char c : s.substr(0, e)) {
+    if (c == '-') negative = true;
+    else if (c != '.') digits.push_back(c);
+  }
+  int exp = 0;
+  std::from_chars(s.data() + e + (s[e + 1] == '+' ? 2 : 1), s.data() + s.size(), exp);
+  if (negative) out.push_back('-');
+  if (exp >= -4 && exp < 16) {
+    if (exp < 0) {
+      out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+    } else {
+      if (digits.size() < static_cast<size_t>(exp) + 1) digits.append(static_cast<size_t>(exp) + 1 - digits.size(), '0');
+      const std::string frac = digits.substr(static_cast<size_t>(exp) + 1);
+      out += digits.substr(0, static_cast<size_t>(exp) + 1) + "." + (frac.empty() ? "0" : frac);
+    }
+    return;
+  }
+  out.push_back(digits[0]);
+  if (digits.size() > 1) out += "." + digits.substr(1);
+  char eb[16];
+  std::snprintf(eb, sizeof eb, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+  out += eb;
+}
+
+void dump_python_to(const Value& v, std::string& out) {
+  switch (v.kind()) {
+    case Value::Kind::Double: append_python_float(out, v.as_double()); break;
+    case Value::Kind::Arr: {
+      out.push_back('[');
+      bool first = true;
+      for (const auto& e : v.as_array()) {
+        if (!first) out += ", ";
+        first = false;
+        dump_python_to(e, out);
+      }
+      out.push_back(']');
+      break;
+    }
+    case Value::Kind::Obj: {
+      const Object& o = v.as_object();
+      std::unordered_map<std::string_view, size_t> last;
+      for (size_t i = 0; i < o.size(); ++i) last[o[i].first] = i;
+      std::unordered_set<std::string_view> written;
+      out.push_back('{');
+      for (const auto& [k, e] : o) {
+        if (!written.insert(k).second) continue;
+        if (written.size() > 1) out += ", ";
+        append_quoted(out, k);
+        out += ": ";
+        dump_python_to(o[last[k]].second, out);
+      }
+      out.push_back('}');
+      break;
+    }
+    default: dump_to(v, out);
+  }
+}
+}  // namespace
+
 std::string Value::dump() const {
   std::string out;
   dump_to(*this, out);
+  return out;
+}
+
+std::string Value::dump_python() const {
+  std::string out;
+  dump_python_to(*this, out);
   return out;
 }
 

@@ -64,6 +64,11 @@ class Value {
   void push_back(Value v) { as_array().push_back(std::move(v)); }
 
   std::string dump() const;  // compact JSON, UTF-8
+  // As Python's json.dumps(value, ensure_ascii=False) writes it (what Hugging Face's chat
+  // templates get from `tojson`): ", " and ": " separators, floats as Python's repr (1.0,
+  // 1e-05, 1e+16), NaN/Infinity, non-ASCII as is; a key given twice keeps its first place and
+  // its last value, as json.loads leaves a dict.
+  std::string dump_python() const;
 
  private:
   std::variant<std::monostate, bool, int64_t, double, std::string, std::shared_ptr<Array>,

@@ -1,16 +1,20 @@
 // Chat templates (engine/chat_template.h): each renders the text its model's Jinja template
 // gives for the same messages, and auto picks a template from tokenizer_config.json; and the
-// split of a thinking model's output into reasoning and answer (engine/reasoning.h).
+// split of a thinking model's output into reasoning and answer (engine/reasoning.h); tools,
+// tool calls and tool results in Qwen's templates, and tool calls found in an answer
+// (engine/tool_calls.h).
 #include <gtest/gtest.h>
 
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include "engine/chat_template.h"
 #include "engine/error.h"
 #include "engine/json.h"
 #include "engine/reasoning.h"
+#include "engine/tool_calls.h"
 #include "test_util.h"
 
 using namespace kvpr;
@@ -173,4 +177,125 @@ TEST(ReasoningSplitter, SplitsAtTheThinkTags) {
     EXPECT_EQ(r + end.reasoning, whole.reasoning) << text;
     EXPECT_EQ(c + end.content, whole.content) << text;
   }
+}
+
+namespace {
+void expect_error(const std::function<void()>& f, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one with: " << part;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+// A fixture message (OpenAI's shape, arguments already objects) as the renderer takes it.
+ChatMessage chat_message(const json::Value& m) {
+  ChatMessage out{m.find("role")->as_string(), m.find("content")->as_string()};
+  if (const json::Value* calls = m.find("tool_calls"))
+    for (const auto& c : calls->as_array())
+      out.tool_calls.push_back({c.find("function")->find("name")->as_string(), *c.find("function")->find("arguments")});
+  if (const json::Value* r = m.find("reasoning_content"); r && r->is_string()) out.reasoning = r->as_string();
+  return out;
+}
+}  // namespace
+
+// Conversations with tools, assistant tool calls (with and without text, several at once) and
+// tool results (one and several in a row), rendered by Qwen2.5's and Qwen3's real templates
+// under Jinja2 as transformers sets it up (tests/scripts/make_tool_chat_fixtures.py): kvpr's
+// text is the same, tools and arguments written as Python's json.dumps writes them.
+TEST(ChatTemplate, ToolsMatchTheModelsJinjaTemplates) {
+  const json::Value fixture = json::parse_file(test::data_path("chat-templates") + "/tool_cases.json");
+  size_t n = 0;
+  for (const auto& c : fixture.find("renders")->as_array()) {
+    const std::string source = c.find("source")->as_string();
+    ChatOptions options;
+    options.enable_thinking = c.find("enable_thinking")->as_bool();
+    if (const json::Value* tools = c.find("tools"); tools->is_array()) options.tools = tools->as_array();
+    std::vector<ChatMessage> messages;
+    for (const auto& m : c.find("messages")->as_array()) messages.push_back(chat_message(m));
+    EXPECT_EQ(render_chat(source, messages, options).prompt, c.find("prompt")->as_string())
+        << source << " case " << n << " with " << messages.size() << " messages";
+    ++n;
+  }
+  EXPECT_GE(n, 20u);
+}
+
+TEST(ChatTemplate, RefusesToolsWhereTheTemplateHasNone) {
+  ChatOptions with_tools;
+  with_tools.tools.push_back(json::parse(R"({"type": "function", "function": {"name": "f"}})"));
+  const std::vector<ChatMessage> user = {{"user", "Hi"}};
+  ChatMessage call{"assistant", ""};
+  call.tool_calls.push_back({"f", json::parse("{}")});
+  const std::vector<ChatMessage> with_call = {{"user", "Hi"}, call};
+  const std::vector<ChatMessage> with_result = {{"user", "Hi"}, {"tool", "42"}};
+  for (const char* name : {"plain", "llama-2", "mistral", "zephyr", "chatml", "qwen2", "llama-3", "llama-3.1"}) {
+    EXPECT_FALSE(chat_template_has_tools(name));
+    expect_error([&] { render_chat(name, user, with_tools); }, "has no tools (qwen2.5 and qwen3 have)");
+    expect_error([&] { render_chat(name, with_call); }, "has no tool calls");
+    expect_error([&] { render_chat(name, with_result); }, "has no tool messages");
+  }
+  EXPECT_TRUE(chat_template_has_tools("qwen2.5"));
+  EXPECT_TRUE(chat_template_has_tools("qwen3"));
+}
+
+// Model outputs parsed as vLLM's hermes parser parses them (the fixture's reference is a
+// Python implementation of it: regex, json.loads, json.dumps); streamed in any two pieces and
+// byte by byte, the content and calls add up to the whole's.
+TEST(ToolCalls, ParsesHermesBlocksAsVllm) {
+  const json::Value fixture = json::parse_file(test::data_path("chat-templates") + "/tool_cases.json");
+  size_t n = 0, with_calls = 0;
+  for (const auto& c : fixture.find("hermes")->as_array()) {
+    const std::string output = c.find("output")->as_string();
+    const ToolCallParse p = parse_hermes_tool_calls(output);
+    const json::Value* content = c.find("content");
+    EXPECT_EQ(p.content.has_value(), !content->is_null()) << output;
+    if (p.content && content->is_string()) {
+      EXPECT_EQ(*p.content, content->as_string()) << output;
+    }
+    const json::Array& calls = c.find("tool_calls")->as_array();
+    ASSERT_EQ(p.calls.size(), calls.size()) << output;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(p.calls[i].name, calls[i].find("name")->as_string()) << output;
+      EXPECT_EQ(p.calls[i].arguments, calls[i].find("arguments")->as_string()) << output;
+    }
+    with_calls += !calls.empty();
+    const std::string whole_content = p.content.value_or("");
+    auto same = [&](const std::string& got, const std::vector<ToolCallText>& got_calls, const std::string& how) {
+      EXPECT_EQ(got, whole_content) << output << " " << how;
+      ASSERT_EQ(got_calls.size(), p.calls.size()) << output << " " << how;
+      for (size_t i = 0; i < got_calls.size(); ++i) EXPECT_EQ(got_calls[i].arguments, p.calls[i].arguments);
+    };
+    for (size_t cut = 0; cut <= output.size(); ++cut) {
+      HermesToolStream s;
+      HermesToolStream::Delta a = s.feed(output.substr(0, cut)), b = s.feed(output.substr(cut)), e = s.finish();
+      std::vector<ToolCallText> got = a.calls;
+      got.insert(got.end(), b.calls.begin(), b.calls.end());
+      EXPECT_TRUE(got.empty()) << "calls come out only at the end";
+      same(a.content + b.content + e.content, e.calls, "cut at " + std::to_string(cut));
+    }
+    HermesToolStream s;
+    std::string text;
+    for (char ch : output) text += s.feed(std::string(1, ch)).content;
+    HermesToolStream::Delta e = s.finish();
+    same(text + e.content, e.calls, "byte by byte");
+    ++n;
+  }
+  EXPECT_GE(n, 15u);
+  EXPECT_GE(with_calls, 8u);
+}
+
+TEST(ToolCalls, StreamsTextBeforeTheFirstBlockAsItComes) {
+  HermesToolStream s;
+  EXPECT_EQ(s.feed("Let me check").content, "Let me check");
+  EXPECT_EQ(s.feed(".\n<tool").content, ".\n");  // "<tool" may be the tag: held
+  EXPECT_EQ(s.feed("box>").content, "<toolbox>");   // it was not
+  HermesToolStream::Delta d = s.feed(" <tool_call>\n{\"name\": \"f\", ");
+  EXPECT_EQ(d.content, " ");
+  EXPECT_TRUE(s.feed("\"arguments\": {\"x\": 1}}\n</tool_call>").content.empty());
+  d = s.finish();
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].name, "f");
+  EXPECT_EQ(d.calls[0].arguments, "{\"x\": 1}");
+  EXPECT_TRUE(d.content.empty());
 }

@@ -49,3 +49,18 @@ TEST(Json, RejectsDeepNesting) {
   std::string deep(1000, '[');
   EXPECT_THROW(json::parse(deep), Error);
 }
+
+// What Hugging Face's `tojson` (Python's json.dumps with ensure_ascii=False) writes; the
+// expected texts are CPython 3.11's.
+TEST(Json, DumpsAsPythonsJsonDumps) {
+  const json::Value floats = json::parse(
+      "[1.0, 0.5, 1e-05, 1e16, 1e15, 0.0001, 1.234e-05, 1.5e300, -0.0, 0.1, 123456.789, 5e-324, "
+      "1.7976931348623157e308, 100.0, 0.00009999, 9999999999999998.0, -2.5e-7, 3, -7, NaN, Infinity, -Infinity]");
+  EXPECT_EQ(floats.dump_python(),
+            "[1.0, 0.5, 1e-05, 1e+16, 1000000000000000.0, 0.0001, 1.234e-05, 1.5e+300, -0.0, 0.1, 123456.789, 5e-324, "
+            "1.7976931348623157e+308, 100.0, 9.999e-05, 9999999999999998.0, -2.5e-07, 3, -7, NaN, Infinity, -Infinity]");
+  const json::Value o = json::parse("{\"b\": 1, \"a\": [{}, [], \"\\u00e9\\u2028\\u007f\\u001f\\\"\\\\\"], \"c\": null, \"d\": true}");
+  EXPECT_EQ(o.dump_python(), "{\"b\": 1, \"a\": [{}, [], \"\xc3\xa9\xe2\x80\xa8\x7f\\u001f\\\"\\\\\"], \"c\": null, \"d\": true}");
+  // json.loads keeps a repeated key at its first place with its last value.
+  EXPECT_EQ(json::parse(R"({"a": 1, "b": 2, "a": 3})").dump_python(), R"({"a": 3, "b": 2})");
+}

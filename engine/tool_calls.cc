@@ -1,0 +1,95 @@
+#include "engine/tool_calls.h"
+
+#include "engine/error.h"
+#include "engine/json.h"
+
+namespace kvpr {
+
+namespace {
+
+constexpr std::string_view kOpen = "<tool_call>";
+constexpr std::string_view kClose = "</tool_call>";
+
+// One block's JSON as a call; nullopt when it is not one.
+std::optional<ToolCallText> parse_call(std::string_view body) {
+  json::Value v;
+  try {
+    v = json::parse(body);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  if (!v.is_object()) return std::nullopt;
+  const json::Value* name = v.find("name");
+  // A key given twice counts with its last value, as in the dict json.loads makes.
+  const json::Value* args = nullptr;
+  for (const auto& [k, e] : v.as_object()) {
+    if (k == "name") name = &e;
+    if (k == "arguments") args = &e;
+  }
+  if (!name || !name->is_string() || !args) return std::nullopt;
+  return ToolCallText{name->as_string(), args->dump_python()};
+}
+
+}  // namespace
+
+ToolCallParse parse_hermes_tool_calls(std::string_view answer) {
+  ToolCallParse out;
+  const size_t first = answer.find(kOpen);
+  if (first == std::string_view::npos) {
+    out.content = std::string(answer);
+    return out;
+  }
+  for (size_t at = first; at != std::string_view::npos; at = answer.find(kOpen, at)) {
+    const size_t body = at + kOpen.size();
+    const size_t close = answer.find(kClose, body);
+    const size_t end = close == std::string_view::npos ? answer.size() : close;
+    std::optional<ToolCallText> call = parse_call(answer.substr(body, end - body));
+    if (!call) return ToolCallParse{std::string(answer), {}};
+    out.calls.push_back(std::move(*call));
+    at = close == std::string_view::npos ? std::string_view::npos : close + kClose.size();
+  }
+  if (first > 0) out.content = std::string(answer.substr(0, first));
+  return out;
+}
+
+HermesToolStream::Delta HermesToolStream::feed(std::string_view text) {
+  Delta d;
+  if (in_calls_) {
+    held_ += text;
+    return d;
+  }
+  pending_ += text;
+  if (const size_t at = pending_.find(kOpen); at != std::string::npos) {
+    d.content = pending_.substr(0, at);
+    held_ = pending_.substr(at);
+    pending_.clear();
+    in_calls_ = true;
+    return d;
+  }
+  // Hold the longest tail that is a proper prefix of the tag.
+  size_t keep = 0;
+  for (size_t n = std::min(pending_.size(), kOpen.size() - 1); n > 0; --n)
+    if (std::string_view(pending_).substr(pending_.size() - n) == kOpen.substr(0, n)) {
+      keep = n;
+      break;
+    }
+  d.content = pending_.substr(0, pending_.size() - keep);
+  pending_.erase(0, pending_.size() - keep);
+  return d;
+}
+
+HermesToolStream::Delta HermesToolStream::finish() {
+  Delta d;
+  d.content = std::move(pending_);
+  pending_.clear();
+  if (in_calls_) {
+    ToolCallParse p = parse_hermes_tool_calls(held_);
+    if (p.calls.empty()) d.content += held_;  // a block that does not parse: all of it is text
+    else d.calls = std::move(p.calls);
+    held_.clear();
+    in_calls_ = false;
+  }
+  return d;
+}
+
+}  // namespace kvpr

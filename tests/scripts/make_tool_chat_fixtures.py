@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Produces tests/data/chat-templates/tool_cases.json: conversations with tools, tool calls and
+tool results rendered by the real chat templates of Qwen2.5 and Qwen3 (templates.json, as their
+tokenizer_config.json files carry them) with Jinja2 set up as Hugging Face transformers'
+apply_chat_template sets it up (a sandboxed environment with trim_blocks and lstrip_blocks, the
+loopcontrols extension, and a tojson filter that is Python's json.dumps with ensure_ascii=False),
+given what vLLM gives it: the request's tools as objects, a null content as "", and each tool
+call's arguments parsed
+from their JSON string into an object. It also holds model outputs parsed as vLLM's `hermes`
+tool parser does (a regex over <tool_call>...</tool_call> blocks, json.loads of each, the
+arguments written back by json.dumps with ensure_ascii=False; any block that does not parse
+makes the whole output content). Run offline on Debian's python3-jinja2:
+  python3 tests/scripts/make_tool_chat_fixtures.py
+"""
+import json
+import os
+import re
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "..", "data", "chat-templates")
+
+
+def environment():
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city \u2014 \"quoted\", caf\u00e9, \u6771\u4eac",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "City name\nwith a newline and a \\ backslash"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"}},
+        "required": ["city"]}}}
+SEARCH = {"type": "function", "function": {
+    "name": "search", "parameters": {"type": "object", "properties": {
+        "query": {"type": "string", "maxLength": 200},
+        "top_k": {"type": "integer", "minimum": 1, "maximum": 50},
+        "threshold": {"type": "number", "minimum": 0.0, "maximum": 1.0, "default": 0.5, "step": 1e-05},
+        "big": {"type": "number", "maximum": 1e16, "minimum": -123456.789},
+        "exact": {"type": "boolean", "default": False}, "extra": {"default": None},
+        "ctrl": {"const": "tab\there \u0001 \u2028 \u007f /slash"}},
+        "additionalProperties": False}}}
+NOPARAMS = {"type": "function", "function": {"name": "now", "description": "The time"}}
+
+
+def call(name, args, id_="call_1"):
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+CONVERSATIONS = [
+    ([WEATHER], [{"role": "user", "content": "Weather in Paris?"}]),
+    ([WEATHER, SEARCH, NOPARAMS], [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]),
+    ([WEATHER], [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call("get_weather", {"city": "Paris"})]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"},
+        {"role": "assistant", "content": "It is 21 degrees."},
+        {"role": "user", "content": "And Tokyo and Oslo?"}]),
+    ([WEATHER, SEARCH], [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "Two cities"},
+        {"role": "assistant", "content": "Let me look both up.", "tool_calls": [
+            call("get_weather", {"city": "\u6771\u4eac", "unit": "celsius"}, "a"),
+            call("search", {"query": "Oslo \"weather\"\n", "top_k": 3, "threshold": 0.25, "exact": True,
+                            "nested": {"list": [1, 2.5, None, "x"], "empty": {}}}, "b")]},
+        {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "b", "content": "rain"}]),
+    (None, [
+        {"role": "user", "content": "Earlier call, no tools now"},
+        {"role": "assistant", "content": "", "tool_calls": [call("now", {})]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+        {"role": "user", "content": "Thanks"}]),
+    ([NOPARAMS], [
+        {"role": "user", "content": "What time is it?"},
+        {"role": "assistant", "content": "<think>\nI should call now.\n</think>\n\n", "tool_calls": [call("now", {})]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+        {"role": "assistant", "content": "<think>\nGot it.\n</think>\n\nIt is noon."}]),
+    ([WEATHER], [
+        {"role": "user", "content": "Paris?"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "\nUse the tool.\n",
+         "tool_calls": [call("get_weather", {"city": "Paris"})]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "cloudy"}]),
+    ([WEATHER], [
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "<think>old</think>A1", "reasoning_content": None},
+        {"role": "user", "content": "<tool_response>\nmanual\n</tool_response>"},
+        {"role": "assistant", "content": "A2", "reasoning_content": "kept"}]),
+]
+
+# Model outputs for the hermes parser.
+OUTPUTS = [
+    "Just text, no call.",
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+    "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>",
+    "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": "
+    "{\"x\": [1, 2.50, 1e-5, 1E20, -0.0, 123456789012345678, true, null], \"s\": \"caf\\u00e9 \\u6771 \\\"q\\\" \\\\ \\n \\u0001\"}}\n</tool_call>",
+    "<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}</tool_call>",
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n",
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",
+    "<tool_call>\n{\"name\": \"x\", \"arguments\": {}}\n</tool_call><tool_call>not json</tool_call>",
+    "<tool_call>\n{\"arguments\": {}}\n</tool_call>",
+    "<tool_call>\n[1, 2]\n</tool_call>",
+    "Before <tool_call>\n{\"name\": \"f\", \"arguments\": {\"k\": 1.0}}\n</tool_call> and after",
+    "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"k\\\": 1}\"}\n</tool_call>",
+    "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1, \"a\": 2}}\n</tool_call>",
+    "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 1.5e300, \"m\": 0.1, \"k\": 100.0, \"j\": 1e16, \"i\": 1e15, \"h\": 0.0001, \"g\": 0.00001234}}\n</tool_call>",
+    "text with a stray </tool_call> and <tool_call",
+]
+
+TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+
+
+def hermes(output):
+    if "<tool_call>" not in output:
+        return {"content": output, "tool_calls": []}
+    try:
+        calls = [json.loads(m[0] if m[0] else m[1]) for m in TOOL_CALL_RE.findall(output)]
+        tool_calls = [{"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)} for c in calls]
+        content = output[:output.find("<tool_call>")]
+        return {"content": content if content else None, "tool_calls": tool_calls}
+    except Exception:
+        return {"content": output, "tool_calls": []}
+
+
+def main():
+    templates = json.load(open(os.path.join(DATA, "templates.json")))
+    env = environment()
+    cases = []
+    for source in ("qwen2.5", "qwen3"):
+        t = env.from_string(templates[source]["chat_template"])
+        for tools, messages in CONVERSATIONS:
+            if source == "qwen2.5" and any(m.get("reasoning_content") for m in messages):
+                continue  # Qwen2.5's template has no reasoning
+            for thinking in ([True, False] if source == "qwen3" else [True]):
+                extra = {} if thinking else {"enable_thinking": False}
+                prompt = t.render(messages=messages, tools=tools, add_generation_prompt=True, **extra)
+                cases.append({"source": source, "tools": tools, "messages": messages, "enable_thinking": thinking,
+                              "prompt": prompt})
+    parsed = [{"output": o, **hermes(o)} for o in OUTPUTS]
+    with open(os.path.join(DATA, "tool_cases.json"), "w") as f:
+        json.dump({"renders": cases, "hermes": parsed}, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print(f"{len(cases)} renders, {len(parsed)} parsed outputs")
+
+
+if __name__ == "__main__":
+    main()
