@@ -94,6 +94,15 @@ const std::vector<Option>& options() {
          KVPR_CHECK(v == "none" || v == "qwen3", "reasoning-parser: expected none or qwen3, got '", v, "'");
          c.reasoning_parser = v;
        }},
+      {"tool-call-parser",
+       "hermes: a chat request's tools are written into the prompt and the answer's <tool_call> blocks returned as "
+       "tool_calls, as vLLM's hermes parser; auto: hermes when the chat template writes tools (qwen2.5, qwen3); "
+       "none: requests with tools are refused [auto]",
+       [](DaemonConfig& c, const std::string& v) {
+         KVPR_CHECK(v == "auto" || v == "none" || v == "hermes", "tool-call-parser: expected auto, none or hermes, got '",
+                    v, "'");
+         c.tool_call_parser = v;
+       }},
       {"worker-binary", "path of kvpr-worker [next to kvprd]", [](DaemonConfig& c, const std::string& v) { c.worker_binary = v; }},
       {"log-level", "trace, debug, info, warn or error [info]", [](DaemonConfig& c, const std::string& v) { c.log_level = v; }},
   };

@@ -88,6 +88,13 @@ int main(int argc, char** argv) {
     }
     KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, ",
                chat_template_names(), ")");
+    served.tool_call_parser = cfg.tool_call_parser;
+    if (served.tool_call_parser == "auto")
+      served.tool_call_parser = chat_template_has_tools(tmpl) ? "hermes" : "none";
+    KVPR_CHECK(served.tool_call_parser == "none" || chat_template_has_tools(tmpl), "--tool-call-parser ",
+               served.tool_call_parser, " needs a chat template that writes tools (qwen2.5, qwen3), not ", tmpl);
+    spdlog::info("tool calls: {}", served.tool_call_parser == "none" ? "off (requests with tools are refused)"
+                                                                      : "hermes (<tool_call> blocks)");
     // Sampling defaults: read (and refused when out of range) before any worker starts.
     if (cfg.generation_config) {
       served.defaults = read_sampling_defaults(cfg.model);

@@ -13,6 +13,7 @@
 
 #include "engine/chat_template.h"
 #include "engine/reasoning.h"
+#include "engine/tool_calls.h"
 #include "daemon/metrics.h"
 #include "engine/error.h"
 
@@ -237,9 +238,8 @@ Sampling parse_sampling(const bj::object& o, bool chat, const SamplingDefaults& 
     if (auto v = field(o, "best_of"); v && !v->is_null() && !(v->is_int64() && v->as_int64() <= s.n))
       throw unsupported("best_of", "server-side best-of ranking");
   } else {
-    for (const char* name : {"tools", "functions"})
-      if (auto v = field(o, name); v && !v->is_null() && !(v->is_array() && v->as_array().empty()))
-        throw unsupported(name, "tool calls");
+    if (auto v = field(o, "functions"); v && !(v->is_array() && v->as_array().empty()))
+      throw unsupported("functions", "the deprecated function calling; use tools");
     if (auto v = field(o, "response_format"); v && !v->is_null()) {
       const bj::value* type = v->is_object() ? v->as_object().if_contains("type") : nullptr;
       if (!type || !type->is_string() || type->as_string() != "text")
@@ -247,6 +247,70 @@ Sampling parse_sampling(const bj::object& o, bool chat, const SamplingDefaults& 
     }
   }
   return s;
+}
+
+// A JSON value of the request as the engine's (key order and duplicates kept).
+json::Value engine_json(const bj::value& v) { return json::parse(bj::serialize(v)); }
+
+// What a chat request asks of tools: the tools written into the prompt, and whether the answer
+// is searched for calls. tool_choice "none" (or no tools) leaves both out; "auto" (the default
+// with tools) needs a tool-call parser; "required" and a named function would need decoding
+// constrained to the tools' schemas, which this server does not do.
+struct ToolRequest {
+  json::Array tools;
+  bool parse = false;
+  bool parallel = true;
+};
+
+ToolRequest parse_tools(const bj::object& o, const ServedModel& served) {
+  ToolRequest t;
+  const bj::value* tools = field(o, "tools");
+  if (tools && !tools->is_array()) throw bad_request("'tools' must be a list", "tools");
+  std::string choice = tools && !tools->as_array().empty() ? "auto" : "none";
+  if (const bj::value* c = field(o, "tool_choice")) {
+    if (c->is_string() && (c->as_string() == "none" || c->as_string() == "auto")) {
+      choice = c->as_string();
+    } else if ((c->is_string() && c->as_string() == "required") || c->is_object()) {
+      throw bad_request("'tool_choice' " + std::string(c->is_string() ? "\"required\"" : "naming a function") +
+                            " is not supported by this server (it needs decoding constrained to the tools' schemas; "
+                            "\"auto\" and \"none\" are supported)",
+                        "tool_choice");
+    } else {
+      throw bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or a function", "tool_choice");
+    }
+  }
+  if (const bj::value* p = field(o, "parallel_tool_calls")) t.parallel = bool_of(*p, "parallel_tool_calls");
+  if (!tools || tools->as_array().empty()) return t;
+  if (tools->as_array().size() > 128) throw bad_request("'tools' holds at most 128 tools", "tools");
+  for (size_t i = 0; i < tools->as_array().size(); ++i) {
+    const bj::value& tool = tools->as_array()[i];
+    const std::string where = "tools[" + std::to_string(i) + "]";
+    const bj::value* type = tool.is_object() ? field(tool.as_object(), "type") : nullptr;
+    const bj::value* fn = tool.is_object() ? field(tool.as_object(), "function") : nullptr;
+    if (!type || !type->is_string() || type->as_string() != "function" || !fn || !fn->is_object())
+      throw bad_request(where + " must be {\"type\": \"function\", \"function\": {...}}", "tools");
+    const bj::value* name = field(fn->as_object(), "name");
+    bool ok = name && name->is_string() && !name->as_string().empty() && name->as_string().size() <= 64;
+    for (char ch : ok ? std::string(name->as_string()) : std::string())
+      ok = ok && (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-');
+    if (!ok) throw bad_request(where + ".function.name must be 1 to 64 letters, digits, '_' or '-'", "tools");
+    if (const bj::value* d = field(fn->as_object(), "description"); d && !d->is_string())
+      throw bad_request(where + ".function.description must be a string", "tools");
+    if (const bj::value* ps = field(fn->as_object(), "parameters"); ps && !ps->is_object())
+      throw bad_request(where + ".function.parameters must be a JSON Schema object", "tools");
+    if (choice == "none") continue;
+    // The template sees {"type": "function", "function": {...as sent...}}.
+    t.tools.push_back(json::Value(json::Object{{"type", json::Value("function")}, {"function", engine_json(*fn)}}));
+  }
+  if (choice == "none") return t;
+  if (!chat_template_has_tools(served.chat_template))
+    throw bad_request("'tools' need a chat template that writes them (qwen2.5, qwen3); this model's is '" +
+                          served.chat_template + "'",
+                      "tools");
+  if (served.tool_call_parser == "none")
+    throw bad_request("'tools' are off: kvprd was started with --tool-call-parser none", "tools");
+  t.parse = true;
+  return t;
 }
 
 bj::value usage_json(int64_t prompt, int64_t completion) {
@@ -274,10 +338,12 @@ struct Job {
     bool done = false;
     bool sent_role = false;
     ReasoningSplitter reasoning;  // streaming with a reasoning parser
+    HermesToolStream tool_stream;  // streaming with tools
     size_t lp_sent = 0;     // streaming: tokens whose logprobs went out
     int64_t lp_offset = 0;  // streaming: text offset of the next token (completions)
   };
   bool chat = false;
+  ToolRequest tools;  // chat: tools in the prompt, calls parsed from the answers
   std::string id;
   int64_t created = 0;
   std::string model;
@@ -545,6 +611,33 @@ class Session : public std::enable_shared_from_this<Session> {
     return ids;
   }
 
+  // An assistant message's tool_calls, their arguments parsed from JSON text (vLLM's json.loads).
+  static std::vector<ChatToolCall> tool_calls_of(const bj::object& m, size_t index) {
+    std::vector<ChatToolCall> out;
+    const bj::value* calls = field(m, "tool_calls");
+    if (!calls) return out;
+    const std::string where = "messages[" + std::to_string(index) + "].tool_calls";
+    if (!calls->is_array()) throw bad_request(where + " must be a list", "messages");
+    for (size_t j = 0; j < calls->as_array().size(); ++j) {
+      const bj::value& c = calls->as_array()[j];
+      const std::string at = where + "[" + std::to_string(j) + "]";
+      const bj::value* fn = c.is_object() ? field(c.as_object(), "function") : nullptr;
+      const bj::value* name = fn && fn->is_object() ? field(fn->as_object(), "name") : nullptr;
+      const bj::value* args = fn && fn->is_object() ? field(fn->as_object(), "arguments") : nullptr;
+      if (!name || !name->is_string() || !args || !args->is_string())
+        throw bad_request(at + " must have function.name and function.arguments (a JSON string)", "messages");
+      ChatToolCall call;
+      call.name = name->as_string();
+      try {
+        call.arguments = json::parse(std::string_view(args->as_string()));
+      } catch (const Error& e) {
+        throw bad_request(at + ".function.arguments is not JSON: " + e.what(), "messages");
+      }
+      out.push_back(std::move(call));
+    }
+    return out;
+  }
+
   void generate(bool chat) {
     if (st_->draining) throw ApiError{503, "the server is shutting down", "service_unavailable", ""};
     if (st_->pool.ready_count() == 0) throw ApiError{503, "no worker is ready (loading or restarting)", "service_unavailable", ""};
@@ -569,10 +662,22 @@ class Session : public std::enable_shared_from_this<Session> {
         const bj::value* content = field(m.as_object(), "content");
         if (!role || !role->is_string()) throw bad_request("each message needs a string 'role'", "messages");
         std::string r(role->as_string());
-        if (r != "system" && r != "user" && r != "assistant" && r != "developer")
+        if (r != "system" && r != "user" && r != "assistant" && r != "developer" && r != "tool")
           throw bad_request("unknown message role '" + r + "'", "messages");
+        ChatMessage msg;
+        if (r == "assistant") msg.tool_calls = tool_calls_of(m.as_object(), cm.size());
+        if (r == "tool")
+          if (const bj::value* id = field(m.as_object(), "tool_call_id"); id && !id->is_string())
+            throw bad_request("a tool message's 'tool_call_id' must be a string", "messages");
+        if (r == "assistant")
+          if (const bj::value* rc = field(m.as_object(), "reasoning_content")) {
+            if (!rc->is_string()) throw bad_request("'reasoning_content' must be a string", "messages");
+            msg.reasoning = std::string(rc->as_string());
+          }
         std::string text;
-        if (content && content->is_string()) {
+        if (!content && !msg.tool_calls.empty()) {
+          // an assistant message that only calls tools
+        } else if (content && content->is_string()) {
           text = content->as_string();
         } else if (content && content->is_array()) {
           for (const auto& part : content->as_array()) {  // [{"type": "text", "text": ...}]
@@ -583,8 +688,11 @@ class Session : public std::enable_shared_from_this<Session> {
         } else {
           throw bad_request("each message needs 'content' (a string or text parts)", "messages");
         }
-        cm.push_back({r == "developer" ? "system" : r, text});
+        msg.role = r == "developer" ? "system" : r;
+        msg.content = std::move(text);
+        cm.push_back(std::move(msg));
       }
+      job->tools = parse_tools(o, st_->served);
       ChatOptions chat_options;
       chat_options.default_system = st_->served.default_system;
       if (const bj::value* kw = field(o, "chat_template_kwargs"); kw && !kw->is_null()) {  // vLLM's extension
@@ -597,7 +705,13 @@ class Session : public std::enable_shared_from_this<Session> {
           chat_options.enable_thinking = bool_of(kv.value(), "chat_template_kwargs.enable_thinking");
         }
       }
-      RenderedChat rc = render_chat(st_->served.chat_template, cm, chat_options);
+      chat_options.tools = job->tools.tools;
+      RenderedChat rc;
+      try {
+        rc = render_chat(st_->served.chat_template, cm, chat_options);
+      } catch (const Error& e) {  // tool messages or calls for a template without tools
+        throw bad_request(e.what(), "messages");
+      }
       for (auto& st : rc.stop) job->s.stop.push_back(st);
       for (const auto& t : rc.stop_tokens)
         if (auto id = st_->tok.token_to_id(t)) job->s.stop_token_ids.push_back(*id);
@@ -817,14 +931,26 @@ class Session : public std::enable_shared_from_this<Session> {
             arr = std::move(joined);
           }
       }
-      if (job.chat && st_->cfg.reasoning_parser != "none") {
-        const ReasoningSplitter::Parts parts = ReasoningSplitter::split(c.text);
-        bj::object msg{{"role", "assistant"}, {"content", parts.content}, {"reasoning_content", parts.reasoning}};
-        if (parts.content.empty() && !parts.reasoning.empty()) msg["content"] = nullptr;
-        if (parts.reasoning.empty()) msg["reasoning_content"] = nullptr;
+      if (job.chat) {
+        bj::object msg{{"role", "assistant"}, {"content", c.text}};
+        std::string content = c.text;
+        if (st_->cfg.reasoning_parser != "none") {
+          const ReasoningSplitter::Parts parts = ReasoningSplitter::split(c.text);
+          content = parts.content;
+          msg["content"] = parts.content;
+          msg["reasoning_content"] = parts.reasoning;
+          if (parts.content.empty() && !parts.reasoning.empty()) msg["content"] = nullptr;
+          if (parts.reasoning.empty()) msg["reasoning_content"] = nullptr;
+        }
+        if (job.tools.parse) {
+          ToolCallParse p = parse_hermes_tool_calls(content);
+          if (!p.calls.empty()) {
+            msg["content"] = p.content ? bj::value(*p.content) : bj::value(nullptr);
+            msg["tool_calls"] = tool_calls_json(job, p.calls, false);
+            ch["finish_reason"] = "tool_calls";
+          }
+        }
         ch["message"] = std::move(msg);
-      } else if (job.chat) {
-        ch["message"] = bj::object{{"role", "assistant"}, {"content", c.text}};
       } else {
         ch["text"] = c.echo_text + c.text;
       }
@@ -836,6 +962,21 @@ class Session : public std::enable_shared_from_this<Session> {
                     {"usage", usage_json(prompt_tokens, completion_tokens)}};
     finish_request();
     send_json(200, body);
+  }
+
+  // OpenAI's tool_calls of a message (or, streamed, of a delta: each with its index), with fresh
+  // ids; only the first with parallel_tool_calls false.
+  bj::array tool_calls_json(const Job& job, const std::vector<ToolCallText>& calls, bool indexed) {
+    bj::array out;
+    for (size_t k = 0; k < calls.size() && (job.tools.parallel || k == 0); ++k) {
+      bj::object call;
+      if (indexed) call["index"] = static_cast<int64_t>(k);
+      call["id"] = st_->new_id("chatcmpl-tool-");
+      call["type"] = "function";
+      call["function"] = bj::object{{"name", calls[k].name}, {"arguments", calls[k].arguments}};
+      out.push_back(std::move(call));
+    }
+    return out;
   }
 
   // The echoed prompt's part of a completions logprobs object: its tokens (text as the echo
@@ -972,30 +1113,48 @@ class Session : public std::enable_shared_from_this<Session> {
       c.lp_sent = c.tokens.size();
       return v;
     };
-    if (job.chat && st_->cfg.reasoning_parser != "none") {
-      // Reasoning and answer as separate delta fields; text that may still be a tag waits.
-      ReasoningSplitter::Parts parts = c.reasoning.feed(ev.text);
-      if (!ev.finish_reason.empty()) {
-        ReasoningSplitter::Parts rest = c.reasoning.finish();
-        parts.reasoning += rest.reasoning;
-        parts.content += rest.content;
+    std::vector<ToolCallText> calls;
+    if (job.chat) {
+      const bool finished = !ev.finish_reason.empty();
+      std::string reasoning, content = ev.text;
+      if (st_->cfg.reasoning_parser != "none") {
+        // Reasoning and answer as separate delta fields; text that may still be a tag waits.
+        ReasoningSplitter::Parts parts = c.reasoning.feed(ev.text);
+        if (finished) {
+          ReasoningSplitter::Parts rest = c.reasoning.finish();
+          parts.reasoning += rest.reasoning;
+          parts.content += rest.content;
+        }
+        reasoning = std::move(parts.reasoning);
+        content = std::move(parts.content);
       }
-      if (!parts.reasoning.empty() || !parts.content.empty()) {
+      if (job.tools.parse) {
+        // Text before a <tool_call> goes out as it comes; the calls when the answer is complete.
+        content = c.tool_stream.feed(content).content;
+        if (finished) {
+          HermesToolStream::Delta rest = c.tool_stream.finish();
+          content += rest.content;
+          calls = std::move(rest.calls);
+        }
+      }
+      if (!reasoning.empty() || !content.empty()) {
         bj::object delta;
-        if (!parts.reasoning.empty()) delta["reasoning_content"] = parts.reasoning;
-        if (!parts.content.empty()) delta["content"] = parts.content;
+        if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
+        if (!content.empty()) delta["content"] = content;
         push_sse(chunk(bj::object{{"index", static_cast<int64_t>(i)}, {"delta", std::move(delta)},
                                   {"logprobs", pending_logprobs()}, {"finish_reason", nullptr}}));
       }
+      if (!calls.empty())
+        push_sse(chunk(bj::object{{"index", static_cast<int64_t>(i)},
+                                  {"delta", bj::object{{"tool_calls", tool_calls_json(job, calls, true)}}},
+                                  {"logprobs", pending_logprobs()}, {"finish_reason", nullptr}}));
     } else if (!ev.text.empty()) {
-      bj::object ch{{"index", static_cast<int64_t>(i)}, {"logprobs", pending_logprobs()}, {"finish_reason", nullptr}};
-      if (job.chat) ch["delta"] = bj::object{{"content", ev.text}};
-      else ch["text"] = ev.text;
-      push_sse(chunk(std::move(ch)));
+      push_sse(chunk(bj::object{{"index", static_cast<int64_t>(i)}, {"text", ev.text}, {"logprobs", pending_logprobs()},
+                                {"finish_reason", nullptr}}));
     }
     if (!ev.finish_reason.empty()) {
       bj::object ch{{"index", static_cast<int64_t>(i)}, {"logprobs", pending_logprobs()},
-                    {"finish_reason", ev.finish_reason}};
+                    {"finish_reason", calls.empty() ? ev.finish_reason : std::string("tool_calls")}};
       if (job.chat) ch["delta"] = bj::object{};
       else ch["text"] = "";
       push_sse(chunk(std::move(ch)));

@@ -515,6 +515,168 @@ def qwen_chat():
         d.stop()
 
 
+def openai_client(port, model, *args):
+    """tests/openai_client_test.mjs (the official openai npm client, v4: runs on Debian 12's
+    Node.js 18, installed once) against kvprd on `port`."""
+    npm_dir = os.environ.get("KVPR_NPM_DIR", os.path.join(TMP, "npm"))
+    if not os.path.exists(os.path.join(npm_dir, "node_modules", "openai", "package.json")):
+        subprocess.run(["npm", "install", "--prefix", npm_dir, "--no-audit", "--no-fund", "--no-save",
+                        "--no-package-lock", "--loglevel=error", "openai@4.104.0"], check=True)
+    r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), "openai_client_test.mjs"), str(port), model, *args],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "NODE_PATH": os.path.join(npm_dir, "node_modules")})
+    print(r.stdout.strip())
+    return r
+
+
+def write_chain_model(model, chain, vocab=151936, hidden=32):
+    """A one-layer Qwen2 whose greedy answer is a given token sequence: token chain[i] embeds as
+    the unit vector e_i and the untied LM head maps e_i to chain[i + 1]; every attention and MLP
+    weight is zero, so each position's hidden state is its own embedding. A real model run
+    through the real engine, built so that its output (a tool call) is known."""
+    import struct
+    assert len(chain) <= hidden and len(set(chain[:-1])) == len(chain) - 1
+    json.dump(dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=16, num_hidden_layers=1,
+                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, rms_norm_eps=1e-6,
+                   rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, model_type="qwen2",
+                   torch_dtype="float32", bos_token_id=151643, eos_token_id=151645),
+              open(os.path.join(model, "config.json"), "w"))
+    kvw, p = hidden // 2, "model.layers.0."
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "lm_head.weight": [vocab, hidden],
+              "model.norm.weight": [hidden], p + "input_layernorm.weight": [hidden],
+              p + "post_attention_layernorm.weight": [hidden], p + "self_attn.q_proj.weight": [hidden, hidden],
+              p + "self_attn.q_proj.bias": [hidden], p + "self_attn.k_proj.weight": [kvw, hidden],
+              p + "self_attn.k_proj.bias": [kvw], p + "self_attn.v_proj.weight": [kvw, hidden],
+              p + "self_attn.v_proj.bias": [kvw], p + "self_attn.o_proj.weight": [hidden, hidden],
+              p + "mlp.gate_proj.weight": [16, hidden], p + "mlp.up_proj.weight": [16, hidden],
+              p + "mlp.down_proj.weight": [hidden, 16]}
+    header, offset, blobs = {}, 0, []
+    for name, shape in shapes.items():
+        n = shape[0] * (shape[1] if len(shape) > 1 else 1)
+        data = bytearray(4 * n)
+        if name.endswith("norm.weight"):
+            data = bytearray(struct.pack(f"<{n}f", *([1.0] * n)))
+        elif name == "model.embed_tokens.weight":
+            for i, t in enumerate(chain):
+                struct.pack_into("<f", data, 4 * (t * hidden + i), 1.0)
+        elif name == "lm_head.weight":
+            for i in range(len(chain) - 1):
+                struct.pack_into("<f", data, 4 * (chain[i + 1] * hidden + i), 10.0)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(os.path.join(model, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for b in blobs:
+            f.write(b)
+
+
+def qwen_tools():
+    """Tool calls end to end with Qwen2.5's real tokenizer and chat template: the request's tools
+    are written into the prompt as the template writes them, and a model whose answer is
+    'Checking.<tool_call>{...}</tool_call><|im_end|>' gets it back as tool_calls (finish_reason
+    tool_calls), whole and streamed; the call and its result go back in the next request; the
+    official openai client does the same; what this server cannot do is refused by name."""
+    model = os.path.join(TMP, "qwen-tools")
+    os.makedirs(model)
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "qwen2-tokenizer")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(data, f), os.path.join(model, f))
+    answer = 'Checking.<tool_call>{"name":"get_weather","arguments":{"city": "Paris"}}</tool_call>'
+    ids = json.loads(subprocess.check_output([KVPR, "tokenize", "--model", model, "--text", answer, "--json"]))["ids"]
+    newline, im_end = 198, 151645
+    write_chain_model(model, [newline] + ids + [im_end])
+    d, log = single_worker(model, "--served-model-name", "qwen", "--kv-mode", "kvpr")
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                              "required": ["city"]}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    try:
+        check("tool calls on by default with Qwen2.5's template", "tool calls: hermes" in log, log[-500:])
+        st, body = d.post("/v1/chat/completions", {"model": "qwen", "messages": msgs, "tools": tools, "temperature": 0,
+                                                   "max_tokens": 40})
+        prompt = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\n"
+                  "You may call one or more functions to assist with the user query.\n\nYou are provided with function "
+                  "signatures within <tools></tools> XML tags:\n<tools>\n"
+                  '{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", '
+                  '"parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}\n'
+                  "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+                  "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                  "<args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+                  "<|im_start|>assistant\n")
+        st2, want = d.post("/tokenize", {"prompt": prompt})
+        check("tools written into the prompt as Qwen2.5's template writes them",
+              st == 200 and st2 == 200 and body["usage"]["prompt_tokens"] == len(want["tokens"]), (body, want))
+        c = body["choices"][0] if st == 200 else {}
+        calls = c.get("message", {}).get("tool_calls", [])
+        check("the answer's <tool_call> block comes back as a tool call",
+              c.get("finish_reason") == "tool_calls" and c["message"]["content"] == "Checking." and len(calls) == 1 and
+              calls[0]["type"] == "function" and calls[0]["id"].startswith("chatcmpl-tool-") and
+              calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'} and
+              body["usage"]["completion_tokens"] == len(ids) + 1, body)
+        events, _ = d.stream("/v1/chat/completions", {"model": "qwen", "messages": msgs, "tools": tools, "temperature": 0,
+                                                      "max_tokens": 40, "stream": True})
+        deltas = [e["choices"][0] for e in events[:-1] if e["choices"]]
+        streamed_calls = [t for x in deltas for t in x["delta"].get("tool_calls", [])]
+        check("streamed: the content as it comes, then the call, then finish_reason tool_calls",
+              "".join(x["delta"].get("content") or "" for x in deltas) == "Checking." and len(streamed_calls) == 1 and
+              streamed_calls[0]["index"] == 0 and streamed_calls[0]["function"] == calls[0]["function"] and
+              deltas[-1]["finish_reason"] == "tool_calls", deltas)
+        # The call and its result go back: the assistant turn with the call and the tool's turn.
+        follow = msgs + [{"role": "assistant", "content": None, "tool_calls": calls},
+                         {"role": "tool", "tool_call_id": calls[0]["id"] if calls else "x", "content": "21 C, sunny"}]
+        st, body = d.post("/v1/chat/completions", {"model": "qwen", "messages": follow, "tools": tools, "max_tokens": 1})
+        tail = ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+                "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n21 C, sunny\n</tool_response><|im_end|>\n"
+                "<|im_start|>assistant\n")
+        st2, want2 = d.post("/tokenize", {"prompt": prompt[:prompt.rfind("<|im_start|>assistant")] + tail})
+        check("a tool call and its result in the conversation", st == 200 and
+              body["usage"]["prompt_tokens"] == len(want2["tokens"]), (body, want2))
+        # tool_choice none: the tools stay out of the prompt and the answer is text.
+        st, body = d.post("/v1/chat/completions", {"model": "qwen", "messages": msgs, "tools": tools, "temperature": 0,
+                                                   "tool_choice": "none", "max_tokens": 40})
+        check("tool_choice none: no tools in the prompt, the answer as text", st == 200 and
+              body["usage"]["prompt_tokens"] < len(want["tokens"]) and body["choices"][0]["finish_reason"] == "stop" and
+              body["choices"][0]["message"]["content"] == answer and "tool_calls" not in body["choices"][0]["message"], body)
+        for what, extra, param in (
+                ("tool_choice required", {"tool_choice": "required"}, "tool_choice"),
+                ("a named tool_choice", {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+                 "tool_choice"),
+                ("a tool without a function", {"tools": [{"type": "function"}]}, "tools"),
+                ("a tool name with spaces", {"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools"),
+                ("tools not a list", {"tools": {"type": "function"}}, "tools"),
+                ("legacy functions", {"functions": [{"name": "f"}]}, "functions"),
+                ("arguments that are not JSON", {"messages": msgs + [{"role": "assistant", "tool_calls": [
+                    {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "messages")):
+            st, body = d.post("/v1/chat/completions", dict({"model": "qwen", "messages": msgs, "tools": tools}, **extra))
+            check(f"{what}: 400", st == 400 and body["error"]["param"] == param, (st, body))
+
+        r = openai_client(d.port, "qwen", "tools")
+        check("openai npm client: tool calls", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
+    finally:
+        d.stop()
+    # A template without tools: tools are refused naming it, and so is --tool-call-parser hermes.
+    d, log = single_worker(model, "--served-model-name", "qwen", "--chat-template", "chatml")
+    try:
+        check("chatml: tool calls off", "tool calls: off" in log, log[-500:])
+        st, body = d.post("/v1/chat/completions", {"model": "qwen", "messages": msgs, "tools": tools})
+        check("tools with a template that has none: 400 naming it", st == 400 and "'chatml'" in body["error"]["message"],
+              body)
+        st, body = d.post("/v1/chat/completions", {"model": "qwen", "messages": msgs + [
+            {"role": "assistant", "content": "x"}, {"role": "tool", "tool_call_id": "1", "content": "r"}]})
+        check("a tool message with a template that has none: 400", st == 400 and body["error"]["param"] == "messages",
+              body)
+    finally:
+        d.stop()
+    r = subprocess.run([KVPRD, "--model", model, "--port", str(free_port()), "--workers", "1", "--config", "/dev/null",
+                        "--chat-template", "llama-3", "--tool-call-parser", "hermes"], capture_output=True, text=True,
+                       timeout=60)
+    check("--tool-call-parser hermes with a template without tools stops kvprd",
+          r.returncode == 1 and "needs a chat template that writes tools" in r.stderr, r.stderr[-500:])
+
+
 def generation_defaults():
     """generation_config.json's sampling fields are the defaults of requests that leave them out
     (--generation-config auto); a request's own values win; values a request could not have
@@ -561,6 +723,7 @@ def main():
     llama_chat()
     llama3_chat()
     qwen_chat()
+    qwen_tools()
     d = Daemon()
     try:
         # --- placement: each worker bound to its own cores (one NUMA node here)
@@ -727,14 +890,7 @@ def main():
         check("64 concurrent: all 6 tokens", all(results[p][1]["usage"]["completion_tokens"] == 6 for p in prompts))
 
         # --- the official openai npm client (v4: runs on Debian 12's Node.js 18)
-        npm_dir = os.environ.get("KVPR_NPM_DIR", os.path.join(TMP, "npm"))
-        if not os.path.exists(os.path.join(npm_dir, "node_modules", "openai", "package.json")):
-            subprocess.run(["npm", "install", "--prefix", npm_dir, "--no-audit", "--no-fund", "--no-save",
-                            "--no-package-lock", "--loglevel=error", "openai@4.104.0"], check=True)
-        r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), "openai_client_test.mjs"), str(d.port), "demo"],
-                           capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "NODE_PATH": os.path.join(npm_dir, "node_modules")})
-        print(r.stdout.strip())
+        r = openai_client(d.port, "demo")
         check("openai npm client", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
 
         # --- cancellation: a client that disconnects frees its slot

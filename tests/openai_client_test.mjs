@@ -1,5 +1,9 @@
 // The official `openai` npm client (v4) against a running kvprd: completions, chat and
 // streaming for both. Usage: node openai_client_test.mjs PORT MODEL (NODE_PATH finds openai).
+// With a third argument `tools`, tool calls instead, on a model whose answer is one
+// <tool_call> (tests/daemon_test.py's qwen_tools): chat.completions.create with tools, the
+// same streamed through the client's stream helper (which accumulates tool-call deltas), and
+// the call's result sent back.
 import { createRequire } from 'node:module';
 const require = createRequire(import.meta.url);
 const OpenAI = require('openai');
@@ -10,6 +14,31 @@ let passed = 0, failed = 0;
 function check(name, cond, detail) {
   if (cond) passed++;
   else { failed++; console.log(`FAIL: ${name}`, detail ?? ''); }
+}
+
+if (process.argv[4] === 'tools') {
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather in a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const messages = [{ role: 'user', content: 'Weather in Paris?' }];
+
+  const r = await client.chat.completions.create({ model, messages, tools, temperature: 0, max_tokens: 40 });
+  const msg = r.choices[0].message;
+  check('create: a tool call', r.choices[0].finish_reason === 'tool_calls' && msg.tool_calls?.length === 1 &&
+    msg.tool_calls[0].function.name === 'get_weather' &&
+    JSON.parse(msg.tool_calls[0].function.arguments).city === 'Paris', r);
+
+  // The stream helper accumulates tool-call deltas into the final message.
+  const stream = client.beta.chat.completions.stream({ model, messages, tools, temperature: 0, max_tokens: 40 });
+  const final = await stream.finalChatCompletion();
+  const fm = final.choices[0].message;
+  check('stream helper: the same call', final.choices[0].finish_reason === 'tool_calls' && fm.content === 'Checking.' &&
+    fm.tool_calls?.length === 1 && fm.tool_calls[0].function.arguments === msg.tool_calls[0].function.arguments, final);
+
+  const next = await client.chat.completions.create({ model, tools, max_tokens: 2, messages: [
+    ...messages, msg, { role: 'tool', tool_call_id: msg.tool_calls[0].id, content: '21 C, sunny' }] });
+  check('the result sent back', next.choices.length === 1 && next.usage.prompt_tokens > r.usage.prompt_tokens, next);
+  console.log(`openai client (tools): ${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
 }
 
 const models = await client.models.list();
