@@ -95,12 +95,12 @@ const std::vector<Option>& options() {
          c.reasoning_parser = v;
        }},
       {"tool-call-parser",
-       "hermes: a chat request's tools are written into the prompt and the answer's <tool_call> blocks returned as "
-       "tool_calls, as vLLM's hermes parser; auto: hermes when the chat template writes tools (qwen2.5, qwen3); "
-       "none: requests with tools are refused [auto]",
+       "how a chat answer's tool calls are found, as vLLM's parsers of these names: hermes (<tool_call> blocks: "
+       "Qwen2.5, Qwen3) or llama3_json (JSON {\"name\", \"parameters\"}: Llama-3.1, 3.2); auto: the one for the "
+       "chat template, none where it writes no tools; none: requests with tools are refused [auto]",
        [](DaemonConfig& c, const std::string& v) {
-         KVPR_CHECK(v == "auto" || v == "none" || v == "hermes", "tool-call-parser: expected auto, none or hermes, got '",
-                    v, "'");
+         KVPR_CHECK(v == "auto" || v == "none" || v == "hermes" || v == "llama3_json",
+                    "tool-call-parser: expected auto, none, hermes or llama3_json, got '", v, "'");
          c.tool_call_parser = v;
        }},
       {"worker-binary", "path of kvpr-worker [next to kvprd]", [](DaemonConfig& c, const std::string& v) { c.worker_binary = v; }},

@@ -34,8 +34,8 @@ struct DaemonConfig {
   std::string chat_template = "auto";  // see chat_template.h
   bool generation_config = true;     // sampling defaults from the model's generation_config.json
   std::string reasoning_parser = "none";  // qwen3: chat answers split into reasoning_content and content
-  std::string tool_call_parser = "auto";  // hermes: <tool_call> blocks become tool_calls; auto: hermes for
-                                          // templates that write tools (qwen2.5, qwen3), else none
+  std::string tool_call_parser = "auto";  // hermes, llama3_json or none; auto: the chat template's
+                                          // (chat_tool_call_parser), none where it writes no tools
   std::string worker_binary;         // default: kvpr-worker next to kvprd
   std::string log_level = "info";
   std::string config_file;           // the file that was read, if any

@@ -88,13 +88,17 @@ int main(int argc, char** argv) {
     }
     KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, ",
                chat_template_names(), ")");
+    // Tool calls: the parser for how the template's model writes them (auto), or as given.
     served.tool_call_parser = cfg.tool_call_parser;
-    if (served.tool_call_parser == "auto")
-      served.tool_call_parser = chat_template_has_tools(tmpl) ? "hermes" : "none";
+    if (served.tool_call_parser == "auto") {
+      served.tool_call_parser = chat_tool_call_parser(tmpl);
+      if (served.tool_call_parser.empty()) served.tool_call_parser = "none";
+    }
     KVPR_CHECK(served.tool_call_parser == "none" || chat_template_has_tools(tmpl), "--tool-call-parser ",
-               served.tool_call_parser, " needs a chat template that writes tools (qwen2.5, qwen3), not ", tmpl);
+               served.tool_call_parser, " needs a chat template that writes tools (qwen2.5, qwen3, llama-3.1, llama-3.2), not ",
+               tmpl);
     spdlog::info("tool calls: {}", served.tool_call_parser == "none" ? "off (requests with tools are refused)"
-                                                                      : "hermes (<tool_call> blocks)");
+                                                                      : served.tool_call_parser);
     // Sampling defaults: read (and refused when out of range) before any worker starts.
     if (cfg.generation_config) {
       served.defaults = read_sampling_defaults(cfg.model);

@@ -259,6 +259,7 @@ json::Value engine_json(const bj::value& v) { return json::parse(bj::serialize(v
 struct ToolRequest {
   json::Array tools;
   bool parse = false;
+  std::string parser;  // hermes or llama3_json, when parse
   bool parallel = true;
 };
 
@@ -304,12 +305,13 @@ ToolRequest parse_tools(const bj::object& o, const ServedModel& served) {
   }
   if (choice == "none") return t;
   if (!chat_template_has_tools(served.chat_template))
-    throw bad_request("'tools' need a chat template that writes them (qwen2.5, qwen3); this model's is '" +
+    throw bad_request("'tools' need a chat template that writes them (qwen2.5, qwen3, llama-3.1, llama-3.2); this model's is '" +
                           served.chat_template + "'",
                       "tools");
   if (served.tool_call_parser == "none")
     throw bad_request("'tools' are off: kvprd was started with --tool-call-parser none", "tools");
   t.parse = true;
+  t.parser = served.tool_call_parser;
   return t;
 }
 
@@ -338,7 +340,7 @@ struct Job {
     bool done = false;
     bool sent_role = false;
     ReasoningSplitter reasoning;  // streaming with a reasoning parser
-    HermesToolStream tool_stream;  // streaming with tools
+    ToolCallStream tool_stream;  // streaming with tools
     size_t lp_sent = 0;     // streaming: tokens whose logprobs went out
     int64_t lp_offset = 0;  // streaming: text offset of the next token (completions)
   };
@@ -808,6 +810,7 @@ class Session : public std::enable_shared_from_this<Session> {
         Job::Choice c;
         c.prompt = prompts[pi];
         if (job->s.echo) c.echo_text = prompt_texts[pi];
+        if (job->tools.parse) c.tool_stream = ToolCallStream(job->tools.parser);
         job->choices.push_back(std::move(c));
       }
     job_ = job;
@@ -943,7 +946,7 @@ class Session : public std::enable_shared_from_this<Session> {
           if (parts.reasoning.empty()) msg["reasoning_content"] = nullptr;
         }
         if (job.tools.parse) {
-          ToolCallParse p = parse_hermes_tool_calls(content);
+          ToolCallParse p = parse_tool_calls(job.tools.parser, content);
           if (!p.calls.empty()) {
             msg["content"] = p.content ? bj::value(*p.content) : bj::value(nullptr);
             msg["tool_calls"] = tool_calls_json(job, p.calls, false);
@@ -1132,7 +1135,7 @@ class Session : public std::enable_shared_from_this<Session> {
         // Text before a <tool_call> goes out as it comes; the calls when the answer is complete.
         content = c.tool_stream.feed(content).content;
         if (finished) {
-          HermesToolStream::Delta rest = c.tool_stream.finish();
+          ToolCallStream::Delta rest = c.tool_stream.finish();
           content += rest.content;
           calls = std::move(rest.calls);
         }

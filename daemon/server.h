@@ -21,7 +21,7 @@ struct ServedModel {
   std::string chat_template;  // a name of render_chat's
   std::string default_system; // chatml: the template's own system message, if any
   SamplingDefaults defaults;  // generation_config.json's, for fields a request leaves out
-  std::string tool_call_parser = "none";  // none or hermes (auto resolved)
+  std::string tool_call_parser = "none";  // none, hermes or llama3_json (auto resolved)
 };
 
 class Server {

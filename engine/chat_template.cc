@@ -194,7 +194,13 @@ bool known_chat_template(const std::string& name) {
   return false;
 }
 
-bool chat_template_has_tools(const std::string& name) { return name == "qwen2.5" || name == "qwen3"; }
+bool chat_template_has_tools(const std::string& name) { return !chat_tool_call_parser(name).empty(); }
+
+std::string chat_tool_call_parser(const std::string& name) {
+  if (name == "qwen2.5" || name == "qwen3") return "hermes";
+  if (name == "llama-3.1" || name == "llama-3.2") return "llama3_json";
+  return "";
+}
 
 RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>& messages,
                          const ChatOptions& options) {
@@ -205,7 +211,8 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
       if (m.role == "tool") what = "tool messages";
       if (!m.tool_calls.empty()) what = "tool calls";
     }
-    KVPR_CHECK(what == nullptr, "the chat template '", name, "' has no ", what, " (qwen2.5 and qwen3 have)");
+    KVPR_CHECK(what == nullptr, "the chat template '", name, "' has no ", what,
+               " (qwen2.5, qwen3, llama-3.1 and llama-3.2 have)");
   }
   if (name == "qwen3") {
     render_qwen3(messages, options, &r);
@@ -280,11 +287,38 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
         i = 1;
       }
       const std::string date = name == "llama-3.1" ? "26 Jul 2024" : today();
+      const bool tools = !options.tools.empty();
       // Only the system message is trimmed, not the header lines before it.
-      r.prompt += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: " +
-                  date + "\n\n" + trim(system) + "<|eot_id|>";
+      r.prompt += "<|start_header_id|>system<|end_header_id|>\n\n" + std::string(tools ? "Environment: ipython\n" : "") +
+                  "Cutting Knowledge Date: December 2023\nToday Date: " + date + "\n\n" + trim(system) + "<|eot_id|>";
+      if (tools) {
+        // The tools go into the first message after the system one (its templates' default,
+        // tools_in_user_message), each as json.dumps(indent=4) writes it.
+        KVPR_CHECK(i < messages.size(), "the chat template '", name,
+                   "' writes the tools into the first user message, and the conversation has none");
+        r.prompt +=
+            "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a "
+            "function call with its proper arguments that best answers the given prompt.\n\nRespond in the format "
+            "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use "
+            "variables.\n\n";
+        for (const auto& t : options.tools) r.prompt += t.dump_python(4) + "\n\n";
+        r.prompt += trim(messages[i++].content) + "<|eot_id|>";
+      }
     }
-    for (; i < messages.size(); ++i) r.prompt += llama3_turn(messages[i].role, messages[i].content);
+    for (; i < messages.size(); ++i) {
+      const ChatMessage& m = messages[i];
+      if (m.role == "tool") {
+        // A result is written as a JSON string (the template's tojson of the content).
+        r.prompt += "<|start_header_id|>ipython<|end_header_id|>\n\n" + json::Value(m.content).dump_python() + "<|eot_id|>";
+      } else if (!m.tool_calls.empty()) {
+        KVPR_CHECK(m.tool_calls.size() == 1, "the chat template '", name,
+                   "' takes one tool call per assistant message (as the model's own template)");
+        r.prompt += "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"" + m.tool_calls[0].name +
+                    "\", \"parameters\": " + m.tool_calls[0].arguments.dump_python() + "}<|eot_id|>";
+      } else {
+        r.prompt += llama3_turn(m.role, m.content);
+      }
+    }
     r.prompt += "<|start_header_id|>assistant<|end_header_id|>\n\n";
     r.stop_tokens = {"<|eot_id|>"};
     return r;

@@ -28,7 +28,11 @@
 //                       tokenizer's); <|eot_id|> is a stop token
 //   llama-3.1/3.2:      the same after a system turn "Cutting Knowledge Date: December 2023\nToday
 //                       Date: {date}\n\n{system message}" ({date}: 26 Jul 2024 for 3.1, today for 3.2,
-//                       as their templates write it when no tools are given)
+//                       as their templates write it without builtin tools). With tools: "Environment:
+//                       ipython\n" opens the system turn and the tools (json.dumps, indent 4) go into the
+//                       first user message after an instruction to answer {"name", "parameters"}; a call
+//                       is written as that JSON, a tool result as an "ipython" turn holding its
+//                       content as a JSON string
 #pragma once
 
 #include <optional>
@@ -80,9 +84,12 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
                          const ChatOptions& options = {});
 bool known_chat_template(const std::string& name);
 // Whether the template writes tools, assistant tool calls and tool results (qwen2.5 and qwen3:
-// Hermes-style <tool_call> blocks). render_chat refuses tools, tool calls and "tool" messages
-// for the others.
+// Hermes-style <tool_call> blocks; llama-3.1 and llama-3.2: JSON {"name", "parameters"}).
+// render_chat refuses tools, tool calls and "tool" messages for the others.
 bool chat_template_has_tools(const std::string& name);
+// How the template's model writes a call, as the name of vLLM's parser for it: "hermes",
+// "llama3_json", or "" for templates without tools.
+std::string chat_tool_call_parser(const std::string& name);
 std::string chat_template_names();  // "plain, opt, llama-2, ...": every name render_chat takes
 // What "auto" means for the model in `model_dir`: llama-2 when its tokenizer_config.json has a
 // chat_template written for Llama-2 chat (with [INST] and <<SYS>>), mistral for [INST] without

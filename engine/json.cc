@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -170,6 +171,13 @@ class Parser {
     return v;
   }
 
+  // One value at the very start (no whitespace before it); *end gets where it ends.
+  Value parse_leading(size_t* end) {
+    Value v = parse_value(0);
+    *end = i_;
+    return v;
+  }
+
  private:
   [[noreturn]] void fail(const std::string& what) const {
     size_t line = 1, col = 1;
@@ -255,7 +263,10 @@ class Parser {
     }
     double d = 0;
     auto r = std::from_chars(s.data(), s.data() + s.size(), d);
-    if (r.ec != std::errc() && r.ec != std::errc::result_out_of_range) fail("invalid number");
+    if (r.ec == std::errc::result_out_of_range)  // as strtod (and Python): +-inf past the range, 0 below it
+      d = std::strtod(std::string(s).c_str(), nullptr);
+    else if (r.ec != std::errc())
+      fail("invalid number");
     return Value(d);
   }
 
@@ -417,17 +428,27 @@ void append_python_float(std::string& out, double d) {
   out += eb;
 }
 
-void dump_python_to(const Value& v, std::string& out) {
+// indent < 0: one line with ", " and ": "; else json.dumps(indent=N): "," at line ends, each
+// level N spaces deeper, empty containers as [] and {}.
+void dump_python_to(const Value& v, std::string& out, int indent, int level) {
+  auto newline = [&](int at) {
+    if (indent < 0) return;
+    out.push_back('\n');
+    out.append(static_cast<size_t>(indent * at), ' ');
+  };
+  const char* sep = indent < 0 ? ", " : ",";
   switch (v.kind()) {
     case Value::Kind::Double: append_python_float(out, v.as_double()); break;
     case Value::Kind::Arr: {
       out.push_back('[');
       bool first = true;
       for (const auto& e : v.as_array()) {
-        if (!first) out += ", ";
+        if (!first) out += sep;
         first = false;
-        dump_python_to(e, out);
+        newline(level + 1);
+        dump_python_to(e, out, indent, level + 1);
       }
+      if (!first) newline(level);
       out.push_back(']');
       break;
     }
@@ -439,11 +460,13 @@ void dump_python_to(const Value& v, std::string& out) {
       out.push_back('{');
       for (const auto& [k, e] : o) {
         if (!written.insert(k).second) continue;
-        if (written.size() > 1) out += ", ";
+        if (written.size() > 1) out += sep;
+        newline(level + 1);
         append_quoted(out, k);
         out += ": ";
-        dump_python_to(o[last[k]].second, out);
+        dump_python_to(o[last[k]].second, out, indent, level + 1);
       }
+      if (!written.empty()) newline(level);
       out.push_back('}');
       break;
     }
@@ -458,11 +481,13 @@ std::string Value::dump() const {
   return out;
 }
 
-std::string Value::dump_python() const {
+std::string Value::dump_python(int indent) const {
   std::string out;
-  dump_python_to(*this, out);
+  dump_python_to(*this, out, indent, 0);
   return out;
 }
+
+Value parse_leading(std::string_view text, size_t* end) { return Parser(text).parse_leading(end); }
 
 Value parse(std::string_view text) { return Parser(text).parse_document(); }
 

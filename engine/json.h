@@ -67,8 +67,9 @@ class Value {
   // As Python's json.dumps(value, ensure_ascii=False) writes it (what Hugging Face's chat
   // templates get from `tojson`): ", " and ": " separators, floats as Python's repr (1.0,
   // 1e-05, 1e+16), NaN/Infinity, non-ASCII as is; a key given twice keeps its first place and
-  // its last value, as json.loads leaves a dict.
-  std::string dump_python() const;
+  // its last value, as json.loads leaves a dict. indent >= 0: as json.dumps(value, indent=indent)
+  // (one member per line, "," at line ends).
+  std::string dump_python(int indent = -1) const;
 
  private:
   std::variant<std::monostate, bool, int64_t, double, std::string, std::shared_ptr<Array>,
@@ -78,6 +79,10 @@ class Value {
 
 // Parses a complete JSON text. Errors throw kvpr::Error "<what> at line L column C".
 Value parse(std::string_view text);
+
+// Parses the JSON value at the very start of `text` (no whitespace before it) and sets *end to
+// where it ends; what follows is not read (Python's JSONDecoder.raw_decode).
+Value parse_leading(std::string_view text, size_t* end);
 
 // Reads and parses a file; errors name the file.
 Value parse_file(const std::string& path);

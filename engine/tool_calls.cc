@@ -1,5 +1,7 @@
 #include "engine/tool_calls.h"
 
+#include <algorithm>
+
 #include "engine/error.h"
 #include "engine/json.h"
 
@@ -52,14 +54,73 @@ ToolCallParse parse_hermes_tool_calls(std::string_view answer) {
   return out;
 }
 
-HermesToolStream::Delta HermesToolStream::feed(std::string_view text) {
+ToolCallParse parse_llama3_json_tool_calls(std::string_view answer) {
+  ToolCallParse out;
+  const size_t first = answer.find('{');
+  if (first == std::string_view::npos) {
+    out.content = std::string(answer);
+    return out;
+  }
+  // Braces inside an object already parsed are not calls, nor (as in vLLM's loop) one right
+  // after it.
+  size_t end = 0;
+  for (size_t at = first; at != std::string_view::npos; at = answer.find('{', std::max(at, end) + 1)) {
+    json::Value obj;
+    size_t len = 0;
+    try {
+      obj = json::parse_leading(answer.substr(at), &len);
+    } catch (const Error&) {
+      return ToolCallParse{std::string(answer), {}};
+    }
+    end = at + len;
+    const json::Value *name = nullptr, *args = nullptr, *params = nullptr;
+    for (const auto& [k, e] : obj.as_object()) {  // a repeated key counts with its last value
+      if (k == "name") name = &e;
+      if (k == "arguments") args = &e;
+      if (k == "parameters") params = &e;
+    }
+    if (!args) args = params;
+    if (!name || !name->is_string() || !args) return ToolCallParse{std::string(answer), {}};
+    out.calls.push_back({name->as_string(), args->dump_python()});
+  }
+  std::string before(answer.substr(0, first));
+  if (before.starts_with("<|python_tag|>")) before.erase(0, 14);
+  if (!before.empty()) out.content = std::move(before);
+  return out;
+}
+
+ToolCallParse parse_tool_calls(std::string_view parser, std::string_view answer) {
+  if (parser == "hermes") return parse_hermes_tool_calls(answer);
+  if (parser == "llama3_json") return parse_llama3_json_tool_calls(answer);
+  KVPR_THROW("unknown tool-call parser '", parser, "' (hermes, llama3_json)");
+}
+
+ToolCallStream::ToolCallStream(std::string parser) : parser_(std::move(parser)) {
+  if (parser_ == "hermes") marker_ = std::string(kOpen);
+  else if (parser_ == "llama3_json") marker_ = "{";
+  else KVPR_THROW("unknown tool-call parser '", parser_, "' (hermes, llama3_json)");
+}
+
+ToolCallStream::Delta ToolCallStream::feed(std::string_view text) {
   Delta d;
   if (in_calls_) {
     held_ += text;
     return d;
   }
   pending_ += text;
-  if (const size_t at = pending_.find(kOpen); at != std::string::npos) {
+  if (parser_ == "llama3_json" && !emitted_) {
+    // An answer that opens with <|python_tag|> (where the tokenizer writes it as text) is a
+    // call's opening: held like the call, which drops it.
+    constexpr std::string_view tag = "<|python_tag|>";
+    if (pending_.size() < tag.size() && tag.starts_with(pending_)) return d;
+    if (pending_.starts_with(tag)) {
+      held_ = std::move(pending_);
+      pending_.clear();
+      in_calls_ = true;
+      return d;
+    }
+  }
+  if (const size_t at = pending_.find(marker_); at != std::string::npos) {
     d.content = pending_.substr(0, at);
     held_ = pending_.substr(at);
     pending_.clear();
@@ -68,23 +129,24 @@ HermesToolStream::Delta HermesToolStream::feed(std::string_view text) {
   }
   // Hold the longest tail that is a proper prefix of the tag.
   size_t keep = 0;
-  for (size_t n = std::min(pending_.size(), kOpen.size() - 1); n > 0; --n)
-    if (std::string_view(pending_).substr(pending_.size() - n) == kOpen.substr(0, n)) {
+  for (size_t n = std::min(pending_.size(), marker_.size() - 1); n > 0; --n)
+    if (std::string_view(pending_).substr(pending_.size() - n) == std::string_view(marker_).substr(0, n)) {
       keep = n;
       break;
     }
   d.content = pending_.substr(0, pending_.size() - keep);
   pending_.erase(0, pending_.size() - keep);
+  emitted_ = emitted_ || !d.content.empty();
   return d;
 }
 
-HermesToolStream::Delta HermesToolStream::finish() {
+ToolCallStream::Delta ToolCallStream::finish() {
   Delta d;
   d.content = std::move(pending_);
   pending_.clear();
   if (in_calls_) {
-    ToolCallParse p = parse_hermes_tool_calls(held_);
-    if (p.calls.empty()) d.content += held_;  // a block that does not parse: all of it is text
+    ToolCallParse p = parse_tool_calls(parser_, held_);
+    if (p.calls.empty()) d.content += held_;  // calls that do not parse: all of it is text
     else d.calls = std::move(p.calls);
     held_.clear();
     in_calls_ = false;

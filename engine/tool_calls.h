@@ -1,9 +1,14 @@
-// Tool calls in a model's answer, as vLLM's `hermes` tool parser finds them (Qwen2.5, Qwen3 and
-// other Hermes-style models): each call is a <tool_call>{"name": ..., "arguments": ...}</tool_call>
-// block (the last may be cut off before its closing tag). The answer's content is the text
-// before the first block; the text between and after blocks is dropped. When any block is not
-// a JSON object with a string "name" and an "arguments" value, nothing is a call and the whole
-// answer is content. Arguments are given back as Python's json.dumps writes them.
+// Tool calls in a model's answer, as vLLM's tool parsers of the same names find them; the
+// arguments are given back as Python's json.dumps writes them.
+//   hermes (Qwen2.5, Qwen3 and other Hermes-style models): each call is a
+//     <tool_call>{"name": ..., "arguments": ...}</tool_call> block (the last may be cut off before
+//     its closing tag). The content is the text before the first block; the text between and
+//     after blocks is dropped. When any block is not a JSON object with a string "name" and an
+//     "arguments" value, nothing is a call and the whole answer is content.
+//   llama3_json (Llama-3.1, 3.2): every JSON object in the answer that is not inside an earlier
+//     one is a call {"name": ..., "parameters" (or "arguments"): ...}; several are written
+//     separated by "; ". When any "{" does not open such an object, the whole answer is content.
+//     The content is the text before the first object (vLLM drops it), less a <|python_tag|>.
 #pragma once
 
 #include <optional>
@@ -25,13 +30,17 @@ struct ToolCallParse {
 
 // A whole answer at once.
 ToolCallParse parse_hermes_tool_calls(std::string_view answer);
+ToolCallParse parse_llama3_json_tool_calls(std::string_view answer);
+// By parser name (hermes or llama3_json; throws for others).
+ToolCallParse parse_tool_calls(std::string_view parser, std::string_view answer);
 
-// The same, streamed: text before the first "<tool_call>" goes out as it comes (a tail that may
-// be the start of the tag is held until decided); from the tag on everything is held and
-// parsed at the end, so that the calls, or the text as content when a block does not parse, are
-// what parse_hermes_tool_calls gives for the whole answer.
-class HermesToolStream {
+// The same, streamed: text before where a call may start ("<tool_call>"; "{") goes out as it
+// comes (a tail that may be the start of the tag is held until decided); from there on
+// everything is held and parsed at the end, so that the calls, or the text as content when
+// they do not parse, are what parse_tool_calls gives for the whole answer.
+class ToolCallStream {
  public:
+  explicit ToolCallStream(std::string parser = "hermes");
   struct Delta {
     std::string content;
     std::vector<ToolCallText> calls;
@@ -40,9 +49,12 @@ class HermesToolStream {
   Delta finish();
 
  private:
-  std::string pending_;  // a tail that may be the start of the tag
-  std::string held_;     // from the first tag on
+  std::string parser_;
+  std::string marker_;   // where calls may start
+  std::string pending_;  // a tail that may be the start of the marker
+  std::string held_;     // from the first marker on
   bool in_calls_ = false;
+  bool emitted_ = false;  // some text went out
 };
 
 }  // namespace kvpr

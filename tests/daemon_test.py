@@ -529,8 +529,8 @@ def openai_client(port, model, *args):
     return r
 
 
-def write_chain_model(model, chain, vocab=151936, hidden=32):
-    """A one-layer Qwen2 whose greedy answer is a given token sequence: token chain[i] embeds as
+def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2", bos=151643, eos=151645):
+    """A one-layer Qwen2 (or Llama) whose greedy answer is a given token sequence: token chain[i] embeds as
     the unit vector e_i and the untied LM head maps e_i to chain[i + 1]; every attention and MLP
     weight is zero, so each position's hidden state is its own embedding. A real model run
     through the real engine, built so that its output (a tool call) is known."""
@@ -538,8 +538,8 @@ def write_chain_model(model, chain, vocab=151936, hidden=32):
     assert len(chain) <= hidden and len(set(chain[:-1])) == len(chain) - 1
     json.dump(dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=16, num_hidden_layers=1,
                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, rms_norm_eps=1e-6,
-                   rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, model_type="qwen2",
-                   torch_dtype="float32", bos_token_id=151643, eos_token_id=151645),
+                   rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, model_type=model_type,
+                   torch_dtype="float32", bos_token_id=bos, eos_token_id=eos),
               open(os.path.join(model, "config.json"), "w"))
     kvw, p = hidden // 2, "model.layers.0."
     shapes = {"model.embed_tokens.weight": [vocab, hidden], "lm_head.weight": [vocab, hidden],
@@ -550,6 +550,8 @@ def write_chain_model(model, chain, vocab=151936, hidden=32):
               p + "self_attn.v_proj.bias": [kvw], p + "self_attn.o_proj.weight": [hidden, hidden],
               p + "mlp.gate_proj.weight": [16, hidden], p + "mlp.up_proj.weight": [16, hidden],
               p + "mlp.down_proj.weight": [hidden, 16]}
+    if model_type != "qwen2":
+        shapes = {k: v for k, v in shapes.items() if not k.endswith("proj.bias")}
     header, offset, blobs = {}, 0, []
     for name, shape in shapes.items():
         n = shape[0] * (shape[1] if len(shape) > 1 else 1)
@@ -677,6 +679,68 @@ def qwen_tools():
           r.returncode == 1 and "needs a chat template that writes tools" in r.stderr, r.stderr[-500:])
 
 
+def llama_tools():
+    """Tool calls with Llama-3.1's template and Meta's JSON format ({"name", "parameters"}, parsed
+    as vLLM's llama3_json): the tools go into the first user message as json.dumps(indent=4)
+    writes them, a model whose answer is that JSON gets it back as a tool call, and the call and
+    its result (an ipython turn) go back in the next request."""
+    model = os.path.join(TMP, "llama-tools")
+    os.makedirs(model)
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "llama3-tokenizer")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(data, f), os.path.join(model, f))
+    answer = '{"name":"get_weather","parameters":{"city": "Paris"}}'
+    ids = json.loads(subprocess.check_output([KVPR, "tokenize", "--model", model, "--text", answer, "--json"]))["ids"]
+    blank_line, eot = 271, 128009
+    write_chain_model(model, [blank_line] + ids[1:] + [eot], vocab=128256, model_type="llama", bos=128000, eos=eot)
+    d, log = single_worker(model, "--served-model-name", "llama", "--chat-template", "llama-3.1", "--kv-mode", "offload")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    try:
+        check("llama-3.1: tool calls as llama3_json", "tool calls: llama3_json" in log, log[-500:])
+        st, body = d.post("/v1/chat/completions", {"model": "llama", "messages": msgs, "tools": tools, "temperature": 0,
+                                                   "max_tokens": 40})
+        tool_text = ('{\n    "type": "function",\n    "function": {\n        "name": "get_weather",\n        "parameters": {\n'
+                     '            "type": "object",\n            "properties": {\n                "city": {\n'
+                     '                    "type": "string"\n                }\n            },\n            "required": [\n'
+                     '                "city"\n            ]\n        }\n    }\n}')
+        prompt = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge "
+                  "Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+                  "Given the following functions, please respond with a JSON for a function call with its proper "
+                  "arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, "
+                  "\"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n" + tool_text +
+                  "\n\nWeather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+        st2, want = d.post("/tokenize", {"prompt": prompt})
+        check("llama-3.1: tools in the first user message, indented as json.dumps(indent=4)",
+              st == 200 and st2 == 200 and body["usage"]["prompt_tokens"] == len(want["tokens"]) - 1, (body, want))
+        c = body["choices"][0] if st == 200 else {}
+        calls = c.get("message", {}).get("tool_calls", [])
+        check("llama-3.1: the answer's JSON comes back as a tool call",
+              c.get("finish_reason") == "tool_calls" and c["message"]["content"] is None and len(calls) == 1 and
+              calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}, body)
+        events, _ = d.stream("/v1/chat/completions", {"model": "llama", "messages": msgs, "tools": tools, "temperature": 0,
+                                                      "max_tokens": 40, "stream": True})
+        deltas = [e["choices"][0] for e in events[:-1] if e["choices"]]
+        streamed = [t for x in deltas for t in x["delta"].get("tool_calls", [])]
+        check("llama-3.1 streamed: no content, the call, finish_reason tool_calls",
+              not any(x["delta"].get("content") for x in deltas) and len(streamed) == 1 and
+              streamed[0]["function"] == calls[0]["function"] and deltas[-1]["finish_reason"] == "tool_calls", deltas)
+        follow = msgs + [{"role": "assistant", "content": None, "tool_calls": calls},
+                         {"role": "tool", "tool_call_id": "x", "content": "21 C"}]
+        st, body = d.post("/v1/chat/completions", {"model": "llama", "messages": follow, "tools": tools, "max_tokens": 1})
+        st2, want2 = d.post("/tokenize", {"prompt": prompt + '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+                                          '<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n"21 C"<|eot_id|>'
+                                          "<|start_header_id|>assistant<|end_header_id|>\n\n"})
+        check("llama-3.1: the call and its result as an ipython turn", st == 200 and
+              body["usage"]["prompt_tokens"] == len(want2["tokens"]) - 1, (body, want2))
+        st, body = d.post("/v1/chat/completions", {"model": "llama", "messages": msgs + [
+            {"role": "assistant", "tool_calls": calls + calls}], "tools": tools})
+        check("llama-3.1: two calls in one message: 400", st == 400 and "one tool call" in body["error"]["message"], body)
+    finally:
+        d.stop()
+
+
 def generation_defaults():
     """generation_config.json's sampling fields are the defaults of requests that leave them out
     (--generation-config auto); a request's own values win; values a request could not have
@@ -724,6 +788,7 @@ def main():
     llama3_chat()
     qwen_chat()
     qwen_tools()
+    llama_tools()
     d = Daemon()
     try:
         # --- placement: each worker bound to its own cores (one NUMA node here)

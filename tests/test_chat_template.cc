@@ -20,6 +20,16 @@
 using namespace kvpr;
 
 namespace {
+// Today as Llama-3.2's template writes it (strftime_now("%d %b %Y")).
+std::string today() {
+  char buf[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
+  return buf;
+}
+
 const std::vector<ChatMessage> kChat = {
     {"system", "Be brief."}, {"user", " Hi\n"}, {"assistant", "Hello"}, {"user", "More"}};
 }  // namespace
@@ -128,14 +138,7 @@ TEST(ChatTemplate, MatchesTheModelsJinjaTemplates) {
     const std::string bos = templates.find(source)->find("bos_token")->as_string();
     ASSERT_EQ(want.compare(0, bos.size(), bos), 0) << source;
     want = want.substr(bos.size());
-    if (const size_t at = want.find("__TODAY__"); at != std::string::npos) {  // Llama-3.2's strftime_now("%d %b %Y")
-      char today[32];
-      const std::time_t now = std::time(nullptr);
-      std::tm tm{};
-      gmtime_r(&now, &tm);
-      std::strftime(today, sizeof today, "%d %b %Y", &tm);
-      want.replace(at, 9, today);
-    }
+    if (const size_t at = want.find("__TODAY__"); at != std::string::npos) want.replace(at, 9, today());
     EXPECT_EQ(render_chat(name, messages, options).prompt, want) << source << " with " << messages.size() << " messages";
   }
 }
@@ -214,11 +217,13 @@ TEST(ChatTemplate, ToolsMatchTheModelsJinjaTemplates) {
     if (const json::Value* tools = c.find("tools"); tools->is_array()) options.tools = tools->as_array();
     std::vector<ChatMessage> messages;
     for (const auto& m : c.find("messages")->as_array()) messages.push_back(chat_message(m));
-    EXPECT_EQ(render_chat(source, messages, options).prompt, c.find("prompt")->as_string())
+    std::string want = c.find("prompt")->as_string();
+    if (const size_t at = want.find("__TODAY__"); at != std::string::npos) want.replace(at, 9, today());
+    EXPECT_EQ(render_chat(source, messages, options).prompt, want)
         << source << " case " << n << " with " << messages.size() << " messages";
     ++n;
   }
-  EXPECT_GE(n, 20u);
+  EXPECT_GE(n, 36u);
 }
 
 TEST(ChatTemplate, RefusesToolsWhereTheTemplateHasNone) {
@@ -229,25 +234,35 @@ TEST(ChatTemplate, RefusesToolsWhereTheTemplateHasNone) {
   call.tool_calls.push_back({"f", json::parse("{}")});
   const std::vector<ChatMessage> with_call = {{"user", "Hi"}, call};
   const std::vector<ChatMessage> with_result = {{"user", "Hi"}, {"tool", "42"}};
-  for (const char* name : {"plain", "llama-2", "mistral", "zephyr", "chatml", "qwen2", "llama-3", "llama-3.1"}) {
+  for (const char* name : {"plain", "llama-2", "mistral", "zephyr", "chatml", "qwen2", "llama-3"}) {
     EXPECT_FALSE(chat_template_has_tools(name));
-    expect_error([&] { render_chat(name, user, with_tools); }, "has no tools (qwen2.5 and qwen3 have)");
+    EXPECT_EQ(chat_tool_call_parser(name), "");
+    expect_error([&] { render_chat(name, user, with_tools); }, "has no tools (qwen2.5, qwen3, llama-3.1 and llama-3.2 have)");
     expect_error([&] { render_chat(name, with_call); }, "has no tool calls");
     expect_error([&] { render_chat(name, with_result); }, "has no tool messages");
   }
-  EXPECT_TRUE(chat_template_has_tools("qwen2.5"));
-  EXPECT_TRUE(chat_template_has_tools("qwen3"));
+  EXPECT_EQ(chat_tool_call_parser("qwen2.5"), "hermes");
+  EXPECT_EQ(chat_tool_call_parser("qwen3"), "hermes");
+  EXPECT_EQ(chat_tool_call_parser("llama-3.1"), "llama3_json");
+  EXPECT_EQ(chat_tool_call_parser("llama-3.2"), "llama3_json");
+  // Llama's templates: the tools go into the first user message (so there must be one), and one
+  // call per assistant message.
+  expect_error([&] { render_chat("llama-3.1", {{"system", "S"}}, with_tools); }, "the conversation has none");
+  ChatMessage two = call;
+  two.tool_calls.push_back(call.tool_calls[0]);
+  expect_error([&] { render_chat("llama-3.2", {{"user", "Hi"}, two}); }, "one tool call per assistant message");
 }
 
-// Model outputs parsed as vLLM's hermes parser parses them (the fixture's reference is a
-// Python implementation of it: regex, json.loads, json.dumps); streamed in any two pieces and
-// byte by byte, the content and calls add up to the whole's.
-TEST(ToolCalls, ParsesHermesBlocksAsVllm) {
+// Model outputs parsed as vLLM's hermes and llama3_json parsers parse them (the fixture's
+// reference is a Python implementation of them: regex, json.loads / raw_decode, json.dumps);
+// streamed in any two pieces and byte by byte, the content and calls add up to the whole's.
+TEST(ToolCalls, ParseAsVllmsParsers) {
   const json::Value fixture = json::parse_file(test::data_path("chat-templates") + "/tool_cases.json");
-  size_t n = 0, with_calls = 0;
-  for (const auto& c : fixture.find("hermes")->as_array()) {
+  std::map<std::string, size_t> n, with_calls;
+  for (const auto& c : fixture.find("parsed")->as_array()) {
+    const std::string parser = c.find("parser")->as_string();
     const std::string output = c.find("output")->as_string();
-    const ToolCallParse p = parse_hermes_tool_calls(output);
+    const ToolCallParse p = parse_tool_calls(parser, output);
     const json::Value* content = c.find("content");
     EXPECT_EQ(p.content.has_value(), !content->is_null()) << output;
     if (p.content && content->is_string()) {
@@ -259,7 +274,7 @@ TEST(ToolCalls, ParsesHermesBlocksAsVllm) {
       EXPECT_EQ(p.calls[i].name, calls[i].find("name")->as_string()) << output;
       EXPECT_EQ(p.calls[i].arguments, calls[i].find("arguments")->as_string()) << output;
     }
-    with_calls += !calls.empty();
+    with_calls[parser] += !calls.empty();
     const std::string whole_content = p.content.value_or("");
     auto same = [&](const std::string& got, const std::vector<ToolCallText>& got_calls, const std::string& how) {
       EXPECT_EQ(got, whole_content) << output << " " << how;
@@ -267,30 +282,31 @@ TEST(ToolCalls, ParsesHermesBlocksAsVllm) {
       for (size_t i = 0; i < got_calls.size(); ++i) EXPECT_EQ(got_calls[i].arguments, p.calls[i].arguments);
     };
     for (size_t cut = 0; cut <= output.size(); ++cut) {
-      HermesToolStream s;
-      HermesToolStream::Delta a = s.feed(output.substr(0, cut)), b = s.feed(output.substr(cut)), e = s.finish();
-      std::vector<ToolCallText> got = a.calls;
-      got.insert(got.end(), b.calls.begin(), b.calls.end());
-      EXPECT_TRUE(got.empty()) << "calls come out only at the end";
+      ToolCallStream s(parser);
+      ToolCallStream::Delta a = s.feed(output.substr(0, cut)), b = s.feed(output.substr(cut)), e = s.finish();
+      EXPECT_TRUE(a.calls.empty() && b.calls.empty()) << "calls come out only at the end";
       same(a.content + b.content + e.content, e.calls, "cut at " + std::to_string(cut));
     }
-    HermesToolStream s;
+    ToolCallStream s(parser);
     std::string text;
     for (char ch : output) text += s.feed(std::string(1, ch)).content;
-    HermesToolStream::Delta e = s.finish();
+    ToolCallStream::Delta e = s.finish();
     same(text + e.content, e.calls, "byte by byte");
-    ++n;
+    ++n[parser];
   }
-  EXPECT_GE(n, 15u);
-  EXPECT_GE(with_calls, 8u);
+  EXPECT_GE(n["hermes"], 15u);
+  EXPECT_GE(with_calls["hermes"], 8u);
+  EXPECT_GE(n["llama3_json"], 16u);
+  EXPECT_GE(with_calls["llama3_json"], 8u);
+  EXPECT_THROW(ToolCallStream("pythonic"), Error);
 }
 
 TEST(ToolCalls, StreamsTextBeforeTheFirstBlockAsItComes) {
-  HermesToolStream s;
+  ToolCallStream s;
   EXPECT_EQ(s.feed("Let me check").content, "Let me check");
   EXPECT_EQ(s.feed(".\n<tool").content, ".\n");  // "<tool" may be the tag: held
   EXPECT_EQ(s.feed("box>").content, "<toolbox>");   // it was not
-  HermesToolStream::Delta d = s.feed(" <tool_call>\n{\"name\": \"f\", ");
+  ToolCallStream::Delta d = s.feed(" <tool_call>\n{\"name\": \"f\", ");
   EXPECT_EQ(d.content, " ");
   EXPECT_TRUE(s.feed("\"arguments\": {\"x\": 1}}\n</tool_call>").content.empty());
   d = s.finish();

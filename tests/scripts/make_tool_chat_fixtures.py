@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Produces tests/data/chat-templates/tool_cases.json: conversations with tools, tool calls and
-tool results rendered by the real chat templates of Qwen2.5 and Qwen3 (templates.json, as their
-tokenizer_config.json files carry them) with Jinja2 set up as Hugging Face transformers'
+tool results rendered by the real chat templates of Qwen2.5, Qwen3 and Llama-3.2 (templates.json,
+as their tokenizer_config.json files carry them; Llama-3.2's also stands for Llama-3.1's, which
+differs from it only in the date it writes and in builtin tools, rendered once with 3.1's date
+"26 Jul 2024" and once with "__TODAY__" for today's) with Jinja2 set up as Hugging Face transformers'
 apply_chat_template sets it up (a sandboxed environment with trim_blocks and lstrip_blocks, the
 loopcontrols extension, and a tojson filter that is Python's json.dumps with ensure_ascii=False),
 given what vLLM gives it: the request's tools as objects, a null content as "", and each tool
@@ -9,7 +11,11 @@ call's arguments parsed
 from their JSON string into an object. It also holds model outputs parsed as vLLM's `hermes`
 tool parser does (a regex over <tool_call>...</tool_call> blocks, json.loads of each, the
 arguments written back by json.dumps with ensure_ascii=False; any block that does not parse
-makes the whole output content). Run offline on Debian's python3-jinja2:
+makes the whole output content), and as its `llama3_json` parser does (every "{" not inside or
+right after an object already read starts one, read by JSONDecoder.raw_decode, each
+{"name", "arguments" or "parameters"}; anything else makes the whole output content; the
+content kvpr gives with calls is the text before the first object, less <|python_tag|>, where
+vLLM gives none). Run offline on Debian's python3-jinja2:
   python3 tests/scripts/make_tool_chat_fixtures.py
 """
 import json
@@ -119,6 +125,50 @@ OUTPUTS = [
     "text with a stray </tool_call> and <tool_call",
 ]
 
+LLAMA_OUTPUTS = [
+    "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+    "<|python_tag|>{\"name\": \"f\", \"arguments\": {\"x\": 1}}",
+    "{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"k\": [1, 2.0, \"\\u6771\"]}}",
+    "{\"name\":\"a\",\"parameters\":{}}{\"name\":\"b\",\"parameters\":{}}",
+    "Sure! {\"name\": \"f\", \"parameters\": {\"q\": \"x\"}}",
+    "The set {1, 2} is small.",
+    "Plain text, no braces.",
+    "{\"name\": \"f\"}",
+    "{\"parameters\": {}}",
+    "{\"name\": 5, \"parameters\": {}}",
+    "{\"name\": \"f\", \"parameters\": {\"a\": \"{nested} }\"}} trailing text",
+    "{\"name\": \"f\", \"parameters\": {}} and {\"name\": \"g\", \"parameters\": {\"x\": null}}",
+    "{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"parameters\": {\"b\": 2}}",
+    "{\"name\": \"f\", \"parameters\": {\"a\": 1}",
+    "{\"name\": \"f\", \"parameters\": {\"big\": 1e400, \"tiny\": 1e-400, \"n\": -12345678901234567}}",
+    " {\"name\": \"f\", \"parameters\": {}}",
+]
+
+
+def llama3_json(output):
+    if not ("<|python_tag|>" in output or "{" in output):
+        return {"content": output, "tool_calls": []}
+    dec, end_index, calls = json.JSONDecoder(), -1, []
+    for m in re.finditer(r"\{", output):
+        start = m.start()
+        if start <= end_index:
+            continue
+        try:
+            obj, n = dec.raw_decode(output[start:])
+            end_index = start + n
+            name = obj["name"]
+            if not isinstance(name, str):
+                raise TypeError("name")
+            args = obj["arguments"] if "arguments" in obj else obj["parameters"]
+            calls.append({"name": name, "arguments": json.dumps(args, ensure_ascii=False)})
+        except Exception:
+            return {"content": output, "tool_calls": []}
+    if not calls:
+        return {"content": output, "tool_calls": []}
+    before = output[:output.find("{")].removeprefix("<|python_tag|>")
+    return {"content": before if before else None, "tool_calls": calls}
+
+
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 
 
@@ -138,19 +188,25 @@ def main():
     templates = json.load(open(os.path.join(DATA, "templates.json")))
     env = environment()
     cases = []
-    for source in ("qwen2.5", "qwen3"):
-        t = env.from_string(templates[source]["chat_template"])
+    for source in ("qwen2.5", "qwen3", "llama-3.1", "llama-3.2"):
+        llama = source.startswith("llama")
+        t = env.from_string(templates["llama-3.2" if llama else source]["chat_template"])
         for tools, messages in CONVERSATIONS:
             if source == "qwen2.5" and any(m.get("reasoning_content") for m in messages):
                 continue  # Qwen2.5's template has no reasoning
+            if llama and any(len(m.get("tool_calls", [])) > 1 for m in messages):
+                continue  # Llama's templates take one call per message
             for thinking in ([True, False] if source == "qwen3" else [True]):
                 extra = {} if thinking else {"enable_thinking": False}
+                if llama:
+                    extra = {"bos_token": "", "date_string": "26 Jul 2024" if source == "llama-3.1" else "__TODAY__"}
                 prompt = t.render(messages=messages, tools=tools, add_generation_prompt=True, **extra)
                 cases.append({"source": source, "tools": tools, "messages": messages, "enable_thinking": thinking,
                               "prompt": prompt})
-    parsed = [{"output": o, **hermes(o)} for o in OUTPUTS]
+    parsed = [{"parser": "hermes", "output": o, **hermes(o)} for o in OUTPUTS]
+    parsed += [{"parser": "llama3_json", "output": o, **llama3_json(o)} for o in LLAMA_OUTPUTS]
     with open(os.path.join(DATA, "tool_cases.json"), "w") as f:
-        json.dump({"renders": cases, "hermes": parsed}, f, indent=1, ensure_ascii=False)
+        json.dump({"renders": cases, "parsed": parsed}, f, indent=1, ensure_ascii=False)
         f.write("\n")
     print(f"{len(cases)} renders, {len(parsed)} parsed outputs")
 
