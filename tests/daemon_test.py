@@ -575,21 +575,28 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
             f.write(b)
 
 
+def chain_model(name, tokenizer, answer, after, end, **kw):
+    """TMP/name: the tokenizer files of tests/data/<tokenizer> and a write_chain_model whose greedy
+    answer to a prompt ending in token `after` is `answer`'s tokens (without a BOS), then `end`."""
+    model = os.path.join(TMP, name)
+    os.makedirs(model)
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", tokenizer)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(data, f), os.path.join(model, f))
+    ids = json.loads(subprocess.check_output([KVPR, "tokenize", "--model", model, "--text", answer, "--json"]))["ids"]
+    ids = [i for i in ids if i != kw.get("bos")]
+    write_chain_model(model, [after] + ids + [end], **kw)
+    return model, ids
+
+
 def qwen_tools():
     """Tool calls end to end with Qwen2.5's real tokenizer and chat template: the request's tools
     are written into the prompt as the template writes them, and a model whose answer is
     'Checking.<tool_call>{...}</tool_call><|im_end|>' gets it back as tool_calls (finish_reason
     tool_calls), whole and streamed; the call and its result go back in the next request; the
     official openai client does the same; what this server cannot do is refused by name."""
-    model = os.path.join(TMP, "qwen-tools")
-    os.makedirs(model)
-    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "qwen2-tokenizer")
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(os.path.join(data, f), os.path.join(model, f))
     answer = 'Checking.<tool_call>{"name":"get_weather","arguments":{"city": "Paris"}}</tool_call>'
-    ids = json.loads(subprocess.check_output([KVPR, "tokenize", "--model", model, "--text", answer, "--json"]))["ids"]
-    newline, im_end = 198, 151645
-    write_chain_model(model, [newline] + ids + [im_end])
+    model, ids = chain_model("qwen-tools", "qwen2-tokenizer", answer, 198, 151645)  # after "\n", then <|im_end|>
     d, log = single_worker(model, "--served-model-name", "qwen", "--kv-mode", "kvpr")
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -684,15 +691,9 @@ def llama_tools():
     as vLLM's llama3_json): the tools go into the first user message as json.dumps(indent=4)
     writes them, a model whose answer is that JSON gets it back as a tool call, and the call and
     its result (an ipython turn) go back in the next request."""
-    model = os.path.join(TMP, "llama-tools")
-    os.makedirs(model)
-    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "llama3-tokenizer")
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(os.path.join(data, f), os.path.join(model, f))
     answer = '{"name":"get_weather","parameters":{"city": "Paris"}}'
-    ids = json.loads(subprocess.check_output([KVPR, "tokenize", "--model", model, "--text", answer, "--json"]))["ids"]
-    blank_line, eot = 271, 128009
-    write_chain_model(model, [blank_line] + ids[1:] + [eot], vocab=128256, model_type="llama", bos=128000, eos=eot)
+    model, ids = chain_model("llama-tools", "llama3-tokenizer", answer, 271, 128009,  # after "\n\n", then <|eot_id|>
+                             vocab=128256, model_type="llama", bos=128000, eos=128009)
     d, log = single_worker(model, "--served-model-name", "llama", "--chat-template", "llama-3.1", "--kv-mode", "offload")
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
