@@ -1,0 +1,279 @@
+#include "engine/json_grammar.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "engine/error.h"
+
+namespace kvpr {
+
+namespace {
+
+enum Mode : uint8_t {
+  kValue,      // a value is due (top level, after ':' or after ',' in an array)
+  kArrFirst,   // after '[': a value or ']'
+  kObjFirst,   // after '{': a key or '}'
+  kObjKey,     // after ',' in an object: a key
+  kColon,      // after a key
+  kAfterValue, // after a value in a container: ',' or its closer
+  kString,
+  kNumber,
+  kLiteral,
+  kDone,       // the value is complete
+};
+
+// Number states (RFC 8259: -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?).
+enum Num : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kE, kESign, kExp };
+// String: a UTF-8 lead byte whose next byte has a narrower range (sub, while aux > 0).
+enum Utf8Lead : uint8_t { kAfterE0 = 10, kAfterED, kAfterF0, kAfterF4 };
+
+bool number_may_end(uint8_t n) { return n == kZero || n == kInt || n == kFrac || n == kExp; }
+
+constexpr std::string_view kLiterals[] = {"true", "false", "null"};
+
+bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+}  // namespace
+
+JsonRecognizer::JsonRecognizer(const Options& o)
+    : max_ws_(static_cast<uint8_t>(std::clamp(o.max_whitespace, 0, 255))),
+      max_depth_(static_cast<uint8_t>(std::clamp(o.max_depth, 1, 64))),
+      object_only_(o.object_only) {
+  s_.mode = kValue;
+}
+
+bool JsonRecognizer::value_start(uint8_t c) {
+  if (object_only_ && s_.depth == 0 && c != '{') return false;
+  switch (c) {
+    case '{':
+    case '[':
+      if (s_.depth >= max_depth_) return false;
+      if (c == '{') s_.stack |= uint64_t{1} << s_.depth;
+      else s_.stack &= ~(uint64_t{1} << s_.depth);
+      ++s_.depth;
+      s_.mode = c == '{' ? kObjFirst : kArrFirst;
+      return true;
+    case '"':
+      s_.mode = kString;
+      s_.key = 0;
+      s_.sub = 0;
+      s_.aux = 0;
+      return true;
+    case 't':
+    case 'f':
+    case 'n':
+      s_.mode = kLiteral;
+      s_.aux = c == 't' ? 0 : c == 'f' ? 1 : 2;
+      s_.sub = 1;
+      return true;
+    default:
+      if (c == '-' || is_digit(c)) {
+        s_.mode = kNumber;
+        s_.sub = c == '-' ? kMinus : c == '0' ? kZero : kInt;
+        return true;
+      }
+      return false;
+  }
+}
+
+void JsonRecognizer::end_value() { s_.mode = s_.depth == 0 ? kDone : kAfterValue; }
+
+bool JsonRecognizer::close(bool object) {
+  const bool top_is_object = (s_.stack >> (s_.depth - 1)) & 1;
+  if (s_.depth == 0 || top_is_object != object) return false;
+  --s_.depth;
+  s_.stack &= ~(uint64_t{1} << s_.depth);
+  end_value();
+  return true;
+}
+
+bool JsonRecognizer::feed(uint8_t c) {
+  switch (s_.mode) {
+    case kString:
+      if (s_.aux > 0) {  // a UTF-8 continuation byte (the first one's range narrowed after E0, ED, F0, F4:
+                         // no overlong forms, no surrogates, nothing past U+10FFFF)
+        const uint8_t lo = s_.sub == kAfterE0 ? 0xA0 : s_.sub == kAfterF0 ? 0x90 : 0x80;
+        const uint8_t hi = s_.sub == kAfterED ? 0x9F : s_.sub == kAfterF4 ? 0x8F : 0xBF;
+        if (c < lo || c > hi) return false;
+        s_.sub = 0;
+        --s_.aux;
+        return true;
+      }
+      if (s_.sub == 1) {  // after a backslash
+        if (c == 'u') {
+          s_.sub = 2;
+          return true;
+        }
+        if (c != '"' && c != '\\' && c != '/' && c != 'b' && c != 'f' && c != 'n' && c != 'r' && c != 't') return false;
+        s_.sub = 0;
+        return true;
+      }
+      if (s_.sub >= 2) {  // \uXXXX: sub 2..5 = hex digits read + 2
+        if (!is_hex(c)) return false;
+        s_.sub = s_.sub == 5 ? 0 : s_.sub + 1;
+        return true;
+      }
+      if (c == '"') {
+        if (s_.key) s_.mode = kColon;
+        else end_value();
+        s_.ws = 0;
+        return true;
+      }
+      if (c == '\\') {
+        s_.sub = 1;
+        return true;
+      }
+      if (c < 0x20) return false;  // control characters must be escaped
+      if (c < 0x80) return true;
+      if (c >= 0xC2 && c <= 0xDF) s_.aux = 1;
+      else if (c >= 0xE0 && c <= 0xEF) s_.aux = 2;
+      else if (c >= 0xF0 && c <= 0xF4) s_.aux = 3;
+      else return false;
+      s_.sub = 0;
+      if (c == 0xE0) s_.sub = kAfterE0;
+      if (c == 0xED) s_.sub = kAfterED;
+      if (c == 0xF0) s_.sub = kAfterF0;
+      if (c == 0xF4) s_.sub = kAfterF4;
+      return true;
+    case kNumber: {
+      const uint8_t n = s_.sub;
+      if (is_digit(c)) {
+        if (n == kZero) return false;  // no leading zeros
+        if (n == kMinus) s_.sub = c == '0' ? kZero : kInt;
+        else if (n == kDot) s_.sub = kFrac;
+        else if (n == kE || n == kESign) s_.sub = kExp;
+        return true;
+      }
+      if (c == '.' && (n == kZero || n == kInt)) {
+        s_.sub = kDot;
+        return true;
+      }
+      if ((c == 'e' || c == 'E') && (n == kZero || n == kInt || n == kFrac)) {
+        s_.sub = kE;
+        return true;
+      }
+      if ((c == '+' || c == '-') && n == kE) {
+        s_.sub = kESign;
+        return true;
+      }
+      if (!number_may_end(n)) return false;
+      end_value();  // the number ends here; the byte belongs to what follows
+      s_.ws = 0;
+      return feed(c);
+    }
+    case kLiteral: {
+      const std::string_view lit = kLiterals[s_.aux];
+      if (c != static_cast<uint8_t>(lit[s_.sub])) return false;
+      if (++s_.sub == lit.size()) {
+        end_value();
+        s_.ws = 0;
+      }
+      return true;
+    }
+    default: break;
+  }
+  // Between tokens of the JSON: whitespace, then what the mode allows.
+  if (is_ws(c)) {
+    if (s_.ws >= max_ws_) return false;
+    ++s_.ws;
+    return true;
+  }
+  s_.ws = 0;
+  switch (s_.mode) {
+    case kValue: return value_start(c);
+    case kArrFirst: return c == ']' ? close(false) : value_start(c);
+    case kObjFirst:
+    case kObjKey:
+      if (c == '}' && s_.mode == kObjFirst) return close(true);
+      if (c != '"') return false;
+      s_.mode = kString;
+      s_.key = 1;
+      s_.sub = 0;
+      s_.aux = 0;
+      return true;
+    case kColon:
+      if (c != ':') return false;
+      s_.mode = kValue;
+      return true;
+    case kAfterValue: {
+      const bool in_object = (s_.stack >> (s_.depth - 1)) & 1;
+      if (c == ',') {
+        s_.mode = in_object ? kObjKey : kValue;
+        return true;
+      }
+      if (c == '}' || c == ']') return close(c == '}');
+      return false;
+    }
+    default: return false;  // kDone: only whitespace
+  }
+}
+
+bool JsonRecognizer::feed(std::string_view bytes) {
+  for (char c : bytes)
+    if (!feed(static_cast<uint8_t>(c))) return false;
+  return true;
+}
+
+bool JsonRecognizer::complete() const {
+  return s_.mode == kDone || (s_.mode == kNumber && s_.depth == 0 && number_may_end(s_.sub));
+}
+
+JsonTokenConstraint::JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, const JsonGrammarOptions& o)
+    : vocab_(std::move(vocab)), r_(o) {}
+
+const std::vector<uint8_t>& JsonTokenConstraint::allowed(int32_t valid) {
+  const std::string key(r_.key());
+  for (const auto& [k, m] : cache_)
+    if (k == key) return m;
+  std::vector<uint8_t> m(static_cast<size_t>(valid), 0);
+  const Vocabulary& v = *vocab_;
+  const int32_t n = std::min<int32_t>(valid, static_cast<int32_t>(v.size()));
+  for (int32_t id = 0; id < n; ++id) {
+    const std::string& b = v[static_cast<size_t>(id)];
+    if (b.empty()) continue;
+    JsonRecognizer r = r_;
+    m[static_cast<size_t>(id)] = r.feed(b);
+  }
+  constexpr size_t kCacheSize = 16;
+  if (cache_.size() < kCacheSize) {
+    cache_.emplace_back(key, std::move(m));
+    return cache_.back().second;
+  }
+  auto& slot = cache_[next_victim_];
+  next_victim_ = (next_victim_ + 1) % kCacheSize;
+  slot = {key, std::move(m)};
+  return slot.second;
+}
+
+int64_t JsonTokenConstraint::mask(float* logits, int32_t valid, const std::vector<int32_t>& end_ids) {
+  const std::vector<uint8_t>& m = allowed(valid);
+  std::vector<std::pair<int32_t, float>> ends;  // end ids in range, with their logits
+  for (int32_t e : end_ids)
+    if (e >= 0 && e < valid) ends.emplace_back(e, logits[e]);
+  constexpr float kOff = -std::numeric_limits<float>::infinity();
+  int64_t left = 0;
+  for (int32_t id = 0; id < valid; ++id) {
+    if (m[static_cast<size_t>(id)]) ++left;
+    else logits[id] = kOff;
+  }
+  // An end id ends the sequence, whatever its bytes: allowed exactly when the JSON is complete.
+  const bool done = r_.complete();
+  std::sort(ends.begin(), ends.end());
+  ends.erase(std::unique(ends.begin(), ends.end(), [](auto& a, auto& b) { return a.first == b.first; }), ends.end());
+  for (const auto& [e, logit] : ends) {
+    left += (done ? 1 : 0) - (m[static_cast<size_t>(e)] ? 1 : 0);
+    logits[e] = done ? logit : kOff;
+  }
+  return left;
+}
+
+void JsonTokenConstraint::advance(int32_t id) {
+  if (id < 0 || static_cast<size_t>(id) >= vocab_->size()) return;
+  const std::string& b = (*vocab_)[static_cast<size_t>(id)];
+  if (b.empty()) return;  // an end id
+  KVPR_CHECK(r_.feed(b), "token ", id, " does not continue the JSON");
+}
+
+}  // namespace kvpr

@@ -1,0 +1,123 @@
+// Decoding constrained to JSON (engine/json_grammar.h): the recognizer reads exactly the byte
+// strings Python's json module reads as one object, every prefix of a valid one stays open, and
+// the token masks over a vocabulary are the tokens whose bytes continue the text.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "engine/error.h"
+#include "engine/json.h"
+#include "engine/json_grammar.h"
+#include "test_util.h"
+
+using namespace kvpr;
+
+namespace {
+std::string unhex(const std::string& h) {
+  std::string out;
+  for (size_t i = 0; i + 1 < h.size(); i += 2) out.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+bool reads_object(const std::string& bytes, JsonRecognizer::Options o = {}) {
+  JsonRecognizer r(o);
+  return r.feed(bytes) && r.complete();
+}
+}  // namespace
+
+// 965 strings classified by Python's json.loads (tests/scripts/make_json_grammar_fixtures.py):
+// random objects written compact, spaced, indented, ASCII-escaped or not, with bytes deleted,
+// inserted and replaced, and hand-made edge cases (UTF-8 overlong forms, surrogates, escapes,
+// numbers, literals, trailing data).
+TEST(JsonGrammar, ReadsWhatPythonsJsonReads) {
+  const json::Value cases = json::parse_file(test::data_path("json-grammar") + "/cases.json");
+  size_t valid = 0, n = 0;
+  for (const auto& c : cases.as_array()) {
+    const std::string bytes = unhex(c.find("hex")->as_string());
+    const bool want = c.find("object")->as_bool();
+    EXPECT_EQ(reads_object(bytes), want) << c.find("hex")->as_string();
+    if (want) {
+      ++valid;
+      JsonRecognizer r;  // every proper prefix of a document is open, and only the whole is complete
+      for (size_t i = 0; i < bytes.size(); ++i) {
+        ASSERT_TRUE(r.feed(static_cast<uint8_t>(bytes[i]))) << c.find("hex")->as_string() << " at " << i;
+        const bool rest_is_ws = bytes.find_first_not_of(" \t\r\n", i + 1) == std::string::npos;
+        EXPECT_EQ(r.complete(), rest_is_ws) << c.find("hex")->as_string() << " at " << i;
+      }
+    }
+    ++n;
+  }
+  EXPECT_GE(n, 900u);
+  EXPECT_GE(valid, 400u);
+}
+
+TEST(JsonGrammar, LimitsWhitespaceAndDepthAndTakesOtherValuesWhenAsked) {
+  EXPECT_TRUE(reads_object("{" + std::string(48, ' ') + "}"));
+  EXPECT_FALSE(reads_object("{" + std::string(49, ' ') + "}"));
+  EXPECT_TRUE(reads_object("{\"a\": \"" + std::string(200, ' ') + "\"}"));  // inside strings, any
+  std::string deep = "{\"a\":" + std::string(63, '[') + std::string(63, ']') + "}";  // 64 levels
+  EXPECT_TRUE(reads_object(deep));
+  deep = "{\"a\":" + std::string(64, '[') + std::string(64, ']') + "}";
+  EXPECT_FALSE(reads_object(deep));
+  JsonRecognizer::Options any;
+  any.object_only = false;
+  for (const char* v : {"[1, 2]", "\"s\"", "true", "null", "-12.5e3", "0"}) EXPECT_TRUE(reads_object(v, any)) << v;
+  for (const char* v : {"[1, 2]", "\"s\"", "true", "-12.5e3"}) EXPECT_FALSE(reads_object(v)) << v;
+  JsonRecognizer r(any);
+  EXPECT_TRUE(r.feed("12"));
+  EXPECT_TRUE(r.complete());  // a number at the top level is whole once well formed
+  EXPECT_TRUE(r.feed("."));
+  EXPECT_FALSE(r.complete());
+}
+
+// A vocabulary of JSON pieces, words and special tokens: each mask is exactly the set of ids
+// whose bytes the recognizer takes next, end ids come only once the object is complete, and
+// decoding by the largest masked logit from random rows always ends in an object that parses.
+TEST(JsonGrammar, TokenMasksAreTheContinuations) {
+  auto vocab = std::make_shared<JsonTokenConstraint::Vocabulary>(JsonTokenConstraint::Vocabulary{
+      "{", "}", "[", "]", "\"", ":", ",", " ", "\n", "  ", "{\"", "\":", "\",", "\"}", "}}", "]}", "true", "false",
+      "null", "nul", "l", "0", "1", "12", ".", "5", "e", "-", "+", "a", "key", "\\", "n", "u", "00e9", "\xc3", "\xa9",
+      "\xe6\x9d\xb1", "x\"", "\t", "", ""});  // the last two: special tokens (no text)
+  const int32_t V = static_cast<int32_t>(vocab->size());
+  const std::vector<int32_t> ends = {V - 1};  // EOS
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  int completed = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    JsonTokenConstraint c(vocab);
+    JsonRecognizer mirror;
+    std::string text;
+    for (int step = 0; step < 60; ++step) {
+      std::vector<float> logits(static_cast<size_t>(V));
+      for (float& l : logits) l = normal(rng);
+      std::vector<float> masked = logits;
+      const int64_t left = c.mask(masked.data(), V, ends);
+      int64_t count = 0;
+      for (int32_t id = 0; id < V; ++id) {
+        const std::string& b = (*vocab)[static_cast<size_t>(id)];
+        JsonRecognizer r = mirror;
+        const bool want = id == V - 1 ? mirror.complete() : !b.empty() && r.feed(b);
+        ASSERT_EQ(!std::isinf(masked[static_cast<size_t>(id)]), want) << "id " << id << " after " << text;
+        if (want) {
+          EXPECT_EQ(masked[static_cast<size_t>(id)], logits[static_cast<size_t>(id)]);
+        }
+        count += want;
+      }
+      ASSERT_EQ(left, count);
+      ASSERT_GT(left, 0) << text;
+      const int32_t pick = static_cast<int32_t>(std::max_element(masked.begin(), masked.end()) - masked.begin());
+      if (pick == V - 1) {
+        ++completed;
+        EXPECT_TRUE(json::parse(text).is_object()) << text;
+        break;
+      }
+      c.advance(pick);
+      ASSERT_TRUE(mirror.feed((*vocab)[static_cast<size_t>(pick)]));
+      text += (*vocab)[static_cast<size_t>(pick)];
+    }
+  }
+  EXPECT_GE(completed, 20);  // random rows do finish objects now and then
+  JsonTokenConstraint c(vocab);
+  EXPECT_THROW(c.advance(1), Error);  // "}" cannot open the object
+}
