@@ -47,7 +47,8 @@ const char* kUsage =
     "                   [-n N]\n"
     "                   [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--stop STR]...\n"
     "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--top-logprobs K]\n"
-    "                   [--prompt-logprobs K] [--ignore-eos] [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16]\n"
+    "                   [--prompt-logprobs K] [--ignore-eos] [--response-format text|json_object]\n"
+    "                   [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16]\n"
     "                   [--kv-mode resident|offload|kvpr|recompute|cpu-attn] [--split L]\n"
     "                   [--activation-cap N] [--profile FILE] [--split-model pipeline|paper]\n"
     "                   [--host-attention-threads N] [--emulate-link-gbps G] [--trace FILE.json]\n"
@@ -187,7 +188,7 @@ int cmd_generate(int argc, char** argv) {
           "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
           "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
           "--trace", "--repetition-penalty", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights",
-          "--chat", "--system", "--chat-template"},
+          "--chat", "--system", "--chat-template", "--response-format"},
          {"--json", "--ignore-eos", "--cuda-graphs", "--no-thinking"});
   std::string dir = a.require("--model");
   if (a.has("--prompt") + a.has("--prompt-ids") + a.has("--chat") != 1)
@@ -204,6 +205,10 @@ int cmd_generate(int argc, char** argv) {
   if (a.has("--seed")) gp.sampling.seed = parse_number<uint64_t>("--seed", a.get("--seed"));
   gp.stop = a.all("--stop");
   gp.ignore_eos = a.has("--ignore-eos");
+  const std::string format = a.get("--response-format", "text");
+  if (format != "text" && format != "json_object")
+    throw UsageError("--response-format: expected text or json_object, got '" + format + "'");
+  gp.json_object = format == "json_object";
   gp.sampling.repetition_penalty = parse_number<float>("--repetition-penalty", a.get("--repetition-penalty", "1"));
   gp.sampling.presence_penalty = parse_number<float>("--presence-penalty", a.get("--presence-penalty", "0"));
   gp.sampling.frequency_penalty = parse_number<float>("--frequency-penalty", a.get("--frequency-penalty", "0"));

@@ -130,6 +130,7 @@ struct Sampling {
   std::vector<std::pair<int64_t, double>> logit_bias;
   bool echo = false;
   bool ignore_eos = false;
+  bool json_object = false;  // chat: response_format json_object
 };
 
 // A request's sampling fields; those it leaves out take `d` (generation_config.json's) where set,
@@ -242,8 +243,9 @@ Sampling parse_sampling(const bj::object& o, bool chat, const SamplingDefaults& 
       throw unsupported("functions", "the deprecated function calling; use tools");
     if (auto v = field(o, "response_format"); v && !v->is_null()) {
       const bj::value* type = v->is_object() ? v->as_object().if_contains("type") : nullptr;
-      if (!type || !type->is_string() || type->as_string() != "text")
-        throw unsupported("response_format", "only {\"type\": \"text\"}");
+      if (type && type->is_string() && type->as_string() == "json_object") s.json_object = true;
+      else if (!type || !type->is_string() || type->as_string() != "text")
+        throw unsupported("response_format", "{\"type\": \"text\"} and {\"type\": \"json_object\"} are");
     }
   }
   return s;
@@ -777,6 +779,7 @@ class Session : public std::enable_shared_from_this<Session> {
     params.set("ignore_eos", job->s.ignore_eos);
     if (job->s.top_logprobs > 0) params.set("top_logprobs", job->s.top_logprobs);
     if (job->s.repetition_penalty != 1) params.set("repetition_penalty", job->s.repetition_penalty);
+    if (job->s.json_object) params.set("json_object", true);
     if (job->s.presence_penalty != 0) params.set("presence_penalty", job->s.presence_penalty);
     if (job->s.frequency_penalty != 0) params.set("frequency_penalty", job->s.frequency_penalty);
     if (!job->s.logit_bias.empty()) {

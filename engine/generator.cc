@@ -45,6 +45,8 @@ struct Generator::Sequence {
   std::string text;     // decoded so far (truncated at a stop string when one matched)
   size_t emitted = 0;   // bytes of `text` already handed out
   bool cancelled = false;
+  std::unique_ptr<JsonTokenConstraint> json;  // params.json_object
+  std::vector<int32_t> end_ids;               // ids that end it (EOS unless ignore_eos, stop ids)
   Sequence(uint64_t i, const GenerationParams& p, std::vector<int32_t> pr, uint64_t seed, const Tokenizer& t)
       : id(i), params(p), prompt(std::move(pr)), rng(seed), decoder(t) {}
 };
@@ -85,7 +87,21 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
              params.prompt_logprobs);
   uint64_t seed = params.sampling.seed ? *params.sampling.seed : std::random_device{}();
   uint64_t id = next_id_++;
-  waiting_.push_back(std::make_unique<Sequence>(id, params, std::move(prompt), seed, tok_));
+  auto seq = std::make_unique<Sequence>(id, params, std::move(prompt), seed, tok_);
+  if (params.json_object) {
+    if (!json_vocab_) {  // each id's text as the output shows it (special tokens: none)
+      auto v = std::make_shared<JsonTokenConstraint::Vocabulary>(static_cast<size_t>(valid_vocab_));
+      for (int32_t t = 0; t < valid_vocab_; ++t) (*v)[static_cast<size_t>(t)] = tok_.token_bytes(t, true);
+      json_vocab_ = std::move(v);
+    }
+    seq->json = std::make_unique<JsonTokenConstraint>(json_vocab_);
+    if (!params.ignore_eos) {
+      if (tok_.eos_id()) seq->end_ids.push_back(*tok_.eos_id());
+      for (int32_t e : tok_.extra_eos_ids()) seq->end_ids.push_back(e);
+    }
+    for (int32_t e : params.stop_token_ids) seq->end_ids.push_back(e);
+  }
+  waiting_.push_back(std::move(seq));
   return id;
 }
 
@@ -234,7 +250,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   bool need_logits = static_cast<bool>(observer);
   for (size_t i = 0; i < batch.size(); ++i)
     need_logits = need_logits || !greedy(*batch[i]) || batch[i]->params.top_logprobs > 0 || scores_prompt(i) ||
-                  batch[i]->params.sampling.adjusts_logits();
+                  batch[i]->params.sampling.adjusts_logits() || batch[i]->json;
   if (!dev_ids_.defined() || dev_ids_.numel() < rows) {
     const int64_t cap = std::max<int64_t>(rows, 64);
     dev_ids_ = be.alloc(DType::I32, {cap});
@@ -285,12 +301,18 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     const float* row = row_of(last[i]);
     if (s.params.top_logprobs > 0)
       tops[i] = top_logprobs(row, valid_vocab_, s.params.top_logprobs, stats[2 * last[i] + 1], scratch);
-    if (s.params.sampling.adjusts_logits()) {
-      // Penalties and bias decide the choice; the reported log-probability is the model's.
+    if (s.params.sampling.adjusts_logits() || s.json) {
+      // Penalties, bias and the JSON mask decide the choice; the reported log-probability is
+      // the model's.
       std::vector<float> adjusted(row, row + V);
-      adjust_logits(adjusted.data(), valid_vocab_, s.params.sampling, s.prompt, s.tokens);
+      if (s.params.sampling.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, s.params.sampling, s.prompt, s.tokens);
+      if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
+        picks[i] = Sampled{-1, 0.f};  // a complete object, and no end id to say so: it ends here
+        return;
+      }
       const int32_t t = greedy(s) ? row_argmax_lse(adjusted.data(), valid_vocab_).token
                                   : sample_token(adjusted.data(), valid_vocab_, s.params.sampling, s.rng, scratch).token;
+      if (s.json) s.json->advance(t);
       picks[i] = Sampled{t, static_cast<float>(static_cast<double>(row[t]) - stats[2 * last[i] + 1])};
     } else if (!greedy(s)) {
       picks[i] = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch);
@@ -319,6 +341,12 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
       continue;
     }
     const Sampled pick = picks[i];
+    if (pick.token < 0) {  // JSON complete with nothing allowed after it
+      StepOutput ev;
+      ev.id = s.id;
+      finish(s, FinishReason::Stop, true, out, ev);
+      continue;
+    }
     if (s.params.top_logprobs > 0) s.top.push_back(tops[i]);
     s.tokens.push_back(pick.token);
     s.logprobs.push_back(pick.logprob);

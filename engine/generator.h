@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/json.h"
+#include "engine/json_grammar.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
 #include "engine/tokenizer.h"
@@ -31,6 +32,10 @@ struct GenerationParams {
   // >= 0: also the log-probability of every prompt token after the first, with this many
   // alternatives each (0..20). With max_new_tokens = 0 the prompt is only scored.
   int prompt_logprobs = -1;
+  // The text must be one JSON object (OpenAI's response_format json_object): each token is
+  // chosen among those that continue it (engine/json_grammar.h), and EOS or a stop id only once
+  // it is complete; a complete object that nothing may follow ends the sequence (stop).
+  bool json_object = false;
 };
 
 // [[id, logprob], ...]: how the worker protocol and the CLI's JSON carry alternatives.
@@ -129,6 +134,7 @@ class Generator {
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
   std::map<uint64_t, SequenceResult> done_;
   uint64_t next_id_ = 1;
+  std::shared_ptr<const JsonTokenConstraint::Vocabulary> json_vocab_;  // every id's text, for JSON masks
   Tensor logits_;                 // host [rows, vocab], for rows sampled on the host
   Tensor dev_ids_, dev_stats_;    // device: greedy id and (max, log-sum-exp) per row
   Tensor host_ids_, host_stats_;  // their host copies

@@ -529,11 +529,12 @@ def openai_client(port, model, *args):
     return r
 
 
-def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2", bos=151643, eos=151645):
+def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2", bos=151643, eos=151645, detour=None):
     """A one-layer Qwen2 (or Llama) whose greedy answer is a given token sequence: token chain[i] embeds as
     the unit vector e_i and the untied LM head maps e_i to chain[i + 1]; every attention and MLP
     weight is zero, so each position's hidden state is its own embedding. A real model run
-    through the real engine, built so that its output (a tool call) is known."""
+    through the real engine, built so that its output (a tool call) is known. `detour`: an id
+    that chain[0] prefers to chain[1] (logit 20 against 10)."""
     import struct
     assert len(chain) <= hidden and len(set(chain[:-1])) == len(chain) - 1
     json.dump(dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=16, num_hidden_layers=1,
@@ -564,6 +565,8 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
         elif name == "lm_head.weight":
             for i in range(len(chain) - 1):
                 struct.pack_into("<f", data, 4 * (chain[i + 1] * hidden + i), 10.0)
+            if detour is not None:
+                struct.pack_into("<f", data, 4 * (detour * hidden + 0), 20.0)
         header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(data)]}
         offset += len(data)
         blobs.append(data)
@@ -575,9 +578,11 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
             f.write(b)
 
 
-def chain_model(name, tokenizer, answer, after, end, **kw):
+def chain_model(name, tokenizer, answer, after, end, detour_text=None, **kw):
     """TMP/name: the tokenizer files of tests/data/<tokenizer> and a write_chain_model whose greedy
-    answer to a prompt ending in token `after` is `answer`'s tokens (without a BOS), then `end`."""
+    answer to a prompt ending in token `after` is `answer`'s tokens (without a BOS), then `end`
+    (or, with `detour_text`, that text's first token first: the answer is then the model's second
+    choice at the start)."""
     model = os.path.join(TMP, name)
     os.makedirs(model)
     data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", tokenizer)
@@ -585,6 +590,9 @@ def chain_model(name, tokenizer, answer, after, end, **kw):
         shutil.copyfile(os.path.join(data, f), os.path.join(model, f))
     ids = json.loads(subprocess.check_output([KVPR, "tokenize", "--model", model, "--text", answer, "--json"]))["ids"]
     ids = [i for i in ids if i != kw.get("bos")]
+    if detour_text is not None:
+        kw["detour"] = json.loads(subprocess.check_output([KVPR, "tokenize", "--model", model, "--text", detour_text,
+                                                           "--json"]))["ids"][0]
     write_chain_model(model, [after] + ids + [end], **kw)
     return model, ids
 
@@ -742,6 +750,31 @@ def llama_tools():
         d.stop()
 
 
+def json_mode():
+    """response_format json_object: a model whose first choice is to open with "Sure" and second
+    is '{"' answers '{"a":1}' in JSON mode (the mask leaves only tokens that continue a JSON
+    object, and the end of turn only once it is complete), and "Sure..." without it."""
+    model, _ = chain_model("qwen-json", "qwen2-tokenizer", '{"a":1}', 198, 151645, detour_text="Sure")
+    d, log = single_worker(model, "--served-model-name", "qwen")
+    msgs = [{"role": "user", "content": "Give me JSON"}]
+    try:
+        req = {"model": "qwen", "messages": msgs, "temperature": 0, "max_tokens": 12}
+        st, body = d.post("/v1/chat/completions", dict(req, response_format={"type": "json_object"}))
+        c = body["choices"][0] if st == 200 else {}
+        check("json_object: the model's best JSON, ended when complete",
+              c.get("message", {}).get("content") == '{"a":1}' and c.get("finish_reason") == "stop", body)
+        events, _ = d.stream("/v1/chat/completions", dict(req, response_format={"type": "json_object"}, stream=True))
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
+        check("json_object streamed", text == '{"a":1}', events)
+        st, body = d.post("/v1/chat/completions", req)
+        check("without it the model opens with Sure", st == 200 and
+              body["choices"][0]["message"]["content"].startswith("Sure"), body)
+        st, body = d.post("/v1/chat/completions", dict(req, response_format={"type": "json_schema", "json_schema": {}}))
+        check("json_schema: 400", st == 400 and body["error"]["param"] == "response_format", body)
+    finally:
+        d.stop()
+
+
 def generation_defaults():
     """generation_config.json's sampling fields are the defaults of requests that leave them out
     (--generation-config auto); a request's own values win; values a request could not have
@@ -790,6 +823,7 @@ def main():
     qwen_chat()
     qwen_tools()
     llama_tools()
+    json_mode()
     d = Daemon()
     try:
         # --- placement: each worker bound to its own cores (one NUMA node here)
@@ -1023,7 +1057,7 @@ def main():
             ("POST", "/v1/chat/completions",
              '{"model":"demo","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}', 400),
             ("POST", "/v1/chat/completions",
-             '{"model":"demo","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}', 400),
+             '{"model":"demo","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","seed":"s"}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"x","user":5}', 400),
             ("POST", "/v1/completions", '{"model":"demo","prompt":"' + "word " * 2100 + '"}', 400),

@@ -16,6 +16,7 @@
 #include "engine/generation_config.h"
 #include "engine/generator.h"
 #include "engine/json.h"
+#include "engine/json_grammar.h"
 #include "engine/opt_model.h"
 #include "test_util.h"
 
@@ -383,6 +384,45 @@ TEST(Generation, DemoModelRunsWithTheRealTokenizer) {
   write_demo_model(tmp.file("demo2"), default_demo_spec(), default_tokenizer_dir());
   std::ifstream a(tmp.file("demo/model.safetensors"), std::ios::binary), b(tmp.file("demo2/model.safetensors"), std::ios::binary);
   EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b)));
+}
+
+// response_format json_object on the demo model (GPT-2's 50257 tokens, multi-byte and special
+// ones among them): every sampled text is JSON the recognizer takes byte by byte, one that ends
+// on its own (stop) is a whole object that parses, and a bias towards "{" and "}" gives "{}" and
+// then the end (only limited whitespace may follow a complete object).
+TEST(Generation, JsonObjectKeepsTheTextJson) {
+  test::TempDir tmp;
+  write_demo_model(tmp.file("demo"), default_demo_spec(), default_tokenizer_dir());
+  CpuBackend be;
+  OptModel m(be, tmp.file("demo"));
+  Tokenizer tok = Tokenizer::load(tmp.file("demo"));
+  GeneratorOptions o;
+  o.max_batch = 4;
+  Generator gen(m, tok, o);
+  GenerationParams p;
+  p.max_new_tokens = 40;
+  p.json_object = true;
+  p.sampling.temperature = 1.0f;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    p.sampling.seed = seed;
+    auto r = gen.generate_all({tok.encode("Answer in JSON:")}, p)[0];
+    JsonRecognizer json;
+    EXPECT_TRUE(json.feed(r.text)) << r.text;
+    if (r.finish == FinishReason::Stop) {
+      EXPECT_TRUE(json.complete()) << r.text;
+      EXPECT_TRUE(json::parse(r.text).is_object()) << r.text;
+    }
+  }
+  GenerationParams g;
+  g.max_new_tokens = 80;
+  g.json_object = true;
+  const int32_t open = tok.encode("{")[0], close = tok.encode("}")[0];
+  g.sampling.logit_bias = {{open, 100.f}, {close, 100.f}};
+  auto r = gen.generate_all({tok.encode("Answer in JSON:")}, g)[0];
+  EXPECT_EQ(r.finish, FinishReason::Stop) << r.text;
+  const size_t end = r.text.find_last_not_of(" \t\r\n");
+  EXPECT_EQ(r.text.substr(0, end + 1), "{}") << r.text;
+  EXPECT_LE(r.text.size(), 2u + 48u);
 }
 
 namespace {

@@ -38,6 +38,7 @@ GenerationParams params_from(const json::Value& p) {
     for (const auto& s : v->as_array()) g.stop.push_back(s.as_string());
   if (const json::Value* v = p.find("stop_token_ids"))
     for (const auto& id : v->as_array()) g.stop_token_ids.push_back(static_cast<int32_t>(id.as_int()));
+  if (const json::Value* v = p.find("json_object")) g.json_object = v->as_bool();
   return g;
 }
 
