@@ -365,12 +365,26 @@ TEST(Generation, LengthStopsAtTheContextLimit) {
   EXPECT_EQ(r.prompt.size() + r.tokens.size(), 64u);
 }
 
-TEST(Generation, DemoModelRunsWithTheRealTokenizer) {
+namespace {
+// The demo model (kvpr make-demo-model) written to a temporary directory and loaded.
+struct Demo {
   test::TempDir tmp;
-  write_demo_model(tmp.file("demo"), default_demo_spec(), default_tokenizer_dir());
   CpuBackend be;
-  OptModel m(be, tmp.file("demo"));
-  Tokenizer tok = Tokenizer::load(tmp.file("demo"));
+  std::unique_ptr<OptModel> m;
+  std::unique_ptr<Tokenizer> tok;
+  Demo() {
+    write_demo_model(tmp.file("demo"), default_demo_spec(), default_tokenizer_dir());
+    m = std::make_unique<OptModel>(be, tmp.file("demo"));
+    tok = std::make_unique<Tokenizer>(Tokenizer::load(tmp.file("demo")));
+  }
+};
+}  // namespace
+
+TEST(Generation, DemoModelRunsWithTheRealTokenizer) {
+  Demo d;
+  test::TempDir& tmp = d.tmp;
+  OptModel& m = *d.m;
+  Tokenizer& tok = *d.tok;
   EXPECT_EQ(tok.size(), 50257);
   EXPECT_EQ(tok.eos_id(), 50256);
   Generator gen(m, tok);
@@ -391,11 +405,9 @@ TEST(Generation, DemoModelRunsWithTheRealTokenizer) {
 // on its own (stop) is a whole object that parses, and a bias towards "{" and "}" gives "{}" and
 // then the end (only limited whitespace may follow a complete object).
 TEST(Generation, JsonObjectKeepsTheTextJson) {
-  test::TempDir tmp;
-  write_demo_model(tmp.file("demo"), default_demo_spec(), default_tokenizer_dir());
-  CpuBackend be;
-  OptModel m(be, tmp.file("demo"));
-  Tokenizer tok = Tokenizer::load(tmp.file("demo"));
+  Demo d;
+  OptModel& m = *d.m;
+  Tokenizer& tok = *d.tok;
   GeneratorOptions o;
   o.max_batch = 4;
   Generator gen(m, tok, o);
