@@ -221,21 +221,34 @@ bool JsonRecognizer::complete() const {
 }
 
 JsonTokenConstraint::JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, const JsonGrammarOptions& o)
-    : vocab_(std::move(vocab)), r_(o) {}
+    : vocab_(std::move(vocab)), r_(JsonRecognizer(o)) {}
+
+JsonTokenConstraint::JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema)
+    : vocab_(std::move(vocab)), schema_(std::move(schema)), r_(SchemaRecognizer(schema_.get())) {}
 
 const std::vector<uint8_t>& JsonTokenConstraint::allowed(int32_t valid) {
-  const std::string key(r_.key());
+  const std::string key = std::visit([](const auto& r) { return std::string(r.key()); }, r_);
   for (const auto& [k, m] : cache_)
     if (k == key) return m;
   std::vector<uint8_t> m(static_cast<size_t>(valid), 0);
   const Vocabulary& v = *vocab_;
   const int32_t n = std::min<int32_t>(valid, static_cast<int32_t>(v.size()));
-  for (int32_t id = 0; id < n; ++id) {
-    const std::string& b = v[static_cast<size_t>(id)];
-    if (b.empty()) continue;
-    JsonRecognizer r = r_;
-    m[static_cast<size_t>(id)] = r.feed(b);
-  }
+  std::visit(
+      [&](const auto& rec) {
+        // A token whose first byte is refused is refused: try the 256 bytes once.
+        bool first_ok[256];
+        for (int b = 0; b < 256; ++b) {
+          auto r = rec;
+          first_ok[b] = r.feed(static_cast<uint8_t>(b));
+        }
+        for (int32_t id = 0; id < n; ++id) {
+          const std::string& b = v[static_cast<size_t>(id)];
+          if (b.empty() || !first_ok[static_cast<uint8_t>(b[0])]) continue;
+          auto r = rec;
+          m[static_cast<size_t>(id)] = r.feed(b);
+        }
+      },
+      r_);
   constexpr size_t kCacheSize = 16;
   if (cache_.size() < kCacheSize) {
     cache_.emplace_back(key, std::move(m));
@@ -259,7 +272,7 @@ int64_t JsonTokenConstraint::mask(float* logits, int32_t valid, const std::vecto
     else logits[id] = kOff;
   }
   // An end id ends the sequence, whatever its bytes: allowed exactly when the JSON is complete.
-  const bool done = r_.complete();
+  const bool done = complete();
   std::sort(ends.begin(), ends.end());
   ends.erase(std::unique(ends.begin(), ends.end(), [](auto& a, auto& b) { return a.first == b.first; }), ends.end());
   for (const auto& [e, logit] : ends) {
@@ -273,7 +286,8 @@ void JsonTokenConstraint::advance(int32_t id) {
   if (id < 0 || static_cast<size_t>(id) >= vocab_->size()) return;
   const std::string& b = (*vocab_)[static_cast<size_t>(id)];
   if (b.empty()) return;  // an end id
-  KVPR_CHECK(r_.feed(b), "token ", id, " does not continue the JSON");
+  const bool ok = std::visit([&](auto& r) { return r.feed(b); }, r_);
+  KVPR_CHECK(ok, "token ", id, " does not continue the JSON");
 }
 
 }  // namespace kvpr

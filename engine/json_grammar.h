@@ -13,7 +13,10 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
+
+#include "engine/json_schema.h"
 
 namespace kvpr {
 
@@ -63,7 +66,10 @@ class JsonRecognizer {
 class JsonTokenConstraint {
  public:
   using Vocabulary = std::vector<std::string>;
+  // Any JSON value (an object with o.object_only).
   JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, const JsonGrammarOptions& o = {});
+  // A JSON text valid against `schema` (json_schema.h).
+  JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema);
 
   // Sets the logits of ids in [0, valid) that cannot come next to -infinity. `end_ids` (EOS and
   // stop ids) stay only once the JSON is complete. Returns how many ids are left (0 when the
@@ -71,13 +77,16 @@ class JsonTokenConstraint {
   int64_t mask(float* logits, int32_t valid, const std::vector<int32_t>& end_ids);
   // The chosen id: its bytes continue the JSON (an end id adds none).
   void advance(int32_t id);
-  bool complete() const { return r_.complete(); }
+  bool complete() const {
+    return std::visit([](const auto& r) { return r.complete(); }, r_);
+  }
 
  private:
   const std::vector<uint8_t>& allowed(int32_t valid);
 
   std::shared_ptr<const Vocabulary> vocab_;
-  JsonRecognizer r_;
+  std::shared_ptr<const JsonSchema> schema_;
+  std::variant<JsonRecognizer, SchemaRecognizer> r_;
   // Masks of recent states (JSON revisits the same states: inside strings, between members).
   std::vector<std::pair<std::string, std::vector<uint8_t>>> cache_;
   size_t next_victim_ = 0;

@@ -1,0 +1,100 @@
+// Decoding constrained to a JSON Schema (OpenAI's response_format {"type": "json_schema"}, and
+// tool calls forced by tool_choice): a schema compiled to a graph of nodes, and a byte-level
+// recognizer of the JSON texts valid against it, the alternatives of an anyOf followed side by
+// side until the text tells them apart.
+//
+// The subset: type (one or a list), properties, required, additionalProperties (false, true or a
+// schema), items, minItems, maxItems, enum, const, anyOf (and oneOf, as anyOf: the text is valid
+// against one of them), minLength, maxLength, $ref to "#", "#/$defs/..." or "#/definitions/..."
+// (recursion included), and boolean schemas; annotations (title, description, default, examples,
+// $schema, $id, $comment, deprecated, readOnly, writeOnly) are ignored. Any other keyword is
+// refused by name (kvpr::Error) rather than ignored, so that a schema is never silently loosened.
+// The text is written in one style the schema fixes nothing about: keys of a closed object
+// (additionalProperties false) as plain strings without escapes, each at most once; enum and
+// const values as Python's compact json.dumps writes them (ensure_ascii=False).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/json.h"
+
+namespace kvpr {
+
+struct SchemaNode {
+  enum class Kind : uint8_t { Any, Object, Array, String, Number, Integer, Literals, AnyOf };
+  Kind kind = Kind::Any;
+  // Object
+  std::vector<std::string> names;  // properties, at most 64
+  std::vector<int> props;          // their nodes
+  uint64_t required = 0;           // bit i: names[i] is required
+  int additional = -1;             // node of other keys' values; -1: no other keys
+  // Array
+  int items = -1;  // node of the items (-1: any)
+  int64_t min_items = 0, max_items = -1;
+  // String
+  int64_t min_length = 0, max_length = -1;
+  // Literals (enum, const, boolean, null): their texts as compact json.dumps
+  std::vector<std::string> literals;
+  // AnyOf
+  std::vector<int> options;
+};
+
+class JsonSchema {
+ public:
+  // Throws kvpr::Error naming what is not supported or malformed ("$.properties.x: ...").
+  static JsonSchema compile(const json::Value& schema);
+  const SchemaNode& node(int i) const { return nodes_[static_cast<size_t>(i)]; }
+  int root() const { return root_; }
+  int any() const { return any_; }
+
+ private:
+  std::vector<SchemaNode> nodes_;
+  int root_ = 0, any_ = 0;
+  friend class SchemaCompiler;
+};
+
+class SchemaRecognizer {
+ public:
+  explicit SchemaRecognizer(const JsonSchema* schema, int max_whitespace = 48, int max_depth = 64);
+  bool feed(uint8_t c);  // false: the byte cannot continue a valid text (the recognizer is then unusable)
+  bool feed(std::string_view bytes);
+  bool complete() const;
+  std::string key() const;  // the state: equal keys accept the same continuations
+
+ private:
+  struct Frame {
+    int node = 0;
+    bool object = false;
+    uint64_t seen = 0;  // object: properties given
+    int64_t count = 0;  // array: items so far
+  };
+  enum class Mode : uint8_t { Value, ArrFirst, ObjFirst, ObjKey, Key, Colon, AfterValue, String, Number, Literal, Done };
+  struct Thread {
+    std::vector<Frame> stack;
+    Mode mode = Mode::Value;
+    int node = 0;         // Value: the schema of the value due; String/Number/Literal: of the one being read
+    uint8_t sub = 0;      // string: escape state; number: where in it
+    uint8_t aux = 0;      // string: UTF-8 continuation bytes due
+    uint8_t ws = 0;
+    int64_t length = 0;   // string: characters so far
+    std::string key;      // Key: bytes so far; Literal: bytes so far
+    int key_node = -1;    // Colon: the node of the value after it
+  };
+  bool step(Thread& t, uint8_t c, std::vector<Thread>& spawned) const;
+  bool start_value(Thread& t, uint8_t c, std::vector<Thread>& spawned) const;
+  bool end_value(Thread& t) const;
+  bool scalar_may_end(const Thread& t) const;
+  bool close(Thread& t, bool object) const;
+  bool object_may_close(const Thread& t) const;
+  bool object_may_continue(const Thread& t) const;
+  static std::string thread_key(const Thread& t);
+
+  const JsonSchema* schema_;
+  uint8_t max_ws_, max_depth_;
+  std::vector<Thread> threads_;
+};
+
+}  // namespace kvpr

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Produces tests/data/json-grammar/schema_cases.json: JSON Schemas (hand-written, and Pydantic
+v2's model_json_schema() of models with nested models, Optional fields, Literal enums, length
+limits and a recursive tree, as written and made strict the way OpenAI's structured outputs
+want them), documents generated from each (written compact, spaced, indented), those documents
+with a byte deleted, inserted or replaced, and whether each is valid against its schema by the
+`jsonschema` package (Draft 2020-12), with the style rules kvpr's recognizer
+(engine/json_schema.h) adds: an integer is written without a fraction or exponent, a key is given
+once, and the text is UTF-8 JSON without NaN/Infinity. Bytes are stored as hex. Run offline:
+  python3 tests/scripts/make_json_schema_fixtures.py
+"""
+import copy
+import json
+import os
+import random
+from typing import List, Literal, Optional
+
+import jsonschema
+from pydantic import BaseModel, Field
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "json-grammar")
+
+
+class Address(BaseModel):
+    street: str
+    city: str = Field(min_length=1, max_length=12)
+    zip: Optional[str] = None
+
+
+class Person(BaseModel):
+    name: str = Field(min_length=1, max_length=20)
+    age: int
+    email: Optional[str] = None
+    tags: List[str] = Field(max_length=3)
+    address: Address
+    role: Literal["admin", "user", "guest"]
+    kind: Literal["person"] = "person"
+    scores: List[float]
+    active: bool
+
+
+class Tree(BaseModel):
+    value: int
+    children: List["Tree"] = []
+
+
+def strict(schema):
+    """As OpenAI's SDK makes a schema strict: every object closed, every property required."""
+    s = copy.deepcopy(schema)
+
+    def walk(n):
+        if isinstance(n, dict):
+            if n.get("type") == "object" or "properties" in n:
+                n["additionalProperties"] = False
+                n["required"] = list(n.get("properties", {}))
+            for v in n.values():
+                walk(v)
+        elif isinstance(n, list):
+            for v in n:
+                walk(v)
+    walk(s)
+    return s
+
+
+SCHEMAS = [
+    Person.model_json_schema(),
+    strict(Person.model_json_schema()),
+    Tree.model_json_schema(),
+    strict(Tree.model_json_schema()),
+    {"type": "object", "properties": {"value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#"}}},
+     "required": ["value", "children"], "additionalProperties": False},
+    {"anyOf": [
+        {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind", "x"],
+         "additionalProperties": False},
+        {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "string", "maxLength": 4}},
+         "required": ["kind", "y"], "additionalProperties": False},
+        {"type": "object", "properties": {"kindest": {"type": "boolean"}}, "required": ["kindest"],
+         "additionalProperties": False}]},
+    {"type": "object", "properties": {"v": {"type": ["string", "null", "integer"]},
+                                      "n": {"enum": [1, 2.5, "x", None, True]},
+                                      "list": {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 3}},
+     "required": ["v", "n", "list"], "additionalProperties": False},
+    {"type": "object", "additionalProperties": {"type": "integer"}},
+    {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 3}}, "required": ["s"]},
+    {"type": "array", "items": {"type": "object", "properties": {"name": {"enum": ["get_weather", "get_time"]},
+                                                                "parameters": {"type": "object"}},
+                                "required": ["name", "parameters"], "additionalProperties": False}, "minItems": 1},
+    {"type": "object", "properties": {}, "additionalProperties": False},
+    {"type": ["integer", "boolean"]},
+]
+
+
+def resolve(root, s):
+    while isinstance(s, dict) and "$ref" in s:
+        ref = s["$ref"]
+        if ref == "#":
+            s = root
+        else:
+            _, kind, name = ref.split("/")
+            s = root[kind][name]
+    return s
+
+
+def rand_text(rng, lo=0, hi=8):
+    chars = "abc xyz\"\\\n\u00e9\u4e1c\U0001f600"
+    return "".join(rng.choice(chars) for _ in range(rng.randint(lo, hi)))
+
+
+def gen(root, s, rng, depth=0):
+    s = resolve(root, s)
+    if s is True or s == {}:
+        return rng.choice([1, "any", None, [1, 2], {"k": False}])
+    for key in ("anyOf", "oneOf"):
+        if key in s:
+            return gen(root, rng.choice(s[key]), rng, depth)
+    if "const" in s:
+        return s["const"]
+    if "enum" in s:
+        return rng.choice(s["enum"])
+    t = s.get("type", "object" if "properties" in s else None)
+    if isinstance(t, list):
+        t = rng.choice(t)
+    if t == "object":
+        out = {}
+        props = s.get("properties", {})
+        req = s.get("required", [])
+        for k, v in props.items():
+            if k in req or rng.random() < 0.5:
+                out[k] = gen(root, v, rng, depth + 1)
+        extra = s.get("additionalProperties", True)
+        if extra is not False and rng.random() < 0.3:
+            out["extra_" + str(rng.randint(0, 9))] = gen(root, extra if isinstance(extra, dict) else {}, rng, depth + 1)
+        return out
+    if t == "array":
+        lo, hi = s.get("minItems", 0), s.get("maxItems", 4)
+        if depth > 3:
+            hi = lo
+        return [gen(root, s.get("items", {}), rng, depth + 1) for _ in range(rng.randint(lo, max(lo, hi)))]
+    if t == "string":
+        return rand_text(rng, s.get("minLength", 0), s.get("maxLength", 8))
+    if t == "integer":
+        return rng.choice([0, -3, 42, 123456789])
+    if t == "number":
+        return rng.choice([0, 1.5, -2.25e-3, 7, 1e21])
+    if t == "boolean":
+        return rng.choice([True, False])
+    if t == "null":
+        return None
+    return None
+
+
+def dumps(rng, v):
+    style = rng.randint(0, 2)
+    if style == 0:
+        return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+    if style == 1:
+        return json.dumps(v, ensure_ascii=False)
+    return json.dumps(v, indent=2, ensure_ascii=False)
+
+
+def validator(schema):
+    checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda c, x: isinstance(x, int) and not isinstance(x, bool))
+    cls = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker)
+    return cls(schema)
+
+
+def valid(v, b):
+    def no_dups(pairs):
+        keys = [k for k, _ in pairs]
+        if len(keys) != len(set(keys)):
+            raise ValueError("duplicate key")
+        return dict(pairs)
+
+    def reject(name):
+        raise ValueError(name)
+    try:
+        doc = json.loads(b.decode("utf-8"), object_pairs_hook=no_dups, parse_constant=reject)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return v.is_valid(doc)
+
+
+def main():
+    rng = random.Random(1130)
+    out = []
+    for schema in SCHEMAS:
+        v = validator(schema)
+        cases = []
+        for _ in range(40):
+            doc = dumps(rng, gen(schema, schema, rng)).encode()
+            assert valid(v, doc), (schema, doc)
+            cases.append({"hex": doc.hex(), "valid": True})
+            for _ in range(2):
+                m = bytearray(doc)
+                at = rng.randrange(len(m) + 1)
+                op = rng.randint(0, 2)
+                pick = rng.choice(b'{}[]",:\\ 0.e-tfnxa\xc3')
+                if op == 0 and at < len(m):
+                    del m[at]
+                elif op == 1:
+                    m.insert(at, pick)
+                elif at < len(m):
+                    m[at] = pick
+                cases.append({"hex": bytes(m).hex(), "valid": valid(v, bytes(m))})
+        out.append({"schema": schema, "cases": cases})
+    os.makedirs(OUT, exist_ok=True)
+    with open(os.path.join(OUT, "schema_cases.json"), "w") as f:
+        json.dump(out, f, indent=0, ensure_ascii=False)
+        f.write("\n")
+    n = sum(len(s["cases"]) for s in out)
+    print(f"{len(out)} schemas, {n} cases, {sum(c['valid'] for s in out for c in s['cases'])} valid")
+
+
+if __name__ == "__main__":
+    main()
