@@ -14,6 +14,7 @@
 #include "engine/chat_template.h"
 #include "engine/reasoning.h"
 #include "engine/tool_calls.h"
+#include "engine/json_schema.h"
 #include "daemon/metrics.h"
 #include "engine/error.h"
 
@@ -111,6 +112,9 @@ bool bool_of(const bj::value& v, const char* name) {
   return v.as_bool();
 }
 
+// A JSON value of the request as the engine's (key order and duplicates kept).
+json::Value engine_json(const bj::value& v) { return json::parse(bj::serialize(v)); }
+
 struct Sampling {
   int64_t max_tokens = 16;
   double temperature = 1.0;
@@ -131,6 +135,7 @@ struct Sampling {
   bool echo = false;
   bool ignore_eos = false;
   bool json_object = false;  // chat: response_format json_object
+  json::Value json_schema;   // chat: response_format json_schema's schema
 };
 
 // A request's sampling fields; those it leaves out take `d` (generation_config.json's) where set,
@@ -243,16 +248,26 @@ Sampling parse_sampling(const bj::object& o, bool chat, const SamplingDefaults& 
       throw unsupported("functions", "the deprecated function calling; use tools");
     if (auto v = field(o, "response_format"); v && !v->is_null()) {
       const bj::value* type = v->is_object() ? v->as_object().if_contains("type") : nullptr;
-      if (type && type->is_string() && type->as_string() == "json_object") s.json_object = true;
-      else if (!type || !type->is_string() || type->as_string() != "text")
-        throw unsupported("response_format", "{\"type\": \"text\"} and {\"type\": \"json_object\"} are");
+      const std::string t = type && type->is_string() ? std::string(type->as_string()) : "";
+      if (t == "json_object") {
+        s.json_object = true;
+      } else if (t == "json_schema") {
+        const bj::value* js = field(v->as_object(), "json_schema");
+        const bj::value* schema = js && js->is_object() ? field(js->as_object(), "schema") : nullptr;
+        if (!schema) throw bad_request("'response_format.json_schema.schema' is required", "response_format");
+        s.json_schema = engine_json(*schema);
+        try {
+          JsonSchema::compile(s.json_schema);
+        } catch (const Error& e) {
+          throw bad_request(std::string("'response_format.json_schema.schema': ") + e.what(), "response_format");
+        }
+      } else if (t != "text") {
+        throw bad_request("'response_format' type must be text, json_object or json_schema", "response_format");
+      }
     }
   }
   return s;
 }
-
-// A JSON value of the request as the engine's (key order and duplicates kept).
-json::Value engine_json(const bj::value& v) { return json::parse(bj::serialize(v)); }
 
 // What a chat request asks of tools: the tools written into the prompt, and whether the answer
 // is searched for calls. tool_choice "none" (or no tools) leaves both out; "auto" (the default
@@ -263,6 +278,11 @@ struct ToolRequest {
   bool parse = false;
   std::string parser;  // hermes or llama3_json, when parse
   bool parallel = true;
+  // tool_choice "required" or naming a function: the answer is constrained to `schema` (a list
+  // of {"name", "parameters"} calls, or the named function's arguments) and is the calls.
+  bool required = false;
+  std::string named;
+  json::Value schema;
 };
 
 ToolRequest parse_tools(const bj::object& o, const ServedModel& served) {
@@ -271,16 +291,20 @@ ToolRequest parse_tools(const bj::object& o, const ServedModel& served) {
   if (tools && !tools->is_array()) throw bad_request("'tools' must be a list", "tools");
   std::string choice = tools && !tools->as_array().empty() ? "auto" : "none";
   if (const bj::value* c = field(o, "tool_choice")) {
-    if (c->is_string() && (c->as_string() == "none" || c->as_string() == "auto")) {
+    const bj::value* fn = c->is_object() ? field(c->as_object(), "function") : nullptr;
+    const bj::value* fname = fn && fn->is_object() ? field(fn->as_object(), "name") : nullptr;
+    if (c->is_string() && (c->as_string() == "none" || c->as_string() == "auto" || c->as_string() == "required")) {
       choice = c->as_string();
-    } else if ((c->is_string() && c->as_string() == "required") || c->is_object()) {
-      throw bad_request("'tool_choice' " + std::string(c->is_string() ? "\"required\"" : "naming a function") +
-                            " is not supported by this server (it needs decoding constrained to the tools' schemas; "
-                            "\"auto\" and \"none\" are supported)",
-                        "tool_choice");
+    } else if (fname && fname->is_string()) {
+      choice = "named";
+      t.named = fname->as_string();
     } else {
-      throw bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or a function", "tool_choice");
+      throw bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                        "{\"type\": \"function\", \"function\": {\"name\": ...}}",
+                        "tool_choice");
     }
+    if ((choice == "required" || choice == "named") && (!tools || tools->as_array().empty()))
+      throw bad_request("'tool_choice' " + choice + " needs 'tools'", "tool_choice");
   }
   if (const bj::value* p = field(o, "parallel_tool_calls")) t.parallel = bool_of(*p, "parallel_tool_calls");
   if (!tools || tools->as_array().empty()) return t;
@@ -306,10 +330,42 @@ ToolRequest parse_tools(const bj::object& o, const ServedModel& served) {
     t.tools.push_back(json::Value(json::Object{{"type", json::Value("function")}, {"function", engine_json(*fn)}}));
   }
   if (choice == "none") return t;
+  if (choice == "required" || choice == "named") {
+    // Decoding constrained to the tools' schemas (as vLLM does it): a named function's
+    // arguments, or a list of calls of the tools.
+    json::Array calls;
+    for (const auto& tool : t.tools) {
+      const json::Value& fn = *tool.find("function");
+      const json::Value* ps = fn.find("parameters");
+      const json::Value params = ps ? *ps : json::Value(json::Object{{"type", json::Value("object")}});
+      if (choice == "named" && fn.find("name")->as_string() == t.named) t.schema = params;
+      calls.push_back(json::Value(json::Object{
+          {"type", json::Value("object")},
+          {"properties", json::Value(json::Object{{"name", json::Value(json::Object{{"const", *fn.find("name")}})},
+                                                  {"parameters", params}})},
+          {"required", json::Value(json::Array{json::Value("name"), json::Value("parameters")})},
+          {"additionalProperties", json::Value(false)}}));
+    }
+    if (choice == "named" && t.schema.is_null())
+      throw bad_request("'tool_choice' names '" + t.named + "', which is not among the tools", "tool_choice");
+    if (choice == "required") {
+      t.required = true;
+      json::Object list{{"type", json::Value("array")}, {"minItems", json::Value(1)},
+                        {"items", json::Value(json::Object{{"anyOf", json::Value(std::move(calls))}})}};
+      if (!t.parallel) list.emplace_back("maxItems", json::Value(1));
+      t.schema = json::Value(std::move(list));
+    }
+    try {
+      JsonSchema::compile(t.schema);
+    } catch (const Error& e) {
+      throw bad_request(std::string("the tools' parameters: ") + e.what(), "tools");
+    }
+  }
   if (!chat_template_has_tools(served.chat_template))
     throw bad_request("'tools' need a chat template that writes them (qwen2.5, qwen3, llama-3.1, llama-3.2); this model's is '" +
                           served.chat_template + "'",
                       "tools");
+  if (choice != "auto") return t;
   if (served.tool_call_parser == "none")
     throw bad_request("'tools' are off: kvprd was started with --tool-call-parser none", "tools");
   t.parse = true;
@@ -343,6 +399,7 @@ struct Job {
     bool sent_role = false;
     ReasoningSplitter reasoning;  // streaming with a reasoning parser
     ToolCallStream tool_stream;  // streaming with tools
+    bool tool_call_sent = false;  // streaming a named tool choice: its id and name went out
     size_t lp_sent = 0;     // streaming: tokens whose logprobs went out
     int64_t lp_offset = 0;  // streaming: text offset of the next token (completions)
   };
@@ -780,6 +837,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (job->s.top_logprobs > 0) params.set("top_logprobs", job->s.top_logprobs);
     if (job->s.repetition_penalty != 1) params.set("repetition_penalty", job->s.repetition_penalty);
     if (job->s.json_object) params.set("json_object", true);
+    if (!job->tools.schema.is_null()) params.set("json_schema", job->tools.schema);  // forced tool calls
+    else if (!job->s.json_schema.is_null()) params.set("json_schema", job->s.json_schema);
     if (job->s.presence_penalty != 0) params.set("presence_penalty", job->s.presence_penalty);
     if (job->s.frequency_penalty != 0) params.set("frequency_penalty", job->s.frequency_penalty);
     if (!job->s.logit_bias.empty()) {
@@ -948,7 +1007,16 @@ class Session : public std::enable_shared_from_this<Session> {
           if (parts.content.empty() && !parts.reasoning.empty()) msg["content"] = nullptr;
           if (parts.reasoning.empty()) msg["reasoning_content"] = nullptr;
         }
-        if (job.tools.parse) {
+        if (!job.tools.named.empty()) {  // the answer is the named function's arguments
+          msg["content"] = nullptr;
+          msg["tool_calls"] = tool_calls_json(job, {{job.tools.named, content}}, false);
+        } else if (job.tools.required) {  // the answer is a list of calls
+          if (auto calls = forced_calls(content)) {
+            msg["content"] = nullptr;
+            msg["tool_calls"] = tool_calls_json(job, *calls, false);
+            ch["finish_reason"] = "tool_calls";
+          }
+        } else if (job.tools.parse) {
           ToolCallParse p = parse_tool_calls(job.tools.parser, content);
           if (!p.calls.empty()) {
             msg["content"] = p.content ? bj::value(*p.content) : bj::value(nullptr);
@@ -968,6 +1036,20 @@ class Session : public std::enable_shared_from_this<Session> {
                     {"usage", usage_json(prompt_tokens, completion_tokens)}};
     finish_request();
     send_json(200, body);
+  }
+
+  // tool_choice "required": the answer (a JSON list of {"name", "parameters"}, as its schema
+  // made it) as calls; nullopt when it is not one (cut off by max_tokens).
+  static std::optional<std::vector<ToolCallText>> forced_calls(const std::string& answer) {
+    try {
+      std::vector<ToolCallText> calls;
+      const json::Value list = json::parse(answer);  // (kept: the loop's range refers into it)
+      for (const auto& c : list.as_array())
+        calls.push_back({c.find("name")->as_string(), c.find("parameters")->dump_python()});
+      return calls;
+    } catch (const Error&) {
+      return std::nullopt;
+    }
   }
 
   // OpenAI's tool_calls of a message (or, streamed, of a delta: each with its index), with fresh
@@ -1134,7 +1216,28 @@ class Session : public std::enable_shared_from_this<Session> {
         reasoning = std::move(parts.reasoning);
         content = std::move(parts.content);
       }
-      if (job.tools.parse) {
+      if (!job.tools.named.empty()) {
+        // The named function's arguments as they come: its id and name with the first piece.
+        if (!content.empty() || finished) {
+          bj::object call{{"index", 0}, {"function", bj::object{{"arguments", content}}}};
+          if (!c.tool_call_sent) {
+            call["id"] = st_->new_id("chatcmpl-tool-");
+            call["type"] = "function";
+            call["function"].as_object()["name"] = job.tools.named;
+            c.tool_call_sent = true;
+          }
+          push_sse(chunk(bj::object{{"index", static_cast<int64_t>(i)},
+                                    {"delta", bj::object{{"tool_calls", bj::array{std::move(call)}}}},
+                                    {"logprobs", pending_logprobs()}, {"finish_reason", nullptr}}));
+        }
+        content.clear();
+      } else if (job.tools.required) {
+        content.clear();  // the list of calls, sent whole at the end
+        if (finished) {
+          if (auto forced = forced_calls(c.text)) calls = std::move(*forced);
+          else content = c.text;
+        }
+      } else if (job.tools.parse) {
         // Text before a <tool_call> goes out as it comes; the calls when the answer is complete.
         content = c.tool_stream.feed(content).content;
         if (finished) {

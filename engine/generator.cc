@@ -88,13 +88,14 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
   uint64_t seed = params.sampling.seed ? *params.sampling.seed : std::random_device{}();
   uint64_t id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, params, std::move(prompt), seed, tok_);
-  if (params.json_object) {
+  if (params.json_object || params.json_schema) {
     if (!json_vocab_) {  // each id's text as the output shows it (special tokens: none)
       auto v = std::make_shared<JsonTokenConstraint::Vocabulary>(static_cast<size_t>(valid_vocab_));
       for (int32_t t = 0; t < valid_vocab_; ++t) (*v)[static_cast<size_t>(t)] = tok_.token_bytes(t, true);
       json_vocab_ = std::move(v);
     }
-    seq->json = std::make_unique<JsonTokenConstraint>(json_vocab_);
+    seq->json = params.json_schema ? std::make_unique<JsonTokenConstraint>(json_vocab_, params.json_schema)
+                                   : std::make_unique<JsonTokenConstraint>(json_vocab_);
     if (!params.ignore_eos) {
       if (tok_.eos_id()) seq->end_ids.push_back(*tok_.eos_id());
       for (int32_t e : tok_.extra_eos_ids()) seq->end_ids.push_back(e);

@@ -36,6 +36,9 @@ struct GenerationParams {
   // chosen among those that continue it (engine/json_grammar.h), and EOS or a stop id only once
   // it is complete; a complete object that nothing may follow ends the sequence (stop).
   bool json_object = false;
+  // The text must be valid against this JSON Schema (response_format json_schema, forced tool
+  // calls): the same masking, by the schema's recognizer (engine/json_schema.h).
+  std::shared_ptr<const JsonSchema> json_schema;
 };
 
 // [[id, logprob], ...]: how the worker protocol and the CLI's JSON carry alternatives.

@@ -658,9 +658,7 @@ def qwen_tools():
               body["usage"]["prompt_tokens"] < len(want["tokens"]) and body["choices"][0]["finish_reason"] == "stop" and
               body["choices"][0]["message"]["content"] == answer and "tool_calls" not in body["choices"][0]["message"], body)
         for what, extra, param in (
-                ("tool_choice required", {"tool_choice": "required"}, "tool_choice"),
-                ("a named tool_choice", {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-                 "tool_choice"),
+                ("a tool_choice that is no choice", {"tool_choice": "sometimes"}, "tool_choice"),
                 ("a tool without a function", {"tools": [{"type": "function"}]}, "tools"),
                 ("a tool name with spaces", {"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools"),
                 ("tools not a list", {"tools": {"type": "function"}}, "tools"),
@@ -751,9 +749,11 @@ def llama_tools():
 
 
 def json_mode():
-    """response_format json_object: a model whose first choice is to open with "Sure" and second
-    is '{"' answers '{"a":1}' in JSON mode (the mask leaves only tokens that continue a JSON
-    object, and the end of turn only once it is complete), and "Sure..." without it."""
+    """Constrained decoding through kvprd. response_format json_object: a model whose first choice
+    is to open with "Sure" and second is '{"' answers '{"a":1}' in JSON mode (the mask leaves only
+    tokens that continue a JSON object, and the end of turn only once it is complete), and
+    "Sure..." without it; json_schema, and tool_choice naming a function or "required", give
+    text valid against their schema whatever the model prefers."""
     model, _ = chain_model("qwen-json", "qwen2-tokenizer", '{"a":1}', 198, 151645, detour_text="Sure")
     d, log = single_worker(model, "--served-model-name", "qwen")
     msgs = [{"role": "user", "content": "Give me JSON"}]
@@ -769,8 +769,66 @@ def json_mode():
         st, body = d.post("/v1/chat/completions", req)
         check("without it the model opens with Sure", st == 200 and
               body["choices"][0]["message"]["content"].startswith("Sure"), body)
-        st, body = d.post("/v1/chat/completions", dict(req, response_format={"type": "json_schema", "json_schema": {}}))
-        check("json_schema: 400", st == 400 and body["error"]["param"] == "response_format", body)
+        # json_schema: the model's own JSON where the schema admits it; where it does not (a
+        # required boolean "b", no other keys), the schema's JSON however unlikely.
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                  "additionalProperties": False}
+        rf = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": True}}
+        st, body = d.post("/v1/chat/completions", dict(req, response_format=rf))
+        check("json_schema admitting the model's JSON", st == 200 and
+              body["choices"][0]["message"]["content"] == '{"a":1}', body)
+        schema = {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"],
+                  "additionalProperties": False}
+        rf["json_schema"]["schema"] = schema
+        st, body = d.post("/v1/chat/completions", dict(req, response_format=rf, max_tokens=80))
+        content = body["choices"][0]["message"]["content"] if st == 200 else ""
+        check("json_schema against the model's preference: the schema's JSON",
+              st == 200 and body["choices"][0]["finish_reason"] == "stop" and isinstance(json.loads(content)["b"], bool)
+              and list(json.loads(content)) == ["b"], body)
+        for bad, part in (({"type": "string", "pattern": "a+"}, "'pattern' is not supported"),
+                          ({"$ref": "#/$defs/X"}, "names no definition")):
+            rf["json_schema"]["schema"] = bad
+            st, body = d.post("/v1/chat/completions", dict(req, response_format=rf))
+            check(f"json_schema {bad}: 400 naming it", st == 400 and part in body["error"]["message"] and
+                  body["error"]["param"] == "response_format", body)
+        st, body = d.post("/v1/chat/completions", dict(req, response_format={"type": "json_schema"}))
+        check("json_schema without a schema: 400", st == 400 and body["error"]["param"] == "response_format", body)
+
+        # tool_choice naming a function: the answer is its arguments, valid against its
+        # parameters; "required": a list of calls (one, with parallel_tool_calls false).
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+            "additionalProperties": False}}}, {"type": "function", "function": {"name": "now"}}]
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        st, body = d.post("/v1/chat/completions", dict(req, tools=tools, tool_choice=named, max_tokens=100))
+        m = body["choices"][0]["message"] if st == 200 else {}
+        calls = m.get("tool_calls", [])
+        check("tool_choice named: its arguments, valid against its parameters",
+              len(calls) == 1 and calls[0]["function"]["name"] == "get_weather" and m["content"] is None and
+              list(json.loads(calls[0]["function"]["arguments"])) == ["city"] and
+              len(json.loads(calls[0]["function"]["arguments"])["city"]) <= 8 and
+              body["choices"][0]["finish_reason"] == "stop", body)
+        events, _ = d.stream("/v1/chat/completions", dict(req, tools=tools, tool_choice=named, max_tokens=100, stream=True))
+        parts = [t for e in events[:-1] if e["choices"] for t in e["choices"][0]["delta"].get("tool_calls", [])]
+        check("tool_choice named, streamed: the name first, then the arguments in pieces that add up",
+              parts and parts[0]["function"]["name"] == "get_weather" and parts[0]["id"].startswith("chatcmpl-tool-") and
+              "".join(p["function"]["arguments"] for p in parts) == calls[0]["function"]["arguments"], parts)
+        st, body = d.post("/v1/chat/completions", dict(req, tools=tools, tool_choice="required",
+                                                       parallel_tool_calls=False, max_tokens=160))
+        c = body["choices"][0] if st == 200 else {}
+        calls = c.get("message", {}).get("tool_calls", [])
+        check("tool_choice required: one call of one of the tools",
+              c.get("finish_reason") == "tool_calls" and len(calls) == 1 and
+              calls[0]["function"]["name"] in ("get_weather", "now") and
+              isinstance(json.loads(calls[0]["function"]["arguments"]), dict), body)
+        for what, extra in (("a named function not among the tools", {"tool_choice": {"type": "function", "function": {
+                                 "name": "nope"}}}),
+                            ("required without tools", {"tools": [], "tool_choice": "required"}),
+                            ("tool parameters the server cannot enforce", {"tool_choice": "required", "tools": [
+                                {"type": "function", "function": {"name": "f", "parameters": {
+                                    "type": "object", "properties": {"x": {"type": "number", "minimum": 0}}}}}]})):
+            st, body = d.post("/v1/chat/completions", dict(req, **dict({"tools": tools}, **extra)))
+            check(f"{what}: 400", st == 400, body)
     finally:
         d.stop()
 

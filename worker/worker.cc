@@ -39,6 +39,8 @@ GenerationParams params_from(const json::Value& p) {
   if (const json::Value* v = p.find("stop_token_ids"))
     for (const auto& id : v->as_array()) g.stop_token_ids.push_back(static_cast<int32_t>(id.as_int()));
   if (const json::Value* v = p.find("json_object")) g.json_object = v->as_bool();
+  if (const json::Value* v = p.find("json_schema"))
+    g.json_schema = std::make_shared<const JsonSchema>(JsonSchema::compile(*v));
   return g;
 }
 
