@@ -1,6 +1,7 @@
 #include "engine/json_grammar.h"
 
 #include <algorithm>
+#include <climits>
 #include <limits>
 
 #include "engine/error.h"
@@ -216,15 +217,61 @@ bool JsonRecognizer::feed(std::string_view bytes) {
   return true;
 }
 
+int64_t JsonRecognizer::plain_string_room() const {
+  return s_.mode == kString && s_.sub == 0 && s_.aux == 0 ? INT64_MAX : -1;
+}
+
 bool JsonRecognizer::complete() const {
   return s_.mode == kDone || (s_.mode == kNumber && s_.depth == 0 && number_may_end(s_.sub));
 }
 
+namespace {
+// The characters of `b` when it is plain string text: no quote, backslash or control character,
+// whole UTF-8 sequences only (the ranges the recognizers take); else -1.
+int32_t plain_chars(const std::string& b) {
+  int32_t chars = 0;
+  for (size_t i = 0; i < b.size();) {
+    const uint8_t c = static_cast<uint8_t>(b[i]);
+    if (c == '"' || c == '\\' || c < 0x20) return -1;
+    size_t n = 1;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (c >= 0x80) {
+      if (c >= 0xC2 && c <= 0xDF) n = 2;
+      else if (c >= 0xE0 && c <= 0xEF) n = 3;
+      else if (c >= 0xF0 && c <= 0xF4) n = 4;
+      else return -1;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    if (i + n > b.size()) return -1;
+    for (size_t k = 1; k < n; ++k) {
+      const uint8_t d = static_cast<uint8_t>(b[i + k]);
+      if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) return -1;
+    }
+    i += n;
+    ++chars;
+  }
+  return chars;
+}
+
+std::vector<int32_t> plain_chars_of(const JsonTokenConstraint::Vocabulary& v) {
+  std::vector<int32_t> out;
+  out.reserve(v.size());
+  for (const auto& b : v) out.push_back(b.empty() ? -1 : plain_chars(b));
+  return out;
+}
+}  // namespace
+
 JsonTokenConstraint::JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, const JsonGrammarOptions& o)
-    : vocab_(std::move(vocab)), r_(JsonRecognizer(o)) {}
+    : vocab_(std::move(vocab)), plain_chars_(plain_chars_of(*vocab_)), r_(JsonRecognizer(o)) {}
 
 JsonTokenConstraint::JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema)
-    : vocab_(std::move(vocab)), schema_(std::move(schema)), r_(SchemaRecognizer(schema_.get())) {}
+    : vocab_(std::move(vocab)),
+      plain_chars_(plain_chars_of(*vocab_)),
+      schema_(std::move(schema)),
+      r_(SchemaRecognizer(schema_.get())) {}
 
 const std::vector<uint8_t>& JsonTokenConstraint::allowed(int32_t valid) {
   const std::string key = std::visit([](const auto& r) { return std::string(r.key()); }, r_);
@@ -241,9 +288,15 @@ const std::vector<uint8_t>& JsonTokenConstraint::allowed(int32_t valid) {
           auto r = rec;
           first_ok[b] = r.feed(static_cast<uint8_t>(b));
         }
+        // Inside a string, a token of plain characters is decided by its length alone.
+        const int64_t room = rec.plain_string_room();
         for (int32_t id = 0; id < n; ++id) {
           const std::string& b = v[static_cast<size_t>(id)];
           if (b.empty() || !first_ok[static_cast<uint8_t>(b[0])]) continue;
+          if (room >= 0 && plain_chars_[static_cast<size_t>(id)] >= 0) {
+            m[static_cast<size_t>(id)] = plain_chars_[static_cast<size_t>(id)] <= room;
+            continue;
+          }
           auto r = rec;
           m[static_cast<size_t>(id)] = r.feed(b);
         }

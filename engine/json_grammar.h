@@ -39,6 +39,10 @@ class JsonRecognizer {
 
   // The state, as bytes: equal states accept the same continuations.
   std::string_view key() const { return {reinterpret_cast<const char*>(&s_), sizeof s_}; }
+  // Inside a string, between characters: how many more characters it may take (INT64_MAX: no
+  // bound); -1 elsewhere. A token of plain characters (no quote, backslash, control character or
+  // partial UTF-8) then fits exactly when it has no more characters than that.
+  int64_t plain_string_room() const;
 
  private:
   struct State {
@@ -85,6 +89,7 @@ class JsonTokenConstraint {
   const std::vector<uint8_t>& allowed(int32_t valid);
 
   std::shared_ptr<const Vocabulary> vocab_;
+  std::vector<int32_t> plain_chars_;  // per id: its characters when it is plain string text, else -1
   std::shared_ptr<const JsonSchema> schema_;
   std::variant<JsonRecognizer, SchemaRecognizer> r_;
   // Masks of recent states (JSON revisits the same states: inside strings, between members).

@@ -1,6 +1,7 @@
 #include "engine/json_schema.h"
 
 #include <algorithm>
+#include <climits>
 #include <map>
 #include <set>
 
@@ -415,7 +416,8 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
         return end_value(t);
       }
       if (n.kind == K::String && n.max_length >= 0 && chars > n.max_length) return false;
-      t.length = chars;
+      // Counted only where a length is bounded: otherwise equal states stay equal (mask cache).
+      if (n.kind == K::String && (n.min_length > 0 || n.max_length >= 0)) t.length = chars;
       return true;
     }
     case Mode::Key: {
@@ -557,6 +559,15 @@ bool SchemaRecognizer::feed(std::string_view bytes) {
   for (char c : bytes)
     if (!feed(static_cast<uint8_t>(c))) return false;
   return true;
+}
+
+int64_t SchemaRecognizer::plain_string_room() const {
+  if (threads_.size() != 1) return -1;
+  const Thread& t = threads_[0];
+  if (t.mode != Mode::String || t.sub != 0 || t.aux != 0) return -1;
+  const SchemaNode& n = schema_->node(t.node);
+  if (n.kind == SchemaNode::Kind::String && n.max_length >= 0) return n.max_length - t.length;
+  return INT64_MAX;
 }
 
 bool SchemaRecognizer::complete() const {

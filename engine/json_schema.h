@@ -63,6 +63,7 @@ class SchemaRecognizer {
   bool feed(std::string_view bytes);
   bool complete() const;
   std::string key() const;  // the state: equal keys accept the same continuations
+  int64_t plain_string_room() const;  // as JsonRecognizer's (one alternative inside a string)
 
  private:
   struct Frame {
