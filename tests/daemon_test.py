@@ -829,6 +829,8 @@ def json_mode():
                                     "type": "object", "properties": {"x": {"type": "number", "minimum": 0}}}}}]})):
             st, body = d.post("/v1/chat/completions", dict(req, **dict({"tools": tools}, **extra)))
             check(f"{what}: 400", st == 400, body)
+        r = openai_client(d.port, "qwen", "json")
+        check("openai npm client: structured output", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
     finally:
         d.stop()
 

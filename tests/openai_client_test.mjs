@@ -3,7 +3,8 @@
 // With a third argument `tools`, tool calls instead, on a model whose answer is one
 // <tool_call> (tests/daemon_test.py's qwen_tools): chat.completions.create with tools, the
 // same streamed through the client's stream helper (which accumulates tool-call deltas), and
-// the call's result sent back.
+// the call's result sent back. With `json`, structured output through the parse helper
+// (tests/daemon_test.py's json_mode).
 import { createRequire } from 'node:module';
 const require = createRequire(import.meta.url);
 const OpenAI = require('openai');
@@ -38,6 +39,25 @@ if (process.argv[4] === 'tools') {
     ...messages, msg, { role: 'tool', tool_call_id: msg.tool_calls[0].id, content: '21 C, sunny' }] });
   check('the result sent back', next.choices.length === 1 && next.usage.prompt_tokens > r.usage.prompt_tokens, next);
   console.log(`openai client (tools): ${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
+}
+
+if (process.argv[4] === 'json') {
+  // Structured output through the client's parse helper, which reads the answer as the schema's
+  // JSON (message.parsed) and a strict tool's forced call as its arguments (parsed_arguments).
+  const messages = [{ role: 'user', content: 'Give me JSON' }];
+  const schema = { type: 'object', properties: { b: { type: 'boolean' } }, required: ['b'], additionalProperties: false };
+  const r = await client.beta.chat.completions.parse({ model, messages, temperature: 0, max_tokens: 80,
+    response_format: { type: 'json_schema', json_schema: { name: 'flag', schema, strict: true } } });
+  check('parse: json_schema answer as the parsed object', typeof r.choices[0].message.parsed?.b === 'boolean', r);
+  const tools = [{ type: 'function', function: { name: 'get_weather', strict: true, parameters: { type: 'object',
+    properties: { city: { type: 'string', maxLength: 8 } }, required: ['city'], additionalProperties: false } } }];
+  const t = await client.beta.chat.completions.parse({ model, messages, tools, temperature: 0, max_tokens: 100,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+  const call = t.choices[0].message.tool_calls?.[0];
+  check('parse: a forced call with its parsed arguments', call?.function.name === 'get_weather' &&
+    typeof call.function.parsed_arguments?.city === 'string', JSON.stringify(t.choices[0]));
+  console.log(`openai client (json): ${passed} passed, ${failed} failed`);
   process.exit(failed ? 1 : 0);
 }
 
