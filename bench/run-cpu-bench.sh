@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Runs the CPU benchmark and writes bench/results/<date>-cpu-<commit>.json with the
-# hardware it ran on. Usage: bench/run-cpu-bench.sh [--quick]
+# Runs a CPU benchmark and writes bench/results/<date>-<name>-<commit>.json with the hardware it
+# ran on. Usage: bench/run-cpu-bench.sh [--quick]           (kvpr-bench cpu: <name> cpu)
+#                bench/run-cpu-bench.sh json [--tokenizer D] (kvpr-bench json: <name> json-mask)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-out=bench/results/$(date -u +%Y-%m-%d)-cpu-${commit}.json
+cmd=cpu name=cpu
+if [ "${1:-}" = json ]; then cmd=json name=json-mask; shift; fi
+out=bench/results/$(date -u +%Y-%m-%d)-${name}-${commit}.json
 mkdir -p bench/results
 tmp=$(mktemp)
-build/bench/kvpr-bench cpu --json "$tmp" "$@"
+build/bench/kvpr-bench "$cmd" --json "$tmp" "$@"
 python3 - "$tmp" "$out" "$commit" <<'PY'
 import json, os, platform, subprocess, sys, datetime
 r = json.load(open(sys.argv[1]))

@@ -28,6 +28,18 @@ if [ "$backend" = cpu ]; then
   "$KVPR_BENCH" decode --preset qwen3-tiny --backend "$backend" --batch 2 --prompt 16 --gen 2 --kv-dtype f32 \
     --modes resident,recompute "${extra[@]}" --json "$tmp/q.json" >"$tmp/q.out" 2>&1 || { cat "$tmp/q.out"; exit 1; }
 fi
+# kvpr-bench json: the JSON-mask cost on GPT-2's vocabulary (CPU work; once is enough).
+if [ "$backend" = cpu ]; then
+  "$KVPR_BENCH" json --reps 1 --json "$tmp/j.json" >"$tmp/j.out" 2>&1 || { cat "$tmp/j.out"; exit 1; }
+  python3 - "$tmp/j.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r['vocab'] == 50257 and len(r['cases']) == 7, r
+c = {x['state']: x for x in r['cases']}
+assert c['json_object: first token']['allowed'] > 0 and c['json_object: inside a string']['allowed'] > 40000, c
+assert c["schema: a closed object's key"]['allowed'] < 100, c  # only the properties' starts
+PY
+fi
 python3 - "$tmp" <<'PY'
 import json, sys, os, xml.dom.minidom
 d = sys.argv[1]
