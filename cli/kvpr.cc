@@ -20,6 +20,7 @@
 #include "engine/error.h"
 #include "engine/generator.h"
 #include "engine/json.h"
+#include "engine/json_schema.h"
 #include "engine/npy.h"
 #include "engine/llama_model.h"
 #include "engine/opt_model.h"
@@ -48,6 +49,7 @@ const char* kUsage =
     "                   [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--stop STR]...\n"
     "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--top-logprobs K]\n"
     "                   [--prompt-logprobs K] [--ignore-eos] [--response-format text|json_object]\n"
+    "                   [--json-schema FILE]\n"
     "                   [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16]\n"
     "                   [--kv-mode resident|offload|kvpr|recompute|cpu-attn] [--split L]\n"
     "                   [--activation-cap N] [--profile FILE] [--split-model pipeline|paper]\n"
@@ -188,7 +190,7 @@ int cmd_generate(int argc, char** argv) {
           "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
           "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
           "--trace", "--repetition-penalty", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights",
-          "--chat", "--system", "--chat-template", "--response-format"},
+          "--chat", "--system", "--chat-template", "--response-format", "--json-schema"},
          {"--json", "--ignore-eos", "--cuda-graphs", "--no-thinking"});
   std::string dir = a.require("--model");
   if (a.has("--prompt") + a.has("--prompt-ids") + a.has("--chat") != 1)
@@ -209,6 +211,10 @@ int cmd_generate(int argc, char** argv) {
   if (format != "text" && format != "json_object")
     throw UsageError("--response-format: expected text or json_object, got '" + format + "'");
   gp.json_object = format == "json_object";
+  if (a.has("--json-schema")) {  // the text valid against a JSON Schema (engine/json_schema.h)
+    if (format != "text") throw UsageError("give --response-format or --json-schema, not both");
+    gp.json_schema = std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse_file(a.get("--json-schema"))));
+  }
   gp.sampling.repetition_penalty = parse_number<float>("--repetition-penalty", a.get("--repetition-penalty", "1"));
   gp.sampling.presence_penalty = parse_number<float>("--presence-penalty", a.get("--presence-penalty", "0"));
   gp.sampling.frequency_penalty = parse_number<float>("--frequency-penalty", a.get("--frequency-penalty", "0"));

@@ -177,6 +177,20 @@ expect_error "unknown chat template" 2 "unknown template 'vicuna'" -- generate -
 expect_error "bad top logprobs" 1 "top_logprobs must be in 0..20" -- generate --model "$tmp/demo" --prompt a --top-logprobs 21
 expect_error "bad top-p" 1 "top_p must be in (0, 1]" -- generate --model "$tmp/demo" --prompt a --top-p 1.5
 expect_error "unknown backend" 1 "unknown backend 'tpu'" -- generate --model "$tmp/demo" --prompt a --backend tpu
+# Structured output: with a schema, the text is JSON the schema admits, and it ends (EOS) once
+# complete (the demo model's random weights favour whitespace, up to 48 bytes in a row, so it
+# takes ~100 tokens); a schema keyword the recognizer cannot enforce is a one-line error.
+echo '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false}' \
+  >"$tmp/schema.json"
+outj=$("$KVPR" generate --model "$tmp/demo" --prompt "JSON:" -n 300 --json-schema "$tmp/schema.json" --json)
+check "--json-schema: the schema's JSON, ended once complete" python3 -c "
+import json,sys; o=json.loads(sys.argv[1]); v=json.loads(o['text'])
+assert o['finish_reason'] == 'stop' and list(v) == ['ok'] and isinstance(v['ok'], bool), o['text']" "$outj"
+echo '{"type": "string", "pattern": "^a"}' >"$tmp/pattern.json"
+expect_error "--json-schema with pattern" 1 "the keyword 'pattern' is not supported" -- generate --model "$tmp/demo" \
+  --prompt x --json-schema "$tmp/pattern.json"
+expect_error "--response-format yaml" 2 "expected text or json_object" -- generate --model "$tmp/demo" --prompt x \
+  --response-format yaml
 expect_error "unknown command" 2 "unknown command 'frobnicate'" -- frobnicate
 expect_error "unknown option" 2 "unknown option '--bogus'" -- info --model "$tmp/demo" --bogus
 cp -r "$tmp/demo" "$tmp/broken"
