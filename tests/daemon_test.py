@@ -578,8 +578,9 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
             f.write(b)
 
 
-def chain_model(name, tokenizer, answer, after, end, detour_text=None, **kw):
-    """TMP/name: the tokenizer files of tests/data/<tokenizer> and a write_chain_model whose greedy
+def chain_model(name, tokenizer, answer, after, end, detour_text=None, added=(), **kw):
+    """TMP/name: the tokenizer files of tests/data/<tokenizer> (with `added` tokens, (id, text), as
+    Qwen3's tokenizer adds <think> and </think> to Qwen2.5's) and a write_chain_model whose greedy
     answer to a prompt ending in token `after` is `answer`'s tokens (without a BOS), then `end`
     (or, with `detour_text`, that text's first token first: the answer is then the model's second
     choice at the start)."""
@@ -588,6 +589,12 @@ def chain_model(name, tokenizer, answer, after, end, detour_text=None, **kw):
     data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", tokenizer)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(os.path.join(data, f), os.path.join(model, f))
+    if added:
+        tj = json.load(open(os.path.join(model, "tokenizer.json")))
+        for i, tag in added:
+            tj["added_tokens"].append({"id": i, "content": tag, "single_word": False, "lstrip": False,
+                                       "rstrip": False, "normalized": False, "special": False})
+        json.dump(tj, open(os.path.join(model, "tokenizer.json"), "w"))
     ids = json.loads(subprocess.check_output([KVPR, "tokenize", "--model", model, "--text", answer, "--json"]))["ids"]
     ids = [i for i in ids if i != kw.get("bos")]
     if detour_text is not None:
@@ -690,6 +697,37 @@ def qwen_tools():
                        timeout=60)
     check("--tool-call-parser hermes with a template without tools stops kvprd",
           r.returncode == 1 and "needs a chat template that writes tools" in r.stderr, r.stderr[-500:])
+
+
+def qwen3_reasoning_tools():
+    """A thinking model that reasons, then calls a tool (Qwen3's template and tokenizer, kvprd
+    --reasoning-parser qwen3): the reasoning goes to reasoning_content, the call to tool_calls,
+    content is null, whole and streamed."""
+    answer = '<think>hmm</think><tool_call>{"name":"get_weather","arguments":{"city": "Paris"}}</tool_call>'
+    model, _ = chain_model("qwen3-tools", "qwen2-tokenizer", answer, 198, 151645,
+                           added=((151665, "<think>"), (151666, "</think>")))
+    d, log = single_worker(model, "--served-model-name", "qwen", "--chat-template", "qwen3", "--reasoning-parser", "qwen3")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    req = {"model": "qwen", "messages": [{"role": "user", "content": "Weather?"}], "tools": tools, "temperature": 0,
+           "max_tokens": 40}
+    try:
+        check("qwen3: tool calls as hermes", "tool calls: hermes" in log, log[-500:])
+        st, body = d.post("/v1/chat/completions", req)
+        c = body["choices"][0] if st == 200 else {}
+        m = c.get("message", {})
+        check("reasoning, then a call: reasoning_content, tool_calls, no content",
+              m.get("reasoning_content") == "hmm" and m.get("content") is None and c.get("finish_reason") == "tool_calls"
+              and [t["function"] for t in m.get("tool_calls", [])] ==
+              [{"name": "get_weather", "arguments": '{"city": "Paris"}'}], body)
+        events, _ = d.stream("/v1/chat/completions", dict(req, stream=True))
+        deltas = [e["choices"][0] for e in events[:-1] if e["choices"]]
+        check("streamed: the reasoning, then the call",
+              "".join(x["delta"].get("reasoning_content") or "" for x in deltas) == "hmm" and
+              not any(x["delta"].get("content") for x in deltas) and
+              [t["function"] for x in deltas for t in x["delta"].get("tool_calls", [])] ==
+              [t["function"] for t in m.get("tool_calls", [])] and deltas[-1]["finish_reason"] == "tool_calls", deltas)
+    finally:
+        d.stop()
 
 
 def llama_tools():
@@ -882,6 +920,7 @@ def main():
     llama3_chat()
     qwen_chat()
     qwen_tools()
+    qwen3_reasoning_tools()
     llama_tools()
     json_mode()
     d = Daemon()
