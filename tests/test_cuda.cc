@@ -12,6 +12,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/error.h"
 #include "engine/generator.h"
+#include "engine/json_grammar.h"
 #include "engine/json.h"
 #include "engine/opt_model.h"
 #include "kv_mode_check.h"
@@ -322,6 +323,33 @@ TEST(Cuda, EveryKvModeGivesTheCpuGreedyTokens) {
                            "llama/qwen3_head_dim_qk_norm_bf16", "llama/qwen3_mha_head_dim_f32"})
     test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path(name), tok,
                                                 {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4, name);
+}
+
+// JSON mode on the device: the constrained rows are masked and chosen on the host from the
+// logits the device copies back; the tokens are the CPU backend's, and the text is JSON.
+TEST(Cuda, JsonObjectGivesTheCpuTokens) {
+  SKIP_WITHOUT_GPU();
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  CpuBackend cpu;
+  auto gpu = create_backend("cuda");
+  for (const char* name : {"opt/pre_ln_safetensors", "llama/gqa_f32_safetensors"}) {
+    GenerationParams p;
+    p.max_new_tokens = 24;
+    p.json_object = true;
+    GeneratorOptions o;
+    o.max_batch = 2;
+    o.kv_dtype = DType::F32;
+    std::unique_ptr<Model> mc = load_model(cpu, test::data_path(name)), mg = load_model(*gpu, test::data_path(name));
+    const std::vector<std::vector<int32_t>> prompts = {{5, 17, 33, 2}, {60, 61}};
+    auto a = Generator(*mc, tok, o).generate_all(prompts, p);
+    auto b = Generator(*mg, tok, o).generate_all(prompts, p);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(b[i].tokens, a[i].tokens) << name;
+      JsonRecognizer r;
+      EXPECT_TRUE(!a[i].tokens.empty() && r.feed(a[i].text)) << name << ": " << a[i].text;
+    }
+  }
 }
 
 // Graph steps (Backend::begin_graph_step): a small decode-like step — token ids uploaded from
