@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
       if (served.tool_call_parser.empty()) served.tool_call_parser = "none";
     }
     KVPR_CHECK(served.tool_call_parser == "none" || chat_template_has_tools(tmpl), "--tool-call-parser ",
-               served.tool_call_parser, " needs a chat template that writes tools (qwen2.5, qwen3, llama-3.1, llama-3.2), not ",
-               tmpl);
+               served.tool_call_parser,
+               " needs a chat template that writes tools (qwen2.5, qwen3, mistral-nemo, llama-3.1, llama-3.2), not ", tmpl);
     spdlog::info("tool calls: {}", served.tool_call_parser == "none" ? "off (requests with tools are refused)"
                                                                       : served.tool_call_parser);
     // Sampling defaults: read (and refused when out of range) before any worker starts.

@@ -276,7 +276,8 @@ Sampling parse_sampling(const bj::object& o, bool chat, const SamplingDefaults& 
 struct ToolRequest {
   json::Array tools;
   bool parse = false;
-  std::string parser;  // hermes or llama3_json, when parse
+  std::string parser;  // hermes, llama3_json or mistral, when parse
+  int32_t marker = -1;  // mistral: the [TOOL_CALLS] token, which the text does not show
   bool parallel = true;
   // tool_choice "required" or naming a function: the answer is constrained to `schema` (a list
   // of {"name", "parameters"} calls, or the named function's arguments) and is the calls.
@@ -362,7 +363,8 @@ ToolRequest parse_tools(const bj::object& o, const ServedModel& served) {
     }
   }
   if (!chat_template_has_tools(served.chat_template))
-    throw bad_request("'tools' need a chat template that writes them (qwen2.5, qwen3, llama-3.1, llama-3.2); this model's is '" +
+    throw bad_request("'tools' need a chat template that writes them (qwen2.5, qwen3, mistral-nemo, llama-3.1, llama-3.2); "
+                      "this model's is '" +
                           served.chat_template + "'",
                       "tools");
   if (choice != "auto") return t;
@@ -400,6 +402,7 @@ struct Job {
     ReasoningSplitter reasoning;  // streaming with a reasoning parser
     ToolCallStream tool_stream;  // streaming with tools
     bool tool_call_sent = false;  // streaming a named tool choice: its id and name went out
+    std::string tool_text;        // the text with the tool-call marker where the model wrote it (mistral)
     size_t lp_sent = 0;     // streaming: tokens whose logprobs went out
     int64_t lp_offset = 0;  // streaming: text offset of the next token (completions)
   };
@@ -689,6 +692,7 @@ class Session : public std::enable_shared_from_this<Session> {
         throw bad_request(at + " must have function.name and function.arguments (a JSON string)", "messages");
       ChatToolCall call;
       call.name = name->as_string();
+      if (const bj::value* id = field(c.as_object(), "id"); id && id->is_string()) call.id = id->as_string();
       try {
         call.arguments = json::parse(std::string_view(args->as_string()));
       } catch (const Error& e) {
@@ -728,8 +732,19 @@ class Session : public std::enable_shared_from_this<Session> {
         ChatMessage msg;
         if (r == "assistant") msg.tool_calls = tool_calls_of(m.as_object(), cm.size());
         if (r == "tool")
-          if (const bj::value* id = field(m.as_object(), "tool_call_id"); id && !id->is_string())
-            throw bad_request("a tool message's 'tool_call_id' must be a string", "messages");
+          if (const bj::value* id = field(m.as_object(), "tool_call_id")) {
+            if (!id->is_string()) throw bad_request("a tool message's 'tool_call_id' must be a string", "messages");
+            msg.tool_call_id = id->as_string();
+          }
+        // Mistral's template takes ids of 9 characters: longer ones are cut to their last 9, as
+        // vLLM does.
+        if (st_->served.chat_template == "mistral-nemo") {
+          auto last9 = [](std::string& id) {
+            if (id.size() > 9) id = id.substr(id.size() - 9);
+          };
+          last9(msg.tool_call_id);
+          for (auto& c : msg.tool_calls) last9(c.id);
+        }
         if (r == "assistant")
           if (const bj::value* rc = field(m.as_object(), "reasoning_content")) {
             if (!rc->is_string()) throw bad_request("'reasoning_content' must be a string", "messages");
@@ -754,6 +769,8 @@ class Session : public std::enable_shared_from_this<Session> {
         cm.push_back(std::move(msg));
       }
       job->tools = parse_tools(o, st_->served);
+      if (job->tools.parser == "mistral")
+        if (auto id = st_->tok.token_to_id("[TOOL_CALLS]")) job->tools.marker = *id;
       ChatOptions chat_options;
       chat_options.default_system = st_->served.default_system;
       if (const bj::value* kw = field(o, "chat_template_kwargs"); kw && !kw->is_null()) {  // vLLM's extension
@@ -931,6 +948,8 @@ class Session : public std::enable_shared_from_this<Session> {
         c.prompt_logprobs = ev.prompt_logprobs;
         c.prompt_tops = ev.prompt_top;
       }
+      if (job->tools.marker >= 0 && ev.token == job->tools.marker) c.tool_text += "[TOOL_CALLS]";
+      c.tool_text += ev.text;
       c.text += ev.text;
       if (!ev.finish_reason.empty()) {
         c.done = true;
@@ -1017,7 +1036,7 @@ class Session : public std::enable_shared_from_this<Session> {
             ch["finish_reason"] = "tool_calls";
           }
         } else if (job.tools.parse) {
-          ToolCallParse p = parse_tool_calls(job.tools.parser, content);
+          ToolCallParse p = parse_tool_calls(job.tools.parser, job.tools.marker >= 0 ? c.tool_text : content);
           if (!p.calls.empty()) {
             msg["content"] = p.content ? bj::value(*p.content) : bj::value(nullptr);
             msg["tool_calls"] = tool_calls_json(job, p.calls, false);
@@ -1036,6 +1055,16 @@ class Session : public std::enable_shared_from_this<Session> {
                     {"usage", usage_json(prompt_tokens, completion_tokens)}};
     finish_request();
     send_json(200, body);
+  }
+
+  // A new call's id: chatcmpl-tool-<hex>, or, for Mistral's template, which takes only ids of 9
+  // letters and digits, 9 of them (as vLLM makes them).
+  std::string tool_call_id() {
+    if (st_->served.chat_template != "mistral-nemo") return st_->new_id("chatcmpl-tool-");
+    static const char* an = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    std::string id;
+    for (int i = 0; i < 9; ++i) id += an[st_->rng() % 62];
+    return id;
   }
 
   // tool_choice "required": the answer (a JSON list of {"name", "parameters"}, as its schema
@@ -1059,7 +1088,7 @@ class Session : public std::enable_shared_from_this<Session> {
     for (size_t k = 0; k < calls.size() && (job.tools.parallel || k == 0); ++k) {
       bj::object call;
       if (indexed) call["index"] = static_cast<int64_t>(k);
-      call["id"] = st_->new_id("chatcmpl-tool-");
+      call["id"] = tool_call_id();
       call["type"] = "function";
       call["function"] = bj::object{{"name", calls[k].name}, {"arguments", calls[k].arguments}};
       out.push_back(std::move(call));
@@ -1221,7 +1250,7 @@ class Session : public std::enable_shared_from_this<Session> {
         if (!content.empty() || finished) {
           bj::object call{{"index", 0}, {"function", bj::object{{"arguments", content}}}};
           if (!c.tool_call_sent) {
-            call["id"] = st_->new_id("chatcmpl-tool-");
+            call["id"] = tool_call_id();
             call["type"] = "function";
             call["function"].as_object()["name"] = job.tools.named;
             c.tool_call_sent = true;
@@ -1239,6 +1268,7 @@ class Session : public std::enable_shared_from_this<Session> {
         }
       } else if (job.tools.parse) {
         // Text before a <tool_call> goes out as it comes; the calls when the answer is complete.
+        if (job.tools.marker >= 0 && ev.token == job.tools.marker) content = "[TOOL_CALLS]" + content;
         content = c.tool_stream.feed(content).content;
         if (finished) {
           ToolCallStream::Delta rest = c.tool_stream.finish();

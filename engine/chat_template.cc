@@ -1,6 +1,7 @@
 #include "engine/chat_template.h"
 
 #include <ctime>
+#include <optional>
 #include <filesystem>
 
 #include "engine/error.h"
@@ -10,8 +11,9 @@ namespace kvpr {
 
 namespace {
 
-constexpr const char* kTemplateNames[] = {"plain",  "opt",     "llama-2", "mistral", "zephyr",    "chatml",
-                                          "qwen2",  "qwen2.5", "qwen3",   "llama-3", "llama-3.1", "llama-3.2"};
+constexpr const char* kTemplateNames[] = {"plain",   "opt",     "llama-2", "mistral",   "mistral-nemo", "zephyr",
+                                          "chatml",  "qwen2",   "qwen2.5", "qwen3",     "llama-3",      "llama-3.1",
+                                          "llama-3.2"};
 
 const std::string kQwen2System = "You are a helpful assistant.";
 const std::string kQwen25System = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
@@ -126,6 +128,66 @@ void render_qwen25(const std::string& preset, const std::vector<ChatMessage>& me
   open_chatml_answer(r);
 }
 
+// Mistral-Nemo's (and Mistral's later v3 templates): "[INST]{user}[/INST]{assistant}</s>" with no
+// spaces; the system message opens the last user turn, and only when that turn is the last
+// message; tools go in an [AVAILABLE_TOOLS] block before the last user turn (the function's
+// string fields written raw, the others as tojson), calls as "[TOOL_CALLS][{function as tojson,
+// less its closing brace}, "id": "<9 characters>"}, ...]</s>", results as
+// [TOOL_RESULTS]{"content": <content as text>, "call_id": "..."}[/TOOL_RESULTS].
+void render_mistral_nemo(const std::vector<ChatMessage>& messages, const ChatOptions& options, RenderedChat* r) {
+  size_t i = 0;
+  std::optional<std::string> system;
+  if (!messages.empty() && messages[0].role == "system") {
+    system = messages[0].content;
+    i = 1;
+  }
+  const ChatMessage* last_user = nullptr;
+  for (size_t j = i; j < messages.size(); ++j)
+    if (messages[j].role == "user") last_user = &messages[j];
+  auto check_id = [](const std::string& id) {
+    KVPR_CHECK(id.size() == 9, "the chat template 'mistral-nemo' needs tool call ids of 9 characters, got '", id, "'");
+  };
+  for (; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      // (the template compares messages by value: a user turn equal to the last one gets the tools too)
+      if (!options.tools.empty() && m.content == last_user->content) {
+        r->prompt += "[AVAILABLE_TOOLS][";
+        for (size_t t = 0; t < options.tools.size(); ++t) {
+          r->prompt += "{\"type\": \"function\", \"function\": {";
+          bool first = true;
+          for (const auto& [k, v] : options.tools[t].find("function")->as_object()) {
+            if (k == "return") continue;
+            r->prompt += (first ? "\"" : ", \"") + k + "\": " + (v.is_string() ? "\"" + v.as_string() + "\"" : v.dump_python());
+            first = false;
+          }
+          r->prompt += t + 1 < options.tools.size() ? "}}, " : "}}]";
+        }
+        r->prompt += "[/AVAILABLE_TOOLS]";
+      }
+      const bool last = i + 1 == messages.size();
+      r->prompt += "[INST]" + (last && system ? *system + "\n\n" : std::string()) + m.content + "[/INST]";
+    } else if (!m.tool_calls.empty()) {
+      r->prompt += "[TOOL_CALLS][";
+      for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+        const ChatToolCall& call = m.tool_calls[c];
+        check_id(call.id);
+        const std::string fn =
+            json::Value(json::Object{{"name", json::Value(call.name)}, {"arguments", call.arguments}}).dump_python();
+        r->prompt += fn.substr(0, fn.size() - 1) + ", \"id\": \"" + call.id + "\"}" +
+                     (c + 1 < m.tool_calls.size() ? ", " : "]</s>");
+      }
+    } else if (m.role == "assistant") {
+      r->prompt += m.content + "</s>";
+    } else if (m.role == "tool") {
+      check_id(m.tool_call_id);
+      r->prompt += "[TOOL_RESULTS]{\"content\": " + m.content + ", \"call_id\": \"" + m.tool_call_id + "\"}[/TOOL_RESULTS]";
+    } else {
+      KVPR_THROW("the chat template 'mistral-nemo' takes a system message only first");
+    }
+  }
+}
+
 // Qwen3's: ChatML whose assistant turns split "<think>reasoning</think>answer". Reasoning is
 // kept only after the last user message (the turns of the exchange in progress).
 void render_qwen3(const std::vector<ChatMessage>& messages, const ChatOptions& options, RenderedChat* r) {
@@ -198,6 +260,7 @@ bool chat_template_has_tools(const std::string& name) { return !chat_tool_call_p
 
 std::string chat_tool_call_parser(const std::string& name) {
   if (name == "qwen2.5" || name == "qwen3") return "hermes";
+  if (name == "mistral-nemo") return "mistral";
   if (name == "llama-3.1" || name == "llama-3.2") return "llama3_json";
   return "";
 }
@@ -212,7 +275,7 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
       if (!m.tool_calls.empty()) what = "tool calls";
     }
     KVPR_CHECK(what == nullptr, "the chat template '", name, "' has no ", what,
-               " (qwen2.5, qwen3, llama-3.1 and llama-3.2 have)");
+               " (qwen2.5, qwen3, mistral-nemo, llama-3.1 and llama-3.2 have)");
   }
   if (name == "qwen3") {
     render_qwen3(messages, options, &r);
@@ -220,6 +283,10 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
   }
   if (name == "qwen2.5") {
     render_qwen25(kQwen25System, messages, options, &r);
+    return r;
+  }
+  if (name == "mistral-nemo") {
+    render_mistral_nemo(messages, options, &r);
     return r;
   }
   if (name == "plain" || name == "opt") {
@@ -354,6 +421,10 @@ std::string auto_chat_template(const std::string& model_dir, std::string* why, s
   if (has("[INST]") && has("<<SYS>>")) {
     *why = "tokenizer_config.json's chat_template is Llama-2's";
     return "llama-2";
+  }
+  if (has("[INST]") && has("[AVAILABLE_TOOLS]") && has("\"[INST]\" + system_message")) {
+    *why = "tokenizer_config.json's chat_template is Mistral-Nemo's ([INST] without spaces, tools)";
+    return "mistral-nemo";
   }
   if (has("[INST]")) {
     *why = "tokenizer_config.json's chat_template is Mistral's ([INST] without <<SYS>>)";

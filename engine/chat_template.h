@@ -7,6 +7,10 @@
 //                       text tokenized without special tokens gives it once)
 //   mistral:            "[INST] {system}\n\n{user} [/INST]{assistant}</s>[INST] ..." (after the
 //                       tokenizer's BOS; the system message, if any, opens the first user turn)
+//   mistral-nemo:       "[INST]{user}[/INST]{assistant}</s>" (Mistral-Nemo's; no spaces, after the
+//                       tokenizer's BOS), the system message opening the last user turn when that
+//                       turn is the last message; tools in [AVAILABLE_TOOLS], calls in [TOOL_CALLS],
+//                       results in [TOOL_RESULTS] as its template writes them (ids of 9 characters)
 //   zephyr:             "<|system|>\n{system}</s>\n<|user|>\n{user}</s>\n<|assistant|>\n" (TinyLlama-Chat)
 //   chatml:             "<|im_start|>{role}\n{content}<|im_end|>\n" ... "<|im_start|>assistant\n";
 //                       <|im_end|> ends the turn
@@ -49,6 +53,7 @@ namespace kvpr {
 struct ChatToolCall {
   std::string name;
   json::Value arguments;
+  std::string id;  // the call's id (mistral-nemo writes it)
 };
 
 struct ChatMessage {
@@ -60,6 +65,7 @@ struct ChatMessage {
   std::vector<ChatToolCall> tool_calls;  // assistant
   std::optional<std::string> reasoning;  // assistant: reasoning_content (qwen3 renders it instead of
                                          // splitting the content at </think>)
+  std::string tool_call_id;              // tool: the call it answers (mistral-nemo writes it)
 };
 
 // What a template renders with besides the messages.

@@ -89,16 +89,56 @@ ToolCallParse parse_llama3_json_tool_calls(std::string_view answer) {
   return out;
 }
 
+ToolCallParse parse_mistral_tool_calls(std::string_view answer) {
+  constexpr std::string_view kMark = "[TOOL_CALLS]";
+  const size_t at = answer.find(kMark);
+  if (at == std::string_view::npos) return ToolCallParse{std::string(answer), {}};
+  // Everything after the first marker (later markers dropped) is the calls' JSON.
+  std::string rest;
+  for (size_t from = at; from != std::string_view::npos;) {
+    const size_t next = answer.find(kMark, from + kMark.size());
+    rest += answer.substr(from + kMark.size(), next == std::string_view::npos ? std::string_view::npos : next - from - kMark.size());
+    from = next;
+  }
+  auto fail = [&] {
+    std::string text(answer.substr(0, at));
+    return ToolCallParse{text + rest, {}};
+  };
+  json::Value v;
+  try {
+    v = json::parse(rest);
+  } catch (const Error&) {
+    return fail();
+  }
+  json::Array list = v.is_array() ? v.as_array() : json::Array{v};
+  ToolCallParse out;
+  for (const auto& c : list) {
+    if (!c.is_object()) return fail();
+    const json::Value *name = nullptr, *args = nullptr;
+    for (const auto& [k, e] : c.as_object()) {
+      if (k == "name") name = &e;
+      if (k == "arguments") args = &e;
+    }
+    if (!name || !name->is_string() || !args) return fail();
+    out.calls.push_back({name->as_string(), args->dump_python()});
+  }
+  if (out.calls.empty()) return fail();
+  if (at > 0) out.content = std::string(answer.substr(0, at));
+  return out;
+}
+
 ToolCallParse parse_tool_calls(std::string_view parser, std::string_view answer) {
   if (parser == "hermes") return parse_hermes_tool_calls(answer);
   if (parser == "llama3_json") return parse_llama3_json_tool_calls(answer);
-  KVPR_THROW("unknown tool-call parser '", parser, "' (hermes, llama3_json)");
+  if (parser == "mistral") return parse_mistral_tool_calls(answer);
+  KVPR_THROW("unknown tool-call parser '", parser, "' (hermes, llama3_json, mistral)");
 }
 
 ToolCallStream::ToolCallStream(std::string parser) : parser_(std::move(parser)) {
   if (parser_ == "hermes") marker_ = std::string(kOpen);
   else if (parser_ == "llama3_json") marker_ = "{";
-  else KVPR_THROW("unknown tool-call parser '", parser_, "' (hermes, llama3_json)");
+  else if (parser_ == "mistral") marker_ = "[TOOL_CALLS]";
+  else KVPR_THROW("unknown tool-call parser '", parser_, "' (hermes, llama3_json, mistral)");
 }
 
 ToolCallStream::Delta ToolCallStream::feed(std::string_view text) {
@@ -146,7 +186,7 @@ ToolCallStream::Delta ToolCallStream::finish() {
   pending_.clear();
   if (in_calls_) {
     ToolCallParse p = parse_tool_calls(parser_, held_);
-    if (p.calls.empty()) d.content += held_;  // calls that do not parse: all of it is text
+    if (p.calls.empty()) d.content += p.content.value_or(held_);  // calls that do not parse: text
     else d.calls = std::move(p.calls);
     held_.clear();
     in_calls_ = false;

@@ -9,6 +9,10 @@
 //     one is a call {"name": ..., "parameters" (or "arguments"): ...}; several are written
 //     separated by "; ". When any "{" does not open such an object, the whole answer is content.
 //     The content is the text before the first object (vLLM drops it), less a <|python_tag|>.
+//   mistral (Mistral-Nemo, Mistral v3 models): the text after "[TOOL_CALLS]" (a special token:
+//     the caller writes it into the text where the model emitted it) is a JSON list of
+//     {"name", "arguments"} (or one such object); the content is the text before it. When it is
+//     not such JSON, the whole answer less the markers is content.
 #pragma once
 
 #include <optional>
@@ -31,7 +35,8 @@ struct ToolCallParse {
 // A whole answer at once.
 ToolCallParse parse_hermes_tool_calls(std::string_view answer);
 ToolCallParse parse_llama3_json_tool_calls(std::string_view answer);
-// By parser name (hermes or llama3_json; throws for others).
+ToolCallParse parse_mistral_tool_calls(std::string_view answer);
+// By parser name (hermes, llama3_json or mistral; throws for others).
 ToolCallParse parse_tool_calls(std::string_view parser, std::string_view answer);
 
 // The same, streamed: text before where a call may start ("<tool_call>"; "{") goes out as it

@@ -578,7 +578,7 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
             f.write(b)
 
 
-def chain_model(name, tokenizer, answer, after, end, detour_text=None, added=(), **kw):
+def chain_model(name, tokenizer, answer, after, end, detour_text=None, added=(), special=False, **kw):
     """TMP/name: the tokenizer files of tests/data/<tokenizer> (with `added` tokens, (id, text), as
     Qwen3's tokenizer adds <think> and </think> to Qwen2.5's) and a write_chain_model whose greedy
     answer to a prompt ending in token `after` is `answer`'s tokens (without a BOS), then `end`
@@ -593,7 +593,7 @@ def chain_model(name, tokenizer, answer, after, end, detour_text=None, added=(),
         tj = json.load(open(os.path.join(model, "tokenizer.json")))
         for i, tag in added:
             tj["added_tokens"].append({"id": i, "content": tag, "single_word": False, "lstrip": False,
-                                       "rstrip": False, "normalized": False, "special": False})
+                                       "rstrip": False, "normalized": False, "special": special})
         json.dump(tj, open(os.path.join(model, "tokenizer.json"), "w"))
     ids = json.loads(subprocess.check_output([KVPR, "tokenize", "--model", model, "--text", answer, "--json"]))["ids"]
     ids = [i for i in ids if i != kw.get("bos")]
@@ -726,6 +726,49 @@ def qwen3_reasoning_tools():
               not any(x["delta"].get("content") for x in deltas) and
               [t["function"] for x in deltas for t in x["delta"].get("tool_calls", [])] ==
               [t["function"] for t in m.get("tool_calls", [])] and deltas[-1]["finish_reason"] == "tool_calls", deltas)
+    finally:
+        d.stop()
+
+
+def mistral_tools():
+    """Mistral-Nemo's template and its [TOOL_CALLS] special token (which the answer's text does
+    not show): the tools in [AVAILABLE_TOOLS] before the last user turn, the marker's position
+    taken from the token, the calls (ids of 9 characters, as the template takes them) whole and
+    streamed, and the call with its result back in the next request. The tokenizer is Qwen2.5's
+    with [TOOL_CALLS] added as a special token."""
+    answer = '[TOOL_CALLS][{"name":"get_weather","arguments":{"city": "Paris"}} ]'
+    model, _ = chain_model("mistral-tools", "qwen2-tokenizer", answer, 60, 151645,  # after "]" of [/INST]
+                           added=((151665, "[TOOL_CALLS]"),), special=True)
+    d, log = single_worker(model, "--served-model-name", "m", "--chat-template", "mistral-nemo")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    msgs = [{"role": "user", "content": "Weather?"}]
+    req = {"model": "m", "messages": msgs, "tools": tools, "temperature": 0, "max_tokens": 40}
+    try:
+        check("mistral-nemo: tool calls as mistral", "tool calls: mistral" in log, log[-500:])
+        st, body = d.post("/v1/chat/completions", req)
+        st2, want = d.post("/tokenize", {"prompt": '[AVAILABLE_TOOLS][{"type": "function", "function": {"name": '
+                                                   '"get_weather", "parameters": {"type": "object"}}}][/AVAILABLE_TOOLS]'
+                                                   "[INST]Weather?[/INST]"})
+        c = body["choices"][0] if st == 200 else {}
+        calls = c.get("message", {}).get("tool_calls", [])
+        check("mistral-nemo: tools before the last user turn, the call after the marker token",
+              st2 == 200 and body["usage"]["prompt_tokens"] == len(want["tokens"]) and
+              c.get("finish_reason") == "tool_calls" and c["message"]["content"] is None and len(calls) == 1 and
+              len(calls[0]["id"]) == 9 and calls[0]["id"].isalnum() and
+              calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}, (body, want))
+        events, _ = d.stream("/v1/chat/completions", dict(req, stream=True))
+        deltas = [e["choices"][0] for e in events[:-1] if e["choices"]]
+        check("mistral-nemo streamed: no content, the call",
+              not any(x["delta"].get("content") for x in deltas) and
+              [t["function"] for x in deltas for t in x["delta"].get("tool_calls", [])] == [calls[0]["function"]], deltas)
+        follow = msgs + [{"role": "assistant", "content": None, "tool_calls": calls},
+                         {"role": "tool", "tool_call_id": calls[0]["id"], "content": "21 C"}]
+        st, body = d.post("/v1/chat/completions", dict(req, messages=follow, max_tokens=1))
+        check("mistral-nemo: the call and its result in the conversation", st == 200, body)
+        follow[1]["tool_calls"] = [dict(calls[0], id="x")]
+        st, body = d.post("/v1/chat/completions", dict(req, messages=follow, max_tokens=1))
+        check("mistral-nemo: a call id that is not 9 characters: 400", st == 400 and "9 characters" in
+              body["error"]["message"], body)
     finally:
         d.stop()
 
@@ -921,6 +964,7 @@ def main():
     qwen_chat()
     qwen_tools()
     qwen3_reasoning_tools()
+    mistral_tools()
     llama_tools()
     json_mode()
     d = Daemon()

@@ -197,8 +197,10 @@ ChatMessage chat_message(const json::Value& m) {
   ChatMessage out{m.find("role")->as_string(), m.find("content")->as_string()};
   if (const json::Value* calls = m.find("tool_calls"))
     for (const auto& c : calls->as_array())
-      out.tool_calls.push_back({c.find("function")->find("name")->as_string(), *c.find("function")->find("arguments")});
+      out.tool_calls.push_back({c.find("function")->find("name")->as_string(), *c.find("function")->find("arguments"),
+                                c.find("id")->as_string()});
   if (const json::Value* r = m.find("reasoning_content"); r && r->is_string()) out.reasoning = r->as_string();
+  if (const json::Value* id = m.find("tool_call_id")) out.tool_call_id = id->as_string();
   return out;
 }
 }  // namespace
@@ -223,7 +225,7 @@ TEST(ChatTemplate, ToolsMatchTheModelsJinjaTemplates) {
         << source << " case " << n << " with " << messages.size() << " messages";
     ++n;
   }
-  EXPECT_GE(n, 36u);
+  EXPECT_GE(n, 43u);
 }
 
 TEST(ChatTemplate, RefusesToolsWhereTheTemplateHasNone) {
@@ -231,13 +233,13 @@ TEST(ChatTemplate, RefusesToolsWhereTheTemplateHasNone) {
   with_tools.tools.push_back(json::parse(R"({"type": "function", "function": {"name": "f"}})"));
   const std::vector<ChatMessage> user = {{"user", "Hi"}};
   ChatMessage call{"assistant", ""};
-  call.tool_calls.push_back({"f", json::parse("{}")});
+  call.tool_calls.push_back({"f", json::parse("{}"), "abcdefghi"});
   const std::vector<ChatMessage> with_call = {{"user", "Hi"}, call};
   const std::vector<ChatMessage> with_result = {{"user", "Hi"}, {"tool", "42"}};
-  for (const char* name : {"plain", "llama-2", "mistral", "zephyr", "chatml", "qwen2", "llama-3"}) {
+  for (const char* name : {"plain", "llama-2", "mistral", "zephyr", "chatml", "qwen2", "llama-3"}) {  // not mistral-nemo
     EXPECT_FALSE(chat_template_has_tools(name));
     EXPECT_EQ(chat_tool_call_parser(name), "");
-    expect_error([&] { render_chat(name, user, with_tools); }, "has no tools (qwen2.5, qwen3, llama-3.1 and llama-3.2 have)");
+    expect_error([&] { render_chat(name, user, with_tools); }, "has no tools (qwen2.5, qwen3, mistral-nemo, llama-3.1 and llama-3.2 have)");
     expect_error([&] { render_chat(name, with_call); }, "has no tool calls");
     expect_error([&] { render_chat(name, with_result); }, "has no tool messages");
   }
@@ -245,6 +247,10 @@ TEST(ChatTemplate, RefusesToolsWhereTheTemplateHasNone) {
   EXPECT_EQ(chat_tool_call_parser("qwen3"), "hermes");
   EXPECT_EQ(chat_tool_call_parser("llama-3.1"), "llama3_json");
   EXPECT_EQ(chat_tool_call_parser("llama-3.2"), "llama3_json");
+  EXPECT_EQ(chat_tool_call_parser("mistral-nemo"), "mistral");
+  ChatMessage short_id = call;
+  short_id.tool_calls[0].id = "call_1";
+  expect_error([&] { render_chat("mistral-nemo", {{"user", "Hi"}, short_id}); }, "ids of 9 characters");
   // Llama's templates: the tools go into the first user message (so there must be one), and one
   // call per assistant message.
   expect_error([&] { render_chat("llama-3.1", {{"system", "S"}}, with_tools); }, "the conversation has none");
@@ -298,6 +304,8 @@ TEST(ToolCalls, ParseAsVllmsParsers) {
   EXPECT_GE(with_calls["hermes"], 8u);
   EXPECT_GE(n["llama3_json"], 16u);
   EXPECT_GE(with_calls["llama3_json"], 8u);
+  EXPECT_GE(n["mistral"], 12u);
+  EXPECT_GE(with_calls["mistral"], 5u);
   EXPECT_THROW(ToolCallStream("pythonic"), Error);
 }
 

