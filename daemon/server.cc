@@ -246,6 +246,9 @@ Sampling parse_sampling(const bj::object& o, bool chat, const SamplingDefaults& 
   } else {
     if (auto v = field(o, "functions"); v && !(v->is_array() && v->as_array().empty()))
       throw unsupported("functions", "the deprecated function calling; use tools");
+  }
+  // Structured output, for chat and (as vLLM takes it) completions alike.
+  {
     if (auto v = field(o, "response_format"); v && !v->is_null()) {
       const bj::value* type = v->is_object() ? v->as_object().if_contains("type") : nullptr;
       const std::string t = type && type->is_string() ? std::string(type->as_string()) : "";

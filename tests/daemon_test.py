@@ -874,6 +874,12 @@ def json_mode():
                   body["error"]["param"] == "response_format", body)
         st, body = d.post("/v1/chat/completions", dict(req, response_format={"type": "json_schema"}))
         check("json_schema without a schema: 400", st == 400 and body["error"]["param"] == "response_format", body)
+        # Completions take it too (as vLLM does), rather than ignoring it (the prompt: the "\n" the
+        # model's answer starts after).
+        st, body = d.post("/v1/completions", {"model": "qwen", "prompt": [198], "temperature": 0, "max_tokens": 12,
+                                              "response_format": {"type": "json_object"}})
+        check("completions with json_object: the model's best JSON", st == 200 and
+              body["choices"][0]["text"] == '{"a":1}' and body["choices"][0]["finish_reason"] == "stop", body)
 
         # tool_choice naming a function: the answer is its arguments, valid against its
         # parameters; "required": a list of calls (one, with parallel_tool_calls false).
