@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "engine/error.h"
+#include "engine/json_lex.h"
 
 namespace kvpr {
 
@@ -23,18 +24,9 @@ enum Mode : uint8_t {
   kDone,       // the value is complete
 };
 
-// Number states (RFC 8259: -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?).
-enum Num : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kE, kESign, kExp };
-// String: a UTF-8 lead byte whose next byte has a narrower range (sub, while aux > 0).
-enum Utf8Lead : uint8_t { kAfterE0 = 10, kAfterED, kAfterF0, kAfterF4 };
-
-bool number_may_end(uint8_t n) { return n == kZero || n == kInt || n == kFrac || n == kExp; }
-
 constexpr std::string_view kLiterals[] = {"true", "false", "null"};
 
-bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
-bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+using namespace json_lex;
 
 }  // namespace
 
@@ -72,7 +64,7 @@ bool JsonRecognizer::value_start(uint8_t c) {
     default:
       if (c == '-' || is_digit(c)) {
         s_.mode = kNumber;
-        s_.sub = c == '-' ? kMinus : c == '0' ? kZero : kInt;
+        s_.sub = number_start(c);
         return true;
       }
       return false;
@@ -92,74 +84,18 @@ bool JsonRecognizer::close(bool object) {
 
 bool JsonRecognizer::feed(uint8_t c) {
   switch (s_.mode) {
-    case kString:
-      if (s_.aux > 0) {  // a UTF-8 continuation byte (the first one's range narrowed after E0, ED, F0, F4:
-                         // no overlong forms, no surrogates, nothing past U+10FFFF)
-        const uint8_t lo = s_.sub == kAfterE0 ? 0xA0 : s_.sub == kAfterF0 ? 0x90 : 0x80;
-        const uint8_t hi = s_.sub == kAfterED ? 0x9F : s_.sub == kAfterF4 ? 0x8F : 0xBF;
-        if (c < lo || c > hi) return false;
-        s_.sub = 0;
-        --s_.aux;
-        return true;
-      }
-      if (s_.sub == 1) {  // after a backslash
-        if (c == 'u') {
-          s_.sub = 2;
-          return true;
-        }
-        if (c != '"' && c != '\\' && c != '/' && c != 'b' && c != 'f' && c != 'n' && c != 'r' && c != 't') return false;
-        s_.sub = 0;
-        return true;
-      }
-      if (s_.sub >= 2) {  // \uXXXX: sub 2..5 = hex digits read + 2
-        if (!is_hex(c)) return false;
-        s_.sub = s_.sub == 5 ? 0 : s_.sub + 1;
-        return true;
-      }
-      if (c == '"') {
-        if (s_.key) s_.mode = kColon;
-        else end_value();
-        s_.ws = 0;
-        return true;
-      }
-      if (c == '\\') {
-        s_.sub = 1;
-        return true;
-      }
-      if (c < 0x20) return false;  // control characters must be escaped
-      if (c < 0x80) return true;
-      if (c >= 0xC2 && c <= 0xDF) s_.aux = 1;
-      else if (c >= 0xE0 && c <= 0xEF) s_.aux = 2;
-      else if (c >= 0xF0 && c <= 0xF4) s_.aux = 3;
-      else return false;
-      s_.sub = 0;
-      if (c == 0xE0) s_.sub = kAfterE0;
-      if (c == 0xED) s_.sub = kAfterED;
-      if (c == 0xF0) s_.sub = kAfterF0;
-      if (c == 0xF4) s_.sub = kAfterF4;
+    case kString: {
+      int64_t chars = 0;
+      const int r = json_lex::string_byte(s_.sub, s_.aux, chars, c);
+      if (r != 2) return r == 1;
+      if (s_.key) s_.mode = kColon;
+      else end_value();
+      s_.ws = 0;
       return true;
+    }
     case kNumber: {
-      const uint8_t n = s_.sub;
-      if (is_digit(c)) {
-        if (n == kZero) return false;  // no leading zeros
-        if (n == kMinus) s_.sub = c == '0' ? kZero : kInt;
-        else if (n == kDot) s_.sub = kFrac;
-        else if (n == kE || n == kESign) s_.sub = kExp;
-        return true;
-      }
-      if (c == '.' && (n == kZero || n == kInt)) {
-        s_.sub = kDot;
-        return true;
-      }
-      if ((c == 'e' || c == 'E') && (n == kZero || n == kInt || n == kFrac)) {
-        s_.sub = kE;
-        return true;
-      }
-      if ((c == '+' || c == '-') && n == kE) {
-        s_.sub = kESign;
-        return true;
-      }
-      if (!number_may_end(n)) return false;
+      const int r = json_lex::number_byte(s_.sub, c, false);
+      if (r != 2) return r == 1;
       end_value();  // the number ends here; the byte belongs to what follows
       s_.ws = 0;
       return feed(c);
@@ -229,31 +165,13 @@ namespace {
 // The characters of `b` when it is plain string text: no quote, backslash or control character,
 // whole UTF-8 sequences only (the ranges the recognizers take); else -1.
 int32_t plain_chars(const std::string& b) {
-  int32_t chars = 0;
-  for (size_t i = 0; i < b.size();) {
-    const uint8_t c = static_cast<uint8_t>(b[i]);
-    if (c == '"' || c == '\\' || c < 0x20) return -1;
-    size_t n = 1;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (c >= 0x80) {
-      if (c >= 0xC2 && c <= 0xDF) n = 2;
-      else if (c >= 0xE0 && c <= 0xEF) n = 3;
-      else if (c >= 0xF0 && c <= 0xF4) n = 4;
-      else return -1;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    }
-    if (i + n > b.size()) return -1;
-    for (size_t k = 1; k < n; ++k) {
-      const uint8_t d = static_cast<uint8_t>(b[i + k]);
-      if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) return -1;
-    }
-    i += n;
-    ++chars;
+  uint8_t sub = 0, aux = 0;
+  int64_t chars = 0;
+  for (char ch : b) {
+    const uint8_t c = static_cast<uint8_t>(ch);
+    if (c == '"' || c == '\\' || string_byte(sub, aux, chars, c) != 1) return -1;
   }
-  return chars;
+  return aux == 0 ? static_cast<int32_t>(chars) : -1;
 }
 
 std::vector<int32_t> plain_chars_of(const JsonTokenConstraint::Vocabulary& v) {

@@ -4,8 +4,10 @@
 #include <climits>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "engine/error.h"
+#include "engine/json_lex.h"
 
 namespace kvpr {
 
@@ -61,6 +63,14 @@ class SchemaCompiler {
     if (!v) return -1;
     KVPR_CHECK(v->is_int() && v->as_int() >= 0, path, ": ", k, " must be a non-negative integer");
     return v->as_int();
+  }
+
+  // (min, max) from a pair of bound keywords; max -1 when absent.
+  static std::pair<int64_t, int64_t> bounds(const json::Value& s, const char* min, const char* max,
+                                            const std::string& path) {
+    const int64_t lo = std::max<int64_t>(0, count_of(s, min, path)), hi = count_of(s, max, path);
+    KVPR_CHECK(hi < 0 || hi >= lo, path, ": ", max, " is below ", min);
+    return {lo, hi};
   }
 
   int compile(const json::Value& s, const std::string& path) {
@@ -170,9 +180,7 @@ class SchemaCompiler {
     }
     if (type == "string") {
       n.kind = SchemaNode::Kind::String;
-      n.min_length = std::max<int64_t>(0, count_of(s, "minLength", path));
-      n.max_length = count_of(s, "maxLength", path);
-      KVPR_CHECK(n.max_length < 0 || n.max_length >= n.min_length, path, ": maxLength is below minLength");
+      std::tie(n.min_length, n.max_length) = bounds(s, "minLength", "maxLength", path);
       return add(std::move(n));
     }
     if (type == "number" || type == "integer") {
@@ -181,9 +189,7 @@ class SchemaCompiler {
     }
     if (type == "array") {
       n.kind = SchemaNode::Kind::Array;
-      n.min_items = std::max<int64_t>(0, count_of(s, "minItems", path));
-      n.max_items = count_of(s, "maxItems", path);
-      KVPR_CHECK(n.max_items < 0 || n.max_items >= n.min_items, path, ": maxItems is below minItems");
+      std::tie(n.min_items, n.max_items) = bounds(s, "minItems", "maxItems", path);
       if (const json::Value* items = s.find("items")) {
         KVPR_CHECK(!items->is_array(), path, ": items as a list (tuples) is not supported");
         const int at = add(std::move(n));
@@ -238,63 +244,9 @@ JsonSchema JsonSchema::compile(const json::Value& schema) { return SchemaCompile
 
 namespace {
 
-enum Num : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kE, kESign, kExp };
-bool number_may_end(uint8_t n) { return n == kZero || n == kInt || n == kFrac || n == kExp; }
-enum Utf8Lead : uint8_t { kAfterE0 = 10, kAfterED, kAfterF0, kAfterF4 };
-bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
-bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+using namespace json_lex;
 
 const std::vector<std::string> kAnyLiterals = {"true", "false", "null"};
-
-// One byte of a string's body (after the opening quote). Returns 0: refused, 1: taken, 2: the
-// closing quote. `chars` counts the characters completed.
-int string_byte(uint8_t& sub, uint8_t& aux, int64_t& chars, uint8_t c) {
-  if (aux > 0) {
-    const uint8_t lo = sub == kAfterE0 ? 0xA0 : sub == kAfterF0 ? 0x90 : 0x80;
-    const uint8_t hi = sub == kAfterED ? 0x9F : sub == kAfterF4 ? 0x8F : 0xBF;
-    if (c < lo || c > hi) return 0;
-    sub = 0;
-    if (--aux == 0) ++chars;
-    return 1;
-  }
-  if (sub == 1) {
-    if (c == 'u') {
-      sub = 2;
-      return 1;
-    }
-    if (c != '"' && c != '\\' && c != '/' && c != 'b' && c != 'f' && c != 'n' && c != 'r' && c != 't') return 0;
-    sub = 0;
-    ++chars;
-    return 1;
-  }
-  if (sub >= 2) {
-    if (!is_hex(c)) return 0;
-    sub = sub == 5 ? 0 : static_cast<uint8_t>(sub + 1);
-    if (sub == 0) ++chars;
-    return 1;
-  }
-  if (c == '"') return 2;
-  if (c == '\\') {
-    sub = 1;
-    return 1;
-  }
-  if (c < 0x20) return 0;
-  if (c < 0x80) {
-    ++chars;
-    return 1;
-  }
-  if (c >= 0xC2 && c <= 0xDF) aux = 1;
-  else if (c >= 0xE0 && c <= 0xEF) aux = 2;
-  else if (c >= 0xF0 && c <= 0xF4) aux = 3;
-  else return 0;
-  sub = 0;
-  if (c == 0xE0) sub = kAfterE0;
-  if (c == 0xED) sub = kAfterED;
-  if (c == 0xF0) sub = kAfterF0;
-  if (c == 0xF4) sub = kAfterF4;
-  return 1;
-}
 
 }  // namespace
 
@@ -388,7 +340,7 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
   }
   if ((c == '-' || is_digit(c)) && (any || n.kind == K::Number || n.kind == K::Integer)) {
     t.mode = Mode::Number;
-    t.sub = c == '-' ? kMinus : c == '0' ? kZero : kInt;
+    t.sub = number_start(c);
     return true;
   }
   if (any || n.kind == K::Literals) {
@@ -453,28 +405,9 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
       return true;
     }
     case Mode::Number: {
-      const bool integer = schema_->node(t.node).kind == K::Integer;
-      const uint8_t s = t.sub;
-      if (is_digit(c)) {
-        if (s == kZero) return false;
-        if (s == kMinus) t.sub = c == '0' ? kZero : kInt;
-        else if (s == kDot) t.sub = kFrac;
-        else if (s == kE || s == kESign) t.sub = kExp;
-        return true;
-      }
-      if (!integer && c == '.' && (s == kZero || s == kInt)) {
-        t.sub = kDot;
-        return true;
-      }
-      if (!integer && (c == 'e' || c == 'E') && (s == kZero || s == kInt || s == kFrac)) {
-        t.sub = kE;
-        return true;
-      }
-      if ((c == '+' || c == '-') && s == kE) {
-        t.sub = kESign;
-        return true;
-      }
-      if (!number_may_end(s) || !end_value(t)) return false;
+      const int r = number_byte(t.sub, c, schema_->node(t.node).kind == K::Integer);
+      if (r != 2) return r == 1;
+      if (!end_value(t)) return false;
       return step(t, c, spawned);
     }
     case Mode::Literal: {
