@@ -2,11 +2,13 @@
 # Runs a CPU benchmark and writes bench/results/<date>-<name>-<commit>.json with the hardware it
 # ran on. Usage: bench/run-cpu-bench.sh [--quick]           (kvpr-bench cpu: <name> cpu)
 #                bench/run-cpu-bench.sh json [--tokenizer D] (kvpr-bench json: <name> json-mask)
+#                bench/run-cpu-bench.sh serve [options]      (kvpr-bench serve --backend cpu: <name> serve)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 cmd=cpu name=cpu
 if [ "${1:-}" = json ]; then cmd=json name=json-mask; shift; fi
+if [ "${1:-}" = serve ]; then cmd=serve name=serve; shift; set -- --backend cpu "$@"; fi
 out=bench/results/$(date -u +%Y-%m-%d)-${name}-${commit}.json
 mkdir -p bench/results
 tmp=$(mktemp)

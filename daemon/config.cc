@@ -50,7 +50,7 @@ const std::vector<Option>& options() {
       {"gpus", "cuda: all or a list like 0,2 [all]", [](DaemonConfig& c, const std::string& v) { c.gpus = v; }},
       {"workers", "cpu: number of CPU workers [1]", [](DaemonConfig& c, const std::string& v) { c.workers = to_int("workers", v); }},
       {"max-batch", "sequences per worker step [8]", [](DaemonConfig& c, const std::string& v) { c.max_batch = to_int("max-batch", v); }},
-      {"max-step-tokens", "tokens per worker step; longer prefills wait a step [8192]",
+      {"max-step-tokens", "tokens per worker step; a longer prompt is prefilled in chunks over several steps [8192]",
        [](DaemonConfig& c, const std::string& v) { c.max_step_tokens = to_int("max-step-tokens", v); }},
       {"max-seq-len", "context length [the model's]", [](DaemonConfig& c, const std::string& v) { c.max_seq_len = to_int("max-seq-len", v); }},
       {"kv-mode", "resident, offload, kvpr, recompute or cpu-attn [resident]", [](DaemonConfig& c, const std::string& v) { c.kv_mode = v; }},
@@ -63,6 +63,11 @@ const std::vector<Option>& options() {
        [](DaemonConfig& c, const std::string& v) {
          KVPR_CHECK(v == "on" || v == "off", "cuda-graphs: expected on or off, got '", v, "'");
          c.cuda_graphs = v == "on";
+       }},
+      {"prefix-caching", "on or off: a new prompt reuses the K/V of a finished sequence it starts with [on]",
+       [](DaemonConfig& c, const std::string& v) {
+         KVPR_CHECK(v == "on" || v == "off", "prefix-caching: expected on or off, got '", v, "'");
+         c.prefix_caching = v == "on";
        }},
       {"weights", "device, or host: layer weights in pinned host memory, streamed a layer ahead [device]",
        [](DaemonConfig& c, const std::string& v) {

@@ -26,6 +26,7 @@ struct DaemonConfig {
   std::string profile;               // saved link profile for the kvpr scheduler
   int host_attention_threads = 0;
   bool cuda_graphs = false;          // resident decode steps replayed as CUDA graphs
+  bool prefix_caching = true;        // finished sequences' slots keep their K/V for later prompts
   bool weights_on_host = false;      // layers' weights streamed from pinned host memory
   int gpu_batches = 1;               // GPU batches per layer (column by column)
   int max_queue = 256;               // requests waiting or running before 429

@@ -25,6 +25,8 @@ class Histogram {
 struct DaemonMetrics {
   uint64_t prompt_tokens = 0;
   uint64_t generation_tokens = 0;
+  uint64_t prefix_cache_queries = 0;  // prompt tokens of finished engine requests
+  uint64_t prefix_cache_hits = 0;     // of those, tokens found in a worker's prefix cache
   std::map<std::string, uint64_t> finished;  // by finish_reason (stop, length, cancelled, error)
   std::map<int, uint64_t> http_responses;    // by status code
   Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};

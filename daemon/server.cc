@@ -378,8 +378,12 @@ ToolRequest parse_tools(const bj::object& o, const ServedModel& served) {
   return t;
 }
 
-bj::value usage_json(int64_t prompt, int64_t completion) {
-  return bj::object{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+// OpenAI's usage, with the prompt tokens served from the prefix cache as its cached_tokens.
+bj::value usage_json(int64_t prompt, int64_t completion, int64_t cached) {
+  return bj::object{{"prompt_tokens", prompt},
+                    {"completion_tokens", completion},
+                    {"total_tokens", prompt + completion},
+                    {"prompt_tokens_details", bj::object{{"cached_tokens", cached}}}};
 }
 
 }  // namespace
@@ -400,6 +404,7 @@ struct Job {
     std::vector<std::vector<std::pair<int32_t, double>>> prompt_tops;
     bool echo_sent = false;  // streaming
     std::string finish;
+    int64_t cached_tokens = 0;  // of the prompt's, found in the worker's prefix cache
     bool done = false;
     bool sent_role = false;
     ReasoningSplitter reasoning;  // streaming with a reasoning parser
@@ -633,6 +638,10 @@ class Session : public std::enable_shared_from_this<Session> {
     gauge("kvpr_http_requests_in_flight", "HTTP generation requests being served.", static_cast<double>(st_->active_requests));
     counter("kvpr_prompt_tokens_total", "Prompt tokens processed.", static_cast<double>(m.prompt_tokens));
     counter("kvpr_generation_tokens_total", "Tokens generated.", static_cast<double>(m.generation_tokens));
+    counter("kvpr_prefix_cache_queries_total", "Prompt tokens looked up in the workers' prefix caches.",
+            static_cast<double>(m.prefix_cache_queries));
+    counter("kvpr_prefix_cache_hits_total", "Prompt tokens whose K/V were found in a worker's prefix cache.",
+            static_cast<double>(m.prefix_cache_hits));
     out += "# HELP kvpr_request_success_total Finished sequences by finish reason.\n# TYPE kvpr_request_success_total counter\n";
     for (const char* r : {"stop", "length", "cancelled", "error"})
       out += std::string("kvpr_request_success_total{finish_reason=\"") + r + "\"} " +
@@ -957,7 +966,10 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!ev.finish_reason.empty()) {
         c.done = true;
         c.finish = ev.finish_reason;
+        c.cached_tokens = ev.cached_tokens;
         m.finished[ev.finish_reason]++;
+        m.prefix_cache_queries += static_cast<uint64_t>(ev.prompt_tokens);
+        m.prefix_cache_hits += static_cast<uint64_t>(ev.cached_tokens);
       }
     }
     if (c.done) {
@@ -972,11 +984,19 @@ class Session : public std::enable_shared_from_this<Session> {
   // ---- non-streaming response
   void complete(Job& job) {
     st_->metrics.e2e.observe(std::chrono::duration<double>(Clock::now() - job.t0).count());
-    int64_t prompt_tokens = 0, completion_tokens = 0;
+    // A prompt counts once, whatever its n; its cached tokens are those of its choice that found
+    // the most in the cache.
+    int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0, prompt_cached = 0;
     for (size_t i = 0; i < job.choices.size(); ++i) {
-      if (i % job.s.n == 0) prompt_tokens += static_cast<int64_t>(job.choices[i].prompt.size());
+      if (i % job.s.n == 0) {
+        prompt_tokens += static_cast<int64_t>(job.choices[i].prompt.size());
+        cached_tokens += prompt_cached;
+        prompt_cached = 0;
+      }
+      prompt_cached = std::max(prompt_cached, job.choices[i].cached_tokens);
       completion_tokens += static_cast<int64_t>(job.choices[i].tokens.size());
     }
+    cached_tokens += prompt_cached;
     spdlog::info("{} {}: {} choice(s), prompt {} tokens, completion {} tokens, {} in {:.3f}s", job.id,
                  job.chat ? "chat" : "completion", job.choices.size(), prompt_tokens, completion_tokens,
                  job.error.empty() ? job.choices[0].finish : "error",
@@ -989,7 +1009,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (job.error.empty() && job.s.include_usage) {
         bj::object u{{"id", job.id}, {"object", job.chat ? "chat.completion.chunk" : "text_completion"},
                      {"created", job.created}, {"model", job.model}, {"choices", bj::array{}},
-                     {"usage", usage_json(prompt_tokens, completion_tokens)}};
+                     {"usage", usage_json(prompt_tokens, completion_tokens, cached_tokens)}};
         push_sse(bj::serialize(u));
       }
       push_sse("[DONE]");
@@ -1055,7 +1075,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     bj::object body{{"id", job.id}, {"object", job.chat ? "chat.completion" : "text_completion"},
                     {"created", job.created}, {"model", job.model}, {"choices", std::move(choices)},
-                    {"usage", usage_json(prompt_tokens, completion_tokens)}};
+                    {"usage", usage_json(prompt_tokens, completion_tokens, cached_tokens)}};
     finish_request();
     send_json(200, body);
   }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 
 #include <spdlog/spdlog.h>
 
@@ -39,9 +40,13 @@ struct WorkerPool::Worker {
   struct Pending {
     EventSink sink;
     int64_t cost;
+    std::shared_ptr<std::vector<int32_t>> tokens;  // its entry of `recent`, which grows with the answer
   };
   std::map<uint64_t, Pending> pending;
   int64_t outstanding = 0;
+  // The prompts last sent to it with their answers so far, newest last: what its prefix cache
+  // most likely holds.
+  std::deque<std::shared_ptr<std::vector<int32_t>>> recent;
   std::string last_error, fatal;
   json::Value stats, info;
   std::unique_ptr<boost::asio::steady_timer> restart_timer;
@@ -127,6 +132,7 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
   if (cfg_.activation_cap >= 0) a.insert(a.end(), {"--activation-cap", std::to_string(cfg_.activation_cap)});
   if (!cfg_.profile.empty()) a.insert(a.end(), {"--profile", cfg_.profile});
   if (cfg_.cuda_graphs) a.push_back("--cuda-graphs");
+  if (!cfg_.prefix_caching) a.push_back("--no-prefix-caching");
   if (cfg_.weights_on_host) a.insert(a.end(), {"--weights", "host"});
   if (cfg_.gpu_batches > 1) a.insert(a.end(), {"--gpu-batches", std::to_string(cfg_.gpu_batches)});
   if (w.numa_node >= 0) a.insert(a.end(), {"--numa-node", std::to_string(w.numa_node)});
@@ -255,7 +261,10 @@ void WorkerPool::handle(Worker& w, uint64_t gen, const json::Value& msg) {
       if (is_error) {
         ev.error = e.find("message")->as_string();
       } else {
-        if (const json::Value* v = e.find("token")) ev.token = static_cast<int32_t>(v->as_int());
+        if (const json::Value* v = e.find("token")) {
+          ev.token = static_cast<int32_t>(v->as_int());
+          if (it->second.tokens) it->second.tokens->push_back(ev.token);
+        }
         if (const json::Value* v = e.find("logprob")) ev.logprob = v->as_double();
         auto pairs = [](const json::Value& a) {
           std::vector<std::pair<int32_t, double>> out;
@@ -272,6 +281,7 @@ void WorkerPool::handle(Worker& w, uint64_t gen, const json::Value& msg) {
         if (const json::Value* v = e.find("finish_reason")) ev.finish_reason = v->as_string();
         if (const json::Value* v = e.find("prompt_tokens")) ev.prompt_tokens = v->as_int();
         if (const json::Value* v = e.find("completion_tokens")) ev.completion_tokens = v->as_int();
+        if (const json::Value* v = e.find("cached_tokens")) ev.cached_tokens = v->as_int();
       }
       EventSink sink = it->second.sink;
       if (is_error || !ev.finish_reason.empty()) {
@@ -296,6 +306,7 @@ void WorkerPool::on_exit(Worker& w, uint64_t gen, const std::string& why) {
   auto pending = std::move(w.pending);
   w.pending.clear();
   w.outstanding = 0;
+  w.recent.clear();  // its prefix cache died with it
   for (auto& [id, p] : pending) {
     route_.erase(id);
     EngineEvent ev;
@@ -333,17 +344,34 @@ void WorkerPool::on_exit(Worker& w, uint64_t gen, const std::string& why) {
 
 bool WorkerPool::submit(uint64_t id, const std::vector<int32_t>& prompt, const json::Value& params, int64_t cost,
                         EventSink sink, std::string* why) {
+  // The worker with the least outstanding work, unless one that was recently sent a prompt
+  // sharing at least half of this one (a conversation's earlier turn, a shared system prompt)
+  // has a free slot: its prefix cache then likely spares most of the prefill.
   Worker* best = nullptr;
+  Worker* affine = nullptr;
+  size_t affine_len = 0;
   for (auto& w : workers_) {
     if (w->state != "ready") continue;
     if (!best || w->outstanding < best->outstanding ||
         (w->outstanding == best->outstanding && w->pending.size() < best->pending.size()))
       best = w.get();
+    if (!cfg_.prefix_caching || prompt.empty() || w->pending.size() >= static_cast<size_t>(cfg_.max_batch)) continue;
+    for (const auto& rp : w->recent) {
+      const std::vector<int32_t>& r = *rp;
+      const size_t n = std::min(r.size(), prompt.size() - 1);
+      size_t m = 0;
+      while (m < n && r[m] == prompt[m]) ++m;
+      if (m > affine_len) {
+        affine_len = m;
+        affine = w.get();
+      }
+    }
   }
   if (!best) {
     *why = "no worker is ready";
     return false;
   }
+  if (affine && 2 * affine_len >= prompt.size()) best = affine;
   json::Value m(json::Object{});
   m.set("type", "generate");
   m.set("id", static_cast<int64_t>(id));
@@ -357,7 +385,13 @@ bool WorkerPool::submit(uint64_t id, const std::vector<int32_t>& prompt, const j
     *why = std::string("worker ") + std::to_string(best->index) + " is unreachable: " + e.what();
     return false;
   }
-  best->pending[id] = Worker::Pending{std::move(sink), cost};
+  std::shared_ptr<std::vector<int32_t>> mirror;
+  if (cfg_.prefix_caching) {
+    mirror = std::make_shared<std::vector<int32_t>>(prompt);
+    best->recent.push_back(mirror);
+    if (best->recent.size() > 2 * static_cast<size_t>(cfg_.max_batch)) best->recent.pop_front();
+  }
+  best->pending[id] = Worker::Pending{std::move(sink), cost, std::move(mirror)};
   best->outstanding += cost;
   route_[id] = best->index;
   return true;

@@ -32,6 +32,7 @@ struct EngineEvent {
   std::string finish_reason;  // set on the last event: stop, length, cancelled
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens whose K/V came from the worker's prefix cache
   std::string error;          // set when the request failed
 };
 using EventSink = std::function<void(const EngineEvent&)>;

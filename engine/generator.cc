@@ -40,6 +40,7 @@ struct Generator::Sequence {
   std::vector<std::vector<TokenLogprob>> prompt_top;
   int64_t slot = -1;
   int64_t past_len = 0;  // tokens whose K/V are in the cache
+  int64_t cached = 0;    // of the prompt's, those found in the prefix cache
   Rng rng;
   StreamDecoder decoder;
   std::string text;     // decoded so far (truncated at a stop string when one matched)
@@ -69,6 +70,8 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOp
   kv.kv_dtype = opts.kv_dtype.value_or(model.weight_dtype());
   runtime_ = model.make_kv_runtime(opts.max_batch, max_seq_len_, kv);
   for (int64_t s = opts.max_batch; s-- > 0;) free_slots_.push_back(s);
+  slot_cache_.resize(static_cast<size_t>(opts.max_batch));
+  prefix_caching_ = opts.prefix_caching;
 }
 
 uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& params) {
@@ -153,7 +156,18 @@ void Generator::finish(Sequence& s, FinishReason r, bool flush_decoder, std::vec
   ev.finish = r;
   ev.text += take_visible_text(s, true);
   out.push_back(ev);
+  if (s.slot >= 0) {  // its slot keeps the K/V of every token that went through the model
+    SlotCache& c = slot_cache_[static_cast<size_t>(s.slot)];
+    c.tokens.clear();
+    if (prefix_caching_) {
+      const int64_t P = static_cast<int64_t>(s.prompt.size());
+      c.tokens.assign(s.prompt.begin(), s.prompt.begin() + std::min(s.past_len, P));
+      if (s.past_len > P) c.tokens.insert(c.tokens.end(), s.tokens.begin(), s.tokens.begin() + (s.past_len - P));
+    }
+    c.freed = ++clock_;
+  }
   SequenceResult res;
+  res.cached_tokens = s.cached;
   res.prompt = std::move(s.prompt);
   res.tokens = std::move(s.tokens);
   res.logprobs = std::move(s.logprobs);
@@ -165,6 +179,34 @@ void Generator::finish(Sequence& s, FinishReason r, bool flush_decoder, std::vec
   done_[s.id] = std::move(res);
   if (s.slot >= 0) free_slots_.push_back(s.slot);
   s.slot = -1;
+}
+
+void Generator::take_slot(Sequence& s) {
+  const bool reuse = prefix_caching_ && s.params.prompt_logprobs < 0;
+  // The last prompt token is always computed: its logits choose the first new token.
+  const size_t limit = s.prompt.size() - 1;
+  size_t pick = 0;
+  size_t best = 0;
+  for (size_t i = 0; i < free_slots_.size(); ++i) {
+    const SlotCache& c = slot_cache_[static_cast<size_t>(free_slots_[i])];
+    size_t m = 0;
+    if (reuse) {
+      const size_t n = std::min(limit, c.tokens.size());
+      while (m < n && c.tokens[m] == s.prompt[m]) ++m;
+    }
+    if (m > best || (m == best && c.freed < slot_cache_[static_cast<size_t>(free_slots_[pick])].freed)) {
+      best = m;
+      pick = i;
+    }
+  }
+  s.slot = free_slots_[pick];
+  free_slots_.erase(free_slots_.begin() + static_cast<std::ptrdiff_t>(pick));
+  slot_cache_[static_cast<size_t>(s.slot)].tokens.clear();  // the new sequence writes over it
+  s.past_len = s.cached = static_cast<int64_t>(best);
+  if (reuse) {
+    prefix_stats_.queries += static_cast<int64_t>(s.prompt.size());
+    prefix_stats_.hits += static_cast<int64_t>(best);
+  }
 }
 
 std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
@@ -184,15 +226,40 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   };
   retire_cancelled(waiting_);
   retire_cancelled(running_);
+  // The step's work: one token of every decoding sequence, then prompt chunks while the token
+  // budget lasts: those of prompts already being prefilled, then of new ones admitted into free
+  // slots (FIFO). A prompt longer than what is left goes on in the next steps (chunked prefill).
   std::vector<Sequence*> batch;
-  for (auto& s : running_) batch.push_back(s.get());
-  // Admit waiting prompts while slots are free and the step's token budget allows (the
-  // first prompt of a step is always admitted, however long).
-  int64_t step_tokens = static_cast<int64_t>(batch.size());  // one per decoding sequence
-  bool admitted_prompt = false;
-  while (!waiting_.empty() && !free_slots_.empty()) {
-    const int64_t need = static_cast<int64_t>(waiting_.front()->prompt.size());
-    if (admitted_prompt && step_tokens + need > max_step_tokens_) break;
+  std::vector<ForwardChunk> chunks;
+  int64_t decodes = 0;
+  for (auto& s : running_) {
+    if (s->past_len < static_cast<int64_t>(s->prompt.size())) continue;
+    ForwardChunk c;
+    c.slot = s->slot;
+    c.past_len = s->past_len;
+    c.tokens = &s->tokens.back();
+    c.count = 1;
+    chunks.push_back(c);
+    batch.push_back(s.get());
+    ++decodes;
+  }
+  // At least one prompt token a step, however many sequences decode.
+  int64_t budget = std::max<int64_t>(max_step_tokens_ - decodes, 1);
+  auto add_prefill = [&](Sequence* s) {
+    const int64_t left = static_cast<int64_t>(s->prompt.size()) - s->past_len;
+    ForwardChunk c;
+    c.slot = s->slot;
+    c.past_len = s->past_len;
+    c.tokens = s->prompt.data() + s->past_len;
+    c.count = std::min(left, budget);
+    c.all_rows = s->params.prompt_logprobs >= 0;
+    budget -= c.count;
+    chunks.push_back(c);
+    batch.push_back(s);
+  };
+  for (auto& s : running_)
+    if (budget > 0 && s->past_len < static_cast<int64_t>(s->prompt.size())) add_prefill(s.get());
+  while (budget > 0 && !waiting_.empty() && !free_slots_.empty()) {
     auto s = std::move(waiting_.front());
     waiting_.erase(waiting_.begin());
     if (s->params.max_new_tokens == 0 && s->params.prompt_logprobs < 0) {
@@ -201,30 +268,16 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
       finish(*s, FinishReason::Length, true, out, ev);
       continue;
     }
-    s->slot = free_slots_.back();
-    free_slots_.pop_back();
-    step_tokens += need;
-    admitted_prompt = true;
-    batch.push_back(s.get());
+    take_slot(*s);
+    add_prefill(s.get());
     running_.push_back(std::move(s));
   }
   if (batch.empty()) return out;
+  // Sequences whose prompt this step completes, or that decode, choose a token.
+  std::vector<char> chooses(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i)
+    chooses[i] = chunks[i].past_len + chunks[i].count >= static_cast<int64_t>(batch[i]->prompt.size());
 
-  std::vector<ForwardChunk> chunks;
-  for (Sequence* s : batch) {
-    ForwardChunk c;
-    c.slot = s->slot;
-    c.past_len = s->past_len;
-    if (s->past_len == 0) {  // prefill the whole prompt
-      c.tokens = s->prompt.data();
-      c.count = static_cast<int64_t>(s->prompt.size());
-      c.all_rows = s->params.prompt_logprobs >= 0;
-    } else {  // decode the last generated token
-      c.tokens = &s->tokens.back();
-      c.count = 1;
-    }
-    chunks.push_back(c);
-  }
   const int64_t V = model_.spec().vocab_size;
   // Logits rows: one per chunk (its last token), or one per token of a chunk whose prompt is
   // scored; last[i] is the row batch[i]'s next token comes from.
@@ -248,10 +301,11 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   // for, or an observer wants them.
   auto greedy = [](const Sequence& s) { return s.params.sampling.temperature == 0.f || s.params.sampling.top_k == 1; };
   auto scores_prompt = [&](size_t i) { return chunks[i].all_rows; };
-  bool need_logits = static_cast<bool>(observer);
+  bool need_logits = false;
   for (size_t i = 0; i < batch.size(); ++i)
-    need_logits = need_logits || !greedy(*batch[i]) || batch[i]->params.top_logprobs > 0 || scores_prompt(i) ||
-                  batch[i]->params.sampling.adjusts_logits() || batch[i]->json;
+    need_logits = need_logits || scores_prompt(i) ||
+                  (chooses[i] && (observer || !greedy(*batch[i]) || batch[i]->params.top_logprobs > 0 ||
+                                  batch[i]->params.sampling.adjusts_logits() || batch[i]->json));
   if (!dev_ids_.defined() || dev_ids_.numel() < rows) {
     const int64_t cap = std::max<int64_t>(rows, 64);
     dev_ids_ = be.alloc(DType::I32, {cap});
@@ -281,15 +335,16 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   std::vector<Sampled> picks(batch.size());
   std::vector<std::vector<TokenLogprob>> tops(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (!greedy(*batch[i])) continue;
+    if (!chooses[i] || !greedy(*batch[i])) continue;
     const float* st = stats + 2 * last[i];
     picks[i] = Sampled{host_ids_.data_as<int32_t>()[last[i]], st[0] - st[1]};
   }
   auto score_prompt = [&](size_t i, std::vector<std::pair<float, int32_t>>& scratch) {
     Sequence& s = *batch[i];
-    for (int64_t j = 0; j + 1 < chunks[i].count; ++j) {  // row j predicts prompt token j + 1
-      const int64_t r = first[i] + j;
-      const int32_t next = s.prompt[static_cast<size_t>(j + 1)];
+    const int64_t P = static_cast<int64_t>(s.prompt.size());
+    for (int64_t j = 0; j < chunks[i].count && chunks[i].past_len + j + 1 < P; ++j) {
+      const int64_t r = first[i] + j;  // row j predicts the prompt token after position past + j
+      const int32_t next = s.prompt[static_cast<size_t>(chunks[i].past_len + j + 1)];
       s.prompt_logprobs.push_back(static_cast<float>(static_cast<double>(row_of(r)[next]) - stats[2 * r + 1]));
       if (s.params.prompt_logprobs > 0)
         s.prompt_top.push_back(top_logprobs(row_of(r), valid_vocab_, s.params.prompt_logprobs, stats[2 * r + 1], scratch));
@@ -298,7 +353,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   auto host_work = [&](size_t i, std::vector<std::pair<float, int32_t>>& scratch) {
     Sequence& s = *batch[i];
     if (scores_prompt(i)) score_prompt(i, scratch);
-    if (s.params.max_new_tokens == 0) return;  // scored only
+    if (!chooses[i] || s.params.max_new_tokens == 0) return;  // prefill goes on, or scored only
     const float* row = row_of(last[i]);
     if (s.params.top_logprobs > 0)
       tops[i] = top_logprobs(row, valid_vocab_, s.params.top_logprobs, stats[2 * last[i] + 1], scratch);
@@ -329,6 +384,10 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i];
     s.past_len += chunks[i].count;
+    if (!chooses[i]) {  // the prompt goes on next step
+      if (observer && scores_prompt(i)) host_work(i, scratch_);
+      continue;
+    }
     if (observer) {
       observer(s.id, row_of(last[i]), V);
       host_work(i, scratch_);

@@ -49,8 +49,10 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled
 
 struct GeneratorOptions {
   int max_batch = 8;          // sequences decoding at once (KV slots)
-  int64_t max_step_tokens = 8192;  // tokens per forward (bounds activation memory); prompts
-                                   // wait for a later step when the budget is used
+  // Tokens per forward (bounds activation memory and the time decoding sequences wait for a
+  // prefill): every decoding sequence's token, then prompts in chunks (chunked prefill) until
+  // the budget is used; the rest of a prompt goes on in the next steps.
+  int64_t max_step_tokens = 8192;
   int64_t max_seq_len = 0;    // 0 = the model's max_position_embeddings
   std::optional<DType> kv_dtype;  // default: the model's weight dtype
   KvRuntimeOptions kv;        // KV mode and its settings (kv.kv_dtype is set from kv_dtype)
@@ -58,6 +60,12 @@ struct GeneratorOptions {
   // decode. Other modes move KV on the copy streams with events every layer, which a graph
   // step does not hold; prefill steps change shape every time.
   bool cuda_graphs = false;
+  // Automatic prefix caching: a finished sequence's slot keeps its K/V (and X), and a new
+  // prompt is given the free slot whose kept tokens share the longest prefix with it; only the
+  // rest of the prompt is prefilled (at least its last token, whose logits choose the first new
+  // one). Nothing is copied, so it costs nothing when no prefix matches. Off for prompts whose
+  // tokens are scored (prompt_logprobs).
+  bool prefix_caching = true;
 };
 
 // What one step produced for one sequence.
@@ -83,6 +91,13 @@ struct SequenceResult {
   std::vector<std::vector<TokenLogprob>> prompt_top;
   std::string text;               // generated text, stop string excluded
   FinishReason finish = FinishReason::None;
+  int64_t cached_tokens = 0;      // prompt tokens whose K/V came from the prefix cache
+};
+
+// Prompt tokens looked up in the prefix cache and found there, since the Generator started.
+struct PrefixCacheStats {
+  int64_t queries = 0;  // prompt tokens of sequences admitted with prefix caching on
+  int64_t hits = 0;     // of those, tokens whose K/V were already in the slot they were given
 };
 
 class Generator {
@@ -105,6 +120,7 @@ class Generator {
   size_t running() const { return running_.size(); }
   // Tokens whose K/V the running sequences hold (host KV in use = this x bytes per token).
   int64_t cached_tokens() const;
+  const PrefixCacheStats& prefix_cache_stats() const { return prefix_stats_; }
   size_t waiting() const { return waiting_.size(); }
   int64_t max_seq_len() const { return max_seq_len_; }
   KvRuntime& kv_runtime() { return *runtime_; }
@@ -123,6 +139,7 @@ class Generator {
  private:
   struct Sequence;
   void finish(Sequence& s, FinishReason r, bool flush_decoder, std::vector<StepOutput>& out, StepOutput& ev);
+  void take_slot(Sequence& s);  // the free slot whose kept tokens share the longest prefix
   std::string take_visible_text(Sequence& s, bool final);
 
   Model& model_;
@@ -134,6 +151,16 @@ class Generator {
   GraphStep last_graph_;
   std::unique_ptr<KvRuntime> runtime_;
   std::vector<int64_t> free_slots_;
+  // Per slot: the tokens whose K/V it holds once its sequence finished (empty while in use or
+  // with prefix caching off), and when it was freed (least recently freed is reused first).
+  struct SlotCache {
+    std::vector<int32_t> tokens;
+    uint64_t freed = 0;
+  };
+  std::vector<SlotCache> slot_cache_;
+  uint64_t clock_ = 0;
+  bool prefix_caching_ = true;
+  PrefixCacheStats prefix_stats_;
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
   std::map<uint64_t, SequenceResult> done_;
   uint64_t next_id_ = 1;

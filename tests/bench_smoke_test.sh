@@ -40,6 +40,24 @@ assert c['json_object: first token']['allowed'] > 0 and c['json_object: inside a
 assert c["schema: a closed object's key"]['allowed'] < 100, c  # only the properties' starts
 PY
 fi
+# kvpr-bench serve: prefix caching and chunked prefill on and off give the same tokens, and the
+# cache spares every second turn its first turn's prompt and answer (but the last answer token).
+if [ "$backend" = cpu ]; then
+  "$KVPR_BENCH" serve --preset tiny --backend cpu --kv-dtype f32 --conversations 2 --prompt 24 --answer 4 --new 5 \
+    --decoders 2 --long-prompt 40 --chunk 8 --json "$tmp/s.json" >"$tmp/s.out" 2>&1 || { cat "$tmp/s.out"; exit 1; }
+  python3 - "$tmp/s.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+p, c = r['prefix_caching'], r['chunked_prefill']
+off, on = p['runs']
+assert p['same_tokens'] and c['same_tokens'], r
+assert off['cached_tokens'] == 0 and on['cached_tokens'] == 2 * (24 + 4 - 1), p
+assert on['prefilled_tokens'] == off['prefilled_tokens'] - on['cached_tokens'] and on['ttft_all_ms'] > 0, p
+whole, chunked = c['runs']
+assert whole['steps_to_first_token'] == 1 and chunked['steps_to_first_token'] == 7, c  # 40 tokens, 8 - 2 decoding = 6 a step
+assert chunked['decoder_max_gap_ms'] > 0 and chunked['long_prompt_ttft_ms'] > 0, c
+PY
+fi
 python3 - "$tmp" <<'PY'
 import json, sys, os, xml.dom.minidom
 d = sys.argv[1]

@@ -922,6 +922,60 @@ def json_mode():
         d.stop()
 
 
+def prefix_cache(d):
+    """A prompt that starts with one a worker finished gets that worker and its cached K/V."""
+    before = metrics(d)
+    prompt = "The prefix cache keeps what a finished sequence computed, so the next turn"
+    st, first = completion(d, prompt, 8)
+    n = first["usage"]["prompt_tokens"]
+    check("prefix cache: first request computes its whole prompt",
+          st == 200 and first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}, first)
+    # Another request keeps a worker busy: least outstanding work would send the next one to
+    # the other worker, but the one holding the prompt has a free slot and gets it.
+    result = {}
+
+    def busy():
+        result["r"] = completion(d, "Something else entirely", 1500, ignore_eos=True)
+    t = threading.Thread(target=busy)
+    t.start()
+    time.sleep(0.3)
+    st, again = completion(d, prompt, 8)
+    check("prefix cache: the same prompt again reuses all but its last token, same text",
+          st == 200 and again["usage"]["prompt_tokens_details"] == {"cached_tokens": n - 1} and
+          again["choices"][0]["text"] == first["choices"][0]["text"], (again, first))
+    # The next turn: the prompt, the answer, a few more tokens (the answer's text need not
+    # tokenize back into the generated tokens; the prompt's part is reused in any case). The
+    # controller follows each answer's tokens, so the turn still goes to the busy worker.
+    st, ids = d.post("/tokenize", {"prompt": prompt})
+    st, ans = d.post("/tokenize", {"prompt": first["choices"][0]["text"], "add_special_tokens": False})
+    turn2 = ids["tokens"] + ans["tokens"] + ids["tokens"][1:4]
+    events, _ = d.stream("/v1/completions", {"model": "demo", "prompt": turn2, "max_tokens": 4, "temperature": 0,
+                                             "stream": True, "stream_options": {"include_usage": True}})
+    usage = events[-2]["usage"]
+    check("prefix cache: the next turn reuses the prompt and the answer's tokens (streamed usage)",
+          usage["prompt_tokens"] == len(turn2) and usage["prompt_tokens_details"]["cached_tokens"] >= n, usage)
+    ref = d.post("/v1/completions", {"model": "demo", "prompt": turn2, "max_tokens": 4, "temperature": 0,
+                                     "logprobs": 0, "echo": True})[1]
+    streamed = "".join(e["choices"][0]["text"] for e in events[:-2] if e["choices"])
+    check("prefix cache: the cached turn's text is an uncached one's (scored prompts skip the cache)",
+          ref["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and ref["choices"][0]["text"].endswith(streamed),
+          (ref, streamed))
+    t.join(60)
+    after = metrics(d)
+    hits = after["kvpr_prefix_cache_hits_total"] - before["kvpr_prefix_cache_hits_total"]
+    check("prefix cache: hits counted in /metrics", hits >= n - 1 + n and
+          after["kvpr_prefix_cache_queries_total"] > before["kvpr_prefix_cache_queries_total"], (before, after))
+    # --prefix-caching off: the same prompt twice is computed twice, to the same text.
+    off, _ = single_worker(MODEL, "--prefix-caching", "off")
+    try:
+        r1, r2 = completion(off, prompt, 8)[1], completion(off, prompt, 8)[1]
+        check("--prefix-caching off: nothing cached, same text",
+              r2["usage"]["prompt_tokens_details"] == {"cached_tokens": 0} and
+              r1["choices"][0]["text"] == r2["choices"][0]["text"] == first["choices"][0]["text"], (r1, r2))
+    finally:
+        off.stop()
+
+
 def generation_defaults():
     """generation_config.json's sampling fields are the defaults of requests that leave them out
     (--generation-config auto); a request's own values win; values a request could not have
@@ -989,7 +1043,8 @@ def main():
         check("completion 200", st == 200, body)
         check("completion text equals kvpr generate", body["choices"][0]["text"] == ref["text"], (body, ref))
         check("completion shape", body["object"] == "text_completion" and body["usage"] ==
-              {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13} and
+              {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13,
+               "prompt_tokens_details": {"cached_tokens": 0}} and
               body["choices"][0]["finish_reason"] == "length", body)
         st, ids = d.post("/tokenize", {"prompt": "Hello, my name is"})
         check("tokenize", st == 200 and ids["tokens"] == ref["prompt_ids"], ids)
@@ -997,6 +1052,7 @@ def main():
         check("prompt as token ids", st == 200 and body["choices"][0]["text"] == ref["text"], body)
         st, de = d.post("/detokenize", {"tokens": ref["tokens"]})
         check("detokenize", st == 200 and de["prompt"] == ref["text"], de)
+        prefix_cache(d)
         st, body = completion(d, ["Hello, my name is", "The sky"], 4, n=2)
         check("list of prompts x n", st == 200 and len(body["choices"]) == 4 and
               [c["index"] for c in body["choices"]] == [0, 1, 2, 3] and

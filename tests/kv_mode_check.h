@@ -71,6 +71,38 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
     EXPECT_EQ(after.interrupted, before.interrupted) << label;
     EXPECT_GE(after.replayed - before.replayed, 1) << label;
   }
+
+  // Chunks that start past cached tokens: a second turn (prompt, answer, prompt again) given
+  // the slot that still holds the first turn's K/V, prefilled three tokens a step, equals the
+  // CPU backend's whole prefill of it without the cache.
+  std::vector<std::vector<int32_t>> turn2;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int32_t> t = prompts[i];
+    t.insert(t.end(), want[i].begin(), want[i].end());
+    t.insert(t.end(), prompts[i].begin(), prompts[i].end());
+    turn2.push_back(std::move(t));
+  }
+  GeneratorOptions uncached = oc;
+  uncached.prefix_caching = false;
+  const std::vector<std::vector<int32_t>> want2 = greedy_tokens(mc, tok, uncached, turn2, p);
+  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
+    GeneratorOptions oe = oc;
+    oe.kv.mode = m;
+    if (m == KvMode::Kvpr) oe.kv.forced_split = kvpr_split;
+    oe.max_step_tokens = 3;
+    Generator g(mg, tok, oe);
+    std::vector<std::vector<int32_t>> got1, got2;
+    for (auto& r : g.generate_all(prompts, p)) got1.push_back(r.tokens);
+    EXPECT_EQ(got1, want) << label << " " << kv_mode_name(m) << ", chunked prefill";
+    const std::vector<SequenceResult> r2 = g.generate_all(turn2, p);
+    for (size_t i = 0; i < r2.size(); ++i) {
+      got2.push_back(r2[i].tokens);
+      // The first turn's prompt and every answer token but the last went through the model.
+      EXPECT_EQ(r2[i].cached_tokens, static_cast<int64_t>(prompts[i].size()) + max_new - 1)
+          << label << " " << kv_mode_name(m) << " prompt " << i;
+    }
+    EXPECT_EQ(got2, want2) << label << " " << kv_mode_name(m) << ", second turn from the prefix cache";
+  }
 }
 
 }  // namespace kvpr::test

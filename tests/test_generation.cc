@@ -134,7 +134,7 @@ TEST(Generation, ContinuousBatchingAdmitsNewRequestsMidFlight) {
   EXPECT_EQ(gen.take_result(c).tokens, ref.generate_all({{30}}, p)[0].tokens);
 }
 
-TEST(Generation, StepTokenBudgetSpreadsPrefillsOverSteps) {
+TEST(Generation, StepTokenBudgetChunksPrefills) {
   test::TempDir tmp;
   Fixture f("pre_ln_safetensors");
   Tokenizer tok = char_tokenizer(tmp, 96);
@@ -145,15 +145,157 @@ TEST(Generation, StepTokenBudgetSpreadsPrefillsOverSteps) {
   p.max_new_tokens = 3;
   std::vector<uint64_t> ids;
   for (int i = 0; i < 3; ++i) ids.push_back(gen.add(std::vector<int32_t>(6, 10 + i), p));
-  gen.step();  // 6 tokens admitted; the next 6 would exceed 10
-  EXPECT_EQ(gen.running(), 1u);
-  EXPECT_EQ(gen.waiting(), 2u);
-  gen.step();  // 1 decode + 6 prefill
+  auto first = gen.step();  // prompt 0 whole and 4 tokens of prompt 1
   EXPECT_EQ(gen.running(), 2u);
+  EXPECT_EQ(gen.waiting(), 1u);
+  ASSERT_EQ(first.size(), 1u);  // only prompt 0 chose a token
+  EXPECT_EQ(first[0].id, ids[0]);
+  EXPECT_EQ(gen.cached_tokens(), 10);
+  auto second = gen.step();  // 1 decode, the last 2 of prompt 1, all 6 of prompt 2
+  EXPECT_EQ(gen.running(), 3u);
+  EXPECT_EQ(gen.waiting(), 0u);
+  EXPECT_EQ(second.size(), 3u);
   while (!gen.idle()) gen.step();
   Generator ref(f.model, tok, f32_kv(1));
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(gen.take_result(ids[i]).tokens, ref.generate_all({std::vector<int32_t>(6, 10 + i)}, p)[0].tokens);
+}
+
+// A prompt longer than the step budget is prefilled over several steps while another sequence
+// decodes; the logits it chooses from and its prompt scores are those of one whole prefill.
+TEST(Generation, ChunkedPrefillEqualsOneWholePrefill) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  const int64_t V = f.model.config().vocab_size;
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 29; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + 11) % 90));
+  GenerationParams p;
+  p.max_new_tokens = 6;
+  p.prompt_logprobs = 2;
+  auto rows_of = [&](Generator& g, const std::vector<std::vector<int32_t>>& prompts, uint64_t want_id,
+                     std::vector<SequenceResult>* res) {
+    std::vector<std::vector<float>> rows;
+    *res = g.generate_all(prompts, p, [&](uint64_t id, const float* row, int64_t) {
+      if (id == want_id) rows.emplace_back(row, row + V);
+    });
+    return rows;
+  };
+  Generator whole(f.model, tok, f32_kv(2));
+  std::vector<SequenceResult> rw;
+  auto want = rows_of(whole, {prompt}, 1, &rw);
+  GeneratorOptions o = f32_kv(2);
+  o.max_step_tokens = 4;  // 1 decode + 3 prompt tokens a step once the first prompt decodes
+  Generator chunked(f.model, tok, o);
+  std::vector<SequenceResult> rc;
+  auto got = rows_of(chunked, {{70, 71}, prompt}, 2, &rc);
+  EXPECT_EQ(rc[1].tokens, rw[0].tokens);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < want.size(); ++s) {
+    std::vector<double> ref(want[s].begin(), want[s].end());
+    EXPECT_TRUE(test::close_rel(ref, got[s].data(), V, 1e-5)) << "step " << s;
+  }
+  ASSERT_EQ(rc[1].prompt_logprobs.size(), prompt.size() - 1);
+  ASSERT_EQ(rc[1].prompt_top.size(), prompt.size() - 1);
+  for (size_t j = 0; j + 1 < prompt.size(); ++j) {
+    EXPECT_NEAR(rc[1].prompt_logprobs[j], rw[0].prompt_logprobs[j], 1e-4) << "position " << j;
+    EXPECT_EQ(rc[1].prompt_top[j][0].first, rw[0].prompt_top[j][0].first) << "position " << j;
+  }
+  EXPECT_EQ(rc[1].cached_tokens, 0);  // scored prompts skip the prefix cache
+}
+
+// A finished sequence's slot keeps its K/V: the next prompt that starts with its tokens is
+// given that slot and prefills only the rest, with the tokens and logits of a full prefill.
+TEST(Generation, PrefixCacheReusesAFinishedSequencesSlot) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  const int64_t V = f.model.config().vocab_size;
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  GenerationParams p;
+  p.max_new_tokens = 5;
+  p.ignore_eos = true;
+  const std::vector<int32_t> a = {5, 17, 33, 2, 80, 41, 9, 12};
+  const std::vector<int32_t> b = {60, 61, 62};
+  GeneratorOptions off = f32_kv(3);
+  off.prefix_caching = false;
+  auto reference = [&](const std::vector<int32_t>& prompt, std::vector<std::vector<float>>* rows) {
+    Generator g(f.model, tok, off);
+    return g.generate_all({prompt}, p, [&](uint64_t, const float* row, int64_t) { rows->emplace_back(row, row + V); })[0];
+  };
+  Generator gen(f.model, tok, f32_kv(3));
+  auto first = gen.generate_all({a, b}, p);
+  EXPECT_EQ(first[0].cached_tokens, 0);
+  EXPECT_EQ(gen.prefix_cache_stats().queries, 11);
+  EXPECT_EQ(gen.prefix_cache_stats().hits, 0);
+
+  // The second turn: a's prompt, its answer, more. Everything fed through the model is reused
+  // (the last answer token was sampled but never fed).
+  std::vector<int32_t> turn2 = a;
+  turn2.insert(turn2.end(), first[0].tokens.begin(), first[0].tokens.end());
+  turn2.insert(turn2.end(), {3, 4, 5});
+  std::vector<std::vector<float>> want_rows, got_rows;
+  SequenceResult want = reference(turn2, &want_rows);
+  SequenceResult got = gen.generate_all({turn2}, p, [&](uint64_t, const float* row, int64_t) {
+    got_rows.emplace_back(row, row + V);
+  })[0];
+  EXPECT_EQ(got.cached_tokens, static_cast<int64_t>(a.size()) + p.max_new_tokens - 1);
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got_rows.size(), want_rows.size());
+  for (size_t s = 0; s < want_rows.size(); ++s) {
+    std::vector<double> ref(want_rows[s].begin(), want_rows[s].end());
+    EXPECT_TRUE(test::close_rel(ref, got_rows[s].data(), V, 1e-5)) << "step " << s;
+  }
+  EXPECT_EQ(gen.prefix_cache_stats().hits, got.cached_tokens);
+
+  // The same prompt again: all but its last token come from the cache.
+  auto again = gen.generate_all({turn2}, p)[0];
+  EXPECT_EQ(again.cached_tokens, static_cast<int64_t>(turn2.size()) - 1);
+  EXPECT_EQ(again.tokens, want.tokens);
+  // A prompt sharing only b's first two tokens takes b's slot and reuses those two.
+  std::vector<int32_t> fork = {60, 61, 70, 71};
+  std::vector<std::vector<float>> unused;
+  auto forked = gen.generate_all({fork}, p)[0];
+  EXPECT_EQ(forked.cached_tokens, 2);
+  EXPECT_EQ(forked.tokens, reference(fork, &unused).tokens);
+  // Nothing in common: an unused slot (the least recently freed) is taken, and it reuses nothing.
+  auto fresh = gen.generate_all({{90, 91}}, p)[0];
+  EXPECT_EQ(fresh.cached_tokens, 0);
+  // Scored prompts and a generator with the cache off never reuse.
+  GenerationParams scored = p;
+  scored.prompt_logprobs = 0;
+  EXPECT_EQ(gen.generate_all({turn2}, scored)[0].cached_tokens, 0);
+  Generator cold(f.model, tok, off);
+  cold.generate_all({a}, p);
+  EXPECT_EQ(cold.generate_all({a}, p)[0].cached_tokens, 0);
+  EXPECT_EQ(cold.prefix_cache_stats().queries, 0);
+}
+
+// A cancelled sequence leaves the K/V of the tokens it got through, and a prompt that was being
+// prefilled in chunks leaves those of its finished chunks.
+TEST(Generation, PrefixCacheKeepsWhatACancelledSequenceComputed) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  GenerationParams p;
+  p.max_new_tokens = 4;
+  p.ignore_eos = true;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back(static_cast<int32_t>(20 + i));
+  GeneratorOptions o = f32_kv(1);
+  o.max_step_tokens = 8;
+  Generator gen(f.model, tok, o);
+  uint64_t id = gen.add(prompt, p);
+  gen.step();  // tokens 0..7
+  gen.step();  // 8..15
+  gen.cancel(id);
+  gen.step();
+  ASSERT_TRUE(gen.finished(id));
+  EXPECT_EQ(gen.take_result(id).finish, FinishReason::Cancelled);
+  auto r = gen.generate_all({prompt}, p)[0];
+  EXPECT_EQ(r.cached_tokens, 16);
+  GeneratorOptions off = f32_kv(1);
+  off.prefix_caching = false;
+  EXPECT_EQ(r.tokens, Generator(f.model, tok, off).generate_all({prompt}, p)[0].tokens);
 }
 
 TEST(Generation, SamplingIsReproducibleWithASeed) {

@@ -237,6 +237,7 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
             e.set("finish_reason", finish_reason_name(o.finish));
             e.set("completion_tokens", static_cast<int64_t>(r.tokens.size()));
             e.set("prompt_tokens", static_cast<int64_t>(r.prompt.size()));
+            e.set("cached_tokens", r.cached_tokens);
             to_gen.erase(it->second);
             to_ctrl.erase(it);
           }
