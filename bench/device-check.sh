@@ -6,7 +6,7 @@
 #                             carry [".carry"], timeout_s 540
 #
 # nvidia-smi (GPU, driver, PCIe) -> build for sm_90 there -> GPU tests -> HF offloaded-cache
-# peer -> kvpr-bench decode (every mode) -> a smaller sweep if time allows. Everything lands
+# peer -> kvpr-bench decode (every mode) -> a smaller sweep and kvpr-bench serve if time allows. Everything lands
 # in $OUT: result.json (all numbers + hardware), decode.svg, traces.tar.gz, ops.json, log, and
 # sanitizer.txt when a GPU test failed.
 # Commit result.json as bench/results/<date>-h200-<commit>.json.
@@ -20,6 +20,7 @@ BATCH=${KVPR_CHECK_BATCH:-32}
 PROMPT=${KVPR_CHECK_PROMPT:-1024}
 GEN=${KVPR_CHECK_GEN:-32}
 SWEEP=${KVPR_CHECK_SWEEP:-1}
+SERVE_SIZES=${KVPR_CHECK_SERVE:---conversations 8 --prompt 1024 --answer 32 --new 128 --decoders 8 --long-prompt 1536 --chunk 256}
 JOBS=${KVPR_CHECK_JOBS:-16}
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
@@ -104,6 +105,14 @@ for cfg in "8 1024" "64 1024" "32 1024 host" "32 128" "32 512" "1 128"; do  # th
   tail -6 "$OUT/$name.txt"
 done
 
+# Serving: the prefix cache and chunked prefill, each off and on, in the product's mode.
+if [ "$(elapsed)" -lt 430 ]; then
+  say "kvpr-bench serve: prefix cache and chunked prefill, $PRESET, kvpr"
+  KVPR_THREADS=16 timeout 90 build-device/bench/kvpr-bench serve --preset "$PRESET" --kv-mode kvpr $SERVE_SIZES \
+      --json "$OUT/serve.json" > "$OUT/serve.txt" 2>&1
+  tail -7 "$OUT/serve.txt"
+fi
+
 say "collect"
 tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces 2>/dev/null && rm -rf "$OUT/traces"
 python3 - "$OUT" "${sweep[@]}" <<'PY'
@@ -139,6 +148,7 @@ result = {
     'ops': load('ops.json'),
     'decode': load('decode.json'),
     'sweep': [json.load(open(p)) for p in sys.argv[2:] if os.path.exists(p)],
+    'serve': load('serve.json'),
 }
 for s in result['sweep']:
     for m in s.get('modes', []):
