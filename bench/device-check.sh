@@ -87,7 +87,7 @@ KVPR_THREADS=16 timeout "$left" build-device/bench/kvpr-bench decode --preset "$
 
 sweep=()
 # "host": the layers' weights streamed from pinned host memory (--weights host) in every mode.
-for cfg in "8 1024" "64 1024" "32 1024 host" "32 128" "32 512" "1 128"; do  # the last: launch-bound decode, where graphs pay most
+for cfg in "8 1024" "32 1024 fp8" "64 1024" "32 1024 host" "32 128" "32 512" "1 128"; do  # the last: launch-bound decode, where graphs pay most
   [ "$SWEEP" = 1 ] || break
   if [ "$(elapsed)" -gt 360 ]; then say "sweep: stopping, time is short"; break; fi
   set -- $cfg
@@ -95,6 +95,9 @@ for cfg in "8 1024" "64 1024" "32 1024 host" "32 128" "32 512" "1 128"; do  # th
   if [ "${3:-}" = host ]; then
     say "sweep: batch $1, prompt $2, weights streamed from host memory (resident, offload, kvpr)"
     args=(--weights host --modes resident,offload,kvpr)
+  elif [ "${3:-}" = fp8 ]; then
+    say "sweep: batch $1, prompt $2, fp8 KV cache: half the link bytes (resident, offload, kvpr)"
+    args=(--kv-dtype fp8 --modes resident,offload,kvpr)
   else
     say "sweep: batch $1, prompt $2 (resident with and without graphs, offload, kvpr)"
     args=(--modes resident,resident+graphs,offload,kvpr)
@@ -167,7 +170,8 @@ if d:
                   ('; capture refused: ' + m['graph_capture_error']) if m.get('graph_capture_error') else ''))
     print(json.dumps(d.get('ratios', {})))
 for s in result['sweep']:
-    print('sweep b=%d p=%d%s: %s' % (s['batch'], s['prompt'], ', weights host' if s.get('weights') == 'host' else '',
+    print('sweep b=%d p=%d%s%s: %s' % (s['batch'], s['prompt'], ', weights host' if s.get('weights') == 'host' else '',
+                                      ', kv ' + s['kv_dtype'] if s.get('kv_dtype') not in (None, 'F16') else '',
                                       json.dumps(s.get('ratios', {}))))
 PY
 # At most 8 files come back from the device: keep log, result.json, decode.svg, traces.tar.gz.

@@ -50,7 +50,7 @@ const char* kUsage =
     "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--top-logprobs K]\n"
     "                   [--prompt-logprobs K] [--ignore-eos] [--response-format text|json_object]\n"
     "                   [--json-schema FILE]\n"
-    "                   [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16]\n"
+    "                   [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16|fp8]\n"
     "                   [--kv-mode resident|offload|kvpr|recompute|cpu-attn] [--split L]\n"
     "                   [--activation-cap N] [--profile FILE] [--split-model pipeline|paper]\n"
     "                   [--host-attention-threads N] [--emulate-link-gbps G] [--trace FILE.json]\n"
@@ -170,7 +170,7 @@ bool weights_flag(const Args& a) {
 std::optional<DType> kv_dtype_flag(const Args& a) {
   if (!a.has("--kv-dtype")) return std::nullopt;
   DType dt;
-  if (!parse_dtype(a.get("--kv-dtype"), &dt)) throw UsageError("--kv-dtype: expected f32, f16 or bf16");
+  if (!parse_dtype(a.get("--kv-dtype"), &dt)) throw UsageError("--kv-dtype: expected f32, f16, bf16 or fp8");
   return dt;
 }
 

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 
+#include "engine/backend.h"
 #include "engine/chat_template.h"
 #include "engine/error.h"
 
@@ -55,7 +56,7 @@ const std::vector<Option>& options() {
       {"max-seq-len", "context length [the model's]", [](DaemonConfig& c, const std::string& v) { c.max_seq_len = to_int("max-seq-len", v); }},
       {"kv-mode", "resident, offload, kvpr, recompute or cpu-attn [resident]", [](DaemonConfig& c, const std::string& v) { c.kv_mode = v; }},
       {"split", "kvpr: force the split l [scheduler]", [](DaemonConfig& c, const std::string& v) { c.split = to_int("split", v); }},
-      {"kv-dtype", "f32, f16 or bf16 [the weights']", [](DaemonConfig& c, const std::string& v) { c.kv_dtype = v; }},
+      {"kv-dtype", "f32, f16, bf16, or fp8 (E4M3: half of f16's host memory and link bytes) [the weights']", [](DaemonConfig& c, const std::string& v) { c.kv_dtype = v; }},
       {"activation-cap", "tokens per sequence whose X is kept [all]",
        [](DaemonConfig& c, const std::string& v) { c.activation_cap = to_int("activation-cap", v); }},
       {"profile", "saved link profile (kvpr profile --save) [measured at start]", [](DaemonConfig& c, const std::string& v) { c.profile = v; }},
@@ -210,6 +211,9 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
              "), not ", c.gpu_batches);
   KVPR_CHECK(c.max_step_tokens >= 1, "max-step-tokens must be >= 1");
   KVPR_CHECK(c.max_queue >= 1, "max-queue must be >= 1");
+  DType kv_dtype;
+  KVPR_CHECK(c.kv_dtype.empty() || parse_dtype(c.kv_dtype, &kv_dtype), "kv-dtype must be f32, f16, bf16 or fp8, not '",
+             c.kv_dtype, "'");
   KVPR_CHECK(c.backend == "auto" || c.backend == "cpu" || c.backend == "cuda", "backend must be auto, cpu or cuda");
   KVPR_CHECK(!c.cuda_graphs || c.kv_mode == "resident",
              "cuda-graphs applies to kv-mode resident (the other modes move KV every layer), not ", c.kv_mode);

@@ -33,8 +33,8 @@ const char* stream_name(Stream s) {
 }
 
 void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) {
-  KVPR_CHECK(dst.rank() == 2 && src.rank() == 2 && dst.dim(1) == src.dim(1) && is_float(dst.dtype()) &&
-                 is_float(src.dtype()),
+  KVPR_CHECK(dst.rank() == 2 && src.rank() == 2 && dst.dim(1) == src.dim(1) &&
+                 is_storage_float(dst.dtype()) && is_storage_float(src.dtype()),
              "copy_rows: dst ", dst.describe(), " and src ", src.describe(), " must be 2-D float of one width");
   for (const RowSpan& s : spans)
     KVPR_CHECK(s.count >= 0 && s.src_row >= 0 && s.dst_row >= 0 && s.src_row + s.count <= src.dim(0) &&
@@ -138,6 +138,7 @@ bool parse_dtype(std::string_view s, DType* out) {
   if (s == "F32" || s == "f32" || s == "float32" || s == "fp32" || s == "float") *out = DType::F32;
   else if (s == "F16" || s == "f16" || s == "float16" || s == "fp16" || s == "half") *out = DType::F16;
   else if (s == "BF16" || s == "bf16" || s == "bfloat16") *out = DType::BF16;
+  else if (s == "F8_E4M3" || s == "fp8" || s == "fp8_e4m3" || s == "f8_e4m3" || s == "float8_e4m3fn") *out = DType::F8E4M3;
   else return false;
   return true;
 }

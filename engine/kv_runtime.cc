@@ -76,7 +76,7 @@ KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projec
       opts_(opts),
       weights_(weights) {
   KVPR_CHECK(slots > 0 && capacity > 0, "KV runtime needs at least one slot and one token");
-  KVPR_CHECK(is_float(opts.kv_dtype), "KV dtype must be F32, F16 or BF16");
+  KVPR_CHECK(is_storage_float(opts.kv_dtype), "KV dtype must be F32, F16, BF16 or F8_E4M3");
   const KvMode m = opts_.mode;
   check_fits(backend, shape, slots, capacity, opts);
   if (m == KvMode::Resident) {

@@ -112,6 +112,17 @@ for mode in offload recompute cpu-attn "kvpr --split 3"; do
   got=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 6 --json --kv-dtype f32 --kv-mode $mode)
   check "kv-mode $mode tokens" python3 -c "import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); assert a['tokens']==b['tokens'], (a['tokens'], b['tokens'])" "$ref" "$got"
 done
+# fp8 KV cache: resident, offload and cpu-attn store and read the same bytes (the same tokens),
+# and every step stores 1 byte per value (4 layers x (K + V) x 128 per token, and X for kvpr).
+ref8=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 6 --json --kv-dtype fp8)
+for mode in offload cpu-attn "kvpr --split 3"; do
+  got=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 6 --json --kv-dtype fp8 --kv-mode $mode)
+  check "fp8 kv-mode $mode" python3 -c "
+import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); m=sys.argv[3]
+assert len(b['tokens'])==6 and (m.startswith('kvpr') or a['tokens']==b['tokens']), (a['tokens'], b['tokens'])
+if not m.startswith('cpu'): assert all(s['d2h_bytes']==4*(3 if m.startswith('kvpr') else 2)*128 for s in b['steps'][1:]), b['steps']" "$ref8" "$got" "$mode"
+done
+expect_error "bad --kv-dtype" 2 "expected f32, f16, bf16 or fp8" -- generate --model "$tmp/demo" --prompt x --kv-dtype fp4
 got=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 4 --json --kv-mode kvpr --split 3 --trace "$tmp/trace.json")
 check "kvpr steps report split and bytes" python3 -c "
 import json,sys; o=json.loads(sys.argv[1]); s=o['steps']

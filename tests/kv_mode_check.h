@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,39 @@ inline std::vector<std::vector<int32_t>> greedy_tokens(Model& model, const Token
   std::vector<std::vector<int32_t>> out;
   for (auto& r : Generator(model, tok, o).generate_all(prompts, p)) out.push_back(r.tokens);
   return out;
+}
+
+// Teacher-forced log-probabilities of `prompt`'s tokens 1.. in `mode` with a `dtype` cache,
+// scored in chunks of 4 tokens so that every chunk attends to K/V read back from the cache
+// (kvpr recomputes those of the first 16 tokens from X).
+inline std::vector<float> chunked_prompt_scores(Model& model, const Tokenizer& tok, KvMode mode, DType dtype,
+                                                const std::vector<int32_t>& prompt) {
+  GeneratorOptions o;
+  o.max_batch = 2;
+  o.kv_dtype = dtype;
+  o.kv.mode = mode;
+  if (mode == KvMode::Kvpr) o.kv.forced_split = 16;
+  o.max_step_tokens = 4;
+  GenerationParams p;
+  p.max_new_tokens = 0;
+  p.prompt_logprobs = 0;
+  return Generator(model, tok, o).generate_all({prompt}, p)[0].prompt_logprobs;
+}
+
+// Mean and largest |a - b| of two score lists of one length, none of them NaN or infinite.
+struct ScoreGap {
+  double mean = 0, worst = 0;
+  bool finite = true;
+};
+inline ScoreGap score_gap(const std::vector<float>& a, const std::vector<float>& b) {
+  ScoreGap g;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    g.finite = g.finite && std::isfinite(a[i]) && std::isfinite(b[i]);
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    g.mean += d / static_cast<double>(a.size());
+    g.worst = std::max(g.worst, d);
+  }
+  return g;
 }
 
 // Greedy decoding of `prompts` (max_new tokens, EOS ignored, fp32 KV, one batch) in each mode

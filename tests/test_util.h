@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -77,6 +78,24 @@ inline Tokenizer char_tokenizer(const TempDir& tmp, int n, const std::string& eo
 inline std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The float32 inputs of tests/data/fp8/e4m3.json (tests/scripts/make_fp8_fixtures.py) and the
+// E4M3 byte each must become; NaNs left out unless asked for.
+struct Fp8Case {
+  float x;
+  uint8_t byte;
+};
+inline std::vector<Fp8Case> fp8_cases(bool with_nan) {
+  const json::Value ref = json::parse(read_file(data_path("fp8/e4m3.json")));
+  std::vector<Fp8Case> out;
+  for (const json::Value& c : ref.find("encode")->as_array()) {
+    const uint32_t bits = static_cast<uint32_t>(c.as_array()[0].as_int());
+    float x;
+    std::memcpy(&x, &bits, 4);
+    if (with_nan || !std::isnan(x)) out.push_back({x, static_cast<uint8_t>(c.as_array()[1].as_int())});
+  }
+  return out;
 }
 
 }  // namespace kvpr::test

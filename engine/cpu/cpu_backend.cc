@@ -525,7 +525,7 @@ void CpuBackend::copy_rows(const Tensor& dst, const Tensor& src, const std::vect
 }
 
 void CpuBackend::fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) {
-  KVPR_CHECK(is_float(t.dtype()), "fill_random needs a float tensor, got ", t.describe());
+  KVPR_CHECK(is_storage_float(t.dtype()), "fill_random needs a float tensor, got ", t.describe());
   ThreadPool::global().parallel_for(t.numel(), 1 << 14, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
       store_from_f32(t.data(), t.dtype(), i, mean + stddev * random_normal(seed, static_cast<uint64_t>(i)));

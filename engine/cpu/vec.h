@@ -19,11 +19,25 @@ namespace kvpr::cpu {
 struct F32Tag { using T = float; };
 struct F16Tag { using T = uint16_t; };
 struct BF16Tag { using T = uint16_t; };
+struct F8Tag { using T = uint8_t; };  // fp8 E4M3 (KV cache)
+
+// Every fp8 E4M3 byte's value: widening is a table lookup (a gather with AVX2).
+inline const float* e4m3_table() {
+  static const auto table = [] {
+    struct Table {
+      float v[256];
+    } t{};
+    for (int b = 0; b < 256; ++b) t.v[b] = e4m3_to_f32(static_cast<uint8_t>(b));
+    return t;
+  }();
+  return table.v;
+}
 
 template <typename Tag>
 inline float load1(const typename Tag::T* p) {
   if constexpr (std::is_same_v<Tag, F32Tag>) return *p;
   else if constexpr (std::is_same_v<Tag, F16Tag>) return f16_to_f32(*p);
+  else if constexpr (std::is_same_v<Tag, F8Tag>) return e4m3_table()[*p];
   else return bf16_to_f32(*p);
 }
 
@@ -34,6 +48,9 @@ inline __m256 load8(const typename Tag::T* p) {
     return _mm256_loadu_ps(p);
   } else if constexpr (std::is_same_v<Tag, F16Tag>) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else if constexpr (std::is_same_v<Tag, F8Tag>) {
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_i32gather_ps(e4m3_table(), idx, 4);
   } else {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
@@ -59,6 +76,7 @@ inline void dispatch_float(DType t, Fn&& fn) {
     case DType::F32: fn(F32Tag{}); return;
     case DType::F16: fn(F16Tag{}); return;
     case DType::BF16: fn(BF16Tag{}); return;
+    case DType::F8E4M3: fn(F8Tag{}); return;
     default: KVPR_THROW("expected a float tensor, got ", dtype_name(t));
   }
 }

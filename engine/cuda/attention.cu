@@ -348,7 +348,7 @@ void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
   KVPR_CHECK(total_q <= 0x7fffffff && n_seqs <= 65535, "attention batch too large for the grid");
   KVPR_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads, " heads do not share ", kv_heads,
              " KV heads evenly");
-  KVPR_FLOAT_DISPATCH(kv_dtype, T, {
+  KVPR_STORAGE_DISPATCH(kv_dtype, T, {
     // Each lane owns CH consecutive dimensions of the head.
     if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
     else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);

@@ -362,7 +362,7 @@ class CudaBackend final : public Backend {
   }
 
   void fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) override {
-    KVPR_CHECK(is_float(t.dtype()), "fill_random needs a float tensor, got ", t.describe());
+    KVPR_CHECK(is_storage_float(t.dtype()), "fill_random needs a float tensor, got ", t.describe());
     issue("fill_random", &cuda::fill_random, t.data(), t.dtype(), t.numel(), seed, mean, stddev, compute());
   }
 

@@ -1,9 +1,10 @@
-// Device-side helpers shared by the CUDA kernels: loads and stores of F32/F16/BF16 as
-// fp32, dtype dispatch, and warp/block reductions.
+// Device-side helpers shared by the CUDA kernels: loads and stores of F32/F16/BF16 (and the
+// KV cache's fp8 E4M3) as fp32, dtype dispatch, and warp/block reductions.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -18,6 +19,7 @@ KVPR_CUDA_NAMESPACE_BEGIN
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
 
 template <typename T>
 __device__ __forceinline__ T from_f32(float v);
@@ -27,6 +29,9 @@ template <>
 __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+// Round to nearest even, saturating to +-448 (engine/dtype.h's f32_to_e4m3 is the same).
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 from_f32<__nv_fp8_e4m3>(float v) { return __nv_fp8_e4m3(v); }
 
 // Eight consecutive elements at a 16-byte-aligned address, as fp32: one 16-byte load for
 // fp16/bf16, two for fp32.
@@ -60,6 +65,18 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&o)[8]) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) o[2 * i] = bits_as_f32(w[i] << 16), o[2 * i + 1] = bits_as_f32(w[i] & 0xffff0000u);
+}
+
+// fp8: one 8-byte load (8-byte alignment, which 16-byte-aligned rows of a head_dim % 8 == 0 give).
+__device__ __forceinline__ void load8(const __nv_fp8_e4m3* p, float (&o)[8]) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    __nv_fp8_e4m3 x;
+    x.__x = static_cast<__nv_fp8_storage_t>((w[i >> 2] >> (8 * (i & 3))) & 0xffu);
+    o[i] = static_cast<float>(x);
+  }
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -107,5 +124,16 @@ KVPR_CUDA_NAMESPACE_END
     case ::kvpr::DType::F32: { using T = float; __VA_ARGS__; break; }                     \
     case ::kvpr::DType::F16: { using T = __half; __VA_ARGS__; break; }                    \
     case ::kvpr::DType::BF16: { using T = __nv_bfloat16; __VA_ARGS__; break; }            \
+    default: KVPR_THROW("CUDA kernel needs a float dtype, got ", ::kvpr::dtype_name(dtype)); \
+  }
+
+// The same, for values that are only stored: the float dtypes and the KV cache's fp8 E4M3
+// (conversions, row copies, attention's K/V).
+#define KVPR_STORAGE_DISPATCH(dtype, T, ...)                                             \
+  switch (dtype) {                                                                        \
+    case ::kvpr::DType::F32: { using T = float; __VA_ARGS__; break; }                     \
+    case ::kvpr::DType::F16: { using T = __half; __VA_ARGS__; break; }                    \
+    case ::kvpr::DType::BF16: { using T = __nv_bfloat16; __VA_ARGS__; break; }            \
+    case ::kvpr::DType::F8E4M3: { using T = __nv_fp8_e4m3; __VA_ARGS__; break; }          \
     default: KVPR_THROW("CUDA kernel needs a float dtype, got ", ::kvpr::dtype_name(dtype)); \
   }

@@ -195,8 +195,8 @@ void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t str
 
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  KVPR_FLOAT_DISPATCH(dst_dtype, D,
-                      KVPR_FLOAT_DISPATCH(src_dtype, S,
+  KVPR_STORAGE_DISPATCH(dst_dtype, D,
+                      KVPR_STORAGE_DISPATCH(src_dtype, S,
                                           KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, convert_kernel<D, S>)(
                                               static_cast<D*>(dst), static_cast<const S*>(src), n)));
   CUDA_CHECK_LAUNCH();
@@ -205,8 +205,8 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64
 void copy_rows(void* dst, DType dst_dtype, const void* src, DType src_dtype, const SpanDesc* spans, int64_t n_spans,
                int64_t total_rows, int64_t width, cudaStream_t stream) {
   if (total_rows == 0 || width == 0 || n_spans == 0) return;
-  KVPR_FLOAT_DISPATCH(dst_dtype, D,
-                      KVPR_FLOAT_DISPATCH(src_dtype, S,
+  KVPR_STORAGE_DISPATCH(dst_dtype, D,
+                      KVPR_STORAGE_DISPATCH(src_dtype, S,
                                           KVPR_LAUNCH(grid_for(total_rows, 1, 1u << 20), 128, 0, stream,
                                                       copy_rows_kernel<D, S>)(static_cast<D*>(dst),
                                                                               static_cast<const S*>(src), spans,
@@ -216,7 +216,7 @@ void copy_rows(void* dst, DType dst_dtype, const void* src, DType src_dtype, con
 
 void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, float stddev, cudaStream_t stream) {
   if (n == 0) return;
-  KVPR_FLOAT_DISPATCH(dtype, T,
+  KVPR_STORAGE_DISPATCH(dtype, T,
                       KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, fill_random_kernel<T>)(static_cast<T*>(dst), n, seed, mean,
                                                                                   stddev));
   CUDA_CHECK_LAUNCH();

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "engine/backend.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/kernels.h"
+#include "engine/json.h"
 #include "engine/sampling.h"
 #include "tests/test_util.h"
 
@@ -81,9 +83,11 @@ TEST_P(SimtKernels, GatherLayerNormAddConvert) {
 
 // Spans of rows from a source into a destination of another dtype, as copy_rows launches
 // them: uneven spans, an empty one, destinations out of order; rows outside the spans untouched.
-TEST_P(SimtKernels, CopyRowsConvertsEverySpan) {
+namespace {
+
+// Row copies into and out of `dt` (every float dtype, and fp8 for the KV cache) equal the CPU's.
+void check_copy_rows(DType dt) {
   CpuBackend cpu;
-  const DType dt = GetParam();
   const int64_t W = 131;
   Tensor src = random(cpu, DType::F32, {40, W}, 21);
   for (DType dst_dt : {DType::F32, DType::F16, DType::BF16}) {
@@ -104,6 +108,10 @@ TEST_P(SimtKernels, CopyRowsConvertsEverySpan) {
     }
   }
 }
+
+}  // namespace
+
+TEST_P(SimtKernels, CopyRowsConvertsEverySpan) { check_copy_rows(GetParam()); }
 
 TEST_P(SimtKernels, BiasActivationAndRandomFill) {
   CpuBackend cpu;
@@ -139,9 +147,11 @@ TEST_P(SimtKernels, BiasActivationAndRandomFill) {
   }
 }
 
-TEST_P(SimtKernels, AttentionPrefillMixedAndDecodeSplits) {
+namespace {
+
+// Attention over K/V stored as `dt` equals the CPU backend's over the same values.
+void check_attention(DType dt) {
   CpuBackend cpu;
-  const DType dt = GetParam();
   for (int hd : {8, 64, 80, 128, 256}) {
     const int heads = 3, hidden = heads * hd;
     for (int kv_heads : {3, 1})  // MHA, and one KV head for every query head (GQA)
@@ -186,10 +196,46 @@ TEST_P(SimtKernels, AttentionPrefillMixedAndDecodeSplits) {
                           tiled ? tiles.data() : nullptr, tiled ? static_cast<int64_t>(tiles.size()) : 0, nullptr);
           EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
               << "head_dim " << hd << ", " << kv_heads << " KV heads" << (decode_only ? " decode" : " mixed") << (aligned ? " 16-byte loads" : "")
-              << (tiled ? " tiled" : "");
+              << (tiled ? " tiled" : "") << " K/V " << dtype_name(dt);
         }
     }
   }
+}
+
+}  // namespace
+
+TEST_P(SimtKernels, AttentionPrefillMixedAndDecodeSplits) { check_attention(GetParam()); }
+
+// The KV cache's fp8 E4M3: conversions give the CPU's bytes and values exactly (the fixture's
+// float32 inputs: every value, neighbours, midpoints, subnormals, saturation, NaN), random
+// fill and row copies match, and attention over fp8 K/V matches the CPU's.
+TEST(SimtKernelsFp8, ConvertCopyFillAndAttention) {
+  CpuBackend cpu;
+  std::vector<float> xs;
+  for (const test::Fp8Case& c : test::fp8_cases(true)) xs.push_back(c.x);
+  const int64_t n = static_cast<int64_t>(xs.size());
+  std::vector<uint8_t> bytes(xs.size());
+  cuda::convert(bytes.data(), DType::F8E4M3, xs.data(), DType::F32, n, nullptr);
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (!std::isnan(xs[i])) EXPECT_EQ(bytes[i], f32_to_e4m3(xs[i])) << "float " << xs[i];
+    else EXPECT_EQ(bytes[i] & 0x7f, 0x7f) << "NaN stays NaN";
+  std::vector<uint8_t> all(256);
+  for (int b = 0; b < 256; ++b) all[static_cast<size_t>(b)] = static_cast<uint8_t>(b);
+  std::vector<float> widened(256);
+  cuda::convert(widened.data(), DType::F32, all.data(), DType::F8E4M3, 256, nullptr);
+  for (int b = 0; b < 256; ++b) {
+    const float want = e4m3_to_f32(static_cast<uint8_t>(b));
+    if (std::isnan(want)) EXPECT_TRUE(std::isnan(widened[static_cast<size_t>(b)])) << "byte " << b;
+    else EXPECT_EQ(widened[static_cast<size_t>(b)], want) << "byte " << b;
+  }
+  for (int64_t count : {int64_t{1}, int64_t{5000}}) {
+    Tensor want = cpu.alloc(DType::F8E4M3, {count}), got = cpu.alloc(DType::F8E4M3, {count});
+    cpu.fill_random(want, 42, 0.f, 3.f);
+    cuda::fill_random(got.data(), DType::F8E4M3, count, 42, 0.f, 3.f, nullptr);
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), static_cast<size_t>(count)), 0) << "fill_random n=" << count;
+  }
+  check_copy_rows(DType::F8E4M3);
+  check_attention(DType::F8E4M3);
 }
 
 // Greedy choice and log-sum-exp per row: ties go to the first id, ids past `valid` never
