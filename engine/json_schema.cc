@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <map>
 #include <set>
 #include <tuple>
@@ -10,6 +11,140 @@
 #include "engine/json_lex.h"
 
 namespace kvpr {
+
+// ------------------------------------------------------------------ exact decimals
+
+namespace {
+
+// A decimal number: sign, integer digits without leading zeros ("" for 0), fraction digits
+// without trailing zeros. Zero is never negative.
+struct Dec {
+  bool neg = false;
+  std::string i, f;
+};
+
+Dec normalized(bool neg, std::string i, std::string f) {
+  size_t a = 0;
+  while (a < i.size() && i[a] == '0') ++a;
+  i.erase(0, a);
+  while (!f.empty() && f.back() == '0') f.pop_back();
+  Dec d{neg, std::move(i), std::move(f)};
+  if (d.i.empty() && d.f.empty()) d.neg = false;
+  return d;
+}
+
+// -?digits(.digits)?([eE][+-]?digits)? (a JSON number, or Python's repr of a float).
+Dec parse_dec(std::string_view s) {
+  bool neg = false;
+  size_t p = 0;
+  if (p < s.size() && (s[p] == '-' || s[p] == '+')) neg = s[p++] == '-';
+  std::string i, f;
+  while (p < s.size() && json_lex::is_digit(static_cast<uint8_t>(s[p]))) i += s[p++];
+  if (p < s.size() && s[p] == '.') {
+    ++p;
+    while (p < s.size() && json_lex::is_digit(static_cast<uint8_t>(s[p]))) f += s[p++];
+  }
+  int64_t e = 0;
+  if (p < s.size() && (s[p] == 'e' || s[p] == 'E')) e = std::stoll(std::string(s.substr(p + 1)));
+  if (e > 0) {  // move the point right
+    const size_t take = std::min<size_t>(static_cast<size_t>(e), f.size());
+    i += f.substr(0, take);
+    f.erase(0, take);
+    i.append(static_cast<size_t>(e) - take, '0');
+  } else if (e < 0) {  // left
+    const size_t take = std::min<size_t>(static_cast<size_t>(-e), i.size());
+    f = i.substr(i.size() - take) + f;
+    i.resize(i.size() - take);
+    f.insert(0, static_cast<size_t>(-e) - take, '0');
+  }
+  return normalized(neg, std::move(i), std::move(f));
+}
+
+int cmp_magnitude(const Dec& a, const Dec& b) {
+  if (a.i.size() != b.i.size()) return a.i.size() < b.i.size() ? -1 : 1;
+  if (const int c = a.i.compare(b.i)) return c < 0 ? -1 : 1;
+  if (const int c = a.f.compare(b.f)) return c < 0 ? -1 : 1;  // no trailing zeros: plain order works
+  return 0;
+}
+
+int cmp(const Dec& a, const Dec& b) {
+  if (a.neg != b.neg) return a.neg ? -1 : 1;
+  const int m = cmp_magnitude(a, b);
+  return a.neg ? -m : m;
+}
+
+// The integer of `digits` plus one.
+std::string inc_digits(std::string d) {
+  for (size_t k = d.size(); k-- > 0;) {
+    if (d[k] != '9') {
+      ++d[k];
+      return d;
+    }
+    d[k] = '0';
+  }
+  return "1" + d;
+}
+
+// The integer of positive `digits` minus one.
+std::string dec_digits(std::string d) {
+  for (size_t k = d.size(); k-- > 0;) {
+    if (d[k] != '0') {
+      --d[k];
+      return d;
+    }
+    d[k] = '9';
+  }
+  return d;
+}
+
+// An integer decimal plus one.
+Dec plus_one(const Dec& d) {
+  if (!d.neg) return normalized(false, inc_digits(d.i.empty() ? "0" : d.i), "");
+  return normalized(true, dec_digits(d.i), "");
+}
+
+std::string dec_text(const Dec& d) {
+  std::string t = (d.neg ? "-" : "") + (d.i.empty() ? std::string("0") : d.i);
+  if (!d.f.empty()) t += "." + d.f;
+  return t;
+}
+
+// floor and ceil of a decimal, as integer decimals.
+Dec floor_dec(const Dec& d) { return d.f.empty() || !d.neg ? normalized(d.neg, d.i, "") : normalized(true, inc_digits(d.i), ""); }
+Dec ceil_dec(const Dec& d) { return d.f.empty() || d.neg ? normalized(d.neg, d.i, "") : normalized(false, inc_digits(d.i), ""); }
+Dec negated(Dec d) {
+  if (!d.i.empty() || !d.f.empty()) d.neg = !d.neg;
+  return d;
+}
+
+// One end of an interval: a value, or none (infinite), included or not.
+struct End {
+  bool finite = false, inclusive = true;
+  Dec v;
+};
+
+// Some real x with lo <= x <= hi (each end as it says) exists.
+bool overlap(const End& lo, const End& hi) {
+  if (!lo.finite || !hi.finite) return true;
+  const int c = cmp(lo.v, hi.v);
+  return c < 0 || (c == 0 && lo.inclusive && hi.inclusive);
+}
+
+// [a, b) (b none: unbounded) meets the allowed [L, H] (their ends as they say).
+bool meets(const Dec& a, const End& b, const End& L, const End& H) {
+  End lo{true, true, a};
+  if (L.finite) {
+    const int c = cmp(a, L.v);
+    if (c < 0) lo = L;
+    else if (c == 0) lo.inclusive = L.inclusive;
+  }
+  End hi = b;
+  if (H.finite && (!hi.finite || cmp(H.v, hi.v) < 0)) hi = H;
+  else if (H.finite && cmp(H.v, hi.v) == 0) hi.inclusive = hi.inclusive && H.inclusive;
+  return overlap(lo, hi);
+}
+
+}  // namespace
 
 // ------------------------------------------------------------------ compiling
 
@@ -82,7 +217,8 @@ class SchemaCompiler {
     for (const auto& [k, v] : s.as_object()) {
       static const std::set<std::string_view> known = {
           "type",     "properties", "required", "additionalProperties", "items",     "minItems", "maxItems",
-          "enum",     "const",      "anyOf",    "oneOf",                "minLength", "maxLength", "$ref"};
+          "enum",     "const",      "anyOf",    "oneOf",                "minLength", "maxLength", "$ref",
+          "minimum",  "maximum",    "exclusiveMinimum",               "exclusiveMaximum"};
       KVPR_CHECK(known.count(k) || annotation(k), path, ": the keyword '", k, "' is not supported");
     }
     if (const json::Value* ref = s.find("$ref")) {
@@ -171,6 +307,41 @@ class SchemaCompiler {
     return add(std::move(n));
   }
 
+  // minimum / exclusiveMinimum and maximum / exclusiveMaximum (the tighter of a pair); an
+  // integer's become inclusive integer bounds (minimum 1.5: 2; exclusiveMaximum 10: 9).
+  static void number_bounds(const json::Value& s, bool integer, SchemaNode& n, const std::string& path) {
+    auto read = [&](const char* k, bool exclusive, bool lower, SchemaNode::Bound& b) {
+      const json::Value* v = s.find(k);
+      if (!v) return;
+      KVPR_CHECK(v->is_number(), path, ": ", k, " must be a number (draft 4's boolean form is not supported)");
+      KVPR_CHECK(std::isfinite(v->as_double()), path, ": ", k, " must be finite");
+      const std::string text = v->is_int() ? std::to_string(v->as_int()) : v->dump_python();
+      if (b.set) {  // keep the tighter
+        const int c = cmp(parse_dec(text), parse_dec(b.value));
+        if (lower ? c < 0 || (c == 0 && b.exclusive) : c > 0 || (c == 0 && b.exclusive)) return;
+      }
+      b = SchemaNode::Bound{true, exclusive, text};
+    };
+    read("minimum", false, true, n.lo);
+    read("exclusiveMinimum", true, true, n.lo);
+    read("maximum", false, false, n.hi);
+    read("exclusiveMaximum", true, false, n.hi);
+    if (integer) {  // the integers within: inclusive integer bounds
+      if (n.lo.set) {
+        const Dec v = parse_dec(n.lo.value);
+        n.lo = SchemaNode::Bound{true, false, dec_text(n.lo.exclusive ? plus_one(floor_dec(v)) : ceil_dec(v))};
+      }
+      if (n.hi.set) {
+        const Dec v = parse_dec(n.hi.value);
+        n.hi = SchemaNode::Bound{true, false, dec_text(n.hi.exclusive ? negated(plus_one(negated(ceil_dec(v)))) : floor_dec(v))};
+      }
+    }
+    if (n.lo.set && n.hi.set) {
+      const End L{true, !n.lo.exclusive, parse_dec(n.lo.value)}, H{true, !n.hi.exclusive, parse_dec(n.hi.value)};
+      KVPR_CHECK(overlap(L, H), path, ": no ", integer ? "integer" : "number", " lies within its bounds");
+    }
+  }
+
   int typed(const json::Value& s, const std::string& type, const std::string& path) {
     SchemaNode n;
     if (type == "boolean" || type == "null") {
@@ -185,6 +356,7 @@ class SchemaCompiler {
     }
     if (type == "number" || type == "integer") {
       n.kind = type == "number" ? SchemaNode::Kind::Number : SchemaNode::Kind::Integer;
+      number_bounds(s, type == "integer", n, path);
       return add(std::move(n));
     }
     if (type == "array") {
@@ -259,8 +431,80 @@ SchemaRecognizer::SchemaRecognizer(const JsonSchema* schema, int max_whitespace,
   threads_.push_back(std::move(t));
 }
 
+namespace {
+
+// The allowed interval of a bounded node, for values of one sign: negative texts are checked
+// as their magnitudes against the mirrored interval.
+void allowed(const SchemaNode& n, bool neg, End* L, End* H) {
+  End lo, hi;
+  if (n.lo.set) lo = End{true, !n.lo.exclusive, parse_dec(n.lo.value)};
+  if (n.hi.set) hi = End{true, !n.hi.exclusive, parse_dec(n.hi.value)};
+  if (!neg) {
+    *L = lo, *H = hi;
+    return;
+  }
+  *L = hi, *H = lo;
+  if (L->finite) L->v = negated(L->v);
+  if (H->finite) H->v = negated(H->v);
+}
+
+}  // namespace
+
+bool SchemaRecognizer::number_in_bounds(const Thread& t) const {
+  const SchemaNode& n = schema_->node(t.node);
+  if (!n.bounded()) return true;
+  const Dec v = parse_dec(t.key);
+  if (n.lo.set) {
+    const int c = cmp(v, parse_dec(n.lo.value));
+    if (c < 0 || (c == 0 && n.lo.exclusive)) return false;
+  }
+  if (n.hi.set) {
+    const int c = cmp(v, parse_dec(n.hi.value));
+    if (c > 0 || (c == 0 && n.hi.exclusive)) return false;
+  }
+  return true;
+}
+
+// The values a prefix of -?(0|[1-9][0-9]*)(\.[0-9]*)? can still become, by magnitude m:
+//   "" (or "-")     every m >= 0
+//   "0"             m in [0, 1) (an integer: m = 0)
+//   D (no point)    m in [D*10^k, (D+1)*10^k) for some k >= 0 (an integer: up to (D+1)*10^k - 1)
+//   I.F             m in [I.F, I.F + 10^-|F|)
+bool SchemaRecognizer::number_viable(const Thread& t) const {
+  const SchemaNode& n = schema_->node(t.node);
+  if (!n.bounded()) return true;
+  const bool integer = n.kind == SchemaNode::Kind::Integer;
+  const std::string_view text = t.key;
+  const bool neg = !text.empty() && text[0] == '-';
+  const std::string_view body = text.substr(neg ? 1 : 0);
+  const size_t dot = body.find('.');
+  const std::string I(body.substr(0, dot)), F(dot == std::string_view::npos ? "" : body.substr(dot + 1));
+  End L, H;
+  allowed(n, neg, &L, &H);
+  const Dec zero;
+  if (I.empty()) return meets(zero, End{}, L, H);
+  auto span = [&](const Dec& a, const Dec& b_excl) {  // [a, b): for an integer, [a, b - 1]
+    End b{true, !integer ? false : true, integer ? negated(plus_one(negated(b_excl))) : b_excl};
+    return meets(a, b, L, H);
+  };
+  if (dot != std::string_view::npos) {
+    const std::string digits = I + F;  // I.F + one unit of its last place
+    const std::string up = inc_digits(digits);
+    const size_t int_len = up.size() - F.size();
+    return span(normalized(false, I, F), normalized(false, up.substr(0, int_len), up.substr(int_len)));
+  }
+  if (I == "0") return span(zero, normalized(false, "1", ""));
+  const std::string next = inc_digits(I);
+  for (size_t k = 0;; ++k) {
+    const Dec a = normalized(false, I + std::string(k, '0'), "");
+    if (H.finite && cmp(a, H.v) > 0) return false;  // every later interval lies beyond
+    if (!H.finite) return true;                      // unbounded above: some interval lies within
+    if (span(a, normalized(false, next + std::string(k, '0'), ""))) return true;
+  }
+}
+
 bool SchemaRecognizer::scalar_may_end(const Thread& t) const {
-  if (t.mode == Mode::Number) return number_may_end(t.sub);
+  if (t.mode == Mode::Number) return number_may_end(t.sub) && number_in_bounds(t);
   if (t.mode == Mode::Literal) {
     const SchemaNode& n = schema_->node(t.node);
     const auto& lits = n.kind == SchemaNode::Kind::Any ? kAnyLiterals : n.literals;
@@ -341,7 +585,9 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
   if ((c == '-' || is_digit(c)) && (any || n.kind == K::Number || n.kind == K::Integer)) {
     t.mode = Mode::Number;
     t.sub = number_start(c);
-    return true;
+    if (!n.bounded()) return true;
+    t.key.assign(1, static_cast<char>(c));
+    return number_viable(t);
   }
   if (any || n.kind == K::Literals) {
     const auto& lits = any ? kAnyLiterals : n.literals;
@@ -405,9 +651,15 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
       return true;
     }
     case Mode::Number: {
-      const int r = number_byte(t.sub, c, schema_->node(t.node).kind == K::Integer);
+      const SchemaNode& n = schema_->node(t.node);
+      if (n.bounded() && (c == 'e' || c == 'E')) return false;  // bounded: no exponent
+      const int r = number_byte(t.sub, c, n.kind == K::Integer);
+      if (r == 1 && n.bounded()) {
+        t.key.push_back(static_cast<char>(c));
+        return number_viable(t);
+      }
       if (r != 2) return r == 1;
-      if (!end_value(t)) return false;
+      if (!number_in_bounds(t) || !end_value(t)) return false;
       return step(t, c, spawned);
     }
     case Mode::Literal: {

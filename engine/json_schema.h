@@ -5,7 +5,9 @@
 //
 // The subset: type (one or a list), properties, required, additionalProperties (false, true or a
 // schema), items, minItems, maxItems, enum, const, anyOf (and oneOf, as anyOf: the text is valid
-// against one of them), minLength, maxLength, $ref to "#", "#/$defs/..." or "#/definitions/..."
+// against one of them), minLength, maxLength, minimum, maximum, exclusiveMinimum,
+// exclusiveMaximum (compared exactly: the text's decimal value against the bound as Python's
+// repr writes it; a bounded number is written without an exponent), $ref to "#", "#/$defs/..." or "#/definitions/..."
 // (recursion included), and boolean schemas; annotations (title, description, default, examples,
 // $schema, $id, $comment, deprecated, readOnly, writeOnly) are ignored. Any other keyword is
 // refused by name (kvpr::Error) rather than ignored, so that a schema is never silently loosened.
@@ -36,6 +38,13 @@ struct SchemaNode {
   int64_t min_items = 0, max_items = -1;
   // String
   int64_t min_length = 0, max_length = -1;
+  // Number, Integer: bounds as decimal texts ("-12.5"); an Integer's are made inclusive integers.
+  struct Bound {
+    bool set = false, exclusive = false;
+    std::string value;
+  };
+  Bound lo, hi;
+  bool bounded() const { return lo.set || hi.set; }
   // Literals (enum, const, boolean, null): their texts as compact json.dumps
   std::vector<std::string> literals;
   // AnyOf
@@ -88,6 +97,10 @@ class SchemaRecognizer {
   bool start_value(Thread& t, uint8_t c, std::vector<Thread>& spawned) const;
   bool end_value(Thread& t) const;
   bool scalar_may_end(const Thread& t) const;
+  // Bounded numbers (t.key holds the text so far): some continuation lies within the bounds;
+  // the text's value does.
+  bool number_viable(const Thread& t) const;
+  bool number_in_bounds(const Thread& t) const;
   bool close(Thread& t, bool object) const;
   bool object_may_close(const Thread& t) const;
   bool object_may_continue(const Thread& t) const;

@@ -861,6 +861,14 @@ def json_mode():
         st, body = d.post("/v1/chat/completions", dict(req, response_format=rf))
         check("json_schema admitting the model's JSON", st == 200 and
               body["choices"][0]["message"]["content"] == '{"a":1}', body)
+        # Numeric bounds (Pydantic's ge/le): the model's 1 is below them; what it writes is within.
+        rf["json_schema"]["schema"] = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 5,
+                                                                              "maximum": 7}},
+                                       "required": ["a"], "additionalProperties": False}
+        st, body = d.post("/v1/chat/completions", dict(req, response_format=rf, max_tokens=40))
+        content = body["choices"][0]["message"]["content"] if st == 200 else ""
+        check("json_schema with minimum/maximum: a value within them", st == 200 and
+              body["choices"][0]["finish_reason"] == "stop" and json.loads(content)["a"] in (5, 6, 7), body)
         schema = {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"],
                   "additionalProperties": False}
         rf["json_schema"]["schema"] = schema
@@ -916,7 +924,7 @@ def json_mode():
                             ("required without tools", {"tools": [], "tool_choice": "required"}),
                             ("tool parameters the server cannot enforce", {"tool_choice": "required", "tools": [
                                 {"type": "function", "function": {"name": "f", "parameters": {
-                                    "type": "object", "properties": {"x": {"type": "number", "minimum": 0}}}}}]})):
+                                    "type": "object", "properties": {"x": {"type": "string", "pattern": "^a"}}}}}]})):
             st, body = d.post("/v1/chat/completions", dict(req, **dict({"tools": tools}, **extra)))
             check(f"{what}: 400", st == 400, body)
         r = openai_client(d.port, "qwen", "json")

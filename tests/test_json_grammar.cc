@@ -123,9 +123,10 @@ TEST(JsonGrammar, TokenMasksAreTheContinuations) {
   EXPECT_THROW(c.advance(1), Error);  // "}" cannot open the object
 }
 
-// 12 schemas (Pydantic's of nested, optional, literal, length-limited and recursive models, as
-// written and made strict; hand-written anyOf of objects sharing a key prefix, type lists, mixed
-// enums, item bounds, open objects) with 120 documents each, generated and mutated, classified
+// 15 schemas (Pydantic's of nested, optional, literal, length-limited, numerically bounded and
+// recursive models, as written and made strict; hand-written anyOf of objects sharing a key
+// prefix, type lists, mixed enums, item bounds, open objects, an anyOf of a bounded number and a
+// bounded integer, fractional bounds) with 120 documents each, generated and mutated, classified
 // by the jsonschema package (tests/scripts/make_json_schema_fixtures.py).
 TEST(JsonSchema, ReadsWhatJsonschemaValidates) {
   const json::Value fixture = json::parse_file(test::data_path("json-grammar") + "/schema_cases.json");
@@ -146,8 +147,62 @@ TEST(JsonSchema, ReadsWhatJsonschemaValidates) {
       ++n;
     }
   }
-  EXPECT_GE(n, 1400u);
-  EXPECT_GE(valid, 600u);
+  EXPECT_GE(n, 1800u);
+  EXPECT_GE(valid, 800u);
+}
+
+// Numeric bounds decide each digit: a prefix is taken while some continuation lies within the
+// bounds, and the number may end only inside them (exact decimals: 0.1 is 0.1).
+TEST(JsonSchema, NumericBoundsDecideEachDigit) {
+  auto takes = [](const char* schema, const std::string& text) {
+    const JsonSchema s = JsonSchema::compile(json::parse(schema));
+    SchemaRecognizer r(&s);
+    return r.feed(text);
+  };
+  auto whole = [](const char* schema, const std::string& text) {
+    const JsonSchema s = JsonSchema::compile(json::parse(schema));
+    SchemaRecognizer r(&s);
+    return r.feed(text) && r.complete();
+  };
+  const char* teen = R"({"type": "integer", "minimum": 10, "maximum": 20})";
+  EXPECT_TRUE(takes(teen, "1"));    // 10..19
+  EXPECT_TRUE(takes(teen, "2"));    // 20
+  EXPECT_FALSE(takes(teen, "3"));   // 3, 30..39, 300..: none within
+  EXPECT_FALSE(takes(teen, "0"));
+  EXPECT_FALSE(takes(teen, "-"));
+  EXPECT_FALSE(takes(teen, "21"));
+  EXPECT_FALSE(whole(teen, "1"));   // 1 itself is below
+  EXPECT_TRUE(whole(teen, "15"));
+  EXPECT_TRUE(whole(teen, "20"));
+  EXPECT_FALSE(takes(teen, "1.5"));  // an integer
+  const char* open01 = R"({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1})";
+  EXPECT_TRUE(takes(open01, "0"));   // 0.5 may follow
+  EXPECT_FALSE(whole(open01, "0"));  // but 0 is excluded
+  EXPECT_FALSE(whole(open01, "0.0"));
+  EXPECT_TRUE(takes(open01, "0.0"));  // 0.01
+  EXPECT_TRUE(whole(open01, "0.999"));
+  EXPECT_FALSE(takes(open01, "1"));
+  EXPECT_FALSE(takes(open01, "-"));
+  EXPECT_FALSE(takes(open01, "0.5e"));  // bounded: no exponent
+  const char* tenth = R"({"type": "number", "minimum": 0.1, "maximum": 0.3})";
+  EXPECT_TRUE(whole(tenth, "0.1"));  // the bound as written, not its binary double
+  EXPECT_TRUE(whole(tenth, "0.3"));
+  EXPECT_FALSE(whole(tenth, "0.30001"));
+  EXPECT_FALSE(takes(tenth, "0.4"));
+  EXPECT_TRUE(takes(tenth, "0.29"));
+  const char* neg = R"({"type": "integer", "exclusiveMaximum": -2.5, "minimum": -1000})";
+  EXPECT_TRUE(whole(neg, "-3"));
+  EXPECT_FALSE(whole(neg, "-2"));
+  EXPECT_TRUE(takes(neg, "-1"));      // -10.. -19, -100.. -199, -1000
+  EXPECT_TRUE(whole(neg, "-1000"));
+  EXPECT_FALSE(takes(neg, "-1001"));
+  EXPECT_FALSE(takes(neg, "-0"));
+  EXPECT_FALSE(takes(neg, "5"));
+  const char* big = R"({"type": "integer", "minimum": 100000})";
+  EXPECT_TRUE(takes(big, "9"));    // 900000 and more
+  EXPECT_FALSE(whole(big, "99999"));
+  EXPECT_TRUE(whole(big, "99999999999999999999999"));  // no upper bound, no size limit
+  EXPECT_FALSE(takes(big, "-"));
 }
 
 TEST(JsonSchema, RefusesWhatItCannotEnforce) {
@@ -160,8 +215,11 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
     }
   };
   refused(R"({"type": "string", "pattern": "^a"})", "$: the keyword 'pattern' is not supported");
-  refused(R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}})",
-          "$.properties.n: the keyword 'minimum' is not supported");
+  refused(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5}}})",
+          "$.properties.n: the keyword 'multipleOf' is not supported");
+  refused(R"({"type": "integer", "minimum": 1.2, "maximum": 1.8})", "no integer lies within its bounds");
+  refused(R"({"type": "number", "exclusiveMinimum": 1, "maximum": 1})", "no number lies within its bounds");
+  refused(R"({"type": "number", "minimum": 0, "exclusiveMinimum": true})", "draft 4's boolean form");
   refused(R"({"$ref": "#/$defs/Missing"})", "names no definition");
   refused(R"({"$ref": "http://example.com/s.json"})", "is not supported");
   refused(R"({"type": "object", "required": ["x"]})", "'x', which is not in properties");
