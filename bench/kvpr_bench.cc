@@ -930,6 +930,9 @@ int cmd_json(const std::vector<std::string>& args) {
                    "age": {"type": "integer"}, "email": {"anyOf": [{"type": "string"}, {"type": "null"}]},
                    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
                    "role": {"enum": ["admin", "user", "guest"]}}})")));
+  auto pattern_schema = [](const char* s) { return std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse(s))); };
+  auto when = pattern_schema(R"({"type": "string", "format": "date-time"})");
+  auto words = pattern_schema(R"({"type": "string", "pattern": "^[a-z ]+$"})");
   struct Case {
     const char* name;
     std::shared_ptr<const JsonSchema> schema;  // null: json_object
@@ -943,6 +946,8 @@ int cmd_json(const std::vector<std::string>& args) {
       {"schema: a closed object's key", person, "{\"name\": \"Ann\", \""},
       {"schema: inside a bounded string", person, "{\"name\": \"Ann Lee"},
       {"schema: inside an anyOf string", person, "{\"name\": \"A\", \"age\": 3, \"email\": \"a@b"},
+      {"schema: inside a date-time", when, "\"2024-07-0"},
+      {"schema: inside a pattern's free text", words, "\"hello wor"},
   };
   std::vector<std::vector<int32_t>> prefix_ids;
   json::Array rows;

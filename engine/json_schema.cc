@@ -218,7 +218,7 @@ class SchemaCompiler {
       static const std::set<std::string_view> known = {
           "type",     "properties", "required", "additionalProperties", "items",     "minItems", "maxItems",
           "enum",     "const",      "anyOf",    "oneOf",                "minLength", "maxLength", "$ref",
-          "minimum",  "maximum",    "exclusiveMinimum",               "exclusiveMaximum"};
+          "minimum",  "maximum",    "exclusiveMinimum",               "exclusiveMaximum", "pattern", "format"};
       KVPR_CHECK(known.count(k) || annotation(k), path, ": the keyword '", k, "' is not supported");
     }
     if (const json::Value* ref = s.find("$ref")) {
@@ -352,6 +352,19 @@ class SchemaCompiler {
     if (type == "string") {
       n.kind = SchemaNode::Kind::String;
       std::tie(n.min_length, n.max_length) = bounds(s, "minLength", "maxLength", path);
+      if (const json::Value* p = s.find("pattern")) {
+        KVPR_CHECK(p->is_string(), path, ": pattern must be a string");
+        try {
+          n.regexes.push_back(std::make_shared<const Regex>(p->as_string()));
+        } catch (const Error& e) {
+          KVPR_THROW(path, ": ", e.what());
+        }
+      }
+      if (const json::Value* f = s.find("format")) {
+        KVPR_CHECK(f->is_string(), path, ": format must be a string");
+        const std::string rx = format_pattern(f->as_string());
+        if (!rx.empty()) n.regexes.push_back(std::make_shared<const Regex>(rx));
+      }
       return add(std::move(n));
     }
     if (type == "number" || type == "integer") {
@@ -503,6 +516,46 @@ bool SchemaRecognizer::number_viable(const Thread& t) const {
   }
 }
 
+// A byte of a string under regexes, string_byte having taken it (r: its result; sub0, aux0: the
+// states before it): each completed code point moves every regex, none of which may die, and the
+// closing quote needs all of them to accept. \u escapes are not written here.
+bool SchemaRecognizer::string_regex_byte(Thread& t, const SchemaNode& n, uint8_t c, uint8_t sub0, uint8_t aux0,
+                                         int r) const {
+  auto feed_cp = [&](uint32_t cp) {
+    for (size_t k = 0; k < n.regexes.size(); ++k) {
+      t.rx[k] = n.regexes[k]->step(t.rx[k], cp);
+      if (t.rx[k] < 0) return false;
+    }
+    return true;
+  };
+  if (r == 2) {
+    for (size_t k = 0; k < n.regexes.size(); ++k)
+      if (!n.regexes[k]->accepts(t.rx[k])) return false;
+    return true;
+  }
+  if (aux0 > 0) {  // a continuation byte
+    t.cp = (t.cp << 6) | (c & 0x3Fu);
+    return t.aux > 0 || feed_cp(t.cp);
+  }
+  if (sub0 == 1) {  // the character after a backslash
+    switch (c) {
+      case '"': return feed_cp('"');
+      case '\\': return feed_cp('\\');
+      case '/': return feed_cp('/');
+      case 'b': return feed_cp('\b');
+      case 'f': return feed_cp('\f');
+      case 'n': return feed_cp('\n');
+      case 'r': return feed_cp('\r');
+      case 't': return feed_cp('\t');
+      default: return false;  // \u: not written under a pattern
+    }
+  }
+  if (c == '\\') return true;
+  if (c < 0x80) return feed_cp(c);
+  t.cp = c & (t.aux == 1 ? 0x1Fu : t.aux == 2 ? 0x0Fu : 0x07u);  // a lead byte
+  return true;
+}
+
 bool SchemaRecognizer::scalar_may_end(const Thread& t) const {
   if (t.mode == Mode::Number) return number_may_end(t.sub) && number_in_bounds(t);
   if (t.mode == Mode::Literal) {
@@ -580,6 +633,8 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
     t.mode = Mode::String;
     t.sub = t.aux = 0;
     t.length = 0;
+    t.cp = 0;
+    for (size_t k = 0; k < n.regexes.size() && k < 2; ++k) t.rx[k] = n.regexes[k]->start();
     return true;
   }
   if ((c == '-' || is_digit(c)) && (any || n.kind == K::Number || n.kind == K::Integer)) {
@@ -606,9 +661,11 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
   switch (t.mode) {
     case Mode::String: {
       int64_t chars = t.length;
+      const uint8_t sub0 = t.sub, aux0 = t.aux;
       const int r = string_byte(t.sub, t.aux, chars, c);
       if (r == 0) return false;
       const SchemaNode& n = schema_->node(t.node);
+      if (n.kind == K::String && !n.regexes.empty() && !string_regex_byte(t, n, c, sub0, aux0, r)) return false;
       if (r == 2) {
         if (n.kind == K::String && chars < n.min_length) return false;
         return end_value(t);
@@ -751,6 +808,7 @@ int64_t SchemaRecognizer::plain_string_room() const {
   const Thread& t = threads_[0];
   if (t.mode != Mode::String || t.sub != 0 || t.aux != 0) return -1;
   const SchemaNode& n = schema_->node(t.node);
+  if (!n.regexes.empty()) return -1;  // every character goes through the regexes
   if (n.kind == SchemaNode::Kind::String && n.max_length >= 0) return n.max_length - t.length;
   return INT64_MAX;
 }
@@ -770,6 +828,8 @@ std::string SchemaRecognizer::thread_key(const Thread& t) {
   put(&t.aux, 1);
   put(&t.ws, 1);
   put(&t.length, sizeof t.length);
+  put(&t.rx, sizeof t.rx);
+  put(&t.cp, sizeof t.cp);
   put(&t.key_node, sizeof t.key_node);
   const uint32_t kl = static_cast<uint32_t>(t.key.size());
   put(&kl, sizeof kl);

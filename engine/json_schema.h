@@ -7,7 +7,10 @@
 // schema), items, minItems, maxItems, enum, const, anyOf (and oneOf, as anyOf: the text is valid
 // against one of them), minLength, maxLength, minimum, maximum, exclusiveMinimum,
 // exclusiveMaximum (compared exactly: the text's decimal value against the bound as Python's
-// repr writes it; a bounded number is written without an exponent), $ref to "#", "#/$defs/..." or "#/definitions/..."
+// repr writes it; a bounded number is written without an exponent), pattern (regex.h's subset)
+// and format (date-time, date, time, uuid, email, ipv4 as regex.h's format_pattern; other formats
+// are annotations, as JSON Schema 2020-12 makes every format by default; a string under a pattern
+// or format is written without \u escapes), $ref to "#", "#/$defs/..." or "#/definitions/..."
 // (recursion included), and boolean schemas; annotations (title, description, default, examples,
 // $schema, $id, $comment, deprecated, readOnly, writeOnly) are ignored. Any other keyword is
 // refused by name (kvpr::Error) rather than ignored, so that a schema is never silently loosened.
@@ -17,11 +20,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "engine/json.h"
+#include "engine/regex.h"
 
 namespace kvpr {
 
@@ -38,6 +43,8 @@ struct SchemaNode {
   int64_t min_items = 0, max_items = -1;
   // String
   int64_t min_length = 0, max_length = -1;
+  // pattern and format (at most one of each), every one of which the string's value must match
+  std::vector<std::shared_ptr<const Regex>> regexes;
   // Number, Integer: bounds as decimal texts ("-12.5"); an Integer's are made inclusive integers.
   struct Bound {
     bool set = false, exclusive = false;
@@ -90,6 +97,8 @@ class SchemaRecognizer {
     uint8_t aux = 0;      // string: UTF-8 continuation bytes due
     uint8_t ws = 0;
     int64_t length = 0;   // string: characters so far
+    int rx[2] = {0, 0};   // string with regexes: their states
+    uint32_t cp = 0;      // string with regexes: the code point being read
     std::string key;      // Key: bytes so far; Literal: bytes so far
     int key_node = -1;    // Colon: the node of the value after it
   };
@@ -101,6 +110,7 @@ class SchemaRecognizer {
   // the text's value does.
   bool number_viable(const Thread& t) const;
   bool number_in_bounds(const Thread& t) const;
+  bool string_regex_byte(Thread& t, const SchemaNode& n, uint8_t c, uint8_t sub0, uint8_t aux0, int r) const;
   bool close(Thread& t, bool object) const;
   bool object_may_close(const Thread& t) const;
   bool object_may_continue(const Thread& t) const;

@@ -34,10 +34,12 @@ if [ "$backend" = cpu ]; then
   python3 - "$tmp/j.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-assert r['vocab'] == 50257 and len(r['cases']) == 7, r
+assert r['vocab'] == 50257 and len(r['cases']) == 9, r
 c = {x['state']: x for x in r['cases']}
 assert c['json_object: first token']['allowed'] > 0 and c['json_object: inside a string']['allowed'] > 40000, c
 assert c["schema: a closed object's key"]['allowed'] < 100, c  # only the properties' starts
+assert 0 < c['schema: inside a date-time']['allowed'] < 1000, c  # tokens that go on with the day's digit
+assert c["schema: inside a pattern's free text"]['allowed'] > 1000, c  # lowercase words
 PY
 fi
 # kvpr-bench serve: prefix caching and chunked prefill on and off give the same tokens, and the

@@ -877,7 +877,8 @@ def json_mode():
         check("json_schema against the model's preference: the schema's JSON",
               st == 200 and body["choices"][0]["finish_reason"] == "stop" and isinstance(json.loads(content)["b"], bool)
               and list(json.loads(content)) == ["b"], body)
-        for bad, part in (({"type": "string", "pattern": "a+"}, "'pattern' is not supported"),
+        for bad, part in (({"type": "string", "pattern": "(a+"}, "pattern '(a+': an unclosed '('"),
+                          ({"type": "integer", "multipleOf": 3}, "'multipleOf' is not supported"),
                           ({"$ref": "#/$defs/X"}, "names no definition")):
             rf["json_schema"]["schema"] = bad
             st, body = d.post("/v1/chat/completions", dict(req, response_format=rf))
@@ -924,7 +925,7 @@ def json_mode():
                             ("required without tools", {"tools": [], "tool_choice": "required"}),
                             ("tool parameters the server cannot enforce", {"tool_choice": "required", "tools": [
                                 {"type": "function", "function": {"name": "f", "parameters": {
-                                    "type": "object", "properties": {"x": {"type": "string", "pattern": "^a"}}}}}]})):
+                                    "type": "object", "properties": {"x": {"type": "integer", "multipleOf": 2}}}}}]})):
             st, body = d.post("/v1/chat/completions", dict(req, **dict({"tools": tools}, **extra)))
             check(f"{what}: 400", st == 400, body)
         r = openai_client(d.port, "qwen", "json")

@@ -10,6 +10,7 @@
 #include "engine/json.h"
 #include "engine/json_grammar.h"
 #include "engine/json_schema.h"
+#include "engine/regex.h"
 #include "test_util.h"
 
 using namespace kvpr;
@@ -123,11 +124,13 @@ TEST(JsonGrammar, TokenMasksAreTheContinuations) {
   EXPECT_THROW(c.advance(1), Error);  // "}" cannot open the object
 }
 
-// 15 schemas (Pydantic's of nested, optional, literal, length-limited, numerically bounded and
-// recursive models, as written and made strict; hand-written anyOf of objects sharing a key
-// prefix, type lists, mixed enums, item bounds, open objects, an anyOf of a bounded number and a
-// bounded integer, fractional bounds) with 120 documents each, generated and mutated, classified
-// by the jsonschema package (tests/scripts/make_json_schema_fixtures.py).
+// 17 schemas (Pydantic's of nested, optional, literal, length-limited, numerically bounded,
+// date-time/date/uuid and pattern-constrained, and recursive models, as written and made strict;
+// hand-written anyOf of objects sharing a key prefix, type lists, mixed enums, item bounds, open
+// objects, an anyOf of a bounded number and a bounded integer, fractional bounds, an anyOf of
+// ipv4, time and pattern strings) with 120 documents each, generated and mutated, classified by
+// the jsonschema package with ECMAScript's pattern matching and the formats' regexes
+// (tests/scripts/make_json_schema_fixtures.py).
 TEST(JsonSchema, ReadsWhatJsonschemaValidates) {
   const json::Value fixture = json::parse_file(test::data_path("json-grammar") + "/schema_cases.json");
   size_t n = 0, valid = 0;
@@ -151,19 +154,25 @@ TEST(JsonSchema, ReadsWhatJsonschemaValidates) {
   EXPECT_GE(valid, 800u);
 }
 
+namespace {
+
+// Whether the schema's recognizer takes `text` (as a prefix), and whether it is a whole value.
+bool takes(const char* schema, const std::string& text) {
+  const JsonSchema s = JsonSchema::compile(json::parse(schema));
+  SchemaRecognizer r(&s);
+  return r.feed(text);
+}
+bool whole(const char* schema, const std::string& text) {
+  const JsonSchema s = JsonSchema::compile(json::parse(schema));
+  SchemaRecognizer r(&s);
+  return r.feed(text) && r.complete();
+}
+
+}  // namespace
+
 // Numeric bounds decide each digit: a prefix is taken while some continuation lies within the
 // bounds, and the number may end only inside them (exact decimals: 0.1 is 0.1).
 TEST(JsonSchema, NumericBoundsDecideEachDigit) {
-  auto takes = [](const char* schema, const std::string& text) {
-    const JsonSchema s = JsonSchema::compile(json::parse(schema));
-    SchemaRecognizer r(&s);
-    return r.feed(text);
-  };
-  auto whole = [](const char* schema, const std::string& text) {
-    const JsonSchema s = JsonSchema::compile(json::parse(schema));
-    SchemaRecognizer r(&s);
-    return r.feed(text) && r.complete();
-  };
   const char* teen = R"({"type": "integer", "minimum": 10, "maximum": 20})";
   EXPECT_TRUE(takes(teen, "1"));    // 10..19
   EXPECT_TRUE(takes(teen, "2"));    // 20
@@ -214,7 +223,7 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
     }
   };
-  refused(R"({"type": "string", "pattern": "^a"})", "$: the keyword 'pattern' is not supported");
+  refused(R"({"type": "object", "patternProperties": {"^a": {}}})", "$: the keyword 'patternProperties' is not supported");
   refused(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5}}})",
           "$.properties.n: the keyword 'multipleOf' is not supported");
   refused(R"({"type": "integer", "minimum": 1.2, "maximum": 1.8})", "no integer lies within its bounds");
@@ -275,4 +284,102 @@ TEST(JsonSchema, TokenMasksFollowTheSchema) {
     }
   }
   EXPECT_GE(completed, 10);
+}
+
+namespace {
+
+std::u32string utf32(const std::string& s) {
+  std::u32string out;
+  for (size_t i = 0; i < s.size();) {
+    const uint8_t c = static_cast<uint8_t>(s[i]);
+    const int n = c < 0x80 ? 0 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
+    uint32_t cp = n == 0 ? c : c & (0x3F >> n);
+    for (int k = 1; k <= n; ++k) cp = (cp << 6) | (static_cast<uint8_t>(s[i + static_cast<size_t>(k)]) & 0x3F);
+    out.push_back(cp);
+    i += static_cast<size_t>(n) + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+// Patterns of the ECMAScript subset and the formats' regexes against Python's `re` on 1717
+// strings (tests/scripts/make_regex_fixtures.py), and the formats' regexes as the fixture
+// specifies them.
+TEST(Regex, MatchesWhatPythonsReMatches) {
+  const json::Value fixture = json::parse(test::read_file(test::data_path("regex/cases.json")));
+  size_t n = 0, matched = 0;
+  for (const auto& p : fixture.as_array()) {
+    if (const json::Value* formats = p.find("formats")) {
+      for (const auto& [name, rx] : formats->as_object()) EXPECT_EQ(format_pattern(name), rx.as_string()) << name;
+      EXPECT_EQ(format_pattern("uri"), "");
+      continue;
+    }
+    const Regex rx(p.find("pattern")->as_string());
+    for (const auto& c : p.find("cases")->as_array()) {
+      const std::string text = c.find("text")->as_string();
+      const bool want = c.find("match")->as_bool();
+      EXPECT_EQ(rx.matches(utf32(text)), want) << rx.pattern() << " on '" << text << "'";
+      matched += want;
+      ++n;
+    }
+  }
+  EXPECT_GE(n, 1700u);
+  EXPECT_GE(matched, 150u);
+}
+
+TEST(Regex, RefusesWhatItDoesNotSupport) {
+  auto refused = [](const char* pattern, const char* part) {
+    try {
+      Regex r(pattern);
+      ADD_FAILURE() << "accepted: " << pattern;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  refused("(a)\\1", "backreferences");
+  refused("a(?=b)", "lookahead");
+  refused("\\bword", "word boundaries");
+  refused("a^b", "only at the start and the end");
+  refused("^a|b$", "top-level |");
+  refused("(ab", "unclosed '('");
+  refused("ab)", "unmatched ')'");
+  refused("[abc", "unclosed '['");
+  refused("a{3,2}", "m below n");
+  refused("a{5000}", "above 1000");
+  refused("*a", "nothing before it");
+  refused("\\p{L}", "Unicode property");
+  refused("[z-a]", "out of order");
+}
+
+// pattern and format in a schema: each character of the string goes through the regexes, the
+// closing quote only where all of them accept; other formats are annotations.
+TEST(JsonSchema, PatternAndFormatDecideEachCharacter) {
+  const char* date = R"({"type": "string", "format": "date"})";
+  EXPECT_TRUE(whole(date, "\"2024-02-29\""));
+  EXPECT_TRUE(takes(date, "\"2024-1"));
+  EXPECT_FALSE(takes(date, "\"2024-13"));
+  EXPECT_FALSE(takes(date, "\"2024-02-29\"x"));
+  EXPECT_FALSE(whole(date, "\"2024-02\""));  // the closing quote needs a whole date
+  EXPECT_FALSE(takes(date, "\"2024-02-29 "));
+  const char* code = R"({"type": "string", "pattern": "^[A-Z]{2}-[0-9]+$", "maxLength": 5})";
+  EXPECT_TRUE(whole(code, "\"AB-12\""));
+  EXPECT_FALSE(takes(code, "\"AB-123"));  // maxLength too
+  EXPECT_FALSE(takes(code, "\"ab"));
+  EXPECT_FALSE(takes(code, "\"A\\u0042"));  // no \u escapes under a pattern
+  const char* quote = R"({"type": "string", "pattern": "^\"[a-z]+\"$"})";
+  EXPECT_TRUE(whole(quote, "\"\\\"hi\\\"\""));  // escapes are the characters they stand for
+  const char* search = R"({"type": "string", "pattern": "é+"})";
+  EXPECT_TRUE(whole(search, "\"caf\xc3\xa9!\""));  // unanchored: anywhere in the text
+  EXPECT_FALSE(whole(search, "\"cafe\""));
+  EXPECT_TRUE(whole(R"({"type": "string", "format": "uri"})", "\"not a uri\""));  // an annotation
+  const char* both = R"({"type": "string", "format": "email", "pattern": "\\.org$"})";
+  EXPECT_TRUE(whole(both, "\"a@b.org\""));
+  EXPECT_FALSE(whole(both, "\"a@b.com\""));
+  try {
+    JsonSchema::compile(json::parse(R"({"properties": {"s": {"type": "string", "pattern": "(a"}}})"));
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("$.properties.s: pattern '(a': an unclosed '('"), std::string::npos) << e.what();
+  }
 }

@@ -10,16 +10,21 @@ once, and the text is UTF-8 JSON without NaN/Infinity. Bytes are stored as hex. 
   python3 tests/scripts/make_json_schema_fixtures.py
 """
 import copy
+import datetime
 import json
 import math
 import os
 import random
+import sys
+import uuid
 from typing import List, Literal, Optional
 
 import jsonschema
 from pydantic import BaseModel, Field
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "json-grammar")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_regex_fixtures import FORMATS, python_match  # noqa: E402  (the formats' regexes, ECMAScript matching)
 
 
 class Address(BaseModel):
@@ -47,6 +52,15 @@ class Reading(BaseModel):
     count: int = Field(gt=-3, lt=1000)
     big: int = Field(ge=100000)
     below: int = Field(le=-7)
+
+
+class Event(BaseModel):
+    when: datetime.datetime
+    day: datetime.date
+    id: uuid.UUID
+    contact: str = Field(pattern=r"^[a-z]+@[a-z]+\.(com|org)$")
+    code: str = Field(pattern=r"^[A-Z]{2}-\d{3}$", max_length=6)
+    note: Optional[str] = Field(default=None, pattern="ok")
 
 
 class Tree(BaseModel):
@@ -106,6 +120,23 @@ SCHEMAS = [
 # Schemas whose every number is bounded: kvpr writes those without an exponent (a style rule
 # the validity below adds).
 NO_EXPONENT = {len(SCHEMAS) - 3, len(SCHEMAS) - 2, len(SCHEMAS) - 1}
+SCHEMAS += [
+    Event.model_json_schema(),
+    {"type": "array", "items": {"anyOf": [{"type": "string", "format": "ipv4"}, {"type": "string", "format": "time"},
+                                          {"type": "string", "pattern": "^v[0-9]+$"}]}, "maxItems": 3},
+]
+# Values of strings under a format or pattern, which random text would not match.
+EXAMPLES = {
+    "date-time": ["2024-07-01T12:30:00Z", "1999-12-31t23:59:60.25-08:00"],
+    "date": ["2024-02-29", "1970-01-01"],
+    "time": ["00:00:00Z", "12:34:56.789+05:30"],
+    "uuid": ["123e4567-e89b-12d3-a456-426614174000", "AAAAAAAA-BBBB-CCCC-DDDD-EEEEEEEEEEEE"],
+    "ipv4": ["192.168.0.1", "255.255.255.255", "0.0.0.0"],
+    r"^[a-z]+@[a-z]+\.(com|org)$": ["ada@example.org", "b@c.com"],
+    r"^[A-Z]{2}-\d{3}$": ["AB-123", "ZZ-000"],
+    "ok": ["ok", "this is ok!", "okok"],
+    "^v[0-9]+$": ["v1", "v2024"],
+}
 
 
 def resolve(root, s):
@@ -154,6 +185,8 @@ def gen(root, s, rng, depth=0):
         if depth > 3:
             hi = lo
         return [gen(root, s.get("items", {}), rng, depth + 1) for _ in range(rng.randint(lo, max(lo, hi)))]
+    if t == "string" and ("format" in s or "pattern" in s):
+        return rng.choice(EXAMPLES[s.get("pattern", s.get("format"))])
     if t == "string":
         return rand_text(rng, s.get("minLength", 0), s.get("maxLength", 8))
     lo = s.get("minimum", s.get("exclusiveMinimum"))
@@ -192,8 +225,16 @@ def dumps(rng, v):
 def validator(schema):
     checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda c, x: isinstance(x, int) and not isinstance(x, bool))
-    cls = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker)
-    return cls(schema)
+
+    def pattern(v, rx, instance, schema):  # ECMAScript's matching (ASCII classes, $ at the very end)
+        if isinstance(instance, str) and not python_match(rx, instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {rx!r}")
+    cls = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker,
+                                       validators={"pattern": pattern})
+    formats = jsonschema.FormatChecker(formats=())
+    for name, rx in FORMATS.items():
+        formats.checks(name)(lambda s, rx=rx: not isinstance(s, str) or python_match(rx, s))
+    return cls(schema, format_checker=formats)
 
 
 def valid(v, b, no_exponent=False):

@@ -1,0 +1,72 @@
+// Regular expressions for JSON Schema's `pattern` and `format` in constrained decoding: an
+// ECMAScript subset compiled to an NFA over Unicode code points, recognized one code point at a
+// time so a string can be checked as it is written (a prefix is alive while some continuation
+// may still match). Its determinized states are built as they are reached and shared by every
+// recognizer of the pattern (under a lock: sequences of one request run on several threads).
+//
+// The subset: literals; `.` (any code point but line terminators); classes `[...]`, `[^...]`
+// with ranges; `\d \D \w \W \s \S`, `\t \n \r \f \v \0`, `\xHH`, `\uHHHH`, `\u{H...}` and escaped
+// punctuation; groups `(...)`, `(?:...)`, `(?<name>...)`; `|`; `* + ? {n} {n,} {n,m}` (lazy
+// forms too: recognition is the same); `^` first and `$` last. As JSON Schema says, a pattern is
+// not anchored: without `^` anything may come before a match, without `$` anything after.
+// Backreferences, lookaround, `\b` and anchors elsewhere are refused by name (kvpr::Error).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace kvpr {
+
+class Regex {
+ public:
+  // Throws kvpr::Error ("pattern '...': ...") for what is malformed or not supported.
+  explicit Regex(const std::string& pattern);
+  const std::string& pattern() const { return pattern_; }
+
+  // Recognizer states (determinized): start(), then step() per code point; -1 is dead.
+  int start() const { return start_; }
+  int step(int state, uint32_t cp) const;
+  bool accepts(int state) const;
+  // Whether the whole text matches (JSON Schema's pattern semantics: a search unless anchored).
+  bool matches(const std::u32string& text) const;
+
+ private:
+  struct Range {
+    uint32_t lo, hi;
+  };
+  struct NfaState {
+    std::vector<Range> cls;  // a code point in one of these moves to `next`; empty: epsilon only
+    int next = -1;
+    std::vector<int> eps;    // epsilon moves
+  };
+  struct Frag {
+    int start, end;  // end: a state whose epsilon moves are still to be connected
+  };
+  class Parser;
+  int add_state();
+  std::vector<int> closure(std::vector<int> states) const;
+  int intern(std::vector<int> set) const;
+
+  std::string pattern_;
+  std::vector<NfaState> nfa_;
+  int nfa_start_ = 0, nfa_accept_ = 0;
+  int start_ = 0;
+  // Determinized states: their NFA state sets, acceptance, and transitions found so far.
+  mutable std::mutex mu_;
+  mutable std::map<std::vector<int>, int> ids_;
+  mutable std::vector<std::vector<int>> sets_;
+  mutable std::vector<char> accepting_;
+  mutable std::unordered_map<uint64_t, int> moves_;
+};
+
+// The regex a JSON Schema `format` stands for (RFC 3339 date-time, date, time; uuid; email;
+// ipv4), or "" for a format kvpr does not enforce.
+std::string format_pattern(const std::string& format);
+
+}  // namespace kvpr
