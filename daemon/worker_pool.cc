@@ -346,7 +346,9 @@ bool WorkerPool::submit(uint64_t id, const std::vector<int32_t>& prompt, const j
                         EventSink sink, std::string* why) {
   // The worker with the least outstanding work, unless one that was recently sent a prompt
   // sharing at least half of this one (a conversation's earlier turn, a shared system prompt)
-  // has a free slot: its prefix cache then likely spares most of the prefill.
+  // has a free slot and at most one request more than that worker: its prefix cache then likely
+  // spares most of the prefill, and a flood of prompts sharing one system prompt still spreads
+  // over the workers (a prefill saved is worth less than a batch twice as large).
   Worker* best = nullptr;
   Worker* affine = nullptr;
   size_t affine_len = 0;
@@ -361,7 +363,7 @@ bool WorkerPool::submit(uint64_t id, const std::vector<int32_t>& prompt, const j
       const size_t n = std::min(r.size(), prompt.size() - 1);
       size_t m = 0;
       while (m < n && r[m] == prompt[m]) ++m;
-      if (m > affine_len) {
+      if (m > affine_len || (m == affine_len && affine && w->pending.size() < affine->pending.size())) {
         affine_len = m;
         affine = w.get();
       }
@@ -371,7 +373,7 @@ bool WorkerPool::submit(uint64_t id, const std::vector<int32_t>& prompt, const j
     *why = "no worker is ready";
     return false;
   }
-  if (affine && 2 * affine_len >= prompt.size()) best = affine;
+  if (affine && 2 * affine_len >= prompt.size() && affine->pending.size() <= best->pending.size() + 1) best = affine;
   json::Value m(json::Object{});
   m.set("type", "generate");
   m.set("id", static_cast<int64_t>(id));

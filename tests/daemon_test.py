@@ -977,6 +977,23 @@ def prefix_cache(d):
     hits = after["kvpr_prefix_cache_hits_total"] - before["kvpr_prefix_cache_hits_total"]
     check("prefix cache: hits counted in /metrics", hits >= n - 1 + n and
           after["kvpr_prefix_cache_queries_total"] > before["kvpr_prefix_cache_queries_total"], (before, after))
+    # Several at once sharing that prompt spread over both workers (a prefill saved is worth less
+    # than a batch twice as large), each reusing what its worker holds where it can.
+    results = [None] * 4
+
+    def ask(i):
+        results[i] = completion(d, prompt, 200, ignore_eos=True)
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+        time.sleep(0.05)
+    time.sleep(0.3)
+    st, h = d.get("/health")
+    busy = [w.get("in_flight", 0) for w in h["workers"]]
+    for th in threads:
+        th.join(60)
+    check("prefix cache: a flood sharing a prompt spreads over the workers", len(busy) == 2 and min(busy) >= 1 and
+          all(r and r[0] == 200 for r in results), (busy, h))
     # --prefix-caching off: the same prompt twice is computed twice, to the same text.
     off, _ = single_worker(MODEL, "--prefix-caching", "off")
     try:
