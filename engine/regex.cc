@@ -11,7 +11,9 @@ namespace {
 
 constexpr uint32_t kMaxCp = 0x10FFFF;
 constexpr int kInfinite = -1;
-constexpr size_t kMaxStates = 20000;
+constexpr size_t kMaxStates = 20000;      // NFA states of one pattern
+constexpr size_t kMaxDfaStates = 50000;   // determinized states kept; past them a new one is dead
+constexpr size_t kMaxMoves = 1u << 20;    // memoized transitions (a memo: dropped when full)
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
 
@@ -441,7 +443,15 @@ int Regex::step(int state, uint32_t cp) const {
         break;
       }
   }
-  const int id = next.empty() ? -1 : intern(closure(std::move(next)));
+  int id = -1;
+  if (!next.empty()) {
+    std::vector<int> set = closure(std::move(next));
+    // A pattern whose determinized states explode (a(a|b){30}-like) stops here rather than
+    // taking the host's memory: continuations that need a new state are refused.
+    if (auto it = ids_.find(set); it != ids_.end()) id = it->second;
+    else if (sets_.size() < kMaxDfaStates) id = intern(std::move(set));
+  }
+  if (moves_.size() >= kMaxMoves) moves_.clear();
   moves_.emplace(key, id);
   return id;
 }

@@ -2,7 +2,9 @@
 // ECMAScript subset compiled to an NFA over Unicode code points, recognized one code point at a
 // time so a string can be checked as it is written (a prefix is alive while some continuation
 // may still match). Its determinized states are built as they are reached and shared by every
-// recognizer of the pattern (under a lock: sequences of one request run on several threads).
+// recognizer of the pattern (under a lock: sequences of one request run on several threads); at
+// most 50000 of them, past which a continuation needing a new one is refused, so a pattern
+// whose determinization explodes narrows the text instead of exhausting memory.
 //
 // The subset: literals; `.` (any code point but line terminators); classes `[...]`, `[^...]`
 // with ranges; `\d \D \w \W \s \S`, `\t \n \r \f \v \0`, `\xHH`, `\uHHHH`, `\u{H...}` and escaped

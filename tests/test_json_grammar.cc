@@ -383,3 +383,21 @@ TEST(JsonSchema, PatternAndFormatDecideEachCharacter) {
     EXPECT_NE(std::string(e.what()).find("$.properties.s: pattern '(a': an unclosed '('"), std::string::npos) << e.what();
   }
 }
+
+// A pattern whose determinized states explode (the 16th character from the end must be 'a')
+// keeps its memory bounded: past the cap new states are refused, known ones still work.
+TEST(Regex, DeterminizedStatesAreCapped) {
+  const Regex rx("a[ab]{15}$");
+  std::mt19937 rng(5);
+  std::u32string text;
+  int dead = 0;
+  for (int i = 0; i < 200000 && dead == 0; ++i) {
+    int s = rx.start();
+    for (int k = 0; k < 40 && s >= 0; ++k) s = rx.step(s, (rng() & 1) ? U'a' : U'b');
+    dead += s < 0;
+  }
+  EXPECT_EQ(dead, 1) << "2^16 suffixes need more states than the cap";
+  int s = rx.start();  // states made before the cap still answer
+  for (char32_t c : std::u32string(U"aba")) s = rx.step(s, static_cast<uint32_t>(c));
+  EXPECT_GE(s, 0);
+}
