@@ -533,9 +533,18 @@ bool SchemaRecognizer::string_regex_byte(Thread& t, const SchemaNode& n, uint8_t
       if (!n.regexes[k]->accepts(t.rx[k])) return false;
     return true;
   }
+  // A character begun: some code point it may still become must move every regex on (else a
+  // token ending inside a character could be taken and leave nothing valid to follow).
+  auto may_become = [&]() {
+    const int rest = 6 * t.aux;
+    const uint32_t lo = t.cp << rest, hi = lo | ((1u << rest) - 1);
+    for (size_t k = 0; k < n.regexes.size(); ++k)
+      if (!n.regexes[k]->may_step(t.rx[k], lo, hi)) return false;
+    return true;
+  };
   if (aux0 > 0) {  // a continuation byte
     t.cp = (t.cp << 6) | (c & 0x3Fu);
-    return t.aux > 0 || feed_cp(t.cp);
+    return t.aux > 0 ? may_become() : feed_cp(t.cp);
   }
   if (sub0 == 1) {  // the character after a backslash
     switch (c) {
@@ -550,10 +559,18 @@ bool SchemaRecognizer::string_regex_byte(Thread& t, const SchemaNode& n, uint8_t
       default: return false;  // \u: not written under a pattern
     }
   }
-  if (c == '\\') return true;
+  if (c == '\\') {  // an escape begun: one of the characters it may stand for must continue
+    for (size_t k = 0; k < n.regexes.size(); ++k) {
+      bool any = false;
+      for (uint32_t e : {0x22u, 0x5Cu, 0x2Fu, 0x08u, 0x0Cu, 0x0Au, 0x0Du, 0x09u})
+        any = any || n.regexes[k]->may_step(t.rx[k], e, e);
+      if (!any) return false;
+    }
+    return true;
+  }
   if (c < 0x80) return feed_cp(c);
   t.cp = c & (t.aux == 1 ? 0x1Fu : t.aux == 2 ? 0x0Fu : 0x07u);  // a lead byte
-  return true;
+  return may_become();
 }
 
 bool SchemaRecognizer::scalar_may_end(const Thread& t) const {
@@ -634,6 +651,7 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
     t.sub = t.aux = 0;
     t.length = 0;
     t.cp = 0;
+    t.rx[0] = t.rx[1] = 0;  // equal states keep equal keys (mask cache, merged alternatives)
     for (size_t k = 0; k < n.regexes.size() && k < 2; ++k) t.rx[k] = n.regexes[k]->start();
     return true;
   }
@@ -671,6 +689,8 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
         return end_value(t);
       }
       if (n.kind == K::String && n.max_length >= 0 && chars > n.max_length) return false;
+      // A character begun (an escape, a UTF-8 lead) at maxLength could never be finished.
+      if (n.kind == K::String && n.max_length >= 0 && chars == n.max_length && (t.sub != 0 || t.aux != 0)) return false;
       // Counted only where a length is bounded: otherwise equal states stay equal (mask cache).
       if (n.kind == K::String && (n.min_length > 0 || n.max_length >= 0)) t.length = chars;
       return true;

@@ -456,6 +456,18 @@ int Regex::step(int state, uint32_t cp) const {
   return id;
 }
 
+bool Regex::may_step(int state, uint32_t lo, uint32_t hi) const {
+  if (state < 0) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int s : sets_[static_cast<size_t>(state)]) {
+    const NfaState& n = nfa_[static_cast<size_t>(s)];
+    if (n.next < 0) continue;
+    for (const Range& r : n.cls)
+      if (r.lo <= hi && lo <= r.hi) return true;
+  }
+  return false;
+}
+
 bool Regex::accepts(int state) const {
   if (state < 0) return false;
   std::lock_guard<std::mutex> lock(mu_);

@@ -34,6 +34,8 @@ class Regex {
   // Recognizer states (determinized): start(), then step() per code point; -1 is dead.
   int start() const { return start_; }
   int step(int state, uint32_t cp) const;
+  // Whether some code point in [lo, hi] moves `state` on (a UTF-8 character begun, not finished).
+  bool may_step(int state, uint32_t lo, uint32_t hi) const;
   bool accepts(int state) const;
   // Whether the whole text matches (JSON Schema's pattern semantics: a search unless anchored).
   bool matches(const std::u32string& text) const;

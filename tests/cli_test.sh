@@ -197,9 +197,18 @@ outj=$("$KVPR" generate --model "$tmp/demo" --prompt "JSON:" -n 300 --json-schem
 check "--json-schema: the schema's JSON, ended once complete" python3 -c "
 import json,sys; o=json.loads(sys.argv[1]); v=json.loads(o['text'])
 assert o['finish_reason'] == 'stop' and list(v) == ['ok'] and isinstance(v['ok'], bool), o['text']" "$outj"
-echo '{"type": "string", "pattern": "^a"}' >"$tmp/pattern.json"
-expect_error "--json-schema with pattern" 1 "the keyword 'pattern' is not supported" -- generate --model "$tmp/demo" \
-  --prompt x --json-schema "$tmp/pattern.json"
+echo '{"type": "integer", "multipleOf": 3}' >"$tmp/multiple.json"
+expect_error "--json-schema with multipleOf" 1 "the keyword 'multipleOf' is not supported" -- generate --model "$tmp/demo" \
+  --prompt x --json-schema "$tmp/multiple.json"
+# pattern, format and numeric bounds: the gibberish model writes what they admit.
+echo '{"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-z]{3}-[0-9]$"},
+  "day": {"type": "string", "format": "date"}, "n": {"type": "integer", "minimum": 10, "maximum": 12}},
+  "required": ["code", "day", "n"], "additionalProperties": false}' >"$tmp/formats.json"
+outf=$("$KVPR" generate --model "$tmp/demo" --prompt "Fill it in" -n 300 --json-schema "$tmp/formats.json" --json)
+check "--json-schema with pattern, format and bounds" python3 -c "
+import json,re,sys; o=json.loads(sys.argv[1]); v=json.loads(o['text'])
+assert o['finish_reason'] == 'stop' and re.fullmatch('[a-z]{3}-[0-9]', v['code']), o['text']
+assert re.fullmatch('[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])', v['day']) and v['n'] in (10, 11, 12), o['text']" "$outf"
 expect_error "--response-format yaml" 2 "expected text or json_object" -- generate --model "$tmp/demo" --prompt x \
   --response-format yaml
 expect_error "unknown command" 2 "unknown command 'frobnicate'" -- frobnicate

@@ -401,3 +401,30 @@ TEST(Regex, DeterminizedStatesAreCapped) {
   for (char32_t c : std::u32string(U"aba")) s = rx.step(s, static_cast<uint32_t>(c));
   EXPECT_GE(s, 0);
 }
+
+// A character begun under a pattern (a byte-level token may end inside one) is taken only when
+// some character it may become continues the pattern.
+TEST(JsonSchema, PatternTakesABegunCharacterOnlyIfItMayContinue) {
+  const char* ascii = R"({"type": "string", "pattern": "^[a-z]+$"})";
+  EXPECT_FALSE(takes(ascii, "\"ab\xe2"));       // no 3-byte character is a lowercase letter
+  EXPECT_FALSE(takes(ascii, "\"ab\xc3"));
+  const char* accents = R"({"type": "string", "pattern": "^[a-z\u00e0-\u00ff]+$"})";
+  EXPECT_TRUE(takes(accents, "\"caf\xc3"));     // U+00C0..U+00FF begins with C3
+  EXPECT_TRUE(whole(accents, "\"caf\xc3\xa9\""));
+  EXPECT_FALSE(takes(accents, "\"caf\xc3\x80"));  // U+00C0 is not in the class
+  EXPECT_FALSE(takes(accents, "\"caf\xe4"));
+  EXPECT_TRUE(takes(R"({"type": "string", "pattern": "^\u4e00+$"})", "\"\xe4\xb8"));  // on its way to U+4E00
+  // An escape begun likewise: only where a character it may stand for continues the pattern.
+  EXPECT_FALSE(takes(ascii, "\"ab\\"));
+  EXPECT_TRUE(takes(R"({"type": "string", "pattern": "^[a-z\n]+$"})", "\"ab\\"));
+}
+
+// At maxLength, a character may not begin (a lead byte, a backslash): it could not be finished.
+TEST(JsonSchema, MaxLengthRefusesABegunCharacterItCannotHold) {
+  const char* two = R"({"type": "string", "maxLength": 2})";
+  EXPECT_TRUE(takes(two, "\"a\xc3"));
+  EXPECT_FALSE(takes(two, "\"ab\xc3"));
+  EXPECT_FALSE(takes(two, "\"ab\\"));
+  EXPECT_TRUE(whole(two, "\"a\\n\""));
+  EXPECT_TRUE(whole(two, "\"\xc3\xa9\xc3\xa9\""));
+}
