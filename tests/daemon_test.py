@@ -947,7 +947,7 @@ def prefix_cache(d):
     result = {}
 
     def busy():
-        result["r"] = completion(d, "Something else entirely", 1500, ignore_eos=True)
+        result["r"] = completion(d, "Something else entirely", 800, ignore_eos=True)
     t = threading.Thread(target=busy)
     t.start()
     time.sleep(0.3)
@@ -986,12 +986,12 @@ def prefix_cache(d):
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
     for th in threads:
         th.start()
-        time.sleep(0.05)
-    time.sleep(0.3)
-    st, h = d.get("/health")
-    busy = [w.get("in_flight", 0) for w in h["workers"]]
-    for th in threads:
-        th.join(60)
+        time.sleep(0.02)
+    busy = [0, 0]  # the most requests each worker held at once while they ran
+    while any(th.is_alive() for th in threads):
+        st, h = d.get("/health")
+        busy = [max(b, w.get("in_flight", 0)) for b, w in zip(busy, h["workers"])]
+        time.sleep(0.01)
     check("prefix cache: a flood sharing a prompt spreads over the workers", len(busy) == 2 and min(busy) >= 1 and
           all(r and r[0] == 200 for r in results), (busy, h))
     # --prefix-caching off: the same prompt twice is computed twice, to the same text.

@@ -106,10 +106,28 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
     EXPECT_EQ(after.interrupted, before.interrupted) << label;
     EXPECT_GE(after.replayed - before.replayed, 1) << label;
   }
+}
 
-  // Chunks that start past cached tokens: a second turn (prompt, answer, prompt again) given
-  // the slot that still holds the first turn's K/V, prefilled three tokens a step, equals the
-  // CPU backend's whole prefill of it without the cache.
+// Chunks that start past cached tokens, in every mode on `device`: a first turn prefilled three
+// tokens a step, then a second turn (prompt, answer, prompt again) given the slot that still
+// holds the first turn's K/V, equal the CPU backend's whole prefills without the cache (the
+// prompts must differ in their first token, so that each second turn finds its own slot).
+inline void expect_chunks_past_cached_tokens_give_cpu_tokens(Backend& device, const std::string& dir,
+                                                             const Tokenizer& tok,
+                                                             const std::vector<std::vector<int32_t>>& prompts,
+                                                             int max_new, int kvpr_split, const std::string& label) {
+  GenerationParams p;
+  p.max_new_tokens = max_new;
+  p.ignore_eos = true;
+  CpuBackend cpu;
+  std::unique_ptr<Model> mc = load_model(cpu, dir);
+  GeneratorOptions oc;
+  oc.max_batch = static_cast<int>(prompts.size());
+  oc.kv_dtype = DType::F32;
+  oc.prefix_caching = false;
+  const std::vector<std::vector<int32_t>> want = greedy_tokens(*mc, tok, oc, prompts, p);
+  std::unique_ptr<Model> mg_owned = load_model(device, dir);
+  Model& mg = *mg_owned;
   std::vector<std::vector<int32_t>> turn2;
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::vector<int32_t> t = prompts[i];
@@ -117,11 +135,10 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
     t.insert(t.end(), prompts[i].begin(), prompts[i].end());
     turn2.push_back(std::move(t));
   }
-  GeneratorOptions uncached = oc;
-  uncached.prefix_caching = false;
-  const std::vector<std::vector<int32_t>> want2 = greedy_tokens(mc, tok, uncached, turn2, p);
+  const std::vector<std::vector<int32_t>> want2 = greedy_tokens(*mc, tok, oc, turn2, p);
   for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
     GeneratorOptions oe = oc;
+    oe.prefix_caching = true;
     oe.kv.mode = m;
     if (m == KvMode::Kvpr) oe.kv.forced_split = kvpr_split;
     oe.max_step_tokens = 3;

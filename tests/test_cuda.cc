@@ -395,6 +395,20 @@ TEST(Cuda, Fp8KvCacheMatchesTheCpuInEveryMode) {
   }
 }
 
+// Chunked prefill and the prefix cache on the device, every mode: chunks that start past cached
+// tokens give the CPU backend's tokens (one OPT, a RoPE model with grouped-query attention, and
+// Qwen3's per-head K norm, which recomputing K from X must apply too).
+TEST(Cuda, ChunksPastCachedTokensGiveTheCpuGreedyTokens) {
+  SKIP_WITHOUT_GPU();
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  auto gpu = create_backend("cuda");
+  for (const char* name : {"opt/post_ln_proj_sharded", "llama/llama3_rope_gqa_bf16", "llama/qwen3_head_dim_qk_norm_bf16"})
+    test::expect_chunks_past_cached_tokens_give_cpu_tokens(*gpu, test::data_path(name), tok,
+                                                            {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4,
+                                                            name);
+}
+
 // JSON mode on the device: the constrained rows are masked and chosen on the host from the
 // logits the device copies back; the tokens are the CPU backend's, and the text is JSON.
 TEST(Cuda, JsonObjectGivesTheCpuTokens) {

@@ -98,6 +98,17 @@ TEST(Llama, EveryKvModeGivesTheSameGreedyTokens) {
                                                 10, 3, name);
 }
 
+// Chunked prefill and the prefix cache in every mode: chunks that start past cached tokens.
+TEST(Llama, ChunksPastCachedTokensGiveTheSameGreedyTokens) {
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  CpuBackend device;
+  for (const char* name : kFixtures)
+    test::expect_chunks_past_cached_tokens_give_cpu_tokens(device, fixture(name), tok,
+                                                            {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 3,
+                                                            name);
+}
+
 // X kept in the host store, projected again with each row's position, gives the stored K
 // (rotated) and V: what KVPR's recompute relies on. Without positions it is refused.
 TEST(Llama, RecomputedKeysFromStoredInputsEqualStoredKeys) {
