@@ -166,8 +166,7 @@ class Regex::Parser {
     r.max = hi;
     r.kids.push_back(std::move(a));
     a = std::move(r);
-    if (more() && (peek() == '*' || peek() == '+' || peek() == '?' || peek() == '{'))
-      if (peek() != '{') fail("a quantifier after a quantifier");
+    if (more() && (peek() == '*' || peek() == '+' || peek() == '?')) fail("a quantifier after a quantifier");
   }
 
   static Node set_node(Ranges r) {
@@ -277,12 +276,9 @@ class Regex::Parser {
       ++i_;
     }
     Ranges r;
-    bool first = true;
     while (true) {
       if (!more()) fail("an unclosed '['");
-      if (peek() == ']' && !first) break;
-      if (peek() == ']' && first) break;  // "[]" matches nothing (ECMAScript)
-      first = false;
+      if (peek() == ']') break;  // "[]" matches nothing (ECMAScript)
       Ranges lo_set = item();
       if (lo_set.size() == 1 && lo_set[0].first == lo_set[0].second && i_ + 1 < end_ && peek() == '-' &&
           p_[i_ + 1] != ']') {
