@@ -368,10 +368,14 @@ int cmd_tokenize(int argc, char** argv) {
   return 0;
 }
 
-// "no", "linear x2", "llama3 x8 (1-4, 8192)": the rotary scaling a Llama config asks for.
+// "no", "linear x2", "llama3 x8 (1-4, 8192)", "yarn x4 (pairs 23-40, attention x1.139)": the rotary
+// scaling a Llama config asks for.
 std::string rope_scaling_text(const LlamaConfig& c) {
   char buf[96];
-  if (c.rope_llama3_factor > 0)
+  if (c.rope_yarn_factor > 0)
+    std::snprintf(buf, sizeof buf, "yarn x%g (pairs %g-%g, attention x%.4g)", c.rope_yarn_factor, c.rope_yarn_low,
+                  c.rope_yarn_high, c.rope_attention_factor);
+  else if (c.rope_llama3_factor > 0)
     std::snprintf(buf, sizeof buf, "llama3 x%g (%g-%g, %g)", c.rope_llama3_factor, c.rope_low_freq_factor,
                   c.rope_high_freq_factor, c.rope_original_max_position);
   else if (c.rope_freq_scale != 1.0)
@@ -462,7 +466,11 @@ int cmd_info(int argc, char** argv) {
   std::printf("ffn                   %lld\n", static_cast<long long>(c.ffn_dim));
   std::printf("vocab                 %lld%s\n", static_cast<long long>(c.vocab_size),
               tok ? (" (tokenizer " + std::to_string(tok->size()) + ")").c_str() : "");
-  if (llama && llama->config().context() < llama->config().max_position_embeddings)
+  if (llama && llama->config().context() > llama->config().max_position_embeddings)
+    std::printf("context               %lld (yarn x%g; max_position_embeddings %lld)\n",
+                static_cast<long long>(c.max_position_embeddings), llama->config().rope_yarn_factor,
+                static_cast<long long>(llama->config().max_position_embeddings));
+  else if (llama && llama->config().context() < llama->config().max_position_embeddings)
     std::printf("context               %lld (the sliding window; %lld positions)\n",
                 static_cast<long long>(c.max_position_embeddings),
                 static_cast<long long>(llama->config().max_position_embeddings));

@@ -70,11 +70,18 @@ LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, co
 // 3.2): a frequency whose wavelength 2π/f exceeds original_max_position / low_freq_factor is
 // divided by llama3_factor, one below original_max_position / high_freq_factor is kept, and
 // the band between blends the two by (original_max_position / wavelength - low) / (high - low).
+// With yarn_factor > 0 (YaRN: Qwen2.5's and Qwen3's long contexts), pairs below yarn_low keep
+// their frequency, pairs from yarn_high on are divided by yarn_factor, and between the two the
+// weight of the divided one ramps linearly, (i - yarn_low) / (yarn_high - yarn_low); cos and sin
+// are then multiplied by attention_scale (YaRN's attention factor), which scales Q·K by its square.
 struct RopeParams {
   float theta = 10000.f;
   float freq_scale = 1.f;  // "linear": 1 / factor
   float llama3_factor = 0.f;  // 0: no llama3 scaling
   float low_freq_factor = 1.f, high_freq_factor = 4.f, original_max_position = 8192.f;
+  float yarn_factor = 0.f;  // 0: no YaRN
+  float yarn_low = 0.f, yarn_high = 0.f;
+  float attention_scale = 1.f;
 };
 
 // Throws unless rope's tensors fit (see Backend::rope); returns T, the rows positions covers.
@@ -286,6 +293,11 @@ KVPR_HD inline float rope_inv_freq(int i, int head_dim, const RopeParams& r) {
       const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
       f = (1.0 - smooth) * f / r.llama3_factor + smooth * f;
     }
+  }
+  if (r.yarn_factor > 0.f) {
+    const double lo = r.yarn_low, hi = r.yarn_high == r.yarn_low ? r.yarn_high + 0.001 : r.yarn_high;
+    const double ramp = fmin(fmax((i - lo) / (hi - lo), 0.0), 1.0);
+    f = f / r.yarn_factor * ramp + f * (1.0 - ramp);
   }
   return static_cast<float>(f);
 }

@@ -1,5 +1,7 @@
 #include "engine/llama_config.h"
 
+#include <cmath>
+
 #include "engine/config_fields.h"
 #include "engine/error.h"
 
@@ -59,7 +61,12 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
     KVPR_CHECK(act == "silu", source, ": hidden_act \"", act, "\" is not supported (silu)");
 
   // Rotary embedding: rope_theta (transformers 4) or rope_parameters (transformers 5), and
-  // rope_scaling, of which kvpr runs none ("default"), "linear" and "llama3".
+  // rope_scaling, of which kvpr runs none ("default"), "linear", "llama3" and "yarn".
+  struct {
+    double factor = 0, original = 0, beta_fast = 0, beta_slow = 0, attention_factor = 0, mscale = 0,
+           mscale_all_dim = 0;
+    bool truncate = true;
+  } yarn;
   f.get_double("rope_theta", &c.rope_theta);
   const json::Value* scaling = f.find("rope_scaling");
   if (const json::Value* rp = f.find("rope_parameters")) {
@@ -86,11 +93,29 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
                  ": llama3 rope scaling needs a positive factor, low_freq_factor and original_max_position_embeddings");
       KVPR_CHECK(c.rope_high_freq_factor > c.rope_low_freq_factor, source,
                  ": llama3 rope scaling needs high_freq_factor above low_freq_factor");
+    } else if (type == "yarn") {
+      // As transformers' _compute_yarn_parameters (and vLLM's YaRN) read it: the factor as given;
+      // the correction range measured against original_max_position_embeddings (else
+      // max_position_embeddings); the attention factor given, else from mscale and mscale_all_dim
+      // where both are set, else 0.1 ln(factor) + 1.
+      s.get_double("factor", &yarn.factor, true);
+      KVPR_CHECK(yarn.factor > 0, source, ": yarn rope scaling factor must be positive");
+      s.get_double("original_max_position_embeddings", &yarn.original);
+      s.get_double("beta_fast", &yarn.beta_fast);
+      s.get_double("beta_slow", &yarn.beta_slow);
+      s.get_double("attention_factor", &yarn.attention_factor);
+      KVPR_CHECK(!s.find("attention_factor") || yarn.attention_factor > 0, source,
+                 ": yarn rope scaling attention_factor must be positive");
+      s.get_double("mscale", &yarn.mscale);
+      s.get_double("mscale_all_dim", &yarn.mscale_all_dim);
+      s.get_bool("truncate", &yarn.truncate);
     } else {
       KVPR_CHECK(type == "default", source, ": rope scaling type \"", type,
-                 "\" is not supported (default, linear, llama3)");
+                 "\" is not supported (default, linear, llama3, yarn)");
     }
   }
+  if (double partial = 1.0; f.get_double("partial_rotary_factor", &partial), partial != 1.0)
+    KVPR_THROW(source, ": partial_rotary_factor ", partial, " is not supported (rotary embeddings over whole heads)");
 
   KVPR_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0 &&
                  c.num_heads > 0 && c.num_kv_heads > 0 && c.max_position_embeddings > 0 && c.rms_norm_eps > 0 &&
@@ -110,7 +135,50 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   KVPR_CHECK(c.num_kv_heads <= c.num_heads && c.num_heads % c.num_kv_heads == 0, source, ": num_key_value_heads ",
              c.num_kv_heads, " does not divide num_attention_heads ", c.num_heads);
   KVPR_CHECK(c.vocab_size < (int64_t{1} << 31), source, ": vocab_size too large");
+  if (yarn.factor > 0) c.set_yarn(yarn.factor, yarn.original > 0 ? yarn.original : double(c.max_position_embeddings),
+                                  yarn.beta_fast, yarn.beta_slow, yarn.attention_factor, yarn.mscale,
+                                  yarn.mscale_all_dim, yarn.truncate, source);
   return c;
+}
+
+void LlamaConfig::set_yarn(double factor, double original, double beta_fast, double beta_slow, double attention_factor,
+                           double mscale, double mscale_all_dim, bool truncate, const std::string& source) {
+  // transformers takes `beta_fast or 32`, `beta_slow or 1`: a zero is the default too.
+  if (beta_fast == 0) beta_fast = 32;
+  if (beta_slow == 0) beta_slow = 1;
+  KVPR_CHECK(original > 0 && beta_fast > 0 && beta_slow > 0, source,
+             ": yarn rope scaling needs positive original_max_position_embeddings, beta_fast and beta_slow");
+  // The element pair whose wavelength turns `rotations` times over the original context:
+  // dim * ln(original / (2 pi rotations)) / (2 ln theta), in pairs of dim = head_dim.
+  const double dim = static_cast<double>(head_dim());
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(original / (rotations * 2 * M_PI)) / (2 * std::log(rope_theta));
+  };
+  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+  if (truncate) low = std::floor(low), high = std::ceil(high);
+  rope_yarn_factor = factor;
+  rope_yarn_low = std::max(low, 0.0);
+  rope_yarn_high = std::min(high, dim - 1);
+  auto yarn_mscale = [&](double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+  rope_attention_factor = attention_factor > 0                    ? attention_factor
+                          : mscale != 0 && mscale_all_dim != 0 ? yarn_mscale(mscale) / yarn_mscale(mscale_all_dim)
+                                                                 : yarn_mscale(1.0);
+  rope_yarn_context = static_cast<int64_t>(std::llround(factor * original));
+}
+
+RopeParams LlamaConfig::rope_params() const {
+  RopeParams r;
+  r.theta = static_cast<float>(rope_theta);
+  r.freq_scale = static_cast<float>(rope_freq_scale);
+  r.llama3_factor = static_cast<float>(rope_llama3_factor);
+  r.low_freq_factor = static_cast<float>(rope_low_freq_factor);
+  r.high_freq_factor = static_cast<float>(rope_high_freq_factor);
+  r.original_max_position = static_cast<float>(rope_original_max_position);
+  r.yarn_factor = static_cast<float>(rope_yarn_factor);
+  r.yarn_low = static_cast<float>(rope_yarn_low);
+  r.yarn_high = static_cast<float>(rope_yarn_high);
+  r.attention_scale = static_cast<float>(rope_attention_factor);
+  return r;
 }
 
 LlamaConfig LlamaConfig::load(const std::string& model_dir) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/backend.h"
 #include "engine/json.h"
 #include "engine/model_spec.h"
 
@@ -27,6 +28,13 @@ struct LlamaConfig {
   double rope_llama3_factor = 0.0;
   double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
   double rope_original_max_position = 8192.0;
+  // "yarn" scaling (Qwen2.5's and Qwen3's long-context recipe): factor (0: none), the correction
+  // range in element pairs from beta_fast/beta_slow against the original context (see RopeParams),
+  // the attention factor cos and sin are multiplied by, and the context it extends to.
+  double rope_yarn_factor = 0.0;
+  double rope_yarn_low = 0.0, rope_yarn_high = 0.0;
+  double rope_attention_factor = 1.0;
+  int64_t rope_yarn_context = 0;
   bool tie_word_embeddings = false;
   // Biases of the attention projections: Llama's attention_bias puts them on all four;
   // Qwen2 has them on q/k/v and not on o_proj.
@@ -49,8 +57,11 @@ struct LlamaConfig {
   // each token sees the last sliding_window positions (0: all). kvpr serves contexts up to
   // the window, where that is exact: context() is min(max_position_embeddings, sliding_window).
   int64_t sliding_window = 0;
+  // YaRN extends max_position_embeddings to factor x original_max_position_embeddings where that
+  // is longer (Qwen2.5: 32768 -> 131072), as vLLM serves it.
   int64_t context() const {
-    return sliding_window > 0 ? std::min(max_position_embeddings, sliding_window) : max_position_embeddings;
+    const int64_t positions = std::max(max_position_embeddings, rope_yarn_context);
+    return sliding_window > 0 ? std::min(positions, sliding_window) : positions;
   }
 
   // What Hugging Face calls the architecture (kvpr info).
@@ -63,9 +74,14 @@ struct LlamaConfig {
 
   int64_t head_dim() const { return config_head_dim > 0 ? config_head_dim : hidden_size / num_heads; }
   int64_t q_width() const { return num_heads * head_dim(); }  // Q and the attention output
+  RopeParams rope_params() const;  // what Backend::rope turns Q and K by
+  // Sets the rope_yarn_* fields and the attention factor from rope_scaling's yarn fields (zeros:
+  // transformers' defaults); needs head_dim and rope_theta.
+  void set_yarn(double factor, double original, double beta_fast, double beta_slow, double attention_factor,
+                double mscale, double mscale_all_dim, bool truncate, const std::string& source);
 
   // Parses and validates; errors name `source` and the offending field. What kvpr does not
-  // run (KV heads that do not divide the heads, rope scaling other than linear and llama3, activations
+  // run (KV heads that do not divide the heads, rope scaling other than linear, llama3 and yarn, activations
   // other than silu) is refused here, by name.
   static LlamaConfig from_json(const json::Value& v, const std::string& source);
   static LlamaConfig load(const std::string& model_dir);  // <dir>/config.json

@@ -9,24 +9,12 @@
 
 namespace kvpr {
 
-namespace {
-RopeParams rope_params(const LlamaConfig& c) {
-  RopeParams r;
-  r.theta = static_cast<float>(c.rope_theta);
-  r.freq_scale = static_cast<float>(c.rope_freq_scale);
-  r.llama3_factor = static_cast<float>(c.rope_llama3_factor);
-  r.low_freq_factor = static_cast<float>(c.rope_low_freq_factor);
-  r.high_freq_factor = static_cast<float>(c.rope_high_freq_factor);
-  r.original_max_position = static_cast<float>(c.rope_original_max_position);
-  return r;
-}
-}  // namespace
 
 LlamaModel::LlamaModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts)
     : Model(backend) {
   config_ = LlamaConfig::load(model_dir);
   spec_ = config_.spec();
-  rope_ = rope_params(config_);
+  rope_ = config_.rope_params();
   load_checkpoint(
       model_dir, opts,
       [&](const CheckpointDir& ckpt) {
@@ -40,7 +28,7 @@ LlamaModel::LlamaModel(Backend& backend, const std::string& model_dir, const Mod
 }
 
 LlamaModel::LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed, bool stream_weights)
-    : Model(backend), config_(config), rope_(rope_params(config)) {
+    : Model(backend), config_(config), rope_(config.rope_params()) {
   spec_ = config_.spec();
   format_ = "random";
   stream_weights_ = stream_weights;

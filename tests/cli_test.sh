@@ -106,6 +106,15 @@ assert json.loads(sys.argv[1])['tokens']==want, (sys.argv[1], want)" "$out" "$DA
   done
 done
 
+# YaRN (Qwen2.5's long-context recipe): info names the ramp and the attention factor, and the
+# context is factor x original_max_position_embeddings (4 x 256).
+yarn_info=$("$KVPR" info --model "$DATA/llama/qwen2_yarn_gqa_f32" --json)
+check "info on a yarn config" python3 -c "
+import json,sys; o=json.loads(sys.argv[1])
+assert o['max_position_embeddings']==1024 and o['rope_scaling']=='yarn x4 (pairs 0-4, attention x1.139)', o" "$yarn_info"
+check "info text on a yarn config" grep -q "context               1024 (yarn x4; max_position_embeddings 256)" \
+  <<<"$("$KVPR" info --model "$DATA/llama/qwen2_yarn_gqa_f32")"
+
 # Every KV mode gives the resident mode's greedy tokens; --json reports per-step split and bytes.
 ref=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 6 --json --kv-dtype f32)
 for mode in offload recompute cpu-attn "kvpr --split 3"; do

@@ -1,6 +1,7 @@
 // Every CPU op against a plain double-precision loop, on awkward sizes and all weight dtypes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -138,7 +139,7 @@ TEST_P(CpuOps, RmsNormRopeAndSiluMul) {
   // Linear scaling (a quarter of the frequency), then llama3 scaling: Hugging Face's
   // _compute_llama3_parameters written out in double, with a head wide enough that its
   // frequencies fall in all three bands (kept, blended, divided).
-  auto check_rope = [&](int d, const RopeParams& p, auto&& inv_freq) {
+  auto check_rope = [&](int d, const RopeParams& p, auto&& inv_freq, double scale = 1.0) {
     const int rw = d * heads;
     Tensor t = random_tensor(be, DType::F32, {2, T, rw}, rng);
     auto tv = as_double(t);
@@ -151,7 +152,7 @@ TEST_P(CpuOps, RmsNormRopeAndSiluMul) {
           const double a = (3 + 5 * (r % T)) * inv_freq(j, d);
           const double* v = &tv[r * rw + h * d];
           const double rot = i < d / 2 ? -v[i + d / 2] : v[i - d / 2];  // rotate_half
-          rr[r * rw + h * d + i] = v[i] * std::cos(a) + rot * std::sin(a);
+          rr[r * rw + h * d + i] = (v[i] * std::cos(a) + rot * std::sin(a)) * scale;
         }
     EXPECT_TRUE(test::close_rel(rr, t.data_as<float>(), rr.size(), 1e-5)) << "head_dim " << d;
   };
@@ -179,6 +180,13 @@ TEST_P(CpuOps, RmsNormRopeAndSiluMul) {
   EXPECT_GT(bands[0], 0);
   EXPECT_GT(bands[1], 0);
   EXPECT_GT(bands[2], 0);
+  // YaRN: pairs below 3 kept, from 9 on divided by 4, a linear ramp between; cos and sin scaled.
+  const RopeParams yarn{.theta = 1000000.f, .yarn_factor = 4.f, .yarn_low = 3.f, .yarn_high = 9.f,
+                       .attention_scale = 1.1386294f};
+  check_rope(32, yarn, [](int j, int d) {
+    const double f = 1.0 / std::pow(1000000.0, 2.0 * j / d), ramp = std::clamp((j - 3.0) / 6.0, 0.0, 1.0);
+    return f / 4.0 * ramp + f * (1 - ramp);
+  }, 1.1386294);
   EXPECT_THROW(be.rope(qk, pos, 10, RopeParams{}), Error);           // 48 is no multiple of 10
   EXPECT_THROW(be.rope(qk, be.alloc(DType::I32, {T + 1}), hd, RopeParams{}), Error);
 

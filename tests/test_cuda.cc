@@ -230,8 +230,11 @@ TEST_P(CudaOps, LlamaOpsMatchCpu) {
   linear.freq_scale = 0.5f;
   l3.theta = 500000.f;
   l3.llama3_factor = 32.f;  // Llama-3.2's
+  // Qwen2.5's YaRN: factor 4, pairs 23-40 ramped at head_dim 128, cos and sin scaled.
+  const RopeParams yarn{.theta = 1000000.f, .yarn_factor = 4.f, .yarn_low = 23.f, .yarn_high = 40.f,
+                        .attention_scale = 1.1386294f};
   for (int hd : {8, 64, 128})
-  for (const RopeParams& rp : {linear, l3}) {
+  for (const RopeParams& rp : {linear, l3, yarn}) {
     const int64_t W = 3 * hd;
     Pair qk = random_pair(cpu, *gpu, DType::F32, {2, T, W}, 53);
     Tensor pc = cpu.alloc(DType::I32, {T}), pg = gpu->alloc(DType::I32, {T});
@@ -352,7 +355,8 @@ TEST(Cuda, EveryKvModeGivesTheCpuGreedyTokens) {
                            "llama/f32_safetensors", "llama/bf16_tied_scaled_sharded", "llama/gqa_f32_safetensors",
                            "llama/mqa_f16_bin_sharded", "llama/llama3_rope_gqa_bf16",
                            "llama/mistral_sliding_window", "llama/qwen2_qkv_bias_tied_bf16",
-                           "llama/qwen3_head_dim_qk_norm_bf16", "llama/qwen3_mha_head_dim_f32"})
+                           "llama/qwen3_head_dim_qk_norm_bf16", "llama/qwen3_mha_head_dim_f32",
+                           "llama/qwen2_yarn_gqa_f32"})
     test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path(name), tok,
                                                 {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4, name);
 }

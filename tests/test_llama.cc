@@ -1,12 +1,15 @@
 // Llama against float64 logits and greedy tokens from an independent torch implementation
 // (tests/scripts/make_llama_fixtures.py): every fixture layout (f32 safetensors; bf16, tied
 // head, attention biases and linear rope scaling in two shards; f16 .bin with MLP biases and
-// transformers 5's rope_parameters; llama3 rope scaling with grouped-query attention), through the cache one token at a time, every KV mode
+// transformers 5's rope_parameters; llama3 rope scaling with grouped-query attention; Qwen2.5
+// with YaRN), through the cache one token at a time, every KV mode
 // (KVPR's recompute turns K by each row's position), and the configs kvpr refuses.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 
 #include "engine/cpu/cpu_backend.h"
 #include "engine/error.h"
@@ -23,7 +26,7 @@ namespace {
 const char* const kFixtures[] = {"f32_safetensors", "bf16_tied_scaled_sharded", "f16_bin_rope_parameters",
                                  "gqa_f32_safetensors", "mqa_f16_bin_sharded", "llama3_rope_gqa_bf16",
                                  "mistral_sliding_window", "qwen2_qkv_bias_tied_bf16",
-                                 "qwen3_head_dim_qk_norm_bf16", "qwen3_mha_head_dim_f32"};
+                                 "qwen3_head_dim_qk_norm_bf16", "qwen3_mha_head_dim_f32", "qwen2_yarn_gqa_f32"};
 
 std::string fixture(const std::string& name) { return test::data_path("llama/" + name); }
 
@@ -84,6 +87,56 @@ TEST(Llama, GreedyTokensMatchReference) {
     p.ignore_eos = true;
     auto r = Generator(*model, tok, o).generate_all({prompt}, p);
     EXPECT_EQ(r[0].tokens, std::vector<int32_t>(greedy.values.begin(), greedy.values.end())) << name;
+  }
+}
+
+// YaRN's frequencies, attention factor and served context from rope_scaling as checkpoints ship
+// it (Qwen2.5's and Qwen3's recipe, DeepSeek's mscale pair, gpt-oss's untruncated range, explicit
+// betas and attention factor) against transformers' _compute_yarn_parameters, computed in fp32 by
+// tests/scripts/make_llama_fixtures.py; each case also read from transformers 5's rope_parameters.
+TEST(Llama, YarnRopeMatchesTransformers) {
+  const json::Value cases = json::parse(test::read_file(fixture("yarn_rope.json")));
+  const std::string base = test::read_file(fixture("f32_safetensors") + "/config.json");
+  auto at = [](const json::Value& v, const char* key) -> const json::Value& {
+    const json::Value* f = v.find(key);
+    if (!f) throw std::runtime_error(std::string("yarn_rope.json: no ") + key);
+    return *f;
+  };
+  ASSERT_EQ(cases.as_array().size(), 6u);
+  for (const json::Value& c : cases.as_array()) {
+    const std::string name = at(c, "name").as_string();
+    const int64_t hd = at(c, "head_dim").as_int();
+    const double theta = at(c, "rope_theta").as_double(), factor = at(at(c, "rope_scaling"), "factor").as_double();
+    for (bool v5 : {false, true}) {
+      json::Value cfg = json::parse(base);
+      cfg.set("hidden_size", hd * 4);
+      cfg.set("max_position_embeddings", at(c, "max_position_embeddings").as_int());
+      json::Value scaling = json::parse(at(c, "rope_scaling").dump());
+      if (v5) {  // transformers 5: {"rope_theta": ..., "rope_type": "yarn", ...}
+        scaling.set("rope_theta", theta);
+        cfg.set("rope_parameters", scaling);
+      } else {
+        cfg.set("rope_theta", theta);
+        cfg.set("rope_scaling", scaling);
+      }
+      const LlamaConfig lc = LlamaConfig::from_json(cfg, "config.json");
+      ASSERT_EQ(lc.head_dim(), hd) << name;
+      const RopeParams r = lc.rope_params();
+      const json::Array& want = at(c, "inv_freq").as_array();
+      ASSERT_EQ(static_cast<int64_t>(want.size()), hd / 2) << name;
+      int kept = 0, divided = 0;
+      for (int i = 0; i < hd / 2; ++i) {
+        const double w = want[i].as_double(), got = rope_inv_freq(i, static_cast<int>(hd), r);
+        EXPECT_NEAR(got, w, 2e-6 * w) << name << " pair " << i;
+        const double plain = 1.0 / std::pow(theta, 2.0 * i / hd);
+        kept += std::abs(got - plain) < 1e-6 * plain;
+        divided += std::abs(got * factor - plain) < 1e-6 * plain;
+      }
+      EXPECT_GT(kept, 0) << name;  // the fast pairs keep their frequency, the slow ones are divided
+      EXPECT_GT(divided, 0) << name;
+      EXPECT_NEAR(r.attention_scale, at(c, "attention_factor").as_double(), 1e-6) << name;
+      EXPECT_EQ(lc.context(), at(c, "context").as_int()) << name;
+    }
   }
 }
 
@@ -196,8 +249,21 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   EXPECT_HAS(error_for("num_key_value_heads", "3"), "config.json: num_key_value_heads 3 does not divide num_attention_heads 4");
   EXPECT_HAS(error_for("num_key_value_heads", "8"), "num_key_value_heads 8 does not divide");
   EXPECT_EQ(error_for("num_key_value_heads", "1"), "");  // multi-query attention
-  EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "yarn", "factor": 8.0})"),
-             "config.json: rope scaling type \"yarn\" is not supported (default, linear, llama3)");
+  EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "dynamic", "factor": 8.0})"),
+             "config.json: rope scaling type \"dynamic\" is not supported (default, linear, llama3, yarn)");
+  EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "longrope", "factor": 8.0})"),
+             "config.json: rope scaling type \"longrope\" is not supported");
+  EXPECT_HAS(error_for("rope_scaling", R"({"type": "yarn", "original_max_position_embeddings": 32})"),
+             "config.json: rope scaling: missing \"factor\"");
+  EXPECT_HAS(error_for("rope_scaling", R"({"type": "yarn", "factor": -2})"),
+             "config.json: yarn rope scaling factor must be positive");
+  EXPECT_HAS(error_for("rope_scaling", R"({"type": "yarn", "factor": 4, "attention_factor": 0})"),
+             "config.json: yarn rope scaling attention_factor must be positive");
+  EXPECT_HAS(error_for("rope_scaling", R"({"type": "yarn", "factor": 4, "beta_slow": -1})"),
+             "config.json: yarn rope scaling needs positive original_max_position_embeddings, beta_fast and beta_slow");
+  EXPECT_HAS(error_for("partial_rotary_factor", "0.5"),
+             "config.json: partial_rotary_factor 0.5 is not supported (rotary embeddings over whole heads)");
+  EXPECT_EQ(error_for("partial_rotary_factor", "1.0"), "");
   EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0})"),
              "config.json: rope scaling: missing \"low_freq_factor\"");
   EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,

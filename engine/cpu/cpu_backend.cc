@@ -341,8 +341,8 @@ void CpuBackend::rope(const Tensor& x, const Tensor& positions, int head_dim, co
     for (int64_t r = b; r < e; ++r) {
       for (int i = 0; i < half; ++i) {
         const double a = rope_angle(pos[r % T], i, head_dim, params);
-        c[i] = static_cast<float>(std::cos(a));
-        s[i] = static_cast<float>(std::sin(a));
+        c[i] = static_cast<float>(std::cos(a)) * params.attention_scale;
+        s[i] = static_cast<float>(std::sin(a)) * params.attention_scale;
       }
       for (int64_t h0 = 0; h0 < W; h0 += head_dim) {
         float* v = xp + r * W + h0;

@@ -666,7 +666,7 @@ class CudaBackend final : public Backend {
   }
   void key_value(const RopeParams& r) {  // a struct of scalars, field by field
     for (float f : {r.theta, r.freq_scale, r.llama3_factor, r.low_freq_factor, r.high_freq_factor,
-                    r.original_max_position})
+                    r.original_max_position, r.yarn_factor, r.yarn_low, r.yarn_high, r.attention_scale})
       key_value(f);
   }
   void key_bytes(const void* p, size_t n) { rec_.key.append(static_cast<const char*>(p), n); }

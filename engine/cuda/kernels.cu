@@ -70,7 +70,7 @@ __global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, in
       float* v = row + (j / half) * head_dim;
       double s, c;
       sincos(static_cast<double>(rope_angle(p, i, head_dim, params)), &s, &c);
-      const float cf = static_cast<float>(c), sf = static_cast<float>(s);
+      const float cf = static_cast<float>(c) * params.attention_scale, sf = static_cast<float>(s) * params.attention_scale;
       const float lo = v[i], hi = v[i + half];
       v[i] = lo * cf - hi * sf;
       v[i + half] = hi * cf + lo * sf;

@@ -86,6 +86,35 @@ CASES = [
      dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=12, rope_theta=1000000.0,
           use_sliding_window=False),
      torch.float32, "safetensors", 1),
+    # Qwen2.5's long-context recipe: YaRN rope scaling (factor 4 over an original context of
+    # 256, as Qwen's model cards add {"type": "yarn", "factor": 4.0,
+    # "original_max_position_embeddings": 32768}), heads of 16 at theta 1e4 so that the ramp
+    # between kept and divided frequencies spans four element pairs, and the attention factor
+    # (0.1 ln 4 + 1) on cos and sin; grouped-query attention, f32.
+    ("qwen2_yarn_gqa_f32",
+     dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=64, num_key_value_heads=2,
+          max_position_embeddings=256, rope_theta=10000.0, use_sliding_window=False, attention_bias=None,
+          rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}),
+     torch.float32, "safetensors", 1),
+]
+
+# rope_scaling of type yarn as checkpoints ship it (head_dim, theta, max_position_embeddings,
+# rope_scaling): the inverse frequencies, attention factor and served context go to yarn_rope.json.
+YARN_CASES = [
+    ("qwen2.5-7b", 128, 1000000.0, 32768,
+     {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+    ("qwen3-8b", 128, 1000000.0, 40960,
+     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+    ("deepseek-style-mscale", 64, 10000.0, 163840,
+     {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+      "mscale": 1.0, "mscale_all_dim": 1.0}),
+    ("mscale-ratio", 64, 10000.0, 16384,
+     {"type": "yarn", "factor": 8, "original_max_position_embeddings": 2048, "mscale": 0.707, "mscale_all_dim": 1.0}),
+    ("no-truncate", 64, 150000.0, 131072,
+     {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+      "beta_slow": 1.0, "truncate": False}),
+    ("explicit-attention-factor-betas", 96, 500000.0, 8192,
+     {"type": "yarn", "factor": 2.0, "attention_factor": 1.0, "beta_fast": 8, "beta_slow": 2}),
 ]
 
 
@@ -165,9 +194,61 @@ def rope_cos_sin(cfg, T, hd):
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < old / hi) * ~(wavelen > old / lo)
         inv_freq = torch.where(medium, blended, scaled)
+    attention_factor = 1.0
+    if kind == "yarn":
+        inv_freq, attention_factor = yarn_inv_freq(hd, theta, cfg["max_position_embeddings"], scaling)
     freqs = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(torch.float64), emb.sin().to(torch.float64)
+    return ((emb.cos() * attention_factor).to(torch.float64), (emb.sin() * attention_factor).to(torch.float64))
+
+
+def yarn_inv_freq(dim, base, max_position_embeddings, scaling):
+    """YaRN (Peng et al. 2023) as transformers' _compute_yarn_parameters computes it, in fp32:
+    the factor as given, the correction range from beta_fast/beta_slow rotations over the original
+    context, a linear ramp between kept and interpolated frequencies, and the attention factor
+    (given, else mscale / mscale_all_dim, else 0.1 ln(factor) + 1) by which cos and sin are scaled."""
+    factor = scaling["factor"]
+    original = scaling.get("original_max_position_embeddings") or max_position_embeddings
+
+    def get_mscale(scale, mscale=1.0):
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+            attention_factor = get_mscale(factor, scaling["mscale"]) / get_mscale(factor, scaling["mscale_all_dim"])
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    keep = 1 - ramp  # transformers' inv_freq_extrapolation_factor
+    return interpolation * (1 - keep) + extrapolation * keep, attention_factor
+
+
+def write_yarn_cases():
+    out = []
+    for name, dim, theta, max_pos, scaling in YARN_CASES:
+        inv_freq, attention_factor = yarn_inv_freq(dim, theta, max_pos, scaling)
+        original = scaling.get("original_max_position_embeddings") or max_pos
+        out.append(dict(name=name, head_dim=dim, rope_theta=theta, max_position_embeddings=max_pos,
+                        rope_scaling=scaling, inv_freq=[float(f) for f in inv_freq],
+                        attention_factor=float(attention_factor),
+                        # The context served: max_position_embeddings, or factor x original where longer (vLLM).
+                        context=max(max_pos, round(scaling["factor"] * original))))
+    with open(os.path.join(OUT, "yarn_rope.json"), "w") as f:
+        json.dump(out, f, indent=1)
 
 
 def rotate_half(x):
@@ -237,6 +318,7 @@ def main():
             seq.append(int(reference_logits(cfg, w, seq)[-1].argmax()))
         np.save(os.path.join(d, "greedy.npy"), np.array(seq[5:], dtype=np.int64))
         print(f"{name}: {fmt} x{shards}, {ST_DTYPE[dtype]}")
+    write_yarn_cases()
     print("torch", torch.__version__, file=sys.stderr)
 
 
