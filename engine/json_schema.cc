@@ -217,6 +217,7 @@ class SchemaCompiler {
     for (const auto& [k, v] : s.as_object()) {
       static const std::set<std::string_view> known = {
           "type",     "properties", "required", "additionalProperties", "items",     "minItems", "maxItems",
+          "prefixItems", "uniqueItems",
           "enum",     "const",      "anyOf",    "oneOf",                "minLength", "maxLength", "$ref",
           "minimum",  "maximum",    "exclusiveMinimum",               "exclusiveMaximum", "pattern", "format"};
       KVPR_CHECK(known.count(k) || annotation(k), path, ": the keyword '", k, "' is not supported");
@@ -266,7 +267,7 @@ class SchemaCompiler {
     if (s.find("enum") || s.find("const")) return literals(s, types, path);
     if (types.empty()) {
       if (s.find("properties") || s.find("required") || s.find("additionalProperties")) types = {"object"};
-      else if (s.find("items") || s.find("minItems") || s.find("maxItems")) types = {"array"};
+      else if (s.find("items") || s.find("prefixItems") || s.find("minItems") || s.find("maxItems")) types = {"array"};
       else if (s.find("minLength") || s.find("maxLength")) types = {"string"};
       else return out_.any_;
     }
@@ -375,14 +376,32 @@ class SchemaCompiler {
     if (type == "array") {
       n.kind = SchemaNode::Kind::Array;
       std::tie(n.min_items, n.max_items) = bounds(s, "minItems", "maxItems", path);
-      if (const json::Value* items = s.find("items")) {
-        KVPR_CHECK(!items->is_array(), path, ": items as a list (tuples) is not supported");
-        const int at = add(std::move(n));
+      if (const json::Value* u = s.find("uniqueItems"))  // true would need every item compared: refused
+        KVPR_CHECK(u->is_bool() && !u->as_bool(), path, ": uniqueItems true is not supported");
+      const json::Value* prefix = s.find("prefixItems");
+      KVPR_CHECK(!prefix || (prefix->is_array() && !prefix->as_array().empty()), path,
+                 ": prefixItems must be a non-empty list");
+      const json::Value* items = s.find("items");
+      KVPR_CHECK(!items || !items->is_array(), path,
+                 ": items as a list (draft 7 tuples) is not supported; prefixItems says the same");
+      const size_t np = prefix ? prefix->as_array().size() : 0;
+      if (items && items->is_bool() && !items->as_bool()) {  // no items past the prefix
+        const int64_t most = static_cast<int64_t>(np);
+        KVPR_CHECK(n.min_items <= most, path, ": minItems ", n.min_items, " exceeds the ", most,
+                   " items prefixItems and items false allow");
+        n.max_items = n.max_items < 0 ? most : std::min(n.max_items, most);
+        items = nullptr;
+      }
+      const int at = add(std::move(n));
+      for (size_t i = 0; i < np; ++i) {
+        const int item = compile(prefix->as_array()[i], path + ".prefixItems[" + std::to_string(i) + "]");
+        out_.nodes_[static_cast<size_t>(at)].prefix.push_back(item);
+      }
+      if (items) {
         const int item = compile(*items, path + ".items");
         out_.nodes_[static_cast<size_t>(at)].items = item;
-        return at;
       }
-      return add(std::move(n));
+      return at;
     }
     // object
     n.kind = SchemaNode::Kind::Object;
@@ -762,7 +781,7 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
     case Mode::ArrFirst: {
       if (c == ']') return close(t, false);
       const SchemaNode& n = schema_->node(t.stack.back().node);
-      t.node = n.kind == K::Array && n.items >= 0 ? n.items : schema_->any();
+      t.node = n.kind == K::Array ? n.item(0, schema_->any()) : schema_->any();
       if (n.kind == K::Array && n.max_items == 0) return false;
       return start_value(t, c, spawned);
     }
@@ -792,7 +811,7 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
       const SchemaNode& n = schema_->node(f.node);
       if (n.kind == K::Array && n.max_items >= 0 && f.count >= n.max_items) return false;
       t.mode = Mode::Value;
-      t.node = n.kind == K::Array && n.items >= 0 ? n.items : schema_->any();
+      t.node = n.kind == K::Array ? n.item(f.count, schema_->any()) : schema_->any();
       return true;
     }
     default: return false;  // Done: only whitespace

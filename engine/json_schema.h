@@ -4,7 +4,8 @@
 // side until the text tells them apart.
 //
 // The subset: type (one or a list), properties, required, additionalProperties (false, true or a
-// schema), items, minItems, maxItems, enum, const, anyOf (and oneOf, as anyOf: the text is valid
+// schema), items (a schema, or false), prefixItems (tuples: Pydantic's tuple[int, str]; items then
+// are those after them), minItems, maxItems, uniqueItems false, enum, const, anyOf (and oneOf, as anyOf: the text is valid
 // against one of them), minLength, maxLength, minimum, maximum, exclusiveMinimum,
 // exclusiveMaximum (compared exactly: the text's decimal value against the bound as Python's
 // repr writes it; a bounded number is written without an exponent), pattern (regex.h's subset)
@@ -39,8 +40,12 @@ struct SchemaNode {
   uint64_t required = 0;           // bit i: names[i] is required
   int additional = -1;             // node of other keys' values; -1: no other keys
   // Array
-  int items = -1;  // node of the items (-1: any)
+  int items = -1;  // node of the items (-1: any), those after prefix
+  std::vector<int> prefix;  // prefixItems: the nodes of the first items
   int64_t min_items = 0, max_items = -1;
+  int item(int64_t index, int any) const {  // the node of item `index`
+    return index < static_cast<int64_t>(prefix.size()) ? prefix[static_cast<size_t>(index)] : items >= 0 ? items : any;
+  }
   // String
   int64_t min_length = 0, max_length = -1;
   // pattern and format (at most one of each), every one of which the string's value must match

@@ -63,6 +63,15 @@ class Event(BaseModel):
     note: Optional[str] = Field(default=None, pattern="ok")
 
 
+# Tuples: Pydantic writes tuple[int, int] as prefixItems with minItems = maxItems = 2, and
+# tuple[int, ...] as items.
+class Shape(BaseModel):
+    point: tuple[int, int]
+    label: tuple[str, float, bool]
+    path: tuple[int, ...]
+    named: Optional[tuple[Literal["x", "y"], tuple[int, str]]] = None
+
+
 class Tree(BaseModel):
     value: int
     children: List["Tree"] = []
@@ -125,6 +134,15 @@ SCHEMAS += [
     {"type": "array", "items": {"anyOf": [{"type": "string", "format": "ipv4"}, {"type": "string", "format": "time"},
                                           {"type": "string", "pattern": "^v[0-9]+$"}]}, "maxItems": 3},
 ]
+SCHEMAS += [
+    Shape.model_json_schema(),
+    strict(Shape.model_json_schema()),
+    # A prefix, then booleans, at most 4 items; a prefix and nothing after it (items false);
+    # an unused uniqueItems false.
+    {"type": "array", "prefixItems": [{"type": "string", "maxLength": 3}, {"type": "integer"}],
+     "items": {"type": "boolean"}, "maxItems": 4, "uniqueItems": False},
+    {"prefixItems": [{"enum": ["a", "b"]}, {"type": "null"}], "items": False, "minItems": 1},
+]
 # Values of strings under a format or pattern, which random text would not match.
 EXAMPLES = {
     "date-time": ["2024-07-01T12:30:00Z", "1999-12-31t23:59:60.25-08:00"],
@@ -180,11 +198,15 @@ def gen(root, s, rng, depth=0):
         if extra is not False and rng.random() < 0.3:
             out["extra_" + str(rng.randint(0, 9))] = gen(root, extra if isinstance(extra, dict) else {}, rng, depth + 1)
         return out
-    if t == "array":
-        lo, hi = s.get("minItems", 0), s.get("maxItems", 4)
+    if t == "array" or "prefixItems" in s:
+        prefix = s.get("prefixItems", [])
+        lo, hi = s.get("minItems", 0), s.get("maxItems", len(prefix) + 4)
+        if s.get("items", True) is False:
+            hi = min(hi, len(prefix))
         if depth > 3:
             hi = lo
-        return [gen(root, s.get("items", {}), rng, depth + 1) for _ in range(rng.randint(lo, max(lo, hi)))]
+        return [gen(root, prefix[i] if i < len(prefix) else s.get("items", {}), rng, depth + 1)
+                for i in range(rng.randint(lo, max(lo, hi)))]
     if t == "string" and ("format" in s or "pattern" in s):
         return rng.choice(EXAMPLES[s.get("pattern", s.get("format"))])
     if t == "string":
