@@ -436,6 +436,18 @@ int cmd_info(int argc, char** argv) {
     o.set("checkpoint_format", model.checkpoint_format());
     o.set("weight_dtype", dtype_name(model.weight_dtype()));
     o.set("parameters", model.parameter_count());
+    if (llama && llama->config().moe()) {
+      const LlamaConfig& lc = llama->config();
+      json::Value ex(json::Object{});
+      ex.set("experts", lc.num_experts);
+      ex.set("per_token", lc.experts_per_token);
+      ex.set("width", lc.moe_intermediate_size);
+      ex.set("moe_layers", lc.moe_layers());
+      ex.set("shared_expert_width", lc.shared_expert_intermediate_size);
+      ex.set("norm_topk_prob", lc.norm_topk_prob);
+      o.set("mixture_of_experts", std::move(ex));
+      o.set("active_parameters", model.parameter_count() - lc.idle_expert_parameters());
+    }
     o.set("weight_bytes", static_cast<int64_t>(model.weight_bytes()));
     json::Value dw(json::Object{});
     dw.set("device", static_cast<int64_t>(model.weight_bytes()));
@@ -477,8 +489,23 @@ int cmd_info(int argc, char** argv) {
   else
     std::printf("context               %lld\n", static_cast<long long>(c.max_position_embeddings));
   std::printf("checkpoint            %s, %s\n", model.checkpoint_format().c_str(), dtype_name(model.weight_dtype()));
+  if (llama && llama->config().moe()) {
+    const LlamaConfig& lc = llama->config();
+    std::printf("experts               %lld of width %lld, %lld per token%s, in %lld of %lld layers%s\n",
+                static_cast<long long>(lc.num_experts), static_cast<long long>(lc.moe_intermediate_size),
+                static_cast<long long>(lc.experts_per_token), lc.norm_topk_prob ? " (weights renormalised)" : "",
+                static_cast<long long>(lc.moe_layers()), static_cast<long long>(lc.num_layers),
+                lc.shared_expert_intermediate_size > 0
+                    ? (", a shared expert of width " + std::to_string(lc.shared_expert_intermediate_size)).c_str()
+                    : "");
+  }
   std::printf("parameters            %lld (%.1fM)\n", static_cast<long long>(model.parameter_count()),
               model.parameter_count() / 1e6);
+  if (llama && llama->config().moe()) {
+    const int64_t active = model.parameter_count() - llama->config().idle_expert_parameters();
+    std::printf("active parameters     %lld (%.1fM: what one token runs through)\n", static_cast<long long>(active),
+                active / 1e6);
+  }
   std::printf("weight bytes          %s\n", human_bytes(static_cast<double>(model.weight_bytes())).c_str());
   std::printf("on the device         %s with --weights device; %s with --weights host (2 layer slots of %s)\n",
               human_bytes(static_cast<double>(model.weight_bytes())).c_str(),

@@ -67,6 +67,14 @@ void check_rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma) {
              "rms_norm: shapes out ", out.describe(), " x ", x.describe(), " gamma ", gamma.describe());
 }
 
+void check_scatter_add_rows(const Tensor& out, const Tensor& src, const Tensor& ids, const Tensor& scales) {
+  KVPR_CHECK(out.dtype() == DType::F32 && src.dtype() == DType::F32 && ids.dtype() == DType::I32 &&
+                 scales.dtype() == DType::F32 && out.rank() == 2 && src.rank() == 2 && src.dim(1) == out.dim(1) &&
+                 ids.numel() == src.dim(0) && scales.numel() == src.dim(0),
+             "scatter_add_rows: shapes out ", out.describe(), " src ", src.describe(), " ids ", ids.describe(),
+             " scales ", scales.describe());
+}
+
 void check_silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) {
   KVPR_CHECK(out.dtype() == DType::F32 && gate.dtype() == DType::F32 && up.dtype() == DType::F32 &&
                  out.numel() == gate.numel() && gate.numel() == up.numel(),

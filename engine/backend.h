@@ -86,6 +86,8 @@ struct RopeParams {
 
 // Throws unless rope's tensors fit (see Backend::rope); returns T, the rows positions covers.
 int64_t check_rope(const Tensor& x, const Tensor& positions, int head_dim);
+// Throws unless scatter_add_rows's tensors fit.
+void check_scatter_add_rows(const Tensor& out, const Tensor& src, const Tensor& ids, const Tensor& scales);
 // Throws unless rms_norm's and silu_mul's tensors fit.
 void check_rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma);
 void check_silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up);
@@ -179,6 +181,9 @@ class Backend {
   virtual void gather_rows(const Tensor& out, const Tensor& table, const Tensor& ids) = 0;
   // out[i, :] += table[ids[i], :].
   virtual void add_gathered_rows(const Tensor& out, const Tensor& table, const Tensor& ids) = 0;
+  // out[ids[i], :] += scales[i] * src[i, :] (src F32 [M, W], ids I32 and scales F32 [M] in device
+  // memory, ids distinct: a mixture of experts adds each expert's rows back, weighted).
+  virtual void scatter_add_rows(const Tensor& out, const Tensor& src, const Tensor& ids, const Tensor& scales) = 0;
   // out = layer_norm(x) * gamma + beta over the last dim; out may alias x.
   virtual void layer_norm(const Tensor& out, const Tensor& x, const Tensor& gamma,
                           const Tensor& beta, float eps) = 0;

@@ -63,7 +63,8 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOp
   KVPR_CHECK(opts.max_step_tokens > 0, "max_step_tokens must be positive");
   max_step_tokens_ = opts.max_step_tokens;
   // A graph step cannot hold the per-layer copies and event waits of KV or weights that move.
-  cuda_graphs_ = opts.cuda_graphs && opts.kv.mode == KvMode::Resident && !model.weight_stream();
+  cuda_graphs_ = opts.cuda_graphs && opts.kv.mode == KvMode::Resident && !model.weight_stream() &&
+                 model.graph_capturable();
   // Ids the tokenizer cannot produce (OPT pads its embedding to 50272) are never sampled.
   valid_vocab_ = static_cast<int32_t>(std::min<int64_t>(c.vocab_size, tokenizer.size()));
   KvRuntimeOptions kv = opts.kv;

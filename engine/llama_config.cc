@@ -11,9 +11,9 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   ConfigFields f(v, source);
   LlamaConfig c;
   f.get_string("model_type", &c.model_type, true);
-  KVPR_CHECK(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" || c.model_type == "qwen3",
-             source, ": model_type \"", c.model_type, "\" is not llama, mistral, qwen2 or qwen3");
-  const bool qwen = c.model_type == "qwen2" || c.model_type == "qwen3";
+  KVPR_CHECK(is_llama_family(c.model_type), source, ": model_type \"", c.model_type,
+             "\" is not llama, mistral, mixtral, qwen2, qwen2_moe, qwen3 or qwen3_moe");
+  const bool qwen = c.model_type.rfind("qwen", 0) == 0;
   f.get_int("vocab_size", &c.vocab_size, true);
   f.get_int("hidden_size", &c.hidden_size, true);
   f.get_int("intermediate_size", &c.intermediate_size, true);
@@ -40,7 +40,8 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   }
   f.get_double("rms_norm_eps", &c.rms_norm_eps);
   f.get_bool("tie_word_embeddings", &c.tie_word_embeddings);
-  if (c.model_type == "qwen2") {  // Qwen2Attention: q/k/v with biases, o_proj without; no config field says so
+  if (c.model_type == "qwen2" || c.model_type == "qwen2_moe") {  // Qwen2Attention: q/k/v with biases, o_proj
+                                                                  // without; no config field says so
     c.qkv_bias = true;
   } else {
     bool attention_bias = false;
@@ -121,7 +122,8 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
                  c.num_heads > 0 && c.num_kv_heads > 0 && c.max_position_embeddings > 0 && c.rms_norm_eps > 0 &&
                  c.rope_theta > 0,
              source, ": sizes must be positive");
-  c.qk_norm = c.model_type == "qwen3";
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
+  read_moe(f, c);
   if (const json::Value* hd = f.find("head_dim"); hd && !hd->is_null()) {  // explicit: any even width
     f.get_int("head_dim", &c.config_head_dim);
     KVPR_CHECK(c.config_head_dim > 0 && c.config_head_dim % 2 == 0, source, ": head_dim ", c.config_head_dim,
@@ -139,6 +141,44 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
                                   yarn.beta_fast, yarn.beta_slow, yarn.attention_factor, yarn.mscale,
                                   yarn.mscale_all_dim, yarn.truncate, source);
   return c;
+}
+
+bool is_llama_family(const std::string& model_type) {
+  for (const char* t : {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+    if (model_type == t) return true;
+  return false;
+}
+
+void LlamaConfig::read_moe(const ConfigFields& f, LlamaConfig& c) {
+  const std::string& source = f.source();
+  if (c.model_type == "mixtral") {  // MixtralSparseMoeBlock: every layer, experts as wide as intermediate_size
+    f.get_int("num_local_experts", &c.num_experts, true);
+    f.get_int("num_experts_per_tok", &c.experts_per_token, true);
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;
+    double jitter = 0;
+    f.get_double("router_jitter_noise", &jitter);  // training only
+  } else if (c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
+    f.get_int("num_experts", &c.num_experts, true);
+    f.get_int("num_experts_per_tok", &c.experts_per_token, true);
+    f.get_int("moe_intermediate_size", &c.moe_intermediate_size, true);
+    c.norm_topk_prob = c.model_type == "qwen3_moe";  // transformers' defaults for each
+    f.get_bool("norm_topk_prob", &c.norm_topk_prob);
+    f.get_int("decoder_sparse_step", &c.decoder_sparse_step);
+    if (const json::Value* m = f.find("mlp_only_layers")) {
+      KVPR_CHECK(m->is_array(), source, ": mlp_only_layers must be a list of layer indices");
+      for (const json::Value& i : m->as_array()) c.mlp_only_layers.push_back(i.as_int());
+    }
+    if (c.model_type == "qwen2_moe") f.get_int("shared_expert_intermediate_size", &c.shared_expert_intermediate_size);
+  } else {
+    return;
+  }
+  KVPR_CHECK(c.num_experts > 0 && c.num_experts <= 1024, source, ": num_experts ", c.num_experts,
+             " must be in 1..1024");
+  KVPR_CHECK(c.experts_per_token > 0 && c.experts_per_token <= c.num_experts, source, ": num_experts_per_tok ",
+             c.experts_per_token, " must be in 1..num_experts (", c.num_experts, ")");
+  KVPR_CHECK(c.moe_intermediate_size > 0 && c.decoder_sparse_step > 0 && c.shared_expert_intermediate_size >= 0,
+             source, ": moe_intermediate_size and decoder_sparse_step must be positive");
 }
 
 void LlamaConfig::set_yarn(double factor, double original, double beta_fast, double beta_slow, double attention_factor,

@@ -5,12 +5,18 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/backend.h"
 #include "engine/json.h"
 #include "engine/model_spec.h"
 
 namespace kvpr {
+
+class ConfigFields;
+
+// Whether model_type names Llama's architecture (and its variants above).
+bool is_llama_family(const std::string& model_type);
 
 struct LlamaConfig {
   int64_t vocab_size = 0;
@@ -52,7 +58,34 @@ struct LlamaConfig {
   int64_t eos_token_id = 2;
   int64_t pad_token_id = -1;
   std::string torch_dtype = "float32";
-  std::string model_type = "llama";  // or "mistral", "qwen2", "qwen3": the same architecture
+  std::string model_type = "llama";  // or "mistral", "qwen2", "qwen3": the same architecture; "mixtral",
+                                     // "qwen2_moe", "qwen3_moe": the same with mixture-of-experts MLPs
+  // Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): num_experts > 0 makes a layer's MLP a router
+  // (gate [num_experts, hidden]) choosing experts_per_token of num_experts SwiGLU experts of width
+  // moe_intermediate_size per token, their outputs summed with the router's softmax weights (over all
+  // experts, then the chosen renormalised to sum 1 when norm_topk_prob). Qwen's layers i with
+  // (i + 1) % decoder_sparse_step != 0 or listed in mlp_only_layers keep a dense MLP of
+  // intermediate_size. Qwen2-MoE adds a shared expert of shared_expert_intermediate_size on every
+  // token, scaled by sigmoid(shared_expert_gate · x).
+  int64_t num_experts = 0, experts_per_token = 0, moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  int64_t shared_expert_intermediate_size = 0;
+  bool moe() const { return num_experts > 0; }
+  int64_t moe_layers() const {
+    int64_t layers = 0;
+    for (int64_t i = 0; i < num_layers; ++i) layers += moe_layer(i);
+    return layers;
+  }
+  // Parameters of the experts a token does not use: (E - k) experts of every MoE layer.
+  int64_t idle_expert_parameters() const {
+    return moe_layers() * (num_experts - experts_per_token) * 3 * moe_intermediate_size * hidden_size;
+  }
+  bool moe_layer(int64_t i) const {
+    return moe() && (i + 1) % decoder_sparse_step == 0 &&
+           std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) == mlp_only_layers.end();
+  }
   // Sliding-window attention (Mistral-7B-v0.1; Qwen2 with use_sliding_window on some layers):
   // each token sees the last sliding_window positions (0: all). kvpr serves contexts up to
   // the window, where that is exact: context() is min(max_position_embeddings, sliding_window).
@@ -66,10 +99,13 @@ struct LlamaConfig {
 
   // What Hugging Face calls the architecture (kvpr info).
   const char* architecture() const {
-    return model_type == "mistral" ? "MistralForCausalLM"
-           : model_type == "qwen2" ? "Qwen2ForCausalLM"
-           : model_type == "qwen3" ? "Qwen3ForCausalLM"
-                                   : "LlamaForCausalLM";
+    return model_type == "mistral"     ? "MistralForCausalLM"
+           : model_type == "mixtral"   ? "MixtralForCausalLM"
+           : model_type == "qwen2"     ? "Qwen2ForCausalLM"
+           : model_type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
+           : model_type == "qwen3"     ? "Qwen3ForCausalLM"
+           : model_type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                       : "LlamaForCausalLM";
   }
 
   int64_t head_dim() const { return config_head_dim > 0 ? config_head_dim : hidden_size / num_heads; }
@@ -85,6 +121,7 @@ struct LlamaConfig {
   // other than silu) is refused here, by name.
   static LlamaConfig from_json(const json::Value& v, const std::string& source);
   static LlamaConfig load(const std::string& model_dir);  // <dir>/config.json
+  static void read_moe(const ConfigFields& f, LlamaConfig& c);  // the experts' fields, by model_type
   ModelSpec spec() const;
 };
 

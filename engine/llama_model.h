@@ -26,6 +26,12 @@ struct LlamaLayer {
   Tensor mlp_norm;                        // post_attention_layernorm
   Tensor w_gate_up, b_gate_up;            // gate_proj, up_proj stacked: [2, ffn, h] (and [2, ffn])
   Tensor w_down, b_down;                  // down_proj
+  // Mixture of experts (a layer with a router has no dense MLP above): the router [E, h], each
+  // expert's gate/up stacked [2, fe, h] and down [h, fe]; Qwen2-MoE's shared expert likewise and
+  // its gate [1, h].
+  Tensor router;
+  std::vector<Tensor> expert_gate_up, expert_down;
+  Tensor shared_gate_up, shared_down, shared_gate;
 };
 
 class LlamaModel : public Model {
@@ -38,6 +44,8 @@ class LlamaModel : public Model {
   Tensor forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions = false) override;
   void project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) override;
   bool needs_positions() const override { return true; }
+  // A mixture of experts reads the router's choices back to the host every layer.
+  bool graph_capturable() const override { return !config_.moe(); }
 
  private:
   void assemble(const WeightSource& fetch);
@@ -49,6 +57,14 @@ class LlamaModel : public Model {
   // Qwen3's per-head RMSNorm of rows [n, heads x head_dim] with `gain` (in place); nothing for
   // models without it.
   void head_norm(const Tensor& x, const Tensor& gain);
+  // x += the layer's experts on `a` (rows [n, h]): the router's logits come back to the host,
+  // which picks each row's experts and weights; each expert then runs on its rows, gathered,
+  // and adds them back weighted (plus Qwen2-MoE's shared expert on every row).
+  void mixture_of_experts(const LlamaLayer& L, const Tensor& a, const Tensor& x);
+  // a SwiGLU MLP of stacked gate/up `w_gate_up` [2, f, h] and `w_down` [h, f] on rows `a` [m, h]
+  // into out [m, h] (out = ... when `accumulate` is false, else out += ...).
+  void swiglu(const Tensor& a, const Tensor& w_gate_up, const Tensor& b_gate_up, const Tensor& w_down,
+              const Tensor& b_down, const Tensor& out, bool accumulate);
 
   LlamaConfig config_;
   RopeParams rope_;  // from config_, once
@@ -56,7 +72,12 @@ class LlamaModel : public Model {
   // The separate checkpoint tensors until stack_weights() joins them.
   struct Parts {
     Tensor wq, wk, wv, bq, bk, bv, w_gate, w_up, b_gate, b_up;
+    std::vector<Tensor> expert_gate, expert_up;
+    Tensor shared_gate, shared_up;
   };
+  // Routing: the router's logits (and the shared expert gate's) read back, and each expert's rows
+  // and weights sent up, through pinned host buffers.
+  Tensor route_logits_, route_ids_, route_scales_;
   std::vector<Parts> parts_;
   std::vector<LlamaLayer> layers_;
 };

@@ -223,8 +223,8 @@ std::string model_type(const std::string& model_dir) {
   ConfigFields f(v, "config.json");
   std::string mt;
   f.get_string("model_type", &mt, true);
-  KVPR_CHECK(mt == "opt" || mt == "llama" || mt == "mistral" || mt == "qwen2" || mt == "qwen3", "config.json: model_type \"",
-             mt, "\" is not supported (supported: opt, llama, mistral, qwen2, qwen3)");
+  KVPR_CHECK(mt == "opt" || is_llama_family(mt), "config.json: model_type \"", mt,
+             "\" is not supported (supported: opt, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe)");
   return mt;
 }
 

@@ -71,6 +71,10 @@ class Model : public KvProjector {
   void forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, const Tensor& logits,
                bool all_positions = false);
 
+  // Whether a decode step's work is known before it runs, so that it may be captured and replayed
+  // as a CUDA graph (not when the host reads results back mid-step, as a mixture of experts does).
+  virtual bool graph_capturable() const { return true; }
+
   KvShape kv_shape() const {
     return KvShape{spec_.num_layers, spec_.hidden_size, spec_.num_heads, spec_.num_kv_heads, spec_.head_dim};
   }

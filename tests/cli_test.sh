@@ -81,11 +81,13 @@ check "info on a .bin fixture" "$KVPR" info --model "$DATA/opt/fp16_bin_sharded"
 # rope scaling in bf16) with Llama-2's or Llama-3's tokenizer (tokenizer.json): info names them;
 # the greedy tokens of the torch reference (greedy.npy) come out of resident, KVPR (recompute
 # inside the prompt) and offload with the weights streamed from host memory.
-# Qwen3 (heads of 16 on a hidden size of 32, per-head Q/K norms) with Qwen2.5's tokenizer too.
+# Qwen3 (heads of 16 on a hidden size of 32, per-head Q/K norms) with Qwen2.5's tokenizer too, and
+# Mixtral (a mixture of 4 experts, 2 per token) with Llama-2's.
 for fx in "f32_safetensors 4 4 llama-tokenizer llama LlamaForCausalLM 8" \
           "gqa_f32_safetensors 2 4 llama-tokenizer llama LlamaForCausalLM 8" \
           "llama3_rope_gqa_bf16 2 2 llama3-tokenizer llama LlamaForCausalLM 8" \
-          "qwen3_head_dim_qk_norm_bf16 2 2 qwen2-tokenizer qwen3 Qwen3ForCausalLM 16"; do
+          "qwen3_head_dim_qk_norm_bf16 2 2 qwen2-tokenizer qwen3 Qwen3ForCausalLM 16" \
+          "mixtral_gqa_f16_bin 2 2 llama-tokenizer mixtral MixtralForCausalLM 8"; do
   set -- $fx
   mkdir -p "$tmp/$1" && cp "$DATA"/llama/$1/* "$DATA"/$4/tokenizer*.json "$tmp/$1/"
   check "info on $1" python3 -c "
@@ -105,6 +107,15 @@ b=open(sys.argv[2],'rb').read(); n=struct.unpack('<H',b[8:10])[0]; want=list(str
 assert json.loads(sys.argv[1])['tokens']==want, (sys.argv[1], want)" "$out" "$DATA/llama/$1/greedy.npy"
   done
 done
+
+# A mixture of experts: info counts the experts and the parameters one token runs through (the
+# Qwen3-MoE fixture's layer 0 has 8 experts of width 24 on a hidden size of 32, 2 per token; layer 1
+# is dense).
+moe_info=$("$KVPR" info --model "$DATA/llama/qwen3_moe_dense_layer_f32" --json)
+check "info on a mixture of experts" python3 -c "
+import json,sys; o=json.loads(sys.argv[1]); m=o['mixture_of_experts']
+assert o['architecture']=='Qwen3MoeForCausalLM' and m['experts']==8 and m['per_token']==2 and m['moe_layers']==1, o
+assert o['active_parameters']==o['parameters']-6*3*24*32, o" "$moe_info"
 
 # YaRN (Qwen2.5's long-context recipe): info names the ramp and the attention factor, and the
 # context is factor x original_max_position_embeddings (4 x 256).

@@ -97,6 +97,17 @@ TEST_P(CpuOps, GatherAndLayerNorm) {
   for (int i = 0; i < T; ++i)
     for (int j = 0; j < D; ++j) ref[i * D + j] = 2 * tv[((i * 7) % V) * D + j];
   EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), 1e-6));
+  // A mixture of experts adds 5 rows back into rows 9, 0, 3, 12, 6 of out, weighted.
+  Tensor src = random_tensor(be, DType::F32, {5, D}, rng), to = be.alloc(DType::I32, {5}), w = be.alloc(DType::F32, {5});
+  auto sv = as_double(src);
+  for (int i = 0; i < 5; ++i) {
+    to.data_as<int32_t>()[i] = (9 + 4 * i) % T;
+    w.data_as<float>()[i] = 0.25f * (i + 1);
+    for (int j = 0; j < D; ++j) ref[((9 + 4 * i) % T) * D + j] += 0.25 * (i + 1) * sv[i * D + j];
+  }
+  be.scatter_add_rows(out, src, to, w);
+  EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), 1e-6));
+  EXPECT_THROW(be.scatter_add_rows(out, src, to, be.alloc(DType::F32, {4})), Error);
 
   Tensor g = random_tensor(be, GetParam(), {D}, rng), b = random_tensor(be, GetParam(), {D}, rng);
   Tensor ln = be.alloc(DType::F32, {T, D});

@@ -122,6 +122,17 @@ TEST_P(CudaOps, RowOpsMatchCpu) {
   cpu.add_gathered_rows(oc, table.cpu, ids_c);
   gpu->add_gathered_rows(og, table.gpu, ids_g);
   EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), T * D, 1e-6));
+  // An expert's 7 rows added back, weighted, into distinct rows (ids and weights in device memory).
+  Pair src = random_pair(cpu, *gpu, DType::F32, {7, D}, 7);
+  Tensor to_c = cpu.alloc(DType::I32, {7}), to_g = gpu->alloc(DType::I32, {7});
+  Tensor w_c = cpu.alloc(DType::F32, {7}), w_g = gpu->alloc(DType::F32, {7});
+  for (int i = 0; i < 7; ++i) to_c.data_as<int32_t>()[i] = (12 - 2 * i + T) % T, w_c.data_as<float>()[i] = 0.1f * i - 0.2f;
+  gpu->copy(to_g, to_c, Stream::H2D);
+  gpu->copy(w_g, w_c, Stream::H2D);
+  gpu->wait(Stream::Compute, gpu->record(Stream::H2D));
+  cpu.scatter_add_rows(oc, src.cpu, to_c, w_c);
+  gpu->scatter_add_rows(og, src.gpu, to_g, w_g);
+  EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), T * D, 1e-6));
   Pair g = random_pair(cpu, *gpu, GetParam(), {D}, 5), bt = random_pair(cpu, *gpu, GetParam(), {D}, 6);
   Tensor lc = cpu.alloc(DType::F32, {T, D}), lg = gpu->alloc(DType::F32, {T, D});
   cpu.layer_norm(lc, oc, g.cpu, bt.cpu, 1e-5f);
@@ -356,7 +367,8 @@ TEST(Cuda, EveryKvModeGivesTheCpuGreedyTokens) {
                            "llama/mqa_f16_bin_sharded", "llama/llama3_rope_gqa_bf16",
                            "llama/mistral_sliding_window", "llama/qwen2_qkv_bias_tied_bf16",
                            "llama/qwen3_head_dim_qk_norm_bf16", "llama/qwen3_mha_head_dim_f32",
-                           "llama/qwen2_yarn_gqa_f32"})
+                           "llama/qwen2_yarn_gqa_f32", "llama/qwen3_moe_dense_layer_f32", "llama/qwen2_moe_shared_expert_bf16",
+                           "llama/mixtral_gqa_f16_bin"})
     test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path(name), tok,
                                                 {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4, name);
 }

@@ -272,6 +272,24 @@ void CpuBackend::add_gathered_rows(const Tensor& out, const Tensor& table, const
   });
 }
 
+void CpuBackend::scatter_add_rows(const Tensor& out, const Tensor& src, const Tensor& ids, const Tensor& scales) {
+  const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
+  check_scatter_add_rows(out, src, ids, scales);
+  const int64_t d = out.dim(1), rows = out.dim(0);
+  const int32_t* id = ids.data_as<int32_t>();
+  const float* sc = scales.data_as<float>();
+  const float* in = src.data_as<float>();
+  float* o = out.data_as<float>();
+  ThreadPool::global().parallel_for(src.dim(0), 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t r = id[i];
+      if (r < 0 || r >= rows) continue;  // ids are validated by the caller; never write out of bounds
+      cpu::axpy<cpu::F32Tag>(o + r * d, sc[i], in + i * d, d);
+    }
+  });
+  if (tracer_) trace_op("scatter_add_rows", trace_t0, json::Value());
+}
+
 void CpuBackend::layer_norm(const Tensor& out, const Tensor& x, const Tensor& gamma,
                             const Tensor& beta, float eps) {
   const double trace_t0 = tracer_ ? tracer_->now_us() : 0;

@@ -62,6 +62,7 @@ class CpuBackend final : public Backend {
 
   void gather_rows(const Tensor& out, const Tensor& table, const Tensor& ids) override;
   void add_gathered_rows(const Tensor& out, const Tensor& table, const Tensor& ids) override;
+  void scatter_add_rows(const Tensor& out, const Tensor& src, const Tensor& ids, const Tensor& scales) override;
   void layer_norm(const Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                   float eps) override;
   void rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma, float eps) override;

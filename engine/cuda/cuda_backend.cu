@@ -263,6 +263,12 @@ class CudaBackend final : public Backend {
   void add_gathered_rows(const Tensor& out, const Tensor& table, const Tensor& ids) override {
     gather(out, table, ids, true, "add_gathered_rows");
   }
+  void scatter_add_rows(const Tensor& out, const Tensor& src, const Tensor& ids, const Tensor& scales) override {
+    check_scatter_add_rows(out, src, ids, scales);
+    Traced t(*this, Stream::Compute, "scatter_add_rows", 0, 0);
+    issue("scatter_add_rows", &cuda::scatter_add_rows, out.data_as<float>(), src.data_as<float>(),
+          ids.data_as<int32_t>(), scales.data_as<float>(), out.dim(0), src.dim(0), out.dim(1), compute());
+  }
 
   void layer_norm(const Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) override {
     check_f32(out, "layer_norm output");

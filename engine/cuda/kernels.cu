@@ -23,6 +23,18 @@ __global__ void gather_rows_kernel(float* out, const T* table, const int32_t* id
   }
 }
 
+__global__ void scatter_add_rows_kernel(float* out, const float* src, const int32_t* ids, const float* scales,
+                                        int64_t rows, int64_t n, int64_t width) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int64_t r = ids[i];
+    if (r < 0 || r >= rows) continue;  // ids are validated on the host; never write out of bounds
+    const float s = scales[i];
+    const float* in = src + i * width;
+    float* dst = out + r * width;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) dst[j] += s * in[j];
+  }
+}
+
 template <typename T>
 __global__ void layer_norm_kernel(float* out, const float* x, const T* gamma, const T* beta, int64_t rows,
                                   int64_t width, float eps) {
@@ -144,6 +156,13 @@ void gather_rows(float* out, const void* table, DType table_dtype, const int32_t
   KVPR_FLOAT_DISPATCH(table_dtype, T,
                       KVPR_LAUNCH(grid_for(n_ids, 1, 65535), 256, 0, stream, gather_rows_kernel<T>)(
                           out, static_cast<const T*>(table), ids, rows, n_ids, width, accumulate));
+  CUDA_CHECK_LAUNCH();
+}
+
+void scatter_add_rows(float* out, const float* src, const int32_t* ids, const float* scales, int64_t rows, int64_t n,
+                      int64_t width, cudaStream_t stream) {
+  if (n == 0) return;
+  KVPR_LAUNCH(grid_for(n, 1, 65535), 256, 0, stream, scatter_add_rows_kernel)(out, src, ids, scales, rows, n, width);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -25,6 +25,9 @@ KVPR_CUDA_NAMESPACE_BEGIN
 
 void gather_rows(float* out, const void* table, DType table_dtype, const int32_t* ids, int64_t rows, int64_t n_ids,
                  int64_t width, bool accumulate, cudaStream_t stream);
+// out[ids[i]] += scales[i] * src[i] for i < n, rows of `width` (Backend::scatter_add_rows; ids distinct).
+void scatter_add_rows(float* out, const float* src, const int32_t* ids, const float* scales, int64_t rows, int64_t n,
+                      int64_t width, cudaStream_t stream);
 void layer_norm(float* out, const float* x, const void* gamma, const void* beta, DType param_dtype, int64_t rows,
                 int64_t width, float eps, cudaStream_t stream);
 void rms_norm(float* out, const float* x, const void* gamma, DType gamma_dtype, int64_t rows, int64_t width, float eps,

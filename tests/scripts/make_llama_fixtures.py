@@ -96,6 +96,31 @@ CASES = [
           max_position_embeddings=256, rope_theta=10000.0, use_sliding_window=False, attention_bias=None,
           rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}),
      torch.float32, "safetensors", 1),
+    # Mixtures of experts. Qwen3-MoE: 8 experts of width 24, 2 per token renormalised
+    # (norm_topk_prob), Qwen3's per-head norms and head width; layer 1 in mlp_only_layers keeps a
+    # dense MLP.
+    ("qwen3_moe_dense_layer_f32",
+     dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], head_dim=16, num_key_value_heads=2,
+          tie_word_embeddings=True, rope_theta=1000000.0, use_sliding_window=False, num_experts=8,
+          num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True, decoder_sparse_step=1,
+          mlp_only_layers=[1]),
+     torch.float32, "safetensors", 1),
+    # Qwen2-MoE: 6 experts, 3 per token with the softmax's own weights (norm_topk_prob false), a
+    # shared expert of width 40 on every token scaled by sigmoid(shared_expert_gate · x); Q/K/V
+    # biases; bf16 in two shards.
+    ("qwen2_moe_shared_expert_bf16",
+     dict(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], torch_dtype="bfloat16", num_experts=6,
+          num_experts_per_tok=3, moe_intermediate_size=16, shared_expert_intermediate_size=40, norm_topk_prob=False,
+          decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False, attention_bias=None,
+          rope_theta=1000000.0),
+     torch.bfloat16, "safetensors", 2),
+    # Mixtral: block_sparse_moe with 4 experts (w1 gate, w3 up, w2 down) as wide as
+    # intermediate_size, 2 per token renormalised; grouped-query attention; fp16 .bin.
+    ("mixtral_gqa_f16_bin",
+     dict(model_type="mixtral", architectures=["MixtralForCausalLM"], torch_dtype="float16", num_key_value_heads=2,
+          num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, router_jitter_noise=0.0,
+          sliding_window=None, rope_theta=1000000.0),
+     torch.float16, "bin", 1),
 ]
 
 # rope_scaling of type yarn as checkpoints ship it (head_dim, theta, max_position_embeddings,
@@ -125,7 +150,7 @@ def head_dim(cfg):
 def has_bias(cfg, proj):
     """Which attention projections carry a bias: Qwen2Attention's q/k/v always; Llama's all four
     with attention_bias."""
-    if cfg["model_type"] == "qwen2":
+    if cfg["model_type"] in ("qwen2", "qwen2_moe"):
         return proj != "o_proj"
     return cfg.get("attention_bias", False)
 
@@ -133,7 +158,7 @@ def has_bias(cfg, proj):
 def window(cfg):
     """The sliding window the reference applies: Mistral's whenever set; Qwen2's only with
     use_sliding_window (on layers from max_window_layers on; this script's cases have none)."""
-    if cfg["model_type"] in ("qwen2", "qwen3"):
+    if cfg["model_type"].startswith("qwen"):
         assert not cfg.get("use_sliding_window")
         return None
     return cfg.get("sliding_window")
@@ -157,9 +182,13 @@ def make_weights(cfg, dtype, gen):
             w[p + "self_attn." + proj + ".weight"] = rnd(rows, cols, std=cols ** -0.5)
             if has_bias(cfg, proj):
                 w[p + "self_attn." + proj + ".bias"] = rnd(rows, std=0.1)
-        if cfg["model_type"] == "qwen3":  # Qwen3RMSNorm over each head of Q and of K
+        if cfg["model_type"] in ("qwen3", "qwen3_moe"):  # Qwen3RMSNorm over each head of Q and of K
             w[p + "self_attn.q_norm.weight"] = rnd(head_dim(cfg), std=0.1, mean=1.0)
             w[p + "self_attn.k_norm.weight"] = rnd(head_dim(cfg), std=0.1, mean=1.0)
+        if moe_layer(cfg, i):
+            for name, t in moe_weights(cfg, rnd).items():
+                w[p + name] = t
+            continue
         w[p + "mlp.gate_proj.weight"] = rnd(f, h, std=h ** -0.5)
         w[p + "mlp.up_proj.weight"] = rnd(f, h, std=h ** -0.5)
         w[p + "mlp.down_proj.weight"] = rnd(h, f, std=f ** -0.5)
@@ -169,6 +198,74 @@ def make_weights(cfg, dtype, gen):
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = rnd(v, h, std=0.5)
     return w
+
+
+def num_experts(cfg):
+    return cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+
+
+def moe_layer(cfg, i):
+    """Qwen2MoeDecoderLayer's rule (Mixtral: every layer): sparse unless in mlp_only_layers or off
+    the decoder_sparse_step."""
+    if not num_experts(cfg):
+        return False
+    return i not in cfg.get("mlp_only_layers", []) and (i + 1) % cfg.get("decoder_sparse_step", 1) == 0
+
+
+def moe_names(cfg):
+    """(router, expert prefix, gate, up, down) names as the checkpoints have them."""
+    if cfg["model_type"] == "mixtral":
+        return "block_sparse_moe.gate", "block_sparse_moe.experts.", "w1", "w3", "w2"
+    return "mlp.gate", "mlp.experts.", "gate_proj", "up_proj", "down_proj"
+
+
+def moe_weights(cfg, rnd):
+    h, E = cfg["hidden_size"], num_experts(cfg)
+    fe = cfg["intermediate_size"] if cfg["model_type"] == "mixtral" else cfg["moe_intermediate_size"]
+    router, experts, g, u, d = moe_names(cfg)
+    # Router logits of std ~2: distinct experts per token, no near-ties.
+    w = {router + ".weight": rnd(E, h, std=2 * h ** -0.5)}
+    for e in range(E):
+        x = f"{experts}{e}."
+        w[x + g + ".weight"] = rnd(fe, h, std=h ** -0.5)
+        w[x + u + ".weight"] = rnd(fe, h, std=h ** -0.5)
+        w[x + d + ".weight"] = rnd(h, fe, std=fe ** -0.5)
+    fs = cfg.get("shared_expert_intermediate_size", 0)
+    if fs:
+        w["mlp.shared_expert.gate_proj.weight"] = rnd(fs, h, std=h ** -0.5)
+        w["mlp.shared_expert.up_proj.weight"] = rnd(fs, h, std=h ** -0.5)
+        w["mlp.shared_expert.down_proj.weight"] = rnd(h, fs, std=fs ** -0.5)
+        w["mlp.shared_expert_gate.weight"] = rnd(1, h, std=h ** -0.5)
+    return w
+
+
+def moe_mlp(cfg, W, p, a):
+    """Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock on rows a [T, h]:
+    softmax over every expert, the top k, renormalised when norm_topk_prob (always for Mixtral),
+    the chosen experts' SwiGLU outputs summed with those weights; plus Qwen2-MoE's shared expert
+    times sigmoid of its gate."""
+    router, experts, g, u, d = moe_names(cfg)
+    k = cfg["num_experts_per_tok"]
+    norm = cfg["model_type"] == "mixtral" or cfg.get("norm_topk_prob", cfg["model_type"] == "qwen3_moe")
+    probs = torch.softmax(a @ W[p + router + ".weight"].T, dim=-1)
+    weights, chosen = torch.topk(probs, k, dim=-1)
+    if norm:
+        weights = weights / weights.sum(-1, keepdim=True)
+    out = torch.zeros_like(a)
+
+    def swiglu(rows, x):
+        return (torch.nn.functional.silu(rows @ W[x + g + ".weight"].T) * (rows @ W[x + u + ".weight"].T)) \
+            @ W[x + d + ".weight"].T
+    for t in range(a.shape[0]):
+        for j in range(k):
+            out[t] += weights[t, j] * swiglu(a[t:t + 1], f"{p}{experts}{int(chosen[t, j])}.")[0]
+    if p + "mlp.shared_expert_gate.weight" in W:
+        gate = torch.sigmoid(a @ W[p + "mlp.shared_expert_gate.weight"].T)
+        x = p + "mlp.shared_expert."
+        shared = (torch.nn.functional.silu(a @ W[x + "gate_proj.weight"].T) * (a @ W[x + "up_proj.weight"].T)) \
+            @ W[x + "down_proj.weight"].T
+        out = out + gate * shared
+    return out
 
 
 def rms_norm(x, g, eps):
@@ -288,6 +385,9 @@ def reference_logits(cfg, w, ids):
         att = torch.softmax(q @ k.transpose(1, 2) * hd ** -0.5 + mask, dim=-1) @ v
         x = x + lin(att.transpose(0, 1).reshape(T, nh * hd), p + "self_attn.o_proj")
         a = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        if moe_layer(cfg, i):
+            x = x + moe_mlp(cfg, W, p, a)
+            continue
         x = x + lin(torch.nn.functional.silu(lin(a, p + "mlp.gate_proj")) * lin(a, p + "mlp.up_proj"),
                     p + "mlp.down_proj")
     x = rms_norm(x, W["model.norm.weight"], eps)
