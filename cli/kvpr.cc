@@ -190,7 +190,7 @@ int cmd_generate(int argc, char** argv) {
           "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
           "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
           "--trace", "--repetition-penalty", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights",
-          "--chat", "--system", "--chat-template", "--response-format", "--json-schema"},
+          "--chat", "--system", "--chat-template", "--response-format", "--json-schema", "--speculative-tokens"},
          {"--json", "--ignore-eos", "--cuda-graphs", "--no-thinking"});
   std::string dir = a.require("--model");
   if (a.has("--prompt") + a.has("--prompt-ids") + a.has("--chat") != 1)
@@ -236,6 +236,10 @@ int cmd_generate(int argc, char** argv) {
     std::string m = a.get("--split-model");
     if (m == "paper") go.kv.split_model = SplitModel::Paper;
     else if (m != "pipeline") throw UsageError("--split-model: expected pipeline or paper");
+  }
+  if (a.has("--speculative-tokens")) {
+    go.speculative_tokens = parse_number<int>("--speculative-tokens", a.get("--speculative-tokens"));
+    if (go.speculative_tokens < 0 || go.speculative_tokens > 64) throw UsageError("--speculative-tokens must be in 0..64");
   }
   go.cuda_graphs = a.has("--cuda-graphs");
   if (go.cuda_graphs && go.kv.mode != KvMode::Resident) throw UsageError("--cuda-graphs applies to --kv-mode resident");
@@ -290,6 +294,7 @@ int cmd_generate(int argc, char** argv) {
   uint64_t id = gen.add(prompt, gp);
   json::Array steps;
   while (!gen.idle()) {
+    const SpeculationStats spec_before = gen.speculation_stats();
     gen.step(obs);
     const StepStats& st = gen.kv_runtime().last_step();
     json::Value o(json::Object{});
@@ -302,6 +307,10 @@ int cmd_generate(int argc, char** argv) {
     o.set("d2h_bytes", st.d2h_bytes);
     if (lo.stream_weights) o.set("weight_h2d_bytes", st.weight_h2d_bytes);
     if (go.cuda_graphs) o.set("graph", graph_outcome_name(gen.last_graph_step().outcome));
+    if (go.speculative_tokens > 0) {  // this step's drafts: checked, taken
+      o.set("drafts", gen.speculation_stats().proposed - spec_before.proposed);
+      o.set("accepted", gen.speculation_stats().accepted - spec_before.accepted);
+    }
     if (st.split_source.rfind("scheduler", 0) == 0) {
       o.set("predicted_layer_ms", st.predicted_layer_ms);
       o.set("link_gbps_estimate", st.link_gbps_estimate);
@@ -342,6 +351,12 @@ int cmd_generate(int argc, char** argv) {
     o.set("backend", backend->name());
     o.set("kv_mode", kv_mode_name(go.kv.mode));
     o.set("weights", lo.stream_weights ? "host" : "device");
+    if (go.speculative_tokens > 0) {
+      json::Value sp(json::Object{});
+      sp.set("proposed", gen.speculation_stats().proposed);
+      sp.set("accepted", gen.speculation_stats().accepted);
+      o.set("speculation", std::move(sp));
+    }
     o.set("steps", std::move(steps));
     std::cout << o.dump() << "\n";
   } else {

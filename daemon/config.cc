@@ -70,6 +70,12 @@ const std::vector<Option>& options() {
          KVPR_CHECK(v == "on" || v == "off", "prefix-caching: expected on or off, got '", v, "'");
          c.prefix_caching = v == "on";
        }},
+      {"speculative-tokens", "greedy requests check up to this many tokens a step, looked up in their prompt and output [0: off]",
+       [](DaemonConfig& c, const std::string& v) { c.speculative_tokens = static_cast<int>(to_int("speculative-tokens", v)); }},
+      {"prompt-lookup-max", "speculative decoding: longest n-gram looked up [4]",
+       [](DaemonConfig& c, const std::string& v) { c.prompt_lookup_max = static_cast<int>(to_int("prompt-lookup-max", v)); }},
+      {"prompt-lookup-min", "speculative decoding: shortest n-gram looked up [2]",
+       [](DaemonConfig& c, const std::string& v) { c.prompt_lookup_min = static_cast<int>(to_int("prompt-lookup-min", v)); }},
       {"weights", "device, or host: layer weights in pinned host memory, streamed a layer ahead [device]",
        [](DaemonConfig& c, const std::string& v) {
          KVPR_CHECK(v == "device" || v == "host", "weights: expected device or host, got '", v, "'");
@@ -210,6 +216,9 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   KVPR_CHECK(c.gpu_batches >= 1 && c.gpu_batches <= c.max_batch, "gpu-batches must be in 1..max-batch (", c.max_batch,
              "), not ", c.gpu_batches);
   KVPR_CHECK(c.max_step_tokens >= 1, "max-step-tokens must be >= 1");
+  KVPR_CHECK(c.speculative_tokens >= 0 && c.speculative_tokens <= 64, "speculative-tokens must be in 0..64");
+  KVPR_CHECK(c.prompt_lookup_min >= 1 && c.prompt_lookup_max >= c.prompt_lookup_min,
+             "prompt-lookup-min and prompt-lookup-max need 1 <= min <= max");
   KVPR_CHECK(c.max_queue >= 1, "max-queue must be >= 1");
   DType kv_dtype;
   KVPR_CHECK(c.kv_dtype.empty() || parse_dtype(c.kv_dtype, &kv_dtype), "kv-dtype must be f32, f16, bf16 or fp8, not '",

@@ -27,6 +27,8 @@ struct DaemonConfig {
   int host_attention_threads = 0;
   bool cuda_graphs = false;          // resident decode steps replayed as CUDA graphs
   bool prefix_caching = true;        // finished sequences' slots keep their K/V for later prompts
+  int speculative_tokens = 0;        // prompt-lookup drafts checked per greedy step (0: off)
+  int prompt_lookup_max = 4, prompt_lookup_min = 2;  // n-gram lengths looked up
   bool weights_on_host = false;      // layers' weights streamed from pinned host memory
   int gpu_batches = 1;               // GPU batches per layer (column by column)
   int max_queue = 256;               // requests waiting or running before 429

@@ -667,6 +667,10 @@ class Session : public std::enable_shared_from_this<Session> {
     per_worker("kvpr_worker_busy_fraction", "Fraction of time the worker spent stepping.", "busy_fraction");
     per_worker("kvpr_worker_graph_replays", "Decode steps replayed as CUDA graphs since the worker started (cuda-graphs).",
                "graph_replays");
+    per_worker("kvpr_worker_spec_draft_tokens", "Draft tokens checked since the worker started (speculative-tokens).",
+               "spec_draft_tokens");
+    per_worker("kvpr_worker_spec_accepted_tokens", "Draft tokens accepted since the worker started (speculative-tokens).",
+               "spec_accepted_tokens");
     out += "# HELP kvpr_worker_up Worker ready (1) or not (0).\n# TYPE kvpr_worker_up gauge\n";
     for (const auto& w : workers)
       out += "kvpr_worker_up{worker=\"" + std::to_string(w.index) + "\"} " + (w.state == "ready" ? "1" : "0") + "\n";

@@ -133,6 +133,9 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
   if (!cfg_.profile.empty()) a.insert(a.end(), {"--profile", cfg_.profile});
   if (cfg_.cuda_graphs) a.push_back("--cuda-graphs");
   if (!cfg_.prefix_caching) a.push_back("--no-prefix-caching");
+  if (cfg_.speculative_tokens > 0)
+    a.insert(a.end(), {"--speculative-tokens", std::to_string(cfg_.speculative_tokens), "--prompt-lookup-max",
+                       std::to_string(cfg_.prompt_lookup_max), "--prompt-lookup-min", std::to_string(cfg_.prompt_lookup_min)});
   if (cfg_.weights_on_host) a.insert(a.end(), {"--weights", "host"});
   if (cfg_.gpu_batches > 1) a.insert(a.end(), {"--gpu-batches", std::to_string(cfg_.gpu_batches)});
   if (w.numa_node >= 0) a.insert(a.end(), {"--numa-node", std::to_string(w.numa_node)});

@@ -48,6 +48,7 @@ struct Generator::Sequence {
   bool cancelled = false;
   std::unique_ptr<JsonTokenConstraint> json;  // params.json_object
   std::vector<int32_t> end_ids;               // ids that end it (EOS unless ignore_eos, stop ids)
+  std::vector<int32_t> checked;               // a speculative step's chunk: the last token, then drafts
   Sequence(uint64_t i, const GenerationParams& p, std::vector<int32_t> pr, uint64_t seed, const Tokenizer& t)
       : id(i), params(p), prompt(std::move(pr)), rng(seed), decoder(t) {}
 };
@@ -73,6 +74,29 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOp
   for (int64_t s = opts.max_batch; s-- > 0;) free_slots_.push_back(s);
   slot_cache_.resize(static_cast<size_t>(opts.max_batch));
   prefix_caching_ = opts.prefix_caching;
+  KVPR_CHECK(opts.speculative_tokens >= 0 && opts.speculative_tokens <= 64, "speculative_tokens must be in 0..64");
+  KVPR_CHECK(opts.prompt_lookup_min >= 1 && opts.prompt_lookup_max >= opts.prompt_lookup_min,
+             "prompt lookup needs 1 <= prompt_lookup_min <= prompt_lookup_max");
+  speculative_tokens_ = opts.speculative_tokens;
+  lookup_max_ = opts.prompt_lookup_max;
+  lookup_min_ = opts.prompt_lookup_min;
+}
+
+std::vector<int32_t> Generator::propose(const Sequence& s, int64_t most) const {
+  const int64_t P = static_cast<int64_t>(s.prompt.size()), L = P + static_cast<int64_t>(s.tokens.size());
+  auto at = [&](int64_t i) { return i < P ? s.prompt[static_cast<size_t>(i)] : s.tokens[static_cast<size_t>(i - P)]; };
+  for (int64_t n = std::min<int64_t>(lookup_max_, L - 1); n >= lookup_min_; --n) {
+    // The latest i < L - n with at(i .. i + n) equal to the last n tokens.
+    for (int64_t i = L - n - 1; i >= 0; --i) {
+      int64_t j = 0;
+      while (j < n && at(i + j) == at(L - n + j)) ++j;
+      if (j < n) continue;
+      std::vector<int32_t> drafts;
+      for (int64_t d = i + n; d < L && static_cast<int64_t>(drafts.size()) < most; ++d) drafts.push_back(at(d));
+      return drafts;
+    }
+  }
+  return {};
 }
 
 uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& params) {
@@ -210,6 +234,63 @@ void Generator::take_slot(Sequence& s) {
   }
 }
 
+bool Generator::emit_token(Sequence& s, const Sampled& pick, std::vector<TokenLogprob> top, StepOutput ev,
+                           std::vector<StepOutput>& out) {
+  if (s.params.top_logprobs > 0) s.top.push_back(top);
+  s.tokens.push_back(pick.token);
+  s.logprobs.push_back(pick.logprob);
+  ev.token = pick.token;
+  ev.logprob = pick.logprob;
+  ev.top = std::move(top);
+  const bool is_eos = tok_.is_eos(pick.token) && !s.params.ignore_eos;
+  const auto& stop_ids = s.params.stop_token_ids;
+  if (is_eos || std::find(stop_ids.begin(), stop_ids.end(), pick.token) != stop_ids.end()) {
+    finish(s, FinishReason::Stop, true, out, ev);
+    return true;
+  }
+  size_t before = s.text.size();
+  s.text += s.decoder.push(pick.token);
+  // Stop strings: search only where a new match could start.
+  size_t cut = std::string::npos;
+  for (const auto& stop : s.params.stop) {
+    size_t from = before >= stop.size() ? before - stop.size() + 1 : 0;
+    size_t f = s.text.find(stop, from);
+    if (f != std::string::npos) cut = std::min(cut, f);
+  }
+  if (cut != std::string::npos) {
+    s.text.resize(std::max(cut, s.emitted));
+    finish(s, FinishReason::Stop, false, out, ev);
+    return true;
+  }
+  bool at_limit = static_cast<int>(s.tokens.size()) >= s.params.max_new_tokens || s.past_len + 1 >= max_seq_len_;
+  if (at_limit) {
+    finish(s, FinishReason::Length, true, out, ev);
+    return true;
+  }
+  ev.text = take_visible_text(s, false);
+  out.push_back(ev);
+  return false;
+}
+
+void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_row, std::vector<StepOutput>& out) {
+  // Row j holds the logits after chunk token j (the last token, then draft j): the model's greedy
+  // choice there is the next token; while it equals draft j + 1 that draft's K/V, computed in this
+  // chunk, stand, and the next row decides the token after it.
+  const int32_t* ids = host_ids_.data_as<int32_t>();
+  const float* stats = host_stats_.data_as<float>();
+  const int64_t past = c.past_len;
+  for (int64_t j = 0; j < c.count; ++j) {
+    const int64_t r = first_row + j;
+    const Sampled pick{ids[r], stats[2 * r] - stats[2 * r + 1]};
+    s.past_len = past + 1 + j;  // K/V of the last token and of the drafts taken so far
+    StepOutput ev;
+    ev.id = s.id;
+    if (emit_token(s, pick, {}, ev, out)) return;
+    if (j + 1 == c.count || pick.token != c.tokens[j + 1]) return;  // the rest of the drafts are off
+    ++spec_stats_.accepted;
+  }
+}
+
 std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   std::vector<StepOutput> out;
   // Retire cancelled sequences and admit waiting ones into free slots (FIFO).
@@ -232,6 +313,8 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   // slots (FIFO). A prompt longer than what is left goes on in the next steps (chunked prefill).
   std::vector<Sequence*> batch;
   std::vector<ForwardChunk> chunks;
+  std::vector<char> speculates;  // per chunk: the last token and drafts, one logits row each
+  auto greedy = [](const Sequence& s) { return s.params.sampling.temperature == 0.f || s.params.sampling.top_k == 1; };
   int64_t decodes = 0;
   for (auto& s : running_) {
     if (s->past_len < static_cast<int64_t>(s->prompt.size())) continue;
@@ -240,9 +323,26 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     c.past_len = s->past_len;
     c.tokens = &s->tokens.back();
     c.count = 1;
+    // Drafts to check: never more than the tokens still allowed after the model's own next one,
+    // nor past the context.
+    const int64_t room = std::min<int64_t>({speculative_tokens_,
+                                            s->params.max_new_tokens - static_cast<int64_t>(s->tokens.size()) - 1,
+                                            max_seq_len_ - s->past_len - 2});
+    const bool eligible = room > 0 && !observer && greedy(*s) && !s->params.sampling.adjusts_logits() && !s->json &&
+                          s->params.top_logprobs == 0;
+    std::vector<int32_t> drafts = eligible ? propose(*s, room) : std::vector<int32_t>();
+    if (!drafts.empty()) {
+      s->checked.assign(1, s->tokens.back());
+      s->checked.insert(s->checked.end(), drafts.begin(), drafts.end());
+      c.tokens = s->checked.data();
+      c.count = static_cast<int64_t>(s->checked.size());
+      c.all_rows = true;
+      spec_stats_.proposed += static_cast<int64_t>(drafts.size());
+    }
     chunks.push_back(c);
     batch.push_back(s.get());
-    ++decodes;
+    speculates.push_back(!drafts.empty());
+    decodes += c.count;
   }
   // At least one prompt token a step, however many sequences decode.
   int64_t budget = std::max<int64_t>(max_step_tokens_ - decodes, 1);
@@ -257,6 +357,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     budget -= c.count;
     chunks.push_back(c);
     batch.push_back(s);
+    speculates.push_back(0);
   };
   for (auto& s : running_)
     if (budget > 0 && s->past_len < static_cast<int64_t>(s->prompt.size())) add_prefill(s.get());
@@ -300,8 +401,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   // Greedy choice and log-sum-exp of every row on the device; the logits themselves come to
   // the host only when a row samples (temperature), alternatives or prompt scores are asked
   // for, or an observer wants them.
-  auto greedy = [](const Sequence& s) { return s.params.sampling.temperature == 0.f || s.params.sampling.top_k == 1; };
-  auto scores_prompt = [&](size_t i) { return chunks[i].all_rows; };
+  auto scores_prompt = [&](size_t i) { return chunks[i].all_rows && !speculates[i]; };
   bool need_logits = false;
   for (size_t i = 0; i < batch.size(); ++i)
     need_logits = need_logits || scores_prompt(i) ||
@@ -384,6 +484,10 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
 
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i];
+    if (speculates[i]) {
+      accept_drafts(s, chunks[i], first[i], out);
+      continue;
+    }
     s.past_len += chunks[i].count;
     if (!chooses[i]) {  // the prompt goes on next step
       if (observer && scores_prompt(i)) host_work(i, scratch_);
@@ -408,47 +512,13 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
       finish(s, FinishReason::Stop, true, out, ev);
       continue;
     }
-    if (s.params.top_logprobs > 0) s.top.push_back(tops[i]);
-    s.tokens.push_back(pick.token);
-    s.logprobs.push_back(pick.logprob);
     StepOutput ev;
     ev.id = s.id;
-    ev.token = pick.token;
-    ev.logprob = pick.logprob;
-    ev.top = std::move(tops[i]);
     if (scores_prompt(i)) {
       ev.prompt_logprobs = s.prompt_logprobs;
       ev.prompt_top = s.prompt_top;
     }
-
-    const bool is_eos = tok_.is_eos(pick.token) && !s.params.ignore_eos;
-    const auto& stop_ids = s.params.stop_token_ids;
-    if (is_eos || std::find(stop_ids.begin(), stop_ids.end(), pick.token) != stop_ids.end()) {
-      finish(s, FinishReason::Stop, true, out, ev);
-      continue;
-    }
-    size_t before = s.text.size();
-    s.text += s.decoder.push(pick.token);
-    // Stop strings: search only where a new match could start.
-    size_t cut = std::string::npos;
-    for (const auto& stop : s.params.stop) {
-      size_t from = before >= stop.size() ? before - stop.size() + 1 : 0;
-      size_t f = s.text.find(stop, from);
-      if (f != std::string::npos) cut = std::min(cut, f);
-    }
-    if (cut != std::string::npos) {
-      s.text.resize(std::max(cut, s.emitted));
-      finish(s, FinishReason::Stop, false, out, ev);
-      continue;
-    }
-    bool at_limit = static_cast<int>(s.tokens.size()) >= s.params.max_new_tokens ||
-                    s.past_len + 1 >= max_seq_len_;
-    if (at_limit) {
-      finish(s, FinishReason::Length, true, out, ev);
-      continue;
-    }
-    ev.text = take_visible_text(s, false);
-    out.push_back(ev);
+    emit_token(s, pick, std::move(tops[i]), ev, out);
   }
   running_.erase(std::remove_if(running_.begin(), running_.end(),
                                 [&](const auto& s) { return s->slot < 0; }),

@@ -66,6 +66,22 @@ struct GeneratorOptions {
   // one). Nothing is copied, so it costs nothing when no prefix matches. Off for prompts whose
   // tokens are scored (prompt_logprobs).
   bool prefix_caching = true;
+  // Speculative decoding by prompt lookup (vLLM's "ngram" method): a greedy sequence whose last
+  // prompt_lookup_max..prompt_lookup_min tokens occurred earlier in its prompt or output proposes
+  // the up to speculative_tokens tokens that followed them there; one forward checks them all
+  // (their K/V computed as a chunk), and the tokens agreeing with the model's greedy choices are
+  // taken, plus the model's own choice after them. The tokens are exactly those of decoding one
+  // at a time; a step moves the same KV whatever it checks, so where KV transfer bounds a step
+  // (offload, kvpr) every accepted token is one step saved. 0: off. Sequences that sample,
+  // adjust logits, follow JSON or ask for alternatives decode one token a step.
+  int speculative_tokens = 0;
+  int prompt_lookup_max = 4, prompt_lookup_min = 2;
+};
+
+// Speculative decoding since the Generator started.
+struct SpeculationStats {
+  int64_t proposed = 0;  // draft tokens checked
+  int64_t accepted = 0;  // of those, taken
 };
 
 // What one step produced for one sequence.
@@ -121,6 +137,7 @@ class Generator {
   // Tokens whose K/V the running sequences hold (host KV in use = this x bytes per token).
   int64_t cached_tokens() const;
   const PrefixCacheStats& prefix_cache_stats() const { return prefix_stats_; }
+  const SpeculationStats& speculation_stats() const { return spec_stats_; }
   size_t waiting() const { return waiting_.size(); }
   int64_t max_seq_len() const { return max_seq_len_; }
   KvRuntime& kv_runtime() { return *runtime_; }
@@ -141,6 +158,15 @@ class Generator {
   void finish(Sequence& s, FinishReason r, bool flush_decoder, std::vector<StepOutput>& out, StepOutput& ev);
   void take_slot(Sequence& s);  // the free slot whose kept tokens share the longest prefix
   std::string take_visible_text(Sequence& s, bool final);
+  // Prompt lookup: the tokens that followed the latest earlier occurrence of s's last n tokens
+  // (n from prompt_lookup_max down), at most `most`; empty when none occurred.
+  std::vector<int32_t> propose(const Sequence& s, int64_t most) const;
+  // Hands out one chosen token: records it, then ends the sequence at an end id, a stop string or
+  // its length (returns true), else adds an event with the text now safe to show.
+  bool emit_token(Sequence& s, const Sampled& pick, std::vector<TokenLogprob> top, StepOutput ev,
+                  std::vector<StepOutput>& out);
+  // A speculative chunk's outcome: the model's greedy tokens, as long as they agree with the drafts.
+  void accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_row, std::vector<StepOutput>& out);
 
   Model& model_;
   const Tokenizer& tok_;
@@ -161,6 +187,8 @@ class Generator {
   uint64_t clock_ = 0;
   bool prefix_caching_ = true;
   PrefixCacheStats prefix_stats_;
+  int speculative_tokens_ = 0, lookup_max_ = 4, lookup_min_ = 2;
+  SpeculationStats spec_stats_;
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
   std::map<uint64_t, SequenceResult> done_;
   uint64_t next_id_ = 1;

@@ -132,6 +132,14 @@ for mode in offload recompute cpu-attn "kvpr --split 3"; do
   got=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 6 --json --kv-dtype f32 --kv-mode $mode)
   check "kv-mode $mode tokens" python3 -c "import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); assert a['tokens']==b['tokens'], (a['tokens'], b['tokens'])" "$ref" "$got"
 done
+# Speculative decoding: the same greedy tokens in fewer steps where the demo model repeats itself.
+ref_loop=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory and the cache lives" -n 30 --json --kv-dtype f32 --kv-mode offload)
+spec_loop=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory and the cache lives" -n 30 --json --kv-dtype f32 --kv-mode offload --speculative-tokens 4)
+check "--speculative-tokens: same tokens, fewer steps" python3 -c "
+import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); s=b['speculation']
+assert a['tokens']==b['tokens'] and 0 < s['accepted'] <= s['proposed'] and len(b['steps']) < len(a['steps']), (a['steps'], b)
+assert sum(x['accepted'] for x in b['steps']) == s['accepted'], b['steps']" "$ref_loop" "$spec_loop"
+expect_error "bad --speculative-tokens" 2 "speculative-tokens must be in 0..64" -- generate --model "$tmp/demo" --prompt x --speculative-tokens 65
 # fp8 KV cache: resident, offload and cpu-attn store and read the same bytes (the same tokens),
 # and every step stores 1 byte per value (4 layers x (K + V) x 128 per token, and X for kvpr).
 ref8=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 6 --json --kv-dtype fp8)

@@ -994,13 +994,31 @@ def prefix_cache(d):
         time.sleep(0.01)
     check("prefix cache: a flood sharing a prompt spreads over the workers", len(busy) == 2 and min(busy) >= 1 and
           all(r and r[0] == 200 for r in results), (busy, h))
-    # --prefix-caching off: the same prompt twice is computed twice, to the same text.
-    off, _ = single_worker(MODEL, "--prefix-caching", "off")
+    # --prefix-caching off: the same prompt twice is computed twice, to the same text. That
+    # daemon also speculates (--speculative-tokens 4): greedy answers are the same text, streamed
+    # or not, and the drafts it took are counted in /metrics.
+    off, _ = single_worker(MODEL, "--prefix-caching", "off", "--speculative-tokens", "4")
     try:
         r1, r2 = completion(off, prompt, 8)[1], completion(off, prompt, 8)[1]
         check("--prefix-caching off: nothing cached, same text",
               r2["usage"]["prompt_tokens_details"] == {"cached_tokens": 0} and
               r1["choices"][0]["text"] == r2["choices"][0]["text"] == first["choices"][0]["text"], (r1, r2))
+        loop = "The cache lives in host memory and the cache lives"  # the demo model repeats itself
+        want = completion(d, loop, 40, ignore_eos=True)[1]["choices"][0]["text"]
+        got = completion(off, loop, 40, ignore_eos=True)[1]
+        events, _ = off.stream("/v1/completions", {"model": "demo", "prompt": loop, "max_tokens": 40, "temperature": 0,
+                                                   "ignore_eos": True, "stream": True})
+        streamed = "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict) and e.get("choices"))
+        check("--speculative-tokens: greedy text as without it, streamed too",
+              got["choices"][0]["text"] == want == streamed and got["usage"]["completion_tokens"] == 40,
+              (got, want, streamed))
+        for _ in range(50):  # workers report their counts every 0.5 s
+            m = metrics(off)
+            if m.get('kvpr_worker_spec_accepted_tokens{worker="0"}', 0) > 0:
+                break
+            time.sleep(0.1)
+        check("--speculative-tokens: drafts checked and taken, in /metrics",
+              0 < m['kvpr_worker_spec_accepted_tokens{worker="0"}'] <= m['kvpr_worker_spec_draft_tokens{worker="0"}'], m)
     finally:
         off.stop()
 

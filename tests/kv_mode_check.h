@@ -58,6 +58,27 @@ inline ScoreGap score_gap(const std::vector<float>& a, const std::vector<float>&
   return g;
 }
 
+// Greedy decoding of `prompts` (max_new tokens, EOS ignored, an f32 cache, one batch) on the CPU
+// backend: the options and parameters used, and the tokens every device run must give.
+struct CpuGreedy {
+  GeneratorOptions options;
+  GenerationParams params;
+  std::vector<std::vector<int32_t>> tokens;
+};
+inline CpuGreedy cpu_greedy(const std::string& dir, const Tokenizer& tok, const std::vector<std::vector<int32_t>>& prompts,
+                            int max_new, bool prefix_caching = true) {
+  CpuGreedy r;
+  r.params.max_new_tokens = max_new;
+  r.params.ignore_eos = true;
+  CpuBackend cpu;
+  std::unique_ptr<Model> mc = load_model(cpu, dir);
+  r.options.max_batch = static_cast<int>(prompts.size());
+  r.options.kv_dtype = DType::F32;
+  r.options.prefix_caching = prefix_caching;
+  r.tokens = greedy_tokens(*mc, tok, r.options, prompts, r.params);
+  return r;
+}
+
 // Greedy decoding of `prompts` (max_new tokens, EOS ignored, fp32 KV, one batch) in each mode
 // on `device` (KVPR with its split forced to `kvpr_split`) equals the CPU backend's, with the
 // weights on the device and streamed from pinned host memory (--weights host; offload, kvpr
@@ -65,16 +86,10 @@ inline ScoreGap score_gap(const std::vector<float>& a, const std::vector<float>&
 inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::string& dir, const Tokenizer& tok,
                                                   const std::vector<std::vector<int32_t>>& prompts, int max_new,
                                                   int kvpr_split, const std::string& label) {
-  GenerationParams p;
-  p.max_new_tokens = max_new;
-  p.ignore_eos = true;
-  CpuBackend cpu;
-  std::unique_ptr<Model> mc_owned = load_model(cpu, dir);
-  Model& mc = *mc_owned;
-  GeneratorOptions oc;
-  oc.max_batch = static_cast<int>(prompts.size());
-  oc.kv_dtype = DType::F32;
-  const std::vector<std::vector<int32_t>> want = greedy_tokens(mc, tok, oc, prompts, p);
+  const CpuGreedy ref = cpu_greedy(dir, tok, prompts, max_new);
+  const GeneratorOptions& oc = ref.options;
+  const GenerationParams& p = ref.params;
+  const std::vector<std::vector<int32_t>>& want = ref.tokens;
   std::unique_ptr<Model> mg_owned = load_model(device, dir);
   Model& mg = *mg_owned;
   for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
@@ -112,6 +127,41 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
   }
 }
 
+// Speculative decoding (prompt lookup, 4 drafts) in every mode on `device`, weights resident and
+// streamed: the greedy tokens of decoding one at a time on the CPU backend, for prompts that
+// repeat themselves so that lookups propose. Returns the drafts accepted, to be checked by the
+// caller over its fixtures (a tiny random model may or may not repeat what its prompt did).
+inline int64_t expect_speculation_gives_cpu_tokens(Backend& device, const std::string& dir, const Tokenizer& tok,
+                                                   int max_new, const std::string& label) {
+  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 33, 5, 17, 33, 5, 17}, {60, 61, 62, 60, 61},
+                                                     {7, 7, 7, 7, 7, 7}};
+  const CpuGreedy ref = cpu_greedy(dir, tok, prompts, max_new);
+  const GeneratorOptions& oc = ref.options;
+  const GenerationParams& p = ref.params;
+  const std::vector<std::vector<int32_t>>& want = ref.tokens;
+  int64_t accepted = 0;
+  for (bool streamed : {false, true}) {
+    ModelLoadOptions lo;
+    lo.stream_weights = streamed;
+    std::unique_ptr<Model> mg = load_model(device, dir, lo);
+    for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
+      GeneratorOptions og = oc;
+      og.kv.mode = m;
+      if (m == KvMode::Kvpr) og.kv.forced_split = 3;
+      og.speculative_tokens = 4;
+      og.prompt_lookup_min = 1;
+      Generator gen(*mg, tok, og);
+      std::vector<std::vector<int32_t>> got;
+      for (auto& r : gen.generate_all(prompts, p)) got.push_back(r.tokens);
+      EXPECT_EQ(got, want) << label << " " << kv_mode_name(m) << (streamed ? ", streamed weights" : "");
+      EXPECT_GT(gen.speculation_stats().proposed, 0) << label;
+      EXPECT_LE(gen.speculation_stats().accepted, gen.speculation_stats().proposed) << label;
+      accepted += gen.speculation_stats().accepted;
+    }
+  }
+  return accepted;
+}
+
 // Chunks that start past cached tokens, in every mode on `device`: a first turn prefilled three
 // tokens a step, then a second turn (prompt, answer, prompt again) given the slot that still
 // holds the first turn's K/V, equal the CPU backend's whole prefills without the cache (the
@@ -120,16 +170,12 @@ inline void expect_chunks_past_cached_tokens_give_cpu_tokens(Backend& device, co
                                                              const Tokenizer& tok,
                                                              const std::vector<std::vector<int32_t>>& prompts,
                                                              int max_new, int kvpr_split, const std::string& label) {
-  GenerationParams p;
-  p.max_new_tokens = max_new;
-  p.ignore_eos = true;
+  const CpuGreedy ref = cpu_greedy(dir, tok, prompts, max_new, /*prefix_caching=*/false);
+  const GeneratorOptions& oc = ref.options;
+  const GenerationParams& p = ref.params;
+  const std::vector<std::vector<int32_t>>& want = ref.tokens;
   CpuBackend cpu;
-  std::unique_ptr<Model> mc = load_model(cpu, dir);
-  GeneratorOptions oc;
-  oc.max_batch = static_cast<int>(prompts.size());
-  oc.kv_dtype = DType::F32;
-  oc.prefix_caching = false;
-  const std::vector<std::vector<int32_t>> want = greedy_tokens(*mc, tok, oc, prompts, p);
+  std::unique_ptr<Model> mc = load_model(cpu, dir);  // for the second turns' reference
   std::unique_ptr<Model> mg_owned = load_model(device, dir);
   Model& mg = *mg_owned;
   std::vector<std::vector<int32_t>> turn2;

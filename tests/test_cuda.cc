@@ -425,6 +425,19 @@ TEST(Cuda, ChunksPastCachedTokensGiveTheCpuGreedyTokens) {
                                                             name);
 }
 
+// Speculative decoding on the device, every mode: drafts checked as chunks (one logits row and
+// greedy choice per token on the device) give the CPU backend's tokens one at a time.
+TEST(Cuda, SpeculativeDecodingGivesTheCpuGreedyTokens) {
+  SKIP_WITHOUT_GPU();
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  auto gpu = create_backend("cuda");
+  int64_t accepted = 0;
+  for (const char* name : {"opt/pre_ln_safetensors", "llama/gqa_f32_safetensors"})
+    accepted += test::expect_speculation_gives_cpu_tokens(*gpu, test::data_path(name), tok, 16, name);
+  EXPECT_GT(accepted, 0);
+}
+
 // JSON mode on the device: the constrained rows are masked and chosen on the host from the
 // logits the device copies back; the tokens are the CPU backend's, and the text is JSON.
 TEST(Cuda, JsonObjectGivesTheCpuTokens) {

@@ -862,3 +862,85 @@ TEST(Generation, Fp8KvCacheInEveryMode) {
     }
   }
 }
+
+// Speculative decoding by prompt lookup gives the tokens of decoding one at a time, in every KV
+// mode, with weights resident and streamed, on OPT, Llama-family and mixture-of-experts fixtures;
+// the tiny random models fall into loops their prompts or outputs already show, so drafts are
+// taken.
+TEST(Generation, SpeculativeDecodingGivesTheSameTokensInEveryMode) {
+  test::TempDir tmp;
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  CpuBackend cpu;
+  int64_t accepted = 0;
+  for (const char* name : {"opt/pre_ln_safetensors", "opt/post_ln_proj_sharded", "llama/gqa_f32_safetensors",
+                           "llama/qwen3_head_dim_qk_norm_bf16", "llama/qwen3_moe_dense_layer_f32"})
+    accepted += test::expect_speculation_gives_cpu_tokens(cpu, test::data_path(name), tok, 24, name);
+  EXPECT_GT(accepted, 0);
+}
+
+// With the real tokenizer: what ends a sequence (a stop string, max_tokens, an end id) inside a
+// run of accepted drafts ends it there, with the text and finish reason of decoding one token at
+// a time;
+// the per-step events carry every token once, in order. A request that cannot speculate (here,
+// penalised) decodes beside it as it would alone.
+TEST(Generation, SpeculativeDecodingStopsWhereOneTokenAtATimeStops) {
+  Demo d;
+  Tokenizer& tok = *d.tok;
+  const std::vector<int32_t> prompt = tok.encode("The cache lives in host memory and the cache lives");
+  GenerationParams greedy;
+  greedy.max_new_tokens = 40;
+  GeneratorOptions plain;
+  plain.max_batch = 4;
+  GeneratorOptions spec = plain;
+  spec.speculative_tokens = 5;
+  // The reference run tells where the drafts will be taken: stop at a string from its middle,
+  // and cut max_tokens inside a run of repeated tokens.
+  const SequenceResult ref = Generator(*d.m, tok, plain).generate_all({prompt}, greedy)[0];
+  ASSERT_GE(ref.tokens.size(), 30u);
+  Generator probe(*d.m, tok, spec);
+  EXPECT_EQ(probe.generate_all({prompt}, greedy)[0].tokens, ref.tokens);
+  ASSERT_GT(probe.speculation_stats().accepted, 5) << "the demo model's greedy loop is no longer predictable";
+  std::vector<GenerationParams> cases;
+  for (int n : {1, 9, 17, 23}) {
+    GenerationParams p = greedy;
+    p.max_new_tokens = n;
+    cases.push_back(p);
+  }
+  GenerationParams stop = greedy;
+  stop.stop = {tok.decode({ref.tokens[20], ref.tokens[21]})};
+  cases.push_back(stop);
+  GenerationParams stop_id = greedy;
+  stop_id.stop_token_ids = {ref.tokens[15]};
+  cases.push_back(stop_id);
+  for (const GenerationParams& p : cases) {
+    // Beside it, a greedy request with a repetition penalty, which does not speculate (its logits
+    // are adjusted on the host); the same two requests without speculation are the reference.
+    GenerationParams sampled = greedy;
+    sampled.sampling.repetition_penalty = 1.3f;
+    Generator ref_gen(*d.m, tok, plain);
+    const uint64_t ref_id = ref_gen.add(prompt, p), ref_other = ref_gen.add(prompt, sampled);
+    while (!ref_gen.idle()) ref_gen.step();
+    const SequenceResult want = ref_gen.take_result(ref_id);
+    Generator gen(*d.m, tok, spec);
+    const uint64_t id = gen.add(prompt, p);
+    const uint64_t other = gen.add(prompt, sampled);
+    std::vector<int32_t> streamed;
+    std::string text;
+    while (!gen.idle())
+      for (const StepOutput& o : gen.step())
+        if (o.id == id) {
+          if (o.token >= 0) streamed.push_back(o.token);
+          text += o.text;
+        }
+    const SequenceResult got = gen.take_result(id);
+    EXPECT_EQ(got.tokens, want.tokens) << p.max_new_tokens;
+    EXPECT_EQ(got.text, want.text);
+    EXPECT_EQ(text, want.text);
+    EXPECT_EQ(streamed, want.tokens);
+    EXPECT_EQ(got.finish, want.finish);
+    EXPECT_EQ(got.logprobs.size(), got.tokens.size());
+    for (size_t i = 0; i < got.logprobs.size() && i < want.logprobs.size(); ++i)
+      EXPECT_NEAR(got.logprobs[i], want.logprobs[i], 1e-4);
+    EXPECT_EQ(gen.take_result(other).tokens, ref_gen.take_result(ref_other).tokens);
+  }
+}

@@ -262,6 +262,8 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
         s.set("device_bytes", static_cast<int64_t>(backend->device_bytes_in_use()));
         s.set("steps", static_cast<int64_t>(steps));
         s.set("graph_replays", backend->graph_counters().replayed);  // decode steps run as one CUDA graph
+        s.set("spec_draft_tokens", gen->speculation_stats().proposed);    // since the worker started
+        s.set("spec_accepted_tokens", gen->speculation_stats().accepted);
         double wall = std::chrono::duration<double>(now - t_start).count();
         s.set("busy_fraction", wall > 0 ? busy_s / wall : 0.0);  // since the last stats message
         ch.send(s);
