@@ -1007,13 +1007,15 @@ int cmd_json(const std::vector<std::string>& args) {
 //     their tokens and the prompt's time to first token, whole prefill vs chunks of K tokens.
 int cmd_serve(const std::vector<std::string>& args) {
   const Options opt(args, {"--preset", "--backend", "--kv-mode", "--kv-dtype", "--conversations", "--prompt", "--answer",
-                           "--new", "--decoders", "--long-prompt", "--chunk", "--json"});
+                           "--new", "--decoders", "--long-prompt", "--chunk", "--speculative-tokens",
+                           "--emulate-link-gbps", "--json"});
   auto be = create_backend(opt.get("--backend", "auto"));
   const std::string preset_name = opt.get("--preset", be->device_is_host() ? "opt-125m" : "opt-6.7b");
   const int C = opt.get_int("--conversations", 4), P = opt.get_int("--prompt", 512), A = opt.get_int("--answer", 32),
             N = opt.get_int("--new", 64), D = opt.get_int("--decoders", 4), L = opt.get_int("--long-prompt", 1024),
             K = opt.get_int("--chunk", 128);
-  KVPR_CHECK(C > 0 && P > 1 && A > 1 && N > 0 && D > 0 && L > 1 && K > 0, "sizes must be positive");
+  const int S = opt.get_int("--speculative-tokens", 4);
+  KVPR_CHECK(C > 0 && P > 1 && A > 1 && N > 0 && D > 0 && L > 1 && K > 0 && S > 0, "sizes must be positive");
   KvMode mode;
   KVPR_CHECK(parse_kv_mode(opt.get("--kv-mode", "resident"), &mode), "unknown --kv-mode");
   DType kv_dtype;
@@ -1021,6 +1023,11 @@ int cmd_serve(const std::vector<std::string>& args) {
   std::unique_ptr<Model> model = preset_model(*be, preset_name, false);
   const Tokenizer tok = Tokenizer::load(default_tokenizer_dir());
   const int32_t vocab = static_cast<int32_t>(std::min<int64_t>(model->spec().vocab_size, tok.size()));
+  if (const double link = opt.get_double("--emulate-link-gbps", 0); link > 0) {
+    auto* cpu = dynamic_cast<CpuBackend*>(be.get());
+    KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
+    cpu->set_emulated_link_gbps(link);
+  }
   GeneratorOptions base;
   base.kv_dtype = kv_dtype;
   base.kv.mode = mode;
@@ -1186,6 +1193,72 @@ int cmd_serve(const std::vector<std::string>& args) {
   std::printf("  longest decoder gap %.2fx shorter; the long prompt's first token %.2fx later; same tokens: %s\n",
               gap_whole / gap_chunk, ttft_chunk / ttft_whole, long_tokens[0] == long_tokens[K] ? "yes" : "NO");
 
+  // Speculative decoding: C greedy sequences of P-token prompts decode A tokens one at a time,
+  // then checking up to S prompt-lookup drafts a step. What a random model's greedy text repeats
+  // sets the acceptance here; the step costs are what carries over to real text.
+  json::Array spec_runs;
+  std::map<int, std::vector<std::vector<int32_t>>> spec_tokens;
+  std::map<int, double> spec_ms_per_token, spec_ms_per_step;
+  double spec_tokens_per_step = 1;
+  std::vector<std::vector<int32_t>> spec_prompts;
+  for (int c = 0; c < C; ++c) spec_prompts.push_back(random_prompt(P));
+  for (int k : {0, S}) {
+    GeneratorOptions g = base;
+    g.max_batch = C;
+    g.max_seq_len = P + 4 * A + 8;
+    g.prefix_caching = false;
+    g.speculative_tokens = k;
+    Generator gen(*model, tok, g);
+    gp.max_new_tokens = 4 * A;
+    for (const auto& sp : spec_prompts) gen.add(sp, gp);
+    gen.step();  // the prefill
+    int64_t steps = 0, tokens = 0;
+    const auto t0 = Clock::now();
+    while (!gen.idle()) {
+      for (const StepOutput& o : gen.step()) tokens += o.token >= 0;
+      ++steps;
+    }
+    const double total = seconds_since(t0);
+    std::vector<std::vector<int32_t>> got;
+    for (uint64_t id = 1; id <= static_cast<uint64_t>(C); ++id) got.push_back(gen.take_result(id).tokens);
+    spec_tokens[k] = got;
+    const SpeculationStats& st = gen.speculation_stats();
+    spec_ms_per_token[k] = total * 1e3 / static_cast<double>(tokens);
+    spec_ms_per_step[k] = total * 1e3 / static_cast<double>(steps);
+    if (k > 0) spec_tokens_per_step = static_cast<double>(tokens) / static_cast<double>(steps * C);
+    json::Value r(json::Object{});
+    r.set("speculative_tokens", k);
+    r.set("decode_steps", steps);
+    r.set("tokens", tokens);
+    r.set("drafts", st.proposed);
+    r.set("accepted", st.accepted);
+    r.set("ms_per_step", spec_ms_per_step[k]);
+    r.set("ms_per_token", spec_ms_per_token[k]);
+    std::printf("speculation %-2d: %d sequences, %lld tokens in %lld steps (%.2f per sequence-step), %lld of %lld drafts "
+                "taken, %7.2f ms/step, %7.3f ms/token\n", k, C, static_cast<long long>(tokens),
+                static_cast<long long>(steps), static_cast<double>(tokens) / static_cast<double>(steps * C),
+                static_cast<long long>(st.accepted), static_cast<long long>(st.proposed), spec_ms_per_step[k],
+                spec_ms_per_token[k]);
+    spec_runs.push_back(std::move(r));
+  }
+  json::Value spec(json::Object{});
+  spec.set("sequences", C);
+  spec.set("prompt", P);
+  spec.set("runs", std::move(spec_runs));
+  spec.set("speedup", spec_ms_per_token[0] / spec_ms_per_token[S]);
+  // A step checking drafts costs this many one-token steps; with acceptance a per draft, a step
+  // yields (1 - a^(S+1)) / (1 - a) tokens: the speedup at acceptance a is that over the cost.
+  const double cost = spec_ms_per_step[S] / spec_ms_per_step[0];
+  spec.set("step_cost_ratio", cost);
+  spec.set("tokens_per_sequence_step", spec_tokens_per_step);
+  json::Value implied(json::Object{});
+  for (double a : {0.3, 0.5, 0.7, 0.9})
+    implied.set(std::to_string(a).substr(0, 3), (1 - std::pow(a, S + 1)) / (1 - a) / cost);
+  spec.set("implied_speedup_at_acceptance", std::move(implied));
+  spec.set("same_tokens", spec_tokens[0] == spec_tokens[S]);
+  std::printf("  %.2fx the tokens per second; a step checking drafts costs %.2fx one that does not; same tokens: %s\n",
+              spec_ms_per_token[0] / spec_ms_per_token[S], cost, spec_tokens[0] == spec_tokens[S] ? "yes" : "NO");
+
   json::Value result(json::Object{});
   result.set("benchmark", "serve");
   result.set("preset", preset_name);
@@ -1195,6 +1268,8 @@ int cmd_serve(const std::vector<std::string>& args) {
   result.set("threads", ThreadPool::global().size());
   result.set("prefix_caching", std::move(prefix));
   result.set("chunked_prefill", std::move(chunked));
+  result.set("speculative_decoding", std::move(spec));
+  result.set("emulated_link_gbps", opt.get_double("--emulate-link-gbps", 0));
   write_json(opt.get("--json", ""), result);
   return 0;
 }

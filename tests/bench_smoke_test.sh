@@ -42,8 +42,9 @@ assert 0 < c['schema: inside a date-time']['allowed'] < 1000, c  # tokens that g
 assert c["schema: inside a pattern's free text"]['allowed'] > 1000, c  # lowercase words
 PY
 fi
-# kvpr-bench serve: prefix caching and chunked prefill on and off give the same tokens, and the
-# cache spares every second turn its first turn's prompt and answer (but the last answer token).
+# kvpr-bench serve: prefix caching, chunked prefill and speculative decoding on and off give the
+# same tokens, and the cache spares every second turn its first turn's prompt and answer (but the
+# last answer token).
 if [ "$backend" = cpu ]; then
   "$KVPR_BENCH" serve --preset tiny --backend cpu --kv-dtype f32 --conversations 2 --prompt 24 --answer 4 --new 5 \
     --decoders 2 --long-prompt 40 --chunk 8 --json "$tmp/s.json" >"$tmp/s.out" 2>&1 || { cat "$tmp/s.out"; exit 1; }
@@ -58,6 +59,11 @@ assert on['prefilled_tokens'] == off['prefilled_tokens'] - on['cached_tokens'] a
 whole, chunked = c['runs']
 assert whole['steps_to_first_token'] == 1 and chunked['steps_to_first_token'] == 7, c  # 40 tokens, 8 - 2 decoding = 6 a step
 assert chunked['decoder_max_gap_ms'] > 0 and chunked['long_prompt_ttft_ms'] > 0, c
+sp = r['speculative_decoding']
+one, spec = sp['runs']
+assert sp['same_tokens'] and one['drafts'] == 0 and one['tokens'] == spec['tokens'] == 2 * (4 * 4 - 1), sp
+assert 0 <= spec['accepted'] <= spec['drafts'] and spec['decode_steps'] <= one['decode_steps'], sp
+assert sp['step_cost_ratio'] > 0 and set(sp['implied_speedup_at_acceptance']) == {'0.3', '0.5', '0.7', '0.9'}, sp
 PY
 fi
 python3 - "$tmp" <<'PY'
