@@ -77,73 +77,121 @@ std::vector<TokenLogprob> top_logprobs(const float* logits, int32_t valid, int n
   return out;
 }
 
+namespace {
+
+// The distribution a sampled token is drawn from: the top-k candidates by logit (all ids when
+// k = 0) in descending order, ties to the lower id, only as much of it sorted as a walk needs (a
+// heavy head usually holds the mass, so a full vocabulary is not sorted per token); softmax
+// weights at the temperature, relative to the row's maximum; kept: the nucleus (the smallest
+// prefix whose mass reaches top_p) or, where tighter, the candidates at least min_p times as
+// likely as the top one (a prefix of the order too).
+class Candidates {
+ public:
+  Candidates(const float* logits, int32_t valid, const SamplingParams& p, float max,
+             std::vector<std::pair<float, int32_t>>& scratch)
+      : c_(scratch), inv_t_(1.0 / p.temperature), top_(max) {
+    c_.clear();
+    for (int32_t i = 0; i < valid; ++i) c_.emplace_back(logits[i], i);
+    k_ = p.top_k > 0 ? std::min<size_t>(p.top_k, c_.size()) : c_.size();
+    if (k_ < c_.size()) {
+      std::nth_element(c_.begin(), c_.begin() + static_cast<std::ptrdiff_t>(k_), c_.end(), desc);
+      c_.resize(k_);
+    }
+    double z = 0;  // sums every candidate (any order)
+    for (size_t i = 0; i < k_; ++i) z += weight(i);
+    keep_ = k_;
+    mass_ = z;
+    if (p.top_p < 1.f) {
+      double cum = 0;
+      for (size_t i = 0; i < k_; ++i) {
+        if (i == sorted_) sort_to(std::max<size_t>(256, 4 * sorted_));
+        cum += weight(i);
+        if (cum / z >= p.top_p) {
+          keep_ = i + 1;
+          break;
+        }
+      }
+      mass_ = keep_ == k_ ? z : cum;
+    }
+    if (p.min_p > 0.f) {
+      size_t m = 0;
+      double m_mass = 0;
+      for (size_t i = 0; i < k_; ++i)
+        if (const double w = weight(i); w >= p.min_p) ++m, m_mass += w;
+      if (m < keep_) keep_ = m, mass_ = m_mass, min_p_cut_ = p.min_p;
+    }
+  }
+  double mass() const { return mass_; }
+  // The kept weight of `id`: 0 when it is not kept.
+  double kept_weight(int32_t id) {
+    size_t at = k_;
+    for (size_t i = 0; i < k_; ++i)
+      if (c_[i].second == id) at = i;
+    if (at == k_) return 0;  // not among the top-k
+    const double w = weight(at);
+    if (keep_ == k_) return w;
+    if (min_p_cut_ > 0) return w >= min_p_cut_ ? w : 0;
+    const std::pair<float, int32_t> mine = c_[at];
+    sort_to(keep_);  // the nucleus is the first keep_ of the order (sorting moves the candidates)
+    return desc(c_[keep_ - 1], mine) ? 0 : w;
+  }
+  // Walks the kept candidates in order, taking u (in [0, mass)) down by each weight, `skip`
+  // left out; the id where it falls below 0 (the last kept one, for rounding).
+  int32_t draw(double u, int32_t skip = -1) {
+    int32_t last = -1;
+    for (size_t i = 0; i < keep_; ++i) {
+      if (i == sorted_) sort_to(std::max<size_t>(256, 4 * sorted_));
+      if (c_[i].second == skip) continue;
+      last = c_[i].second;
+      u -= weight(i);
+      if (u < 0) return last;
+    }
+    return last;
+  }
+
+ private:
+  static bool desc(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  }
+  double weight(size_t i) const { return std::exp((static_cast<double>(c_[i].first) - top_) * inv_t_); }
+  // Sorts the prefix [0, need) (the rest keeps following it in order).
+  void sort_to(size_t need) {
+    need = std::min(need, k_);
+    if (need <= sorted_) return;
+    std::partial_sort(c_.begin() + static_cast<std::ptrdiff_t>(sorted_), c_.begin() + static_cast<std::ptrdiff_t>(need),
+                      c_.end(), desc);
+    sorted_ = need;
+  }
+  std::vector<std::pair<float, int32_t>>& c_;
+  double inv_t_, top_;
+  size_t k_ = 0, keep_ = 0, sorted_ = 0;
+  double mass_ = 0, min_p_cut_ = 0;
+};
+
+}  // namespace
+
 Sampled sample_token(const float* logits, int32_t valid, const SamplingParams& p, Rng& rng,
                      std::vector<std::pair<float, int32_t>>& scratch) {
   // log-sum-exp of the raw logits for the reported log-probability.
   const RowStats st = row_argmax_lse(logits, valid);
-  const int32_t arg = st.token;
-  const double lse = st.lse;
-  auto logprob = [&](int32_t t) { return static_cast<float>(logits[t] - lse); };
+  auto logprob = [&](int32_t t) { return static_cast<float>(logits[t] - st.lse); };
+  if (p.temperature == 0.f || p.top_k == 1) return {st.token, logprob(st.token)};
+  Candidates c(logits, valid, p, st.max, scratch);
+  const int32_t t = c.draw(rng.uniform() * c.mass());
+  return {t, logprob(t)};
+}
 
-  if (p.temperature == 0.f || p.top_k == 1) return {arg, logprob(arg)};
-
-  // Candidates: the top-k by logit (all ids when k = 0). Their order is descending logit,
-  // ties to the lower id; only as much of it is sorted as the draw needs (a heavy head
-  // usually holds the mass, so a full vocabulary is not sorted per token).
-  scratch.clear();
-  for (int32_t i = 0; i < valid; ++i) scratch.emplace_back(logits[i], i);
-  auto desc = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  const size_t k = p.top_k > 0 ? std::min<size_t>(p.top_k, scratch.size()) : scratch.size();
-  if (k < scratch.size()) {
-    std::nth_element(scratch.begin(), scratch.begin() + k, scratch.end(), desc);
-    scratch.resize(k);
-  }
-  // Softmax at the temperature over the candidates; z sums them all (any order).
-  const double inv_t = 1.0 / p.temperature;
-  const double top = st.max;  // the row's maximum is always a candidate
-  auto weight = [&](size_t i) { return std::exp((static_cast<double>(scratch[i].first) - top) * inv_t); };
-  double z = 0;
-  for (size_t i = 0; i < k; ++i) z += weight(i);
-  // Sorts the prefix [0, need) (the rest keeps following it in order), growing it 4x at a time.
-  size_t sorted = 0;
-  auto sort_to = [&](size_t need) {
-    need = std::min(need, k);
-    if (need <= sorted) return;
-    std::partial_sort(scratch.begin() + sorted, scratch.begin() + need, scratch.end(), desc);
-    sorted = need;
-  };
-  // Nucleus: the smallest prefix whose mass reaches top_p (all candidates when top_p = 1).
-  size_t keep = k;
-  double mass = z;
-  if (p.top_p < 1.f) {
-    double cum = 0;
-    for (size_t i = 0; i < k; ++i) {
-      if (i == sorted) sort_to(std::max<size_t>(256, 4 * sorted));
-      cum += weight(i);
-      if (cum / z >= p.top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
-    mass = keep == k ? z : cum;
-  }
-  // min_p: the candidates at least min_p times as likely as the top one (weight is that ratio),
-  // a prefix of the order; it applies where it is tighter than the nucleus.
-  if (p.min_p > 0.f) {
-    size_t m = 0;
-    double m_mass = 0;
-    for (size_t i = 0; i < k; ++i)
-      if (const double w = weight(i); w >= p.min_p) ++m, m_mass += w;
-    if (m < keep) keep = m, mass = m_mass;
-  }
-  double u = rng.uniform() * mass;
-  for (size_t i = 0; i < keep; ++i) {
-    if (i == sorted) sort_to(std::max<size_t>(256, 4 * sorted));
-    u -= weight(i);
-    if (u < 0) return {scratch[i].second, logprob(scratch[i].second)};
-  }
-  sort_to(keep);
-  return {scratch[keep - 1].second, logprob(scratch[keep - 1].second)};
+Speculated speculative_sample(const float* logits, int32_t valid, const SamplingParams& p, Rng& rng,
+                              std::vector<std::pair<float, int32_t>>& scratch, int32_t draft) {
+  const RowStats st = row_argmax_lse(logits, valid);
+  auto logprob = [&](int32_t t) { return static_cast<float>(logits[t] - st.lse); };
+  if (p.temperature == 0.f || p.top_k == 1) return {{st.token, logprob(st.token)}, st.token == draft};
+  Candidates c(logits, valid, p, st.max, scratch);
+  const double w = draft >= 0 && draft < valid ? c.kept_weight(draft) : 0.0;
+  if (w > 0 && rng.uniform() * c.mass() < w) return {{draft, logprob(draft)}, true};
+  // Rejected: a draw from the distribution without the draft.
+  const int32_t t = c.draw(rng.uniform() * (c.mass() - w), w > 0 ? draft : -1);
+  return {{t, logprob(t)}, false};
 }
 
 }  // namespace kvpr

@@ -79,4 +79,17 @@ struct Sampled {
 Sampled sample_token(const float* logits, int32_t valid, const SamplingParams& p, Rng& rng,
                      std::vector<std::pair<float, int32_t>>& scratch);
 
+// Speculative sampling of one row against a proposed `draft` id (a draft distribution that is a
+// point mass, as prompt lookup proposes): the draft is accepted with its probability q(draft)
+// under sample_token's distribution (temperature, top-k, top-p, min-p), else a token is drawn
+// from that distribution without the draft, renormalised; either way the token is distributed
+// exactly as sample_token's (Leviathan et al., 2023). Greedy params accept iff the draft is the
+// argmax. The draws differ from sample_token's, so a seed gives other (equally likely) tokens.
+struct Speculated {
+  Sampled pick;
+  bool accepted;
+};
+Speculated speculative_sample(const float* logits, int32_t valid, const SamplingParams& p, Rng& rng,
+                              std::vector<std::pair<float, int32_t>>& scratch, int32_t draft);
+
 }  // namespace kvpr

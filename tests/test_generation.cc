@@ -641,6 +641,77 @@ TEST(Sampling, DrawsWhatAFullSortDraws) {
   EXPECT_EQ(trials, 288);
 }
 
+// Speculative sampling against a one-token draft leaves the distribution of the chosen token
+// exactly sample_token's (the textbook one: reference_draw's weights over its kept prefix), for
+// drafts the distribution favours, ones it disfavours, ones top-k, top-p or min-p cut, and ids out
+// of range; the draft is accepted as often as its probability.
+TEST(Sampling, SpeculativeSamplingKeepsTheDistribution) {
+  const std::vector<float> logits = {2.f, 1.f, 0.5f, 0.f, -1.f, 1.f, -3.f, 0.2f, 1.5f, -0.5f, 0.9f, 0.1f};
+  const int32_t V = static_cast<int32_t>(logits.size());
+  auto textbook = [&](const SamplingParams& p) {  // q over the ids, as reference_draw weighs them
+    std::vector<std::pair<float, int32_t>> c;
+    for (int32_t i = 0; i < V; ++i) c.emplace_back(logits[i], i);
+    std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    if (p.top_k > 0 && p.top_k < V) c.resize(p.top_k);
+    std::vector<double> w(c.size());
+    double z = 0;
+    for (size_t i = 0; i < c.size(); ++i) z += w[i] = std::exp((c[i].first - c[0].first) / p.temperature);
+    size_t keep = c.size();
+    double cum = 0;
+    for (size_t i = 0; i < c.size() && p.top_p < 1.f; ++i)
+      if ((cum += w[i]) / z >= p.top_p) {
+        keep = i + 1;
+        break;
+      }
+    for (size_t i = 0; i < keep; ++i)
+      if (w[i] < p.min_p) {
+        keep = i;
+        break;
+      }
+    std::vector<double> q(V, 0.0);
+    double mass = 0;
+    for (size_t i = 0; i < keep; ++i) mass += w[i];
+    for (size_t i = 0; i < keep; ++i) q[c[i].second] = w[i] / mass;
+    return q;
+  };
+  std::vector<std::pair<float, int32_t>> scratch;
+  const double lse = row_argmax_lse(logits.data(), V).lse;
+  const int n = 60000;
+  int cases = 0;
+  for (float t : {0.7f, 1.3f})
+    for (int k : {0, 5})
+      for (float top_p : {1.f, 0.8f})
+        for (float min_p : {0.f, 0.2f})
+          for (int32_t draft : {0, 3, 6, 8, 40}) {
+            SamplingParams p;
+            p.temperature = t;
+            p.top_k = k;
+            p.top_p = top_p;
+            p.min_p = min_p;
+            const std::vector<double> q = textbook(p);
+            Rng rng(1000 + cases++);
+            std::vector<int> count(V, 0);
+            int accepted = 0;
+            for (int i = 0; i < n; ++i) {
+              const Speculated r = speculative_sample(logits.data(), V, p, rng, scratch, draft);
+              ++count[r.pick.token];
+              accepted += r.accepted;
+              ASSERT_EQ(r.accepted, r.pick.token == draft && r.accepted);
+              EXPECT_FLOAT_EQ(r.pick.logprob, static_cast<float>(logits[r.pick.token] - lse));  // the model's own
+            }
+            const std::string what = "T=" + std::to_string(t) + " k=" + std::to_string(k) + " p=" +
+                                     std::to_string(top_p) + " min_p=" + std::to_string(min_p) + " draft " +
+                                     std::to_string(draft);
+            const double qd = draft < V ? q[draft] : 0.0;
+            EXPECT_NEAR(accepted / static_cast<double>(n), qd, 5 * std::sqrt(qd * (1 - qd) / n) + 1e-9) << what;
+            for (int32_t i = 0; i < V; ++i) {
+              const double f = count[i] / static_cast<double>(n), sd = std::sqrt(q[i] * (1 - q[i]) / n);
+              EXPECT_NEAR(f, q[i], 5 * sd + 1e-9) << what << " id " << i;
+            }
+          }
+  EXPECT_EQ(cases, 80);
+}
+
 TEST(Sampling, FrequenciesFollowTheTemperedSoftmax) {
   const std::vector<float> logits = {2.f, 1.f, 0.5f, 0.f, -1.f, 1.f, -3.f, 0.2f};
   SamplingParams p;
