@@ -272,21 +272,51 @@ bool Generator::emit_token(Sequence& s, const Sampled& pick, std::vector<TokenLo
   return false;
 }
 
-void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_row, std::vector<StepOutput>& out) {
-  // Row j holds the logits after chunk token j (the last token, then draft j): the model's greedy
-  // choice there is the next token; while it equals draft j + 1 that draft's K/V, computed in this
-  // chunk, stand, and the next row decides the token after it.
+void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_row, bool host_rows,
+                              std::vector<StepOutput>& out) {
+  // Row j holds the logits after chunk token j (the last token, then draft j). The token chosen
+  // there is the next one; while it is draft j + 1 (for sampled sequences: while speculative
+  // sampling accepts it), that draft's K/V, computed in this chunk, stand and row j + 1 chooses
+  // the token after it.
   const int32_t* ids = host_ids_.data_as<int32_t>();
   const float* stats = host_stats_.data_as<float>();
+  const int64_t V = model_.spec().vocab_size;
+  const SamplingParams& sp = s.params.sampling;
+  const bool greedy = sp.temperature == 0.f || sp.top_k == 1;
   const int64_t past = c.past_len;
   for (int64_t j = 0; j < c.count; ++j) {
     const int64_t r = first_row + j;
-    const Sampled pick{ids[r], stats[2 * r] - stats[2 * r + 1]};
+    const int32_t draft = j + 1 < c.count ? c.tokens[j + 1] : -1;
+    Sampled pick{ids[r], stats[2 * r] - stats[2 * r + 1]};
+    bool accepted = pick.token == draft;
+    std::vector<TokenLogprob> top;
+    if (host_rows) {  // sampled, adjusted or with alternatives: from the logits on the host
+      const float* row = logits_.data_as<float>() + r * V;
+      if (s.params.top_logprobs > 0) top = top_logprobs(row, valid_vocab_, s.params.top_logprobs, stats[2 * r + 1], scratch_);
+      std::vector<float> adjusted;
+      if (sp.adjusts_logits()) {  // penalties count the drafts taken so far as generated
+        adjusted.assign(row, row + V);
+        adjust_logits(adjusted.data(), valid_vocab_, sp, s.prompt, s.tokens);
+      }
+      const float* choose = adjusted.empty() ? row : adjusted.data();
+      int32_t t;
+      if (greedy) {
+        t = row_argmax_lse(choose, valid_vocab_).token;
+        accepted = t == draft;
+      } else if (draft >= 0) {
+        const Speculated sd = speculative_sample(choose, valid_vocab_, sp, s.rng, scratch_, draft);
+        t = sd.pick.token;
+        accepted = sd.accepted;
+      } else {
+        t = sample_token(choose, valid_vocab_, sp, s.rng, scratch_).token;
+      }
+      pick = Sampled{t, static_cast<float>(static_cast<double>(row[t]) - stats[2 * r + 1])};
+    }
     s.past_len = past + 1 + j;  // K/V of the last token and of the drafts taken so far
     StepOutput ev;
     ev.id = s.id;
-    if (emit_token(s, pick, {}, ev, out)) return;
-    if (j + 1 == c.count || pick.token != c.tokens[j + 1]) return;  // the rest of the drafts are off
+    if (emit_token(s, pick, std::move(top), ev, out)) return;
+    if (!accepted) return;  // the rest of the drafts are off
     ++spec_stats_.accepted;
   }
 }
@@ -328,8 +358,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     const int64_t room = std::min<int64_t>({speculative_tokens_,
                                             s->params.max_new_tokens - static_cast<int64_t>(s->tokens.size()) - 1,
                                             max_seq_len_ - s->past_len - 2});
-    const bool eligible = room > 0 && !observer && greedy(*s) && !s->params.sampling.adjusts_logits() && !s->json &&
-                          s->params.top_logprobs == 0;
+    const bool eligible = room > 0 && !observer && !s->json;
     std::vector<int32_t> drafts = eligible ? propose(*s, room) : std::vector<int32_t>();
     if (!drafts.empty()) {
       s->checked.assign(1, s->tokens.back());
@@ -453,6 +482,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   };
   auto host_work = [&](size_t i, std::vector<std::pair<float, int32_t>>& scratch) {
     Sequence& s = *batch[i];
+    if (speculates[i]) return;  // its rows are taken in order below (accept_drafts)
     if (scores_prompt(i)) score_prompt(i, scratch);
     if (!chooses[i] || s.params.max_new_tokens == 0) return;  // prefill goes on, or scored only
     const float* row = row_of(last[i]);
@@ -485,7 +515,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i];
     if (speculates[i]) {
-      accept_drafts(s, chunks[i], first[i], out);
+      accept_drafts(s, chunks[i], first[i], need_logits, out);
       continue;
     }
     s.past_len += chunks[i].count;

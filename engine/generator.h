@@ -72,8 +72,10 @@ struct GeneratorOptions {
   // (their K/V computed as a chunk), and the tokens agreeing with the model's greedy choices are
   // taken, plus the model's own choice after them. The tokens are exactly those of decoding one
   // at a time; a step moves the same KV whatever it checks, so where KV transfer bounds a step
-  // (offload, kvpr) every accepted token is one step saved. 0: off. Sequences that sample,
-  // adjust logits, follow JSON or ask for alternatives decode one token a step.
+  // (offload, kvpr) every accepted token is one step saved. 0: off. Sampled sequences take a draft
+  // with its probability (speculative_sample), so their tokens follow the same distribution (not
+  // the same draws); sequences following JSON, or whose logits an observer watches, decode one
+  // token a step.
   int speculative_tokens = 0;
   int prompt_lookup_max = 4, prompt_lookup_min = 2;
 };
@@ -165,8 +167,10 @@ class Generator {
   // its length (returns true), else adds an event with the text now safe to show.
   bool emit_token(Sequence& s, const Sampled& pick, std::vector<TokenLogprob> top, StepOutput ev,
                   std::vector<StepOutput>& out);
-  // A speculative chunk's outcome: the model's greedy tokens, as long as they agree with the drafts.
-  void accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_row, std::vector<StepOutput>& out);
+  // A speculative chunk's outcome: the tokens chosen row by row (the device's greedy choices, or
+  // from the host's copy of the rows when `host_rows`), as long as they take the drafts.
+  void accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_row, bool host_rows,
+                     std::vector<StepOutput>& out);
 
   Model& model_;
   const Tokenizer& tok_;

@@ -1015,3 +1015,47 @@ TEST(Generation, SpeculativeDecodingStopsWhereOneTokenAtATimeStops) {
     EXPECT_EQ(gen.take_result(other).tokens, ref_gen.take_result(ref_other).tokens);
   }
 }
+
+// Sampled requests speculate too: a draft is taken with its probability under the request's
+// distribution (Sampling.SpeculativeSamplingKeepsTheDistribution), so a seed gives the same
+// tokens run after run (other draws than without speculation); greedy requests with
+// alternatives and penalties give exactly the tokens, log-probabilities and alternatives of one
+// token at a time.
+TEST(Generation, SpeculativeDecodingWithSamplingPenaltiesAndAlternatives) {
+  Demo d;
+  Tokenizer& tok = *d.tok;
+  const std::vector<int32_t> prompt = tok.encode("The cache lives in host memory and the cache lives");
+  GeneratorOptions plain;
+  plain.max_batch = 2;
+  GeneratorOptions spec = plain;
+  spec.speculative_tokens = 4;
+  GenerationParams sampled;
+  sampled.max_new_tokens = 40;
+  sampled.sampling.temperature = 0.1f;  // the demo model's near-flat logits: cooled, its text repeats
+  sampled.sampling.top_p = 0.9f;
+  sampled.sampling.seed = 11;
+  Generator a(*d.m, tok, spec), b(*d.m, tok, spec);
+  const SequenceResult ra = a.generate_all({prompt}, sampled)[0], rb = b.generate_all({prompt}, sampled)[0];
+  EXPECT_EQ(ra.tokens, rb.tokens);
+  EXPECT_EQ(ra.tokens.size(), 40u);
+  EXPECT_GT(a.speculation_stats().accepted, 0);
+  for (size_t i = 0; i < ra.tokens.size(); ++i) EXPECT_LE(ra.logprobs[i], 0.f);
+
+  GenerationParams greedy;
+  greedy.max_new_tokens = 40;
+  greedy.top_logprobs = 3;
+  greedy.sampling.frequency_penalty = 0.1f;  // small: the demo model's loop still repeats
+  const SequenceResult want = Generator(*d.m, tok, plain).generate_all({prompt}, greedy)[0];
+  Generator g(*d.m, tok, spec);
+  const SequenceResult got = g.generate_all({prompt}, greedy)[0];
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.top.size(), want.top.size());
+  for (size_t i = 0; i < got.top.size(); ++i) {
+    ASSERT_EQ(got.top[i].size(), 3u);
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(got.top[i][k].first, want.top[i][k].first) << i;
+      EXPECT_NEAR(got.top[i][k].second, want.top[i][k].second, 1e-4) << i;
+    }
+  }
+  EXPECT_GT(g.speculation_stats().accepted, 0);
+}
