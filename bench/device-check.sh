@@ -108,12 +108,13 @@ for cfg in "8 1024" "32 1024 fp8" "64 1024" "32 1024 host" "32 128" "32 512" "1 
   tail -6 "$OUT/$name.txt"
 done
 
-# Serving: the prefix cache and chunked prefill, each off and on, in the product's mode.
-if [ "$(elapsed)" -lt 430 ]; then
-  say "kvpr-bench serve: prefix cache and chunked prefill, $PRESET, kvpr"
-  KVPR_THREADS=16 timeout 90 build-device/bench/kvpr-bench serve --preset "$PRESET" --kv-mode kvpr $SERVE_SIZES \
+# Serving: the prefix cache, chunked prefill and speculative decoding, each off and on, in the
+# product's mode.
+if [ "$(elapsed)" -lt 420 ]; then
+  say "kvpr-bench serve: prefix cache, chunked prefill, speculative decoding, $PRESET, kvpr"
+  KVPR_THREADS=16 timeout 100 build-device/bench/kvpr-bench serve --preset "$PRESET" --kv-mode kvpr $SERVE_SIZES \
       --json "$OUT/serve.json" > "$OUT/serve.txt" 2>&1
-  tail -7 "$OUT/serve.txt"
+  tail -10 "$OUT/serve.txt"
 fi
 
 say "collect"
