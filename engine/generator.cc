@@ -290,13 +290,20 @@ void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_
     Sampled pick{ids[r], stats[2 * r] - stats[2 * r + 1]};
     bool accepted = pick.token == draft;
     std::vector<TokenLogprob> top;
-    if (host_rows) {  // sampled, adjusted or with alternatives: from the logits on the host
+    if (host_rows) {  // sampled, adjusted, constrained or with alternatives: from the logits on the host
       const float* row = logits_.data_as<float>() + r * V;
       if (s.params.top_logprobs > 0) top = top_logprobs(row, valid_vocab_, s.params.top_logprobs, stats[2 * r + 1], scratch_);
       std::vector<float> adjusted;
-      if (sp.adjusts_logits()) {  // penalties count the drafts taken so far as generated
-        adjusted.assign(row, row + V);
-        adjust_logits(adjusted.data(), valid_vocab_, sp, s.prompt, s.tokens);
+      if (sp.adjusts_logits() || s.json) adjusted.assign(row, row + V);
+      // Penalties count the drafts taken so far as generated; the JSON mask follows them too (the
+      // constraint advances by each token handed out, drafts included, and by nothing else).
+      if (sp.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, sp, s.prompt, s.tokens);
+      if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
+        StepOutput ev;  // a complete text with nothing allowed after it, and no end id to say so
+        ev.id = s.id;
+        s.past_len = past + 1 + j;
+        finish(s, FinishReason::Stop, true, out, ev);
+        return;
       }
       const float* choose = adjusted.empty() ? row : adjusted.data();
       int32_t t;
@@ -311,6 +318,7 @@ void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_
         t = sample_token(choose, valid_vocab_, sp, s.rng, scratch_).token;
       }
       pick = Sampled{t, static_cast<float>(static_cast<double>(row[t]) - stats[2 * r + 1])};
+      if (s.json) s.json->advance(t);
     }
     s.past_len = past + 1 + j;  // K/V of the last token and of the drafts taken so far
     StepOutput ev;
@@ -358,7 +366,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     const int64_t room = std::min<int64_t>({speculative_tokens_,
                                             s->params.max_new_tokens - static_cast<int64_t>(s->tokens.size()) - 1,
                                             max_seq_len_ - s->past_len - 2});
-    const bool eligible = room > 0 && !observer && !s->json;
+    const bool eligible = room > 0 && !observer;
     std::vector<int32_t> drafts = eligible ? propose(*s, room) : std::vector<int32_t>();
     if (!drafts.empty()) {
       s->checked.assign(1, s->tokens.back());

@@ -74,8 +74,8 @@ struct GeneratorOptions {
   // at a time; a step moves the same KV whatever it checks, so where KV transfer bounds a step
   // (offload, kvpr) every accepted token is one step saved. 0: off. Sampled sequences take a draft
   // with its probability (speculative_sample), so their tokens follow the same distribution (not
-  // the same draws); sequences following JSON, or whose logits an observer watches, decode one
-  // token a step.
+  // the same draws); JSON-constrained ones mask each row as the drafts before it left the text.
+  // Sequences whose logits an observer watches decode one token a step.
   int speculative_tokens = 0;
   int prompt_lookup_max = 4, prompt_lookup_min = 2;
 };

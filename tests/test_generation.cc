@@ -1019,8 +1019,8 @@ TEST(Generation, SpeculativeDecodingStopsWhereOneTokenAtATimeStops) {
 // Sampled requests speculate too: a draft is taken with its probability under the request's
 // distribution (Sampling.SpeculativeSamplingKeepsTheDistribution), so a seed gives the same
 // tokens run after run (other draws than without speculation); greedy requests with
-// alternatives and penalties give exactly the tokens, log-probabilities and alternatives of one
-// token at a time.
+// alternatives and penalties, or in JSON mode, give exactly the tokens, log-probabilities,
+// alternatives and text of one token at a time.
 TEST(Generation, SpeculativeDecodingWithSamplingPenaltiesAndAlternatives) {
   Demo d;
   Tokenizer& tok = *d.tok;
@@ -1058,4 +1058,16 @@ TEST(Generation, SpeculativeDecodingWithSamplingPenaltiesAndAlternatives) {
     }
   }
   EXPECT_GT(g.speculation_stats().accepted, 0);
+
+  // JSON mode: each row is masked as the drafts taken before it left the text; the same JSON.
+  GenerationParams json_mode;
+  json_mode.max_new_tokens = 120;
+  json_mode.json_object = true;
+  const SequenceResult jw = Generator(*d.m, tok, plain).generate_all({prompt}, json_mode)[0];
+  Generator jg(*d.m, tok, spec);
+  const SequenceResult jr = jg.generate_all({prompt}, json_mode)[0];
+  EXPECT_EQ(jr.tokens, jw.tokens);
+  EXPECT_EQ(jr.text, jw.text);
+  EXPECT_EQ(jr.finish, jw.finish);
+  EXPECT_GT(jg.speculation_stats().proposed, 0);
 }
