@@ -195,10 +195,11 @@ void LlamaModel::mixture_of_experts(const LlamaLayer& L, const Tensor& a, const 
   Tensor buf = ws_.get("router", DType::F32, {n * width});
   be.linear(buf.rows(0, n * E).reshape({n, E}), a, L.router, Tensor(), Activation::None);
   if (shared) be.linear(buf.rows(n * E, n).reshape({n, 1}), a, L.shared_gate, Tensor(), Activation::None);
+  // Both ways on the compute stream: the copy streams carry the KV runtime's transfers of other
+  // layers (offload, kvpr), which these few bytes must not queue behind.
   Tensor host = route_logits_.rows(0, n * width);
-  be.wait(Stream::D2H, be.record(Stream::Compute));
-  be.copy(host, buf, Stream::D2H, "router logits");
-  be.synchronize(be.record(Stream::D2H));
+  be.copy(host, buf, Stream::Compute, "router logits");
+  be.synchronize(be.record(Stream::Compute));
 
   // Each row's experts: softmax over all E in fp32, the k most likely (the lower index first
   // among equals), their weights renormalised to sum 1 with norm_topk_prob (Mixtral, Qwen3-MoE).
@@ -233,9 +234,8 @@ void LlamaModel::mixture_of_experts(const LlamaLayer& L, const Tensor& a, const 
     for (int64_t r = 0; r < n; ++r) ids[total] = static_cast<int32_t>(r), scales[total++] = 1.f / (1.f + std::exp(-g[r]));
   }
   Tensor dev_ids = ws_.get("moe_ids", DType::I32, {total}), dev_scales = ws_.get("moe_scales", DType::F32, {total});
-  be.copy(dev_ids, route_ids_.rows(0, total), Stream::H2D, "expert rows");
-  be.copy(dev_scales, route_scales_.rows(0, total), Stream::H2D, "expert weights");
-  be.wait(Stream::Compute, be.record(Stream::H2D));
+  be.copy(dev_ids, route_ids_.rows(0, total), Stream::Compute, "expert rows");
+  be.copy(dev_scales, route_scales_.rows(0, total), Stream::Compute, "expert weights");
 
   int64_t at = 0;
   for (int64_t e = 0; e < E; ++e) {
