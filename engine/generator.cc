@@ -354,6 +354,9 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   std::vector<char> speculates;  // per chunk: the last token and drafts, one logits row each
   auto greedy = [](const Sequence& s) { return s.params.sampling.temperature == 0.f || s.params.sampling.top_k == 1; };
   int64_t decodes = 0;
+  // Drafts take what the step's token budget leaves after one token per decoding sequence.
+  int64_t spare = max_step_tokens_;
+  for (auto& s : running_) spare -= s->past_len >= static_cast<int64_t>(s->prompt.size());
   for (auto& s : running_) {
     if (s->past_len < static_cast<int64_t>(s->prompt.size())) continue;
     ForwardChunk c;
@@ -362,8 +365,8 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     c.tokens = &s->tokens.back();
     c.count = 1;
     // Drafts to check: never more than the tokens still allowed after the model's own next one,
-    // nor past the context.
-    const int64_t room = std::min<int64_t>({speculative_tokens_,
+    // nor past the context, nor past the step's budget.
+    const int64_t room = std::min<int64_t>({speculative_tokens_, spare,
                                             s->params.max_new_tokens - static_cast<int64_t>(s->tokens.size()) - 1,
                                             max_seq_len_ - s->past_len - 2});
     const bool eligible = room > 0 && !observer;
@@ -375,6 +378,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
       c.count = static_cast<int64_t>(s->checked.size());
       c.all_rows = true;
       spec_stats_.proposed += static_cast<int64_t>(drafts.size());
+      spare -= static_cast<int64_t>(drafts.size());
     }
     chunks.push_back(c);
     batch.push_back(s.get());

@@ -1070,4 +1070,25 @@ TEST(Generation, SpeculativeDecodingWithSamplingPenaltiesAndAlternatives) {
   EXPECT_EQ(jr.text, jw.text);
   EXPECT_EQ(jr.finish, jw.finish);
   EXPECT_GT(jg.speculation_stats().proposed, 0);
+
+  // A step holds at most max_step_tokens tokens, drafts included: with a budget of 3 and two
+  // sequences decoding, one draft a step at most (the same tokens, more steps).
+  GeneratorOptions tight = spec;
+  tight.max_step_tokens = 3;
+  GenerationParams g2;
+  g2.max_new_tokens = 30;
+  GeneratorOptions tight_plain = plain;
+  tight_plain.max_step_tokens = 3;
+  const auto want2 = Generator(*d.m, tok, tight_plain).generate_all({prompt, prompt}, g2);
+  Generator tg(*d.m, tok, tight);
+  for (uint64_t i = 0; i < 2; ++i) tg.add(prompt, g2);
+  int64_t before = 0;
+  while (!tg.idle()) {
+    tg.step();
+    EXPECT_LE(tg.speculation_stats().proposed - before, 1);
+    before = tg.speculation_stats().proposed;
+  }
+  EXPECT_EQ(tg.take_result(1).tokens, want2[0].tokens);
+  EXPECT_EQ(tg.take_result(2).tokens, want2[1].tokens);
+  EXPECT_GT(tg.speculation_stats().accepted, 0);
 }
