@@ -376,8 +376,9 @@ class SchemaCompiler {
     if (type == "array") {
       n.kind = SchemaNode::Kind::Array;
       std::tie(n.min_items, n.max_items) = bounds(s, "minItems", "maxItems", path);
-      if (const json::Value* u = s.find("uniqueItems"))  // true would need every item compared: refused
-        KVPR_CHECK(u->is_bool() && !u->as_bool(), path, ": uniqueItems true is not supported");
+      const json::Value* u = s.find("uniqueItems");
+      KVPR_CHECK(!u || u->is_bool(), path, ": uniqueItems must be a boolean");
+      const bool unique = u && u->as_bool();
       const json::Value* prefix = s.find("prefixItems");
       KVPR_CHECK(!prefix || (prefix->is_array() && !prefix->as_array().empty()), path,
                  ": prefixItems must be a non-empty list");
@@ -400,6 +401,32 @@ class SchemaCompiler {
       if (items) {
         const int item = compile(*items, path + ".items");
         out_.nodes_[static_cast<size_t>(at)].items = item;
+      }
+      if (unique) {
+        // Each item compared with every other would be a different machine; items drawn from a
+        // set of literals are told apart by which literal they are.
+        SchemaNode& arr = out_.nodes_[static_cast<size_t>(at)];
+        int lit = arr.items;
+        while (lit >= 0 && out_.nodes_[static_cast<size_t>(lit)].kind == SchemaNode::Kind::AnyOf &&
+               out_.nodes_[static_cast<size_t>(lit)].options.size() == 1)
+          lit = out_.nodes_[static_cast<size_t>(lit)].options[0];  // a $ref to an enum
+        KVPR_CHECK(np == 0 && lit >= 0 && out_.nodes_[static_cast<size_t>(lit)].kind == SchemaNode::Kind::Literals &&
+                       out_.nodes_[static_cast<size_t>(lit)].literals.size() <= 64,
+                   path, ": uniqueItems true is supported for items that are one of at most 64 literals (enum, const, "
+                         "boolean), not these");
+        const auto& lits = out_.nodes_[static_cast<size_t>(lit)].literals;
+        for (size_t i = 0; i < lits.size(); ++i)  // items are compared by which literal they are
+          for (size_t j = 0; j < i; ++j) {
+            const json::Value a = json::parse(lits[i]), b = json::parse(lits[j]);
+            KVPR_CHECK(lits[i] != lits[j] && !(a.is_number() && b.is_number() && a.as_double() == b.as_double()), path,
+                       ": uniqueItems over an enum that lists one value twice (", lits[j], ", ", lits[i], ")");
+          }
+        arr.items = lit;
+        arr.unique = true;
+        const int64_t most = static_cast<int64_t>(out_.nodes_[static_cast<size_t>(lit)].literals.size());
+        KVPR_CHECK(arr.min_items <= most, path, ": minItems ", arr.min_items, " exceeds the ", most,
+                   " distinct items uniqueItems allows");
+        arr.max_items = arr.max_items < 0 ? most : std::min(arr.max_items, most);
       }
       return at;
     }
@@ -592,12 +619,21 @@ bool SchemaRecognizer::string_regex_byte(Thread& t, const SchemaNode& n, uint8_t
   return may_become();
 }
 
+const uint64_t* SchemaRecognizer::used_literals(const Thread& t) const {
+  if (t.stack.empty() || t.stack.back().object) return nullptr;
+  const SchemaNode& a = schema_->node(t.stack.back().node);
+  return a.kind == SchemaNode::Kind::Array && a.unique && a.items == t.node ? &t.stack.back().used : nullptr;
+}
+
 bool SchemaRecognizer::scalar_may_end(const Thread& t) const {
   if (t.mode == Mode::Number) return number_may_end(t.sub) && number_in_bounds(t);
   if (t.mode == Mode::Literal) {
     const SchemaNode& n = schema_->node(t.node);
     const auto& lits = n.kind == SchemaNode::Kind::Any ? kAnyLiterals : n.literals;
-    return std::find(lits.begin(), lits.end(), t.key) != lits.end();
+    const auto it = std::find(lits.begin(), lits.end(), t.key);
+    if (it == lits.end()) return false;
+    const uint64_t* used = used_literals(t);
+    return !used || !(*used >> (it - lits.begin()) & 1);
   }
   return false;
 }
@@ -615,6 +651,12 @@ bool SchemaRecognizer::object_may_continue(const Thread& t) const {
 }
 
 bool SchemaRecognizer::end_value(Thread& t) const {
+  if (t.mode == Mode::Literal)
+    if (const uint64_t* used = used_literals(t)) {  // a unique array's item: its literal is taken
+      const auto& lits = schema_->node(t.node).literals;
+      const size_t i = static_cast<size_t>(std::find(lits.begin(), lits.end(), t.key) - lits.begin());
+      t.stack.back().used = *used | uint64_t{1} << i;
+    }
   t.key.clear();
   t.ws = 0;
   if (t.stack.empty()) {
@@ -655,13 +697,13 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
   const bool any = n.kind == K::Any;
   if (c == '{' && (any || n.kind == K::Object)) {
     if (t.stack.size() >= max_depth_) return false;
-    t.stack.push_back(Frame{t.node, true, 0, 0});
+    t.stack.push_back(Frame{t.node, true, 0, 0, 0});
     t.mode = Mode::ObjFirst;
     return true;
   }
   if (c == '[' && (any || n.kind == K::Array)) {
     if (t.stack.size() >= max_depth_) return false;
-    t.stack.push_back(Frame{t.node, false, 0, 0});
+    t.stack.push_back(Frame{t.node, false, 0, 0, 0});
     t.mode = Mode::ArrFirst;
     return true;
   }
@@ -683,8 +725,9 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
   }
   if (any || n.kind == K::Literals) {
     const auto& lits = any ? kAnyLiterals : n.literals;
-    for (const auto& l : lits)
-      if (static_cast<uint8_t>(l[0]) == c) {
+    const uint64_t* used = any ? nullptr : used_literals(t);
+    for (size_t i = 0; i < lits.size(); ++i)
+      if (static_cast<uint8_t>(lits[i][0]) == c && !(used && (*used >> i & 1))) {
         t.mode = Mode::Literal;
         t.key.assign(1, static_cast<char>(c));
         return true;
@@ -761,9 +804,10 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
     case Mode::Literal: {
       const SchemaNode& n = schema_->node(t.node);
       const auto& lits = n.kind == K::Any ? kAnyLiterals : n.literals;
+      const uint64_t* used = n.kind == K::Any ? nullptr : used_literals(t);
       t.key.push_back(static_cast<char>(c));
-      for (const auto& l : lits)
-        if (l.starts_with(t.key)) return true;
+      for (size_t i = 0; i < lits.size(); ++i)
+        if (lits[i].starts_with(t.key) && !(used && (*used >> i & 1))) return true;
       t.key.pop_back();
       if (!scalar_may_end(t) || !end_value(t)) return false;
       return step(t, c, spawned);
@@ -878,6 +922,7 @@ std::string SchemaRecognizer::thread_key(const Thread& t) {
     put(&f.object, 1);
     put(&f.seen, sizeof f.seen);
     put(&f.count, sizeof f.count);
+    put(&f.used, sizeof f.used);
   }
   return k;
 }

@@ -5,7 +5,8 @@
 //
 // The subset: type (one or a list), properties, required, additionalProperties (false, true or a
 // schema), items (a schema, or false), prefixItems (tuples: Pydantic's tuple[int, str]; items then
-// are those after them), minItems, maxItems, uniqueItems false, enum, const, anyOf (and oneOf, as anyOf: the text is valid
+// are those after them), minItems, maxItems, uniqueItems (true only for items that are literals:
+// Pydantic's set[Literal[...]] and sets of enums), enum, const, anyOf (and oneOf, as anyOf: the text is valid
 // against one of them), minLength, maxLength, minimum, maximum, exclusiveMinimum,
 // exclusiveMaximum (compared exactly: the text's decimal value against the bound as Python's
 // repr writes it; a bounded number is written without an exponent), pattern (regex.h's subset)
@@ -43,6 +44,9 @@ struct SchemaNode {
   int items = -1;  // node of the items (-1: any), those after prefix
   std::vector<int> prefix;  // prefixItems: the nodes of the first items
   int64_t min_items = 0, max_items = -1;
+  // uniqueItems true, for items that are one of a set of literals (enum, const, boolean): each
+  // literal at most once.
+  bool unique = false;
   int item(int64_t index, int any) const {  // the node of item `index`
     return index < static_cast<int64_t>(prefix.size()) ? prefix[static_cast<size_t>(index)] : items >= 0 ? items : any;
   }
@@ -92,6 +96,7 @@ class SchemaRecognizer {
     bool object = false;
     uint64_t seen = 0;  // object: properties given
     int64_t count = 0;  // array: items so far
+    uint64_t used = 0;  // unique array: bit i, literal i of its items has been given
   };
   enum class Mode : uint8_t { Value, ArrFirst, ObjFirst, ObjKey, Key, Colon, AfterValue, String, Number, Literal, Done };
   struct Thread {
@@ -119,6 +124,8 @@ class SchemaRecognizer {
   bool close(Thread& t, bool object) const;
   bool object_may_close(const Thread& t) const;
   bool object_may_continue(const Thread& t) const;
+  // In a uniqueItems array: the item literals given so far (null when the value is no such item).
+  const uint64_t* used_literals(const Thread& t) const;
   static std::string thread_key(const Thread& t);
 
   const JsonSchema* schema_;

@@ -228,18 +228,21 @@ assert o['finish_reason'] == 'stop' and list(v) == ['ok'] and isinstance(v['ok']
 echo '{"type": "integer", "multipleOf": 3}' >"$tmp/multiple.json"
 expect_error "--json-schema with multipleOf" 1 "the keyword 'multipleOf' is not supported" -- generate --model "$tmp/demo" \
   --prompt x --json-schema "$tmp/multiple.json"
-# pattern, format, numeric bounds and a tuple (prefixItems): the gibberish model writes what they admit.
+# pattern, format, numeric bounds, a tuple (prefixItems) and a set (uniqueItems): the gibberish
+# model writes what they admit.
 echo '{"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-z]{3}-[0-9]$"},
   "day": {"type": "string", "format": "date"}, "n": {"type": "integer", "minimum": 10, "maximum": 12},
   "at": {"type": "array", "prefixItems": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "boolean"}],
-         "minItems": 2, "maxItems": 2}},
-  "required": ["code", "day", "n", "at"], "additionalProperties": false}' >"$tmp/formats.json"
-outf=$("$KVPR" generate --model "$tmp/demo" --prompt "Fill it in" -n 400 --json-schema "$tmp/formats.json" --json)
-check "--json-schema with pattern, format, bounds and a tuple" python3 -c "
+         "minItems": 2, "maxItems": 2},
+  "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": true, "minItems": 2}},
+  "required": ["code", "day", "n", "at", "tags"], "additionalProperties": false}' >"$tmp/formats.json"
+outf=$("$KVPR" generate --model "$tmp/demo" --prompt "Fill it in" -n 500 --json-schema "$tmp/formats.json" --json)
+check "--json-schema with pattern, format, bounds, a tuple and a set" python3 -c "
 import json,re,sys; o=json.loads(sys.argv[1]); v=json.loads(o['text'])
 assert o['finish_reason'] == 'stop' and re.fullmatch('[a-z]{3}-[0-9]', v['code']), o['text']
 assert re.fullmatch('[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])', v['day']) and v['n'] in (10, 11, 12), o['text']
-a=v['at']; assert len(a)==2 and type(a[0]) is int and 0<=a[0]<=9 and type(a[1]) is bool, o['text']" "$outf"
+a=v['at']; assert len(a)==2 and type(a[0]) is int and 0<=a[0]<=9 and type(a[1]) is bool, o['text']
+t=v['tags']; assert len(t)>=2 and len(set(t))==len(t) and set(t)<={'a','b','c'}, o['text']" "$outf"
 expect_error "--response-format yaml" 2 "expected text or json_object" -- generate --model "$tmp/demo" --prompt x \
   --response-format yaml
 expect_error "unknown command" 2 "unknown command 'frobnicate'" -- frobnicate

@@ -11,6 +11,7 @@ once, and the text is UTF-8 JSON without NaN/Infinity. Bytes are stored as hex. 
 """
 import copy
 import datetime
+import enum
 import json
 import math
 import os
@@ -61,6 +62,19 @@ class Event(BaseModel):
     contact: str = Field(pattern=r"^[a-z]+@[a-z]+\.(com|org)$")
     code: str = Field(pattern=r"^[A-Z]{2}-\d{3}$", max_length=6)
     note: Optional[str] = Field(default=None, pattern="ok")
+
+
+class Shade(str, enum.Enum):
+    light = "light"
+    dark = "dark"
+
+
+# Sets of literals: Pydantic writes set[Literal[...]], frozenset[bool] and set[SomeEnum] as arrays
+# with uniqueItems true.
+class Palette(BaseModel):
+    colors: set[Literal["red", "green", "blue", "cyan"]]
+    flags: frozenset[bool] = Field(min_length=1)
+    shades: Optional[set[Shade]] = None
 
 
 # Tuples: Pydantic writes tuple[int, int] as prefixItems with minItems = maxItems = 2, and
@@ -142,6 +156,9 @@ SCHEMAS += [
     {"type": "array", "prefixItems": [{"type": "string", "maxLength": 3}, {"type": "integer"}],
      "items": {"type": "boolean"}, "maxItems": 4, "uniqueItems": False},
     {"prefixItems": [{"enum": ["a", "b"]}, {"type": "null"}], "items": False, "minItems": 1},
+    Palette.model_json_schema(),
+    strict(Palette.model_json_schema()),
+    {"type": "array", "items": {"enum": [1, 7, "x", None, "xy"]}, "uniqueItems": True, "minItems": 1},
 ]
 # Values of strings under a format or pattern, which random text would not match.
 EXAMPLES = {
@@ -198,6 +215,11 @@ def gen(root, s, rng, depth=0):
         if extra is not False and rng.random() < 0.3:
             out["extra_" + str(rng.randint(0, 9))] = gen(root, extra if isinstance(extra, dict) else {}, rng, depth + 1)
         return out
+    if s.get("uniqueItems"):  # distinct literals (enum, boolean), as many as asked for
+        items = resolve(root, s["items"])
+        values = items["enum"] if "enum" in items else [True, False]
+        lo, hi = s.get("minItems", 0), min(s.get("maxItems", len(values)), len(values))
+        return rng.sample(values, rng.randint(lo, hi))
     if t == "array" or "prefixItems" in s:
         prefix = s.get("prefixItems", [])
         lo, hi = s.get("minItems", 0), s.get("maxItems", len(prefix) + 4)
