@@ -386,11 +386,13 @@ class SchemaCompiler {
       KVPR_CHECK(!items || !items->is_array(), path,
                  ": items as a list (draft 7 tuples) is not supported; prefixItems says the same");
       const size_t np = prefix ? prefix->as_array().size() : 0;
+      // At most `most` items (`why` names the keywords that say so).
+      auto cap_items = [&](SchemaNode& a, int64_t most, const char* why) {
+        KVPR_CHECK(a.min_items <= most, path, ": minItems ", a.min_items, " exceeds the ", most, why);
+        a.max_items = a.max_items < 0 ? most : std::min(a.max_items, most);
+      };
       if (items && items->is_bool() && !items->as_bool()) {  // no items past the prefix
-        const int64_t most = static_cast<int64_t>(np);
-        KVPR_CHECK(n.min_items <= most, path, ": minItems ", n.min_items, " exceeds the ", most,
-                   " items prefixItems and items false allow");
-        n.max_items = n.max_items < 0 ? most : std::min(n.max_items, most);
+        cap_items(n, static_cast<int64_t>(np), " items prefixItems and items false allow");
         items = nullptr;
       }
       const int at = add(std::move(n));
@@ -423,10 +425,7 @@ class SchemaCompiler {
           }
         arr.items = lit;
         arr.unique = true;
-        const int64_t most = static_cast<int64_t>(out_.nodes_[static_cast<size_t>(lit)].literals.size());
-        KVPR_CHECK(arr.min_items <= most, path, ": minItems ", arr.min_items, " exceeds the ", most,
-                   " distinct items uniqueItems allows");
-        arr.max_items = arr.max_items < 0 ? most : std::min(arr.max_items, most);
+        cap_items(arr, static_cast<int64_t>(lits.size()), " distinct items uniqueItems allows");
       }
       return at;
     }

@@ -155,9 +155,7 @@ void LlamaConfig::read_moe(const ConfigFields& f, LlamaConfig& c) {
     f.get_int("num_local_experts", &c.num_experts, true);
     f.get_int("num_experts_per_tok", &c.experts_per_token, true);
     c.moe_intermediate_size = c.intermediate_size;
-    c.norm_topk_prob = true;
-    double jitter = 0;
-    f.get_double("router_jitter_noise", &jitter);  // training only
+    c.norm_topk_prob = true;  // router_jitter_noise is training only
   } else if (c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
     f.get_int("num_experts", &c.num_experts, true);
     f.get_int("num_experts_per_tok", &c.experts_per_token, true);

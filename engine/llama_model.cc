@@ -204,9 +204,13 @@ void LlamaModel::mixture_of_experts(const LlamaLayer& L, const Tensor& a, const 
   // Each row's experts: softmax over all E in fp32, the k most likely (the lower index first
   // among equals), their weights renormalised to sum 1 with norm_topk_prob (Mixtral, Qwen3-MoE).
   const float* lg = host.data_as<float>();
-  std::vector<std::vector<std::pair<int32_t, float>>> rows_of(static_cast<size_t>(E));
-  std::vector<int32_t> order(static_cast<size_t>(E));
-  std::vector<float> p(static_cast<size_t>(E));
+  auto& rows_of = route_rows_;  // reused from layer to layer: no allocation per layer once warm
+  rows_of.resize(static_cast<size_t>(E));
+  for (auto& rows : rows_of) rows.clear();
+  std::vector<int32_t>& order = route_order_;
+  std::vector<float>& p = route_probs_;
+  order.resize(static_cast<size_t>(E));
+  p.resize(static_cast<size_t>(E));
   for (int64_t r = 0; r < n; ++r) {
     const float* l = lg + r * E;
     const float mx = *std::max_element(l, l + E);

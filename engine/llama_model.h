@@ -78,6 +78,10 @@ class LlamaModel : public Model {
   // Routing: the router's logits (and the shared expert gate's) read back, and each expert's rows
   // and weights sent up, through pinned host buffers.
   Tensor route_logits_, route_ids_, route_scales_;
+  // The host's routing scratch: each expert's (row, weight) pairs, the experts' order and softmax.
+  std::vector<std::vector<std::pair<int32_t, float>>> route_rows_;
+  std::vector<int32_t> route_order_;
+  std::vector<float> route_probs_;
   std::vector<Parts> parts_;
   std::vector<LlamaLayer> layers_;
 };

@@ -58,6 +58,13 @@ inline ScoreGap score_gap(const std::vector<float>& a, const std::vector<float>&
   return g;
 }
 
+// `base` in KV mode `m`, KVPR's split forced to `kvpr_split`.
+inline GeneratorOptions in_mode(GeneratorOptions base, KvMode m, int kvpr_split) {
+  base.kv.mode = m;
+  if (m == KvMode::Kvpr) base.kv.forced_split = kvpr_split;
+  return base;
+}
+
 // Greedy decoding of `prompts` (max_new tokens, EOS ignored, an f32 cache, one batch) on the CPU
 // backend: the options and parameters used, and the tokens every device run must give.
 struct CpuGreedy {
@@ -93,18 +100,14 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
   std::unique_ptr<Model> mg_owned = load_model(device, dir);
   Model& mg = *mg_owned;
   for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
-    GeneratorOptions og = oc;
-    og.kv.mode = m;
-    if (m == KvMode::Kvpr) og.kv.forced_split = kvpr_split;
+    GeneratorOptions og = in_mode(oc, m, kvpr_split);
     EXPECT_EQ(greedy_tokens(mg, tok, og, prompts, p), want) << label << " " << kv_mode_name(m);
   }
   ModelLoadOptions streamed;
   streamed.stream_weights = true;
   std::unique_ptr<Model> ms = load_model(device, dir, streamed);
   for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
-    GeneratorOptions og = oc;
-    og.kv.mode = m;
-    if (m == KvMode::Kvpr) og.kv.forced_split = kvpr_split;
+    GeneratorOptions og = in_mode(oc, m, kvpr_split);
     if (m == KvMode::Offload || m == KvMode::Kvpr || m == KvMode::CpuAttn) og.kv.gpu_batches = 2;
     EXPECT_EQ(greedy_tokens(*ms, tok, og, prompts, p), want)
         << label << " " << kv_mode_name(m) << ", streamed weights, " << og.kv.gpu_batches << " GPU batches";
@@ -145,9 +148,7 @@ inline int64_t expect_speculation_gives_cpu_tokens(Backend& device, const std::s
     lo.stream_weights = streamed;
     std::unique_ptr<Model> mg = load_model(device, dir, lo);
     for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
-      GeneratorOptions og = oc;
-      og.kv.mode = m;
-      if (m == KvMode::Kvpr) og.kv.forced_split = 3;
+      GeneratorOptions og = in_mode(oc, m, 3);
       og.speculative_tokens = 4;
       og.prompt_lookup_min = 1;
       Generator gen(*mg, tok, og);

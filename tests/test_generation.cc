@@ -581,9 +581,9 @@ TEST(Generation, JsonObjectKeepsTheTextJson) {
 }
 
 namespace {
-// The textbook draw: sort every candidate, softmax at the temperature, nucleus prefix cut
-// further by min_p, then walk it with u * mass. sample_token sorts only the prefix it needs.
-int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p, Rng& rng) {
+// The textbook distribution: sort every candidate, softmax at the temperature, nucleus prefix
+// cut further by min_p. Returns the kept (id, weight) in order, weights relative to the top one.
+std::vector<std::pair<int32_t, double>> reference_kept(const std::vector<float>& logits, const SamplingParams& p) {
   std::vector<std::pair<float, int32_t>> c;
   for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i) c.emplace_back(logits[i], i);
   std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
@@ -605,12 +605,20 @@ int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p
       keep = i;
       break;
     }
+  std::vector<std::pair<int32_t, double>> kept;
+  for (size_t i = 0; i < keep; ++i) kept.emplace_back(c[i].second, w[i]);
+  return kept;
+}
+
+// The textbook draw: walk reference_kept with u * mass. sample_token sorts only the prefix it needs.
+int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p, Rng& rng) {
+  const auto kept = reference_kept(logits, p);
   double mass = 0;
-  for (size_t i = 0; i < keep; ++i) mass += w[i];
+  for (const auto& [id, w] : kept) mass += w;
   double u = rng.uniform() * mass;
-  for (size_t i = 0; i < keep; ++i)
-    if ((u -= w[i]) < 0) return c[i].second;
-  return c[keep - 1].second;
+  for (const auto& [id, w] : kept)
+    if ((u -= w) < 0) return id;
+  return kept.back().first;
 }
 }  // namespace
 
@@ -649,29 +657,11 @@ TEST(Sampling, SpeculativeSamplingKeepsTheDistribution) {
   const std::vector<float> logits = {2.f, 1.f, 0.5f, 0.f, -1.f, 1.f, -3.f, 0.2f, 1.5f, -0.5f, 0.9f, 0.1f};
   const int32_t V = static_cast<int32_t>(logits.size());
   auto textbook = [&](const SamplingParams& p) {  // q over the ids, as reference_draw weighs them
-    std::vector<std::pair<float, int32_t>> c;
-    for (int32_t i = 0; i < V; ++i) c.emplace_back(logits[i], i);
-    std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-    if (p.top_k > 0 && p.top_k < V) c.resize(p.top_k);
-    std::vector<double> w(c.size());
-    double z = 0;
-    for (size_t i = 0; i < c.size(); ++i) z += w[i] = std::exp((c[i].first - c[0].first) / p.temperature);
-    size_t keep = c.size();
-    double cum = 0;
-    for (size_t i = 0; i < c.size() && p.top_p < 1.f; ++i)
-      if ((cum += w[i]) / z >= p.top_p) {
-        keep = i + 1;
-        break;
-      }
-    for (size_t i = 0; i < keep; ++i)
-      if (w[i] < p.min_p) {
-        keep = i;
-        break;
-      }
     std::vector<double> q(V, 0.0);
     double mass = 0;
-    for (size_t i = 0; i < keep; ++i) mass += w[i];
-    for (size_t i = 0; i < keep; ++i) q[c[i].second] = w[i] / mass;
+    const auto kept = reference_kept(logits, p);
+    for (const auto& [id, w] : kept) mass += w;
+    for (const auto& [id, w] : kept) q[id] = w / mass;
     return q;
   };
   std::vector<std::pair<float, int32_t>> scratch;
