@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <cstdlib>
 #include <functional>
 #include <map>
 
@@ -12,6 +13,13 @@
 namespace kvpr {
 
 namespace {
+
+std::string trim(std::string s) {
+  const char* ws = " \t\r\n";
+  s.erase(0, s.find_first_not_of(ws));
+  s.erase(s.find_last_not_of(ws) + 1);
+  return s;
+}
 
 struct Option {
   const char* name;
@@ -90,6 +98,35 @@ const std::vector<Option>& options() {
        [](DaemonConfig& c, const std::string& v) { c.max_body_bytes = to_int("max-body-bytes", v); }},
       {"drain-timeout", "seconds to finish in-flight requests on SIGTERM [30]",
        [](DaemonConfig& c, const std::string& v) { c.drain_timeout_s = to_double("drain-timeout", v); }},
+      {"http-idle-timeout", "seconds a kept-alive connection may wait with no request before it is closed [60]",
+       [](DaemonConfig& c, const std::string& v) { c.http_idle_timeout_s = to_double("http-idle-timeout", v); }},
+      {"http-request-timeout", "seconds from a request's first byte to its last (headers and body), else the "
+       "connection is closed [30]",
+       [](DaemonConfig& c, const std::string& v) { c.http_request_timeout_s = to_double("http-request-timeout", v); }},
+      {"max-connections", "open HTTP connections; past it a new one gets a 503 and is closed [1024]",
+       [](DaemonConfig& c, const std::string& v) { c.max_connections = to_int("max-connections", v); }},
+      {"api-key", "a key clients must send as 'Authorization: Bearer KEY' to /v1/*, /tokenize and /detokenize "
+       "(repeatable; also $KVPR_API_KEY) [none: open]",
+       [](DaemonConfig& c, const std::string& v) {
+         KVPR_CHECK(!v.empty(), "api-key: empty");
+         c.api_keys.push_back(v);
+       }},
+      {"api-key-file", "a file of API keys, one a line (# comments) [none]",
+       [](DaemonConfig& c, const std::string& v) {
+         std::ifstream f(v);
+         KVPR_CHECK(f, "api-key-file: cannot open '", v, "'");
+         std::string line;
+         while (std::getline(f, line)) {
+           line = trim(line.substr(0, line.find('#')));
+           if (!line.empty()) c.api_keys.push_back(line);
+         }
+       }},
+      {"worker-timeout", "seconds a worker may go without a heartbeat before it is reported unresponsive, its "
+       "requests fail and it is restarted (a long step does not count: heartbeats come from their own thread) [10]",
+       [](DaemonConfig& c, const std::string& v) { c.worker_timeout_s = to_double("worker-timeout", v); }},
+      {"worker-step-timeout", "seconds one engine step may run before the worker is taken as hung (a CUDA call "
+       "that never returns): its requests fail and it is restarted [600]",
+       [](DaemonConfig& c, const std::string& v) { c.worker_step_timeout_s = to_double("worker-step-timeout", v); }},
       {"chat-template", "auto, or one of " + chat_template_names() + " [auto]",
        [](DaemonConfig& c, const std::string& v) { c.chat_template = v; }},
       {"generation-config",
@@ -135,12 +172,6 @@ void apply(DaemonConfig& c, const std::string& key, const std::string& value, co
   KVPR_THROW(where, "unknown option '", key, "'");
 }
 
-std::string trim(std::string s) {
-  const char* ws = " \t\r\n";
-  s.erase(0, s.find_first_not_of(ws));
-  s.erase(s.find_last_not_of(ws) + 1);
-  return s;
-}
 
 void read_file(DaemonConfig& c, const std::string& path) {
   std::ifstream f(path);
@@ -220,6 +251,12 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   KVPR_CHECK(c.prompt_lookup_min >= 1 && c.prompt_lookup_max >= c.prompt_lookup_min,
              "prompt-lookup-min and prompt-lookup-max need 1 <= min <= max");
   KVPR_CHECK(c.max_queue >= 1, "max-queue must be >= 1");
+  KVPR_CHECK(c.max_body_bytes >= 1024, "max-body-bytes must be >= 1024");
+  KVPR_CHECK(c.http_idle_timeout_s > 0 && c.http_request_timeout_s > 0, "http timeouts must be > 0 seconds");
+  KVPR_CHECK(c.max_connections >= 1, "max-connections must be >= 1");
+  KVPR_CHECK(c.worker_timeout_s >= 1 && c.worker_step_timeout_s >= 1, "worker timeouts must be >= 1 second");
+  KVPR_CHECK(c.drain_timeout_s >= 0, "drain-timeout must be >= 0");
+  if (const char* k = std::getenv("KVPR_API_KEY"); k && *k) c.api_keys.emplace_back(k);  // as vLLM's VLLM_API_KEY
   DType kv_dtype;
   KVPR_CHECK(c.kv_dtype.empty() || parse_dtype(c.kv_dtype, &kv_dtype), "kv-dtype must be f32, f16, bf16 or fp8, not '",
              c.kv_dtype, "'");
@@ -231,6 +268,54 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   if (c.served_model_name.empty()) c.served_model_name = std::filesystem::path(c.model).filename().string();
   if (c.served_model_name.empty()) c.served_model_name = std::filesystem::path(c.model).parent_path().filename().string();
   return c;
+}
+
+std::vector<std::string> apply_live_config(DaemonConfig& live, const DaemonConfig& next) {
+  live.log_level = next.log_level;
+  live.max_queue = next.max_queue;
+  live.max_body_bytes = next.max_body_bytes;
+  live.drain_timeout_s = next.drain_timeout_s;
+  live.http_idle_timeout_s = next.http_idle_timeout_s;
+  live.http_request_timeout_s = next.http_request_timeout_s;
+  live.max_connections = next.max_connections;
+  live.api_keys = next.api_keys;
+  live.worker_timeout_s = next.worker_timeout_s;
+  live.worker_step_timeout_s = next.worker_step_timeout_s;
+  // Everything else is the workers', the model's or the listener's: compared as the flags spell it.
+  DaemonConfig a = live, b = next;
+  std::vector<std::string> restart;
+  auto differ = [&](const char* name, auto DaemonConfig::*field) {
+    if (a.*field != b.*field) restart.emplace_back(name);
+  };
+  differ("model", &DaemonConfig::model);
+  differ("host", &DaemonConfig::host);
+  differ("port", &DaemonConfig::port);
+  differ("served-model-name", &DaemonConfig::served_model_name);
+  differ("backend", &DaemonConfig::backend);
+  differ("gpus", &DaemonConfig::gpus);
+  differ("workers", &DaemonConfig::workers);
+  differ("max-batch", &DaemonConfig::max_batch);
+  differ("max-step-tokens", &DaemonConfig::max_step_tokens);
+  differ("max-seq-len", &DaemonConfig::max_seq_len);
+  differ("kv-mode", &DaemonConfig::kv_mode);
+  differ("split", &DaemonConfig::split);
+  differ("kv-dtype", &DaemonConfig::kv_dtype);
+  differ("activation-cap", &DaemonConfig::activation_cap);
+  differ("profile", &DaemonConfig::profile);
+  differ("host-attention-threads", &DaemonConfig::host_attention_threads);
+  differ("cuda-graphs", &DaemonConfig::cuda_graphs);
+  differ("prefix-caching", &DaemonConfig::prefix_caching);
+  differ("speculative-tokens", &DaemonConfig::speculative_tokens);
+  differ("prompt-lookup-max", &DaemonConfig::prompt_lookup_max);
+  differ("prompt-lookup-min", &DaemonConfig::prompt_lookup_min);
+  differ("weights", &DaemonConfig::weights_on_host);
+  differ("gpu-batches", &DaemonConfig::gpu_batches);
+  differ("chat-template", &DaemonConfig::chat_template);
+  differ("generation-config", &DaemonConfig::generation_config);
+  differ("reasoning-parser", &DaemonConfig::reasoning_parser);
+  differ("tool-call-parser", &DaemonConfig::tool_call_parser);
+  differ("worker-binary", &DaemonConfig::worker_binary);
+  return restart;
 }
 
 }  // namespace kvpr

@@ -34,6 +34,14 @@ struct DaemonConfig {
   int max_queue = 256;               // requests waiting or running before 429
   int64_t max_body_bytes = 1 << 20;  // larger request bodies get 413
   double drain_timeout_s = 30;       // SIGTERM: time to finish in-flight requests
+  double http_idle_timeout_s = 60;   // a kept-alive connection with no request begun is closed
+  double http_request_timeout_s = 30;  // from a request's first byte to its last (headers and body)
+  int max_connections = 1024;        // open HTTP connections; past it new ones get 503 and are closed
+  // Bearer keys /v1/*, /tokenize and /detokenize need (none: open). From --api-key (repeatable),
+  // --api-key-file (one key a line) and $KVPR_API_KEY.
+  std::vector<std::string> api_keys;
+  double worker_timeout_s = 10;      // a worker silent this long (no heartbeat) is unresponsive: killed, restarted
+  double worker_step_timeout_s = 600;  // a worker in one engine step this long (a hung CUDA call) likewise
   std::string chat_template = "auto";  // see chat_template.h
   bool generation_config = true;     // sampling defaults from the model's generation_config.json
   std::string reasoning_parser = "none";  // qwen3: chat answers split into reasoning_content and content
@@ -45,8 +53,14 @@ struct DaemonConfig {
 };
 
 // Parses argv (and the config file named by --config, else /etc/kvprd/kvprd.conf when it
-// exists). Throws kvpr::Error with a one-line message on a bad flag or value.
+// exists). Throws kvpr::Error with a one-line message on a bad flag or value. Called again on
+// SIGHUP (the file re-read, the flags still winning).
 DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help);
+
+// SIGHUP: what of `next` can change while serving is copied into `live` (log level, queue and
+// body limits, timeouts, connection limit, API keys); the names of the options that differ but
+// need a restart are returned.
+std::vector<std::string> apply_live_config(DaemonConfig& live, const DaemonConfig& next);
 std::string daemon_help();
 
 }  // namespace kvpr

@@ -112,6 +112,9 @@ int main(int argc, char** argv) {
     }
 
     boost::asio::io_context io;
+    // Signals are caught from here on (SIGHUP's default would end the daemon).
+    boost::asio::signal_set signals(io, SIGTERM, SIGINT);
+    boost::asio::signal_set hangup(io, SIGHUP);
     WorkerPool pool(io, cfg, worker);
     if (print_topology) {
       std::fputs(pool.placement().c_str(), stdout);
@@ -157,14 +160,21 @@ int main(int argc, char** argv) {
       ping();
     }
 
-    // SIGTERM / SIGINT: stop taking requests, finish in-flight ones up to the drain timeout.
-    boost::asio::signal_set signals(io, SIGTERM, SIGINT);
+    // SIGTERM / SIGINT: stop taking requests (/health says draining, so load balancers move on),
+    // finish in-flight ones up to the drain timeout; those still running then end with an error
+    // (an error event and [DONE] for a stream, a 503 otherwise), and their last bytes get 2 s.
     boost::asio::steady_timer drain_timer(io);
     auto deadline = std::chrono::steady_clock::now();
+    bool abandoned = false;
     std::function<void()> check_drained = [&] {
-      if (server.in_flight_requests() == 0 || std::chrono::steady_clock::now() >= deadline) {
-        if (server.in_flight_requests() > 0)
-          spdlog::warn("drain timeout: {} request(s) still running are abandoned", server.in_flight_requests());
+      const auto now = std::chrono::steady_clock::now();
+      if (server.in_flight_requests() > 0 && now >= deadline && !abandoned) {
+        spdlog::warn("drain timeout: {} request(s) still running end with an error", server.in_flight_requests());
+        server.abandon_in_flight();
+        abandoned = true;
+        deadline = now + std::chrono::seconds(2);
+      }
+      if (server.in_flight_requests() == 0 || (abandoned && now >= deadline)) {
         server.close();
         pool.stop();
         watchdog.cancel();
@@ -186,6 +196,34 @@ int main(int argc, char** argv) {
                  std::chrono::milliseconds(static_cast<int64_t>(cfg.drain_timeout_s * 1000));
       check_drained();
     });
+    // SIGHUP (systemctl reload): the config file is read again (flags still win); what can change
+    // live applies to requests from now on, what cannot is logged as needing a restart. No
+    // request is dropped, and a file that does not parse leaves everything as it was.
+    std::function<void()> on_hangup = [&] {
+      hangup.async_wait([&](const boost::system::error_code& ec, int) {
+        if (ec) return;
+        try {
+          bool help = false;
+          const DaemonConfig next = parse_daemon_config(argc, argv, &help);
+          const std::vector<std::string> restart = apply_live_config(cfg, next);
+          spdlog::set_level(spdlog::level::from_str(cfg.log_level));
+          server.apply_config(cfg);
+          pool.apply_config(cfg);
+          spdlog::info("SIGHUP: reloaded {} (log level {}, max-queue {}, max-body-bytes {}, {} API key(s))",
+                       cfg.config_file.empty() ? "the flags" : cfg.config_file, cfg.log_level, cfg.max_queue,
+                       cfg.max_body_bytes, cfg.api_keys.size());
+          if (!restart.empty()) {
+            std::string names;
+            for (const auto& n : restart) names += (names.empty() ? "" : ", ") + n;
+            spdlog::warn("SIGHUP: changed but needs a restart to apply: {}", names);
+          }
+        } catch (const std::exception& e) {
+          spdlog::error("SIGHUP: the new settings are refused, the running ones kept: {}", e.what());
+        }
+        on_hangup();
+      });
+    };
+    on_hangup();
     io.run();
     spdlog::info("kvprd stopped");
     return exit_code;

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <chrono>
 #include <deque>
+#include <fcntl.h>
 #include <random>
+#include <unordered_set>
 
 #include <spdlog/spdlog.h>
 
@@ -15,6 +17,7 @@
 #include "engine/reasoning.h"
 #include "engine/tool_calls.h"
 #include "engine/json_schema.h"
+#include "engine/sampling.h"
 #include "daemon/metrics.h"
 #include "engine/error.h"
 
@@ -43,9 +46,9 @@ ApiError bad_request(std::string msg, std::string param = "") {
 
 bj::value error_body(const ApiError& e) {
   bj::object err;
-  err["message"] = e.message;
+  err["message"] = sanitize_utf8(e.message);  // a message may quote request bytes (a path, a key)
   err["type"] = e.type;
-  err["param"] = e.param.empty() ? bj::value(nullptr) : bj::value(e.param);
+  err["param"] = e.param.empty() ? bj::value(nullptr) : bj::value(sanitize_utf8(e.param));
   err["code"] = e.status;
   return bj::object{{"error", err}};
 }
@@ -59,15 +62,21 @@ struct Server::State {
   const Tokenizer& tok;
   ServedModel served;
   tcp::acceptor acceptor;
+  net::steady_timer accept_backoff;  // accept() failed (no descriptors): the next try waits
+  Clock::time_point accept_error_logged{};
+  int64_t connections = 0;  // open sessions
   DaemonMetrics metrics;
   bool draining = false;
-  int64_t active_requests = 0;  // HTTP requests being generated
+  // HTTP generation requests from their start until their response's last byte is written (or
+  // the client is gone): a drain waits for these, so no stream loses its end.
+  int64_t active_requests = 0;
+  std::unordered_set<Session*> sessions;  // open connections (abandoned at the drain timeout)
   int64_t engine_in_flight = 0; // engine requests (choices) not finished
   uint64_t next_engine_id = 1;
   std::mt19937_64 rng{std::random_device{}()};
   int64_t created_unix = 0;
   State(net::io_context& i, const DaemonConfig& c, WorkerPool& p, const Tokenizer& t, const ServedModel& m)
-      : io(i), cfg(c), pool(p), tok(t), served(m), acceptor(i) {}
+      : io(i), cfg(c), pool(p), tok(t), served(m), acceptor(i), accept_backoff(i) {}
 
   std::string new_id(const char* prefix) {
     static const char* hex = "0123456789abcdef";
@@ -99,11 +108,14 @@ double number_of(const bj::value& v, const char* name) {
   throw bad_request(std::string("'") + name + "' must be a number", name);
 }
 
+// An integer field (an integral double too, as JavaScript clients send 5.0): within int64, else a
+// 400 (a double beyond it cannot be converted at all).
 int64_t int_of(const bj::value& v, const char* name) {
   if (v.is_int64()) return v.as_int64();
-  if (v.is_uint64() && v.as_uint64() < (1ull << 62)) return static_cast<int64_t>(v.as_uint64());
-  if (v.is_double() && v.as_double() == static_cast<double>(static_cast<int64_t>(v.as_double())))
+  if (v.is_uint64() && v.as_uint64() <= static_cast<uint64_t>(INT64_MAX)) return static_cast<int64_t>(v.as_uint64());
+  if (v.is_double() && std::abs(v.as_double()) < 0x1p62 && v.as_double() == std::floor(v.as_double()))
     return static_cast<int64_t>(v.as_double());
+  if (v.is_uint64() || v.is_double()) throw bad_request(std::string("'") + name + "' is out of range", name);
   throw bad_request(std::string("'") + name + "' must be an integer", name);
 }
 
@@ -210,8 +222,8 @@ Sampling parse_sampling(const bj::object& o, bool chat, const SamplingDefaults& 
   if (auto v = field(o, "ignore_eos")) s.ignore_eos = bool_of(*v, "ignore_eos");
   if (auto v = field(o, "repetition_penalty")) {
     s.repetition_penalty = number_of(*v, "repetition_penalty");
-    if (!(s.repetition_penalty > 0 && std::isfinite(s.repetition_penalty)))
-      throw bad_request("'repetition_penalty' must be a number > 0", "repetition_penalty");
+    if (!(s.repetition_penalty >= kMinRepetitionPenalty && s.repetition_penalty <= kMaxRepetitionPenalty))
+      throw bad_request("'repetition_penalty' must be in [0.01, 100]", "repetition_penalty");
   }
   for (auto [name, dst] : {std::pair{"presence_penalty", &s.presence_penalty}, {"frequency_penalty", &s.frequency_penalty}})
     if (auto v = field(o, name)) {
@@ -431,23 +443,96 @@ struct Job {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket sock, std::shared_ptr<Server::State> st) : stream_(std::move(sock)), st_(std::move(st)) {}
+  Session(tcp::socket sock, std::shared_ptr<Server::State> st) : stream_(std::move(sock)), st_(std::move(st)) {
+    ++st_->connections;
+    st_->sessions.insert(this);
+  }
+  ~Session() {
+    --st_->connections;
+    st_->sessions.erase(this);
+  }
+
+  // The drain timeout passed with this request still generating: it ends now, a stream with an
+  // error event and [DONE], a non-streaming request with a 503; never an empty reply.
+  void abandon() {
+    if (!job_ || closed_) return;
+    for (const auto& c : job_->choices)
+      if (!c.done) st_->pool.cancel(c.engine_id);
+    job_.reset();
+    keep_alive_ = false;
+    const ApiError e{503, "the server shut down before this request finished (--drain-timeout)", "service_unavailable", ""};
+    if (streaming_) {
+      push_sse(bj::serialize(error_body(e)));
+      push_sse("[DONE]");
+      push_last();
+    } else {
+      send_error(e);
+    }
+  }
 
   void start() { do_read(); }
 
+  // Past --max-connections: a 503 and the connection closed, without reading a request.
+  void refuse() {
+    keep_alive_ = false;
+    refusing_ = true;
+    send_error({503, "the server has too many open connections (" + std::to_string(st_->cfg.max_connections) +
+                         ", --max-connections); retry shortly",
+                "service_unavailable", ""});
+  }
+
  private:
+  static std::chrono::milliseconds seconds_of(double s) {
+    return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  }
+
   // ---- reading and plain responses
+  // A request is read as Beast's parser is meant to be used: bytes left over in buf_ after one
+  // message are the next pipelined request; a kept-alive connection waits for its first byte
+  // up to the idle timeout, then the whole request (headers and body) must come within the
+  // request timeout; `Expect: 100-continue` is answered once the headers are in.
   void do_read() {
     parser_.emplace();
     parser_->body_limit(static_cast<uint64_t>(st_->cfg.max_body_bytes));
     parser_->header_limit(64 * 1024);
-    buf_.clear();
-    stream_.expires_after(std::chrono::seconds(300));
+    if (buf_.size() > 0) return read_header();  // pipelined: the next request is here already
+    stream_.expires_after(seconds_of(st_->cfg.http_idle_timeout_s));
+    auto self = shared_from_this();
+    stream_.async_read_some(buf_.prepare(64 * 1024), [self](beast::error_code ec, size_t n) {
+      self->buf_.commit(n);
+      if (ec) return self->close();  // the client closed, or was idle too long
+      self->read_header();
+    });
+  }
+
+  void read_header() {
+    stream_.expires_after(seconds_of(st_->cfg.http_request_timeout_s));
+    auto self = shared_from_this();
+    http::async_read_header(stream_, buf_, *parser_, [self](beast::error_code ec, size_t) {
+      if (ec) return self->on_read(ec, 0);
+      if (beast::iequals(self->parser_->get()[http::field::expect], "100-continue") && !self->parser_->is_done()) {
+        auto res = std::make_shared<http::response<http::empty_body>>(http::status::continue_, 11);
+        return http::async_write(self->stream_, *res, [self, res](beast::error_code wec, size_t) {
+          if (wec) return self->close();
+          self->read_body();
+        });
+      }
+      self->read_body();
+    });
+  }
+
+  void read_body() {
+    if (parser_->is_done()) return on_read({}, 0);
     http::async_read(stream_, buf_, *parser_, beast::bind_front_handler(&Session::on_read, shared_from_this()));
   }
 
   void on_read(beast::error_code ec, size_t) {
     if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::operation_aborted) return close();
+    if (ec == beast::error::timeout) {  // the stream has closed the socket: nothing can be sent
+      spdlog::info("a request did not arrive whole within {}s (--http-request-timeout): connection closed",
+                   st_->cfg.http_request_timeout_s);
+      return close();
+    }
     if (ec == http::error::body_limit) {
       keep_alive_ = false;
       return send_error({413, "request body larger than " + std::to_string(st_->cfg.max_body_bytes) + " bytes",
@@ -488,11 +573,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void finish_response(std::shared_ptr<http::response<http::string_body>> res, int status) {
     st_->metrics.http_responses[status]++;
+    if (st_->draining) keep_alive_ = false;
     res->keep_alive(keep_alive_);
     res->prepare_payload();
     auto self = shared_from_this();
     http::async_write(stream_, *res, [self, res, status](beast::error_code ec, size_t) {
-      if (!ec && status == 413) return self->discard_then_close();
+      self->end_request();
+      if (!ec && (status == 413 || self->refusing_)) return self->discard_then_close();
       if (ec || !self->keep_alive_) return self->close();
       self->do_read();
     });
@@ -514,6 +601,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void send_error(const ApiError& e) {
     std::vector<std::pair<std::string, std::string>> h;
     if (e.status == 429) h.emplace_back("Retry-After", "1");
+    if (e.status == 401) h.emplace_back("WWW-Authenticate", "Bearer");
     if (e.status >= 500 || e.status == 429 || e.status == 413)
       spdlog::warn("{} {} -> {} {}", std::string(req_.method_string()), std::string(req_.target()), e.status, e.message);
     send_json(e.status, error_body(e), std::move(h));
@@ -526,12 +614,25 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.socket().close(ec);
     cancel_job();
+    end_request();
+  }
+
+  // A generation request counts from its start to its response's last byte.
+  void begin_request() {
+    request_counted_ = true;
+    ++st_->active_requests;
+  }
+  void end_request() {
+    if (!request_counted_) return;
+    request_counted_ = false;
+    --st_->active_requests;
   }
 
   // ---- routing
   void route() {
     std::string target(req_.target());
     std::string path = target.substr(0, target.find('?'));
+    authorize(path);
     const bool get = req_.method() == http::verb::get, post = req_.method() == http::verb::post;
     auto need = [&](bool ok) {
       if (!ok) throw ApiError{405, "method " + std::string(req_.method_string()) + " not allowed on " + path,
@@ -545,6 +646,30 @@ class Session : public std::enable_shared_from_this<Session> {
     if (path == "/v1/completions") return need(post), generate(false);
     if (path == "/v1/chat/completions") return need(post), generate(true);
     throw ApiError{404, "no route " + path, "invalid_request_error", ""};
+  }
+
+  // With API keys set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer KEY` (as
+  // vLLM's --api-key); /health and /metrics stay open for probes and Prometheus.
+  void authorize(const std::string& path) const {
+    if (st_->cfg.api_keys.empty()) return;
+    if (!path.starts_with("/v1/") && path != "/tokenize" && path != "/detokenize") return;
+    const std::string_view auth = req_[http::field::authorization];
+    constexpr std::string_view scheme = "Bearer ";
+    bool ok = false;
+    if (auth.size() > scheme.size() && beast::iequals(auth.substr(0, scheme.size()), scheme))
+      for (const auto& key : st_->cfg.api_keys) ok = equal_in_constant_time(auth.substr(scheme.size()), key) || ok;
+    if (!ok)
+      throw ApiError{401, auth.empty() ? "this server needs an API key: send 'Authorization: Bearer KEY'"
+                                       : "incorrect API key provided",
+                     "invalid_request_error", ""};
+  }
+
+  // Whether `given` is `key`, in a time that depends on `given`'s length alone.
+  static bool equal_in_constant_time(std::string_view given, std::string_view key) {
+    unsigned diff = given.size() != key.size();
+    for (size_t i = 0; i < given.size(); ++i)
+      diff |= static_cast<unsigned char>(given[i]) ^ static_cast<unsigned char>(key[i % key.size()]);
+    return diff == 0;
   }
 
   bj::object body_object() {
@@ -570,7 +695,7 @@ class Session : public std::enable_shared_from_this<Session> {
     int ready = 0;
     for (const auto& w : st_->pool.status()) {
       bj::object o{{"index", w.index}, {"state", w.state}, {"pid", w.pid}, {"restarts", w.restarts},
-                   {"in_flight", w.in_flight}};
+                   {"unresponsive", w.unresponsive}, {"in_flight", w.in_flight}};
       if (!w.last_error.empty()) o["last_error"] = w.last_error;
       if (const json::Value* pl = w.info.find("placement")) {
         bj::error_code jec;
@@ -587,7 +712,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void models() {
     bj::object m{{"id", st_->cfg.served_model_name}, {"object", "model"}, {"created", st_->created_unix},
-                 {"owned_by", "kvpr"}, {"root", st_->cfg.model}, {"max_model_len", st_->served.max_model_len}};
+                 {"owned_by", "kvpr"}, {"root", st_->cfg.served_model_name},  // not the path on this host
+                 {"max_model_len", st_->served.max_model_len}};
     send_json(200, bj::object{{"object", "list"}, {"data", bj::array{m}}});
   }
 
@@ -677,6 +803,13 @@ class Session : public std::enable_shared_from_this<Session> {
     out += "# HELP kvpr_worker_restarts_total Worker restarts.\n# TYPE kvpr_worker_restarts_total counter\n";
     for (const auto& w : workers)
       out += "kvpr_worker_restarts_total{worker=\"" + std::to_string(w.index) + "\"} " + std::to_string(w.restarts) + "\n";
+    out += "# HELP kvpr_worker_unresponsive_total Times the worker went silent past --worker-timeout (or stuck in a step) "
+           "and was killed.\n# TYPE kvpr_worker_unresponsive_total counter\n";
+    for (const auto& w : workers)
+      out += "kvpr_worker_unresponsive_total{worker=\"" + std::to_string(w.index) + "\"} " + std::to_string(w.unresponsive) +
+             "\n";
+    out += "# HELP kvpr_http_connections Open HTTP connections.\n# TYPE kvpr_http_connections gauge\n"
+           "kvpr_http_connections " + std::to_string(st_->connections) + "\n";
     send_text(200, std::move(out), "text/plain; version=0.0.4; charset=utf-8");
   }
 
@@ -847,14 +980,19 @@ class Session : public std::enable_shared_from_this<Session> {
                                 std::to_string(st_->served.vocab_size) + " tokens (the tokenizer has " +
                                 std::to_string(st_->tok.size()) + ")",
                             chat ? "messages" : "prompt");
-      int64_t need = static_cast<int64_t>(pr.size()) + job->s.max_tokens;
-      if (need > st_->served.max_model_len)
+      const int64_t len = static_cast<int64_t>(pr.size());
+      if (job->s.max_tokens > st_->served.max_model_len - len)  // (a sum could overflow)
         throw bad_request("this model's maximum context length is " + std::to_string(st_->served.max_model_len) +
-                              " tokens, but " + std::to_string(need) + " were requested (" + std::to_string(pr.size()) +
-                              " in the prompt, " + std::to_string(job->s.max_tokens) + " for the completion)",
+                              " tokens, but " + std::to_string(len) + " in the prompt and " +
+                              std::to_string(job->s.max_tokens) + " for the completion were requested",
                           chat ? "messages" : "prompt");
     }
     const int64_t count = static_cast<int64_t>(prompts.size()) * job->s.n;
+    if (count > st_->cfg.max_queue)  // would never fit: not a 429 to retry
+      throw bad_request(std::to_string(prompts.size()) + " prompt(s) x n = " + std::to_string(job->s.n) + " make " +
+                            std::to_string(count) + " sequences, more than this server queues (" +
+                            std::to_string(st_->cfg.max_queue) + ", --max-queue)",
+                        "n");
     if (st_->engine_in_flight + count > st_->cfg.max_queue)
       throw ApiError{429, "the server is at capacity (" + std::to_string(st_->engine_in_flight) +
                               " requests in flight); retry shortly",
@@ -910,7 +1048,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
     job_ = job;
     streaming_ = job->s.stream;
-    ++st_->active_requests;
+    begin_request();
     job->remaining = static_cast<int64_t>(job->choices.size());
     if (streaming_) start_stream();
     watch_disconnect();
@@ -919,7 +1057,8 @@ class Session : public std::enable_shared_from_this<Session> {
       c.engine_id = st_->next_engine_id++;
       json::Value pp = params;
       // n > 1 with a seed: each choice gets its own stream of random numbers.
-      if (job->s.seed) pp.set("seed", *job->s.seed + static_cast<int64_t>(i % job->s.n));
+      if (job->s.seed)  // (wrapping, not overflowing, at the ends of int64)
+        pp.set("seed", static_cast<int64_t>(static_cast<uint64_t>(*job->s.seed) + i % static_cast<uint64_t>(job->s.n)));
       st_->metrics.prompt_tokens += c.prompt.size();
       std::string why;
       // The sink keeps the session alive until the job's last event, also after the client
@@ -1005,10 +1144,7 @@ class Session : public std::enable_shared_from_this<Session> {
                  job.chat ? "chat" : "completion", job.choices.size(), prompt_tokens, completion_tokens,
                  job.error.empty() ? job.choices[0].finish : "error",
                  std::chrono::duration<double>(Clock::now() - job.t0).count());
-    auto finish_request = [&] {
-      job_.reset();
-      --st_->active_requests;
-    };
+    auto finish_request = [&] { job_.reset(); };  // the request counts until its last byte is out
     if (streaming_) {
       if (job.error.empty() && job.s.include_usage) {
         bj::object u{{"id", job.id}, {"object", job.chat ? "chat.completion.chunk" : "text_completion"},
@@ -1340,7 +1476,8 @@ class Session : public std::enable_shared_from_this<Session> {
         self->sse_sr_.reset();
         self->sse_res_.reset();
         self->streaming_ = false;
-        if (!self->keep_alive_) return self->close();
+        self->end_request();
+        if (!self->keep_alive_ || self->st_->draining) return self->close();
         return self->do_read();
       }
       self->write_next();
@@ -1371,7 +1508,6 @@ class Session : public std::enable_shared_from_this<Session> {
     spdlog::info("{}: client disconnected, generation cancelled", job_->id);
     // The job's remaining events arrive with finish "cancelled" and are accounted then.
     job_.reset();
-    --st_->active_requests;
   }
 
   beast::tcp_stream stream_;
@@ -1380,6 +1516,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> req_;
   bool keep_alive_ = true;
+  bool refusing_ = false;
+  bool request_counted_ = false;  // in st_->active_requests
   bool closed_ = false;
   bool streaming_ = false;
   bool writing_ = false;
@@ -1411,14 +1549,32 @@ void Server::listen() {
   if (!ec) st_->acceptor.bind(ep, ec);
   if (!ec) st_->acceptor.listen(net::socket_base::max_listen_connections, ec);
   KVPR_CHECK(!ec, "cannot listen on ", st_->cfg.host, ":", st_->cfg.port, ": ", ec.message());
+  ::fcntl(st_->acceptor.native_handle(), F_SETFD, FD_CLOEXEC);  // not inherited by workers
   accept_next(st_);
 }
 
 // Each pending accept holds the state; closing the acceptor ends the chain (no cycle).
+// accept() failing (out of descriptors: EMFILE, ENFILE; out of memory) would fail again at
+// once: the next try waits 100 ms, so the loop neither spins nor stops serving the connections
+// it has. Accepted sockets are close-on-exec (workers never inherit a client's connection).
 void Server::accept_next(std::shared_ptr<State> st) {
   st->acceptor.async_accept([st](beast::error_code e, tcp::socket sock) {
     if (e == net::error::operation_aborted || !st->acceptor.is_open()) return;
-    if (!e) std::make_shared<Session>(std::move(sock), st)->start();
+    if (e) {
+      if (Clock::now() - st->accept_error_logged > std::chrono::seconds(10)) {
+        st->accept_error_logged = Clock::now();
+        spdlog::warn("accept failed: {} (retrying every 100 ms; logged every 10 s)", e.message());
+      }
+      st->accept_backoff.expires_after(std::chrono::milliseconds(100));
+      st->accept_backoff.async_wait([st](beast::error_code ec) {
+        if (!ec) accept_next(st);
+      });
+      return;
+    }
+    ::fcntl(sock.native_handle(), F_SETFD, FD_CLOEXEC);
+    auto session = std::make_shared<Session>(std::move(sock), st);
+    if (st->connections > st->cfg.max_connections) session->refuse();
+    else session->start();
     accept_next(st);
   });
 }
@@ -1430,6 +1586,15 @@ int64_t Server::in_flight_requests() const { return st_->active_requests; }
 void Server::close() {
   beast::error_code ec;
   st_->acceptor.close(ec);
+  st_->accept_backoff.cancel();
+}
+
+void Server::apply_config(const DaemonConfig& live) { st_->cfg = live; }
+
+void Server::abandon_in_flight() {
+  std::vector<std::shared_ptr<Session>> open;
+  for (Session* s : st_->sessions) open.push_back(s->shared_from_this());
+  for (auto& s : open) s->abandon();
 }
 
 }  // namespace kvpr

@@ -15,6 +15,8 @@
 namespace kvpr {
 
 // What kvprd serves, as decided at start from the model and the flags.
+class Session;
+
 struct ServedModel {
   int64_t max_model_len = 0;  // context: prompt + max_tokens
   int64_t vocab_size = 0;     // the model's: prompt ids at or beyond it cannot be embedded
@@ -37,6 +39,11 @@ class Server {
   int64_t in_flight_requests() const;
   // Closes the listener.
   void close();
+  // The drain timeout has passed: requests still generating end now (an error event and
+  // [DONE] for a stream, a 503 otherwise); in_flight_requests() falls as their ends are written.
+  void abandon_in_flight();
+  // SIGHUP: the settings that change live (apply_live_config's), for requests from now on.
+  void apply_config(const DaemonConfig& live);
 
   struct State;
 

@@ -4,13 +4,16 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 
 #include <spdlog/spdlog.h>
 
@@ -25,15 +28,79 @@ extern char** environ;
 
 namespace kvpr {
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Frames on their way to one worker process. The io thread only queues (never blocks on a
+// worker's socket: a stopped or hung worker cannot stall /health); a sender thread writes them.
+class Outbox {
+ public:
+  static constexpr size_t kMaxBytes = 64u << 20;   // past it a message is refused
+  static constexpr size_t kBusyBytes = 8u << 20;   // past it the worker is given no new requests
+
+  bool push(std::string frame) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || bytes_ + frame.size() > kMaxBytes) return false;
+    bytes_ += frame.size();
+    frames_.push_back(std::move(frame));
+    cv_.notify_one();
+    return true;
+  }
+  size_t queued_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bytes_;
+  }
+  void close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    cv_.notify_all();
+  }
+  // The sender thread: until closed or the channel fails.
+  void drain_into(FrameChannel& ch) {
+    while (true) {
+      std::string f;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return closed_ || !frames_.empty(); });
+        if (frames_.empty()) return;
+        f = std::move(frames_.front());
+        frames_.pop_front();
+        bytes_ -= f.size();
+      }
+      try {
+        ch.send_frame(f);
+      } catch (const std::exception&) {
+        return;  // the worker is gone: its reader sees the end and fails what it held
+      }
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> frames_;
+  size_t bytes_ = 0;
+  bool closed_ = false;
+};
+
+}  // namespace
+
 struct WorkerPool::Worker {
   int index = 0;
   bool cuda = false;
   int device = 0;
   pid_t pid = 0;
   std::shared_ptr<FrameChannel> ch;
+  std::shared_ptr<Outbox> out;  // this incarnation's, drained by `sender`
+  std::thread sender;
   uint64_t gen = 0;  // incarnation: messages of an earlier process are ignored
   std::string state = "starting";
   int restarts = 0;
+  int unresponsive = 0;             // times it went silent past --worker-timeout and was killed
+  Clock::time_point last_heard{};   // its last message (heartbeats come every second)
+  int64_t step_ms = 0;              // from its last heartbeat: how long its current step has run
+  std::string unresponsive_why;     // set when it was killed for silence, until it is gone
   std::chrono::milliseconds backoff{1000};
   std::thread reader;
   std::atomic<bool> reader_done{true};
@@ -58,7 +125,7 @@ struct WorkerPool::Worker {
 };
 
 WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std::string worker_binary)
-    : io_(io), cfg_(cfg), binary_(std::move(worker_binary)) {
+    : io_(io), cfg_(cfg), binary_(std::move(worker_binary)), liveness_timer_(io) {
   bool cuda = cfg.backend == "cuda" || (cfg.backend == "auto" && cuda_available());
   std::vector<int> devices;
   if (cuda) {
@@ -154,6 +221,7 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
 
 void WorkerPool::start() {
   for (auto& w : workers_) spawn(*w);
+  check_liveness();
 }
 
 void WorkerPool::spawn(Worker& w) {
@@ -179,6 +247,7 @@ void WorkerPool::spawn(Worker& w) {
   std::vector<char*> envp;
   for (auto& s : env_store) envp.push_back(s.data());
   envp.push_back(nullptr);
+  const long max_fd = std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 20);
   pid_t pid = ::fork();
   if (pid < 0) {
     ::close(sv[0]);
@@ -189,6 +258,10 @@ void WorkerPool::spawn(Worker& w) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a worker never outlives its controller
     if (sv[1] == 3) ::fcntl(3, F_SETFD, 0);
     else ::dup2(sv[1], 3);                // dup2 clears close-on-exec on the new descriptor
+    // Nothing else of the controller's reaches the worker (listening socket, clients'
+    // connections, other workers' channels), close-on-exec or not.
+    if (::syscall(SYS_close_range, 4u, ~0u, 0u) != 0)
+      for (long fd = 4; fd < max_fd; ++fd) ::close(static_cast<int>(fd));
     ::execve(argv[0], argv.data(), envp.data());
     const char msg[] = "kvpr-worker: exec failed\n";
     ssize_t ignored = ::write(2, msg, sizeof msg - 1);
@@ -199,6 +272,11 @@ void WorkerPool::spawn(Worker& w) {
   w.first_start = false;  // a restart reads the checkpoint itself
   w.pid = pid;
   w.ch = std::make_shared<FrameChannel>(sv[0]);
+  w.out = std::make_shared<Outbox>();
+  w.sender = std::thread([out = w.out, ch = w.ch] { out->drain_into(*ch); });
+  w.last_heard = Clock::now();
+  w.step_ms = 0;
+  w.unresponsive_why.clear();
   w.state = "starting";
   w.fatal.clear();
   ++w.gen;
@@ -236,10 +314,14 @@ void WorkerPool::reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameCha
 
 void WorkerPool::handle(Worker& w, uint64_t gen, const json::Value& msg) {
   if (gen != w.gen) return;
+  w.last_heard = Clock::now();
   const json::Value* t = msg.find("type");
   if (!t || !t->is_string()) return;
   const std::string& type = t->as_string();
-  if (type == "ready") {
+  if (type == "heartbeat") {
+    const json::Value* s = msg.find("step_ms");
+    w.step_ms = s && s->is_int() ? s->as_int() : 0;
+  } else if (type == "ready") {
     w.state = "ready";
     w.ever_ready = true;
     w.info = msg;
@@ -300,23 +382,69 @@ void WorkerPool::handle(Worker& w, uint64_t gen, const json::Value& msg) {
   }
 }
 
-void WorkerPool::on_exit(Worker& w, uint64_t gen, const std::string& why) {
-  if (gen != w.gen) return;
-  if (w.reader.joinable()) w.reader.join();
-  w.state = "dead";
-  w.last_error = w.fatal.empty() ? why : w.fatal + " (" + why + ")";
-  if (!stopping_) spdlog::error("worker {}: pid {} {}", w.index, w.pid, w.last_error);
+// Every request a worker holds fails now, with `why`.
+void WorkerPool::fail_pending(Worker& w, const std::string& why) {
   auto pending = std::move(w.pending);
   w.pending.clear();
   w.outstanding = 0;
-  w.recent.clear();  // its prefix cache died with it
+  w.recent.clear();  // its prefix cache dies with it
   for (auto& [id, p] : pending) {
     route_.erase(id);
     EngineEvent ev;
-    ev.error = "worker " + std::to_string(w.index) + " stopped while generating (" + w.last_error +
-               "); the request was not completed";
+    ev.error = "worker " + std::to_string(w.index) + " " + why + "; the request was not completed";
     p.sink(ev);
   }
+}
+
+// Every 500 ms: a worker silent past --worker-timeout (stopped, swapping, deadlocked: its
+// heartbeat thread is quiet too), or one whose current step has run past --worker-step-timeout
+// (a CUDA call that never returns; its heartbeats say so), is unresponsive: it gets no new
+// requests, the ones it holds fail now, and it is killed (restarted as any dead worker is).
+void WorkerPool::check_liveness() {
+  if (stopping_) return;
+  const auto now = Clock::now();
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    if (w.pid <= 0 || w.reader_done || !w.unresponsive_why.empty()) continue;
+    const double silent = std::chrono::duration<double>(now - w.last_heard).count();
+    std::string why;
+    if (silent > cfg_.worker_timeout_s)
+      why = "sent no heartbeat for " + std::to_string(static_cast<int>(silent)) + " s (--worker-timeout " +
+            std::to_string(static_cast<int>(cfg_.worker_timeout_s)) + ")";
+    else if (w.step_ms > static_cast<int64_t>(cfg_.worker_step_timeout_s * 1000))
+      why = "has been in one step for " + std::to_string(w.step_ms / 1000) + " s (--worker-step-timeout " +
+            std::to_string(static_cast<int>(cfg_.worker_step_timeout_s)) + ")";
+    if (why.empty()) continue;
+    w.unresponsive_why = "was unresponsive: " + why;
+    w.state = "unresponsive";
+    ++w.unresponsive;
+    w.last_error = w.unresponsive_why;
+    spdlog::error("worker {}: pid {} {}; killing it", w.index, w.pid, why);
+    fail_pending(w, w.unresponsive_why);
+    ::kill(w.pid, SIGKILL);  // its reader then sees the end and restarts it
+  }
+  liveness_timer_.expires_after(std::chrono::milliseconds(500));
+  liveness_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) check_liveness();
+  });
+}
+
+void WorkerPool::apply_config(const DaemonConfig& live) {
+  cfg_.worker_timeout_s = live.worker_timeout_s;
+  cfg_.worker_step_timeout_s = live.worker_step_timeout_s;
+  cfg_.max_queue = live.max_queue;
+}
+
+void WorkerPool::on_exit(Worker& w, uint64_t gen, const std::string& why) {
+  if (gen != w.gen) return;
+  if (w.reader.joinable()) w.reader.join();
+  if (w.out) w.out->close();
+  if (w.sender.joinable()) w.sender.join();
+  w.state = "dead";
+  w.last_error = w.fatal.empty() ? why : w.fatal + " (" + why + ")";
+  if (!w.unresponsive_why.empty()) w.last_error = w.unresponsive_why + " (" + why + ")";
+  if (!stopping_) spdlog::error("worker {}: pid {} {}", w.index, w.pid, w.last_error);
+  fail_pending(w, "stopped while generating (" + w.last_error + ")");
   if (stopping_) return;
   // Every worker reported an error and exited before any was ever ready: the configuration
   // cannot start (a model that does not load, a cache that does not fit), and restarting will
@@ -356,7 +484,7 @@ bool WorkerPool::submit(uint64_t id, const std::vector<int32_t>& prompt, const j
   Worker* affine = nullptr;
   size_t affine_len = 0;
   for (auto& w : workers_) {
-    if (w->state != "ready") continue;
+    if (w->state != "ready" || w->out->queued_bytes() > Outbox::kBusyBytes) continue;
     if (!best || w->outstanding < best->outstanding ||
         (w->outstanding == best->outstanding && w->pending.size() < best->pending.size()))
       best = w.get();
@@ -384,10 +512,8 @@ bool WorkerPool::submit(uint64_t id, const std::vector<int32_t>& prompt, const j
   for (int32_t t : prompt) ids.emplace_back(static_cast<int64_t>(t));
   m.set("prompt_ids", std::move(ids));
   m.set("params", params);
-  try {
-    best->ch->send(m);
-  } catch (const std::exception& e) {
-    *why = std::string("worker ") + std::to_string(best->index) + " is unreachable: " + e.what();
+  if (!best->out->push(FrameChannel::frame(m))) {
+    *why = std::string("worker ") + std::to_string(best->index) + " is not taking messages (its queue is full)";
     return false;
   }
   std::shared_ptr<std::vector<int32_t>> mirror;
@@ -409,11 +535,7 @@ void WorkerPool::cancel(uint64_t id) {
   json::Value m(json::Object{});
   m.set("type", "cancel");
   m.set("id", static_cast<int64_t>(id));
-  try {
-    w.ch->send(m);
-  } catch (const std::exception&) {
-    // The worker is gone; its exit fails the request.
-  }
+  if (w.out) w.out->push(FrameChannel::frame(m));  // refused only when the worker is gone or stuck: it is then killed
 }
 
 std::vector<WorkerStatus> WorkerPool::status() const {
@@ -424,6 +546,7 @@ std::vector<WorkerStatus> WorkerPool::status() const {
     s.state = w->state;
     s.pid = w->pid;
     s.restarts = w->restarts;
+    s.unresponsive = w->unresponsive;
     s.in_flight = static_cast<int64_t>(w->pending.size());
     s.last_error = w->last_error;
     s.stats = w->stats;
@@ -452,14 +575,10 @@ void WorkerPool::stop() {
   stopping_ = true;
   json::Value m(json::Object{});
   m.set("type", "shutdown");
+  liveness_timer_.cancel();
   for (auto& w : workers_) {
     w->restart_timer->cancel();
-    if (w->ch && !w->reader_done) {
-      try {
-        w->ch->send(m);
-      } catch (const std::exception&) {
-      }
-    }
+    if (w->out && !w->reader_done) w->out->push(FrameChannel::frame(m));
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (auto& w : workers_) {
@@ -467,6 +586,8 @@ void WorkerPool::stop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (!w->reader_done && w->pid > 0) ::kill(w->pid, SIGKILL);
     if (w->reader.joinable()) w->reader.join();
+    if (w->out) w->out->close();
+    if (w->sender.joinable()) w->sender.join();
   }
   workers_.clear();
 }

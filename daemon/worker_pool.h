@@ -1,7 +1,8 @@
 // The controller's side of the workers: spawning kvpr-worker processes (one per GPU, or N
-// CPU workers), the framed channel to each, routing requests by least outstanding work,
-// supervision (a dead worker's requests fail with a clear error, it restarts with backoff)
-// and the workers' stats. All callbacks run on the io_context's thread.
+// CPU workers), the framed channel to each (sends queued, written by a thread per worker, so a
+// stuck worker never blocks the io thread), routing requests by least outstanding work,
+// supervision (a dead or unresponsive worker's requests fail with a clear error, it restarts
+// with backoff) and the workers' stats. All callbacks run on the io_context's thread.
 #pragma once
 
 #include <sys/types.h>
@@ -42,6 +43,7 @@ struct WorkerStatus {
   std::string state;  // starting, ready, dead
   pid_t pid = 0;
   int restarts = 0;
+  int unresponsive = 0;  // times killed for going silent (or stuck in a step)
   int64_t in_flight = 0;
   std::string last_error;
   json::Value stats;  // the worker's last stats message
@@ -62,6 +64,8 @@ class WorkerPool {
   bool submit(uint64_t id, const std::vector<int32_t>& prompt, const json::Value& params, int64_t cost,
               EventSink sink, std::string* why);
   void cancel(uint64_t id);
+  // SIGHUP: the live settings (timeouts, queue) for what comes next.
+  void apply_config(const DaemonConfig& live);
 
   std::vector<WorkerStatus> status() const;
   bool all_ready() const;
@@ -81,6 +85,8 @@ class WorkerPool {
   void reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameChannel> ch, uint64_t gen);
   void handle(Worker& w, uint64_t gen, const json::Value& msg);
   void on_exit(Worker& w, uint64_t gen, const std::string& why);
+  void fail_pending(Worker& w, const std::string& why);
+  void check_liveness();
   std::vector<std::string> worker_args(const Worker& w, int fd) const;
 
   boost::asio::io_context& io_;
@@ -94,6 +100,7 @@ class WorkerPool {
   std::function<void(const std::string&)> on_start_failed_;
   std::string placement_;
   std::string nccl_id_;  // several GPUs: the first start of every worker joins this group
+  boost::asio::steady_timer liveness_timer_;
 };
 
 }  // namespace kvpr

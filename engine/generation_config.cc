@@ -6,6 +6,7 @@
 
 #include "engine/error.h"
 #include "engine/json.h"
+#include "engine/sampling.h"
 
 namespace kvpr {
 
@@ -43,7 +44,8 @@ SamplingDefaults read_sampling_defaults(const std::string& model_dir) {
   number("temperature", &d.temperature, [](double x) { return x >= 0 && x <= 2; }, "[0, 2]");
   number("top_p", &d.top_p, [](double x) { return x > 0 && x <= 1; }, "(0, 1]");
   number("min_p", &d.min_p, [](double x) { return x >= 0 && x <= 1; }, "[0, 1]");
-  number("repetition_penalty", &d.repetition_penalty, [](double x) { return x > 0; }, "(0, inf)");
+  number("repetition_penalty", &d.repetition_penalty,
+         [](double x) { return x >= kMinRepetitionPenalty && x <= kMaxRepetitionPenalty; }, "[0.01, 100]");
   std::optional<double> top_k;
   number("top_k", &top_k, [](double x) { return x >= -1 && x == std::floor(x); }, "the integers from -1");
   if (top_k) d.top_k = static_cast<int64_t>(*top_k);

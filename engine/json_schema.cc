@@ -1,6 +1,7 @@
 #include "engine/json_schema.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <map>
@@ -154,14 +155,152 @@ class SchemaCompiler {
 
   JsonSchema run() {
     out_.any_ = add(SchemaNode{});
-    out_.root_ = compile(root_, "$");
+    out_.root_ = compile(root_, "$", 0);
+    flatten_alternatives();
+    check_ambiguity();
     return std::move(out_);
   }
 
  private:
+  using Limits = SchemaLimits;
+  using Clock = std::chrono::steady_clock;
+
   int add(SchemaNode n) {
+    KVPR_CHECK(out_.nodes_.size() < Limits::kMaxNodes, "the schema is too large: more than ", Limits::kMaxNodes,
+               " nodes once compiled");
+    if (out_.nodes_.size() % 256 == 255)
+      KVPR_CHECK(std::chrono::duration<double>(Clock::now() - t0_).count() < Limits::kMaxCompileSeconds,
+                 "the schema took longer than ", Limits::kMaxCompileSeconds, " s to compile");
     out_.nodes_.push_back(std::move(n));
     return static_cast<int>(out_.nodes_.size()) - 1;
+  }
+
+  // Every AnyOf's options become the non-AnyOf nodes reachable through AnyOf options alone, each
+  // once (a chain of $refs, anyOf inside anyOf), so a value starts in one step, however its
+  // alternatives were written. An AnyOf reached again on the way is a cycle that consumes
+  // nothing: no text could ever start it.
+  void flatten_alternatives() {
+    std::vector<SchemaNode>& nodes = out_.nodes_;
+    const size_t n = nodes.size();
+    std::vector<uint8_t> state(n, 0);  // 0 new, 1 on the path, 2 flattened
+    std::vector<std::vector<int>> flat(n);
+    size_t total = 0;
+    for (size_t root = 0; root < n; ++root) {
+      if (nodes[root].kind != SchemaNode::Kind::AnyOf || state[root] == 2) continue;
+      // Depth-first, without recursion: (node, next option to visit).
+      std::vector<std::pair<int, size_t>> stack{{static_cast<int>(root), 0}};
+      state[root] = 1;
+      while (!stack.empty()) {
+        auto& [at, next] = stack.back();
+        const auto& opts = nodes[static_cast<size_t>(at)].options;
+        if (next == opts.size()) {
+          state[static_cast<size_t>(at)] = 2;
+          const int done = at;
+          stack.pop_back();
+          if (!stack.empty()) {  // merge into the parent's flattened options
+            auto& mine = flat[static_cast<size_t>(stack.back().first)];
+            for (int o : flat[static_cast<size_t>(done)])
+              if (std::find(mine.begin(), mine.end(), o) == mine.end()) mine.push_back(o);
+            total += flat[static_cast<size_t>(done)].size();
+          }
+          continue;
+        }
+        const int o = opts[next++];
+        auto& mine = flat[static_cast<size_t>(at)];
+        if (nodes[static_cast<size_t>(o)].kind != SchemaNode::Kind::AnyOf) {
+          if (std::find(mine.begin(), mine.end(), o) == mine.end()) mine.push_back(o);
+          ++total;
+        } else if (state[static_cast<size_t>(o)] == 1) {
+          std::string cycle;  // the $refs on the way round
+          bool on = false;
+          for (const auto& frame : stack) {
+            on = on || frame.first == o;
+            if (const std::string r = on ? ref_name(frame.first) : ""; !r.empty()) cycle += (cycle.empty() ? "" : " -> ") + r;
+          }
+          KVPR_THROW(where_[o], ": the $ref cycle ", cycle, " comes back to where it began without consuming any "
+                     "text (through $ref and anyOf alone it names no value)");
+        } else if (state[static_cast<size_t>(o)] == 2) {
+          for (int x : flat[static_cast<size_t>(o)])
+            if (std::find(mine.begin(), mine.end(), x) == mine.end()) mine.push_back(x);
+          total += flat[static_cast<size_t>(o)].size();
+        } else {
+          state[static_cast<size_t>(o)] = 1;
+          stack.emplace_back(o, 0);
+        }
+        KVPR_CHECK(total <= Limits::kMaxAlternatives, "the schema is too large: more than ", Limits::kMaxAlternatives,
+                   " anyOf alternatives once its $refs are followed");
+      }
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (nodes[i].kind == SchemaNode::Kind::AnyOf) nodes[i].options = std::move(flat[i]);
+  }
+
+  std::string ref_name(int node) const {
+    for (const auto& [r, at] : refs_)
+      if (at == node) return "'" + r + "'";
+    return "";
+  }
+
+  // The most alternatives a text could have to follow side by side (SchemaRecognizer's threads),
+  // an upper bound: at a value, the options that may start with the same byte all go on, each with
+  // the alternatives inside it; a container follows one member at a time, over at most 64 levels.
+  void check_ambiguity() const {
+    const auto& nodes = out_.nodes_;
+    const size_t n = nodes.size();
+    using K = SchemaNode::Kind;
+    // First bytes each node's values may start with, as classes: { [ " number t f n, other.
+    auto first = [&](const SchemaNode& x) -> uint16_t {
+      switch (x.kind) {
+        case K::Any: return 0x7F;
+        case K::Object: return 1;
+        case K::Array: return 2;
+        case K::String: return 4;
+        case K::Number:
+        case K::Integer: return 8;
+        case K::Literals: {
+          uint16_t m = 0;
+          for (const auto& l : x.literals) {
+            const char c = l.empty() ? 0 : l[0];
+            m |= c == '"' ? 4 : c == '-' || (c >= '0' && c <= '9') ? 8 : c == 't' ? 16 : c == 'f' ? 32 : c == 'n' ? 64 : 128;
+          }
+          return m;
+        }
+        case K::AnyOf: return 0;
+      }
+      return 0;
+    };
+    const int64_t cap = Limits::kMaxAmbiguity + 1;
+    std::vector<int64_t> below(n, 1), here(n, 1);  // W at depth d-1, and at d
+    for (int d = 0; d <= 64; ++d) {
+      for (size_t i = 0; i < n; ++i) {  // containers first: they look one level down
+        const SchemaNode& x = nodes[i];
+        int64_t w = 1;
+        if (d > 0 && x.kind == K::Object) {
+          for (int p : x.props) w = std::max(w, below[static_cast<size_t>(p)]);
+          if (x.additional >= 0) w = std::max(w, below[static_cast<size_t>(x.additional)]);
+        } else if (d > 0 && x.kind == K::Array) {
+          for (int p : x.prefix) w = std::max(w, below[static_cast<size_t>(p)]);
+          if (x.items >= 0) w = std::max(w, below[static_cast<size_t>(x.items)]);
+        }
+        here[i] = w;
+      }
+      for (size_t i = 0; i < n; ++i) {  // then the alternatives, over the containers' values
+        const SchemaNode& x = nodes[i];
+        if (x.kind != K::AnyOf) continue;
+        int64_t by_class[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int o : x.options) {
+          const uint16_t m = first(nodes[static_cast<size_t>(o)]);
+          for (int b = 0; b < 8; ++b)
+            if (m >> b & 1) by_class[b] = std::min(cap, by_class[b] + here[static_cast<size_t>(o)]);
+        }
+        here[i] = std::max<int64_t>(1, *std::max_element(by_class, by_class + 8));
+      }
+      std::swap(below, here);
+    }
+    const int64_t worst = below[static_cast<size_t>(out_.root_)];
+    KVPR_CHECK(worst <= Limits::kMaxAmbiguity, "the schema's anyOf alternatives overlap too much: a text could have to "
+               "be followed as ", worst > Limits::kMaxAmbiguity ? "more than " : "", Limits::kMaxAmbiguity,
+               " alternatives at once (alternatives that begin alike, nested in each other)");
   }
 
   static bool annotation(std::string_view k) {
@@ -208,7 +347,9 @@ class SchemaCompiler {
     return {lo, hi};
   }
 
-  int compile(const json::Value& s, const std::string& path) {
+  int compile(const json::Value& s, const std::string& path, int depth) {
+    KVPR_CHECK(depth <= Limits::kMaxNesting, path, ": the schema nests deeper than ", Limits::kMaxNesting,
+               " levels (each $ref followed counts one)");
     if (s.is_bool()) {
       KVPR_CHECK(s.as_bool(), path, ": the schema false admits no value");
       return out_.any_;
@@ -232,7 +373,8 @@ class SchemaCompiler {
       n.kind = SchemaNode::Kind::AnyOf;
       const int at = add(n);
       refs_[r] = at;
-      const int target = compile(resolve(r, path), path + "->" + r);
+      where_[at] = path;
+      const int target = compile(resolve(r, path), path + "->" + r, depth + 1);
       out_.nodes_[static_cast<size_t>(at)].options = {target};
       return at;
     }
@@ -245,8 +387,10 @@ class SchemaCompiler {
       SchemaNode n;
       n.kind = SchemaNode::Kind::AnyOf;
       for (size_t i = 0; i < alts->as_array().size(); ++i)
-        n.options.push_back(compile(alts->as_array()[i], path + "." + key + "[" + std::to_string(i) + "]"));
-      return add(std::move(n));
+        n.options.push_back(compile(alts->as_array()[i], path + "." + key + "[" + std::to_string(i) + "]", depth + 1));
+      const int at = add(std::move(n));
+      where_[at] = path;
+      return at;
     }
     std::vector<std::string> types;
     if (const json::Value* t = s.find("type")) {
@@ -271,11 +415,13 @@ class SchemaCompiler {
       else if (s.find("minLength") || s.find("maxLength")) types = {"string"};
       else return out_.any_;
     }
-    if (types.size() == 1) return typed(s, types[0], path);
+    if (types.size() == 1) return typed(s, types[0], path, depth);
     SchemaNode n;
     n.kind = SchemaNode::Kind::AnyOf;
-    for (const auto& ty : types) n.options.push_back(typed(s, ty, path));
-    return add(std::move(n));
+    for (const auto& ty : types) n.options.push_back(typed(s, ty, path, depth));
+    const int at = add(std::move(n));
+    where_[at] = path;
+    return at;
   }
 
   int literals(const json::Value& s, const std::vector<std::string>& types, const std::string& path) {
@@ -343,7 +489,7 @@ class SchemaCompiler {
     }
   }
 
-  int typed(const json::Value& s, const std::string& type, const std::string& path) {
+  int typed(const json::Value& s, const std::string& type, const std::string& path, int depth) {
     SchemaNode n;
     if (type == "boolean" || type == "null") {
       n.kind = SchemaNode::Kind::Literals;
@@ -356,7 +502,7 @@ class SchemaCompiler {
       if (const json::Value* p = s.find("pattern")) {
         KVPR_CHECK(p->is_string(), path, ": pattern must be a string");
         try {
-          n.regexes.push_back(std::make_shared<const Regex>(p->as_string()));
+          n.regexes.push_back(regex(p->as_string(), path));
         } catch (const Error& e) {
           KVPR_THROW(path, ": ", e.what());
         }
@@ -364,7 +510,7 @@ class SchemaCompiler {
       if (const json::Value* f = s.find("format")) {
         KVPR_CHECK(f->is_string(), path, ": format must be a string");
         const std::string rx = format_pattern(f->as_string());
-        if (!rx.empty()) n.regexes.push_back(std::make_shared<const Regex>(rx));
+        if (!rx.empty()) n.regexes.push_back(regex(rx, path));
       }
       return add(std::move(n));
     }
@@ -397,11 +543,11 @@ class SchemaCompiler {
       }
       const int at = add(std::move(n));
       for (size_t i = 0; i < np; ++i) {
-        const int item = compile(prefix->as_array()[i], path + ".prefixItems[" + std::to_string(i) + "]");
+        const int item = compile(prefix->as_array()[i], path + ".prefixItems[" + std::to_string(i) + "]", depth + 1);
         out_.nodes_[static_cast<size_t>(at)].prefix.push_back(item);
       }
       if (items) {
-        const int item = compile(*items, path + ".items");
+        const int item = compile(*items, path + ".items", depth + 1);
         out_.nodes_[static_cast<size_t>(at)].items = item;
       }
       if (unique) {
@@ -453,19 +599,36 @@ class SchemaCompiler {
     const int at = add(std::move(n));
     if (props)
       for (const auto& [k, v] : props->as_object()) {
-        const int p = compile(v, path + ".properties." + k);
+        const int p = compile(v, path + ".properties." + k, depth + 1);
         out_.nodes_[static_cast<size_t>(at)].props.push_back(p);
       }
     int additional = out_.any_;  // JSON Schema's default: other keys with any values
     if (add_props && add_props->is_bool()) additional = add_props->as_bool() ? out_.any_ : -1;
-    else if (add_props) additional = compile(*add_props, path + ".additionalProperties");
+    else if (add_props) additional = compile(*add_props, path + ".additionalProperties", depth + 1);
     out_.nodes_[static_cast<size_t>(at)].additional = additional;
     return at;
+  }
+
+  // One Regex per distinct pattern, shared by the strings that use it.
+  std::shared_ptr<const Regex> regex(const std::string& pattern, const std::string& path) {
+    if (auto it = regexes_.find(pattern); it != regexes_.end()) return it->second;
+    KVPR_CHECK(regexes_.size() < Limits::kMaxPatterns, path, ": more than ", Limits::kMaxPatterns,
+               " distinct patterns and formats in one schema");
+    auto rx = std::make_shared<const Regex>(pattern);
+    regex_states_ += rx->nfa_states();
+    KVPR_CHECK(regex_states_ <= Limits::kMaxRegexStates, path, ": the schema's patterns are too large together (more "
+               "than ", Limits::kMaxRegexStates, " NFA states)");
+    regexes_.emplace(pattern, rx);
+    return rx;
   }
 
   const json::Value& root_;
   JsonSchema out_;
   std::map<std::string, int> refs_;
+  std::map<int, std::string> where_;  // AnyOf nodes: the path that made them (for errors)
+  std::map<std::string, std::shared_ptr<const Regex>> regexes_;
+  size_t regex_states_ = 0;
+  Clock::time_point t0_ = Clock::now();
 };
 
 JsonSchema JsonSchema::compile(const json::Value& schema) { return SchemaCompiler(schema).run(); }
@@ -873,7 +1036,8 @@ bool SchemaRecognizer::feed(uint8_t c) {
     std::set<std::string> keys;
     std::vector<Thread> unique;
     for (auto& t : threads_)
-      if (keys.insert(thread_key(t)).second) unique.push_back(std::move(t));
+      if (unique.size() < static_cast<size_t>(SchemaLimits::kMaxThreads) && keys.insert(thread_key(t)).second)
+        unique.push_back(std::move(t));
     threads_ = std::move(unique);
   }
   return !threads_.empty();

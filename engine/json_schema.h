@@ -63,13 +63,33 @@ struct SchemaNode {
   bool bounded() const { return lo.set || hi.set; }
   // Literals (enum, const, boolean, null): their texts as compact json.dumps
   std::vector<std::string> literals;
-  // AnyOf
+  // AnyOf: the alternatives, flattened once compiled (none is an AnyOf, each once)
   std::vector<int> options;
+};
+
+// What one schema may cost. A schema past one of them is refused (kvpr::Error naming the limit),
+// so that compiling it, and recognizing text against it, stays bounded whatever a request sends.
+struct SchemaLimits {
+  static constexpr int kMaxNesting = 64;          // schemas inside schemas, each $ref followed counting one
+  static constexpr size_t kMaxNodes = 10000;      // compiled nodes
+  static constexpr size_t kMaxAlternatives = 100000;  // anyOf options, summed over every anyOf (flattened)
+  static constexpr size_t kMaxPatterns = 64;      // distinct pattern and format regexes
+  static constexpr size_t kMaxRegexStates = 100000;   // their NFA states together
+  // Text alternatives followed side by side (SchemaRecognizer's threads). The worst case a schema
+  // allows (overlapping anyOf options nested in each other, over JSON's 64 levels) is computed at
+  // compile time and must not exceed kMaxAmbiguity; while decoding, at most kMaxThreads are
+  // followed (the first ones): dropping one narrows what the model may write, never admits a
+  // text the schema refuses. 128 keeps every one of 128 forced tool calls (tools' limit) open.
+  static constexpr int64_t kMaxThreads = 128;
+  static constexpr int64_t kMaxAmbiguity = 1024;
+  static constexpr double kMaxCompileSeconds = 2.0;  // a backstop behind the counts above
 };
 
 class JsonSchema {
  public:
-  // Throws kvpr::Error naming what is not supported or malformed ("$.properties.x: ...").
+  // Throws kvpr::Error naming what is not supported or malformed ("$.properties.x: ...") or the
+  // SchemaLimits a schema exceeds. A $ref cycle that consumes no text on its way round
+  // ({"$ref": "#"}, an anyOf listing itself) is malformed: it names no value.
   static JsonSchema compile(const json::Value& schema);
   const SchemaNode& node(int i) const { return nodes_[static_cast<size_t>(i)]; }
   int root() const { return root_; }

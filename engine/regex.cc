@@ -13,6 +13,9 @@ constexpr uint32_t kMaxCp = 0x10FFFF;
 constexpr int kInfinite = -1;
 constexpr size_t kMaxStates = 20000;      // NFA states of one pattern
 constexpr size_t kMaxDfaStates = 50000;   // determinized states kept; past them a new one is dead
+constexpr size_t kMaxDfaEntries = 1u << 20;  // NFA states in all determinized states together (memory)
+constexpr int kMaxGroupDepth = 100;       // groups inside groups (the parser recurses into each)
+constexpr int kMaxRepeat = 1000;          // {n,m} counts
 constexpr size_t kMaxMoves = 1u << 20;    // memoized transitions (a memo: dropped when full)
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
@@ -46,12 +49,20 @@ const Ranges kSpace = {{0x09, 0x0D}, {0x20, 0x20}, {0xA0, 0xA0}, {0x1680, 0x1680
 const Ranges kDot = complement({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}});
 const Ranges kAny = {{0, kMaxCp}};
 
+// A pattern as an error message shows it: its first 60 bytes (whole UTF-8 characters), then "...".
+std::string shown(const std::string& pattern) {
+  if (pattern.size() <= 64) return pattern;
+  size_t cut = 60;
+  while (cut > 0 && (static_cast<uint8_t>(pattern[cut]) & 0xC0) == 0x80) --cut;
+  return pattern.substr(0, cut) + "...";
+}
+
 std::u32string decode_utf8(const std::string& s) {
   std::u32string out;
   for (size_t i = 0; i < s.size();) {
     const uint8_t c = static_cast<uint8_t>(s[i]);
     int n = c < 0x80 ? 0 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
-    KVPR_CHECK(n >= 0 && i + static_cast<size_t>(n) < s.size(), "pattern '", s, "': not UTF-8");
+    KVPR_CHECK(n >= 0 && i + static_cast<size_t>(n) < s.size(), "pattern '", shown(s), "': not UTF-8");
     uint32_t cp = n == 0 ? c : c & (0x3F >> n);
     for (int k = 1; k <= n; ++k) cp = (cp << 6) | (static_cast<uint8_t>(s[i + static_cast<size_t>(k)]) & 0x3F);
     out.push_back(cp);
@@ -97,7 +108,7 @@ class Regex::Parser {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& why) const { KVPR_THROW("pattern '", src_, "': ", why); }
+  [[noreturn]] void fail(const std::string& why) const { KVPR_THROW("pattern '", shown(src_), "': ", why); }
   bool more() const { return i_ < end_; }
   char32_t peek() const { return p_[i_]; }
 
@@ -134,10 +145,10 @@ class Regex::Parser {
     else if (c == '?') lo = 0, hi = 1;
     else if (c == '{') {
       size_t k = i_ + 1;
-      auto number = [&](int* out) {
+      auto number = [&](int* out) {  // saturates: a count past kMaxRepeat is refused below
         const size_t from = k;
         long v = 0;
-        while (k < end_ && p_[k] >= '0' && p_[k] <= '9' && v < 100000) v = v * 10 + static_cast<long>(p_[k++] - '0');
+        while (k < end_ && p_[k] >= '0' && p_[k] <= '9') v = std::min<long>(v * 10 + static_cast<long>(p_[k++] - '0'), 1L << 30);
         *out = static_cast<int>(v);
         return k > from;
       };
@@ -154,7 +165,7 @@ class Regex::Parser {
         return;
       }
       if (hi != kInfinite && hi < lo) fail("a {n,m} with m below n");
-      if (lo > 1000 || hi > 1000) fail("a repeat count above 1000");
+      if (lo > kMaxRepeat || hi > kMaxRepeat) fail("a repeat count above " + std::to_string(kMaxRepeat));
       i_ = k;
     }
     if (lo == -2) return;
@@ -180,6 +191,7 @@ class Regex::Parser {
     const char32_t c = p_[i_++];
     switch (c) {
       case '(': {
+        if (++depth_ > kMaxGroupDepth) fail("groups nested more than " + std::to_string(kMaxGroupDepth) + " deep");
         if (more() && peek() == '?') {
           ++i_;
           if (more() && peek() == ':') {
@@ -195,6 +207,7 @@ class Regex::Parser {
         Node inner = alternation();
         if (!more() || peek() != ')') fail("an unclosed '('");
         ++i_;
+        --depth_;
         return inner;
       }
       case '[': return set_node(char_class());
@@ -305,10 +318,11 @@ class Regex::Parser {
   std::string src_;
   std::u32string p_;
   size_t i_ = 0, end_ = 0;
+  int depth_ = 0;  // groups open
 };
 
 int Regex::add_state() {
-  KVPR_CHECK(nfa_.size() < kMaxStates, "pattern '", pattern_, "' is too large (more than ", kMaxStates, " states)");
+  KVPR_CHECK(nfa_.size() < kMaxStates, "pattern '", shown(pattern_), "' is too large (more than ", kMaxStates, " states)");
   nfa_.emplace_back();
   return static_cast<int>(nfa_.size()) - 1;
 }
@@ -419,6 +433,7 @@ int Regex::intern(std::vector<int> set) const {
   if (it != ids_.end()) return it->second;
   const int id = static_cast<int>(sets_.size());
   accepting_.push_back(std::binary_search(set.begin(), set.end(), nfa_accept_) ? 1 : 0);
+  set_entries_ += set.size();
   ids_.emplace(set, id);
   sets_.push_back(std::move(set));
   return id;
@@ -445,7 +460,7 @@ int Regex::step(int state, uint32_t cp) const {
     // A pattern whose determinized states explode (a(a|b){30}-like) stops here rather than
     // taking the host's memory: continuations that need a new state are refused.
     if (auto it = ids_.find(set); it != ids_.end()) id = it->second;
-    else if (sets_.size() < kMaxDfaStates) id = intern(std::move(set));
+    else if (sets_.size() < kMaxDfaStates && set_entries_ + set.size() <= kMaxDfaEntries) id = intern(std::move(set));
   }
   if (moves_.size() >= kMaxMoves) moves_.clear();
   moves_.emplace(key, id);

@@ -3,8 +3,10 @@
 // time so a string can be checked as it is written (a prefix is alive while some continuation
 // may still match). Its determinized states are built as they are reached and shared by every
 // recognizer of the pattern (under a lock: sequences of one request run on several threads); at
-// most 50000 of them, past which a continuation needing a new one is refused, so a pattern
-// whose determinization explodes narrows the text instead of exhausting memory.
+// most 50000 of them holding 2^20 NFA states in all, past which a continuation needing a new one
+// is refused, so a pattern whose determinization explodes narrows the text instead of exhausting
+// memory. A pattern is refused when it is too large to compile: groups nested more than 100
+// deep, a repeat count above 1000, more than 20000 NFA states.
 //
 // The subset: literals; `.` (any code point but line terminators); classes `[...]`, `[^...]`
 // with ranges; `\d \D \w \W \s \S`, `\t \n \r \f \v \0`, `\xHH`, `\uHHHH`, `\u{H...}` and escaped
@@ -30,6 +32,7 @@ class Regex {
   // Throws kvpr::Error ("pattern '...': ...") for what is malformed or not supported.
   explicit Regex(const std::string& pattern);
   const std::string& pattern() const { return pattern_; }
+  size_t nfa_states() const { return nfa_.size(); }
 
   // Recognizer states (determinized): start(), then step() per code point; -1 is dead.
   int start() const { return start_; }
@@ -65,6 +68,7 @@ class Regex {
   mutable std::mutex mu_;
   mutable std::map<std::vector<int>, int> ids_;
   mutable std::vector<std::vector<int>> sets_;
+  mutable size_t set_entries_ = 0;  // NFA states in sets_, all together
   mutable std::vector<char> accepting_;
   mutable std::unordered_map<uint64_t, int> moves_;
 };

@@ -15,8 +15,9 @@ void validate(const SamplingParams& p) {
   KVPR_CHECK(std::isfinite(p.top_p) && p.top_p > 0.f && p.top_p <= 1.f, "top_p must be in (0, 1], got ",
              p.top_p);
   KVPR_CHECK(std::isfinite(p.min_p) && p.min_p >= 0.f && p.min_p <= 1.f, "min_p must be in [0, 1], got ", p.min_p);
-  KVPR_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.f,
-             "repetition_penalty must be > 0, got ", p.repetition_penalty);
+  KVPR_CHECK(p.repetition_penalty >= kMinRepetitionPenalty && p.repetition_penalty <= kMaxRepetitionPenalty,
+             "repetition_penalty must be in [", kMinRepetitionPenalty, ", ", kMaxRepetitionPenalty, "], got ",
+             p.repetition_penalty);
   KVPR_CHECK(p.presence_penalty >= -2.f && p.presence_penalty <= 2.f, "presence_penalty must be in [-2, 2], got ",
              p.presence_penalty);
   KVPR_CHECK(p.frequency_penalty >= -2.f && p.frequency_penalty <= 2.f, "frequency_penalty must be in [-2, 2], got ",

@@ -8,6 +8,10 @@
 
 namespace kvpr {
 
+// repetition_penalty's range: wide enough for any use, narrow enough that a logit divided or
+// multiplied by it stays finite in fp32.
+constexpr double kMinRepetitionPenalty = 0.01, kMaxRepetitionPenalty = 100;
+
 struct SamplingParams {
   float temperature = 0.f;  // 0 = greedy
   int top_k = 0;            // 0 = all
@@ -20,7 +24,7 @@ struct SamplingParams {
   // each generated token t lowers logits[t] by frequency_penalty per occurrence so far and
   // presence_penalty once; logit_bias adds its value to its id's logit. Reported
   // log-probabilities stay the model's own.
-  float repetition_penalty = 1.f;  // > 0; 1 = off
+  float repetition_penalty = 1.f;  // in [kMinRepetitionPenalty, kMaxRepetitionPenalty]; 1 = off
   float presence_penalty = 0.f;    // [-2, 2]
   float frequency_penalty = 0.f;   // [-2, 2]
   std::vector<std::pair<int32_t, float>> logit_bias;  // (id, bias in [-100, 100])

@@ -159,12 +159,12 @@ TEST(JsonSchema, ReadsWhatJsonschemaValidates) {
 namespace {
 
 // Whether the schema's recognizer takes `text` (as a prefix), and whether it is a whole value.
-bool takes(const char* schema, const std::string& text) {
+bool takes(const std::string& schema, const std::string& text) {
   const JsonSchema s = JsonSchema::compile(json::parse(schema));
   SchemaRecognizer r(&s);
   return r.feed(text);
 }
-bool whole(const char* schema, const std::string& text) {
+bool whole(const std::string& schema, const std::string& text) {
   const JsonSchema s = JsonSchema::compile(json::parse(schema));
   SchemaRecognizer r(&s);
   return r.feed(text) && r.complete();
@@ -289,6 +289,79 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   refused(R"({"type": "string", "minLength": 3, "maxLength": 2})", "maxLength is below minLength");
 }
 
+// A schema that would crash, or keep a CPU busy, a recognizer is refused at compile time naming
+// the limit; each refusal comes from a bounded amount of work (no recursion past the limits).
+TEST(JsonSchema, RefusesSchemasPastItsLimits) {
+  auto refused = [](const std::string& schema, const char* part) {
+    try {
+      JsonSchema::compile(json::parse(schema));
+      ADD_FAILURE() << "accepted: " << schema.substr(0, 200);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << std::string(e.what()).substr(0, 300);
+    }
+  };
+  // $ref cycles that consume nothing on their way round.
+  refused(R"({"$ref": "#"})", "$: the $ref cycle '#' comes back to where it began without consuming any text");
+  refused(R"({"anyOf": [{"type": "string"}, {"$ref": "#"}]})", "the $ref cycle '#' comes back");
+  refused(R"({"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"anyOf": [{"$ref": "#/$defs/A"}]}}, "$ref": "#/$defs/A"})",
+          "the $ref cycle '#/$defs/A' -> '#/$defs/B' comes back");
+  // Cycles through a value are recursion, not a loop: a tree of lists.
+  EXPECT_TRUE(whole(R"({"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#"}}]})", "[1, [2, []]]"));
+  // Chains and nesting past 64 levels.
+  std::string chain = R"({"$ref": "#/$defs/d0", "$defs": {)";
+  for (int i = 0; i < 8000; ++i) chain += "\"d" + std::to_string(i) + "\": {\"$ref\": \"#/$defs/d" + std::to_string(i + 1) + "\"}, ";
+  chain += R"("d8000": {"type": "string"}}})";
+  refused(chain, "nests deeper than 64 levels (each $ref followed counts one)");
+  std::string nested;
+  for (int i = 0; i < 100; ++i) nested += R"({"items": )";
+  nested += "{}" + std::string(100, '}');
+  refused(nested, "nests deeper than 64 levels");
+  // Sizes: nodes, patterns, their states together.
+  std::string wide = R"({"anyOf": [)";
+  for (int i = 0; i < 10001; ++i) wide += std::string(i ? ", " : "") + R"({"type": "string"})";
+  refused(wide + "]}", "more than 10000 nodes once compiled");
+  std::string patterns = R"({"anyOf": [)";
+  for (int i = 0; i < 65; ++i) patterns += std::string(i ? ", " : "") + R"({"type": "string", "pattern": "^a)" + std::to_string(i) + "$\"}";
+  refused(patterns + "]}", "more than 64 distinct patterns and formats");
+  std::string big = R"({"anyOf": [)";
+  for (char c = 'a'; c < 'g'; ++c)
+    big += std::string(c > 'a' ? ", " : "") + R"({"type": "string", "pattern": "^(?:)" + c + R"({1000}){9}$"})";
+  refused(big + "]}", "the schema's patterns are too large together");
+  // anyOf options that overlap and nest, doubling at each level: refused as too ambiguous...
+  std::string doubling = R"({"$ref": "#/$defs/L0", "$defs": {)";
+  for (int i = 0; i < 12; ++i) {  // 2^12 alternatives at the 12th level
+    const std::string next = "{\"type\": \"array\", \"items\": {\"$ref\": \"#/$defs/L" + std::to_string(i + 1) + "\"}";
+    doubling += "\"L" + std::to_string(i) + "\": {\"anyOf\": [" + next + "}, " + next + ", \"minItems\": 0}]}, ";
+  }
+  doubling += R"("L12": {"type": "string"}}})";
+  refused(doubling, "anyOf alternatives overlap too much: a text could have to be followed as more than 1024");
+  // ...while the same $ref listed twice at each level is one alternative, followed once.
+  std::string shared = R"({"$ref": "#/$defs/L0", "$defs": {)";
+  for (int i = 0; i < 20; ++i) {
+    const std::string next = "{\"$ref\": \"#/$defs/L" + std::to_string(i + 1) + "\"}";
+    shared += "\"L" + std::to_string(i) + "\": {\"anyOf\": [" + next + ", " + next + "]}, ";
+  }
+  shared += R"("L20": {"type": "string", "maxLength": 3}}})";
+  EXPECT_TRUE(whole(shared, "\"abc\""));
+  EXPECT_FALSE(whole(shared, "\"abcd\""));
+}
+
+// Past SchemaLimits::kMaxThreads alternatives side by side, the recognizer follows the first
+// ones: the text stays valid against the schema, the work per byte stays bounded.
+TEST(JsonSchema, FollowsAtMostKMaxThreadsAlternatives) {
+  std::string many = R"({"anyOf": [)";
+  for (int i = 0; i < 200; ++i)
+    many += std::string(i ? ", " : "") + R"({"type": "object", "properties": {"k)" + std::to_string(i) +
+            R"(": {"type": "integer"}}, "required": ["k)" + std::to_string(i) + R"("], "additionalProperties": false})";
+  many += "]}";
+  EXPECT_NO_THROW(JsonSchema::compile(json::parse(many)));  // 200 <= kMaxAmbiguity
+  static_assert(SchemaLimits::kMaxThreads == 128);
+  EXPECT_TRUE(whole(many, R"({"k0": 1})"));
+  EXPECT_TRUE(whole(many, R"({"k127": 1})"));
+  EXPECT_FALSE(takes(many, R"({"k128")")) << "the 129th alternative is not followed";
+  EXPECT_FALSE(whole(many, R"({"k0": 1, "k1": 2})"));
+}
+
 // Token masks under a schema are the tokens whose bytes the schema recognizer takes next, and
 // masked decoding from random rows ends, when it ends, in a document the schema admits.
 TEST(JsonSchema, TokenMasksFollowTheSchema) {
@@ -400,6 +473,20 @@ TEST(Regex, RefusesWhatItDoesNotSupport) {
   refused("*a", "nothing before it");
   refused("\\p{L}", "Unicode property");
   refused("[z-a]", "out of order");
+  // What would take a parser or the memory down is refused by name, not run.
+  refused("a{99999999999999999999}", "above 1000");
+  refused("a{2,99999999999999999999}", "above 1000");
+  const std::string deep = std::string(20000, '(') + "a" + std::string(20000, ')');
+  try {
+    Regex r(deep);
+    ADD_FAILURE() << "accepted 20000 nested groups";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("groups nested more than 100 deep"), std::string::npos) << m.substr(0, 200);
+    EXPECT_LT(m.size(), 200u) << "the pattern is shown shortened";
+  }
+  EXPECT_NO_THROW(Regex(std::string(100, '(') + "a" + std::string(100, ')')));
+  refused("(?:a{1000}){1000}", "is too large");
 }
 
 // pattern and format in a schema: each character of the string goes through the regexes, the

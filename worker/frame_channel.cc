@@ -19,13 +19,17 @@ FrameChannel::~FrameChannel() {
 
 void FrameChannel::shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
-void FrameChannel::send(const json::Value& msg) {
+std::string FrameChannel::frame(const json::Value& msg) {
   std::string body = msg.dump();
   KVPR_CHECK(body.size() <= kMaxFrame, "frame of ", body.size(), " bytes is too large");
   uint32_t n = static_cast<uint32_t>(body.size());
   std::string frame(4, '\0');
   std::memcpy(frame.data(), &n, 4);  // little-endian hosts only (x86-64, arm64)
   frame += body;
+  return frame;
+}
+
+void FrameChannel::send_frame(const std::string& frame) {
   std::lock_guard<std::mutex> lock(send_mu_);
   size_t off = 0;
   while (off < frame.size()) {

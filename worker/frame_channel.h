@@ -26,7 +26,10 @@ class FrameChannel {
   FrameChannel& operator=(const FrameChannel&) = delete;
 
   // Sends one message. Thread-safe. Throws ChannelClosed when the peer is gone.
-  void send(const json::Value& msg);
+  void send(const json::Value& msg) { send_frame(frame(msg)); }
+  // The same in two halves: a message as its frame (length and JSON), and a frame sent whole.
+  static std::string frame(const json::Value& msg);
+  void send_frame(const std::string& frame);
   // Waits up to timeout_ms (-1: forever) for one message. Returns false on timeout; throws
   // ChannelClosed at end of stream, kvpr::Error on a malformed frame. One reader at a time.
   bool recv(json::Value* msg, int timeout_ms);

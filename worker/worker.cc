@@ -1,8 +1,12 @@
 #include "worker/worker.h"
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "engine/error.h"
 #include "engine/model.h"
@@ -44,9 +48,56 @@ GenerationParams params_from(const json::Value& p) {
   return g;
 }
 
+// A heartbeat every second from a thread of its own, from the first moment (loading a model
+// takes minutes) to the end: the controller takes a worker silent past --worker-timeout as
+// unresponsive. A long step does not silence it; each beat says how long the current step has
+// run, so a step that never ends (a hung CUDA call) is seen too.
+class Heartbeat {
+ public:
+  explicit Heartbeat(FrameChannel& ch) : ch_(ch), thread_([this] { run(); }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void step_begins() { step_started_ms_ = now_ms(); }
+  void step_ends() { step_started_ms_ = 0; }
+
+ private:
+  static int64_t now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; })) {
+      const int64_t started = step_started_ms_;
+      json::Value m(json::Object{});
+      m.set("type", "heartbeat");
+      m.set("step_ms", started > 0 ? now_ms() - started : int64_t{0});
+      try {
+        ch_.send(m);
+      } catch (const std::exception&) {
+        return;  // the controller is gone
+      }
+    }
+  }
+
+  FrameChannel& ch_;
+  std::atomic<int64_t> step_started_ms_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
 int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
+  Heartbeat heartbeat(ch);
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tok;
@@ -205,7 +256,9 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
       }
       if (!gen->idle()) {
         auto t0 = std::chrono::steady_clock::now();
+        heartbeat.step_begins();
         std::vector<StepOutput> outs = gen->step();
+        heartbeat.step_ends();
         busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         ++steps;
         json::Value m(json::Object{});
