@@ -538,6 +538,10 @@ class Session : public std::enable_shared_from_this<Session> {
       return send_error({413, "request body larger than " + std::to_string(st_->cfg.max_body_bytes) + " bytes",
                          "invalid_request_error", ""});
     }
+    if (ec == http::error::header_limit) {
+      keep_alive_ = false;
+      return send_error({431, "request headers larger than 64 KiB", "invalid_request_error", ""});
+    }
     if (ec) {
       keep_alive_ = false;
       return send_error(bad_request(std::string("malformed HTTP request: ") + ec.message()));

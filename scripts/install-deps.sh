@@ -20,6 +20,8 @@ PACKAGES=(
   libboost-json1.81-dev
   libspdlog-dev        # daemon logging
   libsystemd-dev       # sd_notify
+  haproxy              # the scale-out test: two kvprd behind it (deploy/haproxy.cfg)
+  systemd              # systemd-analyze verify of the unit in the tests
 )
 
 # Node.js and npm run the official `openai` npm client in the daemon's tests. Debian's

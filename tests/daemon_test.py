@@ -518,7 +518,7 @@ def qwen_chat():
         d.stop()
 
 
-def openai_client(port, model, *args):
+def openai_client(port, model, *args, env=None):
     """tests/openai_client_test.mjs (the official openai npm client, v4: runs on Debian 12's
     Node.js 18, installed once) against kvprd on `port`."""
     npm_dir = os.environ.get("KVPR_NPM_DIR", os.path.join(TMP, "npm"))
@@ -527,7 +527,7 @@ def openai_client(port, model, *args):
                         "--no-package-lock", "--loglevel=error", "openai@4.104.0"], check=True)
     r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), "openai_client_test.mjs"), str(port), model, *args],
                        capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "NODE_PATH": os.path.join(npm_dir, "node_modules")})
+                       env={**os.environ, "NODE_PATH": os.path.join(npm_dir, "node_modules"), **(env or {})})
     print(r.stdout.strip())
     return r
 

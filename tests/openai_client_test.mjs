@@ -10,7 +10,9 @@ const require = createRequire(import.meta.url);
 const OpenAI = require('openai');
 
 const [port, model] = process.argv.slice(2);
-const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'unused', maxRetries: 0 });
+// KVPR_TEST_API_KEY: kvprd runs with --api-key (the client sends it as a Bearer token).
+const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: process.env.KVPR_TEST_API_KEY ?? 'unused',
+  maxRetries: 0 });
 let passed = 0, failed = 0;
 function check(name, cond, detail) {
   if (cond) passed++;

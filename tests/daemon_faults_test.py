@@ -1,0 +1,575 @@
+#!/usr/bin/env python3
+"""kvprd under hostile input and faults, on loopback with 2 CPU workers on the demo model: a
+corpus of hostile requests (each a 4xx within seconds, no worker restarted, no crash), HTTP/1.1
+framing (pipelining, Expect: 100-continue, timeouts, the connection limit, accept() out of
+descriptors, descriptors workers must not inherit), API keys, SIGHUP reload, workers that stop
+answering, and draining. Run by ctest (daemon_faults); daemon_test.py has the API itself."""
+import http.client
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import daemon_test as base  # noqa: E402  (the Daemon harness, check(), the demo model's path)
+from daemon_test import Daemon, check  # noqa: E402
+
+MODEL = base.MODEL
+
+
+def health_workers(d):
+    st, h = d.get("/health")
+    return st, h, [(w["pid"], w["restarts"]) for w in h.get("workers", [])] if isinstance(h, dict) else []
+
+
+def raw_exchange(port, data, timeout=10):
+    """Sends bytes, returns everything read until the server closes or `timeout` passes."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(data)
+    out = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    except socket.timeout:
+        pass
+    s.close()
+    return out
+
+
+def read_response(f):
+    """One HTTP/1.1 response from a socket file: (status, headers, body bytes)."""
+    line = f.readline()
+    if not line:
+        return None
+    status = int(line.split()[1])
+    headers = {}
+    while True:
+        h = f.readline()
+        if h in (b"\r\n", b"\n", b""):
+            break
+        k, v = h.decode().split(":", 1)
+        headers[k.strip().lower()] = v.strip()
+    body = f.read(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+def completion_body(prompt="Hello, my name is", max_tokens=4, **kw):
+    return json.dumps({"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **kw})
+
+
+# ------------------------------------------------------------------ hostile requests
+
+def schema_request(schema, chat=True):
+    if chat:
+        return ("/v1/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                                         "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+    return ("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4,
+                                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+
+
+def hostile_corpus():
+    """(class, name, path, body bytes, headers, the statuses it may get). Each is one request."""
+    cases = []
+
+    def add(cls, name, path, body, want=(400,), headers=None):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        cases.append((cls, name, path, data, headers or {}, want))
+
+    def schema(name, s, chat=True):
+        path, body = schema_request(s, chat)
+        add("schema", name, path, body)
+
+    # JSON Schemas whose $refs loop without consuming text, chains, blow-ups, sizes.
+    schema("$ref #", {"$ref": "#"})
+    schema("$ref # (completions)", {"$ref": "#"}, chat=False)
+    schema("anyOf [$ref #]", {"anyOf": [{"$ref": "#"}]})
+    schema("anyOf [string, $ref #]", {"anyOf": [{"type": "string"}, {"$ref": "#"}]})
+    schema("two $defs pointing at each other", {"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}},
+                                                "$ref": "#/$defs/A"})
+    schema("three $defs in a ring through anyOf", {"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/B"}]},
+                                                             "B": {"oneOf": [{"type": "null"}, {"$ref": "#/$defs/C"}]},
+                                                             "C": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"})
+    chain = {"$defs": {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(8000)}, "$ref": "#/$defs/d0"}
+    chain["$defs"]["d8000"] = {"type": "string"}
+    schema("$ref chain of 8000 links", chain)
+    doubling = {"$defs": {}, "$ref": "#/$defs/L0"}
+    for i in range(14):
+        nxt = {"type": "array", "items": {"$ref": f"#/$defs/L{i + 1}"}}
+        doubling["$defs"][f"L{i}"] = {"anyOf": [nxt, dict(nxt, minItems=0)]}
+    doubling["$defs"]["L14"] = {"type": "string"}
+    schema("anyOf doubling at each of 14 levels", doubling)
+    schema("10001 anyOf alternatives", {"anyOf": [{"type": "string"}] * 10001})
+    schema("65 distinct patterns", {"anyOf": [{"type": "string", "pattern": f"^a{i}$"} for i in range(65)]})
+    schema("patterns too large together",
+           {"anyOf": [{"type": "string", "pattern": "^(?:" + c + "{1000}){9}$"} for c in "abcdef"]})
+    schema("schema false", False)
+    schema("unknown keyword", {"type": "object", "patternProperties": {"a": {}}})
+    # Regexes: nesting, counts beyond any integer type, sizes.
+    schema("pattern of 20000 nested groups", {"type": "string", "pattern": "(" * 20000 + "a" + ")" * 20000})
+    schema("pattern a{99999999999999999999}", {"type": "string", "pattern": "a{99999999999999999999}"})
+    schema("pattern a{2,99999999999999999999}", {"type": "string", "pattern": "a{2,99999999999999999999}"})
+    schema("pattern (?:a{1000}){1000}", {"type": "string", "pattern": "(?:a{1000}){1000}"})
+    schema("pattern with lookahead", {"type": "string", "pattern": "a(?=b)"})
+    # The same through tools forced by tool_choice.
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}
+    add("tools", "tool parameters {$ref: #}, tool_choice required", "/v1/chat/completions",
+        {"model": "demo", "messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": "required"})
+    add("tools", "tool parameters with a 20000-group pattern, tool named", "/v1/chat/completions",
+        {"model": "demo", "messages": [{"role": "user", "content": "x"}],
+         "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+             "type": "object", "properties": {"a": {"type": "string", "pattern": "(" * 20000 + ")" * 20000}}}}}],
+         "tool_choice": {"type": "function", "function": {"name": "f"}}})
+    add("tools", "129 tools", "/v1/chat/completions",
+        {"model": "demo", "messages": [{"role": "user", "content": "x"}],
+         "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]})
+    add("tools", "tool call arguments nested 300 deep", "/v1/chat/completions",
+        {"model": "demo", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "[" * 300 + "]" * 300}}]}]})
+    # Numbers past the engine's types.
+    for name, field, value in [("max_tokens 2^63-1", "max_tokens", 2**63 - 1), ("max_tokens 2^64-1", "max_tokens", 2**64 - 1),
+                               ("max_tokens 1e300", "max_tokens", 1e300), ("max_tokens -2^63", "max_tokens", -2**63),
+                               ("repetition_penalty 1e308", "repetition_penalty", 1e308),
+                               ("repetition_penalty 1e-300", "repetition_penalty", 1e-300),
+                               ("top_k 1e300", "top_k", 1e300), ("seed 1e300", "seed", 1e300),
+                               ("n 2^64-1", "n", 2**64 - 1), ("logprobs 1e20", "logprobs", 1e20),
+                               ("temperature 1e308", "temperature", 1e308)]:
+        add("numbers", name, "/v1/completions", {"model": "demo", "prompt": "x", field: value})
+    add("numbers", "prompt token id 1e300", "/v1/completions", {"model": "demo", "prompt": [1, 1e300]})
+    add("numbers", "stop_token_ids [2^64-1]", "/v1/completions", {"model": "demo", "prompt": "x", "stop_token_ids": [2**64 - 1]})
+    add("numbers", "logit_bias key past int64", "/v1/completions",
+        {"model": "demo", "prompt": "x", "logit_bias": {"99999999999999999999999": 1}})
+    add("numbers", "top_logprobs 1e10", "/v1/chat/completions",
+        {"model": "demo", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 1e10})
+    add("numbers", "64 prompts x n 16 can never fit the queue", "/v1/completions",
+        {"model": "demo", "prompt": ["x"] * 64, "n": 16, "max_tokens": 1})
+    add("numbers", "a number literal 1e999", "/v1/completions", b'{"model": "demo", "prompt": "x", "max_tokens": 1e999}')
+    # JSON and HTTP framing.
+    add("json", "body nested 100000 deep", "/v1/completions", b"[" * 100000 + b"]" * 100000)
+    add("json", "object nested 10000 deep", "/v1/completions", b'{"a":' * 10000 + b"1" + b"}" * 10000)
+    add("json", "invalid UTF-8 in a string", "/v1/completions", b'{"model": "demo", "prompt": "\xff\xfe"}')
+    add("json", "a lone surrogate escape", "/v1/completions", b'{"model": "demo", "prompt": "\\ud800"}')
+    add("json", "messages: 30000 of them", "/v1/chat/completions",
+        {"model": "demo", "messages": [{"role": "user", "content": "hi"}] * 20000, "max_tokens": 1})
+    add("json", "chat_template_kwargs unknown", "/v1/chat/completions",
+        {"model": "demo", "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"x": 1}})
+    add("http", "a 70 KB header", "/v1/completions", completion_body().encode(), want=(431,), headers={"X-Big": "a" * 70000})
+    add("http", "Content-Length of 10^12", "/v1/completions", b"{}", want=(413,), headers={"Content-Length": "1000000000000"})
+    add("http", "a 1 KB path with bytes that are not UTF-8", "/v1/\xff\xfe" + "x" * 1000, b"{}", want=(400, 404))
+    return cases
+
+
+def send_raw_request(port, path, body, headers, timeout=10):
+    """One request over a raw socket (so bodies and paths go out byte for byte)."""
+    hdr = {"Host": "127.0.0.1", "Content-Type": "application/json", "Content-Length": str(len(body)),
+           "Connection": "close", **headers}
+    head = f"POST {path} HTTP/1.1\r\n".encode("latin-1") + b"".join(
+        f"{k}: {v}\r\n".encode("latin-1") for k, v in hdr.items()) + b"\r\n"
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(head)
+        try:
+            s.sendall(body)
+        except OSError:
+            pass  # the server may answer (413, 400) before the body is in
+        f = s.makefile("rb")
+        return read_response(f)
+    finally:
+        s.close()
+
+
+def hostile():
+    d = Daemon("--max-queue", "256")
+    try:
+        st, h, before = health_workers(d)
+        cases = hostile_corpus()
+        by_class = {}
+        for cls, name, path, body, headers, want in cases:
+            t0 = time.time()
+            try:
+                r = send_raw_request(d.port, path, body, headers)
+            except (OSError, ValueError) as e:
+                r = None
+                err = e
+            dt = time.time() - t0
+            by_class[cls] = by_class.get(cls, 0) + 1
+            if r is None:
+                check(f"hostile [{cls}] {name}", False, f"no response: {err}")
+                continue
+            status, hdrs, data = r
+            try:
+                doc = json.loads(data.decode("utf-8"))  # strict UTF-8 and JSON
+                shaped = set(doc["error"]) >= {"message", "type", "param", "code"}
+            except (ValueError, KeyError, TypeError):
+                shaped = False
+            check(f"hostile [{cls}] {name}: {want} within 5 s as OpenAI's error JSON",
+                  status in want and shaped and dt < 5, (status, round(dt, 2), data[:300]))
+        st, h, after = health_workers(d)
+        check("after the hostile corpus /health is 200, every worker still the same process, none restarted",
+              st == 200 and h["status"] == "ok" and after == before, (h, before, after))
+        check("at least 40 hostile requests", len(cases) >= 40, len(cases))
+        print("hostile requests by class:", json.dumps(by_class))
+        # Valid but extreme: accepted, and answered.
+        shared = {"$defs": {}, "$ref": "#/$defs/L0"}
+        for i in range(20):
+            shared["$defs"][f"L{i}"] = {"anyOf": [{"$ref": f"#/$defs/L{i + 1}"}, {"$ref": f"#/$defs/L{i + 1}"}]}
+        shared["$defs"]["L20"] = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                                  "additionalProperties": False}
+        path, body = schema_request(shared)
+        body["max_tokens"] = 24
+        t0 = time.time()
+        st, doc = d.post(path, body)
+        check("20 levels of an anyOf listing one $ref twice: served (one alternative each level)",
+              st == 200 and time.time() - t0 < 30, (st, doc))
+        st, doc = d.post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 2, "n": 2,
+                                             "seed": 2**63 - 1, "temperature": 1})
+        check("seed 2^63-1 with n 2 (seeds wrap, never overflow)", st == 200 and len(doc["choices"]) == 2, doc)
+        st, h, after = health_workers(d)
+        check("no worker restarted after the extreme ones either", st == 200 and after == before, (h, before, after))
+    finally:
+        d.stop()
+
+
+# ------------------------------------------------------------------ HTTP/1.1
+
+def http_framing():
+    d = Daemon("--http-request-timeout", "1", "--http-idle-timeout", "2", "--max-connections", "6")
+    try:
+        # Pipelining: three requests in one write, three responses in order.
+        req = (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" +
+               b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+               str(len(completion_body())).encode() + b"\r\n\r\n" + completion_body().encode() +
+               b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=20)
+        s.sendall(req)
+        f = s.makefile("rb")
+        got = [read_response(f) for _ in range(3)]
+        s.close()
+        ok = all(g is not None for g in got)
+        check("pipelined requests: three responses, in order",
+              ok and got[0][0] == 200 and b'"status"' in got[0][2] and got[1][0] == 200 and
+              b'"text_completion"' in got[1][2] and got[2][0] == 200 and b'"list"' in got[2][2], got)
+        # Expect: 100-continue is answered before the body is sent.
+        body = completion_body().encode()
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n")
+        first = s.recv(4096)
+        s.sendall(body)
+        rest = b""
+        while True:
+            c = s.recv(65536)
+            if not c:
+                break
+            rest += c
+        s.close()
+        check("Expect: 100-continue gets 100 Continue, then the answer",
+              first.startswith(b"HTTP/1.1 100 Continue") and b"HTTP/1.1 200" in first + rest, (first, rest[:200]))
+        # A partial request is cut off after the request timeout (1 s), an idle one after 2 s.
+        t0 = time.time()
+        out = raw_exchange(d.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", timeout=10)
+        dt = time.time() - t0
+        check("a partial request is closed after --http-request-timeout", out == b"" and 0.8 < dt < 5, (out, dt))
+        t0 = time.time()
+        out = raw_exchange(d.port, b"", timeout=10)
+        dt = time.time() - t0
+        check("an idle connection is closed after --http-idle-timeout", out == b"" and 1.8 < dt < 6, (out, dt))
+        # The connection limit: past 6 open, a 503 and the connection closed.
+        held = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(6)]
+        time.sleep(0.2)
+        out = raw_exchange(d.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5)
+        check("past --max-connections: 503 JSON, then closed",
+              out.startswith(b"HTTP/1.1 503") and b"--max-connections" in out, out[:300])
+        for c in held:
+            c.close()
+        time.sleep(0.3)
+        st, _ = d.get("/health")
+        check("below the limit again: served", st == 200)
+        # Workers hold no descriptor of the controller's but their own channel.
+        st, h = d.get("/health")
+        for w in h["workers"]:
+            fds = os.listdir(f"/proc/{w['pid']}/fd")
+            sockets = [os.readlink(f"/proc/{w['pid']}/fd/{fd}") for fd in fds
+                       if os.readlink(f"/proc/{w['pid']}/fd/{fd}").startswith("socket:")]
+            check(f"worker {w['index']} holds one socket (its channel), not kvprd's", len(sockets) == 1, sockets)
+    finally:
+        d.stop()
+    # accept() out of descriptors: the loop backs off instead of spinning, and serves again after.
+    limit = 64
+
+    def low_fd_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    port = base.free_port()
+    log = open(os.path.join(base.TMP, "kvprd-emfile.log"), "w")
+    proc = subprocess.Popen([base.KVPRD, "--model", MODEL, "--port", str(port), "--workers", "1", "--config", "/dev/null"],
+                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=low_fd_limit)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    c.close()
+                    break
+                c.close()
+            except OSError:
+                pass
+            time.sleep(0.1)
+        held = []
+        for _ in range(limit + 20):
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.5)
+
+        def cpu():
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        c0, t0 = cpu(), time.time()
+        time.sleep(2)
+        busy = (cpu() - c0) / (time.time() - t0)
+        check("accept() out of descriptors: kvprd backs off instead of spinning", busy < 0.5, busy)
+        for c in held:
+            c.close()
+        time.sleep(0.5)
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        c.request("GET", "/health")
+        check("descriptors free again: served", c.getresponse().status == 200)
+        c.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+# ------------------------------------------------------------------ API keys, reload
+
+def api_keys():
+    keyfile = os.path.join(base.TMP, "keys")
+    with open(keyfile, "w") as f:
+        f.write("# comment\nkey-from-file\n")
+    d = Daemon("--api-key", "k1", "--api-key-file", keyfile, env={"KVPR_API_KEY": "key-from-env"})
+    try:
+        body = {"model": "demo", "prompt": "x", "max_tokens": 1}
+        st, doc, hdrs = d.request("POST", "/v1/completions", body)
+        check("no key: 401 in OpenAI's shape", st == 401 and doc["error"]["type"] == "invalid_request_error" and
+              hdrs.get("WWW-Authenticate") == "Bearer", (st, doc))
+        st, doc, _ = d.request("POST", "/v1/completions", body, headers={"Authorization": "Bearer k2"})
+        check("a wrong key: 401", st == 401 and "incorrect API key" in doc["error"]["message"], (st, doc))
+        for key in ["k1", "key-from-file", "key-from-env"]:
+            st, doc, _ = d.request("POST", "/v1/completions", body, headers={"Authorization": f"Bearer {key}"})
+            check(f"key {key}: 200", st == 200, (st, doc))
+        for path in ["/v1/models", "/tokenize", "/detokenize"]:
+            st, _, _ = d.request("GET" if path == "/v1/models" else "POST", path, {"prompt": "x", "tokens": [1]})
+            check(f"{path} needs the key", st == 401, st)
+        st, _ = d.get("/health")
+        st2, _, _ = d.request("GET", "/metrics")
+        check("/health and /metrics stay open", st == 200 and st2 == 200, (st, st2))
+        st, doc, _ = d.request("GET", "/v1/models", headers={"Authorization": "Bearer k1"})
+        check("/v1/models does not show the model's path", st == 200 and MODEL not in json.dumps(doc) and
+              doc["data"][0]["root"] == "demo", doc)
+        r = base.openai_client(d.port, "demo", env={"KVPR_TEST_API_KEY": "k1"})
+        check("openai npm client with an API key", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
+    finally:
+        d.stop()
+
+
+def reload():
+    conf = os.path.join(base.TMP, "reload.conf")
+    with open(conf, "w") as f:
+        f.write("max-body-bytes = 4096\nlog-level = info\n")
+    port = base.free_port()
+    d = Daemon(args=["--model", MODEL, "--port", str(port), "--workers", "2", "--config", conf], port=port)
+    try:
+        big = {"model": "demo", "prompt": "word " * 1000, "max_tokens": 1}
+        st, _ = d.post("/v1/completions", big)
+        check("before SIGHUP: max-body-bytes 4096 gives 413", st == 413, st)
+        result = {}
+
+        def streaming():
+            result["events"] = d.stream("/v1/completions", {"model": "demo", "prompt": "Reload", "max_tokens": 200,
+                                                            "ignore_eos": True, "stream": True})[0]
+        t = threading.Thread(target=streaming)
+        t.start()
+        time.sleep(0.3)
+        with open(conf, "w") as f:
+            f.write("max-body-bytes = 1048576\nlog-level = debug\napi-key = after-reload\nkv-mode = offload\n")
+        pids = [w["pid"] for w in d.get("/health")[1]["workers"]]
+        d.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        check("kvprd is still running after SIGHUP", d.proc.poll() is None)
+        st, doc, _ = d.request("POST", "/v1/completions", big, headers={"Authorization": "Bearer after-reload"})
+        check("after SIGHUP: the new body limit and API key apply", st == 200, (st, doc))
+        st, _, _ = d.request("POST", "/v1/completions", big)
+        check("after SIGHUP: no key is a 401", st == 401, st)
+        t.join(60)
+        ev = result.get("events", [])
+        check("a stream running across SIGHUP ends whole", ev and ev[-1] == "[DONE]" and
+              ev[-2]["choices"][0]["finish_reason"] == "length", ev[-3:])
+        check("workers untouched by SIGHUP", [w["pid"] for w in d.get("/health")[1]["workers"]] == pids)
+        with open(conf, "w") as f:
+            f.write("max-body-bytes = lots\n")
+        d.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        st, _, _ = d.request("POST", "/v1/completions", big, headers={"Authorization": "Bearer after-reload"})
+        check("a config that does not parse keeps the running settings", st == 200 and d.proc.poll() is None, st)
+        d.log.flush()
+        log = open(d.log.name).read()
+        check("SIGHUP logs what needs a restart", "needs a restart to apply: kv-mode" in log, log[-2000:])
+        check("SIGHUP logs a refused config", "the new settings are refused" in log, log[-2000:])
+    finally:
+        d.stop()
+
+
+# ------------------------------------------------------------------ workers that stop answering
+
+def unresponsive_workers():
+    d = Daemon("--worker-timeout", "3")
+    try:
+        st, h = d.get("/health")
+        pids = [w["pid"] for w in h["workers"]]
+        results = {}
+
+        def one(i):
+            c = d.conn(timeout=60)
+            c.request("POST", "/v1/completions", completion_body(f"Request {i}", 300, ignore_eos=True),
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            results[i] = (r.status, r.read().decode())
+            c.close()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        os.kill(pids[0], signal.SIGSTOP)
+        # A full socket: enough big requests that their frames exceed what the stopped worker's
+        # socket buffers hold. The event loop must not block on it.
+        st_, ids = d.post("/tokenize", {"prompt": "word " * 1500})
+        big = [threading.Thread(target=lambda j=j: results.__setitem__(100 + j, d.post(
+            "/v1/completions", {"model": "demo", "prompt": ids["tokens"], "max_tokens": 1}))) for j in range(100)]
+        for t in big:
+            t.start()
+        worst = 0.0
+        t_end = time.time() + 2.5
+        while time.time() < t_end:
+            t0 = time.time()
+            st, _ = d.get("/health")
+            worst = max(worst, time.time() - t0)
+            time.sleep(0.1)
+        check("/health answers while a worker is stopped (SIGSTOP) and its socket is full", worst < 1.0, worst)
+        for t in threads + big:
+            t.join(60)
+        on_stopped = [v for k, v in results.items() if k < 100 and v[0] != 200]
+        check("requests on the stopped worker fail with a clear error, the others complete",
+              on_stopped and all(v[0] >= 500 and "unresponsive" in v[1] and "no heartbeat" in v[1] for v in on_stopped) and
+              sum(1 for k, v in results.items() if k < 100 and v[0] == 200) >= 1, results)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            st, h = d.get("/health")
+            if st == 200 and h["status"] == "ok" and h["workers"][0]["pid"] != pids[0]:
+                break
+            time.sleep(0.2)
+        w0 = h["workers"][0]
+        check("the unresponsive worker was killed and restarted", w0["unresponsive"] == 1 and w0["restarts"] >= 1 and
+              "no heartbeat" in w0.get("last_error", "") and h["status"] == "ok", h)
+        m = base.metrics(d)
+        check("kvpr_worker_unresponsive_total counts it", m.get('kvpr_worker_unresponsive_total{worker="0"}') == 1, m)
+        st, body = base.completion(d, "Hello, my name is", 4)
+        check("served again after the restart", st == 200, body)
+    finally:
+        try:
+            for w in d.get("/health")[1]["workers"]:
+                os.kill(w["pid"], signal.SIGCONT)
+        except OSError:
+            pass
+        d.stop()
+
+
+# ------------------------------------------------------------------ draining
+
+def drain():
+    # Streams that finish within the drain timeout end whole: their last chunk and [DONE].
+    d = Daemon("--max-batch", "16", "--drain-timeout", "30")
+    try:
+        results = [None] * 48
+
+        def one(i):
+            try:
+                results[i] = d.stream("/v1/completions", {"model": "demo", "prompt": f"Drain {i}", "max_tokens": 24,
+                                                          "ignore_eos": True, "stream": True})[0]
+            except Exception as e:  # noqa: BLE001
+                results[i] = repr(e)
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(48)]
+        for t in threads:
+            t.start()
+        time.sleep(0.4)
+        d.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        whole = [r for r in results if isinstance(r, list) and r and r[-1] == "[DONE]" and
+                 r[-2]["choices"][0]["finish_reason"] == "length"]
+        started = [r for r in results if isinstance(r, list)]
+        check("SIGTERM: every stream that started ends whole", len(whole) == len(started) and len(started) >= 1,
+              [r for r in results if r not in whole][:3])
+        check("exit 0 after the drain", d.proc.wait(timeout=30) == 0)
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+    # Past the drain timeout: streams get an error event and [DONE], the others a 503 JSON.
+    d = Daemon("--drain-timeout", "1")
+    try:
+        out = {}
+
+        def stream():
+            out["s"] = d.stream("/v1/completions", {"model": "demo", "prompt": "Long", "max_tokens": 1800,
+                                                    "ignore_eos": True, "stream": True})[0]
+
+        def plain():
+            out["p"] = base.completion(d, "Long too", 1800, ignore_eos=True)
+        ts = [threading.Thread(target=stream), threading.Thread(target=plain)]
+        for t in ts:
+            t.start()
+        time.sleep(0.5)
+        d.proc.send_signal(signal.SIGTERM)
+        for t in ts:
+            t.join(60)
+        s = out.get("s", [])
+        check("past the drain timeout a stream gets an error event, then [DONE]",
+              len(s) >= 2 and s[-1] == "[DONE]" and "error" in s[-2] and "drain" in s[-2]["error"]["message"], s[-2:])
+        st, body = out.get("p", (None, None))
+        check("past the drain timeout a non-streaming request gets a 503 JSON", st == 503 and "error" in body, (st, body))
+        check("exit 0 after the drain timeout", d.proc.wait(timeout=30) == 0)
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+
+
+def main():
+    subprocess.check_call([base.KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
+    only = sys.argv[1:]  # parts to run (all when none are named)
+    for part in [hostile, http_framing, api_keys, reload, unresponsive_workers, drain]:
+        if only and part.__name__ not in only:
+            continue
+        t0 = time.time()
+        part()
+        print(f"{part.__name__}: {time.time() - t0:.1f} s", flush=True)
+    print(f"daemon faults: {base.passed} passed, {base.failed} failed")
+    return 0 if base.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
