@@ -501,6 +501,17 @@ def unresponsive_workers():
 
 # ------------------------------------------------------------------ draining
 
+def sigterm_during(d, requests, after):
+    """Runs each of `requests` on a thread, sends SIGTERM `after` seconds in, waits for them."""
+    threads = [threading.Thread(target=r) for r in requests]
+    for t in threads:
+        t.start()
+    time.sleep(after)
+    d.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(60)
+
+
 def drain():
     # Streams that finish within the drain timeout end whole: their last chunk and [DONE].
     d = Daemon("--max-batch", "16", "--drain-timeout", "30")
@@ -513,13 +524,7 @@ def drain():
                                                           "ignore_eos": True, "stream": True})[0]
             except Exception as e:  # noqa: BLE001
                 results[i] = repr(e)
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(48)]
-        for t in threads:
-            t.start()
-        time.sleep(0.4)
-        d.proc.send_signal(signal.SIGTERM)
-        for t in threads:
-            t.join(60)
+        sigterm_during(d, [lambda i=i: one(i) for i in range(48)], 0.4)
         whole = [r for r in results if isinstance(r, list) and r and r[-1] == "[DONE]" and
                  r[-2]["choices"][0]["finish_reason"] == "length"]
         started = [r for r in results if isinstance(r, list)]
@@ -540,13 +545,7 @@ def drain():
 
         def plain():
             out["p"] = base.completion(d, "Long too", 1800, ignore_eos=True)
-        ts = [threading.Thread(target=stream), threading.Thread(target=plain)]
-        for t in ts:
-            t.start()
-        time.sleep(0.5)
-        d.proc.send_signal(signal.SIGTERM)
-        for t in ts:
-            t.join(60)
+        sigterm_during(d, [stream, plain], 0.5)
         s = out.get("s", [])
         check("past the drain timeout a stream gets an error event, then [DONE]",
               len(s) >= 2 and s[-1] == "[DONE]" and "error" in s[-2] and "drain" in s[-2]["error"]["message"], s[-2:])
