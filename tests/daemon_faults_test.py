@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -557,10 +558,110 @@ def drain():
             d.proc.kill()
 
 
+# ------------------------------------------------------------------ scale-out behind HAProxy
+
+def haproxy_scale_out():
+    """deploy/haproxy.cfg in front of two kvprd: drain one, then kill -9 the other, under load."""
+    if not shutil.which("haproxy"):
+        check("haproxy is installed (scripts/install-deps.sh)", False)
+        return
+    front, pa, pb = base.free_port(), base.free_port(), base.free_port()
+    cfg = open(os.path.join(os.path.dirname(__file__), "..", "deploy", "haproxy.cfg")).read()
+    cfg = (cfg.replace("127.0.0.1:8000", f"127.0.0.1:{front}").replace("127.0.0.1:8001", f"127.0.0.1:{pa}")
+           .replace("127.0.0.1:8002", f"127.0.0.1:{pb}").replace("log /dev/log local0", "log stdout format raw local0"))
+    cfg_path = os.path.join(base.TMP, "haproxy.cfg")
+    with open(cfg_path, "w") as f:
+        f.write(cfg)
+
+    def kvprd(port):
+        return Daemon(args=["--model", MODEL, "--port", str(port), "--workers", "1", "--config", "/dev/null",
+                            "--drain-timeout", "30"], port=port)
+    a, b = kvprd(pa), kvprd(pb)
+    hlog = open(os.path.join(base.TMP, "haproxy.log"), "w")
+    ha = subprocess.Popen(["haproxy", "-db", "-f", cfg_path], stdout=hlog, stderr=subprocess.STDOUT)
+    results, lock, stop = [], threading.Lock(), threading.Event()
+
+    def ask():
+        c = http.client.HTTPConnection("127.0.0.1", front, timeout=60)
+        c.request("POST", "/v1/completions", completion_body("Behind the balancer", 6),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, r.getheader("X-Served-By"), data
+
+    def load():
+        while not stop.is_set():
+            try:
+                st, by, data = ask()
+            except OSError as e:
+                st, by, data = None, None, repr(e).encode()
+            with lock:
+                results.append((time.time(), st, by, data[:200]))
+
+    def both_up():
+        deadline = time.time() + 30
+        seen = set()
+        while time.time() < deadline and len(seen) < 2:
+            try:
+                st, by, _ = ask()
+                if st == 200:
+                    seen.add(by)
+            except OSError:
+                time.sleep(0.1)
+        return len(seen) == 2
+    try:
+        check("HAProxy spreads requests over both kvprd", both_up())
+        workers = [threading.Thread(target=load) for _ in range(4)]
+        for t in workers:
+            t.start()
+        time.sleep(2)
+        t_drain = time.time()
+        a.proc.send_signal(signal.SIGTERM)  # drain: /health 503 at once, in-flight ones finish
+        check("the drained kvprd exits 0", a.proc.wait(timeout=60) == 0)
+        time.sleep(2)
+        with lock:
+            during = [r for r in results if r[0] >= t_drain]
+            bad = [r for r in results if r[1] != 200]
+        check("draining one instance under load: no request fails", not bad and len(during) > 5, bad[:3])
+        check("after the drain every request goes to the other", all(r[2] == "kvprd2" for r in during[-5:]), during[-5:])
+        a = kvprd(pa)  # back, and taken in again by the checks
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            with lock:
+                if any(r[2] == "kvprd1" and r[0] > time.time() - 1 for r in results):
+                    break
+            time.sleep(0.2)
+        with lock:
+            before_kill = len(results)
+        in_flight = 4  # load threads: at most these many requests are on the killed one
+        b.proc.kill()  # kill -9 of the whole instance (controller and workers die with it)
+        time.sleep(3)
+        stop.set()
+        for t in workers:
+            t.join(60)
+        after = results[before_kill:]
+        failed = [r for r in after if r[1] != 200]
+        check(f"kill -9 of one instance: at most the {in_flight} requests in flight fail", len(failed) <= in_flight,
+              failed[:5])
+        check("after the kill every request goes to the other", after and all(r[2] == "kvprd1" for r in after[-5:]),
+              after[-5:])
+        print(f"haproxy: {len(results)} requests, {len([r for r in results if r[1] != 200])} failed "
+              f"(allowed: those in flight on the killed instance)")
+    finally:
+        stop.set()
+        ha.terminate()
+        ha.wait(timeout=10)
+        hlog.close()
+        for d in (a, b):
+            if d.proc.poll() is None:
+                d.stop()
+
+
 def main():
     subprocess.check_call([base.KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
     only = sys.argv[1:]  # parts to run (all when none are named)
-    for part in [hostile, http_framing, api_keys, reload, unresponsive_workers, drain]:
+    for part in [hostile, http_framing, api_keys, reload, unresponsive_workers, drain, haproxy_scale_out]:
         if only and part.__name__ not in only:
             continue
         t0 = time.time()
