@@ -49,7 +49,7 @@ const char* kUsage =
     "                   [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--stop STR]...\n"
     "                   [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--top-logprobs K]\n"
     "                   [--prompt-logprobs K] [--ignore-eos] [--response-format text|json_object]\n"
-    "                   [--json-schema FILE]\n"
+    "                   [--json-schema FILE] [--json-whitespace compact|permissive]\n"
     "                   [--backend auto|cpu|cuda] [--kv-dtype f32|f16|bf16|fp8]\n"
     "                   [--kv-mode resident|offload|kvpr|recompute|cpu-attn] [--split L]\n"
     "                   [--activation-cap N] [--profile FILE] [--split-model pipeline|paper]\n"
@@ -190,7 +190,8 @@ int cmd_generate(int argc, char** argv) {
           "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
           "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
           "--trace", "--repetition-penalty", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights",
-          "--chat", "--system", "--chat-template", "--response-format", "--json-schema", "--speculative-tokens"},
+          "--chat", "--system", "--chat-template", "--response-format", "--json-schema", "--json-whitespace",
+          "--speculative-tokens"},
          {"--json", "--ignore-eos", "--cuda-graphs", "--no-thinking"});
   std::string dir = a.require("--model");
   if (a.has("--prompt") + a.has("--prompt-ids") + a.has("--chat") != 1)
@@ -241,6 +242,9 @@ int cmd_generate(int argc, char** argv) {
     go.speculative_tokens = parse_number<int>("--speculative-tokens", a.get("--speculative-tokens"));
     if (go.speculative_tokens < 0 || go.speculative_tokens > 64) throw UsageError("--speculative-tokens must be in 0..64");
   }
+  const std::string ws = a.get("--json-whitespace", "compact");
+  if (ws != "compact" && ws != "permissive") throw UsageError("--json-whitespace: expected compact or permissive");
+  go.permissive_json_whitespace = ws == "permissive";
   go.cuda_graphs = a.has("--cuda-graphs");
   if (go.cuda_graphs && go.kv.mode != KvMode::Resident) throw UsageError("--cuda-graphs applies to --kv-mode resident");
   ModelLoadOptions lo;

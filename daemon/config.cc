@@ -78,6 +78,13 @@ const std::vector<Option>& options() {
          KVPR_CHECK(v == "on" || v == "off", "prefix-caching: expected on or off, got '", v, "'");
          c.prefix_caching = v == "on";
        }},
+      {"json-whitespace",
+       "compact: structured (JSON) answers put nothing, a space, or a newline and up to 20 bytes of indentation "
+       "between tokens, as llama.cpp's JSON grammars; permissive: any whitespace, up to 48 bytes in a row [compact]",
+       [](DaemonConfig& c, const std::string& v) {
+         KVPR_CHECK(v == "compact" || v == "permissive", "json-whitespace: expected compact or permissive, got '", v, "'");
+         c.permissive_json_whitespace = v == "permissive";
+       }},
       {"speculative-tokens", "greedy requests check up to this many tokens a step, looked up in their prompt and output [0: off]",
        [](DaemonConfig& c, const std::string& v) { c.speculative_tokens = static_cast<int>(to_int("speculative-tokens", v)); }},
       {"prompt-lookup-max", "speculative decoding: longest n-gram looked up [4]",
@@ -305,6 +312,7 @@ std::vector<std::string> apply_live_config(DaemonConfig& live, const DaemonConfi
   differ("host-attention-threads", &DaemonConfig::host_attention_threads);
   differ("cuda-graphs", &DaemonConfig::cuda_graphs);
   differ("prefix-caching", &DaemonConfig::prefix_caching);
+  differ("json-whitespace", &DaemonConfig::permissive_json_whitespace);
   differ("speculative-tokens", &DaemonConfig::speculative_tokens);
   differ("prompt-lookup-max", &DaemonConfig::prompt_lookup_max);
   differ("prompt-lookup-min", &DaemonConfig::prompt_lookup_min);

@@ -27,6 +27,7 @@ struct DaemonConfig {
   int host_attention_threads = 0;
   bool cuda_graphs = false;          // resident decode steps replayed as CUDA graphs
   bool prefix_caching = true;        // finished sequences' slots keep their K/V for later prompts
+  bool permissive_json_whitespace = false;  // JSON answers: any whitespace (else compact, as llama.cpp's)
   int speculative_tokens = 0;        // prompt-lookup drafts checked per greedy step (0: off)
   int prompt_lookup_max = 4, prompt_lookup_min = 2;  // n-gram lengths looked up
   bool weights_on_host = false;      // layers' weights streamed from pinned host memory

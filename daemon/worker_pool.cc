@@ -200,6 +200,7 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
   if (!cfg_.profile.empty()) a.insert(a.end(), {"--profile", cfg_.profile});
   if (cfg_.cuda_graphs) a.push_back("--cuda-graphs");
   if (!cfg_.prefix_caching) a.push_back("--no-prefix-caching");
+  if (cfg_.permissive_json_whitespace) a.push_back("--permissive-json-whitespace");
   if (cfg_.speculative_tokens > 0)
     a.insert(a.end(), {"--speculative-tokens", std::to_string(cfg_.speculative_tokens), "--prompt-lookup-max",
                        std::to_string(cfg_.prompt_lookup_max), "--prompt-lookup-min", std::to_string(cfg_.prompt_lookup_min)});

@@ -80,6 +80,7 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOp
   speculative_tokens_ = opts.speculative_tokens;
   lookup_max_ = opts.prompt_lookup_max;
   lookup_min_ = opts.prompt_lookup_min;
+  json_options_.permissive_whitespace = opts.permissive_json_whitespace;
 }
 
 std::vector<int32_t> Generator::propose(const Sequence& s, int64_t most) const {
@@ -122,8 +123,8 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
       for (int32_t t = 0; t < valid_vocab_; ++t) (*v)[static_cast<size_t>(t)] = tok_.token_bytes(t, true);
       json_vocab_ = std::move(v);
     }
-    seq->json = params.json_schema ? std::make_unique<JsonTokenConstraint>(json_vocab_, params.json_schema)
-                                   : std::make_unique<JsonTokenConstraint>(json_vocab_);
+    seq->json = params.json_schema ? std::make_unique<JsonTokenConstraint>(json_vocab_, params.json_schema, json_options_)
+                                   : std::make_unique<JsonTokenConstraint>(json_vocab_, json_options_);
     if (!params.ignore_eos) {
       if (tok_.eos_id()) seq->end_ids.push_back(*tok_.eos_id());
       for (int32_t e : tok_.extra_eos_ids()) seq->end_ids.push_back(e);

@@ -78,6 +78,9 @@ struct GeneratorOptions {
   // Sequences whose logits an observer watches decode one token a step.
   int speculative_tokens = 0;
   int prompt_lookup_max = 4, prompt_lookup_min = 2;
+  // JSON-constrained answers (json_object, json_schema): whitespace between tokens is compact
+  // (nothing, a space, or a newline and indentation: json_lex::Whitespace) unless permissive.
+  bool permissive_json_whitespace = false;
 };
 
 // Speculative decoding since the Generator started.
@@ -192,6 +195,7 @@ class Generator {
   bool prefix_caching_ = true;
   PrefixCacheStats prefix_stats_;
   int speculative_tokens_ = 0, lookup_max_ = 4, lookup_min_ = 2;
+  JsonGrammarOptions json_options_;  // whitespace of JSON-constrained answers
   SpeculationStats spec_stats_;
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
   std::map<uint64_t, SequenceResult> done_;

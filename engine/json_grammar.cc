@@ -31,7 +31,7 @@ using namespace json_lex;
 }  // namespace
 
 JsonRecognizer::JsonRecognizer(const Options& o)
-    : max_ws_(static_cast<uint8_t>(std::clamp(o.max_whitespace, 0, 255))),
+    : ws_(o.whitespace()),
       max_depth_(static_cast<uint8_t>(std::clamp(o.max_depth, 1, 64))),
       object_only_(o.object_only) {
   s_.mode = kValue;
@@ -112,11 +112,7 @@ bool JsonRecognizer::feed(uint8_t c) {
     default: break;
   }
   // Between tokens of the JSON: whitespace, then what the mode allows.
-  if (is_ws(c)) {
-    if (s_.ws >= max_ws_) return false;
-    ++s_.ws;
-    return true;
-  }
+  if (is_ws(c)) return ws_.take(s_.ws, c);
   s_.ws = 0;
   switch (s_.mode) {
     case kValue: return value_start(c);
@@ -185,11 +181,12 @@ std::vector<int32_t> plain_chars_of(const JsonTokenConstraint::Vocabulary& v) {
 JsonTokenConstraint::JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, const JsonGrammarOptions& o)
     : vocab_(std::move(vocab)), plain_chars_(plain_chars_of(*vocab_)), r_(JsonRecognizer(o)) {}
 
-JsonTokenConstraint::JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema)
+JsonTokenConstraint::JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
+                                         const JsonGrammarOptions& o)
     : vocab_(std::move(vocab)),
       plain_chars_(plain_chars_of(*vocab_)),
       schema_(std::move(schema)),
-      r_(SchemaRecognizer(schema_.get())) {}
+      r_(SchemaRecognizer(schema_.get(), o.whitespace(), o.max_depth)) {}
 
 const std::vector<uint8_t>& JsonTokenConstraint::allowed(int32_t valid) {
   const std::string key = std::visit([](const auto& r) { return std::string(r.key()); }, r_);

@@ -4,9 +4,11 @@
 //
 // The recognizer reads one JSON value a byte at a time (an object, when asked for one), with
 // strings checked as UTF-8 and escapes as JSON's, and refuses a byte that cannot continue it.
-// Whitespace between tokens is limited to `max_whitespace` bytes in a row, so that a model cannot
-// loop on blank lines, and nesting to `max_depth`. After the value only that whitespace may
-// follow, and the end-of-sequence tokens become allowed.
+// Whitespace between tokens is compact by default (nothing, a space, or a newline and up to 20
+// bytes of indentation: json_lex::Whitespace), or any whitespace up to `max_whitespace` bytes
+// in a row when permissive, so that a model cannot loop on blank lines; nesting is limited to
+// `max_depth`. After the value only that whitespace may follow, and the end-of-sequence tokens
+// become allowed.
 #pragma once
 
 #include <cstdint>
@@ -16,14 +18,19 @@
 #include <variant>
 #include <vector>
 
+#include "engine/json_lex.h"
 #include "engine/json_schema.h"
 
 namespace kvpr {
 
 struct JsonGrammarOptions {
   bool object_only = true;  // the value must be an object (json_object)
-  int max_whitespace = 48;  // whitespace bytes in a row between tokens of the JSON
+  bool permissive_whitespace = false;  // any whitespace between tokens, not only the compact forms
+  int max_whitespace = 48;  // permissive: whitespace bytes in a row between tokens of the JSON
   int max_depth = 64;       // nested objects and arrays (at most 64)
+  json_lex::Whitespace whitespace() const {
+    return {permissive_whitespace, static_cast<uint8_t>(max_whitespace < 0 ? 0 : max_whitespace > 255 ? 255 : max_whitespace)};
+  }
 };
 
 class JsonRecognizer {
@@ -60,7 +67,7 @@ class JsonRecognizer {
   bool close(bool object);
 
   State s_;
-  uint8_t max_ws_;
+  json_lex::Whitespace ws_;
   uint8_t max_depth_;
   bool object_only_;
 };
@@ -72,8 +79,9 @@ class JsonTokenConstraint {
   using Vocabulary = std::vector<std::string>;
   // Any JSON value (an object with o.object_only).
   JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, const JsonGrammarOptions& o = {});
-  // A JSON text valid against `schema` (json_schema.h).
-  JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema);
+  // A JSON text valid against `schema` (json_schema.h); o's whitespace and depth apply.
+  JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
+                      const JsonGrammarOptions& o = {});
 
   // Sets the logits of ids in [0, valid) that cannot come next to -infinity. `end_ids` (EOS and
   // stop ids) stay only once the JSON is complete. Returns how many ids are left (0 when the

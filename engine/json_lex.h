@@ -14,6 +14,35 @@ enum Num : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kE, kESign, kExp };
 enum Utf8Lead : uint8_t { kAfterE0 = 10, kAfterED, kAfterF0, kAfterF4 };
 
 inline bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// Whitespace between tokens of generated JSON: whether the run so far (`ws` bytes of state, 0
+// before its first byte) takes whitespace byte c.
+//   compact, the default: nothing, one space, or one newline followed by up to 20 spaces or
+//     tabs (its indentation), as llama.cpp's JSON-schema grammars write `space`, so a model
+//     cannot spend its tokens on runs of blank lines between tokens;
+//   permissive: any JSON whitespace, up to max_run bytes in a row.
+struct Whitespace {
+  bool permissive = false;
+  uint8_t max_run = 48;  // permissive only
+  static constexpr uint8_t kMaxIndent = 20;
+  bool take(uint8_t& ws, uint8_t c) const {
+    if (permissive) {
+      if (ws >= max_run) return false;
+      ++ws;
+      return true;
+    }
+    // ws: 0 nothing yet, 1 after one space, 2 + k after a newline and k indentation bytes.
+    if (ws == 0) {
+      if (c == ' ') ws = 1;
+      else if (c == '\n') ws = 2;
+      else return false;
+      return true;
+    }
+    if (ws == 1 || (c != ' ' && c != '\t') || ws - 2 >= kMaxIndent) return false;
+    ++ws;
+    return true;
+  }
+};
 inline bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 inline bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 inline bool number_may_end(uint8_t n) { return n == kZero || n == kInt || n == kFrac || n == kExp; }

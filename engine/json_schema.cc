@@ -643,9 +643,9 @@ const std::vector<std::string> kAnyLiterals = {"true", "false", "null"};
 
 }  // namespace
 
-SchemaRecognizer::SchemaRecognizer(const JsonSchema* schema, int max_whitespace, int max_depth)
+SchemaRecognizer::SchemaRecognizer(const JsonSchema* schema, json_lex::Whitespace whitespace, int max_depth)
     : schema_(schema),
-      max_ws_(static_cast<uint8_t>(std::clamp(max_whitespace, 0, 255))),
+      ws_(whitespace),
       max_depth_(static_cast<uint8_t>(std::clamp(max_depth, 1, 255))) {
   Thread t;
   t.node = schema->root();
@@ -976,11 +976,7 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
     }
     default: break;
   }
-  if (is_ws(c)) {
-    if (t.ws >= max_ws_) return false;
-    ++t.ws;
-    return true;
-  }
+  if (is_ws(c)) return ws_.take(t.ws, c);
   t.ws = 0;
   switch (t.mode) {
     case Mode::Value: return start_value(t, c, spawned);

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/json.h"
+#include "engine/json_lex.h"
 #include "engine/regex.h"
 
 namespace kvpr {
@@ -103,7 +104,7 @@ class JsonSchema {
 
 class SchemaRecognizer {
  public:
-  explicit SchemaRecognizer(const JsonSchema* schema, int max_whitespace = 48, int max_depth = 64);
+  explicit SchemaRecognizer(const JsonSchema* schema, json_lex::Whitespace whitespace = {}, int max_depth = 64);
   bool feed(uint8_t c);  // false: the byte cannot continue a valid text (the recognizer is then unusable)
   bool feed(std::string_view bytes);
   bool complete() const;
@@ -149,7 +150,8 @@ class SchemaRecognizer {
   static std::string thread_key(const Thread& t);
 
   const JsonSchema* schema_;
-  uint8_t max_ws_, max_depth_;
+  json_lex::Whitespace ws_;
+  uint8_t max_depth_;
   std::vector<Thread> threads_;
 };
 

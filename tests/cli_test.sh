@@ -193,7 +193,7 @@ expect_error "bad ids" 2 "prompt-ids" -- generate --model "$tmp/demo" --prompt-i
 expect_error "id out of range" 1 "token id 99999 is out of range" -- generate --model "$tmp/demo" --prompt-ids 99999
 expect_error "bad temperature" 1 "temperature must be >= 0" -- generate --model "$tmp/demo" --prompt a --temperature -1
 expect_error "bad presence penalty" 1 "presence_penalty must be in" -- generate --model "$tmp/demo" --prompt a --presence-penalty 3
-expect_error "bad repetition penalty" 1 "repetition_penalty must be > 0" -- generate --model "$tmp/demo" --prompt a --repetition-penalty 0
+expect_error "bad repetition penalty" 1 "repetition_penalty must be in .0.01, 100." -- generate --model "$tmp/demo" --prompt a --repetition-penalty 0
 expect_error "bad min_p" 1 "min_p must be in" -- generate --model "$tmp/demo" --prompt a --min-p 2
 # --chat renders one user turn in a chat template (here ChatML by name on the demo model) as kvprd
 # would, and the prompt is that text's tokens.

@@ -518,18 +518,38 @@ def qwen_chat():
         d.stop()
 
 
-def openai_client(port, model, *args, env=None):
-    """tests/openai_client_test.mjs (the official openai npm client, v4: runs on Debian 12's
-    Node.js 18, installed once) against kvprd on `port`."""
+# The npm clients the tests drive kvprd with, pinned to versions that run on Debian 12's Node.js
+# 18: the official openai client (v4), the Vercel AI SDK (v4, with its OpenAI-compatible
+# provider) and LangChain's ChatOpenAI. Installed once per build tree, all in one command (npm
+# removes what a later install does not name).
+NPM_PACKAGES = ["openai@4.104.0", "ai@4.3.19", "@ai-sdk/openai-compatible@0.2.16", "zod@3.25.76",
+                "@langchain/openai@0.5.18", "@langchain/core@0.3.80"]
+
+
+def node_client(script, port, model, *args, env=None):
+    """tests/<script> (a node program using the npm clients above) against kvprd on `port`."""
     npm_dir = os.environ.get("KVPR_NPM_DIR", os.path.join(TMP, "npm"))
-    if not os.path.exists(os.path.join(npm_dir, "node_modules", "openai", "package.json")):
+    stamp = os.path.join(npm_dir, "installed.txt")
+    if not os.path.exists(stamp) or open(stamp).read() != " ".join(NPM_PACKAGES):
         subprocess.run(["npm", "install", "--prefix", npm_dir, "--no-audit", "--no-fund", "--no-save",
-                        "--no-package-lock", "--loglevel=error", "openai@4.104.0"], check=True)
-    r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), "openai_client_test.mjs"), str(port), model, *args],
-                       capture_output=True, text=True, timeout=120,
+                        "--no-package-lock", "--loglevel=error", *NPM_PACKAGES], check=True)
+        with open(stamp, "w") as f:
+            f.write(" ".join(NPM_PACKAGES))
+    r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), script), str(port), model, *args],
+                       capture_output=True, text=True, timeout=180,
                        env={**os.environ, "NODE_PATH": os.path.join(npm_dir, "node_modules"), **(env or {})})
     print(r.stdout.strip())
     return r
+
+
+def openai_client(port, model, *args, env=None):
+    """tests/openai_client_test.mjs: the official openai npm client."""
+    return node_client("openai_client_test.mjs", port, model, *args, env=env)
+
+
+def npm_clients(port, model, *args, env=None):
+    """tests/npm_clients_test.mjs: the Vercel AI SDK and LangChain, through their own helpers."""
+    return node_client("npm_clients_test.mjs", port, model, *args, env=env)
 
 
 def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2", bos=151643, eos=151645, detour=None):
@@ -680,6 +700,8 @@ def qwen_tools():
 
         r = openai_client(d.port, "qwen", "tools")
         check("openai npm client: tool calls", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
+        r = npm_clients(d.port, "qwen", "tools")
+        check("AI SDK and LangChain: tool calls", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
     finally:
         d.stop()
     # A template without tools: tools are refused naming it, and so is --tool-call-parser hermes.
@@ -930,6 +952,9 @@ def json_mode():
             check(f"{what}: 400", st == 400, body)
         r = openai_client(d.port, "qwen", "json")
         check("openai npm client: structured output", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
+        r = npm_clients(d.port, "qwen", "json")
+        check("AI SDK and LangChain: structured output through their helpers", r.returncode == 0,
+              r.stdout[-2000:] + r.stderr[-2000:])
     finally:
         d.stop()
 
@@ -1244,6 +1269,8 @@ def main():
         # --- the official openai npm client (v4: runs on Debian 12's Node.js 18)
         r = openai_client(d.port, "demo")
         check("openai npm client", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
+        r = npm_clients(d.port, "demo")
+        check("AI SDK and LangChain: text, streaming with usage", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
 
         # --- cancellation: a client that disconnects frees its slot
         before = metrics(d)

@@ -26,6 +26,13 @@ bool reads_object(const std::string& bytes, JsonRecognizer::Options o = {}) {
   JsonRecognizer r(o);
   return r.feed(bytes) && r.complete();
 }
+
+// Any whitespace up to 48 bytes in a row: how Python's json writes and reads texts.
+JsonRecognizer::Options permissive() {
+  JsonRecognizer::Options o;
+  o.permissive_whitespace = true;
+  return o;
+}
 }  // namespace
 
 // 965 strings classified by Python's json.loads (tests/scripts/make_json_grammar_fixtures.py):
@@ -38,10 +45,10 @@ TEST(JsonGrammar, ReadsWhatPythonsJsonReads) {
   for (const auto& c : cases.as_array()) {
     const std::string bytes = unhex(c.find("hex")->as_string());
     const bool want = c.find("object")->as_bool();
-    EXPECT_EQ(reads_object(bytes), want) << c.find("hex")->as_string();
+    EXPECT_EQ(reads_object(bytes, permissive()), want) << c.find("hex")->as_string();
     if (want) {
       ++valid;
-      JsonRecognizer r;  // every proper prefix of a document is open, and only the whole is complete
+      JsonRecognizer r(permissive());  // every proper prefix of a document is open, and only the whole is complete
       for (size_t i = 0; i < bytes.size(); ++i) {
         ASSERT_TRUE(r.feed(static_cast<uint8_t>(bytes[i]))) << c.find("hex")->as_string() << " at " << i;
         const bool rest_is_ws = bytes.find_first_not_of(" \t\r\n", i + 1) == std::string::npos;
@@ -55,8 +62,8 @@ TEST(JsonGrammar, ReadsWhatPythonsJsonReads) {
 }
 
 TEST(JsonGrammar, LimitsWhitespaceAndDepthAndTakesOtherValuesWhenAsked) {
-  EXPECT_TRUE(reads_object("{" + std::string(48, ' ') + "}"));
-  EXPECT_FALSE(reads_object("{" + std::string(49, ' ') + "}"));
+  EXPECT_TRUE(reads_object("{" + std::string(48, ' ') + "}", permissive()));
+  EXPECT_FALSE(reads_object("{" + std::string(49, ' ') + "}", permissive()));
   EXPECT_TRUE(reads_object("{\"a\": \"" + std::string(200, ' ') + "\"}"));  // inside strings, any
   std::string deep = "{\"a\":" + std::string(63, '[') + std::string(63, ']') + "}";  // 64 levels
   EXPECT_TRUE(reads_object(deep));
@@ -71,6 +78,33 @@ TEST(JsonGrammar, LimitsWhitespaceAndDepthAndTakesOtherValuesWhenAsked) {
   EXPECT_TRUE(r.complete());  // a number at the top level is whole once well formed
   EXPECT_TRUE(r.feed("."));
   EXPECT_FALSE(r.complete());
+}
+
+// By default whitespace between tokens is compact, as llama.cpp's JSON-schema grammars write it:
+// nothing, one space, or one newline followed by up to 20 spaces or tabs; never a run of blank
+// lines or spaces a small model could spend its tokens on.
+TEST(JsonGrammar, CompactWhitespaceIsNothingASpaceOrANewlineAndIndentation) {
+  const JsonSchema schema = JsonSchema::compile(json::parse(R"({"type": "object", "properties": {"a": {}}})"));
+  auto both = [&](const std::string& text) {
+    SchemaRecognizer s(&schema);
+    const bool by_schema = s.feed(text) && s.complete();
+    EXPECT_EQ(reads_object(text), by_schema) << text;
+    return by_schema;
+  };
+  for (const char* ok : {"{\"a\":1}", "{\"a\": 1}", "{ \"a\" : [1, 2] }", "{\n  \"a\": [\n    1\n  ]\n}",
+                         "{\n\t\"a\": 1}", "{\"a\": 1}\n", "{\"a\": 1} "})
+    EXPECT_TRUE(both(ok)) << ok;
+  const std::string indent20 = "{\n" + std::string(20, ' ') + "\"a\": 1}";
+  EXPECT_TRUE(both(indent20));
+  for (const std::string& bad : {std::string("{  \"a\": 1}"), std::string("{\n\n\"a\": 1}"), std::string("{\r\n\"a\": 1}"),
+                                 std::string("{\t\"a\": 1}"), std::string("{ \n\"a\": 1}"), std::string("{\"a\": 1}\n\n"),
+                                 "{\n" + std::string(21, ' ') + "\"a\": 1}"})
+    EXPECT_FALSE(both(bad)) << bad;
+  // The issue this answers: a constrained answer spending its max_tokens on \r and \n.
+  JsonRecognizer r;
+  EXPECT_TRUE(r.feed("{\"a\":"));
+  EXPECT_FALSE(r.feed("\r"));
+  EXPECT_TRUE(reads_object("{  \"a\": 1}", permissive()));  // the permissive form, as before
 }
 
 // A vocabulary of JSON pieces, words and special tokens: each mask is exactly the set of ids
@@ -141,11 +175,11 @@ TEST(JsonSchema, ReadsWhatJsonschemaValidates) {
     for (const auto& c : s.find("cases")->as_array()) {
       const std::string bytes = unhex(c.find("hex")->as_string());
       const bool want = c.find("valid")->as_bool();
-      SchemaRecognizer r(&schema);
+      SchemaRecognizer r(&schema, permissive().whitespace());
       EXPECT_EQ(r.feed(bytes) && r.complete(), want) << s.find("schema")->dump() << "\n" << bytes;
       if (want) {
         ++valid;
-        SchemaRecognizer p(&schema);
+        SchemaRecognizer p(&schema, permissive().whitespace());
         for (size_t i = 0; i < bytes.size(); ++i)
           ASSERT_TRUE(p.feed(static_cast<uint8_t>(bytes[i]))) << bytes << " at " << i;
       }

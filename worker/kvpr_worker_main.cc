@@ -2,7 +2,7 @@
 //   kvpr-worker --fd N --model DIR [--backend auto|cpu|cuda] [--device D] [--index I]
 //               [--max-batch B] [--max-seq-len L] [--kv-mode M] [--split L] [--kv-dtype D]
 //               [--activation-cap N] [--profile FILE] [--host-attention-threads N] [--cuda-graphs]
-//               [--no-prefix-caching] [--speculative-tokens N] [--prompt-lookup-max N] [--prompt-lookup-min N]
+//               [--no-prefix-caching] [--permissive-json-whitespace] [--speculative-tokens N] [--prompt-lookup-max N] [--prompt-lookup-min N]
 //               [--weights device|host] [--gpu-batches N]
 #include <cstdio>
 #include <cstdlib>
@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
       else if (a == "--profile") o.profile_path = val();
       else if (a == "--cuda-graphs") o.generator.cuda_graphs = true;
       else if (a == "--no-prefix-caching") o.generator.prefix_caching = false;
+      else if (a == "--permissive-json-whitespace") o.generator.permissive_json_whitespace = true;
       else if (a == "--speculative-tokens") o.generator.speculative_tokens = std::stoi(val());
       else if (a == "--prompt-lookup-max") o.generator.prompt_lookup_max = std::stoi(val());
       else if (a == "--prompt-lookup-min") o.generator.prompt_lookup_min = std::stoi(val());
