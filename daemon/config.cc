@@ -37,6 +37,12 @@ int to_int(const std::string& k, const std::string& v) {
     KVPR_THROW(k, ": '", v, "' is not an integer");
   }
 }
+// A setting with two values, `first` or `second`: whether it is `second`.
+bool second_of(const char* k, const std::string& v, const char* first, const char* second) {
+  KVPR_CHECK(v == first || v == second, k, ": expected ", first, " or ", second, ", got '", v, "'");
+  return v == second;
+}
+
 double to_double(const std::string& k, const std::string& v) {
   try {
     size_t used = 0;
@@ -69,22 +75,13 @@ const std::vector<Option>& options() {
        [](DaemonConfig& c, const std::string& v) { c.activation_cap = to_int("activation-cap", v); }},
       {"profile", "saved link profile (kvpr profile --save) [measured at start]", [](DaemonConfig& c, const std::string& v) { c.profile = v; }},
       {"cuda-graphs", "on or off: resident decode steps replayed as CUDA graphs [off]",
-       [](DaemonConfig& c, const std::string& v) {
-         KVPR_CHECK(v == "on" || v == "off", "cuda-graphs: expected on or off, got '", v, "'");
-         c.cuda_graphs = v == "on";
-       }},
+       [](DaemonConfig& c, const std::string& v) { c.cuda_graphs = !second_of("cuda-graphs", v, "on", "off"); }},
       {"prefix-caching", "on or off: a new prompt reuses the K/V of a finished sequence it starts with [on]",
-       [](DaemonConfig& c, const std::string& v) {
-         KVPR_CHECK(v == "on" || v == "off", "prefix-caching: expected on or off, got '", v, "'");
-         c.prefix_caching = v == "on";
-       }},
+       [](DaemonConfig& c, const std::string& v) { c.prefix_caching = !second_of("prefix-caching", v, "on", "off"); }},
       {"json-whitespace",
        "compact: structured (JSON) answers put nothing, a space, or a newline and up to 20 bytes of indentation "
        "between tokens, as llama.cpp's JSON grammars; permissive: any whitespace, up to 48 bytes in a row [compact]",
-       [](DaemonConfig& c, const std::string& v) {
-         KVPR_CHECK(v == "compact" || v == "permissive", "json-whitespace: expected compact or permissive, got '", v, "'");
-         c.permissive_json_whitespace = v == "permissive";
-       }},
+       [](DaemonConfig& c, const std::string& v) { c.permissive_json_whitespace = second_of("json-whitespace", v, "compact", "permissive"); }},
       {"speculative-tokens", "greedy requests check up to this many tokens a step, looked up in their prompt and output [0: off]",
        [](DaemonConfig& c, const std::string& v) { c.speculative_tokens = static_cast<int>(to_int("speculative-tokens", v)); }},
       {"prompt-lookup-max", "speculative decoding: longest n-gram looked up [4]",
@@ -92,10 +89,7 @@ const std::vector<Option>& options() {
       {"prompt-lookup-min", "speculative decoding: shortest n-gram looked up [2]",
        [](DaemonConfig& c, const std::string& v) { c.prompt_lookup_min = static_cast<int>(to_int("prompt-lookup-min", v)); }},
       {"weights", "device, or host: layer weights in pinned host memory, streamed a layer ahead [device]",
-       [](DaemonConfig& c, const std::string& v) {
-         KVPR_CHECK(v == "device" || v == "host", "weights: expected device or host, got '", v, "'");
-         c.weights_on_host = v == "host";
-       }},
+       [](DaemonConfig& c, const std::string& v) { c.weights_on_host = second_of("weights", v, "device", "host"); }},
       {"gpu-batches", "a step's sequences in this many GPU batches, each through a layer before the next [1]",
        [](DaemonConfig& c, const std::string& v) { c.gpu_batches = to_int("gpu-batches", v); }},
       {"host-attention-threads", "cpu-attn: host attention threads [all]",
@@ -139,10 +133,7 @@ const std::vector<Option>& options() {
       {"generation-config",
        "auto: fields a request leaves out (temperature, top_p, top_k, min_p, repetition_penalty) take the model's "
        "generation_config.json values; none: OpenAI's defaults [auto]",
-       [](DaemonConfig& c, const std::string& v) {
-         KVPR_CHECK(v == "auto" || v == "none", "generation-config: expected auto or none, got '", v, "'");
-         c.generation_config = v == "auto";
-       }},
+       [](DaemonConfig& c, const std::string& v) { c.generation_config = !second_of("generation-config", v, "auto", "none"); }},
       {"reasoning-parser",
        "qwen3: a chat answer that opens with <think> has its reasoning (up to </think>) in reasoning_content, "
        "the rest in content, as vLLM's qwen3 parser; none: all in content [none]",
