@@ -161,10 +161,12 @@ json.dump(result, open(os.path.join(out, 'result.json'), 'w'), indent=1)
 d = result['decode']
 if d:
     # issue ms near ms/step, or busy well below 1: the step is bound by host launches.
-    print('%-15s %10s %10s %8s %10s %6s %6s' % ('mode', 'ms/step', 'bound ms', 'x bound', 'issue ms', 'busy', 'ops'))
+    print('%-15s %10s %10s %8s %10s %8s %10s %6s %6s' % ('mode', 'ms/step', 'bound ms', 'x bound', 'model ms', 'x model',
+                                                      'issue ms', 'busy', 'ops'))
     for m in d['modes']:
-        print('%-15s %10.2f %10.2f %8.2f %10.2f %6.2f %6.0f' % (
-            m['mode'], m['decode_ms_per_step_median'], m['bound_ms'], m['over_bound'],
+        print('%-15s %10.2f %10.2f %8.2f %10.2f %8.2f %10.2f %6.2f %6.0f' % (
+            m['mode'], m['decode_ms_per_step_median'], m['bound_ms'], m['over_bound'], m.get('model_bound_ms', 0),
+            m.get('over_model_bound', 0),
             m.get('host_issue_ms_per_step_median', 0), m.get('compute_busy_fraction', 0), m.get('compute_ops_per_step', 0)))
         if m.get('cuda_graphs'):
             print('  graphs: %s of %d steps replayed%s' % (m.get('graph_replayed_steps'), len(m.get('steps', [])),

@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/decode_bounds.h"
 #include "engine/backend.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/demo_model.h"
@@ -357,6 +358,26 @@ double device_copy_gbps(Backend& be, int64_t bytes) {
   }
   std::sort(ms.begin(), ms.end());
   return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] / 1e3) / 1e9;
+}
+
+// The GEMM rate at KVPR's recompute shape: K and V of `rows` tokens from their X in one
+// batched GEMM (X fp32 as the runtime feeds it, weights in `wt`), median of 3 after a warm-up.
+// The physical bounds' flops go over it.
+double recompute_gemm_tflops(Backend& be, int64_t hidden, int64_t kv_hidden, int64_t rows, DType wt) {
+  Tensor x = be.alloc(DType::F32, {rows, hidden}), w = be.alloc(wt, {2, kv_hidden, hidden});
+  be.fill_random(x, 1, 0.f, 1.f);
+  be.fill_random(w, 2, 0.f, 0.02f);
+  Tensor out = be.alloc(DType::F32, {2, rows, kv_hidden});
+  std::vector<double> ms;
+  for (int r = 0; r < 4; ++r) {
+    Event e0 = be.record(Stream::Compute);
+    be.linear_batched(out, x, w, Tensor(), Activation::None);
+    Event e1 = be.record(Stream::Compute);
+    be.synchronize();
+    if (r) ms.push_back(be.elapsed_ms(e0, e1));
+  }
+  std::sort(ms.begin(), ms.end());
+  return 4.0 * static_cast<double>(rows) * hidden * kv_hidden / (ms[ms.size() / 2] / 1e3) / 1e12;
 }
 
 double host_copy_gbps(int64_t bytes) {
@@ -711,8 +732,8 @@ std::string svg_chart(const json::Value& result) {
         << "\" stroke=\"black\" stroke-width=\"2\"/>\n";
     }
   }
-  o << "<text x=\"10\" y=\"" << H - 12 << "\" font-size=\"11\">black tick: bound from the measured profile "
-       "(max of link time at the best split and device time)</text>\n</svg>\n";
+  o << "<text x=\"10\" y=\"" << H - 12 << "\" font-size=\"11\">black tick: physical bound (bytes over the measured "
+       "bandwidths, flops over the measured GEMM rate; bench/decode_bounds.h)</text>\n</svg>\n";
   return o.str();
 }
 
@@ -776,9 +797,13 @@ int cmd_decode(const std::vector<std::string>& args) {
   LinkProfile prof = profile_backend(*be, model, model.kv_shape(), kv_dtype, po);
   const double hbm = device_copy_gbps(*be, probe_mib << 20);
   const double host_bw = host_copy_gbps(256ll << 20);
+  const int64_t gemm_rows = std::min<int64_t>(4096, static_cast<int64_t>(batch) * prompt);
+  const double gemm_tflops = recompute_gemm_tflops(*be, model.spec().hidden_size, model.spec().kv_hidden(), gemm_rows,
+                                                   model.weight_dtype());
   std::fprintf(stderr, "profile: H2D %.2f GB/s (alone %.2f), D2H %.2f GB/s, recompute %.2f us + %.4f us/token; "
-               "device copy %.1f GB/s, host copy %.1f GB/s\n", prof.h2d_gbps, prof.h2d_alone_gbps, prof.d2h_gbps,
-               prof.recompute_fixed_s * 1e6, prof.recompute_per_row_s * 1e6, hbm, host_bw);
+               "device copy %.1f GB/s, host copy %.1f GB/s, recompute GEMM %.1f TFLOP/s at %lld rows\n", prof.h2d_gbps,
+               prof.h2d_alone_gbps, prof.d2h_gbps, prof.recompute_fixed_s * 1e6, prof.recompute_per_row_s * 1e6, hbm,
+               host_bw, gemm_tflops, static_cast<long long>(gemm_rows));
 
   KvRuntimeOptions base;
   base.kv_dtype = kv_dtype;
@@ -810,6 +835,7 @@ int cmd_decode(const std::vector<std::string>& args) {
   result.set("profile", prof.to_json());
   result.set("device_copy_gbps", hbm);
   result.set("host_copy_gbps", host_bw);
+  result.set("recompute_gemm_tflops", gemm_tflops);
 
   json::Array out_modes;
   std::vector<std::vector<int32_t>> ref_tokens;
@@ -835,39 +861,41 @@ int cmd_decode(const std::vector<std::string>& args) {
     out_modes.push_back(std::move(r.json));
   }
 
-  // Bounds from first principles, per decode step: bytes over the measured bandwidths and
-  // the device time (the resident step, which moves nothing; with streamed weights the resident
-  // step waits for them, so its compute stream's busy time). Streamed weights add W bytes per
-  // step to every mode's link.
+  // Two bounds per mode (bench/decode_bounds.h): physical, from the measured bandwidths and GEMM
+  // rate, and the model's, from this code's profile and the measured resident step (with
+  // streamed weights the resident step waits for them, so its compute stream's busy time).
   const ModelSpec& c = model.spec();
-  const double L = static_cast<double>(c.num_layers);
   const double es = static_cast<double>(dtype_size(kv_dtype));
-  const double kv_tok = 2.0 * c.kv_hidden() * es, x_tok = c.hidden_size * es;  // K+V: fewer heads with GQA
-  const double S = static_cast<double>(batch) * (prompt + gen / 2.0);  // mean cached tokens per layer
-  const double v = prof.h2d_gbps * 1e9;
-  const double dev = (stream_weights ? resident_busy_ms : resident_ms) > 0
-                        ? (stream_weights ? resident_busy_ms : resident_ms) / 1e3
-                        : 0;
-  const double W = streamed_bytes;  // per step, all layers
-  auto recompute_s = [&](double l) { return l > 0 ? L * (prof.recompute_fixed_s + prof.recompute_per_row_s * l) : 0; };
-  double best_l = 0, kvpr_bound = 1e30;
-  for (double l = 0; l <= S; l += 16) {
-    double t = std::max((W + L * (l * x_tok + (S - l) * kv_tok)) / v, dev + recompute_s(l));
-    if (t < kvpr_bound) kvpr_bound = t, best_l = l;
-  }
+  bench::DecodeShape shape;
+  shape.layers = static_cast<double>(c.num_layers);
+  shape.cached_tokens = static_cast<double>(batch) * (prompt + gen / 2.0);  // mean cached tokens per layer
+  shape.kv_bytes = 2.0 * c.kv_hidden() * es;  // K+V: fewer heads with GQA
+  shape.x_bytes = c.hidden_size * es;
+  shape.recompute_flops = 4.0 * c.hidden_size * c.kv_hidden();
+  shape.weight_bytes = static_cast<double>(model.weight_bytes());
+  shape.streamed_weight_bytes = streamed_bytes;
+  shape.gpu_batches = base.gpu_batches;
+  bench::Measured measured;
+  measured.device_gbps = hbm;
+  measured.h2d_alone_gbps = prof.h2d_alone_gbps;
+  measured.h2d_gbps = prof.h2d_gbps;
+  measured.host_gbps = host_bw;
+  measured.gemm_tflops = gemm_tflops;
+  measured.recompute_fixed_s = prof.recompute_fixed_s;
+  measured.recompute_per_row_s = prof.recompute_per_row_s;
+  const double dev_ms = stream_weights ? resident_busy_ms : resident_ms;
+  measured.resident_step_s = dev_ms > 0 ? dev_ms / 1e3 : 0;
   for (auto& mj : out_modes) {
-    const std::string name = mj.find("mode")->as_string();
-    double bound = 0;
-    if (name == "resident" || name == "resident+graphs")
-      bound = std::max(W / v, (static_cast<double>(model.weight_bytes()) + L * S * kv_tok) / (hbm / 2 * 1e9));
-    else if (name == "offload") bound = std::max((W + L * S * kv_tok) / v, dev);
-    else if (name == "kvpr") bound = kvpr_bound;
-    else if (name == "recompute") bound = std::max((W + L * S * x_tok) / v, dev + recompute_s(S));
-    else if (name == "cpu-attn") bound = std::max({W / v, L * S * kv_tok / (host_bw / 2 * 1e9), dev});
-    mj.set("bound_ms", bound * 1e3);
-    mj.set("over_bound", mj.find("decode_ms_per_step_median")->as_double() / (bound * 1e3));
+    const bench::Bound b = bench::decode_bound(mj.find("mode")->as_string(), shape, measured);
+    const double ms = mj.find("decode_ms_per_step_median")->as_double();
+    mj.set("bound_ms", b.physical_s * 1e3);  // physical
+    mj.set("model_bound_ms", b.model_s * 1e3);
+    mj.set("over_bound", ms / (b.physical_s * 1e3));
+    mj.set("over_model_bound", ms / (b.model_s * 1e3));
   }
-  result.set("kvpr_best_split_from_profile", best_l);
+  const bench::Bound kvpr_bound = bench::decode_bound("kvpr", shape, measured);
+  result.set("kvpr_best_split_from_profile", kvpr_bound.model_split);
+  result.set("kvpr_best_split_physical", kvpr_bound.physical_split);
   result.set("modes", std::move(out_modes));
   json::Value ratios(json::Object{});
   if (ms_of.count("kvpr") && ms_of.count("offload")) ratios.set("kvpr_speedup_over_offload", ms_of["offload"] / ms_of["kvpr"]);
@@ -883,16 +911,16 @@ int cmd_decode(const std::vector<std::string>& args) {
   result.set("ratios", std::move(ratios));
 
   // The table, printed last.
-  std::printf("\n%-15s %12s %12s %10s %12s %8s %10s %10s %8s\n", "mode", "ms/step", "tokens/s", "split",
-              "H2D MB/step", "busy", "x bound", "issue ms", "ops");
+  std::printf("\n%-15s %12s %12s %10s %12s %8s %10s %10s %10s %8s\n", "mode", "ms/step", "tokens/s", "split",
+              "H2D MB/step", "busy", "x bound", "x model", "issue ms", "ops");
   for (const auto& mj : result.find("modes")->as_array()) {
     const auto& steps = mj.find("steps")->as_array();
-    std::printf("%-15s %12.2f %12.1f %10lld %12.1f %8.2f %10.2f %10.2f %8.0f\n", mj.find("mode")->as_string().c_str(),
+    std::printf("%-15s %12.2f %12.1f %10lld %12.1f %8.2f %10.2f %10.2f %10.2f %8.0f\n", mj.find("mode")->as_string().c_str(),
                 mj.find("decode_ms_per_step_median")->as_double(), mj.find("decode_tokens_per_s")->as_double(),
                 static_cast<long long>(steps.back().find("split")->as_int()),
                 mj.find("h2d_bytes_per_step")->as_double() / 1e6, mj.find("compute_busy_fraction")->as_double(),
-                mj.find("over_bound")->as_double(), mj.find("host_issue_ms_per_step_median")->as_double(),
-                mj.find("compute_ops_per_step")->as_double());
+                mj.find("over_bound")->as_double(), mj.find("over_model_bound")->as_double(),
+                mj.find("host_issue_ms_per_step_median")->as_double(), mj.find("compute_ops_per_step")->as_double());
   }
   for (const auto& [k, val] : result.find("ratios")->as_object()) std::printf("%s: %.2f\n", k.c_str(), val.as_double());
   write_json(json_out, result);

@@ -81,12 +81,14 @@ assert set(modes) == want, modes.keys()
 for name, m in modes.items():
     assert m['tokens_equal_to_first_mode'] == 1.0, (name, m['tokens_equal_to_first_mode'])
     assert len(m['steps']) == 4 and m['bound_ms'] > 0 and 0 <= m['compute_busy_fraction'] <= 1, name
+    assert m['model_bound_ms'] > 0 and m['over_model_bound'] > 0, name
     assert 0 < m['host_issue_ms_per_step_median'] and m['compute_ops_per_step'] > 0, name
     assert all(0 < s['host_issue_ms'] <= s['ms'] for s in m['steps']), name
     json.load(open(os.path.join(d, 'trace-%s.json' % name)))
 assert modes['resident']['h2d_bytes_per_step'] == 0
 assert modes['offload']['h2d_bytes_per_step'] > modes['recompute']['h2d_bytes_per_step'] > 0
 assert r['profile']['h2d_gbps'] > 0 and 'kvpr_speedup_over_offload' in r['ratios']
+assert r['recompute_gemm_tflops'] > 0 and 0 <= r['kvpr_best_split_physical']
 xml.dom.minidom.parse(os.path.join(d, 'd.svg'))
 ops = json.load(open(os.path.join(d, 'ops.json')))
 names = [o['op'] for o in ops['ops']]
