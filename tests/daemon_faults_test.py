@@ -551,10 +551,13 @@ def drain():
     finally:
         if d.proc.poll() is None:
             d.proc.kill()
-    # Past the drain timeout: streams get an error event and [DONE], the others a 503 JSON.
+    # Past the drain timeout: streams get an error event and [DONE], the others a 503 JSON. The
+    # workers are stopped (SIGSTOP) once the requests run, so that none can finish in time on
+    # however fast a machine; kvprd kills them as it exits.
     d = Daemon("--drain-timeout", "1")
     try:
         out = {}
+        pids = [w["pid"] for w in d.get("/health")[1]["workers"]]
 
         def stream():
             out["s"] = d.stream("/v1/completions", {"model": "demo", "prompt": "Long", "max_tokens": 1800,
@@ -562,7 +565,11 @@ def drain():
 
         def plain():
             out["p"] = base.completion(d, "Long too", 1800, ignore_eos=True)
-        sigterm_during(d, [stream, plain], 0.5)
+        def stop_workers():
+            time.sleep(0.3)
+            for p in pids:
+                os.kill(p, signal.SIGSTOP)
+        sigterm_during(d, [stream, plain, stop_workers], 0.6)
         s = out.get("s", [])
         check("past the drain timeout a stream gets an error event, then [DONE]",
               len(s) >= 2 and s[-1] == "[DONE]" and "error" in s[-2] and "drain" in s[-2]["error"]["message"], s[-2:])
