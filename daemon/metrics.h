@@ -1,10 +1,13 @@
-// Prometheus text-format metrics of the daemon. Only touched from the io_context thread.
+// Prometheus text-format metrics of the daemon: its counters and histograms, and /metrics' whole
+// text. Only touched from the io_context thread.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "daemon/worker_pool.h"
 
 namespace kvpr {
 
@@ -33,5 +36,10 @@ struct DaemonMetrics {
   Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
   Histogram e2e{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}};
 };
+
+// /metrics: the daemon's counters and histograms, HTTP requests being served and open
+// connections, and every worker's gauges from its last stats message.
+std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerStatus>& workers, int64_t http_in_flight,
+                              int64_t connections);
 
 }  // namespace kvpr

@@ -749,72 +749,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void metrics() {
-    DaemonMetrics& m = st_->metrics;
-    std::string out;
-    auto gauge = [&](const std::string& name, const std::string& help, double v, const std::string& labels = "") {
-      out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + labels + " " + std::to_string(v) + "\n";
-    };
-    auto counter = [&](const std::string& name, const std::string& help, double v) {
-      out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " + std::to_string(v) + "\n";
-    };
-    int64_t running = 0, waiting = 0;
-    auto workers = st_->pool.status();
-    for (const auto& w : workers) {
-      if (const json::Value* r = w.stats.find("running")) running += r->as_int();
-      if (const json::Value* q = w.stats.find("waiting")) waiting += q->as_int();
-    }
-    gauge("kvpr_requests_running", "Sequences in a worker's running batch.", static_cast<double>(running));
-    gauge("kvpr_requests_waiting", "Sequences queued in workers or for admission.", static_cast<double>(waiting));
-    gauge("kvpr_http_requests_in_flight", "HTTP generation requests being served.", static_cast<double>(st_->active_requests));
-    counter("kvpr_prompt_tokens_total", "Prompt tokens processed.", static_cast<double>(m.prompt_tokens));
-    counter("kvpr_generation_tokens_total", "Tokens generated.", static_cast<double>(m.generation_tokens));
-    counter("kvpr_prefix_cache_queries_total", "Prompt tokens looked up in the workers' prefix caches.",
-            static_cast<double>(m.prefix_cache_queries));
-    counter("kvpr_prefix_cache_hits_total", "Prompt tokens whose K/V were found in a worker's prefix cache.",
-            static_cast<double>(m.prefix_cache_hits));
-    out += "# HELP kvpr_request_success_total Finished sequences by finish reason.\n# TYPE kvpr_request_success_total counter\n";
-    for (const char* r : {"stop", "length", "cancelled", "error"})
-      out += std::string("kvpr_request_success_total{finish_reason=\"") + r + "\"} " +
-             std::to_string(m.finished.count(r) ? m.finished[r] : 0) + "\n";
-    out += "# HELP kvpr_http_responses_total HTTP responses by status code.\n# TYPE kvpr_http_responses_total counter\n";
-    for (const auto& [code, n] : m.http_responses)
-      out += "kvpr_http_responses_total{code=\"" + std::to_string(code) + "\"} " + std::to_string(n) + "\n";
-    m.ttft.render(out, "kvpr_time_to_first_token_seconds", "Time to first token.");
-    m.itl.render(out, "kvpr_inter_token_latency_seconds", "Time between tokens of a sequence.");
-    m.e2e.render(out, "kvpr_e2e_request_latency_seconds", "End-to-end request latency.");
-    auto per_worker = [&](const char* name, const char* help, const char* key) {
-      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
-      for (const auto& w : workers) {
-        const json::Value* v = w.stats.find(key);
-        double x = v && v->is_number() ? v->as_double() : 0.0;
-        out += std::string(name) + "{worker=\"" + std::to_string(w.index) + "\"} " + std::to_string(x) + "\n";
-      }
-    };
-    per_worker("kvpr_worker_batch_size", "Sequences in the worker's batch.", "running");
-    per_worker("kvpr_worker_split", "Current split l (tokens recomputed per layer).", "split");
-    per_worker("kvpr_worker_h2d_gbps", "Measured host-to-device bandwidth.", "h2d_gbps");
-    per_worker("kvpr_worker_host_kv_bytes", "Host KV bytes in use.", "host_kv_bytes");
-    per_worker("kvpr_worker_busy_fraction", "Fraction of time the worker spent stepping.", "busy_fraction");
-    per_worker("kvpr_worker_graph_replays", "Decode steps replayed as CUDA graphs since the worker started (cuda-graphs).",
-               "graph_replays");
-    per_worker("kvpr_worker_spec_draft_tokens", "Draft tokens checked since the worker started (speculative-tokens).",
-               "spec_draft_tokens");
-    per_worker("kvpr_worker_spec_accepted_tokens", "Draft tokens accepted since the worker started (speculative-tokens).",
-               "spec_accepted_tokens");
-    out += "# HELP kvpr_worker_up Worker ready (1) or not (0).\n# TYPE kvpr_worker_up gauge\n";
-    for (const auto& w : workers)
-      out += "kvpr_worker_up{worker=\"" + std::to_string(w.index) + "\"} " + (w.state == "ready" ? "1" : "0") + "\n";
-    out += "# HELP kvpr_worker_restarts_total Worker restarts.\n# TYPE kvpr_worker_restarts_total counter\n";
-    for (const auto& w : workers)
-      out += "kvpr_worker_restarts_total{worker=\"" + std::to_string(w.index) + "\"} " + std::to_string(w.restarts) + "\n";
-    out += "# HELP kvpr_worker_unresponsive_total Times the worker went silent past --worker-timeout (or stuck in a step) "
-           "and was killed.\n# TYPE kvpr_worker_unresponsive_total counter\n";
-    for (const auto& w : workers)
-      out += "kvpr_worker_unresponsive_total{worker=\"" + std::to_string(w.index) + "\"} " + std::to_string(w.unresponsive) +
-             "\n";
-    out += "# HELP kvpr_http_connections Open HTTP connections.\n# TYPE kvpr_http_connections gauge\n"
-           "kvpr_http_connections " + std::to_string(st_->connections) + "\n";
-    send_text(200, std::move(out), "text/plain; version=0.0.4; charset=utf-8");
+    send_text(200,
+              render_prometheus(st_->metrics, st_->pool.status(), st_->active_requests, st_->connections),
+              "text/plain; version=0.0.4; charset=utf-8");
   }
 
   // ---- generation
