@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <limits>
+#include <type_traits>
 
 #include "engine/error.h"
 #include "engine/json_lex.h"
@@ -195,26 +196,41 @@ const std::vector<uint8_t>& JsonTokenConstraint::allowed(int32_t valid) {
   std::vector<uint8_t> m(static_cast<size_t>(valid), 0);
   const Vocabulary& v = *vocab_;
   const int32_t n = std::min<int32_t>(valid, static_cast<int32_t>(v.size()));
+  // The ids whose bytes `rec` takes, among those not allowed yet.
+  auto add_allowed = [&](const auto& rec) {
+    // A token whose first byte is refused is refused: try the 256 bytes once.
+    bool first_ok[256];
+    for (int b = 0; b < 256; ++b) {
+      auto r = rec;
+      first_ok[b] = r.feed(static_cast<uint8_t>(b));
+    }
+    // Inside a string, a token of plain characters is decided by its length alone.
+    const int64_t room = rec.plain_string_room();
+    for (int32_t id = 0; id < n; ++id) {
+      const std::string& b = v[static_cast<size_t>(id)];
+      if (m[static_cast<size_t>(id)] || b.empty() || !first_ok[static_cast<uint8_t>(b[0])]) continue;
+      if (room >= 0 && plain_chars_[static_cast<size_t>(id)] >= 0) {
+        m[static_cast<size_t>(id)] = plain_chars_[static_cast<size_t>(id)] <= room;
+        continue;
+      }
+      auto r = rec;
+      m[static_cast<size_t>(id)] = r.feed(std::string_view(b));
+    }
+  };
+  // Under a schema with several alternatives side by side, one at a time: a token is allowed
+  // when one of them takes it (SchemaRecognizer::feed's rule), and each later alternative only
+  // looks at the tokens the earlier ones refused, with its own first bytes and string room.
+  // The mask then costs about one pass over the vocabulary per alternative that refuses most of
+  // it, instead of every token copied and fed through every alternative at once.
   std::visit(
       [&](const auto& rec) {
-        // A token whose first byte is refused is refused: try the 256 bytes once.
-        bool first_ok[256];
-        for (int b = 0; b < 256; ++b) {
-          auto r = rec;
-          first_ok[b] = r.feed(static_cast<uint8_t>(b));
-        }
-        // Inside a string, a token of plain characters is decided by its length alone.
-        const int64_t room = rec.plain_string_room();
-        for (int32_t id = 0; id < n; ++id) {
-          const std::string& b = v[static_cast<size_t>(id)];
-          if (b.empty() || !first_ok[static_cast<uint8_t>(b[0])]) continue;
-          if (room >= 0 && plain_chars_[static_cast<size_t>(id)] >= 0) {
-            m[static_cast<size_t>(id)] = plain_chars_[static_cast<size_t>(id)] <= room;
-            continue;
+        if constexpr (std::is_same_v<std::decay_t<decltype(rec)>, SchemaRecognizer>) {
+          if (rec.alternatives() > 1) {
+            for (size_t i = 0; i < rec.alternatives(); ++i) add_allowed(rec.alternative(i));
+            return;
           }
-          auto r = rec;
-          m[static_cast<size_t>(id)] = r.feed(b);
         }
+        add_allowed(rec);
       },
       r_);
   constexpr size_t kCacheSize = 16;

@@ -1020,6 +1020,17 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
   }
 }
 
+// Alternatives that have become the same state are one; past kMaxThreads the first are kept.
+void SchemaRecognizer::merge(std::vector<Thread>& threads) {
+  if (threads.size() <= 1) return;
+  std::set<std::string> keys;
+  std::vector<Thread> unique;
+  for (auto& t : threads)
+    if (unique.size() < static_cast<size_t>(SchemaLimits::kMaxThreads) && keys.insert(thread_key(t)).second)
+      unique.push_back(std::move(t));
+  threads = std::move(unique);
+}
+
 bool SchemaRecognizer::feed(uint8_t c) {
   std::vector<Thread> next;
   for (auto& t : threads_) {
@@ -1028,21 +1039,34 @@ bool SchemaRecognizer::feed(uint8_t c) {
     for (auto& s : spawned) next.push_back(std::move(s));
   }
   threads_ = std::move(next);
-  if (threads_.size() > 1) {  // alternatives that have become the same state are one
-    std::set<std::string> keys;
-    std::vector<Thread> unique;
-    for (auto& t : threads_)
-      if (unique.size() < static_cast<size_t>(SchemaLimits::kMaxThreads) && keys.insert(thread_key(t)).second)
-        unique.push_back(std::move(t));
-    threads_ = std::move(unique);
-  }
+  merge(threads_);
   return !threads_.empty();
 }
 
+// Several bytes (a token): each alternative on its own, as alternatives never interact, and
+// their survivors merged in order. So the bytes continue the text exactly when they continue
+// one alternative alone, which is what lets a mask be computed one alternative at a time
+// (JsonTokenConstraint) and agree with this, the kMaxThreads cap included.
 bool SchemaRecognizer::feed(std::string_view bytes) {
-  for (char c : bytes)
-    if (!feed(static_cast<uint8_t>(c))) return false;
-  return true;
+  if (threads_.size() <= 1) {
+    for (char c : bytes)
+      if (!feed(static_cast<uint8_t>(c))) return false;
+    return true;
+  }
+  std::vector<Thread> survivors;
+  for (size_t i = 0; i < threads_.size(); ++i) {
+    SchemaRecognizer one = alternative(i);
+    if (one.feed(bytes))
+      for (auto& t : one.threads_) survivors.push_back(std::move(t));
+  }
+  threads_ = std::move(survivors);
+  merge(threads_);
+  return !threads_.empty();
+}
+
+SchemaRecognizer SchemaRecognizer::alternative(size_t i) const {
+  SchemaRecognizer one(*this, threads_[i]);
+  return one;
 }
 
 int64_t SchemaRecognizer::plain_string_room() const {

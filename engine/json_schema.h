@@ -106,7 +106,12 @@ class SchemaRecognizer {
  public:
   explicit SchemaRecognizer(const JsonSchema* schema, json_lex::Whitespace whitespace = {}, int max_depth = 64);
   bool feed(uint8_t c);  // false: the byte cannot continue a valid text (the recognizer is then unusable)
+  // A token's bytes: true when they continue one of the alternatives followed (each fed alone).
   bool feed(std::string_view bytes);
+  // The alternatives followed side by side, and a recognizer of the i-th alone: bytes continue
+  // this recognizer exactly when they continue one of its alternatives (feed(bytes)).
+  size_t alternatives() const { return threads_.size(); }
+  SchemaRecognizer alternative(size_t i) const;
   bool complete() const;
   std::string key() const;  // the state: equal keys accept the same continuations
   int64_t plain_string_room() const;  // as JsonRecognizer's (one alternative inside a string)
@@ -148,6 +153,9 @@ class SchemaRecognizer {
   // In a uniqueItems array: the item literals given so far (null when the value is no such item).
   const uint64_t* used_literals(const Thread& t) const;
   static std::string thread_key(const Thread& t);
+  static void merge(std::vector<Thread>& threads);
+  SchemaRecognizer(const SchemaRecognizer& other, const Thread& only)
+      : schema_(other.schema_), ws_(other.ws_), max_depth_(other.max_depth_), threads_{only} {}
 
   const JsonSchema* schema_;
   json_lex::Whitespace ws_;

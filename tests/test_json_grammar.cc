@@ -443,6 +443,58 @@ TEST(JsonSchema, TokenMasksFollowTheSchema) {
   EXPECT_GE(completed, 10);
 }
 
+// With many alternatives side by side (here 200, past kMaxThreads), a mask is computed one
+// alternative at a time: it equals, token by token, "some alternative alone takes these bytes"
+// fed a byte at a time, and decoding by it always advances and ends in a text of one alternative.
+TEST(JsonSchema, MasksOverManyAlternativesAreTheirUnion) {
+  std::string many = R"({"anyOf": [)";
+  for (int i = 0; i < 200; ++i)
+    many += std::string(i ? ", " : "") + R"({"type": "object", "properties": {"k)" + std::to_string(i) +
+            R"(": {"type": "string", "maxLength": )" + std::to_string(1 + i % 3) + R"(}}, "required": ["k)" +
+            std::to_string(i) + R"("], "additionalProperties": false})";
+  many += "]}";
+  auto schema = std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse(many)));
+  auto vocab = std::make_shared<JsonTokenConstraint::Vocabulary>(JsonTokenConstraint::Vocabulary{
+      "{", "}", "\"", ":", " ", "{\"", "\":", "\": \"", "k", "k1", "k12", "1", "2", "3", "0", "9", "a", "ab", "abc",
+      "\"}", "\\n", "\n", ""});
+  const int32_t V = static_cast<int32_t>(vocab->size());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  int completed = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    JsonTokenConstraint c(vocab, schema);
+    SchemaRecognizer mirror(schema.get());
+    std::string text;
+    for (int step = 0; step < 30; ++step) {
+      std::vector<float> logits(static_cast<size_t>(V));
+      for (float& l : logits) l = normal(rng);
+      c.mask(logits.data(), V, {V - 1});
+      for (int32_t id = 0; id + 1 < V; ++id) {
+        bool want = false;
+        for (size_t a = 0; a < mirror.alternatives() && !want; ++a) {
+          SchemaRecognizer one = mirror.alternative(a);
+          bool ok = true;
+          for (char ch : (*vocab)[static_cast<size_t>(id)]) ok = ok && one.feed(static_cast<uint8_t>(ch));
+          want = ok;
+        }
+        ASSERT_EQ(!std::isinf(logits[static_cast<size_t>(id)]), want) << "id " << id << " after " << text;
+      }
+      const int32_t pick = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      if (pick == V - 1) {
+        ++completed;
+        const json::Value v = json::parse(text);
+        ASSERT_EQ(v.as_object().size(), 1u) << text;
+        break;
+      }
+      ASSERT_NO_THROW(c.advance(pick)) << text;
+      ASSERT_TRUE(mirror.feed(std::string_view((*vocab)[static_cast<size_t>(pick)])));
+      EXPECT_LE(mirror.alternatives(), static_cast<size_t>(SchemaLimits::kMaxThreads));
+      text += (*vocab)[static_cast<size_t>(pick)];
+    }
+  }
+  EXPECT_GE(completed, 5);
+}
+
 namespace {
 
 std::u32string utf32(const std::string& s) {
