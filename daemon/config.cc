@@ -252,7 +252,8 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   KVPR_CHECK(c.max_body_bytes >= 1024, "max-body-bytes must be >= 1024");
   KVPR_CHECK(c.http_idle_timeout_s > 0 && c.http_request_timeout_s > 0, "http timeouts must be > 0 seconds");
   KVPR_CHECK(c.max_connections >= 1, "max-connections must be >= 1");
-  KVPR_CHECK(c.worker_timeout_s >= 1 && c.worker_step_timeout_s >= 1, "worker timeouts must be >= 1 second");
+  // Heartbeats come every second: a timeout must allow for one late beat and a worker's start.
+  KVPR_CHECK(c.worker_timeout_s >= 3 && c.worker_step_timeout_s >= 3, "worker timeouts must be >= 3 seconds");
   KVPR_CHECK(c.drain_timeout_s >= 0, "drain-timeout must be >= 0");
   if (const char* k = std::getenv("KVPR_API_KEY"); k && *k) c.api_keys.emplace_back(k);  // as vLLM's VLLM_API_KEY
   DType kv_dtype;

@@ -486,6 +486,11 @@ class Session : public std::enable_shared_from_this<Session> {
     return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
   }
 
+  // A response's bytes (each write of a stream) must leave within --http-idle-timeout: a client
+  // that stops reading is closed (its generation cancelled) instead of holding a connection, its
+  // queued output and a drain.
+  void arm_write_timeout() { stream_.expires_after(seconds_of(st_->cfg.http_idle_timeout_s)); }
+
   // ---- reading and plain responses
   // A request is read as Beast's parser is meant to be used: bytes left over in buf_ after one
   // message are the next pipelined request; a kept-alive connection waits for its first byte
@@ -581,6 +586,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res->keep_alive(keep_alive_);
     res->prepare_payload();
     auto self = shared_from_this();
+    arm_write_timeout();
     http::async_write(stream_, *res, [self, res, status](beast::error_code ec, size_t) {
       self->end_request();
       if (!ec && (status == 413 || self->refusing_)) return self->discard_then_close();
@@ -1424,6 +1430,7 @@ class Session : public std::enable_shared_from_this<Session> {
       self->write_next();
     };
     Out& o = out_.front();
+    arm_write_timeout();
     if (o.kind == Out::Header) http::async_write_header(stream_, *sse_sr_, done);
     else if (o.kind == Out::Data) net::async_write(stream_, http::make_chunk(net::buffer(o.data)), done);
     else net::async_write(stream_, http::make_chunk_last(), done);

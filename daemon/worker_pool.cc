@@ -104,6 +104,14 @@ struct WorkerPool::Worker {
   std::chrono::milliseconds backoff{1000};
   std::thread reader;
   std::atomic<bool> reader_done{true};
+  // Set (under reap_mu) before the reader reaps the process: a kill after it could reach
+  // another process that took the pid.
+  std::mutex reap_mu;
+  bool reaping = false;
+  void kill_process() {
+    std::lock_guard<std::mutex> lock(reap_mu);
+    if (!reaping && pid > 0) ::kill(pid, SIGKILL);
+  }
   struct Pending {
     EventSink sink;
     int64_t cost;
@@ -282,6 +290,10 @@ void WorkerPool::spawn(Worker& w) {
   w.fatal.clear();
   ++w.gen;
   w.reader_done = false;
+  {
+    std::lock_guard<std::mutex> lock(w.reap_mu);
+    w.reaping = false;
+  }
   spdlog::info("worker {}: started pid {} ({})", w.index, pid,
                w.cuda ? "cuda device " + std::to_string(w.device) : std::string("cpu"));
   auto self = workers_[w.index];
@@ -303,6 +315,10 @@ void WorkerPool::reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameCha
   int status = 0;
   pid_t pid = w->pid;
   if (!why.empty()) ::kill(pid, SIGKILL);
+  {
+    std::lock_guard<std::mutex> lock(w->reap_mu);
+    w->reaping = true;
+  }
   if (::waitpid(pid, &status, 0) == pid) {
     if (WIFEXITED(status)) why += (why.empty() ? "" : "; ") + std::string("exited with code ") + std::to_string(WEXITSTATUS(status));
     else if (WIFSIGNALED(status))
@@ -323,6 +339,7 @@ void WorkerPool::handle(Worker& w, uint64_t gen, const json::Value& msg) {
     const json::Value* s = msg.find("step_ms");
     w.step_ms = s && s->is_int() ? s->as_int() : 0;
   } else if (type == "ready") {
+    if (!w.unresponsive_why.empty()) return;  // killed already: its end is on its way
     w.state = "ready";
     w.ever_ready = true;
     w.info = msg;
@@ -422,7 +439,7 @@ void WorkerPool::check_liveness() {
     w.last_error = w.unresponsive_why;
     spdlog::error("worker {}: pid {} {}; killing it", w.index, w.pid, why);
     fail_pending(w, w.unresponsive_why);
-    ::kill(w.pid, SIGKILL);  // its reader then sees the end and restarts it
+    w.kill_process();  // its reader then sees the end and restarts it
   }
   liveness_timer_.expires_after(std::chrono::milliseconds(500));
   liveness_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -513,7 +530,14 @@ bool WorkerPool::submit(uint64_t id, const std::vector<int32_t>& prompt, const j
   for (int32_t t : prompt) ids.emplace_back(static_cast<int64_t>(t));
   m.set("prompt_ids", std::move(ids));
   m.set("params", params);
-  if (!best->out->push(FrameChannel::frame(m))) {
+  std::string frame;
+  try {
+    frame = FrameChannel::frame(m);
+  } catch (const Error& e) {  // past the channel's 64 MiB (a --max-body-bytes that large)
+    *why = e.what();
+    return false;
+  }
+  if (!best->out->push(std::move(frame))) {
     *why = std::string("worker ") + std::to_string(best->index) + " is not taking messages (its queue is full)";
     return false;
   }
@@ -585,7 +609,7 @@ void WorkerPool::stop() {
   for (auto& w : workers_) {
     while (!w->reader_done && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (!w->reader_done && w->pid > 0) ::kill(w->pid, SIGKILL);
+    if (!w->reader_done) w->kill_process();
     if (w->reader.joinable()) w->reader.join();
     if (w->out) w->out->close();
     if (w->sender.joinable()) w->sender.join();

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 
 #include "engine/error.h"
 #include "engine/json_lex.h"
@@ -287,13 +288,56 @@ class SchemaCompiler {
       for (size_t i = 0; i < n; ++i) {  // then the alternatives, over the containers' values
         const SchemaNode& x = nodes[i];
         if (x.kind != K::AnyOf) continue;
+        auto below_of = [&](int node) { return d > 0 && node >= 0 ? below[static_cast<size_t>(node)] : int64_t{1}; };
+        auto add = [&](int64_t a, int64_t b) { return std::min(cap, a + b); };
+        // Scalars: the options that begin with the same byte, one each.
         int64_t by_class[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        // Objects: all of them go on after '{'; while a member's value is read, those that take
+        // its key, each with its value's alternatives (closed objects with distinct keys, a
+        // discriminated union, do not add up). Arrays likewise by position.
+        int64_t objects = 0, arrays = 0, open_total = 0;
+        std::unordered_map<std::string, int64_t> listed;       // key -> options listing it, by their member's W
+        std::unordered_map<std::string, int64_t> open_listed;  // key -> open options listing it, by their other keys' W
+        std::vector<int64_t> by_position;                       // position -> summed W of the items there
+        std::vector<const SchemaNode*> array_options;
         for (int o : x.options) {
-          const uint16_t m = first(nodes[static_cast<size_t>(o)]);
-          for (int b = 0; b < 8; ++b)
-            if (m >> b & 1) by_class[b] = std::min(cap, by_class[b] + here[static_cast<size_t>(o)]);
+          const SchemaNode& y = nodes[static_cast<size_t>(o)];
+          const uint16_t m = first(y);
+          for (int b = 2; b < 8; ++b)
+            if (m >> b & 1) by_class[b] = add(by_class[b], 1);
+          if (y.kind == K::Object || y.kind == K::Any) {
+            ++objects;
+            const int other = y.kind == K::Any ? -1 : y.additional;
+            const bool open = y.kind == K::Any || other >= 0;
+            if (open) open_total = add(open_total, below_of(other));
+            for (size_t k = 0; k < y.names.size(); ++k) {
+              listed[y.names[k]] = add(listed[y.names[k]], below_of(y.props[k]));
+              if (open) open_listed[y.names[k]] = add(open_listed[y.names[k]], below_of(other));
+            }
+          }
+          if (y.kind == K::Array || y.kind == K::Any) {
+            ++arrays;
+            array_options.push_back(&y);
+            if (y.kind == K::Array && by_position.size() < y.prefix.size() + 1) by_position.resize(y.prefix.size() + 1, 0);
+          }
         }
-        here[i] = std::max<int64_t>(1, *std::max_element(by_class, by_class + 8));
+        int64_t w = std::max<int64_t>(1, *std::max_element(by_class, by_class + 8));
+        w = std::max({w, std::min(cap, objects), open_total});
+        for (const auto& [key, sum] : listed) {
+          const auto adj = open_listed.find(key);
+          w = std::max(w, add(sum, std::max<int64_t>(0, open_total - (adj == open_listed.end() ? 0 : adj->second))));
+        }
+        if (arrays > 0) {
+          if (by_position.empty()) by_position.resize(1, 0);
+          for (size_t pos = 0; pos < by_position.size(); ++pos) {
+            int64_t sum = 0;
+            for (const SchemaNode* a : array_options)
+              sum = add(sum, a->kind == K::Any ? 1 : below_of(a->item(static_cast<int64_t>(pos), -1)));
+            by_position[pos] = sum;
+          }
+          w = std::max({w, std::min(cap, arrays), *std::max_element(by_position.begin(), by_position.end())});
+        }
+        here[i] = std::min(cap, w);
       }
       std::swap(below, here);
     }

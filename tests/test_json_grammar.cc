@@ -369,6 +369,16 @@ TEST(JsonSchema, RefusesSchemasPastItsLimits) {
   }
   doubling += R"("L12": {"type": "string"}}})";
   refused(doubling, "anyOf alternatives overlap too much: a text could have to be followed as more than 1024");
+  // ...but alternatives told apart by their keys (a recursive filter expression, as Pydantic
+  // writes discriminated unions) never pile up, however deep they nest.
+  const std::string expr = R"({"$ref": "#/$defs/E", "$defs": {"E": {"anyOf": [
+      {"type": "object", "properties": {"and": {"type": "array", "items": {"$ref": "#/$defs/E"}}}, "required": ["and"],
+       "additionalProperties": false},
+      {"type": "object", "properties": {"or": {"type": "array", "items": {"$ref": "#/$defs/E"}}}, "required": ["or"],
+       "additionalProperties": false},
+      {"type": "object", "properties": {"field": {"type": "string"}, "value": {"type": "integer"}},
+       "required": ["field", "value"], "additionalProperties": false}]}}})";
+  EXPECT_TRUE(whole(expr, R"({"and": [{"or": [{"field": "a", "value": 1}]}, {"field": "b", "value": 2}]})"));
   // ...while the same $ref listed twice at each level is one alternative, followed once.
   std::string shared = R"({"$ref": "#/$defs/L0", "$defs": {)";
   for (int i = 0; i < 20; ++i) {
