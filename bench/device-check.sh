@@ -70,7 +70,7 @@ fi
 
 say "kvpr-bench ops: each op of a decode layer against the device copy bandwidth"
 KVPR_THREADS=16 timeout 60 build-device/bench/kvpr-bench ops --preset "$PRESET" --batch "$BATCH" --ctx "$PROMPT" \
-    --json "$OUT/ops.json" 2>&1 | tail -20
+    --json "$OUT/ops.json" 2>&1 | tail -32
 
 say "HF transformers offloaded-cache peer"
 [ "$(elapsed)" -lt 330 ] || say "HF peer skipped: time is short"

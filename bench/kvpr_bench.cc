@@ -415,15 +415,16 @@ int cmd_ops(const std::vector<std::string>& args) {
     be->fill_random(t, seed, 0.f, sd);
     return t;
   };
-  // Median milliseconds of fn() between events on the compute stream, after a warm-up.
-  auto time_ms = [&](const std::function<void()>& fn) {
+  // Median milliseconds of fn() between events on stream `on` (the compute stream unless
+  // said), after a warm-up.
+  auto time_ms = [&](const std::function<void()>& fn, Stream on = Stream::Compute) {
     fn();
     be->synchronize();
     std::vector<double> ms;
     for (int r = 0; r < reps; ++r) {
-      Event e0 = be->record(Stream::Compute);
+      Event e0 = be->record(on);
       fn();
-      Event e1 = be->record(Stream::Compute);
+      Event e1 = be->record(on);
       be->synchronize();
       ms.push_back(be->elapsed_ms(e0, e1));
     }
@@ -441,7 +442,7 @@ int cmd_ops(const std::vector<std::string>& args) {
     o.set("gbps", gbps);
     o.set("of_device_copy", gbps / hbm);
     o.set("tflops", flops / (ms / 1e3) / 1e12);
-    std::printf("%-34s %9.4f ms %9.1f GB/s (%5.1f%% of copy) %8.2f TFLOP/s\n", name.c_str(), ms, gbps,
+    std::printf("%-40s %9.4f ms %9.1f GB/s (%5.1f%% of copy) %8.2f TFLOP/s\n", name.c_str(), ms, gbps,
                 100.0 * gbps / hbm, flops / (ms / 1e3) / 1e12);
     rows.push_back(std::move(o));
   };
@@ -481,13 +482,44 @@ int cmd_ops(const std::vector<std::string>& args) {
     Tensor g = rnd(wt, {h}, 8, 1.f), bb = rnd(wt, {h}, 9, 0.1f), y = be->alloc(DType::F32, {B, h});
     report("layer_norm", time_ms([&] { be->layer_norm(y, x, g, bb, 1e-5f); }), 2.0 * B * h * 4.0, 0);
   }
-  // KVPR recompute: K and V of l cached tokens from their X (one batched GEMM).
-  for (int64_t l : {int64_t{256}, S * B / 4}) {
-    Tensor xl = rnd(DType::F32, {l, h}, 10, 1.f), wkv = rnd(wt, {2, h, h}, 11, 0.02f);
-    Tensor kvl = be->alloc(DType::F32, {2, l, h});
-    report("recompute K,V of " + std::to_string(l) + " rows",
-           time_ms([&] { be->linear_batched(kvl, xl, wkv, Tensor(), Activation::None); }),
-           2.0 * h * h * es + l * h * 4.0 + 2.0 * l * h * 4.0, 4.0 * l * h * h);
+  // KVPR recompute: K and V of l cached tokens from their stored fp16 X, as the runtime does it
+  // (one GEMM, the bias in it, fp16 K/V out) and as it did before (X widened to fp32, an fp32
+  // product, a bias pass, K/V converted to fp16). Bytes: the weights, X read, K/V written once.
+  for (int64_t l : {int64_t{256}, S * B / 4, S * B}) {
+    Tensor xl = rnd(kv, {l, h}, 10, 1.f), wkv = rnd(wt, {2, h, h}, 11, 0.02f), bkv = rnd(wt, {2, h}, 12, 0.02f);
+    Tensor kvl = be->alloc(kv, {2, l, h}), x32 = be->alloc(DType::F32, {l, h}), kv32 = be->alloc(DType::F32, {2, l, h});
+    const double bytes = 2.0 * h * h * es + l * h * es + 2.0 * l * h * es, flops = 4.0 * l * h * h;
+    report("recompute K,V of " + std::to_string(l) + " rows: fused",
+           time_ms([&] { be->linear_batched(kvl, xl, wkv, bkv, Activation::None); }), bytes, flops);
+    report("recompute K,V of " + std::to_string(l) + " rows: via fp32", time_ms([&] {
+             be->convert(x32, xl);
+             be->linear_batched(kv32, x32, wkv, bkv, Activation::None);
+             be->convert(kvl, kv32);
+           }),
+           bytes, flops);
+  }
+  // A layer's K[l:S] for the batch over the link (l = S/4, pinned host store in consecutive
+  // slots): one copy_spans (one 2-D copy) against one copy per sequence, and a ragged batch.
+  {
+    const int64_t cap = S + 64, l = S / 4;
+    Tensor host = be->alloc_pinned(kv, {B * cap, h}), dev = be->alloc(kv, {B * (S + 1), h});
+    std::vector<RowSpan> uniform, ragged;
+    for (int64_t s = 0; s < B; ++s) {
+      uniform.push_back(RowSpan{s * cap + l, s * (S + 1) + l, S - l});
+      ragged.push_back(RowSpan{s * cap + l, s * (S + 1) + l, S - l - (s % 3) * 7});
+    }
+    double rbytes = 0;
+    for (const RowSpan& r : ragged) rbytes += static_cast<double>(r.count) * h * es;
+    const double ubytes = static_cast<double>(B) * (S - l) * h * es;
+    report("K[l:S] H2D: copy_spans, uniform", time_ms([&] { be->copy_spans(dev, host, uniform, Stream::H2D); }, Stream::H2D),
+           ubytes, 0);
+    report("K[l:S] H2D: copy_spans, ragged", time_ms([&] { be->copy_spans(dev, host, ragged, Stream::H2D); }, Stream::H2D),
+           rbytes, 0);
+    report("K[l:S] H2D: copy per sequence", time_ms([&] {
+             for (const RowSpan& r : uniform)
+               be->copy(dev.rows(r.dst_row, r.count), host.rows(r.src_row, r.count), Stream::H2D);
+           }, Stream::H2D),
+           ubytes, 0);
   }
   // Decode attention over a resident cache: batch sequences of S tokens, fp16 K/V.
   {

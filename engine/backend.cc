@@ -43,6 +43,19 @@ void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<Row
                src.describe(), " or dst ", dst.describe());
 }
 
+void Backend::copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans, Stream s,
+                         const char* what) {
+  check_copy_spans(dst, src, spans);
+  for (const RowSpan& r : spans)
+    if (r.count > 0) copy(dst.rows(r.dst_row, r.count), src.rows(r.src_row, r.count), s, what);
+}
+
+void check_copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) {
+  check_row_spans(dst, src, spans);
+  KVPR_CHECK(dst.dtype() == src.dtype(), "copy_spans: dst ", dst.describe(), " and src ", src.describe(),
+             " differ in dtype");
+}
+
 LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const char* what) {
   KVPR_CHECK(out.dtype() == DType::F32 && x.dtype() == DType::F32 && x.rank() >= 1 && x.dim(-1) > 0, what,
              ": output ", out.describe(), " and input ", x.describe(), " must be F32");

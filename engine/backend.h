@@ -56,6 +56,8 @@ struct RowSpan {
 // Throws unless dst and src are 2-D float tensors of one width and every span lies inside
 // both. Shared by the backends' copy_rows.
 void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans);
+// The same, and one dtype (Backend::copy_spans).
+void check_copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans);
 
 // The sizes of out [M, N] = x [M, K] · w [N, K]ᵀ (+ bias [N]); throws (naming `what`) unless the
 // tensors fit and the activations are F32. Shared by the backends' linear and linear_accumulate.
@@ -142,6 +144,14 @@ class Backend {
   // Copies src into dst (same dtype and element count; any memory kinds) in order on `s`.
   // `what` names the copy in traces ("X[0:l]", "KV[l:s']").
   virtual void copy(const Tensor& dst, const Tensor& src, Stream s, const char* what = "copy") = 0;
+  // Every span's rows of src into its rows of dst in order on `s`, as copies (dst and src 2-D
+  // of one dtype and width; spans do not overlap in dst): a layer's X[0:l], K[l:s'] or V[l:s']
+  // of a whole GPU batch, or its new rows, in one call rather than one per sequence. The CUDA
+  // backend issues each run of equal spans at a constant pitch (a uniform batch in consecutive
+  // slots) as one 2-D copy and the spans left over as one batched copy; by default, one copy()
+  // per span.
+  virtual void copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans, Stream s,
+                          const char* what = "copy");
   virtual Event record(Stream s) = 0;
   virtual void wait(Stream s, const Event& e) = 0;  // work on s after this waits for e
   virtual void synchronize(const Event& e) = 0;     // the host waits for e
@@ -206,7 +216,10 @@ class Backend {
   virtual void linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) = 0;
   // out[b] = act(x · w[b]ᵀ + bias[b]) for every b: x [M, K] shared, w [B, N, K], bias [B, N]
   // (or undefined), out [B, M, N]. One strided-batched GEMM on a GPU: a layer's Q, K and V
-  // projections (or K and V when recomputing) in one call, the input converted once.
+  // projections (or K and V when recomputing) in one call, the input converted once. x may be
+  // in any stored float dtype (KVPR's X as the KV store holds it: no conversion when it has the
+  // weights' dtype), out in F32 or the weights' dtype (recomputed K/V written as the store
+  // keeps them: no fp32 round trip).
   virtual void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
                               Activation act) = 0;
   // out = a + b elementwise; out may alias a or b.

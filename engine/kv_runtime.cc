@@ -57,6 +57,18 @@ Tensor HostKvStore::v(int64_t layer, int64_t slot) const {
 Tensor HostKvStore::x(int64_t layer, int64_t slot) const {
   return x_.at(layer).rows(slot, 1).reshape({x_capacity_, x_width_});
 }
+Tensor HostKvStore::k_rows(int64_t layer) const {
+  const Tensor& t = k_.at(layer);
+  return t.reshape({t.dim(0) * capacity_, kv_width_});
+}
+Tensor HostKvStore::v_rows(int64_t layer) const {
+  const Tensor& t = v_.at(layer);
+  return t.reshape({t.dim(0) * capacity_, kv_width_});
+}
+Tensor HostKvStore::x_rows(int64_t layer) const {
+  const Tensor& t = x_.at(layer);
+  return t.reshape({t.dim(0) * x_capacity_, x_width_});
+}
 size_t HostKvStore::bytes() const {
   size_t b = 0;
   for (const auto* v : {&k_, &v_, &x_})
@@ -309,8 +321,7 @@ void KvRuntime::allocate_step() {
     }
   }
   if (rx > 0) {
-    grow(x32_, DType::F32, rx, shape_.hidden);
-    grow(kv32_, DType::F32, 2 * rx, w);
+    grow(kv_recomputed_, projector_.kv_dtype_for(opts_.kv_dtype), 2 * rx, w);
     if (projector_.needs_positions()) {
       // Stored X starts at a sequence's first token: recomputed row j of a sequence is position j.
       const Group& last = groups_.back();
@@ -358,23 +369,29 @@ void KvRuntime::prefetch(int64_t u) {
   if (with_weights) weight_bytes += static_cast<int64_t>(weights_->issue(layer, LayerWeightStream::Part::Front));
   const int v = variant(layer);
   const int64_t es = static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+  // The GPU batch's X[0:l], then its K[l:s'] and V[l:s']: one copy_spans each (one 2-D copy
+  // for a uniform batch in consecutive slots).
   if (kv) {
-    for (const auto& s : seqs(group)) {
+    std::vector<RowSpan> xs;
+    for (const auto& s : seqs(group))
       if (s.split[v] > 0) {
-        be_.copy(xbuf_[b].rows(s.x_off[v], s.split[v]), host_->x(layer, s.slot).rows(0, s.split[v]), Stream::H2D,
-                 "X[0:l]");
+        xs.push_back(RowSpan{host_->x_row(s.slot, 0), s.x_off[v], s.split[v]});
         t.h2d_bytes += s.split[v] * shape_.hidden * es;
       }
-    }
+    if (!xs.empty()) be_.copy_spans(xbuf_[b], host_->x_rows(layer), xs, Stream::H2D, "X[0:l]");
   }
   t.x_ready = be_.record(Stream::H2D);
   if (kv) {
+    std::vector<RowSpan> kvs;
     for (const auto& s : seqs(group)) {
       const int64_t l = s.split[v], n = s.past - l;
       if (n <= 0) continue;
-      be_.copy(kbuf_[b].rows(s.ctx_off + l, n), host_->k(layer, s.slot).rows(l, n), Stream::H2D, "K[l:s']");
-      be_.copy(vbuf_[b].rows(s.ctx_off + l, n), host_->v(layer, s.slot).rows(l, n), Stream::H2D, "V[l:s']");
+      kvs.push_back(RowSpan{host_->kv_row(s.slot, l), s.ctx_off + l, n});
       t.h2d_bytes += 2 * n * shape_.kv_hidden() * es;
+    }
+    if (!kvs.empty()) {
+      be_.copy_spans(kbuf_[b], host_->k_rows(layer), kvs, Stream::H2D, "K[l:s']");
+      be_.copy_spans(vbuf_[b], host_->v_rows(layer), kvs, Stream::H2D, "V[l:s']");
     }
   }
   t.h2d_end = be_.record(Stream::H2D);
@@ -475,11 +492,13 @@ void KvRuntime::attend_cpu(int64_t layer, int64_t group, const Tensor& q, const 
   be_.wait(Stream::D2H, ready);
   be_.copy(host_q_.rows(0, T), q, Stream::D2H, "Q");
   stats_.d2h_bytes += static_cast<int64_t>(q.nbytes());
+  std::vector<RowSpan> kvs;
   for (const auto& s : this->seqs(group)) {
-    be_.copy(host_->k(layer, s.slot).rows(s.past, s.q_len), knew_.rows(s.q_begin, s.q_len), Stream::D2H, "K new");
-    be_.copy(host_->v(layer, s.slot).rows(s.past, s.q_len), vnew_.rows(s.q_begin, s.q_len), Stream::D2H, "V new");
+    kvs.push_back(RowSpan{s.q_begin, host_->kv_row(s.slot, s.past), s.q_len});
     stats_.d2h_bytes += 2 * s.q_len * shape_.kv_hidden() * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
   }
+  be_.copy_spans(host_->k_rows(layer), knew_, kvs, Stream::D2H, "K new");
+  be_.copy_spans(host_->v_rows(layer), vnew_, kvs, Stream::D2H, "V new");
   Event down = be_.record(Stream::D2H);
   be_.synchronize(down);
   // Attention on host threads over the host store.
@@ -525,18 +544,18 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
   if (const int64_t rx = gr.x_rows[var]; rx > 0) {
     wait_compute(t.x_ready, t);
     t.recompute_start = be_.record(Stream::Compute);
+    // Stored X goes into the GEMM as it is; K/V come out in the store's dtype where the model
+    // projects them so (OPT, fp16: one GEMM with its bias, no fp32 pass), else in F32.
     const int64_t w = shape_.kv_hidden();
-    Tensor x32 = x32_.rows(0, rx), kv32 = kv32_.rows(0, 2 * rx).reshape({2, rx, w});
-    Tensor k32 = kv32.rows(0, 1).reshape({rx, w}), v32 = kv32.rows(1, 1).reshape({rx, w});
-    be_.convert(x32, xbuf_[b].rows(0, rx));
+    Tensor kv = kv_recomputed_.rows(0, 2 * rx).reshape({2, rx, w});
     Tensor pos;
     if (projector_.needs_positions()) pos = xpos_.rows(gr.xpos_off[var], rx).reshape({rx});
-    projector_.project_kv(layer, x32, kv32, pos);
+    projector_.project_kv(layer, xbuf_[b].rows(0, rx), kv, pos);
     std::vector<RowSpan> spans;
     for (const auto& s : this->seqs(group))
       if (s.split[var] > 0) spans.push_back(RowSpan{s.x_off[var], s.ctx_off, s.split[var]});
-    be_.copy_rows(kbuf_[b], k32, spans);
-    be_.copy_rows(vbuf_[b], v32, spans);
+    be_.copy_rows(kbuf_[b], kv.rows(0, 1).reshape({rx, w}), spans);
+    be_.copy_rows(vbuf_[b], kv.rows(1, 1).reshape({rx, w}), spans);
     t.recompute_end = be_.record(Stream::Compute);
   }
   // This step's new K/V join the buffer after the past ones.
@@ -556,19 +575,21 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
 
   // Store the new K, V (and X below the cap) on the D2H stream.
   be_.wait(Stream::D2H, buf_free_[b]);
+  // One gathered store per tensor for the whole GPU batch.
   const int64_t es = static_cast<int64_t>(dtype_size(opts_.kv_dtype));
+  std::vector<RowSpan> kvs, xs;
   for (const auto& s : this->seqs(group)) {
-    be_.copy(host_->k(layer, s.slot).rows(s.past, s.q_len), kbuf_[b].rows(s.ctx_off + s.past, s.q_len), Stream::D2H,
-             "K new");
-    be_.copy(host_->v(layer, s.slot).rows(s.past, s.q_len), vbuf_[b].rows(s.ctx_off + s.past, s.q_len), Stream::D2H,
-             "V new");
+    kvs.push_back(RowSpan{s.ctx_off + s.past, host_->kv_row(s.slot, s.past), s.q_len});
     stats_.d2h_bytes += 2 * s.q_len * shape_.kv_hidden() * es;
     int64_t nx = store_x ? std::min(s.q_len, host_->x_capacity() - s.past) : 0;
     if (nx > 0) {
-      be_.copy(host_->x(layer, s.slot).rows(s.past, nx), xnew_[b].rows(s.q_begin, nx), Stream::D2H, "X new");
+      xs.push_back(RowSpan{s.q_begin, host_->x_row(s.slot, s.past), nx});
       stats_.d2h_bytes += nx * shape_.hidden * es;
     }
   }
+  be_.copy_spans(host_->k_rows(layer), kbuf_[b], kvs, Stream::D2H, "K new");
+  be_.copy_spans(host_->v_rows(layer), vbuf_[b], kvs, Stream::D2H, "V new");
+  if (!xs.empty()) be_.copy_spans(host_->x_rows(layer), xnew_[b], xs, Stream::D2H, "X new");
   buf_stored_[b] = be_.record(Stream::D2H);
   store_done_[layer] = buf_stored_[b];
 }

@@ -47,11 +47,19 @@ struct ForwardChunk {
 class KvProjector {
  public:
   virtual ~KvProjector() = default;
-  // x [n, hidden] F32 (the post-norm layer input) -> kv [2, n, kv_hidden] F32: K, then V.
-  // positions (I32 [n], device memory) holds each row's position in its sequence when
-  // needs_positions() (rotary models turn K by it); else it is undefined.
+  // x [n, hidden] (the post-norm layer input, F32 or as the KV store holds it) -> kv [2, n,
+  // kv_hidden]: K, then V, in kv_dtype_for(the store's dtype). positions (I32 [n], device
+  // memory) holds each row's position in its sequence when needs_positions() (rotary models
+  // turn K by it); else it is undefined.
   virtual void project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) = 0;
   virtual bool needs_positions() const { return false; }
+  // The dtype project_kv writes K/V in when the store holds `storage`: `storage` itself when
+  // the projection's GEMM can write it directly (one GEMM from stored X to stored K/V, the
+  // bias fused), else F32 (K is normalized or turned in fp32 first).
+  virtual DType kv_dtype_for(DType storage) const {
+    (void)storage;
+    return DType::F32;
+  }
 };
 
 struct KvShape {
@@ -90,6 +98,13 @@ class HostKvStore {
   Tensor k(int64_t layer, int64_t slot) const;  // [capacity, kv_hidden]
   Tensor v(int64_t layer, int64_t slot) const;
   Tensor x(int64_t layer, int64_t slot) const;  // [x_capacity, hidden]
+  // A layer's rows of every slot as one tensor, [slots * capacity, width]: token i of the
+  // sequence in `slot` is row kv_row(slot, i) (x_row for X), so one copy_spans moves a batch.
+  Tensor k_rows(int64_t layer) const;
+  Tensor v_rows(int64_t layer) const;
+  Tensor x_rows(int64_t layer) const;
+  int64_t kv_row(int64_t slot, int64_t token) const { return slot * capacity_ + token; }
+  int64_t x_row(int64_t slot, int64_t token) const { return slot * x_capacity_ + token; }
   int64_t x_capacity() const { return x_capacity_; }
   size_t bytes() const;
 
@@ -215,7 +230,7 @@ class KvRuntime {
   std::vector<SeqPlan> plan_;
   std::vector<Group> groups_;
   Tensor kbuf_[2], vbuf_[2], xbuf_[2], xnew_[2];  // device, kv dtype
-  Tensor x32_, kv32_, knew_, vnew_;          // device scratch
+  Tensor kv_recomputed_, knew_, vnew_;       // device scratch (kv_recomputed_: [2 * rows, kv_hidden])
   Tensor xpos_;                                   // device: positions of the X rows of both variants
   Tensor host_q_, host_out_;                      // pinned (cpu-attn)
   Event buf_free_[2], buf_stored_[2];

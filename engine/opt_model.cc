@@ -131,8 +131,24 @@ void OptModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, cons
                             Activation::None);
     return;
   }
-  backend_.linear(kv.rows(0, 1).reshape({n, w}), x, L.wk, L.bk, Activation::None);
-  backend_.linear(kv.rows(1, 1).reshape({n, w}), x, L.wv, L.bv, Activation::None);
+  // A mixed checkpoint's separate GEMMs (kv_dtype_for gave F32): X widened here if it is not.
+  KVPR_CHECK(kv.dtype() == DType::F32, "OPT project_kv: K/V of layer ", layer, " are projected in F32, not ",
+             kv.describe());
+  Tensor xf = x;
+  if (x.dtype() != DType::F32) {
+    xf = ws_.get("recompute_x", DType::F32, x.shape());
+    backend_.convert(xf, x);
+  }
+  backend_.linear(kv.rows(0, 1).reshape({n, w}), xf, L.wk, L.bk, Activation::None);
+  backend_.linear(kv.rows(1, 1).reshape({n, w}), xf, L.wv, L.bv, Activation::None);
+}
+
+DType OptModel::kv_dtype_for(DType storage) const {
+  // One stacked K/V GEMM in the store's dtype per layer: it writes K/V as the store keeps them.
+  if (storage != DType::F16 && storage != DType::BF16) return DType::F32;
+  for (const OptLayer& L : layers_)
+    if (!L.wqkv.defined() || L.wqkv.dtype() != storage) return DType::F32;
+  return storage;
 }
 
 void OptModel::stack_qkv() {

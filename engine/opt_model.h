@@ -34,6 +34,7 @@ class OptModel : public Model {
   const OptConfig& config() const { return config_; }
   Tensor forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions = false) override;
   void project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) override;
+  DType kv_dtype_for(DType storage) const override;
 
  private:
   void load(const std::string& model_dir, const ModelLoadOptions& opts);

@@ -52,16 +52,16 @@ LinkProfile profile_backend(Backend& be, KvProjector& projector, const KvShape& 
   p.d2h_gbps = copy_gbps(be, host, dev, false, false, host2, dev2, opts.reps);
   KVPR_CHECK(p.h2d_gbps > 0, "profiler: could not time H2D copies");
 
-  // Recompute at the shapes the runtime uses: X (stored dtype) -> F32, K and V projections,
-  // then K and V back to the stored dtype.
+  // Recompute at the shapes the runtime uses (KvRuntime::attend_offloaded).
   json::Array points;
   std::vector<double> xs, ys;
   for (int64_t rows : opts.rows) {
     Tensor x = be.alloc(dtype, {rows, shape.hidden});
-    Tensor x32 = be.alloc(DType::F32, {rows, shape.hidden});
-    Tensor kv32 = be.alloc(DType::F32, {2, rows, shape.kv_hidden()});
-    Tensor k32 = kv32.rows(0, 1).reshape({rows, shape.kv_hidden()});
-    Tensor v32 = kv32.rows(1, 1).reshape({rows, shape.kv_hidden()});
+    // The runtime's recompute: stored X into the projection, K/V out in the dtype the model
+    // projects them in for this store, then into the store's dtype.
+    Tensor kv = be.alloc(projector.kv_dtype_for(dtype), {2, rows, shape.kv_hidden()});
+    Tensor kp = kv.rows(0, 1).reshape({rows, shape.kv_hidden()});
+    Tensor vp = kv.rows(1, 1).reshape({rows, shape.kv_hidden()});
     Tensor k = be.alloc(dtype, {rows, shape.kv_hidden()}), v = be.alloc(dtype, {rows, shape.kv_hidden()});
     Tensor pos;  // rotary models turn the recomputed K by each row's position
     if (projector.needs_positions()) {
@@ -73,10 +73,9 @@ LinkProfile profile_backend(Backend& be, KvProjector& projector, const KvShape& 
     std::vector<double> ms;
     for (int r = 0; r < opts.reps + 1; ++r) {
       Event a = be.record(Stream::Compute);
-      be.convert(x32, x);
-      projector.project_kv(0, x32, kv32, pos);
-      be.convert(k, k32);
-      be.convert(v, v32);
+      projector.project_kv(0, x, kv, pos);
+      be.convert(k, kp);
+      be.convert(v, vp);
       Event b = be.record(Stream::Compute);
       be.synchronize();
       if (r > 0) ms.push_back(be.elapsed_ms(a, b));

@@ -130,6 +130,40 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
   }
 }
 
+// OPT with fp16 weights and an fp16 cache: KVPR and recompute project K/V from the stored X
+// straight into the cache's dtype (one GEMM with its bias, KvProjector::kv_dtype_for) and give
+// resident mode's greedy tokens, with part or all of the cached tokens recomputed, on `device`.
+inline void expect_fused_recompute_gives_resident_tokens(Backend& device, const std::string& dir,
+                                                         const Tokenizer& tok) {
+  ModelLoadOptions lo;
+  lo.convert_weights = true;
+  lo.weight_dtype = DType::F16;
+  std::unique_ptr<Model> m = load_model(device, dir, lo);
+  EXPECT_EQ(m->kv_dtype_for(DType::F16), DType::F16);  // the fused path is the one taken
+  EXPECT_EQ(m->kv_dtype_for(DType::F8E4M3), DType::F32);
+  EXPECT_EQ(m->kv_dtype_for(DType::BF16), DType::F32);  // not the weights' dtype
+  GeneratorOptions o;
+  o.max_batch = 3;
+  o.kv_dtype = DType::F16;
+  GenerationParams p;
+  p.max_new_tokens = 12;
+  p.ignore_eos = true;
+  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10, 11, 12, 13, 14}};
+  const auto want = greedy_tokens(*m, tok, in_mode(o, KvMode::Resident, 0), prompts, p);
+  for (int split : {3, 1 << 20})
+    EXPECT_EQ(greedy_tokens(*m, tok, in_mode(o, KvMode::Kvpr, split), prompts, p), want) << "kvpr, split " << split;
+  EXPECT_EQ(greedy_tokens(*m, tok, in_mode(o, KvMode::Recompute, 0), prompts, p), want) << "recompute";
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 30; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + 3) % 90));
+  const ScoreGap g = score_gap(chunked_prompt_scores(*m, tok, KvMode::Kvpr, DType::F16, prompt),
+                               chunked_prompt_scores(*m, tok, KvMode::Resident, DType::F16, prompt));
+  ASSERT_TRUE(g.finite);
+  // The CPU's resident K/V come from fp32 X, KVPR's from X rounded to fp16: 3e-4 mean, 1.5e-3
+  // worst apart here; the emulated device (one rounding either way, the same GEMM inputs) 0.
+  EXPECT_LT(g.mean, 2e-3) << "worst " << g.worst;
+  EXPECT_LT(g.worst, 1e-2);
+}
+
 // Speculative decoding (prompt lookup, 4 drafts) in every mode on `device`, weights resident and
 // streamed: the greedy tokens of decoding one at a time on the CPU backend, for prompts that
 // repeat themselves so that lookups propose. Returns the drafts accepted, to be checked by the

@@ -3,6 +3,7 @@
 // always compiled when the build has CUDA.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <cmath>
@@ -104,6 +105,50 @@ TEST_P(CudaOps, BatchedLinearMatchesCpu) {
           << "B=" << B << " M=" << M << " K=" << K << " N=" << N << (with_bias ? " bias" : "");
     }
   }
+}
+
+// KVPR's recompute GEMM: X as the KV store holds it (the weights' dtype, or fp8) straight into
+// the GEMM, K/V out in the weights' dtype with the bias inside the GEMM, against the path through
+// fp32 (X widened, fp32 product and bias, rounded when stored) on both backends.
+TEST_P(CudaOps, BatchedLinearFromStoredXIntoStoredOutput) {
+  SKIP_WITHOUT_GPU();
+  CpuBackend cpu;
+  auto gpu = create_backend("cuda");
+  const DType dt = GetParam();
+  for (DType xdt : {dt, DType::F8E4M3}) {
+    for (auto [B, M, K, N] : {std::tuple{2, 1, 64, 64}, {2, 17, 100, 45}, {2, 33, 768, 768}}) {
+      Pair x = random_pair(cpu, *gpu, xdt, {M, K}, 51);
+      Pair w = random_pair(cpu, *gpu, dt, {B, N, K}, 52, 0.1f);
+      Pair b = random_pair(cpu, *gpu, dt, {B, N}, 53);
+      for (bool with_bias : {true, false}) {
+        const Tensor bc = with_bias ? b.cpu : Tensor(), bg = with_bias ? b.gpu : Tensor();
+        // Unfused, on the device: X to fp32, fp32 product and bias, then stored in dt.
+        Tensor x32 = gpu->alloc(DType::F32, {M, K}), o32 = gpu->alloc(DType::F32, {B, M, N});
+        Tensor want = gpu->alloc(dt, {B, M, N});
+        gpu->convert(x32, x.gpu);
+        gpu->linear_batched(o32, x32, w.gpu, bg, Activation::None);
+        gpu->convert(want, o32);
+        Tensor og = gpu->alloc(dt, {B, M, N}), oc = cpu.alloc(dt, {B, M, N});
+        gpu->linear_batched(og, x.gpu, w.gpu, bg, Activation::None);
+        cpu.linear_batched(oc, x.cpu, w.cpu, bc, Activation::None);
+        const std::vector<float> got = download(*gpu, og), unfused = download(*gpu, want);
+        std::vector<double> ref(unfused.begin(), unfused.end());
+        const std::string what = std::string(dtype_name(xdt)) + " X, B=" + std::to_string(B) + " M=" +
+                                 std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+                                 (with_bias ? " bias" : "");
+        EXPECT_TRUE(test::close_rel(ref, got.data(), got.size(), tol(dt))) << "fused vs unfused, " << what;
+        EXPECT_TRUE(test::close_rel(as_double(oc), got.data(), got.size(), tol(dt))) << "device vs CPU, " << what;
+      }
+    }
+  }
+  if (dt == DType::F32) return;
+  // fp8 weights are not a GEMM dtype; an output in another reduced dtype than the weights' is refused.
+  Tensor x = gpu->alloc(dt, {4, 64}), w = gpu->alloc(dt, {2, 8, 64});
+  const DType other = dt == DType::F16 ? DType::BF16 : DType::F16;
+  EXPECT_THROW(gpu->linear_batched(gpu->alloc(other, {2, 4, 8}), x, w, Tensor(), Activation::None), Error);
+  EXPECT_THROW(cpu.linear_batched(cpu.alloc(other, {2, 4, 8}), cpu.alloc(dt, {4, 64}), cpu.alloc(dt, {2, 8, 64}),
+                                  Tensor(), Activation::None),
+               Error);
 }
 
 TEST_P(CudaOps, RowOpsMatchCpu) {
@@ -281,6 +326,64 @@ TEST_P(CudaKvOps, CopyRowsMatchesCpu) {
   EXPECT_THROW(gpu->copy_rows(dst.gpu, src.gpu, {RowSpan{63, 0, 2}}), Error);  // past the source
 }
 
+// copy_spans (a GPU batch's KV copies in one call: 2-D copies for runs at one pitch, one
+// batched copy for the rest) against one copy per span, host to device, device to host and on
+// the device: uniform, ragged, mixed, single and empty spans, rows at the store's last row.
+TEST_P(CudaKvOps, CopySpansMatchesPerSpanCopies) {
+  SKIP_WITHOUT_GPU();
+  CpuBackend cpu;
+  auto gpu = create_backend("cuda");
+  const DType dt = GetParam();
+  const int64_t W = 40 + 3, slots = 7, cap = 37, rows = slots * cap;
+  std::vector<std::vector<RowSpan>> cases;
+  std::vector<RowSpan> uniform, ragged, mixed;
+  for (int64_t s = 0; s < slots; ++s) uniform.push_back(RowSpan{s * cap + 5, s * 30, 20});  // consecutive slots
+  for (int64_t s = 0; s < slots; ++s)
+    ragged.push_back(RowSpan{s * cap + s, s * 30 + 2, s == 3 ? 0 : (s * 7) % 30 + 1});  // a 0 among them
+  mixed = {RowSpan{0, 0, 4}, RowSpan{cap, 4, 4}, RowSpan{2 * cap, 8, 4},  // a run of 3 ...
+           RowSpan{5 * cap, 100, 9}, RowSpan{rows - 3, 150, 3},            // ... then ragged, up to the last row
+           RowSpan{3 * cap, 160, 4}, RowSpan{6 * cap, 170, 4}};            // equal, but not one pitch from before
+  cases = {uniform, ragged, mixed, {RowSpan{rows - 1, 209, 1}}, {}};
+  auto pinned = [&](uint64_t seed, int64_t n) {
+    Tensor t = gpu->alloc_pinned(dt, {n, W});
+    cpu.fill_random(t, seed, 0.f, 1.f);
+    return t;
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const std::vector<RowSpan>& spans = cases[c];
+    // Host store -> device buffer (the prefetch), then device buffer -> host store (the store).
+    Tensor host = pinned(61 + c, rows), dev = gpu->alloc(dt, {210, W}), want = gpu->alloc(dt, {210, W});
+    gpu->copy_spans(dev, host, spans, Stream::H2D, "test");
+    for (const RowSpan& r : spans)
+      if (r.count) gpu->copy(want.rows(r.dst_row, r.count), host.rows(r.src_row, r.count), Stream::H2D);
+    gpu->synchronize();
+    EXPECT_EQ(download(*gpu, dev), download(*gpu, want)) << "host to device, case " << c;
+    std::vector<RowSpan> back;
+    for (const RowSpan& r : spans) back.push_back(RowSpan{r.dst_row, r.src_row, r.count});
+    Tensor host2 = pinned(71 + c, rows), host_want = Tensor::host(dt, {rows, W});
+    std::memcpy(host_want.data(), host2.data(), host2.nbytes());
+    gpu->copy_spans(host2, dev, back, Stream::D2H, "test");
+    gpu->synchronize();
+    const size_t rb = static_cast<size_t>(W) * dtype_size(dt);
+    const std::vector<float> on_device = download(*gpu, dev);
+    for (const RowSpan& r : back)
+      for (int64_t j = 0; j < r.count; ++j)
+        for (int64_t e = 0; e < W; ++e)
+          store_from_f32(host_want.data(), dt, (r.dst_row + j) * W + e, on_device[(r.src_row + j) * W + e]);
+    EXPECT_EQ(std::memcmp(host2.data(), host_want.data(), static_cast<size_t>(rows) * rb), 0) << "device to host, case " << c;
+    // Device to device.
+    Tensor dev2 = gpu->alloc(dt, {rows, W});
+    gpu->copy_spans(dev2, dev, back, Stream::Compute, "test");
+    Tensor dev2_want = gpu->alloc(dt, {rows, W});
+    for (const RowSpan& r : back)
+      if (r.count) gpu->copy(dev2_want.rows(r.dst_row, r.count), dev.rows(r.src_row, r.count), Stream::Compute);
+    EXPECT_EQ(download(*gpu, dev2), download(*gpu, dev2_want)) << "on the device, case " << c;
+  }
+  Tensor a = gpu->alloc(dt, {8, W}), b = gpu->alloc(dt == DType::F32 ? DType::F16 : DType::F32, {8, W});
+  EXPECT_THROW(gpu->copy_spans(a, b, {RowSpan{0, 0, 1}}, Stream::Compute), Error);  // dtypes differ
+  EXPECT_THROW(gpu->copy_spans(a, a.rows(0, 4), {RowSpan{3, 0, 2}}, Stream::Compute), Error);  // past the source
+}
+
 TEST(Cuda, ArgmaxLseMatchesCpu) {
   SKIP_WITHOUT_GPU();
   CpuBackend cpu;
@@ -357,20 +460,40 @@ TEST(Cuda, WeightsTooLargeForTheDeviceNameTheWayOut) {
   EXPECT_EQ(gpu->alloc(DType::F32, {16}).numel(), 16);  // the device is still usable
 }
 
-TEST(Cuda, EveryKvModeGivesTheCpuGreedyTokens) {
+// One test per checkpoint fixture (each its own ctest entry, so they run side by side).
+class CudaModels : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaModels, EveryKvModeGivesTheCpuGreedyTokens) {
   SKIP_WITHOUT_GPU();
   test::TempDir tmp;
   Tokenizer tok = test::char_tokenizer(tmp, 96);
   auto gpu = create_backend("cuda");
-  for (const char* name : {"opt/pre_ln_safetensors", "opt/post_ln_proj_sharded", "opt/decoder_prefix_bin",
-                           "llama/f32_safetensors", "llama/bf16_tied_scaled_sharded", "llama/gqa_f32_safetensors",
-                           "llama/mqa_f16_bin_sharded", "llama/llama3_rope_gqa_bf16",
-                           "llama/mistral_sliding_window", "llama/qwen2_qkv_bias_tied_bf16",
-                           "llama/qwen3_head_dim_qk_norm_bf16", "llama/qwen3_mha_head_dim_f32",
-                           "llama/qwen2_yarn_gqa_f32", "llama/qwen3_moe_dense_layer_f32", "llama/qwen2_moe_shared_expert_bf16",
-                           "llama/mixtral_gqa_f16_bin"})
-    test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path(name), tok,
-                                                {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4, name);
+  test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path(GetParam()), tok,
+                                              {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4,
+                                              GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModels,
+                         ::testing::Values("opt/pre_ln_safetensors", "opt/post_ln_proj_sharded",
+                                           "opt/decoder_prefix_bin", "llama/f32_safetensors",
+                                           "llama/bf16_tied_scaled_sharded", "llama/gqa_f32_safetensors",
+                                           "llama/mqa_f16_bin_sharded", "llama/llama3_rope_gqa_bf16",
+                                           "llama/mistral_sliding_window", "llama/qwen2_qkv_bias_tied_bf16",
+                                           "llama/qwen3_head_dim_qk_norm_bf16", "llama/qwen3_mha_head_dim_f32",
+                                           "llama/qwen2_yarn_gqa_f32", "llama/qwen3_moe_dense_layer_f32",
+                                           "llama/qwen2_moe_shared_expert_bf16", "llama/mixtral_gqa_f16_bin"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           std::string n = i.param;
+                           std::replace(n.begin(), n.end(), '/', '_');
+                           return n;
+                         });
+
+TEST(Cuda, FusedRecomputeGivesResidentTokens) {
+  SKIP_WITHOUT_GPU();
+  test::TempDir tmp;
+  auto gpu = create_backend("cuda");
+  test::expect_fused_recompute_gives_resident_tokens(*gpu, test::data_path("opt/pre_ln_safetensors"),
+                                                     test::char_tokenizer(tmp, 96));
 }
 
 // The fp8 (E4M3) KV cache on the device, every mode against the CPU backend's same mode:

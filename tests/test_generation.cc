@@ -892,6 +892,13 @@ TEST(Generation, SamplingDefaultsFromGenerationConfig) {
 // fp8 X for kvpr and recompute). resident, offload and cpu-attn store and read the same bytes and
 // give the same scores bit for bit; every mode stays within fp8's rounding of the f32 cache's
 // scores (E4M3 keeps 3 mantissa bits: each stored value is within 2^-4 of itself).
+TEST(Generation, FusedRecomputeGivesResidentTokens) {
+  test::TempDir tmp;
+  CpuBackend cpu;
+  test::expect_fused_recompute_gives_resident_tokens(cpu, test::data_path("opt/pre_ln_safetensors"),
+                                                     test::char_tokenizer(tmp, 96));
+}
+
 TEST(Generation, Fp8KvCacheInEveryMode) {
   test::TempDir tmp;
   Tokenizer tok = char_tokenizer(tmp, 96);

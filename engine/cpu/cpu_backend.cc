@@ -475,10 +475,22 @@ void CpuBackend::linear_batched(const Tensor& out, const Tensor& x, const Tensor
                                 Activation act) {
   KVPR_CHECK(w.rank() == 3 && out.rank() == 3 && out.dim(0) == w.dim(0) && (!bias.defined() || bias.rank() == 2),
              "linear_batched: shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
+  KVPR_CHECK(is_storage_float(x.dtype()) &&
+                 (out.dtype() == DType::F32 || (out.dtype() == w.dtype() && w.dtype() != DType::F8E4M3)),
+             "linear_batched: input ", x.describe(), " and output ", out.describe(), " for weights ", w.describe());
   const int64_t B = w.dim(0), N = w.dim(1), K = w.dim(2);
+  // X from the KV store (fp16, fp8) is widened once; an fp16 output is rounded once, after the
+  // bias, from the fp32 product.
+  Tensor xf = x, of = out;
+  if (x.dtype() != DType::F32) {
+    xf = Tensor::host(DType::F32, x.shape());
+    convert(xf, x);
+  }
+  if (out.dtype() != DType::F32) of = Tensor::host(DType::F32, out.shape());
   for (int64_t b = 0; b < B; ++b)
-    linear(out.rows(b, 1).reshape({out.dim(1), out.dim(2)}), x, w.rows(b, 1).reshape({N, K}),
+    linear(of.rows(b, 1).reshape({of.dim(1), of.dim(2)}), xf, w.rows(b, 1).reshape({N, K}),
            bias.defined() ? bias.rows(b, 1).reshape({N}) : Tensor(), act);
+  if (of.data() != out.data()) convert(out, of);
 }
 
 void CpuBackend::linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {

@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     name_ = std::string("cuda:") + std::to_string(device) + " (" + prop.name + ")";
+    max_pitch_ = prop.memPitch;
     for (auto& s : streams_) CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream(Stream::Compute)));
@@ -229,6 +230,65 @@ class CudaBackend final : public Backend {
     if (dst.memory() == MemoryKind::Host) CUDA_CHECK(cudaStreamSynchronize(stream(s)));
   }
 
+  void copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans, Stream s,
+                  const char* what) override {
+    check_copy_spans(dst, src, spans);
+    // Pageable memory and graph recording keep to copy()'s rules, span by span.
+    if (rec_.on || dst.memory() == MemoryKind::Host || src.memory() == MemoryKind::Host)
+      return Backend::copy_spans(dst, src, spans, s, what);
+    const size_t rb = static_cast<size_t>(src.dim(1)) * dtype_size(src.dtype());
+    char* d = static_cast<char*>(dst.data());
+    const char* from = static_cast<const char*>(src.data());
+    size_t total = 0;
+    for (const RowSpan& r : spans) total += static_cast<size_t>(r.count) * rb;
+    if (total == 0) return;
+    Traced t(*this, s, what, total, 0);
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    for (size_t i = 0; i < spans.size();) {
+      const RowSpan& a = spans[i];
+      if (a.count == 0) {
+        ++i;
+        continue;
+      }
+      // The run of spans from i of a's size at one src and one dst stride, each past the span.
+      size_t j = i + 1;
+      if (j < spans.size() && spans[j].count == a.count) {
+        const int64_t ds = spans[j].dst_row - a.dst_row, ss = spans[j].src_row - a.src_row;
+        const bool pitch_ok = ds >= a.count && ss >= a.count && static_cast<size_t>(ds) * rb <= max_pitch_ &&
+                              static_cast<size_t>(ss) * rb <= max_pitch_;
+        while (pitch_ok && j < spans.size() && spans[j].count == a.count &&
+               spans[j].dst_row - spans[j - 1].dst_row == ds && spans[j].src_row - spans[j - 1].src_row == ss)
+          ++j;
+        if (j - i >= 2) {
+          CUDA_CHECK(cudaMemcpy2DAsync(d + a.dst_row * rb, static_cast<size_t>(ds) * rb, from + a.src_row * rb,
+                                       static_cast<size_t>(ss) * rb, static_cast<size_t>(a.count) * rb, j - i,
+                                       cudaMemcpyDefault, stream(s)));
+          i = j;
+          continue;
+        }
+        j = i + 1;
+      }
+      dsts.push_back(d + a.dst_row * rb);
+      srcs.push_back(from + a.src_row * rb);
+      sizes.push_back(static_cast<size_t>(a.count) * rb);
+      i = j;
+    }
+    if (sizes.size() == 1) {
+      CUDA_CHECK(cudaMemcpyAsync(dsts[0], srcs[0], sizes[0], cudaMemcpyDefault, stream(s)));
+    } else if (!sizes.empty()) {
+      // The ragged rest in one call: the copies of one batch read their sources in stream
+      // order (after what the stream ran before) and may run in any order among themselves.
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+      size_t first = 0;
+      CUDA_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attr, &first, 1,
+                                      stream(s)));
+    }
+  }
+
   Event record(Stream s) override {
     if (rec_.on) interrupt();
     auto ev = std::make_shared<CudaEvent>();
@@ -321,8 +381,12 @@ class CudaBackend final : public Backend {
 
   void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
                       Activation act) override {
-    check_f32(out, "linear_batched output");
-    check_f32(x, "linear_batched input");
+    // x in any stored float dtype (X read from the KV store goes into the GEMM as it is when
+    // it has the weights' dtype); out in F32 or the weights' dtype.
+    KVPR_CHECK(is_storage_float(x.dtype()) &&
+                   (out.dtype() == DType::F32 || (out.dtype() == w.dtype() && w.dtype() != DType::F8E4M3)),
+               "linear_batched: input ", x.describe(), " and output ", out.describe(), " for weights ",
+               w.describe());
     KVPR_CHECK(w.rank() == 3 && out.rank() == 3, "linear_batched: w ", w.describe(), " out ", out.describe());
     const int64_t B = w.dim(0), N = w.dim(1), K = w.dim(2), M = x.numel() / std::max<int64_t>(K, 1);
     KVPR_CHECK(x.dim(-1) == K && out.dim(0) == B && out.dim(1) == M && out.dim(2) == N &&
@@ -331,6 +395,13 @@ class CudaBackend final : public Backend {
                out.describe());
     if (M == 0 || B == 0) return;
     Traced t(*this, Stream::Compute, "linear_batched", 0, 2.0 * B * M * N * K);
+    if (out.dtype() != DType::F32 && bias.defined() && act == Activation::None) {
+      // A reduced-precision output takes the bias inside the GEMM (C = bias, beta = 1): rounded
+      // once, as the fp32 path's result is when it is stored.
+      issue("fill_bias", &cuda::fill_bias, out.data(), out.dtype(), bias.data(), bias.dtype(), B, M, N, compute());
+      gemm(out, x, w, B, M, N, K, 1.f);
+      return;
+    }
     gemm(out, x, w, B, M, N, K, 0.f);
     bias_act(out, bias, act, B, M, N);
   }
@@ -512,10 +583,11 @@ class CudaBackend final : public Backend {
 
   // The F32 activations x (n values) as a GEMM input next to weights of dtype `dt`: x itself, or
   // x rounded to fp16/bf16 in the GEMM scratch buffer.
+  // x as the GEMM reads it: in the weights' dtype, converted only when it is not already.
   const void* gemm_input(const Tensor& x, DType dt, int64_t n) {
-    if (dt == DType::F32) return x.data();
+    if (x.dtype() == dt) return x.data();
     Tensor xh = scratch(dt, n);
-    issue("convert", &cuda::convert, xh.data(), dt, x.data(), DType::F32, n, compute());
+    issue("convert", &cuda::convert, xh.data(), dt, x.data(), x.dtype(), n, compute());
     return xh.data();
   }
 
@@ -526,17 +598,17 @@ class CudaBackend final : public Backend {
             float beta) {
     const void* xin = gemm_input(x, w.dtype(), M * K);
     issue("gemm", &gemm_call, cublas_, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), w.data(),
-          cuda_type(w.dtype()), xin, beta, out.data(), static_cast<int>(B));
+          cuda_type(w.dtype()), xin, beta, out.data(), cuda_type(out.dtype()), static_cast<int>(B));
   }
   static void gemm_call(cublasHandle_t h, int n, int m, int k, const void* w, cudaDataType_t wt, const void* x,
-                        float beta, void* out, int batch) {
+                        float beta, void* out, cudaDataType_t ot, int batch) {
     const float alpha = 1.f;
     if (batch == 1)
-      CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, wt, k, x, wt, k, &beta, out,
-                                CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, wt, k, x, wt, k, &beta, out, ot, n,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     else  // weights [batch, n, k] one after another, x shared (stride 0), out [batch, m, n]
       CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, wt, k,
-                                              static_cast<long long>(n) * k, x, wt, k, 0, &beta, out, CUDA_R_32F, n,
+                                              static_cast<long long>(n) * k, x, wt, k, 0, &beta, out, ot, n,
                                               static_cast<long long>(m) * n, batch, CUBLAS_COMPUTE_32F,
                                               CUBLAS_GEMM_DEFAULT));
   }
@@ -547,7 +619,7 @@ class CudaBackend final : public Backend {
   void bias_act(const Tensor& out, const Tensor& bias, Activation act, int64_t B, int64_t M, int64_t N) {
     const int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
     if (!bias.defined() && !a) return;
-    issue("bias_act", &cuda::bias_act, out.data_as<float>(), bias.defined() ? bias.data() : nullptr,
+    issue("bias_act", &cuda::bias_act, out.data(), out.dtype(), bias.defined() ? bias.data() : nullptr,
           bias.defined() ? bias.dtype() : DType::F32, B, M, N, a, compute());
   }
 
@@ -809,6 +881,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   std::string name_;
+  size_t max_pitch_ = 0;  // the largest pitch of a 2-D copy (cudaDeviceProp::memPitch)
   cudaStream_t streams_[3] = {nullptr, nullptr, nullptr};
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<std::atomic<size_t>> in_use_ = std::make_shared<std::atomic<size_t>>(0);

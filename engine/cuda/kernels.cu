@@ -98,17 +98,25 @@ __global__ void silu_mul_kernel(float* out, const float* gate, const float* up, 
   }
 }
 
-template <typename T>
-__global__ void bias_act_kernel(float* out, const T* bias, int64_t batch, int64_t m, int64_t n, int act) {
+template <typename O, typename T>
+__global__ void bias_act_kernel(O* out, const T* bias, int64_t batch, int64_t m, int64_t n, int act) {
   const int64_t per = m * n, total = batch * per;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v = out[i];
+    float v = to_f32(out[i]);
     if (bias) v += to_f32(bias[(i / per) * n + i % n]);
     if (act == 1) v = fmaxf(v, 0.f);
     else if (act == 2) v = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
-    out[i] = v;
+    out[i] = from_f32<O>(v);
   }
+}
+
+template <typename O, typename T>
+__global__ void fill_bias_kernel(O* out, const T* bias, int64_t batch, int64_t m, int64_t n) {
+  const int64_t per = m * n, total = batch * per;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = from_f32<O>(to_f32(bias[(i / per) * n + i % n]));
 }
 
 __global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
@@ -197,12 +205,27 @@ void silu_mul(float* out, const float* gate, const float* up, int64_t n, cudaStr
   CUDA_CHECK_LAUNCH();
 }
 
-void bias_act(float* out, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n, int act,
-              cudaStream_t stream) {
+void bias_act(void* out, DType out_dtype, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n,
+              int act, cudaStream_t stream) {
   if (batch * m * n == 0) return;
-  KVPR_FLOAT_DISPATCH(bias_dtype, T,
-                      KVPR_LAUNCH(grid_for(batch * m * n, 256), 256, 0, stream, bias_act_kernel<T>)(
-                          out, static_cast<const T*>(bias), batch, m, n, act));
+  KVPR_FLOAT_DISPATCH(out_dtype, O,
+                      KVPR_FLOAT_DISPATCH(bias_dtype, T,
+                                          KVPR_LAUNCH(grid_for(batch * m * n, 256), 256, 0, stream,
+                                                      bias_act_kernel<O, T>)(static_cast<O*>(out),
+                                                                             static_cast<const T*>(bias), batch, m,
+                                                                             n, act)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void fill_bias(void* out, DType out_dtype, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n,
+               cudaStream_t stream) {
+  if (batch * m * n == 0) return;
+  KVPR_FLOAT_DISPATCH(out_dtype, O,
+                      KVPR_FLOAT_DISPATCH(bias_dtype, T,
+                                          KVPR_LAUNCH(grid_for(batch * m * n, 256), 256, 0, stream,
+                                                      fill_bias_kernel<O, T>)(static_cast<O*>(out),
+                                                                              static_cast<const T*>(bias), batch, m,
+                                                                              n)));
   CUDA_CHECK_LAUNCH();
 }
 

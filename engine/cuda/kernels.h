@@ -37,8 +37,13 @@ void rope(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t w
           RopeParams params, cudaStream_t stream);
 void silu_mul(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream);
 // out[b, m, n] = act(out[b, m, n] + bias[b, n]) (bias may be null); act: 0 none, 1 relu, 2 gelu.
-void bias_act(float* out, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n, int act,
-              cudaStream_t stream);
+// out in F32, F16 or BF16 (a GEMM's fp16 output rounded once more, after the bias).
+void bias_act(void* out, DType out_dtype, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n,
+              int act, cudaStream_t stream);
+// out[b, m, n] = bias[b, n]: a GEMM's C before it accumulates into it (beta = 1), so an fp16
+// output is rounded once, from the fp32 sum of product and bias.
+void fill_bias(void* out, DType out_dtype, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n,
+               cudaStream_t stream);
 void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t stream);
 void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, float stddev, cudaStream_t stream);

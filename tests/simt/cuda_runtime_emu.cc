@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <tuple>
 #include <vector>
 
 // The handle types the CUDA headers leave opaque.
@@ -388,6 +389,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->major = 9;
   prop->minor = 0;
   prop->multiProcessorCount = 1;
+  prop->memPitch = 2147483647;  // what CUDA reports: the largest pitch of a 2-D copy
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
@@ -602,6 +604,71 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   cudaError_t e = kvpr_emu::cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
   if (e == cudaSuccess) run_all(a.s);
   return e;
+}
+
+// A 2-D copy: `height` rows of `width` bytes, each `spitch` apart in src and `dpitch` in dst.
+// Pinned and device memory only (kvpr issues no pageable 2-D copies).
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream) {
+  Api a;
+  State& s = a.s;
+  auto st = stream_of(s, stream);
+  if (!st) return fail(s, cudaErrorInvalidResourceHandle);
+  if (width == 0 || height == 0) return cudaSuccess;
+  if (!dst || !src || kind != cudaMemcpyDefault) return fail(s, cudaErrorInvalidValue);
+  if (dpitch < width || spitch < width || dpitch > 2147483647u || spitch > 2147483647u)
+    return fail(s, cudaErrorInvalidPitchValue);
+  const size_t dbytes = (height - 1) * dpitch + width, sbytes = (height - 1) * spitch + width;
+  if (classify_locked(s, src) == Memory::Pageable || classify_locked(s, dst) == Memory::Pageable)
+    throw DeviceFault("cudaMemcpy2DAsync with pageable memory (not modelled)");
+  check_range(s, dst, dbytes, "cudaMemcpy2DAsync destination");
+  check_range(s, src, sbytes, "cudaMemcpy2DAsync source");
+  ++s.submissions;
+  enqueue(s, st, [=] {
+    for (size_t r = 0; r < height; ++r)
+      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  });
+  return cudaSuccess;
+}
+
+// A batch of copies in stream order as a whole, in no order among themselves (run here in
+// reverse, so a batch whose copies depend on each other gives wrong data in the tests).
+// CUDA's rules: not on the legacy stream, attrs[0] applies from copy 0, attribute indices
+// increasing and below count, every copy's source access order given.
+cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
+                                 cudaMemcpyAttributes* attrs, size_t* attrs_idxs, size_t num_attrs,
+                                 cudaStream_t stream) {
+  Api a;
+  State& s = a.s;
+  if (!stream) return fail(s, cudaErrorInvalidValue);
+  auto st = stream_of(s, stream);
+  if (!st) return fail(s, cudaErrorInvalidResourceHandle);
+  if (count == 0 || !dsts || !srcs || !sizes || !attrs || !attrs_idxs || num_attrs == 0 || num_attrs > count ||
+      attrs_idxs[0] != 0)
+    return fail(s, cudaErrorInvalidValue);
+  for (size_t k = 0; k < num_attrs; ++k) {
+    if ((k > 0 && attrs_idxs[k] <= attrs_idxs[k - 1]) || attrs_idxs[k] >= count) return fail(s, cudaErrorInvalidValue);
+    const cudaMemcpySrcAccessOrder o = attrs[k].srcAccessOrder;
+    if (o != cudaMemcpySrcAccessOrderStream && o != cudaMemcpySrcAccessOrderDuringApiCall &&
+        o != cudaMemcpySrcAccessOrderAny)
+      return fail(s, cudaErrorInvalidValue);
+  }
+  std::vector<std::tuple<void*, const void*, size_t>> copies;
+  for (size_t i = 0; i < count; ++i) {
+    if (sizes[i] == 0) continue;
+    if (!dsts[i] || !srcs[i]) return fail(s, cudaErrorInvalidValue);
+    if (classify_locked(s, srcs[i]) == Memory::Pageable || classify_locked(s, dsts[i]) == Memory::Pageable)
+      throw DeviceFault("cudaMemcpyBatchAsync with pageable memory (not modelled)");
+    check_range(s, dsts[i], sizes[i], "cudaMemcpyBatchAsync destination");
+    check_range(s, srcs[i], sizes[i], "cudaMemcpyBatchAsync source");
+    copies.emplace_back(dsts[i], srcs[i], sizes[i]);
+  }
+  ++s.submissions;
+  enqueue(s, st, [copies = std::move(copies)] {
+    for (auto it = copies.rbegin(); it != copies.rend(); ++it)
+      std::memmove(std::get<0>(*it), std::get<1>(*it), std::get<2>(*it));
+  });
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {

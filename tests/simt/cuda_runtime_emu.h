@@ -87,6 +87,10 @@ cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned flags);
 cudaError_t cudaHostUnregister(void* p);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
+                                 cudaMemcpyAttributes* attrs, size_t* attrs_idxs, size_t num_attrs, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s);
 cudaError_t cudaMemset(void* p, int value, size_t bytes);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
@@ -151,6 +155,8 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t tr
 #define cudaHostUnregister KVPR_EMU_REDIRECT(cudaHostUnregister)
 #define cudaMemcpyAsync KVPR_EMU_REDIRECT(cudaMemcpyAsync)
 #define cudaMemcpy KVPR_EMU_REDIRECT(cudaMemcpy)
+#define cudaMemcpy2DAsync KVPR_EMU_REDIRECT(cudaMemcpy2DAsync)
+#define cudaMemcpyBatchAsync KVPR_EMU_REDIRECT(cudaMemcpyBatchAsync)
 #define cudaMemsetAsync KVPR_EMU_REDIRECT(cudaMemsetAsync)
 #define cudaMemset KVPR_EMU_REDIRECT(cudaMemset)
 #define cudaStreamCreateWithFlags KVPR_EMU_REDIRECT(cudaStreamCreateWithFlags)

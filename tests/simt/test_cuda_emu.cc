@@ -408,6 +408,45 @@ TEST_F(EmulatedDevice, HostWaitsOncePerDecodeStep) {
   }
 }
 
+// A decode step's copies are one call per tensor and layer, whatever the batch: the host's
+// calls per step (kernels, GEMMs, copies) with 2 and with 6 sequences are the same in offload
+// and KVPR (one per sequence for X, K and V each, and for every store, before copy_spans).
+TEST_F(EmulatedDevice, DecodeStepCallsDoNotGrowWithTheBatch) {
+  using namespace kvpr;
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  auto gpu = emulated_create_backend("cuda");
+  OptConfig c = OptConfig::load(test::data_path("opt/pre_ln_safetensors"));
+  c.num_layers = 3;
+  OptModel model(*gpu, c, DType::F16, 11);
+  for (KvMode m : {KvMode::Offload, KvMode::Kvpr}) {
+    std::map<int, double> calls;
+    for (int batch : {2, 6}) {
+      GeneratorOptions og;
+      og.max_batch = batch;
+      og.kv_dtype = DType::F16;
+      og.kv.mode = m;
+      if (m == KvMode::Kvpr) og.kv.forced_split = 4;
+      std::vector<std::vector<int32_t>> prompts;
+      for (int i = 0; i < batch; ++i) prompts.push_back({10 + i, 3, 1, 4, 1, 5, 9, 2});
+      Generator g(model, tok, og);
+      auto run = [&](int n) {
+        GenerationParams p;
+        p.max_new_tokens = n;
+        p.ignore_eos = true;
+        const uint64_t c0 = kvpr_emu::host_submissions();
+        g.generate_all(prompts, p);
+        return static_cast<double>(kvpr_emu::host_submissions() - c0);
+      };
+      run(12);
+      const double c12 = run(12), c4 = run(4);
+      calls[batch] = (c12 - c4) / 8.0;
+    }
+    EXPECT_EQ(calls[6], calls[2]) << kv_mode_name(m);
+    EXPECT_GT(calls[2], 0.0);
+  }
+}
+
 // What CUDA graphs are for: a replayed resident decode step costs the host two calls (its
 // parameter upload and the graph launch) instead of one per op, with the same tokens and still
 // one wait per step. Counted on a warmed generator as the difference between 30 and 10 steps.

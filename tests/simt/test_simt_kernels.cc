@@ -125,7 +125,7 @@ TEST_P(SimtKernels, BiasActivationAndRandomFill) {
     cpu.linear(ref, x, w, b, act);
     cpu.linear(plain, x, w, Tensor(), Activation::None);  // the GEMM part (cuBLAS on a GPU)
     const int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
-    cuda::bias_act(plain.data_as<float>(), b.data(), dt, 1, M, N, a, nullptr);
+    cuda::bias_act(plain.data(), DType::F32, b.data(), dt, 1, M, N, a, nullptr);
     EXPECT_TRUE(test::close_rel(as_double(ref), plain.data_as<float>(), M * N, 1e-5)) << "act " << a;
   }
   // The bias of a batched linear: bias[b] for out[b] (the stacked Q, K, V projections).
@@ -134,8 +134,25 @@ TEST_P(SimtKernels, BiasActivationAndRandomFill) {
     Tensor ref = cpu.alloc(DType::F32, {3, M, N}), plain = cpu.alloc(DType::F32, {3, M, N});
     cpu.linear_batched(ref, x, w3, b3, act);
     cpu.linear_batched(plain, x, w3, Tensor(), Activation::None);
-    cuda::bias_act(plain.data_as<float>(), b3.data(), dt, 3, M, N, act == Activation::GELU ? 2 : 0, nullptr);
+    cuda::bias_act(plain.data(), DType::F32, b3.data(), dt, 3, M, N, act == Activation::GELU ? 2 : 0, nullptr);
     EXPECT_TRUE(test::close_rel(as_double(ref), plain.data_as<float>(), 3 * M * N, 1e-5)) << "batched bias";
+  }
+  // An output in the weights' dtype: bias_act rounds the sum once; fill_bias broadcasts the bias
+  // rows (the C a GEMM then accumulates into).
+  if (dt != DType::F32) {
+    Tensor ref = cpu.alloc(DType::F32, {3, M, N}), plain = cpu.alloc(DType::F32, {3, M, N});
+    cpu.linear_batched(ref, x, w3, b3, Activation::ReLU);
+    cpu.linear_batched(plain, x, w3, Tensor(), Activation::None);
+    Tensor low = cpu.alloc(dt, {3, M, N}), want = cpu.alloc(dt, {3, M, N});
+    cpu.convert(low, plain);
+    cpu.convert(want, ref);
+    cuda::bias_act(low.data(), dt, b3.data(), dt, 3, M, N, 1, nullptr);
+    // low held the product rounded to dt: one more rounding than want, at most an ulp of dt apart.
+    EXPECT_TRUE(test::close_rel(as_double(want), as_float(low).data(), 3 * M * N, dt == DType::F16 ? 2e-3 : 1.6e-2));
+    Tensor filled = cpu.alloc(dt, {3, M, N});
+    cuda::fill_bias(filled.data(), dt, b3.data(), dt, 3, M, N, nullptr);
+    for (int64_t i = 0; i < 3 * M * N; ++i)
+      ASSERT_EQ(load_as_f32(filled.data(), dt, i), load_as_f32(b3.data(), dt, (i / (M * N)) * N + i % N)) << i;
   }
   // fill_random: the same counter-based values as the CPU backend.
   for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{70001}}) {
