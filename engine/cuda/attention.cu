@@ -12,6 +12,10 @@
 // * decode_split_kernel + decode_merge_kernel: one query per sequence (decode). The context
 //   is cut into splits processed by separate blocks of 4 warps (flash-decoding), so long
 //   contexts keep every SM busy; a second kernel merges the splits.
+// * decode_group_kernel (+ decode_merge_kernel when it splits): decode over 1- and 2-byte K/V
+//   with head_dim <= 128, the KV cache of real deployments: one block per group of query heads
+//   sharing a KV head, K tiles through shared memory with coalesced loads, splits from the SM
+//   count.
 #include <cfloat>
 
 #include "engine/cuda/cuda_check.h"
@@ -262,6 +266,179 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
   }
 }
 
+// Decode for 1- and 2-byte K/V and head_dim <= 128 (every fp16/bf16/fp8 cache of a real model):
+// grid (splits, head groups, seqs), 4 warps. A block serves GC query heads that read one KV head
+// (grouped-query attention: each K/V row is read once for all of them, not once per head) over
+// keys [begin, end) of one sequence, a split of at least kGroupSplitKeys keys; the split count
+// comes from the SM count (decode_group_splits). Each warp takes 32-key tiles in turn (w, w + 4,
+// ...): it copies the tile's K rows into its shared buffer with coalesced loads (consecutive
+// lanes read consecutive 16-byte pieces of a row; before, each lane read a row of its own), lane
+// j scores key j for each of the GC heads from shared memory (rows padded by 16 bytes: the lanes
+// of a quarter-warp hit distinct banks), and the warp accumulates the V rows, read coalesced
+// from global memory once for the GC heads. The warps' partials merge in shared memory; with one
+// split the block writes the output itself, else its partial for decode_merge_kernel.
+constexpr int kGroupSplitKeys = 512;
+
+template <typename T, int CH, int GC, int LOAD>
+__global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* descs, int heads, int kv_heads, int hd,
+                                    float scale, int splits, float* work) {
+  static_assert(sizeof(T) <= 2 && CH <= 4, "shared memory sized for 1- and 2-byte K and head_dim <= 128");
+  constexpr int HD = CH * 32, KT = 32, PAD = 16 / static_cast<int>(sizeof(T)), PITCH = HD + PAD;
+  constexpr int TILE_BYTES = kWarps * KT * PITCH * static_cast<int>(sizeof(T));
+  constexpr int MERGE_BYTES = kWarps * GC * (HD + 2) * static_cast<int>(sizeof(float));
+  // The K tiles while the warps attend, then (after a barrier) the warps' partials.
+  constexpr int SMEM_BYTES = TILE_BYTES > MERGE_BYTES ? TILE_BYTES : MERGE_BYTES;
+  __shared__ uint4 smem[(SMEM_BYTES + 15) / 16];  // uint4: 16-byte aligned
+  __shared__ float qs[GC][HD];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int split = blockIdx.x, group = blockIdx.y, s = blockIdx.z;
+  const int h0 = group * GC;                                 // this block's first query head
+  const int64_t kh = h0 / (heads / kv_heads);                // the KV head its GC heads read
+  const int64_t row_stride = static_cast<int64_t>(heads) * hd;
+  const int64_t kv_stride = static_cast<int64_t>(kv_heads) * hd;
+  const AttnDesc d = descs[s];
+  const int64_t n = static_cast<int64_t>(d.past) + 1;
+  const int64_t per = (n + splits - 1) / splits;
+  const int64_t begin = split * per, end = begin + per < n ? begin + per : n;
+  for (int i = threadIdx.x; i < GC * HD; i += blockDim.x) {
+    const int g = i / HD, c = i % HD;
+    qs[g][c] = c < hd ? q[d.q_begin * row_stride + (h0 + g) * hd + c] : 0.f;
+  }
+  __syncthreads();
+  const T* kp = static_cast<const T*>(d.k) + kh * hd;
+  const T* vp = static_cast<const T*>(d.v) + kh * hd;
+  T* ks = reinterpret_cast<T*>(smem) + warp * KT * PITCH;  // this warp's tile
+  float m[GC], l[GC], acc[GC][CH];
+#pragma unroll
+  for (int g = 0; g < GC; ++g) {
+    m[g] = -FLT_MAX;
+    l[g] = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) acc[g][c] = 0.f;
+  }
+  for (int64_t t0 = begin + warp * KT; t0 < end; t0 += kWarps * KT) {
+    const int rows = end - t0 < KT ? static_cast<int>(end - t0) : KT;
+    if (LOAD != kScalar && (hd * static_cast<int>(sizeof(T))) % 16 == 0) {
+      // 16-byte pieces, consecutive lanes on consecutive pieces of a row, then the next row.
+      const int per_row = hd * static_cast<int>(sizeof(T)) / 16;
+      for (int i = lane; i < rows * per_row; i += 32) {
+        const int r = i / per_row, c = i % per_row;
+        *reinterpret_cast<uint4*>(ks + r * PITCH + c * PAD) =
+            *reinterpret_cast<const uint4*>(kp + (t0 + r) * kv_stride + c * PAD);
+      }
+    } else {
+      for (int i = lane; i < rows * hd; i += 32) {
+        const int r = i / hd, c = i % hd;
+        ks[r * PITCH + c] = kp[(t0 + r) * kv_stride + c];
+      }
+    }
+    __syncwarp();
+    float sc[GC];
+#pragma unroll
+    for (int g = 0; g < GC; ++g) sc[g] = -FLT_MAX;
+    if (lane < rows) {
+      const T* kr = ks + lane * PITCH;
+      float dot[GC];
+#pragma unroll
+      for (int g = 0; g < GC; ++g) dot[g] = 0.f;
+      if constexpr (LOAD != kScalar) {
+        const int dims = LOAD == kVectorExact ? HD : hd;
+#pragma unroll 4
+        for (int i = 0; i < dims; i += 8) {
+          float kf[8];
+          load8(kr + i, kf);
+#pragma unroll
+          for (int g = 0; g < GC; ++g)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) dot[g] += qs[g][i + j] * kf[j];
+        }
+      } else {
+        for (int i = 0; i < hd; ++i) {
+          const float kf = to_f32(kr[i]);
+#pragma unroll
+          for (int g = 0; g < GC; ++g) dot[g] += qs[g][i] * kf;
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < GC; ++g) sc[g] = dot[g] * scale;
+    }
+    float p[GC];
+#pragma unroll
+    for (int g = 0; g < GC; ++g) {
+      const float m_new = fmaxf(m[g], warp_max(sc[g]));
+      p[g] = lane < rows ? __expf(sc[g] - m_new) : 0.f;
+      const float correction = __expf(m[g] - m_new);
+      l[g] = l[g] * correction + warp_sum(p[g]);
+#pragma unroll
+      for (int c = 0; c < CH; ++c) acc[g][c] *= correction;
+      m[g] = m_new;
+    }
+    // V rows, coalesced: lane owns dimensions [lane * CH, lane * CH + CH), for every head.
+    for (int kk = 0; kk < rows; ++kk) {
+      const T* vr = vp + (t0 + kk) * kv_stride + lane * CH;
+      float vf[CH];
+#pragma unroll
+      for (int c = 0; c < CH; ++c) vf[c] = lane * CH + c < hd ? to_f32(vr[c]) : 0.f;
+#pragma unroll
+      for (int g = 0; g < GC; ++g) {
+        const float pk = __shfl_sync(0xffffffffu, p[g], kk);
+#pragma unroll
+        for (int c = 0; c < CH; ++c) acc[g][c] += pk * vf[c];
+      }
+    }
+    __syncwarp();  // the tile is consumed before the next one overwrites it
+  }
+  __syncthreads();  // every warp is done with its tile: the buffer now holds the partials
+  float* part = reinterpret_cast<float*>(smem);  // [warp][g][HD + 2]: m, l, acc
+#pragma unroll
+  for (int g = 0; g < GC; ++g) {
+    float* pw = part + (warp * GC + g) * (HD + 2);
+    if (lane == 0) {
+      pw[0] = m[g];
+      pw[1] = l[g];
+    }
+#pragma unroll
+    for (int c = 0; c < CH; ++c) pw[2 + lane * CH + c] = acc[g][c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < GC * hd; i += blockDim.x) {
+    const int g = i / hd, c = i % hd;
+    float M = -FLT_MAX;
+    for (int w = 0; w < kWarps; ++w) {
+      const float* pw = part + (w * GC + g) * (HD + 2);
+      if (pw[1] > 0.f) M = fmaxf(M, pw[0]);
+    }
+    float L = 0.f, a = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float* pw = part + (w * GC + g) * (HD + 2);
+      if (pw[1] <= 0.f) continue;  // a warp without keys in this split
+      const float e = __expf(pw[0] - M);
+      L += pw[1] * e;
+      a += pw[2 + c] * e;
+    }
+    const int h = h0 + g;
+    if (splits == 1) {
+      out[d.q_begin * row_stride + h * hd + c] = a / L;
+    } else {
+      float* dst = work + ((static_cast<int64_t>(s) * heads + h) * splits + split) * (hd + 2);
+      dst[2 + c] = a;
+      if (c == 0) {
+        dst[0] = M;
+        dst[1] = L;
+      }
+    }
+  }
+}
+
+// Splits of decode_group_kernel: enough blocks for 8 per SM (the tail of the last wave then
+// idles at most an eighth of the machine), each at least kGroupSplitKeys keys, at most 64.
+int decode_group_splits(int64_t max_ctx, int64_t blocks_per_split, int sm_count) {
+  const int64_t by_keys = (max_ctx + kGroupSplitKeys - 1) / kGroupSplitKeys;
+  const int64_t want = (8 * static_cast<int64_t>(sm_count) + blocks_per_split - 1) / blocks_per_split;
+  int64_t s = want < by_keys ? want : by_keys;
+  return static_cast<int>(s < 1 ? 1 : (s > 64 ? 64 : s));
+}
+
 // Grid (heads, seqs), HD threads: out = sum_i acc_i e^(m_i - M) / sum_i l_i e^(m_i - M).
 __global__ void decode_merge_kernel(float* out, const AttnDesc* descs, int heads, int hd, int splits,
                                     const float* work) {
@@ -286,10 +463,39 @@ int decode_splits(int64_t max_ctx) {
   return static_cast<int>(s < 1 ? 1 : (s > 64 ? 64 : s));
 }
 
+template <typename T, int CH, int GC, int LOAD>
+void launch_group(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t max_ctx, int heads,
+                  int kv_heads, int hd, float scale, float* work, int sm_count, cudaStream_t stream) {
+  const int groups = heads / GC;
+  const int splits = decode_group_splits(max_ctx, static_cast<int64_t>(groups) * n_seqs, sm_count);
+  dim3 grid(splits, groups, static_cast<unsigned>(n_seqs));
+  KVPR_LAUNCH(grid, kWarps * 32, 0, stream, decode_group_kernel<T, CH, GC, LOAD>)(out, q, descs, heads, kv_heads, hd,
+                                                                                 scale, splits, work);
+  CUDA_CHECK_LAUNCH();
+  if (splits > 1) {
+    KVPR_LAUNCH(dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream, decode_merge_kernel)(out, descs, heads, hd,
+                                                                                            splits, work);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
 template <typename T, int CH, int LOAD>
 void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                bool all_decode, int heads, int kv_heads, int hd, float scale, float* work, const AttnTile* tiles,
-               int64_t n_tiles, cudaStream_t stream) {
+               int64_t n_tiles, int sm_count, cudaStream_t stream) {
+  if constexpr (sizeof(T) <= 2 && CH <= 4) {
+    if (all_decode) {
+      // The query heads of one KV head in groups of 4, 2 or 1, whichever divides them.
+      const int g = heads / kv_heads;
+      if (g % 4 == 0)
+        launch_group<T, CH, 4, LOAD>(out, q, descs, n_seqs, max_ctx, heads, kv_heads, hd, scale, work, sm_count, stream);
+      else if (g % 2 == 0)
+        launch_group<T, CH, 2, LOAD>(out, q, descs, n_seqs, max_ctx, heads, kv_heads, hd, scale, work, sm_count, stream);
+      else
+        launch_group<T, CH, 1, LOAD>(out, q, descs, n_seqs, max_ctx, heads, kv_heads, hd, scale, work, sm_count, stream);
+      return;
+    }
+  }
   if (all_decode) {
     const int splits = decode_splits(max_ctx);
     dim3 grid(splits, heads, static_cast<unsigned>(n_seqs));
@@ -316,16 +522,16 @@ void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
 template <typename T, int CH>
 void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
             bool all_decode, int heads, int kv_heads, int hd, float scale, float* work, bool aligned,
-            const AttnTile* tiles, int64_t n_tiles, cudaStream_t stream) {
+            const AttnTile* tiles, int64_t n_tiles, int sm_count, cudaStream_t stream) {
   if (aligned && hd == CH * 32)
     launch_as<T, CH, kVectorExact>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, scale, work, tiles,
-                                     n_tiles, stream);
+                                     n_tiles, sm_count, stream);
   else if (aligned && hd % 8 == 0)
     launch_as<T, CH, kVector>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, scale, work, tiles,
-                                     n_tiles, stream);
+                                     n_tiles, sm_count, stream);
   else
     launch_as<T, CH, kScalar>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, scale, work, tiles,
-                                     n_tiles, stream);
+                                     n_tiles, sm_count, stream);
 }
 
 }  // namespace
@@ -342,7 +548,7 @@ int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int he
 
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t /*max_q_len*/, bool all_decode, int heads, int kv_heads, int head_dim, DType kv_dtype,
-               float scale, float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles,
+               float scale, float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles, int sm_count,
                cudaStream_t stream) {
   if (n_seqs == 0 || total_q == 0) return;
   KVPR_CHECK(total_q <= 0x7fffffff && n_seqs <= 65535, "attention batch too large for the grid");
@@ -350,10 +556,10 @@ void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
              " KV heads evenly");
   KVPR_STORAGE_DISPATCH(kv_dtype, T, {
     // Each lane owns CH consecutive dimensions of the head.
-    if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
-    else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
-    else if (head_dim <= 128) launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
-    else if (head_dim <= 256) launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, stream);
+    if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
+    else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
+    else if (head_dim <= 128) launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
+    else if (head_dim <= 256) launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
     else KVPR_THROW("CUDA attention supports head_dim up to 256, not ", head_dim);
   });
 }

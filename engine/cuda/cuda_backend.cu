@@ -98,6 +98,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     name_ = std::string("cuda:") + std::to_string(device) + " (" + prop.name + ")";
     max_pitch_ = prop.memPitch;
+    sm_count_ = prop.multiProcessorCount;
     for (auto& s : streams_) CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream(Stream::Compute)));
@@ -504,7 +505,7 @@ class CudaBackend final : public Backend {
     issue("attention", &cuda::attention, out.data_as<float>(), q.data_as<float>(),
           static_cast<const cuda::AttnDesc*>(dd), static_cast<int64_t>(descs.size()), total_q, max_ctx, max_q,
           all_decode, heads, kv_heads, static_cast<int>(hd), kv, scale, work, aligned, static_cast<const cuda::AttnTile*>(tiles),
-          n_tiles, compute());
+          n_tiles, sm_count_, compute());
   }
 
  private:
@@ -882,6 +883,7 @@ class CudaBackend final : public Backend {
   int device_;
   std::string name_;
   size_t max_pitch_ = 0;  // the largest pitch of a 2-D copy (cudaDeviceProp::memPitch)
+  int sm_count_ = 1;      // streaming multiprocessors (decode attention's split count)
   cudaStream_t streams_[3] = {nullptr, nullptr, nullptr};
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<std::atomic<size_t>> in_use_ = std::make_shared<std::atomic<size_t>>(0);

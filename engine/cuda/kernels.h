@@ -76,7 +76,10 @@ inline std::vector<AttnTile> attention_tiles(const AttnDesc* descs, int64_t n_se
 // K and V rows [kv_heads*hd]: query head h reads KV head h / (heads / kv_heads) (grouped-query
 // attention; kv_heads == heads is multi-head attention).
 // Decode rows (q_len == 1) use a split-context kernel whose partials live in `work`
-// (work_floats floats; attention_work_floats says how many are needed). kv_aligned16: every
+// (work_floats floats; attention_work_floats says how many are needed); with 1- or 2-byte K/V
+// and head_dim <= 128, the grouped kernel (one block per split and group of query heads that
+// share a KV head, splits from `sm_count`, the device's SMs, and at least 512 keys each; K
+// tiles through shared memory). kv_aligned16: every
 // k and v pointer is 16-byte aligned (then keys are read with 16-byte loads when head_dim % 8 == 0).
 // Other batches use the tiled kernel when `tiles` (device memory, attention_tiles) is given
 // and head_dim <= 128: a block loads each 32-key tile of K and V once into shared memory for
@@ -90,7 +93,8 @@ int64_t attention_launch_ctx(int64_t max_ctx);
 int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim);
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t max_q_len, bool all_decode, int heads, int kv_heads, int head_dim, DType kv_dtype, float scale,
-               float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles, cudaStream_t stream);
+               float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles, int sm_count,
+               cudaStream_t stream);
 
 // One span of copy_rows as the kernel reads it: `first` is the index of the span's first row
 // among all rows of the call (spans in order, first ascending).

@@ -170,9 +170,11 @@ namespace {
 void check_attention(DType dt) {
   CpuBackend cpu;
   for (int hd : {8, 64, 80, 128, 256}) {
-    const int heads = 3, hidden = heads * hd;
-    for (int kv_heads : {3, 1})  // MHA, and one KV head for every query head (GQA)
+    // MHA; one KV head for 3 query heads; groups of 4 and of 2 query heads per KV head (the
+    // grouped decode kernel's GC = 1, 4, 2).
+    for (auto [heads, kv_heads] : {std::pair{3, 3}, {3, 1}, {8, 2}, {4, 2}})
     for (bool decode_only : {false, true}) {
+      const int hidden = heads * hd;
       const int kvw = kv_heads * hd;
       struct S {
         int q_len, past;
@@ -204,17 +206,21 @@ void check_attention(DType dt) {
       // Keys read element by element, and with 16-byte loads (the tensors are aligned); mixed
       // batches by the tiled kernel (head_dim <= 128) and by the one-warp-per-row kernel.
       const std::vector<cuda::AttnTile> tiles = cuda::attention_tiles(descs.data(), static_cast<int64_t>(descs.size()));
+      // Decode on 1 SM (one split per sequence) and on 132 (an H200: the long contexts split).
       for (bool aligned : {false, true})
-        for (bool tiled : {false, true}) {
-          if (tiled && decode_only) continue;
-          std::fill_n(got.data_as<float>(), got.numel(), 0.f);
-          cuda::attention(got.data_as<float>(), q.data_as<float>(), descs.data(), static_cast<int64_t>(descs.size()),
-                          T, max_ctx, 33, decode_only, heads, kv_heads, hd, dt, scale, work.data(), aligned,
-                          tiled ? tiles.data() : nullptr, tiled ? static_cast<int64_t>(tiles.size()) : 0, nullptr);
-          EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
-              << "head_dim " << hd << ", " << kv_heads << " KV heads" << (decode_only ? " decode" : " mixed") << (aligned ? " 16-byte loads" : "")
-              << (tiled ? " tiled" : "") << " K/V " << dtype_name(dt);
-        }
+        for (bool tiled : {false, true})
+          for (int sms : {1, 132}) {
+            if ((tiled && decode_only) || (sms > 1 && !decode_only)) continue;
+            std::fill_n(got.data_as<float>(), got.numel(), 0.f);
+            cuda::attention(got.data_as<float>(), q.data_as<float>(), descs.data(), static_cast<int64_t>(descs.size()),
+                            T, max_ctx, 33, decode_only, heads, kv_heads, hd, dt, scale, work.data(), aligned,
+                            tiled ? tiles.data() : nullptr, tiled ? static_cast<int64_t>(tiles.size()) : 0, sms,
+                            nullptr);
+            EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
+                << "head_dim " << hd << ", " << heads << " heads, " << kv_heads << " KV heads"
+                << (decode_only ? " decode" : " mixed") << (aligned ? " 16-byte loads" : "") << (tiled ? " tiled" : "")
+                << ", " << sms << " SMs, K/V " << dtype_name(dt);
+          }
     }
   }
 }
