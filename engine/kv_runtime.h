@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/error.h"
 #include "engine/split_scheduler.h"
 #include "engine/thread_pool.h"
 #include "engine/weight_stream.h"
@@ -103,8 +104,14 @@ class HostKvStore {
   Tensor k_rows(int64_t layer) const;
   Tensor v_rows(int64_t layer) const;
   Tensor x_rows(int64_t layer) const;
-  int64_t kv_row(int64_t slot, int64_t token) const { return slot * capacity_ + token; }
-  int64_t x_row(int64_t slot, int64_t token) const { return slot * x_capacity_ + token; }
+  int64_t kv_row(int64_t slot, int64_t token) const {
+    KVPR_CHECK(token >= 0 && token <= capacity_, "KV row ", token, " past the capacity ", capacity_);
+    return slot * capacity_ + token;
+  }
+  int64_t x_row(int64_t slot, int64_t token) const {
+    KVPR_CHECK(token >= 0 && token <= x_capacity_, "X row ", token, " past the capacity ", x_capacity_);
+    return slot * x_capacity_ + token;
+  }
   int64_t x_capacity() const { return x_capacity_; }
   size_t bytes() const;
 

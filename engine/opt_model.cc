@@ -146,8 +146,10 @@ void OptModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, cons
 DType OptModel::kv_dtype_for(DType storage) const {
   // One stacked K/V GEMM in the store's dtype per layer: it writes K/V as the store keeps them.
   if (storage != DType::F16 && storage != DType::BF16) return DType::F32;
+  // (and a bias of that dtype: the GEMM's C preset to it, the sum rounded once).
   for (const OptLayer& L : layers_)
-    if (!L.wqkv.defined() || L.wqkv.dtype() != storage) return DType::F32;
+    if (!L.wqkv.defined() || L.wqkv.dtype() != storage || (L.bqkv.defined() && L.bqkv.dtype() != storage))
+      return DType::F32;
   return storage;
 }
 

@@ -276,18 +276,26 @@ class CudaBackend final : public Backend {
       sizes.push_back(static_cast<size_t>(a.count) * rb);
       i = j;
     }
-    if (sizes.size() == 1) {
-      CUDA_CHECK(cudaMemcpyAsync(dsts[0], srcs[0], sizes[0], cudaMemcpyDefault, stream(s)));
-    } else if (!sizes.empty()) {
+#if CUDART_VERSION >= 13000
+    if (sizes.size() > 1 && batch_copies_) {
       // The ragged rest in one call: the copies of one batch read their sources in stream
       // order (after what the stream ran before) and may run in any order among themselves.
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
       size_t first = 0;
-      CUDA_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attr, &first, 1,
-                                      stream(s)));
+      const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attr, &first,
+                                                 1, stream(s));
+      if (e == cudaSuccess) return;
+      // A driver without batched copies: one copy each from now on (nothing was queued).
+      KVPR_CHECK(e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver, "cudaMemcpyBatchAsync: ",
+                 cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+      (void)cudaGetLastError();
+      batch_copies_ = false;
     }
+#endif
+    for (size_t i = 0; i < sizes.size(); ++i)
+      CUDA_CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, stream(s)));
   }
 
   Event record(Stream s) override {
@@ -396,9 +404,9 @@ class CudaBackend final : public Backend {
                out.describe());
     if (M == 0 || B == 0) return;
     Traced t(*this, Stream::Compute, "linear_batched", 0, 2.0 * B * M * N * K);
-    if (out.dtype() != DType::F32 && bias.defined() && act == Activation::None) {
-      // A reduced-precision output takes the bias inside the GEMM (C = bias, beta = 1): rounded
-      // once, as the fp32 path's result is when it is stored.
+    if (out.dtype() != DType::F32 && bias.defined() && bias.dtype() == out.dtype() && act == Activation::None) {
+      // A reduced-precision output takes the bias (of its dtype: exact in C) inside the GEMM
+      // (C = bias, beta = 1): rounded once, as the fp32 path's result is when it is stored.
       issue("fill_bias", &cuda::fill_bias, out.data(), out.dtype(), bias.data(), bias.dtype(), B, M, N, compute());
       gemm(out, x, w, B, M, N, K, 1.f);
       return;
@@ -884,6 +892,7 @@ class CudaBackend final : public Backend {
   std::string name_;
   size_t max_pitch_ = 0;  // the largest pitch of a 2-D copy (cudaDeviceProp::memPitch)
   int sm_count_ = 1;      // streaming multiprocessors (decode attention's split count)
+  bool batch_copies_ = true;  // cudaMemcpyBatchAsync works (CUDA 13 runtime and driver)
   cudaStream_t streams_[3] = {nullptr, nullptr, nullptr};
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<std::atomic<size_t>> in_use_ = std::make_shared<std::atomic<size_t>>(0);

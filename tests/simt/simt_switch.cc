@@ -3,8 +3,10 @@
 // stores the stack pointer in *save_sp, loads new_sp and pops the same from there. The
 // caller-saved registers are the compiler's business at the call, as for any call.
 #if defined(__x86_64__) && defined(__linux__)
+// The assembly keeps to its own sections (push/pop): the compiler's code after it, such as
+// AddressSanitizer's module constructor, stays in the sections the compiler chose.
 asm(R"(
-  .text
+  .pushsection .text
   .globl kvpr_emu_switch
   .type kvpr_emu_switch, @function
 kvpr_emu_switch:
@@ -30,6 +32,8 @@ kvpr_emu_switch:
   popq %rbp
   ret
   .size kvpr_emu_switch, .-kvpr_emu_switch
-  .section .note.GNU-stack, "", @progbits
+  .popsection
+  .pushsection .note.GNU-stack, "", @progbits
+  .popsection
 )");
 #endif
