@@ -2,7 +2,7 @@
 # The device check: one prepared command for the lent H200 (see ../shared/device-notes.md).
 #
 #   here, once per session:   bench/prepare-device-carry.sh
-#   device tool run:          command "set -o pipefail; bash bench/device-check.sh 2>&1 | tee $OUT/log"
+#   device tool run:          command "set -o pipefail; KVPR_CHECK_COMMIT=<commit> bash bench/device-check.sh 2>&1 | tee $OUT/log"
 #                             carry [".carry"], timeout_s 540
 #
 # nvidia-smi (GPU, driver, PCIe) -> build for sm_90 there -> GPU tests -> HF offloaded-cache
@@ -38,7 +38,9 @@ cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPR_CUDA=ON -D
       -DKVPR_WERROR=OFF $GTEST > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 ninja -C build-device -j "$JOBS" kvpr kvpr-bench $( [ -n "$GTEST" ] && echo kvpr_tests ) > "$OUT/build.log" 2>&1 \
   || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
-git rev-parse --short=12 HEAD 2>/dev/null > "$OUT/commit" || echo unknown > "$OUT/commit"
+# The commit as the caller passes it (the device's copy of the tree may carry stale git metadata).
+if [ -n "${KVPR_CHECK_COMMIT:-}" ]; then echo "$KVPR_CHECK_COMMIT" > "$OUT/commit"
+else git rev-parse --short=12 HEAD 2>/dev/null > "$OUT/commit" || echo unknown > "$OUT/commit"; fi
 
 if [ -n "$GTEST" ]; then
   say "GPU tests"
@@ -87,7 +89,10 @@ KVPR_THREADS=16 timeout "$left" build-device/bench/kvpr-bench decode --preset "$
 
 sweep=()
 # "host": the layers' weights streamed from pinned host memory (--weights host) in every mode.
-for cfg in "8 1024" "32 1024 fp8" "64 1024" "32 1024 host" "32 128" "32 512" "1 128"; do  # the last: launch-bound decode, where graphs pay most
+# In priority order: fp8 at the main point, then issue 20's sweep (batch 1 / prompt 128 is
+# launch-bound decode, where graphs pay most; 16 / 8192 the long context KV offloading is for),
+# then the rest.
+for cfg in "32 1024 fp8" "1 128" "8 512" "64 1024" "16 8192" "32 1024 host" "32 128" "32 512"; do
   [ "$SWEEP" = 1 ] || break
   if [ "$(elapsed)" -gt 360 ]; then say "sweep: stopping, time is short"; break; fi
   set -- $cfg
