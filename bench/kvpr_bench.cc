@@ -8,7 +8,8 @@
 //                     [--modes resident,resident+graphs,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
 //                     [--kv-dtype f16] [--weights device|host] [--gpu-batches N] [--emulate-link-gbps G]
 //                     [--host-attention-threads N]
-//                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR]
+//                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR] [--max-positions N]
+//     (--max-positions: the preset's position range, for contexts past OPT's 2048 positions.)
 //     Every KV mode side by side in one run on one model with random weights generated on the
 //     device: decode ms per step, tokens/s, split per step, bytes over the link per step, busy
 //     fraction of the compute stream, and each mode's bound from the measured profile.
@@ -266,9 +267,15 @@ int cmd_cpu(const std::vector<std::string>& args) {
 // ------------------------------------------------------------------ decode
 
 // Llama-2/3.1 and Qwen shapes (and tiny ones for tests) with random weights generated on the device.
-std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool stream_weights) {
-  if (name.rfind("llama", 0) != 0 && name.rfind("qwen", 0) != 0)
-    return std::make_unique<OptModel>(be, preset(name), DType::F16, 1234, stream_weights);
+// max_positions > 0 replaces the preset's position range (--max-positions: OPT-6.7B's shapes at
+// a context past its 2048-entry position table, a long-context model of the same widths).
+std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool stream_weights,
+                                    int64_t max_positions = 0) {
+  if (name.rfind("llama", 0) != 0 && name.rfind("qwen", 0) != 0) {
+    OptConfig oc = preset(name);
+    if (max_positions > 0) oc.max_position_embeddings = max_positions;
+    return std::make_unique<OptModel>(be, oc, DType::F16, 1234, stream_weights);
+  }
   LlamaConfig c;
   c.vocab_size = 32000;
   c.max_position_embeddings = 4096;
@@ -320,6 +327,7 @@ std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool s
   } else {
     KVPR_THROW("unknown preset '", name, "' (llama-2-7b, llama-2-13b, llama-2-70b, llama-3.1-8b, llama-tiny)");
   }
+  if (max_positions > 0) c.max_position_embeddings = max_positions;
   return std::make_unique<LlamaModel>(be, c, DType::F16, 1234, stream_weights);
 }
 
@@ -772,7 +780,7 @@ std::string svg_chart(const json::Value& result) {
 int cmd_decode(const std::vector<std::string>& args) {
   const Options opt(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype",
                          "--emulate-link-gbps", "--weights", "--gpu-batches", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
-                         "--trace-dir"});
+                         "--trace-dir", "--max-positions"});
   const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
   const std::string json_out = opt.get("--json", ""), svg_out = opt.get("--svg", ""), trace_dir = opt.get("--trace-dir", "");
   const std::string peer_file = opt.get("--peer", "");
@@ -816,7 +824,9 @@ int cmd_decode(const std::vector<std::string>& args) {
   std::fprintf(stderr, "kvpr-bench decode: %s on %s, batch %d, prompt %d, %d new tokens, weights on the %s\n",
                preset_name.c_str(), be->name().c_str(), batch, prompt, gen, weights.c_str());
   auto t_init = Clock::now();
-  std::unique_ptr<Model> model_owned = preset_model(*be, preset_name, stream_weights);
+  const int max_positions = opt.get_int("--max-positions", 0);
+  KVPR_CHECK(max_positions >= 0, "--max-positions must not be negative");
+  std::unique_ptr<Model> model_owned = preset_model(*be, preset_name, stream_weights, max_positions);
   Model& model = *model_owned;
   double init_s = seconds_since(t_init);
 
@@ -1348,7 +1358,7 @@ int main(int argc, char** argv) {
                          "       kvpr-bench decode [--preset P] [--batch B] [--prompt P] [--gen N] [--modes M,...]\n"
                          "                         [--backend B] [--kv-dtype D] [--weights device|host] [--gpu-batches N]\n"
                          "                         [--emulate-link-gbps G] [--peer F]\n"
-                         "                         [--json F] [--svg F] [--trace-dir D]\n"
+                         "                         [--json F] [--svg F] [--trace-dir D] [--max-positions N]\n"
                          "       kvpr-bench ops [--preset P] [--batch B] [--ctx S] [--reps N] [--backend B] [--json F]\n"
                          "       kvpr-bench json [--tokenizer DIR] [--reps N] [--json F]\n"
                          "       kvpr-bench serve [--preset P] [--backend B] [--kv-mode M] [--kv-dtype D] [--conversations C]\n"
