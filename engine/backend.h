@@ -56,7 +56,9 @@ struct RowSpan {
 // Throws unless dst and src are 2-D float tensors of one width and every span lies inside
 // both. Shared by the backends' copy_rows.
 void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans);
-// The same, and one dtype (Backend::copy_spans).
+// Throws unless linear_batched's x is a stored float dtype and out F32 or w's (non-fp8) dtype.
+void check_linear_batched_dtypes(const Tensor& out, const Tensor& x, const Tensor& w);
+// The same as check_row_spans, and one dtype (Backend::copy_spans).
 void check_copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans);
 
 // The sizes of out [M, N] = x [M, K] · w [N, K]ᵀ (+ bias [N]); throws (naming `what`) unless the

@@ -475,9 +475,7 @@ void CpuBackend::linear_batched(const Tensor& out, const Tensor& x, const Tensor
                                 Activation act) {
   KVPR_CHECK(w.rank() == 3 && out.rank() == 3 && out.dim(0) == w.dim(0) && (!bias.defined() || bias.rank() == 2),
              "linear_batched: shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
-  KVPR_CHECK(is_storage_float(x.dtype()) &&
-                 (out.dtype() == DType::F32 || (out.dtype() == w.dtype() && w.dtype() != DType::F8E4M3)),
-             "linear_batched: input ", x.describe(), " and output ", out.describe(), " for weights ", w.describe());
+  check_linear_batched_dtypes(out, x, w);
   const int64_t B = w.dim(0), N = w.dim(1), K = w.dim(2);
   // X from the KV store (fp16, fp8) is widened once; an fp16 output is rounded once, after the
   // bias, from the fp32 product.

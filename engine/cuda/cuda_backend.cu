@@ -392,10 +392,7 @@ class CudaBackend final : public Backend {
                       Activation act) override {
     // x in any stored float dtype (X read from the KV store goes into the GEMM as it is when
     // it has the weights' dtype); out in F32 or the weights' dtype.
-    KVPR_CHECK(is_storage_float(x.dtype()) &&
-                   (out.dtype() == DType::F32 || (out.dtype() == w.dtype() && w.dtype() != DType::F8E4M3)),
-               "linear_batched: input ", x.describe(), " and output ", out.describe(), " for weights ",
-               w.describe());
+    check_linear_batched_dtypes(out, x, w);
     KVPR_CHECK(w.rank() == 3 && out.rank() == 3, "linear_batched: w ", w.describe(), " out ", out.describe());
     const int64_t B = w.dim(0), N = w.dim(1), K = w.dim(2), M = x.numel() / std::max<int64_t>(K, 1);
     KVPR_CHECK(x.dim(-1) == K && out.dim(0) == B && out.dim(1) == M && out.dim(2) == N &&
