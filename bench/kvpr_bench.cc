@@ -44,7 +44,9 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "bench/decode_bounds.h"
+#include "bench/scale.h"
 #include "engine/backend.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/demo_model.h"
@@ -64,63 +66,7 @@
 namespace {
 
 using namespace kvpr;
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Median of `reps` timings of fn().
-template <typename Fn>
-double time_median(int reps, Fn&& fn) {
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = Clock::now();
-    fn();
-    t.push_back(seconds_since(t0));
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-OptConfig preset(const std::string& name);  // below
-
-// A subcommand's "--name value" options; a name not in `known` is an error.
-class Options {
- public:
-  Options(const std::vector<std::string>& args, std::initializer_list<const char*> known) {
-    for (size_t i = 0; i < args.size(); ++i) {
-      const std::string& a = args[i];
-      KVPR_CHECK(std::find_if(known.begin(), known.end(), [&](const char* k) { return a == k; }) != known.end(),
-                 "unknown option '", a, "'");
-      KVPR_CHECK(i + 1 < args.size(), a, " needs a value");
-      values_[a] = args[++i];
-    }
-  }
-  std::string get(const std::string& name, const std::string& def) const {
-    auto it = values_.find(name);
-    return it == values_.end() ? def : it->second;
-  }
-  int get_int(const std::string& name, int def) const {
-    auto it = values_.find(name);
-    return it == values_.end() ? def : std::stoi(it->second);
-  }
-  double get_double(const std::string& name, double def) const {
-    auto it = values_.find(name);
-    return it == values_.end() ? def : std::stod(it->second);
-  }
-
- private:
-  std::map<std::string, std::string> values_;
-};
-
-// Writes `v` to `path` unless the path is empty.
-void write_json(const std::string& path, const json::Value& v) {
-  if (path.empty()) return;
-  std::ofstream o(path);
-  o << v.dump() << "\n";
-  KVPR_CHECK(o.good(), path, ": cannot write");
-}
+using namespace kvpr::bench;
 
 json::Value bench_attention(CpuBackend& be, DType kv_dtype, int batch, int ctx, int heads, int head_dim, int reps) {
   const int hidden = heads * head_dim;
@@ -263,141 +209,8 @@ int cmd_cpu(const std::vector<std::string>& args) {
   return 0;
 }
 
-
 // ------------------------------------------------------------------ decode
 
-// Llama-2/3.1 and Qwen shapes (and tiny ones for tests) with random weights generated on the device.
-// max_positions > 0 replaces the preset's position range (--max-positions: OPT-6.7B's shapes at
-// a context past its 2048-entry position table, a long-context model of the same widths).
-std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool stream_weights,
-                                    int64_t max_positions = 0) {
-  if (name.rfind("llama", 0) != 0 && name.rfind("qwen", 0) != 0) {
-    OptConfig oc = preset(name);
-    if (max_positions > 0) oc.max_position_embeddings = max_positions;
-    return std::make_unique<OptModel>(be, oc, DType::F16, 1234, stream_weights);
-  }
-  LlamaConfig c;
-  c.vocab_size = 32000;
-  c.max_position_embeddings = 4096;
-  c.rms_norm_eps = 1e-5;
-  c.torch_dtype = "float16";
-  auto shape = [&](int64_t h, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn) {
-    c.hidden_size = h, c.num_layers = layers, c.num_heads = heads, c.num_kv_heads = kv_heads, c.intermediate_size = ffn;
-  };
-  if (name == "llama-2-7b") shape(4096, 32, 32, 32, 11008);
-  else if (name == "llama-2-13b") shape(5120, 40, 40, 40, 13824);
-  else if (name == "llama-2-70b") shape(8192, 80, 64, 8, 28672);  // grouped-query attention
-  else if (name == "llama-3.1-8b") {  // grouped-query attention, 128256 tokens, llama3 rope scaling
-    shape(4096, 32, 32, 8, 14336);
-    c.vocab_size = 128256;
-    c.max_position_embeddings = 131072;
-    c.rope_theta = 500000;
-    c.rope_llama3_factor = 8;
-  } else if (name == "llama-tiny") {
-    shape(128, 4, 4, 2, 344);
-  } else if (name.rfind("qwen", 0) == 0) {  // 151936-row embeddings (152064 for 2.5-7B), theta 1e6
-    c.vocab_size = 151936;
-    c.max_position_embeddings = 32768;
-    c.rope_theta = 1e6;
-    c.rms_norm_eps = 1e-6;
-    c.torch_dtype = "bfloat16";
-    c.model_type = "qwen3";
-    c.qk_norm = true;
-    c.config_head_dim = 128;
-    if (name == "qwen2.5-7b") {  // q/k/v biases, 4 KV heads
-      shape(3584, 28, 28, 4, 18944);
-      c.model_type = "qwen2";
-      c.qk_norm = false;
-      c.qkv_bias = true;
-      c.config_head_dim = 0;
-      c.vocab_size = 152064;
-    } else if (name == "qwen3-8b") {
-      shape(4096, 36, 32, 8, 12288);
-    } else if (name == "qwen3-0.6b") {  // K+V (2 x 8 x 128) twice X (1024): recomputing pays
-      shape(1024, 28, 16, 8, 3072);
-      c.tie_word_embeddings = true;
-    } else if (name == "qwen3-tiny") {  // heads of 64 on a hidden size of 128, as many KV heads
-      shape(128, 4, 4, 4, 344);
-      c.config_head_dim = 64;
-      c.vocab_size = 1024;
-      c.max_position_embeddings = 4096;
-    } else {
-      KVPR_THROW("unknown preset '", name, "' (qwen2.5-7b, qwen3-8b, qwen3-0.6b, qwen3-tiny)");
-    }
-  } else {
-    KVPR_THROW("unknown preset '", name, "' (llama-2-7b, llama-2-13b, llama-2-70b, llama-3.1-8b, llama-tiny)");
-  }
-  if (max_positions > 0) c.max_position_embeddings = max_positions;
-  return std::make_unique<LlamaModel>(be, c, DType::F16, 1234, stream_weights);
-}
-
-OptConfig preset(const std::string& name) {
-  OptConfig c;
-  c.vocab_size = 50272;
-  c.max_position_embeddings = 2048;
-  c.torch_dtype = "float16";
-  if (name == "opt-6.7b") {
-    c.hidden_size = 4096, c.num_layers = 32, c.num_heads = 32, c.ffn_dim = 16384;
-  } else if (name == "opt-13b") {
-    c.hidden_size = 5120, c.num_layers = 40, c.num_heads = 40, c.ffn_dim = 20480;
-  } else if (name == "opt-125m") {
-    c.hidden_size = 768, c.num_layers = 12, c.num_heads = 12, c.ffn_dim = 3072;
-  } else if (name == "opt-1.3b") {
-    c.hidden_size = 2048, c.num_layers = 24, c.num_heads = 32, c.ffn_dim = 8192;
-  } else if (name == "tiny") {
-    c.hidden_size = 128, c.num_layers = 4, c.num_heads = 4, c.ffn_dim = 512;
-  } else {
-    KVPR_THROW("unknown preset '", name, "' (opt-6.7b, opt-13b, opt-1.3b, opt-125m, tiny)");
-  }
-  c.word_embed_proj_dim = c.hidden_size;
-  return c;
-}
-
-// Device copy bandwidth (read + write bytes per second) of a same-device copy.
-double device_copy_gbps(Backend& be, int64_t bytes) {
-  Tensor a = be.alloc(DType::U8, {bytes}), b = be.alloc(DType::U8, {bytes});
-  std::vector<double> ms;
-  for (int r = 0; r < 4; ++r) {
-    Event e0 = be.record(Stream::Compute);
-    be.copy(b, a, Stream::Compute, "hbm copy");
-    Event e1 = be.record(Stream::Compute);
-    be.synchronize();
-    if (r) ms.push_back(be.elapsed_ms(e0, e1));
-  }
-  std::sort(ms.begin(), ms.end());
-  return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] / 1e3) / 1e9;
-}
-
-// The GEMM rate at KVPR's recompute shape: K and V of `rows` tokens from their X in one
-// batched GEMM (X fp32 as the runtime feeds it, weights in `wt`), median of 3 after a warm-up.
-// The physical bounds' flops go over it.
-double recompute_gemm_tflops(Backend& be, int64_t hidden, int64_t kv_hidden, int64_t rows, DType wt) {
-  Tensor x = be.alloc(DType::F32, {rows, hidden}), w = be.alloc(wt, {2, kv_hidden, hidden});
-  be.fill_random(x, 1, 0.f, 1.f);
-  be.fill_random(w, 2, 0.f, 0.02f);
-  Tensor out = be.alloc(DType::F32, {2, rows, kv_hidden});
-  std::vector<double> ms;
-  for (int r = 0; r < 4; ++r) {
-    Event e0 = be.record(Stream::Compute);
-    be.linear_batched(out, x, w, Tensor(), Activation::None);
-    Event e1 = be.record(Stream::Compute);
-    be.synchronize();
-    if (r) ms.push_back(be.elapsed_ms(e0, e1));
-  }
-  std::sort(ms.begin(), ms.end());
-  return 4.0 * static_cast<double>(rows) * hidden * kv_hidden / (ms[ms.size() / 2] / 1e3) / 1e12;
-}
-
-double host_copy_gbps(int64_t bytes) {
-  std::vector<char> a(static_cast<size_t>(bytes), 1), b(static_cast<size_t>(bytes), 0);
-  ThreadPool& pool = ThreadPool::global();
-  auto copy = [&] {
-    pool.parallel_for(bytes, 1 << 20, [&](int64_t s, int64_t e) { std::memcpy(b.data() + s, a.data() + s, e - s); });
-  };
-  copy();
-  double t = time_median(3, copy);
-  return 2.0 * static_cast<double>(bytes) / t / 1e9;
-}
 
 // ------------------------------------------------------------------ ops
 
@@ -598,61 +411,21 @@ struct ModeResult {
 
 ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const KvRuntimeOptions& base, int batch,
                     int prompt, int gen, const std::string& trace_path) {
-  const ModelSpec& c = model.spec();
-  // Ids a tokenizer produces: GPT-2's 50257 for OPT (whose embedding is padded to 50272).
-  const int32_t valid = static_cast<int32_t>(c.model_type == "opt" ? std::min<int64_t>(50257, c.vocab_size) : c.vocab_size);
   KvRuntimeOptions o = base;
   o.mode = mode;
   auto kv = model.make_kv_runtime(batch, prompt + gen + 2, o);
-  Rng rng(7);
-  std::vector<std::vector<int32_t>> seqs(batch);
-  for (auto& s : seqs)
-    for (int i = 0; i < prompt; ++i) s.push_back(static_cast<int32_t>(3 + rng.next() % static_cast<uint64_t>(valid - 3)));
-  Tensor logits = Tensor::host(DType::F32, {batch, c.vocab_size});
-  // Prefill in groups of at most 8192 tokens.
-  auto t_prefill = Clock::now();
-  const int group = std::max(1, 8192 / std::max(prompt, 1));
-  for (int b0 = 0; b0 < batch; b0 += group) {
-    std::vector<ForwardChunk> chunks;
-    for (int b = b0; b < std::min(batch, b0 + group); ++b) chunks.push_back({seqs[b].data(), prompt, 0, b});
-    Tensor part = logits.rows(b0, static_cast<int64_t>(chunks.size()));
-    model.forward(chunks, *kv, part);
-  }
-  be.synchronize();
-  double prefill_s = seconds_since(t_prefill);
-  auto pick = [&] {
-    for (int b = 0; b < batch; ++b) {
-      const float* row = logits.data_as<float>() + static_cast<int64_t>(b) * c.vocab_size;
-      seqs[b].push_back(static_cast<int32_t>(std::max_element(row, row + valid) - row));
-    }
-  };
-  pick();
-  // A decode step as the generator runs it for greedy requests: logits stay on the device,
-  // argmax and log-sum-exp there, 12 bytes per sequence come back (pinned) and the host waits
-  // for the compute stream only.
-  Tensor ids_dev = be.alloc(DType::I32, {batch}), stats_dev = be.alloc(DType::F32, {batch, 2});
-  Tensor ids_host = be.alloc_pinned(DType::I32, {batch}), stats_host = be.alloc_pinned(DType::F32, {batch, 2});
-  // Host time to issue a step's work (everything before the wait): when it approaches the step
-  // time, the step is bound by launches on the host, not by the device (the case for graphs).
+  GreedyDecode dec(be, model, *kv, batch, prompt);
+  const double prefill_s = dec.prefill();
+  // Host time to issue a step's work: when it approaches the step time, the step is bound by
+  // launches on the host, not by the device (the case for graphs).
   std::vector<double> issue_ms;
   std::vector<GraphOutcome> outcomes;
   std::string capture_error;  // why CUDA refused to capture a step, if it did
   auto step = [&] {
-    const auto t_issue = Clock::now();
-    std::vector<ForwardChunk> chunks;
-    for (int b = 0; b < batch; ++b)
-      chunks.push_back({&seqs[b].back(), 1, static_cast<int64_t>(seqs[b].size()) - 1, b});
-    GraphStepScope graph(be, graphs);  // as the generator with cuda_graphs: recorded, then replayed
-    Tensor dev_logits = model.forward_device(chunks, *kv);
-    be.argmax_lse(ids_dev, stats_dev, dev_logits, valid);
-    be.copy(ids_host, ids_dev, Stream::Compute);
-    be.copy(stats_host, stats_dev, Stream::Compute);
-    const GraphStep gs = graph.end();
-    outcomes.push_back(gs.outcome);
-    if (capture_error.empty()) capture_error = gs.capture_error;
-    issue_ms.push_back(seconds_since(t_issue) * 1e3);
-    be.synchronize(be.record(Stream::Compute));
-    for (int b = 0; b < batch; ++b) seqs[b].push_back(ids_host.data_as<int32_t>()[b]);
+    const GreedyDecode::Step st = dec.step(graphs);
+    outcomes.push_back(st.graph.outcome);
+    if (capture_error.empty()) capture_error = st.graph.capture_error;
+    issue_ms.push_back(st.issue_ms);
   };
   json::Array steps;
   std::vector<double> ms;
@@ -705,7 +478,7 @@ ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const K
   mean /= std::max<size_t>(1, ms.size());
   ModeResult r;
   r.ms_per_step = sorted[sorted.size() / 2];
-  r.tokens = seqs;
+  r.tokens = dec.tokens();
   json::Value j(json::Object{});
   j.set("mode", std::string(kv_mode_name(mode)) + (graphs ? "+graphs" : ""));
   j.set("cuda_graphs", graphs);
@@ -1354,6 +1127,8 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::string(argv[1]) == "ops") return cmd_ops(args);
     if (argc >= 2 && std::string(argv[1]) == "json") return cmd_json(args);
     if (argc >= 2 && std::string(argv[1]) == "serve") return cmd_serve(args);
+    if (argc >= 2 && std::string(argv[1]) == "scale") return kvpr::scaling::cmd_scale(args);
+    if (argc >= 2 && std::string(argv[1]) == "scale-worker") return kvpr::scaling::cmd_scale_worker(args);
     std::fprintf(stderr, "usage: kvpr-bench cpu [--json FILE] [--quick]\n"
                          "       kvpr-bench decode [--preset P] [--batch B] [--prompt P] [--gen N] [--modes M,...]\n"
                          "                         [--backend B] [--kv-dtype D] [--weights device|host] [--gpu-batches N]\n"
@@ -1363,7 +1138,11 @@ int main(int argc, char** argv) {
                          "       kvpr-bench json [--tokenizer DIR] [--reps N] [--json F]\n"
                          "       kvpr-bench serve [--preset P] [--backend B] [--kv-mode M] [--kv-dtype D] [--conversations C]\n"
                          "                        [--prompt P] [--answer A] [--new N] [--decoders D] [--long-prompt L]\n"
-                         "                        [--chunk K] [--json F]\n");
+                         "                        [--chunk K] [--json F]\n"
+                         "       kvpr-bench scale [--preset P] [--workers 1,2,4,8] [--modes kvpr,offload,cpu-attn] [--batch B]\n"
+                         "                        [--prompt P] [--gen N] [--kv-dtype D] [--backend B] [--real-workers R]\n"
+                         "                        [--emulate-link-gbps G] [--probe-mib M] [--json F] [--svg F]\n"
+                         "       kvpr-bench scale --topology XML [--workers 1,2,4,8]\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvpr-bench: error: %s\n", e.what());

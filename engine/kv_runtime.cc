@@ -158,6 +158,14 @@ int64_t KvRuntime::host_bytes_per_token(KvMode mode, const KvShape& shape, DType
   return shape.layers * per_layer * static_cast<int64_t>(dtype_size(dtype));
 }
 
+void KvRuntime::set_host_attention_threads(int threads) {
+  KVPR_CHECK(threads > 0, "host attention needs at least one thread");
+  if (opts_.mode != KvMode::CpuAttn) return;
+  be_.synchronize();  // no host attention queued on the old pool
+  opts_.host_attention_threads = threads;
+  host_pool_ = std::make_unique<ThreadPool>(threads);
+}
+
 int64_t KvRuntime::host_bytes_per_token() const {
   if (!host_) return 0;
   const int64_t x = host_->x_capacity() > 0 ? shape_.hidden : 0;

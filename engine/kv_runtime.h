@@ -152,6 +152,9 @@ class KvRuntime {
   const StepStats& last_step() const { return stats_; }
   // Host bytes per token of a sequence in this runtime's mode (K, V and X where stored).
   int64_t host_bytes_per_token() const;
+  // cpu-attn: the host attention on `threads` threads from now on (a worker moved to another
+  // cpuset between steps); a no-op in the other modes.
+  void set_host_attention_threads(int threads);
   // Throws a one-line error naming the sizes when the KV cache of `slots` x `capacity` tokens
   // (on the device for resident, else in pinned host memory) exceeds what is free there.
   static void check_fits(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity,

@@ -68,6 +68,11 @@ std::vector<WorkerPlacement> plan_placement(const Topology& topo, const std::vec
     for (size_t i = 0; i < gpu_bus_ids.size(); ++i) {
       WorkerPlacement p;
       p.worker = static_cast<int>(i);
+      if (gpu_bus_ids[i].empty()) {  // kvpr-bench scale's stand-in for a GPU this host lacks
+        p.note = "no GPU: a neighbour's load";
+        plan.push_back(p);
+        continue;
+      }
       p.cuda_device = static_cast<int>(i);
       p.gpu_bus_id = normalize_bus_id(gpu_bus_ids[i]);
       auto g = topo.find_gpu(p.gpu_bus_id);

@@ -24,7 +24,9 @@ struct WorkerPlacement {
   std::string note;           // why the plan is what it is, for the table
 };
 
-// GPU workers: one per bus id (CUDA order). CPU workers: `cpu_workers` of them.
+// GPU workers: one per bus id (CUDA order); an empty bus id is a worker placed like a GPU with
+// no known locality (kvpr-bench scale's neighbour standing in for a GPU this host lacks).
+// CPU workers: `cpu_workers` of them.
 std::vector<WorkerPlacement> plan_placement(const Topology& topo, const std::vector<std::string>& gpu_bus_ids,
                                             int cpu_workers);
 

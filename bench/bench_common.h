@@ -1,0 +1,124 @@
+// What kvpr-bench's subcommands share: option parsing, timing, the model presets with random
+// weights, and the bandwidth and GEMM-rate probes the bounds divide by.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/error.h"
+#include "engine/json.h"
+#include "engine/kv_runtime.h"
+#include "engine/model.h"
+#include "engine/opt_config.h"
+
+namespace kvpr::bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Median of `reps` timings of fn().
+template <typename Fn>
+double time_median(int reps, Fn&& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    fn();
+    t.push_back(seconds_since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// A subcommand's "--name value" options; a name not in `known` is an error.
+class Options {
+ public:
+  Options(const std::vector<std::string>& args, std::initializer_list<const char*> known) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      KVPR_CHECK(std::find_if(known.begin(), known.end(), [&](const char* k) { return a == k; }) != known.end(),
+                 "unknown option '", a, "'");
+      KVPR_CHECK(i + 1 < args.size(), a, " needs a value");
+      values_[a] = args[++i];
+    }
+  }
+  std::string get(const std::string& name, const std::string& def) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? def : it->second;
+  }
+  int get_int(const std::string& name, int def) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? def : std::stoi(it->second);
+  }
+  double get_double(const std::string& name, double def) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? def : std::stod(it->second);
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// Writes `v` to `path` unless the path is empty.
+void write_json(const std::string& path, const json::Value& v);
+
+// OPT shapes by name (opt-6.7b, opt-13b, opt-1.3b, opt-125m, tiny).
+OptConfig preset(const std::string& name);
+
+// OPT, Llama-2/3.1 and Qwen shapes (and tiny ones for tests) with random weights generated on
+// the device. max_positions > 0 replaces the preset's position range (--max-positions: OPT-6.7B's
+// shapes at a context past its 2048-entry position table, a long-context model of the same widths).
+std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool stream_weights,
+                                    int64_t max_positions = 0);
+
+// Milliseconds of one copy on stream `s`, timed with events: the median of 3 after a warm-up.
+double copy_ms(Backend& be, const Tensor& dst, const Tensor& src, Stream s, const char* what);
+
+// Device copy bandwidth (read + write bytes per second) of a same-device copy.
+double device_copy_gbps(Backend& be, int64_t bytes);
+
+// The GEMM rate at KVPR's recompute shape: K and V of `rows` tokens from their X in one
+// batched GEMM (X fp32 as the runtime feeds it, weights in `wt`), median of 3 after a warm-up.
+// The physical bounds' flops go over it.
+double recompute_gemm_tflops(Backend& be, int64_t hidden, int64_t kv_hidden, int64_t rows, DType wt);
+
+// A batch of random prompts decoded greedily, a step as the generator runs greedy requests:
+// the logits stay on the device, argmax and log-sum-exp there, 12 bytes per sequence come back
+// (pinned) and the host waits for the compute stream once.
+class GreedyDecode {
+ public:
+  GreedyDecode(Backend& be, Model& model, KvRuntime& kv, int batch, int prompt, uint64_t seed = 7);
+  // The prompts' prefill (in groups of at most 8192 tokens) and the first token; seconds.
+  double prefill();
+  struct Step {
+    double issue_ms = 0;  // host time to issue the step's work (everything before the wait)
+    GraphStep graph;
+  };
+  // One decode step; `graphs`: recorded, then replayed as a CUDA graph (GraphStepScope).
+  Step step(bool graphs = false);
+  const std::vector<std::vector<int32_t>>& tokens() const { return seqs_; }
+  int64_t context() const { return static_cast<int64_t>(seqs_.front().size()); }  // tokens per sequence
+  int batch() const { return batch_; }
+
+ private:
+  Backend& be_;
+  Model& model_;
+  KvRuntime& kv_;
+  int batch_, prompt_;
+  int32_t valid_;  // ids a tokenizer produces: GPT-2's 50257 for OPT (whose embedding is padded to 50272)
+  std::vector<std::vector<int32_t>> seqs_;
+  Tensor ids_dev_, stats_dev_, ids_host_, stats_host_;
+};
+
+// The host's memcpy traffic rate (bytes read + written per second) with the global pool's threads.
+double host_copy_gbps(int64_t bytes);
+
+}  // namespace kvpr::bench

@@ -1,0 +1,964 @@
+// kvpr-bench scale: how decode throughput scales with the number of GPUs sharing one host.
+//
+//   kvpr-bench scale [--preset P] [--workers 1,2,4,8] [--modes kvpr,offload,cpu-attn] [--batch B]
+//                    [--prompt P] [--gen N] [--kv-dtype D] [--backend B] [--real-workers R]
+//                    [--emulate-link-gbps G] [--max-positions N] [--probe-mib M]
+//                    [--json F] [--svg F]
+//   kvpr-bench scale --topology XML [--workers 1,2,4,8]
+//     (the plan for each N on the machine an `lstopo --of xml` file describes, as JSON; nothing runs)
+//
+// For each mode and each N, N worker processes placed by kvprd's planner (numa/placement.h:
+// disjoint cpusets, host memory on the worker's node) decode the same workload in lockstep:
+// each step starts on every worker at once, the next when all have finished. Workers are
+// started once per mode with the largest N's placement for their memory and moved to each
+// N's cpuset between phases (the KV they prefilled stays where it is).
+//
+// A worker is real (its own GPU, or on the CPU backend its own emulated one) or a neighbour
+// standing in for a GPU the host lacks. A neighbour puts on the host what its worker would:
+//   cpu-attn          host attention (the engine's kernel) over its own host KV, batch x the
+//                     real worker's context, on its own cpuset's threads, once per step;
+//   offload, kvpr     reads of its own host memory, as many bytes per step as worker 0's link
+//                     moved in its last step, paced at worker 0's measured link rate (a CPU
+//                     read stands in for the DMA engine's, from the neighbour's own cores).
+// With neighbours the aggregate is N x worker 0 (projected from a worker measured under the
+// host contention of N); with real workers only it is their sum.
+//
+// Also measured, before the workers start: host DRAM read bandwidth with 1..all cores
+// reading, and pinned H2D with k readers loading host memory.
+#include "bench/scale.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "engine/backend.h"
+#include "engine/cpu/attention.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/error.h"
+#include "engine/json.h"
+#include "engine/kv_runtime.h"
+#include "engine/profiler.h"
+#include "engine/thread_pool.h"
+#ifdef KVPR_HAVE_HWLOC
+#include "numa/placement.h"
+#include "numa/topology.h"
+#endif
+
+namespace kvpr::scaling {
+
+namespace {
+
+using bench::Clock;
+using bench::seconds_since;
+
+constexpr int kReplyFd = 3;                    // a worker's replies (stdout stays the engine's)
+constexpr double kSetupTimeoutS = 1800;        // model, profile, prefill (cpu-attn prefills on the host)
+constexpr double kStepTimeoutS = 300;          // one step or one command
+
+// ------------------------------------------------------------------ host memory probes
+
+std::atomic<uint64_t> g_sink{0};
+
+// Reads n words (the compiler's vector loads: four independent sums).
+uint64_t read_words(const uint64_t* p, size_t n) {
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    a += p[i];
+    b += p[i + 1];
+    c += p[i + 2];
+    d += p[i + 3];
+  }
+  for (; i < n; ++i) a += p[i];
+  return a + b + c + d;
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using HostBuffer = std::unique_ptr<uint64_t[], FreeDeleter>;
+
+// `bytes` of host memory, written (pages placed by the caller's memory policy, first touch).
+HostBuffer touched_buffer(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 4096);
+  void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  KVPR_CHECK(p, "cannot allocate ", bytes, " bytes of host memory");
+  std::memset(p, 0x11, bytes);
+  return HostBuffer(static_cast<uint64_t*>(p));
+}
+
+void pin_this_thread(int pu) {
+  if (pu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(pu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);  // best effort: a probe, not placement
+}
+
+// The processing units this process may run on.
+std::vector<int> allowed_pus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int i = 0; i < CPU_SETSIZE; ++i)
+      if (CPU_ISSET(i, &set)) out.push_back(i);
+  if (out.empty()) out.push_back(0);
+  return out;
+}
+
+// Read bandwidth of host memory with `threads` threads, one per PU of `pus`, each reading its
+// own `bytes` twice (buffers placed by first touch from their thread).
+double host_read_gbps(const std::vector<int>& pus, int threads, size_t bytes) {
+  std::barrier sync(threads);
+  std::vector<double> begin(threads), end(threads);
+  const auto t0 = Clock::now();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      pin_this_thread(pus[static_cast<size_t>(t) % pus.size()]);
+      HostBuffer b = touched_buffer(bytes);
+      g_sink += read_words(b.get(), bytes / 8);  // warm: TLB, page tables
+      sync.arrive_and_wait();
+      begin[t] = seconds_since(t0);
+      for (int r = 0; r < 2; ++r) g_sink += read_words(b.get(), bytes / 8);
+      end[t] = seconds_since(t0);
+    });
+  for (auto& t : ts) t.join();
+  const double s = *std::max_element(end.begin(), end.end()) - *std::min_element(begin.begin(), begin.end());
+  return 2.0 * static_cast<double>(bytes) * threads / s / 1e9;
+}
+
+// 1, 2, 4, ... and every PU.
+std::vector<int> thread_counts(int all) {
+  std::vector<int> out;
+  for (int k = 1; k < all; k *= 2) out.push_back(k);
+  out.push_back(all);
+  return out;
+}
+
+// Pinned H2D of `bytes` (median of 3, device events) with `readers` threads reading host memory
+// meanwhile, on PUs other than the issuing thread's.
+double h2d_gbps_with_readers(Backend& be, const std::vector<int>& pus, int readers, size_t reader_bytes,
+                             int64_t bytes) {
+  Tensor src = be.alloc_pinned(DType::U8, {bytes}), dst = be.alloc(DType::U8, {bytes});
+  std::memset(src.data(), 0x22, static_cast<size_t>(bytes));
+  std::atomic<bool> stop{false};
+  std::atomic<int> running{0};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < readers; ++r)
+    ts.emplace_back([&, r] {
+      pin_this_thread(pus[static_cast<size_t>(r + 1) % pus.size()]);
+      HostBuffer b = touched_buffer(reader_bytes);
+      g_sink += read_words(b.get(), reader_bytes / 8);
+      ++running;
+      while (!stop.load(std::memory_order_relaxed)) g_sink += read_words(b.get(), reader_bytes / 8);
+    });
+  while (running.load() < readers) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const double ms = bench::copy_ms(be, dst, src, Stream::H2D, "H2D probe");
+  stop = true;
+  for (auto& t : ts) t.join();
+  return static_cast<double>(bytes) / (ms / 1e3) / 1e9;
+}
+
+// ------------------------------------------------------------------ the worker side
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+void reply(const json::Value& v) {
+  const std::string s = v.dump() + "\n";
+  for (size_t off = 0; off < s.size();) {
+    ssize_t n = ::write(kReplyFd, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    KVPR_CHECK(n > 0, "scale worker: cannot reply: ", std::strerror(errno));
+    off += static_cast<size_t>(n);
+  }
+}
+
+// The next command, or false when the orchestrator closed our stdin.
+bool next_command(json::Value* cmd) {
+  std::string line;
+  if (!std::getline(std::cin, line)) return false;
+  *cmd = json::parse(line);
+  return true;
+}
+
+json::Value event(const char* name) {
+  json::Value v(json::Object{});
+  v.set("event", name);
+  return v;
+}
+
+#ifdef KVPR_HAVE_HWLOC
+// Binds this process (every thread) to `cpus`, memory to `node`; the description.
+std::string bind_to(const Topology& topo, int index, const std::vector<int>& cpus, int node) {
+  WorkerPlacement wp;
+  wp.worker = index;
+  wp.numa_node = node;
+  wp.cpus = cpus;
+  return bind_this_process(topo, wp);
+}
+#endif
+
+struct WorkerArgs {
+  std::string role, mode_name, preset, backend, kv_dtype_name;
+  int index = 0, device = 0, batch = 0, prompt = 0, capacity = 0, max_positions = 0;
+  double link_gbps = 0;
+  std::vector<int> cpus;
+  int node = -1;
+};
+
+using BindFn = std::function<std::string(const std::vector<int>&)>;
+
+// A "bind" command: this process onto the command's cpus, `use_threads` told how many host
+// threads they give, then the reply.
+void on_bind(const json::Value& cmd, const BindFn& bind, const std::function<void(int)>& use_threads) {
+  std::vector<int> cpus;
+  for (const auto& x : cmd.find("cpus")->as_array()) cpus.push_back(static_cast<int>(x.as_int()));
+  json::Value r = event("bound");
+  r.set("how", bind(cpus));
+  const int threads = static_cast<int>(std::max<size_t>(1, cpus.size()));
+  use_threads(threads);
+  r.set("host_threads", threads);
+  reply(r);
+}
+
+// A real worker: the model, the KV runtime of its mode, a prefilled batch, decode steps.
+void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
+  KvMode mode;
+  KVPR_CHECK(parse_kv_mode(a.mode_name, &mode), "unknown mode '", a.mode_name, "'");
+  DType kv_dtype;
+  KVPR_CHECK(parse_dtype(a.kv_dtype_name, &kv_dtype), "bad --kv-dtype");
+  auto be = create_backend(a.backend, a.device);
+  if (a.link_gbps > 0) {
+    auto* cpu = dynamic_cast<CpuBackend*>(be.get());
+    KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
+    cpu->set_emulated_link_gbps(a.link_gbps);
+  }
+  std::unique_ptr<Model> model = bench::preset_model(*be, a.preset, false, a.max_positions);
+  const KvShape shape = model->kv_shape();
+  const int64_t per_token = KvRuntime::host_bytes_per_token(mode, shape, kv_dtype);
+  json::Value sh = event("shape");
+  sh.set("device", be->name());
+  sh.set("layers", shape.layers);
+  sh.set("hidden", shape.hidden);
+  sh.set("heads", shape.heads);
+  sh.set("kv_heads", shape.kv_heads > 0 ? shape.kv_heads : shape.heads);
+  sh.set("head_dim", shape.head_dim);
+  sh.set("host_kv_bytes", per_token * a.batch * a.capacity);
+  // On the CPU backend the "device" memory (weights, the KV the step works on) is host memory.
+  sh.set("host_device_bytes", be->device_is_host() ? static_cast<int64_t>(model->weight_bytes()) : 0);
+  reply(sh);
+  json::Value cmd;
+  if (!next_command(&cmd)) return;  // refused: the sizes do not fit the host
+  KVPR_CHECK(cmd.find("cmd")->as_string() == "allocate", "scale worker: expected allocate");
+
+  ProfileOptions po;  // as kvpr-worker profiles itself
+  po.transfer_bytes = 16ll << 20;
+  po.reps = 3;
+  po.rows = {16, 64, 256, 1024};
+  const LinkProfile prof = profile_backend(*be, *model, shape, kv_dtype, po);
+  KvRuntimeOptions o;
+  o.mode = mode;
+  o.kv_dtype = kv_dtype;
+  o.profile = prof;
+  o.adapt = true;
+  o.host_attention_threads = static_cast<int>(std::max<size_t>(1, a.cpus.size()));
+  auto kv = model->make_kv_runtime(a.batch, a.capacity, o);
+  bench::GreedyDecode dec(*be, *model, *kv, a.batch, a.prompt);
+  const double prefill_s = dec.prefill();
+  auto t0 = Clock::now();
+  dec.step();
+  const double warm_ms = seconds_since(t0) * 1e3;
+  const StepStats& st0 = kv->last_step();
+  json::Value rd = event("ready");
+  rd.set("prefill_s", prefill_s);
+  rd.set("ms", warm_ms);
+  rd.set("link_bytes", st0.h2d_bytes + st0.d2h_bytes);
+  rd.set("link_gbps", prof.h2d_alone_gbps);
+  rd.set("host_kv_bytes", static_cast<int64_t>(kv->host_store() ? kv->host_store()->bytes() : 0));
+  reply(rd);
+
+  const double es = static_cast<double>(dtype_size(kv_dtype));
+  while (next_command(&cmd)) {
+    const std::string c = cmd.find("cmd")->as_string();
+    if (c == "bind") {
+      on_bind(cmd, bind, [&](int threads) { kv->set_host_attention_threads(threads); });
+    } else if (c == "step") {
+      const int64_t ctx = dec.context();
+      const double c0 = cpu_seconds();
+      t0 = Clock::now();
+      dec.step();
+      const double ms = seconds_since(t0) * 1e3;
+      const StepStats& st = kv->last_step();
+      json::Value r = event("step");
+      r.set("ms", ms);
+      r.set("cpu_s", cpu_seconds() - c0);
+      r.set("ctx", ctx);
+      r.set("split", st.split_total);
+      r.set("link_bytes", st.h2d_bytes + st.d2h_bytes);
+      // Host memory the step touched for its KV: what crossed the link, and for cpu-attn the
+      // K and V the host attention read (accounted from the shapes, not hardware counters).
+      double dram = static_cast<double>(st.h2d_bytes + st.d2h_bytes);
+      if (mode == KvMode::CpuAttn)
+        dram += static_cast<double>(a.batch) * static_cast<double>(ctx) * static_cast<double>(shape.layers) * 2.0 *
+                static_cast<double>(shape.kv_hidden()) * es;
+      r.set("dram_bytes", dram);
+      reply(r);
+    } else if (c == "exit") {
+      return;
+    } else {
+      KVPR_THROW("scale worker: unknown command '", c, "'");
+    }
+  }
+}
+
+// A neighbour: the host load of a worker whose GPU this host does not have.
+void run_neighbour(const WorkerArgs& a, const BindFn& bind) {
+  KvMode mode;
+  KVPR_CHECK(parse_kv_mode(a.mode_name, &mode), "unknown mode '", a.mode_name, "'");
+  DType kv_dtype;
+  KVPR_CHECK(parse_dtype(a.kv_dtype_name, &kv_dtype), "bad --kv-dtype");
+  json::Value cmd;
+  if (!next_command(&cmd)) return;
+  KVPR_CHECK(cmd.find("cmd")->as_string() == "allocate", "scale neighbour: expected allocate");
+  const int64_t layers = cmd.find("layers")->as_int(), heads = cmd.find("heads")->as_int();
+  const int64_t kv_heads = cmd.find("kv_heads")->as_int(), head_dim = cmd.find("head_dim")->as_int();
+  const int64_t kv_hidden = kv_heads * head_dim;
+  const size_t host_bytes = static_cast<size_t>(cmd.find("host_kv_bytes")->as_int());
+  const bool attention = mode == KvMode::CpuAttn;
+  // cpu-attn: each layer's K and V, [batch, capacity, kv_hidden]; the others: one flat buffer.
+  std::vector<Tensor> k, v;
+  HostBuffer flat;
+  if (attention) {
+    for (int64_t l = 0; l < layers; ++l) {
+      k.push_back(Tensor::host(kv_dtype, {a.batch, a.capacity, kv_hidden}));
+      v.push_back(Tensor::host(kv_dtype, {a.batch, a.capacity, kv_hidden}));
+      std::memset(k.back().data(), 0x11, k.back().nbytes());  // touched: no shared zero pages
+      std::memset(v.back().data(), 0x11, v.back().nbytes());
+    }
+  } else {
+    flat = touched_buffer(host_bytes);
+  }
+  const size_t flat_bytes = std::max<size_t>(host_bytes, 4096) / 64 * 64;
+  Tensor q = Tensor::host(DType::F32, {a.batch, heads * head_dim}), out = Tensor::host(DType::F32, {a.batch, heads * head_dim});
+  for (int64_t i = 0; i < q.numel(); ++i) q.data_as<float>()[i] = 0.01f * static_cast<float>(i % 97);
+  // One thread's read rate, to know how many threads a link's rate needs.
+  const double one_thread_gbps =
+      attention ? 0 : [&] {
+        const size_t n = std::min<size_t>(flat_bytes, 64u << 20);
+        auto t = Clock::now();
+        g_sink += read_words(flat.get(), n / 8);
+        return static_cast<double>(n) / std::max(1e-9, seconds_since(t)) / 1e9;
+      }();
+  reply(event("ready"));
+
+  std::unique_ptr<ThreadPool> pool;
+  int threads = 1;
+  size_t cursor = 0;
+  while (next_command(&cmd)) {
+    const std::string c = cmd.find("cmd")->as_string();
+    if (c == "bind") {
+      on_bind(cmd, bind, [&](int t) {
+        threads = t;
+        pool = std::make_unique<ThreadPool>(t);
+      });
+    } else if (c == "step") {
+      KVPR_CHECK(pool, "scale neighbour: step before bind");
+      const int64_t ctx = std::min<int64_t>(cmd.find("ctx")->as_int(), a.capacity - 1);
+      const double c0 = cpu_seconds();
+      const auto t0 = Clock::now();
+      double dram = 0;
+      int readers = 0;
+      if (attention) {
+        std::vector<AttentionSeq> seqs;
+        for (int64_t l = 0; l < layers; ++l) {
+          seqs.clear();
+          for (int b = 0; b < a.batch; ++b)
+            seqs.push_back(AttentionSeq{b, 1, ctx, k[l].rows(b, 1).reshape({a.capacity, kv_hidden}),
+                                        v[l].rows(b, 1).reshape({a.capacity, kv_hidden})});
+          cpu_attention(out, q, seqs, static_cast<int>(heads), 1.0f / std::sqrt(static_cast<float>(head_dim)), *pool);
+        }
+        dram = static_cast<double>(a.batch) * static_cast<double>(ctx + 1) * static_cast<double>(layers) * 2.0 *
+               static_cast<double>(kv_hidden * static_cast<int64_t>(dtype_size(kv_dtype)));
+      } else {
+        // The bytes worker 0's link moved, at its link's rate: enough threads to reach it.
+        const double bytes = cmd.find("bytes")->as_double(), gbps = cmd.find("gbps")->as_double();
+        readers = std::clamp(static_cast<int>(std::ceil(gbps / std::max(0.1, 0.8 * one_thread_gbps))), 1, threads);
+        const size_t share = static_cast<size_t>(bytes / readers) / 64 * 64;
+        std::vector<std::thread> ts;
+        for (int r = 0; r < readers; ++r)
+          ts.emplace_back([&, r] {
+            const double rate = gbps * 1e9 / readers;  // bytes per second for this thread
+            size_t off = (cursor + static_cast<size_t>(r) * share) % flat_bytes, done = 0;
+            const auto start = Clock::now();
+            while (done < share) {
+              const size_t n = std::min({share - done, flat_bytes - off, size_t{2} << 20});
+              g_sink += read_words(flat.get() + off / 8, n / 8);
+              done += n;
+              off = (off + n) % flat_bytes;
+              const auto due = start + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(static_cast<double>(done) / rate));
+              if (due > Clock::now()) std::this_thread::sleep_until(due);
+            }
+          });
+        for (auto& t : ts) t.join();
+        cursor = (cursor + share * static_cast<size_t>(readers)) % flat_bytes;
+        dram = static_cast<double>(share) * readers;
+      }
+      const double s = seconds_since(t0);
+      json::Value r = event("step");
+      r.set("ms", s * 1e3);
+      r.set("cpu_s", cpu_seconds() - c0);
+      r.set("dram_bytes", dram);
+      if (!attention) {
+        r.set("read_gbps", dram / std::max(1e-9, s) / 1e9);
+        r.set("readers", readers);
+      }
+      reply(r);
+    } else if (c == "exit") {
+      return;
+    } else {
+      KVPR_THROW("scale neighbour: unknown command '", c, "'");
+    }
+  }
+}
+
+// ------------------------------------------------------------------ the orchestrator side
+
+// A worker process: commands to its stdin, replies from fd 3.
+class Child {
+ public:
+  Child(const std::string& exe, const std::vector<std::string>& args, int threads) {
+    int in[2], out[2];
+    KVPR_CHECK(pipe2(in, O_CLOEXEC) == 0 && pipe2(out, O_CLOEXEC) == 0, "pipe: ", std::strerror(errno));
+    std::vector<std::string> argv_s = {exe};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    const std::string env_threads = "KVPR_THREADS=" + std::to_string(threads);
+    pid_ = fork();
+    KVPR_CHECK(pid_ >= 0, "fork: ", std::strerror(errno));
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], kReplyFd);
+      putenv(const_cast<char*>(env_threads.c_str()));
+      execv(exe.c_str(), argv.data());
+      std::fprintf(stderr, "kvpr-bench scale: cannot run %s: %s\n", exe.c_str(), std::strerror(errno));
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = in[1];
+    from_ = out[0];
+  }
+  ~Child() {
+    if (to_ >= 0) close(to_);
+    if (from_ >= 0) close(from_);
+    if (pid_ > 0) {
+      // Closing stdin ends a worker waiting for commands; one that does not end is killed.
+      for (int i = 0; i < 100 && waitpid(pid_, nullptr, WNOHANG) == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (waitpid(pid_, nullptr, WNOHANG) == 0) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+      }
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  void send(const json::Value& v) {
+    const std::string s = v.dump() + "\n";
+    for (size_t off = 0; off < s.size();) {
+      ssize_t n = ::write(to_, s.data() + off, s.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      KVPR_CHECK(n > 0, "worker ", pid_, " is gone (", std::strerror(errno), ")");
+      off += static_cast<size_t>(n);
+    }
+  }
+  // The next reply; an error when the worker exits or says nothing for `timeout_s`.
+  json::Value receive(double timeout_s, const std::string& what) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    for (;;) {
+      if (size_t nl = buf_.find('\n'); nl != std::string::npos) {
+        std::string line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return json::parse(line);
+      }
+      const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+      KVPR_CHECK(left > 0, "worker ", pid_, ": no reply to ", what, " in ", timeout_s, " s");
+      pollfd p{from_, POLLIN, 0};
+      int r = poll(&p, 1, static_cast<int>(std::min(left, 1.0) * 1000) + 1);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) continue;
+      char tmp[4096];
+      ssize_t n = ::read(from_, tmp, sizeof tmp);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        int status = 0;
+        waitpid(pid_, &status, 0);
+        const int pid = pid_;
+        pid_ = -1;
+        KVPR_THROW("worker ", pid, " ended during ", what, " (",
+                   WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                                     : "signal " + std::to_string(WTERMSIG(status)),
+                   "; its error is above)");
+      }
+      buf_.append(tmp, static_cast<size_t>(n));
+    }
+  }
+  json::Value expect(const char* name, double timeout_s) {
+    json::Value v = receive(timeout_s, name);
+    KVPR_CHECK(v.find("event") && v.find("event")->as_string() == name, "worker ", pid_, ": expected ", name,
+               ", got ", v.dump());
+    return v;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  std::string buf_;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, ','))
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+std::string svg_chart(const json::Value& result) {
+  // Left: aggregate tokens/s against N per mode; right: worker 0's ms per step. Hollow markers
+  // and dashed lines: projected from worker 0 under measured contention (neighbours).
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"};
+  const auto& modes = result.find("modes")->as_array();
+  std::vector<int64_t> ns;
+  for (const auto& m : modes)
+    for (const auto& p : m.find("points")->as_array()) ns.push_back(p.find("workers")->as_int());
+  std::sort(ns.begin(), ns.end());
+  ns.erase(std::unique(ns.begin(), ns.end()), ns.end());
+  std::ostringstream o;
+  const int W = 360, H = 260, L = 60, T = 30, PW = 270, PH = 180;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << 2 * W << "\" height=\"" << H + 40
+    << "\" font-family=\"sans-serif\" font-size=\"11\">\n";
+  o << "<text x=\"10\" y=\"16\" font-size=\"13\">" << result.find("title")->as_string() << "</text>\n";
+  auto panel = [&](int x0, const char* key, const char* label) {
+    double ymax = 0;
+    for (const auto& m : modes)
+      for (const auto& p : m.find("points")->as_array()) ymax = std::max(ymax, p.find(key)->as_double());
+    ymax = ymax > 0 ? ymax * 1.1 : 1;
+    auto X = [&](int64_t n) {
+      const size_t i = static_cast<size_t>(std::find(ns.begin(), ns.end(), n) - ns.begin());
+      return x0 + L + (ns.size() > 1 ? static_cast<double>(i) * PW / static_cast<double>(ns.size() - 1) : PW / 2.0);
+    };
+    auto Y = [&](double v) { return T + PH - v / ymax * PH; };
+    o << "<rect x=\"" << x0 + L << "\" y=\"" << T << "\" width=\"" << PW << "\" height=\"" << PH
+      << "\" fill=\"none\" stroke=\"#999\"/>\n";
+    o << "<text x=\"" << x0 + L << "\" y=\"" << T - 6 << "\">" << label << "</text>\n";
+    for (int g = 0; g <= 4; ++g) {
+      const double v = ymax * g / 4;
+      char s[32];
+      std::snprintf(s, sizeof s, "%.3g", v);
+      o << "<text x=\"" << x0 + L - 4 << "\" y=\"" << Y(v) + 4 << "\" text-anchor=\"end\">" << s << "</text>\n";
+    }
+    for (int64_t n : ns)
+      o << "<text x=\"" << X(n) << "\" y=\"" << T + PH + 14 << "\" text-anchor=\"middle\">" << n << "</text>\n";
+    o << "<text x=\"" << x0 + L + PW / 2 << "\" y=\"" << T + PH + 28 << "\" text-anchor=\"middle\">workers (GPUs)</text>\n";
+    int ci = 0;
+    for (const auto& m : modes) {
+      const char* col = colors[ci++ % 5];
+      const auto& pts = m.find("points")->as_array();
+      for (size_t i = 0; i + 1 < pts.size(); ++i) {
+        const bool dashed = pts[i + 1].find("projected")->as_bool();
+        o << "<line x1=\"" << X(pts[i].find("workers")->as_int()) << "\" y1=\"" << Y(pts[i].find(key)->as_double())
+          << "\" x2=\"" << X(pts[i + 1].find("workers")->as_int()) << "\" y2=\"" << Y(pts[i + 1].find(key)->as_double())
+          << "\" stroke=\"" << col << "\" stroke-width=\"2\"" << (dashed ? " stroke-dasharray=\"5,3\"" : "") << "/>\n";
+      }
+      for (const auto& p : pts) {
+        const bool proj = p.find("projected")->as_bool();
+        o << "<circle cx=\"" << X(p.find("workers")->as_int()) << "\" cy=\"" << Y(p.find(key)->as_double())
+          << "\" r=\"4\" stroke=\"" << col << "\" stroke-width=\"2\" fill=\"" << (proj ? "white" : col) << "\"/>\n";
+      }
+    }
+  };
+  panel(0, "aggregate_tokens_per_s", "aggregate decode tokens/s");
+  panel(W, "worker0_ms_per_step", "worker 0: ms per step");
+  int ci = 0;
+  for (const auto& m : modes) {
+    o << "<rect x=\"" << L + 110 * ci << "\" y=\"" << H + 14 << "\" width=\"10\" height=\"10\" fill=\"" << colors[ci % 5]
+      << "\"/><text x=\"" << L + 14 + 110 * ci << "\" y=\"" << H + 23 << "\">" << m.find("mode")->as_string() << "</text>\n";
+    ++ci;
+  }
+  o << "<text x=\"" << L + 110 * ci << "\" y=\"" << H + 23
+    << "\">hollow, dashed: projected (N x worker 0 under N workers' host load)</text>\n";
+  o << "</svg>\n";
+  return o.str();
+}
+
+}  // namespace
+
+int cmd_scale_worker(const std::vector<std::string>& args) {
+  const bench::Options opt(args, {"--role", "--index", "--mode", "--preset", "--backend", "--device", "--batch",
+                                  "--prompt", "--capacity", "--kv-dtype", "--emulate-link-gbps", "--max-positions",
+                                  "--cpus", "--node"});
+  WorkerArgs a;
+  a.role = opt.get("--role", "real");
+  a.index = opt.get_int("--index", 0);
+  a.mode_name = opt.get("--mode", "kvpr");
+  a.preset = opt.get("--preset", "opt-6.7b");
+  a.backend = opt.get("--backend", "auto");
+  a.device = opt.get_int("--device", 0);
+  a.batch = opt.get_int("--batch", 8);
+  a.prompt = opt.get_int("--prompt", 1024);
+  a.capacity = opt.get_int("--capacity", a.prompt + 64);
+  a.kv_dtype_name = opt.get("--kv-dtype", "f16");
+  a.link_gbps = opt.get_double("--emulate-link-gbps", 0);
+  a.max_positions = opt.get_int("--max-positions", 0);
+  a.node = opt.get_int("--node", -1);
+  BindFn bind = [](const std::vector<int>&) {
+    return std::string("not bound (built without hwloc)");
+  };
+#ifdef KVPR_HAVE_HWLOC
+  a.cpus = parse_cpu_list(opt.get("--cpus", ""));
+  std::shared_ptr<Topology> topo = std::make_shared<Topology>(Topology::from_system());
+  bind = [topo, &a](const std::vector<int>& cpus) { return bind_to(*topo, a.index, cpus, a.node); };
+  // Before anything is allocated: host memory lands on the worker's node.
+  if (!a.cpus.empty() || a.node >= 0) bind(a.cpus);
+#endif
+  KVPR_CHECK(a.role == "real" || a.role == "neighbour", "--role: real or neighbour");
+  if (a.role == "real") run_real_worker(a, bind);
+  else run_neighbour(a, bind);
+  return 0;
+}
+
+int cmd_scale(const std::vector<std::string>& args) {
+#ifndef KVPR_HAVE_HWLOC
+  (void)args;
+  KVPR_THROW("kvpr-bench scale places workers as kvprd does and needs hwloc (install libhwloc-dev and rebuild)");
+#else
+  const bench::Options opt(args, {"--preset", "--workers", "--modes", "--batch", "--prompt", "--gen", "--kv-dtype",
+                                  "--backend", "--real-workers", "--emulate-link-gbps", "--max-positions",
+                                  "--probe-mib", "--json", "--svg", "--topology"});
+  const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
+  const int batch = opt.get_int("--batch", 8), prompt = opt.get_int("--prompt", 1024), gen = opt.get_int("--gen", 6);
+  const std::string kv_dtype_name = opt.get("--kv-dtype", "f16");
+  const double link = opt.get_double("--emulate-link-gbps", 0);
+  const int max_positions = opt.get_int("--max-positions", 0);
+  KVPR_CHECK(batch > 0 && prompt > 0 && gen > 0, "--batch, --prompt and --gen must be positive");
+  DType kv_dtype;
+  KVPR_CHECK(parse_dtype(kv_dtype_name, &kv_dtype), "bad --kv-dtype");
+  std::vector<int> ns;
+  for (const auto& w : split_list(opt.get("--workers", "1,2,4,8"))) {
+    int n = 0;
+    try {
+      n = std::stoi(w);
+    } catch (const std::exception&) {
+      KVPR_THROW("--workers: '", w, "' is not a number");
+    }
+    KVPR_CHECK(n >= 1 && n <= 256, "--workers: ", n, " is outside 1..256");
+    ns.push_back(n);
+  }
+  KVPR_CHECK(!ns.empty(), "--workers: empty list");
+  std::sort(ns.begin(), ns.end());
+  ns.erase(std::unique(ns.begin(), ns.end()), ns.end());
+  const int nmax = ns.back();
+  std::vector<std::string> mode_names = split_list(opt.get("--modes", "kvpr,offload,cpu-attn"));
+  for (const auto& m : mode_names) {
+    KvMode km;
+    KVPR_CHECK(parse_kv_mode(m, &km) && kv_mode_uses_host(km), "--modes: '", m,
+               "' is not a mode with host KV (kvpr, offload, recompute, cpu-attn)");
+  }
+
+  // The host and its GPUs; the plan for each N as kvprd makes it.
+  const bool from_xml = !opt.get("--topology", "").empty();
+  Topology topo = from_xml ? Topology::from_xml(opt.get("--topology", "")) : Topology::from_system();
+  std::unique_ptr<Backend> be;
+  std::vector<std::string> gpus;
+  if (from_xml) {
+    for (const auto& g : topo.gpus()) gpus.push_back(g.bus_id);
+  } else {
+    be = create_backend(backend_name);
+    if (!be->device_is_host()) gpus = cuda_pci_bus_ids();
+  }
+  const bool cpu_backend = be && be->device_is_host();
+  // Real workers: one per GPU; on the CPU backend --real-workers of them (each its own emulated device).
+  const int real_available = cpu_backend ? opt.get_int("--real-workers", 1) : static_cast<int>(gpus.size());
+  KVPR_CHECK(real_available >= 1 || from_xml, "no GPU found and not the cpu backend");
+  auto plan_for = [&](int n) {
+    if (gpus.empty()) return plan_placement(topo, {}, n);  // kvprd --backend cpu --workers n
+    std::vector<std::string> bus(static_cast<size_t>(n));
+    for (int i = 0; i < n && i < static_cast<int>(gpus.size()); ++i) bus[i] = gpus[i];
+    return plan_placement(topo, bus, 0);  // kvprd's plan for these GPUs; "" for a neighbour
+  };
+  if (from_xml) {  // another machine's: its plans only
+    json::Value r(json::Object{});
+    json::Array plans;
+    for (int n : ns) {
+      json::Value p(json::Object{});
+      p.set("workers", n);
+      p.set("placement", placement_json(topo, plan_for(n)));
+      plans.push_back(std::move(p));
+    }
+    r.set("plans", std::move(plans));
+    std::cout << r.dump() << "\n";
+    return 0;
+  }
+  if (link > 0) {
+    auto* cpu = dynamic_cast<CpuBackend*>(be.get());
+    KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
+  }
+  signal(SIGPIPE, SIG_IGN);  // a worker that died is reported by its pipe's EOF
+  char exe_buf[4096];
+  const ssize_t exe_len = readlink("/proc/self/exe", exe_buf, sizeof exe_buf - 1);
+  KVPR_CHECK(exe_len > 0, "cannot find this program (/proc/self/exe)");
+  const std::string exe(exe_buf, static_cast<size_t>(exe_len));
+
+  json::Value result(json::Object{});
+  char title[200];
+  std::snprintf(title, sizeof title, "%s, batch %d per worker, prompt %d, %s, %s", preset_name.c_str(), batch, prompt,
+                kv_dtype_name.c_str(), be->name().c_str());
+  result.set("title", title);
+  result.set("benchmark", "scale");
+  result.set("preset", preset_name);
+  result.set("batch", batch);
+  result.set("prompt", prompt);
+  result.set("gen", gen);
+  result.set("kv_dtype", kv_dtype_name);
+  result.set("device", be->name());
+  result.set("gpus", static_cast<int64_t>(gpus.size()));
+  result.set("real_workers_available", real_available);
+  if (link > 0) result.set("emulated_link_gbps", link);
+  result.set("topology", placement_json(topo, plan_for(nmax)));
+
+  // Host memory probes, before any worker allocates.
+  std::vector<int> pus;
+  for (const auto& n : topo.nodes()) pus.insert(pus.end(), n.pus.begin(), n.pus.end());
+  if (pus.empty()) pus = allowed_pus();
+  const size_t probe = static_cast<size_t>(opt.get_int("--probe-mib", cpu_backend ? 64 : 256)) << 20;
+  KVPR_CHECK(probe > 0, "--probe-mib must be positive");
+  std::fprintf(stderr, "kvpr-bench scale: host read bandwidth, 1..%zu threads\n", pus.size());
+  json::Array reads;
+  for (int k : thread_counts(static_cast<int>(pus.size()))) {
+    json::Value r(json::Object{});
+    r.set("threads", k);
+    r.set("gbps", host_read_gbps(pus, k, probe));
+    std::fprintf(stderr, "  %3d threads: %.1f GB/s\n", k, r.find("gbps")->as_double());
+    reads.push_back(std::move(r));
+  }
+  result.set("host_read_gbps", std::move(reads));
+  json::Array h2d;
+  {
+    pin_this_thread(pus.front());
+    for (int k : thread_counts(static_cast<int>(pus.size()))) {
+      const int readers = k == 1 ? 0 : k - 1;
+      json::Value r(json::Object{});
+      r.set("readers", readers);
+      r.set("gbps", h2d_gbps_with_readers(*be, pus, readers, probe, static_cast<int64_t>(probe)));
+      std::fprintf(stderr, "  H2D with %2d readers: %.1f GB/s\n", readers, r.find("gbps")->as_double());
+      h2d.push_back(std::move(r));
+    }
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int p : allowed_pus()) CPU_SET(p, &all);
+    for (int p : pus) CPU_SET(p, &all);
+    pthread_setaffinity_np(pthread_self(), sizeof all, &all);
+  }
+  result.set("h2d_gbps_with_readers", std::move(h2d));
+  be.reset();  // the workers own the devices from here
+
+  const std::vector<WorkerPlacement> plan_max = plan_for(nmax);
+  const int capacity = prompt + static_cast<int>(ns.size()) * (gen + 1) + 4;
+  json::Array out_modes;
+  for (const std::string& mode : mode_names) {
+    std::fprintf(stderr, "kvpr-bench scale: %s, %d workers at most (%d real)\n", mode.c_str(), nmax,
+                 std::min(nmax, real_available));
+    std::vector<std::unique_ptr<Child>> workers;
+    for (int i = 0; i < nmax; ++i) {
+      const WorkerPlacement& p = plan_max[static_cast<size_t>(i)];
+      const bool real = i < real_available;
+      std::vector<std::string> a = {"scale-worker", "--role", real ? "real" : "neighbour", "--index", std::to_string(i),
+                                    "--mode", mode, "--preset", preset_name, "--backend", backend_name,
+                                    "--device", std::to_string(cpu_backend ? 0 : i), "--batch", std::to_string(batch),
+                                    "--prompt", std::to_string(prompt), "--capacity", std::to_string(capacity),
+                                    "--kv-dtype", kv_dtype_name, "--max-positions", std::to_string(max_positions),
+                                    "--cpus", cpu_list(p.cpus), "--node", std::to_string(p.numa_node)};
+      if (link > 0) a.insert(a.end(), {"--emulate-link-gbps", std::to_string(link)});
+      workers.push_back(std::make_unique<Child>(exe, a, static_cast<int>(std::max<size_t>(1, p.cpus.size()))));
+    }
+    const int reals = std::min(nmax, real_available);
+    // Sizes first: every worker's host KV (and X) must fit the host together.
+    json::Value shape;
+    double need = 0;
+    for (int i = 0; i < reals; ++i) {
+      json::Value s = workers[i]->expect("shape", kSetupTimeoutS);
+      need += s.find("host_kv_bytes")->as_double() + s.find("host_device_bytes")->as_double();
+      if (i == 0) shape = s;
+    }
+    need += shape.find("host_kv_bytes")->as_double() * (nmax - reals);
+    const double avail = static_cast<double>(host_bytes_available());
+    KVPR_CHECK(need <= 0.9 * avail, nmax, " workers of batch ", batch, " and ", capacity, " tokens need ", need / 1e9,
+               " GB of host memory for their KV in mode ", mode, "; ", avail / 1e9,
+               " GB are available: lower --batch, --prompt or the largest --workers");
+    json::Value alloc = shape;
+    alloc.set("cmd", "allocate");
+    for (auto& w : workers) w->send(alloc);
+    json::Value ready0;
+    for (int i = 0; i < nmax; ++i) {
+      json::Value r = workers[i]->expect("ready", kSetupTimeoutS);
+      if (i == 0) ready0 = r;
+    }
+    double prev_link = ready0.find("link_bytes")->as_double();
+    const double link_gbps = ready0.find("link_gbps")->as_double();
+    json::Value mres(json::Object{});
+    mres.set("mode", mode);
+    mres.set("prefill_s", ready0.find("prefill_s")->as_double());
+    mres.set("link_gbps", link_gbps);
+    json::Array points;
+    double tps1 = 0;
+    for (int n : ns) {
+      const std::vector<WorkerPlacement> plan = plan_for(n);
+      const int real_n = std::min(n, real_available);
+      std::vector<std::string> bound(n);
+      for (int i = 0; i < n; ++i) {
+        json::Value b(json::Object{});
+        b.set("cmd", "bind");
+        json::Array cpus;
+        for (int c : plan[static_cast<size_t>(i)].cpus) cpus.emplace_back(c);
+        b.set("cpus", std::move(cpus));
+        workers[i]->send(b);
+      }
+      for (int i = 0; i < n; ++i) bound[i] = workers[i]->expect("bound", kStepTimeoutS).find("how")->as_string();
+      std::vector<std::vector<json::Value>> steps(n);
+      for (int s = 0; s <= gen; ++s) {  // step 0 settles the new placement and is not counted
+        json::Value real_step(json::Object{});
+        real_step.set("cmd", "step");
+        for (int i = 0; i < real_n; ++i) workers[i]->send(real_step);
+        json::Value nb(json::Object{});
+        nb.set("cmd", "step");
+        nb.set("ctx", prompt + 1 + static_cast<int64_t>(points.size()) * (gen + 1) + s);
+        nb.set("bytes", prev_link);
+        nb.set("gbps", link_gbps);
+        for (int i = real_n; i < n; ++i) workers[i]->send(nb);
+        for (int i = 0; i < n; ++i) {
+          json::Value r = workers[i]->expect("step", kStepTimeoutS);
+          if (i == 0) prev_link = r.find("link_bytes")->as_double();
+          if (s > 0) steps[i].push_back(std::move(r));
+        }
+      }
+      json::Value pt(json::Object{});
+      pt.set("workers", n);
+      pt.set("real_workers", real_n);
+      pt.set("projected", real_n < n);
+      json::Array per;
+      double sum_tps = 0, w0_ms = 0;
+      for (int i = 0; i < n; ++i) {
+        std::vector<double> ms, cpu, dram, gbps;
+        for (const auto& r : steps[i]) {
+          ms.push_back(r.find("ms")->as_double());
+          cpu.push_back(r.find("cpu_s")->as_double());
+          dram.push_back(r.find("dram_bytes")->as_double());
+          const json::Value* lb = r.find("link_bytes");
+          gbps.push_back((lb ? lb->as_double() : r.find("dram_bytes")->as_double()) / (ms.back() / 1e3) / 1e9);
+        }
+        const bool real = i < real_n;
+        json::Value w(json::Object{});
+        w.set("worker", i);
+        w.set("real", real);
+        w.set("cpus", cpu_list(plan[static_cast<size_t>(i)].cpus));
+        w.set("numa_node", plan_max[static_cast<size_t>(i)].numa_node);
+        w.set("bound", bound[i]);
+        w.set("ms_per_step", median(ms));
+        w.set(real ? "link_gbps" : "read_gbps", median(gbps));
+        double c = 0, d = 0;
+        for (double x : cpu) c += x;
+        for (double x : dram) d += x;
+        w.set("host_cpu_s_per_step", c / std::max<size_t>(1, cpu.size()));
+        w.set("host_dram_bytes_per_step", d / std::max<size_t>(1, dram.size()));
+        if (real) sum_tps += batch / (median(ms) / 1e3);
+        if (i == 0) w0_ms = median(ms);
+        per.push_back(std::move(w));
+      }
+      const double agg = real_n < n ? n * batch / (w0_ms / 1e3) : sum_tps;
+      if (points.empty()) tps1 = agg / n;
+      pt.set("worker0_ms_per_step", w0_ms);
+      pt.set("aggregate_tokens_per_s", agg);
+      pt.set("efficiency", tps1 > 0 ? agg / (n * tps1) : 0.0);
+      pt.set("per_worker", std::move(per));
+      std::fprintf(stderr, "  %-9s N=%-3d worker 0 %8.2f ms/step, %10.1f tokens/s%s, efficiency %.2f\n", mode.c_str(),
+                   n, w0_ms, agg, real_n < n ? " (projected)" : "", pt.find("efficiency")->as_double());
+      points.push_back(std::move(pt));
+    }
+    json::Value ex(json::Object{});
+    ex.set("cmd", "exit");
+    for (auto& w : workers) w->send(ex);
+    mres.set("points", std::move(points));
+    out_modes.push_back(std::move(mres));
+  }
+  result.set("modes", std::move(out_modes));
+  result.set("efficiency_base", "each mode's first N, per worker: efficiency = aggregate(N) / (N x that)");
+
+  std::printf("\n%-10s %8s %6s %12s %14s %11s %12s %14s\n", "mode", "workers", "real", "ms/step w0", "tokens/s",
+              "efficiency", "cpu s/step", "DRAM GB/step");
+  for (const auto& m : result.find("modes")->as_array())
+    for (const auto& p : m.find("points")->as_array()) {
+      double cpu = 0, dram = 0;
+      for (const auto& w : p.find("per_worker")->as_array()) {
+        cpu += w.find("host_cpu_s_per_step")->as_double();
+        dram += w.find("host_dram_bytes_per_step")->as_double();
+      }
+      std::printf("%-10s %8lld %6lld %12.2f %14.1f%s %10.2f %12.3f %14.3f\n", m.find("mode")->as_string().c_str(),
+                  static_cast<long long>(p.find("workers")->as_int()),
+                  static_cast<long long>(p.find("real_workers")->as_int()), p.find("worker0_ms_per_step")->as_double(),
+                  p.find("aggregate_tokens_per_s")->as_double(), p.find("projected")->as_bool() ? "*" : " ",
+                  p.find("efficiency")->as_double(), cpu, dram / 1e9);
+    }
+  std::printf("* projected: N x worker 0, measured with N-1 neighbours loading the host\n");
+  bench::write_json(opt.get("--json", ""), result);
+  if (const std::string svg = opt.get("--svg", ""); !svg.empty()) {
+    std::ofstream o(svg);
+    o << svg_chart(result);
+    KVPR_CHECK(o.good(), svg, ": cannot write");
+  }
+  return 0;
+#endif
+}
+
+}  // namespace kvpr::scaling
