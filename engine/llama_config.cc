@@ -57,6 +57,8 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   } else {
     f.get_int("eos_token_id", &c.eos_token_id);
   }
+  // transformers >= 4.56 writes "dtype"; earlier ones "torch_dtype" (read last: it wins when both are there).
+  f.get_string("dtype", &c.torch_dtype);
   f.get_string("torch_dtype", &c.torch_dtype);
   if (std::string act; f.get_string("hidden_act", &act), !act.empty())
     KVPR_CHECK(act == "silu", source, ": hidden_act \"", act, "\" is not supported (silu)");

@@ -29,6 +29,8 @@ OptConfig OptConfig::from_json(const json::Value& v, const std::string& source) 
     else if (s == "gelu" || s == "gelu_new" || s == "gelu_pytorch_tanh") c.activation = Activation::GELU;
     else KVPR_THROW(source, ": activation_function \"", s, "\" is not supported (relu, gelu)");
   }
+  // transformers >= 4.56 writes "dtype"; earlier ones "torch_dtype" (read last: it wins when both are there).
+  f.get_string("dtype", &c.torch_dtype);
   f.get_string("torch_dtype", &c.torch_dtype);
   KVPR_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 &&
                  c.ffn_dim > 0 && c.max_position_embeddings > 0 && c.word_embed_proj_dim > 0,

@@ -218,3 +218,17 @@ TEST(Checkpoint, IndexListsATensorItsShardLacks) {
   write_all(d + "/model.safetensors.index.json", idx);
   EXPECT_HAS(load_error(d), "tensor 'model.decoder.ghost' is listed in model-00001-of-00002.safetensors but that file does not contain it");
 }
+
+// transformers >= 4.56 saves the dtype as "dtype", earlier versions as "torch_dtype".
+TEST(Checkpoint, DtypeUnderEitherName) {
+  test::TempDir tmp;
+  std::string d = copy_fixture("pre_ln_safetensors", tmp);
+  std::string cfg = read_all(d + "/config.json");
+  const size_t p = cfg.find("\"torch_dtype\": \"float32\"");
+  ASSERT_NE(p, std::string::npos);
+  write_all(d + "/config.json", cfg.substr(0, p) + "\"dtype\": \"float16\"" + cfg.substr(p + 24));
+  CpuBackend be;
+  EXPECT_EQ(load_model(be, d)->spec().torch_dtype, "float16");
+  write_all(d + "/config.json", cfg.substr(0, p) + "\"dtype\": \"float16\", \"torch_dtype\": \"bfloat16\"" + cfg.substr(p + 24));
+  EXPECT_EQ(load_model(be, d)->spec().torch_dtype, "bfloat16");
+}
