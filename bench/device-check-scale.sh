@@ -45,22 +45,24 @@ if [ -s .carry/daemon-prefix.tar.xz ]; then
   rm -rf "$PFX" && mkdir -p "$PFX" && tar -xJf .carry/daemon-prefix.tar.xz -C "$PFX"
   sed -i "s|@PREFIX@|$PFX|g" "$PFX"/lib/x86_64-linux-gnu/pkgconfig/*.pc
   export PKG_CONFIG_PATH=$PFX/lib/x86_64-linux-gnu/pkgconfig PKG_CONFIG_LIBDIR=$PFX/lib/x86_64-linux-gnu/pkgconfig
-  export LD_LIBRARY_PATH=$PFX/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+# Our binaries (and CMake's pkg-config) find the carried libraries; python and torch keep the machine's.
+LIBS=$PFX/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+run() { LD_LIBRARY_PATH=$LIBS "$@"; }
 if [ -z "$BIN" ]; then
   say "build (sm_90, the daemon against the carried prefix)"
   BIN=build-device
-  cmake -S . -B "$BIN" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPR_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  run cmake -S . -B "$BIN" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPR_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DKVPR_WERROR=OFF -DKVPR_TESTS=OFF -DKVPR_DAEMON=ON -DCMAKE_PREFIX_PATH="$PFX" \
         -DPKG_CONFIG_EXECUTABLE="$PFX/bin/pkg-config" > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
   grep "kvpr:" "$OUT/cmake.log"
-  ninja -C "$BIN" -j "$JOBS" kvpr kvpr-bench kvprd kvpr-worker > "$OUT/build.log" 2>&1 \
+  run ninja -C "$BIN" -j "$JOBS" kvpr kvpr-bench kvprd kvpr-worker > "$OUT/build.log" 2>&1 \
     || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
 fi
 
 say "kvpr-bench scale: $PRESET, $SCALE_ARGS, kvpr, offload, cpu-attn"
 # shellcheck disable=SC2086
-timeout 300 "$BIN/bench/kvpr-bench" scale --preset "$PRESET" --backend "$BACKEND" $SCALE_ARGS \
+run timeout 300 "$BIN/bench/kvpr-bench" scale --preset "$PRESET" --backend "$BACKEND" $SCALE_ARGS \
     --json "$OUT/scale.json" --svg "$OUT/scale.svg" 2>&1 | tail -24
 
 if [ -z "$MODEL" ]; then
@@ -77,9 +79,9 @@ for mode in $SERVE_MODES; do
   if [ "$(elapsed)" -gt 430 ]; then say "kvprd $mode skipped: time is short"; continue; fi
   say "kvprd, $mode, under load (concurrency $CONCURRENCY, prompt $HTTP_IN, $HTTP_OUT tokens)"
   port=$((port + 1))
-  "$BIN/daemon/kvprd" --model "$MODEL" --port "$port" --backend "$BACKEND" --kv-mode "$mode" --max-batch "$maxc" \
+  LD_LIBRARY_PATH=$LIBS "$BIN/daemon/kvprd" --model "$MODEL" --port "$port" --backend "$BACKEND" --kv-mode "$mode" --max-batch "$maxc" \
       --config /dev/null --worker-binary "$BIN/worker/kvpr-worker" > "$OUT/kvprd-$mode.log" 2>&1 &
-  pid=$!
+  pid=$!  # kvprd itself (a plain command in the background), so the TERM below reaches it
   ok=0
   for _ in $(seq 1 240); do
     curl -sf "http://127.0.0.1:$port/health" 2>/dev/null | grep -q '"status":"ok"' && { ok=1; break; }
@@ -104,7 +106,7 @@ done
 if [ "$(elapsed)" -lt 470 ]; then
   say "kvpr-bench decode at the served batch and context ($maxc, $HTTP_IN + $HTTP_OUT / 2)"
   modes=$(echo "$SERVE_MODES" | tr ' ' ,)
-  timeout 70 "$BIN/bench/kvpr-bench" decode --preset "$PRESET" --backend "$BACKEND" --batch "$maxc" \
+  run timeout 70 "$BIN/bench/kvpr-bench" decode --preset "$PRESET" --backend "$BACKEND" --batch "$maxc" \
       --prompt $(( HTTP_IN + HTTP_OUT / 4 )) --gen $(( HTTP_OUT / 2 )) --modes "$modes" --probe-mib 256 \
       --json "$OUT/decode.json" 2>&1 | tail -6
 fi
