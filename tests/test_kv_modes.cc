@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <random>
@@ -31,7 +32,9 @@ struct ModeRun {
 };
 
 // Prompts of different lengths; the third joins two steps later (continuous batching).
-ModeRun run(OptModel& model, const Tokenizer& tok, const GeneratorOptions& opts, int new_tokens = 10) {
+// `before_step`, when given, is called with the generator before each step.
+ModeRun run(OptModel& model, const Tokenizer& tok, const GeneratorOptions& opts, int new_tokens = 10,
+            const std::function<void(Generator&, int)>& before_step = {}) {
   ModeRun r;
   Generator gen(model, tok, opts);
   GenerationParams p;
@@ -42,6 +45,7 @@ ModeRun run(OptModel& model, const Tokenizer& tok, const GeneratorOptions& opts,
   std::vector<uint64_t> ids = {gen.add({5, 17, 33, 2, 80, 41, 9}, p), gen.add({60, 61}, p)};
   for (int s = 0; !gen.idle(); ++s) {
     if (s == 2) ids.push_back(gen.add({7, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, p));
+    if (before_step) before_step(gen, s);
     gen.step(obs);
     r.steps.push_back(gen.kv_runtime().last_step());
     r.groups.push_back(gen.kv_runtime().groups());
@@ -104,6 +108,26 @@ TEST_P(KvModes, EveryModeMatchesResident) {
     for (const auto& st : k.steps)
       for (int64_t l : st.split) EXPECT_LE(l, split);
   }
+}
+
+// A worker moved to another cpuset between steps (kvpr-bench scale's phases): cpu-attn's host
+// attention on a new number of threads gives the same results.
+TEST_P(KvModes, HostAttentionThreadsChangeBetweenSteps) {
+  test::TempDir tmp;
+  CpuBackend be;
+  OptModel model(be, test::data_path(std::string("opt/") + GetParam()));
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  const ModeRun ref = run(model, tok, options(KvMode::CpuAttn, DType::F32));
+  const ModeRun moved = run(model, tok, options(KvMode::CpuAttn, DType::F32), 10, [](Generator& g, int s) {
+    if (s == 1 || s == 4) g.kv_runtime().set_host_attention_threads(s == 1 ? 1 : 3);
+  });
+  expect_same(ref, moved, 1e-6, "cpu-attn on 2, then 1, then 3 threads");
+  // The other modes have no host attention: a no-op; zero threads is an error.
+  const ModeRun off = run(model, tok, options(KvMode::Offload, DType::F32), 10,
+                          [](Generator& g, int s) { if (s == 1) g.kv_runtime().set_host_attention_threads(1); });
+  expect_same(run(model, tok, options(KvMode::Offload, DType::F32)), off, 0, "offload");
+  Generator g(model, tok, options(KvMode::CpuAttn, DType::F32));
+  EXPECT_THROW(g.kv_runtime().set_host_attention_threads(0), Error);
 }
 
 TEST_P(KvModes, ActivationCapIsCrossed) {
