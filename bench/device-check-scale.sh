@@ -83,7 +83,8 @@ for mode in $SERVE_MODES; do
       --config /dev/null --worker-binary "$BIN/worker/kvpr-worker" > "$OUT/kvprd-$mode.log" 2>&1 &
   pid=$!  # kvprd itself (a plain command in the background), so the TERM below reaches it
   ok=0
-  for _ in $(seq 1 240); do
+  for _ in $(seq 1 120); do
+    [ "$(elapsed)" -lt 470 ] || break
     curl -sf "http://127.0.0.1:$port/health" 2>/dev/null | grep -q '"status":"ok"' && { ok=1; break; }
     python3 -c "import json,urllib.request,sys; sys.exit(json.load(urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2))['status'] != 'ok')" 2>/dev/null && { ok=1; break; }
     kill -0 $pid 2>/dev/null || break
@@ -91,7 +92,9 @@ for mode in $SERVE_MODES; do
   done
   if [ "$ok" = 1 ]; then
     for c in $CONCURRENCY; do
-      timeout 150 python3 bench/http_load.py --base-url "http://127.0.0.1:$port" --num-requests "$c" --concurrency "$c" \
+      left=$(( 480 - $(elapsed) )); [ "$left" -gt 150 ] && left=150
+      if [ "$left" -lt 20 ]; then say "http load at $c skipped: time is short"; continue; fi
+      timeout "$left" python3 bench/http_load.py --base-url "http://127.0.0.1:$port" --num-requests "$c" --concurrency "$c" \
           --input-len "$HTTP_IN" --output-len "$HTTP_OUT" --label "kvprd $mode c=$c" --json "$OUT/http-$mode-$c.json"
     done
     if [ "$mode" = kvpr ] && command -v node >/dev/null && [ -d .carry/npm-openai/node_modules/openai ]; then
@@ -101,7 +104,11 @@ for mode in $SERVE_MODES; do
   else
     say "kvprd $mode did not become ready"; tail -20 "$OUT/kvprd-$mode.log"
   fi
-  kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null
+  # SIGTERM drains; past 20 s kvprd and its workers are killed (the next mode needs the GPU).
+  kill -TERM $pid 2>/dev/null
+  for _ in $(seq 1 40); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+  if kill -0 $pid 2>/dev/null; then pkill -KILL -P $pid 2>/dev/null; kill -KILL $pid 2>/dev/null; fi
+  wait $pid 2>/dev/null
 done
 if [ "$(elapsed)" -lt 470 ]; then
   say "kvpr-bench decode at the served batch and context ($maxc, $HTTP_IN + $HTTP_OUT / 2)"

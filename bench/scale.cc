@@ -44,6 +44,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -135,19 +136,28 @@ std::vector<int> allowed_pus() {
 double host_read_gbps(const std::vector<int>& pus, int threads, size_t bytes) {
   std::barrier sync(threads);
   std::vector<double> begin(threads), end(threads);
+  std::vector<std::exception_ptr> failed(threads);
   const auto t0 = Clock::now();
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t)
     ts.emplace_back([&, t] {
       pin_this_thread(pus[static_cast<size_t>(t) % pus.size()]);
-      HostBuffer b = touched_buffer(bytes);
-      g_sink += read_words(b.get(), bytes / 8);  // warm: TLB, page tables
-      sync.arrive_and_wait();
+      HostBuffer b;
+      try {
+        b = touched_buffer(bytes);
+        g_sink += read_words(b.get(), bytes / 8);  // warm: TLB, page tables
+      } catch (...) {
+        failed[t] = std::current_exception();
+      }
+      sync.arrive_and_wait();  // every thread arrives, failed or not
       begin[t] = seconds_since(t0);
-      for (int r = 0; r < 2; ++r) g_sink += read_words(b.get(), bytes / 8);
+      if (b)
+        for (int r = 0; r < 2; ++r) g_sink += read_words(b.get(), bytes / 8);
       end[t] = seconds_since(t0);
     });
   for (auto& t : ts) t.join();
+  for (auto& e : failed)
+    if (e) std::rethrow_exception(e);
   const double s = *std::max_element(end.begin(), end.end()) - *std::min_element(begin.begin(), begin.end());
   return 2.0 * static_cast<double>(bytes) * threads / s / 1e9;
 }
@@ -168,19 +178,34 @@ double h2d_gbps_with_readers(Backend& be, const std::vector<int>& pus, int reade
   std::memset(src.data(), 0x22, static_cast<size_t>(bytes));
   std::atomic<bool> stop{false};
   std::atomic<int> running{0};
+  std::vector<std::exception_ptr> failed(static_cast<size_t>(readers));
   std::vector<std::thread> ts;
   for (int r = 0; r < readers; ++r)
     ts.emplace_back([&, r] {
       pin_this_thread(pus[static_cast<size_t>(r + 1) % pus.size()]);
-      HostBuffer b = touched_buffer(reader_bytes);
-      g_sink += read_words(b.get(), reader_bytes / 8);
+      HostBuffer b;
+      try {
+        b = touched_buffer(reader_bytes);
+        g_sink += read_words(b.get(), reader_bytes / 8);
+      } catch (...) {
+        failed[r] = std::current_exception();
+      }
       ++running;
-      while (!stop.load(std::memory_order_relaxed)) g_sink += read_words(b.get(), reader_bytes / 8);
+      while (b && !stop.load(std::memory_order_relaxed)) g_sink += read_words(b.get(), reader_bytes / 8);
     });
   while (running.load() < readers) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const double ms = bench::copy_ms(be, dst, src, Stream::H2D, "H2D probe");
+  double ms = 0;
+  std::exception_ptr copy_failed;
+  try {
+    ms = bench::copy_ms(be, dst, src, Stream::H2D, "H2D probe");
+  } catch (...) {
+    copy_failed = std::current_exception();
+  }
   stop = true;
   for (auto& t : ts) t.join();
+  for (auto& e : failed)
+    if (e) std::rethrow_exception(e);
+  if (copy_failed) std::rethrow_exception(copy_failed);
   return static_cast<double>(bytes) / (ms / 1e3) / 1e9;
 }
 
@@ -425,6 +450,7 @@ void run_neighbour(const WorkerArgs& a, const BindFn& bind) {
               g_sink += read_words(flat.get() + off / 8, n / 8);
               done += n;
               off = (off + n) % flat_bytes;
+              if (!(rate > 0) || !std::isfinite(rate)) continue;  // no link rate: read unpaced
               const auto due = start + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(static_cast<double>(done) / rate));
               if (due > Clock::now()) std::this_thread::sleep_until(due);
@@ -469,8 +495,11 @@ class Child {
     pid_ = fork();
     KVPR_CHECK(pid_ >= 0, "fork: ", std::strerror(errno));
     if (pid_ == 0) {
-      dup2(in[0], 0);
-      dup2(out[1], kReplyFd);
+      // dup2 onto the same descriptor keeps O_CLOEXEC (a parent started with fd 0 or 3 closed)
+      if (in[0] == 0) fcntl(0, F_SETFD, 0);
+      else dup2(in[0], 0);
+      if (out[1] == kReplyFd) fcntl(kReplyFd, F_SETFD, 0);
+      else dup2(out[1], kReplyFd);
       putenv(const_cast<char*>(env_threads.c_str()));
       execv(exe.c_str(), argv.data());
       std::fprintf(stderr, "kvpr-bench scale: cannot run %s: %s\n", exe.c_str(), std::strerror(errno));
@@ -553,7 +582,8 @@ class Child {
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -821,7 +851,11 @@ int cmd_scale(const std::vector<std::string>& args) {
                                     "--kv-dtype", kv_dtype_name, "--max-positions", std::to_string(max_positions),
                                     "--cpus", cpu_list(p.cpus), "--node", std::to_string(p.numa_node)};
       if (link > 0) a.insert(a.end(), {"--emulate-link-gbps", std::to_string(link)});
-      workers.push_back(std::make_unique<Child>(exe, a, static_cast<int>(std::max<size_t>(1, p.cpus.size()))));
+      // The CPU backend's own pool (its emulated device) is sized once, for the most cores the
+      // worker gets: those of the smallest N it runs in.
+      const int first_n = *std::find_if(ns.begin(), ns.end(), [&](int n) { return n > i; });
+      const size_t cores = plan_for(first_n)[static_cast<size_t>(i)].cpus.size();
+      workers.push_back(std::make_unique<Child>(exe, a, static_cast<int>(std::max<size_t>(1, cores))));
     }
     const int reals = std::min(nmax, real_available);
     // Sizes first: every worker's host KV (and X) must fit the host together.
