@@ -1,7 +1,7 @@
 // The one device boundary. Model code and the runtime are written against this interface;
 // each backend (cpu/, cuda/) implements memory, streams, events, copies and the ops.
 //
-// Streams follow design.md §3: every backend has a compute stream and two copy streams
+// Streams follow docs/design.md §3: every backend has a compute stream and two copy streams
 // (host-to-device and device-to-host). Work on one stream runs in order; work on different
 // streams is ordered only by events. Ops run on the compute stream.
 #pragma once

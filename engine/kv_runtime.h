@@ -1,5 +1,5 @@
 // The KV runtime: where each layer's past K/V come from at every step, written once against
-// the Backend so the CPU backend verifies it and the CUDA backend runs it (design.md §2-3).
+// the Backend so the CPU backend verifies it and the CUDA backend runs it (docs/design.md §2-3).
 //
 //   resident   K/V stay in device memory                         (upper bound when KV fits)
 //   offload    K/V in host memory; all of KV[0:s'] copied per layer, next layer prefetched
@@ -83,7 +83,7 @@ struct KvRuntimeOptions {
   SplitModel split_model = SplitModel::Pipeline;
   std::optional<LinkProfile> profile;   // kvpr without forced_split needs one
   bool adapt = true;                    // update the profile from each step's measurements
-  // Column by column (design.md §2): a step's sequences split into this many GPU batches, each
+  // Column by column (docs/design.md §2): a step's sequences split into this many GPU batches, each
   // run through a layer before the next layer starts, so one pass over a layer's weights (and
   // one weight copy, with streamed weights) serves them all while the device holds the KV of
   // one batch at a time. 1: the whole step is one batch.

@@ -1,6 +1,6 @@
 // Chooses the split l: how many of the cached tokens get their K/V recomputed on the device
 // from the layer input X (moved over the link at x_bytes per token) instead of moving their
-// K and V (kv_bytes per token). See design.md §1 and the KVPR paper §3.
+// K and V (kv_bytes per token). See docs/design.md §1 and the KVPR paper §3.
 //
 // Quantities are per layer and per step, summed over the batch: S cached tokens, split L,
 //   link(L)   = L·x/v + (S−L)·kv/v                         (bytes over bandwidth)

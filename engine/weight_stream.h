@@ -1,5 +1,5 @@
 // Layer weights kept in pinned host memory and streamed to the device one layer ahead of
-// their use: the "weights offloaded" schedule of design.md §2, for models whose weights do
+// their use: the "weights offloaded" schedule of docs/design.md §2, for models whose weights do
 // not fit on the GPU next to the KV buffers (OPT-30B/66B on one GPU, Llama-2-13B on a 24 GB
 // card).
 //

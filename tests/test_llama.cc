@@ -196,7 +196,7 @@ TEST(Llama, RecomputedKeysFromStoredInputsEqualStoredKeys) {
 }
 
 // With grouped-query attention X (hidden) is not smaller than K+V (2 * kv_hidden): the
-// scheduler never recomputes (design.md §1), kvpr stores no X, and a forced split still gives
+// scheduler never recomputes (docs/design.md §1), kvpr stores no X, and a forced split still gives
 // the same tokens.
 TEST(Llama, GroupedQueryAttentionSchedulesNoRecompute) {
   CpuBackend be;
