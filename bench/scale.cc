@@ -25,7 +25,7 @@
 //
 // Also measured, before the workers start: host DRAM read bandwidth with 1..all cores
 // reading, and pinned H2D with k readers loading host memory.
-#include "bench/scale.h"
+#include "bench/commands.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -68,12 +68,9 @@
 #include "numa/topology.h"
 #endif
 
-namespace kvpr::scaling {
+namespace kvpr::bench {
 
 namespace {
-
-using bench::Clock;
-using bench::seconds_since;
 
 constexpr int kReplyFd = 3;                    // a worker's replies (stdout stays the engine's)
 constexpr double kSetupTimeoutS = 1800;        // model, profile, prefill (cpu-attn prefills on the host)
@@ -197,7 +194,7 @@ double h2d_gbps_with_readers(Backend& be, const std::vector<int>& pus, int reade
   double ms = 0;
   std::exception_ptr copy_failed;
   try {
-    ms = bench::copy_ms(be, dst, src, Stream::H2D, "H2D probe");
+    ms = copy_ms(be, dst, src, Stream::H2D, "H2D probe");
   } catch (...) {
     copy_failed = std::current_exception();
   }
@@ -288,7 +285,7 @@ void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
     KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
     cpu->set_emulated_link_gbps(a.link_gbps);
   }
-  std::unique_ptr<Model> model = bench::preset_model(*be, a.preset, false, a.max_positions);
+  std::unique_ptr<Model> model = preset_model(*be, a.preset, false, a.max_positions);
   const KvShape shape = model->kv_shape();
   const int64_t per_token = KvRuntime::host_bytes_per_token(mode, shape, kv_dtype);
   json::Value sh = event("shape");
@@ -318,7 +315,7 @@ void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
   o.adapt = true;
   o.host_attention_threads = static_cast<int>(std::max<size_t>(1, a.cpus.size()));
   auto kv = model->make_kv_runtime(a.batch, a.capacity, o);
-  bench::GreedyDecode dec(*be, *model, *kv, a.batch, a.prompt);
+  GreedyDecode dec(*be, *model, *kv, a.batch, a.prompt);
   const double prefill_s = dec.prefill();
   auto t0 = Clock::now();
   dec.step();
@@ -666,7 +663,7 @@ std::string svg_chart(const json::Value& result) {
 }  // namespace
 
 int cmd_scale_worker(const std::vector<std::string>& args) {
-  const bench::Options opt(args, {"--role", "--index", "--mode", "--preset", "--backend", "--device", "--batch",
+  const Options opt(args, {"--role", "--index", "--mode", "--preset", "--backend", "--device", "--batch",
                                   "--prompt", "--capacity", "--kv-dtype", "--emulate-link-gbps", "--max-positions",
                                   "--cpus", "--node"});
   WorkerArgs a;
@@ -704,7 +701,7 @@ int cmd_scale(const std::vector<std::string>& args) {
   (void)args;
   KVPR_THROW("kvpr-bench scale places workers as kvprd does and needs hwloc (install libhwloc-dev and rebuild)");
 #else
-  const bench::Options opt(args, {"--preset", "--workers", "--modes", "--batch", "--prompt", "--gen", "--kv-dtype",
+  const Options opt(args, {"--preset", "--workers", "--modes", "--batch", "--prompt", "--gen", "--kv-dtype",
                                   "--backend", "--real-workers", "--emulate-link-gbps", "--max-positions",
                                   "--probe-mib", "--json", "--svg", "--topology"});
   const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
@@ -985,7 +982,7 @@ int cmd_scale(const std::vector<std::string>& args) {
                   p.find("efficiency")->as_double(), cpu, dram / 1e9);
     }
   std::printf("* projected: N x worker 0, measured with N-1 neighbours loading the host\n");
-  bench::write_json(opt.get("--json", ""), result);
+  write_json(opt.get("--json", ""), result);
   if (const std::string svg = opt.get("--svg", ""); !svg.empty()) {
     std::ofstream o(svg);
     o << svg_chart(result);
@@ -995,4 +992,4 @@ int cmd_scale(const std::vector<std::string>& args) {
 #endif
 }
 
-}  // namespace kvpr::scaling
+}  // namespace kvpr::bench

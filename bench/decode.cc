@@ -1,0 +1,398 @@
+// kvpr-bench decode [--preset opt-6.7b|opt-13b|opt-1.3b|tiny|llama-2-7b|llama-2-13b|llama-2-70b|llama-3.1-8b|
+//                      llama-tiny|qwen2.5-7b|qwen3-8b|qwen3-0.6b|qwen3-tiny]
+//                     [--batch B] [--prompt P] [--gen N]
+//                     [--modes resident,resident+graphs,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
+//                     [--kv-dtype f16] [--weights device|host] [--gpu-batches N] [--emulate-link-gbps G]
+//                     [--host-attention-threads N]
+//                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR] [--max-positions N]
+//     (--max-positions: the preset's position range, for contexts past OPT's 2048 positions.)
+//     Every KV mode side by side in one run on one model with random weights generated on the
+//     device: decode ms per step, tokens/s, split per step, bytes over the link per step, busy
+//     fraction of the compute stream, and each mode's bound from the measured profile.
+//     resident+graphs is resident with its decode steps replayed as CUDA graphs (GPU default).
+//     --weights host streams the layers' weights from pinned host memory in every mode (no graphs).
+#include "bench/commands.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+#include "bench/bench_common.h"
+#include "bench/decode_bounds.h"
+#include "engine/backend.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/demo_model.h"
+#include "engine/error.h"
+#include "engine/generator.h"
+#include "engine/json.h"
+#include "engine/json_grammar.h"
+#include "engine/json_schema.h"
+#include "engine/llama_model.h"
+#include "engine/opt_model.h"
+#include "engine/profiler.h"
+#include "engine/split_scheduler.h"
+#include "engine/sampling.h"
+#include "engine/thread_pool.h"
+#include "engine/tokenizer.h"
+
+namespace kvpr::bench {
+
+namespace {
+
+struct ModeResult {
+  json::Value json;
+  std::vector<std::vector<int32_t>> tokens;
+  double ms_per_step = 0;
+};
+
+ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const KvRuntimeOptions& base, int batch,
+                    int prompt, int gen, const std::string& trace_path) {
+  KvRuntimeOptions o = base;
+  o.mode = mode;
+  auto kv = model.make_kv_runtime(batch, prompt + gen + 2, o);
+  GreedyDecode dec(be, model, *kv, batch, prompt);
+  const double prefill_s = dec.prefill();
+  // Host time to issue a step's work: when it approaches the step time, the step is bound by
+  // launches on the host, not by the device (the case for graphs).
+  std::vector<double> issue_ms;
+  std::vector<GraphOutcome> outcomes;
+  std::string capture_error;  // why CUDA refused to capture a step, if it did
+  auto step = [&] {
+    const GreedyDecode::Step st = dec.step(graphs);
+    outcomes.push_back(st.graph.outcome);
+    if (capture_error.empty()) capture_error = st.graph.capture_error;
+    issue_ms.push_back(st.issue_ms);
+  };
+  json::Array steps;
+  std::vector<double> ms;
+  double h2d = 0, d2h = 0;
+  for (int s = 0; s < gen; ++s) {
+    auto t0 = Clock::now();
+    step();
+    ms.push_back(seconds_since(t0) * 1e3);
+    const StepStats& st = kv->last_step();
+    json::Value o2(json::Object{});
+    o2.set("ms", ms.back());
+    o2.set("host_issue_ms", issue_ms.back());
+    if (graphs) o2.set("graph", graph_outcome_name(outcomes.back()));
+    o2.set("split", st.split_total);
+    o2.set("split_source", st.split_source);
+    o2.set("h2d_bytes", st.h2d_bytes);
+    o2.set("d2h_bytes", st.d2h_bytes);
+    steps.push_back(o2);
+    h2d += static_cast<double>(st.h2d_bytes);
+    d2h += static_cast<double>(st.d2h_bytes);
+  }
+  // Two more steps with the tracer on: the trace file and the compute stream's busy fraction.
+  Tracer tracer;
+  be.synchronize();
+  be.set_tracer(&tracer);
+  double t_start = tracer.now_us();
+  step();
+  step();
+  be.synchronize();
+  double t_end = tracer.now_us();
+  be.set_tracer(nullptr);
+  double busy_us = 0;
+  int64_t compute_ops = 0;
+  json::Value doc = tracer.to_json();
+  std::string compute_tid;
+  for (const auto& e : doc.find("traceEvents")->as_array())
+    if (e.find("name")->as_string() == "thread_name" && e.find("args")->find("name")->as_string() == "compute")
+      compute_tid = std::to_string(e.find("tid")->as_int());
+  for (const auto& e : doc.find("traceEvents")->as_array())
+    if (e.find("ph")->as_string() == "X" && std::to_string(e.find("tid")->as_int()) == compute_tid) {
+      busy_us += e.find("dur")->as_double();
+      ++compute_ops;
+    }
+  if (!trace_path.empty()) tracer.write(trace_path);
+
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  double mean = 0;
+  for (double v : ms) mean += v;
+  mean /= std::max<size_t>(1, ms.size());
+  ModeResult r;
+  r.ms_per_step = sorted[sorted.size() / 2];
+  r.tokens = dec.tokens();
+  json::Value j(json::Object{});
+  j.set("mode", std::string(kv_mode_name(mode)) + (graphs ? "+graphs" : ""));
+  j.set("cuda_graphs", graphs);
+  if (graphs) {
+    j.set("graph_replayed_steps",
+          static_cast<int64_t>(std::count(outcomes.begin(), outcomes.begin() + gen, GraphOutcome::Replayed)));
+    if (!capture_error.empty()) j.set("graph_capture_error", capture_error);
+  }
+  j.set("prefill_s", prefill_s);
+  j.set("decode_ms_per_step_median", r.ms_per_step);
+  j.set("decode_ms_per_step_mean", mean);
+  j.set("decode_tokens_per_s", batch / (r.ms_per_step / 1e3));
+  j.set("h2d_bytes_per_step", h2d / gen);
+  j.set("d2h_bytes_per_step", d2h / gen);
+  j.set("compute_busy_fraction", std::min(1.0, busy_us / std::max(1.0, t_end - t_start)));
+  std::vector<double> issue_sorted(issue_ms.begin(), issue_ms.begin() + gen);  // the untraced steps
+  std::sort(issue_sorted.begin(), issue_sorted.end());
+  j.set("host_issue_ms_per_step_median", issue_sorted[issue_sorted.size() / 2]);
+  j.set("compute_ops_per_step", static_cast<double>(compute_ops) / 2.0);  // ops and copies on the compute stream
+  j.set("host_bytes_per_token", kv->host_bytes_per_token());
+  j.set("steps", std::move(steps));
+  if (!trace_path.empty()) j.set("trace", trace_path);
+  r.json = std::move(j);
+  return r;
+}
+
+std::string svg_chart(const json::Value& result) {
+  // Horizontal bars: decode ms/step per mode (and the peer), with the bound as a tick.
+  struct Bar {
+    std::string label;
+    double ms, bound;
+  };
+  std::vector<Bar> bars;
+  for (const auto& m : result.find("modes")->as_array())
+    bars.push_back({m.find("mode")->as_string(), m.find("decode_ms_per_step_median")->as_double(),
+                    m.find("bound_ms") ? m.find("bound_ms")->as_double() : 0});
+  if (const json::Value* p = result.find("peer"); p && p->find("decode_ms_per_step"))
+    bars.push_back({"HF offloaded", p->find("decode_ms_per_step")->as_double(), 0});
+  double mx = 1e-9;
+  for (const auto& b : bars) mx = std::max({mx, b.ms, b.bound});
+  const int W = 760, left = 130, bar_h = 26, top = 50;
+  const int H = top + static_cast<int>(bars.size()) * (bar_h + 12) + 40;
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"13\">\n";
+  o << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  std::string title = "decode ms/step (lower is better): " + result.find("title")->as_string();
+  std::string esc;
+  for (char ch : title) esc += ch == '&' ? std::string("&amp;") : ch == '<' ? std::string("&lt;") : std::string(1, ch);
+  o << "<text x=\"10\" y=\"24\" font-size=\"15\">" << esc << "</text>\n";
+  const double scale = (W - left - 90) / mx;
+  for (size_t i = 0; i < bars.size(); ++i) {
+    int y = top + static_cast<int>(i) * (bar_h + 12);
+    int w = std::max(1, static_cast<int>(bars[i].ms * scale));
+    o << "<text x=\"10\" y=\"" << y + 18 << "\">" << bars[i].label << "</text>\n";
+    o << "<rect x=\"" << left << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bar_h
+      << "\" fill=\"" << (bars[i].label == "kvpr" ? "#d9534f" : "#5b8def") << "\"/>\n";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f ms", bars[i].ms);
+    o << "<text x=\"" << left + w + 6 << "\" y=\"" << y + 18 << "\">" << buf << "</text>\n";
+    if (bars[i].bound > 0) {
+      int bx = left + static_cast<int>(bars[i].bound * scale);
+      o << "<line x1=\"" << bx << "\" y1=\"" << y - 3 << "\" x2=\"" << bx << "\" y2=\"" << y + bar_h + 3
+        << "\" stroke=\"black\" stroke-width=\"2\"/>\n";
+    }
+  }
+  o << "<text x=\"10\" y=\"" << H - 12 << "\" font-size=\"11\">black tick: physical bound (bytes over the measured "
+       "bandwidths, flops over the measured GEMM rate; bench/decode_bounds.h)</text>\n</svg>\n";
+  return o.str();
+}
+
+}  // namespace
+
+int cmd_decode(const std::vector<std::string>& args) {
+  const Options opt(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype",
+                         "--emulate-link-gbps", "--weights", "--gpu-batches", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
+                         "--trace-dir", "--max-positions"});
+  const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
+  const std::string json_out = opt.get("--json", ""), svg_out = opt.get("--svg", ""), trace_dir = opt.get("--trace-dir", "");
+  const std::string peer_file = opt.get("--peer", "");
+  const std::string kv_dtype_name = opt.get("--kv-dtype", "f16");
+  const int batch = opt.get_int("--batch", 32), prompt = opt.get_int("--prompt", 1024), gen = opt.get_int("--gen", 32);
+  const int host_threads = opt.get_int("--host-attention-threads", 0);
+  const double link = opt.get_double("--emulate-link-gbps", 0);
+  const std::string weights = opt.get("--weights", "device");
+  KVPR_CHECK(weights == "device" || weights == "host", "--weights: expected device or host");
+  const bool stream_weights = weights == "host";
+  KVPR_CHECK(batch > 0 && prompt > 0 && gen > 1, "batch and prompt must be positive and gen at least 2");
+  DType kv_dtype;
+  KVPR_CHECK(parse_dtype(kv_dtype_name, &kv_dtype), "bad --kv-dtype");
+  auto be = create_backend(backend_name);
+  // resident+graphs: resident with decode steps as CUDA graphs; by default on a GPU only.
+  const std::string modes_arg =
+      opt.get("--modes", be->device_is_host() || stream_weights ? "resident,offload,kvpr,recompute,cpu-attn"
+                                                                : "resident,resident+graphs,offload,kvpr,recompute,cpu-attn");
+  struct Variant {
+    KvMode mode;
+    bool graphs;
+  };
+  std::vector<Variant> modes;
+  for (size_t p = 0; p <= modes_arg.size();) {
+    size_t q = modes_arg.find(',', p);
+    if (q == std::string::npos) q = modes_arg.size();
+    std::string name = modes_arg.substr(p, q - p);
+    const bool graphs = name == "resident+graphs";
+    if (graphs) name = "resident";
+    KVPR_CHECK(!(graphs && stream_weights), "resident+graphs does not apply to --weights host");
+    KvMode m;
+    KVPR_CHECK(parse_kv_mode(name, &m), "unknown mode '", modes_arg.substr(p, q - p), "'");
+    modes.push_back({m, graphs});
+    p = q + 1;
+  }
+  if (link > 0) {
+    auto* cpu = dynamic_cast<CpuBackend*>(be.get());
+    KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
+    cpu->set_emulated_link_gbps(link);
+  }
+  std::fprintf(stderr, "kvpr-bench decode: %s on %s, batch %d, prompt %d, %d new tokens, weights on the %s\n",
+               preset_name.c_str(), be->name().c_str(), batch, prompt, gen, weights.c_str());
+  auto t_init = Clock::now();
+  const int max_positions = opt.get_int("--max-positions", 0);
+  KVPR_CHECK(max_positions >= 0, "--max-positions must not be negative");
+  std::unique_ptr<Model> model_owned = preset_model(*be, preset_name, stream_weights, max_positions);
+  Model& model = *model_owned;
+  double init_s = seconds_since(t_init);
+
+  // The profile the scheduler uses, measured on this machine now.
+  ProfileOptions po;
+  // Bandwidth probes: big enough to reach the link's and the memory's plateau.
+  const int64_t probe_mib = opt.get_int("--probe-mib", be->device_is_host() ? 128 : 2048);
+  KVPR_CHECK(probe_mib > 0, "--probe-mib must be positive");
+  po.transfer_bytes = std::max<int64_t>(1, probe_mib / (be->device_is_host() ? 2 : 8)) << 20;
+  LinkProfile prof = profile_backend(*be, model, model.kv_shape(), kv_dtype, po);
+  const double hbm = device_copy_gbps(*be, probe_mib << 20);
+  const double host_bw = host_copy_gbps(256ll << 20);
+  const int64_t gemm_rows = std::min<int64_t>(4096, static_cast<int64_t>(batch) * prompt);
+  const double gemm_tflops = recompute_gemm_tflops(*be, model.spec().hidden_size, model.spec().kv_hidden(), gemm_rows,
+                                                   model.weight_dtype());
+  std::fprintf(stderr, "profile: H2D %.2f GB/s (alone %.2f), D2H %.2f GB/s, recompute %.2f us + %.4f us/token; "
+               "device copy %.1f GB/s, host copy %.1f GB/s, recompute GEMM %.1f TFLOP/s at %lld rows\n", prof.h2d_gbps,
+               prof.h2d_alone_gbps, prof.d2h_gbps, prof.recompute_fixed_s * 1e6, prof.recompute_per_row_s * 1e6, hbm,
+               host_bw, gemm_tflops, static_cast<long long>(gemm_rows));
+
+  KvRuntimeOptions base;
+  base.kv_dtype = kv_dtype;
+  base.profile = prof;
+  base.host_attention_threads = host_threads;
+  base.adapt = true;
+  base.gpu_batches = opt.get_int("--gpu-batches", 1);
+  KVPR_CHECK(base.gpu_batches >= 1 && base.gpu_batches <= batch, "--gpu-batches must be in 1..batch");
+
+  json::Value result(json::Object{});
+  char title[160];
+  std::snprintf(title, sizeof title, "%s, batch %d, prompt %d, %d tokens, %s%s", preset_name.c_str(), batch, prompt,
+                gen, be->name().c_str(), stream_weights ? ", weights streamed from host" : "");
+  result.set("title", title);
+  result.set("benchmark", "decode");
+  result.set("device", be->name());
+  result.set("preset", preset_name);
+  result.set("batch", batch);
+  result.set("prompt", prompt);
+  result.set("gen", gen);
+  result.set("kv_dtype", dtype_name(kv_dtype));
+  result.set("weight_bytes", static_cast<int64_t>(model.weight_bytes()));
+  result.set("weights", weights);
+  result.set("gpu_batches", base.gpu_batches);
+  const double streamed_bytes = stream_weights ? static_cast<double>(model.weight_stream()->host_bytes()) : 0;
+  result.set("streamed_weight_bytes", streamed_bytes);
+  result.set("device_weight_bytes", static_cast<int64_t>(model.device_weight_bytes()));
+  result.set("model_init_s", init_s);
+  result.set("profile", prof.to_json());
+  result.set("device_copy_gbps", hbm);
+  result.set("host_copy_gbps", host_bw);
+  result.set("recompute_gemm_tflops", gemm_tflops);
+
+  json::Array out_modes;
+  std::vector<std::vector<int32_t>> ref_tokens;
+  double resident_ms = -1, resident_busy_ms = -1;
+  std::map<std::string, double> ms_of;
+  for (const auto [m, graphs] : modes) {
+    const std::string name = std::string(kv_mode_name(m)) + (graphs ? "+graphs" : "");
+    std::string trace = trace_dir.empty() ? "" : trace_dir + "/trace-" + name + ".json";
+    std::fprintf(stderr, "  %-15s ...", name.c_str());
+    ModeResult r = run_mode(*be, model, m, graphs, base, batch, prompt, gen, trace);
+    std::fprintf(stderr, " %8.2f ms/step\n", r.ms_per_step);
+    if (m == KvMode::Resident && (resident_ms < 0 || r.ms_per_step < resident_ms)) {
+      resident_ms = r.ms_per_step;
+      resident_busy_ms = r.ms_per_step * r.json.find("compute_busy_fraction")->as_double();
+    }
+    if (ref_tokens.empty()) ref_tokens = r.tokens;
+    int64_t same = 0, total = 0;
+    for (size_t b = 0; b < r.tokens.size(); ++b)
+      for (size_t t = prompt; t < r.tokens[b].size() && t < ref_tokens[b].size(); ++t, ++total)
+        same += r.tokens[b][t] == ref_tokens[b][t];
+    r.json.set("tokens_equal_to_first_mode", total ? static_cast<double>(same) / total : 1.0);
+    ms_of[name] = r.ms_per_step;
+    out_modes.push_back(std::move(r.json));
+  }
+
+  // Two bounds per mode (bench/decode_bounds.h): physical, from the measured bandwidths and GEMM
+  // rate, and the model's, from this code's profile and the measured resident step (with
+  // streamed weights the resident step waits for them, so its compute stream's busy time).
+  const ModelSpec& c = model.spec();
+  const double es = static_cast<double>(dtype_size(kv_dtype));
+  bench::DecodeShape shape;
+  shape.layers = static_cast<double>(c.num_layers);
+  shape.cached_tokens = static_cast<double>(batch) * (prompt + gen / 2.0);  // mean cached tokens per layer
+  shape.kv_bytes = 2.0 * c.kv_hidden() * es;  // K+V: fewer heads with GQA
+  shape.x_bytes = c.hidden_size * es;
+  shape.recompute_flops = 4.0 * c.hidden_size * c.kv_hidden();
+  shape.weight_bytes = static_cast<double>(model.weight_bytes());
+  shape.streamed_weight_bytes = streamed_bytes;
+  shape.gpu_batches = base.gpu_batches;
+  bench::Measured measured;
+  measured.device_gbps = hbm;
+  measured.h2d_alone_gbps = prof.h2d_alone_gbps;
+  measured.h2d_gbps = prof.h2d_gbps;
+  measured.host_gbps = host_bw;
+  measured.gemm_tflops = gemm_tflops;
+  measured.recompute_fixed_s = prof.recompute_fixed_s;
+  measured.recompute_per_row_s = prof.recompute_per_row_s;
+  const double dev_ms = stream_weights ? resident_busy_ms : resident_ms;
+  measured.resident_step_s = dev_ms > 0 ? dev_ms / 1e3 : 0;
+  for (auto& mj : out_modes) {
+    const bench::Bound b = bench::decode_bound(mj.find("mode")->as_string(), shape, measured);
+    const double ms = mj.find("decode_ms_per_step_median")->as_double();
+    mj.set("bound_ms", b.physical_s * 1e3);  // physical
+    mj.set("model_bound_ms", b.model_s * 1e3);
+    mj.set("over_bound", ms / (b.physical_s * 1e3));
+    mj.set("over_model_bound", ms / (b.model_s * 1e3));
+  }
+  const bench::Bound kvpr_bound = bench::decode_bound("kvpr", shape, measured);
+  result.set("kvpr_best_split_from_profile", kvpr_bound.model_split);
+  result.set("kvpr_best_split_physical", kvpr_bound.physical_split);
+  result.set("modes", std::move(out_modes));
+  json::Value ratios(json::Object{});
+  if (ms_of.count("kvpr") && ms_of.count("offload")) ratios.set("kvpr_speedup_over_offload", ms_of["offload"] / ms_of["kvpr"]);
+  if (ms_of.count("kvpr") && ms_of.count("cpu-attn")) ratios.set("kvpr_speedup_over_cpu_attn", ms_of["cpu-attn"] / ms_of["kvpr"]);
+  if (ms_of.count("resident") && ms_of.count("resident+graphs"))
+    ratios.set("resident_graphs_speedup", ms_of["resident"] / ms_of["resident+graphs"]);
+  if (!peer_file.empty()) {
+    json::Value peer = json::parse_file(peer_file);
+    result.set("peer", peer);
+    if (const json::Value* p = peer.find("decode_ms_per_step"); p && ms_of.count("kvpr"))
+      ratios.set("kvpr_speedup_over_hf_offloaded", p->as_double() / ms_of["kvpr"]);
+  }
+  result.set("ratios", std::move(ratios));
+
+  // The table, printed last.
+  std::printf("\n%-15s %12s %12s %10s %12s %8s %10s %10s %10s %8s\n", "mode", "ms/step", "tokens/s", "split",
+              "H2D MB/step", "busy", "x bound", "x model", "issue ms", "ops");
+  for (const auto& mj : result.find("modes")->as_array()) {
+    const auto& steps = mj.find("steps")->as_array();
+    std::printf("%-15s %12.2f %12.1f %10lld %12.1f %8.2f %10.2f %10.2f %10.2f %8.0f\n", mj.find("mode")->as_string().c_str(),
+                mj.find("decode_ms_per_step_median")->as_double(), mj.find("decode_tokens_per_s")->as_double(),
+                static_cast<long long>(steps.back().find("split")->as_int()),
+                mj.find("h2d_bytes_per_step")->as_double() / 1e6, mj.find("compute_busy_fraction")->as_double(),
+                mj.find("over_bound")->as_double(), mj.find("over_model_bound")->as_double(),
+                mj.find("host_issue_ms_per_step_median")->as_double(), mj.find("compute_ops_per_step")->as_double());
+  }
+  for (const auto& [k, val] : result.find("ratios")->as_object()) std::printf("%s: %.2f\n", k.c_str(), val.as_double());
+  write_json(json_out, result);
+  if (!svg_out.empty()) {
+    std::ofstream o(svg_out);
+    o << svg_chart(result);
+  }
+  return 0;
+}
+
+}  // namespace kvpr::bench
