@@ -230,11 +230,13 @@ double CpuBackend::elapsed_ms(const Event& start, const Event& end) {
   return std::chrono::duration<double, std::milli>(b.when - a.when).count();
 }
 
-void CpuBackend::gather_rows(const Tensor& out, const Tensor& table, const Tensor& ids) {
-  const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
-  check_f32(out, "gather_rows output");
-  KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == out.dim(0) && table.dim(1) == out.dim(1),
-             "gather_rows: shapes ", out.describe(), " ", table.describe(), " ", ids.describe());
+namespace {
+
+// out[i] = table[ids[i]] (add: out[i] += table[ids[i]]), any float table, F32 out.
+void gather_rows_into(const Tensor& out, const Tensor& table, const Tensor& ids, bool add, const char* what) {
+  check_f32(out, add ? "add_gathered_rows output" : "gather_rows output");
+  KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == out.dim(0) && table.dim(1) == out.dim(1), what,
+             ": shapes ", out.describe(), " ", table.describe(), " ", ids.describe());
   const int64_t d = out.dim(1), rows = table.dim(0);
   const int32_t* id = ids.data_as<int32_t>();
   float* o = out.data_as<float>();
@@ -245,31 +247,23 @@ void CpuBackend::gather_rows(const Tensor& out, const Tensor& table, const Tenso
       for (int64_t i = b; i < e; ++i) {
         int64_t r = id[i];
         if (r < 0 || r >= rows) r = 0;  // ids are validated by the caller; never read out of bounds
-        cpu::to_f32<decltype(tag)>(o + i * d, tab + r * d, d);
+        if (add) cpu::axpy<decltype(tag)>(o + i * d, 1.f, tab + r * d, d);
+        else cpu::to_f32<decltype(tag)>(o + i * d, tab + r * d, d);
       }
     });
   });
+}
+
+}  // namespace
+
+void CpuBackend::gather_rows(const Tensor& out, const Tensor& table, const Tensor& ids) {
+  const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
+  gather_rows_into(out, table, ids, false, "gather_rows");
   if (tracer_) trace_op("gather_rows", trace_t0, json::Value());
 }
 
 void CpuBackend::add_gathered_rows(const Tensor& out, const Tensor& table, const Tensor& ids) {
-  check_f32(out, "add_gathered_rows output");
-  KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == out.dim(0) && table.dim(1) == out.dim(1),
-             "add_gathered_rows: shapes ", out.describe(), " ", table.describe(), " ", ids.describe());
-  const int64_t d = out.dim(1), rows = table.dim(0);
-  const int32_t* id = ids.data_as<int32_t>();
-  float* o = out.data_as<float>();
-  dispatch_float(table.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::T;
-    const T* tab = table.data_as<T>();
-    ThreadPool::global().parallel_for(out.dim(0), 16, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        int64_t r = id[i];
-        if (r < 0 || r >= rows) r = 0;
-        cpu::axpy<decltype(tag)>(o + i * d, 1.f, tab + r * d, d);
-      }
-    });
-  });
+  gather_rows_into(out, table, ids, true, "add_gathered_rows");
 }
 
 void CpuBackend::scatter_add_rows(const Tensor& out, const Tensor& src, const Tensor& ids, const Tensor& scales) {
