@@ -3,10 +3,10 @@
 #include <cstring>
 #include <fstream>
 
-#include "engine/llama_model.h"
-#include "engine/sampling.h"
-#include "engine/opt_model.h"
-#include "engine/thread_pool.h"
+#include "engine/model/llama_model.h"
+#include "engine/decode/sampling.h"
+#include "engine/model/opt_model.h"
+#include "engine/base/thread_pool.h"
 
 namespace kvpr::bench {
 

@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/json.h"
-#include "engine/kv_runtime.h"
-#include "engine/model.h"
-#include "engine/opt_config.h"
+#include "engine/backend/backend.h"
+#include "engine/base/error.h"
+#include "engine/base/json.h"
+#include "engine/kv/kv_runtime.h"
+#include "engine/model/model.h"
+#include "engine/model/opt_config.h"
 
 namespace kvpr::bench {
 

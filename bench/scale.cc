@@ -55,14 +55,14 @@
 #include <vector>
 
 #include "bench/bench_common.h"
-#include "engine/backend.h"
-#include "engine/cpu/attention.h"
-#include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/json.h"
-#include "engine/kv_runtime.h"
-#include "engine/profiler.h"
-#include "engine/thread_pool.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/attention.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/base/error.h"
+#include "engine/base/json.h"
+#include "engine/kv/kv_runtime.h"
+#include "engine/kv/profiler.h"
+#include "engine/base/thread_pool.h"
 #ifdef KVPR_HAVE_HWLOC
 #include "numa/placement.h"
 #include "numa/topology.h"

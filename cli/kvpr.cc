@@ -13,19 +13,19 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/chat_template.h"
-#include "engine/cpu/cpu_backend.h"
-#include "engine/demo_model.h"
-#include "engine/error.h"
-#include "engine/generator.h"
-#include "engine/json.h"
-#include "engine/json_schema.h"
-#include "engine/npy.h"
-#include "engine/llama_model.h"
-#include "engine/opt_model.h"
-#include "engine/profiler.h"
-#include "engine/tokenizer.h"
+#include "engine/backend/backend.h"
+#include "openai/chat_template.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/model/demo_model.h"
+#include "engine/base/error.h"
+#include "engine/decode/generator.h"
+#include "engine/base/json.h"
+#include "engine/constrain/json_schema.h"
+#include "engine/base/npy.h"
+#include "engine/model/llama_model.h"
+#include "engine/model/opt_model.h"
+#include "engine/kv/profiler.h"
+#include "engine/text/tokenizer.h"
 #ifdef KVPR_HAVE_HWLOC
 #include "numa/placement.h"
 #endif
@@ -212,7 +212,7 @@ int cmd_generate(int argc, char** argv) {
   if (format != "text" && format != "json_object")
     throw UsageError("--response-format: expected text or json_object, got '" + format + "'");
   gp.json_object = format == "json_object";
-  if (a.has("--json-schema")) {  // the text valid against a JSON Schema (engine/json_schema.h)
+  if (a.has("--json-schema")) {  // the text valid against a JSON Schema (engine/constrain/json_schema.h)
     if (format != "text") throw UsageError("give --response-format or --json-schema, not both");
     gp.json_schema = std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse_file(a.get("--json-schema"))));
   }

@@ -6,9 +6,9 @@
 #include <functional>
 #include <map>
 
-#include "engine/backend.h"
-#include "engine/chat_template.h"
-#include "engine/error.h"
+#include "engine/backend/backend.h"
+#include "openai/chat_template.h"
+#include "engine/base/error.h"
 
 namespace kvpr {
 

@@ -13,14 +13,14 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "engine/chat_template.h"
-#include "engine/generation_config.h"
+#include "openai/chat_template.h"
+#include "engine/decode/generation_config.h"
 #include "daemon/config.h"
 #include "daemon/server.h"
 #include "daemon/worker_pool.h"
-#include "engine/error.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/base/error.h"
+#include "engine/model/model.h"
+#include "engine/text/tokenizer.h"
 
 namespace {
 

@@ -13,13 +13,13 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/chat_template.h"
-#include "engine/reasoning.h"
-#include "engine/tool_calls.h"
-#include "engine/json_schema.h"
-#include "engine/sampling.h"
+#include "openai/chat_template.h"
+#include "openai/reasoning.h"
+#include "openai/tool_calls.h"
+#include "engine/constrain/json_schema.h"
+#include "engine/decode/sampling.h"
 #include "daemon/metrics.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace kvpr {
 

@@ -9,8 +9,8 @@
 
 #include "daemon/config.h"
 #include "daemon/worker_pool.h"
-#include "engine/generation_config.h"
-#include "engine/tokenizer.h"
+#include "engine/decode/generation_config.h"
+#include "engine/text/tokenizer.h"
 
 namespace kvpr {
 

@@ -17,9 +17,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/weight_broadcast.h"
+#include "engine/backend/backend.h"
+#include "engine/base/error.h"
+#include "engine/model/weight_broadcast.h"
 #ifdef KVPR_HAVE_HWLOC
 #include "numa/placement.h"
 #endif

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "daemon/config.h"
-#include "engine/json.h"
+#include "engine/base/json.h"
 #include "worker/frame_channel.h"
 
 namespace kvpr {

@@ -7,7 +7,7 @@
 #include <map>
 #include <sstream>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace kvpr {
 

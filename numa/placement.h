@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/json.h"
+#include "engine/backend/backend.h"
+#include "engine/base/json.h"
 #include "numa/topology.h"
 
 namespace kvpr {

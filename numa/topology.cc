@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace kvpr {
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Writes engine/unicode_nfc_tables.inc: what Unicode's NFC needs (canonical combining classes,
+"""Writes engine/text/unicode_nfc_tables.inc: what Unicode's NFC needs (canonical combining classes,
 canonical decompositions one level deep, and the pairs that compose to a primary composite),
 taken from Python's unicodedata. Hangul syllables are composed by arithmetic and not listed.
 
-    python3 scripts/gen_nfc_tables.py > engine/unicode_nfc_tables.inc
+    python3 scripts/gen_nfc_tables.py > engine/text/unicode_nfc_tables.inc
 """
 import sys
 import unicodedata as ud

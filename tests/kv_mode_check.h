@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/cpu/cpu_backend.h"
-#include "engine/generator.h"
-#include "engine/model.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/decode/generator.h"
+#include "engine/model/model.h"
 
 namespace kvpr::test {
 

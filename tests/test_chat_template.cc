@@ -1,8 +1,8 @@
-// Chat templates (engine/chat_template.h): each renders the text its model's Jinja template
+// Chat templates (openai/chat_template.h): each renders the text its model's Jinja template
 // gives for the same messages, and auto picks a template from tokenizer_config.json; and the
-// split of a thinking model's output into reasoning and answer (engine/reasoning.h); tools,
+// split of a thinking model's output into reasoning and answer (openai/reasoning.h); tools,
 // tool calls and tool results in Qwen's templates, and tool calls found in an answer
-// (engine/tool_calls.h).
+// (openai/tool_calls.h).
 #include <gtest/gtest.h>
 
 #include <ctime>
@@ -10,11 +10,11 @@
 #include <functional>
 #include <map>
 
-#include "engine/chat_template.h"
-#include "engine/error.h"
-#include "engine/json.h"
-#include "engine/reasoning.h"
-#include "engine/tool_calls.h"
+#include "openai/chat_template.h"
+#include "engine/base/error.h"
+#include "engine/base/json.h"
+#include "openai/reasoning.h"
+#include "openai/tool_calls.h"
 #include "test_util.h"
 
 using namespace kvpr;

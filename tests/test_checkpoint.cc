@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/checkpoint.h"
-#include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/opt_model.h"
+#include "engine/model/checkpoint.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/base/error.h"
+#include "engine/model/opt_model.h"
 #include "test_util.h"
 
 using namespace kvpr;

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <random>
 
-#include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/base/error.h"
 #include "test_util.h"
 
 using namespace kvpr;

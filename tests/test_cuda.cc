@@ -10,13 +10,13 @@
 #include <cstring>
 #include <map>
 
-#include "engine/backend.h"
-#include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/generator.h"
-#include "engine/json_grammar.h"
-#include "engine/json.h"
-#include "engine/opt_model.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/base/error.h"
+#include "engine/decode/generator.h"
+#include "engine/constrain/json_grammar.h"
+#include "engine/base/json.h"
+#include "engine/model/opt_model.h"
 #include "kv_mode_check.h"
 #include "test_util.h"
 

@@ -4,10 +4,10 @@
 #include <cstring>
 #include <string>
 
-#include "engine/backend.h"
-#include "engine/cpu/vec.h"
-#include "engine/dtype.h"
-#include "engine/json.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/vec.h"
+#include "engine/base/dtype.h"
+#include "engine/base/json.h"
 #include "test_util.h"
 
 using namespace kvpr;

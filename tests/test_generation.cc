@@ -10,14 +10,14 @@
 #include <map>
 #include <set>
 
-#include "engine/cpu/cpu_backend.h"
-#include "engine/demo_model.h"
-#include "engine/error.h"
-#include "engine/generation_config.h"
-#include "engine/generator.h"
-#include "engine/json.h"
-#include "engine/json_grammar.h"
-#include "engine/opt_model.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/model/demo_model.h"
+#include "engine/base/error.h"
+#include "engine/decode/generation_config.h"
+#include "engine/decode/generator.h"
+#include "engine/base/json.h"
+#include "engine/constrain/json_grammar.h"
+#include "engine/model/opt_model.h"
 #include "kv_mode_check.h"
 #include "test_util.h"
 

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "engine/error.h"
-#include "engine/json.h"
+#include "engine/base/error.h"
+#include "engine/base/json.h"
 
 using namespace kvpr;
 

@@ -1,4 +1,4 @@
-// Decoding constrained to JSON (engine/json_grammar.h): the recognizer reads exactly the byte
+// Decoding constrained to JSON (engine/constrain/json_grammar.h): the recognizer reads exactly the byte
 // strings Python's json module reads as one object, every prefix of a valid one stays open, and
 // the token masks over a vocabulary are the tokens whose bytes continue the text.
 #include <gtest/gtest.h>
@@ -6,11 +6,11 @@
 #include <cmath>
 #include <random>
 
-#include "engine/error.h"
-#include "engine/json.h"
-#include "engine/json_grammar.h"
-#include "engine/json_schema.h"
-#include "engine/regex.h"
+#include "engine/base/error.h"
+#include "engine/base/json.h"
+#include "engine/constrain/json_grammar.h"
+#include "engine/constrain/json_schema.h"
+#include "engine/constrain/regex.h"
 #include "test_util.h"
 
 using namespace kvpr;

@@ -11,11 +11,11 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/generator.h"
-#include "engine/llama_model.h"
-#include "engine/npy.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/base/error.h"
+#include "engine/decode/generator.h"
+#include "engine/model/llama_model.h"
+#include "engine/base/npy.h"
 #include "kv_mode_check.h"
 #include "test_util.h"
 

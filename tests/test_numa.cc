@@ -7,8 +7,8 @@
 
 #include <set>
 
-#include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/base/error.h"
 #include "numa/placement.h"
 #include "test_util.h"
 

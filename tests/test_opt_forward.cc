@@ -2,8 +2,8 @@
 // (tests/scripts/make_opt_fixtures.py), for every fixture layout.
 #include <gtest/gtest.h>
 
-#include "engine/cpu/cpu_backend.h"
-#include "engine/opt_model.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/model/opt_model.h"
 #include "test_util.h"
 
 using namespace kvpr;

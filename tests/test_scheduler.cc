@@ -6,12 +6,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/generator.h"
-#include "engine/json.h"
-#include "engine/profiler.h"
-#include "engine/opt_model.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/base/error.h"
+#include "engine/decode/generator.h"
+#include "engine/base/json.h"
+#include "engine/kv/profiler.h"
+#include "engine/model/opt_model.h"
 #include "test_util.h"
 
 using namespace kvpr;

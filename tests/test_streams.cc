@@ -6,11 +6,11 @@
 #include <set>
 #include <cstring>
 
-#include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/generator.h"
-#include "engine/json.h"
-#include "engine/opt_model.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/base/error.h"
+#include "engine/decode/generator.h"
+#include "engine/base/json.h"
+#include "engine/model/opt_model.h"
 #include "test_util.h"
 
 using namespace kvpr;

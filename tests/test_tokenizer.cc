@@ -8,13 +8,13 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/demo_model.h"
-#include "engine/error.h"
-#include "engine/json.h"
-#include "engine/sampling.h"
-#include "engine/tokenizer.h"
-#include "engine/unicode_nfc.h"
-#include "engine/utf8.h"
+#include "engine/model/demo_model.h"
+#include "engine/base/error.h"
+#include "engine/base/json.h"
+#include "engine/decode/sampling.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/unicode_nfc.h"
+#include "engine/base/utf8.h"
 #include "test_util.h"
 
 using namespace kvpr;

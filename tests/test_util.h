@@ -13,9 +13,9 @@
 
 #include <fstream>
 
-#include "engine/json.h"
-#include "engine/npy.h"
-#include "engine/tokenizer.h"
+#include "engine/base/json.h"
+#include "engine/base/npy.h"
+#include "engine/text/tokenizer.h"
 
 namespace kvpr::test {
 

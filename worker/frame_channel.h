@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/json.h"
+#include "engine/base/json.h"
 
 namespace kvpr {
 

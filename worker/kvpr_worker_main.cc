@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {

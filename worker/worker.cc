@@ -8,10 +8,10 @@
 #include <mutex>
 #include <thread>
 
-#include "engine/error.h"
-#include "engine/model.h"
-#include "engine/profiler.h"
-#include "engine/tokenizer.h"
+#include "engine/base/error.h"
+#include "engine/model/model.h"
+#include "engine/kv/profiler.h"
+#include "engine/text/tokenizer.h"
 #ifdef KVPR_HAVE_HWLOC
 #include "numa/placement.h"
 #endif

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/generator.h"
+#include "engine/backend/backend.h"
+#include "engine/decode/generator.h"
 #include "worker/frame_channel.h"
 
 namespace kvpr {

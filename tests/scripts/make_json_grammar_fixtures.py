@@ -3,7 +3,7 @@
 reads each as one JSON object (json.loads of the bytes decoded as strict UTF-8, so that encoded
 surrogates, which json.loads of bytes lets through, are refused; and NaN/Infinity refused, which
 it would take and JSON has not), the reference for kvpr's JSON recognizer
-(engine/json_grammar.h). Valid documents are random values written by json.dumps in several
+(engine/constrain/json_grammar.h). Valid documents are random values written by json.dumps in several
 styles (compact, spaced, indented, ASCII-escaped or not) and hand-made edge cases; invalid ones
 are those documents with a byte deleted, inserted or replaced (classified by json.loads, so some
 stay valid) and hand-made near misses. Bytes are stored as hex. Run offline:

@@ -5,7 +5,7 @@ limits and a recursive tree, as written and made strict the way OpenAI's structu
 want them), documents generated from each (written compact, spaced, indented), those documents
 with a byte deleted, inserted or replaced, and whether each is valid against its schema by the
 `jsonschema` package (Draft 2020-12), with the style rules kvpr's recognizer
-(engine/json_schema.h) adds: an integer is written without a fraction or exponent, a key is given
+(engine/constrain/json_schema.h) adds: an integer is written without a fraction or exponent, a key is given
 once, and the text is UTF-8 JSON without NaN/Infinity. Bytes are stored as hex. Run offline:
   python3 tests/scripts/make_json_schema_fixtures.py
 """

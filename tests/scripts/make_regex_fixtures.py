@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Produces tests/data/regex/cases.json for engine/regex.h: patterns of the supported ECMAScript
+"""Produces tests/data/regex/cases.json for engine/constrain/regex.h: patterns of the supported ECMAScript
 subset (and the regexes kvpr's JSON Schema formats stand for) with strings, and whether each
 matches by Python's `re` as JSON Schema's `pattern` means it (a search; ^ and $ anchor the whole
 text). Python's and ECMAScript's regexes agree on these strings: ASCII-only classes (re.ASCII),
@@ -16,7 +16,7 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "re
 DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-# What kvpr's formats stand for (engine/regex.cc's format_pattern): the specification here.
+# What kvpr's formats stand for (engine/constrain/regex.cc's format_pattern): the specification here.
 FORMATS = {
     "date": "^" + DATE + "$",
     "time": "^" + TIME + "$",

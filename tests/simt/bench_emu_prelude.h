@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "tests/simt/cuda_backend_emu.h"
 
 namespace kvpr {

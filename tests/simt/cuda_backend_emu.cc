@@ -1,4 +1,4 @@
-// The unchanged CUDA backend (engine/cuda/cuda_backend.cu) built by the host compiler against
+// The unchanged CUDA backend (engine/backend/cuda/cuda_backend.cu) built by the host compiler against
 // the emulated CUDA runtime and cuBLAS (cuda_runtime_emu.h), its kernels run by the SIMT
 // emulator. Its entry points are renamed so that it can live next to a real CUDA build.
 #include "tests/simt/simt_emu.h"
@@ -9,7 +9,7 @@
 #define cuda_device_count emulated_cuda_device_count
 #define make_cuda_backend make_emulated_cuda_backend
 #define cuda_pci_bus_id emulated_cuda_pci_bus_id
-#include "engine/cuda/cuda_backend.cu"
+#include "engine/backend/cuda/cuda_backend.cu"
 #undef cuda_device_count
 #undef make_cuda_backend
 #undef cuda_pci_bus_id

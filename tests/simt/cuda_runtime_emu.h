@@ -1,5 +1,5 @@
 // An emulated CUDA device for CI (which has the CUDA headers but no GPU): the part of the CUDA
-// runtime and cuBLAS that engine/cuda/cuda_backend.cu calls, so that the unchanged backend,
+// runtime and cuBLAS that engine/backend/cuda/cuda_backend.cu calls, so that the unchanged backend,
 // with its kernels run by the SIMT emulator (simt_emu.h), is tested end to end on the CPU:
 // tests/test_cuda.cc (the GPU test suite) runs against it in CI on every change.
 //

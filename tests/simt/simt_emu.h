@@ -1,5 +1,5 @@
 // A SIMT emulator for the CUDA kernels, so that CI (which has nvcc but no GPU) runs every
-// kernel of engine/cuda/ against the CPU backend, under AddressSanitizer too.
+// kernel of engine/backend/cuda/ against the CPU backend, under AddressSanitizer too.
 //
 // The kernel sources are compiled unchanged by the host compiler with this header included
 // first (tests/simt/*_emu.cc). A launch runs the grid's blocks one after another; each GPU

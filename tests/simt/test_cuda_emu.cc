@@ -12,10 +12,10 @@
 // clang-format off
 #include "tests/simt/cuda_runtime_emu.h"
 // clang-format on
-#include "engine/cpu/cpu_backend.h"
-#include "engine/cuda/kernels.h"
-#include "engine/generator.h"
-#include "engine/opt_model.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/cuda/kernels.h"
+#include "engine/decode/generator.h"
+#include "engine/model/opt_model.h"
 #include "tests/simt/cuda_backend_emu.h"
 #if defined(KVPR_HAVE_HWLOC)
 #include "numa/placement.h"

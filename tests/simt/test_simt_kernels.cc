@@ -1,4 +1,4 @@
-// The CUDA kernels (engine/cuda/*.cu), run by the SIMT emulator (simt_emu.h) on the CPU,
+// The CUDA kernels (engine/backend/cuda/*.cu), run by the SIMT emulator (simt_emu.h) on the CPU,
 // against the CPU backend's ops. CI has no GPU: this is where kernel indexing, bounds,
 // reductions and split merges are checked on every change (and under ASan in CI's second
 // phase). tests/test_cuda.cc runs the same comparisons on a real device.
@@ -9,11 +9,11 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/cpu/cpu_backend.h"
-#include "engine/cuda/kernels.h"
-#include "engine/json.h"
-#include "engine/sampling.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/cuda/kernels.h"
+#include "engine/base/json.h"
+#include "engine/decode/sampling.h"
 #include "tests/test_util.h"
 
 using namespace kvpr;
@@ -262,7 +262,7 @@ TEST(SimtKernelsFp8, ConvertCopyFillAndAttention) {
 }
 
 // Greedy choice and log-sum-exp per row: ties go to the first id, ids past `valid` never
-// win, a constant row picks id 0; the same as the host's sequential scan (engine/sampling.cc).
+// win, a constant row picks id 0; the same as the host's sequential scan (engine/decode/sampling.cc).
 TEST(SimtSampling, ArgmaxLseMatchesHostScan) {
   CpuBackend cpu;
   for (auto [R, V, valid] : {std::tuple{6, 50272, 50265}, {3, 1000, 1000}, {3, 33, 7}}) {

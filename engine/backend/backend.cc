@@ -1,0 +1,173 @@
+#include "engine/backend/backend.h"
+
+#include <cstdint>
+#include <fstream>
+
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/base/error.h"
+
+#ifdef KVPR_HAVE_CUDA
+#include "engine/backend/cuda/cuda_backend.h"
+#endif
+
+namespace kvpr {
+
+const char* graph_outcome_name(GraphOutcome o) {
+  switch (o) {
+    case GraphOutcome::None: return "none";
+    case GraphOutcome::Eager: return "eager";
+    case GraphOutcome::Captured: return "captured";
+    case GraphOutcome::Replayed: return "replayed";
+    case GraphOutcome::Interrupted: return "interrupted";
+  }
+  return "?";
+}
+
+const char* stream_name(Stream s) {
+  switch (s) {
+    case Stream::Compute: return "compute";
+    case Stream::H2D: return "h2d";
+    case Stream::D2H: return "d2h";
+  }
+  return "?";
+}
+
+void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) {
+  KVPR_CHECK(dst.rank() == 2 && src.rank() == 2 && dst.dim(1) == src.dim(1) &&
+                 is_storage_float(dst.dtype()) && is_storage_float(src.dtype()),
+             "copy_rows: dst ", dst.describe(), " and src ", src.describe(), " must be 2-D float of one width");
+  for (const RowSpan& s : spans)
+    KVPR_CHECK(s.count >= 0 && s.src_row >= 0 && s.dst_row >= 0 && s.src_row + s.count <= src.dim(0) &&
+                   s.dst_row + s.count <= dst.dim(0),
+               "copy_rows: span of ", s.count, " rows from ", s.src_row, " to ", s.dst_row, " outside src ",
+               src.describe(), " or dst ", dst.describe());
+}
+
+void Backend::copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans, Stream s,
+                         const char* what) {
+  check_copy_spans(dst, src, spans);
+  for (const RowSpan& r : spans)
+    if (r.count > 0) copy(dst.rows(r.dst_row, r.count), src.rows(r.src_row, r.count), s, what);
+}
+
+void check_copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) {
+  check_row_spans(dst, src, spans);
+  KVPR_CHECK(dst.dtype() == src.dtype(), "copy_spans: dst ", dst.describe(), " and src ", src.describe(),
+             " differ in dtype");
+}
+
+void check_linear_batched_dtypes(const Tensor& out, const Tensor& x, const Tensor& w) {
+  KVPR_CHECK(is_storage_float(x.dtype()) &&
+                 (out.dtype() == DType::F32 || (out.dtype() == w.dtype() && w.dtype() != DType::F8E4M3)),
+             "linear_batched: input ", x.describe(), " and output ", out.describe(), " for weights ", w.describe());
+}
+
+LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const char* what) {
+  KVPR_CHECK(out.dtype() == DType::F32 && x.dtype() == DType::F32 && x.rank() >= 1 && x.dim(-1) > 0, what,
+             ": output ", out.describe(), " and input ", x.describe(), " must be F32");
+  const int64_t K = x.dim(-1), M = x.numel() / K, N = w.rank() == 2 ? w.dim(0) : 0;
+  KVPR_CHECK(w.rank() == 2 && w.dim(1) == K && out.numel() == M * N && (!bias.defined() || bias.numel() == N), what,
+             ": shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
+  return LinearShape{M, N, K};
+}
+
+int64_t check_rope(const Tensor& x, const Tensor& positions, int head_dim) {
+  KVPR_CHECK(x.dtype() == DType::F32 && x.rank() >= 2 && head_dim > 0 && head_dim % 2 == 0 &&
+                 x.dim(-1) % head_dim == 0 && positions.dtype() == DType::I32 && positions.rank() == 1 &&
+                 positions.dim(0) == x.dim(-2),
+             "rope: x ", x.describe(), " (F32 [..., T, heads*head_dim]) and positions ", positions.describe(),
+             " (I32 [T]) do not fit head_dim ", head_dim);
+  return positions.dim(0);
+}
+
+void check_rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma) {
+  KVPR_CHECK(out.dtype() == DType::F32 && x.dtype() == DType::F32 && x.rank() >= 1 && out.numel() == x.numel() &&
+                 gamma.numel() == x.dim(-1) && is_float(gamma.dtype()),
+             "rms_norm: shapes out ", out.describe(), " x ", x.describe(), " gamma ", gamma.describe());
+}
+
+void check_scatter_add_rows(const Tensor& out, const Tensor& src, const Tensor& ids, const Tensor& scales) {
+  KVPR_CHECK(out.dtype() == DType::F32 && src.dtype() == DType::F32 && ids.dtype() == DType::I32 &&
+                 scales.dtype() == DType::F32 && out.rank() == 2 && src.rank() == 2 && src.dim(1) == out.dim(1) &&
+                 ids.numel() == src.dim(0) && scales.numel() == src.dim(0),
+             "scatter_add_rows: shapes out ", out.describe(), " src ", src.describe(), " ids ", ids.describe(),
+             " scales ", scales.describe());
+}
+
+void check_silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  KVPR_CHECK(out.dtype() == DType::F32 && gate.dtype() == DType::F32 && up.dtype() == DType::F32 &&
+                 out.numel() == gate.numel() && gate.numel() == up.numel(),
+             "silu_mul: shapes out ", out.describe(), " gate ", gate.describe(), " up ", up.describe());
+}
+
+int64_t check_argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) {
+  KVPR_CHECK(logits.dtype() == DType::F32 && stats.dtype() == DType::F32 && logits.rank() >= 1 && logits.dim(-1) > 0,
+             "argmax_lse: logits ", logits.describe(), " and stats ", stats.describe(), " must be F32");
+  const int64_t V = logits.dim(-1), R = logits.numel() / V;
+  KVPR_CHECK(ids.dtype() == DType::I32 && ids.numel() == R && stats.numel() == 2 * R && valid > 0 && valid <= V,
+             "argmax_lse: shapes ids ", ids.describe(), " stats ", stats.describe(), " logits ", logits.describe(),
+             " valid ", valid);
+  return R;
+}
+
+size_t host_bytes_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return SIZE_MAX;
+}
+
+bool cuda_available() {
+#ifdef KVPR_HAVE_CUDA
+  return cuda_device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+int visible_cuda_devices() {
+#ifdef KVPR_HAVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+std::vector<std::string> cuda_pci_bus_ids() {
+  std::vector<std::string> ids;
+#ifdef KVPR_HAVE_CUDA
+  for (int d = 0; d < cuda_device_count(); ++d) ids.push_back(cuda_pci_bus_id(d));
+#endif
+  return ids;
+}
+
+std::unique_ptr<Backend> create_backend(const std::string& name, int device) {
+  if (name == "cpu") return std::make_unique<CpuBackend>();
+  if (name == "cuda" || name == "auto") {
+#ifdef KVPR_HAVE_CUDA
+    if (cuda_device_count() > 0) return make_cuda_backend(device);
+#endif
+    (void)device;
+    if (name == "auto") return std::make_unique<CpuBackend>();
+#ifdef KVPR_HAVE_CUDA
+    KVPR_THROW("backend 'cuda' requested but no CUDA device is visible");
+#else
+    KVPR_THROW("backend 'cuda' requested but this build has no CUDA backend (configure with KVPR_CUDA=ON)");
+#endif
+  }
+  KVPR_THROW("unknown backend '", name, "' (expected auto, cpu or cuda)");
+}
+
+bool parse_dtype(std::string_view s, DType* out) {
+  if (s == "F32" || s == "f32" || s == "float32" || s == "fp32" || s == "float") *out = DType::F32;
+  else if (s == "F16" || s == "f16" || s == "float16" || s == "fp16" || s == "half") *out = DType::F16;
+  else if (s == "BF16" || s == "bf16" || s == "bfloat16") *out = DType::BF16;
+  else if (s == "F8_E4M3" || s == "fp8" || s == "fp8_e4m3" || s == "f8_e4m3" || s == "float8_e4m3fn") *out = DType::F8E4M3;
+  else return false;
+  return true;
+}
+
+}  // namespace kvpr

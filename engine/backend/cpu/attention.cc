@@ -1,0 +1,166 @@
+// Multi-head causal attention on host threads: used by the CPU backend and by the cpu-attn
+// KV mode (FastDecode-style attention over the host KV store).
+#include "engine/backend/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "engine/backend/cpu/vec.h"
+#include "engine/base/error.h"
+
+namespace kvpr {
+
+using cpu::dispatch_float;
+using cpu::F32Tag;
+
+namespace {
+
+// Decode attention (one query per sequence) in the flash-decoding style: each sequence's
+// context is cut into chunks processed in parallel; a chunk streams its K rows and then its
+// V rows front to back (all heads of a row together, so memory is read sequentially) and
+// leaves per-head (max, sum, unnormalised output) that are merged afterwards.
+template <typename Tag>
+void decode_attention_chunk(const float* q, const typename Tag::T* k, const typename Tag::T* v, int64_t t0,
+                            int64_t t1, int64_t kv_width, int heads, int group, int64_t hd, float scale, float* scores,
+                            float* m_out, float* l_out, float* acc) {
+  const int64_t n = t1 - t0;
+  for (int64_t t = 0; t < n; ++t) {
+    const typename Tag::T* krow = k + (t0 + t) * kv_width;
+    for (int h = 0; h < heads; ++h) scores[h * n + t] = cpu::dot<Tag>(q + h * hd, krow + (h / group) * hd, hd) * scale;
+  }
+  for (int h = 0; h < heads; ++h) {
+    float* sc = scores + h * n;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sc[t]);
+    float sum = 0.f;
+    for (int64_t t = 0; t < n; ++t) sum += sc[t] = std::exp(sc[t] - mx);
+    m_out[h] = mx;
+    l_out[h] = sum;
+  }
+  std::fill(acc, acc + heads * hd, 0.f);
+  for (int64_t t = 0; t < n; ++t) {
+    const typename Tag::T* vrow = v + (t0 + t) * kv_width;
+    for (int h = 0; h < heads; ++h) cpu::axpy<Tag>(acc + h * hd, scores[h * n + t], vrow + (h / group) * hd, hd);
+  }
+}
+
+}  // namespace
+
+void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs, int heads,
+                   float scale, ThreadPool& pool) {
+  KVPR_CHECK(out.dtype() == DType::F32 && q.dtype() == DType::F32, "attention: q and out must be F32");
+  const int64_t hidden = q.dim(-1);
+  KVPR_CHECK(heads > 0 && hidden % heads == 0, "attention: hidden ", hidden, " not divisible by ",
+             heads, " heads");
+  const int64_t hd = hidden / heads;
+  if (seqs.empty()) return;
+  // K/V rows may hold fewer heads than q: query head h reads KV head h / group (GQA).
+  const int64_t kv_width = seqs.front().k.dim(-1);
+  KVPR_CHECK(kv_width % hd == 0 && heads % (kv_width / hd) == 0, "attention: K/V width ", kv_width,
+             " is not a whole number of KV heads of ", hd, " dividing ", heads, " heads");
+  const int group = static_cast<int>(heads / (kv_width / hd));
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const AttentionSeq& a = seqs[s];
+    KVPR_CHECK(a.k.dim(0) >= a.past_len + a.q_len && a.v.dim(0) >= a.past_len + a.q_len &&
+                   a.k.dim(1) == kv_width && a.v.dim(1) == kv_width && a.k.dtype() == a.v.dtype() &&
+                   a.q_begin + a.q_len <= q.dim(0),
+               "attention: sequence ", s, " has k ", a.k.describe(), " v ", a.v.describe(),
+               " for past ", a.past_len, " + ", a.q_len, " queries");
+  }
+  const float* qp = q.data_as<float>();
+  float* op = out.data_as<float>();
+
+  // Decode rows (q_len == 1): chunked over the context.
+  constexpr int64_t kChunk = 256;
+  struct Piece {
+    size_t seq;
+    int64_t t0, t1;
+  };
+  std::vector<Piece> pieces;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    if (seqs[s].q_len != 1) continue;
+    int64_t n = seqs[s].past_len + 1;
+    for (int64_t t0 = 0; t0 < n; t0 += kChunk) pieces.push_back({s, t0, std::min(n, t0 + kChunk)});
+  }
+  if (!pieces.empty()) {
+    const int64_t stride = heads * (hd + 2);  // m, l, acc per head
+    std::vector<float> partial(pieces.size() * stride);
+    pool.parallel_for(static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e) {
+      std::vector<float> scores(heads * kChunk);
+      for (int64_t i = b; i < e; ++i) {
+        const Piece& pc = pieces[i];
+        const AttentionSeq& a = seqs[pc.seq];
+        float* part = partial.data() + i * stride;
+        dispatch_float(a.k.dtype(), [&](auto tag) {
+          using T = typename decltype(tag)::T;
+          decode_attention_chunk<decltype(tag)>(qp + a.q_begin * hidden, a.k.data_as<T>(), a.v.data_as<T>(), pc.t0,
+                                                pc.t1, kv_width, heads, group, hd, scale, scores.data(), part, part + heads,
+                                                part + 2 * heads);
+        });
+      }
+    });
+    // Merge the chunks of each sequence.
+    for (size_t i = 0; i < pieces.size();) {
+      size_t j = i;
+      while (j < pieces.size() && pieces[j].seq == pieces[i].seq) ++j;
+      float* o = op + seqs[pieces[i].seq].q_begin * hidden;
+      for (int h = 0; h < heads; ++h) {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (size_t c = i; c < j; ++c) mx = std::max(mx, partial[c * stride + h]);
+        float denom = 0.f;
+        std::fill(o + h * hd, o + (h + 1) * hd, 0.f);
+        for (size_t c = i; c < j; ++c) {
+          const float* part = partial.data() + c * stride;
+          float w = std::exp(part[h] - mx);
+          denom += w * part[heads + h];
+          const float* acc = part + 2 * heads + h * hd;
+          for (int64_t d = 0; d < hd; ++d) o[h * hd + d] += w * acc[d];
+        }
+        float inv = 1.f / denom;
+        for (int64_t d = 0; d < hd; ++d) o[h * hd + d] *= inv;
+      }
+      i = j;
+    }
+  }
+
+  // Prefill rows (q_len > 1): one work item per (sequence, query row, head).
+  std::vector<int64_t> first_item(seqs.size() + 1, 0);
+  for (size_t s = 0; s < seqs.size(); ++s)
+    first_item[s + 1] = first_item[s] + (seqs[s].q_len > 1 ? seqs[s].q_len * heads : 0);
+  pool.parallel_for(first_item.back(), 1, [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    size_t s = std::upper_bound(first_item.begin(), first_item.end(), b) - first_item.begin() - 1;
+    for (int64_t item = b; item < e; ++item) {
+      while (item >= first_item[s + 1]) ++s;
+      const AttentionSeq& a = seqs[s];
+      int64_t local = item - first_item[s];
+      int64_t j = local / heads, h = local % heads;
+      int64_t n = a.past_len + j + 1;  // keys visible to this query
+      const float* qr = qp + (a.q_begin + j) * hidden + h * hd;
+      float* orow = op + (a.q_begin + j) * hidden + h * hd;
+      scores.resize(n);
+      dispatch_float(a.k.dtype(), [&](auto tag) {
+        using T = typename decltype(tag)::T;
+        const T* kp = a.k.data_as<T>() + (h / group) * hd;
+        const T* vp = a.v.data_as<T>() + (h / group) * hd;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < n; ++t) {
+          scores[t] = cpu::dot<decltype(tag)>(qr, kp + t * kv_width, hd) * scale;
+          mx = std::max(mx, scores[t]);
+        }
+        float sum = 0.f;
+        for (int64_t t = 0; t < n; ++t) {
+          scores[t] = std::exp(scores[t] - mx);
+          sum += scores[t];
+        }
+        float inv = 1.f / sum;
+        std::fill(orow, orow + hd, 0.f);
+        for (int64_t t = 0; t < n; ++t) cpu::axpy<decltype(tag)>(orow, scores[t] * inv, vp + t * kv_width, hd);
+      });
+    }
+  });
+}
+
+}  // namespace kvpr

@@ -1,0 +1,267 @@
+// Elementwise and row kernels of the CUDA backend.
+#include "engine/backend/backend.h"
+#include "engine/backend/cuda/cuda_check.h"
+#include "engine/backend/cuda/device_util.cuh"
+#include "engine/backend/cuda/kernels.h"
+
+KVPR_CUDA_NAMESPACE_BEGIN
+
+namespace {
+
+template <typename T>
+__global__ void gather_rows_kernel(float* out, const T* table, const int32_t* ids, int64_t rows, int64_t n_ids,
+                                   int64_t width, bool accumulate) {
+  for (int64_t i = blockIdx.x; i < n_ids; i += gridDim.x) {
+    int64_t r = ids[i];
+    if (r < 0 || r >= rows) r = 0;  // ids are validated on the host; never read out of bounds
+    const T* src = table + r * width;
+    float* dst = out + i * width;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) {
+      float v = to_f32(src[j]);
+      dst[j] = accumulate ? dst[j] + v : v;
+    }
+  }
+}
+
+__global__ void scatter_add_rows_kernel(float* out, const float* src, const int32_t* ids, const float* scales,
+                                        int64_t rows, int64_t n, int64_t width) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int64_t r = ids[i];
+    if (r < 0 || r >= rows) continue;  // ids are validated on the host; never write out of bounds
+    const float s = scales[i];
+    const float* in = src + i * width;
+    float* dst = out + r * width;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) dst[j] += s * in[j];
+  }
+}
+
+template <typename T>
+__global__ void layer_norm_kernel(float* out, const float* x, const T* gamma, const T* beta, int64_t rows,
+                                  int64_t width, float eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * width;
+    float s = 0.f;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) s += xr[j];
+    const float mean = block_sum(s) / static_cast<float>(width);
+    float q = 0.f;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) {
+      float c = xr[j] - mean;
+      q += c * c;
+    }
+    const float inv = rsqrtf(block_sum(q) / static_cast<float>(width) + eps);
+    float* o = out + r * width;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x)
+      o[j] = (xr[j] - mean) * inv * to_f32(gamma[j]) + to_f32(beta[j]);
+    __syncthreads();  // out may alias x: finish reading the row before the next one
+  }
+}
+
+template <typename T>
+__global__ void rms_norm_kernel(float* out, const float* x, const T* gamma, int64_t rows, int64_t width, float eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * width;
+    float q = 0.f;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) q += xr[j] * xr[j];
+    const float inv = rsqrtf(block_sum(q) / static_cast<float>(width) + eps);
+    float* o = out + r * width;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) o[j] = xr[j] * inv * to_f32(gamma[j]);
+    __syncthreads();  // out may alias x: finish reading the row before the next one
+  }
+}
+
+// One block per row; each thread turns pairs (i, i + head_dim/2) of the row's heads.
+__global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t width, int head_dim,
+                            RopeParams params) {
+  const int half = head_dim / 2;
+  const int64_t pairs = width / 2;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int32_t p = positions[r % t];
+    float* row = x + r * width;
+    for (int64_t j = threadIdx.x; j < pairs; j += blockDim.x) {
+      const int i = static_cast<int>(j % half);
+      float* v = row + (j / half) * head_dim;
+      double s, c;
+      sincos(static_cast<double>(rope_angle(p, i, head_dim, params)), &s, &c);
+      const float cf = static_cast<float>(c) * params.attention_scale, sf = static_cast<float>(s) * params.attention_scale;
+      const float lo = v[i], hi = v[i + half];
+      v[i] = lo * cf - hi * sf;
+      v[i + half] = hi * cf + lo * sf;
+    }
+  }
+}
+
+__global__ void silu_mul_kernel(float* out, const float* gate, const float* up, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.f + expf(-g)) * up[i];
+  }
+}
+
+template <typename O, typename T>
+__global__ void bias_act_kernel(O* out, const T* bias, int64_t batch, int64_t m, int64_t n, int act) {
+  const int64_t per = m * n, total = batch * per;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = to_f32(out[i]);
+    if (bias) v += to_f32(bias[(i / per) * n + i % n]);
+    if (act == 1) v = fmaxf(v, 0.f);
+    else if (act == 2) v = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    out[i] = from_f32<O>(v);
+  }
+}
+
+template <typename O, typename T>
+__global__ void fill_bias_kernel(O* out, const T* bias, int64_t batch, int64_t m, int64_t n) {
+  const int64_t per = m * n, total = batch * per;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = from_f32<O>(to_f32(bias[(i / per) * n + i % n]));
+}
+
+__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+
+template <typename D, typename S>
+__global__ void convert_kernel(D* dst, const S* src, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = from_f32<D>(to_f32(src[i]));
+}
+
+template <typename D, typename S>
+__global__ void copy_rows_kernel(D* dst, const S* src, const SpanDesc* spans, int64_t n_spans, int64_t total_rows,
+                                 int64_t width) {
+  for (int64_t r = blockIdx.x; r < total_rows; r += gridDim.x) {
+    int64_t lo = 0, hi = n_spans - 1;  // the last span starting at or before row r
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (spans[mid].first <= r) lo = mid;
+      else hi = mid - 1;
+    }
+    const SpanDesc s = spans[lo];
+    const S* in = src + (s.src_row + (r - s.first)) * width;
+    D* out = dst + (s.dst_row + (r - s.first)) * width;
+    for (int64_t c = threadIdx.x; c < width; c += blockDim.x) out[c] = from_f32<D>(to_f32(in[c]));
+  }
+}
+
+template <typename T>
+__global__ void fill_random_kernel(T* dst, int64_t n, uint64_t seed, float mean, float stddev) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = from_f32<T>(mean + stddev * random_normal(seed, static_cast<uint64_t>(i)));
+}
+
+}  // namespace
+
+void gather_rows(float* out, const void* table, DType table_dtype, const int32_t* ids, int64_t rows, int64_t n_ids,
+                 int64_t width, bool accumulate, cudaStream_t stream) {
+  if (n_ids == 0) return;
+  KVPR_FLOAT_DISPATCH(table_dtype, T,
+                      KVPR_LAUNCH(grid_for(n_ids, 1, 65535), 256, 0, stream, gather_rows_kernel<T>)(
+                          out, static_cast<const T*>(table), ids, rows, n_ids, width, accumulate));
+  CUDA_CHECK_LAUNCH();
+}
+
+void scatter_add_rows(float* out, const float* src, const int32_t* ids, const float* scales, int64_t rows, int64_t n,
+                      int64_t width, cudaStream_t stream) {
+  if (n == 0) return;
+  KVPR_LAUNCH(grid_for(n, 1, 65535), 256, 0, stream, scatter_add_rows_kernel)(out, src, ids, scales, rows, n, width);
+  CUDA_CHECK_LAUNCH();
+}
+
+void layer_norm(float* out, const float* x, const void* gamma, const void* beta, DType param_dtype, int64_t rows,
+                int64_t width, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  KVPR_FLOAT_DISPATCH(param_dtype, T,
+                      KVPR_LAUNCH(grid_for(rows, 1, 65535), 256, 0, stream, layer_norm_kernel<T>)(
+                          out, x, static_cast<const T*>(gamma), static_cast<const T*>(beta), rows, width, eps));
+  CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm(float* out, const float* x, const void* gamma, DType gamma_dtype, int64_t rows, int64_t width, float eps,
+              cudaStream_t stream) {
+  if (rows == 0) return;
+  KVPR_FLOAT_DISPATCH(gamma_dtype, T,
+                      KVPR_LAUNCH(grid_for(rows, 1, 65535), 256, 0, stream, rms_norm_kernel<T>)(
+                          out, x, static_cast<const T*>(gamma), rows, width, eps));
+  CUDA_CHECK_LAUNCH();
+}
+
+void rope(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t width, int head_dim,
+          RopeParams params, cudaStream_t stream) {
+  if (rows == 0 || width == 0) return;
+  KVPR_LAUNCH(grid_for(rows, 1, 65535), 128, 0, stream, rope_kernel)(x, positions, rows, t, width, head_dim, params);
+  CUDA_CHECK_LAUNCH();
+}
+
+void silu_mul(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, silu_mul_kernel)(out, gate, up, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void bias_act(void* out, DType out_dtype, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n,
+              int act, cudaStream_t stream) {
+  if (batch * m * n == 0) return;
+  KVPR_FLOAT_DISPATCH(out_dtype, O,
+                      KVPR_FLOAT_DISPATCH(bias_dtype, T,
+                                          KVPR_LAUNCH(grid_for(batch * m * n, 256), 256, 0, stream,
+                                                      bias_act_kernel<O, T>)(static_cast<O*>(out),
+                                                                             static_cast<const T*>(bias), batch, m,
+                                                                             n, act)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void fill_bias(void* out, DType out_dtype, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n,
+               cudaStream_t stream) {
+  if (batch * m * n == 0) return;
+  KVPR_FLOAT_DISPATCH(out_dtype, O,
+                      KVPR_FLOAT_DISPATCH(bias_dtype, T,
+                                          KVPR_LAUNCH(grid_for(batch * m * n, 256), 256, 0, stream,
+                                                      fill_bias_kernel<O, T>)(static_cast<O*>(out),
+                                                                              static_cast<const T*>(bias), batch, m,
+                                                                              n)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, add_kernel)(out, a, b, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  KVPR_STORAGE_DISPATCH(dst_dtype, D,
+                      KVPR_STORAGE_DISPATCH(src_dtype, S,
+                                          KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, convert_kernel<D, S>)(
+                                              static_cast<D*>(dst), static_cast<const S*>(src), n)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void copy_rows(void* dst, DType dst_dtype, const void* src, DType src_dtype, const SpanDesc* spans, int64_t n_spans,
+               int64_t total_rows, int64_t width, cudaStream_t stream) {
+  if (total_rows == 0 || width == 0 || n_spans == 0) return;
+  KVPR_STORAGE_DISPATCH(dst_dtype, D,
+                      KVPR_STORAGE_DISPATCH(src_dtype, S,
+                                          KVPR_LAUNCH(grid_for(total_rows, 1, 1u << 20), 128, 0, stream,
+                                                      copy_rows_kernel<D, S>)(static_cast<D*>(dst),
+                                                                              static_cast<const S*>(src), spans,
+                                                                              n_spans, total_rows, width)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, float stddev, cudaStream_t stream) {
+  if (n == 0) return;
+  KVPR_STORAGE_DISPATCH(dtype, T,
+                      KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, fill_random_kernel<T>)(static_cast<T*>(dst), n, seed, mean,
+                                                                                  stddev));
+  CUDA_CHECK_LAUNCH();
+}
+
+KVPR_CUDA_NAMESPACE_END

@@ -1,0 +1,85 @@
+#include "engine/base/thread_pool.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace kvpr {
+
+ThreadPool::ThreadPool(int threads) {
+  for (int i = 1; i < std::max(1, threads); ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+ThreadPool& ThreadPool::global() {
+  static ThreadPool pool([] {
+    if (const char* env = std::getenv("KVPR_THREADS")) {
+      int n = std::atoi(env);
+      if (n > 0) return n;
+    }
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }());
+  return pool;
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain,
+                              const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  int64_t chunks = std::min<int64_t>(size(), (n + grain - 1) / grain);
+  if (chunks <= 1) {
+    fn(0, n);
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  task_ = &fn;
+  task_n_ = n;
+  chunks_ = chunks;
+  next_chunk_ = 0;
+  pending_ = chunks;
+  ++generation_;
+  lock.unlock();
+  wake_.notify_all();
+  // The caller works too.
+  while (true) {
+    lock.lock();
+    if (next_chunk_ >= chunks_) break;
+    int64_t c = next_chunk_++;
+    lock.unlock();
+    fn(c * n / chunks, (c + 1) * n / chunks);
+    lock.lock();
+    if (--pending_ == 0) done_.notify_all();
+    lock.unlock();
+  }
+  done_.wait(lock, [&] { return pending_ == 0; });
+  task_ = nullptr;
+}
+
+void ThreadPool::worker_loop(int /*index*/) {
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    wake_.wait(lock, [&] { return stop_ || (generation_ != seen && task_ && next_chunk_ < chunks_); });
+    if (stop_) return;
+    seen = generation_;
+    while (task_ && next_chunk_ < chunks_) {
+      int64_t c = next_chunk_++;
+      const auto* fn = task_;
+      int64_t n = task_n_, chunks = chunks_;
+      lock.unlock();
+      (*fn)(c * n / chunks, (c + 1) * n / chunks);
+      lock.lock();
+      if (--pending_ == 0) done_.notify_all();
+    }
+  }
+}
+
+}  // namespace kvpr

@@ -1,0 +1,108 @@
+// Decoding constrained to JSON (OpenAI's response_format {"type": "json_object"}): a byte-level
+// recognizer of JSON text (RFC 8259) and, over a tokenizer's vocabulary, the mask of the tokens
+// that can continue what has been generated so far.
+//
+// The recognizer reads one JSON value a byte at a time (an object, when asked for one), with
+// strings checked as UTF-8 and escapes as JSON's, and refuses a byte that cannot continue it.
+// Whitespace between tokens is compact by default (nothing, a space, or a newline and up to 20
+// bytes of indentation: json_lex::Whitespace), or any whitespace up to `max_whitespace` bytes
+// in a row when permissive, so that a model cannot loop on blank lines; nesting is limited to
+// `max_depth`. After the value only that whitespace may follow, and the end-of-sequence tokens
+// become allowed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "engine/constrain/json_lex.h"
+#include "engine/constrain/json_schema.h"
+
+namespace kvpr {
+
+struct JsonGrammarOptions {
+  bool object_only = true;  // the value must be an object (json_object)
+  bool permissive_whitespace = false;  // any whitespace between tokens, not only the compact forms
+  int max_whitespace = 48;  // permissive: whitespace bytes in a row between tokens of the JSON
+  int max_depth = 64;       // nested objects and arrays (at most 64)
+  json_lex::Whitespace whitespace() const {
+    return {permissive_whitespace, static_cast<uint8_t>(max_whitespace < 0 ? 0 : max_whitespace > 255 ? 255 : max_whitespace)};
+  }
+};
+
+class JsonRecognizer {
+ public:
+  using Options = JsonGrammarOptions;
+  explicit JsonRecognizer(const Options& o = {});
+
+  // Reads one byte; false (and the recognizer is then unusable) when it cannot continue the text.
+  bool feed(uint8_t c);
+  bool feed(std::string_view bytes);
+  // A whole value has been read (a number at the top level counts once it is well formed).
+  bool complete() const;
+
+  // The state, as bytes: equal states accept the same continuations.
+  std::string_view key() const { return {reinterpret_cast<const char*>(&s_), sizeof s_}; }
+  // Inside a string, between characters: how many more characters it may take (INT64_MAX: no
+  // bound); -1 elsewhere. A token of plain characters (no quote, backslash, control character or
+  // partial UTF-8) then fits exactly when it has no more characters than that.
+  int64_t plain_string_room() const;
+
+ private:
+  struct State {
+    uint64_t stack = 0;  // bit d set: the container at depth d is an object
+    uint8_t depth = 0;
+    uint8_t mode = 0;
+    uint8_t sub = 0;  // string: escape state; number: where in it; literal: next char
+    uint8_t aux = 0;  // string: UTF-8 continuation bytes due; literal: which
+    uint8_t ws = 0;   // whitespace bytes in a row
+    uint8_t key = 0;  // the string being read is an object's key
+    uint8_t pad[2] = {0, 0};
+  };
+  bool value_start(uint8_t c);
+  void end_value();
+  bool close(bool object);
+
+  State s_;
+  json_lex::Whitespace ws_;
+  uint8_t max_depth_;
+  bool object_only_;
+};
+
+// The tokens that may come next while generating JSON. The vocabulary is every id's bytes as
+// the text shows them ("" for special tokens, which never belong to the JSON).
+class JsonTokenConstraint {
+ public:
+  using Vocabulary = std::vector<std::string>;
+  // Any JSON value (an object with o.object_only).
+  JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, const JsonGrammarOptions& o = {});
+  // A JSON text valid against `schema` (json_schema.h); o's whitespace and depth apply.
+  JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
+                      const JsonGrammarOptions& o = {});
+
+  // Sets the logits of ids in [0, valid) that cannot come next to -infinity. `end_ids` (EOS and
+  // stop ids) stay only once the JSON is complete. Returns how many ids are left (0 when the
+  // JSON is complete and nothing may follow but an end id the sequence does not have).
+  int64_t mask(float* logits, int32_t valid, const std::vector<int32_t>& end_ids);
+  // The chosen id: its bytes continue the JSON (an end id adds none).
+  void advance(int32_t id);
+  bool complete() const {
+    return std::visit([](const auto& r) { return r.complete(); }, r_);
+  }
+
+ private:
+  const std::vector<uint8_t>& allowed(int32_t valid);
+
+  std::shared_ptr<const Vocabulary> vocab_;
+  std::vector<int32_t> plain_chars_;  // per id: its characters when it is plain string text, else -1
+  std::shared_ptr<const JsonSchema> schema_;
+  std::variant<JsonRecognizer, SchemaRecognizer> r_;
+  // Masks of recent states (JSON revisits the same states: inside strings, between members).
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> cache_;
+  size_t next_victim_ = 0;
+};
+
+}  // namespace kvpr

@@ -1,0 +1,166 @@
+// Decoding constrained to a JSON Schema (OpenAI's response_format {"type": "json_schema"}, and
+// tool calls forced by tool_choice): a schema compiled to a graph of nodes, and a byte-level
+// recognizer of the JSON texts valid against it, the alternatives of an anyOf followed side by
+// side until the text tells them apart.
+//
+// The subset: type (one or a list), properties, required, additionalProperties (false, true or a
+// schema), items (a schema, or false), prefixItems (tuples: Pydantic's tuple[int, str]; items then
+// are those after them), minItems, maxItems, uniqueItems (true only for items that are literals:
+// Pydantic's set[Literal[...]] and sets of enums), enum, const, anyOf (and oneOf, as anyOf: the text is valid
+// against one of them), minLength, maxLength, minimum, maximum, exclusiveMinimum,
+// exclusiveMaximum (compared exactly: the text's decimal value against the bound as Python's
+// repr writes it; a bounded number is written without an exponent), pattern (regex.h's subset)
+// and format (date-time, date, time, uuid, email, ipv4 as regex.h's format_pattern; other formats
+// are annotations, as JSON Schema 2020-12 makes every format by default; a string under a pattern
+// or format is written without \u escapes), $ref to "#", "#/$defs/..." or "#/definitions/..."
+// (recursion included), and boolean schemas; annotations (title, description, default, examples,
+// $schema, $id, $comment, deprecated, readOnly, writeOnly) are ignored. Any other keyword is
+// refused by name (kvpr::Error) rather than ignored, so that a schema is never silently loosened.
+// The text is written in one style the schema fixes nothing about: keys of a closed object
+// (additionalProperties false) as plain strings without escapes, each at most once; enum and
+// const values as Python's compact json.dumps writes them (ensure_ascii=False).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/base/json.h"
+#include "engine/constrain/json_lex.h"
+#include "engine/constrain/regex.h"
+
+namespace kvpr {
+
+struct SchemaNode {
+  enum class Kind : uint8_t { Any, Object, Array, String, Number, Integer, Literals, AnyOf };
+  Kind kind = Kind::Any;
+  // Object
+  std::vector<std::string> names;  // properties, at most 64
+  std::vector<int> props;          // their nodes
+  uint64_t required = 0;           // bit i: names[i] is required
+  int additional = -1;             // node of other keys' values; -1: no other keys
+  // Array
+  int items = -1;  // node of the items (-1: any), those after prefix
+  std::vector<int> prefix;  // prefixItems: the nodes of the first items
+  int64_t min_items = 0, max_items = -1;
+  // uniqueItems true, for items that are one of a set of literals (enum, const, boolean): each
+  // literal at most once.
+  bool unique = false;
+  int item(int64_t index, int any) const {  // the node of item `index`
+    return index < static_cast<int64_t>(prefix.size()) ? prefix[static_cast<size_t>(index)] : items >= 0 ? items : any;
+  }
+  // String
+  int64_t min_length = 0, max_length = -1;
+  // pattern and format (at most one of each), every one of which the string's value must match
+  std::vector<std::shared_ptr<const Regex>> regexes;
+  // Number, Integer: bounds as decimal texts ("-12.5"); an Integer's are made inclusive integers.
+  struct Bound {
+    bool set = false, exclusive = false;
+    std::string value;
+  };
+  Bound lo, hi;
+  bool bounded() const { return lo.set || hi.set; }
+  // Literals (enum, const, boolean, null): their texts as compact json.dumps
+  std::vector<std::string> literals;
+  // AnyOf: the alternatives, flattened once compiled (none is an AnyOf, each once)
+  std::vector<int> options;
+};
+
+// What one schema may cost. A schema past one of them is refused (kvpr::Error naming the limit),
+// so that compiling it, and recognizing text against it, stays bounded whatever a request sends.
+struct SchemaLimits {
+  static constexpr int kMaxNesting = 64;          // schemas inside schemas, each $ref followed counting one
+  static constexpr size_t kMaxNodes = 10000;      // compiled nodes
+  static constexpr size_t kMaxAlternatives = 100000;  // anyOf options, summed over every anyOf (flattened)
+  static constexpr size_t kMaxPatterns = 64;      // distinct pattern and format regexes
+  static constexpr size_t kMaxRegexStates = 100000;   // their NFA states together
+  // Text alternatives followed side by side (SchemaRecognizer's threads). The worst case a schema
+  // allows (overlapping anyOf options nested in each other, over JSON's 64 levels) is computed at
+  // compile time and must not exceed kMaxAmbiguity; while decoding, at most kMaxThreads are
+  // followed (the first ones): dropping one narrows what the model may write, never admits a
+  // text the schema refuses. 128 keeps every one of 128 forced tool calls (tools' limit) open.
+  static constexpr int64_t kMaxThreads = 128;
+  static constexpr int64_t kMaxAmbiguity = 1024;
+  static constexpr double kMaxCompileSeconds = 2.0;  // a backstop behind the counts above
+};
+
+class JsonSchema {
+ public:
+  // Throws kvpr::Error naming what is not supported or malformed ("$.properties.x: ...") or the
+  // SchemaLimits a schema exceeds. A $ref cycle that consumes no text on its way round
+  // ({"$ref": "#"}, an anyOf listing itself) is malformed: it names no value.
+  static JsonSchema compile(const json::Value& schema);
+  const SchemaNode& node(int i) const { return nodes_[static_cast<size_t>(i)]; }
+  int root() const { return root_; }
+  int any() const { return any_; }
+
+ private:
+  std::vector<SchemaNode> nodes_;
+  int root_ = 0, any_ = 0;
+  friend class SchemaCompiler;
+};
+
+class SchemaRecognizer {
+ public:
+  explicit SchemaRecognizer(const JsonSchema* schema, json_lex::Whitespace whitespace = {}, int max_depth = 64);
+  bool feed(uint8_t c);  // false: the byte cannot continue a valid text (the recognizer is then unusable)
+  // A token's bytes: true when they continue one of the alternatives followed (each fed alone).
+  bool feed(std::string_view bytes);
+  // The alternatives followed side by side, and a recognizer of the i-th alone: bytes continue
+  // this recognizer exactly when they continue one of its alternatives (feed(bytes)).
+  size_t alternatives() const { return threads_.size(); }
+  SchemaRecognizer alternative(size_t i) const;
+  bool complete() const;
+  std::string key() const;  // the state: equal keys accept the same continuations
+  int64_t plain_string_room() const;  // as JsonRecognizer's (one alternative inside a string)
+
+ private:
+  struct Frame {
+    int node = 0;
+    bool object = false;
+    uint64_t seen = 0;  // object: properties given
+    int64_t count = 0;  // array: items so far
+    uint64_t used = 0;  // unique array: bit i, literal i of its items has been given
+  };
+  enum class Mode : uint8_t { Value, ArrFirst, ObjFirst, ObjKey, Key, Colon, AfterValue, String, Number, Literal, Done };
+  struct Thread {
+    std::vector<Frame> stack;
+    Mode mode = Mode::Value;
+    int node = 0;         // Value: the schema of the value due; String/Number/Literal: of the one being read
+    uint8_t sub = 0;      // string: escape state; number: where in it
+    uint8_t aux = 0;      // string: UTF-8 continuation bytes due
+    uint8_t ws = 0;
+    int64_t length = 0;   // string: characters so far
+    int rx[2] = {0, 0};   // string with regexes: their states
+    uint32_t cp = 0;      // string with regexes: the code point being read
+    std::string key;      // Key: bytes so far; Literal: bytes so far
+    int key_node = -1;    // Colon: the node of the value after it
+  };
+  bool step(Thread& t, uint8_t c, std::vector<Thread>& spawned) const;
+  bool start_value(Thread& t, uint8_t c, std::vector<Thread>& spawned) const;
+  bool end_value(Thread& t) const;
+  bool scalar_may_end(const Thread& t) const;
+  // Bounded numbers (t.key holds the text so far): some continuation lies within the bounds;
+  // the text's value does.
+  bool number_viable(const Thread& t) const;
+  bool number_in_bounds(const Thread& t) const;
+  bool string_regex_byte(Thread& t, const SchemaNode& n, uint8_t c, uint8_t sub0, uint8_t aux0, int r) const;
+  bool close(Thread& t, bool object) const;
+  bool object_may_close(const Thread& t) const;
+  bool object_may_continue(const Thread& t) const;
+  // In a uniqueItems array: the item literals given so far (null when the value is no such item).
+  const uint64_t* used_literals(const Thread& t) const;
+  static std::string thread_key(const Thread& t);
+  static void merge(std::vector<Thread>& threads);
+  SchemaRecognizer(const SchemaRecognizer& other, const Thread& only)
+      : schema_(other.schema_), ws_(other.ws_), max_depth_(other.max_depth_), threads_{only} {}
+
+  const JsonSchema* schema_;
+  json_lex::Whitespace ws_;
+  uint8_t max_depth_;
+  std::vector<Thread> threads_;
+};
+
+}  // namespace kvpr

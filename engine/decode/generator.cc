@@ -1,0 +1,583 @@
+#include "engine/decode/generator.h"
+
+#include <algorithm>
+#include <random>
+
+#include "engine/base/error.h"
+#include "engine/base/thread_pool.h"
+
+namespace kvpr {
+
+json::Value logprob_pairs_json(const std::vector<TokenLogprob>& v) {
+  json::Array a;
+  for (const auto& [id, lp] : v) {
+    json::Array pair;
+    pair.emplace_back(static_cast<int64_t>(id));
+    pair.emplace_back(static_cast<double>(lp));
+    a.emplace_back(std::move(pair));
+  }
+  return json::Value(std::move(a));
+}
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::None: return "none";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+struct Generator::Sequence {
+  uint64_t id;
+  GenerationParams params;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top;
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_top;
+  int64_t slot = -1;
+  int64_t past_len = 0;  // tokens whose K/V are in the cache
+  int64_t cached = 0;    // of the prompt's, those found in the prefix cache
+  Rng rng;
+  StreamDecoder decoder;
+  std::string text;     // decoded so far (truncated at a stop string when one matched)
+  size_t emitted = 0;   // bytes of `text` already handed out
+  bool cancelled = false;
+  std::unique_ptr<JsonTokenConstraint> json;  // params.json_object
+  std::vector<int32_t> end_ids;               // ids that end it (EOS unless ignore_eos, stop ids)
+  std::vector<int32_t> checked;               // a speculative step's chunk: the last token, then drafts
+  Sequence(uint64_t i, const GenerationParams& p, std::vector<int32_t> pr, uint64_t seed, const Tokenizer& t)
+      : id(i), params(p), prompt(std::move(pr)), rng(seed), decoder(t) {}
+};
+
+Generator::~Generator() = default;
+
+Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOptions& opts)
+    : model_(model), tok_(tokenizer) {
+  const ModelSpec& c = model.spec();
+  max_seq_len_ = opts.max_seq_len > 0 ? std::min(opts.max_seq_len, c.max_position_embeddings)
+                                      : c.max_position_embeddings;
+  KVPR_CHECK(opts.max_batch > 0, "max_batch must be positive");
+  KVPR_CHECK(opts.max_step_tokens > 0, "max_step_tokens must be positive");
+  max_step_tokens_ = opts.max_step_tokens;
+  // A graph step cannot hold the per-layer copies and event waits of KV or weights that move.
+  cuda_graphs_ = opts.cuda_graphs && opts.kv.mode == KvMode::Resident && !model.weight_stream() &&
+                 model.graph_capturable();
+  // Ids the tokenizer cannot produce (OPT pads its embedding to 50272) are never sampled.
+  valid_vocab_ = static_cast<int32_t>(std::min<int64_t>(c.vocab_size, tokenizer.size()));
+  KvRuntimeOptions kv = opts.kv;
+  kv.kv_dtype = opts.kv_dtype.value_or(model.weight_dtype());
+  runtime_ = model.make_kv_runtime(opts.max_batch, max_seq_len_, kv);
+  for (int64_t s = opts.max_batch; s-- > 0;) free_slots_.push_back(s);
+  slot_cache_.resize(static_cast<size_t>(opts.max_batch));
+  prefix_caching_ = opts.prefix_caching;
+  KVPR_CHECK(opts.speculative_tokens >= 0 && opts.speculative_tokens <= 64, "speculative_tokens must be in 0..64");
+  KVPR_CHECK(opts.prompt_lookup_min >= 1 && opts.prompt_lookup_max >= opts.prompt_lookup_min,
+             "prompt lookup needs 1 <= prompt_lookup_min <= prompt_lookup_max");
+  speculative_tokens_ = opts.speculative_tokens;
+  lookup_max_ = opts.prompt_lookup_max;
+  lookup_min_ = opts.prompt_lookup_min;
+  json_options_.permissive_whitespace = opts.permissive_json_whitespace;
+}
+
+std::vector<int32_t> Generator::propose(const Sequence& s, int64_t most) const {
+  const int64_t P = static_cast<int64_t>(s.prompt.size()), L = P + static_cast<int64_t>(s.tokens.size());
+  auto at = [&](int64_t i) { return i < P ? s.prompt[static_cast<size_t>(i)] : s.tokens[static_cast<size_t>(i - P)]; };
+  for (int64_t n = std::min<int64_t>(lookup_max_, L - 1); n >= lookup_min_; --n) {
+    // The latest i < L - n with at(i .. i + n) equal to the last n tokens.
+    for (int64_t i = L - n - 1; i >= 0; --i) {
+      int64_t j = 0;
+      while (j < n && at(i + j) == at(L - n + j)) ++j;
+      if (j < n) continue;
+      std::vector<int32_t> drafts;
+      for (int64_t d = i + n; d < L && static_cast<int64_t>(drafts.size()) < most; ++d) drafts.push_back(at(d));
+      return drafts;
+    }
+  }
+  return {};
+}
+
+uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& params) {
+  KVPR_CHECK(!prompt.empty(), "the prompt is empty");
+  KVPR_CHECK(params.max_new_tokens >= 0, "max_tokens must be >= 0, got ", params.max_new_tokens);
+  validate(params.sampling);
+  const int64_t vocab = model_.spec().vocab_size;
+  for (int32_t t : prompt)
+    KVPR_CHECK(t >= 0 && t < vocab, "token id ", t, " is out of range [0, ", vocab, ")");
+  KVPR_CHECK(static_cast<int64_t>(prompt.size()) < max_seq_len_, "the prompt has ", prompt.size(),
+             " tokens but the context holds ", max_seq_len_);
+  for (const auto& s : params.stop) KVPR_CHECK(!s.empty(), "stop strings must not be empty");
+  KVPR_CHECK(params.top_logprobs >= 0 && params.top_logprobs <= 20, "top_logprobs must be in 0..20, got ",
+             params.top_logprobs);
+  KVPR_CHECK(params.prompt_logprobs >= -1 && params.prompt_logprobs <= 20, "prompt_logprobs must be in -1..20, got ",
+             params.prompt_logprobs);
+  uint64_t seed = params.sampling.seed ? *params.sampling.seed : std::random_device{}();
+  uint64_t id = next_id_++;
+  auto seq = std::make_unique<Sequence>(id, params, std::move(prompt), seed, tok_);
+  if (params.json_object || params.json_schema) {
+    if (!json_vocab_) {  // each id's text as the output shows it (special tokens: none)
+      auto v = std::make_shared<JsonTokenConstraint::Vocabulary>(static_cast<size_t>(valid_vocab_));
+      for (int32_t t = 0; t < valid_vocab_; ++t) (*v)[static_cast<size_t>(t)] = tok_.token_bytes(t, true);
+      json_vocab_ = std::move(v);
+    }
+    seq->json = params.json_schema ? std::make_unique<JsonTokenConstraint>(json_vocab_, params.json_schema, json_options_)
+                                   : std::make_unique<JsonTokenConstraint>(json_vocab_, json_options_);
+    if (!params.ignore_eos) {
+      if (tok_.eos_id()) seq->end_ids.push_back(*tok_.eos_id());
+      for (int32_t e : tok_.extra_eos_ids()) seq->end_ids.push_back(e);
+    }
+    for (int32_t e : params.stop_token_ids) seq->end_ids.push_back(e);
+  }
+  waiting_.push_back(std::move(seq));
+  return id;
+}
+
+void Generator::cancel(uint64_t id) {
+  for (auto& s : waiting_)
+    if (s->id == id) s->cancelled = true;
+  for (auto& s : running_)
+    if (s->id == id) s->cancelled = true;
+}
+
+int64_t Generator::cached_tokens() const {
+  int64_t n = 0;
+  for (const auto& s : running_) n += s->past_len;
+  return n;
+}
+
+SequenceResult Generator::take_result(uint64_t id) {
+  auto it = done_.find(id);
+  KVPR_CHECK(it != done_.end(), "sequence ", id, " has not finished");
+  SequenceResult r = std::move(it->second);
+  done_.erase(it);
+  return r;
+}
+
+// Text that can be shown now: everything when final, else all but a suffix that could still
+// grow into a stop string.
+std::string Generator::take_visible_text(Sequence& s, bool final) {
+  size_t limit = s.text.size();
+  if (!final) {
+    for (const auto& stop : s.params.stop) {
+      for (size_t k = std::min(stop.size() - 1, s.text.size()); k > 0; --k) {
+        if (s.text.compare(s.text.size() - k, k, stop, 0, k) == 0) {
+          limit = std::min(limit, s.text.size() - k);
+          break;
+        }
+      }
+    }
+  }
+  if (limit <= s.emitted) return "";
+  std::string out = s.text.substr(s.emitted, limit - s.emitted);
+  s.emitted = limit;
+  return out;
+}
+
+void Generator::finish(Sequence& s, FinishReason r, bool flush_decoder, std::vector<StepOutput>& out,
+                       StepOutput& ev) {
+  if (flush_decoder) s.text += s.decoder.finish();  // bytes held back for an unfinished character
+  ev.finish = r;
+  ev.text += take_visible_text(s, true);
+  out.push_back(ev);
+  if (s.slot >= 0) {  // its slot keeps the K/V of every token that went through the model
+    SlotCache& c = slot_cache_[static_cast<size_t>(s.slot)];
+    c.tokens.clear();
+    if (prefix_caching_) {
+      const int64_t P = static_cast<int64_t>(s.prompt.size());
+      c.tokens.assign(s.prompt.begin(), s.prompt.begin() + std::min(s.past_len, P));
+      if (s.past_len > P) c.tokens.insert(c.tokens.end(), s.tokens.begin(), s.tokens.begin() + (s.past_len - P));
+    }
+    c.freed = ++clock_;
+  }
+  SequenceResult res;
+  res.cached_tokens = s.cached;
+  res.prompt = std::move(s.prompt);
+  res.tokens = std::move(s.tokens);
+  res.logprobs = std::move(s.logprobs);
+  res.top = std::move(s.top);
+  res.prompt_logprobs = std::move(s.prompt_logprobs);
+  res.prompt_top = std::move(s.prompt_top);
+  res.text = std::move(s.text);
+  res.finish = r;
+  done_[s.id] = std::move(res);
+  if (s.slot >= 0) free_slots_.push_back(s.slot);
+  s.slot = -1;
+}
+
+void Generator::take_slot(Sequence& s) {
+  const bool reuse = prefix_caching_ && s.params.prompt_logprobs < 0;
+  // The last prompt token is always computed: its logits choose the first new token.
+  const size_t limit = s.prompt.size() - 1;
+  size_t pick = 0;
+  size_t best = 0;
+  for (size_t i = 0; i < free_slots_.size(); ++i) {
+    const SlotCache& c = slot_cache_[static_cast<size_t>(free_slots_[i])];
+    size_t m = 0;
+    if (reuse) {
+      const size_t n = std::min(limit, c.tokens.size());
+      while (m < n && c.tokens[m] == s.prompt[m]) ++m;
+    }
+    if (m > best || (m == best && c.freed < slot_cache_[static_cast<size_t>(free_slots_[pick])].freed)) {
+      best = m;
+      pick = i;
+    }
+  }
+  s.slot = free_slots_[pick];
+  free_slots_.erase(free_slots_.begin() + static_cast<std::ptrdiff_t>(pick));
+  slot_cache_[static_cast<size_t>(s.slot)].tokens.clear();  // the new sequence writes over it
+  s.past_len = s.cached = static_cast<int64_t>(best);
+  if (reuse) {
+    prefix_stats_.queries += static_cast<int64_t>(s.prompt.size());
+    prefix_stats_.hits += static_cast<int64_t>(best);
+  }
+}
+
+bool Generator::emit_token(Sequence& s, const Sampled& pick, std::vector<TokenLogprob> top, StepOutput ev,
+                           std::vector<StepOutput>& out) {
+  if (s.params.top_logprobs > 0) s.top.push_back(top);
+  s.tokens.push_back(pick.token);
+  s.logprobs.push_back(pick.logprob);
+  ev.token = pick.token;
+  ev.logprob = pick.logprob;
+  ev.top = std::move(top);
+  const bool is_eos = tok_.is_eos(pick.token) && !s.params.ignore_eos;
+  const auto& stop_ids = s.params.stop_token_ids;
+  if (is_eos || std::find(stop_ids.begin(), stop_ids.end(), pick.token) != stop_ids.end()) {
+    finish(s, FinishReason::Stop, true, out, ev);
+    return true;
+  }
+  size_t before = s.text.size();
+  s.text += s.decoder.push(pick.token);
+  // Stop strings: search only where a new match could start.
+  size_t cut = std::string::npos;
+  for (const auto& stop : s.params.stop) {
+    size_t from = before >= stop.size() ? before - stop.size() + 1 : 0;
+    size_t f = s.text.find(stop, from);
+    if (f != std::string::npos) cut = std::min(cut, f);
+  }
+  if (cut != std::string::npos) {
+    s.text.resize(std::max(cut, s.emitted));
+    finish(s, FinishReason::Stop, false, out, ev);
+    return true;
+  }
+  bool at_limit = static_cast<int>(s.tokens.size()) >= s.params.max_new_tokens || s.past_len + 1 >= max_seq_len_;
+  if (at_limit) {
+    finish(s, FinishReason::Length, true, out, ev);
+    return true;
+  }
+  ev.text = take_visible_text(s, false);
+  out.push_back(ev);
+  return false;
+}
+
+void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_row, bool host_rows,
+                              std::vector<StepOutput>& out) {
+  // Row j holds the logits after chunk token j (the last token, then draft j). The token chosen
+  // there is the next one; while it is draft j + 1 (for sampled sequences: while speculative
+  // sampling accepts it), that draft's K/V, computed in this chunk, stand and row j + 1 chooses
+  // the token after it.
+  const int32_t* ids = host_ids_.data_as<int32_t>();
+  const float* stats = host_stats_.data_as<float>();
+  const int64_t V = model_.spec().vocab_size;
+  const SamplingParams& sp = s.params.sampling;
+  const bool greedy = sp.temperature == 0.f || sp.top_k == 1;
+  const int64_t past = c.past_len;
+  for (int64_t j = 0; j < c.count; ++j) {
+    const int64_t r = first_row + j;
+    const int32_t draft = j + 1 < c.count ? c.tokens[j + 1] : -1;
+    Sampled pick{ids[r], stats[2 * r] - stats[2 * r + 1]};
+    bool accepted = pick.token == draft;
+    std::vector<TokenLogprob> top;
+    if (host_rows) {  // sampled, adjusted, constrained or with alternatives: from the logits on the host
+      const float* row = logits_.data_as<float>() + r * V;
+      if (s.params.top_logprobs > 0) top = top_logprobs(row, valid_vocab_, s.params.top_logprobs, stats[2 * r + 1], scratch_);
+      std::vector<float> adjusted;
+      if (sp.adjusts_logits() || s.json) adjusted.assign(row, row + V);
+      // Penalties count the drafts taken so far as generated; the JSON mask follows them too (the
+      // constraint advances by each token handed out, drafts included, and by nothing else).
+      if (sp.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, sp, s.prompt, s.tokens);
+      if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
+        StepOutput ev;  // a complete text with nothing allowed after it, and no end id to say so
+        ev.id = s.id;
+        s.past_len = past + 1 + j;
+        finish(s, FinishReason::Stop, true, out, ev);
+        return;
+      }
+      const float* choose = adjusted.empty() ? row : adjusted.data();
+      int32_t t;
+      if (greedy) {
+        t = row_argmax_lse(choose, valid_vocab_).token;
+        accepted = t == draft;
+      } else if (draft >= 0) {
+        const Speculated sd = speculative_sample(choose, valid_vocab_, sp, s.rng, scratch_, draft);
+        t = sd.pick.token;
+        accepted = sd.accepted;
+      } else {
+        t = sample_token(choose, valid_vocab_, sp, s.rng, scratch_).token;
+      }
+      pick = Sampled{t, static_cast<float>(static_cast<double>(row[t]) - stats[2 * r + 1])};
+      if (s.json) s.json->advance(t);
+    }
+    s.past_len = past + 1 + j;  // K/V of the last token and of the drafts taken so far
+    StepOutput ev;
+    ev.id = s.id;
+    if (emit_token(s, pick, std::move(top), ev, out)) return;
+    if (!accepted) return;  // the rest of the drafts are off
+    ++spec_stats_.accepted;
+  }
+}
+
+std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
+  std::vector<StepOutput> out;
+  // Retire cancelled sequences and admit waiting ones into free slots (FIFO).
+  auto retire_cancelled = [&](std::vector<std::unique_ptr<Sequence>>& v) {
+    for (auto it = v.begin(); it != v.end();) {
+      if ((*it)->cancelled) {
+        StepOutput ev;
+        ev.id = (*it)->id;
+        finish(**it, FinishReason::Cancelled, true, out, ev);
+        it = v.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
+  retire_cancelled(waiting_);
+  retire_cancelled(running_);
+  // The step's work: one token of every decoding sequence, then prompt chunks while the token
+  // budget lasts: those of prompts already being prefilled, then of new ones admitted into free
+  // slots (FIFO). A prompt longer than what is left goes on in the next steps (chunked prefill).
+  std::vector<Sequence*> batch;
+  std::vector<ForwardChunk> chunks;
+  std::vector<char> speculates;  // per chunk: the last token and drafts, one logits row each
+  auto greedy = [](const Sequence& s) { return s.params.sampling.temperature == 0.f || s.params.sampling.top_k == 1; };
+  int64_t decodes = 0;
+  // Drafts take what the step's token budget leaves after one token per decoding sequence.
+  int64_t spare = max_step_tokens_;
+  for (auto& s : running_) spare -= s->past_len >= static_cast<int64_t>(s->prompt.size());
+  for (auto& s : running_) {
+    if (s->past_len < static_cast<int64_t>(s->prompt.size())) continue;
+    ForwardChunk c;
+    c.slot = s->slot;
+    c.past_len = s->past_len;
+    c.tokens = &s->tokens.back();
+    c.count = 1;
+    // Drafts to check: never more than the tokens still allowed after the model's own next one,
+    // nor past the context, nor past the step's budget.
+    const int64_t room = std::min<int64_t>({speculative_tokens_, spare,
+                                            s->params.max_new_tokens - static_cast<int64_t>(s->tokens.size()) - 1,
+                                            max_seq_len_ - s->past_len - 2});
+    const bool eligible = room > 0 && !observer;
+    std::vector<int32_t> drafts = eligible ? propose(*s, room) : std::vector<int32_t>();
+    if (!drafts.empty()) {
+      s->checked.assign(1, s->tokens.back());
+      s->checked.insert(s->checked.end(), drafts.begin(), drafts.end());
+      c.tokens = s->checked.data();
+      c.count = static_cast<int64_t>(s->checked.size());
+      c.all_rows = true;
+      spec_stats_.proposed += static_cast<int64_t>(drafts.size());
+      spare -= static_cast<int64_t>(drafts.size());
+    }
+    chunks.push_back(c);
+    batch.push_back(s.get());
+    speculates.push_back(!drafts.empty());
+    decodes += c.count;
+  }
+  // At least one prompt token a step, however many sequences decode.
+  int64_t budget = std::max<int64_t>(max_step_tokens_ - decodes, 1);
+  auto add_prefill = [&](Sequence* s) {
+    const int64_t left = static_cast<int64_t>(s->prompt.size()) - s->past_len;
+    ForwardChunk c;
+    c.slot = s->slot;
+    c.past_len = s->past_len;
+    c.tokens = s->prompt.data() + s->past_len;
+    c.count = std::min(left, budget);
+    c.all_rows = s->params.prompt_logprobs >= 0;
+    budget -= c.count;
+    chunks.push_back(c);
+    batch.push_back(s);
+    speculates.push_back(0);
+  };
+  for (auto& s : running_)
+    if (budget > 0 && s->past_len < static_cast<int64_t>(s->prompt.size())) add_prefill(s.get());
+  while (budget > 0 && !waiting_.empty() && !free_slots_.empty()) {
+    auto s = std::move(waiting_.front());
+    waiting_.erase(waiting_.begin());
+    if (s->params.max_new_tokens == 0 && s->params.prompt_logprobs < 0) {
+      StepOutput ev;
+      ev.id = s->id;
+      finish(*s, FinishReason::Length, true, out, ev);
+      continue;
+    }
+    take_slot(*s);
+    add_prefill(s.get());
+    running_.push_back(std::move(s));
+  }
+  if (batch.empty()) return out;
+  // Sequences whose prompt this step completes, or that decode, choose a token.
+  std::vector<char> chooses(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i)
+    chooses[i] = chunks[i].past_len + chunks[i].count >= static_cast<int64_t>(batch[i]->prompt.size());
+
+  const int64_t V = model_.spec().vocab_size;
+  // Logits rows: one per chunk (its last token), or one per token of a chunk whose prompt is
+  // scored; last[i] is the row batch[i]'s next token comes from.
+  std::vector<int64_t> first(batch.size()), last(batch.size());
+  int64_t rows = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    first[i] = rows;
+    rows += chunks[i].all_rows ? chunks[i].count : 1;
+    last[i] = rows - 1;
+  }
+  Backend& be = model_.backend();
+  // A step that only decodes is the same work every step (until the number of sequences
+  // changes or the longest context passes 256, 512, 1024, ... tokens): recorded, it is
+  // replayed as one CUDA graph.
+  bool graph_step = cuda_graphs_;
+  for (const ForwardChunk& c : chunks) graph_step = graph_step && c.count == 1 && !c.all_rows;
+  GraphStepScope graph(be, graph_step);
+  Tensor dev_logits = model_.forward_device(chunks, *runtime_);
+  // Greedy choice and log-sum-exp of every row on the device; the logits themselves come to
+  // the host only when a row samples (temperature), alternatives or prompt scores are asked
+  // for, or an observer wants them.
+  auto scores_prompt = [&](size_t i) { return chunks[i].all_rows && !speculates[i]; };
+  bool need_logits = false;
+  for (size_t i = 0; i < batch.size(); ++i)
+    need_logits = need_logits || scores_prompt(i) ||
+                  (chooses[i] && (observer || !greedy(*batch[i]) || batch[i]->params.top_logprobs > 0 ||
+                                  batch[i]->params.sampling.adjusts_logits() || batch[i]->json));
+  if (!dev_ids_.defined() || dev_ids_.numel() < rows) {
+    const int64_t cap = std::max<int64_t>(rows, 64);
+    dev_ids_ = be.alloc(DType::I32, {cap});
+    dev_stats_ = be.alloc(DType::F32, {cap, 2});
+    // Pinned: the copies below stay asynchronous (into pageable memory each would make the
+    // host wait), so the step costs the host one wait, for the compute stream only.
+    host_ids_ = be.alloc_pinned(DType::I32, {cap});
+    host_stats_ = be.alloc_pinned(DType::F32, {cap, 2});
+  }
+  be.argmax_lse(dev_ids_.rows(0, rows), dev_stats_.rows(0, rows), dev_logits, valid_vocab_);
+  be.copy(host_ids_.rows(0, rows), dev_ids_.rows(0, rows), Stream::Compute);
+  be.copy(host_stats_.rows(0, rows), dev_stats_.rows(0, rows), Stream::Compute);
+  if (need_logits) {
+    if (!logits_.defined() || logits_.dim(0) < rows) logits_ = be.alloc_pinned(DType::F32, {rows, V});
+    be.copy(logits_.rows(0, rows), dev_logits, Stream::Compute);
+  }
+  last_graph_ = graph.end();
+  // Only the compute stream: the KV runtime's last write-backs may still run on the copy
+  // streams while the host samples (its own events order them before their buffers' reuse).
+  be.synchronize(be.record(Stream::Compute));
+  const float* stats = host_stats_.data_as<float>();
+  auto row_of = [&](int64_t r) { return logits_.data_as<float>() + r * V; };
+
+  // Greedy rows take the device's choice; sampled rows are drawn on host threads (each
+  // sequence has its own generator, so the draws do not depend on the threads), as are the
+  // alternatives and prompt scores.
+  std::vector<Sampled> picks(batch.size());
+  std::vector<std::vector<TokenLogprob>> tops(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!chooses[i] || !greedy(*batch[i])) continue;
+    const float* st = stats + 2 * last[i];
+    picks[i] = Sampled{host_ids_.data_as<int32_t>()[last[i]], st[0] - st[1]};
+  }
+  auto score_prompt = [&](size_t i, std::vector<std::pair<float, int32_t>>& scratch) {
+    Sequence& s = *batch[i];
+    const int64_t P = static_cast<int64_t>(s.prompt.size());
+    for (int64_t j = 0; j < chunks[i].count && chunks[i].past_len + j + 1 < P; ++j) {
+      const int64_t r = first[i] + j;  // row j predicts the prompt token after position past + j
+      const int32_t next = s.prompt[static_cast<size_t>(chunks[i].past_len + j + 1)];
+      s.prompt_logprobs.push_back(static_cast<float>(static_cast<double>(row_of(r)[next]) - stats[2 * r + 1]));
+      if (s.params.prompt_logprobs > 0)
+        s.prompt_top.push_back(top_logprobs(row_of(r), valid_vocab_, s.params.prompt_logprobs, stats[2 * r + 1], scratch));
+    }
+  };
+  auto host_work = [&](size_t i, std::vector<std::pair<float, int32_t>>& scratch) {
+    Sequence& s = *batch[i];
+    if (speculates[i]) return;  // its rows are taken in order below (accept_drafts)
+    if (scores_prompt(i)) score_prompt(i, scratch);
+    if (!chooses[i] || s.params.max_new_tokens == 0) return;  // prefill goes on, or scored only
+    const float* row = row_of(last[i]);
+    if (s.params.top_logprobs > 0)
+      tops[i] = top_logprobs(row, valid_vocab_, s.params.top_logprobs, stats[2 * last[i] + 1], scratch);
+    if (s.params.sampling.adjusts_logits() || s.json) {
+      // Penalties, bias and the JSON mask decide the choice; the reported log-probability is
+      // the model's.
+      std::vector<float> adjusted(row, row + V);
+      if (s.params.sampling.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, s.params.sampling, s.prompt, s.tokens);
+      if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
+        picks[i] = Sampled{-1, 0.f};  // a complete object, and no end id to say so: it ends here
+        return;
+      }
+      const int32_t t = greedy(s) ? row_argmax_lse(adjusted.data(), valid_vocab_).token
+                                  : sample_token(adjusted.data(), valid_vocab_, s.params.sampling, s.rng, scratch).token;
+      if (s.json) s.json->advance(t);
+      picks[i] = Sampled{t, static_cast<float>(static_cast<double>(row[t]) - stats[2 * last[i] + 1])};
+    } else if (!greedy(s)) {
+      picks[i] = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch);
+    }
+  };
+  if (need_logits && !observer) {
+    ThreadPool::global().parallel_for(static_cast<int64_t>(batch.size()), 1, [&](int64_t b, int64_t e) {
+      std::vector<std::pair<float, int32_t>> scratch;
+      for (int64_t i = b; i < e; ++i) host_work(static_cast<size_t>(i), scratch);
+    });
+  }
+
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence& s = *batch[i];
+    if (speculates[i]) {
+      accept_drafts(s, chunks[i], first[i], need_logits, out);
+      continue;
+    }
+    s.past_len += chunks[i].count;
+    if (!chooses[i]) {  // the prompt goes on next step
+      if (observer && scores_prompt(i)) host_work(i, scratch_);
+      continue;
+    }
+    if (observer) {
+      observer(s.id, row_of(last[i]), V);
+      host_work(i, scratch_);
+    }
+    if (s.params.max_new_tokens == 0) {  // the prompt was scored; nothing is generated
+      StepOutput ev;
+      ev.id = s.id;
+      ev.prompt_logprobs = s.prompt_logprobs;
+      ev.prompt_top = s.prompt_top;
+      finish(s, FinishReason::Length, true, out, ev);
+      continue;
+    }
+    const Sampled pick = picks[i];
+    if (pick.token < 0) {  // JSON complete with nothing allowed after it
+      StepOutput ev;
+      ev.id = s.id;
+      finish(s, FinishReason::Stop, true, out, ev);
+      continue;
+    }
+    StepOutput ev;
+    ev.id = s.id;
+    if (scores_prompt(i)) {
+      ev.prompt_logprobs = s.prompt_logprobs;
+      ev.prompt_top = s.prompt_top;
+    }
+    emit_token(s, pick, std::move(tops[i]), ev, out);
+  }
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [&](const auto& s) { return s->slot < 0; }),
+                 running_.end());
+  return out;
+}
+
+std::vector<SequenceResult> Generator::generate_all(const std::vector<std::vector<int32_t>>& prompts,
+                                                    const GenerationParams& params,
+                                                    const LogitsObserver& observer) {
+  std::vector<uint64_t> ids;
+  for (const auto& p : prompts) ids.push_back(add(p, params));
+  while (!idle()) step(observer);
+  std::vector<SequenceResult> out;
+  for (uint64_t id : ids) out.push_back(take_result(id));
+  return out;
+}
+
+}  // namespace kvpr

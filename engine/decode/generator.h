@@ -1,0 +1,210 @@
+// Continuous batching over one model: requests join at step boundaries, each step runs one
+// forward over the prompts being admitted and the last token of every running sequence,
+// then samples, detokenizes incrementally and applies stop conditions. Single-threaded:
+// call every method from the thread that owns the Generator.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/base/json.h"
+#include "engine/constrain/json_grammar.h"
+#include "engine/model/model.h"
+#include "engine/decode/sampling.h"
+#include "engine/text/tokenizer.h"
+
+namespace kvpr {
+
+struct GenerationParams {
+  int max_new_tokens = 16;
+  SamplingParams sampling;
+  std::vector<std::string> stop;  // stop strings; the text ends before the first match
+  bool ignore_eos = false;
+  // Ids that end the sequence when sampled (finish reason stop), whatever ignore_eos says; the
+  // id is kept in the tokens and adds no text.
+  std::vector<int32_t> stop_token_ids;
+  int top_logprobs = 0;           // alternatives reported per generated token (0..20)
+  // >= 0: also the log-probability of every prompt token after the first, with this many
+  // alternatives each (0..20). With max_new_tokens = 0 the prompt is only scored.
+  int prompt_logprobs = -1;
+  // The text must be one JSON object (OpenAI's response_format json_object): each token is
+  // chosen among those that continue it (engine/constrain/json_grammar.h), and EOS or a stop id only once
+  // it is complete; a complete object that nothing may follow ends the sequence (stop).
+  bool json_object = false;
+  // The text must be valid against this JSON Schema (response_format json_schema, forced tool
+  // calls): the same masking, by the schema's recognizer (engine/constrain/json_schema.h).
+  std::shared_ptr<const JsonSchema> json_schema;
+};
+
+// [[id, logprob], ...]: how the worker protocol and the CLI's JSON carry alternatives.
+json::Value logprob_pairs_json(const std::vector<TokenLogprob>& v);
+
+enum class FinishReason { None, Stop, Length, Cancelled };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled"
+
+struct GeneratorOptions {
+  int max_batch = 8;          // sequences decoding at once (KV slots)
+  // Tokens per forward (bounds activation memory and the time decoding sequences wait for a
+  // prefill): every decoding sequence's token, then prompts in chunks (chunked prefill) until
+  // the budget is used; the rest of a prompt goes on in the next steps.
+  int64_t max_step_tokens = 8192;
+  int64_t max_seq_len = 0;    // 0 = the model's max_position_embeddings
+  std::optional<DType> kv_dtype;  // default: the model's weight dtype
+  KvRuntimeOptions kv;        // KV mode and its settings (kv.kv_dtype is set from kv_dtype)
+  // Decode steps as CUDA graphs (Backend::begin_graph_step): resident mode, steps that only
+  // decode. Other modes move KV on the copy streams with events every layer, which a graph
+  // step does not hold; prefill steps change shape every time.
+  bool cuda_graphs = false;
+  // Automatic prefix caching: a finished sequence's slot keeps its K/V (and X), and a new
+  // prompt is given the free slot whose kept tokens share the longest prefix with it; only the
+  // rest of the prompt is prefilled (at least its last token, whose logits choose the first new
+  // one). Nothing is copied, so it costs nothing when no prefix matches. Off for prompts whose
+  // tokens are scored (prompt_logprobs).
+  bool prefix_caching = true;
+  // Speculative decoding by prompt lookup (vLLM's "ngram" method): a greedy sequence whose last
+  // prompt_lookup_max..prompt_lookup_min tokens occurred earlier in its prompt or output proposes
+  // the up to speculative_tokens tokens that followed them there; one forward checks them all
+  // (their K/V computed as a chunk), and the tokens agreeing with the model's greedy choices are
+  // taken, plus the model's own choice after them. The tokens are exactly those of decoding one
+  // at a time; a step moves the same KV whatever it checks, so where KV transfer bounds a step
+  // (offload, kvpr) every accepted token is one step saved. 0: off. Sampled sequences take a draft
+  // with its probability (speculative_sample), so their tokens follow the same distribution (not
+  // the same draws); JSON-constrained ones mask each row as the drafts before it left the text.
+  // Sequences whose logits an observer watches decode one token a step.
+  int speculative_tokens = 0;
+  int prompt_lookup_max = 4, prompt_lookup_min = 2;
+  // JSON-constrained answers (json_object, json_schema): whitespace between tokens is compact
+  // (nothing, a space, or a newline and indentation: json_lex::Whitespace) unless permissive.
+  bool permissive_json_whitespace = false;
+};
+
+// Speculative decoding since the Generator started.
+struct SpeculationStats {
+  int64_t proposed = 0;  // draft tokens checked
+  int64_t accepted = 0;  // of those, taken
+};
+
+// What one step produced for one sequence.
+struct StepOutput {
+  uint64_t id = 0;
+  int32_t token = -1;
+  float logprob = 0.f;
+  std::vector<TokenLogprob> top;  // the params.top_logprobs most likely ids at this position
+  // On a sequence's first output when params.prompt_logprobs >= 0: for prompt tokens 1..P-1,
+  // their log-probabilities and the prompt_logprobs most likely ids at each position.
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_top;
+  std::string text;  // new text safe to show (never splits a character or a stop string)
+  FinishReason finish = FinishReason::None;
+};
+
+struct SequenceResult {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens;    // generated ids (EOS included when it ended the sequence)
+  std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top;  // per generated token, when asked for
+  std::vector<float> prompt_logprobs;          // see StepOutput
+  std::vector<std::vector<TokenLogprob>> prompt_top;
+  std::string text;               // generated text, stop string excluded
+  FinishReason finish = FinishReason::None;
+  int64_t cached_tokens = 0;      // prompt tokens whose K/V came from the prefix cache
+};
+
+// Prompt tokens looked up in the prefix cache and found there, since the Generator started.
+struct PrefixCacheStats {
+  int64_t queries = 0;  // prompt tokens of sequences admitted with prefix caching on
+  int64_t hits = 0;     // of those, tokens whose K/V were already in the slot they were given
+};
+
+class Generator {
+ public:
+  Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOptions& opts = {});
+  ~Generator();
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  // Queues a request; throws kvpr::Error (one line) for an empty prompt, a prompt that does
+  // not fit the context, bad ids or bad sampling values.
+  uint64_t add(std::vector<int32_t> prompt, const GenerationParams& params);
+  void cancel(uint64_t id);
+
+  // Called with the raw logits row from which each token is chosen.
+  using LogitsObserver = std::function<void(uint64_t id, const float* logits, int64_t vocab)>;
+  std::vector<StepOutput> step(const LogitsObserver& observer = nullptr);
+
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  size_t running() const { return running_.size(); }
+  // Tokens whose K/V the running sequences hold (host KV in use = this x bytes per token).
+  int64_t cached_tokens() const;
+  const PrefixCacheStats& prefix_cache_stats() const { return prefix_stats_; }
+  const SpeculationStats& speculation_stats() const { return spec_stats_; }
+  size_t waiting() const { return waiting_.size(); }
+  int64_t max_seq_len() const { return max_seq_len_; }
+  KvRuntime& kv_runtime() { return *runtime_; }
+  // What the last step did as a CUDA graph (GraphOutcome::None when it was no graph step).
+  const GraphStep& last_graph_step() const { return last_graph_; }
+
+  // Results of finished sequences (removed by take_result).
+  bool finished(uint64_t id) const { return done_.count(id) > 0; }
+  SequenceResult take_result(uint64_t id);
+
+  // Runs every queued request to completion.
+  std::vector<SequenceResult> generate_all(const std::vector<std::vector<int32_t>>& prompts,
+                                           const GenerationParams& params,
+                                           const LogitsObserver& observer = nullptr);
+
+ private:
+  struct Sequence;
+  void finish(Sequence& s, FinishReason r, bool flush_decoder, std::vector<StepOutput>& out, StepOutput& ev);
+  void take_slot(Sequence& s);  // the free slot whose kept tokens share the longest prefix
+  std::string take_visible_text(Sequence& s, bool final);
+  // Prompt lookup: the tokens that followed the latest earlier occurrence of s's last n tokens
+  // (n from prompt_lookup_max down), at most `most`; empty when none occurred.
+  std::vector<int32_t> propose(const Sequence& s, int64_t most) const;
+  // Hands out one chosen token: records it, then ends the sequence at an end id, a stop string or
+  // its length (returns true), else adds an event with the text now safe to show.
+  bool emit_token(Sequence& s, const Sampled& pick, std::vector<TokenLogprob> top, StepOutput ev,
+                  std::vector<StepOutput>& out);
+  // A speculative chunk's outcome: the tokens chosen row by row (the device's greedy choices, or
+  // from the host's copy of the rows when `host_rows`), as long as they take the drafts.
+  void accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_row, bool host_rows,
+                     std::vector<StepOutput>& out);
+
+  Model& model_;
+  const Tokenizer& tok_;
+  int64_t max_seq_len_;
+  int64_t max_step_tokens_ = 8192;
+  int32_t valid_vocab_;
+  bool cuda_graphs_ = false;
+  GraphStep last_graph_;
+  std::unique_ptr<KvRuntime> runtime_;
+  std::vector<int64_t> free_slots_;
+  // Per slot: the tokens whose K/V it holds once its sequence finished (empty while in use or
+  // with prefix caching off), and when it was freed (least recently freed is reused first).
+  struct SlotCache {
+    std::vector<int32_t> tokens;
+    uint64_t freed = 0;
+  };
+  std::vector<SlotCache> slot_cache_;
+  uint64_t clock_ = 0;
+  bool prefix_caching_ = true;
+  PrefixCacheStats prefix_stats_;
+  int speculative_tokens_ = 0, lookup_max_ = 4, lookup_min_ = 2;
+  JsonGrammarOptions json_options_;  // whitespace of JSON-constrained answers
+  SpeculationStats spec_stats_;
+  std::vector<std::unique_ptr<Sequence>> waiting_, running_;
+  std::map<uint64_t, SequenceResult> done_;
+  uint64_t next_id_ = 1;
+  std::shared_ptr<const JsonTokenConstraint::Vocabulary> json_vocab_;  // every id's text, for JSON masks
+  Tensor logits_;                 // host [rows, vocab], for rows sampled on the host
+  Tensor dev_ids_, dev_stats_;    // device: greedy id and (max, log-sum-exp) per row
+  Tensor host_ids_, host_stats_;  // their host copies
+  std::vector<std::pair<float, int32_t>> scratch_;
+};
+
+}  // namespace kvpr

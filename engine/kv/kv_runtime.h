@@ -1,0 +1,253 @@
+// The KV runtime: where each layer's past K/V come from at every step, written once against
+// the Backend so the CPU backend verifies it and the CUDA backend runs it (docs/design.md §2-3).
+//
+//   resident   K/V stay in device memory                         (upper bound when KV fits)
+//   offload    K/V in host memory; all of KV[0:s'] copied per layer, next layer prefetched
+//   kvpr       X[0:l] copied first and K/V[0:l] recomputed on the device while KV[l:s'] is
+//              copied; both land in one buffer so attention sees contiguous K/V
+//   recompute  l = every cached token with stored X
+//   cpu-attn   Q goes to the host, host threads attend over the host KV, the output comes back
+//
+// Device memory for past K/V is two per-step buffers (layer i and i+1), whatever the number
+// of sequences. New K, V (and X below the activation cap) are stored back on the D2H stream.
+// Not thread-safe: one thread drives a runtime.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/base/error.h"
+#include "engine/kv/split_scheduler.h"
+#include "engine/base/thread_pool.h"
+#include "engine/model/weight_stream.h"
+
+namespace kvpr {
+
+enum class KvMode { Resident, Offload, Kvpr, Recompute, CpuAttn };
+const char* kv_mode_name(KvMode m);
+bool parse_kv_mode(const std::string& s, KvMode* out);
+bool kv_mode_uses_host(KvMode m);
+bool kv_mode_stores_x(KvMode m);
+
+// One sequence's part of a forward call: `tokens` at positions past_len.. in KV slot `slot`.
+struct ForwardChunk {
+  const int32_t* tokens = nullptr;
+  int64_t count = 0;
+  int64_t past_len = 0;
+  int64_t slot = 0;
+  bool all_rows = false;  // logits for every token of the chunk (else only its last)
+};
+
+// The model's K/V projection, used to recompute K/V[0:l] from X.
+class KvProjector {
+ public:
+  virtual ~KvProjector() = default;
+  // x [n, hidden] (the post-norm layer input, F32 or as the KV store holds it) -> kv [2, n,
+  // kv_hidden]: K, then V, in kv_dtype_for(the store's dtype). positions (I32 [n], device
+  // memory) holds each row's position in its sequence when needs_positions() (rotary models
+  // turn K by it); else it is undefined.
+  virtual void project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) = 0;
+  virtual bool needs_positions() const { return false; }
+  // The dtype project_kv writes K/V in when the store holds `storage`: `storage` itself when
+  // the projection's GEMM can write it directly (one GEMM from stored X to stored K/V, the
+  // bias fused), else F32 (K is normalized or turned in fp32 first).
+  virtual DType kv_dtype_for(DType storage) const {
+    (void)storage;
+    return DType::F32;
+  }
+};
+
+struct KvShape {
+  int64_t layers = 0;
+  int64_t hidden = 0;    // width of X
+  int64_t heads = 0;     // query heads
+  int64_t kv_heads = 0;  // key/value heads (fewer than heads with grouped-query attention; 0: = heads)
+  int64_t head_dim = 0;  // ModelSpec's (Qwen3: not hidden / heads)
+  int64_t kv_hidden() const { return (kv_heads > 0 ? kv_heads : heads) * head_dim; }  // width of K and V
+  int64_t q_width() const { return heads * head_dim; }  // width of Q and of the attention output
+};
+
+struct KvRuntimeOptions {
+  KvMode mode = KvMode::Resident;
+  DType kv_dtype = DType::F32;          // storage of K, V and X
+  int64_t activation_cap = -1;          // X kept for the first N tokens of a sequence; -1 = all
+  std::optional<int64_t> forced_split;  // kvpr: this l for every sequence (capped by stored X)
+  int host_attention_threads = 0;       // cpu-attn: threads of the host attention (0 = all)
+  int64_t split_granularity = 16;       // l is a multiple of this (GEMM-friendly)
+  SplitModel split_model = SplitModel::Pipeline;
+  std::optional<LinkProfile> profile;   // kvpr without forced_split needs one
+  bool adapt = true;                    // update the profile from each step's measurements
+  // Column by column (docs/design.md §2): a step's sequences split into this many GPU batches, each
+  // run through a layer before the next layer starts, so one pass over a layer's weights (and
+  // one weight copy, with streamed weights) serves them all while the device holds the KV of
+  // one batch at a time. 1: the whole step is one batch.
+  int64_t gpu_batches = 1;
+};
+
+// K and V of every token and X of the first tokens, per layer and sequence slot, in pinned
+// host memory. Layout per layer: [slots, capacity, width].
+class HostKvStore {
+ public:
+  HostKvStore(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity, DType dtype,
+              int64_t x_capacity);
+  Tensor k(int64_t layer, int64_t slot) const;  // [capacity, kv_hidden]
+  Tensor v(int64_t layer, int64_t slot) const;
+  Tensor x(int64_t layer, int64_t slot) const;  // [x_capacity, hidden]
+  // A layer's rows of every slot as one tensor, [slots * capacity, width]: token i of the
+  // sequence in `slot` is row kv_row(slot, i) (x_row for X), so one copy_spans moves a batch.
+  Tensor k_rows(int64_t layer) const;
+  Tensor v_rows(int64_t layer) const;
+  Tensor x_rows(int64_t layer) const;
+  int64_t kv_row(int64_t slot, int64_t token) const {
+    KVPR_CHECK(token >= 0 && token <= capacity_, "KV row ", token, " past the capacity ", capacity_);
+    return slot * capacity_ + token;
+  }
+  int64_t x_row(int64_t slot, int64_t token) const {
+    KVPR_CHECK(token >= 0 && token <= x_capacity_, "X row ", token, " past the capacity ", x_capacity_);
+    return slot * x_capacity_ + token;
+  }
+  int64_t x_capacity() const { return x_capacity_; }
+  size_t bytes() const;
+
+ private:
+  std::vector<Tensor> k_, v_, x_;
+  int64_t capacity_, x_capacity_, kv_width_, x_width_;
+};
+
+// What one step did: the split and the bytes that crossed the link.
+struct StepStats {
+  std::vector<int64_t> split;  // l of each chunk for layers 1.. (0 where nothing was recomputed)
+  int64_t split_total = 0;
+  // Layer 0's copies have no earlier layer to hide behind, so the scheduler chooses its split
+  // with the paper's model; the other layers use the pipeline model.
+  int64_t split_total_layer0 = 0;
+  std::string split_source;    // "scheduler:pipeline", "scheduler:paper", "forced", "all", "none"
+  double predicted_layer_ms = 0;
+  int64_t h2d_bytes = 0;       // all layers (streamed weights included)
+  int64_t d2h_bytes = 0;
+  int64_t weight_h2d_bytes = 0;  // of h2d_bytes: streamed layer weights
+  double link_gbps_estimate = 0;
+};
+
+class KvRuntime {
+ public:
+  // With `weights`, the layers' weights are streamed too: each layer's copies go on the H2D
+  // stream with its KV (weights front, X[0:l], KV[l:s'], weights back), a layer ahead.
+  KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projector, int64_t slots, int64_t capacity,
+            const KvRuntimeOptions& opts, LayerWeightStream* weights = nullptr);
+  ~KvRuntime();
+
+  KvMode mode() const { return opts_.mode; }
+  int64_t slots() const { return slots_; }
+  int64_t capacity() const { return capacity_; }
+  DType kv_dtype() const { return opts_.kv_dtype; }
+  const HostKvStore* host_store() const { return host_.get(); }
+  SplitScheduler* scheduler() { return scheduler_.get(); }
+  const StepStats& last_step() const { return stats_; }
+  // Host bytes per token of a sequence in this runtime's mode (K, V and X where stored).
+  int64_t host_bytes_per_token() const;
+  // cpu-attn: the host attention on `threads` threads from now on (a worker moved to another
+  // cpuset between steps); a no-op in the other modes.
+  void set_host_attention_threads(int threads);
+  // Throws a one-line error naming the sizes when the KV cache of `slots` x `capacity` tokens
+  // (on the device for resident, else in pinned host memory) exceeds what is free there.
+  static void check_fits(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity,
+                         const KvRuntimeOptions& opts);
+  // Host bytes per token a runtime of `mode` takes by default (no forced split): K and V, and X
+  // for recompute, and for kvpr where recomputing from X can pay (X smaller than K+V: not with
+  // grouped-query attention, where kvpr stores no X and moves the KV as offload does).
+  static int64_t host_bytes_per_token(KvMode mode, const KvShape& shape, DType dtype);
+  // Tokens of X each sequence keeps: activation_cap (all when negative) where X is kept, else 0.
+  static int64_t x_capacity(const KvShape& shape, int64_t capacity, const KvRuntimeOptions& opts);
+
+  // The model's forward calls these, in order: begin, then per layer and per GPU batch
+  // (groups(), of consecutive chunks: rows group_rows(g) of the step's tokens) prepare and
+  // attend, then end.
+  void begin(const std::vector<ForwardChunk>& chunks);
+  struct Rows {
+    int64_t begin = 0, count = 0;
+  };
+  int64_t groups() const { return static_cast<int64_t>(groups_.size()); }
+  Rows group_rows(int64_t group) const;
+  void prepare(int64_t layer, int64_t group);
+  // Of the group's tokens: x, the layer's post-norm input [n, hidden] F32; q [n, hidden], k and
+  // v [n, kv_hidden] F32; out: [n, hidden] F32 attention output.
+  void attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
+              const Tensor& out, float scale);
+  void end();
+
+ private:
+  struct SeqPlan {
+    int64_t slot, past, q_len, q_begin;  // q_begin: first row among its group's tokens
+    int64_t ctx_off;   // first row in the per-step K/V buffers
+    int64_t split[2];  // l for layer 0 and for the other layers
+    int64_t x_off[2];  // first row in the X buffer, likewise
+  };
+  // A GPU batch: plan_[first, last), its tokens' rows, and its buffer extents.
+  struct Group {
+    size_t first = 0, last = 0;
+    int64_t q_begin = 0, q_rows = 0, ctx_rows = 0;
+    int64_t x_rows[2] = {0, 0};    // X rows recomputed for layer 0 and for the others
+    int64_t xpos_off[2] = {0, 0};  // where their positions start in xpos_
+  };
+  static int variant(int64_t layer) { return layer == 0 ? 0 : 1; }
+  std::span<SeqPlan> seqs(int64_t group) { return {plan_.data() + groups_[group].first, plan_.data() + groups_[group].last}; }
+  int64_t unit(int64_t layer, int64_t group) const { return layer * groups() + group; }
+  int64_t x_avail(const SeqPlan& s) const;  // cached tokens of s whose X is stored
+  std::vector<int64_t> distribute(std::span<const SeqPlan> seqs, int64_t total, int64_t cached) const;
+  struct LayerTiming {
+    // h2d_end: the layer's KV has arrived; link_end: its weights too.
+    Event h2d_start, x_ready, h2d_end, link_end, compute_start, compute_end, recompute_start, recompute_end;
+    // The compute stream's waits for copies, as events around each wait: on a GPU the stream,
+    // not the host, waits, so the layer's device time includes them; they are not device work.
+    std::vector<std::pair<Event, Event>> stalls;
+    int64_t h2d_bytes = 0;
+  };
+  void decide_splits();
+  void allocate_step();  // splits and buffers of a step that moves KV
+  void prefetch(int64_t u);       // the copies of unit u = layer * groups() + group
+  void prefetch_next(int64_t u);  // unit u + 1's copies, or after the last one the next step's weights
+  void issue_weights(int64_t layer);  // all of a layer's weights, ahead of its first unit
+  void wait_compute(const Event& e, LayerTiming& t);
+  // Runs `wait` (which makes the compute stream wait) between two compute-stream events.
+  template <typename F>
+  void stall(LayerTiming& t, F&& wait);
+  Tensor grow(Tensor& buf, DType dtype, int64_t rows, int64_t width);
+  void attend_resident(int64_t layer, int64_t group, const Tensor& k, const Tensor& v, const Tensor& q,
+                       const Tensor& out, float scale);
+  void attend_offloaded(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, float scale);
+  void attend_cpu(int64_t layer, int64_t group, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float scale);
+
+  Backend& be_;
+  KvShape shape_;
+  KvProjector& projector_;
+  int64_t slots_, capacity_;
+  KvRuntimeOptions opts_;
+  LayerWeightStream* weights_;
+  std::unique_ptr<HostKvStore> host_;
+  std::vector<Tensor> dev_k_, dev_v_;  // resident: [slots, capacity, width] per layer
+  std::unique_ptr<SplitScheduler> scheduler_;
+  std::unique_ptr<ThreadPool> host_pool_;
+
+  // Per step.
+  std::vector<SeqPlan> plan_;
+  std::vector<Group> groups_;
+  Tensor kbuf_[2], vbuf_[2], xbuf_[2], xnew_[2];  // device, kv dtype
+  Tensor kv_recomputed_, knew_, vnew_;       // device scratch (kv_recomputed_: [2 * rows, kv_hidden])
+  Tensor xpos_;                                   // device: positions of the X rows of both variants
+  Tensor host_q_, host_out_;                      // pinned (cpu-attn)
+  Event buf_free_[2], buf_stored_[2];
+  std::vector<Event> store_done_;                 // per layer: last store to the host finished
+  std::vector<LayerTiming> timing_;               // per unit (layer, group)
+  StepStats stats_;
+  int64_t step_ = 0;
+};
+
+}  // namespace kvpr

@@ -1,0 +1,27 @@
+// Measures what the split scheduler needs, on the backend's real memory at start-up:
+// pinned H2D bandwidth alone and with a D2H copy running at the same time (the condition
+// during decoding, when new K/V are stored back), D2H bandwidth, and the time to recompute
+// K/V at the recompute shapes across l (fitted as fixed + per-row cost).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/kv/kv_runtime.h"
+#include "engine/kv/split_scheduler.h"
+
+namespace kvpr {
+
+struct ProfileOptions {
+  int64_t transfer_bytes = 64ll << 20;  // per timed copy
+  int reps = 5;                          // median of
+  std::vector<int64_t> rows = {16, 64, 256, 1024, 4096};
+};
+
+// `projector` and `layer` give the real K/V projection to time; x is fed in `dtype` as the
+// runtime stores it.
+LinkProfile profile_backend(Backend& be, KvProjector& projector, const KvShape& shape, DType dtype,
+                            const ProfileOptions& opts = {});
+
+}  // namespace kvpr

@@ -1,0 +1,92 @@
+// Chooses the split l: how many of the cached tokens get their K/V recomputed on the device
+// from the layer input X (moved over the link at x_bytes per token) instead of moving their
+// K and V (kv_bytes per token). See docs/design.md §1 and the KVPR paper §3.
+//
+// Quantities are per layer and per step, summed over the batch: S cached tokens, split L,
+//   link(L)   = L·x/v + (S−L)·kv/v                         (bytes over bandwidth)
+//   recomp(L) = c0 + c1·L  for L > 0, 0 for L = 0          (GEMM [L,h]·[h,2·h_kv])
+// Paper model:    t(L) = L·x/v + max(recomp(L), (S−L)·kv/v)
+// Pipeline model: t(L) = max(link(L), other + recomp(L)), where `other` is the rest of the
+//                 layer's device work, which the next layer's copies overlap (prefetch).
+// With the weights streamed (weight_stream.h) the link also carries W bytes of weights per
+// layer: link(L) gains W/v, and so does the paper model's t(L) (its optimum does not move;
+// the pipeline model's moves towards more recomputation, since the link is busier).
+// Each is piecewise linear, so the optimum is at L = 0, at a clamp, or where the two branches
+// meet; choose() evaluates those few candidates: O(1) per decision.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/base/json.h"
+
+namespace kvpr {
+
+// What the profiler measured, and what the runtime keeps updating.
+struct LinkProfile {
+  double h2d_gbps = 0;            // pinned H2D while D2H runs (the real condition)
+  double h2d_alone_gbps = 0;      // pinned H2D with the link otherwise idle
+  double d2h_gbps = 0;            // pinned D2H alone
+  double recompute_fixed_s = 0;   // c0: per-layer fixed cost of a recompute (launches, small GEMMs)
+  double recompute_per_row_s = 0; // c1: seconds per recomputed token (K and V of one layer)
+  json::Value gemm_points;        // measured [{rows, seconds}] at the recompute shape
+  std::string device;             // what it was measured on
+  int64_t hidden = 0;             // the shape it was measured for
+
+  json::Value to_json() const;
+  static LinkProfile from_json(const json::Value& v);
+  void save(const std::string& path) const;
+  static LinkProfile load(const std::string& path);
+};
+
+enum class SplitModel { Paper, Pipeline };
+const char* split_model_name(SplitModel m);
+
+struct SplitDecision {
+  int64_t split = 0;        // L, total over the batch
+  SplitModel model = SplitModel::Paper;
+  double predicted_s = 0;   // model time per layer at `split`
+  double baseline_s = 0;    // model time per layer at L = 0 (full transfer)
+};
+
+class SplitScheduler {
+ public:
+  // x_bytes / kv_bytes: bytes per token per layer of X and of K+V. granularity: L (and each
+  // sequence's l) is a multiple of it, except when capped by what is available.
+  SplitScheduler(LinkProfile profile, int64_t x_bytes, int64_t kv_bytes, int64_t granularity = 16,
+                 SplitModel preferred = SplitModel::Pipeline);
+
+  // S cached tokens in the batch, at most max_split of them with X stored. `other_s` is the
+  // layer's other device time; when unknown (< 0) the paper model is used.
+  SplitDecision choose(int64_t cached, int64_t max_split, double other_s) const;
+
+  // Bytes the link carries per layer besides X and KV (streamed weights).
+  void set_fixed_link_bytes(double bytes) { fixed_bytes_ = bytes; }
+  double fixed_link_bytes() const { return fixed_bytes_; }
+
+  // Online adaptation: exponential moving averages of what each step measured.
+  void observe_link(double bytes, double seconds);
+  void observe_recompute(int64_t rows, double seconds);
+  void observe_other(double seconds);
+
+  const LinkProfile& profile() const { return profile_; }
+  double other_s() const { return other_s_; }
+  double link_bytes_per_s() const { return profile_.h2d_gbps * 1e9; }
+  int64_t granularity() const { return granularity_; }
+  bool recompute_can_help() const { return x_bytes_ < kv_bytes_; }
+
+  // Model times, exposed for tests and reports.
+  double paper_time(int64_t cached, int64_t split) const;
+  double pipeline_time(int64_t cached, int64_t split, double other_s) const;
+
+ private:
+  double recompute_time(int64_t split) const;
+  LinkProfile profile_;
+  int64_t x_bytes_, kv_bytes_, granularity_;
+  SplitModel preferred_;
+  double other_s_ = -1;
+  double fixed_bytes_ = 0;
+  double alpha_ = 0.3;  // weight of a new measurement
+};
+
+}  // namespace kvpr

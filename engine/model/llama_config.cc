@@ -1,0 +1,246 @@
+#include "engine/model/llama_config.h"
+
+#include <cmath>
+
+#include "engine/model/config_fields.h"
+#include "engine/base/error.h"
+
+namespace kvpr {
+
+LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& source) {
+  ConfigFields f(v, source);
+  LlamaConfig c;
+  f.get_string("model_type", &c.model_type, true);
+  KVPR_CHECK(is_llama_family(c.model_type), source, ": model_type \"", c.model_type,
+             "\" is not llama, mistral, mixtral, qwen2, qwen2_moe, qwen3 or qwen3_moe");
+  const bool qwen = c.model_type.rfind("qwen", 0) == 0;
+  f.get_int("vocab_size", &c.vocab_size, true);
+  f.get_int("hidden_size", &c.hidden_size, true);
+  f.get_int("intermediate_size", &c.intermediate_size, true);
+  f.get_int("num_hidden_layers", &c.num_layers, true);
+  f.get_int("num_attention_heads", &c.num_heads, true);
+  c.num_kv_heads = c.num_heads;
+  f.get_int("num_key_value_heads", &c.num_kv_heads);
+  f.get_int("max_position_embeddings", &c.max_position_embeddings, true);
+  // Mistral slides its window over every layer when sliding_window is set. Qwen2 only when
+  // use_sliding_window is true, and then on the layers from max_window_layers on (as
+  // transformers' Qwen2Config builds layer_types); its released configs carry a
+  // sliding_window with use_sliding_window false, which is full attention.
+  int64_t window = 0;
+  f.get_int("sliding_window", &window);
+  KVPR_CHECK(window >= 0, source, ": sliding_window must not be negative");
+  if (!qwen) {
+    c.sliding_window = window;
+  } else {
+    bool use_sliding_window = false;
+    f.get_bool("use_sliding_window", &use_sliding_window);
+    int64_t max_window_layers = 0;
+    f.get_int("max_window_layers", &max_window_layers);
+    if (use_sliding_window && max_window_layers < c.num_layers) c.sliding_window = window;
+  }
+  f.get_double("rms_norm_eps", &c.rms_norm_eps);
+  f.get_bool("tie_word_embeddings", &c.tie_word_embeddings);
+  if (c.model_type == "qwen2" || c.model_type == "qwen2_moe") {  // Qwen2Attention: q/k/v with biases, o_proj
+                                                                  // without; no config field says so
+    c.qkv_bias = true;
+  } else {
+    bool attention_bias = false;
+    f.get_bool("attention_bias", &attention_bias);
+    c.qkv_bias = c.o_bias = attention_bias;
+  }
+  f.get_bool("mlp_bias", &c.mlp_bias);
+  f.get_int("bos_token_id", &c.bos_token_id);
+  f.get_int("pad_token_id", &c.pad_token_id);
+  if (const json::Value* e = f.find("eos_token_id"); e && e->is_array()) {  // several stop ids: the first
+    KVPR_CHECK(!e->as_array().empty(), source, ": \"eos_token_id\" is an empty list");
+    c.eos_token_id = e->as_array().front().as_int();
+  } else {
+    f.get_int("eos_token_id", &c.eos_token_id);
+  }
+  // transformers >= 4.56 writes "dtype"; earlier ones "torch_dtype" (read last: it wins when both are there).
+  f.get_string("dtype", &c.torch_dtype);
+  f.get_string("torch_dtype", &c.torch_dtype);
+  if (std::string act; f.get_string("hidden_act", &act), !act.empty())
+    KVPR_CHECK(act == "silu", source, ": hidden_act \"", act, "\" is not supported (silu)");
+
+  // Rotary embedding: rope_theta (transformers 4) or rope_parameters (transformers 5), and
+  // rope_scaling, of which kvpr runs none ("default"), "linear", "llama3" and "yarn".
+  struct {
+    double factor = 0, original = 0, beta_fast = 0, beta_slow = 0, attention_factor = 0, mscale = 0,
+           mscale_all_dim = 0;
+    bool truncate = true;
+  } yarn;
+  f.get_double("rope_theta", &c.rope_theta);
+  const json::Value* scaling = f.find("rope_scaling");
+  if (const json::Value* rp = f.find("rope_parameters")) {
+    ConfigFields p(*rp, source + ": rope_parameters");
+    p.get_double("rope_theta", &c.rope_theta);
+    if (p.find("rope_type") || p.find("type")) scaling = rp;
+  }
+  if (scaling) {
+    ConfigFields s(*scaling, source + ": rope scaling");
+    std::string type = "default";
+    s.get_string("type", &type);
+    s.get_string("rope_type", &type);
+    if (type == "linear") {
+      double factor = 1.0;
+      s.get_double("factor", &factor);
+      KVPR_CHECK(factor > 0, source, ": rope scaling factor must be positive");
+      c.rope_freq_scale = 1.0 / factor;
+    } else if (type == "llama3") {
+      s.get_double("factor", &c.rope_llama3_factor, true);
+      s.get_double("low_freq_factor", &c.rope_low_freq_factor, true);
+      s.get_double("high_freq_factor", &c.rope_high_freq_factor, true);
+      s.get_double("original_max_position_embeddings", &c.rope_original_max_position, true);
+      KVPR_CHECK(c.rope_llama3_factor > 0 && c.rope_low_freq_factor > 0 && c.rope_original_max_position > 0, source,
+                 ": llama3 rope scaling needs a positive factor, low_freq_factor and original_max_position_embeddings");
+      KVPR_CHECK(c.rope_high_freq_factor > c.rope_low_freq_factor, source,
+                 ": llama3 rope scaling needs high_freq_factor above low_freq_factor");
+    } else if (type == "yarn") {
+      // As transformers' _compute_yarn_parameters (and vLLM's YaRN) read it: the factor as given;
+      // the correction range measured against original_max_position_embeddings (else
+      // max_position_embeddings); the attention factor given, else from mscale and mscale_all_dim
+      // where both are set, else 0.1 ln(factor) + 1.
+      s.get_double("factor", &yarn.factor, true);
+      KVPR_CHECK(yarn.factor > 0, source, ": yarn rope scaling factor must be positive");
+      s.get_double("original_max_position_embeddings", &yarn.original);
+      s.get_double("beta_fast", &yarn.beta_fast);
+      s.get_double("beta_slow", &yarn.beta_slow);
+      s.get_double("attention_factor", &yarn.attention_factor);
+      KVPR_CHECK(!s.find("attention_factor") || yarn.attention_factor > 0, source,
+                 ": yarn rope scaling attention_factor must be positive");
+      s.get_double("mscale", &yarn.mscale);
+      s.get_double("mscale_all_dim", &yarn.mscale_all_dim);
+      s.get_bool("truncate", &yarn.truncate);
+    } else {
+      KVPR_CHECK(type == "default", source, ": rope scaling type \"", type,
+                 "\" is not supported (default, linear, llama3, yarn)");
+    }
+  }
+  if (double partial = 1.0; f.get_double("partial_rotary_factor", &partial), partial != 1.0)
+    KVPR_THROW(source, ": partial_rotary_factor ", partial, " is not supported (rotary embeddings over whole heads)");
+
+  KVPR_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0 &&
+                 c.num_heads > 0 && c.num_kv_heads > 0 && c.max_position_embeddings > 0 && c.rms_norm_eps > 0 &&
+                 c.rope_theta > 0,
+             source, ": sizes must be positive");
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
+  read_moe(f, c);
+  if (const json::Value* hd = f.find("head_dim"); hd && !hd->is_null()) {  // explicit: any even width
+    f.get_int("head_dim", &c.config_head_dim);
+    KVPR_CHECK(c.config_head_dim > 0 && c.config_head_dim % 2 == 0, source, ": head_dim ", c.config_head_dim,
+               " must be positive and even");
+  } else {
+    KVPR_CHECK(c.hidden_size % c.num_heads == 0 && c.head_dim() % 2 == 0, source, ": hidden_size ", c.hidden_size,
+               " is not divisible into ", c.num_heads, " heads of an even size");
+  }
+  // Grouped-query attention (Llama-2-70B, TinyLlama): every KV head serves the same number of
+  // query heads.
+  KVPR_CHECK(c.num_kv_heads <= c.num_heads && c.num_heads % c.num_kv_heads == 0, source, ": num_key_value_heads ",
+             c.num_kv_heads, " does not divide num_attention_heads ", c.num_heads);
+  KVPR_CHECK(c.vocab_size < (int64_t{1} << 31), source, ": vocab_size too large");
+  if (yarn.factor > 0) c.set_yarn(yarn.factor, yarn.original > 0 ? yarn.original : double(c.max_position_embeddings),
+                                  yarn.beta_fast, yarn.beta_slow, yarn.attention_factor, yarn.mscale,
+                                  yarn.mscale_all_dim, yarn.truncate, source);
+  return c;
+}
+
+bool is_llama_family(const std::string& model_type) {
+  for (const char* t : {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+    if (model_type == t) return true;
+  return false;
+}
+
+void LlamaConfig::read_moe(const ConfigFields& f, LlamaConfig& c) {
+  const std::string& source = f.source();
+  if (c.model_type == "mixtral") {  // MixtralSparseMoeBlock: every layer, experts as wide as intermediate_size
+    f.get_int("num_local_experts", &c.num_experts, true);
+    f.get_int("num_experts_per_tok", &c.experts_per_token, true);
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;  // router_jitter_noise is training only
+  } else if (c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
+    f.get_int("num_experts", &c.num_experts, true);
+    f.get_int("num_experts_per_tok", &c.experts_per_token, true);
+    f.get_int("moe_intermediate_size", &c.moe_intermediate_size, true);
+    c.norm_topk_prob = c.model_type == "qwen3_moe";  // transformers' defaults for each
+    f.get_bool("norm_topk_prob", &c.norm_topk_prob);
+    f.get_int("decoder_sparse_step", &c.decoder_sparse_step);
+    if (const json::Value* m = f.find("mlp_only_layers")) {
+      KVPR_CHECK(m->is_array(), source, ": mlp_only_layers must be a list of layer indices");
+      for (const json::Value& i : m->as_array()) c.mlp_only_layers.push_back(i.as_int());
+    }
+    if (c.model_type == "qwen2_moe") f.get_int("shared_expert_intermediate_size", &c.shared_expert_intermediate_size);
+  } else {
+    return;
+  }
+  KVPR_CHECK(c.num_experts > 0 && c.num_experts <= 1024, source, ": num_experts ", c.num_experts,
+             " must be in 1..1024");
+  KVPR_CHECK(c.experts_per_token > 0 && c.experts_per_token <= c.num_experts, source, ": num_experts_per_tok ",
+             c.experts_per_token, " must be in 1..num_experts (", c.num_experts, ")");
+  KVPR_CHECK(c.moe_intermediate_size > 0 && c.decoder_sparse_step > 0 && c.shared_expert_intermediate_size >= 0,
+             source, ": moe_intermediate_size and decoder_sparse_step must be positive");
+}
+
+void LlamaConfig::set_yarn(double factor, double original, double beta_fast, double beta_slow, double attention_factor,
+                           double mscale, double mscale_all_dim, bool truncate, const std::string& source) {
+  // transformers takes `beta_fast or 32`, `beta_slow or 1`: a zero is the default too.
+  if (beta_fast == 0) beta_fast = 32;
+  if (beta_slow == 0) beta_slow = 1;
+  KVPR_CHECK(original > 0 && beta_fast > 0 && beta_slow > 0, source,
+             ": yarn rope scaling needs positive original_max_position_embeddings, beta_fast and beta_slow");
+  // The element pair whose wavelength turns `rotations` times over the original context:
+  // dim * ln(original / (2 pi rotations)) / (2 ln theta), in pairs of dim = head_dim.
+  const double dim = static_cast<double>(head_dim());
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(original / (rotations * 2 * M_PI)) / (2 * std::log(rope_theta));
+  };
+  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+  if (truncate) low = std::floor(low), high = std::ceil(high);
+  rope_yarn_factor = factor;
+  rope_yarn_low = std::max(low, 0.0);
+  rope_yarn_high = std::min(high, dim - 1);
+  auto yarn_mscale = [&](double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+  rope_attention_factor = attention_factor > 0                    ? attention_factor
+                          : mscale != 0 && mscale_all_dim != 0 ? yarn_mscale(mscale) / yarn_mscale(mscale_all_dim)
+                                                                 : yarn_mscale(1.0);
+  rope_yarn_context = static_cast<int64_t>(std::llround(factor * original));
+}
+
+RopeParams LlamaConfig::rope_params() const {
+  RopeParams r;
+  r.theta = static_cast<float>(rope_theta);
+  r.freq_scale = static_cast<float>(rope_freq_scale);
+  r.llama3_factor = static_cast<float>(rope_llama3_factor);
+  r.low_freq_factor = static_cast<float>(rope_low_freq_factor);
+  r.high_freq_factor = static_cast<float>(rope_high_freq_factor);
+  r.original_max_position = static_cast<float>(rope_original_max_position);
+  r.yarn_factor = static_cast<float>(rope_yarn_factor);
+  r.yarn_low = static_cast<float>(rope_yarn_low);
+  r.yarn_high = static_cast<float>(rope_yarn_high);
+  r.attention_scale = static_cast<float>(rope_attention_factor);
+  return r;
+}
+
+LlamaConfig LlamaConfig::load(const std::string& model_dir) {
+  return from_json(read_config_json(model_dir), "config.json");
+}
+
+ModelSpec LlamaConfig::spec() const {
+  ModelSpec s;
+  s.model_type = model_type;
+  s.vocab_size = vocab_size;
+  s.hidden_size = hidden_size;
+  s.num_layers = num_layers;
+  s.num_heads = num_heads;
+  s.num_kv_heads = num_kv_heads;
+  s.head_dim = head_dim();
+  s.ffn_dim = intermediate_size;
+  s.max_position_embeddings = context();
+  s.bos_token_id = bos_token_id;
+  s.eos_token_id = eos_token_id;
+  s.pad_token_id = pad_token_id;
+  s.torch_dtype = torch_dtype;
+  return s;
+}
+
+}  // namespace kvpr

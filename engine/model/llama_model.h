@@ -1,0 +1,89 @@
+// Llama (Touvron et al. 2023; Hugging Face LlamaForCausalLM) written once against the Backend:
+// RMSNorm before attention and MLP, rotary position embeddings on Q and K, SwiGLU MLP, no
+// biases unless the config asks for them; grouped-query attention (fewer K/V heads, each
+// serving a group of query heads); Qwen3's per-head norms of Q and K and its own head width.
+// KVPR stores X (the normalised attention input) and recomputes K from it with the rows'
+// positions: K = rope(k_norm(X · W_Kᵀ), position).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model/llama_config.h"
+#include "engine/model/model.h"
+
+namespace kvpr {
+
+struct LlamaLayer {
+  Tensor attn_norm;                       // input_layernorm
+  Tensor wqkv, bqkv;                      // q_proj, k_proj, v_proj stacked: [3, qw, h] (and [3, qw]) (MHA)
+  Tensor wq, bq, wkv, bkv;                // grouped-query attention: q_proj [qw, h]; k_proj, v_proj
+                                          // stacked [2, kv_h, h] (and biases)
+  Tensor q_norm, k_norm;                  // Qwen3: per-head RMSNorm gains [head_dim]
+  Tensor wo, bo;                          // o_proj [h, qw]
+                                          // (qw = heads x head_dim, h unless config.json sets head_dim)
+  Tensor mlp_norm;                        // post_attention_layernorm
+  Tensor w_gate_up, b_gate_up;            // gate_proj, up_proj stacked: [2, ffn, h] (and [2, ffn])
+  Tensor w_down, b_down;                  // down_proj
+  // Mixture of experts (a layer with a router has no dense MLP above): the router [E, h], each
+  // expert's gate/up stacked [2, fe, h] and down [h, fe]; Qwen2-MoE's shared expert likewise and
+  // its gate [1, h].
+  Tensor router;
+  std::vector<Tensor> expert_gate_up, expert_down;
+  Tensor shared_gate_up, shared_down, shared_gate;
+};
+
+class LlamaModel : public Model {
+ public:
+  LlamaModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts = {});
+  // A model of this config with random weights of `dtype`, generated on the device.
+  LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed, bool stream_weights = false);
+
+  const LlamaConfig& config() const { return config_; }
+  Tensor forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions = false) override;
+  void project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) override;
+  bool needs_positions() const override { return true; }
+  // A mixture of experts reads the router's choices back to the host every layer.
+  bool graph_capturable() const override { return !config_.moe(); }
+
+ private:
+  void assemble(const WeightSource& fetch);
+  // Q/K/V and gate/up stacked into one tensor each, for one batched GEMM apiece.
+  void stack_weights();
+  // Streamed weights: Q/K/V first, then the output projection and the MLP.
+  void stream_layers();
+  void rope(const Tensor& x, const Tensor& positions);
+  // Qwen3's per-head RMSNorm of rows [n, heads x head_dim] with `gain` (in place); nothing for
+  // models without it.
+  void head_norm(const Tensor& x, const Tensor& gain);
+  // x += the layer's experts on `a` (rows [n, h]): the router's logits come back to the host,
+  // which picks each row's experts and weights; each expert then runs on its rows, gathered,
+  // and adds them back weighted (plus Qwen2-MoE's shared expert on every row).
+  void mixture_of_experts(const LlamaLayer& L, const Tensor& a, const Tensor& x);
+  // a SwiGLU MLP of stacked gate/up `w_gate_up` [2, f, h] and `w_down` [h, f] on rows `a` [m, h]
+  // into out [m, h] (out = ... when `accumulate` is false, else out += ...).
+  void swiglu(const Tensor& a, const Tensor& w_gate_up, const Tensor& b_gate_up, const Tensor& w_down,
+              const Tensor& b_down, const Tensor& out, bool accumulate);
+
+  LlamaConfig config_;
+  RopeParams rope_;  // from config_, once
+  Tensor embed_tokens_, final_norm_, lm_head_;
+  // The separate checkpoint tensors until stack_weights() joins them.
+  struct Parts {
+    Tensor wq, wk, wv, bq, bk, bv, w_gate, w_up, b_gate, b_up;
+    std::vector<Tensor> expert_gate, expert_up;
+    Tensor shared_gate, shared_up;
+  };
+  // Routing: the router's logits (and the shared expert gate's) read back, and each expert's rows
+  // and weights sent up, through pinned host buffers.
+  Tensor route_logits_, route_ids_, route_scales_;
+  // The host's routing scratch: each expert's (row, weight) pairs, the experts' order and softmax.
+  std::vector<std::vector<std::pair<int32_t, float>>> route_rows_;
+  std::vector<int32_t> route_order_;
+  std::vector<float> route_probs_;
+  std::vector<Parts> parts_;
+  std::vector<LlamaLayer> layers_;
+};
+
+}  // namespace kvpr

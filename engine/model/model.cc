@@ -1,0 +1,241 @@
+#include "engine/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/model/checkpoint.h"
+#include "engine/model/config_fields.h"
+#include "engine/base/error.h"
+#include "engine/model/llama_model.h"
+#include "engine/model/opt_model.h"
+
+namespace kvpr {
+
+Tensor Workspace::get(const std::string& name, DType dtype, Shape shape) {
+  int64_t need = std::max<int64_t>(1, shape_numel(shape) * static_cast<int64_t>(dtype_size(dtype)));
+  auto it = buffers_.find(name);
+  if (it == buffers_.end() || it->second.numel() < need) {
+    int64_t grown = it == buffers_.end() ? 0 : it->second.numel() * 3 / 2;
+    buffers_[name] = backend_.alloc(DType::U8, {std::max(need, grown)});
+    it = buffers_.find(name);
+  }
+  return it->second.view_as(dtype, std::move(shape));
+}
+
+void Model::forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, const Tensor& logits,
+                    bool all_positions) {
+  Tensor out = forward_device(chunks, kv, all_positions);
+  KVPR_CHECK(logits.dtype() == DType::F32 && logits.numel() == out.numel(), "logits buffer ", logits.describe(),
+             " does not hold ", out.describe());
+  backend_.copy(logits, out, Stream::Compute);
+  backend_.synchronize();
+}
+
+std::unique_ptr<KvRuntime> Model::make_kv_runtime(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts) {
+  KVPR_CHECK(capacity <= spec_.max_position_embeddings, "KV capacity ", capacity,
+             " exceeds max_position_embeddings ", spec_.max_position_embeddings);
+  return std::make_unique<KvRuntime>(backend_, kv_shape(), *this, slots, capacity, opts, weight_stream_.get());
+}
+
+size_t Model::device_weight_bytes() const {
+  if (!weight_stream_) return weight_bytes_;
+  return weight_bytes_ - weight_stream_->host_bytes() + weight_stream_->device_bytes();
+}
+
+Tensor Model::alloc_weight(DType dtype, const Shape& shape, size_t model_bytes) {
+  try {
+    return backend_.alloc(dtype, shape);
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    if (stream_weights_ || m.find("out of memory") == std::string::npos) throw;
+    const std::string size = model_bytes > 0 ? " " + std::to_string(model_bytes >> 20) + " MiB of" : "";
+    KVPR_THROW(m, "; the model's", size, " weights do not fit on the device: keep its layers in host memory with "
+               "--weights host (kvprd: weights = host)");
+  }
+}
+
+bool Model::streamed(const std::string& name, WeightRole role) const {
+  return stream_weights_ && role == WeightRole::Matrix && name.rfind("layers.", 0) == 0;
+}
+
+Tensor Model::stack(std::initializer_list<const Tensor*> parts) {
+  const Tensor& first = **parts.begin();
+  Shape shape{static_cast<int64_t>(parts.size())};
+  for (int64_t d : first.shape()) shape.push_back(d);
+  if (first.memory() != MemoryKind::PinnedHost) {
+    Tensor out = backend_.alloc(first.dtype(), shape);
+    int64_t i = 0;
+    for (const Tensor* t : parts) backend_.convert(out.rows(i++, 1).reshape(first.shape()), *t);
+    return out;
+  }
+  // Streamed weights are stacked on the host.
+  backend_.synchronize();
+  Tensor out = backend_.alloc_pinned(first.dtype(), shape);
+  int64_t i = 0;
+  for (const Tensor* t : parts) {
+    KVPR_CHECK(t->memory() == MemoryKind::PinnedHost && t->numel() == first.numel(), "cannot stack ",
+               t->describe(), " with ", first.describe());
+    Tensor dst = out.rows(i++, 1);
+    if (t->dtype() == first.dtype()) {
+      std::memcpy(dst.data(), t->data(), t->nbytes());
+    } else {
+      for (int64_t j = 0; j < t->numel(); ++j)
+        store_from_f32(dst.data(), first.dtype(), j, load_as_f32(t->data(), t->dtype(), j));
+    }
+  }
+  return out;
+}
+
+void Model::start_streaming(const std::function<void(LayerWeightStream&)>& register_fields) {
+  if (!stream_weights_) return;
+  backend_.synchronize();
+  auto ws = std::make_unique<LayerWeightStream>(backend_);
+  register_fields(*ws);
+  ws->finalize();
+  weight_stream_ = std::move(ws);
+}
+
+int64_t Model::check_chunks(const std::vector<ForwardChunk>& chunks, bool all_positions, int64_t* rows) const {
+  int64_t T = 0;
+  *rows = 0;
+  for (const auto& ch : chunks) {
+    KVPR_CHECK(ch.count > 0, "empty forward chunk");
+    KVPR_CHECK(ch.past_len + ch.count <= spec_.max_position_embeddings, "sequence of ", ch.past_len + ch.count,
+               " tokens exceeds max_position_embeddings ", spec_.max_position_embeddings);
+    for (int64_t j = 0; j < ch.count; ++j)
+      KVPR_CHECK(ch.tokens[j] >= 0 && ch.tokens[j] < spec_.vocab_size, "token id ", ch.tokens[j],
+                 " out of range for vocab_size ", spec_.vocab_size);
+    T += ch.count;
+    *rows += all_positions || ch.all_rows ? ch.count : 1;
+  }
+  return T;
+}
+
+Tensor Model::upload_ids(const std::vector<ForwardChunk>& chunks, int64_t T, int64_t rows, bool all_positions,
+                         int32_t position_offset) {
+  Tensor host_ids = Tensor::host(DType::I32, {2 * T + rows});
+  int32_t* hi = host_ids.data_as<int32_t>();
+  int64_t t = 0;
+  for (const auto& ch : chunks)
+    for (int64_t j = 0; j < ch.count; ++j, ++t) {
+      hi[t] = ch.tokens[j];
+      hi[T + t] = static_cast<int32_t>(ch.past_len + j + position_offset);
+    }
+  for (int64_t r = 0, first = 0; const auto& ch : chunks) {  // token rows whose logits are wanted
+    if (all_positions || ch.all_rows)
+      for (int64_t j = 0; j < ch.count; ++j) hi[2 * T + r++] = static_cast<int32_t>(first + j);
+    else
+      hi[2 * T + r++] = static_cast<int32_t>(first + ch.count - 1);
+    first += ch.count;
+  }
+  Tensor ids = ws_.get("ids", DType::I32, {2 * T + rows});
+  backend_.copy(ids, host_ids, Stream::Compute);
+  return ids;
+}
+
+void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions& opts,
+                            const std::function<void(const CheckpointDir&)>& prepare,
+                            const std::function<std::string(const std::string&)>& key_of,
+                            const std::function<void(const WeightSource&)>& assemble) {
+  CheckpointDir ckpt(model_dir);
+  stream_weights_ = opts.stream_weights;
+  // Uploads read the mapped checkpoint asynchronously: finish them before it is unmapped,
+  // also when loading fails half way.
+  struct FinishUploads {
+    Backend& b;
+    ~FinishUploads() { b.synchronize(); }
+  } finish_uploads{backend_};
+  format_ = ckpt.format();
+  prepare(ckpt);
+  size_t total = 0, done = 0;
+  for (const auto& r : ckpt.tensors()) total += r.nbytes();
+  std::vector<Tensor> received;  // every checkpoint tensor, in load order (for the broadcast)
+  const bool receiver = opts.broadcast && opts.broadcast->rank() != 0;
+  assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole role) -> Tensor {
+    const std::string key = key_of(name);
+    const TensorRecord* r = ckpt.find(key);
+    if (!r) {
+      KVPR_CHECK(!required, model_dir, ": missing tensor '", key, "'");
+      return Tensor();
+    }
+    KVPR_CHECK(is_float(r->dtype), r->file, ": tensor '", key, "' has dtype ", dtype_name(r->dtype),
+               ", expected F32, F16 or BF16");
+    KVPR_CHECK(r->shape == expect, r->file, ": tensor '", key, "' has shape ", shape_str(r->shape), ", expected ",
+               shape_str(expect));
+    Tensor src = Tensor::borrow(const_cast<void*>(r->data), r->dtype, r->shape);
+    DType dt = opts.convert_weights ? opts.weight_dtype : r->dtype;
+    // Streamed weights go to pinned host memory, read by every rank; the rest to the device.
+    const bool host = streamed(name, role);
+    Tensor dst = host ? backend_.alloc_pinned(dt, r->shape) : alloc_weight(dt, r->shape, total);
+    if (opts.broadcast && !host) received.push_back(dst);
+    if (receiver && !host) {
+      // Filled by the broadcast from rank 0 below; only the header was read here.
+    } else if (dt == r->dtype) {
+      backend_.copy(dst, src, Stream::H2D, "weights");
+    } else {
+      // Convert on the host, then upload.
+      Tensor tmp = Tensor::host(dt, r->shape);
+      for (int64_t i = 0; i < src.numel(); ++i)
+        store_from_f32(tmp.data(), dt, i, load_as_f32(src.data(), src.dtype(), i));
+      backend_.copy(dst, tmp, Stream::H2D, "weights");
+    }
+    done += r->nbytes();
+    if (opts.progress && (!receiver || host)) opts.progress(done, total);
+    parameter_count_ += dst.numel();
+    weight_bytes_ += dst.nbytes();
+    return dst;
+  });
+  if (opts.broadcast) {
+    backend_.synchronize();  // rank 0's uploads have landed
+    for (const auto& t : received) opts.broadcast->broadcast(t);
+    opts.broadcast->finish();
+    if (opts.progress) opts.progress(total, total);
+  }
+}
+
+Model::WeightSource Model::random_weights(DType dtype, uint64_t seed) {
+  auto n = std::make_shared<uint64_t>(0);
+  return [this, dtype, seed, n](const std::string& name, const Shape& shape, bool required, WeightRole role) {
+    if (!required && name == "lm_head.weight") return Tensor();  // tied
+    const bool host = streamed(name, role);
+    Tensor t = alloc_weight(dtype, shape, 0);
+    const float fan_in = static_cast<float>(shape.size() == 2 ? shape[1] : 1);
+    const uint64_t s = seed + (*n)++;
+    switch (role) {
+      case WeightRole::Matrix: backend_.fill_random(t, s, 0.f, 1.f / std::sqrt(fan_in)); break;
+      case WeightRole::Embedding: backend_.fill_random(t, s, 0.f, 0.1f); break;
+      case WeightRole::NormGain: backend_.fill_random(t, s, 1.f, 0.05f); break;
+      case WeightRole::Bias: backend_.fill_random(t, s, 0.f, 0.02f); break;
+    }
+    parameter_count_ += t.numel();
+    weight_bytes_ += t.nbytes();
+    if (!host) return t;
+    Tensor pinned = backend_.alloc_pinned(dtype, shape);  // generated on the device, kept on the host
+    backend_.copy(pinned, t, Stream::Compute);
+    backend_.synchronize();
+    return pinned;
+  };
+}
+
+std::string model_type(const std::string& model_dir) {
+  json::Value v = read_config_json(model_dir);
+  ConfigFields f(v, "config.json");
+  std::string mt;
+  f.get_string("model_type", &mt, true);
+  KVPR_CHECK(mt == "opt" || is_llama_family(mt), "config.json: model_type \"", mt,
+             "\" is not supported (supported: opt, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe)");
+  return mt;
+}
+
+ModelSpec load_model_spec(const std::string& model_dir) {
+  if (model_type(model_dir) != "opt") return LlamaConfig::load(model_dir).spec();
+  return OptConfig::load(model_dir).spec();
+}
+
+std::unique_ptr<Model> load_model(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts) {
+  if (model_type(model_dir) != "opt") return std::make_unique<LlamaModel>(backend, model_dir, opts);
+  return std::make_unique<OptModel>(backend, model_dir, opts);
+}
+
+}  // namespace kvpr

@@ -1,0 +1,139 @@
+// A decoder-only language model written once against the Backend: what the generator, the
+// worker, the CLI and the benchmarks see of OPT (opt_model.h) and Llama (llama_model.h).
+// load_model reads config.json's model_type and builds the right one.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/kv/kv_runtime.h"
+#include "engine/model/model_spec.h"
+#include "engine/model/weight_broadcast.h"
+#include "engine/model/weight_stream.h"
+
+namespace kvpr {
+
+class CheckpointDir;
+
+struct ModelLoadOptions {
+  // Storage dtype for weights; unset keeps each tensor's checkpoint dtype.
+  bool convert_weights = false;
+  DType weight_dtype = DType::F32;
+  // Called after each tensor is uploaded with the bytes done and the checkpoint's total.
+  std::function<void(size_t done, size_t total)> progress;
+  // Several GPUs: rank 0 reads the checkpoint, the others receive the weights from it.
+  WeightBroadcaster* broadcast = nullptr;
+  // Keep the layers' matrices in pinned host memory and stream them to the device a layer
+  // ahead of their use (weight_stream.h), for models that do not fit on the device. Every
+  // rank then reads them from the checkpoint itself (the page cache shares the reads).
+  bool stream_weights = false;
+};
+
+// Scratch tensors reused across forward calls; grown on demand.
+class Workspace {
+ public:
+  explicit Workspace(Backend& b) : backend_(b) {}
+  Tensor get(const std::string& name, DType dtype, Shape shape);
+
+ private:
+  Backend& backend_;
+  std::map<std::string, Tensor> buffers_;
+};
+
+class Model : public KvProjector {
+ public:
+  explicit Model(Backend& backend) : backend_(backend) {}
+  const ModelSpec& spec() const { return spec_; }
+  Backend& backend() const { return backend_; }
+  int64_t parameter_count() const { return parameter_count_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+  DType weight_dtype() const { return weight_dtype_; }  // dtype of the big matrices
+  const std::string& checkpoint_format() const { return format_; }
+  // The layers' weights streamed from host memory, or null when they are resident.
+  LayerWeightStream* weight_stream() const { return weight_stream_.get(); }
+  // Device bytes the weights take: all of them, or, when streamed, the resident ones plus the
+  // two layer slots.
+  size_t device_weight_bytes() const;
+
+  // Runs the chunks through the model with the runtime providing each layer's past K/V
+  // (and storing the new ones), and leaves F32 logits in device memory: one row per chunk
+  // (its last token), or one row per token for chunks with all_rows and for every chunk when
+  // all_positions; rows in chunk order, [rows, vocab]. The result is a view of a workspace
+  // buffer, valid until the next forward, with the work possibly still running on the
+  // compute stream.
+  virtual Tensor forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions = false) = 0;
+  // The same, copied into `logits` (host memory, F32 [rows, vocab]) once finished.
+  void forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, const Tensor& logits,
+               bool all_positions = false);
+
+  // Whether a decode step's work is known before it runs, so that it may be captured and replayed
+  // as a CUDA graph (not when the host reads results back mid-step, as a mixture of experts does).
+  virtual bool graph_capturable() const { return true; }
+
+  KvShape kv_shape() const {
+    return KvShape{spec_.num_layers, spec_.hidden_size, spec_.num_heads, spec_.num_kv_heads, spec_.head_dim};
+  }
+  // Runtime for this model: `slots` sequences of up to `capacity` tokens.
+  std::unique_ptr<KvRuntime> make_kv_runtime(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
+
+ protected:
+  // The checks every forward makes of its chunks; returns the token count T and sets *rows to
+  // the logits rows wanted.
+  int64_t check_chunks(const std::vector<ForwardChunk>& chunks, bool all_positions, int64_t* rows) const;
+  // Uploads one I32 tensor [2T + rows]: the chunks' token ids, their positions plus
+  // `position_offset`, and the indices of the tokens whose logits are wanted.
+  Tensor upload_ids(const std::vector<ForwardChunk>& chunks, int64_t T, int64_t rows, bool all_positions,
+                    int32_t position_offset);
+
+  enum class WeightRole { Matrix, Embedding, NormGain, Bias };
+  // Returns the weight `name` (as the architecture names it) of the given shape, or an
+  // undefined tensor when it is absent and not required. Counts what it returns into
+  // parameter_count_ and weight_bytes_.
+  using WeightSource = std::function<Tensor(const std::string& name, const Shape& shape, bool required, WeightRole)>;
+  // Loads the checkpoint in model_dir: `prepare` looks at it first (key prefixes), then
+  // `assemble` takes every weight from a source that reads checkpoint key key_of(name),
+  // checks its shape and dtype, converts it when asked and uploads it; with a broadcast, rank
+  // 0 reads and the others receive. Returns after every upload has finished.
+  void load_checkpoint(const std::string& model_dir, const ModelLoadOptions& opts,
+                       const std::function<void(const CheckpointDir&)>& prepare,
+                       const std::function<std::string(const std::string&)>& key_of,
+                       const std::function<void(const WeightSource&)>& assemble);
+  // A source of random weights of `dtype` generated on the device (an absent lm_head.weight
+  // stays absent: tied); norm gains near 1, matrices scaled by their fan-in.
+  WeightSource random_weights(DType dtype, uint64_t seed);
+  // Device memory for a weight of a model of `model_bytes` (0: unknown); running out names the
+  // way around it (--weights host).
+  Tensor alloc_weight(DType dtype, const Shape& shape, size_t model_bytes);
+  // Whether the weight `name` of this role lives in pinned host memory (streamed layers).
+  bool streamed(const std::string& name, WeightRole role) const;
+  // [n, ...] from n tensors of one shape, in the memory of the first (device, or pinned host
+  // for streamed weights), converted to the first one's dtype.
+  Tensor stack(std::initializer_list<const Tensor*> parts);
+  // Hands the registered layer fields to a new LayerWeightStream (when stream_weights_).
+  void start_streaming(const std::function<void(LayerWeightStream&)>& register_fields);
+
+  Backend& backend_;
+  ModelSpec spec_;
+  std::string format_;
+  int64_t parameter_count_ = 0;
+  size_t weight_bytes_ = 0;
+  DType weight_dtype_ = DType::F32;
+  bool stream_weights_ = false;
+  std::unique_ptr<LayerWeightStream> weight_stream_;
+  Workspace ws_{backend_};
+};
+
+// The model_type of <dir>/config.json ("opt", or "llama", "mistral", "qwen2", "qwen3": Llama's architecture); throws naming the file when it is
+// missing or not one kvpr supports.
+std::string model_type(const std::string& model_dir);
+// The ModelSpec of <dir>/config.json without loading weights.
+ModelSpec load_model_spec(const std::string& model_dir);
+// The model in <dir>, whichever architecture its config.json names.
+std::unique_ptr<Model> load_model(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts = {});
+
+}  // namespace kvpr
