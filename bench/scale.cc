@@ -364,6 +364,110 @@ void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
 }
 
 // A neighbour: the host load of a worker whose GPU this host does not have.
+// A neighbour's host memory and its work per step: the load of a worker whose GPU this host
+// does not have.
+class Neighbour {
+ public:
+  Neighbour(const WorkerArgs& a, KvMode mode, DType kv_dtype, const json::Value& alloc)
+      : a_(a), attention_(mode == KvMode::CpuAttn), dtype_(kv_dtype),
+        layers_(alloc.find("layers")->as_int()), heads_(alloc.find("heads")->as_int()),
+        head_dim_(alloc.find("head_dim")->as_int()), kv_hidden_(alloc.find("kv_heads")->as_int() * head_dim_) {
+    const size_t host_bytes = static_cast<size_t>(alloc.find("host_kv_bytes")->as_int());
+    flat_bytes_ = std::max<size_t>(host_bytes, 4096) / 64 * 64;
+    if (attention_) {  // each layer's K and V, [batch, capacity, kv_hidden], touched (no shared zero pages)
+      for (int64_t l = 0; l < layers_; ++l)
+        for (auto* kv : {&k_, &v_}) {
+          kv->push_back(Tensor::host(dtype_, {a.batch, a.capacity, kv_hidden_}));
+          std::memset(kv->back().data(), 0x11, kv->back().nbytes());
+        }
+      q_ = Tensor::host(DType::F32, {a.batch, heads_ * head_dim_});
+      out_ = Tensor::host(DType::F32, {a.batch, heads_ * head_dim_});
+      for (int64_t i = 0; i < q_.numel(); ++i) q_.data_as<float>()[i] = 0.01f * static_cast<float>(i % 97);
+    } else {  // one flat buffer, and one thread's read rate (how many threads a link's rate needs)
+      flat_ = touched_buffer(host_bytes);
+      const size_t n = std::min<size_t>(flat_bytes_, 64u << 20);
+      const auto t = Clock::now();
+      g_sink += read_words(flat_.get(), n / 8);
+      one_thread_gbps_ = static_cast<double>(n) / std::max(1e-9, seconds_since(t)) / 1e9;
+    }
+  }
+
+  void use_threads(int t) {
+    threads_ = t;
+    pool_ = std::make_unique<ThreadPool>(t);
+  }
+
+  json::Value step(const json::Value& cmd) {
+    KVPR_CHECK(pool_, "scale neighbour: step before bind");
+    const double c0 = cpu_seconds();
+    const auto t0 = Clock::now();
+    json::Value r = event("step");
+    const double dram = attention_ ? attend(std::min<int64_t>(cmd.find("ctx")->as_int(), a_.capacity - 1))
+                                   : read(cmd.find("bytes")->as_double(), cmd.find("gbps")->as_double(), &r);
+    const double s = seconds_since(t0);
+    r.set("ms", s * 1e3);
+    r.set("cpu_s", cpu_seconds() - c0);
+    r.set("dram_bytes", dram);
+    if (!attention_) r.set("read_gbps", dram / std::max(1e-9, s) / 1e9);
+    return r;
+  }
+
+ private:
+  // cpu-attn: the engine's host attention over `past` cached tokens (+ the new one) per sequence.
+  double attend(int64_t past) {
+    std::vector<AttentionSeq> seqs;
+    for (int64_t l = 0; l < layers_; ++l) {
+      seqs.clear();
+      for (int b = 0; b < a_.batch; ++b)
+        seqs.push_back(AttentionSeq{b, 1, past, k_[l].rows(b, 1).reshape({a_.capacity, kv_hidden_}),
+                                    v_[l].rows(b, 1).reshape({a_.capacity, kv_hidden_})});
+      cpu_attention(out_, q_, seqs, static_cast<int>(heads_), 1.0f / std::sqrt(static_cast<float>(head_dim_)), *pool_);
+    }
+    return static_cast<double>(a_.batch) * static_cast<double>(past + 1) * static_cast<double>(layers_) * 2.0 *
+           static_cast<double>(kv_hidden_ * static_cast<int64_t>(dtype_size(dtype_)));
+  }
+
+  // offload, kvpr: `bytes` (worker 0's link's) read at the link's rate `gbps`, on enough threads.
+  double read(double bytes, double gbps, json::Value* r) {
+    const int readers =
+        std::clamp(static_cast<int>(std::ceil(gbps / std::max(0.1, 0.8 * one_thread_gbps_))), 1, threads_);
+    const size_t share = static_cast<size_t>(bytes / readers) / 64 * 64;
+    std::vector<std::thread> ts;
+    for (int i = 0; i < readers; ++i)
+      ts.emplace_back([&, i] {
+        const double rate = gbps * 1e9 / readers;  // bytes per second for this thread
+        size_t off = (cursor_ + static_cast<size_t>(i) * share) % flat_bytes_, done = 0;
+        const auto start = Clock::now();
+        while (done < share) {
+          const size_t n = std::min({share - done, flat_bytes_ - off, size_t{2} << 20});
+          g_sink += read_words(flat_.get() + off / 8, n / 8);
+          done += n;
+          off = (off + n) % flat_bytes_;
+          if (!(rate > 0) || !std::isfinite(rate)) continue;  // no link rate: read unpaced
+          const auto due = start + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(static_cast<double>(done) / rate));
+          if (due > Clock::now()) std::this_thread::sleep_until(due);
+        }
+      });
+    for (auto& t : ts) t.join();
+    cursor_ = (cursor_ + share * static_cast<size_t>(readers)) % flat_bytes_;
+    r->set("readers", readers);
+    return static_cast<double>(share) * readers;
+  }
+
+  const WorkerArgs& a_;
+  const bool attention_;
+  const DType dtype_;
+  const int64_t layers_, heads_, head_dim_, kv_hidden_;
+  std::vector<Tensor> k_, v_;
+  Tensor q_, out_;
+  HostBuffer flat_;
+  size_t flat_bytes_ = 0, cursor_ = 0;
+  double one_thread_gbps_ = 0;
+  std::unique_ptr<ThreadPool> pool_;
+  int threads_ = 1;
+};
+
 void run_neighbour(const WorkerArgs& a, const BindFn& bind) {
   KvMode mode;
   KVPR_CHECK(parse_kv_mode(a.mode_name, &mode), "unknown mode '", a.mode_name, "'");
@@ -372,106 +476,14 @@ void run_neighbour(const WorkerArgs& a, const BindFn& bind) {
   json::Value cmd;
   if (!next_command(&cmd)) return;
   KVPR_CHECK(cmd.find("cmd")->as_string() == "allocate", "scale neighbour: expected allocate");
-  const int64_t layers = cmd.find("layers")->as_int(), heads = cmd.find("heads")->as_int();
-  const int64_t kv_heads = cmd.find("kv_heads")->as_int(), head_dim = cmd.find("head_dim")->as_int();
-  const int64_t kv_hidden = kv_heads * head_dim;
-  const size_t host_bytes = static_cast<size_t>(cmd.find("host_kv_bytes")->as_int());
-  const bool attention = mode == KvMode::CpuAttn;
-  // cpu-attn: each layer's K and V, [batch, capacity, kv_hidden]; the others: one flat buffer.
-  std::vector<Tensor> k, v;
-  HostBuffer flat;
-  if (attention) {
-    for (int64_t l = 0; l < layers; ++l) {
-      k.push_back(Tensor::host(kv_dtype, {a.batch, a.capacity, kv_hidden}));
-      v.push_back(Tensor::host(kv_dtype, {a.batch, a.capacity, kv_hidden}));
-      std::memset(k.back().data(), 0x11, k.back().nbytes());  // touched: no shared zero pages
-      std::memset(v.back().data(), 0x11, v.back().nbytes());
-    }
-  } else {
-    flat = touched_buffer(host_bytes);
-  }
-  const size_t flat_bytes = std::max<size_t>(host_bytes, 4096) / 64 * 64;
-  Tensor q = Tensor::host(DType::F32, {a.batch, heads * head_dim}), out = Tensor::host(DType::F32, {a.batch, heads * head_dim});
-  for (int64_t i = 0; i < q.numel(); ++i) q.data_as<float>()[i] = 0.01f * static_cast<float>(i % 97);
-  // One thread's read rate, to know how many threads a link's rate needs.
-  const double one_thread_gbps =
-      attention ? 0 : [&] {
-        const size_t n = std::min<size_t>(flat_bytes, 64u << 20);
-        auto t = Clock::now();
-        g_sink += read_words(flat.get(), n / 8);
-        return static_cast<double>(n) / std::max(1e-9, seconds_since(t)) / 1e9;
-      }();
+  Neighbour nb(a, mode, kv_dtype, cmd);
   reply(event("ready"));
-
-  std::unique_ptr<ThreadPool> pool;
-  int threads = 1;
-  size_t cursor = 0;
   while (next_command(&cmd)) {
     const std::string c = cmd.find("cmd")->as_string();
-    if (c == "bind") {
-      on_bind(cmd, bind, [&](int t) {
-        threads = t;
-        pool = std::make_unique<ThreadPool>(t);
-      });
-    } else if (c == "step") {
-      KVPR_CHECK(pool, "scale neighbour: step before bind");
-      const int64_t ctx = std::min<int64_t>(cmd.find("ctx")->as_int(), a.capacity - 1);
-      const double c0 = cpu_seconds();
-      const auto t0 = Clock::now();
-      double dram = 0;
-      int readers = 0;
-      if (attention) {
-        std::vector<AttentionSeq> seqs;
-        for (int64_t l = 0; l < layers; ++l) {
-          seqs.clear();
-          for (int b = 0; b < a.batch; ++b)
-            seqs.push_back(AttentionSeq{b, 1, ctx, k[l].rows(b, 1).reshape({a.capacity, kv_hidden}),
-                                        v[l].rows(b, 1).reshape({a.capacity, kv_hidden})});
-          cpu_attention(out, q, seqs, static_cast<int>(heads), 1.0f / std::sqrt(static_cast<float>(head_dim)), *pool);
-        }
-        dram = static_cast<double>(a.batch) * static_cast<double>(ctx + 1) * static_cast<double>(layers) * 2.0 *
-               static_cast<double>(kv_hidden * static_cast<int64_t>(dtype_size(kv_dtype)));
-      } else {
-        // The bytes worker 0's link moved, at its link's rate: enough threads to reach it.
-        const double bytes = cmd.find("bytes")->as_double(), gbps = cmd.find("gbps")->as_double();
-        readers = std::clamp(static_cast<int>(std::ceil(gbps / std::max(0.1, 0.8 * one_thread_gbps))), 1, threads);
-        const size_t share = static_cast<size_t>(bytes / readers) / 64 * 64;
-        std::vector<std::thread> ts;
-        for (int r = 0; r < readers; ++r)
-          ts.emplace_back([&, r] {
-            const double rate = gbps * 1e9 / readers;  // bytes per second for this thread
-            size_t off = (cursor + static_cast<size_t>(r) * share) % flat_bytes, done = 0;
-            const auto start = Clock::now();
-            while (done < share) {
-              const size_t n = std::min({share - done, flat_bytes - off, size_t{2} << 20});
-              g_sink += read_words(flat.get() + off / 8, n / 8);
-              done += n;
-              off = (off + n) % flat_bytes;
-              if (!(rate > 0) || !std::isfinite(rate)) continue;  // no link rate: read unpaced
-              const auto due = start + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(static_cast<double>(done) / rate));
-              if (due > Clock::now()) std::this_thread::sleep_until(due);
-            }
-          });
-        for (auto& t : ts) t.join();
-        cursor = (cursor + share * static_cast<size_t>(readers)) % flat_bytes;
-        dram = static_cast<double>(share) * readers;
-      }
-      const double s = seconds_since(t0);
-      json::Value r = event("step");
-      r.set("ms", s * 1e3);
-      r.set("cpu_s", cpu_seconds() - c0);
-      r.set("dram_bytes", dram);
-      if (!attention) {
-        r.set("read_gbps", dram / std::max(1e-9, s) / 1e9);
-        r.set("readers", readers);
-      }
-      reply(r);
-    } else if (c == "exit") {
-      return;
-    } else {
-      KVPR_THROW("scale neighbour: unknown command '", c, "'");
-    }
+    if (c == "bind") on_bind(cmd, bind, [&](int t) { nb.use_threads(t); });
+    else if (c == "step") reply(nb.step(cmd));
+    else if (c == "exit") return;
+    else KVPR_THROW("scale neighbour: unknown command '", c, "'");
   }
 }
 
@@ -696,23 +708,39 @@ int cmd_scale_worker(const std::vector<std::string>& args) {
   return 0;
 }
 
-int cmd_scale(const std::vector<std::string>& args) {
-#ifndef KVPR_HAVE_HWLOC
-  (void)args;
-  KVPR_THROW("kvpr-bench scale places workers as kvprd does and needs hwloc (install libhwloc-dev and rebuild)");
-#else
+#ifdef KVPR_HAVE_HWLOC
+namespace {
+
+struct ScaleConfig {
+  std::string preset, backend, kv_dtype, topology, json_out, svg_out;
+  int batch = 8, prompt = 1024, gen = 6, max_positions = 0, real_workers = 1, probe_mib = 0;
+  double link_gbps = 0;
+  std::vector<int> ns;             // worker counts, ascending
+  std::vector<std::string> modes;  // with host KV
+};
+
+ScaleConfig parse_scale_args(const Args& args) {
   const Options opt(args, {"--preset", "--workers", "--modes", "--batch", "--prompt", "--gen", "--kv-dtype",
-                                  "--backend", "--real-workers", "--emulate-link-gbps", "--max-positions",
-                                  "--probe-mib", "--json", "--svg", "--topology"});
-  const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
-  const int batch = opt.get_int("--batch", 8), prompt = opt.get_int("--prompt", 1024), gen = opt.get_int("--gen", 6);
-  const std::string kv_dtype_name = opt.get("--kv-dtype", "f16");
-  const double link = opt.get_double("--emulate-link-gbps", 0);
-  const int max_positions = opt.get_int("--max-positions", 0);
-  KVPR_CHECK(batch > 0 && prompt > 0 && gen > 0, "--batch, --prompt and --gen must be positive");
-  DType kv_dtype;
-  KVPR_CHECK(parse_dtype(kv_dtype_name, &kv_dtype), "bad --kv-dtype");
-  std::vector<int> ns;
+                           "--backend", "--real-workers", "--emulate-link-gbps", "--max-positions", "--probe-mib",
+                           "--json", "--svg", "--topology"});
+  ScaleConfig c;
+  c.preset = opt.get("--preset", "opt-6.7b");
+  c.backend = opt.get("--backend", "auto");
+  c.kv_dtype = opt.get("--kv-dtype", "f16");
+  c.topology = opt.get("--topology", "");
+  c.json_out = opt.get("--json", "");
+  c.svg_out = opt.get("--svg", "");
+  c.batch = opt.get_int("--batch", 8);
+  c.prompt = opt.get_int("--prompt", 1024);
+  c.gen = opt.get_int("--gen", 6);
+  c.max_positions = opt.get_int("--max-positions", 0);
+  c.real_workers = opt.get_int("--real-workers", 1);
+  c.probe_mib = opt.get_int("--probe-mib", 0);
+  c.link_gbps = opt.get_double("--emulate-link-gbps", 0);
+  KVPR_CHECK(c.batch > 0 && c.prompt > 0 && c.gen > 0, "--batch, --prompt and --gen must be positive");
+  KVPR_CHECK(c.probe_mib >= 0 && c.real_workers >= 1, "--probe-mib and --real-workers must be positive");
+  DType dt;
+  KVPR_CHECK(parse_dtype(c.kv_dtype, &dt), "bad --kv-dtype");
   for (const auto& w : split_list(opt.get("--workers", "1,2,4,8"))) {
     int n = 0;
     try {
@@ -721,251 +749,43 @@ int cmd_scale(const std::vector<std::string>& args) {
       KVPR_THROW("--workers: '", w, "' is not a number");
     }
     KVPR_CHECK(n >= 1 && n <= 256, "--workers: ", n, " is outside 1..256");
-    ns.push_back(n);
+    c.ns.push_back(n);
   }
-  KVPR_CHECK(!ns.empty(), "--workers: empty list");
-  std::sort(ns.begin(), ns.end());
-  ns.erase(std::unique(ns.begin(), ns.end()), ns.end());
-  const int nmax = ns.back();
-  std::vector<std::string> mode_names = split_list(opt.get("--modes", "kvpr,offload,cpu-attn"));
-  for (const auto& m : mode_names) {
+  KVPR_CHECK(!c.ns.empty(), "--workers: empty list");
+  std::sort(c.ns.begin(), c.ns.end());
+  c.ns.erase(std::unique(c.ns.begin(), c.ns.end()), c.ns.end());
+  c.modes = split_list(opt.get("--modes", "kvpr,offload,cpu-attn"));
+  for (const auto& m : c.modes) {
     KvMode km;
     KVPR_CHECK(parse_kv_mode(m, &km) && kv_mode_uses_host(km), "--modes: '", m,
                "' is not a mode with host KV (kvpr, offload, recompute, cpu-attn)");
   }
+  return c;
+}
 
-  // The host and its GPUs; the plan for each N as kvprd makes it.
-  const bool from_xml = !opt.get("--topology", "").empty();
-  Topology topo = from_xml ? Topology::from_xml(opt.get("--topology", "")) : Topology::from_system();
-  std::unique_ptr<Backend> be;
-  std::vector<std::string> gpus;
-  if (from_xml) {
-    for (const auto& g : topo.gpus()) gpus.push_back(g.bus_id);
-  } else {
-    be = create_backend(backend_name);
-    if (!be->device_is_host()) gpus = cuda_pci_bus_ids();
+// One worker's figures over a phase's counted steps.
+json::Value worker_figures(const std::vector<json::Value>& steps, bool real) {
+  std::vector<double> ms, gbps;
+  double cpu = 0, dram = 0;
+  for (const auto& r : steps) {
+    ms.push_back(r.find("ms")->as_double());
+    cpu += r.find("cpu_s")->as_double();
+    dram += r.find("dram_bytes")->as_double();
+    const json::Value* lb = r.find("link_bytes");
+    gbps.push_back((lb ? lb->as_double() : r.find("dram_bytes")->as_double()) / (ms.back() / 1e3) / 1e9);
   }
-  const bool cpu_backend = be && be->device_is_host();
-  // Real workers: one per GPU; on the CPU backend --real-workers of them (each its own emulated device).
-  const int real_available = cpu_backend ? opt.get_int("--real-workers", 1) : static_cast<int>(gpus.size());
-  KVPR_CHECK(real_available >= 1 || from_xml, "no GPU found and not the cpu backend");
-  auto plan_for = [&](int n) {
-    if (gpus.empty()) return plan_placement(topo, {}, n);  // kvprd --backend cpu --workers n
-    std::vector<std::string> bus(static_cast<size_t>(n));
-    for (int i = 0; i < n && i < static_cast<int>(gpus.size()); ++i) bus[i] = gpus[i];
-    return plan_placement(topo, bus, 0);  // kvprd's plan for these GPUs; "" for a neighbour
-  };
-  if (from_xml) {  // another machine's: its plans only
-    json::Value r(json::Object{});
-    json::Array plans;
-    for (int n : ns) {
-      json::Value p(json::Object{});
-      p.set("workers", n);
-      p.set("placement", placement_json(topo, plan_for(n)));
-      plans.push_back(std::move(p));
-    }
-    r.set("plans", std::move(plans));
-    std::cout << r.dump() << "\n";
-    return 0;
-  }
-  if (link > 0) {
-    auto* cpu = dynamic_cast<CpuBackend*>(be.get());
-    KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
-  }
-  signal(SIGPIPE, SIG_IGN);  // a worker that died is reported by its pipe's EOF
-  char exe_buf[4096];
-  const ssize_t exe_len = readlink("/proc/self/exe", exe_buf, sizeof exe_buf - 1);
-  KVPR_CHECK(exe_len > 0, "cannot find this program (/proc/self/exe)");
-  const std::string exe(exe_buf, static_cast<size_t>(exe_len));
+  const double n = static_cast<double>(std::max<size_t>(1, steps.size()));
+  json::Value w(json::Object{});
+  w.set("real", real);
+  w.set("ms_per_step", median(ms));
+  w.set(real ? "link_gbps" : "read_gbps", median(gbps));
+  w.set("host_cpu_s_per_step", cpu / n);
+  w.set("host_dram_bytes_per_step", dram / n);
+  return w;
+}
 
-  json::Value result(json::Object{});
-  char title[200];
-  std::snprintf(title, sizeof title, "%s, batch %d per worker, prompt %d, %s, %s", preset_name.c_str(), batch, prompt,
-                kv_dtype_name.c_str(), be->name().c_str());
-  result.set("title", title);
-  result.set("benchmark", "scale");
-  result.set("preset", preset_name);
-  result.set("batch", batch);
-  result.set("prompt", prompt);
-  result.set("gen", gen);
-  result.set("kv_dtype", kv_dtype_name);
-  result.set("device", be->name());
-  result.set("gpus", static_cast<int64_t>(gpus.size()));
-  result.set("real_workers_available", real_available);
-  if (link > 0) result.set("emulated_link_gbps", link);
-  result.set("topology", placement_json(topo, plan_for(nmax)));
-
-  // Host memory probes, before any worker allocates.
-  std::vector<int> pus;
-  for (const auto& n : topo.nodes()) pus.insert(pus.end(), n.pus.begin(), n.pus.end());
-  if (pus.empty()) pus = allowed_pus();
-  const size_t probe = static_cast<size_t>(opt.get_int("--probe-mib", cpu_backend ? 64 : 256)) << 20;
-  KVPR_CHECK(probe > 0, "--probe-mib must be positive");
-  std::fprintf(stderr, "kvpr-bench scale: host read bandwidth, 1..%zu threads\n", pus.size());
-  json::Array reads;
-  for (int k : thread_counts(static_cast<int>(pus.size()))) {
-    json::Value r(json::Object{});
-    r.set("threads", k);
-    r.set("gbps", host_read_gbps(pus, k, probe));
-    std::fprintf(stderr, "  %3d threads: %.1f GB/s\n", k, r.find("gbps")->as_double());
-    reads.push_back(std::move(r));
-  }
-  result.set("host_read_gbps", std::move(reads));
-  json::Array h2d;
-  {
-    pin_this_thread(pus.front());
-    for (int k : thread_counts(static_cast<int>(pus.size()))) {
-      const int readers = k == 1 ? 0 : k - 1;
-      json::Value r(json::Object{});
-      r.set("readers", readers);
-      r.set("gbps", h2d_gbps_with_readers(*be, pus, readers, probe, static_cast<int64_t>(probe)));
-      std::fprintf(stderr, "  H2D with %2d readers: %.1f GB/s\n", readers, r.find("gbps")->as_double());
-      h2d.push_back(std::move(r));
-    }
-    cpu_set_t all;
-    CPU_ZERO(&all);
-    for (int p : allowed_pus()) CPU_SET(p, &all);
-    for (int p : pus) CPU_SET(p, &all);
-    pthread_setaffinity_np(pthread_self(), sizeof all, &all);
-  }
-  result.set("h2d_gbps_with_readers", std::move(h2d));
-  be.reset();  // the workers own the devices from here
-
-  const std::vector<WorkerPlacement> plan_max = plan_for(nmax);
-  const int capacity = prompt + static_cast<int>(ns.size()) * (gen + 1) + 4;
-  json::Array out_modes;
-  for (const std::string& mode : mode_names) {
-    std::fprintf(stderr, "kvpr-bench scale: %s, %d workers at most (%d real)\n", mode.c_str(), nmax,
-                 std::min(nmax, real_available));
-    std::vector<std::unique_ptr<Child>> workers;
-    for (int i = 0; i < nmax; ++i) {
-      const WorkerPlacement& p = plan_max[static_cast<size_t>(i)];
-      const bool real = i < real_available;
-      std::vector<std::string> a = {"scale-worker", "--role", real ? "real" : "neighbour", "--index", std::to_string(i),
-                                    "--mode", mode, "--preset", preset_name, "--backend", backend_name,
-                                    "--device", std::to_string(cpu_backend ? 0 : i), "--batch", std::to_string(batch),
-                                    "--prompt", std::to_string(prompt), "--capacity", std::to_string(capacity),
-                                    "--kv-dtype", kv_dtype_name, "--max-positions", std::to_string(max_positions),
-                                    "--cpus", cpu_list(p.cpus), "--node", std::to_string(p.numa_node)};
-      if (link > 0) a.insert(a.end(), {"--emulate-link-gbps", std::to_string(link)});
-      // The CPU backend's own pool (its emulated device) is sized once, for the most cores the
-      // worker gets: those of the smallest N it runs in.
-      const int first_n = *std::find_if(ns.begin(), ns.end(), [&](int n) { return n > i; });
-      const size_t cores = plan_for(first_n)[static_cast<size_t>(i)].cpus.size();
-      workers.push_back(std::make_unique<Child>(exe, a, static_cast<int>(std::max<size_t>(1, cores))));
-    }
-    const int reals = std::min(nmax, real_available);
-    // Sizes first: every worker's host KV (and X) must fit the host together.
-    json::Value shape;
-    double need = 0;
-    for (int i = 0; i < reals; ++i) {
-      json::Value s = workers[i]->expect("shape", kSetupTimeoutS);
-      need += s.find("host_kv_bytes")->as_double() + s.find("host_device_bytes")->as_double();
-      if (i == 0) shape = s;
-    }
-    need += shape.find("host_kv_bytes")->as_double() * (nmax - reals);
-    const double avail = static_cast<double>(host_bytes_available());
-    KVPR_CHECK(need <= 0.9 * avail, nmax, " workers of batch ", batch, " and ", capacity, " tokens need ", need / 1e9,
-               " GB of host memory for their KV in mode ", mode, "; ", avail / 1e9,
-               " GB are available: lower --batch, --prompt or the largest --workers");
-    json::Value alloc = shape;
-    alloc.set("cmd", "allocate");
-    for (auto& w : workers) w->send(alloc);
-    json::Value ready0;
-    for (int i = 0; i < nmax; ++i) {
-      json::Value r = workers[i]->expect("ready", kSetupTimeoutS);
-      if (i == 0) ready0 = r;
-    }
-    double prev_link = ready0.find("link_bytes")->as_double();
-    const double link_gbps = ready0.find("link_gbps")->as_double();
-    json::Value mres(json::Object{});
-    mres.set("mode", mode);
-    mres.set("prefill_s", ready0.find("prefill_s")->as_double());
-    mres.set("link_gbps", link_gbps);
-    json::Array points;
-    double tps1 = 0;
-    for (int n : ns) {
-      const std::vector<WorkerPlacement> plan = plan_for(n);
-      const int real_n = std::min(n, real_available);
-      std::vector<std::string> bound(n);
-      for (int i = 0; i < n; ++i) {
-        json::Value b(json::Object{});
-        b.set("cmd", "bind");
-        json::Array cpus;
-        for (int c : plan[static_cast<size_t>(i)].cpus) cpus.emplace_back(c);
-        b.set("cpus", std::move(cpus));
-        workers[i]->send(b);
-      }
-      for (int i = 0; i < n; ++i) bound[i] = workers[i]->expect("bound", kStepTimeoutS).find("how")->as_string();
-      std::vector<std::vector<json::Value>> steps(n);
-      for (int s = 0; s <= gen; ++s) {  // step 0 settles the new placement and is not counted
-        json::Value real_step(json::Object{});
-        real_step.set("cmd", "step");
-        for (int i = 0; i < real_n; ++i) workers[i]->send(real_step);
-        json::Value nb(json::Object{});
-        nb.set("cmd", "step");
-        nb.set("ctx", prompt + 1 + static_cast<int64_t>(points.size()) * (gen + 1) + s);
-        nb.set("bytes", prev_link);
-        nb.set("gbps", link_gbps);
-        for (int i = real_n; i < n; ++i) workers[i]->send(nb);
-        for (int i = 0; i < n; ++i) {
-          json::Value r = workers[i]->expect("step", kStepTimeoutS);
-          if (i == 0) prev_link = r.find("link_bytes")->as_double();
-          if (s > 0) steps[i].push_back(std::move(r));
-        }
-      }
-      json::Value pt(json::Object{});
-      pt.set("workers", n);
-      pt.set("real_workers", real_n);
-      pt.set("projected", real_n < n);
-      json::Array per;
-      double sum_tps = 0, w0_ms = 0;
-      for (int i = 0; i < n; ++i) {
-        std::vector<double> ms, cpu, dram, gbps;
-        for (const auto& r : steps[i]) {
-          ms.push_back(r.find("ms")->as_double());
-          cpu.push_back(r.find("cpu_s")->as_double());
-          dram.push_back(r.find("dram_bytes")->as_double());
-          const json::Value* lb = r.find("link_bytes");
-          gbps.push_back((lb ? lb->as_double() : r.find("dram_bytes")->as_double()) / (ms.back() / 1e3) / 1e9);
-        }
-        const bool real = i < real_n;
-        json::Value w(json::Object{});
-        w.set("worker", i);
-        w.set("real", real);
-        w.set("cpus", cpu_list(plan[static_cast<size_t>(i)].cpus));
-        w.set("numa_node", plan_max[static_cast<size_t>(i)].numa_node);
-        w.set("bound", bound[i]);
-        w.set("ms_per_step", median(ms));
-        w.set(real ? "link_gbps" : "read_gbps", median(gbps));
-        double c = 0, d = 0;
-        for (double x : cpu) c += x;
-        for (double x : dram) d += x;
-        w.set("host_cpu_s_per_step", c / std::max<size_t>(1, cpu.size()));
-        w.set("host_dram_bytes_per_step", d / std::max<size_t>(1, dram.size()));
-        if (real) sum_tps += batch / (median(ms) / 1e3);
-        if (i == 0) w0_ms = median(ms);
-        per.push_back(std::move(w));
-      }
-      const double agg = real_n < n ? n * batch / (w0_ms / 1e3) : sum_tps;
-      if (points.empty()) tps1 = agg / n;
-      pt.set("worker0_ms_per_step", w0_ms);
-      pt.set("aggregate_tokens_per_s", agg);
-      pt.set("efficiency", tps1 > 0 ? agg / (n * tps1) : 0.0);
-      pt.set("per_worker", std::move(per));
-      std::fprintf(stderr, "  %-9s N=%-3d worker 0 %8.2f ms/step, %10.1f tokens/s%s, efficiency %.2f\n", mode.c_str(),
-                   n, w0_ms, agg, real_n < n ? " (projected)" : "", pt.find("efficiency")->as_double());
-      points.push_back(std::move(pt));
-    }
-    json::Value ex(json::Object{});
-    ex.set("cmd", "exit");
-    for (auto& w : workers) w->send(ex);
-    mres.set("points", std::move(points));
-    out_modes.push_back(std::move(mres));
-  }
-  result.set("modes", std::move(out_modes));
-  result.set("efficiency_base", "each mode's first N, per worker: efficiency = aggregate(N) / (N x that)");
-
+// The table on stdout, one row per mode and N.
+void print_table(const json::Value& result) {
   std::printf("\n%-10s %8s %6s %12s %14s %11s %12s %14s\n", "mode", "workers", "real", "ms/step w0", "tokens/s",
               "efficiency", "cpu s/step", "DRAM GB/step");
   for (const auto& m : result.find("modes")->as_array())
@@ -982,11 +802,286 @@ int cmd_scale(const std::vector<std::string>& args) {
                   p.find("efficiency")->as_double(), cpu, dram / 1e9);
     }
   std::printf("* projected: N x worker 0, measured with N-1 neighbours loading the host\n");
-  write_json(opt.get("--json", ""), result);
-  if (const std::string svg = opt.get("--svg", ""); !svg.empty()) {
-    std::ofstream o(svg);
+}
+
+using Workers = std::vector<std::unique_ptr<Child>>;
+
+// One run of `kvpr-bench scale`: the host, its plans, the probes, then each mode's workers.
+class ScaleRun {
+ public:
+  explicit ScaleRun(ScaleConfig c)
+      : c_(std::move(c)),
+        topo_(c_.topology.empty() ? Topology::from_system() : Topology::from_xml(c_.topology)) {
+    if (!c_.topology.empty()) {
+      for (const auto& g : topo_.gpus()) gpus_.push_back(g.bus_id);
+      return;
+    }
+    be_ = create_backend(c_.backend);
+    cpu_backend_ = be_->device_is_host();
+    if (!cpu_backend_) gpus_ = cuda_pci_bus_ids();
+    // Real workers: one per GPU; on the CPU backend --real-workers (each its own emulated device).
+    real_available_ = cpu_backend_ ? c_.real_workers : static_cast<int>(gpus_.size());
+    KVPR_CHECK(real_available_ >= 1, "no GPU found and not the cpu backend");
+    KVPR_CHECK(c_.link_gbps <= 0 || dynamic_cast<CpuBackend*>(be_.get()), "--emulate-link-gbps is for the cpu backend");
+    char exe[4096];
+    const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    KVPR_CHECK(len > 0, "cannot find this program (/proc/self/exe)");
+    exe_.assign(exe, static_cast<size_t>(len));
+  }
+
+  // kvprd's plan for n workers: its GPU plan for the first GPUs, "" (a neighbour) past them.
+  std::vector<WorkerPlacement> plan(int n) const {
+    if (gpus_.empty()) return plan_placement(topo_, {}, n);  // kvprd --backend cpu --workers n
+    std::vector<std::string> bus(static_cast<size_t>(n));
+    for (int i = 0; i < n && i < static_cast<int>(gpus_.size()); ++i) bus[i] = gpus_[i];
+    return plan_placement(topo_, bus, 0);
+  }
+
+  json::Value plans() const {
+    json::Value r(json::Object{});
+    json::Array plans;
+    for (int n : c_.ns) {
+      json::Value p(json::Object{});
+      p.set("workers", n);
+      p.set("placement", placement_json(topo_, plan(n)));
+      plans.push_back(std::move(p));
+    }
+    r.set("plans", std::move(plans));
+    return r;
+  }
+
+  json::Value run() {
+    json::Value result = header();
+    probe_host(result);
+    be_.reset();  // the workers own the devices from here
+    json::Array modes;
+    for (const std::string& m : c_.modes) modes.push_back(run_mode(m));
+    result.set("modes", std::move(modes));
+    result.set("efficiency_base", "each mode's first N, per worker: efficiency = aggregate(N) / (N x that)");
+    return result;
+  }
+
+ private:
+  int nmax() const { return c_.ns.back(); }
+  int capacity() const { return c_.prompt + static_cast<int>(c_.ns.size()) * (c_.gen + 1) + 4; }
+
+  json::Value header() const {
+    json::Value r(json::Object{});
+    char title[200];
+    std::snprintf(title, sizeof title, "%s, batch %d per worker, prompt %d, %s, %s", c_.preset.c_str(), c_.batch,
+                  c_.prompt, c_.kv_dtype.c_str(), be_->name().c_str());
+    r.set("title", title);
+    r.set("benchmark", "scale");
+    r.set("preset", c_.preset);
+    r.set("batch", c_.batch);
+    r.set("prompt", c_.prompt);
+    r.set("gen", c_.gen);
+    r.set("kv_dtype", c_.kv_dtype);
+    r.set("device", be_->name());
+    r.set("gpus", static_cast<int64_t>(gpus_.size()));
+    r.set("real_workers_available", real_available_);
+    if (c_.link_gbps > 0) r.set("emulated_link_gbps", c_.link_gbps);
+    r.set("topology", placement_json(topo_, plan(nmax())));
+    return r;
+  }
+
+  // Host DRAM read bandwidth with 1..all cores, and pinned H2D with k readers, before any worker.
+  void probe_host(json::Value& result) {
+    std::vector<int> pus;
+    for (const auto& n : topo_.nodes()) pus.insert(pus.end(), n.pus.begin(), n.pus.end());
+    if (pus.empty()) pus = allowed_pus();
+    const size_t probe = static_cast<size_t>(c_.probe_mib > 0 ? c_.probe_mib : cpu_backend_ ? 64 : 256) << 20;
+    std::fprintf(stderr, "kvpr-bench scale: host read bandwidth, 1..%zu threads\n", pus.size());
+    json::Array reads, h2d;
+    for (int k : thread_counts(static_cast<int>(pus.size()))) {
+      json::Value r(json::Object{});
+      r.set("threads", k);
+      r.set("gbps", host_read_gbps(pus, k, probe));
+      std::fprintf(stderr, "  %3d threads: %.1f GB/s\n", k, r.find("gbps")->as_double());
+      reads.push_back(std::move(r));
+    }
+    cpu_set_t before;
+    pthread_getaffinity_np(pthread_self(), sizeof before, &before);
+    pin_this_thread(pus.front());
+    for (int k : thread_counts(static_cast<int>(pus.size()))) {
+      const int readers = k == 1 ? 0 : k - 1;
+      json::Value r(json::Object{});
+      r.set("readers", readers);
+      r.set("gbps", h2d_gbps_with_readers(*be_, pus, readers, probe, static_cast<int64_t>(probe)));
+      std::fprintf(stderr, "  H2D with %2d readers: %.1f GB/s\n", readers, r.find("gbps")->as_double());
+      h2d.push_back(std::move(r));
+    }
+    pthread_setaffinity_np(pthread_self(), sizeof before, &before);
+    result.set("host_read_gbps", std::move(reads));
+    result.set("h2d_gbps_with_readers", std::move(h2d));
+  }
+
+  Workers start_workers(const std::string& mode) const {
+    const std::vector<WorkerPlacement> pm = plan(nmax());
+    Workers workers;
+    for (int i = 0; i < nmax(); ++i) {
+      const WorkerPlacement& p = pm[static_cast<size_t>(i)];
+      std::vector<std::string> a = {"scale-worker", "--role", i < real_available_ ? "real" : "neighbour", "--index",
+                                    std::to_string(i), "--mode", mode, "--preset", c_.preset, "--backend", c_.backend,
+                                    "--device", std::to_string(cpu_backend_ ? 0 : i), "--batch", std::to_string(c_.batch),
+                                    "--prompt", std::to_string(c_.prompt), "--capacity", std::to_string(capacity()),
+                                    "--kv-dtype", c_.kv_dtype, "--max-positions", std::to_string(c_.max_positions),
+                                    "--cpus", cpu_list(p.cpus), "--node", std::to_string(p.numa_node)};
+      if (c_.link_gbps > 0) a.insert(a.end(), {"--emulate-link-gbps", std::to_string(c_.link_gbps)});
+      // The CPU backend's own pool (its emulated device) is sized once, for the most cores the
+      // worker gets: those of the smallest N it runs in.
+      const int first_n = *std::find_if(c_.ns.begin(), c_.ns.end(), [&](int n) { return n > i; });
+      const size_t cores = plan(first_n)[static_cast<size_t>(i)].cpus.size();
+      workers.push_back(std::make_unique<Child>(exe_, a, static_cast<int>(std::max<size_t>(1, cores))));
+    }
+    return workers;
+  }
+
+  // Sizes first (every worker's host KV and X must fit the host together), then the allocation;
+  // worker 0's "ready" (its prefill, warm-up step and link rate).
+  json::Value setup(Workers& workers, const std::string& mode) const {
+    const int reals = std::min(nmax(), real_available_);
+    json::Value shape;
+    double need = 0;
+    for (int i = 0; i < reals; ++i) {
+      json::Value s = workers[i]->expect("shape", kSetupTimeoutS);
+      need += s.find("host_kv_bytes")->as_double() + s.find("host_device_bytes")->as_double();
+      if (i == 0) shape = s;
+    }
+    need += shape.find("host_kv_bytes")->as_double() * (nmax() - reals);
+    const double avail = static_cast<double>(host_bytes_available());
+    KVPR_CHECK(need <= 0.9 * avail, nmax(), " workers of batch ", c_.batch, " and ", capacity(), " tokens need ",
+               need / 1e9, " GB of host memory for their KV in mode ", mode, "; ", avail / 1e9,
+               " GB are available: lower --batch, --prompt or the largest --workers");
+    json::Value alloc = shape;
+    alloc.set("cmd", "allocate");
+    for (auto& w : workers) w->send(alloc);
+    json::Value ready0;
+    for (int i = 0; i < nmax(); ++i) {
+      json::Value r = workers[i]->expect("ready", kSetupTimeoutS);
+      if (i == 0) ready0 = r;
+    }
+    return ready0;
+  }
+
+  json::Value run_mode(const std::string& mode) const {
+    std::fprintf(stderr, "kvpr-bench scale: %s, %d workers at most (%d real)\n", mode.c_str(), nmax(),
+                 std::min(nmax(), real_available_));
+    Workers workers = start_workers(mode);
+    const json::Value ready0 = setup(workers, mode);
+    double link_bytes = ready0.find("link_bytes")->as_double();
+    const double link_gbps = ready0.find("link_gbps")->as_double();
+    json::Value m(json::Object{});
+    m.set("mode", mode);
+    m.set("prefill_s", ready0.find("prefill_s")->as_double());
+    m.set("link_gbps", link_gbps);
+    json::Array points;
+    double tps1 = 0;  // per worker at the first N
+    for (size_t phase = 0; phase < c_.ns.size(); ++phase) {
+      const int n = c_.ns[phase];
+      json::Value pt = run_phase(workers, n, phase, link_bytes, link_gbps);
+      const double agg = pt.find("aggregate_tokens_per_s")->as_double();
+      if (phase == 0) tps1 = agg / n;
+      pt.set("efficiency", tps1 > 0 ? agg / (n * tps1) : 0.0);
+      std::fprintf(stderr, "  %-9s N=%-3d worker 0 %8.2f ms/step, %10.1f tokens/s%s, efficiency %.2f\n", mode.c_str(),
+                   n, pt.find("worker0_ms_per_step")->as_double(), agg, pt.find("projected")->as_bool() ? " (projected)" : "",
+                   pt.find("efficiency")->as_double());
+      points.push_back(std::move(pt));
+    }
+    json::Value ex(json::Object{});
+    ex.set("cmd", "exit");
+    for (auto& w : workers) w->send(ex);
+    m.set("points", std::move(points));
+    return m;
+  }
+
+  // The first n workers on their cpusets for n, then gen + 1 lockstep steps (the first settles
+  // the placement and is not counted). link_bytes: worker 0's last step's, what neighbours read.
+  json::Value run_phase(Workers& workers, int n, size_t phase, double& link_bytes, double link_gbps) const {
+    const std::vector<WorkerPlacement> pl = plan(n), pm = plan(nmax());
+    const int real_n = std::min(n, real_available_);
+    for (int i = 0; i < n; ++i) {
+      json::Value b(json::Object{});
+      b.set("cmd", "bind");
+      json::Array cpus;
+      for (int cpu : pl[static_cast<size_t>(i)].cpus) cpus.emplace_back(cpu);
+      b.set("cpus", std::move(cpus));
+      workers[i]->send(b);
+    }
+    std::vector<std::string> bound(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) bound[i] = workers[i]->expect("bound", kStepTimeoutS).find("how")->as_string();
+    std::vector<std::vector<json::Value>> steps(static_cast<size_t>(n));
+    for (int s = 0; s <= c_.gen; ++s) {
+      json::Value real_step(json::Object{});
+      real_step.set("cmd", "step");
+      for (int i = 0; i < real_n; ++i) workers[i]->send(real_step);
+      json::Value nb(json::Object{});
+      nb.set("cmd", "step");
+      nb.set("ctx", c_.prompt + 1 + static_cast<int64_t>(phase) * (c_.gen + 1) + s);  // worker 0's cached tokens
+      nb.set("bytes", link_bytes);
+      nb.set("gbps", link_gbps);
+      for (int i = real_n; i < n; ++i) workers[i]->send(nb);
+      for (int i = 0; i < n; ++i) {
+        json::Value r = workers[i]->expect("step", kStepTimeoutS);
+        if (i == 0) link_bytes = r.find("link_bytes")->as_double();
+        if (s > 0) steps[i].push_back(std::move(r));
+      }
+    }
+    json::Array per;
+    double sum_tps = 0;
+    for (int i = 0; i < n; ++i) {
+      json::Value w = worker_figures(steps[i], i < real_n);
+      w.set("worker", i);
+      w.set("cpus", cpu_list(pl[static_cast<size_t>(i)].cpus));
+      w.set("numa_node", pm[static_cast<size_t>(i)].numa_node);
+      w.set("bound", bound[i]);
+      if (i < real_n) sum_tps += c_.batch / (w.find("ms_per_step")->as_double() / 1e3);
+      per.push_back(std::move(w));
+    }
+    const double w0_ms = per.front().find("ms_per_step")->as_double();
+    json::Value pt(json::Object{});
+    pt.set("workers", n);
+    pt.set("real_workers", real_n);
+    pt.set("projected", real_n < n);
+    pt.set("worker0_ms_per_step", w0_ms);
+    pt.set("aggregate_tokens_per_s", real_n < n ? n * c_.batch / (w0_ms / 1e3) : sum_tps);
+    pt.set("per_worker", std::move(per));
+    return pt;
+  }
+
+  ScaleConfig c_;
+  Topology topo_;
+  std::unique_ptr<Backend> be_;
+  bool cpu_backend_ = false;
+  std::vector<std::string> gpus_;
+  int real_available_ = 0;
+  std::string exe_;
+};
+
+}  // namespace
+#endif
+
+int cmd_scale(const std::vector<std::string>& args) {
+#ifndef KVPR_HAVE_HWLOC
+  (void)args;
+  KVPR_THROW("kvpr-bench scale places workers as kvprd does and needs hwloc (install libhwloc-dev and rebuild)");
+#else
+  ScaleConfig c = parse_scale_args(args);
+  const std::string json_out = c.json_out, svg_out = c.svg_out;
+  const bool plans_only = !c.topology.empty();  // another machine's: its plans only
+  ScaleRun run(std::move(c));
+  if (plans_only) {
+    std::cout << run.plans().dump() << "\n";
+    return 0;
+  }
+  signal(SIGPIPE, SIG_IGN);  // a worker that died is reported by its pipe's EOF
+  const json::Value result = run.run();
+  print_table(result);
+  write_json(json_out, result);
+  if (!svg_out.empty()) {
+    std::ofstream o(svg_out);
     o << svg_chart(result);
-    KVPR_CHECK(o.good(), svg, ": cannot write");
+    KVPR_CHECK(o.good(), svg_out, ": cannot write");
   }
   return 0;
 #endif
