@@ -8,6 +8,8 @@
 #                                daemon, worker and CLI include, whole libraries), spdlog and fmt,
 #                                hwloc, libsystemd and the libraries those load. The device check
 #                                unpacks it and builds against it (bench/device-check-scale.sh).
+#   .carry/npm-openai.tar.xz     the official openai npm client and its dependencies (when the
+#                                daemon tests have installed it under build/npm-openai)
 set -eu
 cd "$(dirname "$0")/.."
 mkdir -p .carry
@@ -43,4 +45,24 @@ if [ ! -s .carry/daemon-prefix.tar.xz ]; then
   cp "$(readlink -f /usr/bin/pkg-config)" "$stage/bin/pkg-config"
   tar -cJf .carry/daemon-prefix.tar.xz -C "$stage" .
 fi
-du -sh .carry .carry/daemon-prefix.tar.xz
+# The official openai npm client and what it requires (for the device's Node.js, if it has one),
+# from the npm folder the daemon tests install into.
+npm=build/npm-openai/node_modules
+if [ ! -s .carry/npm-openai.tar.xz ] && [ -d $npm/openai ]; then
+  closure=$(python3 - "$npm" <<'PY'
+import json, os, sys
+root, seen = sys.argv[1], set()
+def walk(name):
+    p = os.path.join(root, name, 'package.json')
+    if name in seen or not os.path.exists(p):
+        return
+    seen.add(name)
+    for d in json.load(open(p)).get('dependencies', {}):
+        walk(d)
+walk('openai')
+print(' '.join(sorted(seen)))
+PY
+)
+  tar -cJf .carry/npm-openai.tar.xz -C "$npm" $closure
+fi
+du -sh .carry .carry/*.tar.xz
