@@ -41,56 +41,26 @@
 
 namespace kvpr::bench {
 
-// The Generator's scheduling as a server sees it, each feature on and off in one run:
-//   prefix caching: C conversations' second turns (turn 1's prompt and answer, then N new
-//     tokens) after their first, time to every first token and tokens prefilled, cache off vs on;
-//   chunked prefill: D sequences decode when one L-token prompt arrives; the longest gap between
-//     their tokens and the prompt's time to first token, whole prefill vs chunks of K tokens.
-int cmd_serve(const std::vector<std::string>& args) {
-  const Options opt(args, {"--preset", "--backend", "--kv-mode", "--kv-dtype", "--conversations", "--prompt", "--answer",
-                           "--new", "--decoders", "--long-prompt", "--chunk", "--speculative-tokens",
-                           "--emulate-link-gbps", "--json"});
-  auto be = create_backend(opt.get("--backend", "auto"));
-  const std::string preset_name = opt.get("--preset", be->device_is_host() ? "opt-125m" : "opt-6.7b");
-  const int C = opt.get_int("--conversations", 4), P = opt.get_int("--prompt", 512), A = opt.get_int("--answer", 32),
-            N = opt.get_int("--new", 64), D = opt.get_int("--decoders", 4), L = opt.get_int("--long-prompt", 1024),
-            K = opt.get_int("--chunk", 128);
-  const int S = opt.get_int("--speculative-tokens", 4);
-  KVPR_CHECK(C > 0 && P > 1 && A > 1 && N > 0 && D > 0 && L > 1 && K > 0 && S > 0, "sizes must be positive");
-  KvMode mode;
-  KVPR_CHECK(parse_kv_mode(opt.get("--kv-mode", "resident"), &mode), "unknown --kv-mode");
-  DType kv_dtype;
-  KVPR_CHECK(parse_dtype(opt.get("--kv-dtype", "f16"), &kv_dtype), "bad --kv-dtype");
-  std::unique_ptr<Model> model = preset_model(*be, preset_name, false);
-  const Tokenizer tok = Tokenizer::load(default_tokenizer_dir());
-  const int32_t vocab = static_cast<int32_t>(std::min<int64_t>(model->spec().vocab_size, tok.size()));
-  if (const double link = opt.get_double("--emulate-link-gbps", 0); link > 0) {
-    auto* cpu = dynamic_cast<CpuBackend*>(be.get());
-    KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
-    cpu->set_emulated_link_gbps(link);
-  }
-  GeneratorOptions base;
-  base.kv_dtype = kv_dtype;
-  base.kv.mode = mode;
-  if (mode == KvMode::Kvpr) {
-    ProfileOptions po;
-    po.transfer_bytes = 16ll << 20;
-    po.reps = 3;
-    po.rows = {16, 64, 256, 1024};
-    base.kv.profile = profile_backend(*be, *model, model->kv_shape(), kv_dtype, po);
-  }
-  std::fprintf(stderr, "kvpr-bench serve: %s on %s, kv mode %s\n", preset_name.c_str(), be->name().c_str(),
-               kv_mode_name(mode));
-  Rng rng(7);
-  auto random_prompt = [&](int n) {
-    std::vector<int32_t> v;
-    for (int i = 0; i < n; ++i) v.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(vocab)));
-    return v;
-  };
-  GenerationParams gp;
-  gp.ignore_eos = true;
+namespace {
 
-  // Prefix caching.
+// What the three measurements share: the model, its tokenizer, the generator's options, and sizes.
+struct ServeRun {
+  Model* model;
+  const Tokenizer* tok;
+  GeneratorOptions base;
+  GenerationParams gp;
+  int C, P, A, N, D, L, K, S;
+  std::function<std::vector<int32_t>(int)> random_prompt;
+};
+
+// C conversations' second turns after their first, the prefix cache off and on.
+json::Value prefix_caching(const ServeRun& s) {
+  Model* model = s.model;
+  const Tokenizer& tok = *s.tok;
+  const GeneratorOptions& base = s.base;
+  GenerationParams gp = s.gp;
+  const int C = s.C, P = s.P, A = s.A, N = s.N;
+  const auto& random_prompt = s.random_prompt;
   std::vector<std::vector<int32_t>> turn1;
   for (int c = 0; c < C; ++c) turn1.push_back(random_prompt(P));
   const std::vector<int32_t> extra = random_prompt(N);
@@ -157,8 +127,17 @@ int cmd_serve(const std::vector<std::string>& args) {
   std::printf("  time to first tokens %.2fx faster; %.2fx fewer tokens prefilled; same tokens: %s\n",
               ttft[false] / ttft[true], static_cast<double>(pre_off) / static_cast<double>(pre_on),
               answers2[false] == answers2[true] ? "yes" : "NO");
+  return prefix;
+}
 
-  // Chunked prefill.
+// D sequences decode when an L-token prompt arrives, prefilled whole or in chunks of K.
+json::Value chunked_prefill(const ServeRun& s) {
+  Model* model = s.model;
+  const Tokenizer& tok = *s.tok;
+  const GeneratorOptions& base = s.base;
+  GenerationParams gp = s.gp;
+  const int D = s.D, L = s.L, K = s.K;
+  const auto& random_prompt = s.random_prompt;
   json::Array chunk_runs;
   std::map<int, std::vector<int32_t>> long_tokens;
   const std::vector<int32_t> long_prompt = random_prompt(L);
@@ -233,7 +212,16 @@ int cmd_serve(const std::vector<std::string>& args) {
   chunked.set("same_tokens", long_tokens[0] == long_tokens[K]);
   std::printf("  longest decoder gap %.2fx shorter; the long prompt's first token %.2fx later; same tokens: %s\n",
               gap_whole / gap_chunk, ttft_chunk / ttft_whole, long_tokens[0] == long_tokens[K] ? "yes" : "NO");
+  return chunked;
+}
 
+json::Value speculative_decoding(const ServeRun& s) {
+  Model* model = s.model;
+  const Tokenizer& tok = *s.tok;
+  const GeneratorOptions& base = s.base;
+  GenerationParams gp = s.gp;
+  const int C = s.C, P = s.P, A = s.A, S = s.S;
+  const auto& random_prompt = s.random_prompt;
   // Speculative decoding: C greedy sequences of P-token prompts decode A tokens one at a time,
   // then checking up to S prompt-lookup drafts a step. What a random model's greedy text repeats
   // sets the acceptance here; the step costs are what carries over to real text.
@@ -299,7 +287,60 @@ int cmd_serve(const std::vector<std::string>& args) {
   spec.set("same_tokens", spec_tokens[0] == spec_tokens[S]);
   std::printf("  %.2fx the tokens per second; a step checking drafts costs %.2fx one that does not; same tokens: %s\n",
               spec_ms_per_token[0] / spec_ms_per_token[S], cost, spec_tokens[0] == spec_tokens[S] ? "yes" : "NO");
+  return spec;
+}
 
+}  // namespace
+
+// The Generator's scheduling as a server sees it, each feature on and off in one run:
+//   prefix caching: C conversations' second turns (turn 1's prompt and answer, then N new
+//     tokens) after their first, time to every first token and tokens prefilled, cache off vs on;
+//   chunked prefill: D sequences decode when one L-token prompt arrives; the longest gap between
+//     their tokens and the prompt's time to first token, whole prefill vs chunks of K tokens.
+int cmd_serve(const std::vector<std::string>& args) {
+  const Options opt(args, {"--preset", "--backend", "--kv-mode", "--kv-dtype", "--conversations", "--prompt", "--answer",
+                           "--new", "--decoders", "--long-prompt", "--chunk", "--speculative-tokens",
+                           "--emulate-link-gbps", "--json"});
+  auto be = create_backend(opt.get("--backend", "auto"));
+  const std::string preset_name = opt.get("--preset", be->device_is_host() ? "opt-125m" : "opt-6.7b");
+  const int C = opt.get_int("--conversations", 4), P = opt.get_int("--prompt", 512), A = opt.get_int("--answer", 32),
+            N = opt.get_int("--new", 64), D = opt.get_int("--decoders", 4), L = opt.get_int("--long-prompt", 1024),
+            K = opt.get_int("--chunk", 128);
+  const int S = opt.get_int("--speculative-tokens", 4);
+  KVPR_CHECK(C > 0 && P > 1 && A > 1 && N > 0 && D > 0 && L > 1 && K > 0 && S > 0, "sizes must be positive");
+  KvMode mode;
+  KVPR_CHECK(parse_kv_mode(opt.get("--kv-mode", "resident"), &mode), "unknown --kv-mode");
+  DType kv_dtype;
+  KVPR_CHECK(parse_dtype(opt.get("--kv-dtype", "f16"), &kv_dtype), "bad --kv-dtype");
+  std::unique_ptr<Model> model = preset_model(*be, preset_name, false);
+  const Tokenizer tok = Tokenizer::load(default_tokenizer_dir());
+  const int32_t vocab = static_cast<int32_t>(std::min<int64_t>(model->spec().vocab_size, tok.size()));
+  if (const double link = opt.get_double("--emulate-link-gbps", 0); link > 0) {
+    auto* cpu = dynamic_cast<CpuBackend*>(be.get());
+    KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
+    cpu->set_emulated_link_gbps(link);
+  }
+  GeneratorOptions base;
+  base.kv_dtype = kv_dtype;
+  base.kv.mode = mode;
+  if (mode == KvMode::Kvpr) {
+    ProfileOptions po;
+    po.transfer_bytes = 16ll << 20;
+    po.reps = 3;
+    po.rows = {16, 64, 256, 1024};
+    base.kv.profile = profile_backend(*be, *model, model->kv_shape(), kv_dtype, po);
+  }
+  std::fprintf(stderr, "kvpr-bench serve: %s on %s, kv mode %s\n", preset_name.c_str(), be->name().c_str(),
+               kv_mode_name(mode));
+  Rng rng(7);
+  auto random_prompt = [&](int n) {
+    std::vector<int32_t> v;
+    for (int i = 0; i < n; ++i) v.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(vocab)));
+    return v;
+  };
+  GenerationParams gp;
+  gp.ignore_eos = true;
+  const ServeRun run{model.get(), &tok, base, gp, C, P, A, N, D, L, K, S, random_prompt};
   json::Value result(json::Object{});
   result.set("benchmark", "serve");
   result.set("preset", preset_name);
@@ -307,9 +348,9 @@ int cmd_serve(const std::vector<std::string>& args) {
   result.set("kv_mode", kv_mode_name(mode));
   result.set("kv_dtype", dtype_name(kv_dtype));
   result.set("threads", ThreadPool::global().size());
-  result.set("prefix_caching", std::move(prefix));
-  result.set("chunked_prefill", std::move(chunked));
-  result.set("speculative_decoding", std::move(spec));
+  result.set("prefix_caching", prefix_caching(run));
+  result.set("chunked_prefill", chunked_prefill(run));
+  result.set("speculative_decoding", speculative_decoding(run));
   result.set("emulated_link_gbps", opt.get_double("--emulate-link-gbps", 0));
   write_json(opt.get("--json", ""), result);
   return 0;
