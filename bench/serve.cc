@@ -46,21 +46,19 @@ namespace {
 // What the three measurements share: the model, its tokenizer, the generator's options, and sizes.
 struct ServeRun {
   Model* model;
-  const Tokenizer* tok;
+  const Tokenizer& tok;
   GeneratorOptions base;
   GenerationParams gp;
   int C, P, A, N, D, L, K, S;
   std::function<std::vector<int32_t>(int)> random_prompt;
+
+  json::Value prefix_caching();        // C second turns, the prefix cache off and on
+  json::Value chunked_prefill();       // an L-token prompt among D decoders, whole or in chunks of K
+  json::Value speculative_decoding();  // C greedy sequences, 0 or S prompt-lookup drafts a step
 };
 
 // C conversations' second turns after their first, the prefix cache off and on.
-json::Value prefix_caching(const ServeRun& s) {
-  Model* model = s.model;
-  const Tokenizer& tok = *s.tok;
-  const GeneratorOptions& base = s.base;
-  GenerationParams gp = s.gp;
-  const int C = s.C, P = s.P, A = s.A, N = s.N;
-  const auto& random_prompt = s.random_prompt;
+json::Value ServeRun::prefix_caching() {
   std::vector<std::vector<int32_t>> turn1;
   for (int c = 0; c < C; ++c) turn1.push_back(random_prompt(P));
   const std::vector<int32_t> extra = random_prompt(N);
@@ -131,13 +129,7 @@ json::Value prefix_caching(const ServeRun& s) {
 }
 
 // D sequences decode when an L-token prompt arrives, prefilled whole or in chunks of K.
-json::Value chunked_prefill(const ServeRun& s) {
-  Model* model = s.model;
-  const Tokenizer& tok = *s.tok;
-  const GeneratorOptions& base = s.base;
-  GenerationParams gp = s.gp;
-  const int D = s.D, L = s.L, K = s.K;
-  const auto& random_prompt = s.random_prompt;
+json::Value ServeRun::chunked_prefill() {
   json::Array chunk_runs;
   std::map<int, std::vector<int32_t>> long_tokens;
   const std::vector<int32_t> long_prompt = random_prompt(L);
@@ -215,13 +207,7 @@ json::Value chunked_prefill(const ServeRun& s) {
   return chunked;
 }
 
-json::Value speculative_decoding(const ServeRun& s) {
-  Model* model = s.model;
-  const Tokenizer& tok = *s.tok;
-  const GeneratorOptions& base = s.base;
-  GenerationParams gp = s.gp;
-  const int C = s.C, P = s.P, A = s.A, S = s.S;
-  const auto& random_prompt = s.random_prompt;
+json::Value ServeRun::speculative_decoding() {
   // Speculative decoding: C greedy sequences of P-token prompts decode A tokens one at a time,
   // then checking up to S prompt-lookup drafts a step. What a random model's greedy text repeats
   // sets the acceptance here; the step costs are what carries over to real text.
@@ -340,7 +326,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   };
   GenerationParams gp;
   gp.ignore_eos = true;
-  const ServeRun run{model.get(), &tok, base, gp, C, P, A, N, D, L, K, S, random_prompt};
+  ServeRun run{model.get(), tok, base, gp, C, P, A, N, D, L, K, S, random_prompt};
   json::Value result(json::Object{});
   result.set("benchmark", "serve");
   result.set("preset", preset_name);
@@ -348,9 +334,9 @@ int cmd_serve(const std::vector<std::string>& args) {
   result.set("kv_mode", kv_mode_name(mode));
   result.set("kv_dtype", dtype_name(kv_dtype));
   result.set("threads", ThreadPool::global().size());
-  result.set("prefix_caching", prefix_caching(run));
-  result.set("chunked_prefill", chunked_prefill(run));
-  result.set("speculative_decoding", speculative_decoding(run));
+  result.set("prefix_caching", run.prefix_caching());
+  result.set("chunked_prefill", run.chunked_prefill());
+  result.set("speculative_decoding", run.speculative_decoding());
   result.set("emulated_link_gbps", opt.get_double("--emulate-link-gbps", 0));
   write_json(opt.get("--json", ""), result);
   return 0;
