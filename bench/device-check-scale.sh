@@ -85,7 +85,6 @@ for mode in $SERVE_MODES; do
   ok=0
   for _ in $(seq 1 120); do
     [ "$(elapsed)" -lt 470 ] || break
-    curl -sf "http://127.0.0.1:$port/health" 2>/dev/null | grep -q '"status":"ok"' && { ok=1; break; }
     python3 -c "import json,urllib.request,sys; sys.exit(json.load(urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2))['status'] != 'ok')" 2>/dev/null && { ok=1; break; }
     kill -0 $pid 2>/dev/null || break
     sleep 0.5

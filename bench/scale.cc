@@ -303,11 +303,7 @@ void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
   if (!next_command(&cmd)) return;  // refused: the sizes do not fit the host
   KVPR_CHECK(cmd.find("cmd")->as_string() == "allocate", "scale worker: expected allocate");
 
-  ProfileOptions po;  // as kvpr-worker profiles itself
-  po.transfer_bytes = 16ll << 20;
-  po.reps = 3;
-  po.rows = {16, 64, 256, 1024};
-  const LinkProfile prof = profile_backend(*be, *model, shape, kv_dtype, po);
+  const LinkProfile prof = profile_backend(*be, *model, shape, kv_dtype, ProfileOptions::quick());  // as kvpr-worker
   KvRuntimeOptions o;
   o.mode = mode;
   o.kv_dtype = kv_dtype;

@@ -310,11 +310,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   base.kv_dtype = kv_dtype;
   base.kv.mode = mode;
   if (mode == KvMode::Kvpr) {
-    ProfileOptions po;
-    po.transfer_bytes = 16ll << 20;
-    po.reps = 3;
-    po.rows = {16, 64, 256, 1024};
-    base.kv.profile = profile_backend(*be, *model, model->kv_shape(), kv_dtype, po);
+    base.kv.profile = profile_backend(*be, *model, model->kv_shape(), kv_dtype, ProfileOptions::quick());
   }
   std::fprintf(stderr, "kvpr-bench serve: %s on %s, kv mode %s\n", preset_name.c_str(), be->name().c_str(),
                kv_mode_name(mode));

@@ -175,12 +175,7 @@ std::optional<DType> kv_dtype_flag(const Args& a) {
 }
 
 LinkProfile run_profiler(Backend& be, Model& model, DType dtype, bool quick) {
-  ProfileOptions po;
-  if (quick) {
-    po.transfer_bytes = 16ll << 20;
-    po.reps = 3;
-    po.rows = {16, 64, 256, 1024};
-  }
+  const ProfileOptions po = quick ? ProfileOptions::quick() : ProfileOptions{};
   return profile_backend(be, model, model.kv_shape(), dtype, po);
 }
 

@@ -165,10 +165,7 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
       if (!opts.profile_path.empty()) {
         go.kv.profile = LinkProfile::load(opts.profile_path);
       } else {
-        ProfileOptions po;
-        po.transfer_bytes = 16ll << 20;
-        po.reps = 3;
-        po.rows = {16, 64, 256, 1024};
+        const ProfileOptions po = ProfileOptions::quick();
         go.kv.profile = profile_backend(*backend, *model, model->kv_shape(),
                                         go.kv_dtype.value_or(model->weight_dtype()), po);
       }

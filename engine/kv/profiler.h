@@ -17,6 +17,9 @@ struct ProfileOptions {
   int64_t transfer_bytes = 64ll << 20;  // per timed copy
   int reps = 5;                          // median of
   std::vector<int64_t> rows = {16, 64, 256, 1024, 4096};
+  // The short profile a worker takes at start (16 MiB copies, 3 repeats, up to 1024 rows):
+  // kvpr-worker, `kvpr profile --quick` and the benchmarks that stand in for a worker.
+  static ProfileOptions quick() { return ProfileOptions{16ll << 20, 3, {16, 64, 256, 1024}}; }
 };
 
 // `projector` and `layer` give the real K/V projection to time; x is fed in `dtype` as the
