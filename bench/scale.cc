@@ -260,6 +260,12 @@ struct WorkerArgs {
 
 using BindFn = std::function<std::string(const std::vector<int>&)>;
 
+// Host memory a decode step's host attention reads: K and V of `tokens` per sequence, every layer.
+double host_attention_bytes(int batch, int64_t tokens, int64_t layers, int64_t kv_hidden, DType dtype) {
+  return static_cast<double>(batch) * static_cast<double>(tokens) * static_cast<double>(layers) * 2.0 *
+         static_cast<double>(kv_hidden * static_cast<int64_t>(dtype_size(dtype)));
+}
+
 // A "bind" command: this process onto the command's cpus, `use_threads` told how many host
 // threads they give, then the reply.
 void on_bind(const json::Value& cmd, const BindFn& bind, const std::function<void(int)>& use_threads) {
@@ -325,7 +331,6 @@ void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
   rd.set("host_kv_bytes", static_cast<int64_t>(kv->host_store() ? kv->host_store()->bytes() : 0));
   reply(rd);
 
-  const double es = static_cast<double>(dtype_size(kv_dtype));
   while (next_command(&cmd)) {
     const std::string c = cmd.find("cmd")->as_string();
     if (c == "bind") {
@@ -346,9 +351,7 @@ void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
       // Host memory the step touched for its KV: what crossed the link, and for cpu-attn the
       // K and V the host attention read (accounted from the shapes, not hardware counters).
       double dram = static_cast<double>(st.h2d_bytes + st.d2h_bytes);
-      if (mode == KvMode::CpuAttn)
-        dram += static_cast<double>(a.batch) * static_cast<double>(ctx) * static_cast<double>(shape.layers) * 2.0 *
-                static_cast<double>(shape.kv_hidden()) * es;
+      if (mode == KvMode::CpuAttn) dram += host_attention_bytes(a.batch, ctx, shape.layers, shape.kv_hidden(), kv_dtype);
       r.set("dram_bytes", dram);
       reply(r);
     } else if (c == "exit") {
@@ -359,7 +362,6 @@ void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
   }
 }
 
-// A neighbour: the host load of a worker whose GPU this host does not have.
 // A neighbour's host memory and its work per step: the load of a worker whose GPU this host
 // does not have.
 class Neighbour {
@@ -419,8 +421,7 @@ class Neighbour {
                                     v_[l].rows(b, 1).reshape({a_.capacity, kv_hidden_})});
       cpu_attention(out_, q_, seqs, static_cast<int>(heads_), 1.0f / std::sqrt(static_cast<float>(head_dim_)), *pool_);
     }
-    return static_cast<double>(a_.batch) * static_cast<double>(past + 1) * static_cast<double>(layers_) * 2.0 *
-           static_cast<double>(kv_hidden_ * static_cast<int64_t>(dtype_size(dtype_)));
+    return host_attention_bytes(a_.batch, past + 1, layers_, kv_hidden_, dtype_);
   }
 
   // offload, kvpr: `bytes` (worker 0's link's) read at the link's rate `gbps`, on enough threads.
