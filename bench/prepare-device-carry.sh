@@ -22,7 +22,7 @@ if [ ! -s .carry/daemon-prefix.tar.xz ]; then
   mkdir -p "$stage/include/boost" "$stage/lib/x86_64-linux-gnu/cmake" "$stage/lib/x86_64-linux-gnu/pkgconfig" "$stage/bin"
   # Boost libraries whose headers the daemon's translation units include (found with -M on them).
   for c in asio assert beast bind config container container_hash core date_time describe detail exception \
-           intrusive io json logic move mp11 mpl numeric optional predef preprocessor regex smart_ptr \
+           intrusive io logic move mp11 mpl numeric optional predef preprocessor regex smart_ptr \
            static_string system type_traits utility variant2; do
     cp -r /usr/include/boost/$c "$stage/include/boost/"
   done
@@ -31,11 +31,11 @@ if [ ! -s .carry/daemon-prefix.tar.xz ]; then
   # hwloc's generated config.h sits in Debian's multiarch include directory
   mkdir -p "$stage/include/hwloc/autogen"
   cp /usr/include/x86_64-linux-gnu/hwloc/autogen/config.h "$stage/include/hwloc/autogen/"
-  for l in libboost_json libboost_container libspdlog libfmt libhwloc libsystemd libudev libcap libgcrypt liblzma \
+  for l in libboost_container libspdlog libfmt libhwloc libsystemd libudev libcap libgcrypt liblzma \
            libzstd liblz4 libgpg-error libpkgconf; do
     cp -a $lib/$l.so* "$stage/lib/x86_64-linux-gnu/"
   done
-  cp -r $lib/cmake/Boost-1.81.0 $lib/cmake/BoostDetectToolset-1.81.0.cmake $lib/cmake/boost_json-1.81.0 \
+  cp -r $lib/cmake/Boost-1.81.0 $lib/cmake/BoostDetectToolset-1.81.0.cmake \
         $lib/cmake/boost_container-1.81.0 $lib/cmake/boost_headers-1.81.0 $lib/cmake/spdlog $lib/cmake/fmt \
         "$stage/lib/x86_64-linux-gnu/cmake/"
   for pc in hwloc libsystemd; do

@@ -77,6 +77,8 @@ int main(int argc, char** argv) {
     int64_t ctx = cfg.max_seq_len > 0 ? std::min(cfg.max_seq_len, model_cfg.max_position_embeddings)
                                       : model_cfg.max_position_embeddings;
     ServedModel served;
+    served.name = cfg.served_model_name;
+    served.reasoning = cfg.reasoning_parser != "none";
     served.max_model_len = ctx;
     served.vocab_size = model_cfg.vocab_size;
     std::string& tmpl = served.chat_template;

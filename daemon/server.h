@@ -1,30 +1,21 @@
-// The HTTP side of kvprd: a Boost.Beast server on one io_context thread serving the
-// OpenAI-compatible API. Requests become engine requests on the worker pool; their events
-// come back on the same thread, so nothing here needs a lock.
+// kvprd's API server: the HTTP transport (daemon/http_server.h) with the routes
+// (daemon/routes.h) behind it, on one io_context thread. Requests become engine requests on the
+// worker pool; their events come back on the same thread, so nothing here needs a lock.
 #pragma once
 
-#include <boost/asio.hpp>
+#include <boost/asio/io_context.hpp>
 #include <memory>
-#include <string>
 
 #include "daemon/config.h"
 #include "daemon/worker_pool.h"
-#include "engine/decode/generation_config.h"
 #include "engine/text/tokenizer.h"
+#include "openai/protocol.h"
 
 namespace kvpr {
 
-// What kvprd serves, as decided at start from the model and the flags.
-class Session;
-
-struct ServedModel {
-  int64_t max_model_len = 0;  // context: prompt + max_tokens
-  int64_t vocab_size = 0;     // the model's: prompt ids at or beyond it cannot be embedded
-  std::string chat_template;  // a name of render_chat's
-  std::string default_system; // chatml: the template's own system message, if any
-  SamplingDefaults defaults;  // generation_config.json's, for fields a request leaves out
-  std::string tool_call_parser = "none";  // none, hermes or llama3_json (auto resolved)
-};
+class HttpServer;
+class Routes;
+struct DaemonMetrics;
 
 class Server {
  public:
@@ -35,7 +26,6 @@ class Server {
   void listen();
   // New requests get 503 from now on; in-flight ones finish.
   void begin_drain();
-  bool draining() const;
   int64_t in_flight_requests() const;
   // Closes the listener.
   void close();
@@ -45,11 +35,11 @@ class Server {
   // SIGHUP: the settings that change live (apply_live_config's), for requests from now on.
   void apply_config(const DaemonConfig& live);
 
-  struct State;
-
  private:
-  static void accept_next(std::shared_ptr<State> st);
-  std::shared_ptr<State> st_;
+  DaemonConfig cfg_;
+  std::unique_ptr<DaemonMetrics> metrics_;
+  std::unique_ptr<HttpServer> http_;
+  std::shared_ptr<Routes> routes_;
 };
 
 }  // namespace kvpr

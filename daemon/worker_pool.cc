@@ -332,9 +332,7 @@ void WorkerPool::reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameCha
 void WorkerPool::handle(Worker& w, uint64_t gen, const json::Value& msg) {
   if (gen != w.gen) return;
   w.last_heard = Clock::now();
-  const json::Value* t = msg.find("type");
-  if (!t || !t->is_string()) return;
-  const std::string& type = t->as_string();
+  const std::string type = message_type(msg);
   if (type == "heartbeat") {
     const json::Value* s = msg.find("step_ms");
     w.step_ms = s && s->is_int() ? s->as_int() : 0;
@@ -356,47 +354,19 @@ void WorkerPool::handle(Worker& w, uint64_t gen, const json::Value& msg) {
   } else if (type == "stats") {
     w.stats = msg;
   } else if (type == "step" || type == "error") {
-    auto deliver = [&](const json::Value& e, bool is_error) {
-      uint64_t id = static_cast<uint64_t>(e.find("id")->as_int());
-      auto it = w.pending.find(id);
-      if (it == w.pending.end()) return;
-      EngineEvent ev;
-      if (is_error) {
-        ev.error = e.find("message")->as_string();
-      } else {
-        if (const json::Value* v = e.find("token")) {
-          ev.token = static_cast<int32_t>(v->as_int());
-          if (it->second.tokens) it->second.tokens->push_back(ev.token);
-        }
-        if (const json::Value* v = e.find("logprob")) ev.logprob = v->as_double();
-        auto pairs = [](const json::Value& a) {
-          std::vector<std::pair<int32_t, double>> out;
-          for (const auto& p : a.as_array())
-            out.emplace_back(static_cast<int32_t>(p.as_array().at(0).as_int()), p.as_array().at(1).as_double());
-          return out;
-        };
-        if (const json::Value* v = e.find("top")) ev.top = pairs(*v);
-        if (const json::Value* v = e.find("prompt_logprobs"))
-          for (const auto& x : v->as_array()) ev.prompt_logprobs.push_back(x.as_double());
-        if (const json::Value* v = e.find("prompt_top"))
-          for (const auto& pt : v->as_array()) ev.prompt_top.push_back(pairs(pt));
-        if (const json::Value* v = e.find("text")) ev.text = v->as_string();
-        if (const json::Value* v = e.find("finish_reason")) ev.finish_reason = v->as_string();
-        if (const json::Value* v = e.find("prompt_tokens")) ev.prompt_tokens = v->as_int();
-        if (const json::Value* v = e.find("completion_tokens")) ev.completion_tokens = v->as_int();
-        if (const json::Value* v = e.find("cached_tokens")) ev.cached_tokens = v->as_int();
-      }
+    for (RequestEvent& re : decode_events(msg)) {
+      auto it = w.pending.find(re.id);
+      if (it == w.pending.end()) continue;
+      const EngineEvent& ev = re.event;
+      if (ev.token >= 0 && it->second.tokens) it->second.tokens->push_back(ev.token);
       EventSink sink = it->second.sink;
-      if (is_error || !ev.finish_reason.empty()) {
+      if (!ev.error.empty() || !ev.finish_reason.empty()) {
         w.outstanding -= it->second.cost;
         w.pending.erase(it);
-        route_.erase(id);
+        route_.erase(re.id);
       }
       sink(ev);
-    };
-    if (type == "error") deliver(msg, true);
-    else
-      for (const auto& e : msg.find("events")->as_array()) deliver(e, false);
+    }
   }
 }
 
@@ -491,8 +461,9 @@ void WorkerPool::on_exit(Worker& w, uint64_t gen, const std::string& why) {
   });
 }
 
-bool WorkerPool::submit(uint64_t id, const std::vector<int32_t>& prompt, const json::Value& params, int64_t cost,
-                        EventSink sink, std::string* why) {
+bool WorkerPool::submit(const GenerateMessage& request, int64_t cost, EventSink sink, std::string* why) {
+  const uint64_t id = request.id;
+  const std::vector<int32_t>& prompt = request.prompt;
   // The worker with the least outstanding work, unless one that was recently sent a prompt
   // sharing at least half of this one (a conversation's earlier turn, a shared system prompt)
   // has a free slot and at most one request more than that worker: its prefix cache then likely
@@ -523,16 +494,9 @@ bool WorkerPool::submit(uint64_t id, const std::vector<int32_t>& prompt, const j
     return false;
   }
   if (affine && 2 * affine_len >= prompt.size() && affine->pending.size() <= best->pending.size() + 1) best = affine;
-  json::Value m(json::Object{});
-  m.set("type", "generate");
-  m.set("id", static_cast<int64_t>(id));
-  json::Array ids;
-  for (int32_t t : prompt) ids.emplace_back(static_cast<int64_t>(t));
-  m.set("prompt_ids", std::move(ids));
-  m.set("params", params);
   std::string frame;
   try {
-    frame = FrameChannel::frame(m);
+    frame = FrameChannel::frame(encode_generate(request));
   } catch (const Error& e) {  // past the channel's 64 MiB (a --max-body-bytes that large)
     *why = e.what();
     return false;
@@ -557,10 +521,7 @@ void WorkerPool::cancel(uint64_t id) {
   auto it = route_.find(id);
   if (it == route_.end()) return;
   Worker& w = *workers_[it->second];
-  json::Value m(json::Object{});
-  m.set("type", "cancel");
-  m.set("id", static_cast<int64_t>(id));
-  if (w.out) w.out->push(FrameChannel::frame(m));  // refused only when the worker is gone or stuck: it is then killed
+  if (w.out) w.out->push(FrameChannel::frame(encode_cancel(id)));  // refused only when the worker is gone or stuck: it is then killed
 }
 
 std::vector<WorkerStatus> WorkerPool::status() const {
@@ -598,8 +559,7 @@ int64_t WorkerPool::in_flight() const {
 void WorkerPool::stop() {
   if (stopping_ && workers_.empty()) return;
   stopping_ = true;
-  json::Value m(json::Object{});
-  m.set("type", "shutdown");
+  const json::Value m = encode_shutdown();
   liveness_timer_.cancel();
   for (auto& w : workers_) {
     w->restart_timer->cancel();

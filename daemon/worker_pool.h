@@ -19,23 +19,10 @@
 #include "daemon/config.h"
 #include "engine/base/json.h"
 #include "worker/frame_channel.h"
+#include "worker/protocol.h"
 
 namespace kvpr {
 
-// One event of a request: new text/token, the end, or an error.
-struct EngineEvent {
-  int32_t token = -1;
-  double logprob = 0;
-  std::vector<std::pair<int32_t, double>> top;  // most likely ids at this position (top_logprobs)
-  std::vector<double> prompt_logprobs;         // first event when the prompt is scored
-  std::vector<std::vector<std::pair<int32_t, double>>> prompt_top;
-  std::string text;
-  std::string finish_reason;  // set on the last event: stop, length, cancelled
-  int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;
-  int64_t cached_tokens = 0;  // prompt tokens whose K/V came from the worker's prefix cache
-  std::string error;          // set when the request failed
-};
 using EventSink = std::function<void(const EngineEvent&)>;
 
 struct WorkerStatus {
@@ -59,10 +46,10 @@ class WorkerPool {
   // Stops the workers (shutdown message, then SIGKILL after a grace period) and joins.
   void stop();
 
-  // Sends a request to the worker with the least outstanding work. `cost` is the tokens it
-  // may occupy (prompt + max tokens). Returns false (with *why) when no worker is ready.
-  bool submit(uint64_t id, const std::vector<int32_t>& prompt, const json::Value& params, int64_t cost,
-              EventSink sink, std::string* why);
+  // Sends a request to the worker with the least outstanding work (or one whose prefix cache
+  // likely holds its prompt). `cost` is the tokens it may occupy (prompt + max tokens). Returns
+  // false (with *why) when no worker is ready.
+  bool submit(const GenerateMessage& request, int64_t cost, EventSink sink, std::string* why);
   void cancel(uint64_t id);
   // SIGHUP: the live settings (timeouts, queue) for what comes next.
   void apply_config(const DaemonConfig& live);

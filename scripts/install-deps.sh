@@ -17,7 +17,6 @@ PACKAGES=(
   libgtest-dev         # GoogleTest
   libhwloc-dev         # NUMA placement (daemon)
   libboost1.81-dev     # Asio, Beast (daemon)
-  libboost-json1.81-dev
   libspdlog-dev        # daemon logging
   libsystemd-dev       # sd_notify
   haproxy              # the scale-out test: two kvprd behind it (deploy/haproxy.cfg)

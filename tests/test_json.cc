@@ -64,3 +64,22 @@ TEST(Json, DumpsAsPythonsJsonDumps) {
   // json.loads keeps a repeated key at its first place with its last value.
   EXPECT_EQ(json::parse(R"({"a": 1, "b": 2, "a": 3})").dump_python(), R"({"a": 3, "b": 2})");
 }
+
+// A peer's JSON (an HTTP body): what parse() tolerates in model files is an error here, and a
+// repeated key leaves what json.loads would.
+TEST(Json, StrictParseRefusesWhatAPeerMustNotSend) {
+  for (std::string_view bad : {std::string_view("{\"p\": \"\xff\xfe\"}"), std::string_view("\"\xc3\""),
+                               std::string_view("\"\xed\xa0\x80\""), std::string_view(R"("\ud800")"),
+                               std::string_view(R"("\udc00\ud800")"), std::string_view(R"("\ud800\u0041")"),
+                               std::string_view("[NaN]"), std::string_view("[-Infinity]"), std::string_view("Infinity")}) {
+    EXPECT_THROW(json::parse_strict(bad), Error) << bad;
+  }
+  EXPECT_NO_THROW(json::parse(R"("\ud800")"));  // model files: U+FFFD
+  EXPECT_EQ(json::parse_strict(R"("\ud83d\ude00 \u00e9 )" "\xe2\x82\xac\"").as_string(),
+            "\xf0\x9f\x98\x80 \xc3\xa9 \xe2\x82\xac");
+  const json::Value o = json::parse_strict(R"({"a": 1, "b": 2, "a": {"x": 3}, "c": [], "b": 4, "a": 5})");
+  EXPECT_EQ(o.dump(), R"({"a":5,"b":4,"c":[]})");
+  std::string deep(300, '[');
+  EXPECT_THROW(json::parse_strict(deep + std::string(300, ']')), Error);
+  EXPECT_NO_THROW(json::parse_strict(std::string(200, '[') + std::string(200, ']')));
+}

@@ -12,6 +12,7 @@
 #include "engine/model/model.h"
 #include "engine/kv/profiler.h"
 #include "engine/text/tokenizer.h"
+#include "worker/protocol.h"
 #ifdef KVPR_HAVE_HWLOC
 #include "numa/placement.h"
 #endif
@@ -19,34 +20,6 @@
 namespace kvpr {
 
 namespace {
-
-GenerationParams params_from(const json::Value& p) {
-  GenerationParams g;
-  if (const json::Value* v = p.find("max_tokens")) g.max_new_tokens = static_cast<int>(v->as_int());
-  if (const json::Value* v = p.find("temperature")) g.sampling.temperature = static_cast<float>(v->as_double());
-  if (const json::Value* v = p.find("top_p")) g.sampling.top_p = static_cast<float>(v->as_double());
-  if (const json::Value* v = p.find("top_k")) g.sampling.top_k = static_cast<int>(v->as_int());
-  if (const json::Value* v = p.find("min_p")) g.sampling.min_p = static_cast<float>(v->as_double());
-  if (const json::Value* v = p.find("seed"); v && !v->is_null()) g.sampling.seed = static_cast<uint64_t>(v->as_int());
-  if (const json::Value* v = p.find("ignore_eos")) g.ignore_eos = v->as_bool();
-  if (const json::Value* v = p.find("top_logprobs")) g.top_logprobs = static_cast<int>(v->as_int());
-  if (const json::Value* v = p.find("prompt_logprobs")) g.prompt_logprobs = static_cast<int>(v->as_int());
-  if (const json::Value* v = p.find("repetition_penalty")) g.sampling.repetition_penalty = static_cast<float>(v->as_double());
-  if (const json::Value* v = p.find("presence_penalty")) g.sampling.presence_penalty = static_cast<float>(v->as_double());
-  if (const json::Value* v = p.find("frequency_penalty")) g.sampling.frequency_penalty = static_cast<float>(v->as_double());
-  if (const json::Value* v = p.find("logit_bias"))
-    for (const auto& pair : v->as_array())
-      g.sampling.logit_bias.emplace_back(static_cast<int32_t>(pair.as_array().at(0).as_int()),
-                                         static_cast<float>(pair.as_array().at(1).as_double()));
-  if (const json::Value* v = p.find("stop"))
-    for (const auto& s : v->as_array()) g.stop.push_back(s.as_string());
-  if (const json::Value* v = p.find("stop_token_ids"))
-    for (const auto& id : v->as_array()) g.stop_token_ids.push_back(static_cast<int32_t>(id.as_int()));
-  if (const json::Value* v = p.find("json_object")) g.json_object = v->as_bool();
-  if (const json::Value* v = p.find("json_schema"))
-    g.json_schema = std::make_shared<const JsonSchema>(JsonSchema::compile(*v));
-  return g;
-}
 
 // A heartbeat every second from a thread of its own, from the first moment (loading a model
 // takes minutes) to the end: the controller takes a worker silent past --worker-timeout as
@@ -227,27 +200,22 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
       int timeout = gen->idle() ? 500 : 0;
       while (ch.recv(&msg, timeout)) {
         timeout = 0;
-        const std::string type = msg.find("type") ? msg.find("type")->as_string() : "";
+        const std::string type = message_type(msg);
         if (type == "shutdown") return 0;
         if (type == "cancel") {
-          uint64_t id = static_cast<uint64_t>(msg.find("id")->as_int());
+          const uint64_t id = static_cast<uint64_t>(msg.find("id")->as_int());
           if (auto it = to_gen.find(id); it != to_gen.end()) gen->cancel(it->second);
           continue;
         }
         if (type == "generate") {
-          uint64_t id = static_cast<uint64_t>(msg.find("id")->as_int());
+          const json::Value* id = msg.find("id");
           try {
-            std::vector<int32_t> prompt;
-            for (const auto& t : msg.find("prompt_ids")->as_array()) prompt.push_back(static_cast<int32_t>(t.as_int()));
-            uint64_t gid = gen->add(std::move(prompt), params_from(*msg.find("params")));
-            to_ctrl[gid] = id;
-            to_gen[id] = gid;
+            GenerateMessage m = decode_generate(msg);
+            const uint64_t gid = gen->add(std::move(m.prompt), m.params);
+            to_ctrl[gid] = m.id;
+            to_gen[m.id] = gid;
           } catch (const std::exception& e) {
-            json::Value err(json::Object{});
-            err.set("type", "error");
-            err.set("id", static_cast<int64_t>(id));
-            err.set("message", e.what());
-            ch.send(err);
+            ch.send(encode_error(id && id->is_int() ? static_cast<uint64_t>(id->as_int()) : 0, e.what()));
           }
         }
       }
@@ -258,43 +226,20 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
         heartbeat.step_ends();
         busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         ++steps;
-        json::Value m(json::Object{});
-        m.set("type", "step");
-        json::Array events;
+        std::vector<RequestEvent> events;
         for (const auto& o : outs) {
           auto it = to_ctrl.find(o.id);
           if (it == to_ctrl.end()) continue;
-          json::Value e(json::Object{});
-          e.set("id", static_cast<int64_t>(it->second));
-          if (o.token >= 0) {
-            e.set("token", static_cast<int64_t>(o.token));
-            e.set("logprob", static_cast<double>(o.logprob));
-            if (!o.top.empty()) e.set("top", logprob_pairs_json(o.top));
+          if (o.finish == FinishReason::None) {
+            events.push_back({it->second, engine_event(o, nullptr)});
+            continue;
           }
-          if (!o.prompt_logprobs.empty()) {
-            json::Array lps;
-            for (float lp : o.prompt_logprobs) lps.emplace_back(static_cast<double>(lp));
-            e.set("prompt_logprobs", std::move(lps));
-            if (!o.prompt_top.empty()) {
-              json::Array tops;
-              for (const auto& t : o.prompt_top) tops.emplace_back(logprob_pairs_json(t));
-              e.set("prompt_top", std::move(tops));
-            }
-          }
-          e.set("text", o.text);
-          if (o.finish != FinishReason::None) {
-            SequenceResult r = gen->take_result(o.id);
-            e.set("finish_reason", finish_reason_name(o.finish));
-            e.set("completion_tokens", static_cast<int64_t>(r.tokens.size()));
-            e.set("prompt_tokens", static_cast<int64_t>(r.prompt.size()));
-            e.set("cached_tokens", r.cached_tokens);
-            to_gen.erase(it->second);
-            to_ctrl.erase(it);
-          }
-          events.push_back(std::move(e));
+          const SequenceResult r = gen->take_result(o.id);
+          events.push_back({it->second, engine_event(o, &r)});
+          to_gen.erase(it->second);
+          to_ctrl.erase(it);
         }
-        m.set("events", std::move(events));
-        ch.send(m);
+        ch.send(encode_step(events));
       }
       auto now = std::chrono::steady_clock::now();
       if (now - last_stats > std::chrono::milliseconds(500)) {

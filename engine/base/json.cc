@@ -161,7 +161,7 @@ void dump_to(const Value& v, std::string& out) {
 
 class Parser {
  public:
-  explicit Parser(std::string_view t) : t_(t) {}
+  explicit Parser(std::string_view t, bool strict = false) : t_(t), strict_(strict) {}
 
   Value parse_document() {
     skip_ws();
@@ -226,8 +226,8 @@ class Parser {
     }
     if (c == '-' || (c >= '0' && c <= '9')) return parse_number();
     // Python's json writes these for non-finite floats; accept them on input.
-    if (consume("NaN")) return Value(std::nan(""));
-    if (consume("Infinity")) return Value(HUGE_VAL);
+    if (!strict_ && consume("NaN")) return Value(std::nan(""));
+    if (!strict_ && consume("Infinity")) return Value(HUGE_VAL);
     fail(std::string("unexpected character '") + c + "'");
   }
 
@@ -235,7 +235,7 @@ class Parser {
     size_t start = i_;
     if (t_[i_] == '-') {
       ++i_;
-      if (consume("Infinity")) return Value(-HUGE_VAL);
+      if (!strict_ && consume("Infinity")) return Value(-HUGE_VAL);
     }
     bool integral = true;
     auto digits = [&] {
@@ -292,6 +292,14 @@ class Parser {
       char c = t_[i_++];
       if (c == '"') break;
       if (static_cast<unsigned char>(c) < 0x20) fail("control character in string");
+      if (strict_ && static_cast<unsigned char>(c) >= 0x80) {
+        char32_t cp;
+        const int n = utf8_next(t_, i_ - 1, &cp);
+        if (n <= 0) fail("invalid UTF-8");
+        out.append(t_.substr(i_ - 1, static_cast<size_t>(n)));
+        i_ += static_cast<size_t>(n) - 1;
+        continue;
+      }
       if (c != '\\') {
         out.push_back(c);
         continue;
@@ -309,7 +317,13 @@ class Parser {
         case 't': out.push_back('\t'); break;
         case 'u': {
           uint32_t cp = parse_hex4();
-          if (cp >= 0xd800 && cp < 0xdc00) {  // surrogate pair
+          if (strict_ && cp >= 0xd800 && cp < 0xe000) {  // a pair, or an error
+            if (cp >= 0xdc00 || i_ + 6 > t_.size() || t_[i_] != '\\' || t_[i_ + 1] != 'u') fail("lone surrogate escape");
+            i_ += 2;
+            const uint32_t lo = parse_hex4();
+            if (lo < 0xdc00 || lo >= 0xe000) fail("lone surrogate escape");
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+          } else if (cp >= 0xd800 && cp < 0xdc00) {  // surrogate pair
             if (i_ + 6 <= t_.size() && t_[i_] == '\\' && t_[i_ + 1] == 'u') {
               size_t save = i_;
               i_ += 2;
@@ -378,10 +392,31 @@ class Parser {
       if (c == '}') break;
       if (c != ',') fail("expected ',' or '}' in object");
     }
+    if (strict_ && o.size() > 1) keep_last_of_duplicates(o);
     return Value(std::move(o));
   }
 
+  // A key given twice keeps its first place and its last value, as json.loads leaves a dict
+  // (and lookups, which take the first, see what the sender meant last).
+  static void keep_last_of_duplicates(Object& o) {
+    constexpr size_t kRepeat = SIZE_MAX;
+    std::unordered_map<std::string_view, size_t> first;
+    std::vector<size_t> value_at(o.size());  // a first occurrence: where its last value is
+    bool repeated = false;
+    for (size_t k = 0; k < o.size(); ++k) {
+      auto [it, fresh] = first.try_emplace(o[k].first, k);
+      value_at[k] = fresh ? k : kRepeat;
+      if (!fresh) value_at[it->second] = k, repeated = true;
+    }
+    if (!repeated) return;
+    Object kept;
+    for (size_t k = 0; k < o.size(); ++k)
+      if (value_at[k] != kRepeat) kept.emplace_back(std::move(o[k].first), std::move(o[value_at[k]].second));
+    o = std::move(kept);
+  }
+
   std::string_view t_;
+  bool strict_ = false;
   size_t i_ = 0;
 };
 }  // namespace
@@ -488,6 +523,8 @@ std::string Value::dump_python(int indent) const {
 }
 
 Value parse_leading(std::string_view text, size_t* end) { return Parser(text).parse_leading(end); }
+
+Value parse_strict(std::string_view text) { return Parser(text, true).parse_document(); }
 
 Value parse(std::string_view text) { return Parser(text).parse_document(); }
 

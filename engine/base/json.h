@@ -1,6 +1,7 @@
 // A small JSON document model for the engine's files (config.json, safetensors headers,
-// tokenizer files) and its --json output. The engine depends only on the C++ standard
-// library so that it builds anywhere the CUDA toolkit does; the daemon uses Boost.JSON.
+// tokenizer files), its --json output, and the daemon's requests (parse_strict) and responses.
+// The engine depends only on the C++ standard library so that it builds anywhere the CUDA
+// toolkit does.
 #pragma once
 
 #include <cstdint>
@@ -79,6 +80,12 @@ class Value {
 
 // Parses a complete JSON text. Errors throw kvpr::Error "<what> at line L column C".
 Value parse(std::string_view text);
+
+// Parses a JSON text from a peer (an HTTP request body) as RFC 8259 has it: invalid UTF-8,
+// lone surrogate escapes and NaN/Infinity are errors; a key given twice keeps its first place
+// and its last value (as json.loads leaves a dict). Nesting past 256 levels is an error, as in
+// parse().
+Value parse_strict(std::string_view text);
 
 // Parses the JSON value at the very start of `text` (no whitespace before it) and sets *end to
 // where it ends; what follows is not read (Python's JSONDecoder.raw_decode).

@@ -1,0 +1,297 @@
+#include "daemon/routes.h"
+
+#include <chrono>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "openai/response.h"
+
+namespace kvpr {
+
+using Clock = std::chrono::steady_clock;
+
+// One generation request: its exchange, its response as it is built, its engine requests.
+struct Routes::Generation {
+  std::shared_ptr<Exchange> ex;
+  ResponseState r;
+  std::vector<GenerateMessage> requests;  // per choice of n: the engine's parameters
+  std::vector<uint64_t> engine_ids;  // per choice
+  bool streaming = false;
+  bool answering = true;  // false once answered, abandoned, or its client left
+  int64_t remaining = 0;  // choices not done
+  Clock::time_point t0 = Clock::now(), last_token;
+  bool first_token_seen = false;
+
+  void cancel(WorkerPool& pool) const {
+    for (size_t i = 0; i < r.choices.size(); ++i)
+      if (!r.choices[i].done) pool.cancel(engine_ids[i]);
+  }
+};
+
+namespace {
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Whether `given` is `key`, in a time that depends on `given`'s length alone.
+bool equal_in_constant_time(std::string_view given, std::string_view key) {
+  unsigned diff = given.size() != key.size();
+  for (size_t i = 0; i < given.size(); ++i)
+    diff |= static_cast<unsigned char>(given[i]) ^ static_cast<unsigned char>(key[i % key.size()]);
+  return diff == 0;
+}
+
+bool iequals_prefix(std::string_view s, std::string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(s[i])) != std::tolower(static_cast<unsigned char>(prefix[i]))) return false;
+  return true;
+}
+
+}  // namespace
+
+Routes::Routes(const DaemonConfig& cfg, WorkerPool& pool, const Tokenizer& tok, const ServedModel& served,
+               DaemonMetrics& metrics, const HttpServer& http)
+    : cfg_(cfg), pool_(pool), tok_(tok), served_(served), metrics_(metrics), http_(http), created_unix_(unix_now()) {}
+
+void Routes::handle(const std::shared_ptr<Exchange>& ex) {
+  const HttpRequest& req = ex->request();
+  const std::string& path = req.path;
+  authorize(req);
+  auto need = [&](const char* method) {
+    if (req.method != method)
+      throw ApiError{405, "method " + req.method + " not allowed on " + path, "invalid_request_error", ""};
+  };
+  if (path == "/health") return need("GET"), health(*ex);
+  if (path == "/metrics") return need("GET"), metrics(*ex);
+  if (path == "/v1/models") return need("GET"), models(*ex);
+  if (path == "/tokenize") return need("POST"), tokenize(*ex);
+  if (path == "/detokenize") return need("POST"), detokenize(*ex);
+  if (path == "/v1/completions") return need("POST"), generate(ex, false);
+  if (path == "/v1/chat/completions") return need("POST"), generate(ex, true);
+  throw ApiError{404, "no route " + path, "invalid_request_error", ""};
+}
+
+// With API keys set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer KEY` (as
+// vLLM's --api-key); /health and /metrics stay open for probes and Prometheus.
+void Routes::authorize(const HttpRequest& req) const {
+  if (cfg_.api_keys.empty()) return;
+  if (!req.path.starts_with("/v1/") && req.path != "/tokenize" && req.path != "/detokenize") return;
+  const std::string_view auth = req.authorization;
+  constexpr std::string_view scheme = "Bearer ";
+  bool ok = false;
+  if (auth.size() > scheme.size() && iequals_prefix(auth, scheme))
+    for (const auto& key : cfg_.api_keys) ok = equal_in_constant_time(auth.substr(scheme.size()), key) || ok;
+  if (!ok)
+    throw ApiError{401, auth.empty() ? "this server needs an API key: send 'Authorization: Bearer KEY'"
+                                     : "incorrect API key provided",
+                   "invalid_request_error", ""};
+}
+
+void Routes::health(Exchange& ex) {
+  json::Array workers;
+  int ready = 0;
+  for (const auto& w : pool_.status()) {
+    json::Object o{{"index", w.index}, {"state", w.state}, {"pid", static_cast<int64_t>(w.pid)},
+                   {"restarts", w.restarts}, {"unresponsive", w.unresponsive}, {"in_flight", w.in_flight}};
+    if (!w.last_error.empty()) o.emplace_back("last_error", w.last_error);
+    if (const json::Value* pl = w.info.find("placement")) o.emplace_back("placement", *pl);
+    if (w.state == "ready") ++ready;
+    workers.push_back(std::move(o));
+  }
+  const std::string status = draining_ ? "draining"
+                             : ready == 0 ? "unavailable"
+                             : ready == static_cast<int>(workers.size()) ? "ok"
+                                                                         : "degraded";
+  respond_json(ex, draining_ || ready == 0 ? 503 : 200,
+               json::Object{{"status", status}, {"ready_workers", ready}, {"workers", std::move(workers)}});
+}
+
+void Routes::models(Exchange& ex) {
+  json::Object m{{"id", served_.name}, {"object", "model"}, {"created", created_unix_}, {"owned_by", "kvpr"},
+                 {"root", served_.name},  // not the path on this host
+                 {"max_model_len", served_.max_model_len}};
+  json::Array data;
+  data.push_back(std::move(m));
+  respond_json(ex, 200, json::Object{{"object", "list"}, {"data", std::move(data)}});
+}
+
+void Routes::tokenize(Exchange& ex) {
+  const TokenizeRequest r = parse_tokenize_request(parse_body(ex.request().body));
+  const std::vector<int32_t> ids = tok_.encode(r.text, r.add_special_tokens);
+  json::Array a(ids.begin(), ids.end());
+  respond_json(ex, 200, json::Object{{"tokens", std::move(a)}, {"count", static_cast<int64_t>(ids.size())},
+                                     {"max_model_len", served_.max_model_len}});
+}
+
+void Routes::detokenize(Exchange& ex) {
+  const std::vector<int32_t> ids = parse_detokenize_request(parse_body(ex.request().body), tok_);
+  respond_json(ex, 200, json::Object{{"prompt", tok_.decode(ids)}});
+}
+
+void Routes::metrics(Exchange& ex) {
+  ex.respond(200, render_prometheus(metrics_, pool_.status(), http_.in_flight(), http_.connections()),
+             "text/plain; version=0.0.4; charset=utf-8");
+}
+
+std::string Routes::new_id(const char* prefix) {
+  static const char* hex = "0123456789abcdef";
+  std::string s = prefix;
+  const uint64_t a = rng_(), b = rng_();
+  for (int i = 0; i < 16; ++i) s += hex[(a >> (4 * i)) & 15];
+  for (int i = 0; i < 8; ++i) s += hex[(b >> (4 * i)) & 15];
+  return s;
+}
+
+// A new call's id: chatcmpl-tool-<hex>, or, for Mistral's template, which takes only ids of 9
+// letters and digits, 9 of them (as vLLM makes them).
+std::string Routes::new_tool_call_id() {
+  if (served_.chat_template != "mistral-nemo") return new_id("chatcmpl-tool-");
+  static const char* an = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::string id;
+  for (int i = 0; i < 9; ++i) id += an[rng_() % 62];
+  return id;
+}
+
+void Routes::generate(const std::shared_ptr<Exchange>& ex, bool chat) {
+  if (draining_) throw ApiError{503, "the server is shutting down", "service_unavailable", ""};
+  if (pool_.ready_count() == 0) throw ApiError{503, "no worker is ready (loading or restarting)", "service_unavailable", ""};
+  const json::Value body = parse_body(ex->request().body);
+  check_model(body, served_);
+  GenerateRequest req = parse_generate_request(body, chat, served_, tok_);
+  const Prompts prompts = make_prompts(req, served_, tok_);
+  const int64_t n = req.sampling.n;
+  const int64_t count = static_cast<int64_t>(prompts.ids.size()) * n;
+  if (count > cfg_.max_queue)  // would never fit: not a 429 to retry
+    throw bad_request(std::to_string(prompts.ids.size()) + " prompt(s) x n = " + std::to_string(n) + " make " +
+                          std::to_string(count) + " sequences, more than this server queues (" +
+                          std::to_string(cfg_.max_queue) + ", --max-queue)",
+                      "n");
+  if (engine_in_flight_ + count > cfg_.max_queue)
+    throw ApiError{429, "the server is at capacity (" + std::to_string(engine_in_flight_) + " requests in flight); retry shortly",
+                   "rate_limit_exceeded", ""};
+  auto g = std::make_shared<Generation>();
+  for (int64_t j = 0; j < n; ++j) g->requests.push_back(engine_request(req, tok_, j));  // (may still refuse it)
+  g->ex = ex;
+  g->r = start_response(req, prompts, new_id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), served_.name);
+  g->streaming = req.sampling.stream;
+  g->remaining = static_cast<int64_t>(g->r.choices.size());
+  live_.insert(g);
+  // The client leaving cancels what is still generating; the remaining events come with finish
+  // "cancelled" and are accounted then.
+  ex->hold([self = shared_from_this(), weak = std::weak_ptr<Generation>(g)] {
+    auto gen = weak.lock();
+    if (!gen || !gen->answering) return;
+    gen->answering = false;
+    self->live_.erase(gen);
+    gen->cancel(self->pool_);
+    spdlog::info("{}: client disconnected, generation cancelled", gen->r.id);
+  });
+  if (g->streaming) ex->start_events();
+  submit(g, req);
+}
+
+// One engine request per choice. The sink keeps the generation until its last event, also
+// after the client left, so every choice is accounted for exactly once.
+void Routes::submit(const std::shared_ptr<Generation>& g, const GenerateRequest& req) {
+  const size_t n = static_cast<size_t>(req.sampling.n);
+  for (size_t i = 0; i < g->r.choices.size(); ++i) {
+    const ChoiceState& c = g->r.choices[i];
+    GenerateMessage m = g->requests[i % n];
+    m.id = next_engine_id_++;
+    m.prompt = c.prompt;
+    g->engine_ids.push_back(m.id);
+    metrics_.prompt_tokens += c.prompt.size();
+    std::string why;
+    const bool ok = pool_.submit(
+        m, static_cast<int64_t>(c.prompt.size()) + req.sampling.max_tokens,
+        [self = shared_from_this(), g, i](const EngineEvent& ev) { self->on_event(g, i, ev); }, &why);
+    ++engine_in_flight_;
+    if (!ok) {
+      EngineEvent ev;
+      ev.error = why;
+      on_event(g, i, ev);
+    }
+  }
+}
+
+void Routes::count_event(Generation& g, const EngineEvent& ev) {
+  if (!ev.error.empty()) {
+    metrics_.finished["error"]++;
+    return;
+  }
+  const auto now = Clock::now();
+  if (ev.token >= 0) {
+    ++metrics_.generation_tokens;
+    if (!g.first_token_seen) {
+      g.first_token_seen = true;
+      metrics_.ttft.observe(std::chrono::duration<double>(now - g.t0).count());
+    } else {
+      metrics_.itl.observe(std::chrono::duration<double>(now - g.last_token).count());
+    }
+    g.last_token = now;
+  }
+  if (!ev.finish_reason.empty()) {
+    metrics_.finished[ev.finish_reason]++;
+    metrics_.prefix_cache_queries += static_cast<uint64_t>(ev.prompt_tokens);
+    metrics_.prefix_cache_hits += static_cast<uint64_t>(ev.cached_tokens);
+  }
+}
+
+void Routes::on_event(const std::shared_ptr<Generation>& g, size_t i, const EngineEvent& ev) {
+  if (g->r.choices[i].done) return;
+  count_event(*g, ev);
+  if (add_event(g->r, i, ev)) {
+    --g->remaining;
+    --engine_in_flight_;
+  }
+  if (!g->answering || g->ex->gone()) return;  // the client went away: nothing more to send
+  const ResponseContext ctx{tok_, served_.reasoning, [this] { return new_tool_call_id(); }};
+  if (g->streaming)
+    for (const json::Value& chunk : stream_chunks(g->r, i, ev, ctx)) g->ex->send_event(chunk.dump());
+  if (g->remaining == 0) {
+    live_.erase(g);
+    complete(*g);
+  }
+}
+
+void Routes::complete(Generation& g) {
+  const double seconds = std::chrono::duration<double>(Clock::now() - g.t0).count();
+  metrics_.e2e.observe(seconds);
+  const Usage u = usage_of(g.r);
+  spdlog::info("{} {}: {} choice(s), prompt {} tokens, completion {} tokens, {} in {:.3f}s", g.r.id,
+               g.r.chat ? "chat" : "completion", g.r.choices.size(), u.prompt_tokens, u.completion_tokens,
+               g.r.error.empty() ? g.r.choices[0].finish : "error", seconds);
+  g.answering = false;  // the request counts (in the HTTP layer) until its last byte is out
+  if (g.streaming) {
+    if (g.r.error.empty() && g.r.sampling.include_usage) g.ex->send_event(usage_chunk(g.r).dump());
+    g.ex->send_event("[DONE]");
+    return g.ex->end_events();
+  }
+  if (!g.r.error.empty()) return respond_error(*g.ex, {500, g.r.error, "server_error", ""});
+  const ResponseContext ctx{tok_, served_.reasoning, [this] { return new_tool_call_id(); }};
+  respond_json(*g.ex, 200, response_json(g.r, ctx));
+}
+
+void Routes::abandon_in_flight() {
+  const auto open = live_;
+  live_.clear();
+  for (const auto& g : open) {
+    if (!g->answering || g->ex->gone()) continue;
+    g->answering = false;
+    g->cancel(pool_);
+    g->ex->close_after();
+    const ApiError e{503, "the server shut down before this request finished (--drain-timeout)", "service_unavailable", ""};
+    if (g->streaming) {
+      g->ex->send_event(error_body(e).dump());
+      g->ex->send_event("[DONE]");
+      g->ex->end_events();
+    } else {
+      respond_error(*g->ex, e);
+    }
+  }
+}
+
+}  // namespace kvpr

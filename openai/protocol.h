@@ -1,0 +1,132 @@
+// The OpenAI API's requests as typed values (as vLLM's protocol.py): a body is parsed once
+// (json::parse_strict), every field is checked once, and each problem is a 400 naming its
+// field. Then a generation request's prompts are made (the chat rendered with the model's
+// template, or the completion's texts encoded) and checked against the context, and its
+// sampling fields translated, in one place, into the engine's generation parameters.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "engine/base/json.h"
+#include "engine/decode/generation_config.h"
+#include "engine/text/tokenizer.h"
+#include "openai/chat_template.h"
+#include "worker/protocol.h"
+
+namespace kvpr {
+
+// An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+// Thrown by the parsers below and by the daemon's routes; the HTTP layer sends it.
+struct ApiError {
+  int status;
+  std::string message;
+  std::string type;
+  std::string param;
+};
+
+ApiError bad_request(std::string msg, std::string param = "");
+// The error's JSON body (a message quoting request bytes is made valid UTF-8).
+json::Value error_body(const ApiError& e);
+
+// What kvprd serves, as decided at start from the model and the flags.
+struct ServedModel {
+  std::string name;           // --served-model-name: what requests' "model" must say
+  int64_t max_model_len = 0;  // context: prompt + max_tokens
+  int64_t vocab_size = 0;     // the model's: prompt ids at or beyond it cannot be embedded
+  std::string chat_template;  // a name of render_chat's
+  std::string default_system; // chatml: the template's own system message, if any
+  SamplingDefaults defaults;  // generation_config.json's, for fields a request leaves out
+  std::string tool_call_parser = "none";  // none, hermes, llama3_json or mistral (auto resolved)
+  bool reasoning = false;     // --reasoning-parser: <think> text goes to reasoning_content
+};
+
+// A request's sampling and output fields; those it leaves out take generation_config.json's
+// where set, else OpenAI's defaults.
+struct Sampling {
+  int64_t max_tokens = 16;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  double min_p = 0;  // vLLM's extension
+  std::optional<int64_t> seed;
+  std::vector<std::string> stop;
+  std::vector<int64_t> stop_token_ids;  // vLLM's extension; chat templates add their end-of-turn id
+  int64_t n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  bool logprobs = false;
+  int64_t top_logprobs = 0;  // alternatives per token: completions' logprobs=k, chat's top_logprobs
+  double repetition_penalty = 1;  // vLLM's extension
+  double presence_penalty = 0, frequency_penalty = 0;
+  std::vector<std::pair<int64_t, double>> logit_bias;
+  bool echo = false;
+  bool ignore_eos = false;
+  bool json_object = false;  // response_format json_object
+  json::Value json_schema;   // response_format json_schema's schema (checked to compile)
+};
+
+// What a chat request asks of tools: the tools written into the prompt, and whether the answer
+// is searched for calls. tool_choice "none" (or no tools) leaves both out; "auto" (the default
+// with tools) needs a tool-call parser; "required" and a named function constrain the answer to
+// the tools' schemas.
+struct ToolRequest {
+  json::Array tools;
+  bool parse = false;
+  std::string parser;   // hermes, llama3_json or mistral, when parse
+  int32_t marker = -1;  // mistral: the [TOOL_CALLS] token, which the text does not show
+  bool parallel = true;
+  // tool_choice "required" or naming a function: the answer is constrained to `schema` (a list
+  // of {"name", "parameters"} calls, or the named function's arguments) and is the calls.
+  bool required = false;
+  std::string named;
+  json::Value schema;
+};
+
+// POST /v1/completions or /v1/chat/completions, parsed.
+struct GenerateRequest {
+  bool chat = false;
+  Sampling sampling;
+  // chat
+  std::vector<ChatMessage> messages;
+  ChatOptions chat_options;  // tools, enable_thinking, the template's default system message
+  ToolRequest tools;
+  // completions: the prompts as texts, or as token ids (then prompt_texts is empty)
+  std::vector<std::string> prompt_texts;
+  std::vector<std::vector<int32_t>> prompt_ids;
+};
+
+// A generation request's prompts as the engine takes them.
+struct Prompts {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::string> texts;  // what echo shows: the text, or the ids decoded
+};
+
+// The body as a JSON object, or a 400.
+json::Value parse_body(std::string_view body);
+// The request's "model" is the served one, else a 400 (missing, not a string) or a 404.
+void check_model(const json::Value& body, const ServedModel& served);
+
+GenerateRequest parse_generate_request(const json::Value& body, bool chat, const ServedModel& served,
+                                       const Tokenizer& tok);
+// The chat rendered (its stop strings and end-of-turn ids added to the request's) or the texts
+// encoded; each prompt checked: not empty, within the model's vocabulary and context.
+Prompts make_prompts(GenerateRequest& req, const ServedModel& served, const Tokenizer& tok);
+// The one translation of a request's fields into the engine's: choice `index` (of n) as a
+// worker's generate message, its id and prompt left for the caller. Its seed is the request's
+// + index, so each choice has its own stream of random numbers.
+GenerateMessage engine_request(const GenerateRequest& req, const Tokenizer& tok, int64_t index);
+
+// POST /tokenize and /detokenize.
+struct TokenizeRequest {
+  std::string text;
+  bool add_special_tokens = true;
+};
+TokenizeRequest parse_tokenize_request(const json::Value& body);
+std::vector<int32_t> parse_detokenize_request(const json::Value& body, const Tokenizer& tok);
+
+}  // namespace kvpr

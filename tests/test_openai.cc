@@ -1,0 +1,238 @@
+// The OpenAI layer on its own (openai/protocol, openai/response): requests parsed into the
+// engine's parameters, the field that is wrong named in each 400, and responses and stream
+// chunks built from engine events. The daemon's end-to-end tests (daemon_test.py) drive the
+// same code through HTTP and the official clients.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "engine/base/error.h"
+#include "openai/protocol.h"
+#include "openai/response.h"
+#include "tests/test_util.h"
+
+namespace kvpr {
+namespace {
+
+const Tokenizer& qwen_tokenizer() {
+  static const Tokenizer tok = Tokenizer::load(test::data_path("qwen2-tokenizer"));
+  return tok;
+}
+
+ServedModel qwen_served() {
+  ServedModel s;
+  s.name = "demo";
+  s.max_model_len = 4096;
+  s.vocab_size = qwen_tokenizer().size();
+  s.chat_template = "qwen2.5";
+  s.tool_call_parser = "hermes";
+  return s;
+}
+
+GenerateRequest parse(const std::string& body, bool chat, const ServedModel& served = qwen_served()) {
+  const json::Value v = parse_body(body);
+  check_model(v, served);
+  return parse_generate_request(v, chat, served, qwen_tokenizer());
+}
+
+TEST(OpenAiProtocol, ChatRequestBecomesTheEngineParameters) {
+  const Tokenizer& tok = qwen_tokenizer();
+  GenerateRequest req = parse(R"({"model": "demo", "messages": [{"role": "developer", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": " there"}]}],
+      "n": 2, "seed": 9223372036854775807, "stop": "END", "max_completion_tokens": 5, "temperature": 0.5,
+      "logit_bias": {"17": -100}, "top_logprobs": 3, "logprobs": true})",
+                              true);
+  ASSERT_EQ(req.messages.size(), 2u);
+  EXPECT_EQ(req.messages[0].role, "system");
+  EXPECT_EQ(req.messages[1].content, "Hi there");
+  const Prompts p = make_prompts(req, qwen_served(), tok);
+  const RenderedChat rc = render_chat("qwen2.5", req.messages, req.chat_options);
+  ASSERT_EQ(p.ids.size(), 1u);
+  EXPECT_EQ(p.ids[0], tok.encode(rc.prompt));
+  const GenerationParams e0 = engine_request(req, tok, 0).params, e1 = engine_request(req, tok, 1).params;
+  EXPECT_EQ(e0.max_new_tokens, 5);
+  EXPECT_FLOAT_EQ(e0.sampling.temperature, 0.5f);
+  EXPECT_EQ(e0.top_logprobs, 3);
+  EXPECT_EQ(e0.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{17, -100.f}}));
+  // The template's end-of-turn string and id are stops as well as the request's.
+  EXPECT_EQ(e0.stop.front(), "END");
+  const int32_t im_end = *tok.token_to_id("<|im_end|>");
+  EXPECT_NE(std::find(e0.stop_token_ids.begin(), e0.stop_token_ids.end(), im_end), e0.stop_token_ids.end());
+  // Each choice its own seed, wrapping at the end of int64.
+  EXPECT_EQ(*e0.sampling.seed, static_cast<uint64_t>(INT64_MAX));
+  EXPECT_EQ(*e1.sampling.seed, static_cast<uint64_t>(INT64_MIN));
+}
+
+TEST(OpenAiProtocol, CompletionPromptsInEveryForm) {
+  const Tokenizer& tok = qwen_tokenizer();
+  GenerateRequest a = parse(R"({"model": "demo", "prompt": ["one", "two"], "echo": true})", false);
+  EXPECT_EQ(make_prompts(a, qwen_served(), tok).ids, (std::vector<std::vector<int32_t>>{tok.encode("one"), tok.encode("two")}));
+  GenerateRequest b = parse(R"({"model": "demo", "prompt": [[5, 6], [7.0]]})", false);
+  const Prompts pb = make_prompts(b, qwen_served(), tok);
+  EXPECT_EQ(pb.ids, (std::vector<std::vector<int32_t>>{{5, 6}, {7}}));
+  EXPECT_EQ(pb.texts[0], tok.decode({5, 6}, false));
+  GenerateRequest c = parse(R"({"model": "demo", "prompt": [5, 6], "max_tokens": 4094})", false);
+  EXPECT_EQ(make_prompts(c, qwen_served(), tok).ids.size(), 1u);
+  GenerateRequest d = parse(R"({"model": "demo", "prompt": [5, 6], "max_tokens": 4095})", false);
+  EXPECT_THROW(make_prompts(d, qwen_served(), tok), ApiError);  // past the context
+}
+
+// Each bad request is a 400 (a 404 for another model) whose param names the field.
+TEST(OpenAiProtocol, EachBadFieldIsRefusedByName) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  const std::vector<std::pair<std::string, std::pair<int, std::string>>> cases = {
+      {R"({"prompt": "x"})", {400, "model"}},
+      {R"({"model": 5, "prompt": "x"})", {400, "model"}},
+      {R"({"model": "other", "prompt": "x"})", {404, "model"}},
+      {R"({"model": "demo", "prompt": "x", "temperature": 2.5})", {400, "temperature"}},
+      {R"({"model": "demo", "prompt": "x", "max_tokens": 1e300})", {400, "max_tokens"}},
+      {R"({"model": "demo", "prompt": "x", "max_tokens": 2.5})", {400, "max_tokens"}},
+      {R"({"model": "demo", "prompt": "x", "max_tokens": -1})", {400, "max_tokens"}},
+      {R"({"model": "demo", "prompt": "x", "n": 17})", {400, "n"}},
+      {R"({"model": "demo", "prompt": "x", "stop": ["a", ""]})", {400, "stop"}},
+      {R"({"model": "demo", "prompt": "x", "logprobs": 6})", {400, "logprobs"}},
+      {R"({"model": "demo", "prompt": "x", "logit_bias": {"a": 1}})", {400, "logit_bias"}},
+      {R"({"model": "demo", "prompt": "x", "stream_options": {"include_usage": true}})", {400, "stream_options"}},
+      {R"({"model": "demo", "prompt": "x", "suffix": "y"})", {400, "suffix"}},
+      {R"({"model": "demo", "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {}}})",
+       {400, "response_format"}},
+      {R"({"model": "demo", "prompt": [1, -1]})", {400, "prompt"}},
+      {R"({"model": "demo", "prompt": {}})", {400, "prompt"}},
+      {R"({"model": "demo", "messages": []})", {400, "messages"}},
+      {R"({"model": "demo", "messages": [{"role": "robot", "content": "x"}]})", {400, "messages"}},
+      {R"({"model": "demo", )" + msgs + R"(, "top_logprobs": 2})", {400, "top_logprobs"}},
+      {R"({"model": "demo", )" + msgs + R"(, "tool_choice": "required"})", {400, "tool_choice"}},
+      {R"({"model": "demo", )" + msgs + R"(, "tools": [{"type": "function", "function": {"name": "a b"}}]})", {400, "tools"}},
+      {R"({"model": "demo", )" + msgs + R"(, "chat_template_kwargs": {"x": 1}})", {400, "chat_template_kwargs"}},
+      {R"({"model": "demo", )" + msgs + R"(, "functions": [{}]})", {400, "functions"}},
+  };
+  for (const auto& [body, want] : cases) {
+    const bool chat = body.find("\"messages\"") != std::string::npos;
+    try {
+      parse(body, chat);
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, want.first) << body << ": " << e.message;
+      EXPECT_EQ(e.param, want.second) << body << ": " << e.message;
+    }
+  }
+  // Ids the tokenizer does not have are refused where the engine's parameters are made.
+  GenerateRequest big = parse(R"({"model": "demo", "prompt": "x", "logit_bias": {"99999999": 1}})", false);
+  EXPECT_THROW(engine_request(big, qwen_tokenizer(), 0), ApiError);
+  for (const char* body : {"[1]", "{\"a\": NaN}", "{\"model\": \"\xff\"}", ""}) EXPECT_THROW(parse_body(body), ApiError);
+}
+
+EngineEvent token_event(int32_t token, std::string text, double logprob = -0.5) {
+  EngineEvent ev;
+  ev.token = token;
+  ev.text = std::move(text);
+  ev.logprob = logprob;
+  return ev;
+}
+
+EngineEvent finish_event(std::string reason, int64_t cached = 0) {
+  EngineEvent ev;
+  ev.finish_reason = std::move(reason);
+  ev.cached_tokens = cached;
+  return ev;
+}
+
+TEST(OpenAiResponse, UsageCountsAPromptOnceWithItsBestCachedChoice) {
+  GenerateRequest req = parse(R"({"model": "demo", "prompt": ["aa", "bbb"], "n": 2})", false);
+  const Prompts p = make_prompts(req, qwen_served(), qwen_tokenizer());
+  ResponseState r = start_response(req, p, "cmpl-1", 7, "demo");
+  ASSERT_EQ(r.choices.size(), 4u);
+  const int64_t cached[] = {1, 3, 0, 2};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_FALSE(add_event(r, i, token_event(5, "x")));
+    EXPECT_TRUE(add_event(r, i, finish_event("length", cached[i])));
+    EXPECT_FALSE(add_event(r, i, token_event(5, "late")));  // a choice that is done takes nothing more
+  }
+  const Usage u = usage_of(r);
+  EXPECT_EQ(u.prompt_tokens, static_cast<int64_t>(p.ids[0].size() + p.ids[1].size()));
+  EXPECT_EQ(u.completion_tokens, 4);
+  EXPECT_EQ(u.cached_tokens, 3 + 2);
+  const ResponseContext ctx{qwen_tokenizer(), false, [] { return std::string("call"); }};
+  const json::Value body = response_json(r, ctx);
+  EXPECT_EQ(body.find("choices")->as_array().size(), 4u);
+  EXPECT_EQ(body.find("choices")->as_array()[3].find("text")->as_string(), "x");
+  EXPECT_EQ(body.find("usage")->find("prompt_tokens_details")->find("cached_tokens")->as_int(), 5);
+}
+
+// What a stream sends, put together, is what the whole response says: text, logprobs (each
+// token's once, on the chunk that carries it or the next), and the tool calls at the end.
+TEST(OpenAiResponse, StreamedChunksAddUpToTheWholeResponse) {
+  const Tokenizer& tok = qwen_tokenizer();
+  const std::string answer = "Sure.<tool_call>\n{\"name\": \"get\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+  const std::vector<int32_t> ids = tok.encode(answer, false);
+  GenerateRequest req = parse(R"({"model": "demo", "messages": [{"role": "user", "content": "weather?"}],
+      "logprobs": true, "top_logprobs": 1, "stream": true,
+      "tools": [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]})",
+                              true);
+  ASSERT_TRUE(req.tools.parse);
+  const Prompts p = make_prompts(req, qwen_served(), tok);
+  ResponseState streamed = start_response(req, p, "chatcmpl-1", 7, "demo");
+  ResponseState whole = streamed;
+  int calls_made = 0;
+  const ResponseContext ctx{tok, false, [&] { return "id" + std::to_string(calls_made++); }};
+  std::string content, finish;
+  size_t logprobs_seen = 0;
+  json::Value tool_calls;
+  std::vector<EngineEvent> events;
+  for (int32_t id : ids) {
+    EngineEvent ev = token_event(id, tok.token_bytes(id, false));
+    ev.top = {{id, -0.5}};
+    events.push_back(ev);
+  }
+  events.push_back(finish_event("stop"));
+  for (const EngineEvent& ev : events) {
+    add_event(whole, 0, ev);
+    add_event(streamed, 0, ev);
+    for (const json::Value& chunk : stream_chunks(streamed, 0, ev, ctx)) {
+      const json::Value& ch = chunk.find("choices")->as_array().at(0);
+      if (const json::Value* d = ch.find("delta")) {
+        if (const json::Value* c = d->find("content")) content += c->as_string();
+        if (const json::Value* t = d->find("tool_calls")) tool_calls = *t;
+      }
+      if (const json::Value* lp = ch.find("logprobs"); lp && !lp->is_null())
+        logprobs_seen += lp->find("content")->as_array().size();
+      if (!ch.find("finish_reason")->is_null()) finish = ch.find("finish_reason")->as_string();
+    }
+  }
+  EXPECT_EQ(content, "Sure.");
+  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_EQ(logprobs_seen, ids.size());
+  ASSERT_TRUE(tool_calls.is_array());
+  EXPECT_EQ(tool_calls.as_array().at(0).find("function")->find("name")->as_string(), "get");
+  EXPECT_EQ(tool_calls.as_array().at(0).find("function")->find("arguments")->as_string(), "{\"city\": \"Oslo\"}");
+  const json::Value body = response_json(whole, ctx);
+  const json::Value& choice = body.find("choices")->as_array().at(0);
+  EXPECT_EQ(choice.find("finish_reason")->as_string(), "tool_calls");
+  EXPECT_EQ(choice.find("message")->find("content")->as_string(), "Sure.");
+  EXPECT_EQ(choice.find("message")->find("tool_calls")->as_array().at(0).find("function")->dump(),
+            tool_calls.as_array().at(0).find("function")->dump());
+  EXPECT_EQ(choice.find("logprobs")->find("content")->as_array().size(), ids.size());
+}
+
+// Mistral's [TOOL_CALLS] is a special token the worker's text leaves out: the response puts it
+// back where the model emitted it, so the parser finds the calls.
+TEST(OpenAiResponse, MistralToolCallMarkerComesBackFromItsToken) {
+  ResponseState r;
+  r.chat = true;
+  r.tools.parse = true;
+  r.tools.parser = "mistral";
+  r.tools.marker = 77;
+  r.choices.resize(1);
+  add_event(r, 0, token_event(77, ""));
+  add_event(r, 0, token_event(5, "[{\"name\": \"f\", \"arguments\": {}}]"));
+  add_event(r, 0, finish_event("stop"));
+  const ResponseContext ctx{qwen_tokenizer(), false, [] { return std::string("abcdefghi"); }};
+  const json::Value body = response_json(r, ctx);
+  const json::Value& msg = *body.find("choices")->as_array().at(0).find("message");
+  EXPECT_TRUE(msg.find("content")->is_null());
+  EXPECT_EQ(msg.find("tool_calls")->as_array().at(0).find("id")->as_string(), "abcdefghi");
+  EXPECT_EQ(msg.find("tool_calls")->as_array().at(0).find("function")->find("name")->as_string(), "f");
+}
+
+}  // namespace
+}  // namespace kvpr

@@ -1,0 +1,109 @@
+// The controller <-> worker messages (worker/protocol.h): what one side encodes, the other
+// decodes to the same values, through the frame channel's bytes.
+#include <gtest/gtest.h>
+
+#include "engine/base/error.h"
+#include "worker/protocol.h"
+
+namespace kvpr {
+namespace {
+
+json::Value through_the_wire(const json::Value& frame) { return json::parse(frame.dump()); }
+
+TEST(WorkerProtocol, GenerateArrivesAsSent) {
+  GenerateMessage m;
+  m.id = 1ull << 40;
+  m.prompt = {1, 2, 50000};
+  GenerationParams& g = m.params;
+  g.max_new_tokens = 7;
+  g.sampling.temperature = 0.7f;
+  g.sampling.top_p = 0.9f;
+  g.sampling.top_k = 40;
+  g.sampling.min_p = 0.05f;
+  g.sampling.seed = ~uint64_t{0};
+  g.sampling.repetition_penalty = 1.1f;
+  g.sampling.presence_penalty = -0.5f;
+  g.sampling.frequency_penalty = 0.25f;
+  g.sampling.logit_bias = {{3, -100.f}, {9, 2.5f}};
+  g.stop = {"\n\n", "END"};
+  g.stop_token_ids = {2, 7};
+  g.ignore_eos = true;
+  g.top_logprobs = 5;
+  g.prompt_logprobs = 0;
+  m.json_schema = json::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})");
+  const json::Value frame = through_the_wire(encode_generate(m));
+  EXPECT_EQ(message_type(frame), "generate");
+  const GenerateMessage d = decode_generate(frame);
+  EXPECT_EQ(d.id, m.id);
+  EXPECT_EQ(d.prompt, m.prompt);
+  const GenerationParams& e = d.params;
+  EXPECT_EQ(e.max_new_tokens, 7);
+  EXPECT_EQ(e.sampling.temperature, g.sampling.temperature);
+  EXPECT_EQ(e.sampling.top_p, g.sampling.top_p);
+  EXPECT_EQ(e.sampling.top_k, 40);
+  EXPECT_EQ(e.sampling.min_p, g.sampling.min_p);
+  EXPECT_EQ(e.sampling.seed, g.sampling.seed);
+  EXPECT_EQ(e.sampling.repetition_penalty, g.sampling.repetition_penalty);
+  EXPECT_EQ(e.sampling.presence_penalty, g.sampling.presence_penalty);
+  EXPECT_EQ(e.sampling.frequency_penalty, g.sampling.frequency_penalty);
+  EXPECT_EQ(e.sampling.logit_bias, g.sampling.logit_bias);
+  EXPECT_EQ(e.stop, g.stop);
+  EXPECT_EQ(e.stop_token_ids, g.stop_token_ids);
+  EXPECT_TRUE(e.ignore_eos);
+  EXPECT_EQ(e.top_logprobs, 5);
+  EXPECT_EQ(e.prompt_logprobs, 0);
+  ASSERT_TRUE(e.json_schema);  // compiled on arrival
+  EXPECT_EQ(d.json_schema.dump(), m.json_schema.dump());
+  // Defaults stay defaults.
+  const GenerateMessage plain = decode_generate(through_the_wire(encode_generate(GenerateMessage{})));
+  EXPECT_FALSE(plain.params.sampling.seed);
+  EXPECT_EQ(plain.params.prompt_logprobs, -1);
+  EXPECT_FALSE(plain.params.json_schema);
+  const json::Value cancel = through_the_wire(encode_cancel(5));
+  EXPECT_EQ(message_type(cancel), "cancel");
+  EXPECT_EQ(cancel.find("id")->as_int(), 5);
+  EXPECT_EQ(message_type(encode_shutdown()), "shutdown");
+  EXPECT_THROW(decode_generate(json::parse(R"({"type": "generate", "id": 1})")), Error);
+}
+
+TEST(WorkerProtocol, StepEventsArriveAsSent) {
+  StepOutput o;
+  o.id = 3;
+  o.token = 11;
+  o.logprob = -0.125f;
+  o.top = {{11, -0.125f}, {12, -2.5f}};
+  o.prompt_logprobs = {-1.5f, -0.75f};
+  o.prompt_top = {{{4, -1.5f}}, {{5, -0.75f}, {6, -3.f}}};
+  o.text = "h\xc3\xa9";
+  o.finish = FinishReason::Length;
+  SequenceResult r;
+  r.prompt = {1, 2, 3};
+  r.tokens = {11};
+  r.cached_tokens = 2;
+  const std::vector<RequestEvent> sent = {{9, engine_event(o, &r)}, {10, engine_event(StepOutput{}, nullptr)}};
+  EXPECT_EQ(sent[0].event.finish_reason, "length");
+  const std::vector<RequestEvent> got = decode_events(through_the_wire(encode_step(sent)));
+  ASSERT_EQ(got.size(), 2u);
+  const EngineEvent& a = got[0].event;
+  EXPECT_EQ(got[0].id, 9u);
+  EXPECT_EQ(a.token, 11);
+  EXPECT_EQ(a.logprob, -0.125);
+  EXPECT_EQ(a.top, sent[0].event.top);
+  EXPECT_EQ(a.prompt_logprobs, sent[0].event.prompt_logprobs);
+  EXPECT_EQ(a.prompt_top, sent[0].event.prompt_top);
+  EXPECT_EQ(a.text, o.text);
+  EXPECT_EQ(a.finish_reason, "length");
+  EXPECT_EQ(a.prompt_tokens, 3);
+  EXPECT_EQ(a.completion_tokens, 1);
+  EXPECT_EQ(a.cached_tokens, 2);
+  EXPECT_EQ(got[1].id, 10u);
+  EXPECT_EQ(got[1].event.token, -1);
+  EXPECT_TRUE(got[1].event.finish_reason.empty());
+  const std::vector<RequestEvent> err = decode_events(through_the_wire(encode_error(4, "prompt too long")));
+  ASSERT_EQ(err.size(), 1u);
+  EXPECT_EQ(err[0].id, 4u);
+  EXPECT_EQ(err[0].event.error, "prompt too long");
+}
+
+}  // namespace
+}  // namespace kvpr

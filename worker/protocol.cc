@@ -1,0 +1,202 @@
+#include "worker/protocol.h"
+
+#include "engine/base/error.h"
+#include "engine/constrain/json_schema.h"
+
+namespace kvpr {
+
+namespace {
+
+const json::Value& member(const json::Value& frame, std::string_view key) {
+  const json::Value* v = frame.find(key);
+  KVPR_CHECK(v, "worker message without '", key, "'");
+  return *v;
+}
+
+json::Value pairs_json(const std::vector<std::pair<int32_t, double>>& v) {
+  json::Array a;
+  for (const auto& [id, lp] : v) a.push_back(json::Array{static_cast<int64_t>(id), lp});
+  return a;
+}
+
+std::vector<std::pair<int32_t, double>> pairs_of(const json::Value& a) {
+  std::vector<std::pair<int32_t, double>> out;
+  for (const auto& p : a.as_array())
+    out.emplace_back(static_cast<int32_t>(p.as_array().at(0).as_int()), p.as_array().at(1).as_double());
+  return out;
+}
+
+template <class T>
+std::vector<std::pair<int32_t, double>> widened(const std::vector<std::pair<int32_t, T>>& v) {
+  return {v.begin(), v.end()};
+}
+
+json::Value params_json(const GenerationParams& g, const json::Value& json_schema) {
+  const SamplingParams& s = g.sampling;
+  json::Object p{{"max_tokens", g.max_new_tokens}, {"temperature", static_cast<double>(s.temperature)},
+                 {"top_p", static_cast<double>(s.top_p)}, {"top_k", s.top_k}};
+  if (s.min_p > 0) p.emplace_back("min_p", static_cast<double>(s.min_p));
+  p.emplace_back("ignore_eos", g.ignore_eos);
+  if (g.top_logprobs > 0) p.emplace_back("top_logprobs", g.top_logprobs);
+  if (g.prompt_logprobs >= 0) p.emplace_back("prompt_logprobs", g.prompt_logprobs);
+  if (s.repetition_penalty != 1) p.emplace_back("repetition_penalty", static_cast<double>(s.repetition_penalty));
+  if (s.presence_penalty != 0) p.emplace_back("presence_penalty", static_cast<double>(s.presence_penalty));
+  if (s.frequency_penalty != 0) p.emplace_back("frequency_penalty", static_cast<double>(s.frequency_penalty));
+  if (!s.logit_bias.empty()) p.emplace_back("logit_bias", pairs_json(widened(s.logit_bias)));
+  if (g.json_object) p.emplace_back("json_object", true);
+  if (!json_schema.is_null()) p.emplace_back("json_schema", json_schema);
+  p.emplace_back("stop", json::Array(g.stop.begin(), g.stop.end()));
+  if (!g.stop_token_ids.empty()) p.emplace_back("stop_token_ids", json::Array(g.stop_token_ids.begin(), g.stop_token_ids.end()));
+  if (s.seed) p.emplace_back("seed", static_cast<int64_t>(*s.seed));
+  return p;
+}
+
+GenerationParams params_of(const json::Value& p) {
+  GenerationParams g;
+  SamplingParams& s = g.sampling;
+  auto number = [&](const char* key, auto* dst) {
+    if (const json::Value* v = p.find(key)) *dst = static_cast<std::remove_pointer_t<decltype(dst)>>(v->as_double());
+  };
+  auto integer = [&](const char* key, int* dst) {
+    if (const json::Value* v = p.find(key)) *dst = static_cast<int>(v->as_int());
+  };
+  integer("max_tokens", &g.max_new_tokens);
+  number("temperature", &s.temperature);
+  number("top_p", &s.top_p);
+  integer("top_k", &s.top_k);
+  number("min_p", &s.min_p);
+  if (const json::Value* v = p.find("seed"); v && !v->is_null()) s.seed = static_cast<uint64_t>(v->as_int());
+  if (const json::Value* v = p.find("ignore_eos")) g.ignore_eos = v->as_bool();
+  integer("top_logprobs", &g.top_logprobs);
+  integer("prompt_logprobs", &g.prompt_logprobs);
+  number("repetition_penalty", &s.repetition_penalty);
+  number("presence_penalty", &s.presence_penalty);
+  number("frequency_penalty", &s.frequency_penalty);
+  if (const json::Value* v = p.find("logit_bias"))
+    for (const auto& [id, bias] : pairs_of(*v)) s.logit_bias.emplace_back(id, static_cast<float>(bias));
+  if (const json::Value* v = p.find("stop"))
+    for (const auto& st : v->as_array()) g.stop.push_back(st.as_string());
+  if (const json::Value* v = p.find("stop_token_ids"))
+    for (const auto& id : v->as_array()) g.stop_token_ids.push_back(static_cast<int32_t>(id.as_int()));
+  if (const json::Value* v = p.find("json_object")) g.json_object = v->as_bool();
+  return g;
+}
+
+json::Value event_json(const RequestEvent& re) {
+  const EngineEvent& ev = re.event;
+  json::Object e{{"id", static_cast<int64_t>(re.id)}};
+  if (ev.token >= 0) {
+    e.emplace_back("token", static_cast<int64_t>(ev.token));
+    e.emplace_back("logprob", ev.logprob);
+    if (!ev.top.empty()) e.emplace_back("top", pairs_json(ev.top));
+  }
+  if (!ev.prompt_logprobs.empty()) {
+    e.emplace_back("prompt_logprobs", json::Array(ev.prompt_logprobs.begin(), ev.prompt_logprobs.end()));
+    if (!ev.prompt_top.empty()) {
+      json::Array tops;
+      for (const auto& t : ev.prompt_top) tops.push_back(pairs_json(t));
+      e.emplace_back("prompt_top", std::move(tops));
+    }
+  }
+  e.emplace_back("text", ev.text);
+  if (!ev.finish_reason.empty()) {
+    e.emplace_back("finish_reason", ev.finish_reason);
+    e.emplace_back("completion_tokens", ev.completion_tokens);
+    e.emplace_back("prompt_tokens", ev.prompt_tokens);
+    e.emplace_back("cached_tokens", ev.cached_tokens);
+  }
+  return e;
+}
+
+RequestEvent event_of(const json::Value& e) {
+  RequestEvent re;
+  re.id = static_cast<uint64_t>(member(e, "id").as_int());
+  EngineEvent& ev = re.event;
+  if (const json::Value* v = e.find("token")) ev.token = static_cast<int32_t>(v->as_int());
+  if (const json::Value* v = e.find("logprob")) ev.logprob = v->as_double();
+  if (const json::Value* v = e.find("top")) ev.top = pairs_of(*v);
+  if (const json::Value* v = e.find("prompt_logprobs"))
+    for (const auto& x : v->as_array()) ev.prompt_logprobs.push_back(x.as_double());
+  if (const json::Value* v = e.find("prompt_top"))
+    for (const auto& pt : v->as_array()) ev.prompt_top.push_back(pairs_of(pt));
+  if (const json::Value* v = e.find("text")) ev.text = v->as_string();
+  if (const json::Value* v = e.find("finish_reason")) ev.finish_reason = v->as_string();
+  if (const json::Value* v = e.find("prompt_tokens")) ev.prompt_tokens = v->as_int();
+  if (const json::Value* v = e.find("completion_tokens")) ev.completion_tokens = v->as_int();
+  if (const json::Value* v = e.find("cached_tokens")) ev.cached_tokens = v->as_int();
+  return re;
+}
+
+}  // namespace
+
+std::string message_type(const json::Value& frame) {
+  const json::Value* t = frame.find("type");
+  return t && t->is_string() ? t->as_string() : "";
+}
+
+json::Value encode_generate(const GenerateMessage& m) {
+  return json::Object{{"type", "generate"},
+                      {"id", static_cast<int64_t>(m.id)},
+                      {"prompt_ids", json::Array(m.prompt.begin(), m.prompt.end())},
+                      {"params", params_json(m.params, m.json_schema)}};
+}
+
+GenerateMessage decode_generate(const json::Value& frame) {
+  GenerateMessage m;
+  m.id = static_cast<uint64_t>(member(frame, "id").as_int());
+  for (const auto& t : member(frame, "prompt_ids").as_array()) m.prompt.push_back(static_cast<int32_t>(t.as_int()));
+  const json::Value& p = member(frame, "params");
+  m.params = params_of(p);
+  if (const json::Value* v = p.find("json_schema")) {
+    m.json_schema = *v;
+    m.params.json_schema = std::make_shared<const JsonSchema>(JsonSchema::compile(*v));
+  }
+  return m;
+}
+
+json::Value encode_cancel(uint64_t id) { return json::Object{{"type", "cancel"}, {"id", static_cast<int64_t>(id)}}; }
+json::Value encode_shutdown() { return json::Object{{"type", "shutdown"}}; }
+
+json::Value encode_step(const std::vector<RequestEvent>& events) {
+  json::Array a;
+  for (const auto& e : events) a.push_back(event_json(e));
+  return json::Object{{"type", "step"}, {"events", std::move(a)}};
+}
+
+json::Value encode_error(uint64_t id, const std::string& message) {
+  return json::Object{{"type", "error"}, {"id", static_cast<int64_t>(id)}, {"message", message}};
+}
+
+std::vector<RequestEvent> decode_events(const json::Value& frame) {
+  std::vector<RequestEvent> out;
+  if (message_type(frame) == "error") {
+    RequestEvent re;
+    re.id = static_cast<uint64_t>(member(frame, "id").as_int());
+    re.event.error = member(frame, "message").as_string();
+    out.push_back(std::move(re));
+    return out;
+  }
+  for (const auto& e : member(frame, "events").as_array()) out.push_back(event_of(e));
+  return out;
+}
+
+EngineEvent engine_event(const StepOutput& o, const SequenceResult* finished) {
+  EngineEvent ev;
+  if (o.token >= 0) {
+    ev.token = o.token;
+    ev.logprob = o.logprob;
+    ev.top = widened(o.top);
+  }
+  ev.prompt_logprobs.assign(o.prompt_logprobs.begin(), o.prompt_logprobs.end());
+  for (const auto& t : o.prompt_top) ev.prompt_top.push_back(widened(t));
+  ev.text = o.text;
+  if (finished) {
+    ev.finish_reason = finish_reason_name(o.finish);
+    ev.completion_tokens = static_cast<int64_t>(finished->tokens.size());
+    ev.prompt_tokens = static_cast<int64_t>(finished->prompt.size());
+    ev.cached_tokens = finished->cached_tokens;
+  }
+  return ev;
+}
+
+}  // namespace kvpr

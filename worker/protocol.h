@@ -1,0 +1,63 @@
+// The controller <-> worker messages as typed values, and their one encoding as frames (JSON
+// objects: worker/PROTOCOL.md), used by both sides: kvprd's worker pool encodes a generate and
+// decodes steps, kvpr-worker the other way round. A frame that is not what its type says is a
+// kvpr::Error from decode.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/base/json.h"
+#include "engine/decode/generator.h"
+
+namespace kvpr {
+
+// controller -> worker: queue a sequence.
+struct GenerateMessage {
+  uint64_t id = 0;  // the controller's
+  std::vector<int32_t> prompt;
+  GenerationParams params;  // params.json_schema: set by decode_generate, compiled from json_schema
+  json::Value json_schema;  // the JSON Schema as the request gave it (null: none)
+};
+
+// One event of a request: new text/token, the end, or an error.
+struct EngineEvent {
+  int32_t token = -1;
+  double logprob = 0;
+  std::vector<std::pair<int32_t, double>> top;  // most likely ids at this position (top_logprobs)
+  std::vector<double> prompt_logprobs;         // first event when the prompt is scored
+  std::vector<std::vector<std::pair<int32_t, double>>> prompt_top;
+  std::string text;
+  std::string finish_reason;  // set on the last event: stop, length, cancelled
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens whose K/V came from the worker's prefix cache
+  std::string error;          // set when the request failed
+};
+
+// worker -> controller: one event of request `id` (a step carries one per running sequence).
+struct RequestEvent {
+  uint64_t id = 0;
+  EngineEvent event;
+};
+
+// The frame's "type" ("" when it has none).
+std::string message_type(const json::Value& frame);
+
+json::Value encode_generate(const GenerateMessage& m);
+GenerateMessage decode_generate(const json::Value& frame);  // compiles the schema
+json::Value encode_cancel(uint64_t id);
+json::Value encode_shutdown();
+
+// A step's events; an "error" frame (a request the worker refused) is one event with `error` set.
+json::Value encode_step(const std::vector<RequestEvent>& events);
+json::Value encode_error(uint64_t id, const std::string& message);
+std::vector<RequestEvent> decode_events(const json::Value& frame);  // of a "step" or an "error"
+
+// The engine's output for one sequence as an event; `finished` is the sequence's result when
+// this output ends it.
+EngineEvent engine_event(const StepOutput& out, const SequenceResult* finished);
+
+}  // namespace kvpr
