@@ -216,7 +216,7 @@ int cmd_decode(const std::vector<std::string>& args) {
   KVPR_CHECK(batch > 0 && prompt > 0 && gen > 1, "batch and prompt must be positive and gen at least 2");
   DType kv_dtype;
   KVPR_CHECK(parse_dtype(kv_dtype_name, &kv_dtype), "bad --kv-dtype");
-  auto be = create_backend(backend_name);
+  auto be = bench_backend(backend_name);
   // resident+graphs: resident with decode steps as CUDA graphs; by default on a GPU only.
   const std::string modes_arg =
       opt.get("--modes", be->device_is_host() || stream_weights ? "resident,offload,kvpr,recompute,cpu-attn"

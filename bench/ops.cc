@@ -50,7 +50,7 @@ int cmd_ops(const std::vector<std::string>& args) {
   KVPR_CHECK(batch > 0 && ctx > 0 && reps > 0, "batch, ctx and reps must be positive");
   const OptConfig c = preset(preset_name);
   const int64_t h = c.hidden_size, f = c.ffn_dim, V = c.vocab_size, B = batch, S = ctx;
-  auto be = create_backend(backend_name);
+  auto be = bench_backend(backend_name);
   std::fprintf(stderr, "kvpr-bench ops: %s shapes on %s, batch %d, context %d\n", preset_name.c_str(),
                be->name().c_str(), batch, ctx);
   const int64_t probe_mib = opt.get_int("--probe-mib", be->device_is_host() ? 128 : 2048);

@@ -285,7 +285,7 @@ void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
   KVPR_CHECK(parse_kv_mode(a.mode_name, &mode), "unknown mode '", a.mode_name, "'");
   DType kv_dtype;
   KVPR_CHECK(parse_dtype(a.kv_dtype_name, &kv_dtype), "bad --kv-dtype");
-  auto be = create_backend(a.backend, a.device);
+  auto be = bench_backend(a.backend, a.device);
   if (a.link_gbps > 0) {
     auto* cpu = dynamic_cast<CpuBackend*>(be.get());
     KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
@@ -813,9 +813,9 @@ class ScaleRun {
       for (const auto& g : topo_.gpus()) gpus_.push_back(g.bus_id);
       return;
     }
-    be_ = create_backend(c_.backend);
+    be_ = bench_backend(c_.backend);
     cpu_backend_ = be_->device_is_host();
-    if (!cpu_backend_) gpus_ = cuda_pci_bus_ids();
+    if (!cpu_backend_) gpus_ = bench_gpu_bus_ids();
     // Real workers: one per GPU; on the CPU backend --real-workers (each its own emulated device).
     real_available_ = cpu_backend_ ? c_.real_workers : static_cast<int>(gpus_.size());
     KVPR_CHECK(real_available_ >= 1, "no GPU found and not the cpu backend");

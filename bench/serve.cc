@@ -287,7 +287,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   const Options opt(args, {"--preset", "--backend", "--kv-mode", "--kv-dtype", "--conversations", "--prompt", "--answer",
                            "--new", "--decoders", "--long-prompt", "--chunk", "--speculative-tokens",
                            "--emulate-link-gbps", "--json"});
-  auto be = create_backend(opt.get("--backend", "auto"));
+  auto be = bench_backend(opt.get("--backend", "auto"));
   const std::string preset_name = opt.get("--preset", be->device_is_host() ? "opt-125m" : "opt-6.7b");
   const int C = opt.get_int("--conversations", 4), P = opt.get_int("--prompt", 512), A = opt.get_int("--answer", 32),
             N = opt.get_int("--new", 64), D = opt.get_int("--decoders", 4), L = opt.get_int("--long-prompt", 1024),

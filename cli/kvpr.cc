@@ -18,6 +18,7 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/model/demo_model.h"
 #include "engine/base/error.h"
+#include "engine/decode/engine_options.h"
 #include "engine/decode/generator.h"
 #include "engine/base/json.h"
 #include "engine/constrain/json_schema.h"
@@ -55,6 +56,8 @@ const char* kUsage =
     "                   [--activation-cap N] [--profile FILE] [--split-model pipeline|paper]\n"
     "                   [--host-attention-threads N] [--emulate-link-gbps G] [--trace FILE.json]\n"
     "                   [--weights device|host] [--cuda-graphs] [--json] [--dump-logits FILE.npy]\n"
+    "                   and the other engine options kvprd --help lists (--speculative-tokens N,\n"
+    "                   --max-seq-len L, --prefix-caching=on|off, ...)\n"
     "  profile          --model DIR [--backend B] [--kv-dtype D] [--emulate-link-gbps G]\n"
     "                   [--save FILE] [--json] [--quick]\n"
     "  topology         [--json] [--xml FILE] [--gpus BUSID,...] [--workers N]\n"
@@ -64,11 +67,12 @@ const char* kUsage =
     "\n"
     "Temperature 0 (the default) is greedy decoding. --prompt-ids uses the ids as given (no BOS).\n";
 
-// Flags of one command: --name value, --flag, repeated values kept in order.
+// Flags of one command: --name value, --flag, repeated values kept in order; a switch is on
+// alone (--cuda-graphs) or takes its value after '=' (--prefix-caching=off).
 class Args {
  public:
   Args(int argc, char** argv, int start, const std::vector<std::string>& valued,
-       const std::vector<std::string>& flags) {
+       const std::vector<std::string>& flags, const std::vector<std::string>& switches = {}) {
     for (int i = start; i < argc; ++i) {
       std::string a = argv[i];
       std::string name = a, value;
@@ -81,6 +85,8 @@ class Args {
       if (std::find(flags.begin(), flags.end(), name) != flags.end()) {
         if (has_value) throw UsageError(name + " takes no value");
         values_[name].push_back("1");
+      } else if (std::find(switches.begin(), switches.end(), name) != switches.end()) {
+        values_[name].push_back(has_value ? value : "on");
       } else if (std::find(valued.begin(), valued.end(), name) != valued.end()) {
         if (!has_value) {
           if (i + 1 >= argc) throw UsageError(name + " needs a value");
@@ -160,18 +166,25 @@ void apply_emulated_link(Backend& be, const Args& a) {
   cpu->set_emulated_link_gbps(g);
 }
 
-// --weights device (default) or host: the layers' matrices streamed from pinned host memory.
-bool weights_flag(const Args& a) {
-  const std::string w = a.get("--weights", "device");
-  if (w != "device" && w != "host") throw UsageError("--weights: expected device or host");
-  return w == "host";
+// The engine's options (engine/decode/engine_options.h) as a command's flags: `own` with them
+// all (each takes a value; a switch may stand alone), for Args.
+std::vector<std::string> with_engine_flags(std::vector<std::string> own, bool switches) {
+  for (const auto& o : engine_options())
+    if (o.is_switch == switches) own.push_back(std::string("--") + o.name);
+  return own;
 }
 
-std::optional<DType> kv_dtype_flag(const Args& a) {
-  if (!a.has("--kv-dtype")) return std::nullopt;
-  DType dt;
-  if (!parse_dtype(a.get("--kv-dtype"), &dt)) throw UsageError("--kv-dtype: expected f32, f16, bf16 or fp8");
-  return dt;
+// The engine's options the command line gives, over `o`, checked together; a bad one is a
+// usage error (exit 2).
+EngineOptions engine_flags(const Args& a, EngineOptions o = {}) {
+  try {
+    for (const auto& opt : engine_options())
+      if (a.has(std::string("--") + opt.name)) opt.set(o, a.get(std::string("--") + opt.name));
+    validate(o);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  return o;
 }
 
 LinkProfile run_profiler(Backend& be, Model& model, DType dtype, bool quick) {
@@ -181,13 +194,13 @@ LinkProfile run_profiler(Backend& be, Model& model, DType dtype, bool quick) {
 
 int cmd_generate(int argc, char** argv) {
   Args a(argc, argv, 2,
-         {"--model", "--prompt", "--prompt-ids", "-n", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
-          "--seed", "--stop", "--backend", "--kv-dtype", "--dump-logits", "--kv-mode", "--split",
-          "--activation-cap", "--profile", "--split-model", "--host-attention-threads", "--emulate-link-gbps",
-          "--trace", "--repetition-penalty", "--presence-penalty", "--frequency-penalty", "--top-logprobs", "--prompt-logprobs", "--weights",
-          "--chat", "--system", "--chat-template", "--response-format", "--json-schema", "--json-whitespace",
-          "--speculative-tokens"},
-         {"--json", "--ignore-eos", "--cuda-graphs", "--no-thinking"});
+         with_engine_flags({"--model", "--prompt", "--prompt-ids", "-n", "--max-tokens", "--temperature", "--top-k",
+                            "--top-p", "--min-p", "--seed", "--stop", "--backend", "--dump-logits", "--emulate-link-gbps",
+                            "--trace", "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
+                            "--top-logprobs", "--prompt-logprobs", "--chat", "--system", "--chat-template",
+                            "--response-format", "--json-schema"},
+                           false),
+         {"--json", "--ignore-eos", "--no-thinking"}, with_engine_flags({}, true));
   std::string dir = a.require("--model");
   if (a.has("--prompt") + a.has("--prompt-ids") + a.has("--chat") != 1)
     throw UsageError("give exactly one of --prompt, --prompt-ids and --chat");
@@ -217,37 +230,12 @@ int cmd_generate(int argc, char** argv) {
   gp.top_logprobs = parse_number<int>("--top-logprobs", a.get("--top-logprobs", "0"));
   gp.prompt_logprobs = parse_number<int>("--prompt-logprobs", a.get("--prompt-logprobs", "-1"));
   validate(gp.sampling);
-  GeneratorOptions go;
-  go.max_batch = 1;
-  go.kv_dtype = kv_dtype_flag(a);
-  if (a.has("--kv-mode") && !parse_kv_mode(a.get("--kv-mode"), &go.kv.mode))
-    throw UsageError("--kv-mode: expected resident, offload, kvpr, recompute or cpu-attn");
-  if (a.has("--split")) {
-    if (go.kv.mode != KvMode::Kvpr) throw UsageError("--split applies to --kv-mode kvpr");
-    go.kv.forced_split = parse_number<int64_t>("--split", a.get("--split"));
-    if (*go.kv.forced_split < 0) throw UsageError("--split must be >= 0");
-  }
-  if (a.has("--activation-cap")) go.kv.activation_cap = parse_number<int64_t>("--activation-cap", a.get("--activation-cap"));
-  if (a.has("--split-model")) {
-    std::string m = a.get("--split-model");
-    if (m == "paper") go.kv.split_model = SplitModel::Paper;
-    else if (m != "pipeline") throw UsageError("--split-model: expected pipeline or paper");
-  }
-  if (a.has("--speculative-tokens")) {
-    go.speculative_tokens = parse_number<int>("--speculative-tokens", a.get("--speculative-tokens"));
-    if (go.speculative_tokens < 0 || go.speculative_tokens > 64) throw UsageError("--speculative-tokens must be in 0..64");
-  }
-  const std::string ws = a.get("--json-whitespace", "compact");
-  if (ws != "compact" && ws != "permissive") throw UsageError("--json-whitespace: expected compact or permissive");
-  go.permissive_json_whitespace = ws == "permissive";
-  go.cuda_graphs = a.has("--cuda-graphs");
-  if (go.cuda_graphs && go.kv.mode != KvMode::Resident) throw UsageError("--cuda-graphs applies to --kv-mode resident");
+  EngineOptions one;
+  one.generator.max_batch = 1;
+  const EngineOptions eo = engine_flags(a, one);
+  GeneratorOptions go = eo.generator;
   ModelLoadOptions lo;
-  lo.stream_weights = weights_flag(a);
-  if (go.cuda_graphs && lo.stream_weights)
-    throw UsageError("--cuda-graphs does not apply to --weights host (every layer waits for its copies)");
-  if (a.has("--host-attention-threads"))
-    go.kv.host_attention_threads = parse_number<int>("--host-attention-threads", a.get("--host-attention-threads"));
+  lo.stream_weights = eo.weights_on_host;
 
   auto backend = create_backend(a.get("--backend", "auto"));
   apply_emulated_link(*backend, a);
@@ -277,8 +265,8 @@ int cmd_generate(int argc, char** argv) {
     prompt = a.has("--prompt") ? tok.encode(a.get("--prompt")) : parse_ids(a.get("--prompt-ids"));
   }
   if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
-    if (a.has("--profile")) {
-      go.kv.profile = LinkProfile::load(a.get("--profile"));
+    if (!eo.profile.empty()) {
+      go.kv.profile = LinkProfile::load(eo.profile);
     } else {
       std::fprintf(stderr, "kvpr: profiling the link and the recompute GEMM (save one with kvpr profile --save)\n");
       go.kv.profile = run_profiler(*backend, model, go.kv_dtype.value_or(model.weight_dtype()), true);
@@ -544,7 +532,7 @@ int cmd_profile(int argc, char** argv) {
   apply_emulated_link(*backend, a);
   std::unique_ptr<Model> loaded = load_model(*backend, dir);
   Model& model = *loaded;
-  DType dt = kv_dtype_flag(a).value_or(model.weight_dtype());
+  DType dt = engine_flags(a).generator.kv_dtype.value_or(model.weight_dtype());
   LinkProfile p = run_profiler(*backend, model, dt, a.has("--quick"));
   if (a.has("--save")) p.save(a.get("--save"));
   if (a.has("--json")) {

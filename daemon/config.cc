@@ -64,36 +64,6 @@ const std::vector<Option>& options() {
       {"backend", "auto, cpu or cuda [auto: cuda when a GPU is visible]", [](DaemonConfig& c, const std::string& v) { c.backend = v; }},
       {"gpus", "cuda: all or a list like 0,2 [all]", [](DaemonConfig& c, const std::string& v) { c.gpus = v; }},
       {"workers", "cpu: number of CPU workers [1]", [](DaemonConfig& c, const std::string& v) { c.workers = to_int("workers", v); }},
-      {"max-batch", "sequences per worker step [8]", [](DaemonConfig& c, const std::string& v) { c.max_batch = to_int("max-batch", v); }},
-      {"max-step-tokens", "tokens per worker step; a longer prompt is prefilled in chunks over several steps [8192]",
-       [](DaemonConfig& c, const std::string& v) { c.max_step_tokens = to_int("max-step-tokens", v); }},
-      {"max-seq-len", "context length [the model's]", [](DaemonConfig& c, const std::string& v) { c.max_seq_len = to_int("max-seq-len", v); }},
-      {"kv-mode", "resident, offload, kvpr, recompute or cpu-attn [resident]", [](DaemonConfig& c, const std::string& v) { c.kv_mode = v; }},
-      {"split", "kvpr: force the split l [scheduler]", [](DaemonConfig& c, const std::string& v) { c.split = to_int("split", v); }},
-      {"kv-dtype", "f32, f16, bf16, or fp8 (E4M3: half of f16's host memory and link bytes) [the weights']", [](DaemonConfig& c, const std::string& v) { c.kv_dtype = v; }},
-      {"activation-cap", "tokens per sequence whose X is kept [all]",
-       [](DaemonConfig& c, const std::string& v) { c.activation_cap = to_int("activation-cap", v); }},
-      {"profile", "saved link profile (kvpr profile --save) [measured at start]", [](DaemonConfig& c, const std::string& v) { c.profile = v; }},
-      {"cuda-graphs", "on or off: resident decode steps replayed as CUDA graphs [off]",
-       [](DaemonConfig& c, const std::string& v) { c.cuda_graphs = !second_of("cuda-graphs", v, "on", "off"); }},
-      {"prefix-caching", "on or off: a new prompt reuses the K/V of a finished sequence it starts with [on]",
-       [](DaemonConfig& c, const std::string& v) { c.prefix_caching = !second_of("prefix-caching", v, "on", "off"); }},
-      {"json-whitespace",
-       "compact: structured (JSON) answers put nothing, a space, or a newline and up to 20 bytes of indentation "
-       "between tokens, as llama.cpp's JSON grammars; permissive: any whitespace, up to 48 bytes in a row [compact]",
-       [](DaemonConfig& c, const std::string& v) { c.permissive_json_whitespace = second_of("json-whitespace", v, "compact", "permissive"); }},
-      {"speculative-tokens", "greedy requests check up to this many tokens a step, looked up in their prompt and output [0: off]",
-       [](DaemonConfig& c, const std::string& v) { c.speculative_tokens = static_cast<int>(to_int("speculative-tokens", v)); }},
-      {"prompt-lookup-max", "speculative decoding: longest n-gram looked up [4]",
-       [](DaemonConfig& c, const std::string& v) { c.prompt_lookup_max = static_cast<int>(to_int("prompt-lookup-max", v)); }},
-      {"prompt-lookup-min", "speculative decoding: shortest n-gram looked up [2]",
-       [](DaemonConfig& c, const std::string& v) { c.prompt_lookup_min = static_cast<int>(to_int("prompt-lookup-min", v)); }},
-      {"weights", "device, or host: layer weights in pinned host memory, streamed a layer ahead [device]",
-       [](DaemonConfig& c, const std::string& v) { c.weights_on_host = second_of("weights", v, "device", "host"); }},
-      {"gpu-batches", "a step's sequences in this many GPU batches, each through a layer before the next [1]",
-       [](DaemonConfig& c, const std::string& v) { c.gpu_batches = to_int("gpu-batches", v); }},
-      {"host-attention-threads", "cpu-attn: host attention threads [all]",
-       [](DaemonConfig& c, const std::string& v) { c.host_attention_threads = to_int("host-attention-threads", v); }},
       {"max-queue", "requests waiting or running before 429 [256]", [](DaemonConfig& c, const std::string& v) { c.max_queue = to_int("max-queue", v); }},
       {"max-body-bytes", "largest request body, else 413 [1048576]",
        [](DaemonConfig& c, const std::string& v) { c.max_body_bytes = to_int("max-body-bytes", v); }},
@@ -158,15 +128,13 @@ const std::vector<Option>& options() {
 }
 
 void apply(DaemonConfig& c, const std::string& key, const std::string& value, const std::string& where) {
-  for (const auto& o : options())
-    if (key == o.name) {
-      try {
-        o.set(c, value);
-      } catch (const Error& e) {
-        KVPR_THROW(where, e.what());
-      }
-      return;
-    }
+  try {
+    for (const auto& o : options())
+      if (key == o.name) return o.set(c, value);
+    if (const EngineOption* e = find_engine_option(key)) return e->set(c.engine, value);
+  } catch (const Error& e) {
+    KVPR_THROW(where, e.what());
+  }
   KVPR_THROW(where, "unknown option '", key, "'");
 }
 
@@ -195,11 +163,14 @@ std::string daemon_help() {
       "Serves an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,\n"
       "/health, /metrics, /tokenize, /detokenize) with one worker process per GPU, or N CPU workers.\n\n"
       "options (each also a 'key = value' line of the config file):\n";
-  for (const auto& o : options()) {
-    std::string name = std::string("  --") + o.name + " V";
+  auto line = [&](const char* option, const std::string& help) {
+    std::string name = std::string("  --") + option + " V";
     name.resize(std::max<size_t>(name.size() + 1, 30), ' ');
-    s += name + o.help + "\n";
-  }
+    s += name + help + "\n";
+  };
+  for (const auto& o : options()) line(o.name, o.help);
+  s += "\nthe workers' engine:\n";
+  for (const auto& o : engine_options()) line(o.name, o.help);
   s += "  --config FILE                config file [/etc/kvprd/kvprd.conf if it exists]\n"
        "  --print-topology             print each worker's GPU, NUMA node and cpus, and exit\n"
        "  --help                       this text\n";
@@ -241,13 +212,7 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   KVPR_CHECK(!c.model.empty(), "--model is required (see kvprd --help)");
   KVPR_CHECK(c.port > 0 && c.port < 65536, "port must be in 1..65535");
   KVPR_CHECK(c.workers >= 1 && c.workers <= 256, "workers must be in 1..256");
-  KVPR_CHECK(c.max_batch >= 1, "max-batch must be >= 1");
-  KVPR_CHECK(c.gpu_batches >= 1 && c.gpu_batches <= c.max_batch, "gpu-batches must be in 1..max-batch (", c.max_batch,
-             "), not ", c.gpu_batches);
-  KVPR_CHECK(c.max_step_tokens >= 1, "max-step-tokens must be >= 1");
-  KVPR_CHECK(c.speculative_tokens >= 0 && c.speculative_tokens <= 64, "speculative-tokens must be in 0..64");
-  KVPR_CHECK(c.prompt_lookup_min >= 1 && c.prompt_lookup_max >= c.prompt_lookup_min,
-             "prompt-lookup-min and prompt-lookup-max need 1 <= min <= max");
+  validate(c.engine);
   KVPR_CHECK(c.max_queue >= 1, "max-queue must be >= 1");
   KVPR_CHECK(c.max_body_bytes >= 1024, "max-body-bytes must be >= 1024");
   KVPR_CHECK(c.http_idle_timeout_s > 0 && c.http_request_timeout_s > 0, "http timeouts must be > 0 seconds");
@@ -256,14 +221,7 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   KVPR_CHECK(c.worker_timeout_s >= 3 && c.worker_step_timeout_s >= 3, "worker timeouts must be >= 3 seconds");
   KVPR_CHECK(c.drain_timeout_s >= 0, "drain-timeout must be >= 0");
   if (const char* k = std::getenv("KVPR_API_KEY"); k && *k) c.api_keys.emplace_back(k);  // as vLLM's VLLM_API_KEY
-  DType kv_dtype;
-  KVPR_CHECK(c.kv_dtype.empty() || parse_dtype(c.kv_dtype, &kv_dtype), "kv-dtype must be f32, f16, bf16 or fp8, not '",
-             c.kv_dtype, "'");
   KVPR_CHECK(c.backend == "auto" || c.backend == "cpu" || c.backend == "cuda", "backend must be auto, cpu or cuda");
-  KVPR_CHECK(!c.cuda_graphs || c.kv_mode == "resident",
-             "cuda-graphs applies to kv-mode resident (the other modes move KV every layer), not ", c.kv_mode);
-  KVPR_CHECK(!c.cuda_graphs || !c.weights_on_host,
-             "cuda-graphs does not apply to weights = host (every layer waits for its copies)");
   if (c.served_model_name.empty()) c.served_model_name = std::filesystem::path(c.model).filename().string();
   if (c.served_model_name.empty()) c.served_model_name = std::filesystem::path(c.model).parent_path().filename().string();
   return c;
@@ -293,23 +251,8 @@ std::vector<std::string> apply_live_config(DaemonConfig& live, const DaemonConfi
   differ("backend", &DaemonConfig::backend);
   differ("gpus", &DaemonConfig::gpus);
   differ("workers", &DaemonConfig::workers);
-  differ("max-batch", &DaemonConfig::max_batch);
-  differ("max-step-tokens", &DaemonConfig::max_step_tokens);
-  differ("max-seq-len", &DaemonConfig::max_seq_len);
-  differ("kv-mode", &DaemonConfig::kv_mode);
-  differ("split", &DaemonConfig::split);
-  differ("kv-dtype", &DaemonConfig::kv_dtype);
-  differ("activation-cap", &DaemonConfig::activation_cap);
-  differ("profile", &DaemonConfig::profile);
-  differ("host-attention-threads", &DaemonConfig::host_attention_threads);
-  differ("cuda-graphs", &DaemonConfig::cuda_graphs);
-  differ("prefix-caching", &DaemonConfig::prefix_caching);
-  differ("json-whitespace", &DaemonConfig::permissive_json_whitespace);
-  differ("speculative-tokens", &DaemonConfig::speculative_tokens);
-  differ("prompt-lookup-max", &DaemonConfig::prompt_lookup_max);
-  differ("prompt-lookup-min", &DaemonConfig::prompt_lookup_min);
-  differ("weights", &DaemonConfig::weights_on_host);
-  differ("gpu-batches", &DaemonConfig::gpu_batches);
+  for (const auto& o : engine_options())
+    if (o.get(a.engine) != o.get(b.engine)) restart.emplace_back(o.name);
   differ("chat-template", &DaemonConfig::chat_template);
   differ("generation-config", &DaemonConfig::generation_config);
   differ("reasoning-parser", &DaemonConfig::reasoning_parser);

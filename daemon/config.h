@@ -1,10 +1,14 @@
 // kvprd's settings: every option is a command-line flag and a `key = value` line of the
-// config file (/etc/kvprd/kvprd.conf by default; flags win). See systemd/kvprd.conf.
+// config file (/etc/kvprd/kvprd.conf by default; flags win). See systemd/kvprd.conf. The
+// engine's options are the engine's own table (engine/decode/engine_options.h), passed on to
+// every worker.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "engine/decode/engine_options.h"
 
 namespace kvpr {
 
@@ -16,22 +20,7 @@ struct DaemonConfig {
   std::string backend = "auto";      // auto: cuda when a GPU is visible, else cpu
   std::string gpus = "all";          // cuda: "all" or "0,2"
   int workers = 1;                   // cpu: number of CPU workers
-  int max_batch = 8;                 // sequences per worker step
-  int64_t max_step_tokens = 8192;    // tokens per worker step (prefill budget)
-  int64_t max_seq_len = 0;           // 0: the model's context
-  std::string kv_mode = "resident";
-  int64_t split = -1;                // kvpr: forced split, -1 = scheduler
-  std::string kv_dtype;              // default: the weights' dtype
-  int64_t activation_cap = -1;
-  std::string profile;               // saved link profile for the kvpr scheduler
-  int host_attention_threads = 0;
-  bool cuda_graphs = false;          // resident decode steps replayed as CUDA graphs
-  bool prefix_caching = true;        // finished sequences' slots keep their K/V for later prompts
-  bool permissive_json_whitespace = false;  // JSON answers: any whitespace (else compact, as llama.cpp's)
-  int speculative_tokens = 0;        // prompt-lookup drafts checked per greedy step (0: off)
-  int prompt_lookup_max = 4, prompt_lookup_min = 2;  // n-gram lengths looked up
-  bool weights_on_host = false;      // layers' weights streamed from pinned host memory
-  int gpu_batches = 1;               // GPU batches per layer (column by column)
+  EngineOptions engine;              // the workers' engine: batch, context, KV mode, ... (engine_options.h)
   int max_queue = 256;               // requests waiting or running before 429
   int64_t max_body_bytes = 1 << 20;  // larger request bodies get 413
   double drain_timeout_s = 30;       // SIGTERM: time to finish in-flight requests

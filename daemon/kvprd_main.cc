@@ -74,7 +74,8 @@ int main(int argc, char** argv) {
     if (!cfg.config_file.empty()) spdlog::info("config file {}", cfg.config_file);
     ModelSpec model_cfg = load_model_spec(cfg.model);
     Tokenizer tok = Tokenizer::load(cfg.model);
-    int64_t ctx = cfg.max_seq_len > 0 ? std::min(cfg.max_seq_len, model_cfg.max_position_embeddings)
+    const int64_t max_seq_len = cfg.engine.generator.max_seq_len;
+    int64_t ctx = max_seq_len > 0 ? std::min(max_seq_len, model_cfg.max_position_embeddings)
                                       : model_cfg.max_position_embeddings;
     ServedModel served;
     served.name = cfg.served_model_name;
@@ -129,7 +130,7 @@ int main(int argc, char** argv) {
     Server server(io, cfg, pool, tok, served);
     server.listen();
     spdlog::info("kvprd listening on http://{}:{} serving '{}' ({} layers, context {}, kv mode {})", cfg.host, cfg.port,
-                 cfg.served_model_name, model_cfg.num_layers, ctx, cfg.kv_mode);
+                 cfg.served_model_name, model_cfg.num_layers, ctx, kv_mode_name(cfg.engine.generator.kv.mode));
     pool.on_all_ready([&] {
       spdlog::info("all workers ready");
       sd_notify(0, "READY=1\nSTATUS=serving");

@@ -198,22 +198,8 @@ WorkerPool::~WorkerPool() { stop(); }
 std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const {
   std::vector<std::string> a = {binary_, "--fd", std::to_string(fd), "--model", cfg_.model, "--index",
                                 std::to_string(w.index), "--backend", w.cuda ? "cuda" : "cpu", "--device",
-                                std::to_string(w.device), "--max-batch", std::to_string(cfg_.max_batch),
-                                "--max-step-tokens", std::to_string(cfg_.max_step_tokens),
-                                "--kv-mode", cfg_.kv_mode};
-  if (cfg_.max_seq_len > 0) a.insert(a.end(), {"--max-seq-len", std::to_string(cfg_.max_seq_len)});
-  if (cfg_.split >= 0) a.insert(a.end(), {"--split", std::to_string(cfg_.split)});
-  if (!cfg_.kv_dtype.empty()) a.insert(a.end(), {"--kv-dtype", cfg_.kv_dtype});
-  if (cfg_.activation_cap >= 0) a.insert(a.end(), {"--activation-cap", std::to_string(cfg_.activation_cap)});
-  if (!cfg_.profile.empty()) a.insert(a.end(), {"--profile", cfg_.profile});
-  if (cfg_.cuda_graphs) a.push_back("--cuda-graphs");
-  if (!cfg_.prefix_caching) a.push_back("--no-prefix-caching");
-  if (cfg_.permissive_json_whitespace) a.push_back("--permissive-json-whitespace");
-  if (cfg_.speculative_tokens > 0)
-    a.insert(a.end(), {"--speculative-tokens", std::to_string(cfg_.speculative_tokens), "--prompt-lookup-max",
-                       std::to_string(cfg_.prompt_lookup_max), "--prompt-lookup-min", std::to_string(cfg_.prompt_lookup_min)});
-  if (cfg_.weights_on_host) a.insert(a.end(), {"--weights", "host"});
-  if (cfg_.gpu_batches > 1) a.insert(a.end(), {"--gpu-batches", std::to_string(cfg_.gpu_batches)});
+                                std::to_string(w.device)};
+  for (std::string& arg : engine_option_args(cfg_.engine)) a.push_back(std::move(arg));
   if (w.numa_node >= 0) a.insert(a.end(), {"--numa-node", std::to_string(w.numa_node)});
   if (!nccl_id_.empty() && w.first_start)
     a.insert(a.end(), {"--nccl-id", nccl_id_, "--nccl-rank", std::to_string(w.index), "--nccl-ranks",
@@ -223,8 +209,6 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
     for (int c : w.cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
     a.insert(a.end(), {"--cpus", list});
   }
-  if (cfg_.host_attention_threads > 0)
-    a.insert(a.end(), {"--host-attention-threads", std::to_string(cfg_.host_attention_threads)});
   return a;
 }
 
@@ -477,7 +461,7 @@ bool WorkerPool::submit(const GenerateMessage& request, int64_t cost, EventSink 
     if (!best || w->outstanding < best->outstanding ||
         (w->outstanding == best->outstanding && w->pending.size() < best->pending.size()))
       best = w.get();
-    if (!cfg_.prefix_caching || prompt.empty() || w->pending.size() >= static_cast<size_t>(cfg_.max_batch)) continue;
+    if (!cfg_.engine.generator.prefix_caching || prompt.empty() || w->pending.size() >= static_cast<size_t>(cfg_.engine.generator.max_batch)) continue;
     for (const auto& rp : w->recent) {
       const std::vector<int32_t>& r = *rp;
       const size_t n = std::min(r.size(), prompt.size() - 1);
@@ -506,10 +490,10 @@ bool WorkerPool::submit(const GenerateMessage& request, int64_t cost, EventSink 
     return false;
   }
   std::shared_ptr<std::vector<int32_t>> mirror;
-  if (cfg_.prefix_caching) {
+  if (cfg_.engine.generator.prefix_caching) {
     mirror = std::make_shared<std::vector<int32_t>>(prompt);
     best->recent.push_back(mirror);
-    if (best->recent.size() > 2 * static_cast<size_t>(cfg_.max_batch)) best->recent.pop_front();
+    if (best->recent.size() > 2 * static_cast<size_t>(cfg_.engine.generator.max_batch)) best->recent.pop_front();
   }
   best->pending[id] = Worker::Pending{std::move(sink), cost, std::move(mirror)};
   best->outstanding += cost;

@@ -178,11 +178,11 @@ import json,sys; t=json.loads(sys.argv[1]); w=t['workers']
 assert [x['numa_node'] for x in w]==[0,0,1,1] and [x['cpus'] for x in w]==['0-1','2-3','4-5','6-7'], w" "$topo"
   expect_error "topology bad xml" 1 "no such file" -- topology --xml "$tmp/nope.xml"
 fi
-expect_error "split needs kvpr" 2 "--split applies to --kv-mode kvpr" -- generate --model "$tmp/demo" --prompt a --split 3
-expect_error "graphs need resident" 2 "--cuda-graphs applies to --kv-mode resident" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --cuda-graphs
-expect_error "bad weights" 2 "--weights: expected device or host" -- generate --model "$tmp/demo" --prompt a --weights gpu
-expect_error "graphs need device weights" 2 "--cuda-graphs does not apply to --weights host" -- generate --model "$tmp/demo" --prompt a --weights host --cuda-graphs
-expect_error "bad kv-mode" 2 "--kv-mode: expected" -- generate --model "$tmp/demo" --prompt a --kv-mode fast
+expect_error "split needs kvpr" 2 "split applies to kv-mode kvpr, not resident" -- generate --model "$tmp/demo" --prompt a --split 3
+expect_error "graphs need resident" 2 "cuda-graphs applies to kv-mode resident" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --cuda-graphs
+expect_error "bad weights" 2 "weights: expected device or host, got 'gpu'" -- generate --model "$tmp/demo" --prompt a --weights gpu
+expect_error "graphs need device weights" 2 "cuda-graphs does not apply to weights host" -- generate --model "$tmp/demo" --prompt a --weights host --cuda-graphs
+expect_error "bad kv-mode" 2 "kv-mode: expected resident, offload, kvpr, recompute or cpu-attn, got 'fast'" -- generate --model "$tmp/demo" --prompt a --kv-mode fast
 expect_error "bad link rate" 2 "--emulate-link-gbps must be > 0" -- generate --model "$tmp/demo" --prompt a --emulate-link-gbps 0
 expect_error "missing profile file" 1 "nope.json: cannot open" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --profile "$tmp/nope.json"
 expect_error "no model dir" 1 "kvpr: error: /nonexistent: not a directory" -- generate --model /nonexistent --prompt hi

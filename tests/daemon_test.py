@@ -197,7 +197,7 @@ def operations():
           "gpu-batches must be in 1..max-batch (4), not 5" in r.stderr, (r.returncode, r.stderr))
     r = subprocess.run([KVPRD, "--model", MODEL, "--kv-dtype", "fp4"], capture_output=True, text=True)
     check("bad kv-dtype: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and
-          "kv-dtype must be f32, f16, bf16 or fp8, not 'fp4'" in r.stderr, (r.returncode, r.stderr))
+          "kv-dtype: expected f32, f16, bf16 or fp8, got 'fp4'" in r.stderr, (r.returncode, r.stderr))
     r = subprocess.run([KVPRD, "--model", MODEL, "--weights", "gpu"], capture_output=True, text=True)
     check("bad weights value: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and
           "weights: expected device or host" in r.stderr, (r.returncode, r.stderr))

@@ -1,9 +1,7 @@
 // kvpr-worker: one engine process, started by kvprd with one end of a socket pair.
 //   kvpr-worker --fd N --model DIR [--backend auto|cpu|cuda] [--device D] [--index I]
-//               [--max-batch B] [--max-seq-len L] [--kv-mode M] [--split L] [--kv-dtype D]
-//               [--activation-cap N] [--profile FILE] [--host-attention-threads N] [--cuda-graphs]
-//               [--no-prefix-caching] [--permissive-json-whitespace] [--speculative-tokens N] [--prompt-lookup-max N] [--prompt-lookup-min N]
-//               [--weights device|host] [--gpu-batches N]
+//               [--numa-node N] [--cpus LIST] [--nccl-id ID --nccl-rank R --nccl-ranks N]
+//               [--ENGINE-OPTION VALUE ...]  (engine/decode/engine_options.h, as kvprd's)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,38 +21,16 @@ int main(int argc, char** argv) {
         KVPR_CHECK(i + 1 < argc, a, " needs a value");
         return argv[++i];
       };
+      if (a.starts_with("--"))
+        if (const EngineOption* e = find_engine_option(std::string_view(a).substr(2))) {
+          e->set(o.engine, val());
+          continue;
+        }
       if (a == "--fd") fd = std::stoi(val());
       else if (a == "--model") o.model_dir = val();
       else if (a == "--backend") o.backend = val();
       else if (a == "--device") o.device = std::stoi(val());
       else if (a == "--index") o.index = std::stoi(val());
-      else if (a == "--max-batch") o.generator.max_batch = std::stoi(val());
-      else if (a == "--max-seq-len") o.generator.max_seq_len = std::stoll(val());
-      else if (a == "--max-step-tokens") o.generator.max_step_tokens = std::stoll(val());
-      else if (a == "--kv-mode") {
-        std::string m = val();
-        KVPR_CHECK(parse_kv_mode(m, &o.generator.kv.mode), "unknown --kv-mode '", m, "'");
-      } else if (a == "--split") o.generator.kv.forced_split = std::stoll(val());
-      else if (a == "--kv-dtype") {
-        DType dt;
-        std::string d = val();
-        KVPR_CHECK(parse_dtype(d, &dt), "unknown --kv-dtype '", d, "'");
-        o.generator.kv_dtype = dt;
-      } else if (a == "--activation-cap") o.generator.kv.activation_cap = std::stoll(val());
-      else if (a == "--profile") o.profile_path = val();
-      else if (a == "--cuda-graphs") o.generator.cuda_graphs = true;
-      else if (a == "--no-prefix-caching") o.generator.prefix_caching = false;
-      else if (a == "--permissive-json-whitespace") o.generator.permissive_json_whitespace = true;
-      else if (a == "--speculative-tokens") o.generator.speculative_tokens = std::stoi(val());
-      else if (a == "--prompt-lookup-max") o.generator.prompt_lookup_max = std::stoi(val());
-      else if (a == "--prompt-lookup-min") o.generator.prompt_lookup_min = std::stoi(val());
-      else if (a == "--gpu-batches") o.generator.kv.gpu_batches = std::stoll(val());
-      else if (a == "--weights") {
-        std::string w = val();
-        KVPR_CHECK(w == "device" || w == "host", "--weights: expected device or host, got '", w, "'");
-        o.stream_weights = w == "host";
-      }
-      else if (a == "--host-attention-threads") o.generator.kv.host_attention_threads = std::stoi(val());
       else if (a == "--numa-node") o.numa_node = std::stoi(val());
       else if (a == "--nccl-id") o.nccl_id = val();
       else if (a == "--nccl-rank") o.nccl_rank = std::stoi(val());
@@ -74,6 +50,7 @@ int main(int argc, char** argv) {
       else KVPR_THROW("unknown option '", a, "'");
     }
     KVPR_CHECK(fd >= 0 && !o.model_dir.empty(), "--fd and --model are required (kvpr-worker is started by kvprd)");
+    validate(o.engine);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvpr-worker: %s\n", e.what());
     return 2;

@@ -100,7 +100,7 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
     if (host_alloc) backend->set_host_allocator(host_alloc);
     // Loading progress on stderr (the journal under systemd), every 10%.
     ModelLoadOptions lo;
-    lo.stream_weights = opts.stream_weights;
+    lo.stream_weights = opts.engine.weights_on_host;
     int last_decile = -1;
     auto t0 = std::chrono::steady_clock::now();
     lo.progress = [&](size_t done, size_t total) {
@@ -133,10 +133,10 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
                  placement.find("weights_from")->as_string().c_str());
     bc.reset();
     tok = std::make_unique<Tokenizer>(Tokenizer::load(opts.model_dir));
-    GeneratorOptions go = opts.generator;
+    GeneratorOptions go = opts.engine.generator;
     if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
-      if (!opts.profile_path.empty()) {
-        go.kv.profile = LinkProfile::load(opts.profile_path);
+      if (!opts.engine.profile.empty()) {
+        go.kv.profile = LinkProfile::load(opts.engine.profile);
       } else {
         const ProfileOptions po = ProfileOptions::quick();
         go.kv.profile = profile_backend(*backend, *model, model->kv_shape(),
@@ -175,9 +175,9 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
     m.set("type", "ready");
     m.set("worker", opts.index);
     m.set("backend", backend->name());
-    m.set("kv_mode", kv_mode_name(opts.generator.kv.mode));
+    m.set("kv_mode", kv_mode_name(opts.engine.generator.kv.mode));
     m.set("max_seq_len", gen->max_seq_len());
-    m.set("max_batch", opts.generator.max_batch);
+    m.set("max_batch", opts.engine.generator.max_batch);
     m.set("host_bytes_per_token", gen->kv_runtime().host_bytes_per_token());
     placement.set("numa_node", opts.numa_node);
     json::Array cpus;

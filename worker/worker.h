@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
-#include "engine/decode/generator.h"
+#include "engine/decode/engine_options.h"
 #include "worker/frame_channel.h"
 
 namespace kvpr {
@@ -17,13 +17,11 @@ struct WorkerOptions {
   std::string backend = "auto";
   int device = 0;
   int index = 0;               // worker number, for logs and stats
-  GeneratorOptions generator;  // batch, context, KV mode and its settings
-  std::string profile_path;    // kvpr mode: a saved link profile (else measured at start)
+  EngineOptions engine;        // batch, context, KV mode and its settings, weights, profile
   int numa_node = -1;          // bind memory here (-1: no binding)
   std::string nccl_id;         // several GPUs: join this NCCL group to receive the weights
   int nccl_rank = 0, nccl_ranks = 0;
   std::vector<int> cpus;       // bind to these CPUs (empty: no binding)
-  bool stream_weights = false; // layer weights in (NUMA-local) pinned host memory, streamed
 };
 
 // Serves `channel` until the controller says shutdown or goes away. Returns the exit code.

@@ -330,32 +330,77 @@ void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_
   }
 }
 
-std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
-  std::vector<StepOutput> out;
-  // Retire cancelled sequences and admit waiting ones into free slots (FIFO).
-  auto retire_cancelled = [&](std::vector<std::unique_ptr<Sequence>>& v) {
-    for (auto it = v.begin(); it != v.end();) {
-      if ((*it)->cancelled) {
-        StepOutput ev;
-        ev.id = (*it)->id;
-        finish(**it, FinishReason::Cancelled, true, out, ev);
-        it = v.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  };
-  retire_cancelled(waiting_);
-  retire_cancelled(running_);
-  // The step's work: one token of every decoding sequence, then prompt chunks while the token
-  // budget lasts: those of prompts already being prefilled, then of new ones admitted into free
-  // slots (FIFO). A prompt longer than what is left goes on in the next steps (chunked prefill).
+// ---- one step: plan (decodes, then prompt chunks) -> forward -> choose -> emit
+
+// A step's work: the sequences, their chunks of tokens, and the logits rows each reads.
+struct Generator::StepPlan {
   std::vector<Sequence*> batch;
   std::vector<ForwardChunk> chunks;
-  std::vector<char> speculates;  // per chunk: the last token and drafts, one logits row each
-  auto greedy = [](const Sequence& s) { return s.params.sampling.temperature == 0.f || s.params.sampling.top_k == 1; };
-  int64_t decodes = 0;
-  // Drafts take what the step's token budget leaves after one token per decoding sequence.
+  std::vector<char> speculates;      // per chunk: the last token and drafts, one logits row each
+  std::vector<char> chooses;         // per chunk: its sequence chooses a token this step
+  std::vector<int64_t> first, last;  // per chunk: its logits rows; last[i] gives the next token
+  int64_t rows = 0;
+  bool need_logits = false;  // some row is read on the host
+  bool scores_prompt(size_t i) const { return chunks[i].all_rows && !speculates[i]; }
+  void add(Sequence* s, const ForwardChunk& c, bool speculative) {
+    batch.push_back(s);
+    chunks.push_back(c);
+    speculates.push_back(speculative);
+  }
+};
+
+// The host's choices per chunk: its token, and the alternatives reported with it.
+struct Generator::StepChoices {
+  std::vector<Sampled> picks;
+  std::vector<std::vector<TokenLogprob>> tops;
+};
+
+namespace {
+bool is_greedy(const GenerationParams& p) { return p.sampling.temperature == 0.f || p.sampling.top_k == 1; }
+}  // namespace
+
+std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
+  std::vector<StepOutput> out;
+  retire_cancelled(out);
+  StepPlan p;
+  plan_decodes(p, !observer);
+  plan_prefills(p, out);
+  if (p.batch.empty()) return out;
+  plan_rows(p, observer);
+  forward(p);
+  StepChoices choices;
+  choices.picks.resize(p.batch.size());
+  choices.tops.resize(p.batch.size());
+  take_device_choices(p, choices);
+  if (p.need_logits && !observer) {
+    ThreadPool::global().parallel_for(static_cast<int64_t>(p.batch.size()), 1, [&](int64_t b, int64_t e) {
+      std::vector<std::pair<float, int32_t>> scratch;
+      for (int64_t i = b; i < e; ++i) choose_on_host(p, static_cast<size_t>(i), choices, scratch);
+    });
+  }
+  emit(p, choices, observer, out);
+  running_.erase(std::remove_if(running_.begin(), running_.end(), [&](const auto& s) { return s->slot < 0; }),
+                 running_.end());
+  return out;
+}
+
+void Generator::retire_cancelled(std::vector<StepOutput>& out) {
+  for (auto* v : {&waiting_, &running_})
+    for (auto it = v->begin(); it != v->end();) {
+      if (!(*it)->cancelled) {
+        ++it;
+        continue;
+      }
+      StepOutput ev;
+      ev.id = (*it)->id;
+      finish(**it, FinishReason::Cancelled, true, out, ev);
+      it = v->erase(it);
+    }
+}
+
+// One token of every decoding sequence, with the drafts it may check (prompt lookup) when
+// `speculate`: they take what the step's token budget leaves after one token per sequence.
+void Generator::plan_decodes(StepPlan& p, bool speculate) {
   int64_t spare = max_step_tokens_;
   for (auto& s : running_) spare -= s->past_len >= static_cast<int64_t>(s->prompt.size());
   for (auto& s : running_) {
@@ -370,8 +415,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     const int64_t room = std::min<int64_t>({speculative_tokens_, spare,
                                             s->params.max_new_tokens - static_cast<int64_t>(s->tokens.size()) - 1,
                                             max_seq_len_ - s->past_len - 2});
-    const bool eligible = room > 0 && !observer;
-    std::vector<int32_t> drafts = eligible ? propose(*s, room) : std::vector<int32_t>();
+    const std::vector<int32_t> drafts = room > 0 && speculate ? propose(*s, room) : std::vector<int32_t>();
     if (!drafts.empty()) {
       s->checked.assign(1, s->tokens.back());
       s->checked.insert(s->checked.end(), drafts.begin(), drafts.end());
@@ -381,25 +425,27 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
       spec_stats_.proposed += static_cast<int64_t>(drafts.size());
       spare -= static_cast<int64_t>(drafts.size());
     }
-    chunks.push_back(c);
-    batch.push_back(s.get());
-    speculates.push_back(!drafts.empty());
-    decodes += c.count;
+    p.add(s.get(), c, !drafts.empty());
   }
-  // At least one prompt token a step, however many sequences decode.
+}
+
+// Prompt chunks while the token budget lasts (at least one prompt token a step, however many
+// sequences decode): those of prompts already being prefilled, then of new ones admitted into
+// free slots (FIFO). A prompt longer than what is left goes on in the next steps (chunked
+// prefill).
+void Generator::plan_prefills(StepPlan& p, std::vector<StepOutput>& out) {
+  int64_t decodes = 0;
+  for (const ForwardChunk& c : p.chunks) decodes += c.count;
   int64_t budget = std::max<int64_t>(max_step_tokens_ - decodes, 1);
   auto add_prefill = [&](Sequence* s) {
-    const int64_t left = static_cast<int64_t>(s->prompt.size()) - s->past_len;
     ForwardChunk c;
     c.slot = s->slot;
     c.past_len = s->past_len;
     c.tokens = s->prompt.data() + s->past_len;
-    c.count = std::min(left, budget);
+    c.count = std::min(static_cast<int64_t>(s->prompt.size()) - s->past_len, budget);
     c.all_rows = s->params.prompt_logprobs >= 0;
     budget -= c.count;
-    chunks.push_back(c);
-    batch.push_back(s);
-    speculates.push_back(0);
+    p.add(s, c, false);
   };
   for (auto& s : running_)
     if (budget > 0 && s->past_len < static_cast<int64_t>(s->prompt.size())) add_prefill(s.get());
@@ -416,157 +462,154 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     add_prefill(s.get());
     running_.push_back(std::move(s));
   }
-  if (batch.empty()) return out;
-  // Sequences whose prompt this step completes, or that decode, choose a token.
-  std::vector<char> chooses(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i)
-    chooses[i] = chunks[i].past_len + chunks[i].count >= static_cast<int64_t>(batch[i]->prompt.size());
+}
 
-  const int64_t V = model_.spec().vocab_size;
-  // Logits rows: one per chunk (its last token), or one per token of a chunk whose prompt is
-  // scored; last[i] is the row batch[i]'s next token comes from.
-  std::vector<int64_t> first(batch.size()), last(batch.size());
-  int64_t rows = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    first[i] = rows;
-    rows += chunks[i].all_rows ? chunks[i].count : 1;
-    last[i] = rows - 1;
+// Which chunks choose a token (their prompt completes, or they decode), their logits rows (one
+// per chunk, its last token's, or one per token of a chunk whose prompt is scored), and whether
+// any row must come to the host: a row that samples (temperature), alternatives or prompt
+// scores asked for, logits adjusted or masked, or an observer.
+void Generator::plan_rows(StepPlan& p, const LogitsObserver& observer) {
+  const size_t n = p.batch.size();
+  p.chooses.resize(n);
+  p.first.resize(n);
+  p.last.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Sequence& s = *p.batch[i];
+    p.chooses[i] = p.chunks[i].past_len + p.chunks[i].count >= static_cast<int64_t>(s.prompt.size());
+    p.first[i] = p.rows;
+    p.rows += p.chunks[i].all_rows ? p.chunks[i].count : 1;
+    p.last[i] = p.rows - 1;
+    p.need_logits = p.need_logits || p.scores_prompt(i) ||
+                    (p.chooses[i] && (observer || !is_greedy(s.params) || s.params.top_logprobs > 0 ||
+                                      s.params.sampling.adjusts_logits() || s.json));
   }
+}
+
+// The forward pass, then the greedy choice and log-sum-exp of every row on the device; the
+// logits themselves come to the host only when p.need_logits.
+void Generator::forward(const StepPlan& p) {
   Backend& be = model_.backend();
-  // A step that only decodes is the same work every step (until the number of sequences
-  // changes or the longest context passes 256, 512, 1024, ... tokens): recorded, it is
-  // replayed as one CUDA graph.
+  // A step that only decodes is the same work every step (until the number of sequences changes
+  // or the longest context passes 256, 512, 1024, ... tokens): recorded, it is replayed as one
+  // CUDA graph.
   bool graph_step = cuda_graphs_;
-  for (const ForwardChunk& c : chunks) graph_step = graph_step && c.count == 1 && !c.all_rows;
+  for (const ForwardChunk& c : p.chunks) graph_step = graph_step && c.count == 1 && !c.all_rows;
   GraphStepScope graph(be, graph_step);
-  Tensor dev_logits = model_.forward_device(chunks, *runtime_);
-  // Greedy choice and log-sum-exp of every row on the device; the logits themselves come to
-  // the host only when a row samples (temperature), alternatives or prompt scores are asked
-  // for, or an observer wants them.
-  auto scores_prompt = [&](size_t i) { return chunks[i].all_rows && !speculates[i]; };
-  bool need_logits = false;
-  for (size_t i = 0; i < batch.size(); ++i)
-    need_logits = need_logits || scores_prompt(i) ||
-                  (chooses[i] && (observer || !greedy(*batch[i]) || batch[i]->params.top_logprobs > 0 ||
-                                  batch[i]->params.sampling.adjusts_logits() || batch[i]->json));
+  Tensor dev_logits = model_.forward_device(p.chunks, *runtime_);
+  const int64_t rows = p.rows;
   if (!dev_ids_.defined() || dev_ids_.numel() < rows) {
     const int64_t cap = std::max<int64_t>(rows, 64);
     dev_ids_ = be.alloc(DType::I32, {cap});
     dev_stats_ = be.alloc(DType::F32, {cap, 2});
-    // Pinned: the copies below stay asynchronous (into pageable memory each would make the
-    // host wait), so the step costs the host one wait, for the compute stream only.
+    // Pinned: the copies below stay asynchronous (into pageable memory each would make the host
+    // wait), so the step costs the host one wait, for the compute stream only.
     host_ids_ = be.alloc_pinned(DType::I32, {cap});
     host_stats_ = be.alloc_pinned(DType::F32, {cap, 2});
   }
   be.argmax_lse(dev_ids_.rows(0, rows), dev_stats_.rows(0, rows), dev_logits, valid_vocab_);
   be.copy(host_ids_.rows(0, rows), dev_ids_.rows(0, rows), Stream::Compute);
   be.copy(host_stats_.rows(0, rows), dev_stats_.rows(0, rows), Stream::Compute);
-  if (need_logits) {
-    if (!logits_.defined() || logits_.dim(0) < rows) logits_ = be.alloc_pinned(DType::F32, {rows, V});
+  if (p.need_logits) {
+    if (!logits_.defined() || logits_.dim(0) < rows) logits_ = be.alloc_pinned(DType::F32, {rows, model_.spec().vocab_size});
     be.copy(logits_.rows(0, rows), dev_logits, Stream::Compute);
   }
   last_graph_ = graph.end();
   // Only the compute stream: the KV runtime's last write-backs may still run on the copy
   // streams while the host samples (its own events order them before their buffers' reuse).
   be.synchronize(be.record(Stream::Compute));
+}
+
+// Greedy rows take the device's choice.
+void Generator::take_device_choices(const StepPlan& p, StepChoices& ch) const {
   const float* stats = host_stats_.data_as<float>();
-  auto row_of = [&](int64_t r) { return logits_.data_as<float>() + r * V; };
-
-  // Greedy rows take the device's choice; sampled rows are drawn on host threads (each
-  // sequence has its own generator, so the draws do not depend on the threads), as are the
-  // alternatives and prompt scores.
-  std::vector<Sampled> picks(batch.size());
-  std::vector<std::vector<TokenLogprob>> tops(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (!chooses[i] || !greedy(*batch[i])) continue;
-    const float* st = stats + 2 * last[i];
-    picks[i] = Sampled{host_ids_.data_as<int32_t>()[last[i]], st[0] - st[1]};
+  for (size_t i = 0; i < p.batch.size(); ++i) {
+    if (!p.chooses[i] || !is_greedy(p.batch[i]->params)) continue;
+    const float* st = stats + 2 * p.last[i];
+    ch.picks[i] = Sampled{host_ids_.data_as<int32_t>()[p.last[i]], st[0] - st[1]};
   }
-  auto score_prompt = [&](size_t i, std::vector<std::pair<float, int32_t>>& scratch) {
-    Sequence& s = *batch[i];
-    const int64_t P = static_cast<int64_t>(s.prompt.size());
-    for (int64_t j = 0; j < chunks[i].count && chunks[i].past_len + j + 1 < P; ++j) {
-      const int64_t r = first[i] + j;  // row j predicts the prompt token after position past + j
-      const int32_t next = s.prompt[static_cast<size_t>(chunks[i].past_len + j + 1)];
-      s.prompt_logprobs.push_back(static_cast<float>(static_cast<double>(row_of(r)[next]) - stats[2 * r + 1]));
-      if (s.params.prompt_logprobs > 0)
-        s.prompt_top.push_back(top_logprobs(row_of(r), valid_vocab_, s.params.prompt_logprobs, stats[2 * r + 1], scratch));
-    }
-  };
-  auto host_work = [&](size_t i, std::vector<std::pair<float, int32_t>>& scratch) {
-    Sequence& s = *batch[i];
-    if (speculates[i]) return;  // its rows are taken in order below (accept_drafts)
-    if (scores_prompt(i)) score_prompt(i, scratch);
-    if (!chooses[i] || s.params.max_new_tokens == 0) return;  // prefill goes on, or scored only
-    const float* row = row_of(last[i]);
-    if (s.params.top_logprobs > 0)
-      tops[i] = top_logprobs(row, valid_vocab_, s.params.top_logprobs, stats[2 * last[i] + 1], scratch);
-    if (s.params.sampling.adjusts_logits() || s.json) {
-      // Penalties, bias and the JSON mask decide the choice; the reported log-probability is
-      // the model's.
-      std::vector<float> adjusted(row, row + V);
-      if (s.params.sampling.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, s.params.sampling, s.prompt, s.tokens);
-      if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
-        picks[i] = Sampled{-1, 0.f};  // a complete object, and no end id to say so: it ends here
-        return;
-      }
-      const int32_t t = greedy(s) ? row_argmax_lse(adjusted.data(), valid_vocab_).token
-                                  : sample_token(adjusted.data(), valid_vocab_, s.params.sampling, s.rng, scratch).token;
-      if (s.json) s.json->advance(t);
-      picks[i] = Sampled{t, static_cast<float>(static_cast<double>(row[t]) - stats[2 * last[i] + 1])};
-    } else if (!greedy(s)) {
-      picks[i] = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch);
-    }
-  };
-  if (need_logits && !observer) {
-    ThreadPool::global().parallel_for(static_cast<int64_t>(batch.size()), 1, [&](int64_t b, int64_t e) {
-      std::vector<std::pair<float, int32_t>> scratch;
-      for (int64_t i = b; i < e; ++i) host_work(static_cast<size_t>(i), scratch);
-    });
-  }
+}
 
-  for (size_t i = 0; i < batch.size(); ++i) {
-    Sequence& s = *batch[i];
-    if (speculates[i]) {
-      accept_drafts(s, chunks[i], first[i], need_logits, out);
+const float* Generator::logits_row(int64_t r) const { return logits_.data_as<float>() + r * model_.spec().vocab_size; }
+
+// The log-probabilities of the prompt tokens chunk i's rows predict (and their alternatives).
+void Generator::score_prompt(const StepPlan& p, size_t i, std::vector<std::pair<float, int32_t>>& scratch) {
+  Sequence& s = *p.batch[i];
+  const float* stats = host_stats_.data_as<float>();
+  const int64_t P = static_cast<int64_t>(s.prompt.size());
+  const ForwardChunk& c = p.chunks[i];
+  for (int64_t j = 0; j < c.count && c.past_len + j + 1 < P; ++j) {
+    const int64_t r = p.first[i] + j;  // row j predicts the prompt token after position past + j
+    const int32_t next = s.prompt[static_cast<size_t>(c.past_len + j + 1)];
+    s.prompt_logprobs.push_back(static_cast<float>(static_cast<double>(logits_row(r)[next]) - stats[2 * r + 1]));
+    if (s.params.prompt_logprobs > 0)
+      s.prompt_top.push_back(top_logprobs(logits_row(r), valid_vocab_, s.params.prompt_logprobs, stats[2 * r + 1], scratch));
+  }
+}
+
+// Chunk i's work on the host: its prompt scores, its alternatives, and its token where the
+// device's greedy choice does not decide it (sampling; penalties, bias and the JSON mask, after
+// which the reported log-probability is still the model's). Each sequence has its own random
+// generator, so the draws do not depend on the threads this runs on.
+void Generator::choose_on_host(const StepPlan& p, size_t i, StepChoices& ch, std::vector<std::pair<float, int32_t>>& scratch) {
+  Sequence& s = *p.batch[i];
+  if (p.speculates[i]) return;  // its rows are taken in order (accept_drafts)
+  if (p.scores_prompt(i)) score_prompt(p, i, scratch);
+  if (!p.chooses[i] || s.params.max_new_tokens == 0) return;  // prefill goes on, or scored only
+  const float* row = logits_row(p.last[i]);
+  const float lse = host_stats_.data_as<float>()[2 * p.last[i] + 1];
+  if (s.params.top_logprobs > 0) ch.tops[i] = top_logprobs(row, valid_vocab_, s.params.top_logprobs, lse, scratch);
+  if (s.params.sampling.adjusts_logits() || s.json) {
+    std::vector<float> adjusted(row, row + model_.spec().vocab_size);
+    if (s.params.sampling.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, s.params.sampling, s.prompt, s.tokens);
+    if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
+      ch.picks[i] = Sampled{-1, 0.f};  // a complete object, and no end id to say so: it ends here
+      return;
+    }
+    const int32_t t = is_greedy(s.params) ? row_argmax_lse(adjusted.data(), valid_vocab_).token
+                                          : sample_token(adjusted.data(), valid_vocab_, s.params.sampling, s.rng, scratch).token;
+    if (s.json) s.json->advance(t);
+    ch.picks[i] = Sampled{t, static_cast<float>(static_cast<double>(row[t]) - lse)};
+  } else if (!is_greedy(s.params)) {
+    ch.picks[i] = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch);
+  }
+}
+
+// Each chunk's outcome, in batch order: drafts accepted, a prompt that goes on, a prompt only
+// scored, or a token handed out (which may end its sequence).
+void Generator::emit(StepPlan& p, StepChoices& ch, const LogitsObserver& observer, std::vector<StepOutput>& out) {
+  for (size_t i = 0; i < p.batch.size(); ++i) {
+    Sequence& s = *p.batch[i];
+    if (p.speculates[i]) {
+      accept_drafts(s, p.chunks[i], p.first[i], p.need_logits, out);
       continue;
     }
-    s.past_len += chunks[i].count;
-    if (!chooses[i]) {  // the prompt goes on next step
-      if (observer && scores_prompt(i)) host_work(i, scratch_);
+    s.past_len += p.chunks[i].count;
+    if (!p.chooses[i]) {  // the prompt goes on next step
+      if (observer && p.scores_prompt(i)) choose_on_host(p, i, ch, scratch_);
       continue;
     }
     if (observer) {
-      observer(s.id, row_of(last[i]), V);
-      host_work(i, scratch_);
+      observer(s.id, logits_row(p.last[i]), model_.spec().vocab_size);
+      choose_on_host(p, i, ch, scratch_);
     }
+    StepOutput ev;
+    ev.id = s.id;
     if (s.params.max_new_tokens == 0) {  // the prompt was scored; nothing is generated
-      StepOutput ev;
-      ev.id = s.id;
       ev.prompt_logprobs = s.prompt_logprobs;
       ev.prompt_top = s.prompt_top;
       finish(s, FinishReason::Length, true, out, ev);
       continue;
     }
-    const Sampled pick = picks[i];
-    if (pick.token < 0) {  // JSON complete with nothing allowed after it
-      StepOutput ev;
-      ev.id = s.id;
+    if (ch.picks[i].token < 0) {  // JSON complete with nothing allowed after it
       finish(s, FinishReason::Stop, true, out, ev);
       continue;
     }
-    StepOutput ev;
-    ev.id = s.id;
-    if (scores_prompt(i)) {
+    if (p.scores_prompt(i)) {
       ev.prompt_logprobs = s.prompt_logprobs;
       ev.prompt_top = s.prompt_top;
     }
-    emit_token(s, pick, std::move(tops[i]), ev, out);
+    emit_token(s, ch.picks[i], std::move(ch.tops[i]), ev, out);
   }
-  running_.erase(std::remove_if(running_.begin(), running_.end(),
-                                [&](const auto& s) { return s->slot < 0; }),
-                 running_.end());
-  return out;
 }
 
 std::vector<SequenceResult> Generator::generate_all(const std::vector<std::vector<int32_t>>& prompts,

@@ -174,6 +174,21 @@ class Generator {
   // from the host's copy of the rows when `host_rows`), as long as they take the drafts.
   void accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_row, bool host_rows,
                      std::vector<StepOutput>& out);
+  // One step, in stages (generator.cc): cancelled sequences retired; the plan (a token and its
+  // drafts of every decoding sequence, then prompt chunks, admitting waiting sequences);
+  // the forward pass with the device's greedy choices; the host's choices; the outputs.
+  struct StepPlan;
+  struct StepChoices;
+  void retire_cancelled(std::vector<StepOutput>& out);
+  void plan_decodes(StepPlan& p, bool speculate);
+  void plan_prefills(StepPlan& p, std::vector<StepOutput>& out);
+  void plan_rows(StepPlan& p, const LogitsObserver& observer);
+  void forward(const StepPlan& p);
+  void take_device_choices(const StepPlan& p, StepChoices& ch) const;
+  const float* logits_row(int64_t r) const;
+  void score_prompt(const StepPlan& p, size_t i, std::vector<std::pair<float, int32_t>>& scratch);
+  void choose_on_host(const StepPlan& p, size_t i, StepChoices& ch, std::vector<std::pair<float, int32_t>>& scratch);
+  void emit(StepPlan& p, StepChoices& ch, const LogitsObserver& observer, std::vector<StepOutput>& out);
 
   Model& model_;
   const Tokenizer& tok_;

@@ -1,12 +1,20 @@
-// kvpr-bench-emu: kvpr-bench's sources built again with bench_emu_prelude.h force-included, so
-// their "cuda" backend is the emulated device. This file adds what the prelude declares.
+// kvpr-bench-emu's device: kvpr-bench's objects linked with this file instead of
+// bench/device.cc, so their "cuda" backend and GPU list are the emulated device's.
+#include "bench/bench_common.h"
+#include "tests/simt/cuda_backend_emu.h"
 #include "tests/simt/cuda_runtime_emu.h"
 
-namespace kvpr {
+namespace kvpr::bench {
+
+std::unique_ptr<Backend> bench_backend(const std::string& name, int device) {
+  return emulated_create_backend(name, device);
+}
+
 // The emulated device's bus id (kvpr-bench scale's GPU list), from its runtime.
-std::vector<std::string> emulated_cuda_pci_bus_ids() {
+std::vector<std::string> bench_gpu_bus_ids() {
   char id[32];
   return cudaDeviceGetPCIBusId(id, sizeof id, 0) == cudaSuccess ? std::vector<std::string>{id}
                                                                  : std::vector<std::string>{};
 }
-}  // namespace kvpr
+
+}  // namespace kvpr::bench
