@@ -99,7 +99,7 @@ for mode in $SERVE_MODES; do
     if [ "$mode" = kvpr ] && command -v node >/dev/null && [ -s .carry/npm-openai.tar.xz ]; then
       say "the official openai client against kvprd"
       mkdir -p /tmp/kvpr-npm && tar -xJf .carry/npm-openai.tar.xz -C /tmp/kvpr-npm
-      NODE_PATH=/tmp/kvpr-npm timeout 60 node tests/openai_client_test.mjs "$port" "$(basename "$MODEL")" 2>&1 | tail -5
+      NODE_PATH=/tmp/kvpr-npm timeout 60 node tests/daemon/openai_client_test.mjs "$port" "$(basename "$MODEL")" 2>&1 | tail -5
     elif [ "$mode" = kvpr ]; then
       say "the official openai client: skipped (no Node.js here, or no .carry/npm-openai.tar.xz)"
     fi

@@ -192,20 +192,8 @@ LinkProfile run_profiler(Backend& be, Model& model, DType dtype, bool quick) {
   return profile_backend(be, model, model.kv_shape(), dtype, po);
 }
 
-int cmd_generate(int argc, char** argv) {
-  Args a(argc, argv, 2,
-         with_engine_flags({"--model", "--prompt", "--prompt-ids", "-n", "--max-tokens", "--temperature", "--top-k",
-                            "--top-p", "--min-p", "--seed", "--stop", "--backend", "--dump-logits", "--emulate-link-gbps",
-                            "--trace", "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
-                            "--top-logprobs", "--prompt-logprobs", "--chat", "--system", "--chat-template",
-                            "--response-format", "--json-schema"},
-                           false),
-         {"--json", "--ignore-eos", "--no-thinking"}, with_engine_flags({}, true));
-  std::string dir = a.require("--model");
-  if (a.has("--prompt") + a.has("--prompt-ids") + a.has("--chat") != 1)
-    throw UsageError("give exactly one of --prompt, --prompt-ids and --chat");
-  if ((a.has("--system") || a.has("--chat-template") || a.has("--no-thinking")) && !a.has("--chat"))
-    throw UsageError("--system, --chat-template and --no-thinking apply to --chat");
+// generate's sampling and output flags.
+GenerationParams generation_params(const Args& a) {
   GenerationParams gp;
   gp.max_new_tokens = parse_number<int>("-n", a.get("-n", a.get("--max-tokens", "16")));
   if (gp.max_new_tokens < 0) throw UsageError("-n must be >= 0");
@@ -230,125 +218,140 @@ int cmd_generate(int argc, char** argv) {
   gp.top_logprobs = parse_number<int>("--top-logprobs", a.get("--top-logprobs", "0"));
   gp.prompt_logprobs = parse_number<int>("--prompt-logprobs", a.get("--prompt-logprobs", "-1"));
   validate(gp.sampling);
+  return gp;
+}
+
+// generate's prompt: the text, the ids, or one user turn (after an optional system message) in
+// the model's chat template, as kvprd renders /v1/chat/completions, whose stop strings and
+// tokens then apply.
+std::vector<int32_t> prompt_of(const Args& a, const std::string& dir, const Tokenizer& tok, GenerationParams& gp) {
+  if (!a.has("--chat")) return a.has("--prompt") ? tok.encode(a.get("--prompt")) : parse_ids(a.get("--prompt-ids"));
+  std::string tmpl = a.get("--chat-template", "auto"), why;
+  ChatOptions co;
+  if (tmpl == "auto") tmpl = auto_chat_template(dir, &why, &co.default_system);
+  if (!known_chat_template(tmpl)) throw UsageError("--chat-template: unknown template '" + tmpl + "'");
+  std::vector<ChatMessage> messages;
+  if (a.has("--system")) messages.push_back({"system", a.get("--system")});
+  messages.push_back({"user", a.get("--chat")});
+  co.enable_thinking = !a.has("--no-thinking");
+  const RenderedChat rc = render_chat(tmpl, messages, co);
+  gp.stop.insert(gp.stop.end(), rc.stop.begin(), rc.stop.end());
+  for (const auto& t : rc.stop_tokens)
+    if (auto tid = tok.token_to_id(t)) gp.stop_token_ids.push_back(*tid);
+  return tok.encode(rc.prompt);
+}
+
+// One step of generate --json: the split, the bytes moved, graphs and drafts.
+json::Value step_json(Generator& gen, const EngineOptions& eo, const SpeculationStats& before) {
+  const StepStats& st = gen.kv_runtime().last_step();
+  json::Value o(json::Object{});
+  o.set("split", json::Array(st.split.begin(), st.split.end()));
+  o.set("split_layer0", st.split_total_layer0);
+  o.set("split_source", st.split_source);
+  o.set("h2d_bytes", st.h2d_bytes);
+  o.set("d2h_bytes", st.d2h_bytes);
+  if (eo.weights_on_host) o.set("weight_h2d_bytes", st.weight_h2d_bytes);
+  if (eo.generator.cuda_graphs) o.set("graph", graph_outcome_name(gen.last_graph_step().outcome));
+  if (eo.generator.speculative_tokens > 0) {  // this step's drafts: checked, taken
+    o.set("drafts", gen.speculation_stats().proposed - before.proposed);
+    o.set("accepted", gen.speculation_stats().accepted - before.accepted);
+  }
+  if (st.split_source.rfind("scheduler", 0) == 0) {
+    o.set("predicted_layer_ms", st.predicted_layer_ms);
+    o.set("link_gbps_estimate", st.link_gbps_estimate);
+  }
+  return o;
+}
+
+// generate --json's answer.
+json::Value result_json(const SequenceResult& r, const GenerationParams& gp, const Generator& gen, const EngineOptions& eo,
+                        const Backend& backend, json::Array steps) {
+  auto floats = [](const std::vector<float>& v) { return json::Array(v.begin(), v.end()); };
+  auto pairs = [](const std::vector<std::vector<TokenLogprob>>& rows) {
+    json::Array out;
+    for (const auto& row : rows) out.push_back(logprob_pairs_json(row));
+    return out;
+  };
+  json::Value o(json::Object{});
+  o.set("tokens", ids_json(r.tokens));
+  o.set("text", r.text);
+  o.set("prompt_tokens", static_cast<int64_t>(r.prompt.size()));
+  o.set("prompt_ids", ids_json(r.prompt));
+  o.set("finish_reason", finish_reason_name(r.finish));
+  o.set("logprobs", floats(r.logprobs));
+  if (gp.top_logprobs > 0) o.set("top_logprobs", pairs(r.top));
+  if (gp.prompt_logprobs >= 0) {
+    o.set("prompt_logprobs", floats(r.prompt_logprobs));
+    if (gp.prompt_logprobs > 0) o.set("prompt_top_logprobs", pairs(r.prompt_top));
+  }
+  o.set("backend", backend.name());
+  o.set("kv_mode", kv_mode_name(eo.generator.kv.mode));
+  o.set("weights", eo.weights_on_host ? "host" : "device");
+  if (eo.generator.speculative_tokens > 0)
+    o.set("speculation", json::Object{{"proposed", gen.speculation_stats().proposed},
+                                      {"accepted", gen.speculation_stats().accepted}});
+  o.set("steps", std::move(steps));
+  return o;
+}
+
+int cmd_generate(int argc, char** argv) {
+  Args a(argc, argv, 2,
+         with_engine_flags({"--model", "--prompt", "--prompt-ids", "-n", "--max-tokens", "--temperature", "--top-k",
+                            "--top-p", "--min-p", "--seed", "--stop", "--backend", "--dump-logits", "--emulate-link-gbps",
+                            "--trace", "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
+                            "--top-logprobs", "--prompt-logprobs", "--chat", "--system", "--chat-template",
+                            "--response-format", "--json-schema"},
+                           false),
+         {"--json", "--ignore-eos", "--no-thinking"}, with_engine_flags({}, true));
+  const std::string dir = a.require("--model");
+  if (a.has("--prompt") + a.has("--prompt-ids") + a.has("--chat") != 1)
+    throw UsageError("give exactly one of --prompt, --prompt-ids and --chat");
+  if ((a.has("--system") || a.has("--chat-template") || a.has("--no-thinking")) && !a.has("--chat"))
+    throw UsageError("--system, --chat-template and --no-thinking apply to --chat");
+  GenerationParams gp = generation_params(a);
   EngineOptions one;
   one.generator.max_batch = 1;
   const EngineOptions eo = engine_flags(a, one);
-  GeneratorOptions go = eo.generator;
-  ModelLoadOptions lo;
-  lo.stream_weights = eo.weights_on_host;
 
   auto backend = create_backend(a.get("--backend", "auto"));
   apply_emulated_link(*backend, a);
   Tracer tracer;
   if (a.has("--trace")) backend->set_tracer(&tracer);
-  std::unique_ptr<Model> loaded = load_model(*backend, dir, lo);
-  Model& model = *loaded;
-  Tokenizer tok = Tokenizer::load(dir);
-  std::vector<int32_t> prompt;
-  if (a.has("--chat")) {
-    // One user turn (after an optional system message) in the model's chat template, as kvprd
-    // renders /v1/chat/completions; the template's stop strings and tokens apply.
-    std::string tmpl = a.get("--chat-template", "auto"), why;
-    ChatOptions co;
-    if (tmpl == "auto") tmpl = auto_chat_template(dir, &why, &co.default_system);
-    if (!known_chat_template(tmpl)) throw UsageError("--chat-template: unknown template '" + tmpl + "'");
-    std::vector<ChatMessage> messages;
-    if (a.has("--system")) messages.push_back({"system", a.get("--system")});
-    messages.push_back({"user", a.get("--chat")});
-    co.enable_thinking = !a.has("--no-thinking");
-    RenderedChat rc = render_chat(tmpl, messages, co);
-    gp.stop.insert(gp.stop.end(), rc.stop.begin(), rc.stop.end());
-    for (const auto& t : rc.stop_tokens)
-      if (auto tid = tok.token_to_id(t)) gp.stop_token_ids.push_back(*tid);
-    prompt = tok.encode(rc.prompt);
-  } else {
-    prompt = a.has("--prompt") ? tok.encode(a.get("--prompt")) : parse_ids(a.get("--prompt-ids"));
-  }
+  ModelLoadOptions lo;
+  lo.stream_weights = eo.weights_on_host;
+  std::unique_ptr<Model> model = load_model(*backend, dir, lo);
+  const Tokenizer tok = Tokenizer::load(dir);
+  const std::vector<int32_t> prompt = prompt_of(a, dir, tok, gp);
+  GeneratorOptions go = eo.generator;
   if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
     if (!eo.profile.empty()) {
       go.kv.profile = LinkProfile::load(eo.profile);
     } else {
       std::fprintf(stderr, "kvpr: profiling the link and the recompute GEMM (save one with kvpr profile --save)\n");
-      go.kv.profile = run_profiler(*backend, model, go.kv_dtype.value_or(model.weight_dtype()), true);
+      go.kv.profile = run_profiler(*backend, *model, go.kv_dtype.value_or(model->weight_dtype()), true);
     }
   }
-  Generator gen(model, tok, go);
+  Generator gen(*model, tok, go);
   std::vector<float> dumped;
   Generator::LogitsObserver obs;
-  const int64_t V = model.spec().vocab_size;
+  const int64_t V = model->spec().vocab_size;
   if (a.has("--dump-logits"))
     obs = [&](uint64_t, const float* row, int64_t) { dumped.insert(dumped.end(), row, row + V); };
-  uint64_t id = gen.add(prompt, gp);
+  const uint64_t id = gen.add(prompt, gp);
   json::Array steps;
   while (!gen.idle()) {
-    const SpeculationStats spec_before = gen.speculation_stats();
+    const SpeculationStats before = gen.speculation_stats();
     gen.step(obs);
-    const StepStats& st = gen.kv_runtime().last_step();
-    json::Value o(json::Object{});
-    json::Array split;
-    for (int64_t l : st.split) split.emplace_back(l);
-    o.set("split", std::move(split));
-    o.set("split_layer0", st.split_total_layer0);
-    o.set("split_source", st.split_source);
-    o.set("h2d_bytes", st.h2d_bytes);
-    o.set("d2h_bytes", st.d2h_bytes);
-    if (lo.stream_weights) o.set("weight_h2d_bytes", st.weight_h2d_bytes);
-    if (go.cuda_graphs) o.set("graph", graph_outcome_name(gen.last_graph_step().outcome));
-    if (go.speculative_tokens > 0) {  // this step's drafts: checked, taken
-      o.set("drafts", gen.speculation_stats().proposed - spec_before.proposed);
-      o.set("accepted", gen.speculation_stats().accepted - spec_before.accepted);
-    }
-    if (st.split_source.rfind("scheduler", 0) == 0) {
-      o.set("predicted_layer_ms", st.predicted_layer_ms);
-      o.set("link_gbps_estimate", st.link_gbps_estimate);
-    }
-    steps.push_back(std::move(o));
+    steps.push_back(step_json(gen, eo, before));
   }
-  SequenceResult r = gen.take_result(id);
+  const SequenceResult r = gen.take_result(id);
   if (a.has("--trace")) {
     backend->synchronize();
     tracer.write(a.get("--trace"));
   }
-  if (a.has("--dump-logits")) {
-    int64_t rows = static_cast<int64_t>(dumped.size()) / V;
-    write_npy_f32(a.get("--dump-logits"), dumped.data(), {rows, V});
-  }
-  if (a.has("--json")) {
-    json::Value o(json::Object{});
-    o.set("tokens", ids_json(r.tokens));
-    o.set("text", r.text);
-    o.set("prompt_tokens", static_cast<int64_t>(r.prompt.size()));
-    o.set("prompt_ids", ids_json(r.prompt));
-    o.set("finish_reason", finish_reason_name(r.finish));
-    json::Array lp;
-    for (float v : r.logprobs) lp.emplace_back(static_cast<double>(v));
-    o.set("logprobs", std::move(lp));
-    auto pairs = [](const std::vector<std::vector<TokenLogprob>>& rows) {
-      json::Array out;
-      for (const auto& row : rows) out.push_back(logprob_pairs_json(row));
-      return out;
-    };
-    if (gp.top_logprobs > 0) o.set("top_logprobs", pairs(r.top));
-    if (gp.prompt_logprobs >= 0) {
-      json::Array plp;
-      for (float v : r.prompt_logprobs) plp.emplace_back(static_cast<double>(v));
-      o.set("prompt_logprobs", std::move(plp));
-      if (gp.prompt_logprobs > 0) o.set("prompt_top_logprobs", pairs(r.prompt_top));
-    }
-    o.set("backend", backend->name());
-    o.set("kv_mode", kv_mode_name(go.kv.mode));
-    o.set("weights", lo.stream_weights ? "host" : "device");
-    if (go.speculative_tokens > 0) {
-      json::Value sp(json::Object{});
-      sp.set("proposed", gen.speculation_stats().proposed);
-      sp.set("accepted", gen.speculation_stats().accepted);
-      o.set("speculation", std::move(sp));
-    }
-    o.set("steps", std::move(steps));
-    std::cout << o.dump() << "\n";
-  } else {
-    std::cout << r.text << "\n";
-  }
+  if (a.has("--dump-logits")) write_npy_f32(a.get("--dump-logits"), dumped.data(), {static_cast<int64_t>(dumped.size()) / V, V});
+  if (a.has("--json")) std::cout << result_json(r, gp, gen, eo, *backend, std::move(steps)).dump() << "\n";
+  else std::cout << r.text << "\n";
   return 0;
 }
 

@@ -67,205 +67,249 @@ class Heartbeat {
   std::thread thread_;
 };
 
+// One worker's engine (bound, loaded, its generator made) and the loop serving the
+// controller's messages between engine steps.
+class WorkerLoop {
+ public:
+  WorkerLoop(const WorkerOptions& opts, FrameChannel& ch, Heartbeat& heartbeat)
+      : opts_(opts), ch_(ch), heartbeat_(heartbeat) {}
+
+  // Everything before serving; throws what stops the worker from starting.
+  void load() {
+    bind();  // before anything is allocated: CPUs, memory policy, the pinned KV store's node
+    backend_ = create_backend(opts_.backend, opts_.device);
+    if (host_alloc_) backend_->set_host_allocator(host_alloc_);
+    load_weights();
+    tok_ = std::make_unique<Tokenizer>(Tokenizer::load(opts_.model_dir));
+    gen_ = std::make_unique<Generator>(*model_, *tok_, generator_options());
+    report_kv_store_nodes();
+  }
+
+  json::Value ready_message() {
+    placement_.set("numa_node", opts_.numa_node);
+    placement_.set("cpus", json::Array(opts_.cpus.begin(), opts_.cpus.end()));
+    return json::Object{{"type", "ready"},
+                        {"worker", opts_.index},
+                        {"backend", backend_->name()},
+                        {"kv_mode", kv_mode_name(opts_.engine.generator.kv.mode)},
+                        {"max_seq_len", gen_->max_seq_len()},
+                        {"max_batch", opts_.engine.generator.max_batch},
+                        {"host_bytes_per_token", gen_->kv_runtime().host_bytes_per_token()},
+                        {"placement", placement_}};
+  }
+
+  // Until the controller says shutdown (returns 0); throws ChannelClosed when it goes away.
+  int serve() {
+    last_stats_ = Clock::now() - std::chrono::seconds(10);
+    stats_since_ = Clock::now();
+    while (true) {
+      if (!take_messages()) return 0;
+      if (!gen_->idle()) step();
+      if (Clock::now() - last_stats_ > std::chrono::milliseconds(500)) send_stats();
+    }
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  void bind() {
+#ifdef KVPR_HAVE_HWLOC
+    if (opts_.numa_node < 0 && opts_.cpus.empty()) return;
+    auto topo = std::make_shared<Topology>(Topology::from_system());
+    WorkerPlacement wp;
+    wp.worker = opts_.index;
+    wp.numa_node = opts_.numa_node;
+    wp.cpus = opts_.cpus;
+    const std::string bound = bind_this_process(*topo, wp);
+    std::fprintf(stderr, "kvpr-worker %d: bound to %s\n", opts_.index, bound.c_str());
+    placement_.set("bound", bound);
+    if (opts_.numa_node >= 0) host_alloc_ = std::make_shared<NumaHostAllocator>(topo, opts_.numa_node);
+#else
+    if (opts_.numa_node >= 0 || !opts_.cpus.empty())
+      std::fprintf(stderr, "kvpr-worker %d: built without hwloc: placement not applied\n", opts_.index);
+#endif
+  }
+
+  // From disk, or over NCCL from the first worker; loading progress on stderr (the journal
+  // under systemd), every 10%.
+  void load_weights() {
+    ModelLoadOptions lo;
+    lo.stream_weights = opts_.engine.weights_on_host;
+    int last_decile = -1;
+    const auto t0 = Clock::now();
+    lo.progress = [&](size_t done, size_t total) {
+      const int decile = total ? static_cast<int>(10 * done / total) : 10;
+      if (decile == last_decile) return;
+      last_decile = decile;
+      std::fprintf(stderr, "kvpr-worker %d: loading %s on %s: %d%% of %.2f GB (%.1f s)\n", opts_.index,
+                   opts_.model_dir.c_str(), backend_->name().c_str(), decile * 10, static_cast<double>(total) / 1e9,
+                   std::chrono::duration<double>(Clock::now() - t0).count());
+    };
+    std::unique_ptr<WeightBroadcaster> bc;
+    if (!opts_.nccl_id.empty() && opts_.nccl_ranks > 1) {
+      bc = make_nccl_broadcaster(opts_.nccl_id, opts_.nccl_rank, opts_.nccl_ranks, opts_.device);
+      lo.broadcast = bc.get();
+    }
+    model_ = load_model(*backend_, opts_.model_dir, lo);
+    const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const char* from = !bc ? "disk" : bc->rank() == 0 ? "disk, broadcast with NCCL" : "NCCL broadcast";
+    placement_.set("load_s", load_s);
+    placement_.set("weights_from", from);
+    if (const LayerWeightStream* ws = model_->weight_stream()) {
+      placement_.set("weights", "host");
+      std::fprintf(stderr,
+                   "kvpr-worker %d: layer weights %.2f GB in pinned host memory, streamed through 2 device slots "
+                   "of %.2f GB (%.2f GB of weights on the device)\n",
+                   opts_.index, static_cast<double>(ws->host_bytes()) / 1e9,
+                   static_cast<double>(ws->max_layer_bytes()) / 1e9,
+                   static_cast<double>(model_->device_weight_bytes()) / 1e9);
+    }
+    std::fprintf(stderr, "kvpr-worker %d: model loaded in %.2f s (%s)\n", opts_.index, load_s, from);
+  }
+
+  // The engine's options, with a link profile for kvpr's scheduler (saved, else measured now)
+  // and cpu-attn's threads from this worker's cpuset.
+  GeneratorOptions generator_options() {
+    GeneratorOptions go = opts_.engine.generator;
+    if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
+      if (!opts_.engine.profile.empty())
+        go.kv.profile = LinkProfile::load(opts_.engine.profile);
+      else
+        go.kv.profile = profile_backend(*backend_, *model_, model_->kv_shape(), go.kv_dtype.value_or(model_->weight_dtype()),
+                                        ProfileOptions::quick());
+    }
+    if (go.kv.host_attention_threads <= 0 && !opts_.cpus.empty())
+      go.kv.host_attention_threads = static_cast<int>(opts_.cpus.size());
+    return go;
+  }
+
+  // Where the host KV store landed.
+  void report_kv_store_nodes() {
+#ifdef KVPR_HAVE_HWLOC
+    const HostKvStore* hs = gen_->kv_runtime().host_store();
+    if (!host_alloc_ || !hs) return;
+    const Tensor probe = hs->k(0, 0);
+    std::string w;
+    for (int n : static_cast<NumaHostAllocator*>(host_alloc_.get())->where(probe.data(), probe.nbytes()))
+      w += (w.empty() ? "" : ",") + std::to_string(n);
+    std::fprintf(stderr, "kvpr-worker %d: host KV store %.2f GB on NUMA node(s) %s (asked for %d)\n", opts_.index,
+                 static_cast<double>(hs->bytes()) / 1e9, w.empty() ? "?" : w.c_str(), opts_.numa_node);
+    placement_.set("kv_store_nodes", w);
+#endif
+  }
+
+  // Every message waiting; blocks (up to 500 ms) only when there is nothing to compute.
+  // Returns false on shutdown.
+  bool take_messages() {
+    json::Value msg;
+    int timeout = gen_->idle() ? 500 : 0;
+    while (ch_.recv(&msg, timeout)) {
+      timeout = 0;
+      const std::string type = message_type(msg);
+      if (type == "shutdown") return false;
+      if (type == "cancel") {
+        const uint64_t id = static_cast<uint64_t>(msg.find("id")->as_int());
+        if (auto it = to_gen_.find(id); it != to_gen_.end()) gen_->cancel(it->second);
+      } else if (type == "generate") {
+        add(msg);
+      }
+    }
+    return true;
+  }
+
+  void add(const json::Value& msg) {
+    try {
+      GenerateMessage m = decode_generate(msg);
+      const uint64_t gid = gen_->add(std::move(m.prompt), m.params);
+      to_ctrl_[gid] = m.id;
+      to_gen_[m.id] = gid;
+    } catch (const std::exception& e) {  // a request the engine refuses (too long, bad values)
+      const json::Value* id = msg.find("id");
+      ch_.send(encode_error(id && id->is_int() ? static_cast<uint64_t>(id->as_int()) : 0, e.what()));
+    }
+  }
+
+  void step() {
+    const auto t0 = Clock::now();
+    heartbeat_.step_begins();
+    const std::vector<StepOutput> outs = gen_->step();
+    heartbeat_.step_ends();
+    busy_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    ++steps_;
+    std::vector<RequestEvent> events;
+    for (const auto& o : outs) {
+      auto it = to_ctrl_.find(o.id);
+      if (it == to_ctrl_.end()) continue;
+      if (o.finish == FinishReason::None) {
+        events.push_back({it->second, engine_event(o, nullptr)});
+        continue;
+      }
+      const SequenceResult r = gen_->take_result(o.id);
+      events.push_back({it->second, engine_event(o, &r)});
+      to_gen_.erase(it->second);
+      to_ctrl_.erase(it);
+    }
+    ch_.send(encode_step(events));
+  }
+
+  // Every ~500 ms, for /metrics.
+  void send_stats() {
+    const auto now = Clock::now();
+    last_stats_ = now;
+    const StepStats& st = gen_->kv_runtime().last_step();
+    const HostKvStore* hs = gen_->kv_runtime().host_store();
+    const double wall = std::chrono::duration<double>(now - stats_since_).count();
+    ch_.send(json::Object{
+        {"type", "stats"},
+        {"running", static_cast<int64_t>(gen_->running())},
+        {"waiting", static_cast<int64_t>(gen_->waiting())},
+        {"split", st.split_total},
+        {"h2d_gbps", st.link_gbps_estimate},
+        {"host_kv_bytes", gen_->cached_tokens() * gen_->kv_runtime().host_bytes_per_token()},
+        {"host_kv_reserved_bytes", static_cast<int64_t>(hs ? hs->bytes() : 0)},
+        {"device_bytes", static_cast<int64_t>(backend_->device_bytes_in_use())},
+        {"steps", static_cast<int64_t>(steps_)},
+        {"graph_replays", backend_->graph_counters().replayed},  // decode steps run as one CUDA graph
+        {"spec_draft_tokens", gen_->speculation_stats().proposed},  // since the worker started
+        {"spec_accepted_tokens", gen_->speculation_stats().accepted},
+        {"busy_fraction", wall > 0 ? busy_s_ / wall : 0.0}});  // since the last stats message
+    busy_s_ = 0;
+    stats_since_ = now;
+  }
+
+  const WorkerOptions& opts_;
+  FrameChannel& ch_;
+  Heartbeat& heartbeat_;
+  std::shared_ptr<HostAllocator> host_alloc_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<Generator> gen_;
+  json::Value placement_{json::Object{}};
+  std::map<uint64_t, uint64_t> to_ctrl_;  // generator id -> controller id
+  std::map<uint64_t, uint64_t> to_gen_;   // controller id -> generator id
+  Clock::time_point last_stats_, stats_since_;
+  uint64_t steps_ = 0;
+  double busy_s_ = 0;
+};
+
 }  // namespace
 
 int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
   Heartbeat heartbeat(ch);
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tok;
-  std::unique_ptr<Generator> gen;
-  json::Value placement(json::Object{});
+  WorkerLoop worker(opts, ch, heartbeat);
   try {
-    // Bind before anything is allocated: CPUs, memory policy, and the pinned KV store's node.
-    std::shared_ptr<HostAllocator> host_alloc;
-#ifdef KVPR_HAVE_HWLOC
-    std::shared_ptr<Topology> topo;
-    if (opts.numa_node >= 0 || !opts.cpus.empty()) {
-      topo = std::make_shared<Topology>(Topology::from_system());
-      WorkerPlacement wp;
-      wp.worker = opts.index;
-      wp.numa_node = opts.numa_node;
-      wp.cpus = opts.cpus;
-      std::string bound = bind_this_process(*topo, wp);
-      std::fprintf(stderr, "kvpr-worker %d: bound to %s\n", opts.index, bound.c_str());
-      placement.set("bound", bound);
-      if (opts.numa_node >= 0) host_alloc = std::make_shared<NumaHostAllocator>(topo, opts.numa_node);
-    }
-#else
-    if (opts.numa_node >= 0 || !opts.cpus.empty())
-      std::fprintf(stderr, "kvpr-worker %d: built without hwloc: placement not applied\n", opts.index);
-#endif
-    backend = create_backend(opts.backend, opts.device);
-    if (host_alloc) backend->set_host_allocator(host_alloc);
-    // Loading progress on stderr (the journal under systemd), every 10%.
-    ModelLoadOptions lo;
-    lo.stream_weights = opts.engine.weights_on_host;
-    int last_decile = -1;
-    auto t0 = std::chrono::steady_clock::now();
-    lo.progress = [&](size_t done, size_t total) {
-      int decile = total ? static_cast<int>(10 * done / total) : 10;
-      if (decile == last_decile) return;
-      last_decile = decile;
-      std::fprintf(stderr, "kvpr-worker %d: loading %s on %s: %d%% of %.2f GB (%.1f s)\n", opts.index,
-                   opts.model_dir.c_str(), backend->name().c_str(), decile * 10, static_cast<double>(total) / 1e9,
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    };
-    std::unique_ptr<WeightBroadcaster> bc;
-    if (!opts.nccl_id.empty() && opts.nccl_ranks > 1) {
-      bc = make_nccl_broadcaster(opts.nccl_id, opts.nccl_rank, opts.nccl_ranks, opts.device);
-      lo.broadcast = bc.get();
-    }
-    model = load_model(*backend, opts.model_dir, lo);
-    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    placement.set("load_s", load_s);
-    placement.set("weights_from", !bc ? "disk" : bc->rank() == 0 ? "disk, broadcast with NCCL" : "NCCL broadcast");
-    if (const LayerWeightStream* ws = model->weight_stream()) {
-      placement.set("weights", "host");
-      std::fprintf(stderr,
-                   "kvpr-worker %d: layer weights %.2f GB in pinned host memory, streamed through 2 device slots "
-                   "of %.2f GB (%.2f GB of weights on the device)\n",
-                   opts.index, static_cast<double>(ws->host_bytes()) / 1e9,
-                   static_cast<double>(ws->max_layer_bytes()) / 1e9,
-                   static_cast<double>(model->device_weight_bytes()) / 1e9);
-    }
-    std::fprintf(stderr, "kvpr-worker %d: model loaded in %.2f s (%s)\n", opts.index, load_s,
-                 placement.find("weights_from")->as_string().c_str());
-    bc.reset();
-    tok = std::make_unique<Tokenizer>(Tokenizer::load(opts.model_dir));
-    GeneratorOptions go = opts.engine.generator;
-    if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
-      if (!opts.engine.profile.empty()) {
-        go.kv.profile = LinkProfile::load(opts.engine.profile);
-      } else {
-        const ProfileOptions po = ProfileOptions::quick();
-        go.kv.profile = profile_backend(*backend, *model, model->kv_shape(),
-                                        go.kv_dtype.value_or(model->weight_dtype()), po);
-      }
-    }
-    if (go.kv.host_attention_threads <= 0 && !opts.cpus.empty())
-      go.kv.host_attention_threads = static_cast<int>(opts.cpus.size());  // cpu-attn threads from our cpuset
-    gen = std::make_unique<Generator>(*model, *tok, go);
-#ifdef KVPR_HAVE_HWLOC
-    // Verify where the host KV store landed.
-    if (host_alloc && gen->kv_runtime().host_store()) {
-      const HostKvStore* hs = gen->kv_runtime().host_store();
-      Tensor probe = hs->k(0, 0);
-      auto* na = static_cast<NumaHostAllocator*>(host_alloc.get());
-      std::vector<int> where = na->where(probe.data(), probe.nbytes());
-      std::string w;
-      for (int n : where) w += (w.empty() ? "" : ",") + std::to_string(n);
-      std::fprintf(stderr, "kvpr-worker %d: host KV store %.2f GB on NUMA node(s) %s (asked for %d)\n", opts.index,
-                   static_cast<double>(hs->bytes()) / 1e9, w.empty() ? "?" : w.c_str(), opts.numa_node);
-      placement.set("kv_store_nodes", w);
-    }
-#endif
+    worker.load();
   } catch (const std::exception& e) {
-    json::Value m(json::Object{});
-    m.set("type", "fatal");
-    m.set("message", e.what());
     try {
-      ch.send(m);
+      ch.send(json::Object{{"type", "fatal"}, {"message", e.what()}});
     } catch (const ChannelClosed&) {
     }
     return 1;
   }
-  {
-    json::Value m(json::Object{});
-    m.set("type", "ready");
-    m.set("worker", opts.index);
-    m.set("backend", backend->name());
-    m.set("kv_mode", kv_mode_name(opts.engine.generator.kv.mode));
-    m.set("max_seq_len", gen->max_seq_len());
-    m.set("max_batch", opts.engine.generator.max_batch);
-    m.set("host_bytes_per_token", gen->kv_runtime().host_bytes_per_token());
-    placement.set("numa_node", opts.numa_node);
-    json::Array cpus;
-    for (int c : opts.cpus) cpus.emplace_back(c);
-    placement.set("cpus", std::move(cpus));
-    m.set("placement", placement);
-    ch.send(m);
-  }
-
-  std::map<uint64_t, uint64_t> to_ctrl;    // generator id -> controller id
-  std::map<uint64_t, uint64_t> to_gen;     // controller id -> generator id
-  auto last_stats = std::chrono::steady_clock::now() - std::chrono::seconds(10);
-  uint64_t steps = 0;
-  double busy_s = 0;
-  auto t_start = std::chrono::steady_clock::now();
   try {
-    while (true) {
-      // Take every message waiting; block only when there is nothing to compute.
-      json::Value msg;
-      int timeout = gen->idle() ? 500 : 0;
-      while (ch.recv(&msg, timeout)) {
-        timeout = 0;
-        const std::string type = message_type(msg);
-        if (type == "shutdown") return 0;
-        if (type == "cancel") {
-          const uint64_t id = static_cast<uint64_t>(msg.find("id")->as_int());
-          if (auto it = to_gen.find(id); it != to_gen.end()) gen->cancel(it->second);
-          continue;
-        }
-        if (type == "generate") {
-          const json::Value* id = msg.find("id");
-          try {
-            GenerateMessage m = decode_generate(msg);
-            const uint64_t gid = gen->add(std::move(m.prompt), m.params);
-            to_ctrl[gid] = m.id;
-            to_gen[m.id] = gid;
-          } catch (const std::exception& e) {
-            ch.send(encode_error(id && id->is_int() ? static_cast<uint64_t>(id->as_int()) : 0, e.what()));
-          }
-        }
-      }
-      if (!gen->idle()) {
-        auto t0 = std::chrono::steady_clock::now();
-        heartbeat.step_begins();
-        std::vector<StepOutput> outs = gen->step();
-        heartbeat.step_ends();
-        busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        ++steps;
-        std::vector<RequestEvent> events;
-        for (const auto& o : outs) {
-          auto it = to_ctrl.find(o.id);
-          if (it == to_ctrl.end()) continue;
-          if (o.finish == FinishReason::None) {
-            events.push_back({it->second, engine_event(o, nullptr)});
-            continue;
-          }
-          const SequenceResult r = gen->take_result(o.id);
-          events.push_back({it->second, engine_event(o, &r)});
-          to_gen.erase(it->second);
-          to_ctrl.erase(it);
-        }
-        ch.send(encode_step(events));
-      }
-      auto now = std::chrono::steady_clock::now();
-      if (now - last_stats > std::chrono::milliseconds(500)) {
-        last_stats = now;
-        const StepStats& st = gen->kv_runtime().last_step();
-        json::Value s(json::Object{});
-        s.set("type", "stats");
-        s.set("running", static_cast<int64_t>(gen->running()));
-        s.set("waiting", static_cast<int64_t>(gen->waiting()));
-        s.set("split", st.split_total);
-        s.set("h2d_gbps", st.link_gbps_estimate);
-        s.set("host_kv_bytes", gen->cached_tokens() * gen->kv_runtime().host_bytes_per_token());
-        s.set("host_kv_reserved_bytes",
-              static_cast<int64_t>(gen->kv_runtime().host_store() ? gen->kv_runtime().host_store()->bytes() : 0));
-        s.set("device_bytes", static_cast<int64_t>(backend->device_bytes_in_use()));
-        s.set("steps", static_cast<int64_t>(steps));
-        s.set("graph_replays", backend->graph_counters().replayed);  // decode steps run as one CUDA graph
-        s.set("spec_draft_tokens", gen->speculation_stats().proposed);    // since the worker started
-        s.set("spec_accepted_tokens", gen->speculation_stats().accepted);
-        double wall = std::chrono::duration<double>(now - t_start).count();
-        s.set("busy_fraction", wall > 0 ? busy_s / wall : 0.0);  // since the last stats message
-        ch.send(s);
-        busy_s = 0;
-        t_start = now;
-      }
-    }
+    ch.send(worker.ready_message());
+    return worker.serve();
   } catch (const ChannelClosed&) {
     return 0;  // the controller went away
   }

@@ -1,7 +1,7 @@
 // An emulated CUDA device for CI (which has the CUDA headers but no GPU): the part of the CUDA
 // runtime and cuBLAS that engine/backend/cuda/cuda_backend.cu calls, so that the unchanged backend,
 // with its kernels run by the SIMT emulator (simt_emu.h), is tested end to end on the CPU:
-// tests/test_cuda.cc (the GPU test suite) runs against it in CI on every change.
+// tests/engine/test_cuda.cc (the GPU test suite) runs against it in CI on every change.
 //
 // What it models, so that the bugs a first run on a real GPU would show are found here:
 // - Device memory is an arena the host cannot touch: it is PROT_NONE except while the

@@ -157,7 +157,7 @@ def operations():
     """Config file, systemd notifications, 503 without workers, 429 when full."""
     # A config file with every key the example documents, pointed at the demo model.
     port = free_port()
-    example = open(os.path.join(os.path.dirname(__file__), "..", "systemd", "kvprd.conf")).read()
+    example = open(os.path.join(os.path.dirname(__file__), "..", "..", "systemd", "kvprd.conf")).read()
     conf = os.path.join(TMP, "kvprd.conf")
     with open(conf, "w") as f:
         f.write(example.replace("/var/lib/kvprd/models/opt-6.7b", MODEL).replace("port = 8000", f"port = {port}")
@@ -271,7 +271,7 @@ def write_tiny_llama(model, vocab=32000, hidden=32, heads=4, kv_heads=2, ffn=48,
 def llama_model(name, tokenizer, chat_template, **config):
     """A tiny Llama (write_tiny_llama) under TMP/name with the tokenizer files of
     tests/data/<tokenizer> and `chat_template` in its tokenizer_config.json."""
-    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", tokenizer)
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", tokenizer)
     model = os.path.join(TMP, name)
     os.makedirs(model)
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -543,12 +543,12 @@ def node_client(script, port, model, *args, env=None):
 
 
 def openai_client(port, model, *args, env=None):
-    """tests/openai_client_test.mjs: the official openai npm client."""
+    """tests/daemon/openai_client_test.mjs: the official openai npm client."""
     return node_client("openai_client_test.mjs", port, model, *args, env=env)
 
 
 def npm_clients(port, model, *args, env=None):
-    """tests/npm_clients_test.mjs: the Vercel AI SDK and LangChain, through their own helpers."""
+    """tests/daemon/npm_clients_test.mjs: the Vercel AI SDK and LangChain, through their own helpers."""
     return node_client("npm_clients_test.mjs", port, model, *args, env=env)
 
 
@@ -609,7 +609,7 @@ def chain_model(name, tokenizer, answer, after, end, detour_text=None, added=(),
     choice at the start)."""
     model = os.path.join(TMP, name)
     os.makedirs(model)
-    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", tokenizer)
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", tokenizer)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(os.path.join(data, f), os.path.join(model, f))
     if added:

@@ -593,7 +593,7 @@ def haproxy_scale_out():
         check("haproxy is installed (scripts/install-deps.sh)", False)
         return
     front, pa, pb = base.free_port(), base.free_port(), base.free_port()
-    cfg = open(os.path.join(os.path.dirname(__file__), "..", "deploy", "haproxy.cfg")).read()
+    cfg = open(os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "haproxy.cfg")).read()
     cfg = (cfg.replace("127.0.0.1:8000", f"127.0.0.1:{front}").replace("127.0.0.1:8001", f"127.0.0.1:{pa}")
            .replace("127.0.0.1:8002", f"127.0.0.1:{pb}").replace("log /dev/log local0", "log stdout format raw local0"))
     cfg_path = os.path.join(base.TMP, "haproxy.cfg")

@@ -1,10 +1,10 @@
 // The official `openai` npm client (v4) against a running kvprd: completions, chat and
 // streaming for both. Usage: node openai_client_test.mjs PORT MODEL (NODE_PATH finds openai).
 // With a third argument `tools`, tool calls instead, on a model whose answer is one
-// <tool_call> (tests/daemon_test.py's qwen_tools): chat.completions.create with tools, the
+// <tool_call> (tests/daemon/daemon_test.py's qwen_tools): chat.completions.create with tools, the
 // same streamed through the client's stream helper (which accumulates tool-call deltas), and
 // the call's result sent back. With `json`, structured output through the parse helper
-// (tests/daemon_test.py's json_mode).
+// (tests/daemon/daemon_test.py's json_mode).
 import { createRequire } from 'node:module';
 const require = createRequire(import.meta.url);
 const OpenAI = require('openai');

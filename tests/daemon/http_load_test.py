@@ -14,7 +14,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import daemon_test as base  # noqa: E402  (the Daemon harness)
 
-LOAD = os.path.join(os.path.dirname(__file__), "..", "bench", "http_load.py")
+LOAD = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "http_load.py")
 
 
 def load(port, *args):

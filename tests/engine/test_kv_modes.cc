@@ -15,7 +15,7 @@
 #include "engine/decode/generator.h"
 #include "engine/base/json.h"
 #include "engine/model/opt_model.h"
-#include "test_util.h"
+#include "tests/test_util.h"
 
 using namespace kvpr;
 namespace fs = std::filesystem;

@@ -18,8 +18,8 @@
 #include "engine/base/json.h"
 #include "engine/constrain/json_grammar.h"
 #include "engine/model/opt_model.h"
-#include "kv_mode_check.h"
-#include "test_util.h"
+#include "tests/engine/kv_mode_check.h"
+#include "tests/test_util.h"
 
 using namespace kvpr;
 namespace fs = std::filesystem;

@@ -11,7 +11,7 @@
 #include "engine/constrain/json_grammar.h"
 #include "engine/constrain/json_schema.h"
 #include "engine/constrain/regex.h"
-#include "test_util.h"
+#include "tests/test_util.h"
 
 using namespace kvpr;
 

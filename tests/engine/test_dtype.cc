@@ -8,7 +8,7 @@
 #include "engine/backend/cpu/vec.h"
 #include "engine/base/dtype.h"
 #include "engine/base/json.h"
-#include "test_util.h"
+#include "tests/test_util.h"
 
 using namespace kvpr;
 

@@ -7,7 +7,7 @@
 
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/base/error.h"
-#include "test_util.h"
+#include "tests/test_util.h"
 
 using namespace kvpr;
 

@@ -15,7 +15,7 @@
 #include "engine/text/tokenizer.h"
 #include "engine/text/unicode_nfc.h"
 #include "engine/base/utf8.h"
-#include "test_util.h"
+#include "tests/test_util.h"
 
 using namespace kvpr;
 

@@ -12,7 +12,7 @@
 #include "engine/base/json.h"
 #include "engine/kv/profiler.h"
 #include "engine/model/opt_model.h"
-#include "test_util.h"
+#include "tests/test_util.h"
 
 using namespace kvpr;
 

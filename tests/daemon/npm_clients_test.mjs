@@ -1,7 +1,7 @@
 // Two more real npm clients against a running kvprd, through their own helpers: the Vercel AI SDK
 // (`ai` with `@ai-sdk/openai-compatible`) and LangChain (`@langchain/openai`'s ChatOpenAI).
 // Usage: node npm_clients_test.mjs PORT MODEL [tools|json] (NODE_PATH finds the packages).
-// Without a mode: text and streaming with usage, on any model (tests/daemon_test.py: the demo).
+// Without a mode: text and streaming with usage, on any model (tests/daemon/daemon_test.py: the demo).
 // `tools`: a tool call, plain and streamed, on a model whose answer is one <tool_call>
 // (daemon_test.py's qwen_tools). `json`: structured output (generateObject, withStructuredOutput)
 // both as a forced tool call and as response_format json_schema (daemon_test.py's json_mode).

@@ -10,7 +10,7 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/base/error.h"
 #include "engine/model/opt_model.h"
-#include "test_util.h"
+#include "tests/test_util.h"
 
 using namespace kvpr;
 namespace fs = std::filesystem;

@@ -4,7 +4,7 @@
 
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/model/opt_model.h"
-#include "test_util.h"
+#include "tests/test_util.h"
 
 using namespace kvpr;
 

@@ -15,7 +15,7 @@
 #include "engine/base/json.h"
 #include "openai/reasoning.h"
 #include "openai/tool_calls.h"
-#include "test_util.h"
+#include "tests/test_util.h"
 
 using namespace kvpr;
 

@@ -16,8 +16,8 @@
 #include "engine/decode/generator.h"
 #include "engine/model/llama_model.h"
 #include "engine/base/npy.h"
-#include "kv_mode_check.h"
-#include "test_util.h"
+#include "tests/engine/kv_mode_check.h"
+#include "tests/test_util.h"
 
 using namespace kvpr;
 
