@@ -10,6 +10,17 @@
 
 namespace kvpr::bench {
 
+EngineOptions engine_options_of(const Options& opt, std::initializer_list<const char*> names, EngineOptions o) {
+  for (const char* name : names) {
+    const EngineOption* e = find_engine_option(name + 2);
+    KVPR_CHECK(e, name, " is not an engine option");
+    const std::string v = opt.get(name, "");
+    if (!v.empty()) e->set(o, v);
+  }
+  validate(o);
+  return o;
+}
+
 void write_json(const std::string& path, const json::Value& v) {
   if (path.empty()) return;
   std::ofstream o(path);

@@ -13,6 +13,7 @@
 #include "engine/backend/backend.h"
 #include "engine/base/error.h"
 #include "engine/base/json.h"
+#include "engine/decode/engine_options.h"
 #include "engine/kv/kv_runtime.h"
 #include "engine/model/model.h"
 #include "engine/model/opt_config.h"
@@ -72,6 +73,10 @@ class Options {
  private:
   std::map<std::string, std::string> values_;
 };
+
+// The engine options a benchmark takes (`names`, e.g. "--kv-dtype", "--weights"), as
+// engine/decode/engine_options.h has them, over `o` (the benchmark's defaults), checked.
+EngineOptions engine_options_of(const Options& opt, std::initializer_list<const char*> names, EngineOptions o);
 
 // Writes `v` to `path` unless the path is empty.
 void write_json(const std::string& path, const json::Value& v);

@@ -34,6 +34,7 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/model/demo_model.h"
 #include "engine/base/error.h"
+#include "engine/decode/engine_options.h"
 #include "engine/decode/generator.h"
 #include "engine/base/json.h"
 #include "engine/constrain/json_grammar.h"
@@ -197,202 +198,242 @@ std::string svg_chart(const json::Value& result) {
   return o.str();
 }
 
-}  // namespace
+// One decode benchmark: its settings, the machine's measured rates, and every mode's run.
+class DecodeRun {
+ public:
+  explicit DecodeRun(const std::vector<std::string>& args)
+      : opt_(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype", "--emulate-link-gbps",
+                    "--weights", "--gpu-batches", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
+                    "--trace-dir", "--max-positions"}) {
+    preset_ = opt_.get("--preset", "opt-6.7b");
+    batch_ = opt_.get_int("--batch", 32);
+    prompt_ = opt_.get_int("--prompt", 1024);
+    gen_ = opt_.get_int("--gen", 32);
+    KVPR_CHECK(batch_ > 0 && prompt_ > 0 && gen_ > 1, "batch and prompt must be positive and gen at least 2");
+    EngineOptions defaults;  // the engine's table, with this bench's defaults
+    defaults.generator.kv_dtype = DType::F16;
+    defaults.generator.max_batch = batch_;
+    engine_ = engine_options_of(opt_, {"--kv-dtype", "--weights", "--gpu-batches", "--host-attention-threads"}, defaults);
+    be_ = bench_backend(opt_.get("--backend", "auto"));
+    parse_modes();
+    if (const double link = opt_.get_double("--emulate-link-gbps", 0); link > 0) {
+      auto* cpu = dynamic_cast<CpuBackend*>(be_.get());
+      KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
+      cpu->set_emulated_link_gbps(link);
+    }
+  }
 
-int cmd_decode(const std::vector<std::string>& args) {
-  const Options opt(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype",
-                         "--emulate-link-gbps", "--weights", "--gpu-batches", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
-                         "--trace-dir", "--max-positions"});
-  const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
-  const std::string json_out = opt.get("--json", ""), svg_out = opt.get("--svg", ""), trace_dir = opt.get("--trace-dir", "");
-  const std::string peer_file = opt.get("--peer", "");
-  const std::string kv_dtype_name = opt.get("--kv-dtype", "f16");
-  const int batch = opt.get_int("--batch", 32), prompt = opt.get_int("--prompt", 1024), gen = opt.get_int("--gen", 32);
-  const int host_threads = opt.get_int("--host-attention-threads", 0);
-  const double link = opt.get_double("--emulate-link-gbps", 0);
-  const std::string weights = opt.get("--weights", "device");
-  KVPR_CHECK(weights == "device" || weights == "host", "--weights: expected device or host");
-  const bool stream_weights = weights == "host";
-  KVPR_CHECK(batch > 0 && prompt > 0 && gen > 1, "batch and prompt must be positive and gen at least 2");
-  DType kv_dtype;
-  KVPR_CHECK(parse_dtype(kv_dtype_name, &kv_dtype), "bad --kv-dtype");
-  auto be = bench_backend(backend_name);
-  // resident+graphs: resident with decode steps as CUDA graphs; by default on a GPU only.
-  const std::string modes_arg =
-      opt.get("--modes", be->device_is_host() || stream_weights ? "resident,offload,kvpr,recompute,cpu-attn"
-                                                                : "resident,resident+graphs,offload,kvpr,recompute,cpu-attn");
+  int run() {
+    std::fprintf(stderr, "kvpr-bench decode: %s on %s, batch %d, prompt %d, %d new tokens, weights on the %s\n",
+                 preset_.c_str(), be_->name().c_str(), batch_, prompt_, gen_, engine_.weights_on_host ? "host" : "device");
+    const auto t_init = Clock::now();
+    const int max_positions = opt_.get_int("--max-positions", 0);
+    KVPR_CHECK(max_positions >= 0, "--max-positions must not be negative");
+    model_ = preset_model(*be_, preset_, engine_.weights_on_host, max_positions);
+    const double init_s = seconds_since(t_init);
+    measure_machine();
+    json::Value result = header_json(init_s);
+    json::Array modes = run_modes();
+    add_bounds(modes, result);
+    result.set("modes", std::move(modes));
+    result.set("ratios", ratios_json(result));
+    print_table(result);
+    write_json(opt_.get("--json", ""), result);
+    if (const std::string svg = opt_.get("--svg", ""); !svg.empty()) std::ofstream(svg) << svg_chart(result);
+    return 0;
+  }
+
+ private:
   struct Variant {
     KvMode mode;
-    bool graphs;
+    bool graphs;  // resident+graphs: resident with decode steps as CUDA graphs; by default on a GPU only
   };
-  std::vector<Variant> modes;
-  for (size_t p = 0; p <= modes_arg.size();) {
-    size_t q = modes_arg.find(',', p);
-    if (q == std::string::npos) q = modes_arg.size();
-    std::string name = modes_arg.substr(p, q - p);
-    const bool graphs = name == "resident+graphs";
-    if (graphs) name = "resident";
-    KVPR_CHECK(!(graphs && stream_weights), "resident+graphs does not apply to --weights host");
-    KvMode m;
-    KVPR_CHECK(parse_kv_mode(name, &m), "unknown mode '", modes_arg.substr(p, q - p), "'");
-    modes.push_back({m, graphs});
-    p = q + 1;
-  }
-  if (link > 0) {
-    auto* cpu = dynamic_cast<CpuBackend*>(be.get());
-    KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
-    cpu->set_emulated_link_gbps(link);
-  }
-  std::fprintf(stderr, "kvpr-bench decode: %s on %s, batch %d, prompt %d, %d new tokens, weights on the %s\n",
-               preset_name.c_str(), be->name().c_str(), batch, prompt, gen, weights.c_str());
-  auto t_init = Clock::now();
-  const int max_positions = opt.get_int("--max-positions", 0);
-  KVPR_CHECK(max_positions >= 0, "--max-positions must not be negative");
-  std::unique_ptr<Model> model_owned = preset_model(*be, preset_name, stream_weights, max_positions);
-  Model& model = *model_owned;
-  double init_s = seconds_since(t_init);
 
-  // The profile the scheduler uses, measured on this machine now.
-  ProfileOptions po;
-  // Bandwidth probes: big enough to reach the link's and the memory's plateau.
-  const int64_t probe_mib = opt.get_int("--probe-mib", be->device_is_host() ? 128 : 2048);
-  KVPR_CHECK(probe_mib > 0, "--probe-mib must be positive");
-  po.transfer_bytes = std::max<int64_t>(1, probe_mib / (be->device_is_host() ? 2 : 8)) << 20;
-  LinkProfile prof = profile_backend(*be, model, model.kv_shape(), kv_dtype, po);
-  const double hbm = device_copy_gbps(*be, probe_mib << 20);
-  const double host_bw = host_copy_gbps(256ll << 20);
-  const int64_t gemm_rows = std::min<int64_t>(4096, static_cast<int64_t>(batch) * prompt);
-  const double gemm_tflops = recompute_gemm_tflops(*be, model.spec().hidden_size, model.spec().kv_hidden(), gemm_rows,
-                                                   model.weight_dtype());
-  std::fprintf(stderr, "profile: H2D %.2f GB/s (alone %.2f), D2H %.2f GB/s, recompute %.2f us + %.4f us/token; "
-               "device copy %.1f GB/s, host copy %.1f GB/s, recompute GEMM %.1f TFLOP/s at %lld rows\n", prof.h2d_gbps,
-               prof.h2d_alone_gbps, prof.d2h_gbps, prof.recompute_fixed_s * 1e6, prof.recompute_per_row_s * 1e6, hbm,
-               host_bw, gemm_tflops, static_cast<long long>(gemm_rows));
+  DType kv_dtype() const { return *engine_.generator.kv_dtype; }
 
-  KvRuntimeOptions base;
-  base.kv_dtype = kv_dtype;
-  base.profile = prof;
-  base.host_attention_threads = host_threads;
-  base.adapt = true;
-  base.gpu_batches = opt.get_int("--gpu-batches", 1);
-  KVPR_CHECK(base.gpu_batches >= 1 && base.gpu_batches <= batch, "--gpu-batches must be in 1..batch");
-
-  json::Value result(json::Object{});
-  char title[160];
-  std::snprintf(title, sizeof title, "%s, batch %d, prompt %d, %d tokens, %s%s", preset_name.c_str(), batch, prompt,
-                gen, be->name().c_str(), stream_weights ? ", weights streamed from host" : "");
-  result.set("title", title);
-  result.set("benchmark", "decode");
-  result.set("device", be->name());
-  result.set("preset", preset_name);
-  result.set("batch", batch);
-  result.set("prompt", prompt);
-  result.set("gen", gen);
-  result.set("kv_dtype", dtype_name(kv_dtype));
-  result.set("weight_bytes", static_cast<int64_t>(model.weight_bytes()));
-  result.set("weights", weights);
-  result.set("gpu_batches", base.gpu_batches);
-  const double streamed_bytes = stream_weights ? static_cast<double>(model.weight_stream()->host_bytes()) : 0;
-  result.set("streamed_weight_bytes", streamed_bytes);
-  result.set("device_weight_bytes", static_cast<int64_t>(model.device_weight_bytes()));
-  result.set("model_init_s", init_s);
-  result.set("profile", prof.to_json());
-  result.set("device_copy_gbps", hbm);
-  result.set("host_copy_gbps", host_bw);
-  result.set("recompute_gemm_tflops", gemm_tflops);
-
-  json::Array out_modes;
-  std::vector<std::vector<int32_t>> ref_tokens;
-  double resident_ms = -1, resident_busy_ms = -1;
-  std::map<std::string, double> ms_of;
-  for (const auto [m, graphs] : modes) {
-    const std::string name = std::string(kv_mode_name(m)) + (graphs ? "+graphs" : "");
-    std::string trace = trace_dir.empty() ? "" : trace_dir + "/trace-" + name + ".json";
-    std::fprintf(stderr, "  %-15s ...", name.c_str());
-    ModeResult r = run_mode(*be, model, m, graphs, base, batch, prompt, gen, trace);
-    std::fprintf(stderr, " %8.2f ms/step\n", r.ms_per_step);
-    if (m == KvMode::Resident && (resident_ms < 0 || r.ms_per_step < resident_ms)) {
-      resident_ms = r.ms_per_step;
-      resident_busy_ms = r.ms_per_step * r.json.find("compute_busy_fraction")->as_double();
+  void parse_modes() {
+    const bool host = be_->device_is_host() || engine_.weights_on_host;
+    const std::string arg = opt_.get("--modes", host ? "resident,offload,kvpr,recompute,cpu-attn"
+                                                     : "resident,resident+graphs,offload,kvpr,recompute,cpu-attn");
+    for (size_t p = 0; p <= arg.size();) {
+      size_t q = arg.find(',', p);
+      if (q == std::string::npos) q = arg.size();
+      std::string name = arg.substr(p, q - p);
+      const bool graphs = name == "resident+graphs";
+      if (graphs) name = "resident";
+      KVPR_CHECK(!(graphs && engine_.weights_on_host), "resident+graphs does not apply to --weights host");
+      KvMode m;
+      KVPR_CHECK(parse_kv_mode(name, &m), "unknown mode '", arg.substr(p, q - p), "'");
+      modes_.push_back({m, graphs});
+      p = q + 1;
     }
-    if (ref_tokens.empty()) ref_tokens = r.tokens;
-    int64_t same = 0, total = 0;
-    for (size_t b = 0; b < r.tokens.size(); ++b)
-      for (size_t t = prompt; t < r.tokens[b].size() && t < ref_tokens[b].size(); ++t, ++total)
-        same += r.tokens[b][t] == ref_tokens[b][t];
-    r.json.set("tokens_equal_to_first_mode", total ? static_cast<double>(same) / total : 1.0);
-    ms_of[name] = r.ms_per_step;
-    out_modes.push_back(std::move(r.json));
+  }
+
+  // The profile the scheduler uses, measured on this machine now, and the rates the bounds take:
+  // device and host memory copies, the recompute GEMM.
+  void measure_machine() {
+    ProfileOptions po;
+    // Bandwidth probes: big enough to reach the link's and the memory's plateau.
+    const int64_t probe_mib = opt_.get_int("--probe-mib", be_->device_is_host() ? 128 : 2048);
+    KVPR_CHECK(probe_mib > 0, "--probe-mib must be positive");
+    po.transfer_bytes = std::max<int64_t>(1, probe_mib / (be_->device_is_host() ? 2 : 8)) << 20;
+    prof_ = profile_backend(*be_, *model_, model_->kv_shape(), kv_dtype(), po);
+    hbm_ = device_copy_gbps(*be_, probe_mib << 20);
+    host_bw_ = host_copy_gbps(256ll << 20);
+    gemm_rows_ = std::min<int64_t>(4096, static_cast<int64_t>(batch_) * prompt_);
+    gemm_tflops_ = recompute_gemm_tflops(*be_, model_->spec().hidden_size, model_->spec().kv_hidden(), gemm_rows_,
+                                         model_->weight_dtype());
+    std::fprintf(stderr, "profile: H2D %.2f GB/s (alone %.2f), D2H %.2f GB/s, recompute %.2f us + %.4f us/token; "
+                 "device copy %.1f GB/s, host copy %.1f GB/s, recompute GEMM %.1f TFLOP/s at %lld rows\n", prof_.h2d_gbps,
+                 prof_.h2d_alone_gbps, prof_.d2h_gbps, prof_.recompute_fixed_s * 1e6, prof_.recompute_per_row_s * 1e6, hbm_,
+                 host_bw_, gemm_tflops_, static_cast<long long>(gemm_rows_));
+  }
+
+  double streamed_bytes() const {
+    return engine_.weights_on_host ? static_cast<double>(model_->weight_stream()->host_bytes()) : 0;
+  }
+
+  json::Value header_json(double init_s) const {
+    char title[160];
+    std::snprintf(title, sizeof title, "%s, batch %d, prompt %d, %d tokens, %s%s", preset_.c_str(), batch_, prompt_, gen_,
+                  be_->name().c_str(), engine_.weights_on_host ? ", weights streamed from host" : "");
+    return json::Object{{"title", title},
+                        {"benchmark", "decode"},
+                        {"device", be_->name()},
+                        {"preset", preset_},
+                        {"batch", batch_},
+                        {"prompt", prompt_},
+                        {"gen", gen_},
+                        {"kv_dtype", dtype_name(kv_dtype())},
+                        {"weight_bytes", static_cast<int64_t>(model_->weight_bytes())},
+                        {"weights", engine_.weights_on_host ? "host" : "device"},
+                        {"gpu_batches", engine_.generator.kv.gpu_batches},
+                        {"streamed_weight_bytes", streamed_bytes()},
+                        {"device_weight_bytes", static_cast<int64_t>(model_->device_weight_bytes())},
+                        {"model_init_s", init_s},
+                        {"profile", prof_.to_json()},
+                        {"device_copy_gbps", hbm_},
+                        {"host_copy_gbps", host_bw_},
+                        {"recompute_gemm_tflops", gemm_tflops_}};
+  }
+
+  // Every mode on the same model and prompts; each one's tokens compared with the first mode's.
+  json::Array run_modes() {
+    KvRuntimeOptions base = engine_.generator.kv;
+    base.kv_dtype = kv_dtype();
+    base.profile = prof_;
+    base.adapt = true;
+    const std::string trace_dir = opt_.get("--trace-dir", "");
+    json::Array out;
+    std::vector<std::vector<int32_t>> ref_tokens;
+    for (const auto [m, graphs] : modes_) {
+      const std::string name = std::string(kv_mode_name(m)) + (graphs ? "+graphs" : "");
+      const std::string trace = trace_dir.empty() ? "" : trace_dir + "/trace-" + name + ".json";
+      std::fprintf(stderr, "  %-15s ...", name.c_str());
+      ModeResult r = run_mode(*be_, *model_, m, graphs, base, batch_, prompt_, gen_, trace);
+      std::fprintf(stderr, " %8.2f ms/step\n", r.ms_per_step);
+      if (m == KvMode::Resident && (resident_ms_ < 0 || r.ms_per_step < resident_ms_)) {
+        resident_ms_ = r.ms_per_step;
+        resident_busy_ms_ = r.ms_per_step * r.json.find("compute_busy_fraction")->as_double();
+      }
+      if (ref_tokens.empty()) ref_tokens = r.tokens;
+      int64_t same = 0, total = 0;
+      for (size_t b = 0; b < r.tokens.size(); ++b)
+        for (size_t t = prompt_; t < r.tokens[b].size() && t < ref_tokens[b].size(); ++t, ++total)
+          same += r.tokens[b][t] == ref_tokens[b][t];
+      r.json.set("tokens_equal_to_first_mode", total ? static_cast<double>(same) / total : 1.0);
+      ms_of_[name] = r.ms_per_step;
+      out.push_back(std::move(r.json));
+    }
+    return out;
   }
 
   // Two bounds per mode (bench/decode_bounds.h): physical, from the measured bandwidths and GEMM
   // rate, and the model's, from this code's profile and the measured resident step (with
   // streamed weights the resident step waits for them, so its compute stream's busy time).
-  const ModelSpec& c = model.spec();
-  const double es = static_cast<double>(dtype_size(kv_dtype));
-  bench::DecodeShape shape;
-  shape.layers = static_cast<double>(c.num_layers);
-  shape.cached_tokens = static_cast<double>(batch) * (prompt + gen / 2.0);  // mean cached tokens per layer
-  shape.kv_bytes = 2.0 * c.kv_hidden() * es;  // K+V: fewer heads with GQA
-  shape.x_bytes = c.hidden_size * es;
-  shape.recompute_flops = 4.0 * c.hidden_size * c.kv_hidden();
-  shape.weight_bytes = static_cast<double>(model.weight_bytes());
-  shape.streamed_weight_bytes = streamed_bytes;
-  shape.gpu_batches = base.gpu_batches;
-  bench::Measured measured;
-  measured.device_gbps = hbm;
-  measured.h2d_alone_gbps = prof.h2d_alone_gbps;
-  measured.h2d_gbps = prof.h2d_gbps;
-  measured.host_gbps = host_bw;
-  measured.gemm_tflops = gemm_tflops;
-  measured.recompute_fixed_s = prof.recompute_fixed_s;
-  measured.recompute_per_row_s = prof.recompute_per_row_s;
-  const double dev_ms = stream_weights ? resident_busy_ms : resident_ms;
-  measured.resident_step_s = dev_ms > 0 ? dev_ms / 1e3 : 0;
-  for (auto& mj : out_modes) {
-    const bench::Bound b = bench::decode_bound(mj.find("mode")->as_string(), shape, measured);
-    const double ms = mj.find("decode_ms_per_step_median")->as_double();
-    mj.set("bound_ms", b.physical_s * 1e3);  // physical
-    mj.set("model_bound_ms", b.model_s * 1e3);
-    mj.set("over_bound", ms / (b.physical_s * 1e3));
-    mj.set("over_model_bound", ms / (b.model_s * 1e3));
+  void add_bounds(json::Array& modes, json::Value& result) const {
+    const ModelSpec& c = model_->spec();
+    const double es = static_cast<double>(dtype_size(kv_dtype()));
+    DecodeShape shape;
+    shape.layers = static_cast<double>(c.num_layers);
+    shape.cached_tokens = static_cast<double>(batch_) * (prompt_ + gen_ / 2.0);  // mean cached tokens per layer
+    shape.kv_bytes = 2.0 * c.kv_hidden() * es;  // K+V: fewer heads with GQA
+    shape.x_bytes = c.hidden_size * es;
+    shape.recompute_flops = 4.0 * c.hidden_size * c.kv_hidden();
+    shape.weight_bytes = static_cast<double>(model_->weight_bytes());
+    shape.streamed_weight_bytes = streamed_bytes();
+    shape.gpu_batches = engine_.generator.kv.gpu_batches;
+    Measured measured;
+    measured.device_gbps = hbm_;
+    measured.h2d_alone_gbps = prof_.h2d_alone_gbps;
+    measured.h2d_gbps = prof_.h2d_gbps;
+    measured.host_gbps = host_bw_;
+    measured.gemm_tflops = gemm_tflops_;
+    measured.recompute_fixed_s = prof_.recompute_fixed_s;
+    measured.recompute_per_row_s = prof_.recompute_per_row_s;
+    const double dev_ms = engine_.weights_on_host ? resident_busy_ms_ : resident_ms_;
+    measured.resident_step_s = dev_ms > 0 ? dev_ms / 1e3 : 0;
+    for (auto& mj : modes) {
+      const Bound b = decode_bound(mj.find("mode")->as_string(), shape, measured);
+      const double ms = mj.find("decode_ms_per_step_median")->as_double();
+      mj.set("bound_ms", b.physical_s * 1e3);  // physical
+      mj.set("model_bound_ms", b.model_s * 1e3);
+      mj.set("over_bound", ms / (b.physical_s * 1e3));
+      mj.set("over_model_bound", ms / (b.model_s * 1e3));
+    }
+    const Bound kvpr_bound = decode_bound("kvpr", shape, measured);
+    result.set("kvpr_best_split_from_profile", kvpr_bound.model_split);
+    result.set("kvpr_best_split_physical", kvpr_bound.physical_split);
   }
-  const bench::Bound kvpr_bound = bench::decode_bound("kvpr", shape, measured);
-  result.set("kvpr_best_split_from_profile", kvpr_bound.model_split);
-  result.set("kvpr_best_split_physical", kvpr_bound.physical_split);
-  result.set("modes", std::move(out_modes));
-  json::Value ratios(json::Object{});
-  if (ms_of.count("kvpr") && ms_of.count("offload")) ratios.set("kvpr_speedup_over_offload", ms_of["offload"] / ms_of["kvpr"]);
-  if (ms_of.count("kvpr") && ms_of.count("cpu-attn")) ratios.set("kvpr_speedup_over_cpu_attn", ms_of["cpu-attn"] / ms_of["kvpr"]);
-  if (ms_of.count("resident") && ms_of.count("resident+graphs"))
-    ratios.set("resident_graphs_speedup", ms_of["resident"] / ms_of["resident+graphs"]);
-  if (!peer_file.empty()) {
-    json::Value peer = json::parse_file(peer_file);
-    result.set("peer", peer);
-    if (const json::Value* p = peer.find("decode_ms_per_step"); p && ms_of.count("kvpr"))
-      ratios.set("kvpr_speedup_over_hf_offloaded", p->as_double() / ms_of["kvpr"]);
+
+  json::Value ratios_json(json::Value& result) {
+    json::Value ratios(json::Object{});
+    auto has = [&](const char* m) { return ms_of_.count(m) > 0; };
+    if (has("kvpr") && has("offload")) ratios.set("kvpr_speedup_over_offload", ms_of_["offload"] / ms_of_["kvpr"]);
+    if (has("kvpr") && has("cpu-attn")) ratios.set("kvpr_speedup_over_cpu_attn", ms_of_["cpu-attn"] / ms_of_["kvpr"]);
+    if (has("resident") && has("resident+graphs"))
+      ratios.set("resident_graphs_speedup", ms_of_["resident"] / ms_of_["resident+graphs"]);
+    if (const std::string peer_file = opt_.get("--peer", ""); !peer_file.empty()) {
+      json::Value peer = json::parse_file(peer_file);
+      result.set("peer", peer);
+      if (const json::Value* p = peer.find("decode_ms_per_step"); p && has("kvpr"))
+        ratios.set("kvpr_speedup_over_hf_offloaded", p->as_double() / ms_of_["kvpr"]);
+    }
+    return ratios;
   }
-  result.set("ratios", std::move(ratios));
 
   // The table, printed last.
-  std::printf("\n%-15s %12s %12s %10s %12s %8s %10s %10s %10s %8s\n", "mode", "ms/step", "tokens/s", "split",
-              "H2D MB/step", "busy", "x bound", "x model", "issue ms", "ops");
-  for (const auto& mj : result.find("modes")->as_array()) {
-    const auto& steps = mj.find("steps")->as_array();
-    std::printf("%-15s %12.2f %12.1f %10lld %12.1f %8.2f %10.2f %10.2f %10.2f %8.0f\n", mj.find("mode")->as_string().c_str(),
-                mj.find("decode_ms_per_step_median")->as_double(), mj.find("decode_tokens_per_s")->as_double(),
-                static_cast<long long>(steps.back().find("split")->as_int()),
-                mj.find("h2d_bytes_per_step")->as_double() / 1e6, mj.find("compute_busy_fraction")->as_double(),
-                mj.find("over_bound")->as_double(), mj.find("over_model_bound")->as_double(),
-                mj.find("host_issue_ms_per_step_median")->as_double(), mj.find("compute_ops_per_step")->as_double());
+  static void print_table(const json::Value& result) {
+    std::printf("\n%-15s %12s %12s %10s %12s %8s %10s %10s %10s %8s\n", "mode", "ms/step", "tokens/s", "split",
+                "H2D MB/step", "busy", "x bound", "x model", "issue ms", "ops");
+    for (const auto& mj : result.find("modes")->as_array()) {
+      const auto& steps = mj.find("steps")->as_array();
+      std::printf("%-15s %12.2f %12.1f %10lld %12.1f %8.2f %10.2f %10.2f %10.2f %8.0f\n", mj.find("mode")->as_string().c_str(),
+                  mj.find("decode_ms_per_step_median")->as_double(), mj.find("decode_tokens_per_s")->as_double(),
+                  static_cast<long long>(steps.back().find("split")->as_int()),
+                  mj.find("h2d_bytes_per_step")->as_double() / 1e6, mj.find("compute_busy_fraction")->as_double(),
+                  mj.find("over_bound")->as_double(), mj.find("over_model_bound")->as_double(),
+                  mj.find("host_issue_ms_per_step_median")->as_double(), mj.find("compute_ops_per_step")->as_double());
+    }
+    for (const auto& [k, val] : result.find("ratios")->as_object()) std::printf("%s: %.2f\n", k.c_str(), val.as_double());
   }
-  for (const auto& [k, val] : result.find("ratios")->as_object()) std::printf("%s: %.2f\n", k.c_str(), val.as_double());
-  write_json(json_out, result);
-  if (!svg_out.empty()) {
-    std::ofstream o(svg_out);
-    o << svg_chart(result);
-  }
-  return 0;
-}
+
+  const Options opt_;
+  std::string preset_;
+  int batch_ = 0, prompt_ = 0, gen_ = 0;
+  EngineOptions engine_;
+  std::unique_ptr<Backend> be_;
+  std::vector<Variant> modes_;
+  std::unique_ptr<Model> model_;
+  LinkProfile prof_;
+  double hbm_ = 0, host_bw_ = 0, gemm_tflops_ = 0;
+  int64_t gemm_rows_ = 0;
+  double resident_ms_ = -1, resident_busy_ms_ = -1;
+  std::map<std::string, double> ms_of_;
+};
+
+}  // namespace
+
+int cmd_decode(const std::vector<std::string>& args) { return DecodeRun(args).run(); }
 
 }  // namespace kvpr::bench
