@@ -42,35 +42,55 @@
 
 namespace kvpr::bench {
 
-int cmd_ops(const std::vector<std::string>& args) {
-  const Options opt(args, {"--preset", "--backend", "--batch", "--ctx", "--reps", "--probe-mib", "--json"});
-  const std::string preset_name = opt.get("--preset", "opt-6.7b"), backend_name = opt.get("--backend", "auto");
-  const std::string json_out = opt.get("--json", "");
-  const int batch = opt.get_int("--batch", 32), ctx = opt.get_int("--ctx", 1024), reps = opt.get_int("--reps", 10);
-  KVPR_CHECK(batch > 0 && ctx > 0 && reps > 0, "batch, ctx and reps must be positive");
-  const OptConfig c = preset(preset_name);
-  const int64_t h = c.hidden_size, f = c.ffn_dim, V = c.vocab_size, B = batch, S = ctx;
-  auto be = bench_backend(backend_name);
-  std::fprintf(stderr, "kvpr-bench ops: %s shapes on %s, batch %d, context %d\n", preset_name.c_str(),
-               be->name().c_str(), batch, ctx);
-  const int64_t probe_mib = opt.get_int("--probe-mib", be->device_is_host() ? 128 : 2048);
-  KVPR_CHECK(probe_mib > 0, "--probe-mib must be positive");
-  const double hbm = device_copy_gbps(*be, probe_mib << 20);
-  const DType wt = DType::F16, kv = DType::F16;
-  const double es = 2.0;  // bytes per fp16 element
+// The ops of one decode layer, each timed alone: its settings, the device copy rate the GB/s
+// are compared with, and the rows of the report.
+class OpsRun {
+ public:
+  explicit OpsRun(const std::vector<std::string>& args)
+      : opt_(args, {"--preset", "--backend", "--batch", "--ctx", "--reps", "--probe-mib", "--json"}),
+        preset_name_(opt_.get("--preset", "opt-6.7b")),
+        c(preset(preset_name_)),
+        batch_(opt_.get_int("--batch", 32)),
+        ctx_(opt_.get_int("--ctx", 1024)),
+        reps_(opt_.get_int("--reps", 10)),
+        h(c.hidden_size), f(c.ffn_dim), V(c.vocab_size), B(batch_), S(ctx_) {
+    KVPR_CHECK(batch_ > 0 && ctx_ > 0 && reps_ > 0, "batch, ctx and reps must be positive");
+    be = bench_backend(opt_.get("--backend", "auto"));
+  }
 
-  auto rnd = [&](DType dt, Shape shape, uint64_t seed, float sd) {
+  int run() {
+    std::fprintf(stderr, "kvpr-bench ops: %s shapes on %s, batch %d, context %d\n", preset_name_.c_str(),
+                 be->name().c_str(), batch_, ctx_);
+    const int64_t probe_mib = opt_.get_int("--probe-mib", be->device_is_host() ? 128 : 2048);
+    KVPR_CHECK(probe_mib > 0, "--probe-mib must be positive");
+    hbm_ = device_copy_gbps(*be, probe_mib << 20);
+    x = rnd(DType::F32, {B, h}, 1, 1.f);
+    projections();
+    recompute();
+    link_copies();
+    attention_and_layer();
+    write_json(opt_.get("--json", ""), json::Object{{"preset", preset_name_}, {"backend", be->name()}, {"batch", batch_},
+                                                    {"ctx", ctx_}, {"device_copy_gbps", hbm_}, {"ops", std::move(rows_)}});
+    return 0;
+  }
+
+ private:
+  static constexpr DType wt = DType::F16, kv = DType::F16;
+  static constexpr double es = 2.0;  // bytes per fp16 element
+
+  Tensor rnd(DType dt, Shape shape, uint64_t seed, float sd) {
     Tensor t = be->alloc(dt, std::move(shape));
     be->fill_random(t, seed, 0.f, sd);
     return t;
-  };
-  // Median milliseconds of fn() between events on stream `on` (the compute stream unless
-  // said), after a warm-up.
-  auto time_ms = [&](const std::function<void()>& fn, Stream on = Stream::Compute) {
+  }
+
+  // Median milliseconds of fn() between events on stream `on` (the compute stream unless said),
+  // after a warm-up.
+  double time_ms(const std::function<void()>& fn, Stream on = Stream::Compute) {
     fn();
     be->synchronize();
     std::vector<double> ms;
-    for (int r = 0; r < reps; ++r) {
+    for (int r = 0; r < reps_; ++r) {
       Event e0 = be->record(on);
       fn();
       Event e1 = be->record(on);
@@ -79,26 +99,18 @@ int cmd_ops(const std::vector<std::string>& args) {
     }
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];
-  };
-  json::Array rows;
-  auto report = [&](const std::string& name, double ms, double bytes, double flops) {
-    json::Value o(json::Object{});
-    o.set("op", name);
-    o.set("ms", ms);
-    o.set("bytes", bytes);
-    o.set("flops", flops);
-    const double gbps = bytes / (ms / 1e3) / 1e9;
-    o.set("gbps", gbps);
-    o.set("of_device_copy", gbps / hbm);
-    o.set("tflops", flops / (ms / 1e3) / 1e12);
-    std::printf("%-40s %9.4f ms %9.1f GB/s (%5.1f%% of copy) %8.2f TFLOP/s\n", name.c_str(), ms, gbps,
-                100.0 * gbps / hbm, flops / (ms / 1e3) / 1e12);
-    rows.push_back(std::move(o));
-  };
+  }
 
-  Tensor x = rnd(DType::F32, {B, h}, 1, 1.f);
+  void report(const std::string& name, double ms, double bytes, double flops) {
+    const double gbps = bytes / (ms / 1e3) / 1e9, tflops = flops / (ms / 1e3) / 1e12;
+    std::printf("%-40s %9.4f ms %9.1f GB/s (%5.1f%% of copy) %8.2f TFLOP/s\n", name.c_str(), ms, gbps, 100.0 * gbps / hbm_,
+                tflops);
+    rows_.push_back(json::Object{{"op", name}, {"ms", ms}, {"bytes", bytes}, {"flops", flops}, {"gbps", gbps},
+                                 {"of_device_copy", gbps / hbm_}, {"tflops", tflops}});
+  }
+
   // Projections at decode shapes (M = batch): weight bytes dominate.
-  {
+  void projections() {
     Tensor wqkv = rnd(wt, {3, h, h}, 2, 0.02f), bqkv = rnd(wt, {3, h}, 3, 0.02f);
     Tensor out3 = be->alloc(DType::F32, {3, B, h});
     const double bytes = 3.0 * h * h * es + B * h * 4.0 + 3.0 * B * h * 4.0, flops = 2.0 * 3 * B * h * h;
@@ -131,9 +143,11 @@ int cmd_ops(const std::vector<std::string>& args) {
     Tensor g = rnd(wt, {h}, 8, 1.f), bb = rnd(wt, {h}, 9, 0.1f), y = be->alloc(DType::F32, {B, h});
     report("layer_norm", time_ms([&] { be->layer_norm(y, x, g, bb, 1e-5f); }), 2.0 * B * h * 4.0, 0);
   }
+
   // KVPR recompute: K and V of l cached tokens from their stored fp16 X, as the runtime does it
   // (one GEMM, the bias in it, fp16 K/V out) and as it did before (X widened to fp32, an fp32
   // product, a bias pass, K/V converted to fp16). Bytes: the weights, X read, K/V written once.
+  void recompute() {
   for (int64_t l : {int64_t{256}, S * B / 4, S * B}) {
     Tensor xl = rnd(kv, {l, h}, 10, 1.f), wkv = rnd(wt, {2, h, h}, 11, 0.02f), bkv = rnd(wt, {2, h}, 12, 0.02f);
     Tensor kvl = be->alloc(kv, {2, l, h}), x32 = be->alloc(DType::F32, {l, h}), kv32 = be->alloc(DType::F32, {2, l, h});
@@ -147,9 +161,11 @@ int cmd_ops(const std::vector<std::string>& args) {
            }),
            bytes, flops);
   }
+  }
+
   // A layer's K[l:S] for the batch over the link (l = S/4, pinned host store in consecutive
   // slots): one copy_spans (one 2-D copy) against one copy per sequence, and a ragged batch.
-  {
+  void link_copies() {
     const int64_t cap = S + 64, l = S / 4;
     Tensor host = be->alloc_pinned(kv, {B * cap, h}), dev = be->alloc(kv, {B * (S + 1), h});
     std::vector<RowSpan> uniform, ragged;
@@ -170,8 +186,10 @@ int cmd_ops(const std::vector<std::string>& args) {
            }, Stream::H2D),
            ubytes, 0);
   }
-  // Decode attention over a resident cache: batch sequences of S tokens, fp16 K/V.
-  {
+
+  // Decode attention over a resident cache (batch sequences of S tokens, fp16 K/V), the new K
+  // rows into it, and a whole decode layer around it.
+  void attention_and_layer() {
     Tensor q = rnd(DType::F32, {B, h}, 12, 1.f), out = be->alloc(DType::F32, {B, h});
     Tensor kc = rnd(kv, {B, S + 1, h}, 13, 1.f), vc = rnd(kv, {B, S + 1, h}, 14, 1.f);
     std::vector<AttentionSeq> seqs;
@@ -190,8 +208,13 @@ int cmd_ops(const std::vector<std::string>& args) {
              for (const RowSpan& sp : spans) be->convert(cache.rows(sp.dst_row, 1), x.rows(sp.src_row, 1));
            }),
            B * h * (4.0 + es), 0);
-    // One resident decode layer's ops in order, issued op by op and replayed as a CUDA graph
-    // (the same work): the difference is what launching costs per layer, host and device.
+    decode_layer(cache, vc.reshape({B * (S + 1), h}), seqs, scale);
+  }
+
+  // One resident decode layer's ops in order, issued op by op and replayed as a CUDA graph (the
+  // same work): the difference is what launching costs per layer, host and device.
+  void decode_layer(Tensor cache, Tensor vcache, const std::vector<AttentionSeq>& seqs, double scale) {
+    Tensor out = be->alloc(DType::F32, {B, h});
     Tensor wqkv = rnd(wt, {3, h, h}, 20, 0.02f), bqkv = rnd(wt, {3, h}, 21, 0.02f), wo = rnd(wt, {h, h}, 22, 0.02f);
     Tensor bo = rnd(wt, {h}, 23, 0.02f), fc1 = rnd(wt, {f, h}, 24, 0.02f), b1 = rnd(wt, {f}, 25, 0.02f);
     Tensor fc2 = rnd(wt, {h, f}, 26, 0.02f), b2 = rnd(wt, {h}, 27, 0.02f), g = rnd(wt, {h}, 28, 1.f);
@@ -199,7 +222,6 @@ int cmd_ops(const std::vector<std::string>& args) {
     Tensor mid = be->alloc(DType::F32, {B, f}), res = rnd(DType::F32, {B, h}, 30, 1.f);
     std::vector<RowSpan> kv_spans;
     for (int64_t s = 0; s < B; ++s) kv_spans.push_back(RowSpan{s, s * (S + 1) + S, 1});
-    Tensor vcache = vc.reshape({B * (S + 1), h});
     auto layer = [&] {
       be->layer_norm(a, res, g, bb, 1e-5f);
       be->linear_batched(qkv, a, wqkv, bqkv, Activation::None);
@@ -220,15 +242,18 @@ int cmd_ops(const std::vector<std::string>& args) {
            }),
            layer_bytes, layer_flops);
   }
-  json::Value result(json::Object{});
-  result.set("preset", preset_name);
-  result.set("backend", be->name());
-  result.set("batch", batch);
-  result.set("ctx", ctx);
-  result.set("device_copy_gbps", hbm);
-  result.set("ops", std::move(rows));
-  write_json(json_out, result);
-  return 0;
-}
+
+  const Options opt_;
+  const std::string preset_name_;
+  const OptConfig c;
+  const int batch_, ctx_, reps_;
+  const int64_t h, f, V, B, S;  // the shapes, named as in the byte and flop formulas
+  std::unique_ptr<Backend> be;
+  double hbm_ = 0;
+  Tensor x;  // the layer input, [batch, hidden]
+  json::Array rows_;
+};
+
+int cmd_ops(const std::vector<std::string>& args) { return OpsRun(args).run(); }
 
 }  // namespace kvpr::bench
