@@ -390,85 +390,90 @@ std::string rope_scaling_text(const LlamaConfig& c) {
   return buf;
 }
 
-int cmd_info(int argc, char** argv) {
-  Args a(argc, argv, 2, {"--model", "--backend"}, {"--json"});
-  std::string dir = a.require("--model");
-  auto backend = create_backend(a.get("--backend", "cpu"));
-  // Loaded as --weights host would, to report what the device holds either way.
-  ModelLoadOptions lo;
-  lo.stream_weights = true;
-  std::unique_ptr<Model> loaded = load_model(*backend, dir, lo);
-  const Model& model = *loaded;
-  const LayerWeightStream* ws = model.weight_stream();
+// What kvpr info reports of a model, loaded as --weights host would load it (to report what
+// the device holds either way).
+struct ModelInfo {
+  std::unique_ptr<Model> model;
+  const OptModel* opt = nullptr;
+  const LlamaModel* llama = nullptr;
+  const char* arch = "";
+  std::optional<Tokenizer> tok;  // none when the model has no tokenizer files
+  int64_t kv_per_token = 0, act_per_token = 0;
+};
+
+json::Value info_json(const ModelInfo& info) {
+  const Model& model = *info.model;
   const ModelSpec& c = model.spec();
-  const auto* opt = dynamic_cast<const OptModel*>(&model);
-  const auto* llama = dynamic_cast<const LlamaModel*>(&model);
-  const char* arch = opt ? "OPTForCausalLM" : llama->config().architecture();
-  std::optional<Tokenizer> tok;
-  try {
-    tok = Tokenizer::load(dir);
-  } catch (const Error&) {
-    // A model without tokenizer files still has an architecture to report.
+  const OptModel* opt = info.opt;
+  const LlamaModel* llama = info.llama;
+  const char* arch = info.arch;
+  const LayerWeightStream* ws = model.weight_stream();
+  const int64_t kv_per_token = info.kv_per_token, act_per_token = info.act_per_token;
+  const std::optional<Tokenizer>& tok = info.tok;
+  json::Value o(json::Object{});
+  o.set("architecture", arch);
+  o.set("model_type", c.model_type);
+  o.set("layers", c.num_layers);
+  o.set("hidden_size", c.hidden_size);
+  o.set("heads", c.num_heads);
+  o.set("kv_heads", c.num_kv_heads);
+  o.set("head_dim", c.head_dim);
+  o.set("ffn_dim", c.ffn_dim);
+  o.set("vocab_size", c.vocab_size);
+  o.set("max_position_embeddings", c.max_position_embeddings);
+  if (opt) {
+    o.set("word_embed_proj_dim", opt->config().word_embed_proj_dim);
+    o.set("layer_norm", opt->config().do_layer_norm_before ? "pre" : "post");
   }
-  const size_t es = dtype_size(model.weight_dtype());
-  const int64_t kv_per_token = 2 * c.num_layers * c.kv_hidden() * static_cast<int64_t>(es);
-  const int64_t act_per_token = c.num_layers * c.hidden_size * static_cast<int64_t>(es);
-  if (a.has("--json")) {
-    json::Value o(json::Object{});
-    o.set("architecture", arch);
-    o.set("model_type", c.model_type);
-    o.set("layers", c.num_layers);
-    o.set("hidden_size", c.hidden_size);
-    o.set("heads", c.num_heads);
-    o.set("kv_heads", c.num_kv_heads);
-    o.set("head_dim", c.head_dim);
-    o.set("ffn_dim", c.ffn_dim);
-    o.set("vocab_size", c.vocab_size);
-    o.set("max_position_embeddings", c.max_position_embeddings);
-    if (opt) {
-      o.set("word_embed_proj_dim", opt->config().word_embed_proj_dim);
-      o.set("layer_norm", opt->config().do_layer_norm_before ? "pre" : "post");
-    }
-    if (llama) {
-      o.set("rope_theta", llama->config().rope_theta);
-      o.set("rope_scaling", rope_scaling_text(llama->config()));
-      o.set("rms_norm_eps", llama->config().rms_norm_eps);
-      o.set("tie_word_embeddings", llama->config().tie_word_embeddings);
-      o.set("q_width", llama->config().q_width());
-      o.set("qk_norm", llama->config().qk_norm);
-      o.set("attention_biases", llama->config().o_bias ? "qkvo" : llama->config().qkv_bias ? "qkv" : "none");
-    }
-    o.set("checkpoint_format", model.checkpoint_format());
-    o.set("weight_dtype", dtype_name(model.weight_dtype()));
-    o.set("parameters", model.parameter_count());
-    if (llama && llama->config().moe()) {
-      const LlamaConfig& lc = llama->config();
-      json::Value ex(json::Object{});
-      ex.set("experts", lc.num_experts);
-      ex.set("per_token", lc.experts_per_token);
-      ex.set("width", lc.moe_intermediate_size);
-      ex.set("moe_layers", lc.moe_layers());
-      ex.set("shared_expert_width", lc.shared_expert_intermediate_size);
-      ex.set("norm_topk_prob", lc.norm_topk_prob);
-      o.set("mixture_of_experts", std::move(ex));
-      o.set("active_parameters", model.parameter_count() - lc.idle_expert_parameters());
-    }
-    o.set("weight_bytes", static_cast<int64_t>(model.weight_bytes()));
-    json::Value dw(json::Object{});
-    dw.set("device", static_cast<int64_t>(model.weight_bytes()));
-    dw.set("host", static_cast<int64_t>(model.device_weight_bytes()));
-    o.set("device_weight_bytes", std::move(dw));
-    o.set("streamed_layer_bytes", static_cast<int64_t>(ws->max_layer_bytes()));
-    o.set("kv_bytes_per_token", kv_per_token);
-    o.set("activation_bytes_per_token", act_per_token);
-    if (tok) o.set("tokenizer_size", static_cast<int64_t>(tok->size()));
-    json::Value hb(json::Object{});
-    for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn})
-      hb.set(kv_mode_name(m), KvRuntime::host_bytes_per_token(m, model.kv_shape(), model.weight_dtype()));
-    o.set("host_bytes_per_token", std::move(hb));
-    std::cout << o.dump() << "\n";
-    return 0;
+  if (llama) {
+    o.set("rope_theta", llama->config().rope_theta);
+    o.set("rope_scaling", rope_scaling_text(llama->config()));
+    o.set("rms_norm_eps", llama->config().rms_norm_eps);
+    o.set("tie_word_embeddings", llama->config().tie_word_embeddings);
+    o.set("q_width", llama->config().q_width());
+    o.set("qk_norm", llama->config().qk_norm);
+    o.set("attention_biases", llama->config().o_bias ? "qkvo" : llama->config().qkv_bias ? "qkv" : "none");
   }
+  o.set("checkpoint_format", model.checkpoint_format());
+  o.set("weight_dtype", dtype_name(model.weight_dtype()));
+  o.set("parameters", model.parameter_count());
+  if (llama && llama->config().moe()) {
+    const LlamaConfig& lc = llama->config();
+    json::Value ex(json::Object{});
+    ex.set("experts", lc.num_experts);
+    ex.set("per_token", lc.experts_per_token);
+    ex.set("width", lc.moe_intermediate_size);
+    ex.set("moe_layers", lc.moe_layers());
+    ex.set("shared_expert_width", lc.shared_expert_intermediate_size);
+    ex.set("norm_topk_prob", lc.norm_topk_prob);
+    o.set("mixture_of_experts", std::move(ex));
+    o.set("active_parameters", model.parameter_count() - lc.idle_expert_parameters());
+  }
+  o.set("weight_bytes", static_cast<int64_t>(model.weight_bytes()));
+  json::Value dw(json::Object{});
+  dw.set("device", static_cast<int64_t>(model.weight_bytes()));
+  dw.set("host", static_cast<int64_t>(model.device_weight_bytes()));
+  o.set("device_weight_bytes", std::move(dw));
+  o.set("streamed_layer_bytes", static_cast<int64_t>(ws->max_layer_bytes()));
+  o.set("kv_bytes_per_token", kv_per_token);
+  o.set("activation_bytes_per_token", act_per_token);
+  if (tok) o.set("tokenizer_size", static_cast<int64_t>(tok->size()));
+  json::Value hb(json::Object{});
+  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn})
+    hb.set(kv_mode_name(m), KvRuntime::host_bytes_per_token(m, model.kv_shape(), model.weight_dtype()));
+  o.set("host_bytes_per_token", std::move(hb));
+  return o;
+}
+
+void print_info(const ModelInfo& info) {
+  const Model& model = *info.model;
+  const ModelSpec& c = model.spec();
+  const OptModel* opt = info.opt;
+  const LlamaModel* llama = info.llama;
+  const char* arch = info.arch;
+  const LayerWeightStream* ws = model.weight_stream();
+  const int64_t kv_per_token = info.kv_per_token, act_per_token = info.act_per_token;
+  const std::optional<Tokenizer>& tok = info.tok;
   if (opt)
     std::printf("architecture          %s (%s-LN%s)\n", arch, opt->config().do_layer_norm_before ? "pre" : "post",
                 opt->config().has_projection() ? ", projected embeddings" : "");
@@ -525,6 +530,30 @@ int cmd_info(int argc, char** argv) {
                 human_bytes(static_cast<double>(KvRuntime::host_bytes_per_token(m, model.kv_shape(), model.weight_dtype())))
                     .c_str());
   std::printf("\n");
+}
+
+int cmd_info(int argc, char** argv) {
+  Args a(argc, argv, 2, {"--model", "--backend"}, {"--json"});
+  const std::string dir = a.require("--model");
+  auto backend = create_backend(a.get("--backend", "cpu"));
+  ModelLoadOptions lo;
+  lo.stream_weights = true;
+  ModelInfo m;
+  m.model = load_model(*backend, dir, lo);
+  m.opt = dynamic_cast<const OptModel*>(m.model.get());
+  m.llama = dynamic_cast<const LlamaModel*>(m.model.get());
+  m.arch = m.opt ? "OPTForCausalLM" : m.llama->config().architecture();
+  try {
+    m.tok = Tokenizer::load(dir);
+  } catch (const Error&) {
+    // A model without tokenizer files still has an architecture to report.
+  }
+  const ModelSpec& c = m.model->spec();
+  const int64_t es = static_cast<int64_t>(dtype_size(m.model->weight_dtype()));
+  m.kv_per_token = 2 * c.num_layers * c.kv_hidden() * es;
+  m.act_per_token = c.num_layers * c.hidden_size * es;
+  if (a.has("--json")) std::cout << info_json(m).dump() << "\n";
+  else print_info(m);
   return 0;
 }
 
