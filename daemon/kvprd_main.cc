@@ -4,7 +4,9 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include <boost/asio.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>

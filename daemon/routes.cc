@@ -156,6 +156,7 @@ std::string Routes::new_tool_call_id() {
 }
 
 void Routes::generate(const std::shared_ptr<Exchange>& ex, bool chat) {
+  const auto t0 = Clock::now();  // TTFT and end-to-end time count the parsing and tokenizing too
   if (draining_) throw ApiError{503, "the server is shutting down", "service_unavailable", ""};
   if (pool_.ready_count() == 0) throw ApiError{503, "no worker is ready (loading or restarting)", "service_unavailable", ""};
   const json::Value body = parse_body(ex->request().body);
@@ -173,6 +174,7 @@ void Routes::generate(const std::shared_ptr<Exchange>& ex, bool chat) {
     throw ApiError{429, "the server is at capacity (" + std::to_string(engine_in_flight_) + " requests in flight); retry shortly",
                    "rate_limit_exceeded", ""};
   auto g = std::make_shared<Generation>();
+  g->t0 = t0;
   for (int64_t j = 0; j < n; ++j) g->requests.push_back(engine_request(req, tok_, j));  // (may still refuse it)
   g->ex = ex;
   g->r = start_response(req, prompts, new_id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), served_.name);

@@ -1,5 +1,7 @@
 #include "daemon/worker_pool.h"
 
+#include <boost/asio/post.hpp>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>

@@ -438,9 +438,34 @@ void parse_completion_prompts(const json::Value& o, const Tokenizer& tok, Genera
   if (req.prompt_texts.size() + req.prompt_ids.size() > 64) throw bad_request("at most 64 prompts per request", "prompt");
 }
 
+// The deepest nesting of arrays and objects in a JSON text (strings skipped).
+int nesting_depth(std::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 }  // namespace
 
 json::Value parse_body(std::string_view body) {
+  // What kvprd hands a worker wraps a request's schemas a few levels deeper (a forced tool
+  // call's list of calls, the frame around the parameters), and a worker's frames may nest 256
+  // levels: a request stays well inside that.
+  if (nesting_depth(body) > kMaxRequestDepth)
+    throw bad_request("request body is not valid JSON: nested deeper than " + std::to_string(kMaxRequestDepth) + " levels");
   json::Value v;
   try {
     v = json::parse_strict(body);

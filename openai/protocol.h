@@ -106,7 +106,8 @@ struct Prompts {
   std::vector<std::string> texts;  // what echo shows: the text, or the ids decoded
 };
 
-// The body as a JSON object, or a 400.
+// The body as a JSON object, or a 400 (also past kMaxRequestDepth levels of nesting).
+constexpr int kMaxRequestDepth = 64;
 json::Value parse_body(std::string_view body);
 // The request's "model" is the served one, else a 400 (missing, not a string) or a 404.
 void check_model(const json::Value& body, const ServedModel& served);

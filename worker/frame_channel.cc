@@ -46,8 +46,15 @@ bool FrameChannel::pop_frame(json::Value* msg) {
   std::memcpy(&n, inbox_.data(), 4);
   KVPR_CHECK(n <= kMaxFrame, "frame of ", n, " bytes is too large");
   if (inbox_.size() < 4 + static_cast<size_t>(n)) return false;
-  *msg = json::parse(std::string_view(inbox_).substr(4, n));
+  json::Value v;
+  try {
+    v = json::parse(std::string_view(inbox_).substr(4, n));
+  } catch (...) {
+    inbox_.erase(0, 4 + static_cast<size_t>(n));  // consumed even when it does not parse
+    throw;
+  }
   inbox_.erase(0, 4 + static_cast<size_t>(n));
+  *msg = std::move(v);
   return true;
 }
 

@@ -312,6 +312,15 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
     return worker.serve();
   } catch (const ChannelClosed&) {
     return 0;  // the controller went away
+  } catch (const Error& e) {
+    // A frame from kvprd that does not parse (kvprd never sends one: its requests are held
+    // well inside the frames' nesting limit): the worker says so and exits, and kvprd fails its
+    // requests with the message and restarts it, rather than std::terminate.
+    try {
+      ch.send(json::Object{{"type", "fatal"}, {"message", std::string("a message from kvprd did not parse: ") + e.what()}});
+    } catch (const ChannelClosed&) {
+    }
+    return 1;
   }
 }
 

@@ -243,7 +243,9 @@ class Parser {
       while (i_ < t_.size() && t_[i_] >= '0' && t_[i_] <= '9') ++i_;
       return i_ - s;
     };
+    const size_t int_start = i_;
     if (digits() == 0) fail("invalid number");
+    if (strict_ && i_ - int_start > 1 && t_[int_start] == '0') fail("invalid number (a leading zero)");
     if (i_ < t_.size() && t_[i_] == '.') {
       integral = false;
       ++i_;

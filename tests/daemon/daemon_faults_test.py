@@ -129,6 +129,7 @@ def hostile_corpus():
          "tools": [{"type": "function", "function": {"name": "f", "parameters": {
              "type": "object", "properties": {"a": {"type": "string", "pattern": "(" * 20000 + ")" * 20000}}}}}],
          "tool_choice": {"type": "function", "function": {"name": "f"}}})
+    add("json", "a number with a leading zero", "/v1/completions", b'{"model": "demo", "prompt": "x", "max_tokens": 010}')
     add("tools", "129 tools", "/v1/chat/completions",
         {"model": "demo", "messages": [{"role": "user", "content": "x"}],
          "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]})
@@ -240,6 +241,32 @@ def hostile():
 
 
 # ------------------------------------------------------------------ HTTP/1.1
+
+def deep_tool_parameters():
+    """A forced tool call's schema wraps the tools' parameters a few levels deeper on its way to
+    a worker: parameters nested past what a body may hold are a 400, never a frame the worker
+    cannot parse (it would fail every request it holds); nested to the limit, they are served."""
+    d = Daemon("--chat-template", "qwen2.5")  # a template that writes tools
+    try:
+        st, h, before = health_workers(d)
+
+        def request(depth):
+            deep = []
+            for _ in range(depth):
+                deep = [deep]
+            return {"model": "demo", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+                    "max_tokens": 4, "tools": [{"type": "function", "function": {
+                        "name": "f", "parameters": {"type": "object", "examples": deep}}}]}
+        st, doc = d.post("/v1/chat/completions", request(240))
+        check("tool parameters nested 246 deep, tool_choice required: a 400 naming the depth",
+              st == 400 and "deeper than 64" in doc["error"]["message"], (st, doc))
+        st, doc = d.post("/v1/chat/completions", request(55))  # 61 levels in the body
+        check("tool parameters nested to the body's limit, tool_choice required: served", st == 200, (st, doc))
+        st, h, after = health_workers(d)
+        check("no worker restarted", st == 200 and after == before, (h, before, after))
+    finally:
+        d.stop()
+
 
 def http_framing():
     d = Daemon("--http-request-timeout", "1", "--http-idle-timeout", "2", "--max-connections", "6")
@@ -688,7 +715,7 @@ def haproxy_scale_out():
 def main():
     subprocess.check_call([base.KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
     only = sys.argv[1:]  # parts to run (all when none are named)
-    for part in [hostile, http_framing, api_keys, reload, unresponsive_workers, drain, haproxy_scale_out]:
+    for part in [hostile, deep_tool_parameters, http_framing, api_keys, reload, unresponsive_workers, drain, haproxy_scale_out]:
         if only and part.__name__ not in only:
             continue
         t0 = time.time()

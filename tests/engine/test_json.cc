@@ -79,7 +79,8 @@ TEST(Json, StrictParseRefusesWhatAPeerMustNotSend) {
             "\xf0\x9f\x98\x80 \xc3\xa9 \xe2\x82\xac");
   const json::Value o = json::parse_strict(R"({"a": 1, "b": 2, "a": {"x": 3}, "c": [], "b": 4, "a": 5})");
   EXPECT_EQ(o.dump(), R"({"a":5,"b":4,"c":[]})");
-  std::string deep(300, '[');
-  EXPECT_THROW(json::parse_strict(deep + std::string(300, ']')), Error);
+  EXPECT_THROW(json::parse_strict(std::string(300, '[') + std::string(300, ']')), Error);
   EXPECT_NO_THROW(json::parse_strict(std::string(200, '[') + std::string(200, ']')));
+  for (std::string_view bad : {"[010]", "[-01]", "{\"n\": 00}"}) EXPECT_THROW(json::parse_strict(bad), Error) << bad;
+  EXPECT_EQ(json::parse_strict("[0, -0, 0.5, 10, 1e3]").dump(), "[0,0,0.5,10,1000]");
 }

@@ -119,7 +119,14 @@ TEST(OpenAiProtocol, EachBadFieldIsRefusedByName) {
   // Ids the tokenizer does not have are refused where the engine's parameters are made.
   GenerateRequest big = parse(R"({"model": "demo", "prompt": "x", "logit_bias": {"99999999": 1}})", false);
   EXPECT_THROW(engine_request(big, qwen_tokenizer(), 0), ApiError);
-  for (const char* body : {"[1]", "{\"a\": NaN}", "{\"model\": \"\xff\"}", ""}) EXPECT_THROW(parse_body(body), ApiError);
+  for (const char* body : {"[1]", "{\"a\": NaN}", "{\"model\": \"\xff\"}", "", "{\"n\": 010}"})
+    EXPECT_THROW(parse_body(body), ApiError);
+  // Nesting: up to kMaxRequestDepth levels (brackets inside strings do not count).
+  const std::string in = "{\"a\":" + std::string(kMaxRequestDepth - 1, '[') + std::string(kMaxRequestDepth - 1, ']') + "}";
+  EXPECT_NO_THROW(parse_body(in));
+  EXPECT_NO_THROW(parse_body("{\"s\": \"" + std::string(100, '[') + "\\\"\"}"));
+  const std::string past = "{\"a\":" + std::string(kMaxRequestDepth, '[') + std::string(kMaxRequestDepth, ']') + "}";
+  EXPECT_THROW(parse_body(past), ApiError);
 }
 
 EngineEvent token_event(int32_t token, std::string text, double logprob = -0.5) {

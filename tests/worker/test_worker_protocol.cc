@@ -2,7 +2,13 @@
 // decodes to the same values, through the frame channel's bytes.
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
 #include "engine/base/error.h"
+#include "worker/frame_channel.h"
 #include "worker/protocol.h"
 
 namespace kvpr {
@@ -103,6 +109,25 @@ TEST(WorkerProtocol, StepEventsArriveAsSent) {
   ASSERT_EQ(err.size(), 1u);
   EXPECT_EQ(err[0].id, 4u);
   EXPECT_EQ(err[0].event.error, "prompt too long");
+}
+
+// A frame that does not parse is a kvpr::Error from recv (the worker then reports it and exits),
+// and it is consumed: the frame after it arrives as sent.
+TEST(WorkerProtocol, AFrameThatDoesNotParseIsAnErrorAndIsConsumed) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  FrameChannel a(sv[0]), b(sv[1]);
+  const std::string deep = std::string(300, '[') + std::string(300, ']');
+  std::string bad(4, '\0');
+  const uint32_t n = static_cast<uint32_t>(deep.size());
+  std::memcpy(bad.data(), &n, 4);
+  a.send_frame(bad + deep);
+  a.send(encode_cancel(7));
+  json::Value msg;
+  EXPECT_THROW(b.recv(&msg, 1000), Error);
+  ASSERT_TRUE(b.recv(&msg, 1000));
+  EXPECT_EQ(message_type(msg), "cancel");
+  EXPECT_EQ(msg.find("id")->as_int(), 7);
 }
 
 }  // namespace
