@@ -393,23 +393,39 @@ std::string rope_scaling_text(const LlamaConfig& c) {
 // What kvpr info reports of a model, loaded as --weights host would load it (to report what
 // the device holds either way).
 struct ModelInfo {
-  std::unique_ptr<Model> model;
-  const OptModel* opt = nullptr;
-  const LlamaModel* llama = nullptr;
-  const char* arch = "";
+  ModelInfo(std::unique_ptr<Model> loaded, const std::string& dir);
+  json::Value to_json() const;
+  void print() const;
+
+  std::unique_ptr<Model> owned;
+  const Model& model;
+  const ModelSpec& c;
+  const OptModel* opt;
+  const LlamaModel* llama;
+  const char* arch;
+  const LayerWeightStream* ws;
   std::optional<Tokenizer> tok;  // none when the model has no tokenizer files
-  int64_t kv_per_token = 0, act_per_token = 0;
+  int64_t kv_per_token, act_per_token;
 };
 
-json::Value info_json(const ModelInfo& info) {
-  const Model& model = *info.model;
-  const ModelSpec& c = model.spec();
-  const OptModel* opt = info.opt;
-  const LlamaModel* llama = info.llama;
-  const char* arch = info.arch;
-  const LayerWeightStream* ws = model.weight_stream();
-  const int64_t kv_per_token = info.kv_per_token, act_per_token = info.act_per_token;
-  const std::optional<Tokenizer>& tok = info.tok;
+ModelInfo::ModelInfo(std::unique_ptr<Model> loaded, const std::string& dir)
+    : owned(std::move(loaded)),
+      model(*owned),
+      c(model.spec()),
+      opt(dynamic_cast<const OptModel*>(&model)),
+      llama(dynamic_cast<const LlamaModel*>(&model)),
+      arch(opt ? "OPTForCausalLM" : llama->config().architecture()),
+      ws(model.weight_stream()),
+      kv_per_token(2 * c.num_layers * c.kv_hidden() * static_cast<int64_t>(dtype_size(model.weight_dtype()))),
+      act_per_token(c.num_layers * c.hidden_size * static_cast<int64_t>(dtype_size(model.weight_dtype()))) {
+  try {
+    tok = Tokenizer::load(dir);
+  } catch (const Error&) {
+    // A model without tokenizer files still has an architecture to report.
+  }
+}
+
+json::Value ModelInfo::to_json() const {
   json::Value o(json::Object{});
   o.set("architecture", arch);
   o.set("model_type", c.model_type);
@@ -465,15 +481,7 @@ json::Value info_json(const ModelInfo& info) {
   return o;
 }
 
-void print_info(const ModelInfo& info) {
-  const Model& model = *info.model;
-  const ModelSpec& c = model.spec();
-  const OptModel* opt = info.opt;
-  const LlamaModel* llama = info.llama;
-  const char* arch = info.arch;
-  const LayerWeightStream* ws = model.weight_stream();
-  const int64_t kv_per_token = info.kv_per_token, act_per_token = info.act_per_token;
-  const std::optional<Tokenizer>& tok = info.tok;
+void ModelInfo::print() const {
   if (opt)
     std::printf("architecture          %s (%s-LN%s)\n", arch, opt->config().do_layer_norm_before ? "pre" : "post",
                 opt->config().has_projection() ? ", projected embeddings" : "");
@@ -538,22 +546,9 @@ int cmd_info(int argc, char** argv) {
   auto backend = create_backend(a.get("--backend", "cpu"));
   ModelLoadOptions lo;
   lo.stream_weights = true;
-  ModelInfo m;
-  m.model = load_model(*backend, dir, lo);
-  m.opt = dynamic_cast<const OptModel*>(m.model.get());
-  m.llama = dynamic_cast<const LlamaModel*>(m.model.get());
-  m.arch = m.opt ? "OPTForCausalLM" : m.llama->config().architecture();
-  try {
-    m.tok = Tokenizer::load(dir);
-  } catch (const Error&) {
-    // A model without tokenizer files still has an architecture to report.
-  }
-  const ModelSpec& c = m.model->spec();
-  const int64_t es = static_cast<int64_t>(dtype_size(m.model->weight_dtype()));
-  m.kv_per_token = 2 * c.num_layers * c.kv_hidden() * es;
-  m.act_per_token = c.num_layers * c.hidden_size * es;
-  if (a.has("--json")) std::cout << info_json(m).dump() << "\n";
-  else print_info(m);
+  const ModelInfo info(load_model(*backend, dir, lo), dir);
+  if (a.has("--json")) std::cout << info.to_json().dump() << "\n";
+  else info.print();
   return 0;
 }
 
