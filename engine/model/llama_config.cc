@@ -7,21 +7,18 @@
 
 namespace kvpr {
 
-LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& source) {
-  ConfigFields f(v, source);
-  LlamaConfig c;
-  f.get_string("model_type", &c.model_type, true);
-  KVPR_CHECK(is_llama_family(c.model_type), source, ": model_type \"", c.model_type,
-             "\" is not llama, mistral, mixtral, qwen2, qwen2_moe, qwen3 or qwen3_moe");
+namespace {
+
+// rope scaling "yarn"'s fields, applied by set_yarn once max_position_embeddings is known.
+struct YarnFields {
+  double factor = 0, original = 0, beta_fast = 0, beta_slow = 0, attention_factor = 0, mscale = 0, mscale_all_dim = 0;
+  bool truncate = true;
+};
+
+// The sliding window, the projections' biases, Qwen3's norms of Q and K.
+void read_attention(const ConfigFields& f, LlamaConfig& c) {
+  const std::string& source = f.source();
   const bool qwen = c.model_type.rfind("qwen", 0) == 0;
-  f.get_int("vocab_size", &c.vocab_size, true);
-  f.get_int("hidden_size", &c.hidden_size, true);
-  f.get_int("intermediate_size", &c.intermediate_size, true);
-  f.get_int("num_hidden_layers", &c.num_layers, true);
-  f.get_int("num_attention_heads", &c.num_heads, true);
-  c.num_kv_heads = c.num_heads;
-  f.get_int("num_key_value_heads", &c.num_kv_heads);
-  f.get_int("max_position_embeddings", &c.max_position_embeddings, true);
   // Mistral slides its window over every layer when sliding_window is set. Qwen2 only when
   // use_sliding_window is true, and then on the layers from max_window_layers on (as
   // transformers' Qwen2Config builds layer_types); its released configs carry a
@@ -38,8 +35,6 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
     f.get_int("max_window_layers", &max_window_layers);
     if (use_sliding_window && max_window_layers < c.num_layers) c.sliding_window = window;
   }
-  f.get_double("rms_norm_eps", &c.rms_norm_eps);
-  f.get_bool("tie_word_embeddings", &c.tie_word_embeddings);
   if (c.model_type == "qwen2" || c.model_type == "qwen2_moe") {  // Qwen2Attention: q/k/v with biases, o_proj
                                                                   // without; no config field says so
     c.qkv_bias = true;
@@ -48,6 +43,101 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
     f.get_bool("attention_bias", &attention_bias);
     c.qkv_bias = c.o_bias = attention_bias;
   }
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
+}
+
+// Rotary embedding: rope_theta (transformers 4) or rope_parameters (transformers 5), and
+// rope_scaling, of which kvpr runs none ("default"), "linear", "llama3" and "yarn".
+YarnFields read_rope(const ConfigFields& f, LlamaConfig& c) {
+  const std::string& source = f.source();
+  YarnFields yarn;
+  f.get_double("rope_theta", &c.rope_theta);
+  const json::Value* scaling = f.find("rope_scaling");
+  if (const json::Value* rp = f.find("rope_parameters")) {
+    ConfigFields p(*rp, source + ": rope_parameters");
+    p.get_double("rope_theta", &c.rope_theta);
+    if (p.find("rope_type") || p.find("type")) scaling = rp;
+  }
+  if (double partial = 1.0; f.get_double("partial_rotary_factor", &partial), partial != 1.0)
+    KVPR_THROW(source, ": partial_rotary_factor ", partial, " is not supported (rotary embeddings over whole heads)");
+  if (!scaling) return yarn;
+  ConfigFields s(*scaling, source + ": rope scaling");
+  std::string type = "default";
+  s.get_string("type", &type);
+  s.get_string("rope_type", &type);
+  if (type == "linear") {
+    double factor = 1.0;
+    s.get_double("factor", &factor);
+    KVPR_CHECK(factor > 0, source, ": rope scaling factor must be positive");
+    c.rope_freq_scale = 1.0 / factor;
+  } else if (type == "llama3") {
+    s.get_double("factor", &c.rope_llama3_factor, true);
+    s.get_double("low_freq_factor", &c.rope_low_freq_factor, true);
+    s.get_double("high_freq_factor", &c.rope_high_freq_factor, true);
+    s.get_double("original_max_position_embeddings", &c.rope_original_max_position, true);
+    KVPR_CHECK(c.rope_llama3_factor > 0 && c.rope_low_freq_factor > 0 && c.rope_original_max_position > 0, source,
+               ": llama3 rope scaling needs a positive factor, low_freq_factor and original_max_position_embeddings");
+    KVPR_CHECK(c.rope_high_freq_factor > c.rope_low_freq_factor, source,
+               ": llama3 rope scaling needs high_freq_factor above low_freq_factor");
+  } else if (type == "yarn") {
+    // As transformers' _compute_yarn_parameters (and vLLM's YaRN) read it: the factor as given;
+    // the correction range measured against original_max_position_embeddings (else
+    // max_position_embeddings); the attention factor given, else from mscale and mscale_all_dim
+    // where both are set, else 0.1 ln(factor) + 1.
+    s.get_double("factor", &yarn.factor, true);
+    KVPR_CHECK(yarn.factor > 0, source, ": yarn rope scaling factor must be positive");
+    s.get_double("original_max_position_embeddings", &yarn.original);
+    s.get_double("beta_fast", &yarn.beta_fast);
+    s.get_double("beta_slow", &yarn.beta_slow);
+    s.get_double("attention_factor", &yarn.attention_factor);
+    KVPR_CHECK(!s.find("attention_factor") || yarn.attention_factor > 0, source,
+               ": yarn rope scaling attention_factor must be positive");
+    s.get_double("mscale", &yarn.mscale);
+    s.get_double("mscale_all_dim", &yarn.mscale_all_dim);
+    s.get_bool("truncate", &yarn.truncate);
+  } else {
+    KVPR_CHECK(type == "default", source, ": rope scaling type \"", type,
+               "\" is not supported (default, linear, llama3, yarn)");
+  }
+  return yarn;
+}
+
+// head_dim, and grouped-query attention's heads.
+void check_heads(const ConfigFields& f, LlamaConfig& c) {
+  const std::string& source = f.source();
+  if (const json::Value* hd = f.find("head_dim"); hd && !hd->is_null()) {  // explicit: any even width
+    f.get_int("head_dim", &c.config_head_dim);
+    KVPR_CHECK(c.config_head_dim > 0 && c.config_head_dim % 2 == 0, source, ": head_dim ", c.config_head_dim,
+               " must be positive and even");
+  } else {
+    KVPR_CHECK(c.hidden_size % c.num_heads == 0 && c.head_dim() % 2 == 0, source, ": hidden_size ", c.hidden_size,
+               " is not divisible into ", c.num_heads, " heads of an even size");
+  }
+  // Grouped-query attention (Llama-2-70B, TinyLlama): every KV head serves the same number of
+  // query heads.
+  KVPR_CHECK(c.num_kv_heads <= c.num_heads && c.num_heads % c.num_kv_heads == 0, source, ": num_key_value_heads ",
+             c.num_kv_heads, " does not divide num_attention_heads ", c.num_heads);
+  KVPR_CHECK(c.vocab_size < (int64_t{1} << 31), source, ": vocab_size too large");
+}
+
+}  // namespace
+
+LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& source) {
+  ConfigFields f(v, source);
+  LlamaConfig c;
+  f.get_string("model_type", &c.model_type, true);
+  KVPR_CHECK(is_llama_family(c.model_type), source, ": model_type \"", c.model_type,
+             "\" is not llama, mistral, mixtral, qwen2, qwen2_moe, qwen3 or qwen3_moe");
+  f.get_int("vocab_size", &c.vocab_size, true);
+  f.get_int("hidden_size", &c.hidden_size, true);
+  f.get_int("intermediate_size", &c.intermediate_size, true);
+  f.get_int("num_hidden_layers", &c.num_layers, true);
+  f.get_int("num_attention_heads", &c.num_heads, true);
+  c.num_kv_heads = c.num_heads;
+  f.get_int("num_key_value_heads", &c.num_kv_heads);
+  f.get_int("max_position_embeddings", &c.max_position_embeddings, true);
+  f.get_double("rms_norm_eps", &c.rms_norm_eps);
+  f.get_bool("tie_word_embeddings", &c.tie_word_embeddings);
   f.get_bool("mlp_bias", &c.mlp_bias);
   f.get_int("bos_token_id", &c.bos_token_id);
   f.get_int("pad_token_id", &c.pad_token_id);
@@ -62,83 +152,14 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   f.get_string("torch_dtype", &c.torch_dtype);
   if (std::string act; f.get_string("hidden_act", &act), !act.empty())
     KVPR_CHECK(act == "silu", source, ": hidden_act \"", act, "\" is not supported (silu)");
-
-  // Rotary embedding: rope_theta (transformers 4) or rope_parameters (transformers 5), and
-  // rope_scaling, of which kvpr runs none ("default"), "linear", "llama3" and "yarn".
-  struct {
-    double factor = 0, original = 0, beta_fast = 0, beta_slow = 0, attention_factor = 0, mscale = 0,
-           mscale_all_dim = 0;
-    bool truncate = true;
-  } yarn;
-  f.get_double("rope_theta", &c.rope_theta);
-  const json::Value* scaling = f.find("rope_scaling");
-  if (const json::Value* rp = f.find("rope_parameters")) {
-    ConfigFields p(*rp, source + ": rope_parameters");
-    p.get_double("rope_theta", &c.rope_theta);
-    if (p.find("rope_type") || p.find("type")) scaling = rp;
-  }
-  if (scaling) {
-    ConfigFields s(*scaling, source + ": rope scaling");
-    std::string type = "default";
-    s.get_string("type", &type);
-    s.get_string("rope_type", &type);
-    if (type == "linear") {
-      double factor = 1.0;
-      s.get_double("factor", &factor);
-      KVPR_CHECK(factor > 0, source, ": rope scaling factor must be positive");
-      c.rope_freq_scale = 1.0 / factor;
-    } else if (type == "llama3") {
-      s.get_double("factor", &c.rope_llama3_factor, true);
-      s.get_double("low_freq_factor", &c.rope_low_freq_factor, true);
-      s.get_double("high_freq_factor", &c.rope_high_freq_factor, true);
-      s.get_double("original_max_position_embeddings", &c.rope_original_max_position, true);
-      KVPR_CHECK(c.rope_llama3_factor > 0 && c.rope_low_freq_factor > 0 && c.rope_original_max_position > 0, source,
-                 ": llama3 rope scaling needs a positive factor, low_freq_factor and original_max_position_embeddings");
-      KVPR_CHECK(c.rope_high_freq_factor > c.rope_low_freq_factor, source,
-                 ": llama3 rope scaling needs high_freq_factor above low_freq_factor");
-    } else if (type == "yarn") {
-      // As transformers' _compute_yarn_parameters (and vLLM's YaRN) read it: the factor as given;
-      // the correction range measured against original_max_position_embeddings (else
-      // max_position_embeddings); the attention factor given, else from mscale and mscale_all_dim
-      // where both are set, else 0.1 ln(factor) + 1.
-      s.get_double("factor", &yarn.factor, true);
-      KVPR_CHECK(yarn.factor > 0, source, ": yarn rope scaling factor must be positive");
-      s.get_double("original_max_position_embeddings", &yarn.original);
-      s.get_double("beta_fast", &yarn.beta_fast);
-      s.get_double("beta_slow", &yarn.beta_slow);
-      s.get_double("attention_factor", &yarn.attention_factor);
-      KVPR_CHECK(!s.find("attention_factor") || yarn.attention_factor > 0, source,
-                 ": yarn rope scaling attention_factor must be positive");
-      s.get_double("mscale", &yarn.mscale);
-      s.get_double("mscale_all_dim", &yarn.mscale_all_dim);
-      s.get_bool("truncate", &yarn.truncate);
-    } else {
-      KVPR_CHECK(type == "default", source, ": rope scaling type \"", type,
-                 "\" is not supported (default, linear, llama3, yarn)");
-    }
-  }
-  if (double partial = 1.0; f.get_double("partial_rotary_factor", &partial), partial != 1.0)
-    KVPR_THROW(source, ": partial_rotary_factor ", partial, " is not supported (rotary embeddings over whole heads)");
-
+  read_attention(f, c);
+  const YarnFields yarn = read_rope(f, c);
   KVPR_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0 &&
                  c.num_heads > 0 && c.num_kv_heads > 0 && c.max_position_embeddings > 0 && c.rms_norm_eps > 0 &&
                  c.rope_theta > 0,
              source, ": sizes must be positive");
-  c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
   read_moe(f, c);
-  if (const json::Value* hd = f.find("head_dim"); hd && !hd->is_null()) {  // explicit: any even width
-    f.get_int("head_dim", &c.config_head_dim);
-    KVPR_CHECK(c.config_head_dim > 0 && c.config_head_dim % 2 == 0, source, ": head_dim ", c.config_head_dim,
-               " must be positive and even");
-  } else {
-    KVPR_CHECK(c.hidden_size % c.num_heads == 0 && c.head_dim() % 2 == 0, source, ": hidden_size ", c.hidden_size,
-               " is not divisible into ", c.num_heads, " heads of an even size");
-  }
-  // Grouped-query attention (Llama-2-70B, TinyLlama): every KV head serves the same number of
-  // query heads.
-  KVPR_CHECK(c.num_kv_heads <= c.num_heads && c.num_heads % c.num_kv_heads == 0, source, ": num_key_value_heads ",
-             c.num_kv_heads, " does not divide num_attention_heads ", c.num_heads);
-  KVPR_CHECK(c.vocab_size < (int64_t{1} << 31), source, ": vocab_size too large");
+  check_heads(f, c);
   if (yarn.factor > 0) c.set_yarn(yarn.factor, yarn.original > 0 ? yarn.original : double(c.max_position_embeddings),
                                   yarn.beta_fast, yarn.beta_slow, yarn.attention_factor, yarn.mscale,
                                   yarn.mscale_all_dim, yarn.truncate, source);

@@ -122,6 +122,7 @@ struct LlamaConfig {
   static LlamaConfig from_json(const json::Value& v, const std::string& source);
   static LlamaConfig load(const std::string& model_dir);  // <dir>/config.json
   static void read_moe(const ConfigFields& f, LlamaConfig& c);  // the experts' fields, by model_type
+
   ModelSpec spec() const;
 };
 

@@ -318,7 +318,15 @@ Tokenizer Tokenizer::from_tokenizer_json(const json::Value& tj, const std::strin
              ": only BPE models are supported (model.type is ", type && type->is_string() ? type->as_string() : "absent",
              ")");
   Tokenizer t;
-  t.kind_ = Kind::Metaspace;
+  t.read_pretokenizers(tj, *model, path);
+  t.read_bpe_model(*model, path);
+  t.finish_setup();
+  return t;
+}
+
+// The normalizers and pre-tokenizers: which kind of BPE, its split pattern, where "▁" goes.
+void Tokenizer::read_pretokenizers(const json::Value& tj, const json::Value& model, const std::string& path) {
+  kind_ = Kind::Metaspace;
   // Where "▁" comes from: the Prepend + Replace normalizers (Llama-2 as released) or the
   // Metaspace pre-tokenizer (later conversions). A ByteLevel pre-tokenizer makes a byte-level
   // BPE: with its own regex (GPT-2's pattern) or after a Split by a pattern kvpr knows.
@@ -334,16 +342,16 @@ Tokenizer Tokenizer::from_tokenizer_json(const json::Value& tj, const std::strin
           for (const auto& e : list->as_array()) self(&e, self);
     } else if (kind == "Prepend") {
       metaspace = true;
-      t.prepend_ = Prepend::Always;
+      prepend_ = Prepend::Always;
     } else if (kind == "Metaspace") {
       metaspace = true;
-      t.prepend_ = Prepend::Always;
+      prepend_ = Prepend::Always;
       if (const json::Value* ps = v->find("prepend_scheme"); ps && ps->is_string())
-        t.prepend_ = ps->as_string() == "first" ? Prepend::First : ps->as_string() == "never" ? Prepend::Never : Prepend::Always;
+        prepend_ = ps->as_string() == "first" ? Prepend::First : ps->as_string() == "never" ? Prepend::Never : Prepend::Always;
       else if (const json::Value* ap = v->find("add_prefix_space"); ap && ap->is_bool() && !ap->as_bool())
-        t.prepend_ = Prepend::Never;
+        prepend_ = Prepend::Never;
       const json::Value* sp = v->find("split");
-      t.split_words_ = !sp || !sp->is_bool() || sp->as_bool();
+      split_words_ = !sp || !sp->is_bool() || sp->as_bool();
     } else if (kind == "Split") {
       const json::Value* pat = v->find("pattern");
       const json::Value* re = pat ? pat->find("Regex") : nullptr;
@@ -371,7 +379,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const json::Value& tj, const std::strin
         KVPR_CHECK(!split, path, ": a Split followed by a ByteLevel pre-tokenizer with its own regex is not supported");
         split = Pattern::Gpt2;
       }
-      if (const json::Value* ap = v->find("add_prefix_space"); ap && ap->is_bool()) t.add_prefix_space_ = ap->as_bool();
+      if (const json::Value* ap = v->find("add_prefix_space"); ap && ap->is_bool()) add_prefix_space_ = ap->as_bool();
     } else if (kind == "Replace") {  // Llama-2's " " -> "▁", part of the Metaspace scheme
       const json::Value* pat = v->find("pattern");
       const json::Value* from = pat ? pat->find("String") : nullptr;
@@ -380,7 +388,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const json::Value& tj, const std::strin
                      to->as_string() == kSpaceMark,
                  path, ": only the Replace normalizer of \" \" by \"▁\" is supported");
     } else if (kind == "NFC") {  // Qwen2's
-      t.nfc_ = true;
+      nfc_ = true;
     } else if (!kind.empty()) {
       KVPR_THROW(path, ": the ", kind, " normalizer or pre-tokenizer is not supported");
     }
@@ -390,22 +398,27 @@ Tokenizer Tokenizer::from_tokenizer_json(const json::Value& tj, const std::strin
   if (byte_level) {
     KVPR_CHECK(!metaspace, path, ": a byte-level BPE with a \"▁\" normalizer is not supported");
     KVPR_CHECK(split, path, ": a ByteLevel pre-tokenizer without a regex and without a Split before it is not supported");
-    t.kind_ = Kind::ByteLevel;
-    t.pattern_ = *split;
-    if (const json::Value* im = model->find("ignore_merges"); im && im->is_bool()) t.ignore_merges_ = im->as_bool();
+    kind_ = Kind::ByteLevel;
+    pattern_ = *split;
+    if (const json::Value* im = model.find("ignore_merges"); im && im->is_bool()) ignore_merges_ = im->as_bool();
   } else {
     KVPR_CHECK(metaspace, path, ": a BPE model without a ByteLevel or Metaspace pre-tokenizer or a \"▁\" Prepend normalizer is not supported");
   }
 
+}
+
+// model.vocab, model.merges, the byte-fallback tokens and unk.
+void Tokenizer::read_bpe_model(const json::Value& model_json, const std::string& path) {
+  const json::Value* model = &model_json;
   const json::Value* vocab = model->find("vocab");
   KVPR_CHECK(vocab && vocab->is_object(), path, ": model.vocab must be an object of token -> id");
   for (const auto& [tok, id] : vocab->as_object()) {
     KVPR_CHECK(id.is_int() && id.as_int() >= 0 && id.as_int() < (1 << 30), path, ": token '", tok,
                "' has an invalid id");
     const int32_t i = static_cast<int32_t>(id.as_int());
-    t.vocab_[tok] = i;
-    if (static_cast<size_t>(i) >= t.id_to_token_.size()) t.id_to_token_.resize(i + 1);
-    t.id_to_token_[i] = tok;
+    vocab_[tok] = i;
+    if (static_cast<size_t>(i) >= id_to_token_.size()) id_to_token_.resize(i + 1);
+    id_to_token_[i] = tok;
   }
   const json::Value* merges = model->find("merges");
   KVPR_CHECK(merges && merges->is_array(), path, ": model.merges must be a list");
@@ -416,20 +429,18 @@ Tokenizer Tokenizer::from_tokenizer_json(const json::Value& tj, const std::strin
     else if (m.is_array() && m.as_array().size() == 2 && m.as_array()[0].is_string() && m.as_array()[1].is_string())
       key = m.as_array()[0].as_string() + " " + m.as_array()[1].as_string();  // ["a", "b"] (tokenizers >= 0.20)
     KVPR_CHECK(!key.empty(), path, ": merge ", rank, " is neither \"a b\" nor [\"a\", \"b\"]");
-    t.merge_rank_.emplace(std::move(key), rank++);
+    merge_rank_.emplace(std::move(key), rank++);
   }
-  t.byte_token_.assign(256, -1);
+  byte_token_.assign(256, -1);
   const json::Value* fallback = model->find("byte_fallback");
   if (fallback && fallback->is_bool() && fallback->as_bool())
     for (int b = 0; b < 256; ++b) {
       char name[8];
       std::snprintf(name, sizeof name, "<0x%02X>", b);
-      if (auto it = t.vocab_.find(name); it != t.vocab_.end()) t.byte_token_[b] = it->second;
+      if (auto it = vocab_.find(name); it != vocab_.end()) byte_token_[b] = it->second;
     }
   if (const json::Value* unk = model->find("unk_token"); unk && unk->is_string())
-    if (auto it = t.vocab_.find(unk->as_string()); it != t.vocab_.end()) t.unk_ = it->second;
-  t.finish_setup();
-  return t;
+    if (auto it = vocab_.find(unk->as_string()); it != vocab_.end()) unk_ = it->second;
 }
 
 void Tokenizer::finish_setup() {
@@ -451,6 +462,33 @@ std::optional<int32_t> Tokenizer::lookup_special(const std::string& content) con
   return std::nullopt;
 }
 
+namespace {
+// An added or special token's text: a string, or an object with "content".
+std::string content_of(const json::Value& v) {
+  if (v.is_string()) return v.as_string();
+  if (const json::Value* c = v.find("content"); c && c->is_string()) return c->as_string();
+  return "";
+}
+
+// The special token that tokenizer.json's post-processor puts before every text (Llama-3's BOS,
+// which tokenizer_config.json does not mention), or "".
+std::string template_bos_of(const json::Value* v) {
+  if (!v || !v->is_object()) return "";
+  const json::Value* ty = v->find("type");
+  if (ty && ty->is_string() && ty->as_string() == "Sequence") {
+    if (const json::Value* list = v->find("processors"); list && list->is_array())
+      for (const auto& e : list->as_array())
+        if (std::string bos = template_bos_of(&e); !bos.empty()) return bos;
+  } else if (ty && ty->is_string() && ty->as_string() == "TemplateProcessing") {
+    const json::Value* single = v->find("single");
+    if (single && single->is_array() && !single->as_array().empty())
+      if (const json::Value* st = single->as_array().front().find("SpecialToken"))
+        if (const json::Value* id = st->find("id"); id && id->is_string()) return id->as_string();
+  }
+  return "";
+}
+}  // namespace
+
 Tokenizer Tokenizer::load(const std::string& dir) {
   namespace fs = std::filesystem;
   auto path = [&](const char* f) { return (fs::path(dir) / f).string(); };
@@ -461,67 +499,47 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   const json::Value tj = fs::exists(path("tokenizer.json")) ? json::parse_file(path("tokenizer.json")) : json::Value();
   Tokenizer t = byte_level ? from_files(path("vocab.json"), path("merges.txt"))
                            : from_tokenizer_json(tj, path("tokenizer.json"));
-
-  auto add = [&](const std::string& content, std::optional<int32_t> id, bool special) {
-    if (content.empty()) return;
-    for (auto& a : t.added_)
-      if (a.content == content) {
-        a.special = a.special || special;
-        return;
-      }
-    if (!id) {
-      auto it = t.vocab_.find(content);
-      id = it != t.vocab_.end() ? it->second : std::max<int32_t>(t.size_, static_cast<int32_t>(t.id_to_token_.size()));
-    }
-    t.added_.push_back({content, *id, special});
-    t.size_ = std::max(t.size_, *id + 1);
-  };
-  auto content_of = [](const json::Value& v) -> std::string {
-    if (v.is_string()) return v.as_string();
-    if (const json::Value* c = v.find("content"); c && c->is_string()) return c->as_string();
-    return "";
-  };
   t.size_ = static_cast<int32_t>(t.id_to_token_.size());
-
-  // tokenizer.json: the fast tokenizer's added tokens with their ids, and the special token its
-  // post-processor puts before every text (Llama-3's BOS, which tokenizer_config.json does not
-  // mention).
-  std::string template_bos;
-  if (!tj.is_null()) {
-    auto find_template = [&](const json::Value* v, auto&& self) -> void {
-      if (!v || !v->is_object()) return;
-      const json::Value* ty = v->find("type");
-      if (ty && ty->is_string() && ty->as_string() == "Sequence") {
-        if (const json::Value* list = v->find("processors"); list && list->is_array())
-          for (const auto& e : list->as_array()) self(&e, self);
-      } else if (ty && ty->is_string() && ty->as_string() == "TemplateProcessing") {
-        const json::Value* single = v->find("single");
-        if (single && single->is_array() && !single->as_array().empty())
-          if (const json::Value* st = single->as_array().front().find("SpecialToken"))
-            if (const json::Value* id = st->find("id"); id && id->is_string()) template_bos = id->as_string();
-      }
-    };
-    find_template(tj.find("post_processor"), find_template);
-    if (const json::Value* at = tj.find("added_tokens"); at && at->is_array()) {
-      for (const auto& e : at->as_array()) {
-        const json::Value* id = e.find("id");
-        const json::Value* sp = e.find("special");
-        KVPR_CHECK(id && id->is_int(), "tokenizer.json: added token without an integer id");
-        add(content_of(e), static_cast<int32_t>(id->as_int()), sp && sp->is_bool() && sp->as_bool());
-      }
-    }
-  }
-  // added_tokens.json: {content: id}.
-  if (fs::exists(path("added_tokens.json"))) {
-    json::Value at = json::parse_file(path("added_tokens.json"));
-    KVPR_CHECK(at.is_object(), "added_tokens.json: expected an object");
-    for (const auto& [content, id] : at.as_object())
-      add(content, static_cast<int32_t>(id.as_int()), false);
-  }
   json::Value cfg;
   if (fs::exists(path("tokenizer_config.json"))) cfg = json::parse_file(path("tokenizer_config.json"));
-  json::Value smap;
-  if (fs::exists(path("special_tokens_map.json"))) smap = json::parse_file(path("special_tokens_map.json"));
+  t.read_added_tokens(tj, cfg, dir);
+  t.read_special_tokens(cfg, dir, tj.is_null() ? "" : template_bos_of(tj.find("post_processor")));
+  t.read_extra_eos(dir);
+  return t;
+}
+
+void Tokenizer::add_token(const std::string& content, std::optional<int32_t> id, bool special) {
+  if (content.empty()) return;
+  for (auto& a : added_)
+    if (a.content == content) {
+      a.special = a.special || special;
+      return;
+    }
+  if (!id) {
+    auto it = vocab_.find(content);
+    id = it != vocab_.end() ? it->second : std::max<int32_t>(size_, static_cast<int32_t>(id_to_token_.size()));
+  }
+  added_.push_back({content, *id, special});
+  size_ = std::max(size_, *id + 1);
+}
+
+// tokenizer.json's added tokens with their ids, added_tokens.json ({content: id}) and
+// tokenizer_config.json's added_tokens_decoder.
+void Tokenizer::read_added_tokens(const json::Value& tj, const json::Value& cfg, const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (const json::Value* at = tj.is_null() ? nullptr : tj.find("added_tokens"); at && at->is_array()) {
+    for (const auto& e : at->as_array()) {
+      const json::Value* id = e.find("id");
+      const json::Value* sp = e.find("special");
+      KVPR_CHECK(id && id->is_int(), "tokenizer.json: added token without an integer id");
+      add_token(content_of(e), static_cast<int32_t>(id->as_int()), sp && sp->is_bool() && sp->as_bool());
+    }
+  }
+  if (const std::string p = (fs::path(dir) / "added_tokens.json").string(); fs::exists(p)) {
+    json::Value at = json::parse_file(p);
+    KVPR_CHECK(at.is_object(), "added_tokens.json: expected an object");
+    for (const auto& [content, id] : at.as_object()) add_token(content, static_cast<int32_t>(id.as_int()), false);
+  }
   if (const json::Value* atd = cfg.find("added_tokens_decoder"); atd && atd->is_object()) {
     for (const auto& [id, e] : atd->as_object()) {
       const json::Value* sp = e.find("special");
@@ -531,51 +549,64 @@ Tokenizer Tokenizer::load(const std::string& dir) {
       } catch (const std::exception&) {
         KVPR_THROW("tokenizer_config.json: added_tokens_decoder key '", id, "' is not an id");
       }
-      add(content_of(e), i, !sp || !sp->is_bool() || sp->as_bool());
+      add_token(content_of(e), i, !sp || !sp->is_bool() || sp->as_bool());
     }
   }
-  // Named special tokens: special_tokens_map.json wins over tokenizer_config.json.
-  std::string names[] = {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"};
+}
+
+// The named special tokens (special_tokens_map.json wins over tokenizer_config.json), whether a
+// BOS goes first (add_bos_token, else `template_bos` from the post-processor), add_prefix_space.
+void Tokenizer::read_special_tokens(const json::Value& cfg, const std::string& dir, const std::string& template_bos) {
+  namespace fs = std::filesystem;
+  json::Value smap;
+  if (const std::string p = (fs::path(dir) / "special_tokens_map.json").string(); fs::exists(p))
+    smap = json::parse_file(p);
+  const json::Value* const sources[] = {&smap, &cfg};
+  const char* names[] = {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"};
   std::string found[7];
   for (int k = 0; k < 7; ++k) {
-    for (const json::Value* src : {&smap, &cfg}) {
+    for (const json::Value* src : sources) {
       const json::Value* v = src->find(names[k]);
       if (v && !v->is_null() && found[k].empty()) found[k] = content_of(*v);
     }
-    add(found[k], std::nullopt, true);
+    add_token(found[k], std::nullopt, true);
   }
-  for (const json::Value* src : {&smap, &cfg}) {
+  for (const json::Value* src : sources) {
     if (const json::Value* extra = src->find("additional_special_tokens"); extra && extra->is_array())
-      for (const auto& e : extra->as_array()) add(content_of(e), std::nullopt, true);
+      for (const auto& e : extra->as_array()) add_token(content_of(e), std::nullopt, true);
   }
   if (const json::Value* b = cfg.find("add_bos_token"); b && b->is_bool()) {
-    t.add_bos_ = b->as_bool();
+    add_bos_ = b->as_bool();
   } else if (!template_bos.empty()) {
-    t.add_bos_ = true;
+    add_bos_ = true;
     found[0] = template_bos;  // what the post-processor prepends
   }
-  if (const json::Value* b = cfg.find("add_prefix_space"); b && b->is_bool()) t.add_prefix_space_ = b->as_bool();
-  t.finish_setup();
-  if (!found[0].empty()) t.bos_ = t.lookup_special(found[0]);
-  if (!found[1].empty()) t.eos_ = t.lookup_special(found[1]);
-  if (!found[3].empty()) t.pad_ = t.lookup_special(found[3]);
-  KVPR_CHECK(!t.add_bos_ || t.bos_, "tokenizer_config.json: add_bos_token is set but there is no bos_token");
-  // Further end-of-sequence ids: generation_config.json's eos_token_id, else config.json's (an
-  // id or a list of ids); ids the tokenizer cannot produce are left out.
+  if (const json::Value* b = cfg.find("add_prefix_space"); b && b->is_bool()) add_prefix_space_ = b->as_bool();
+  finish_setup();
+  if (!found[0].empty()) bos_ = lookup_special(found[0]);
+  if (!found[1].empty()) eos_ = lookup_special(found[1]);
+  if (!found[3].empty()) pad_ = lookup_special(found[3]);
+  KVPR_CHECK(!add_bos_ || bos_, "tokenizer_config.json: add_bos_token is set but there is no bos_token");
+}
+
+// Further end-of-sequence ids: generation_config.json's eos_token_id, else config.json's (an id
+// or a list of ids); ids the tokenizer cannot produce are left out.
+void Tokenizer::read_extra_eos(const std::string& dir) {
+  namespace fs = std::filesystem;
   for (const char* file : {"generation_config.json", "config.json"}) {
-    if (!fs::exists(path(file))) continue;
-    const json::Value c = json::parse_file(path(file));
+    const std::string p = (fs::path(dir) / file).string();
+    if (!fs::exists(p)) continue;
+    const json::Value c = json::parse_file(p);
     const json::Value* e = c.find("eos_token_id");
     if (!e || e->is_null()) continue;
     std::vector<json::Value> ids = e->is_array() ? e->as_array() : std::vector<json::Value>{*e};
     for (const auto& v : ids) {
       KVPR_CHECK(v.is_int(), file, ": eos_token_id must be an id or a list of ids");
       const int64_t id = v.as_int();
-      if (id >= 0 && id < t.size_ && !t.is_eos(static_cast<int32_t>(id))) t.extra_eos_.push_back(static_cast<int32_t>(id));
+      if (id >= 0 && id < size_ && !is_eos(static_cast<int32_t>(id))) extra_eos_.push_back(static_cast<int32_t>(id));
     }
     break;
   }
-  return t;
 }
 
 bool Tokenizer::is_eos(int32_t id) const {

@@ -77,6 +77,13 @@ class Tokenizer {
   enum class Kind { ByteLevel, Metaspace };
   enum class Pattern { Gpt2, Llama3, Qwen2 };  // how byte-level text splits into pre-tokens
   enum class Prepend { Always, First, Never };  // where Metaspace puts "▁" before a segment
+  // Tokenizer::load and from_tokenizer_json, by file and section.
+  void read_pretokenizers(const json::Value& tj, const json::Value& model, const std::string& path);
+  void read_bpe_model(const json::Value& model, const std::string& path);
+  void add_token(const std::string& content, std::optional<int32_t> id, bool special);
+  void read_added_tokens(const json::Value& tj, const json::Value& cfg, const std::string& dir);
+  void read_special_tokens(const json::Value& cfg, const std::string& dir, const std::string& template_bos);
+  void read_extra_eos(const std::string& dir);
   void finish_setup();
   void bpe(std::string_view piece, std::vector<int32_t>* out) const;
   // Encodes one segment of plain text (no added tokens in it); `first`: it starts the text.
