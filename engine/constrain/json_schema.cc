@@ -242,6 +242,86 @@ class SchemaCompiler {
     return "";
   }
 
+  // First bytes a node's values may start with, as classes: { [ " number t f n, other.
+  static uint16_t first_bytes(const SchemaNode& x) {
+    using K = SchemaNode::Kind;
+    switch (x.kind) {
+      case K::Any: return 0x7F;
+      case K::Object: return 1;
+      case K::Array: return 2;
+      case K::String: return 4;
+      case K::Number:
+      case K::Integer: return 8;
+      case K::Literals: {
+        uint16_t m = 0;
+        for (const auto& l : x.literals) {
+          const char c = l.empty() ? 0 : l[0];
+          m |= c == '"' ? 4 : c == '-' || (c >= '0' && c <= '9') ? 8 : c == 't' ? 16 : c == 'f' ? 32 : c == 'n' ? 64 : 128;
+        }
+        return m;
+      }
+      case K::AnyOf: return 0;
+    }
+    return 0;
+  }
+
+  // The width of anyOf node x at depth d, from the widths `below` at depth d-1 (1 at depth 0).
+  int64_t anyof_width(const SchemaNode& x, const std::vector<int64_t>& below, int d) const {
+    const auto& nodes = out_.nodes_;
+    using K = SchemaNode::Kind;
+    const int64_t cap = Limits::kMaxAmbiguity + 1;
+    auto below_of = [&](int node) { return d > 0 && node >= 0 ? below[static_cast<size_t>(node)] : int64_t{1}; };
+    auto add = [&](int64_t a, int64_t b) { return std::min(cap, a + b); };
+    // Scalars: the options that begin with the same byte, one each.
+    int64_t by_class[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    // Objects: all of them go on after '{'; while a member's value is read, those that take
+    // its key, each with its value's alternatives (closed objects with distinct keys, a
+    // discriminated union, do not add up). Arrays likewise by position.
+    int64_t objects = 0, arrays = 0, open_total = 0;
+    std::unordered_map<std::string, int64_t> listed;       // key -> options listing it, by their member's W
+    std::unordered_map<std::string, int64_t> open_listed;  // key -> open options listing it, by their other keys' W
+    std::vector<int64_t> by_position;                       // position -> summed W of the items there
+    std::vector<const SchemaNode*> array_options;
+    for (int o : x.options) {
+      const SchemaNode& y = nodes[static_cast<size_t>(o)];
+      const uint16_t m = first_bytes(y);
+      for (int b = 2; b < 8; ++b)
+        if (m >> b & 1) by_class[b] = add(by_class[b], 1);
+      if (y.kind == K::Object || y.kind == K::Any) {
+        ++objects;
+        const int other = y.kind == K::Any ? -1 : y.additional;
+        const bool open = y.kind == K::Any || other >= 0;
+        if (open) open_total = add(open_total, below_of(other));
+        for (size_t k = 0; k < y.names.size(); ++k) {
+          listed[y.names[k]] = add(listed[y.names[k]], below_of(y.props[k]));
+          if (open) open_listed[y.names[k]] = add(open_listed[y.names[k]], below_of(other));
+        }
+      }
+      if (y.kind == K::Array || y.kind == K::Any) {
+        ++arrays;
+        array_options.push_back(&y);
+        if (y.kind == K::Array && by_position.size() < y.prefix.size() + 1) by_position.resize(y.prefix.size() + 1, 0);
+      }
+    }
+    int64_t w = std::max<int64_t>(1, *std::max_element(by_class, by_class + 8));
+    w = std::max({w, std::min(cap, objects), open_total});
+    for (const auto& [key, sum] : listed) {
+      const auto adj = open_listed.find(key);
+      w = std::max(w, add(sum, std::max<int64_t>(0, open_total - (adj == open_listed.end() ? 0 : adj->second))));
+    }
+    if (arrays > 0) {
+      if (by_position.empty()) by_position.resize(1, 0);
+      for (size_t pos = 0; pos < by_position.size(); ++pos) {
+        int64_t sum = 0;
+        for (const SchemaNode* a : array_options)
+          sum = add(sum, a->kind == K::Any ? 1 : below_of(a->item(static_cast<int64_t>(pos), -1)));
+        by_position[pos] = sum;
+      }
+      w = std::max({w, std::min(cap, arrays), *std::max_element(by_position.begin(), by_position.end())});
+    }
+    return std::min(cap, w);
+  }
+
   // The most alternatives a text could have to follow side by side (SchemaRecognizer's threads),
   // an upper bound: at a value, the options that may start with the same byte all go on, each with
   // the alternatives inside it; a container follows one member at a time, over at most 64 levels.
@@ -249,28 +329,6 @@ class SchemaCompiler {
     const auto& nodes = out_.nodes_;
     const size_t n = nodes.size();
     using K = SchemaNode::Kind;
-    // First bytes each node's values may start with, as classes: { [ " number t f n, other.
-    auto first = [&](const SchemaNode& x) -> uint16_t {
-      switch (x.kind) {
-        case K::Any: return 0x7F;
-        case K::Object: return 1;
-        case K::Array: return 2;
-        case K::String: return 4;
-        case K::Number:
-        case K::Integer: return 8;
-        case K::Literals: {
-          uint16_t m = 0;
-          for (const auto& l : x.literals) {
-            const char c = l.empty() ? 0 : l[0];
-            m |= c == '"' ? 4 : c == '-' || (c >= '0' && c <= '9') ? 8 : c == 't' ? 16 : c == 'f' ? 32 : c == 'n' ? 64 : 128;
-          }
-          return m;
-        }
-        case K::AnyOf: return 0;
-      }
-      return 0;
-    };
-    const int64_t cap = Limits::kMaxAmbiguity + 1;
     std::vector<int64_t> below(n, 1), here(n, 1);  // W at depth d-1, and at d
     for (int d = 0; d <= 64; ++d) {
       for (size_t i = 0; i < n; ++i) {  // containers first: they look one level down
@@ -286,58 +344,7 @@ class SchemaCompiler {
         here[i] = w;
       }
       for (size_t i = 0; i < n; ++i) {  // then the alternatives, over the containers' values
-        const SchemaNode& x = nodes[i];
-        if (x.kind != K::AnyOf) continue;
-        auto below_of = [&](int node) { return d > 0 && node >= 0 ? below[static_cast<size_t>(node)] : int64_t{1}; };
-        auto add = [&](int64_t a, int64_t b) { return std::min(cap, a + b); };
-        // Scalars: the options that begin with the same byte, one each.
-        int64_t by_class[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        // Objects: all of them go on after '{'; while a member's value is read, those that take
-        // its key, each with its value's alternatives (closed objects with distinct keys, a
-        // discriminated union, do not add up). Arrays likewise by position.
-        int64_t objects = 0, arrays = 0, open_total = 0;
-        std::unordered_map<std::string, int64_t> listed;       // key -> options listing it, by their member's W
-        std::unordered_map<std::string, int64_t> open_listed;  // key -> open options listing it, by their other keys' W
-        std::vector<int64_t> by_position;                       // position -> summed W of the items there
-        std::vector<const SchemaNode*> array_options;
-        for (int o : x.options) {
-          const SchemaNode& y = nodes[static_cast<size_t>(o)];
-          const uint16_t m = first(y);
-          for (int b = 2; b < 8; ++b)
-            if (m >> b & 1) by_class[b] = add(by_class[b], 1);
-          if (y.kind == K::Object || y.kind == K::Any) {
-            ++objects;
-            const int other = y.kind == K::Any ? -1 : y.additional;
-            const bool open = y.kind == K::Any || other >= 0;
-            if (open) open_total = add(open_total, below_of(other));
-            for (size_t k = 0; k < y.names.size(); ++k) {
-              listed[y.names[k]] = add(listed[y.names[k]], below_of(y.props[k]));
-              if (open) open_listed[y.names[k]] = add(open_listed[y.names[k]], below_of(other));
-            }
-          }
-          if (y.kind == K::Array || y.kind == K::Any) {
-            ++arrays;
-            array_options.push_back(&y);
-            if (y.kind == K::Array && by_position.size() < y.prefix.size() + 1) by_position.resize(y.prefix.size() + 1, 0);
-          }
-        }
-        int64_t w = std::max<int64_t>(1, *std::max_element(by_class, by_class + 8));
-        w = std::max({w, std::min(cap, objects), open_total});
-        for (const auto& [key, sum] : listed) {
-          const auto adj = open_listed.find(key);
-          w = std::max(w, add(sum, std::max<int64_t>(0, open_total - (adj == open_listed.end() ? 0 : adj->second))));
-        }
-        if (arrays > 0) {
-          if (by_position.empty()) by_position.resize(1, 0);
-          for (size_t pos = 0; pos < by_position.size(); ++pos) {
-            int64_t sum = 0;
-            for (const SchemaNode* a : array_options)
-              sum = add(sum, a->kind == K::Any ? 1 : below_of(a->item(static_cast<int64_t>(pos), -1)));
-            by_position[pos] = sum;
-          }
-          w = std::max({w, std::min(cap, arrays), *std::max_element(by_position.begin(), by_position.end())});
-        }
-        here[i] = std::min(cap, w);
+        if (nodes[i].kind == K::AnyOf) here[i] = anyof_width(nodes[i], below, d);
       }
       std::swap(below, here);
     }
@@ -534,92 +541,107 @@ class SchemaCompiler {
   }
 
   int typed(const json::Value& s, const std::string& type, const std::string& path, int depth) {
-    SchemaNode n;
     if (type == "boolean" || type == "null") {
+      SchemaNode n;
       n.kind = SchemaNode::Kind::Literals;
       n.literals = type == "null" ? std::vector<std::string>{"null"} : std::vector<std::string>{"true", "false"};
       return add(std::move(n));
     }
-    if (type == "string") {
-      n.kind = SchemaNode::Kind::String;
-      std::tie(n.min_length, n.max_length) = bounds(s, "minLength", "maxLength", path);
-      if (const json::Value* p = s.find("pattern")) {
-        KVPR_CHECK(p->is_string(), path, ": pattern must be a string");
-        try {
-          n.regexes.push_back(regex(p->as_string(), path));
-        } catch (const Error& e) {
-          KVPR_THROW(path, ": ", e.what());
-        }
-      }
-      if (const json::Value* f = s.find("format")) {
-        KVPR_CHECK(f->is_string(), path, ": format must be a string");
-        const std::string rx = format_pattern(f->as_string());
-        if (!rx.empty()) n.regexes.push_back(regex(rx, path));
-      }
-      return add(std::move(n));
-    }
+    if (type == "string") return typed_string(s, path);
     if (type == "number" || type == "integer") {
+      SchemaNode n;
       n.kind = type == "number" ? SchemaNode::Kind::Number : SchemaNode::Kind::Integer;
       number_bounds(s, type == "integer", n, path);
       return add(std::move(n));
     }
-    if (type == "array") {
-      n.kind = SchemaNode::Kind::Array;
-      std::tie(n.min_items, n.max_items) = bounds(s, "minItems", "maxItems", path);
-      const json::Value* u = s.find("uniqueItems");
-      KVPR_CHECK(!u || u->is_bool(), path, ": uniqueItems must be a boolean");
-      const bool unique = u && u->as_bool();
-      const json::Value* prefix = s.find("prefixItems");
-      KVPR_CHECK(!prefix || (prefix->is_array() && !prefix->as_array().empty()), path,
-                 ": prefixItems must be a non-empty list");
-      const json::Value* items = s.find("items");
-      KVPR_CHECK(!items || !items->is_array(), path,
-                 ": items as a list (draft 7 tuples) is not supported; prefixItems says the same");
-      const size_t np = prefix ? prefix->as_array().size() : 0;
-      // At most `most` items (`why` names the keywords that say so).
-      auto cap_items = [&](SchemaNode& a, int64_t most, const char* why) {
-        KVPR_CHECK(a.min_items <= most, path, ": minItems ", a.min_items, " exceeds the ", most, why);
-        a.max_items = a.max_items < 0 ? most : std::min(a.max_items, most);
-      };
-      if (items && items->is_bool() && !items->as_bool()) {  // no items past the prefix
-        cap_items(n, static_cast<int64_t>(np), " items prefixItems and items false allow");
-        items = nullptr;
+    if (type == "array") return typed_array(s, path, depth);
+    return typed_object(s, path, depth);
+  }
+
+  int typed_string(const json::Value& s, const std::string& path) {
+    SchemaNode n;
+    n.kind = SchemaNode::Kind::String;
+    std::tie(n.min_length, n.max_length) = bounds(s, "minLength", "maxLength", path);
+    if (const json::Value* p = s.find("pattern")) {
+      KVPR_CHECK(p->is_string(), path, ": pattern must be a string");
+      try {
+        n.regexes.push_back(regex(p->as_string(), path));
+      } catch (const Error& e) {
+        KVPR_THROW(path, ": ", e.what());
       }
-      const int at = add(std::move(n));
-      for (size_t i = 0; i < np; ++i) {
-        const int item = compile(prefix->as_array()[i], path + ".prefixItems[" + std::to_string(i) + "]", depth + 1);
-        out_.nodes_[static_cast<size_t>(at)].prefix.push_back(item);
-      }
-      if (items) {
-        const int item = compile(*items, path + ".items", depth + 1);
-        out_.nodes_[static_cast<size_t>(at)].items = item;
-      }
-      if (unique) {
-        // Each item compared with every other would be a different machine; items drawn from a
-        // set of literals are told apart by which literal they are.
-        SchemaNode& arr = out_.nodes_[static_cast<size_t>(at)];
-        int lit = arr.items;
-        while (lit >= 0 && out_.nodes_[static_cast<size_t>(lit)].kind == SchemaNode::Kind::AnyOf &&
-               out_.nodes_[static_cast<size_t>(lit)].options.size() == 1)
-          lit = out_.nodes_[static_cast<size_t>(lit)].options[0];  // a $ref to an enum
-        KVPR_CHECK(np == 0 && lit >= 0 && out_.nodes_[static_cast<size_t>(lit)].kind == SchemaNode::Kind::Literals &&
-                       out_.nodes_[static_cast<size_t>(lit)].literals.size() <= 64,
-                   path, ": uniqueItems true is supported for items that are one of at most 64 literals (enum, const, "
-                         "boolean), not these");
-        const auto& lits = out_.nodes_[static_cast<size_t>(lit)].literals;
-        for (size_t i = 0; i < lits.size(); ++i)  // items are compared by which literal they are
-          for (size_t j = 0; j < i; ++j) {
-            const json::Value a = json::parse(lits[i]), b = json::parse(lits[j]);
-            KVPR_CHECK(lits[i] != lits[j] && !(a.is_number() && b.is_number() && a.as_double() == b.as_double()), path,
-                       ": uniqueItems over an enum that lists one value twice (", lits[j], ", ", lits[i], ")");
-          }
-        arr.items = lit;
-        arr.unique = true;
-        cap_items(arr, static_cast<int64_t>(lits.size()), " distinct items uniqueItems allows");
-      }
-      return at;
     }
-    // object
+    if (const json::Value* f = s.find("format")) {
+      KVPR_CHECK(f->is_string(), path, ": format must be a string");
+      const std::string rx = format_pattern(f->as_string());
+      if (!rx.empty()) n.regexes.push_back(regex(rx, path));
+    }
+    return add(std::move(n));
+  }
+
+  int typed_array(const json::Value& s, const std::string& path, int depth) {
+    SchemaNode n;
+    n.kind = SchemaNode::Kind::Array;
+    std::tie(n.min_items, n.max_items) = bounds(s, "minItems", "maxItems", path);
+    const json::Value* u = s.find("uniqueItems");
+    KVPR_CHECK(!u || u->is_bool(), path, ": uniqueItems must be a boolean");
+    const bool unique = u && u->as_bool();
+    const json::Value* prefix = s.find("prefixItems");
+    KVPR_CHECK(!prefix || (prefix->is_array() && !prefix->as_array().empty()), path,
+               ": prefixItems must be a non-empty list");
+    const json::Value* items = s.find("items");
+    KVPR_CHECK(!items || !items->is_array(), path,
+               ": items as a list (draft 7 tuples) is not supported; prefixItems says the same");
+    const size_t np = prefix ? prefix->as_array().size() : 0;
+    if (items && items->is_bool() && !items->as_bool()) {  // no items past the prefix
+      cap_items(n, static_cast<int64_t>(np), " items prefixItems and items false allow", path);
+      items = nullptr;
+    }
+    const int at = add(std::move(n));
+    for (size_t i = 0; i < np; ++i) {
+      const int item = compile(prefix->as_array()[i], path + ".prefixItems[" + std::to_string(i) + "]", depth + 1);
+      out_.nodes_[static_cast<size_t>(at)].prefix.push_back(item);
+    }
+    if (items) {
+      const int item = compile(*items, path + ".items", depth + 1);
+      out_.nodes_[static_cast<size_t>(at)].items = item;
+    }
+    if (unique) unique_items(at, np, path);
+    return at;
+  }
+
+  // uniqueItems true on the array node `at` (no prefixItems): items drawn from a set of literals.
+  void unique_items(int at, size_t np, const std::string& path) {
+    // Each item compared with every other would be a different machine; items drawn from a
+    // set of literals are told apart by which literal they are.
+    SchemaNode& arr = out_.nodes_[static_cast<size_t>(at)];
+    int lit = arr.items;
+    while (lit >= 0 && out_.nodes_[static_cast<size_t>(lit)].kind == SchemaNode::Kind::AnyOf &&
+           out_.nodes_[static_cast<size_t>(lit)].options.size() == 1)
+      lit = out_.nodes_[static_cast<size_t>(lit)].options[0];  // a $ref to an enum
+    KVPR_CHECK(np == 0 && lit >= 0 && out_.nodes_[static_cast<size_t>(lit)].kind == SchemaNode::Kind::Literals &&
+                   out_.nodes_[static_cast<size_t>(lit)].literals.size() <= 64,
+               path, ": uniqueItems true is supported for items that are one of at most 64 literals (enum, const, "
+                     "boolean), not these");
+    const auto& lits = out_.nodes_[static_cast<size_t>(lit)].literals;
+    for (size_t i = 0; i < lits.size(); ++i)  // items are compared by which literal they are
+      for (size_t j = 0; j < i; ++j) {
+        const json::Value a = json::parse(lits[i]), b = json::parse(lits[j]);
+        KVPR_CHECK(lits[i] != lits[j] && !(a.is_number() && b.is_number() && a.as_double() == b.as_double()), path,
+                   ": uniqueItems over an enum that lists one value twice (", lits[j], ", ", lits[i], ")");
+      }
+    arr.items = lit;
+    arr.unique = true;
+    cap_items(arr, static_cast<int64_t>(lits.size()), " distinct items uniqueItems allows", path);
+  }
+
+  // At most `most` items (`why` names the keywords that say so).
+  static void cap_items(SchemaNode& a, int64_t most, const char* why, const std::string& path) {
+    KVPR_CHECK(a.min_items <= most, path, ": minItems ", a.min_items, " exceeds the ", most, why);
+    a.max_items = a.max_items < 0 ? most : std::min(a.max_items, most);
+  }
+
+  int typed_object(const json::Value& s, const std::string& path, int depth) {
+    SchemaNode n;
     n.kind = SchemaNode::Kind::Object;
     const json::Value* props = s.find("properties");
     if (props) {
@@ -942,84 +964,65 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
   return false;
 }
 
-bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) const {
+// In a string value: one byte, with its length bounds and patterns.
+bool SchemaRecognizer::string_step(Thread& t, uint8_t c) const {
   using K = SchemaNode::Kind;
-  switch (t.mode) {
-    case Mode::String: {
-      int64_t chars = t.length;
-      const uint8_t sub0 = t.sub, aux0 = t.aux;
-      const int r = string_byte(t.sub, t.aux, chars, c);
-      if (r == 0) return false;
-      const SchemaNode& n = schema_->node(t.node);
-      if (n.kind == K::String && !n.regexes.empty() && !string_regex_byte(t, n, c, sub0, aux0, r)) return false;
-      if (r == 2) {
-        if (n.kind == K::String && chars < n.min_length) return false;
-        return end_value(t);
-      }
-      if (n.kind == K::String && n.max_length >= 0 && chars > n.max_length) return false;
-      // A character begun (an escape, a UTF-8 lead) at maxLength could never be finished.
-      if (n.kind == K::String && n.max_length >= 0 && chars == n.max_length && (t.sub != 0 || t.aux != 0)) return false;
-      // Counted only where a length is bounded: otherwise equal states stay equal (mask cache).
-      if (n.kind == K::String && (n.min_length > 0 || n.max_length >= 0)) t.length = chars;
-      return true;
-    }
-    case Mode::Key: {
-      const SchemaNode& n = schema_->node(t.stack.back().node);
-      const bool closed = n.kind != K::Any && n.additional < 0;
-      int64_t chars = 0;
-      if (closed && (c == '\\' || c < 0x20)) return false;
-      const int r = string_byte(t.sub, t.aux, chars, c);
-      if (r == 0) return false;
-      if (r == 1) {
-        t.key.push_back(static_cast<char>(c));
-        if (!closed) return true;
-        for (size_t i = 0; i < n.names.size(); ++i)  // still the start of a property not yet given
-          if (!((t.stack.back().seen >> i) & 1) && n.names[i].starts_with(t.key)) return true;
-        return false;
-      }
-      t.key_node = -1;
-      if (n.kind == K::Any) {
-        t.key_node = schema_->any();
-      } else {
-        for (size_t i = 0; i < n.names.size(); ++i)
-          if (n.names[i] == t.key) {
-            if ((t.stack.back().seen >> i) & 1) return false;  // a key given twice
-            t.stack.back().seen |= uint64_t{1} << i;
-            t.key_node = n.props[i];
-          }
-        if (t.key_node < 0) t.key_node = n.additional;
-        if (t.key_node < 0) return false;
-      }
-      t.key.clear();
-      t.mode = Mode::Colon;
-      t.ws = 0;
-      return true;
-    }
-    case Mode::Number: {
-      const SchemaNode& n = schema_->node(t.node);
-      if (n.bounded() && (c == 'e' || c == 'E')) return false;  // bounded: no exponent
-      const int r = number_byte(t.sub, c, n.kind == K::Integer);
-      if (r == 1 && n.bounded()) {
-        t.key.push_back(static_cast<char>(c));
-        return number_viable(t);
-      }
-      if (r != 2) return r == 1;
-      if (!number_in_bounds(t) || !end_value(t)) return false;
-      return step(t, c, spawned);
-    }
-    case Mode::Literal: {
-      const SchemaNode& n = schema_->node(t.node);
-      const auto& lits = n.kind == K::Any ? kAnyLiterals : n.literals;
-      const uint64_t* used = n.kind == K::Any ? nullptr : used_literals(t);
-      t.key.push_back(static_cast<char>(c));
-      for (size_t i = 0; i < lits.size(); ++i)
-        if (lits[i].starts_with(t.key) && !(used && (*used >> i & 1))) return true;
-      t.key.pop_back();
-      if (!scalar_may_end(t) || !end_value(t)) return false;
-      return step(t, c, spawned);
-    }
-    default: break;
+  int64_t chars = t.length;
+  const uint8_t sub0 = t.sub, aux0 = t.aux;
+  const int r = string_byte(t.sub, t.aux, chars, c);
+  if (r == 0) return false;
+  const SchemaNode& n = schema_->node(t.node);
+  if (n.kind == K::String && !n.regexes.empty() && !string_regex_byte(t, n, c, sub0, aux0, r)) return false;
+  if (r == 2) {
+    if (n.kind == K::String && chars < n.min_length) return false;
+    return end_value(t);
   }
+  if (n.kind == K::String && n.max_length >= 0 && chars > n.max_length) return false;
+  // A character begun (an escape, a UTF-8 lead) at maxLength could never be finished.
+  if (n.kind == K::String && n.max_length >= 0 && chars == n.max_length && (t.sub != 0 || t.aux != 0)) return false;
+  // Counted only where a length is bounded: otherwise equal states stay equal (mask cache).
+  if (n.kind == K::String && (n.min_length > 0 || n.max_length >= 0)) t.length = chars;
+  return true;
+}
+
+// In an object's key: one byte; a closed object takes only the start of a property not yet given.
+bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
+  using K = SchemaNode::Kind;
+  const SchemaNode& n = schema_->node(t.stack.back().node);
+  const bool closed = n.kind != K::Any && n.additional < 0;
+  int64_t chars = 0;
+  if (closed && (c == '\\' || c < 0x20)) return false;
+  const int r = string_byte(t.sub, t.aux, chars, c);
+  if (r == 0) return false;
+  if (r == 1) {
+    t.key.push_back(static_cast<char>(c));
+    if (!closed) return true;
+    for (size_t i = 0; i < n.names.size(); ++i)  // still the start of a property not yet given
+      if (!((t.stack.back().seen >> i) & 1) && n.names[i].starts_with(t.key)) return true;
+    return false;
+  }
+  t.key_node = -1;
+  if (n.kind == K::Any) {
+    t.key_node = schema_->any();
+  } else {
+    for (size_t i = 0; i < n.names.size(); ++i)
+      if (n.names[i] == t.key) {
+        if ((t.stack.back().seen >> i) & 1) return false;  // a key given twice
+        t.stack.back().seen |= uint64_t{1} << i;
+        t.key_node = n.props[i];
+      }
+    if (t.key_node < 0) t.key_node = n.additional;
+    if (t.key_node < 0) return false;
+  }
+  t.key.clear();
+  t.mode = Mode::Colon;
+  t.ws = 0;
+  return true;
+}
+
+// Between tokens: whitespace, a value's start, ',' ':' and the brackets.
+bool SchemaRecognizer::structure_step(Thread& t, uint8_t c, std::vector<Thread>& spawned) const {
+  using K = SchemaNode::Kind;
   if (is_ws(c)) return ws_.take(t.ws, c);
   t.ws = 0;
   switch (t.mode) {
@@ -1062,6 +1065,39 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
     }
     default: return false;  // Done: only whitespace
   }
+}
+
+bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) const {
+  using K = SchemaNode::Kind;
+  switch (t.mode) {
+    case Mode::String: return string_step(t, c);
+    case Mode::Key: return key_step(t, c);
+    case Mode::Number: {
+      const SchemaNode& n = schema_->node(t.node);
+      if (n.bounded() && (c == 'e' || c == 'E')) return false;  // bounded: no exponent
+      const int r = number_byte(t.sub, c, n.kind == K::Integer);
+      if (r == 1 && n.bounded()) {
+        t.key.push_back(static_cast<char>(c));
+        return number_viable(t);
+      }
+      if (r != 2) return r == 1;
+      if (!number_in_bounds(t) || !end_value(t)) return false;
+      return step(t, c, spawned);
+    }
+    case Mode::Literal: {
+      const SchemaNode& n = schema_->node(t.node);
+      const auto& lits = n.kind == K::Any ? kAnyLiterals : n.literals;
+      const uint64_t* used = n.kind == K::Any ? nullptr : used_literals(t);
+      t.key.push_back(static_cast<char>(c));
+      for (size_t i = 0; i < lits.size(); ++i)
+        if (lits[i].starts_with(t.key) && !(used && (*used >> i & 1))) return true;
+      t.key.pop_back();
+      if (!scalar_may_end(t) || !end_value(t)) return false;
+      return step(t, c, spawned);
+    }
+    default: break;
+  }
+  return structure_step(t, c, spawned);
 }
 
 // Alternatives that have become the same state are one; past kMaxThreads the first are kept.

@@ -138,7 +138,10 @@ class SchemaRecognizer {
     std::string key;      // Key: bytes so far; Literal: bytes so far
     int key_node = -1;    // Colon: the node of the value after it
   };
-  bool step(Thread& t, uint8_t c, std::vector<Thread>& spawned) const;
+  bool step(Thread& t, uint8_t c, std::vector<Thread>& spawned) const;  // by t.mode:
+  bool string_step(Thread& t, uint8_t c) const;
+  bool key_step(Thread& t, uint8_t c) const;
+  bool structure_step(Thread& t, uint8_t c, std::vector<Thread>& spawned) const;
   bool start_value(Thread& t, uint8_t c, std::vector<Thread>& spawned) const;
   bool end_value(Thread& t) const;
   bool scalar_may_end(const Thread& t) const;
