@@ -258,25 +258,12 @@ void LlamaModel::mixture_of_experts(const LlamaLayer& L, const Tensor& a, const 
   }
 }
 
-Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions) {
+// Scratch for one GPU batch (kv.groups() of them per layer; one unless asked for), sized once
+// for the largest so no buffer moves during the step.
+void LlamaModel::reserve_scratch(const KvRuntime& kv) {
   const LlamaConfig& c = config_;
-  const int64_t h = c.hidden_size, f = c.intermediate_size, V = c.vocab_size, kvh = c.num_kv_heads * c.head_dim();
-  const int64_t qw = c.q_width();
+  const int64_t h = c.hidden_size, f = c.intermediate_size, kvh = c.num_kv_heads * c.head_dim(), qw = c.q_width();
   Backend& be = backend_;
-  int64_t rows = 0;
-  const int64_t T = check_chunks(chunks, all_positions, &rows);
-  // Token ids, positions (from 0) and the rows whose logits we want, uploaded together.
-  Tensor ids = upload_ids(chunks, T, rows, all_positions, 0);
-  Tensor tok_ids = ids.rows(0, T), pos_ids = ids.rows(T, T), out_rows = ids.rows(2 * T, rows);
-
-  Tensor x = ws_.get("x", DType::F32, {T, h});  // residual stream [T, hidden]
-  be.gather_rows(x, embed_tokens_, tok_ids);
-  const bool mha = c.num_kv_heads == c.num_heads;  // Q, K and V equally wide: stacked
-  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  kv.begin(chunks);
-  // Scratch for one GPU batch (kv.groups() of them per layer; one unless asked for), sized
-  // once for the largest so no buffer moves during the step.
   int64_t rows_max = 0;
   for (int64_t g = 0; g < kv.groups(); ++g) rows_max = std::max(rows_max, kv.group_rows(g).count);
   for (auto [name, width] : {std::pair{"a", h}, {"qkv", qw + 2 * kvh}, {"att", qw}, {"gate_up", 2 * f}})
@@ -294,50 +281,79 @@ Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRun
       route_scales_ = be.alloc_pinned(DType::F32, {rows_max * k});
     }
   }
+}
+
+// Layer li for GPU batch g: xg, its rows of the residual stream, and pos, their positions.
+void LlamaModel::decoder_layer(const LlamaLayer& L, int64_t li, int64_t g, const Tensor& xg, const Tensor& pos,
+                               KvRuntime& kv) {
+  const LlamaConfig& c = config_;
+  const int64_t h = c.hidden_size, f = c.intermediate_size, kvh = c.num_kv_heads * c.head_dim(), qw = c.q_width();
+  const int64_t n = xg.dim(0);
+  Backend& be = backend_;
+  const bool mha = c.num_kv_heads == c.num_heads;  // Q, K and V equally wide: stacked
+  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Tensor a = ws_.get("a", DType::F32, {n, h});            // normalised input of a sub-block
+  // Q, K, V: stacked [3, n, qw] (MHA, one batched GEMM); with grouped-query attention Q
+  // [n, qw] and K, V stacked [2, n, kv_h].
+  Tensor qkv = ws_.get("qkv", DType::F32, {n * qw + 2 * n * kvh});
+  Tensor q = qkv.rows(0, n * qw).reshape({n, qw});
+  Tensor kv_new = qkv.rows(n * qw, 2 * n * kvh).reshape({2, n, kvh});
+  Tensor k = kv_new.rows(0, 1).reshape({n, kvh});
+  Tensor v = kv_new.rows(1, 1).reshape({n, kvh});
+  Tensor att = ws_.get("att", DType::F32, {n, qw});
+  Tensor gate_up = ws_.get("gate_up", DType::F32, {2, n, f});  // [gate; up]
+  Tensor gate = gate_up.rows(0, 1).reshape({n, f}), up = gate_up.rows(1, 1).reshape({n, f});
+  kv.prepare(li, g);
+  // Self-attention. `a` is X, the post-norm input of the QKV projection.
+  be.rms_norm(a, xg, L.attn_norm, eps);
+  if (mha) {
+    be.linear_batched(qkv.reshape({3, n, qw}), a, L.wqkv, L.bqkv, Activation::None);
+  } else {
+    be.linear(q, a, L.wq, L.bq, Activation::None);
+    be.linear_batched(kv_new, a, L.wkv, L.bkv, Activation::None);
+  }
+  head_norm(q, L.q_norm);
+  head_norm(k, L.k_norm);
+  if (mha) {
+    rope(qkv.rows(0, 2 * n * qw).reshape({2, n, qw}), pos);  // Q and K, [2, n, qw]: one launch
+  } else {
+    rope(q, pos);
+    rope(k, pos);
+  }
+  kv.attend(li, g, a, q, k, v, att, scale);
+  be.linear_accumulate(xg, att, L.wo, L.bo);  // x += att · Woᵀ
+  // SwiGLU MLP: x += (silu(a · Wgᵀ) * (a · Wuᵀ)) · Wdᵀ, or a mixture of such experts.
+  be.rms_norm(a, xg, L.mlp_norm, eps);
+  if (L.router.defined()) {
+    mixture_of_experts(L, a, xg);
+  } else {
+    be.linear_batched(gate_up, a, L.w_gate_up, L.b_gate_up, Activation::None);
+    be.silu_mul(gate, gate, up);
+    be.linear_accumulate(xg, gate, L.w_down, L.b_down);
+  }
+}
+
+Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions) {
+  const LlamaConfig& c = config_;
+  const int64_t h = c.hidden_size, V = c.vocab_size;
+  Backend& be = backend_;
+  int64_t rows = 0;
+  const int64_t T = check_chunks(chunks, all_positions, &rows);
+  // Token ids, positions (from 0) and the rows whose logits we want, uploaded together.
+  Tensor ids = upload_ids(chunks, T, rows, all_positions, 0);
+  Tensor tok_ids = ids.rows(0, T), pos_ids = ids.rows(T, T), out_rows = ids.rows(2 * T, rows);
+
+  Tensor x = ws_.get("x", DType::F32, {T, h});  // residual stream [T, hidden]
+  be.gather_rows(x, embed_tokens_, tok_ids);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  kv.begin(chunks);
+  reserve_scratch(kv);
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const LlamaLayer& L = layers_[li];
     for (int64_t g = 0; g < kv.groups(); ++g) {
       const auto [r0, n] = kv.group_rows(g);
-      Tensor xg = x.rows(r0, n), pos = pos_ids.rows(r0, n);  // this batch's residual stream and positions
-      Tensor a = ws_.get("a", DType::F32, {n, h});            // normalised input of a sub-block
-      // Q, K, V: stacked [3, n, qw] (MHA, one batched GEMM); with grouped-query attention Q
-      // [n, qw] and K, V stacked [2, n, kv_h].
-      Tensor qkv = ws_.get("qkv", DType::F32, {n * qw + 2 * n * kvh});
-      Tensor q = qkv.rows(0, n * qw).reshape({n, qw});
-      Tensor kv_new = qkv.rows(n * qw, 2 * n * kvh).reshape({2, n, kvh});
-      Tensor k = kv_new.rows(0, 1).reshape({n, kvh});
-      Tensor v = kv_new.rows(1, 1).reshape({n, kvh});
-      Tensor att = ws_.get("att", DType::F32, {n, qw});
-      Tensor gate_up = ws_.get("gate_up", DType::F32, {2, n, f});  // [gate; up]
-      Tensor gate = gate_up.rows(0, 1).reshape({n, f}), up = gate_up.rows(1, 1).reshape({n, f});
-      kv.prepare(li, g);
-      // Self-attention. `a` is X, the post-norm input of the QKV projection.
-      be.rms_norm(a, xg, L.attn_norm, eps);
-      if (mha) {
-        be.linear_batched(qkv.reshape({3, n, qw}), a, L.wqkv, L.bqkv, Activation::None);
-      } else {
-        be.linear(q, a, L.wq, L.bq, Activation::None);
-        be.linear_batched(kv_new, a, L.wkv, L.bkv, Activation::None);
-      }
-      head_norm(q, L.q_norm);
-      head_norm(k, L.k_norm);
-      if (mha) {
-        rope(qkv.rows(0, 2 * n * qw).reshape({2, n, qw}), pos);  // Q and K, [2, n, qw]: one launch
-      } else {
-        rope(q, pos);
-        rope(k, pos);
-      }
-      kv.attend(li, g, a, q, k, v, att, scale);
-      be.linear_accumulate(xg, att, L.wo, L.bo);  // x += att · Woᵀ
-      // SwiGLU MLP: x += (silu(a · Wgᵀ) * (a · Wuᵀ)) · Wdᵀ, or a mixture of such experts.
-      be.rms_norm(a, xg, L.mlp_norm, eps);
-      if (L.router.defined()) {
-        mixture_of_experts(L, a, xg);
-      } else {
-        be.linear_batched(gate_up, a, L.w_gate_up, L.b_gate_up, Activation::None);
-        be.silu_mul(gate, gate, up);
-        be.linear_accumulate(xg, gate, L.w_down, L.b_down);
-      }
+      decoder_layer(L, li, g, x.rows(r0, n), pos_ids.rows(r0, n), kv);
     }
   }
   kv.end();

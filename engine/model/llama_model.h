@@ -60,6 +60,8 @@ class LlamaModel : public Model {
   // x += the layer's experts on `a` (rows [n, h]): the router's logits come back to the host,
   // which picks each row's experts and weights; each expert then runs on its rows, gathered,
   // and adds them back weighted (plus Qwen2-MoE's shared expert on every row).
+  void reserve_scratch(const KvRuntime& kv);
+  void decoder_layer(const LlamaLayer& L, int64_t li, int64_t g, const Tensor& xg, const Tensor& pos, KvRuntime& kv);
   void mixture_of_experts(const LlamaLayer& L, const Tensor& a, const Tensor& x);
   // a SwiGLU MLP of stacked gate/up `w_gate_up` [2, f, h] and `w_down` [h, f] on rows `a` [m, h]
   // into out [m, h] (out = ... when `accumulate` is false, else out += ...).

@@ -179,6 +179,52 @@ void OptModel::stack_qkv() {
   }
 }
 
+// Scratch for one GPU batch (kv.groups() of them per layer; one unless asked for), sized once
+// for the largest so no buffer moves during the step.
+void OptModel::reserve_scratch(const KvRuntime& kv) {
+  const int64_t h = config_.hidden_size;
+  int64_t rows_max = 0;
+  for (int64_t g = 0; g < kv.groups(); ++g) rows_max = std::max(rows_max, kv.group_rows(g).count);
+  for (auto [name, width] : {std::pair{"a", h}, {"qkv", 3 * h}, {"att", h}, {"ff", config_.ffn_dim}})
+    ws_.get(name, DType::F32, {rows_max, width});
+}
+
+// Layer li for GPU batch g; xg: its rows of the residual stream.
+void OptModel::decoder_layer(const OptLayer& L, int64_t li, int64_t g, const Tensor& xg, KvRuntime& kv) {
+  const OptConfig& c = config_;
+  const int64_t h = c.hidden_size, n = xg.dim(0);
+  Backend& be = backend_;
+  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
+  const float eps = OptConfig::kLayerNormEps;
+  Tensor a = ws_.get("a", DType::F32, {n, h});         // normalised input of a sub-block
+  Tensor qkv = ws_.get("qkv", DType::F32, {3, n, h});
+  Tensor q = qkv.rows(0, 1).reshape({n, h});
+  Tensor k = qkv.rows(1, 1).reshape({n, h});
+  Tensor v = qkv.rows(2, 1).reshape({n, h});
+  Tensor att = ws_.get("att", DType::F32, {n, h});
+  Tensor ff = ws_.get("ff", DType::F32, {n, c.ffn_dim});
+  kv.prepare(li, g);
+  // Self-attention block. attn_in is X, the post-norm input of the QKV projection.
+  const Tensor& attn_in = c.do_layer_norm_before ? a : xg;
+  if (c.do_layer_norm_before) be.layer_norm(a, xg, L.attn_ln_w, L.attn_ln_b, eps);
+  if (L.wqkv.defined()) {
+    be.linear_batched(qkv, attn_in, L.wqkv, L.bqkv, Activation::None);
+  } else {
+    be.linear(q, attn_in, L.wq, L.bq, Activation::None);
+    be.linear(k, attn_in, L.wk, L.bk, Activation::None);
+    be.linear(v, attn_in, L.wv, L.bv, Activation::None);
+  }
+  kv.attend(li, g, attn_in, q, k, v, att, scale);
+  be.linear_accumulate(xg, att, L.wo, L.bo);  // x += att · Woᵀ + bo
+  if (!c.do_layer_norm_before) be.layer_norm(xg, xg, L.attn_ln_w, L.attn_ln_b, eps);
+  // Feed-forward block.
+  const Tensor& ffn_in = c.do_layer_norm_before ? a : xg;
+  if (c.do_layer_norm_before) be.layer_norm(a, xg, L.ffn_ln_w, L.ffn_ln_b, eps);
+  be.linear(ff, ffn_in, L.fc1_w, L.fc1_b, c.activation);
+  be.linear_accumulate(xg, ff, L.fc2_w, L.fc2_b);
+  if (!c.do_layer_norm_before) be.layer_norm(xg, xg, L.ffn_ln_w, L.ffn_ln_b, eps);
+}
+
 Tensor OptModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions) {
   const OptConfig& c = config_;
   const int64_t h = c.hidden_size, d = c.word_embed_proj_dim, V = c.vocab_size;
@@ -199,47 +245,14 @@ Tensor OptModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRunti
   }
   be.add_gathered_rows(x, embed_positions_, pos_ids);
 
-  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
   const float eps = OptConfig::kLayerNormEps;
   kv.begin(chunks);
-  // Scratch for one GPU batch (kv.groups() of them per layer; one unless asked for), sized
-  // once for the largest so no buffer moves during the step.
-  int64_t rows_max = 0;
-  for (int64_t g = 0; g < kv.groups(); ++g) rows_max = std::max(rows_max, kv.group_rows(g).count);
-  for (auto [name, width] : {std::pair{"a", h}, {"qkv", 3 * h}, {"att", h}, {"ff", c.ffn_dim}})
-    ws_.get(name, DType::F32, {rows_max, width});
+  reserve_scratch(kv);
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const OptLayer& L = layers_[li];
     for (int64_t g = 0; g < kv.groups(); ++g) {
       const auto [r0, n] = kv.group_rows(g);
-      Tensor xg = x.rows(r0, n);                           // this batch's residual stream
-      Tensor a = ws_.get("a", DType::F32, {n, h});         // normalised input of a sub-block
-      Tensor qkv = ws_.get("qkv", DType::F32, {3, n, h});
-      Tensor q = qkv.rows(0, 1).reshape({n, h});
-      Tensor k = qkv.rows(1, 1).reshape({n, h});
-      Tensor v = qkv.rows(2, 1).reshape({n, h});
-      Tensor att = ws_.get("att", DType::F32, {n, h});
-      Tensor ff = ws_.get("ff", DType::F32, {n, c.ffn_dim});
-      kv.prepare(li, g);
-      // Self-attention block. attn_in is X, the post-norm input of the QKV projection.
-      const Tensor& attn_in = c.do_layer_norm_before ? a : xg;
-      if (c.do_layer_norm_before) be.layer_norm(a, xg, L.attn_ln_w, L.attn_ln_b, eps);
-      if (L.wqkv.defined()) {
-        be.linear_batched(qkv, attn_in, L.wqkv, L.bqkv, Activation::None);
-      } else {
-        be.linear(q, attn_in, L.wq, L.bq, Activation::None);
-        be.linear(k, attn_in, L.wk, L.bk, Activation::None);
-        be.linear(v, attn_in, L.wv, L.bv, Activation::None);
-      }
-      kv.attend(li, g, attn_in, q, k, v, att, scale);
-      be.linear_accumulate(xg, att, L.wo, L.bo);  // x += att · Woᵀ + bo
-      if (!c.do_layer_norm_before) be.layer_norm(xg, xg, L.attn_ln_w, L.attn_ln_b, eps);
-      // Feed-forward block.
-      const Tensor& ffn_in = c.do_layer_norm_before ? a : xg;
-      if (c.do_layer_norm_before) be.layer_norm(a, xg, L.ffn_ln_w, L.ffn_ln_b, eps);
-      be.linear(ff, ffn_in, L.fc1_w, L.fc1_b, c.activation);
-      be.linear_accumulate(xg, ff, L.fc2_w, L.fc2_b);
-      if (!c.do_layer_norm_before) be.layer_norm(xg, xg, L.ffn_ln_w, L.ffn_ln_b, eps);
+      decoder_layer(L, li, g, x.rows(r0, n), kv);
     }
   }
   kv.end();

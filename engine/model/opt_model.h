@@ -37,6 +37,8 @@ class OptModel : public Model {
   DType kv_dtype_for(DType storage) const override;
 
  private:
+  void reserve_scratch(const KvRuntime& kv);
+  void decoder_layer(const OptLayer& L, int64_t li, int64_t g, const Tensor& xg, KvRuntime& kv);
   void load(const std::string& model_dir, const ModelLoadOptions& opts);
   void assemble(const WeightSource& fetch);
   // Stacks each layer's Q, K, V weights (and biases) into one tensor; after every weight
