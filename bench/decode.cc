@@ -57,6 +57,38 @@ struct ModeResult {
   double ms_per_step = 0;
 };
 
+// Two more steps with the tracer on: the trace file (when `trace_path` is given) and the compute
+// stream's busy fraction and ops per step.
+struct TracedSteps {
+  double compute_busy_fraction = 0, compute_ops_per_step = 0;
+};
+template <typename StepFn>
+TracedSteps trace_two_steps(Backend& be, StepFn&& step, const std::string& trace_path) {
+  Tracer tracer;
+  be.synchronize();
+  be.set_tracer(&tracer);
+  const double t_start = tracer.now_us();
+  step();
+  step();
+  be.synchronize();
+  const double t_end = tracer.now_us();
+  be.set_tracer(nullptr);
+  double busy_us = 0;
+  int64_t compute_ops = 0;
+  json::Value doc = tracer.to_json();
+  std::string compute_tid;
+  for (const auto& e : doc.find("traceEvents")->as_array())
+    if (e.find("name")->as_string() == "thread_name" && e.find("args")->find("name")->as_string() == "compute")
+      compute_tid = std::to_string(e.find("tid")->as_int());
+  for (const auto& e : doc.find("traceEvents")->as_array())
+    if (e.find("ph")->as_string() == "X" && std::to_string(e.find("tid")->as_int()) == compute_tid) {
+      busy_us += e.find("dur")->as_double();
+      ++compute_ops;
+    }
+  if (!trace_path.empty()) tracer.write(trace_path);
+  return {std::min(1.0, busy_us / std::max(1.0, t_end - t_start)), static_cast<double>(compute_ops) / 2.0};
+}
+
 ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const KvRuntimeOptions& base, int batch,
                     int prompt, int gen, const std::string& trace_path) {
   KvRuntimeOptions o = base;
@@ -95,29 +127,7 @@ ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const K
     h2d += static_cast<double>(st.h2d_bytes);
     d2h += static_cast<double>(st.d2h_bytes);
   }
-  // Two more steps with the tracer on: the trace file and the compute stream's busy fraction.
-  Tracer tracer;
-  be.synchronize();
-  be.set_tracer(&tracer);
-  double t_start = tracer.now_us();
-  step();
-  step();
-  be.synchronize();
-  double t_end = tracer.now_us();
-  be.set_tracer(nullptr);
-  double busy_us = 0;
-  int64_t compute_ops = 0;
-  json::Value doc = tracer.to_json();
-  std::string compute_tid;
-  for (const auto& e : doc.find("traceEvents")->as_array())
-    if (e.find("name")->as_string() == "thread_name" && e.find("args")->find("name")->as_string() == "compute")
-      compute_tid = std::to_string(e.find("tid")->as_int());
-  for (const auto& e : doc.find("traceEvents")->as_array())
-    if (e.find("ph")->as_string() == "X" && std::to_string(e.find("tid")->as_int()) == compute_tid) {
-      busy_us += e.find("dur")->as_double();
-      ++compute_ops;
-    }
-  if (!trace_path.empty()) tracer.write(trace_path);
+  const TracedSteps traced = trace_two_steps(be, step, trace_path);
 
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
@@ -141,11 +151,11 @@ ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const K
   j.set("decode_tokens_per_s", batch / (r.ms_per_step / 1e3));
   j.set("h2d_bytes_per_step", h2d / gen);
   j.set("d2h_bytes_per_step", d2h / gen);
-  j.set("compute_busy_fraction", std::min(1.0, busy_us / std::max(1.0, t_end - t_start)));
+  j.set("compute_busy_fraction", traced.compute_busy_fraction);
   std::vector<double> issue_sorted(issue_ms.begin(), issue_ms.begin() + gen);  // the untraced steps
   std::sort(issue_sorted.begin(), issue_sorted.end());
   j.set("host_issue_ms_per_step_median", issue_sorted[issue_sorted.size() / 2]);
-  j.set("compute_ops_per_step", static_cast<double>(compute_ops) / 2.0);  // ops and copies on the compute stream
+  j.set("compute_ops_per_step", traced.compute_ops_per_step);  // ops and copies on the compute stream
   j.set("host_bytes_per_token", kv->host_bytes_per_token());
   j.set("steps", std::move(steps));
   if (!trace_path.empty()) j.set("trace", trace_path);

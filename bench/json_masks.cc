@@ -36,6 +36,77 @@
 
 namespace kvpr::bench {
 
+namespace {
+
+struct MaskCase {
+  const char* name;
+  std::shared_ptr<const JsonSchema> schema;  // null: json_object
+  std::string prefix;                        // text generated before the masked row
+};
+
+std::vector<MaskCase> mask_cases() {
+  auto schema = [](const char* s) { return std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse(s))); };
+  auto person = schema(R"({
+    "type": "object", "additionalProperties": false, "required": ["name", "age", "email", "tags", "role"],
+    "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 200},
+                   "age": {"type": "integer"}, "email": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                   "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+                   "role": {"enum": ["admin", "user", "guest"]}}})");
+  auto when = schema(R"({"type": "string", "format": "date-time"})");
+  auto words = schema(R"({"type": "string", "pattern": "^[a-z ]+$"})");
+  return {
+      {"json_object: first token", nullptr, ""},
+      {"json_object: inside a string", nullptr, "{\"note\": \"the quick brown"},
+      {"json_object: after a value", nullptr, "{\"a\": [1, 2"},
+      {"schema: first token", person, ""},
+      {"schema: a closed object's key", person, "{\"name\": \"Ann\", \""},
+      {"schema: inside a bounded string", person, "{\"name\": \"Ann Lee"},
+      {"schema: inside an anyOf string", person, "{\"name\": \"A\", \"age\": 3, \"email\": \"a@b"},
+      {"schema: inside a date-time", when, "\"2024-07-0"},
+      {"schema: inside a pattern's free text", words, "\"hello wor"},
+  };
+}
+
+// One case: the median time to mask a row in a fresh constraint (no state cached) and in one
+// whose state is cached; its row in the result.
+json::Value time_mask_case(const MaskCase& c, const Tokenizer& tok,
+                           const std::shared_ptr<JsonTokenConstraint::Vocabulary>& vocab, int reps, double floor_s) {
+  const int32_t V = tok.size();
+  const std::vector<int32_t> ids = tok.encode(c.prefix);
+  auto make = [&] {
+    auto k = c.schema ? std::make_unique<JsonTokenConstraint>(vocab, c.schema) : std::make_unique<JsonTokenConstraint>(vocab);
+    for (int32_t id : ids) k->advance(id);
+    return k;
+  };
+  std::vector<float> row(static_cast<size_t>(V), 0.f);
+  int64_t allowed = 0;
+  std::vector<double> fresh;
+  for (int r = 0; r < reps; ++r) {
+    auto k = make();
+    std::fill(row.begin(), row.end(), 0.f);
+    const auto t0 = Clock::now();
+    allowed = k->mask(row.data(), V, {});
+    fresh.push_back(seconds_since(t0));
+  }
+  std::sort(fresh.begin(), fresh.end());
+  auto k = make();
+  k->mask(row.data(), V, {});
+  const double cached = time_median(reps, [&] { k->mask(row.data(), V, {}); });
+  const double f = fresh[fresh.size() / 2];
+  std::printf("%-36s %10.3f %10.3f %8lld %10.1f\n", c.name, f * 1e3, cached * 1e3, static_cast<long long>(allowed),
+              f / floor_s);
+  json::Value r(json::Object{});
+  r.set("state", c.name);
+  r.set("prefix", c.prefix);
+  r.set("fresh_ms", f * 1e3);
+  r.set("cached_ms", cached * 1e3);
+  r.set("allowed", allowed);
+  r.set("fresh_over_floor", f / floor_s);
+  return r;
+}
+
+}  // namespace
+
 // Constrained decoding's host cost: the time to mask one logits row (every id of a tokenizer's
 // vocabulary checked against the JSON recognizer or a schema's) in the states a generation
 // passes through, computed afresh (a state not seen before) and from the per-state cache; next
@@ -57,67 +128,9 @@ int cmd_json(const std::vector<std::string>& args) {
       for (char c : b) h = h * 31 + static_cast<uint8_t>(c);
     sink = h;
   });
-  auto person = std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse(R"({
-    "type": "object", "additionalProperties": false, "required": ["name", "age", "email", "tags", "role"],
-    "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 200},
-                   "age": {"type": "integer"}, "email": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-                   "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
-                   "role": {"enum": ["admin", "user", "guest"]}}})")));
-  auto pattern_schema = [](const char* s) { return std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse(s))); };
-  auto when = pattern_schema(R"({"type": "string", "format": "date-time"})");
-  auto words = pattern_schema(R"({"type": "string", "pattern": "^[a-z ]+$"})");
-  struct Case {
-    const char* name;
-    std::shared_ptr<const JsonSchema> schema;  // null: json_object
-    std::string prefix;                        // text generated before the masked row
-  };
-  const std::vector<Case> cases = {
-      {"json_object: first token", nullptr, ""},
-      {"json_object: inside a string", nullptr, "{\"note\": \"the quick brown"},
-      {"json_object: after a value", nullptr, "{\"a\": [1, 2"},
-      {"schema: first token", person, ""},
-      {"schema: a closed object's key", person, "{\"name\": \"Ann\", \""},
-      {"schema: inside a bounded string", person, "{\"name\": \"Ann Lee"},
-      {"schema: inside an anyOf string", person, "{\"name\": \"A\", \"age\": 3, \"email\": \"a@b"},
-      {"schema: inside a date-time", when, "\"2024-07-0"},
-      {"schema: inside a pattern's free text", words, "\"hello wor"},
-  };
-  std::vector<std::vector<int32_t>> prefix_ids;
   json::Array rows;
   std::printf("%-36s %10s %10s %8s %10s\n", "state", "fresh ms", "cached ms", "allowed", "x floor");
-  for (const auto& c : cases) {
-    const std::vector<int32_t> ids = tok.encode(c.prefix);
-    auto make = [&] {
-      auto k = c.schema ? std::make_unique<JsonTokenConstraint>(vocab, c.schema) : std::make_unique<JsonTokenConstraint>(vocab);
-      for (int32_t id : ids) k->advance(id);
-      return k;
-    };
-    std::vector<float> row(static_cast<size_t>(V), 0.f);
-    int64_t allowed = 0;
-    std::vector<double> fresh;
-    for (int r = 0; r < reps; ++r) {
-      auto k = make();
-      std::fill(row.begin(), row.end(), 0.f);
-      const auto t0 = Clock::now();
-      allowed = k->mask(row.data(), V, {});
-      fresh.push_back(seconds_since(t0));
-    }
-    std::sort(fresh.begin(), fresh.end());
-    auto k = make();
-    k->mask(row.data(), V, {});
-    const double cached = time_median(reps, [&] { k->mask(row.data(), V, {}); });
-    const double f = fresh[fresh.size() / 2];
-    std::printf("%-36s %10.3f %10.3f %8lld %10.1f\n", c.name, f * 1e3, cached * 1e3, static_cast<long long>(allowed),
-                f / floor_s);
-    json::Value r(json::Object{});
-    r.set("state", c.name);
-    r.set("prefix", c.prefix);
-    r.set("fresh_ms", f * 1e3);
-    r.set("cached_ms", cached * 1e3);
-    r.set("allowed", allowed);
-    r.set("fresh_over_floor", f / floor_s);
-    rows.push_back(std::move(r));
-  }
+  for (const MaskCase& c : mask_cases()) rows.push_back(time_mask_case(c, tok, vocab, reps, floor_s));
   std::printf("floor: one pass over %d tokens (%zu bytes): %.3f ms\n", V, total_bytes, floor_s * 1e3);
   json::Value result(json::Object{});
   result.set("benchmark", "json-mask");

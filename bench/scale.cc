@@ -280,6 +280,45 @@ void on_bind(const json::Value& cmd, const BindFn& bind, const std::function<voi
 }
 
 // A real worker: the model, the KV runtime of its mode, a prefilled batch, decode steps.
+// The worker's first reply: the model's KV shape and the host memory the run would take.
+json::Value shape_event(const Backend& be, const Model& model, int64_t host_kv_bytes) {
+  const KvShape shape = model.kv_shape();
+  json::Value sh = event("shape");
+  sh.set("device", be.name());
+  sh.set("layers", shape.layers);
+  sh.set("hidden", shape.hidden);
+  sh.set("heads", shape.heads);
+  sh.set("kv_heads", shape.kv_heads > 0 ? shape.kv_heads : shape.heads);
+  sh.set("head_dim", shape.head_dim);
+  sh.set("host_kv_bytes", host_kv_bytes);
+  // On the CPU backend the "device" memory (weights, the KV the step works on) is host memory.
+  sh.set("host_device_bytes", be.device_is_host() ? static_cast<int64_t>(model.weight_bytes()) : 0);
+  return sh;
+}
+
+// One decode step, timed: its wall and CPU time, split, link bytes and the host memory it
+// touched for its KV (what crossed the link and, for cpu-attn, the K and V the host attention
+// read, accounted from the shapes, not hardware counters).
+json::Value timed_step(GreedyDecode& dec, KvRuntime& kv, KvMode mode, const KvShape& shape, DType kv_dtype,
+                       int64_t batch) {
+  const int64_t ctx = dec.context();
+  const double c0 = cpu_seconds();
+  const auto t0 = Clock::now();
+  dec.step();
+  const double ms = seconds_since(t0) * 1e3;
+  const StepStats& st = kv.last_step();
+  json::Value r = event("step");
+  r.set("ms", ms);
+  r.set("cpu_s", cpu_seconds() - c0);
+  r.set("ctx", ctx);
+  r.set("split", st.split_total);
+  r.set("link_bytes", st.h2d_bytes + st.d2h_bytes);
+  double dram = static_cast<double>(st.h2d_bytes + st.d2h_bytes);
+  if (mode == KvMode::CpuAttn) dram += host_attention_bytes(batch, ctx, shape.layers, shape.kv_hidden(), kv_dtype);
+  r.set("dram_bytes", dram);
+  return r;
+}
+
 void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
   KvMode mode;
   KVPR_CHECK(parse_kv_mode(a.mode_name, &mode), "unknown mode '", a.mode_name, "'");
@@ -294,17 +333,7 @@ void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
   std::unique_ptr<Model> model = preset_model(*be, a.preset, false, a.max_positions);
   const KvShape shape = model->kv_shape();
   const int64_t per_token = KvRuntime::host_bytes_per_token(mode, shape, kv_dtype);
-  json::Value sh = event("shape");
-  sh.set("device", be->name());
-  sh.set("layers", shape.layers);
-  sh.set("hidden", shape.hidden);
-  sh.set("heads", shape.heads);
-  sh.set("kv_heads", shape.kv_heads > 0 ? shape.kv_heads : shape.heads);
-  sh.set("head_dim", shape.head_dim);
-  sh.set("host_kv_bytes", per_token * a.batch * a.capacity);
-  // On the CPU backend the "device" memory (weights, the KV the step works on) is host memory.
-  sh.set("host_device_bytes", be->device_is_host() ? static_cast<int64_t>(model->weight_bytes()) : 0);
-  reply(sh);
+  reply(shape_event(*be, *model, per_token * a.batch * a.capacity));
   json::Value cmd;
   if (!next_command(&cmd)) return;  // refused: the sizes do not fit the host
   KVPR_CHECK(cmd.find("cmd")->as_string() == "allocate", "scale worker: expected allocate");
@@ -336,24 +365,7 @@ void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
     if (c == "bind") {
       on_bind(cmd, bind, [&](int threads) { kv->set_host_attention_threads(threads); });
     } else if (c == "step") {
-      const int64_t ctx = dec.context();
-      const double c0 = cpu_seconds();
-      t0 = Clock::now();
-      dec.step();
-      const double ms = seconds_since(t0) * 1e3;
-      const StepStats& st = kv->last_step();
-      json::Value r = event("step");
-      r.set("ms", ms);
-      r.set("cpu_s", cpu_seconds() - c0);
-      r.set("ctx", ctx);
-      r.set("split", st.split_total);
-      r.set("link_bytes", st.h2d_bytes + st.d2h_bytes);
-      // Host memory the step touched for its KV: what crossed the link, and for cpu-attn the
-      // K and V the host attention read (accounted from the shapes, not hardware counters).
-      double dram = static_cast<double>(st.h2d_bytes + st.d2h_bytes);
-      if (mode == KvMode::CpuAttn) dram += host_attention_bytes(a.batch, ctx, shape.layers, shape.kv_hidden(), kv_dtype);
-      r.set("dram_bytes", dram);
-      reply(r);
+      reply(timed_step(dec, *kv, mode, shape, kv_dtype, a.batch));
     } else if (c == "exit") {
       return;
     } else {

@@ -242,6 +242,93 @@ void render_qwen3(const std::vector<ChatMessage>& messages, const ChatOptions& o
   if (!options.enable_thinking) r->prompt += "<think>\n\n</think>\n\n";
 }
 
+void render_plain(const std::vector<ChatMessage>& messages, RenderedChat* r) {
+  for (const auto& m : messages) {
+    std::string who = m.role == "system" ? "System" : m.role == "assistant" ? "Assistant" : "User";
+    r->prompt += who + ": " + m.content + "\n\n";
+  }
+  r->prompt += "Assistant:";
+  r->stop = {"\n\nUser:"};
+}
+
+// Llama-2's and Mistral-7B-Instruct's [INST] turns.
+void render_inst(const std::string& name, const std::vector<ChatMessage>& messages, RenderedChat* r) {
+  // Both have [INST] turns and no system turn: a system message opens the first user turn
+  // (Llama-2 in <<SYS>> tags, Mistral followed by a blank line).
+  std::string system;
+  size_t i = 0;
+  if (!messages.empty() && messages[0].role == "system") {
+    system = messages[0].content;
+    i = 1;
+  }
+  const bool llama = name == "llama-2";
+  bool first = true;
+  for (; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (m.role == "user") {
+      std::string content = m.content;
+      if (first && !system.empty())
+        content = llama ? "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content : system + "\n\n" + content;
+      // Llama-2: every turn opens with BOS (the first is the tokenizer's own) and is stripped.
+      // Mistral-7B-Instruct: "[INST] {user} [/INST]{assistant}</s>" after the one BOS.
+      if (llama) r->prompt += (first ? "" : "<s>") + std::string("[INST] ") + trim(content) + " [/INST]";
+      else r->prompt += "[INST] " + content + " [/INST]";
+      first = false;
+    } else if (m.role == "assistant") {
+      r->prompt += llama ? " " + trim(m.content) + " </s>" : m.content + "</s>";
+    }
+  }
+}
+
+// Llama-3's, and Llama-3.1's and 3.2's with their system header and tools.
+void render_llama3(const std::string& name, const std::vector<ChatMessage>& messages, const ChatOptions& options,
+                   RenderedChat* r) {
+  // The BOS before the first header is the tokenizer's own; the model ends its turn with
+  // <|eot_id|>, a special token (no text), so it is a stop token, not a stop string.
+  size_t i = 0;
+  if (name != "llama-3") {
+    std::string system;
+    if (!messages.empty() && messages[0].role == "system") {
+      system = messages[0].content;
+      i = 1;
+    }
+    const std::string date = name == "llama-3.1" ? "26 Jul 2024" : today();
+    const bool tools = !options.tools.empty();
+    // Only the system message is trimmed, not the header lines before it.
+    r->prompt += "<|start_header_id|>system<|end_header_id|>\n\n" + std::string(tools ? "Environment: ipython\n" : "") +
+                "Cutting Knowledge Date: December 2023\nToday Date: " + date + "\n\n" + trim(system) + "<|eot_id|>";
+    if (tools) {
+      // The tools go into the first message after the system one (its templates' default,
+      // tools_in_user_message), each as json.dumps(indent=4) writes it.
+      KVPR_CHECK(i < messages.size(), "the chat template '", name,
+                 "' writes the tools into the first user message, and the conversation has none");
+      r->prompt +=
+          "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a "
+          "function call with its proper arguments that best answers the given prompt.\n\nRespond in the format "
+          "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use "
+          "variables.\n\n";
+      for (const auto& t : options.tools) r->prompt += t.dump_python(4) + "\n\n";
+      r->prompt += trim(messages[i++].content) + "<|eot_id|>";
+    }
+  }
+  for (; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "tool") {
+      // A result is written as a JSON string (the template's tojson of the content).
+      r->prompt += "<|start_header_id|>ipython<|end_header_id|>\n\n" + json::Value(m.content).dump_python() + "<|eot_id|>";
+    } else if (!m.tool_calls.empty()) {
+      KVPR_CHECK(m.tool_calls.size() == 1, "the chat template '", name,
+                 "' takes one tool call per assistant message (as the model's own template)");
+      r->prompt += "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"" + m.tool_calls[0].name +
+                  "\", \"parameters\": " + m.tool_calls[0].arguments.dump_python() + "}<|eot_id|>";
+    } else {
+      r->prompt += llama3_turn(m.role, m.content);
+    }
+  }
+  r->prompt += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  r->stop_tokens = {"<|eot_id|>"};
+}
+
 }  // namespace
 
 std::string chat_template_names() {
@@ -290,40 +377,11 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
     return r;
   }
   if (name == "plain" || name == "opt") {
-    for (const auto& m : messages) {
-      std::string who = m.role == "system" ? "System" : m.role == "assistant" ? "Assistant" : "User";
-      r.prompt += who + ": " + m.content + "\n\n";
-    }
-    r.prompt += "Assistant:";
-    r.stop = {"\n\nUser:"};
+    render_plain(messages, &r);
     return r;
   }
   if (name == "llama-2" || name == "mistral") {
-    // Both have [INST] turns and no system turn: a system message opens the first user turn
-    // (Llama-2 in <<SYS>> tags, Mistral followed by a blank line).
-    std::string system;
-    size_t i = 0;
-    if (!messages.empty() && messages[0].role == "system") {
-      system = messages[0].content;
-      i = 1;
-    }
-    const bool llama = name == "llama-2";
-    bool first = true;
-    for (; i < messages.size(); ++i) {
-      const auto& m = messages[i];
-      if (m.role == "user") {
-        std::string content = m.content;
-        if (first && !system.empty())
-          content = llama ? "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content : system + "\n\n" + content;
-        // Llama-2: every turn opens with BOS (the first is the tokenizer's own) and is stripped.
-        // Mistral-7B-Instruct: "[INST] {user} [/INST]{assistant}</s>" after the one BOS.
-        if (llama) r.prompt += (first ? "" : "<s>") + std::string("[INST] ") + trim(content) + " [/INST]";
-        else r.prompt += "[INST] " + content + " [/INST]";
-        first = false;
-      } else if (m.role == "assistant") {
-        r.prompt += llama ? " " + trim(m.content) + " </s>" : m.content + "</s>";
-      }
-    }
+    render_inst(name, messages, &r);
     return r;
   }
   if (name == "zephyr") {
@@ -344,50 +402,7 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
     return r;
   }
   if (name == "llama-3" || name == "llama-3.1" || name == "llama-3.2") {
-    // The BOS before the first header is the tokenizer's own; the model ends its turn with
-    // <|eot_id|>, a special token (no text), so it is a stop token, not a stop string.
-    size_t i = 0;
-    if (name != "llama-3") {
-      std::string system;
-      if (!messages.empty() && messages[0].role == "system") {
-        system = messages[0].content;
-        i = 1;
-      }
-      const std::string date = name == "llama-3.1" ? "26 Jul 2024" : today();
-      const bool tools = !options.tools.empty();
-      // Only the system message is trimmed, not the header lines before it.
-      r.prompt += "<|start_header_id|>system<|end_header_id|>\n\n" + std::string(tools ? "Environment: ipython\n" : "") +
-                  "Cutting Knowledge Date: December 2023\nToday Date: " + date + "\n\n" + trim(system) + "<|eot_id|>";
-      if (tools) {
-        // The tools go into the first message after the system one (its templates' default,
-        // tools_in_user_message), each as json.dumps(indent=4) writes it.
-        KVPR_CHECK(i < messages.size(), "the chat template '", name,
-                   "' writes the tools into the first user message, and the conversation has none");
-        r.prompt +=
-            "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a "
-            "function call with its proper arguments that best answers the given prompt.\n\nRespond in the format "
-            "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use "
-            "variables.\n\n";
-        for (const auto& t : options.tools) r.prompt += t.dump_python(4) + "\n\n";
-        r.prompt += trim(messages[i++].content) + "<|eot_id|>";
-      }
-    }
-    for (; i < messages.size(); ++i) {
-      const ChatMessage& m = messages[i];
-      if (m.role == "tool") {
-        // A result is written as a JSON string (the template's tojson of the content).
-        r.prompt += "<|start_header_id|>ipython<|end_header_id|>\n\n" + json::Value(m.content).dump_python() + "<|eot_id|>";
-      } else if (!m.tool_calls.empty()) {
-        KVPR_CHECK(m.tool_calls.size() == 1, "the chat template '", name,
-                   "' takes one tool call per assistant message (as the model's own template)");
-        r.prompt += "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"" + m.tool_calls[0].name +
-                    "\", \"parameters\": " + m.tool_calls[0].arguments.dump_python() + "}<|eot_id|>";
-      } else {
-        r.prompt += llama3_turn(m.role, m.content);
-      }
-    }
-    r.prompt += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-    r.stop_tokens = {"<|eot_id|>"};
+    render_llama3(name, messages, options, &r);
     return r;
   }
   KVPR_THROW("unknown chat template '", name, "'");

@@ -71,15 +71,15 @@ std::u32string decode_utf8(const std::string& s) {
   return out;
 }
 
+}  // namespace
+
 // The syntax tree.
-struct Node {
+struct Regex::Node {
   enum Kind { Set, Concat, Alt, Repeat } kind = Concat;
   Ranges set;
   std::vector<Node> kids;
   int min = 1, max = 1;
 };
-
-}  // namespace
 
 class Regex::Parser {
  public:
@@ -327,6 +327,69 @@ int Regex::add_state() {
   return static_cast<int>(nfa_.size()) - 1;
 }
 
+// Thompson's construction: each fragment has one start and one end state.
+Regex::Frag Regex::emit(const Node& n) {
+  switch (n.kind) {
+    case Node::Set: {
+      const int s = add_state(), e = add_state();
+      for (const auto& [lo, hi] : n.set) nfa_[static_cast<size_t>(s)].cls.push_back(Range{lo, hi});
+      nfa_[static_cast<size_t>(s)].next = e;
+      if (n.set.empty()) nfa_[static_cast<size_t>(s)].next = -1;  // matches nothing
+      return {s, e};
+    }
+    case Node::Concat: {
+      const int s = add_state();
+      int end = s;
+      for (const Node& k : n.kids) {
+        const Frag f = emit(k);
+        nfa_[static_cast<size_t>(end)].eps.push_back(f.start);
+        end = f.end;
+      }
+      return {s, end};
+    }
+    case Node::Alt: {
+      const int s = add_state(), e = add_state();
+      for (const Node& k : n.kids) {
+        const Frag f = emit(k);
+        nfa_[static_cast<size_t>(s)].eps.push_back(f.start);
+        nfa_[static_cast<size_t>(f.end)].eps.push_back(e);
+      }
+      return {s, e};
+    }
+    case Node::Repeat: return emit_repeat(n);
+  }
+  return {0, 0};
+}
+
+// n.min copies in a row, then a loop (no upper bound) or n.max - n.min optional copies.
+Regex::Frag Regex::emit_repeat(const Node& n) {
+  const int s = add_state();
+  int end = s;
+  for (int k = 0; k < n.min; ++k) {
+    const Frag f = emit(n.kids[0]);
+    nfa_[static_cast<size_t>(end)].eps.push_back(f.start);
+    end = f.end;
+  }
+  if (n.max == kInfinite) {
+    const int loop = add_state(), e = add_state();
+    nfa_[static_cast<size_t>(end)].eps.push_back(loop);
+    const Frag f = emit(n.kids[0]);
+    nfa_[static_cast<size_t>(loop)].eps.push_back(f.start);
+    nfa_[static_cast<size_t>(loop)].eps.push_back(e);
+    nfa_[static_cast<size_t>(f.end)].eps.push_back(loop);
+    return {s, e};
+  }
+  const int e = add_state();
+  for (int k = n.min; k < n.max; ++k) {  // each optional copy may be the last
+    nfa_[static_cast<size_t>(end)].eps.push_back(e);
+    const Frag f = emit(n.kids[0]);
+    nfa_[static_cast<size_t>(end)].eps.push_back(f.start);
+    end = f.end;
+  }
+  nfa_[static_cast<size_t>(end)].eps.push_back(e);
+  return {s, e};
+}
+
 Regex::Regex(const std::string& pattern) : pattern_(pattern) {
   bool anchored_start = false, anchored_end = false;
   Node tree = Parser(pattern).parse(&anchored_start, &anchored_end);
@@ -347,65 +410,6 @@ Regex::Regex(const std::string& pattern) : pattern_(pattern) {
   whole.kids.push_back(std::move(tree));
   if (!anchored_end) whole.kids.push_back(anything());
 
-  // Thompson's construction: each fragment has one start and one end state.
-  std::function<Frag(const Node&)> emit = [&](const Node& n) -> Frag {
-    switch (n.kind) {
-      case Node::Set: {
-        const int s = add_state(), e = add_state();
-        for (const auto& [lo, hi] : n.set) nfa_[static_cast<size_t>(s)].cls.push_back(Range{lo, hi});
-        nfa_[static_cast<size_t>(s)].next = e;
-        if (n.set.empty()) nfa_[static_cast<size_t>(s)].next = -1;  // matches nothing
-        return {s, e};
-      }
-      case Node::Concat: {
-        const int s = add_state();
-        int end = s;
-        for (const Node& k : n.kids) {
-          const Frag f = emit(k);
-          nfa_[static_cast<size_t>(end)].eps.push_back(f.start);
-          end = f.end;
-        }
-        return {s, end};
-      }
-      case Node::Alt: {
-        const int s = add_state(), e = add_state();
-        for (const Node& k : n.kids) {
-          const Frag f = emit(k);
-          nfa_[static_cast<size_t>(s)].eps.push_back(f.start);
-          nfa_[static_cast<size_t>(f.end)].eps.push_back(e);
-        }
-        return {s, e};
-      }
-      case Node::Repeat: {
-        const int s = add_state();
-        int end = s;
-        for (int k = 0; k < n.min; ++k) {
-          const Frag f = emit(n.kids[0]);
-          nfa_[static_cast<size_t>(end)].eps.push_back(f.start);
-          end = f.end;
-        }
-        if (n.max == kInfinite) {
-          const int loop = add_state(), e = add_state();
-          nfa_[static_cast<size_t>(end)].eps.push_back(loop);
-          const Frag f = emit(n.kids[0]);
-          nfa_[static_cast<size_t>(loop)].eps.push_back(f.start);
-          nfa_[static_cast<size_t>(loop)].eps.push_back(e);
-          nfa_[static_cast<size_t>(f.end)].eps.push_back(loop);
-          return {s, e};
-        }
-        const int e = add_state();
-        for (int k = n.min; k < n.max; ++k) {  // each optional copy may be the last
-          nfa_[static_cast<size_t>(end)].eps.push_back(e);
-          const Frag f = emit(n.kids[0]);
-          nfa_[static_cast<size_t>(end)].eps.push_back(f.start);
-          end = f.end;
-        }
-        nfa_[static_cast<size_t>(end)].eps.push_back(e);
-        return {s, e};
-      }
-    }
-    return {0, 0};
-  };
   const Frag f = emit(whole);
   nfa_start_ = f.start;
   nfa_accept_ = f.end;

@@ -56,7 +56,10 @@ class Regex {
     int start, end;  // end: a state whose epsilon moves are still to be connected
   };
   class Parser;
+  struct Node;  // the syntax tree
   int add_state();
+  Frag emit(const Node& n);  // n's states, added to nfa_
+  Frag emit_repeat(const Node& n);
   std::vector<int> closure(std::vector<int> states) const;
   int intern(std::vector<int> set) const;
 

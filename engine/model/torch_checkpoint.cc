@@ -363,6 +363,68 @@ std::shared_ptr<std::vector<uint8_t>> gather_strided(const uint8_t* base, const 
   return out;
 }
 
+// The state dict in data.pkl, unwrapped from {"state_dict": {...}} or {"model": {...}}.
+const PyDict& state_dict_of(const PyRef& obj, const std::string& name) {
+  auto* dict = std::get_if<PyDict>(&obj->v);
+  if (dict && dict->size() <= 4) {
+    for (const auto& [k, v] : *dict) {
+      auto* ks = std::get_if<std::string>(&k->v);
+      auto* inner = std::get_if<PyDict>(&v->v);
+      if (ks && inner && (*ks == "state_dict" || *ks == "model")) {
+        dict = inner;
+        break;
+      }
+    }
+  }
+  KVPR_CHECK(dict, name, ": data.pkl does not hold a state dict");
+  return *dict;
+}
+
+// One tensor of the archive: its view checked to lie inside its storage, the data mapped in
+// place (or gathered when the view is strided).
+TensorRecord tensor_record(const MappedFile& file, const std::map<std::string, ZipEntry>& entries,
+                           const std::string& root, const std::string& name, const std::string& key,
+                           const TensorRef& t) {
+  TensorRecord r;
+  r.name = key;
+  r.file = name;
+  r.dtype = t.storage->dtype;
+  r.shape = t.shape;
+  auto e = entries.find(root + "data/" + t.storage->key);
+  KVPR_CHECK(e != entries.end(), name, ": tensor '", r.name, "': storage ", t.storage->key,
+             " missing from the archive");
+  const size_t es = dtype_size(r.dtype);
+  KVPR_CHECK(e->second.size >= static_cast<uint64_t>(t.storage->numel) * es, name, ": tensor '", r.name,
+             "': storage ", t.storage->key, " is truncated");
+  // Extent of the view inside its storage.
+  int64_t last = t.offset;
+  bool empty = false, overflow = t.offset < 0;
+  for (size_t d = 0; d < r.shape.size(); ++d) {
+    int64_t span;
+    if (r.shape[d] < 0 || t.stride[d] < 0) overflow = true;
+    else if (r.shape[d] == 0) empty = true;
+    else overflow |= __builtin_mul_overflow(r.shape[d] - 1, t.stride[d], &span) ||
+                     __builtin_add_overflow(last, span, &last);
+  }
+  KVPR_CHECK(!overflow, name, ": tensor '", r.name, "' has an invalid size or stride");
+  KVPR_CHECK(empty || (t.offset >= 0 && last < t.storage->numel), name, ": tensor '", r.name,
+             "' lies outside its storage");
+  const uint8_t* base = file.data() + e->second.data_offset + t.offset * es;
+  bool contiguous = true;
+  int64_t expect = 1;
+  for (size_t d = r.shape.size(); d-- > 0;) {
+    if (r.shape[d] != 1 && t.stride[d] != expect) contiguous = false;
+    expect *= r.shape[d];
+  }
+  if (contiguous || empty) {
+    r.data = base;
+  } else {
+    r.owned = gather_strided(base, r.shape, t.stride, es);
+    r.data = r.owned->data();
+  }
+  return r;
+}
+
 }  // namespace
 
 std::vector<TensorRecord> read_torch_zip(const MappedFile& file) {
@@ -389,62 +451,11 @@ std::vector<TensorRecord> read_torch_zip(const MappedFile& file) {
   } catch (const Error& e) {
     KVPR_THROW(name, ": cannot read data.pkl: ", e.what());
   }
-  auto* dict = std::get_if<PyDict>(&obj->v);
-  // Some checkpoints wrap the state dict: {"state_dict": {...}} or {"model": {...}}.
-  if (dict && dict->size() <= 4) {
-    for (const auto& [k, v] : *dict) {
-      auto* ks = std::get_if<std::string>(&k->v);
-      auto* inner = std::get_if<PyDict>(&v->v);
-      if (ks && inner && (*ks == "state_dict" || *ks == "model")) {
-        dict = inner;
-        break;
-      }
-    }
-  }
-  KVPR_CHECK(dict, name, ": data.pkl does not hold a state dict");
   std::vector<TensorRecord> out;
-  for (const auto& [k, v] : *dict) {
+  for (const auto& [k, v] : state_dict_of(obj, name)) {
     auto* ks = std::get_if<std::string>(&k->v);
     auto* t = std::get_if<TensorRef>(&v->v);
-    if (!ks || !t) continue;  // non-tensor entries (e.g. version numbers)
-    TensorRecord r;
-    r.name = *ks;
-    r.file = name;
-    r.dtype = t->storage->dtype;
-    r.shape = t->shape;
-    auto e = entries.find(root + "data/" + t->storage->key);
-    KVPR_CHECK(e != entries.end(), name, ": tensor '", r.name, "': storage ", t->storage->key,
-               " missing from the archive");
-    const size_t es = dtype_size(r.dtype);
-    KVPR_CHECK(e->second.size >= static_cast<uint64_t>(t->storage->numel) * es, name, ": tensor '",
-               r.name, "': storage ", t->storage->key, " is truncated");
-    // Extent of the view inside its storage.
-    int64_t last = t->offset;
-    bool empty = false, overflow = t->offset < 0;
-    for (size_t d = 0; d < r.shape.size(); ++d) {
-      int64_t span;
-      if (r.shape[d] < 0 || t->stride[d] < 0) overflow = true;
-      else if (r.shape[d] == 0) empty = true;
-      else overflow |= __builtin_mul_overflow(r.shape[d] - 1, t->stride[d], &span) ||
-                       __builtin_add_overflow(last, span, &last);
-    }
-    KVPR_CHECK(!overflow, name, ": tensor '", r.name, "' has an invalid size or stride");
-    KVPR_CHECK(empty || (t->offset >= 0 && last < t->storage->numel), name, ": tensor '", r.name,
-               "' lies outside its storage");
-    const uint8_t* base = file.data() + e->second.data_offset + t->offset * es;
-    bool contiguous = true;
-    int64_t expect = 1;
-    for (size_t d = r.shape.size(); d-- > 0;) {
-      if (r.shape[d] != 1 && t->stride[d] != expect) contiguous = false;
-      expect *= r.shape[d];
-    }
-    if (contiguous || empty) {
-      r.data = base;
-    } else {
-      r.owned = gather_strided(base, r.shape, t->stride, es);
-      r.data = r.owned->data();
-    }
-    out.push_back(std::move(r));
+    if (ks && t) out.push_back(tensor_record(file, entries, root, name, *ks, *t));  // else a version number, say
   }
   return out;
 }

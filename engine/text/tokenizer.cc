@@ -642,6 +642,21 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) const {
 // character missing from the vocabulary); the pair of lowest merge rank is merged first, ties
 // to the left; a heap of candidate pairs keeps it O(n log n) over a whole unsplit segment (or
 // a pre-token of a megabyte of one letter).
+namespace {
+// A merge's result the vocabulary lacks, as its characters' tokens (GPT-2's reference does so).
+void spell_in_characters(std::string_view t, const std::unordered_map<std::string, int32_t>& vocab,
+                         std::vector<int32_t>* out) {
+  for (size_t k = 0; k < t.size();) {
+    char32_t cp;
+    const int len = std::max(1, utf8_next(t, k, &cp));
+    auto b = vocab.find(std::string(t.substr(k, len)));
+    KVPR_CHECK(b != vocab.end(), "vocabulary lacks byte symbol '", t.substr(k, len), "'");
+    out->push_back(b->second);
+    k += len;
+  }
+}
+}  // namespace
+
 void Tokenizer::bpe_merge(std::string_view word, std::vector<int32_t>* out) const {
   struct Sym {
     std::string text;
@@ -712,15 +727,7 @@ void Tokenizer::bpe_merge(std::string_view word, std::vector<int32_t>* out) cons
     } else if (syms[i].id == -1) {
       out->insert(out->end(), syms[i].bytes.begin(), syms[i].bytes.end());
     } else {
-      const std::string_view t = syms[i].text;
-      for (size_t k = 0; k < t.size();) {
-        char32_t cp;
-        const int len = std::max(1, utf8_next(t, k, &cp));
-        auto b = vocab_.find(std::string(t.substr(k, len)));
-        KVPR_CHECK(b != vocab_.end(), "vocabulary lacks byte symbol '", t.substr(k, len), "'");
-        out->push_back(b->second);
-        k += len;
-      }
+      spell_in_characters(syms[i].text, vocab_, out);
     }
   }
 }

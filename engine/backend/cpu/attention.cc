@@ -46,33 +46,21 @@ void decode_attention_chunk(const float* q, const typename Tag::T* k, const type
   }
 }
 
-}  // namespace
+// The shapes every sequence shares: query heads of hd, K/V rows of kv_width (fewer heads than q
+// with grouped-query attention: query head h reads KV head h / group).
+struct AttentionGeometry {
+  int heads;
+  int64_t hidden, hd, kv_width;
+  int group;
+  float scale;
+};
 
-void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs, int heads,
-                   float scale, ThreadPool& pool) {
-  KVPR_CHECK(out.dtype() == DType::F32 && q.dtype() == DType::F32, "attention: q and out must be F32");
-  const int64_t hidden = q.dim(-1);
-  KVPR_CHECK(heads > 0 && hidden % heads == 0, "attention: hidden ", hidden, " not divisible by ",
-             heads, " heads");
-  const int64_t hd = hidden / heads;
-  if (seqs.empty()) return;
-  // K/V rows may hold fewer heads than q: query head h reads KV head h / group (GQA).
-  const int64_t kv_width = seqs.front().k.dim(-1);
-  KVPR_CHECK(kv_width % hd == 0 && heads % (kv_width / hd) == 0, "attention: K/V width ", kv_width,
-             " is not a whole number of KV heads of ", hd, " dividing ", heads, " heads");
-  const int group = static_cast<int>(heads / (kv_width / hd));
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    const AttentionSeq& a = seqs[s];
-    KVPR_CHECK(a.k.dim(0) >= a.past_len + a.q_len && a.v.dim(0) >= a.past_len + a.q_len &&
-                   a.k.dim(1) == kv_width && a.v.dim(1) == kv_width && a.k.dtype() == a.v.dtype() &&
-                   a.q_begin + a.q_len <= q.dim(0),
-               "attention: sequence ", s, " has k ", a.k.describe(), " v ", a.v.describe(),
-               " for past ", a.past_len, " + ", a.q_len, " queries");
-  }
-  const float* qp = q.data_as<float>();
-  float* op = out.data_as<float>();
-
-  // Decode rows (q_len == 1): chunked over the context.
+// Decode rows (q_len == 1): chunked over the context, the chunks merged per sequence.
+void decode_attention(float* op, const float* qp, const std::vector<AttentionSeq>& seqs, const AttentionGeometry& g,
+                      ThreadPool& pool) {
+  const int heads = g.heads, group = g.group;
+  const int64_t hidden = g.hidden, hd = g.hd, kv_width = g.kv_width;
+  const float scale = g.scale;
   constexpr int64_t kChunk = 256;
   struct Piece {
     size_t seq;
@@ -124,8 +112,14 @@ void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<Attenti
       i = j;
     }
   }
+}
 
-  // Prefill rows (q_len > 1): one work item per (sequence, query row, head).
+// Prefill rows (q_len > 1): one work item per (sequence, query row, head).
+void prefill_attention(float* op, const float* qp, const std::vector<AttentionSeq>& seqs, const AttentionGeometry& g,
+                       ThreadPool& pool) {
+  const int heads = g.heads, group = g.group;
+  const int64_t hidden = g.hidden, hd = g.hd, kv_width = g.kv_width;
+  const float scale = g.scale;
   std::vector<int64_t> first_item(seqs.size() + 1, 0);
   for (size_t s = 0; s < seqs.size(); ++s)
     first_item[s + 1] = first_item[s] + (seqs[s].q_len > 1 ? seqs[s].q_len * heads : 0);
@@ -161,6 +155,33 @@ void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<Attenti
       });
     }
   });
+}
+
+}  // namespace
+
+void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs, int heads,
+                   float scale, ThreadPool& pool) {
+  KVPR_CHECK(out.dtype() == DType::F32 && q.dtype() == DType::F32, "attention: q and out must be F32");
+  const int64_t hidden = q.dim(-1);
+  KVPR_CHECK(heads > 0 && hidden % heads == 0, "attention: hidden ", hidden, " not divisible by ",
+             heads, " heads");
+  const int64_t hd = hidden / heads;
+  if (seqs.empty()) return;
+  const int64_t kv_width = seqs.front().k.dim(-1);
+  KVPR_CHECK(kv_width % hd == 0 && heads % (kv_width / hd) == 0, "attention: K/V width ", kv_width,
+             " is not a whole number of KV heads of ", hd, " dividing ", heads, " heads");
+  const int group = static_cast<int>(heads / (kv_width / hd));
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const AttentionSeq& a = seqs[s];
+    KVPR_CHECK(a.k.dim(0) >= a.past_len + a.q_len && a.v.dim(0) >= a.past_len + a.q_len &&
+                   a.k.dim(1) == kv_width && a.v.dim(1) == kv_width && a.k.dtype() == a.v.dtype() &&
+                   a.q_begin + a.q_len <= q.dim(0),
+               "attention: sequence ", s, " has k ", a.k.describe(), " v ", a.v.describe(),
+               " for past ", a.past_len, " + ", a.q_len, " queries");
+  }
+  const AttentionGeometry g{heads, hidden, hd, kv_width, group, scale};
+  decode_attention(out.data_as<float>(), q.data_as<float>(), seqs, g, pool);
+  prefill_attention(out.data_as<float>(), q.data_as<float>(), seqs, g, pool);
 }
 
 }  // namespace kvpr
