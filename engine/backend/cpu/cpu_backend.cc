@@ -63,6 +63,21 @@ float apply_act(float v, Activation act) {
   return v;
 }
 
+// The linear's epilogue on out [M, N]: + bias (when defined), then the activation.
+void add_bias_activate(float* op, int64_t M, int64_t N, const Tensor& bias, Activation act, ThreadPool& pool) {
+  std::vector<float> bv(bias.defined() ? N : 0);
+  for (int64_t n = 0; n < static_cast<int64_t>(bv.size()); ++n) bv[n] = load_as_f32(bias.data(), bias.dtype(), n);
+  pool.parallel_for(M, 4, [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      float* row = op + m * N;
+      if (!bv.empty())
+        for (int64_t n = 0; n < N; ++n) row[n] += bv[n];
+      if (act != Activation::None)
+        for (int64_t n = 0; n < N; ++n) row[n] = apply_act(row[n], act);
+    }
+  });
+}
+
 }  // namespace
 
 CopyEngine::CopyEngine() : thread_([this] { loop(); }) {}
@@ -447,21 +462,7 @@ void CpuBackend::linear(const Tensor& out, const Tensor& x, const Tensor& w, con
       });
     });
   }
-  // Epilogue: bias and activation.
-  if (bias.defined() || act != Activation::None) {
-    std::vector<float> bv(bias.defined() ? N : 0);
-    for (int64_t n = 0; n < static_cast<int64_t>(bv.size()); ++n)
-      bv[n] = load_as_f32(bias.data(), bias.dtype(), n);
-    pool.parallel_for(M, 4, [&](int64_t b, int64_t e) {
-      for (int64_t m = b; m < e; ++m) {
-        float* row = op + m * N;
-        if (!bv.empty())
-          for (int64_t n = 0; n < N; ++n) row[n] += bv[n];
-        if (act != Activation::None)
-          for (int64_t n = 0; n < N; ++n) row[n] = apply_act(row[n], act);
-      }
-    });
-  }
+  if (bias.defined() || act != Activation::None) add_bias_activate(op, M, N, bias, act, pool);
   if (tracer_) trace_op("linear", trace_t0, json::Object{{"flops", json::Value(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K))}, {"shape", json::Value(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K))}});
 }
 
