@@ -21,20 +21,13 @@ LlamaModel::LlamaModel(Backend& backend, const std::string& model_dir, const Mod
         KVPR_CHECK(ckpt.find("model.embed_tokens.weight"), model_dir,
                    ": missing tensor 'model.embed_tokens.weight' in ", ckpt.format(), " checkpoint");
       },
-      [](const std::string& name) { return name == "lm_head.weight" ? name : "model." + name; },
-      [&](const WeightSource& fetch) { assemble(fetch); });
-  stack_weights();
-  stream_layers();
+      [](const std::string& name) { return name == "lm_head.weight" ? name : "model." + name; });
 }
 
 LlamaModel::LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed, bool stream_weights)
     : Model(backend), config_(config), rope_(config.rope_params()) {
   spec_ = config_.spec();
-  format_ = "random";
-  stream_weights_ = stream_weights;
-  assemble(random_weights(dtype, seed));
-  stack_weights();
-  stream_layers();
+  init_random(dtype, seed, stream_weights);
 }
 
 void LlamaModel::stream_layers() {

@@ -48,11 +48,11 @@ class LlamaModel : public Model {
   bool graph_capturable() const override { return !config_.moe(); }
 
  private:
-  void assemble(const WeightSource& fetch);
+  void assemble(const WeightSource& fetch) override;
   // Q/K/V and gate/up stacked into one tensor each, for one batched GEMM apiece.
-  void stack_weights();
+  void stack_weights() override;
   // Streamed weights: Q/K/V first, then the output projection and the MLP.
-  void stream_layers();
+  void stream_layers() override;
   void rope(const Tensor& x, const Tensor& positions);
   // Qwen3's per-head RMSNorm of rows [n, heads x head_dim] with `gain` (in place); nothing for
   // models without it.

@@ -136,8 +136,7 @@ Tensor Model::upload_ids(const std::vector<ForwardChunk>& chunks, int64_t T, int
 
 void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions& opts,
                             const std::function<void(const CheckpointDir&)>& prepare,
-                            const std::function<std::string(const std::string&)>& key_of,
-                            const std::function<void(const WeightSource&)>& assemble) {
+                            const std::function<std::string(const std::string&)>& key_of) {
   CheckpointDir ckpt(model_dir);
   stream_weights_ = opts.stream_weights;
   // Uploads read the mapped checkpoint asynchronously: finish them before it is unmapped,
@@ -192,11 +191,15 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     opts.broadcast->finish();
     if (opts.progress) opts.progress(total, total);
   }
+  stack_weights();
+  stream_layers();
 }
 
-Model::WeightSource Model::random_weights(DType dtype, uint64_t seed) {
+void Model::init_random(DType dtype, uint64_t seed, bool stream_weights) {
+  format_ = "random";
+  stream_weights_ = stream_weights;
   auto n = std::make_shared<uint64_t>(0);
-  return [this, dtype, seed, n](const std::string& name, const Shape& shape, bool required, WeightRole role) {
+  assemble([this, dtype, seed, n](const std::string& name, const Shape& shape, bool required, WeightRole role) {
     if (!required && name == "lm_head.weight") return Tensor();  // tied
     const bool host = streamed(name, role);
     Tensor t = alloc_weight(dtype, shape, 0);
@@ -215,7 +218,9 @@ Model::WeightSource Model::random_weights(DType dtype, uint64_t seed) {
     backend_.copy(pinned, t, Stream::Compute);
     backend_.synchronize();
     return pinned;
-  };
+  });
+  stack_weights();
+  stream_layers();
 }
 
 std::string model_type(const std::string& model_dir) {

@@ -95,17 +95,23 @@ class Model : public KvProjector {
   // undefined tensor when it is absent and not required. Counts what it returns into
   // parameter_count_ and weight_bytes_.
   using WeightSource = std::function<Tensor(const std::string& name, const Shape& shape, bool required, WeightRole)>;
+  // An architecture's weights come in three steps, which load_checkpoint and init_random both
+  // take: assemble (every weight from a source), stack_weights (what runs stacked, once every
+  // weight has its values, the broadcast included), stream_layers (the streamed layers' fields,
+  // for start_streaming).
+  virtual void assemble(const WeightSource& fetch) = 0;
+  virtual void stack_weights() = 0;
+  virtual void stream_layers() = 0;
   // Loads the checkpoint in model_dir: `prepare` looks at it first (key prefixes), then
-  // `assemble` takes every weight from a source that reads checkpoint key key_of(name),
-  // checks its shape and dtype, converts it when asked and uploads it; with a broadcast, rank
-  // 0 reads and the others receive. Returns after every upload has finished.
+  // assemble takes every weight from a source that reads checkpoint key key_of(name), checks
+  // its shape and dtype, converts it when asked and uploads it; with a broadcast, rank 0 reads
+  // and the others receive. Returns after every upload has finished, stacked and streaming.
   void load_checkpoint(const std::string& model_dir, const ModelLoadOptions& opts,
                        const std::function<void(const CheckpointDir&)>& prepare,
-                       const std::function<std::string(const std::string&)>& key_of,
-                       const std::function<void(const WeightSource&)>& assemble);
-  // A source of random weights of `dtype` generated on the device (an absent lm_head.weight
-  // stays absent: tied); norm gains near 1, matrices scaled by their fan-in.
-  WeightSource random_weights(DType dtype, uint64_t seed);
+                       const std::function<std::string(const std::string&)>& key_of);
+  // Random weights of `dtype` generated on the device (an absent lm_head.weight stays absent:
+  // tied; norm gains near 1, matrices scaled by their fan-in), stacked and streaming.
+  void init_random(DType dtype, uint64_t seed, bool stream_weights);
   // Device memory for a weight of a model of `model_bytes` (0: unknown); running out names the
   // way around it (--weights host).
   Tensor alloc_weight(DType dtype, const Shape& shape, size_t model_bytes);

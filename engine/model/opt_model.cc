@@ -28,20 +28,13 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
           KVPR_THROW(model_dir, ": missing tensor 'model.decoder.embed_tokens.weight' (nor "
                                 "'decoder.embed_tokens.weight') in ", ckpt.format(), " checkpoint");
       },
-      [&](const std::string& name) { return name == "lm_head.weight" ? name : prefix + name; },
-      [&](const WeightSource& fetch) { assemble(fetch); });
-  stack_qkv();
-  stream_layers();
+      [&](const std::string& name) { return name == "lm_head.weight" ? name : prefix + name; });
 }
 
 OptModel::OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed, bool stream_weights)
     : Model(backend), config_(config) {
   spec_ = config_.spec();
-  format_ = "random";
-  stream_weights_ = stream_weights;
-  assemble(random_weights(dtype, seed));
-  stack_qkv();
-  stream_layers();
+  init_random(dtype, seed, stream_weights);
 }
 
 void OptModel::stream_layers() {
@@ -153,7 +146,7 @@ DType OptModel::kv_dtype_for(DType storage) const {
   return storage;
 }
 
-void OptModel::stack_qkv() {
+void OptModel::stack_weights() {
   const int64_t h = config_.hidden_size;
   backend_.synchronize();  // every weight has landed (uploads, random fills, broadcast)
   for (OptLayer& L : layers_) {

@@ -40,12 +40,12 @@ class OptModel : public Model {
   void reserve_scratch(const KvRuntime& kv);
   void decoder_layer(const OptLayer& L, int64_t li, int64_t g, const Tensor& xg, KvRuntime& kv);
   void load(const std::string& model_dir, const ModelLoadOptions& opts);
-  void assemble(const WeightSource& fetch);
+  void assemble(const WeightSource& fetch) override;
   // Stacks each layer's Q, K, V weights (and biases) into one tensor; after every weight
   // has its values (the broadcast included).
-  void stack_qkv();
+  void stack_weights() override;
   // Streamed weights: Q/K/V first, then the output projection and the MLP.
-  void stream_layers();
+  void stream_layers() override;
 
   OptConfig config_;
   Tensor embed_tokens_, embed_positions_, project_in_, project_out_, final_ln_w_, final_ln_b_, lm_head_;
