@@ -4,6 +4,7 @@
 #include <fstream>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "engine/backend/backend.h"
@@ -27,31 +28,9 @@ struct Option {
   std::function<void(DaemonConfig&, const std::string&)> set;
 };
 
-int to_int(const std::string& k, const std::string& v) {
-  try {
-    size_t used = 0;
-    long long x = std::stoll(v, &used);
-    if (used != v.size()) throw std::invalid_argument(v);
-    return static_cast<int>(x);
-  } catch (const std::exception&) {
-    KVPR_THROW(k, ": '", v, "' is not an integer");
-  }
-}
-// A setting with two values, `first` or `second`: whether it is `second`.
-bool second_of(const char* k, const std::string& v, const char* first, const char* second) {
-  KVPR_CHECK(v == first || v == second, k, ": expected ", first, " or ", second, ", got '", v, "'");
-  return v == second;
-}
-
-double to_double(const std::string& k, const std::string& v) {
-  try {
-    size_t used = 0;
-    double x = std::stod(v, &used);
-    if (used != v.size()) throw std::invalid_argument(v);
-    return x;
-  } catch (const std::exception&) {
-    KVPR_THROW(k, ": '", v, "' is not a number");
-  }
+// kvprd's own integers are ints; their ranges are checked once the whole config is read.
+int to_int(const char* k, const std::string& v) {
+  return static_cast<int>(parse_option_integer(k, v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
 }
 
 const std::vector<Option>& options() {
@@ -68,12 +47,12 @@ const std::vector<Option>& options() {
       {"max-body-bytes", "largest request body, else 413 [1048576]",
        [](DaemonConfig& c, const std::string& v) { c.max_body_bytes = to_int("max-body-bytes", v); }},
       {"drain-timeout", "seconds to finish in-flight requests on SIGTERM [30]",
-       [](DaemonConfig& c, const std::string& v) { c.drain_timeout_s = to_double("drain-timeout", v); }},
+       [](DaemonConfig& c, const std::string& v) { c.drain_timeout_s = parse_option_number("drain-timeout", v); }},
       {"http-idle-timeout", "seconds a kept-alive connection may wait with no request before it is closed [60]",
-       [](DaemonConfig& c, const std::string& v) { c.http_idle_timeout_s = to_double("http-idle-timeout", v); }},
+       [](DaemonConfig& c, const std::string& v) { c.http_idle_timeout_s = parse_option_number("http-idle-timeout", v); }},
       {"http-request-timeout", "seconds from a request's first byte to its last (headers and body), else the "
        "connection is closed [30]",
-       [](DaemonConfig& c, const std::string& v) { c.http_request_timeout_s = to_double("http-request-timeout", v); }},
+       [](DaemonConfig& c, const std::string& v) { c.http_request_timeout_s = parse_option_number("http-request-timeout", v); }},
       {"max-connections", "open HTTP connections; past it a new one gets a 503 and is closed [1024]",
        [](DaemonConfig& c, const std::string& v) { c.max_connections = to_int("max-connections", v); }},
       {"api-key", "a key clients must send as 'Authorization: Bearer KEY' to /v1/*, /tokenize and /detokenize "
@@ -94,16 +73,16 @@ const std::vector<Option>& options() {
        }},
       {"worker-timeout", "seconds a worker may go without a heartbeat before it is reported unresponsive, its "
        "requests fail and it is restarted (a long step does not count: heartbeats come from their own thread) [10]",
-       [](DaemonConfig& c, const std::string& v) { c.worker_timeout_s = to_double("worker-timeout", v); }},
+       [](DaemonConfig& c, const std::string& v) { c.worker_timeout_s = parse_option_number("worker-timeout", v); }},
       {"worker-step-timeout", "seconds one engine step may run before the worker is taken as hung (a CUDA call "
        "that never returns): its requests fail and it is restarted [600]",
-       [](DaemonConfig& c, const std::string& v) { c.worker_step_timeout_s = to_double("worker-step-timeout", v); }},
+       [](DaemonConfig& c, const std::string& v) { c.worker_step_timeout_s = parse_option_number("worker-step-timeout", v); }},
       {"chat-template", "auto, or one of " + chat_template_names() + " [auto]",
        [](DaemonConfig& c, const std::string& v) { c.chat_template = v; }},
       {"generation-config",
        "auto: fields a request leaves out (temperature, top_p, top_k, min_p, repetition_penalty) take the model's "
        "generation_config.json values; none: OpenAI's defaults [auto]",
-       [](DaemonConfig& c, const std::string& v) { c.generation_config = !second_of("generation-config", v, "auto", "none"); }},
+       [](DaemonConfig& c, const std::string& v) { c.generation_config = !parse_option_either("generation-config", v, "auto", "none"); }},
       {"reasoning-parser",
        "qwen3: a chat answer that opens with <think> has its reasoning (up to </think>) in reasoning_content, "
        "the rest in content, as vLLM's qwen3 parser; none: all in content [none]",

@@ -1,5 +1,6 @@
 #include "engine/decode/engine_options.h"
 
+#include <cmath>
 #include <limits>
 
 #include "engine/base/error.h"
@@ -8,7 +9,17 @@ namespace kvpr {
 
 namespace {
 
-int64_t integer(const char* name, const std::string& v, int64_t lo, int64_t hi) {
+constexpr int64_t kInt = std::numeric_limits<int>::max();
+constexpr int64_t kBig = std::numeric_limits<int64_t>::max();
+
+std::string word(bool second, const char* first_word, const char* second_word) { return second ? second_word : first_word; }
+
+using Set = std::function<void(EngineOptions&, const std::string&)>;
+using Get = std::function<std::string(const EngineOptions&)>;
+
+}  // namespace
+
+int64_t parse_option_integer(const char* name, const std::string& v, int64_t lo, int64_t hi) {
   int64_t x = 0;
   size_t used = 0;
   try {
@@ -21,32 +32,33 @@ int64_t integer(const char* name, const std::string& v, int64_t lo, int64_t hi) 
   return x;
 }
 
-constexpr int64_t kInt = std::numeric_limits<int>::max();
-constexpr int64_t kBig = std::numeric_limits<int64_t>::max();
+double parse_option_number(const char* name, const std::string& v) {
+  double x = 0;
+  size_t used = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  KVPR_CHECK(used == v.size() && !v.empty() && std::isfinite(x), name, ": '", v, "' is not a number");
+  return x;
+}
 
-// One of two words: whether it is `second`.
-bool second_of(const char* name, const std::string& v, const char* first, const char* second) {
+bool parse_option_either(const char* name, const std::string& v, const char* first, const char* second) {
   KVPR_CHECK(v == first || v == second, name, ": expected ", first, " or ", second, ", got '", v, "'");
   return v == second;
 }
 
-std::string word(bool second, const char* first_word, const char* second_word) { return second ? second_word : first_word; }
-
-using Set = std::function<void(EngineOptions&, const std::string&)>;
-using Get = std::function<std::string(const EngineOptions&)>;
-
-}  // namespace
-
 const std::vector<EngineOption>& engine_options() {
   static const std::vector<EngineOption> table = {
       {"max-batch", "sequences decoding at once per worker (KV slots) [8]", false,
-       [](EngineOptions& o, const std::string& v) { o.generator.max_batch = static_cast<int>(integer("max-batch", v, 1, kInt)); },
+       [](EngineOptions& o, const std::string& v) { o.generator.max_batch = static_cast<int>(parse_option_integer("max-batch", v, 1, kInt)); },
        [](const EngineOptions& o) { return std::to_string(o.generator.max_batch); }},
       {"max-step-tokens", "tokens per step; a longer prompt is prefilled in chunks over several steps [8192]", false,
-       [](EngineOptions& o, const std::string& v) { o.generator.max_step_tokens = integer("max-step-tokens", v, 1, kBig); },
+       [](EngineOptions& o, const std::string& v) { o.generator.max_step_tokens = parse_option_integer("max-step-tokens", v, 1, kBig); },
        [](const EngineOptions& o) { return std::to_string(o.generator.max_step_tokens); }},
       {"max-seq-len", "context length [the model's]", false,
-       [](EngineOptions& o, const std::string& v) { o.generator.max_seq_len = integer("max-seq-len", v, 0, kBig); },
+       [](EngineOptions& o, const std::string& v) { o.generator.max_seq_len = parse_option_integer("max-seq-len", v, 0, kBig); },
        [](const EngineOptions& o) { return std::to_string(o.generator.max_seq_len); }},
       {"kv-mode", "resident, offload, kvpr, recompute or cpu-attn [resident]", false,
        [](EngineOptions& o, const std::string& v) {
@@ -55,13 +67,13 @@ const std::vector<EngineOption>& engine_options() {
        },
        [](const EngineOptions& o) { return std::string(kv_mode_name(o.generator.kv.mode)); }},
       {"split", "kvpr: the split l for every sequence [chosen by the scheduler]", false,
-       [](EngineOptions& o, const std::string& v) { o.generator.kv.forced_split = integer("split", v, 0, kBig); },
+       [](EngineOptions& o, const std::string& v) { o.generator.kv.forced_split = parse_option_integer("split", v, 0, kBig); },
        [](const EngineOptions& o) {
          return o.generator.kv.forced_split ? std::to_string(*o.generator.kv.forced_split) : std::string();
        }},
       {"split-model", "kvpr: the scheduler's model of a step, pipeline or paper [pipeline]", false,
        [](EngineOptions& o, const std::string& v) {
-         o.generator.kv.split_model = second_of("split-model", v, "pipeline", "paper") ? SplitModel::Paper : SplitModel::Pipeline;
+         o.generator.kv.split_model = parse_option_either("split-model", v, "pipeline", "paper") ? SplitModel::Paper : SplitModel::Pipeline;
        },
        [](const EngineOptions& o) { return word(o.generator.kv.split_model == SplitModel::Paper, "pipeline", "paper"); }},
       {"kv-dtype", "f32, f16, bf16, or fp8 (E4M3: half of f16's host memory and link bytes) [the weights']", false,
@@ -72,50 +84,50 @@ const std::vector<EngineOption>& engine_options() {
        },
        [](const EngineOptions& o) { return o.generator.kv_dtype ? std::string(dtype_name(*o.generator.kv_dtype)) : std::string(); }},
       {"activation-cap", "tokens per sequence whose X is kept [all]", false,
-       [](EngineOptions& o, const std::string& v) { o.generator.kv.activation_cap = integer("activation-cap", v, -1, kBig); },
+       [](EngineOptions& o, const std::string& v) { o.generator.kv.activation_cap = parse_option_integer("activation-cap", v, -1, kBig); },
        [](const EngineOptions& o) { return std::to_string(o.generator.kv.activation_cap); }},
       {"profile", "a saved link profile (kvpr profile --save) [measured at start]", false,
        [](EngineOptions& o, const std::string& v) { o.profile = v; }, [](const EngineOptions& o) { return o.profile; }},
       {"host-attention-threads", "cpu-attn: host attention threads [all]", false,
        [](EngineOptions& o, const std::string& v) {
-         o.generator.kv.host_attention_threads = static_cast<int>(integer("host-attention-threads", v, 0, kInt));
+         o.generator.kv.host_attention_threads = static_cast<int>(parse_option_integer("host-attention-threads", v, 0, kInt));
        },
        [](const EngineOptions& o) { return std::to_string(o.generator.kv.host_attention_threads); }},
       {"cuda-graphs", "on or off: resident decode steps replayed as CUDA graphs [off]", true,
-       [](EngineOptions& o, const std::string& v) { o.generator.cuda_graphs = !second_of("cuda-graphs", v, "on", "off"); },
+       [](EngineOptions& o, const std::string& v) { o.generator.cuda_graphs = !parse_option_either("cuda-graphs", v, "on", "off"); },
        [](const EngineOptions& o) { return word(!o.generator.cuda_graphs, "on", "off"); }},
       {"prefix-caching", "on or off: a new prompt reuses the K/V of a finished sequence it starts with [on]", true,
-       [](EngineOptions& o, const std::string& v) { o.generator.prefix_caching = !second_of("prefix-caching", v, "on", "off"); },
+       [](EngineOptions& o, const std::string& v) { o.generator.prefix_caching = !parse_option_either("prefix-caching", v, "on", "off"); },
        [](const EngineOptions& o) { return word(!o.generator.prefix_caching, "on", "off"); }},
       {"json-whitespace",
        "compact: structured (JSON) answers put nothing, a space, or a newline and up to 20 bytes of indentation "
        "between tokens, as llama.cpp's JSON grammars; permissive: any whitespace, up to 48 bytes in a row [compact]",
        false,
        [](EngineOptions& o, const std::string& v) {
-         o.generator.permissive_json_whitespace = second_of("json-whitespace", v, "compact", "permissive");
+         o.generator.permissive_json_whitespace = parse_option_either("json-whitespace", v, "compact", "permissive");
        },
        [](const EngineOptions& o) { return word(o.generator.permissive_json_whitespace, "compact", "permissive"); }},
       {"speculative-tokens", "greedy requests check up to this many tokens a step, looked up in their prompt and output [0: off]",
        false,
        [](EngineOptions& o, const std::string& v) {
-         o.generator.speculative_tokens = static_cast<int>(integer("speculative-tokens", v, 0, 64));
+         o.generator.speculative_tokens = static_cast<int>(parse_option_integer("speculative-tokens", v, 0, 64));
        },
        [](const EngineOptions& o) { return std::to_string(o.generator.speculative_tokens); }},
       {"prompt-lookup-max", "speculative decoding: longest n-gram looked up [4]", false,
        [](EngineOptions& o, const std::string& v) {
-         o.generator.prompt_lookup_max = static_cast<int>(integer("prompt-lookup-max", v, 1, kInt));
+         o.generator.prompt_lookup_max = static_cast<int>(parse_option_integer("prompt-lookup-max", v, 1, kInt));
        },
        [](const EngineOptions& o) { return std::to_string(o.generator.prompt_lookup_max); }},
       {"prompt-lookup-min", "speculative decoding: shortest n-gram looked up [2]", false,
        [](EngineOptions& o, const std::string& v) {
-         o.generator.prompt_lookup_min = static_cast<int>(integer("prompt-lookup-min", v, 1, kInt));
+         o.generator.prompt_lookup_min = static_cast<int>(parse_option_integer("prompt-lookup-min", v, 1, kInt));
        },
        [](const EngineOptions& o) { return std::to_string(o.generator.prompt_lookup_min); }},
       {"weights", "device, or host: layer weights in pinned host memory, streamed a layer ahead [device]", false,
-       [](EngineOptions& o, const std::string& v) { o.weights_on_host = second_of("weights", v, "device", "host"); },
+       [](EngineOptions& o, const std::string& v) { o.weights_on_host = parse_option_either("weights", v, "device", "host"); },
        [](const EngineOptions& o) { return word(o.weights_on_host, "device", "host"); }},
       {"gpu-batches", "a step's sequences in this many GPU batches, each through a layer before the next [1]", false,
-       [](EngineOptions& o, const std::string& v) { o.generator.kv.gpu_batches = integer("gpu-batches", v, 1, kBig); },
+       [](EngineOptions& o, const std::string& v) { o.generator.kv.gpu_batches = parse_option_integer("gpu-batches", v, 1, kBig); },
        [](const EngineOptions& o) { return std::to_string(o.generator.kv.gpu_batches); }},
   };
   return table;

@@ -35,6 +35,12 @@ const EngineOption* find_engine_option(std::string_view name);  // nullptr when 
 // "--name", "value" for every option whose value is not its default (kvprd -> kvpr-worker).
 std::vector<std::string> engine_option_args(const EngineOptions& o);
 
+// The value parsers of option tables (this one and kvprd's): kvpr::Error naming the option.
+int64_t parse_option_integer(const char* name, const std::string& v, int64_t lo, int64_t hi);
+double parse_option_number(const char* name, const std::string& v);  // finite
+// One of two words: whether it is `second`.
+bool parse_option_either(const char* name, const std::string& v, const char* first, const char* second);
+
 // The checks across options (split needs kvpr, CUDA graphs need resident KV and device weights,
 // the ranges): kvpr::Error with one line naming the options, as the user spells them.
 void validate(const EngineOptions& o);

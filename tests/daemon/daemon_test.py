@@ -201,6 +201,12 @@ def operations():
     r = subprocess.run([KVPRD, "--model", MODEL, "--weights", "gpu"], capture_output=True, text=True)
     check("bad weights value: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and
           "weights: expected device or host" in r.stderr, (r.returncode, r.stderr))
+    r = subprocess.run([KVPRD, "--model", MODEL, "--drain-timeout", "nan"], capture_output=True, text=True)
+    check("a timeout of nan: exit 2, one line", r.returncode == 2 and r.stderr.count("\n") == 1 and
+          "drain-timeout: 'nan' is not a number" in r.stderr, (r.returncode, r.stderr))
+    r = subprocess.run([KVPRD, "--model", MODEL, "--port", "4294975296"], capture_output=True, text=True)
+    check("a port past int (not wrapped to 8000): exit 2, one line", r.returncode == 2 and
+          r.stderr.count("\n") == 1 and "port must be in" in r.stderr, (r.returncode, r.stderr))
     r = subprocess.run([KVPRD, "--help"], capture_output=True, text=True)
     check("--help lists the options", r.returncode == 0 and all(f"--{k}" in r.stdout for k in
           ["model", "port", "workers", "kv-mode", "cuda-graphs", "weights", "max-queue", "drain-timeout", "config"]),
