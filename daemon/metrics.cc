@@ -37,8 +37,8 @@ std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerSt
   };
   int64_t running = 0, waiting = 0;
   for (const auto& w : workers) {
-    if (const json::Value* r = w.stats.find("running")) running += r->as_int();
-    if (const json::Value* q = w.stats.find("waiting")) waiting += q->as_int();
+    running += w.stats.running;
+    waiting += w.stats.waiting;
   }
   gauge("kvpr_requests_running", "Sequences in a worker's running batch.", static_cast<double>(running));
   gauge("kvpr_requests_waiting", "Sequences queued in workers or for admission.", static_cast<double>(waiting));
@@ -59,25 +59,23 @@ std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerSt
   m.ttft.render(out, "kvpr_time_to_first_token_seconds", "Time to first token.");
   m.itl.render(out, "kvpr_inter_token_latency_seconds", "Time between tokens of a sequence.");
   m.e2e.render(out, "kvpr_e2e_request_latency_seconds", "End-to-end request latency.");
-  auto per_worker = [&](const char* name, const char* help, const char* key) {
+  auto per_worker = [&](const char* name, const char* help, auto field) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
-    for (const auto& w : workers) {
-      const json::Value* v = w.stats.find(key);
-      double x = v && v->is_number() ? v->as_double() : 0.0;
-      out += std::string(name) + "{worker=\"" + std::to_string(w.index) + "\"} " + std::to_string(x) + "\n";
-    }
+    for (const auto& w : workers)
+      out += std::string(name) + "{worker=\"" + std::to_string(w.index) + "\"} " +
+             std::to_string(static_cast<double>(w.stats.*field)) + "\n";
   };
-  per_worker("kvpr_worker_batch_size", "Sequences in the worker's batch.", "running");
-  per_worker("kvpr_worker_split", "Current split l (tokens recomputed per layer).", "split");
-  per_worker("kvpr_worker_h2d_gbps", "Measured host-to-device bandwidth.", "h2d_gbps");
-  per_worker("kvpr_worker_host_kv_bytes", "Host KV bytes in use.", "host_kv_bytes");
-  per_worker("kvpr_worker_busy_fraction", "Fraction of time the worker spent stepping.", "busy_fraction");
+  per_worker("kvpr_worker_batch_size", "Sequences in the worker's batch.", &WorkerStats::running);
+  per_worker("kvpr_worker_split", "Current split l (tokens recomputed per layer).", &WorkerStats::split);
+  per_worker("kvpr_worker_h2d_gbps", "Measured host-to-device bandwidth.", &WorkerStats::h2d_gbps);
+  per_worker("kvpr_worker_host_kv_bytes", "Host KV bytes in use.", &WorkerStats::host_kv_bytes);
+  per_worker("kvpr_worker_busy_fraction", "Fraction of time the worker spent stepping.", &WorkerStats::busy_fraction);
   per_worker("kvpr_worker_graph_replays", "Decode steps replayed as CUDA graphs since the worker started (cuda-graphs).",
-             "graph_replays");
+             &WorkerStats::graph_replays);
   per_worker("kvpr_worker_spec_draft_tokens", "Draft tokens checked since the worker started (speculative-tokens).",
-             "spec_draft_tokens");
+             &WorkerStats::spec_draft_tokens);
   per_worker("kvpr_worker_spec_accepted_tokens", "Draft tokens accepted since the worker started (speculative-tokens).",
-             "spec_accepted_tokens");
+             &WorkerStats::spec_accepted_tokens);
   out += "# HELP kvpr_worker_up Worker ready (1) or not (0).\n# TYPE kvpr_worker_up gauge\n";
   for (const auto& w : workers)
     out += "kvpr_worker_up{worker=\"" + std::to_string(w.index) + "\"} " + (w.state == "ready" ? "1" : "0") + "\n";

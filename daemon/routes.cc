@@ -97,7 +97,7 @@ void Routes::health(Exchange& ex) {
     json::Object o{{"index", w.index}, {"state", w.state}, {"pid", static_cast<int64_t>(w.pid)},
                    {"restarts", w.restarts}, {"unresponsive", w.unresponsive}, {"in_flight", w.in_flight}};
     if (!w.last_error.empty()) o.emplace_back("last_error", w.last_error);
-    if (const json::Value* pl = w.info.find("placement")) o.emplace_back("placement", *pl);
+    if (!w.info.placement.is_null()) o.emplace_back("placement", w.info.placement);
     if (w.state == "ready") ++ready;
     workers.push_back(std::move(o));
   }

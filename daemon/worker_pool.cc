@@ -125,7 +125,8 @@ struct WorkerPool::Worker {
   // most likely holds.
   std::deque<std::shared_ptr<std::vector<int32_t>>> recent;
   std::string last_error, fatal;
-  json::Value stats, info;
+  WorkerStats stats;
+  ReadyMessage info;
   std::unique_ptr<boost::asio::steady_timer> restart_timer;
   bool first_start = true;  // the NCCL weight broadcast happens only at the first start
   bool ever_ready = false;
@@ -290,9 +291,9 @@ void WorkerPool::reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameCha
   std::string why;
   try {
     while (true) {
-      json::Value msg;
-      ch->recv(&msg, -1);
-      boost::asio::post(io_, [this, w, gen, msg] { handle(*w, gen, msg); });
+      json::Value frame;
+      ch->recv(&frame, -1);
+      boost::asio::post(io_, [this, w, gen, msg = decode_worker_message(frame)]() mutable { handle(*w, gen, msg); });
     }
   } catch (const ChannelClosed&) {
   } catch (const std::exception& e) {
@@ -315,44 +316,45 @@ void WorkerPool::reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameCha
   boost::asio::post(io_, [this, w, gen, why] { on_exit(*w, gen, why); });
 }
 
-void WorkerPool::handle(Worker& w, uint64_t gen, const json::Value& msg) {
+void WorkerPool::handle(Worker& w, uint64_t gen, WorkerMessage& msg) {
+  using T = WorkerMessage::Type;
   if (gen != w.gen) return;
   w.last_heard = Clock::now();
-  const std::string type = message_type(msg);
-  if (type == "heartbeat") {
-    const json::Value* s = msg.find("step_ms");
-    w.step_ms = s && s->is_int() ? s->as_int() : 0;
-  } else if (type == "ready") {
-    if (!w.unresponsive_why.empty()) return;  // killed already: its end is on its way
-    w.state = "ready";
-    w.ever_ready = true;
-    w.info = msg;
-    w.backoff = std::chrono::milliseconds(1000);
-    spdlog::info("worker {}: ready ({}, kv mode {}, context {})", w.index, msg.find("backend")->as_string(),
-                 msg.find("kv_mode")->as_string(), msg.find("max_seq_len")->as_int());
-    if (!announced_ready_ && all_ready()) {
-      announced_ready_ = true;
-      if (on_all_ready_) on_all_ready_();
-    }
-  } else if (type == "fatal") {
-    w.fatal = msg.find("message") ? msg.find("message")->as_string() : "unknown error";
-    spdlog::error("worker {}: {}", w.index, w.fatal);
-  } else if (type == "stats") {
-    w.stats = msg;
-  } else if (type == "step" || type == "error") {
-    for (RequestEvent& re : decode_events(msg)) {
-      auto it = w.pending.find(re.id);
-      if (it == w.pending.end()) continue;
-      const EngineEvent& ev = re.event;
-      if (ev.token >= 0 && it->second.tokens) it->second.tokens->push_back(ev.token);
-      EventSink sink = it->second.sink;
-      if (!ev.error.empty() || !ev.finish_reason.empty()) {
-        w.outstanding -= it->second.cost;
-        w.pending.erase(it);
-        route_.erase(re.id);
+  switch (msg.type) {
+    case T::Heartbeat: w.step_ms = msg.step_ms; break;
+    case T::Ready:
+      if (!w.unresponsive_why.empty()) return;  // killed already: its end is on its way
+      w.state = "ready";
+      w.ever_ready = true;
+      w.info = std::move(msg.ready);
+      w.backoff = std::chrono::milliseconds(1000);
+      spdlog::info("worker {}: ready ({}, kv mode {}, context {})", w.index, w.info.backend, w.info.kv_mode,
+                   w.info.max_seq_len);
+      if (!announced_ready_ && all_ready()) {
+        announced_ready_ = true;
+        if (on_all_ready_) on_all_ready_();
       }
-      sink(ev);
-    }
+      break;
+    case T::Fatal:
+      w.fatal = msg.fatal;
+      spdlog::error("worker {}: {}", w.index, w.fatal);
+      break;
+    case T::Stats: w.stats = msg.stats; break;
+    case T::Events:
+      for (RequestEvent& re : msg.events) {
+        auto it = w.pending.find(re.id);
+        if (it == w.pending.end()) continue;
+        const EngineEvent& ev = re.event;
+        if (ev.token >= 0 && it->second.tokens) it->second.tokens->push_back(ev.token);
+        EventSink sink = it->second.sink;
+        if (!ev.error.empty() || !ev.finish_reason.empty()) {
+          w.outstanding -= it->second.cost;
+          w.pending.erase(it);
+          route_.erase(re.id);
+        }
+        sink(ev);
+      }
+      break;
   }
 }
 

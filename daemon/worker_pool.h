@@ -34,8 +34,8 @@ struct WorkerStatus {
   int unresponsive = 0;  // times killed for going silent (or stuck in a step)
   int64_t in_flight = 0;
   std::string last_error;
-  json::Value stats;  // the worker's last stats message
-  json::Value info;   // its ready message
+  WorkerStats stats;  // the worker's last stats message
+  ReadyMessage info;  // its ready message
 };
 
 class WorkerPool {
@@ -71,7 +71,7 @@ class WorkerPool {
   struct Worker;
   void spawn(Worker& w);
   void reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameChannel> ch, uint64_t gen);
-  void handle(Worker& w, uint64_t gen, const json::Value& msg);
+  void handle(Worker& w, uint64_t gen, WorkerMessage& msg);
   void on_exit(Worker& w, uint64_t gen, const std::string& why);
   void fail_pending(Worker& w, const std::string& why);
   void check_liveness();

@@ -180,6 +180,77 @@ std::vector<RequestEvent> decode_events(const json::Value& frame) {
   return out;
 }
 
+json::Value encode_ready(const ReadyMessage& m) {
+  return json::Object{{"type", "ready"},
+                      {"worker", m.worker},
+                      {"backend", m.backend},
+                      {"kv_mode", m.kv_mode},
+                      {"max_seq_len", m.max_seq_len},
+                      {"max_batch", m.max_batch},
+                      {"host_bytes_per_token", m.host_bytes_per_token},
+                      {"placement", m.placement}};
+}
+
+json::Value encode_fatal(const std::string& message) { return json::Object{{"type", "fatal"}, {"message", message}}; }
+
+json::Value encode_stats(const WorkerStats& s) {
+  return json::Object{{"type", "stats"},
+                      {"running", s.running},
+                      {"waiting", s.waiting},
+                      {"split", s.split},
+                      {"h2d_gbps", s.h2d_gbps},
+                      {"host_kv_bytes", s.host_kv_bytes},
+                      {"host_kv_reserved_bytes", s.host_kv_reserved_bytes},
+                      {"device_bytes", s.device_bytes},
+                      {"steps", s.steps},
+                      {"graph_replays", s.graph_replays},
+                      {"spec_draft_tokens", s.spec_draft_tokens},
+                      {"spec_accepted_tokens", s.spec_accepted_tokens},
+                      {"busy_fraction", s.busy_fraction}};
+}
+
+json::Value encode_heartbeat(int64_t step_ms) { return json::Object{{"type", "heartbeat"}, {"step_ms", step_ms}}; }
+
+WorkerMessage decode_worker_message(const json::Value& frame) {
+  using T = WorkerMessage::Type;
+  WorkerMessage m;
+  const std::string type = message_type(frame);
+  if (type == "step" || type == "error") {
+    m.type = T::Events;
+    m.events = decode_events(frame);
+  } else if (type == "heartbeat") {
+    m.type = T::Heartbeat;
+    m.step_ms = member(frame, "step_ms").as_int();
+  } else if (type == "stats") {
+    m.type = T::Stats;
+    WorkerStats& s = m.stats;
+    for (auto [key, dst] : {std::pair{"running", &s.running}, {"waiting", &s.waiting}, {"split", &s.split},
+                            {"host_kv_bytes", &s.host_kv_bytes}, {"host_kv_reserved_bytes", &s.host_kv_reserved_bytes},
+                            {"device_bytes", &s.device_bytes}, {"steps", &s.steps}, {"graph_replays", &s.graph_replays},
+                            {"spec_draft_tokens", &s.spec_draft_tokens},
+                            {"spec_accepted_tokens", &s.spec_accepted_tokens}})
+      *dst = member(frame, key).as_int();
+    s.h2d_gbps = member(frame, "h2d_gbps").as_double();
+    s.busy_fraction = member(frame, "busy_fraction").as_double();
+  } else if (type == "ready") {
+    m.type = T::Ready;
+    ReadyMessage& r = m.ready;
+    r.worker = member(frame, "worker").as_int();
+    r.backend = member(frame, "backend").as_string();
+    r.kv_mode = member(frame, "kv_mode").as_string();
+    r.max_seq_len = member(frame, "max_seq_len").as_int();
+    r.max_batch = member(frame, "max_batch").as_int();
+    r.host_bytes_per_token = member(frame, "host_bytes_per_token").as_int();
+    r.placement = member(frame, "placement");
+  } else if (type == "fatal") {
+    m.type = T::Fatal;
+    m.fatal = member(frame, "message").as_string();
+  } else {
+    KVPR_THROW("a worker message of type '", type, "', which the controller does not take");
+  }
+  return m;
+}
+
 EngineEvent engine_event(const StepOutput& o, const SequenceResult* finished) {
   EngineEvent ev;
   if (o.token >= 0) {

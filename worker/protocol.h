@@ -43,6 +43,43 @@ struct RequestEvent {
   EngineEvent event;
 };
 
+// worker -> controller, once loaded: what it serves, and where (placement: its NUMA node, CPUs,
+// binding, load time and weights, free-form for /health).
+struct ReadyMessage {
+  int64_t worker = 0;
+  std::string backend, kv_mode;
+  int64_t max_seq_len = 0, max_batch = 0, host_bytes_per_token = 0;
+  json::Value placement;
+};
+
+// worker -> controller, every ~500 ms, for /metrics.
+struct WorkerStats {
+  int64_t running = 0, waiting = 0;  // sequences in the batch, and queued
+  int64_t split = 0;                 // the last step's l (tokens recomputed per layer)
+  double h2d_gbps = 0;               // the link's measured bandwidth
+  int64_t host_kv_bytes = 0, host_kv_reserved_bytes = 0, device_bytes = 0;
+  int64_t steps = 0, graph_replays = 0;                   // since the worker started
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;  // since the worker started
+  double busy_fraction = 0;                                 // since the last stats message
+};
+
+// A worker -> controller frame, decoded (kvprd's reader thread decodes each as it arrives: a
+// frame that is not one of these ends the worker).
+struct WorkerMessage {
+  enum class Type { Ready, Fatal, Events, Stats, Heartbeat } type = Type::Heartbeat;
+  ReadyMessage ready;
+  std::string fatal;                  // could not start: why
+  std::vector<RequestEvent> events;   // a "step", or an "error" as one event
+  WorkerStats stats;
+  int64_t step_ms = 0;                // heartbeat: how long the current step has run (0 between steps)
+};
+
+json::Value encode_ready(const ReadyMessage& m);
+json::Value encode_fatal(const std::string& message);
+json::Value encode_stats(const WorkerStats& s);
+json::Value encode_heartbeat(int64_t step_ms);
+WorkerMessage decode_worker_message(const json::Value& frame);
+
 // The frame's "type" ("" when it has none).
 std::string message_type(const json::Value& frame);
 

@@ -48,11 +48,8 @@ class Heartbeat {
     std::unique_lock<std::mutex> lock(mu_);
     while (!cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; })) {
       const int64_t started = step_started_ms_;
-      json::Value m(json::Object{});
-      m.set("type", "heartbeat");
-      m.set("step_ms", started > 0 ? now_ms() - started : int64_t{0});
       try {
-        ch_.send(m);
+        ch_.send(encode_heartbeat(started > 0 ? now_ms() - started : int64_t{0}));
       } catch (const std::exception&) {
         return;  // the controller is gone
       }
@@ -88,14 +85,15 @@ class WorkerLoop {
   json::Value ready_message() {
     placement_.set("numa_node", opts_.numa_node);
     placement_.set("cpus", json::Array(opts_.cpus.begin(), opts_.cpus.end()));
-    return json::Object{{"type", "ready"},
-                        {"worker", opts_.index},
-                        {"backend", backend_->name()},
-                        {"kv_mode", kv_mode_name(opts_.engine.generator.kv.mode)},
-                        {"max_seq_len", gen_->max_seq_len()},
-                        {"max_batch", opts_.engine.generator.max_batch},
-                        {"host_bytes_per_token", gen_->kv_runtime().host_bytes_per_token()},
-                        {"placement", placement_}};
+    ReadyMessage m;
+    m.worker = opts_.index;
+    m.backend = backend_->name();
+    m.kv_mode = kv_mode_name(opts_.engine.generator.kv.mode);
+    m.max_seq_len = gen_->max_seq_len();
+    m.max_batch = opts_.engine.generator.max_batch;
+    m.host_bytes_per_token = gen_->kv_runtime().host_bytes_per_token();
+    m.placement = placement_;
+    return encode_ready(m);
   }
 
   // Until the controller says shutdown (returns 0); throws ChannelClosed when it goes away.
@@ -259,20 +257,20 @@ class WorkerLoop {
     const StepStats& st = gen_->kv_runtime().last_step();
     const HostKvStore* hs = gen_->kv_runtime().host_store();
     const double wall = std::chrono::duration<double>(now - stats_since_).count();
-    ch_.send(json::Object{
-        {"type", "stats"},
-        {"running", static_cast<int64_t>(gen_->running())},
-        {"waiting", static_cast<int64_t>(gen_->waiting())},
-        {"split", st.split_total},
-        {"h2d_gbps", st.link_gbps_estimate},
-        {"host_kv_bytes", gen_->cached_tokens() * gen_->kv_runtime().host_bytes_per_token()},
-        {"host_kv_reserved_bytes", static_cast<int64_t>(hs ? hs->bytes() : 0)},
-        {"device_bytes", static_cast<int64_t>(backend_->device_bytes_in_use())},
-        {"steps", static_cast<int64_t>(steps_)},
-        {"graph_replays", backend_->graph_counters().replayed},  // decode steps run as one CUDA graph
-        {"spec_draft_tokens", gen_->speculation_stats().proposed},  // since the worker started
-        {"spec_accepted_tokens", gen_->speculation_stats().accepted},
-        {"busy_fraction", wall > 0 ? busy_s_ / wall : 0.0}});  // since the last stats message
+    WorkerStats ws;
+    ws.running = static_cast<int64_t>(gen_->running());
+    ws.waiting = static_cast<int64_t>(gen_->waiting());
+    ws.split = st.split_total;
+    ws.h2d_gbps = st.link_gbps_estimate;
+    ws.host_kv_bytes = gen_->cached_tokens() * gen_->kv_runtime().host_bytes_per_token();
+    ws.host_kv_reserved_bytes = static_cast<int64_t>(hs ? hs->bytes() : 0);
+    ws.device_bytes = static_cast<int64_t>(backend_->device_bytes_in_use());
+    ws.steps = static_cast<int64_t>(steps_);
+    ws.graph_replays = backend_->graph_counters().replayed;  // decode steps run as one CUDA graph
+    ws.spec_draft_tokens = gen_->speculation_stats().proposed;
+    ws.spec_accepted_tokens = gen_->speculation_stats().accepted;
+    ws.busy_fraction = wall > 0 ? busy_s_ / wall : 0.0;
+    ch_.send(encode_stats(ws));
     busy_s_ = 0;
     stats_since_ = now;
   }
@@ -302,7 +300,7 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
     worker.load();
   } catch (const std::exception& e) {
     try {
-      ch.send(json::Object{{"type", "fatal"}, {"message", e.what()}});
+      ch.send(encode_fatal(e.what()));
     } catch (const ChannelClosed&) {
     }
     return 1;
@@ -317,7 +315,7 @@ int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
     // well inside the frames' nesting limit): the worker says so and exits, and kvprd fails its
     // requests with the message and restarts it, rather than std::terminate.
     try {
-      ch.send(json::Object{{"type", "fatal"}, {"message", std::string("a message from kvprd did not parse: ") + e.what()}});
+      ch.send(encode_fatal(std::string("a message from kvprd did not parse: ") + e.what()));
     } catch (const ChannelClosed&) {
     }
     return 1;

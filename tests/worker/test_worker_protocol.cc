@@ -111,6 +111,82 @@ TEST(WorkerProtocol, StepEventsArriveAsSent) {
   EXPECT_EQ(err[0].event.error, "prompt too long");
 }
 
+TEST(WorkerProtocol, ReadyStatsHeartbeatAndFatalArriveAsSent) {
+  using T = WorkerMessage::Type;
+  ReadyMessage r;
+  r.worker = 2;
+  r.backend = "cuda:1";
+  r.kv_mode = "kvpr";
+  r.max_seq_len = 2048;
+  r.max_batch = 64;
+  r.host_bytes_per_token = 524288;
+  r.placement = json::Object{{"numa_node", 1}, {"cpus", json::Array{8, 9}}};
+  WorkerMessage m = decode_worker_message(through_the_wire(encode_ready(r)));
+  ASSERT_EQ(m.type, T::Ready);
+  EXPECT_EQ(m.ready.worker, 2);
+  EXPECT_EQ(m.ready.backend, "cuda:1");
+  EXPECT_EQ(m.ready.kv_mode, "kvpr");
+  EXPECT_EQ(m.ready.max_seq_len, 2048);
+  EXPECT_EQ(m.ready.max_batch, 64);
+  EXPECT_EQ(m.ready.host_bytes_per_token, 524288);
+  EXPECT_EQ(m.ready.placement.dump(), r.placement.dump());
+
+  WorkerStats s;
+  s.running = 5;
+  s.waiting = 7;
+  s.split = 300;
+  s.h2d_gbps = 52.5;
+  s.host_kv_bytes = int64_t{3} << 40;  // past 32 bits
+  s.host_kv_reserved_bytes = int64_t{4} << 40;
+  s.device_bytes = 123456789;
+  s.steps = 1000;
+  s.graph_replays = 990;
+  s.spec_draft_tokens = 40;
+  s.spec_accepted_tokens = 31;
+  s.busy_fraction = 0.0;  // a whole-valued double: dumped as 0, read back as a number
+  m = decode_worker_message(through_the_wire(encode_stats(s)));
+  ASSERT_EQ(m.type, T::Stats);
+  EXPECT_EQ(m.stats.running, 5);
+  EXPECT_EQ(m.stats.waiting, 7);
+  EXPECT_EQ(m.stats.split, 300);
+  EXPECT_EQ(m.stats.h2d_gbps, 52.5);
+  EXPECT_EQ(m.stats.host_kv_bytes, int64_t{3} << 40);
+  EXPECT_EQ(m.stats.host_kv_reserved_bytes, int64_t{4} << 40);
+  EXPECT_EQ(m.stats.device_bytes, 123456789);
+  EXPECT_EQ(m.stats.steps, 1000);
+  EXPECT_EQ(m.stats.graph_replays, 990);
+  EXPECT_EQ(m.stats.spec_draft_tokens, 40);
+  EXPECT_EQ(m.stats.spec_accepted_tokens, 31);
+  EXPECT_EQ(m.stats.busy_fraction, 0.0);
+
+  m = decode_worker_message(through_the_wire(encode_heartbeat(1500)));
+  ASSERT_EQ(m.type, T::Heartbeat);
+  EXPECT_EQ(m.step_ms, 1500);
+  m = decode_worker_message(through_the_wire(encode_fatal("out of memory")));
+  ASSERT_EQ(m.type, T::Fatal);
+  EXPECT_EQ(m.fatal, "out of memory");
+  m = decode_worker_message(through_the_wire(encode_error(4, "prompt too long")));
+  ASSERT_EQ(m.type, T::Events);
+  ASSERT_EQ(m.events.size(), 1u);
+  EXPECT_EQ(m.events[0].event.error, "prompt too long");
+}
+
+// kvprd decodes a worker's frames on its reader thread: one that is not a message it takes (an
+// unknown type, a missing or mistyped field) is a kvpr::Error there, which ends that worker,
+// never kvprd.
+TEST(WorkerProtocol, AWorkerFrameThatIsNotAMessageIsAnError) {
+  EXPECT_THROW(decode_worker_message(json::parse(R"({"type": "hello"})")), Error);
+  EXPECT_THROW(decode_worker_message(json::parse(R"({"step_ms": 3})")), Error);
+  EXPECT_THROW(decode_worker_message(json::parse(R"({"type": "heartbeat"})")), Error);
+  EXPECT_THROW(decode_worker_message(json::parse(R"({"type": "heartbeat", "step_ms": "3"})")), Error);
+  EXPECT_THROW(decode_worker_message(json::parse(R"({"type": "ready", "worker": 0, "backend": "cpu"})")), Error);
+  json::Value stats = encode_stats(WorkerStats{});
+  stats.set("running", "many");
+  EXPECT_THROW(decode_worker_message(stats), Error);
+  EXPECT_THROW(decode_worker_message(json::parse(R"({"type": "fatal"})")), Error);
+  EXPECT_THROW(decode_worker_message(json::parse(R"({"type": "step", "events": 3})")), Error);
+}
+
 // A frame that does not parse is a kvpr::Error from recv (the worker then reports it and exits),
 // and it is consumed: the frame after it arrives as sent.
 TEST(WorkerProtocol, AFrameThatDoesNotParseIsAnErrorAndIsConsumed) {
