@@ -748,8 +748,7 @@ ScaleConfig parse_scale_args(const Args& args) {
   c.link_gbps = opt.get_double("--emulate-link-gbps", 0);
   KVPR_CHECK(c.batch > 0 && c.prompt > 0 && c.gen > 0, "--batch, --prompt and --gen must be positive");
   KVPR_CHECK(c.probe_mib >= 0 && c.real_workers >= 1, "--probe-mib and --real-workers must be positive");
-  DType dt;
-  KVPR_CHECK(parse_dtype(c.kv_dtype, &dt), "bad --kv-dtype");
+  engine_options_of(opt, {"--kv-dtype"}, EngineOptions{});  // checks it as the engine's table does
   for (const auto& w : split_list(opt.get("--workers", "1,2,4,8"))) {
     int n = 0;
     try {

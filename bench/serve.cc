@@ -294,10 +294,12 @@ int cmd_serve(const std::vector<std::string>& args) {
             K = opt.get_int("--chunk", 128);
   const int S = opt.get_int("--speculative-tokens", 4);
   KVPR_CHECK(C > 0 && P > 1 && A > 1 && N > 0 && D > 0 && L > 1 && K > 0 && S > 0, "sizes must be positive");
-  KvMode mode;
-  KVPR_CHECK(parse_kv_mode(opt.get("--kv-mode", "resident"), &mode), "unknown --kv-mode");
-  DType kv_dtype;
-  KVPR_CHECK(parse_dtype(opt.get("--kv-dtype", "f16"), &kv_dtype), "bad --kv-dtype");
+  EngineOptions defaults;  // the engine's table, with this bench's defaults
+  defaults.generator.kv_dtype = DType::F16;
+  defaults.generator.kv.mode = KvMode::Resident;
+  const EngineOptions engine = engine_options_of(opt, {"--kv-mode", "--kv-dtype"}, defaults);
+  const KvMode mode = engine.generator.kv.mode;
+  const DType kv_dtype = *engine.generator.kv_dtype;
   std::unique_ptr<Model> model = preset_model(*be, preset_name, false);
   const Tokenizer tok = Tokenizer::load(default_tokenizer_dir());
   const int32_t vocab = static_cast<int32_t>(std::min<int64_t>(model->spec().vocab_size, tok.size()));
@@ -306,9 +308,7 @@ int cmd_serve(const std::vector<std::string>& args) {
     KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
     cpu->set_emulated_link_gbps(link);
   }
-  GeneratorOptions base;
-  base.kv_dtype = kv_dtype;
-  base.kv.mode = mode;
+  GeneratorOptions base = engine.generator;
   if (mode == KvMode::Kvpr) {
     base.kv.profile = profile_backend(*be, *model, model->kv_shape(), kv_dtype, ProfileOptions::quick());
   }
