@@ -61,7 +61,7 @@
 #include "engine/base/error.h"
 #include "engine/base/json.h"
 #include "engine/kv/kv_runtime.h"
-#include "engine/kv/profiler.h"
+#include "engine/kv/link_profile.h"
 #include "engine/base/thread_pool.h"
 #ifdef KVPR_HAVE_HWLOC
 #include "numa/placement.h"

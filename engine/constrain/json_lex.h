@@ -1,5 +1,5 @@
 // The byte-level pieces of JSON text both constrained-decoding recognizers share
-// (json_grammar.h's, json_schema.h's): a string's body (escapes, strict UTF-8) and a number
+// (json_object.h's, json_schema.h's): a string's body (escapes, strict UTF-8) and a number
 // (RFC 8259: -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?), a byte at a time.
 #pragma once
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/base/json.h"
-#include "engine/constrain/json_grammar.h"
+#include "engine/constrain/token_constraint.h"
 #include "engine/model/model.h"
 #include "engine/decode/sampling.h"
 #include "engine/text/tokenizer.h"
@@ -33,7 +33,7 @@ struct GenerationParams {
   // alternatives each (0..20). With max_new_tokens = 0 the prompt is only scored.
   int prompt_logprobs = -1;
   // The text must be one JSON object (OpenAI's response_format json_object): each token is
-  // chosen among those that continue it (engine/constrain/json_grammar.h), and EOS or a stop id only once
+  // chosen among those that continue it (engine/constrain/json_object.h), and EOS or a stop id only once
   // it is complete; a complete object that nothing may follow ends the sequence (stop).
   bool json_object = false;
   // The text must be valid against this JSON Schema (response_format json_schema, forced tool
@@ -210,7 +210,7 @@ class Generator {
   bool prefix_caching_ = true;
   PrefixCacheStats prefix_stats_;
   int speculative_tokens_ = 0, lookup_max_ = 4, lookup_min_ = 2;
-  JsonGrammarOptions json_options_;  // whitespace of JSON-constrained answers
+  JsonConstraintOptions json_options_;  // whitespace of JSON-constrained answers
   SpeculationStats spec_stats_;
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
   std::map<uint64_t, SequenceResult> done_;

@@ -14,7 +14,7 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/base/error.h"
 #include "engine/decode/generator.h"
-#include "engine/constrain/json_grammar.h"
+#include "engine/constrain/json_object.h"
 #include "engine/base/json.h"
 #include "engine/model/opt_model.h"
 #include "tests/engine/kv_mode_check.h"

@@ -16,7 +16,7 @@
 #include "engine/decode/generation_config.h"
 #include "engine/decode/generator.h"
 #include "engine/base/json.h"
-#include "engine/constrain/json_grammar.h"
+#include "engine/constrain/json_object.h"
 #include "engine/model/opt_model.h"
 #include "tests/engine/kv_mode_check.h"
 #include "tests/test_util.h"

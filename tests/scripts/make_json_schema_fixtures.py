@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Produces tests/data/json-grammar/schema_cases.json: JSON Schemas (hand-written, and Pydantic
+"""Produces tests/data/json-object/schema_cases.json: JSON Schemas (hand-written, and Pydantic
 v2's model_json_schema() of models with nested models, Optional fields, Literal enums, length
 limits and a recursive tree, as written and made strict the way OpenAI's structured outputs
 want them), documents generated from each (written compact, spaced, indented), those documents
@@ -23,7 +23,7 @@ from typing import List, Literal, Optional
 import jsonschema
 from pydantic import BaseModel, Field
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "json-grammar")
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "json-object")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_regex_fixtures import FORMATS, python_match  # noqa: E402  (the formats' regexes, ECMAScript matching)
 

@@ -1,4 +1,4 @@
-// Decoding constrained to JSON (engine/constrain/json_grammar.h): the recognizer reads exactly the byte
+// Decoding constrained to JSON (engine/constrain/json_object.h): the recognizer reads exactly the byte
 // strings Python's json module reads as one object, every prefix of a valid one stays open, and
 // the token masks over a vocabulary are the tokens whose bytes continue the text.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 
 #include "engine/base/error.h"
 #include "engine/base/json.h"
-#include "engine/constrain/json_grammar.h"
+#include "engine/constrain/token_constraint.h"
 #include "engine/constrain/json_schema.h"
 #include "engine/constrain/regex.h"
 #include "tests/test_util.h"
@@ -35,12 +35,12 @@ JsonRecognizer::Options permissive() {
 }
 }  // namespace
 
-// 965 strings classified by Python's json.loads (tests/scripts/make_json_grammar_fixtures.py):
+// 965 strings classified by Python's json.loads (tests/scripts/make_json_object_fixtures.py):
 // random objects written compact, spaced, indented, ASCII-escaped or not, with bytes deleted,
 // inserted and replaced, and hand-made edge cases (UTF-8 overlong forms, surrogates, escapes,
 // numbers, literals, trailing data).
-TEST(JsonGrammar, ReadsWhatPythonsJsonReads) {
-  const json::Value cases = json::parse_file(test::data_path("json-grammar") + "/cases.json");
+TEST(JsonObject, ReadsWhatPythonsJsonReads) {
+  const json::Value cases = json::parse_file(test::data_path("json-object") + "/cases.json");
   size_t valid = 0, n = 0;
   for (const auto& c : cases.as_array()) {
     const std::string bytes = unhex(c.find("hex")->as_string());
@@ -61,7 +61,7 @@ TEST(JsonGrammar, ReadsWhatPythonsJsonReads) {
   EXPECT_GE(valid, 400u);
 }
 
-TEST(JsonGrammar, LimitsWhitespaceAndDepthAndTakesOtherValuesWhenAsked) {
+TEST(JsonObject, LimitsWhitespaceAndDepthAndTakesOtherValuesWhenAsked) {
   EXPECT_TRUE(reads_object("{" + std::string(48, ' ') + "}", permissive()));
   EXPECT_FALSE(reads_object("{" + std::string(49, ' ') + "}", permissive()));
   EXPECT_TRUE(reads_object("{\"a\": \"" + std::string(200, ' ') + "\"}"));  // inside strings, any
@@ -83,7 +83,7 @@ TEST(JsonGrammar, LimitsWhitespaceAndDepthAndTakesOtherValuesWhenAsked) {
 // By default whitespace between tokens is compact, as llama.cpp's JSON-schema grammars write it:
 // nothing, one space, or one newline followed by up to 20 spaces or tabs; never a run of blank
 // lines or spaces a small model could spend its tokens on.
-TEST(JsonGrammar, CompactWhitespaceIsNothingASpaceOrANewlineAndIndentation) {
+TEST(JsonObject, CompactWhitespaceIsNothingASpaceOrANewlineAndIndentation) {
   const JsonSchema schema = JsonSchema::compile(json::parse(R"({"type": "object", "properties": {"a": {}}})"));
   auto both = [&](const std::string& text) {
     SchemaRecognizer s(&schema);
@@ -110,7 +110,7 @@ TEST(JsonGrammar, CompactWhitespaceIsNothingASpaceOrANewlineAndIndentation) {
 // A vocabulary of JSON pieces, words and special tokens: each mask is exactly the set of ids
 // whose bytes the recognizer takes next, end ids come only once the object is complete, and
 // decoding by the largest masked logit from random rows always ends in an object that parses.
-TEST(JsonGrammar, TokenMasksAreTheContinuations) {
+TEST(JsonObject, TokenMasksAreTheContinuations) {
   auto vocab = std::make_shared<JsonTokenConstraint::Vocabulary>(JsonTokenConstraint::Vocabulary{
       "{", "}", "[", "]", "\"", ":", ",", " ", "\n", "  ", "{\"", "\":", "\",", "\"}", "}}", "]}", "true", "false",
       "null", "nul", "l", "0", "1", "12", ".", "5", "e", "-", "+", "a", "key", "\\", "n", "u", "00e9", "\xc3", "\xa9",
@@ -168,7 +168,7 @@ TEST(JsonGrammar, TokenMasksAreTheContinuations) {
 // the jsonschema package with ECMAScript's pattern matching and the formats' regexes
 // (tests/scripts/make_json_schema_fixtures.py).
 TEST(JsonSchema, ReadsWhatJsonschemaValidates) {
-  const json::Value fixture = json::parse_file(test::data_path("json-grammar") + "/schema_cases.json");
+  const json::Value fixture = json::parse_file(test::data_path("json-object") + "/schema_cases.json");
   size_t n = 0, valid = 0;
   for (const auto& s : fixture.as_array()) {
     const JsonSchema schema = JsonSchema::compile(*s.find("schema"));

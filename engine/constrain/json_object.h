@@ -1,6 +1,5 @@
-// Decoding constrained to JSON (OpenAI's response_format {"type": "json_object"}): a byte-level
-// recognizer of JSON text (RFC 8259) and, over a tokenizer's vocabulary, the mask of the tokens
-// that can continue what has been generated so far.
+// The json_object mode (OpenAI's response_format {"type": "json_object"}): a byte-level
+// recognizer of JSON text (RFC 8259); token_constraint.h masks a vocabulary with it.
 //
 // The recognizer reads one JSON value a byte at a time (an object, when asked for one), with
 // strings checked as UTF-8 and escapes as JSON's, and refuses a byte that cannot continue it.
@@ -12,18 +11,14 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <string_view>
-#include <variant>
-#include <vector>
 
 #include "engine/constrain/json_lex.h"
-#include "engine/constrain/json_schema.h"
 
 namespace kvpr {
 
-struct JsonGrammarOptions {
+struct JsonConstraintOptions {
   bool object_only = true;  // the value must be an object (json_object)
   bool permissive_whitespace = false;  // any whitespace between tokens, not only the compact forms
   int max_whitespace = 48;  // permissive: whitespace bytes in a row between tokens of the JSON
@@ -35,7 +30,7 @@ struct JsonGrammarOptions {
 
 class JsonRecognizer {
  public:
-  using Options = JsonGrammarOptions;
+  using Options = JsonConstraintOptions;
   explicit JsonRecognizer(const Options& o = {});
 
   // Reads one byte; false (and the recognizer is then unusable) when it cannot continue the text.
@@ -70,39 +65,6 @@ class JsonRecognizer {
   json_lex::Whitespace ws_;
   uint8_t max_depth_;
   bool object_only_;
-};
-
-// The tokens that may come next while generating JSON. The vocabulary is every id's bytes as
-// the text shows them ("" for special tokens, which never belong to the JSON).
-class JsonTokenConstraint {
- public:
-  using Vocabulary = std::vector<std::string>;
-  // Any JSON value (an object with o.object_only).
-  JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, const JsonGrammarOptions& o = {});
-  // A JSON text valid against `schema` (json_schema.h); o's whitespace and depth apply.
-  JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
-                      const JsonGrammarOptions& o = {});
-
-  // Sets the logits of ids in [0, valid) that cannot come next to -infinity. `end_ids` (EOS and
-  // stop ids) stay only once the JSON is complete. Returns how many ids are left (0 when the
-  // JSON is complete and nothing may follow but an end id the sequence does not have).
-  int64_t mask(float* logits, int32_t valid, const std::vector<int32_t>& end_ids);
-  // The chosen id: its bytes continue the JSON (an end id adds none).
-  void advance(int32_t id);
-  bool complete() const {
-    return std::visit([](const auto& r) { return r.complete(); }, r_);
-  }
-
- private:
-  const std::vector<uint8_t>& allowed(int32_t valid);
-
-  std::shared_ptr<const Vocabulary> vocab_;
-  std::vector<int32_t> plain_chars_;  // per id: its characters when it is plain string text, else -1
-  std::shared_ptr<const JsonSchema> schema_;
-  std::variant<JsonRecognizer, SchemaRecognizer> r_;
-  // Masks of recent states (JSON revisits the same states: inside strings, between members).
-  std::vector<std::pair<std::string, std::vector<uint8_t>>> cache_;
-  size_t next_victim_ = 0;
 };
 
 }  // namespace kvpr

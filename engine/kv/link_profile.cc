@@ -1,4 +1,4 @@
-#include "engine/kv/profiler.h"
+#include "engine/kv/link_profile.h"
 
 #include <algorithm>
 #include <cmath>

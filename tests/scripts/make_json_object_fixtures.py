@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
-"""Produces tests/data/json-grammar/cases.json: byte strings and whether Python's json module
+"""Produces tests/data/json-object/cases.json: byte strings and whether Python's json module
 reads each as one JSON object (json.loads of the bytes decoded as strict UTF-8, so that encoded
 surrogates, which json.loads of bytes lets through, are refused; and NaN/Infinity refused, which
 it would take and JSON has not), the reference for kvpr's JSON recognizer
-(engine/constrain/json_grammar.h). Valid documents are random values written by json.dumps in several
+(engine/constrain/json_object.h). Valid documents are random values written by json.dumps in several
 styles (compact, spaced, indented, ASCII-escaped or not) and hand-made edge cases; invalid ones
 are those documents with a byte deleted, inserted or replaced (classified by json.loads, so some
 stay valid) and hand-made near misses. Bytes are stored as hex. Run offline:
-  python3 tests/scripts/make_json_grammar_fixtures.py
+  python3 tests/scripts/make_json_object_fixtures.py
 """
 import json
 import os
 import random
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "json-grammar")
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "json-object")
 
 
 def reject_constant(name):
