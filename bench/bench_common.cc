@@ -99,6 +99,8 @@ OptConfig preset(const std::string& name) {
     c.hidden_size = 4096, c.num_layers = 32, c.num_heads = 32, c.ffn_dim = 16384;
   } else if (name == "opt-13b") {
     c.hidden_size = 5120, c.num_layers = 40, c.num_heads = 40, c.ffn_dim = 20480;
+  } else if (name == "opt-30b") {
+    c.hidden_size = 7168, c.num_layers = 48, c.num_heads = 56, c.ffn_dim = 28672;
   } else if (name == "opt-125m") {
     c.hidden_size = 768, c.num_layers = 12, c.num_heads = 12, c.ffn_dim = 3072;
   } else if (name == "opt-1.3b") {
@@ -106,7 +108,7 @@ OptConfig preset(const std::string& name) {
   } else if (name == "tiny") {
     c.hidden_size = 128, c.num_layers = 4, c.num_heads = 4, c.ffn_dim = 512;
   } else {
-    KVPR_THROW("unknown preset '", name, "' (opt-6.7b, opt-13b, opt-1.3b, opt-125m, tiny)");
+    KVPR_THROW("unknown preset '", name, "' (opt-6.7b, opt-13b, opt-30b, opt-1.3b, opt-125m, tiny)");
   }
   c.word_embed_proj_dim = c.hidden_size;
   return c;

@@ -28,16 +28,8 @@ HTTP_IN=${KVPR_CHECK_HTTP_IN:-512}
 HTTP_OUT=${KVPR_CHECK_HTTP_OUT:-64}
 SERVE_MODES=${KVPR_CHECK_SERVE_MODES:-resident offload kvpr}
 JOBS=${KVPR_CHECK_JOBS:-16}
-start=$(date +%s)
-elapsed() { echo $(( $(date +%s) - start )); }
-say() { echo "== [$(elapsed)s] $*"; }
-
-say "hardware"
-nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv \
-  > "$OUT/gpu.csv" 2>&1 || echo "no nvidia-smi" > "$OUT/gpu.csv"
-cat "$OUT/gpu.csv"; nproc; free -g | head -2
-if [ -n "${KVPR_CHECK_COMMIT:-}" ]; then echo "$KVPR_CHECK_COMMIT" > "$OUT/commit"
-else git rev-parse --short=12 HEAD 2>/dev/null > "$OUT/commit" || echo unknown > "$OUT/commit"; fi
+. bench/device-check-common.sh
+record_hardware_and_commit
 
 # kvprd's dependencies from our Debian packages, as a prefix (bench/prepare-device-carry.sh).
 PFX=/tmp/kvpr-prefix

@@ -16,6 +16,7 @@ import time
 PRESETS = {
     "opt-6.7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, ffn_dim=16384),
     "opt-13b": dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, ffn_dim=20480),
+    "opt-30b": dict(hidden_size=7168, num_hidden_layers=48, num_attention_heads=56, ffn_dim=28672),
     "opt-1.3b": dict(hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, ffn_dim=8192),
     "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, ffn_dim=512),
 }

@@ -10,6 +10,10 @@
 #                                unpacks it and builds against it (bench/device-check-scale.sh).
 #   .carry/npm-openai.tar.xz     the official openai npm client and its dependencies (when the
 #                                daemon tests have installed it under build/npm-openai)
+#   .carry/flexllmgen            FlexLLMGen (FMInference/FlexLLMGen, Apache-2.0), the peer of
+#                                bench/flexgen_peer.py, unmodified, from its public snapshot: set
+#                                FLEXLLMGEN_GIT to a clone or the fetched snapshot's git directory
+#                                (never committed: .carry is ignored)
 set -eu
 cd "$(dirname "$0")/.."
 mkdir -p .carry
@@ -64,5 +68,11 @@ print(' '.join(sorted(seen)))
 PY
 )
   tar -cJf .carry/npm-openai.tar.xz -C "$npm" $closure
+fi
+# FlexLLMGen's package at the snapshot's commit (its benchmark/ third_party trees stay out).
+if [ ! -d .carry/flexllmgen ] && [ -n "${FLEXLLMGEN_GIT:-}" ]; then
+  mkdir -p .carry/flexllmgen
+  git --git-dir="$FLEXLLMGEN_GIT" archive HEAD flexllmgen LICENSE README.md | tar -x -C .carry/flexllmgen
+  git --git-dir="$FLEXLLMGEN_GIT" rev-parse HEAD > .carry/flexllmgen/COMMIT
 fi
 du -sh .carry .carry/*.tar.xz
