@@ -98,7 +98,10 @@ models = {}
 for run in runs:
     engine, model, path = run.split(':', 2)
     m = models.setdefault(model, {'ours': None, 'flexgen': []})
-    doc = json.load(open(path))
+    try:
+        doc = json.load(open(path))
+    except Exception as e:  # cut short by a timeout: say so, keep the rest
+        doc = {'error': 'unreadable %s: %s' % (os.path.basename(path), e)}
     if engine == 'ours':
         for mode in doc.get('modes', []):
             mode.pop('steps', None)

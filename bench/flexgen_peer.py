@@ -102,30 +102,43 @@ def mem_available_bytes():
 
 
 def host_bytes_needed(config, a):
-    """Host memory FlexLLMGen's placement takes: its share of the weights (stored twice for the tied
-    embedding, as its InputEmbed and OutputEmbed each hold one), its share of the KV cache, and the
-    copy threads' pinned relay buffers (4 x 2 GiB)."""
+    """Host memory FlexLLMGen's placement takes: its share of the weights (the tied embedding
+    counted twice, as its InputEmbed and OutputEmbed each hold one), its share of the KV cache, and
+    the copy threads' pinned relay buffers (4 x 2 GiB)."""
     batch = a.gpu_batch_size * a.num_gpu_batches
-    weights = config.model_bytes() * a.percent[1] / 100
+    embedding = 2 * config.vocab_size * getattr(config, "input_dim", 0)  # fp16; input_dim: FlexLLMGen's hidden size
+    weights = (config.model_bytes() + embedding) * a.percent[1] / 100
     cache = config.cache_bytes(batch, a.prompt + a.gen) * a.percent[3] / 100
     return int(weights + cache + 8 * 2 ** 30)
 
 
 class Watchdog:
     """Ends the process when the run outlives its limit: FlexLLMGen's copy threads are not
-    daemons, so a run stuck inside it would otherwise never exit."""
+    daemons, so a run stuck inside it would otherwise never exit. `lock` is held by whoever writes
+    the result: the watchdog, or the main thread once it has cancelled the watchdog."""
 
     def __init__(self, seconds, on_expiry):
+        self.lock = threading.Lock()
+        self._cancelled = False
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(seconds, on_expiry), daemon=True)
         self._thread.start()
 
     def _run(self, seconds, on_expiry):
-        if not self._done.wait(seconds):
-            on_expiry()
-            os._exit(124)
+        if self._done.wait(seconds):
+            return
+        with self.lock:
+            if self._cancelled:
+                return
+            try:
+                on_expiry()
+            finally:
+                os._exit(124)
 
     def cancel(self):
+        """Takes the lock for good: after this the watchdog neither writes nor exits."""
+        self.lock.acquire()
+        self._cancelled = True
         self._done.set()
 
 
@@ -218,7 +231,10 @@ def main(argv=None):
 
     def expired():
         result["error"] = f"timed out after {a.time_limit:g} s"
-        write(a.json, result)
+        try:
+            write(a.json, dict(result))
+        except Exception:
+            pass  # the exit code and the line below still say it
         print(f"flexgen_peer: error: {a.model} batch {batch}: timed out after {a.time_limit:g} s", file=sys.stderr)
         sys.stderr.flush()
 

@@ -70,9 +70,11 @@ PY
   tar -cJf .carry/npm-openai.tar.xz -C "$npm" $closure
 fi
 # FlexLLMGen's package at the snapshot's commit (its benchmark/ third_party trees stay out).
-if [ ! -d .carry/flexllmgen ] && [ -n "${FLEXLLMGEN_GIT:-}" ]; then
-  mkdir -p .carry/flexllmgen
-  git --git-dir="$FLEXLLMGEN_GIT" archive HEAD flexllmgen LICENSE README.md | tar -x -C .carry/flexllmgen
-  git --git-dir="$FLEXLLMGEN_GIT" rev-parse HEAD > .carry/flexllmgen/COMMIT
+if [ ! -f .carry/flexllmgen/COMMIT ] && [ -n "${FLEXLLMGEN_GIT:-}" ]; then
+  rm -rf .carry/flexllmgen .carry/flexllmgen.part && mkdir -p .carry/flexllmgen.part
+  git --git-dir="$FLEXLLMGEN_GIT" archive -o .carry/flexllmgen.tar HEAD flexllmgen LICENSE README.md
+  tar -xf .carry/flexllmgen.tar -C .carry/flexllmgen.part && rm .carry/flexllmgen.tar
+  git --git-dir="$FLEXLLMGEN_GIT" rev-parse HEAD > .carry/flexllmgen.part/COMMIT
+  mv .carry/flexllmgen.part .carry/flexllmgen  # whole, or not at all
 fi
 du -sh .carry .carry/*.tar.xz

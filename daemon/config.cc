@@ -37,7 +37,7 @@ const std::vector<Option>& options() {
   static const std::vector<Option> o = {
       {"model", "model directory (Hugging Face OPT checkpoint) [required]", [](DaemonConfig& c, const std::string& v) { c.model = v; }},
       {"host", "address to listen on [127.0.0.1]", [](DaemonConfig& c, const std::string& v) { c.host = v; }},
-      {"port", "TCP port [8000]", [](DaemonConfig& c, const std::string& v) { c.port = to_int("port", v); }},
+      {"port", "TCP port [8000]", [](DaemonConfig& c, const std::string& v) { c.port = static_cast<int>(parse_option_integer("port", v, 1, 65535)); }},
       {"served-model-name", "model name in the API [the model directory's name]",
        [](DaemonConfig& c, const std::string& v) { c.served_model_name = v; }},
       {"backend", "auto, cpu or cuda [auto: cuda when a GPU is visible]", [](DaemonConfig& c, const std::string& v) { c.backend = v; }},

@@ -230,8 +230,9 @@ WorkerMessage decode_worker_message(const json::Value& frame) {
                             {"spec_draft_tokens", &s.spec_draft_tokens},
                             {"spec_accepted_tokens", &s.spec_accepted_tokens}})
       *dst = member(frame, key).as_int();
-    s.h2d_gbps = member(frame, "h2d_gbps").as_double();
-    s.busy_fraction = member(frame, "busy_fraction").as_double();
+    // A double that is not finite goes over the wire as null (json::dump): read as 0, as /metrics shows it.
+    for (auto [key, dst] : {std::pair{"h2d_gbps", &s.h2d_gbps}, {"busy_fraction", &s.busy_fraction}})
+      if (const json::Value& v = member(frame, key); !v.is_null()) *dst = v.as_double();
   } else if (type == "ready") {
     m.type = T::Ready;
     ReadyMessage& r = m.ready;

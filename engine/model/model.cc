@@ -189,6 +189,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     backend_.synchronize();  // rank 0's uploads have landed
     for (const auto& t : received) opts.broadcast->broadcast(t);
     opts.broadcast->finish();
+    received = {};  // its references would keep the parts stack_weights replaces on the device
     if (opts.progress) opts.progress(total, total);
   }
   stack_weights();

@@ -471,14 +471,17 @@ std::string content_of(const json::Value& v) {
 }
 
 // The special token that tokenizer.json's post-processor puts before every text (Llama-3's BOS,
-// which tokenizer_config.json does not mention), or "".
+// which tokenizer_config.json does not mention), or "": in a Sequence, the last processor's that
+// has one.
 std::string template_bos_of(const json::Value* v) {
   if (!v || !v->is_object()) return "";
   const json::Value* ty = v->find("type");
   if (ty && ty->is_string() && ty->as_string() == "Sequence") {
+    std::string last;
     if (const json::Value* list = v->find("processors"); list && list->is_array())
       for (const auto& e : list->as_array())
-        if (std::string bos = template_bos_of(&e); !bos.empty()) return bos;
+        if (std::string bos = template_bos_of(&e); !bos.empty()) last = bos;
+    return last;
   } else if (ty && ty->is_string() && ty->as_string() == "TemplateProcessing") {
     const json::Value* single = v->find("single");
     if (single && single->is_array() && !single->as_array().empty())

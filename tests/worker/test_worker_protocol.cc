@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <limits>
 
 #include "engine/base/error.h"
 #include "worker/frame_channel.h"
@@ -158,6 +159,12 @@ TEST(WorkerProtocol, ReadyStatsHeartbeatAndFatalArriveAsSent) {
   EXPECT_EQ(m.stats.spec_draft_tokens, 40);
   EXPECT_EQ(m.stats.spec_accepted_tokens, 31);
   EXPECT_EQ(m.stats.busy_fraction, 0.0);
+
+  s.h2d_gbps = std::numeric_limits<double>::infinity();  // not finite: null on the wire, 0 here (as /metrics had it)
+  m = decode_worker_message(through_the_wire(encode_stats(s)));
+  ASSERT_EQ(m.type, T::Stats);
+  EXPECT_EQ(m.stats.h2d_gbps, 0.0);
+  EXPECT_EQ(m.stats.running, 5);
 
   m = decode_worker_message(through_the_wire(encode_heartbeat(1500)));
   ASSERT_EQ(m.type, T::Heartbeat);
