@@ -28,12 +28,14 @@ void write_json(const std::string& path, const json::Value& v) {
   KVPR_CHECK(o.good(), path, ": cannot write");
 }
 
-std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool stream_weights,
-                                    int64_t max_positions) {
+std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, const ModelLoadOptions& lo,
+                                    const PresetSize& size) {
+  KVPR_CHECK(size.max_positions >= 0 && size.layers >= 0, "a preset's positions and layers must not be negative");
   if (name.rfind("llama", 0) != 0 && name.rfind("qwen", 0) != 0) {
     OptConfig oc = preset(name);
-    if (max_positions > 0) oc.max_position_embeddings = max_positions;
-    return std::make_unique<OptModel>(be, oc, DType::F16, 1234, stream_weights);
+    if (size.max_positions > 0) oc.max_position_embeddings = size.max_positions;
+    if (size.layers > 0) oc.num_layers = std::min(oc.num_layers, size.layers);
+    return std::make_unique<OptModel>(be, oc, DType::F16, 1234, lo);
   }
   LlamaConfig c;
   c.vocab_size = 32000;
@@ -86,8 +88,9 @@ std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool s
   } else {
     KVPR_THROW("unknown preset '", name, "' (llama-2-7b, llama-2-13b, llama-2-70b, llama-3.1-8b, llama-tiny)");
   }
-  if (max_positions > 0) c.max_position_embeddings = max_positions;
-  return std::make_unique<LlamaModel>(be, c, DType::F16, 1234, stream_weights);
+  if (size.max_positions > 0) c.max_position_embeddings = size.max_positions;
+  if (size.layers > 0) c.num_layers = std::min(c.num_layers, size.layers);
+  return std::make_unique<LlamaModel>(be, c, DType::F16, 1234, lo);
 }
 
 OptConfig preset(const std::string& name) {

@@ -84,11 +84,19 @@ void write_json(const std::string& path, const json::Value& v);
 // OPT shapes by name (opt-6.7b, opt-13b, opt-1.3b, opt-125m, tiny).
 OptConfig preset(const std::string& name);
 
+// What a benchmark may change of a preset; 0 keeps the preset's.
+struct PresetSize {
+  // The position range (--max-positions: OPT-6.7B's shapes at a context past its 2048-entry
+  // position table, a long-context model of the same widths).
+  int64_t max_positions = 0;
+  // At most this many layers (--layers: a big preset's real widths at a size a CPU runs).
+  int64_t layers = 0;
+};
+
 // OPT, Llama-2/3.1 and Qwen shapes (and tiny ones for tests) with random weights generated on
-// the device. max_positions > 0 replaces the preset's position range (--max-positions: OPT-6.7B's
-// shapes at a context past its 2048-entry position table, a long-context model of the same widths).
-std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, bool stream_weights,
-                                    int64_t max_positions = 0);
+// the device; of `lo`, stream_weights and kv_plan apply (model.h).
+std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, const ModelLoadOptions& lo,
+                                    const PresetSize& size = {});
 
 // Milliseconds of one copy on stream `s`, timed with events: the median of 3 after a warm-up.
 double copy_ms(Backend& be, const Tensor& dst, const Tensor& src, Stream s, const char* what);

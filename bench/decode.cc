@@ -5,7 +5,9 @@
 //                     [--kv-dtype f16] [--weights device|host] [--gpu-batches N] [--emulate-link-gbps G]
 //                     [--host-attention-threads N]
 //                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR] [--max-positions N]
-//     (--max-positions: the preset's position range, for contexts past OPT's 2048 positions.)
+//                     [--layers N]
+//     (--max-positions: the preset's position range, for contexts past OPT's 2048 positions;
+//     --layers: the preset's first N layers, its real widths at a size a CPU runs.)
 //     Every KV mode side by side in one run on one model with random weights generated on the
 //     device: decode ms per step, tokens/s, split per step, bytes over the link per step, busy
 //     fraction of the compute stream, and each mode's bound from the measured profile.
@@ -89,11 +91,14 @@ TracedSteps trace_two_steps(Backend& be, StepFn&& step, const std::string& trace
   return {std::min(1.0, busy_us / std::max(1.0, t_end - t_start)), static_cast<double>(compute_ops) / 2.0};
 }
 
+// Tokens of KV each sequence of a mode's run holds: the prompt, the new tokens and two spare.
+int64_t kv_capacity(int prompt, int gen) { return static_cast<int64_t>(prompt) + gen + 2; }
+
 ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const KvRuntimeOptions& base, int batch,
                     int prompt, int gen, const std::string& trace_path) {
   KvRuntimeOptions o = base;
   o.mode = mode;
-  auto kv = model.make_kv_runtime(batch, prompt + gen + 2, o);
+  auto kv = model.make_kv_runtime(batch, kv_capacity(prompt, gen), o);
   GreedyDecode dec(be, model, *kv, batch, prompt);
   const double prefill_s = dec.prefill();
   // Host time to issue a step's work: when it approaches the step time, the step is bound by
@@ -214,7 +219,7 @@ class DecodeRun {
   explicit DecodeRun(const std::vector<std::string>& args)
       : opt_(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype", "--emulate-link-gbps",
                     "--weights", "--gpu-batches", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
-                    "--trace-dir", "--max-positions"}) {
+                    "--trace-dir", "--max-positions", "--layers"}) {
     preset_ = opt_.get("--preset", "opt-6.7b");
     batch_ = opt_.get_int("--batch", 32);
     prompt_ = opt_.get_int("--prompt", 1024);
@@ -237,9 +242,14 @@ class DecodeRun {
     std::fprintf(stderr, "kvpr-bench decode: %s on %s, batch %d, prompt %d, %d new tokens, weights on the %s\n",
                  preset_.c_str(), be_->name().c_str(), batch_, prompt_, gen_, engine_.weights_on_host ? "host" : "device");
     const auto t_init = Clock::now();
-    const int max_positions = opt_.get_int("--max-positions", 0);
-    KVPR_CHECK(max_positions >= 0, "--max-positions must not be negative");
-    model_ = preset_model(*be_, preset_, engine_.weights_on_host, max_positions);
+    PresetSize size;
+    size.max_positions = opt_.get_int("--max-positions", 0);
+    size.layers = opt_.get_int("--layers", 0);
+    KVPR_CHECK(size.max_positions >= 0 && size.layers >= 0, "--max-positions and --layers must not be negative");
+    ModelLoadOptions lo;
+    lo.stream_weights = engine_.weights_on_host;
+    lo.kv_plan = [this](const ModelSpec& spec, DType) { return largest_kv_plan(spec); };
+    model_ = preset_model(*be_, preset_, lo, size);
     const double init_s = seconds_since(t_init);
     measure_machine();
     json::Value result = header_json(init_s);
@@ -260,6 +270,27 @@ class DecodeRun {
   };
 
   DType kv_dtype() const { return *engine_.generator.kv_dtype; }
+
+  // The modes run one after another, each with its own KV cache of batch x (prompt + gen + 2)
+  // tokens: the largest of them is what the host must hold next to the weights.
+  KvPlan largest_kv_plan(const ModelSpec& spec) const {
+    const KvShape shape = kv_shape(spec);
+    KvPlan best;
+    double best_bytes = -1;
+    for (const auto& v : modes_) {
+      KvPlan p;
+      p.slots = batch_;
+      p.capacity = kv_capacity(prompt_, gen_);
+      p.kv = engine_.generator.kv;
+      p.kv.mode = v.mode;
+      p.kv.kv_dtype = kv_dtype();
+      const double bytes = kv_mode_uses_host(v.mode) || be_->device_is_host()
+                               ? KvRuntime::store_bytes(shape, p.slots, p.capacity, p.kv)
+                               : 0;
+      if (bytes > best_bytes) best = p, best_bytes = bytes;
+    }
+    return best;
+  }
 
   void parse_modes() {
     const bool host = be_->device_is_host() || engine_.weights_on_host;
@@ -287,6 +318,10 @@ class DecodeRun {
     const int64_t probe_mib = opt_.get_int("--probe-mib", be_->device_is_host() ? 128 : 2048);
     KVPR_CHECK(probe_mib > 0, "--probe-mib must be positive");
     po.transfer_bytes = std::max<int64_t>(1, probe_mib / (be_->device_is_host() ? 2 : 8)) << 20;
+    // Recompute timed up to the rows this run can recompute in a step (all its tokens), and
+    // one size past them: two sizes at least, for the fit.
+    const int64_t most_rows = static_cast<int64_t>(batch_) * kv_capacity(prompt_, gen_);
+    while (po.rows.size() > 2 && po.rows[po.rows.size() - 2] >= most_rows) po.rows.pop_back();
     prof_ = profile_backend(*be_, *model_, model_->kv_shape(), kv_dtype(), po);
     hbm_ = device_copy_gbps(*be_, probe_mib << 20);
     host_bw_ = host_copy_gbps(256ll << 20);
@@ -305,12 +340,14 @@ class DecodeRun {
 
   json::Value header_json(double init_s) const {
     char title[160];
-    std::snprintf(title, sizeof title, "%s, batch %d, prompt %d, %d tokens, %s%s", preset_.c_str(), batch_, prompt_, gen_,
-                  be_->name().c_str(), engine_.weights_on_host ? ", weights streamed from host" : "");
+    const std::string layers = opt_.get_int("--layers", 0) > 0 ? " (" + std::to_string(model_->spec().num_layers) + " layers)" : "";
+    std::snprintf(title, sizeof title, "%s%s, batch %d, prompt %d, %d tokens, %s%s", preset_.c_str(), layers.c_str(), batch_,
+                  prompt_, gen_, be_->name().c_str(), engine_.weights_on_host ? ", weights streamed from host" : "");
     return json::Object{{"title", title},
                         {"benchmark", "decode"},
                         {"device", be_->name()},
                         {"preset", preset_},
+                        {"layers", model_->spec().num_layers},
                         {"batch", batch_},
                         {"prompt", prompt_},
                         {"gen", gen_},

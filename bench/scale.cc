@@ -330,7 +330,7 @@ void run_real_worker(const WorkerArgs& a, const BindFn& bind) {
     KVPR_CHECK(cpu, "--emulate-link-gbps is for the cpu backend");
     cpu->set_emulated_link_gbps(a.link_gbps);
   }
-  std::unique_ptr<Model> model = preset_model(*be, a.preset, false, a.max_positions);
+  std::unique_ptr<Model> model = preset_model(*be, a.preset, {}, {.max_positions = a.max_positions});
   const KvShape shape = model->kv_shape();
   const int64_t per_token = KvRuntime::host_bytes_per_token(mode, shape, kv_dtype);
   reply(shape_event(*be, *model, per_token * a.batch * a.capacity));

@@ -300,7 +300,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   const EngineOptions engine = engine_options_of(opt, {"--kv-mode", "--kv-dtype"}, defaults);
   const KvMode mode = engine.generator.kv.mode;
   const DType kv_dtype = *engine.generator.kv_dtype;
-  std::unique_ptr<Model> model = preset_model(*be, preset_name, false);
+  std::unique_ptr<Model> model = preset_model(*be, preset_name, {});
   const Tokenizer tok = Tokenizer::load(default_tokenizer_dir());
   const int32_t vocab = static_cast<int32_t>(std::min<int64_t>(model->spec().vocab_size, tok.size()));
   if (const double link = opt.get_double("--emulate-link-gbps", 0); link > 0) {

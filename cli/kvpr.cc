@@ -319,6 +319,9 @@ int cmd_generate(int argc, char** argv) {
   if (a.has("--trace")) backend->set_tracer(&tracer);
   ModelLoadOptions lo;
   lo.stream_weights = eo.weights_on_host;
+  lo.kv_plan = [&eo](const ModelSpec& spec, DType weight_dtype) {
+    return Generator::kv_plan(eo.generator, spec, weight_dtype);
+  };
   std::unique_ptr<Model> model = load_model(*backend, dir, lo);
   const Tokenizer tok = Tokenizer::load(dir);
   const std::vector<int32_t> prompt = prompt_of(a, dir, tok, gp);

@@ -133,6 +133,9 @@ class WorkerLoop {
   void load_weights() {
     ModelLoadOptions lo;
     lo.stream_weights = opts_.engine.weights_on_host;
+    lo.kv_plan = [go = opts_.engine.generator](const ModelSpec& spec, DType weight_dtype) {
+      return Generator::kv_plan(go, spec, weight_dtype);
+    };
     int last_decile = -1;
     const auto t0 = Clock::now();
     lo.progress = [&](size_t done, size_t total) {

@@ -55,22 +55,29 @@ struct Generator::Sequence {
 
 Generator::~Generator() = default;
 
+KvPlan Generator::kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, DType weight_dtype) {
+  KVPR_CHECK(opts.max_batch > 0, "max_batch must be positive");
+  KvPlan plan;
+  plan.slots = opts.max_batch;
+  plan.capacity = opts.max_seq_len > 0 ? std::min(opts.max_seq_len, spec.max_position_embeddings)
+                                       : spec.max_position_embeddings;
+  plan.kv = opts.kv;
+  plan.kv.kv_dtype = opts.kv_dtype.value_or(weight_dtype);
+  return plan;
+}
+
 Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOptions& opts)
     : model_(model), tok_(tokenizer) {
-  const ModelSpec& c = model.spec();
-  max_seq_len_ = opts.max_seq_len > 0 ? std::min(opts.max_seq_len, c.max_position_embeddings)
-                                      : c.max_position_embeddings;
-  KVPR_CHECK(opts.max_batch > 0, "max_batch must be positive");
+  const KvPlan plan = kv_plan(opts, model.spec(), model.weight_dtype());
+  max_seq_len_ = plan.capacity;
   KVPR_CHECK(opts.max_step_tokens > 0, "max_step_tokens must be positive");
   max_step_tokens_ = opts.max_step_tokens;
   // A graph step cannot hold the per-layer copies and event waits of KV or weights that move.
   cuda_graphs_ = opts.cuda_graphs && opts.kv.mode == KvMode::Resident && !model.weight_stream() &&
                  model.graph_capturable();
   // Ids the tokenizer cannot produce (OPT pads its embedding to 50272) are never sampled.
-  valid_vocab_ = static_cast<int32_t>(std::min<int64_t>(c.vocab_size, tokenizer.size()));
-  KvRuntimeOptions kv = opts.kv;
-  kv.kv_dtype = opts.kv_dtype.value_or(model.weight_dtype());
-  runtime_ = model.make_kv_runtime(opts.max_batch, max_seq_len_, kv);
+  valid_vocab_ = static_cast<int32_t>(std::min<int64_t>(model.spec().vocab_size, tokenizer.size()));
+  runtime_ = model.make_kv_runtime(plan.slots, plan.capacity, plan.kv);
   for (int64_t s = opts.max_batch; s-- > 0;) free_slots_.push_back(s);
   slot_cache_.resize(static_cast<size_t>(opts.max_batch));
   prefix_caching_ = opts.prefix_caching;

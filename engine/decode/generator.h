@@ -127,6 +127,10 @@ class Generator {
   ~Generator();
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
+  // The KV cache a Generator with these options makes for a model of this spec and weight
+  // dtype: max_batch sequences of max_seq_len tokens (capped by the model's positions). Given to
+  // ModelLoadOptions::kv_plan, loading refuses what will not fit the host before allocating.
+  static KvPlan kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, DType weight_dtype);
 
   // Queues a request; throws kvpr::Error (one line) for an empty prompt, a prompt that does
   // not fit the context, bad ids or bad sampling values.

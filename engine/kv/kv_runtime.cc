@@ -78,25 +78,32 @@ KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projec
 
 KvRuntime::~KvRuntime() { be_.synchronize(); }
 
+double KvRuntime::store_bytes(const KvShape& shape, int64_t slots, int64_t capacity, const KvRuntimeOptions& opts) {
+  const double es = static_cast<double>(dtype_size(opts.kv_dtype)), rows = static_cast<double>(slots);
+  const double layers = static_cast<double>(shape.layers);
+  return layers * es * rows *
+         (2.0 * static_cast<double>(shape.kv_hidden()) * static_cast<double>(capacity) +
+          static_cast<double>(shape.hidden) * static_cast<double>(x_capacity(shape, capacity, opts)));
+}
+
+std::string KvRuntime::describe(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts) {
+  return "the KV cache of " + std::to_string(slots) + " sequences x " + std::to_string(capacity) + " tokens (kv mode " +
+         kv_mode_name(opts.mode) + ")";
+}
+
 void KvRuntime::check_fits(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity,
                            const KvRuntimeOptions& opts) {
   // The cache is allocated whole, for every slot at full capacity: say so before allocating
   // what cannot fit (a failed pinned allocation, or the OOM killer while zeroing it).
   const bool on_device = opts.mode == KvMode::Resident;
-  const double es = static_cast<double>(dtype_size(opts.kv_dtype)), rows = static_cast<double>(slots);
-  double need = static_cast<double>(shape.layers) * 2.0 * static_cast<double>(shape.kv_hidden()) * es * rows *
-                static_cast<double>(capacity);
-  need += static_cast<double>(shape.layers) * static_cast<double>(shape.hidden) * es * rows *
-          static_cast<double>(x_capacity(shape, capacity, opts));
+  const double need = store_bytes(shape, slots, capacity, opts);
   const bool device_memory = on_device && !backend.device_is_host();
   const size_t avail = device_memory ? backend.device_bytes_free() : host_bytes_available();
   if (avail == SIZE_MAX || need <= static_cast<double>(avail)) return;
   char msg[512];
-  std::snprintf(msg, sizeof msg,
-                "the KV cache of %lld sequences x %lld tokens (kv mode %s) needs %.2f GiB of %s and %.2f GiB are "
-                "available: lower max-batch or max-seq-len%s",
-                static_cast<long long>(slots), static_cast<long long>(capacity), kv_mode_name(opts.mode),
-                need / 1073741824.0, device_memory ? "device memory" : on_device ? "memory" : "pinned host memory",
+  std::snprintf(msg, sizeof msg, "%s needs %.2f GiB of %s and %.2f GiB are available: lower max-batch or max-seq-len%s",
+                describe(slots, capacity, opts).c_str(), need / 1073741824.0,
+                device_memory ? "device memory" : on_device ? "memory" : "pinned host memory",
                 static_cast<double>(avail) / 1073741824.0,
                 device_memory ? ", or keep it in host memory (kv mode offload or kvpr)" : "");
   KVPR_THROW(msg);

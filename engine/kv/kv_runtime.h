@@ -82,6 +82,13 @@ struct KvRuntimeOptions {
   int64_t gpu_batches = 1;
 };
 
+// A KV cache known before the model that holds it is loaded (Generator::kv_plan): `slots`
+// sequences of up to `capacity` tokens in kv's mode and dtype. Loading a model with one
+// (ModelLoadOptions::kv_plan) refuses a plan past host memory before allocating anything.
+struct KvPlan {
+  int64_t slots = 0, capacity = 0;
+  KvRuntimeOptions kv;
+};
 
 // What one step did: the split and the bytes that crossed the link.
 struct StepStats {
@@ -122,6 +129,11 @@ class KvRuntime {
   // (on the device for resident, else in pinned host memory) exceeds what is free there.
   static void check_fits(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity,
                          const KvRuntimeOptions& opts);
+  // Bytes of the KV cache of `slots` x `capacity` tokens, allocated whole: K and V of every layer,
+  // and X where the mode keeps it.
+  static double store_bytes(const KvShape& shape, int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
+  // "the KV cache of S sequences x T tokens (kv mode M)": what the refusals name.
+  static std::string describe(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
   // Host bytes per token a runtime of `mode` takes by default (no forced split): K and V, and X
   // for recompute, and for kvpr where recomputing from X can pay (X smaller than K+V: not with
   // grouped-query attention, where kvpr stores no X and moves the KV as offload does).

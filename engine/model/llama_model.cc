@@ -24,10 +24,11 @@ LlamaModel::LlamaModel(Backend& backend, const std::string& model_dir, const Mod
       [](const std::string& name) { return name == "lm_head.weight" ? name : "model." + name; });
 }
 
-LlamaModel::LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed, bool stream_weights)
+LlamaModel::LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed,
+                       const ModelLoadOptions& opts)
     : Model(backend), config_(config), rope_(config.rope_params()) {
   spec_ = config_.spec();
-  init_random(dtype, seed, stream_weights);
+  init_random(dtype, seed, opts);
 }
 
 void LlamaModel::stream_layers() {
@@ -57,6 +58,8 @@ void LlamaModel::assemble(const WeightSource& fetch) {
     return on ? fetch(name, {n}, true, WeightRole::Bias) : Tensor();
   };
   auto gain = [&](const std::string& name) { return fetch(name, {h}, true, WeightRole::NormGain); };
+  layers_.clear();
+  parts_.clear();
   embed_tokens_ = fetch("embed_tokens.weight", {c.vocab_size, h}, true, WeightRole::Embedding);
   weight_dtype_ = embed_tokens_.dtype();
   for (int64_t i = 0; i < c.num_layers; ++i) {

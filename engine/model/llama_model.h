@@ -37,8 +37,9 @@ struct LlamaLayer {
 class LlamaModel : public Model {
  public:
   LlamaModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts = {});
-  // A model of this config with random weights of `dtype`, generated on the device.
-  LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed, bool stream_weights = false);
+  // A model of this config with random weights of `dtype`, generated on the device; of `opts`,
+  // stream_weights and kv_plan apply.
+  LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed, const ModelLoadOptions& opts = {});
 
   const LlamaConfig& config() const { return config_; }
   Tensor forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions = false) override;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "engine/model/checkpoint.h"
 #include "engine/model/config_fields.h"
@@ -147,6 +148,12 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   } finish_uploads{backend_};
   format_ = ckpt.format();
   prepare(ckpt);
+  check_host_memory(plan_weights([&](const std::string& name, bool) -> std::optional<DType> {
+                      const TensorRecord* r = ckpt.find(key_of(name));
+                      if (!r) return std::nullopt;
+                      return opts.convert_weights ? opts.weight_dtype : r->dtype;
+                    }),
+                    opts);
   size_t total = 0, done = 0;
   for (const auto& r : ckpt.tensors()) total += r.nbytes();
   std::vector<Tensor> received;  // every checkpoint tensor, in load order (for the broadcast)
@@ -196,9 +203,14 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   stream_layers();
 }
 
-void Model::init_random(DType dtype, uint64_t seed, bool stream_weights) {
+void Model::init_random(DType dtype, uint64_t seed, const ModelLoadOptions& opts) {
   format_ = "random";
-  stream_weights_ = stream_weights;
+  stream_weights_ = opts.stream_weights;
+  check_host_memory(plan_weights([dtype](const std::string& name, bool required) -> std::optional<DType> {
+                      if (!required && name == "lm_head.weight") return std::nullopt;  // tied, as below
+                      return dtype;
+                    }),
+                    opts);
   auto n = std::make_shared<uint64_t>(0);
   assemble([this, dtype, seed, n](const std::string& name, const Shape& shape, bool required, WeightRole role) {
     if (!required && name == "lm_head.weight") return Tensor();  // tied
@@ -222,6 +234,51 @@ void Model::init_random(DType dtype, uint64_t seed, bool stream_weights) {
   });
   stack_weights();
   stream_layers();
+}
+
+Model::WeightPlan Model::plan_weights(
+    const std::function<std::optional<DType>(const std::string& name, bool required)>& dtype_of) {
+  WeightPlan plan;
+  bool have_dtype = false;
+  std::map<std::string, double> layer_bytes;  // streamed, by "layers.N."
+  assemble([&](const std::string& name, const Shape& shape, bool required, WeightRole role) {
+    const std::optional<DType> dt = dtype_of(name, required);
+    if (!dt) return Tensor();
+    const double bytes = static_cast<double>(shape_numel(shape)) * static_cast<double>(dtype_size(*dt));
+    plan.all += bytes;
+    if (role == WeightRole::Embedding && !have_dtype) plan.dtype = *dt, have_dtype = true;
+    if (streamed(name, role)) {
+      plan.streamed += bytes;
+      const size_t dot = name.find('.', std::strlen("layers."));
+      plan.largest_streamed_layer = std::max(plan.largest_streamed_layer, layer_bytes[name.substr(0, dot)] += bytes);
+    }
+    return Tensor();
+  });
+  return plan;
+}
+
+void Model::check_host_memory(const WeightPlan& plan, const ModelLoadOptions& opts) const {
+  if (!opts.kv_plan) return;
+  const KvPlan kv = opts.kv_plan(spec_, plan.dtype);
+  // Pinned host memory: the streamed layers (one of them twice while it is stacked) and the
+  // host KV store; on a backend whose device is the host, every weight and any KV cache.
+  const bool host_device = backend_.device_is_host();
+  const double weights = host_device ? plan.all + plan.largest_streamed_layer
+                                     : plan.streamed > 0 ? plan.streamed + plan.largest_streamed_layer : 0.0;
+  const double cache = kv_mode_uses_host(kv.kv.mode) || host_device
+                           ? KvRuntime::store_bytes(kv_shape(), kv.slots, kv.capacity, kv.kv)
+                           : 0.0;
+  const size_t avail = host_bytes_available();
+  if (avail == SIZE_MAX || weights + cache <= static_cast<double>(avail)) return;
+  char msg[768];
+  std::snprintf(msg, sizeof msg, "%s %.2f GiB and %s %.2f GiB of host memory, %.2f GiB together, and %.2f GiB are "
+                "available: %s",
+                host_device ? "the weights need" : "the layers' weights streamed from host memory need",
+                weights / 1073741824.0, KvRuntime::describe(kv.slots, kv.capacity, kv.kv).c_str(), cache / 1073741824.0,
+                (weights + cache) / 1073741824.0, static_cast<double>(avail) / 1073741824.0,
+                weights > static_cast<double>(avail) ? "the weights alone do not fit this host"
+                                                     : "lower max-batch or max-seq-len");
+  KVPR_THROW(msg);
 }
 
 std::string model_type(const std::string& model_dir) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,11 @@ struct ModelLoadOptions {
   // ahead of their use (weight_stream.h), for models that do not fit on the device. Every
   // rank then reads them from the checkpoint itself (the page cache shares the reads).
   bool stream_weights = false;
+  // The KV cache the caller makes once the model is loaded (Generator::kv_plan), given the
+  // model's shape and weight dtype: loading then refuses, before it allocates anything, a model
+  // whose host memory (the streamed weights, the host KV store, and everything on a backend
+  // whose device is the host) exceeds what the host has, naming the sizes.
+  std::function<KvPlan(const ModelSpec& spec, DType weight_dtype)> kv_plan;
 };
 
 // Scratch tensors reused across forward calls; grown on demand.
@@ -44,6 +50,11 @@ class Workspace {
   Backend& backend_;
   std::map<std::string, Tensor> buffers_;
 };
+
+// The KV cache's shape of a model of this spec.
+inline KvShape kv_shape(const ModelSpec& spec) {
+  return KvShape{spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim};
+}
 
 class Model : public KvProjector {
  public:
@@ -75,9 +86,7 @@ class Model : public KvProjector {
   // as a CUDA graph (not when the host reads results back mid-step, as a mixture of experts does).
   virtual bool graph_capturable() const { return true; }
 
-  KvShape kv_shape() const {
-    return KvShape{spec_.num_layers, spec_.hidden_size, spec_.num_heads, spec_.num_kv_heads, spec_.head_dim};
-  }
+  KvShape kv_shape() const { return kvpr::kv_shape(spec_); }
   // Runtime for this model: `slots` sequences of up to `capacity` tokens.
   std::unique_ptr<KvRuntime> make_kv_runtime(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
 
@@ -96,7 +105,8 @@ class Model : public KvProjector {
   // parameter_count_ and weight_bytes_.
   using WeightSource = std::function<Tensor(const std::string& name, const Shape& shape, bool required, WeightRole)>;
   // An architecture's weights come in three steps, which load_checkpoint and init_random both
-  // take: assemble (every weight from a source), stack_weights (what runs stacked, once every
+  // take: assemble (every weight from a source, and nothing else: plan_weights runs it on a
+  // source that allocates nothing, so it starts from empty layers), stack_weights (what runs stacked, once every
   // weight has its values, the broadcast included), stream_layers (the streamed layers' fields,
   // for start_streaming).
   virtual void assemble(const WeightSource& fetch) = 0;
@@ -110,8 +120,20 @@ class Model : public KvProjector {
                        const std::function<void(const CheckpointDir&)>& prepare,
                        const std::function<std::string(const std::string&)>& key_of);
   // Random weights of `dtype` generated on the device (an absent lm_head.weight stays absent:
-  // tied; norm gains near 1, matrices scaled by their fan-in), stacked and streaming.
-  void init_random(DType dtype, uint64_t seed, bool stream_weights);
+  // tied; norm gains near 1, matrices scaled by their fan-in), stacked and streaming; of `opts`,
+  // stream_weights and kv_plan apply.
+  void init_random(DType dtype, uint64_t seed, const ModelLoadOptions& opts);
+  // What loading will allocate, from a dry run of assemble with each weight's dtype (none:
+  // absent), before anything is allocated.
+  struct WeightPlan {
+    double all = 0, streamed = 0;    // bytes of every weight; of those streamed from pinned host memory
+    double largest_streamed_layer = 0;  // bytes: stacking a layer holds its parts and the stack at once
+    DType dtype = DType::F32;        // the embedding's: the model's weight dtype
+  };
+  WeightPlan plan_weights(const std::function<std::optional<DType>(const std::string& name, bool required)>& dtype_of);
+  // Throws a one-line error naming the sizes when `plan` and opts.kv_plan's KV cache need more
+  // host memory than is available (nothing without a kv_plan).
+  void check_host_memory(const WeightPlan& plan, const ModelLoadOptions& opts) const;
   // Device memory for a weight of a model of `model_bytes` (0: unknown); running out names the
   // way around it (--weights host).
   Tensor alloc_weight(DType dtype, const Shape& shape, size_t model_bytes);

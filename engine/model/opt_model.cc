@@ -31,10 +31,11 @@ void OptModel::load(const std::string& model_dir, const ModelLoadOptions& opts) 
       [&](const std::string& name) { return name == "lm_head.weight" ? name : prefix + name; });
 }
 
-OptModel::OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed, bool stream_weights)
+OptModel::OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed,
+                   const ModelLoadOptions& opts)
     : Model(backend), config_(config) {
   spec_ = config_.spec();
-  init_random(dtype, seed, stream_weights);
+  init_random(dtype, seed, opts);
 }
 
 void OptModel::stream_layers() {
@@ -63,6 +64,7 @@ void OptModel::assemble(const WeightSource& fetch) {
   auto bias = [&](const std::string& name, int64_t n) { return take(name, {n}, c.enable_bias, WeightRole::Bias); };
   auto gain = [&](const std::string& name) { return take(name, {h}, c.layer_norm_affine, WeightRole::NormGain); };
   auto shift = [&](const std::string& name) { return take(name, {h}, c.layer_norm_affine, WeightRole::Bias); };
+  layers_.clear();
   embed_tokens_ = take("embed_tokens.weight", {c.vocab_size, d}, true, WeightRole::Embedding);
   embed_positions_ = take("embed_positions.weight", {c.max_position_embeddings + OptConfig::kPositionOffset, h},
                           true, WeightRole::Embedding);
@@ -99,21 +101,6 @@ void OptModel::assemble(const WeightSource& fetch) {
   // lm_head is tied to embed_tokens when the checkpoint has none.
   lm_head_ = take("lm_head.weight", {c.vocab_size, d}, false, WeightRole::Matrix);
   if (!lm_head_.defined()) lm_head_ = embed_tokens_;
-  // Layer norms without elementwise affine parameters use gamma = 1, beta = 0.
-  auto unit = [&](Tensor& w, Tensor& b) {
-    if (w.defined()) return;
-    Tensor one = Tensor::host(DType::F32, {h});
-    for (int64_t j = 0; j < h; ++j) one.data_as<float>()[j] = 1.f;
-    w = backend_.alloc(DType::F32, {h});
-    backend_.copy(w, one, Stream::H2D);
-    b = backend_.alloc(DType::F32, {h});
-  };
-  if (c.has_final_layer_norm()) unit(final_ln_w_, final_ln_b_);
-  for (auto& L : layers_) {
-    unit(L.attn_ln_w, L.attn_ln_b);
-    unit(L.ffn_ln_w, L.ffn_ln_b);
-  }
-  backend_.synchronize();
 }
 
 void OptModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor&) {
@@ -148,6 +135,20 @@ DType OptModel::kv_dtype_for(DType storage) const {
 
 void OptModel::stack_weights() {
   const int64_t h = config_.hidden_size;
+  // Layer norms without elementwise affine parameters use gamma = 1, beta = 0.
+  auto unit = [&](Tensor& w, Tensor& b) {
+    if (w.defined()) return;
+    Tensor one = Tensor::host(DType::F32, {h});
+    for (int64_t j = 0; j < h; ++j) one.data_as<float>()[j] = 1.f;
+    w = backend_.alloc(DType::F32, {h});
+    backend_.copy(w, one, Stream::H2D);
+    b = backend_.alloc(DType::F32, {h});
+  };
+  if (config_.has_final_layer_norm()) unit(final_ln_w_, final_ln_b_);
+  for (auto& L : layers_) {
+    unit(L.attn_ln_w, L.attn_ln_b);
+    unit(L.ffn_ln_w, L.ffn_ln_b);
+  }
   backend_.synchronize();  // every weight has landed (uploads, random fills, broadcast)
   for (OptLayer& L : layers_) {
     const DType dt = L.wq.dtype();

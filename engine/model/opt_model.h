@@ -27,9 +27,9 @@ class OptModel : public Model {
  public:
   OptModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts = {});
   // A model of this config with random weights of `dtype`, generated on the device
-  // (benchmarks: OPT-6.7B shapes without a 13 GB download); `stream_weights` keeps the layers'
-  // matrices in host memory as ModelLoadOptions::stream_weights does.
-  OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed, bool stream_weights = false);
+  // (benchmarks: OPT-6.7B shapes without a 13 GB download); of `opts`, stream_weights and kv_plan
+  // apply.
+  OptModel(Backend& backend, const OptConfig& config, DType dtype, uint64_t seed, const ModelLoadOptions& opts = {});
 
   const OptConfig& config() const { return config_; }
   Tensor forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions = false) override;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -360,7 +362,9 @@ TEST(WeightStream, EveryLayerCountCopiesEachLayerOncePerStep) {
     c.word_embed_proj_dim = 32;
     c.num_layers = layers;
     OptModel dev(be, c, DType::F16, 7);
-    OptModel host(be, c, DType::F16, 7, true);
+    ModelLoadOptions streamed;
+    streamed.stream_weights = true;
+    OptModel host(be, c, DType::F16, 7, streamed);
     LayerWeightStream* ws = host.weight_stream();
     ASSERT_NE(ws, nullptr);
     ASSERT_EQ(ws->layers(), layers);
@@ -394,6 +398,93 @@ TEST(WeightStream, EveryLayerCountCopiesEachLayerOncePerStep) {
       }
     }
   }
+}
+
+// Pinned host memory that counts its allocations.
+class CountingAllocator : public HostAllocator {
+ public:
+  void* allocate(size_t bytes) override {
+    ++allocations;
+    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void deallocate(void* p, size_t) override { std::free(p); }
+  std::string describe() const override { return "counting"; }
+  int allocations = 0;
+};
+
+// A CPU backend whose allocations are seen: device bytes in use, pinned allocations counted.
+struct CountingBackend {
+  CountingBackend() { be.set_host_allocator(pinned); }
+  bool allocated() const { return be.device_bytes_in_use() > 0 || pinned->allocations > 0; }
+  CpuBackend be;
+  std::shared_ptr<CountingAllocator> pinned = std::make_shared<CountingAllocator>();
+};
+
+TEST(WeightStream, APlanPastHostMemoryIsRefusedBeforeAnythingIsAllocated) {
+  // A KV cache no host holds (2^30 sequences), given to the load as the plan the generator will
+  // make: loading a checkpoint (streamed or not) and making random weights both refuse it
+  // before their first allocation, naming the weights and the KV cache; the plan's callback
+  // sees the model's spec and the checkpoint's weight dtype. A plan that fits loads as before.
+  const std::string dir = test::data_path("opt/pre_ln_safetensors");
+  const OptConfig config = OptConfig::load(dir);
+  for (bool stream : {false, true}) {
+    CountingBackend cb;
+    ModelLoadOptions lo;
+    lo.stream_weights = stream;
+    ModelSpec seen;
+    DType seen_dtype = DType::U8;
+    lo.kv_plan = [&](const ModelSpec& spec, DType weight_dtype) {
+      seen = spec;
+      seen_dtype = weight_dtype;
+      GeneratorOptions go;
+      go.max_batch = 1 << 30;
+      go.kv.mode = KvMode::Offload;
+      return Generator::kv_plan(go, spec, weight_dtype);
+    };
+    try {
+      OptModel model(cb.be, dir, lo);
+      ADD_FAILURE() << "loaded";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("the weights need "), std::string::npos) << msg;  // the CPU backend's device is the host
+      EXPECT_NE(msg.find("GiB and the KV cache of 1073741824 sequences x " +
+                         std::to_string(config.max_position_embeddings) + " tokens (kv mode offload) "),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("GiB of host memory, "), std::string::npos) << msg;
+      EXPECT_NE(msg.find("lower max-batch or max-seq-len"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+    EXPECT_FALSE(cb.allocated()) << "stream " << stream;
+    EXPECT_EQ(seen.num_layers, config.num_layers);
+    EXPECT_EQ(seen.hidden_size, config.hidden_size);
+    EXPECT_EQ(seen_dtype, DType::F32);  // the fixture's dtype
+
+    lo.kv_plan = [](const ModelSpec& spec, DType weight_dtype) {
+      GeneratorOptions go;
+      go.max_batch = 2;
+      return Generator::kv_plan(go, spec, weight_dtype);
+    };
+    OptModel model(cb.be, dir, lo);
+    EXPECT_TRUE(cb.allocated());
+    EXPECT_EQ(cb.pinned->allocations > 0, stream);
+    EXPECT_EQ(model.weight_stream() != nullptr, stream);
+  }
+  OptConfig big = config;
+  big.num_layers = 3;
+  CountingBackend cb;
+  ModelLoadOptions lo;
+  lo.stream_weights = true;
+  lo.kv_plan = [](const ModelSpec& spec, DType weight_dtype) {
+    GeneratorOptions go;
+    go.max_batch = 1 << 30;
+    go.kv.mode = KvMode::Recompute;
+    return Generator::kv_plan(go, spec, weight_dtype);
+  };
+  EXPECT_THROW(OptModel(cb.be, big, DType::F16, 7, lo), Error);
+  EXPECT_FALSE(cb.allocated());
 }
 
 TEST(WeightStream, SchedulerCountsTheWeightsOnTheLink) {

@@ -404,10 +404,10 @@ void CpuBackend::linear(const Tensor& out, const Tensor& x, const Tensor& w, con
   float* op = out.data_as<float>();
   ThreadPool& pool = ThreadPool::global();
 
-  // Few rows (decode): one pass over the weight in its own dtype, memory-bound.
-  constexpr int64_t kSmallM = 8;
   bool done = false;
 #ifdef KVPR_HAVE_OPENBLAS
+  // Few rows (decode): one pass over the weight in its own dtype, memory-bound (below).
+  constexpr int64_t kSmallM = 8;
   if (M > kSmallM) {
     const float* wf = nullptr;
     if (w.dtype() == DType::F32) {
