@@ -69,6 +69,9 @@ for spec in $MODELS; do
       --gpu-batches "$ngb" --prompt "$PROMPT" --gen "$GEN" --weights host --modes offload,kvpr,recompute \
       --json "$OUT/ours-$model.json" --trace-dir "$OUT/traces/$model" > "$OUT/ours-$model.txt" 2>&1
   echo "exit $?"; tail -8 "$OUT/ours-$model.txt"
+  # The Fig. 5b order on kvpr's trace: recompute under W_O / FFN on the link, never held back for them.
+  [ -s "$OUT/traces/$model/trace-kvpr.json" ] &&
+    python3 bench/weight_pipeline.py "$OUT/traces/$model/trace-kvpr.json" --json "$OUT/pipeline-$model.json" | tail -1
   [ -s "$OUT/ours-$model.json" ] && runs+=("ours:$model:$OUT/ours-$model.json")
   [ "$have_flexgen" = 1 ] || continue
   i=0
@@ -120,6 +123,10 @@ for model, m in models.items():
          'flexgen_errors': [f.get('error') for f in m['flexgen'] if f.get('error')]}
     if best and 'kvpr' in ours and ours['kvpr'].get('decode_tokens_per_s'):
         s['kvpr_over_flexgen_best'] = ours['kvpr']['decode_tokens_per_s'] / best['decode_tokens_per_s']
+    try:  # bench/weight_pipeline.py's reading of kvpr's trace
+        s['weight_pipeline'] = json.load(open(os.path.join(out, 'pipeline-%s.json' % model)))['summary']
+    except Exception as e:
+        s['weight_pipeline'] = {'error': str(e)}
     summary[model] = s
 result = {
     'date': datetime.datetime.utcnow().strftime('%Y-%m-%dT%H:%M:%SZ'),

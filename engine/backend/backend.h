@@ -166,6 +166,7 @@ class Backend {
   void set_tracer(Tracer* t) { tracer_ = t; }
   Tracer* tracer() const { return tracer_; }
   void set_trace_label(std::string label) { trace_label_ = std::move(label); }
+  const std::string& trace_label() const { return trace_label_; }
   // Pinned host allocations (alloc_pinned) made after this come from `a`.
   void set_host_allocator(std::shared_ptr<HostAllocator> a) { host_allocator_ = std::move(a); }
 

@@ -337,7 +337,7 @@ void KvRuntime::prefetch(int64_t u) {
     if (store_done_[layer].impl()) be_.wait(Stream::H2D, store_done_[layer]);
   }
   if (with_weights) weights_->reserve(layer);  // its weight slot must be free too
-  be_.set_trace_label("L" + std::to_string(layer) + (G > 1 ? "." + std::to_string(group) : ""));
+  be_.set_trace_label(unit_label(layer, group));
   t.h2d_start = be_.record(Stream::H2D);
   int64_t weight_bytes = 0;
   // Q/K/V weights first: the projection and the recompute need them before attention's KV.
@@ -381,8 +381,13 @@ void KvRuntime::prefetch(int64_t u) {
   stats_.weight_h2d_bytes += weight_bytes;
 }
 
+std::string KvRuntime::unit_label(int64_t layer, int64_t group) const {
+  return "L" + std::to_string(layer) + (groups() > 1 ? "." + std::to_string(group) : "");
+}
+
 void KvRuntime::issue_weights(int64_t layer) {
   weights_->reserve(layer);
+  be_.set_trace_label("L" + std::to_string(layer));  // whichever unit issues them: they are this layer's
   const auto n = static_cast<int64_t>(weights_->issue(layer, LayerWeightStream::Part::Front) +
                                       weights_->issue(layer, LayerWeightStream::Part::Back));
   stats_.weight_h2d_bytes += n;
@@ -390,6 +395,12 @@ void KvRuntime::issue_weights(int64_t layer) {
 }
 
 void KvRuntime::prefetch_next(int64_t u) {
+  // The copies are named for the unit they serve; what this unit computes next keeps its name.
+  struct KeepLabel {
+    Backend& be;
+    std::string label = be.trace_label();
+    ~KeepLabel() { be.set_trace_label(label); }
+  } keep{be_};
   if (u + 1 < shape_.layers * groups()) {
     prefetch(u + 1);  // overlaps this unit's compute
   } else if (weights_) {
@@ -421,7 +432,7 @@ void KvRuntime::prepare(int64_t layer, int64_t group) {
     // arrive while this layer's batches run, not behind the next layer's first KV.
     if (weights_ && group == 0 && G > 1) issue_weights(layer + 1 < shape_.layers ? layer + 1 : 0);
   }
-  be_.set_trace_label("L" + std::to_string(layer) + (G > 1 ? "." + std::to_string(group) : ""));
+  be_.set_trace_label(unit_label(layer, group));
   if (Tracer* tr = be_.tracer())
     tr->counter("split l", tr->now_us(), "l",
                 static_cast<double>(layer == 0 ? stats_.split_total_layer0 : stats_.split_total));
@@ -525,7 +536,9 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
     Tensor kv = kv_recomputed_.rows(0, 2 * rx).reshape({2, rx, w});
     Tensor pos;
     if (projector_.needs_positions()) pos = xpos_.rows(gr.xpos_off[var], rx).reshape({rx});
+    be_.set_trace_label(unit_label(layer, group) + " recompute");
     projector_.project_kv(layer, xbuf_[b].rows(0, rx), kv, pos);
+    be_.set_trace_label(unit_label(layer, group));
     std::vector<RowSpan> spans;
     for (const auto& s : this->seqs(group))
       if (s.split[var] > 0) spans.push_back(RowSpan{s.x_off[var], s.ctx_off, s.split[var]});

@@ -188,7 +188,9 @@ class KvRuntime {
   void allocate_step();  // splits and buffers of a step that moves KV
   void prefetch(int64_t u);       // the copies of unit u = layer * groups() + group
   void prefetch_next(int64_t u);  // unit u + 1's copies, or after the last one the next step's weights
-  void issue_weights(int64_t layer);  // all of a layer's weights, ahead of its first unit
+  void issue_weights(int64_t layer);
+  // "L<layer>" and ".<group>" with several GPU batches: the trace's name of a unit's work.
+  std::string unit_label(int64_t layer, int64_t group) const;  // all of a layer's weights, ahead of its first unit
   void wait_compute(const Event& e, LayerTiming& t);
   // Runs `wait` (which makes the compute stream wait) between two compute-stream events.
   template <typename F>
