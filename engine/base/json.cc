@@ -423,9 +423,6 @@ class Parser {
 };
 }  // namespace
 
-namespace {
-// Python's repr of a float: the shortest digits that round-trip, fixed notation for decimal
-// exponents -4..15, else d.ddde+XX.
 void append_python_float(std::string& out, double d) {
   if (std::isnan(d)) {
     out += "NaN";
@@ -464,6 +461,8 @@ void append_python_float(std::string& out, double d) {
   std::snprintf(eb, sizeof eb, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
   out += eb;
 }
+
+namespace {
 
 // indent < 0: one line with ", " and ": "; else json.dumps(indent=N): "," at line ends, each
 // level N spaces deeper, empty containers as [] and {}.

@@ -96,5 +96,8 @@ Value parse_file(const std::string& path);
 
 // Appends s as a JSON string literal (quoted, escaped).
 void append_quoted(std::string& out, std::string_view s);
+// Appends Python's repr of a float as json.dumps writes it: the shortest digits that round-trip,
+// fixed notation for decimal exponents -4..15, else d.ddde+XX; NaN, Infinity, -Infinity.
+void append_python_float(std::string& out, double d);
 
 }  // namespace kvpr::json
