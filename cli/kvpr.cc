@@ -15,6 +15,7 @@
 
 #include "engine/backend/backend.h"
 #include "openai/chat_template.h"
+#include "openai/model_chat_template.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/model/demo_model.h"
 #include "engine/base/error.h"
@@ -226,19 +227,23 @@ GenerationParams generation_params(const Args& a) {
 // tokens then apply.
 std::vector<int32_t> prompt_of(const Args& a, const std::string& dir, const Tokenizer& tok, GenerationParams& gp) {
   if (!a.has("--chat")) return a.has("--prompt") ? tok.encode(a.get("--prompt")) : parse_ids(a.get("--prompt-ids"));
-  std::string tmpl = a.get("--chat-template", "auto"), why;
+  const std::string choice = a.get("--chat-template", "auto");
+  if (choice.find('/') == std::string::npos && choice.find(".jinja") == std::string::npos && choice != "auto" &&
+      !known_chat_template(choice))
+    throw UsageError("--chat-template: unknown template '" + choice + "'");
+  const ChatTemplateChoice ct = choose_chat_template(dir, choice);
   ChatOptions co;
-  if (tmpl == "auto") tmpl = auto_chat_template(dir, &why, &co.default_system);
-  if (!known_chat_template(tmpl)) throw UsageError("--chat-template: unknown template '" + tmpl + "'");
+  co.default_system = ct.default_system;
   std::vector<ChatMessage> messages;
   if (a.has("--system")) messages.push_back({"system", a.get("--system")});
   messages.push_back({"user", a.get("--chat")});
   co.enable_thinking = !a.has("--no-thinking");
-  const RenderedChat rc = render_chat(tmpl, messages, co);
+  if (a.has("--no-thinking")) co.template_kwargs.emplace_back("enable_thinking", false);
+  const RenderedChat rc = ct.model ? ct.model->render(messages, co) : render_chat(ct.family, messages, co);
   gp.stop.insert(gp.stop.end(), rc.stop.begin(), rc.stop.end());
   for (const auto& t : rc.stop_tokens)
     if (auto tid = tok.token_to_id(t)) gp.stop_token_ids.push_back(*tid);
-  return tok.encode(rc.prompt);
+  return tok.encode(rc.prompt, rc.add_special_tokens);
 }
 
 // One step of generate --json: the split, the bytes moved, graphs and drafts.

@@ -77,7 +77,7 @@ const std::vector<Option>& options() {
       {"worker-step-timeout", "seconds one engine step may run before the worker is taken as hung (a CUDA call "
        "that never returns): its requests fail and it is restarted [600]",
        [](DaemonConfig& c, const std::string& v) { c.worker_step_timeout_s = parse_option_number("worker-step-timeout", v); }},
-      {"chat-template", "auto, or one of " + chat_template_names() + " [auto]",
+      {"chat-template", "auto (the model's own, else the built-in one it matches), one of " + chat_template_names() + ", or a FILE.jinja [auto]",
        [](DaemonConfig& c, const std::string& v) { c.chat_template = v; }},
       {"generation-config",
        "auto: fields a request leaves out (temperature, top_p, top_k, min_p, repetition_penalty) take the model's "

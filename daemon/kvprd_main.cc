@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "openai/chat_template.h"
+#include "openai/model_chat_template.h"
 #include "engine/decode/generation_config.h"
 #include "daemon/config.h"
 #include "daemon/server.h"
@@ -55,15 +56,12 @@ kvpr::ServedModel served_model(const kvpr::DaemonConfig& cfg, const kvpr::ModelS
   const int64_t max_seq_len = cfg.engine.generator.max_seq_len;
   served.max_model_len = max_seq_len > 0 ? std::min(max_seq_len, spec.max_position_embeddings) : spec.max_position_embeddings;
   served.vocab_size = spec.vocab_size;
-  std::string& tmpl = served.chat_template;
-  tmpl = cfg.chat_template;
-  if (tmpl == "auto") {
-    std::string why;
-    tmpl = auto_chat_template(cfg.model, &why, &served.default_system);
-    spdlog::info("chat template {} (auto: {})", tmpl, why);
-  }
-  KVPR_CHECK(known_chat_template(tmpl), "unknown --chat-template '", cfg.chat_template, "' (auto, ",
-             chat_template_names(), ")");
+  ChatTemplateChoice choice = choose_chat_template(cfg.model, cfg.chat_template);
+  served.chat_template = choice.family;
+  served.default_system = choice.default_system;
+  served.model_template = choice.model;
+  spdlog::info("chat template {} ({}: {})", choice.family, cfg.chat_template, choice.why);
+  const std::string& tmpl = served.chat_template;
   // Tool calls: the parser for how the template's model writes them (auto), or as given.
   served.tool_call_parser = cfg.tool_call_parser;
   if (served.tool_call_parser == "auto") {

@@ -3,6 +3,7 @@
 #include <ctime>
 #include <optional>
 #include <filesystem>
+#include <fstream>
 
 #include "engine/base/error.h"
 #include "engine/base/json.h"
@@ -408,58 +409,70 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
   KVPR_THROW("unknown chat template '", name, "'");
 }
 
-std::string auto_chat_template(const std::string& model_dir, std::string* why, std::string* default_system) {
-  if (default_system) default_system->clear();
-  const std::string path = model_dir + "/tokenizer_config.json";
-  if (!std::filesystem::exists(path)) {
-    *why = "no tokenizer_config.json";
-    return "plain";
+std::string model_chat_template_text(const std::string& model_dir, const std::string& name, std::string* origin) {
+  // transformers saves the template as chat_template.jinja beside tokenizer_config.json, which
+  // then has none; a file there wins over the config's.
+  const std::string file = model_dir + "/" + (name == "default" ? std::string("chat_template") : name) + ".jinja";
+  if (std::filesystem::exists(file)) {
+    std::ifstream f(file, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    KVPR_CHECK(f.good() || f.eof(), file, ": cannot read");
+    *origin = std::filesystem::path(file).filename().string();
+    return text;
   }
+  const std::string path = model_dir + "/tokenizer_config.json";
+  *origin = "tokenizer_config.json";
+  if (!std::filesystem::exists(path)) return "";
   const json::Value cfg = json::parse_file(path);
   const json::Value* t = cfg.find("chat_template");
-  std::string jinja;
-  if (t && t->is_string()) {
-    jinja = t->as_string();
-  } else if (t && t->is_array()) {  // named templates: [{"name": "default", "template": "..."}, ...]
+  if (t && t->is_string()) return name == "default" ? t->as_string() : "";
+  if (t && t->is_array()) {  // named templates: [{"name": "default", "template": "..."}, ...]
+    std::string first;
     for (const auto& e : t->as_array()) {
-      const json::Value* name = e.find("name");
+      const json::Value* n = e.find("name");
       const json::Value* body = e.find("template");
-      if (body && body->is_string() && (jinja.empty() || (name && name->is_string() && name->as_string() == "default")))
-        jinja = body->as_string();
+      if (!body || !body->is_string()) continue;
+      if (n && n->is_string() && n->as_string() == name) {
+        *origin = "tokenizer_config.json (" + name + ")";
+        return body->as_string();
+      }
+      if (first.empty()) first = body->as_string();
     }
+    if (name == "default") return first;  // no "default": the first, as transformers takes it
   }
-  if (jinja.empty()) {
-    *why = "tokenizer_config.json has no chat_template";
-    return "plain";
-  }
+  return "";
+}
+
+std::string chat_template_family(const std::string& jinja, std::string* why, std::string* default_system) {
+  if (default_system) default_system->clear();
   auto has = [&](const char* s) { return jinja.find(s) != std::string::npos; };
   if (has("[INST]") && has("<<SYS>>")) {
-    *why = "tokenizer_config.json's chat_template is Llama-2's";
+    *why = "Llama-2's";
     return "llama-2";
   }
   if (has("[INST]") && has("[AVAILABLE_TOOLS]") && has("\"[INST]\" + system_message")) {
-    *why = "tokenizer_config.json's chat_template is Mistral-Nemo's ([INST] without spaces, tools)";
+    *why = "Mistral-Nemo's ([INST] without spaces, tools)";
     return "mistral-nemo";
   }
   if (has("[INST]")) {
-    *why = "tokenizer_config.json's chat_template is Mistral's ([INST] without <<SYS>>)";
+    *why = "Mistral's ([INST] without <<SYS>>)";
     return "mistral";
   }
   if (has("<|im_start|>") && has("<|im_end|>") && has("enable_thinking") && has("<think>")) {
-    *why = "tokenizer_config.json's chat_template is Qwen3's (ChatML with think blocks)";
+    *why = "Qwen3's (ChatML with think blocks)";
     return "qwen3";
   }
   if (has("<|im_start|>") && has("<|im_end|>")) {
     const std::string system = chatml_default_system(jinja);
     if (system == kQwen25System) {
-      *why = "tokenizer_config.json's chat_template is Qwen2.5's (ChatML with its default system message)";
+      *why = "Qwen2.5's (ChatML with its default system message)";
       return "qwen2.5";
     }
     if (system == kQwen2System) {
-      *why = "tokenizer_config.json's chat_template is Qwen2's (ChatML with a default system message)";
+      *why = "Qwen2's (ChatML with a default system message)";
       return "qwen2";
     }
-    *why = "tokenizer_config.json's chat_template is ChatML";
+    *why = "ChatML";
     if (!system.empty()) {
       *why += ", with the default system message \"" + system + "\"";
       if (default_system) *default_system = system;
@@ -467,23 +480,43 @@ std::string auto_chat_template(const std::string& model_dir, std::string* why, s
     return "chatml";
   }
   if (has("<|user|>") && has("<|assistant|>")) {
-    *why = "tokenizer_config.json's chat_template is Zephyr's (TinyLlama-Chat)";
+    *why = "Zephyr's (TinyLlama-Chat)";
     return "zephyr";
   }
   if (has("<|start_header_id|>") && has("<|eot_id|>")) {
     if (!has("Cutting Knowledge Date")) {
-      *why = "tokenizer_config.json's chat_template is Llama-3's";
+      *why = "Llama-3's";
       return "llama-3";
     }
     if (has("strftime_now")) {
-      *why = "tokenizer_config.json's chat_template is Llama-3.2's (today's date in the system header)";
+      *why = "Llama-3.2's (today's date in the system header)";
       return "llama-3.2";
     }
-    *why = "tokenizer_config.json's chat_template is Llama-3.1's";
+    *why = "Llama-3.1's";
     return "llama-3.1";
   }
-  *why = "tokenizer_config.json's chat_template is not one kvprd has built in";
-  return "plain";
+  *why = "not one kvpr has built in";
+  return "";
+}
+
+std::string auto_chat_template(const std::string& model_dir, std::string* why, std::string* default_system) {
+  if (default_system) default_system->clear();
+  std::string origin;
+  const std::string jinja = model_chat_template_text(model_dir, "default", &origin);
+  if (jinja.empty()) {
+    *why = std::filesystem::exists(model_dir + "/tokenizer_config.json") ? "tokenizer_config.json has no chat_template"
+                                                                        : "no tokenizer_config.json";
+    return "plain";
+  }
+  std::string family = chat_template_family(jinja, why, default_system);
+  *why = origin + "'s chat_template is " + *why;
+  return family.empty() ? "plain" : family;
+}
+
+RenderedChat chat_template_stops(const std::string& name) {
+  RenderedChat r = render_chat(name, {ChatMessage("user", "x")});
+  r.prompt.clear();
+  return r;
 }
 
 }  // namespace kvpr

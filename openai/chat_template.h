@@ -74,12 +74,18 @@ struct ChatOptions {
                                 // chat_template_kwargs)
   std::string default_system;   // chatml: the system turn put first when the conversation has none
                                 // (the model's template's, found by auto_chat_template)
+  json::Object template_kwargs; // the request's chat_template_kwargs, all of them (a model's own template
+                                // reads any; the built-in ones only enable_thinking)
   json::Array tools;            // the request's tools ({"type": "function", "function": {...}}),
                                 // written into the system turn by templates that take tools
 };
 
 struct RenderedChat {
   std::string prompt;
+  // Whether the tokenizer adds its special tokens (BOS) to the prompt: a built-in template's
+  // text leaves them to it; a model's own template writes them itself (apply_chat_template then
+  // tokenizes without them).
+  bool add_special_tokens = true;
   std::vector<std::string> stop;  // stop strings the template implies
   std::vector<std::string> stop_tokens;  // special tokens that end the assistant's turn
 };
@@ -108,5 +114,15 @@ std::string chat_template_names();  // "plain, opt, llama-2, ...": every name re
 // (Qwen1.5's "You are a helpful assistant", Qwen2.5-Math's) gives chatml and that message in
 // `default_system` (qwen2 and qwen2.5 are those of Qwen2 and Qwen2.5).
 std::string auto_chat_template(const std::string& model_dir, std::string* why, std::string* default_system = nullptr);
+// The model's own Jinja chat template of this name ("default", or one of the named list, e.g.
+// "tool_use"): `<model_dir>/<name>.jinja` (chat_template.jinja for the default) when there is
+// one, else tokenizer_config.json's chat_template (a string; or a list of {name, template}, whose
+// first one stands in for a missing "default"); "" when there is none. *origin says where from.
+std::string model_chat_template_text(const std::string& model_dir, const std::string& name, std::string* origin);
+// Which built-in template a Jinja chat template's text writes (the names auto_chat_template
+// returns), or "" when it is none of them; `why` a few words.
+std::string chat_template_family(const std::string& jinja, std::string* why, std::string* default_system = nullptr);
+// The stop strings and tokens the built-in template `name` implies (its prompt left empty).
+RenderedChat chat_template_stops(const std::string& name);
 
 }  // namespace kvpr

@@ -404,10 +404,13 @@ void parse_chat(const json::Value& o, const ServedModel& served, const Tokenizer
   if (const json::Value* kw = field(o, "chat_template_kwargs")) {  // vLLM's extension
     if (!kw->is_object()) throw bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
     for (const auto& [key, value] : kw->as_object()) {
-      if (key != "enable_thinking")
+      // The model's own template reads any; a built-in one only enable_thinking.
+      if (key != "enable_thinking" && !served.model_template)
         throw bad_request("'chat_template_kwargs." + key + "' is not supported by this server (enable_thinking is)",
                           "chat_template_kwargs");
-      req.chat_options.enable_thinking = bool_of(value, "chat_template_kwargs.enable_thinking");
+      if (key == "enable_thinking")
+        req.chat_options.enable_thinking = bool_of(value, "chat_template_kwargs.enable_thinking");
+      req.chat_options.template_kwargs.emplace_back(key, value);
     }
   }
   req.chat_options.tools = req.tools.tools;
@@ -500,14 +503,15 @@ Prompts make_prompts(GenerateRequest& req, const ServedModel& served, const Toke
   if (req.chat) {
     RenderedChat rc;
     try {
-      rc = render_chat(served.chat_template, req.messages, req.chat_options);
-    } catch (const Error& e) {  // tool messages or calls for a template without tools
+      rc = served.model_template ? served.model_template->render(req.messages, req.chat_options)
+                                 : render_chat(served.chat_template, req.messages, req.chat_options);
+    } catch (const Error& e) {  // what the template refuses (its raise_exception), or tools it has none for
       throw bad_request(e.what(), "messages");
     }
     for (auto& st : rc.stop) s.stop.push_back(st);
     for (const auto& t : rc.stop_tokens)
       if (auto id = tok.token_to_id(t)) s.stop_token_ids.push_back(*id);
-    p.ids.push_back(tok.encode(rc.prompt));
+    p.ids.push_back(tok.encode(rc.prompt, rc.add_special_tokens));
     p.texts.push_back(std::move(rc.prompt));
   } else {
     for (const auto& text : req.prompt_texts) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,6 +17,7 @@
 #include "engine/decode/generation_config.h"
 #include "engine/text/tokenizer.h"
 #include "openai/chat_template.h"
+#include "openai/model_chat_template.h"
 #include "worker/protocol.h"
 
 namespace kvpr {
@@ -38,8 +40,11 @@ struct ServedModel {
   std::string name;           // --served-model-name: what requests' "model" must say
   int64_t max_model_len = 0;  // context: prompt + max_tokens
   int64_t vocab_size = 0;     // the model's: prompt ids at or beyond it cannot be embedded
-  std::string chat_template;  // a name of render_chat's
+  std::string chat_template;  // a name of render_chat's: the family whose stops and tool calls apply
   std::string default_system; // chatml: the template's own system message, if any
+  // The model's own template (or --chat-template FILE.jinja), which prompts are rendered with;
+  // null: the built-in chat_template renders them.
+  std::shared_ptr<const ModelChatTemplate> model_template;
   SamplingDefaults defaults;  // generation_config.json's, for fields a request leaves out
   std::string tool_call_parser = "none";  // none, hermes, llama3_json or mistral (auto resolved)
   bool reasoning = false;     // --reasoning-parser: <think> text goes to reasoning_content

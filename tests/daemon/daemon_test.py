@@ -304,11 +304,19 @@ def single_worker(model, *extra, generation_config=None):
 def llama_chat():
     """A Llama checkpoint (grouped-query attention) whose tokenizer_config.json carries Llama-2
     chat's template: --chat-template auto picks llama-2, and the prompt starts with one BOS."""
-    # The start of Llama-2-chat's Jinja template: what auto detection looks for.
+    # Llama-2-chat's Jinja template (meta-llama/Llama-2-7b-chat-hf's tokenizer_config.json): kvprd
+    # renders it, and auto detection gives llama-2 for its stops.
     model = llama_model("llama", "llama-tokenizer",
-                        "{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n' + "
-                        "messages[0]['content'] | trim + '\\n<</SYS>>\\n\\n' %}{% endif %}"
-                        "{{ bos_token + '[INST] ' + content | trim + ' [/INST]' }}")
+                        "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+                        "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+                        "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+                        "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+                        "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
+                        "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+                        "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+                        "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+                        "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
     port = free_port()
     d = Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--max-batch", "4",
                      "--config", "/dev/null"], port=port)
@@ -328,8 +336,38 @@ def llama_chat():
                   st == 200 and st2 == 200 and ids["tokens"][0] == 1 and ids["tokens"][1] != 1 and
                   body["usage"]["prompt_tokens"] == len(ids["tokens"]) and
                   ids["tokens"].count(1) == 1 + text.count("<s>"), (body, ids))
+        st, body = d.post("/v1/chat/completions", {"model": "llama", "max_tokens": 1, "messages": [
+            {"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})
+        check("the template's raise_exception: a 400 with its message",
+              st == 400 and "Conversation roles must alternate" in body["error"]["message"], (st, body))
     finally:
         d.stop()
+    # A fine-tune's own template, which no built-in one matches: rendered as written (its own
+    # variables from chat_template_kwargs too), by default and from --chat-template FILE.jinja.
+    own = ("{{ bos_token }}{% for m in messages %}### {{ m.role | upper }}{{ suffix | default('') }}: "
+           "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}### ASSISTANT:{% endif %}")
+    tuned = llama_model("llama-tuned", "llama-tokenizer", own)
+    with open(os.path.join(TMP, "own.jinja"), "w") as f:
+        f.write(own.replace("### ", "## "))
+    for args, text in (([], "### USER: Hi\n### ASSISTANT:"),
+                       (["--chat-template", os.path.join(TMP, "own.jinja")], "## USER: Hi\n## ASSISTANT:")):
+        port = free_port()
+        d = Daemon(args=["--model", tuned, "--port", str(port), "--workers", "1", "--config", "/dev/null", *args],
+                   port=port)
+        try:
+            st, body = d.post("/v1/chat/completions", {"model": "llama-tuned", "max_tokens": 1,
+                                                       "messages": [{"role": "user", "content": "Hi"}]})
+            st2, ids = d.post("/tokenize", {"prompt": text})
+            check(f"the model's own template {args or '(auto)'}: its prompt, one BOS",
+                  st == 200 and st2 == 200 and body["usage"]["prompt_tokens"] == len(ids["tokens"]), (body, ids))
+            st, body = d.post("/v1/chat/completions", {"model": "llama-tuned", "max_tokens": 1,
+                                                       "chat_template_kwargs": {"suffix": " (x)"},
+                                                       "messages": [{"role": "user", "content": "Hi"}]})
+            st2, ids = d.post("/tokenize", {"prompt": text.replace("USER:", "USER (x):")})
+            check("chat_template_kwargs reach the model's own template",
+                  st == 200 and body["usage"]["prompt_tokens"] == len(ids["tokens"]), (body, ids))
+        finally:
+            d.stop()
     # Mistral's, Zephyr's and ChatML by name on the same model (Mistral's has no system role: the
     # system message opens the first user turn).
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
@@ -376,11 +414,12 @@ def llama_chat():
 def llama3_chat():
     """A Llama-3.1-style checkpoint: Llama-3's tokenizer (BOS from its post-processor), llama3
     rope scaling, Llama-3.1's chat template and generation_config.json's three EOS ids."""
-    # Pieces of Llama-3.1-Instruct's Jinja template: what auto detection looks for.
-    model = llama_model("llama3", "llama3-tokenizer",
-                        "{{- bos_token }}{%- if not date_string is defined %}{%- set date_string = \"26 Jul 2024\" %}"
-                        "{%- endif %}{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
-                        "{{- \"Cutting Knowledge Date: December 2023\\n\" }}{{- system_message }}{{- \"<|eot_id|>\" }}",
+    # A Llama-3.1-Instruct template with JSON tools (vLLM's, tests/data/chat-templates/jinja), its
+    # date fixed at 26 Jul 2024 as Llama-3.1-Instruct's own template has it (no strftime_now).
+    template = open(os.path.join(os.path.dirname(__file__), "..", "data", "chat-templates", "jinja",
+                                 "vllm-llama3.1-json-tool.jinja")).read()
+    model = llama_model("llama3", "llama3-tokenizer", template.replace("strftime_now is defined", "false")
+                        .replace('strftime_now("%d %b %Y")', '"26 Jul 2024"'),
                         vocab=128256, hidden=16, heads=2, kv_heads=1, ffn=24, bos_token_id=128000,
                         eos_token_id=128001, rope_theta=500000.0,
                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,

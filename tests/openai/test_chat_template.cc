@@ -102,7 +102,7 @@ TEST(ChatTemplate, AutoReadsTokenizerConfig) {
             "qwen2");
   EXPECT_EQ(auto_chat_template(test::data_path("qwen2-tokenizer"), &why), "qwen2.5");
   EXPECT_EQ(with("{{ messages }}"), "plain");
-  EXPECT_NE(why.find("not one kvprd has built in"), std::string::npos);
+  EXPECT_NE(why.find("not one kvpr has built in"), std::string::npos);
 }
 
 // The real templates of Qwen3, Qwen2.5, Qwen1.5, Llama-3 and Llama-3.2 (their
