@@ -28,26 +28,14 @@ struct Token {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
-// str.splitlines() then "\n".join(): every line break Python knows becomes "\n", one trailing
-// one goes.
+// jinja2's newline_re (\r\n, \r, \n) split, then "\n".join(): one trailing newline goes.
 std::string normalize_newlines(const std::string& src) {
   std::string out;
   out.reserve(src.size());
   for (size_t i = 0; i < src.size();) {
-    const unsigned char c = static_cast<unsigned char>(src[i]);
-    if (c == '\r') {
+    if (src[i] == '\r') {
       out.push_back('\n');
       i += i + 1 < src.size() && src[i + 1] == '\n' ? 2 : 1;
-    } else if (c == '\n' || c == 0x0b || c == 0x0c || c == 0x1c || c == 0x1d || c == 0x1e) {
-      out.push_back('\n');
-      ++i;
-    } else if (c == 0xc2 && i + 1 < src.size() && static_cast<unsigned char>(src[i + 1]) == 0x85) {
-      out.push_back('\n');
-      i += 2;
-    } else if (c == 0xe2 && i + 2 < src.size() && static_cast<unsigned char>(src[i + 1]) == 0x80 &&
-               (static_cast<unsigned char>(src[i + 2]) == 0xa8 || static_cast<unsigned char>(src[i + 2]) == 0xa9)) {
-      out.push_back('\n');
-      i += 3;
     } else {
       out.push_back(src[i++]);
     }
@@ -154,7 +142,7 @@ class Lexer {
     const bool strip_open = s_[i - 1] == '-', plus_open = s_[i - 1] == '+';
     count_lines(pos_, i + 2);
     pos_ = i + 2;
-    after_end(strip_open, plus_open, true);
+    after_end(strip_open, plus_open, false);  // trim_blocks is endraw's, not raw's
     // The first "{%[-+] endraw [-+]%}" ends it.
     for (size_t at = pos_;; ++at) {
       at = s_.find("{%", at);
@@ -188,6 +176,7 @@ class Lexer {
   void tag(Token::Kind begin, Token::Kind end, const char* closer) {
     out_.push_back({begin, "", Value(), line_});
     const bool block = begin == Token::Kind::BlockBegin;
+    int open = 0;  // brackets open: an end tag inside them is not one (jinja2's lexer)
     while (true) {
       while (pos_ < s_.size() && is_space(s_[pos_])) {
         if (s_[pos_] == '\n') ++line_;
@@ -195,14 +184,14 @@ class Lexer {
       }
       if (pos_ >= s_.size()) fail(std::string("a tag is not closed (") + closer + ")");
       const char c = s_[pos_];
-      if ((c == '-' || c == '+') && s_.compare(pos_ + 1, 2, closer) == 0) {
+      if (open == 0 && (c == '-' || c == '+') && s_.compare(pos_ + 1, 2, closer) == 0) {
         if (c == '+' && !block) fail("'+' before '}}'");
         pos_ += 3;
         out_.push_back({end, "", Value(), line_});
         after_end(c == '-', c == '+', block);
         return;
       }
-      if (s_.compare(pos_, 2, closer) == 0) {
+      if (open == 0 && s_.compare(pos_, 2, closer) == 0) {
         pos_ += 2;
         out_.push_back({end, "", Value(), line_});
         after_end(false, false, block);
@@ -219,6 +208,9 @@ class Lexer {
         string_literal(c);
       } else {
         op();
+        const char o = out_.back().text[0];
+        if (out_.back().text.size() == 1 && (o == '(' || o == '[' || o == '{')) ++open;
+        if (out_.back().text.size() == 1 && (o == ')' || o == ']' || o == '}') && open > 0) --open;
       }
     }
   }
@@ -360,6 +352,11 @@ class Parser {
     ~Deeper() { --p.depth_; }
   };
 
+  // One more link of a left-deep chain (a ~ b ~ c, x | f | g, a.b.c, f()()): chains count
+  // towards the depth limit too, since evaluating them recurses as deep.
+  void link(int& n) {
+    if (++n + depth_ > limits_.max_depth) fail("nested deeper than " + std::to_string(limits_.max_depth));
+  }
   const Token& cur() const { return t_[i_]; }
   const Token& peek(size_t k = 1) const { return t_[std::min(i_ + k, t_.size() - 1)]; }
   [[noreturn]] void fail(const std::string& what) const { KVPR_THROW("line ", cur().line, ": ", what); }
@@ -673,7 +670,9 @@ class Parser {
   template <typename Next>
   ExprPtr left_assoc(const char* word, Expr::Kind kind, Next next) {
     ExprPtr e = (this->*next)();
+    int links = 0;
     while (is_name(word)) {
+      link(links);
       auto o = make(kind);
       ++i_;
       o->a = std::move(e);
@@ -697,6 +696,7 @@ class Parser {
   ExprPtr compare() {
     ExprPtr e = math1();
     ExprPtr cmp;
+    int links = 0;
     while (true) {
       std::string op;
       if (cur().kind == Token::Kind::Op &&
@@ -713,6 +713,7 @@ class Parser {
       } else {
         break;
       }
+      link(links);
       if (!cmp) {
         cmp = make(Expr::Kind::Compare);
         cmp->a = std::move(e);
@@ -731,7 +732,9 @@ class Parser {
   }
   ExprPtr math1() {
     ExprPtr e = concat();
+    int links = 0;
     while (is_op("+") || is_op("-")) {
+      link(links);
       const std::string op = t_[i_++].text;
       e = binary(std::move(e), op, concat());
     }
@@ -739,7 +742,9 @@ class Parser {
   }
   ExprPtr concat() {
     ExprPtr e = math2();
+    int links = 0;
     while (is_op("~")) {
+      link(links);
       ++i_;
       e = binary(std::move(e), "~", math2());
     }
@@ -747,7 +752,9 @@ class Parser {
   }
   ExprPtr math2() {
     ExprPtr e = power();
+    int links = 0;
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      link(links);
       const std::string op = t_[i_++].text;
       e = binary(std::move(e), op, power());
     }
@@ -755,7 +762,9 @@ class Parser {
   }
   ExprPtr power() {
     ExprPtr e = unary(true);
+    int links = 0;
     while (is_op("**")) {
+      link(links);
       ++i_;
       e = binary(std::move(e), "**", unary(true));
     }
@@ -870,7 +879,9 @@ class Parser {
   }
 
   ExprPtr postfix(ExprPtr e) {
+    int links = 0;
     while (true) {
+      link(links);
       if (is_op(".")) {
         ++i_;
         auto a = make(Expr::Kind::Attr);
@@ -931,7 +942,9 @@ class Parser {
   }
 
   ExprPtr filters_and_tests(ExprPtr e) {
+    int links = 0;
     while (true) {
+      link(links);
       if (is_op("|")) {
         ++i_;
         e = filter(std::move(e));

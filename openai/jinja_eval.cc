@@ -41,9 +41,15 @@ const std::set<std::string>& test_names() {
 
 enum class Flow { Normal, Break, Continue };
 
+// Items one list may hold, and how deeply lists and dicts may nest (what the printers and
+// comparisons recurse over).
+constexpr size_t kMaxItems = 1u << 20;
+constexpr int kMaxNesting = 256;
+constexpr size_t kMaxText = 64u << 20;  // bytes of one string a method makes
+
 using Scope = std::unordered_map<std::string, Value>;
 
-// Python's floor division and modulo on integers.
+// Python's floor division and modulo on integers (b != 0; INT64_MIN // -1 is refused by the caller).
 int64_t floor_div(int64_t a, int64_t b) {
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
@@ -187,6 +193,7 @@ List splitlines(const std::string& s, bool keepends) {
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"  // the formats are built from the template's own
 // Python's "fmt % args" for %s %r %d %i %f %x %%, with optional width, zero pad and precision.
 std::string percent_format(const std::string& fmt, const Value& args) {
+  // A tuple (a list here) gives the arguments; any other value is the one argument.
   List items = args.is_list() ? args.as_list() : List{args};
   size_t next = 0;
   std::string out;
@@ -200,6 +207,7 @@ std::string percent_format(const std::string& fmt, const Value& args) {
     while (j < fmt.size() && std::strchr("-+ 0#", fmt[j])) spec.push_back(fmt[j++]);
     while (j < fmt.size() && (std::isdigit(static_cast<unsigned char>(fmt[j])) || fmt[j] == '.')) spec.push_back(fmt[j++]);
     KVPR_CHECK(j < fmt.size(), "incomplete format");
+    KVPR_CHECK(spec.size() < 8, "a format's width or precision past 5 digits");
     const char conv = fmt[j];
     i = j;
     if (conv == '%') {
@@ -209,9 +217,27 @@ std::string percent_format(const std::string& fmt, const Value& args) {
     KVPR_CHECK(next < items.size(), "not enough arguments for format string");
     const Value& v = items[next++];
     char buf[512];
-    if (conv == 's' || conv == 'r') {
-      const std::string t = conv == 's' ? v.str() : v.repr();
-      std::snprintf(buf, sizeof buf, (spec + "s").c_str(), t.c_str());
+    if (conv == 's' || conv == 'r') {  // padded by hand: the text may be longer than any buffer
+      std::string t = conv == 's' ? v.str() : v.repr();
+      size_t width = 0, precision = std::string::npos;
+      const bool left = spec.find('-') != std::string::npos;
+      const size_t dot = spec.find('.');
+      for (size_t k = 1; k < (dot == std::string::npos ? spec.size() : dot); ++k)
+        if (std::isdigit(static_cast<unsigned char>(spec[k]))) width = width * 10 + static_cast<size_t>(spec[k] - '0');
+      if (dot != std::string::npos) {
+        precision = 0;
+        for (size_t k = dot + 1; k < spec.size(); ++k) precision = precision * 10 + static_cast<size_t>(spec[k] - '0');
+      }
+      if (precision != std::string::npos) {
+        std::string cut;
+        const std::vector<std::string> cps = code_points(t);
+        for (size_t k = 0; k < cps.size() && k < precision; ++k) cut += cps[k];
+        t = cut;
+      }
+      const size_t n = code_points(t).size();
+      const std::string pad = n < width ? std::string(width - n, ' ') : "";
+      out += left ? t + pad : pad + t;
+      continue;
     } else if (conv == 'd' || conv == 'i' || conv == 'x' || conv == 'X' || conv == 'o') {
       KVPR_CHECK(v.is_number(), "%", conv, " format: a number is required, not ", v.type_name());
       std::snprintf(buf, sizeof buf, (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(),
@@ -264,11 +290,13 @@ std::vector<int64_t> slice_indices(int64_t n, const Value& start, const Value& s
     return std::clamp<int64_t>(i, -1, n - 1);
   };
   const int64_t b = clamp(start, step > 0 ? 0 : n - 1), e = clamp(stop, step > 0 ? n : -1);
+  // Counted, not stepped past the end: a huge step must not wrap.
   std::vector<int64_t> out;
-  if (step > 0)
-    for (int64_t i = b; i < e; i += step) out.push_back(i);
-  else
-    for (int64_t i = b; i > e; i += step) out.push_back(i);
+  const uint64_t span = step > 0 ? (e > b ? static_cast<uint64_t>(e - b) : 0) : (b > e ? static_cast<uint64_t>(b - e) : 0);
+  const uint64_t stride = step > 0 ? static_cast<uint64_t>(step) : static_cast<uint64_t>(-(step + 1)) + 1;
+  const uint64_t count = span == 0 ? 0 : (span - 1) / stride + 1;
+  for (uint64_t k = 0; k < count; ++k)
+    out.push_back(step > 0 ? b + static_cast<int64_t>(k * stride) : b - static_cast<int64_t>(k * stride));
   return out;
 }
 
@@ -350,24 +378,40 @@ class Renderer {
         // caller() renders the body where the call block is.
         const std::vector<Scope*> here = scopes_;
         const Node* node = &n;
+        // The scopes it renders in live as long as this block runs: a caller kept past it fails.
+        auto alive = std::make_shared<bool>(true);
+        struct Expire {
+          std::shared_ptr<bool> a;
+          ~Expire() { *a = false; }
+        } expire{alive};
         Value caller = Value::callable(
-            [this, here, node](const Args& args) {
-              Scope local;
-              for (size_t i = 0; i < node->params.size(); ++i) {
-                const Value* a = args.get(i, node->params[i].first);
-                local[node->params[i].first] = a ? *a : node->params[i].second ? eval(*node->params[i].second) : Value();
+            [this, here, node, alive](const Args& args) {
+              if (!*alive) fail(node->line, "caller() called after its call block ended");
+              if (++call_depth_ > limits_.max_call_depth) {
+                --call_depth_;
+                fail(node->line, "macros nested deeper than " + std::to_string(limits_.max_call_depth));
               }
+              Scope local;
               std::vector<Scope*> saved = scopes_;
-              scopes_ = here;
-              scopes_.push_back(&local);
               std::string text;
               try {
+                for (size_t i = 0; i < node->params.size(); ++i) {
+                  const Value* a = args.get(i, node->params[i].first);
+                  local[node->params[i].first] = a ? *a
+                                                   : node->params[i].second
+                                                         ? eval(*node->params[i].second)
+                                                         : Value::undefined("'" + node->params[i].first + "' is undefined");
+                }
+                scopes_ = here;
+                scopes_.push_back(&local);
                 exec_body(node->body, text);
               } catch (...) {
                 scopes_ = saved;
+                --call_depth_;
                 throw;
               }
               scopes_ = saved;
+              --call_depth_;
               return Value(std::move(text));
             },
             "caller");
@@ -558,7 +602,7 @@ class Renderer {
       case Expr::Kind::ListLiteral: {
         List l;
         for (const auto& x : e.items) l.push_back(eval(*x));
-        return Value(std::move(l));
+        return nested(Value(std::move(l)), e.line);
       }
       case Expr::Kind::DictLiteral: {
         Dict d;
@@ -577,7 +621,7 @@ class Renderer {
             keys.push_back(std::move(k));
           }
         }
-        return plain ? Value(std::move(d)) : Value::dict_with_keys(std::move(d), std::move(keys));
+        return nested(plain ? Value(std::move(d)) : Value::dict_with_keys(std::move(d), std::move(keys)), e.line);
       }
       case Expr::Kind::Attr: return get_attr(eval(*e.a), e.name, e.line);
       case Expr::Kind::Item: return get_item(eval(*e.a), eval(*e.b), e.line);
@@ -603,7 +647,10 @@ class Renderer {
         const Value v = eval(*e.a);
         if (!v.is_number()) fail(e.line, std::string("bad operand type for unary -: '") + v.type_name() + "'");
         if (e.kind == Expr::Kind::Pos) return v;
-        return v.kind() == Value::Kind::Float ? Value(-v.as_double()) : Value(-v.as_int());
+        if (v.kind() == Value::Kind::Float) return Value(-v.as_double());
+        int64_t r = 0;
+        if (__builtin_sub_overflow(int64_t{0}, v.as_int(), &r)) fail(e.line, "integer overflow in unary -");
+        return Value(r);
       }
       case Expr::Kind::And: {
         Value a = eval(*e.a);
@@ -628,6 +675,13 @@ class Renderer {
         return e.c ? eval(*e.c) : Value::undefined("the conditional expression's false branch");
     }
     return Value();
+  }
+
+  // A list or dict nested past kMaxNesting is refused where it is made (printing, comparing and
+  // JSON recurse over it).
+  static Value nested(Value v, int line) {
+    if (v.nesting() > kMaxNesting) fail(line, "lists and dicts nested deeper than " + std::to_string(kMaxNesting));
+    return v;
   }
 
   static bool contains(const Value& container, const Value& item, int line) {
@@ -675,29 +729,36 @@ class Renderer {
     };
     const bool nums = a.is_number() && b.is_number();
     const bool floats = nums && (a.kind() == Value::Kind::Float || b.kind() == Value::Kind::Float);
+    // Integers past 64 bits (Python's would grow): an error, not a wrapped value.
+    int64_t r = 0;
+    auto checked = [&](bool overflow) {  // after the builtin has written r
+      if (overflow) fail(line, "integer overflow in " + op);
+      return Value(r);
+    };
     if (op == "+") {
-      if (nums) return floats ? Value(a.as_double() + b.as_double()) : Value(a.as_int() + b.as_int());
+      if (nums) return floats ? Value(a.as_double() + b.as_double()) : checked(__builtin_add_overflow(a.as_int(), b.as_int(), &r));
       if (a.is_string() && b.is_string()) return sized(a.as_string() + b.as_string());
       if (a.is_list() && b.is_list()) {
+        if (a.as_list().size() + b.as_list().size() > kMaxItems) fail(line, "a list past " + std::to_string(kMaxItems) + " items");
         List l = a.as_list();
         l.insert(l.end(), b.as_list().begin(), b.as_list().end());
-        return Value(std::move(l));
+        return nested(Value(std::move(l)), line);
       }
       return type_error();
     }
     if (op == "-") {
-      if (nums) return floats ? Value(a.as_double() - b.as_double()) : Value(a.as_int() - b.as_int());
+      if (nums) return floats ? Value(a.as_double() - b.as_double()) : checked(__builtin_sub_overflow(a.as_int(), b.as_int(), &r));
       return type_error();
     }
     if (op == "*") {
-      if (nums) return floats ? Value(a.as_double() * b.as_double()) : Value(a.as_int() * b.as_int());
+      if (nums) return floats ? Value(a.as_double() * b.as_double()) : checked(__builtin_mul_overflow(a.as_int(), b.as_int(), &r));
       const Value* seq = a.is_string() || a.is_list() ? &a : b.is_string() || b.is_list() ? &b : nullptr;
       const Value* times = seq == &a ? &b : &a;
       if (!seq || !times->is_number() || times->kind() == Value::Kind::Float) return type_error();
       const int64_t n = std::max<int64_t>(0, times->as_int());
-      if (n * static_cast<int64_t>(seq->is_string() ? seq->as_string().size() : seq->as_list().size()) >
-          static_cast<int64_t>(limits_.max_output))
-        fail(line, "a repetition past the output budget");
+      const size_t unit = seq->is_string() ? seq->as_string().size() : seq->as_list().size();
+      const size_t cap = seq->is_string() ? limits_.max_output : kMaxItems;
+      if (unit > 0 && static_cast<uint64_t>(n) > cap / unit) fail(line, "a repetition past the output budget");
       if (seq->is_string()) {
         std::string s;
         for (int64_t i = 0; i < n; ++i) s += seq->as_string();
@@ -725,13 +786,19 @@ class Renderer {
         const double q = std::floor(a.as_double() / b.as_double());
         return op == "//" ? Value(q) : Value(a.as_double() - q * b.as_double());
       }
+      if (b.as_int() == -1) return op == "//" ? checked(__builtin_sub_overflow(int64_t{0}, a.as_int(), &r)) : Value(int64_t{0});
       return op == "//" ? Value(floor_div(a.as_int(), b.as_int())) : Value(floor_mod(a.as_int(), b.as_int()));
     }
     if (op == "**") {
       if (!floats && b.as_int() >= 0) {
-        int64_t r = 1;
-        for (int64_t i = 0; i < b.as_int() && i < 64; ++i) r *= a.as_int();
-        return Value(r);
+        int64_t p = 1;
+        const int64_t base = a.as_int();
+        for (int64_t i = 0; i < b.as_int(); ++i) {
+          if (__builtin_mul_overflow(p, base, &p)) fail(line, "integer overflow in **");
+          if (p == 0 || p == 1) break;  // 0 and 1 stay; -1 alternates below
+          if (p == -1) return Value((b.as_int() - i - 1) % 2 == 0 ? int64_t{-1} : int64_t{1});
+        }
+        return Value(p);
       }
       return Value(std::pow(a.as_double(), b.as_double()));
     }
@@ -933,6 +1000,7 @@ class Renderer {
           if (f == std::string::npos) break;
           out.append(s, at, f - at);
           out += to;
+          KVPR_CHECK(out.size() <= kMaxText, "replace past ", kMaxText, " bytes");
           at = f + from.size();
           --count;
         }
@@ -971,6 +1039,7 @@ class Renderer {
           if (!first) out += s;
           first = false;
           out += x.as_string();
+          KVPR_CHECK(out.size() <= kMaxText, "join past ", kMaxText, " bytes");
         }
         return Value(std::move(out));
       });
@@ -1027,7 +1096,7 @@ class Renderer {
     while (true) {
       const size_t dot = path.find('.', at);
       const std::string part = path.substr(at, dot == std::string::npos ? std::string::npos : dot - at);
-      if (!part.empty() && std::all_of(part.begin(), part.end(), ::isdigit))
+      if (!part.empty() && part.size() < 18 && std::all_of(part.begin(), part.end(), ::isdigit))
         cur = get_item(cur, Value(static_cast<int64_t>(std::stoll(part))), line);
       else
         cur = get_item(cur, Value(part), line);
@@ -1069,6 +1138,7 @@ class Renderer {
       const Value* ascii = arg(a, 0, "ensure_ascii");
       const Value* seps = arg(a, 2, "separators");
       const Value* sort = arg(a, 3, "sort_keys");
+      if (ind && ind->is_number() && (ind->as_int() < 0 || ind->as_int() > 64)) fail(line, "tojson: indent must be 0..64");
       const int indent = ind && ind->is_number() ? static_cast<int>(ind->as_int()) : -1;
       std::string item_sep = indent >= 0 ? "," : ", ", key_sep = ": ";
       if (seps && seps->is_list() && seps->as_list().size() == 2) {
@@ -1076,6 +1146,7 @@ class Renderer {
         key_sep = seps->as_list()[1].str();
       }
       std::string out = v.to_json(indent, item_sep, key_sep, sort && sort->truthy());
+      if (out.size() > limits_.max_output) fail(line, "tojson past the output budget");
       return Value(ascii && ascii->truthy() ? ensure_ascii(out) : out);
     }
     if (name == "trim") {
@@ -1121,6 +1192,7 @@ class Renderer {
         if (!first) out += sep ? sep->str() : "";
         first = false;
         out += (attr ? attribute_of(x, attr->str(), line) : x).str();
+        if (out.size() > limits_.max_output) fail(line, "join past the output budget");
       }
       return Value(std::move(out));
     }
@@ -1158,7 +1230,9 @@ class Renderer {
     }
     if (name == "abs") {
       if (!v.is_number()) fail(line, std::string("bad operand type for abs(): '") + v.type_name() + "'");
-      return v.kind() == Value::Kind::Float ? Value(std::fabs(v.as_double())) : Value(static_cast<int64_t>(std::llabs(v.as_int())));
+      if (v.kind() == Value::Kind::Float) return Value(std::fabs(v.as_double()));
+      if (v.as_int() == INT64_MIN) fail(line, "integer overflow in abs");
+      return Value(static_cast<int64_t>(std::llabs(v.as_int())));
     }
     if (name == "round") {
       const Value* p = arg(a, 0, "precision");
@@ -1169,14 +1243,25 @@ class Renderer {
       const double scale = std::pow(10.0, static_cast<double>(prec));
       if (method == "floor") return Value(std::floor(v.as_double() * scale) / scale);
       if (method == "ceil") return Value(std::ceil(v.as_double() * scale) / scale);
-      if (v.kind() != Value::Kind::Float) return Value(v.as_int());
-      return Value(std::nearbyint(v.as_double() * scale) / scale);  // Python's round: halves to even
+      if (v.kind() != Value::Kind::Float) {
+        if (prec >= 0) return Value(v.as_int());
+        const double r = std::nearbyint(static_cast<double>(v.as_int()) / std::pow(10.0, static_cast<double>(-prec)));
+        return Value(static_cast<int64_t>(r * std::pow(10.0, static_cast<double>(-prec))));
+      }
+      if (prec < 0 || prec > 300) return Value(std::nearbyint(v.as_double() * scale) / scale);
+      // Python's round is correctly rounded (halves to even on the exact binary value), as printf's is.
+      char buf[512];
+      std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(prec), v.as_double());
+      return Value(std::strtod(buf, nullptr));
     }
     if (name == "indent") {
       const Value* w = arg(a, 0, "width");
       const Value* first = arg(a, 1, "first");
       const Value* blank = arg(a, 2, "blank");
-      const std::string ind = w && w->is_string() ? w->as_string() : std::string(static_cast<size_t>(w ? w->as_int() : 4), ' ');
+      const int64_t width = w && !w->is_string() ? w->as_int() : 4;
+      if (width < 0 || width > 1024) fail(line, "indent: width must be 0..1024");
+      const std::string ind = w && w->is_string() ? w->as_string() : std::string(static_cast<size_t>(width), ' ');
+      if (ind.size() * (v.str().size() + 1) > limits_.max_output) fail(line, "indent past the output budget");
       const List lines = splitlines(v.str() + "\n", false);
       std::string out;
       if (blank && blank->truthy()) {
@@ -1273,16 +1358,22 @@ class Renderer {
           }
           return Value(std::move(out));
         }
-        std::stable_sort(l.begin(), l.end(),
-                         [&](const Value& x, const Value& y) { return sort_less(key(x), key(y), case_sensitive); });
+        if (name == "max" || name == "min") {  // the first of the largest (smallest), as Python's
+          if (l.empty()) return Value::undefined("no " + name + " item, sequence was empty");
+          size_t best = 0;
+          for (size_t i = 1; i < l.size(); ++i)
+            if (name == "max" ? sort_less(key(l[best]), key(l[i]), case_sensitive)
+                              : sort_less(key(l[i]), key(l[best]), case_sensitive))
+              best = i;
+          return l[best];
+        }
+        const bool reverse = rev && rev->truthy();
+        std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
+          return reverse ? sort_less(key(y), key(x), case_sensitive) : sort_less(key(x), key(y), case_sensitive);
+        });
       } catch (const Error& e) {
         fail(line, e.what());
       }
-      if (name == "max" || name == "min") {
-        if (l.empty()) return Value::undefined("no " + name + " item, sequence was empty");
-        return name == "min" ? l.front() : l.back();
-      }
-      if (rev && rev->truthy()) std::reverse(l.begin(), l.end());
       return Value(std::move(l));
     }
     if (name == "dictsort") {
@@ -1356,7 +1447,7 @@ class Renderer {
       if (name == "even") return floor_mod(n, 2) == 0;
       const int64_t d = need().as_int();
       if (d == 0) fail(line, "divisibleby 0");
-      return floor_mod(n, d) == 0;
+      return d == -1 || floor_mod(n, d) == 0;
     }
     if (name == "lower") return v.is_string() && ascii_lower(v.as_string()) == v.as_string();
     if (name == "upper") return v.is_string() && ascii_upper(v.as_string()) == v.as_string();
@@ -1377,11 +1468,13 @@ class Renderer {
             if (a.positional.size() > 2) stepv = a.positional[2].as_int();
           }
           KVPR_CHECK(stepv != 0, "range() arg 3 must not be zero");
+          // jinja2's sandbox refuses ranges of more than MAX_RANGE (100000) items.
+          const long double n = stepv > 0 ? (static_cast<long double>(stop) - start) / stepv
+                                           : (static_cast<long double>(start) - stop) / -static_cast<long double>(stepv);
+          KVPR_CHECK(n <= 100000, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
           List out;
-          for (int64_t i = start; stepv > 0 ? i < stop : i > stop; i += stepv) {
-            out.emplace_back(i);
-            KVPR_CHECK(static_cast<int64_t>(out.size()) <= limits_.max_steps, "range() past the step budget of ", limits_.max_steps);
-          }
+          for (int64_t k = 0; n > 0 && k < static_cast<int64_t>(std::ceil(n)); ++k) out.emplace_back(start + k * stepv);
+          steps_ += static_cast<int64_t>(out.size());
           return Value(std::move(out));
         },
         "range");
@@ -1435,7 +1528,15 @@ bool known_test(const std::string& name) { return test_names().count(name) > 0; 
 
 std::string Template::render(const Value& context) const {
   Renderer r(limits_, context);
-  return r.run(*root_);
+  try {
+    return r.run(*root_);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    KVPR_THROW("the template ran out of memory");
+  } catch (const std::exception& e) {
+    KVPR_THROW("the template failed: ", e.what());
+  }
 }
 
 }  // namespace kvpr::jinja

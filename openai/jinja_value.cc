@@ -26,8 +26,21 @@ Value::Value(bool b) : kind_(Kind::Bool), b_(b), i_(b ? 1 : 0) {}
 Value::Value(int64_t v) : kind_(Kind::Int), i_(v) {}
 Value::Value(double v) : kind_(Kind::Float), f_num_(v) {}
 Value::Value(std::string s) : kind_(Kind::String), s_(std::make_shared<const std::string>(std::move(s))) {}
-Value::Value(List l) : kind_(Kind::Array), l_(std::make_shared<const List>(std::move(l))) {}
-Value::Value(Dict d) : kind_(Kind::Map), d_(std::make_shared<Dict>(std::move(d))) {}
+Value::Value(List l) : kind_(Kind::Array) {
+  for (const auto& e : l) nesting_ = std::max(nesting_, e.nesting_ + 1);
+  if (l.empty()) nesting_ = 1;
+  l_ = std::make_shared<const List>(std::move(l));
+}
+Value::Value(Dict d) : kind_(Kind::Map) {
+  nesting_ = 1;
+  for (const auto& [k, e] : d) nesting_ = std::max(nesting_, e.nesting_ + 1);
+  d_ = std::make_shared<Dict>(std::move(d));
+}
+
+const std::string& Value::hint() const {
+  static const std::string none;
+  return s_ ? *s_ : none;
+}
 
 Value Value::dict_with_keys(Dict d, List keys) {
   Value v(std::move(d));
@@ -180,6 +193,7 @@ void append_repr(std::string& out, const Value& v) {
       out.push_back('}');
       break;
     }
+    case Value::Kind::Undefined: out += "Undefined"; break;  // as a list prints jinja2's Undefined
     default: out += v.str();
   }
 }
@@ -192,7 +206,7 @@ void append_json(std::string& out, const Value& v, int indent, int level, const 
     out.append(static_cast<size_t>(indent * at), ' ');
   };
   switch (v.kind()) {
-    case Value::Kind::Undefined:
+    case Value::Kind::Undefined: KVPR_THROW("Object of type Undefined is not JSON serializable");
     case Value::Kind::None: out += "null"; break;
     case Value::Kind::Bool: out += v.as_bool() ? "true" : "false"; break;
     case Value::Kind::Int: out += std::to_string(v.as_int()); break;
@@ -215,8 +229,8 @@ void append_json(std::string& out, const Value& v, int indent, int level, const 
       out.push_back(']');
       break;
     }
-    case Value::Kind::Map:
-    case Value::Kind::Namespace: {
+    case Value::Kind::Namespace: KVPR_THROW("Object of type Namespace is not JSON serializable");
+    case Value::Kind::Map: {
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& p : v.as_dict()) items.push_back(&p);
       if (sort_keys) std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });

@@ -43,6 +43,8 @@ class Value {
   Value(const char* s) : Value(std::string(s)) {}
   Value(List l);
   Value(Dict d);
+  // How deeply lists and dicts nest in this value (0 for a scalar): what the interpreter bounds.
+  int nesting() const { return nesting_; }
   // A dict some of whose keys are not strings ({4096: 512}): entries are found by the key's
   // repr, and iterating gives `keys` (one per entry) back.
   static Value dict_with_keys(Dict d, List keys);
@@ -68,7 +70,7 @@ class Value {
   const List& as_list() const { return *l_; }
   const Dict& as_dict() const { return *d_; }
   Dict& namespace_dict() const { return *d_; }  // a namespace's attributes (shared: it is mutable)
-  const std::string& hint() const { return *s_; }  // undefined: what it stands for
+  const std::string& hint() const;  // undefined: what it stands for ("" when nothing says)
   Value call(const Args& args) const { return (*f_)(args); }
   const std::string& callable_name() const { return *s_; }
 
@@ -88,6 +90,7 @@ class Value {
 
  private:
   Kind kind_ = Kind::Undefined;
+  int nesting_ = 0;
   bool b_ = false;
   int64_t i_ = 0;
   double f_num_ = 0;

@@ -191,9 +191,19 @@ TEST(Jinja, ErrorsNameTheLine) {
 
 TEST(Jinja, DepthStepAndOutputBudgets) {
   // Nesting past the parser's depth limit is an error, not a stack overflow.
-  std::string deep;
-  for (int i = 0; i < 5000; ++i) deep += "(";
+  const std::string deep = std::string(5000, '(') + "1" + std::string(5000, ')');
   EXPECT_NE(error_of("{{ " + deep + " }}").find("nested deeper than"), std::string::npos);
+  std::string chain = "{{ x";  // left-deep chains recurse as deep when evaluated
+  for (int i = 0; i < 100000; ++i) chain += "|trim";
+  EXPECT_NE(error_of(chain + " }}").find("nested deeper than"), std::string::npos);
+  std::string concat = "{{ 'a'";
+  for (int i = 0; i < 100000; ++i) concat += " ~ 'a'";
+  EXPECT_NE(error_of(concat + " }}").find("nested deeper than"), std::string::npos);
+  // Values nested past the limit are refused where they are made.
+  EXPECT_NE(error_of("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                     "{{ ns.x }}")
+                .find("nested deeper than"),
+            std::string::npos);
   std::string ifs;
   for (int i = 0; i < 400; ++i) ifs += "{% if true %}";
   EXPECT_NE(error_of(ifs).find("nested deeper than"), std::string::npos);
@@ -201,11 +211,14 @@ TEST(Jinja, DepthStepAndOutputBudgets) {
   jinja::Limits small;
   small.max_steps = 100000;
   try {
-    Template("{% for i in range(1000000) %}{{ i }}{% endfor %}", small).render(Value::from_json(json::Object{}));
+    Template("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", small)
+        .render(Value::from_json(json::Object{}));
     ADD_FAILURE() << "rendered";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("budget"), std::string::npos) << e.what();
   }
+  // As jinja2's sandbox: no range past 100000 items.
+  EXPECT_NE(error_of("{{ range(1000000)|length }}").find("Range too big"), std::string::npos);
   // Recursion stops at the call depth.
   EXPECT_NE(error_of("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find("macros nested deeper than"),
             std::string::npos);
@@ -220,4 +233,41 @@ TEST(Jinja, DepthStepAndOutputBudgets) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("budget"), std::string::npos) << e.what();
   }
+}
+
+TEST(Jinja, HostileValuesAreErrorsNotCrashes) {
+  // Integers past 64 bits, a slice step that would wrap, a caller kept past its block, a
+  // repetition that would overflow its size, JSON of what is not JSON: each one error.
+  EXPECT_NE(error_of("{{ (-9223372036854775807 - 1) // -1 }}").find("integer overflow"), std::string::npos);
+  EXPECT_NE(error_of("{{ 9223372036854775807 + 1 }}").find("integer overflow"), std::string::npos);
+  EXPECT_NE(error_of("{{ 2 ** 64 }}").find("integer overflow"), std::string::npos);
+  EXPECT_EQ(render("{{ (-1) ** 65 }} {{ 7 % -1 }} {{ 6 is divisibleby(-1) }}"), "-1 0 True");
+  EXPECT_EQ(render("{{ [1, 2, 3][1::9223372036854775807] }} {{ [1, 2, 3][::-9223372036854775807] }}"), "[2] [3]");
+  EXPECT_NE(error_of("{{ 'ab' * 4611686018427387904 }}").find("budget"), std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(c=none) %}{% macro m() %}{% set ns.c = caller %}{% endmacro %}"
+                     "{% call m() %}x{% endcall %}{{ ns.c() }}")
+                .find("after its call block ended"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% macro m() %}{{ caller() }}{% endmacro %}{% call(x) m() %}{{ x.y }}{% endcall %}")
+                .find("'x' is undefined"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ x|tojson }}").find("Undefined is not JSON serializable"), std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace() %}{% set ns.s = ns %}{{ ns|tojson }}").find("Namespace is not JSON"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 'a'|indent(-1) }}").find("width must be"), std::string::npos);
+  EXPECT_NE(error_of("{{ [[1]]|tojson(indent=2147483647) }}").find("indent must be"), std::string::npos);
+  EXPECT_EQ(render("{{ [[1]]|map(attribute='99999999999999999999')|list }}"), "[Undefined]");
+}
+
+TEST(Jinja, DetailsAsJinja2Has) {
+  EXPECT_EQ(render("{{ {'a': {'b': 1}} }}"), "{'a': {'b': 1}}");  // "}}" inside braces does not end the tag
+  EXPECT_EQ(render("{{ '%s'|format(x) }}", json::parse("{\"x\": \"" + std::string(600, 'y') + "\"}")),
+            std::string(600, 'y'));
+  EXPECT_EQ(render("[{{ '%5s|%-3s|%.2s' % ('ab', 'c', 'xyz') }}]"), "[   ab|c  |xy]");
+  EXPECT_EQ(render("{{ 2.835|round(2) }} {{ 1234|round(-2) }}"), "2.83 1200");
+  EXPECT_EQ(render("{% for x in xs|sort(attribute='a', reverse=true) %}{{ x.n }}{% endfor %} {{ ['B', 'b']|max }}",
+                   json::parse(R"({"xs": [{"a": 1, "n": "x"}, {"a": 1, "n": "y"}, {"a": 0, "n": "z"}]})")),
+            "xyz B");
+  EXPECT_EQ(render("{% raw %}\nfoo{% endraw %}"), "\nfoo");  // trim_blocks is endraw's only
+  EXPECT_EQ(render("a\x0bb"), "a\x0bb");                      // only \r\n, \r and \n are newlines
 }
