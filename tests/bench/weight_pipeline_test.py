@@ -2,8 +2,9 @@
 """bench/weight_pipeline.py: its verdicts on traces written here event by event (overlapped,
 hidden, late, no recompute, a trace it cannot read), then on a real trace of kvpr-bench decode
 --weights host on the CPU backend (KVPR_BENCH), where it finds every layer after the first in both
-traced steps, each with its recompute (timings there are the machine's: only what is read is
-checked, not the verdicts)."""
+traced steps, each with its recompute (recompute mode: kvpr's split is the scheduler's, which a
+loaded machine may set to 0; timings there are the machine's: only what is read is checked, not
+the verdicts)."""
 
 import json
 import os
@@ -89,20 +90,20 @@ with tempfile.TemporaryDirectory() as d:
     bench = os.environ.get('KVPR_BENCH')
     if bench:
         r = subprocess.run([bench, 'decode', '--preset', 'tiny', '--backend', 'cpu', '--batch', '3', '--prompt', '40',
-                            '--gen', '4', '--weights', 'host', '--modes', 'kvpr', '--kv-dtype', 'f32',
+                            '--gen', '4', '--weights', 'host', '--modes', 'recompute', '--kv-dtype', 'f32',
                             '--emulate-link-gbps', '0.5', '--trace-dir', d], capture_output=True, text=True)
         check('kvpr-bench decode ran', r.returncode == 0, r.stderr[-2000:])
         out = os.path.join(d, 'pipeline.json')
         r = subprocess.run([sys.executable, os.path.join(HERE, '..', '..', 'bench', 'weight_pipeline.py'),
-                            os.path.join(d, 'trace-kvpr.json'), '--json', out], capture_output=True, text=True)
+                            os.path.join(d, 'trace-recompute.json'), '--json', out], capture_output=True, text=True)
         check('real trace read', r.returncode == 0, r.stderr)
         if r.returncode == 0:
             got = json.load(open(out))
             layers = sorted((row['layer'], row['step']) for row in got['rows'])
             check('every later layer in both steps', layers == [(l, k) for l in (1, 2, 3) for k in (0, 1)], layers)
             check('each with its recompute', all(row['recompute'] for row in got['rows']), got['rows'])
-            check('verdicts', all(row['verdict'] in ('overlapped', 'hidden', 'late') for row in got['rows']), got['rows'])
-            check('after the Q/K/V weights', all(row['recompute_start_us'] >= row['front_end_us'] for row in got['rows']),
+            check('verdicts', all(row.get('verdict') in ('overlapped', 'hidden', 'late') for row in got['rows']), got['rows'])
+            check('after the Q/K/V weights', all(row.get('recompute_start_us', -1) >= row['front_end_us'] for row in got['rows']),
                   got['rows'])
 
 print('weight pipeline: %d passed, %d failed' % (passed, len(failures)))
