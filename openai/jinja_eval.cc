@@ -308,6 +308,12 @@ class Renderer {
       for (const auto& [k, v] : context.as_dict()) globals_[k] = v;
     scopes_ = {&globals_, &top_};
   }
+  // A namespace may hold itself (ns.s = ns) or a caller: emptied here, so no cycle outlives the render.
+  ~Renderer() {
+    for (auto& ns : namespaces_) ns.namespace_dict().clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
 
   std::string run(const Node& root) {
     std::string out;
@@ -1479,11 +1485,13 @@ class Renderer {
         },
         "range");
     g["namespace"] = Value::callable(
-        [](const Args& a) {
+        [this](const Args& a) {
           Dict d;
           if (!a.positional.empty() && a.positional[0].is_dict()) d = a.positional[0].as_dict();
           for (const auto& [k, v] : a.keyword) d.emplace_back(k, v);
-          return Value::namespace_of(std::move(d));
+          Value ns = Value::namespace_of(std::move(d));
+          namespaces_.push_back(ns);
+          return ns;
         },
         "namespace");
     g["dict"] = Value::callable(
@@ -1517,6 +1525,7 @@ class Renderer {
   const Limits& limits_;
   Scope globals_, top_;
   std::vector<Scope*> scopes_;
+  std::vector<Value> namespaces_;  // every namespace() this render made
   int64_t steps_ = 0;
   int call_depth_ = 0;
 };
