@@ -284,9 +284,7 @@ class DecodeRun {
       p.kv = engine_.generator.kv;
       p.kv.mode = v.mode;
       p.kv.kv_dtype = kv_dtype();
-      const double bytes = kv_mode_uses_host(v.mode) || be_->device_is_host()
-                               ? KvRuntime::store_bytes(shape, p.slots, p.capacity, p.kv)
-                               : 0;
+      const double bytes = KvRuntime::host_store_bytes(*be_, shape, p);
       if (bytes > best_bytes) best = p, best_bytes = bytes;
     }
     return best;

@@ -228,8 +228,7 @@ GenerationParams generation_params(const Args& a) {
 std::vector<int32_t> prompt_of(const Args& a, const std::string& dir, const Tokenizer& tok, GenerationParams& gp) {
   if (!a.has("--chat")) return a.has("--prompt") ? tok.encode(a.get("--prompt")) : parse_ids(a.get("--prompt-ids"));
   const std::string choice = a.get("--chat-template", "auto");
-  if (choice.find('/') == std::string::npos && choice.find(".jinja") == std::string::npos && choice != "auto" &&
-      !known_chat_template(choice))
+  if (choice != "auto" && !is_chat_template_file(choice) && !known_chat_template(choice))
     throw UsageError("--chat-template: unknown template '" + choice + "'");
   const ChatTemplateChoice ct = choose_chat_template(dir, choice);
   ChatOptions co;

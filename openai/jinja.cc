@@ -824,26 +824,11 @@ class Parser {
         expect_op(")");
         return first;
       }
-      auto tup = make(Expr::Kind::ListLiteral);
-      tup->items.push_back(std::move(first));
-      while (is_op(",")) {
-        ++i_;
-        if (is_op(")")) break;
-        tup->items.push_back(expression());
-      }
-      expect_op(")");
-      return tup;
+      return list_until(")", std::move(first));  // a tuple
     }
     if (is_op("[")) {
-      auto l = make(Expr::Kind::ListLiteral);
       ++i_;
-      while (!is_op("]")) {
-        l->items.push_back(expression());
-        if (!is_op(",")) break;
-        ++i_;
-      }
-      expect_op("]");
-      return l;
+      return list_until("]", nullptr);
     }
     if (is_op("{")) {
       auto d = make(Expr::Kind::DictLiteral);
@@ -859,6 +844,22 @@ class Parser {
       return d;
     }
     fail("unexpected " + describe(t));
+  }
+
+  // Items separated by commas up to `close` (after `first`, when given; a trailing comma
+  // allowed): a list literal, or a tuple (a list here).
+  ExprPtr list_until(const char* close, ExprPtr first) {
+    auto l = make(Expr::Kind::ListLiteral);
+    if (first) l->items.push_back(std::move(first));
+    while (!is_op(close)) {
+      if (!l->items.empty()) {
+        expect_op(",");
+        if (is_op(close)) break;
+      }
+      l->items.push_back(expression());
+    }
+    expect_op(close);
+    return l;
   }
 
   void call_args(Expr& e) {

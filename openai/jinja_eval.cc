@@ -379,7 +379,7 @@ class Renderer {
         emit(out, apply_filters(n.filters, Value(std::move(captured))).str(), n.line);
         return f;
       }
-      case Node::Kind::Macro: assign(n.text, make_macro(n, nullptr)); return Flow::Normal;
+      case Node::Kind::Macro: assign(n.text, make_macro(n)); return Flow::Normal;
       case Node::Kind::CallBlock: {
         // caller() renders the body where the call block is.
         const std::vector<Scope*> here = scopes_;
@@ -393,32 +393,7 @@ class Renderer {
         Value caller = Value::callable(
             [this, here, node, alive](const Args& args) {
               if (!*alive) fail(node->line, "caller() called after its call block ended");
-              if (++call_depth_ > limits_.max_call_depth) {
-                --call_depth_;
-                fail(node->line, "macros nested deeper than " + std::to_string(limits_.max_call_depth));
-              }
-              Scope local;
-              std::vector<Scope*> saved = scopes_;
-              std::string text;
-              try {
-                for (size_t i = 0; i < node->params.size(); ++i) {
-                  const Value* a = args.get(i, node->params[i].first);
-                  local[node->params[i].first] = a ? *a
-                                                   : node->params[i].second
-                                                         ? eval(*node->params[i].second)
-                                                         : Value::undefined("'" + node->params[i].first + "' is undefined");
-                }
-                scopes_ = here;
-                scopes_.push_back(&local);
-                exec_body(node->body, text);
-              } catch (...) {
-                scopes_ = saved;
-                --call_depth_;
-                throw;
-              }
-              scopes_ = saved;
-              --call_depth_;
-              return Value(std::move(text));
+              return invoke(*node, args, here);
             },
             "caller");
         const Expr& call = *n.expr;
@@ -543,40 +518,41 @@ class Renderer {
     for (auto& [k, e] : tmp) assign(k, std::move(e));
   }
 
-  Value make_macro(const Node& n, const void*) {
+  Value make_macro(const Node& n) {
     const Node* node = &n;
-    return Value::callable(
-        [this, node](const Args& args) {
-          if (++call_depth_ > limits_.max_call_depth) {
-            --call_depth_;
-            fail(node->line, "macros nested deeper than " + std::to_string(limits_.max_call_depth));
-          }
-          Scope local;
-          if (args.positional.size() > node->params.size())
-            fail(node->line, "macro '" + node->text + "' takes not more than " + std::to_string(node->params.size()) +
-                                 " argument(s)");
-          std::vector<Scope*> saved = scopes_;
-          scopes_ = {&globals_, &top_, &local};
-          std::string text;
-          try {
-            for (size_t i = 0; i < node->params.size(); ++i) {
-              const Value* a = args.get(i, node->params[i].first);
-              local[node->params[i].first] =
-                  a ? *a : node->params[i].second ? eval(*node->params[i].second) : Value::undefined("'" + node->params[i].first + "' is undefined");
-            }
-            for (const auto& [k, v] : args.keyword)
-              if (k == "caller") local["caller"] = v;
-            exec_body(node->body, text);
-          } catch (...) {
-            scopes_ = saved;
-            --call_depth_;
-            throw;
-          }
-          scopes_ = saved;
-          --call_depth_;
-          return Value(std::move(text));
-        },
-        n.text);
+    return Value::callable([this, node](const Args& args) { return invoke(*node, args, {&globals_, &top_}); }, n.text);
+  }
+
+  // Renders a macro's or a call block's body as a call: one call deeper, in `frame` (a macro: the
+  // template's globals and top level; caller(): where its call block is) and a frame of its own
+  // with the parameters bound from `args` (defaults evaluated there) and a given caller.
+  Value invoke(const Node& node, const Args& args, std::vector<Scope*> frame) {
+    if (call_depth_ + 1 > limits_.max_call_depth)
+      fail(node.line, "macros nested deeper than " + std::to_string(limits_.max_call_depth));
+    if (args.positional.size() > node.params.size())
+      fail(node.line, "'" + node.text + "' takes not more than " + std::to_string(node.params.size()) + " argument(s)");
+    struct Restore {
+      Renderer& r;
+      std::vector<Scope*> saved;
+      ~Restore() {
+        r.scopes_ = std::move(saved);
+        --r.call_depth_;
+      }
+    } restore{*this, scopes_};
+    ++call_depth_;
+    Scope local;
+    frame.push_back(&local);
+    scopes_ = std::move(frame);
+    for (size_t i = 0; i < node.params.size(); ++i) {
+      const auto& [name, def] = node.params[i];
+      const Value* a = args.get(i, name);
+      local[name] = a ? *a : def ? eval(*def) : Value::undefined("'" + name + "' is undefined");
+    }
+    for (const auto& [k, v] : args.keyword)
+      if (k == "caller") local["caller"] = v;
+    std::string text;
+    exec_body(node.body, text);
+    return Value(std::move(text));
   }
 
   // ------------------------------------------------------------------ expressions

@@ -107,11 +107,14 @@ RenderedChat ModelChatTemplate::render(const std::vector<ChatMessage>& messages,
   return r;
 }
 
+bool is_chat_template_file(const std::string& choice) {
+  return choice.find('/') != std::string::npos ||
+         (choice.size() > 6 && choice.compare(choice.size() - 6, 6, ".jinja") == 0);
+}
+
 ChatTemplateChoice choose_chat_template(const std::string& model_dir, const std::string& choice) {
   ChatTemplateChoice c;
-  const bool file = choice.find('/') != std::string::npos ||
-                    (choice.size() > 6 && choice.compare(choice.size() - 6, 6, ".jinja") == 0);
-  if (file) {
+  if (is_chat_template_file(choice)) {
     c.model = std::make_shared<const ModelChatTemplate>(ModelChatTemplate::from_file(choice, model_dir));
     std::string why;
     c.family = chat_template_family(c.model->text(), &why, &c.default_system);

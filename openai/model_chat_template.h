@@ -54,5 +54,7 @@ struct ChatTemplateChoice {
   std::string why;              // a few words for the log
 };
 ChatTemplateChoice choose_chat_template(const std::string& model_dir, const std::string& choice);
+// Whether --chat-template's value names a file (it has a '/' or ends in .jinja) rather than a built-in.
+bool is_chat_template_file(const std::string& choice);
 
 }  // namespace kvpr

@@ -86,6 +86,11 @@ double KvRuntime::store_bytes(const KvShape& shape, int64_t slots, int64_t capac
           static_cast<double>(shape.hidden) * static_cast<double>(x_capacity(shape, capacity, opts)));
 }
 
+double KvRuntime::host_store_bytes(const Backend& backend, const KvShape& shape, const KvPlan& plan) {
+  if (!kv_mode_uses_host(plan.kv.mode) && !backend.device_is_host()) return 0;
+  return store_bytes(shape, plan.slots, plan.capacity, plan.kv);
+}
+
 std::string KvRuntime::describe(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts) {
   return "the KV cache of " + std::to_string(slots) + " sequences x " + std::to_string(capacity) + " tokens (kv mode " +
          kv_mode_name(opts.mode) + ")";

@@ -132,6 +132,9 @@ class KvRuntime {
   // Bytes of the KV cache of `slots` x `capacity` tokens, allocated whole: K and V of every layer,
   // and X where the mode keeps it.
   static double store_bytes(const KvShape& shape, int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
+  // Of them, what lands in host memory: all in the modes that keep KV on the host, and on a
+  // backend whose device is the host; none for resident KV on a GPU.
+  static double host_store_bytes(const Backend& backend, const KvShape& shape, const KvPlan& plan);
   // "the KV cache of S sequences x T tokens (kv mode M)": what the refusals name.
   static std::string describe(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
   // Host bytes per token a runtime of `mode` takes by default (no forced split): K and V, and X

@@ -265,9 +265,7 @@ void Model::check_host_memory(const WeightPlan& plan, const ModelLoadOptions& op
   const bool host_device = backend_.device_is_host();
   const double weights = host_device ? plan.all + plan.largest_streamed_layer
                                      : plan.streamed > 0 ? plan.streamed + plan.largest_streamed_layer : 0.0;
-  const double cache = kv_mode_uses_host(kv.kv.mode) || host_device
-                           ? KvRuntime::store_bytes(kv_shape(), kv.slots, kv.capacity, kv.kv)
-                           : 0.0;
+  const double cache = KvRuntime::host_store_bytes(backend_, kv_shape(), kv);
   const size_t avail = host_bytes_available();
   if (avail == SIZE_MAX || weights + cache <= static_cast<double>(avail)) return;
   char msg[768];
