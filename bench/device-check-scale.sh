@@ -45,7 +45,7 @@ if [ -z "$BIN" ]; then
   say "build (sm_90, the daemon against the carried prefix)"
   BIN=build-device
   run cmake -S . -B "$BIN" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPR_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DKVPR_WERROR=OFF -DKVPR_TESTS=OFF -DKVPR_DAEMON=ON -DCMAKE_PREFIX_PATH="$PFX" \
+        -DKVPR_WERROR=OFF -DKVPR_TEXT_LIBS=OFF -DKVPR_TESTS=OFF -DKVPR_DAEMON=ON -DCMAKE_PREFIX_PATH="$PFX" \
         -DPKG_CONFIG_EXECUTABLE="$PFX/bin/pkg-config" > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
   grep "kvpr:" "$OUT/cmake.log"
   run ninja -C "$BIN" -j "$JOBS" kvpr kvpr-bench kvprd kvpr-worker > "$OUT/build.log" 2>&1 \

@@ -120,7 +120,7 @@ void Routes::models(Exchange& ex) {
 
 void Routes::tokenize(Exchange& ex) {
   const TokenizeRequest r = parse_tokenize_request(parse_body(ex.request().body));
-  const std::vector<int32_t> ids = tok_.encode(r.text, r.add_special_tokens);
+  const std::vector<int32_t> ids = encode_prompt(tok_, r.text, r.add_special_tokens, "prompt");
   json::Array a(ids.begin(), ids.end());
   respond_json(ex, 200, json::Object{{"tokens", std::move(a)}, {"count", static_cast<int64_t>(ids.size())},
                                      {"max_model_len", served_.max_model_len}});

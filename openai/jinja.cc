@@ -641,6 +641,7 @@ class Parser {
     ExprPtr first = expression();
     if (!is_op(",")) return first;
     auto t = make(Expr::Kind::ListLiteral);
+    t->negated = true;  // a tuple
     t->items.push_back(std::move(first));
     while (is_op(",")) {
       ++i_;
@@ -817,14 +818,18 @@ class Parser {
       ++i_;
       if (is_op(")")) {  // the empty tuple
         ++i_;
-        return make(Expr::Kind::ListLiteral);
+        auto empty = make(Expr::Kind::ListLiteral);
+        empty->negated = true;
+        return empty;
       }
       ExprPtr first = expression();
       if (!is_op(",")) {
         expect_op(")");
         return first;
       }
-      return list_until(")", std::move(first));  // a tuple
+      ExprPtr tuple = list_until(")", std::move(first));
+      tuple->negated = true;
+      return tuple;
     }
     if (is_op("[")) {
       ++i_;
@@ -847,7 +852,7 @@ class Parser {
   }
 
   // Items separated by commas up to `close` (after `first`, when given; a trailing comma
-  // allowed): a list literal, or a tuple (a list here).
+  // allowed): a list literal, or a tuple's items.
   ExprPtr list_until(const char* close, ExprPtr first) {
     auto l = make(Expr::Kind::ListLiteral);
     if (first) l->items.push_back(std::move(first));

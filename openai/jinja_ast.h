@@ -18,7 +18,7 @@ struct Expr {
   enum class Kind {
     Literal,   // value
     Name,      // name
-    ListLiteral,  // items (a tuple too: tuples are lists here)
+    ListLiteral,  // items; negated: a tuple
     DictLiteral,  // items: key, value, key, value, ...
     Attr,      // a.name
     Item,      // a[b]

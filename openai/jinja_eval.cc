@@ -10,9 +10,11 @@
 #include <map>
 #include <set>
 #include <unordered_map>
+#include <utility>
 
 #include "engine/base/error.h"
 #include "engine/base/utf8.h"
+#include "engine/text/unicode.h"
 #include "openai/jinja.h"
 #include "openai/jinja_ast.h"
 
@@ -61,39 +63,48 @@ int64_t floor_mod(int64_t a, int64_t b) {
   return m;
 }
 
-std::string ascii_lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+// Case by code point with Unicode's simple mappings (Python's str methods also apply
+// SpecialCasing: "ß".upper() is "SS" there, "ß" here); bytes that are not UTF-8 stay as they are.
+enum class Case { Lower, Upper, Keep };
+template <typename CaseOf>
+std::string map_case(std::string_view s, CaseOf&& case_of) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    char32_t c;
+    const int n = utf8_next(s, i, &c);
+    if (n <= 0) {
+      out.push_back(s[i++]);
+      continue;
+    }
+    const Case k = case_of(c);
+    append_utf8(out, k == Case::Lower ? unicode::to_lower(c) : k == Case::Upper ? unicode::to_upper(c) : c);
+    i += static_cast<size_t>(n);
+  }
+  return out;
 }
-std::string ascii_upper(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
+std::string to_lower(const std::string& s) {  // str.lower(), and what sort and dictsort compare by
+  return map_case(s, [](char32_t) { return Case::Lower; });
+}
+std::string to_upper(const std::string& s) {
+  return map_case(s, [](char32_t) { return Case::Upper; });
 }
 std::string capitalize(const std::string& s) {
-  if (s.empty()) return s;
-  std::string out = ascii_lower(s);
-  out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
-  return out;
+  bool first = true;
+  return map_case(s, [&](char32_t) { return std::exchange(first, false) ? Case::Upper : Case::Lower; });
 }
 
 // jinja2's title: each part after a run of "-", whitespace, "(", "{", "[" or "<" capitalised.
 std::string title(const std::string& s) {
-  std::string out;
   bool at_start = true;
-  for (char c : s) {
-    const bool is_sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || c == ' ' || c == '\t' ||
-                        c == '\n' || c == '\r' || c == '\f' || c == '\v';
+  return map_case(s, [&](char32_t c) {
+    const bool is_sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || unicode::is_whitespace(c);
     if (is_sep) {
-      out.push_back(c);
       at_start = true;
-    } else if (at_start) {
-      out.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
-      at_start = false;
-    } else {
-      out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+      return Case::Keep;
     }
-  }
-  return out;
+    return std::exchange(at_start, false) ? Case::Upper : Case::Lower;
+  });
 }
 
 std::string html_escape(const std::string& s) {
@@ -367,15 +378,15 @@ class Renderer {
         return Flow::Normal;
       case Node::Kind::For: exec_for(n, out); return Flow::Normal;
       case Node::Kind::Set: exec_set(n); return Flow::Normal;
-      case Node::Kind::SetBlock: {
+      case Node::Kind::SetBlock: {  // the body renders in a scope of its own, as jinja2's inner frame
         std::string captured;
-        exec_body(n.body, captured);
+        exec_inner(n.body, captured);
         assign(n.text, apply_filters(n.filters, Value(std::move(captured))));
         return Flow::Normal;
       }
       case Node::Kind::FilterBlock: {
         std::string captured;
-        const Flow f = exec_body(n.body, captured);
+        const Flow f = exec_inner(n.body, captured);
         emit(out, apply_filters(n.filters, Value(std::move(captured))).str(), n.line);
         return f;
       }
@@ -523,6 +534,17 @@ class Renderer {
     return Value::callable([this, node](const Args& args) { return invoke(*node, args, {&globals_, &top_}); }, n.text);
   }
 
+  // Renders `body` in a scope of its own: what it sets stays there.
+  Flow exec_inner(const std::vector<NodePtr>& body, std::string& out) {
+    Scope inner;
+    scopes_.push_back(&inner);
+    struct Pop {
+      std::vector<Scope*>& scopes;
+      ~Pop() { scopes.pop_back(); }
+    } pop{scopes_};
+    return exec_body(body, out);
+  }
+
   // Renders a macro's or a call block's body as a call: one call deeper, in `frame` (a macro: the
   // template's globals and top level; caller(): where its call block is) and a frame of its own
   // with the parameters bound from `args` (defaults evaluated there) and a given caller.
@@ -584,7 +606,7 @@ class Renderer {
       case Expr::Kind::ListLiteral: {
         List l;
         for (const auto& x : e.items) l.push_back(eval(*x));
-        return nested(Value(std::move(l)), e.line);
+        return nested(e.negated ? Value::tuple(std::move(l)) : Value(std::move(l)), e.line);
       }
       case Expr::Kind::DictLiteral: {
         Dict d;
@@ -881,7 +903,7 @@ class Renderer {
       return Value::callable(
           [d](const Args&) {
             List out;
-            for (size_t i = 0; i < d.as_dict().size(); ++i) out.emplace_back(List{d.key_at(i), d.as_dict()[i].second});
+            for (size_t i = 0; i < d.as_dict().size(); ++i) out.push_back(Value::tuple({d.key_at(i), d.as_dict()[i].second}));
             return Value(std::move(out));
           },
           "items");
@@ -957,8 +979,8 @@ class Renderer {
         return Value(starts_or_ends(s, a.positional[0], start));
       });
     }
-    if (name == "lower") return method([s](const Args&) { return Value(ascii_lower(s)); });
-    if (name == "upper") return method([s](const Args&) { return Value(ascii_upper(s)); });
+    if (name == "lower") return method([s](const Args&) { return Value(to_lower(s)); });
+    if (name == "upper") return method([s](const Args&) { return Value(to_upper(s)); });
     if (name == "title") return method([s](const Args&) { return Value(title(s)); });
     if (name == "capitalize") return method([s](const Args&) { return Value(capitalize(s)); });
     if (name == "replace")
@@ -1088,7 +1110,7 @@ class Renderer {
   }
 
   static std::string sort_key_text(const Value& v, bool case_sensitive) {
-    return case_sensitive ? v.as_string() : ascii_lower(v.as_string());
+    return case_sensitive ? v.as_string() : to_lower(v.as_string());
   }
   static bool sort_less(const Value& x, const Value& y, bool case_sensitive) {
     if (x.is_string() && y.is_string()) return sort_key_text(x, case_sensitive) < sort_key_text(y, case_sensitive);
@@ -1135,8 +1157,8 @@ class Renderer {
       const Value* chars = arg(a, 0, "chars");
       return Value(strip(v.str(), true, true, chars && chars->is_string() ? &chars->as_string() : nullptr));
     }
-    if (name == "lower") return Value(ascii_lower(v.str()));
-    if (name == "upper") return Value(ascii_upper(v.str()));
+    if (name == "lower") return Value(to_lower(v.str()));
+    if (name == "upper") return Value(to_upper(v.str()));
     if (name == "title") return Value(title(v.str()));
     if (name == "capitalize") return Value(capitalize(v.str()));
     if (name == "replace") {
@@ -1333,7 +1355,7 @@ class Renderer {
           std::vector<Value> seen;
           for (const auto& x : l) {
             Value k2 = key(x);
-            if (k2.is_string() && !case_sensitive) k2 = Value(ascii_lower(k2.as_string()));
+            if (k2.is_string() && !case_sensitive) k2 = Value(to_lower(k2.as_string()));
             if (std::find(seen.begin(), seen.end(), k2) != seen.end()) continue;
             seen.push_back(k2);
             out.push_back(x);
@@ -1431,8 +1453,8 @@ class Renderer {
       if (d == 0) fail(line, "divisibleby 0");
       return d == -1 || floor_mod(n, d) == 0;
     }
-    if (name == "lower") return v.is_string() && ascii_lower(v.as_string()) == v.as_string();
-    if (name == "upper") return v.is_string() && ascii_upper(v.as_string()) == v.as_string();
+    if (name == "lower") return v.is_string() && to_lower(v.as_string()) == v.as_string();
+    if (name == "upper") return v.is_string() && to_upper(v.as_string()) == v.as_string();
     fail(line, "no test named '" + name + "'");
   }
 

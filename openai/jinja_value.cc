@@ -31,6 +31,12 @@ Value::Value(List l) : kind_(Kind::Array) {
   if (l.empty()) nesting_ = 1;
   l_ = std::make_shared<const List>(std::move(l));
 }
+Value Value::tuple(List l) {
+  Value v(std::move(l));
+  v.tuple_ = true;
+  return v;
+}
+
 Value::Value(Dict d) : kind_(Kind::Map) {
   nesting_ = 1;
   for (const auto& [k, e] : d) nesting_ = std::max(nesting_, e.nesting_ + 1);
@@ -170,14 +176,15 @@ void append_repr(std::string& out, const Value& v) {
   switch (v.kind()) {
     case Value::Kind::String: append_repr_string(out, v.as_string()); break;
     case Value::Kind::Array: {
-      out.push_back('[');
+      out.push_back(v.is_tuple() ? '(' : '[');
       bool first = true;
       for (const auto& e : v.as_list()) {
         if (!first) out += ", ";
         first = false;
         append_repr(out, e);
       }
-      out.push_back(']');
+      if (v.is_tuple() && v.as_list().size() == 1) out.push_back(',');
+      out.push_back(v.is_tuple() ? ')' : ']');
       break;
     }
     case Value::Kind::Map: {
@@ -311,7 +318,7 @@ bool operator==(const Value& a, const Value& b) {
     case Value::Kind::Undefined:
     case Value::Kind::None: return true;
     case Value::Kind::String: return a.as_string() == b.as_string();
-    case Value::Kind::Array: return a.as_list() == b.as_list();
+    case Value::Kind::Array: return a.is_tuple() == b.is_tuple() && a.as_list() == b.as_list();
     case Value::Kind::Map: {
       const Dict &x = a.as_dict(), &y = b.as_dict();
       if (x.size() != y.size()) return false;

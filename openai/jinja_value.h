@@ -1,6 +1,6 @@
 // The values a Jinja chat template computes with, as Python's jinja2 has them (the engine
 // transformers renders chat templates with): undefined, none, booleans, integers, floats,
-// strings, lists (tuples too), dicts in insertion order, namespaces (the one mutable value), and
+// strings, lists and tuples, dicts in insertion order, namespaces (the one mutable value), and
 // callables (macros, the loop's cycle, bound string and dict methods, globals). Printing,
 // comparing, truthiness and JSON follow Python's str(), ==, bool() and json.dumps.
 #pragma once
@@ -43,6 +43,8 @@ class Value {
   Value(const char* s) : Value(std::string(s)) {}
   Value(List l);
   Value(Dict d);
+  // A tuple: a list that prints as (a, b) and equals no list, as Python's.
+  static Value tuple(List l);
   // How deeply lists and dicts nest in this value (0 for a scalar): what the interpreter bounds.
   int nesting() const { return nesting_; }
   // A dict some of whose keys are not strings ({4096: 512}): entries are found by the key's
@@ -60,6 +62,7 @@ class Value {
   bool is_string() const { return kind_ == Kind::String; }
   bool is_number() const { return kind_ == Kind::Int || kind_ == Kind::Float || kind_ == Kind::Bool; }
   bool is_list() const { return kind_ == Kind::Array; }
+  bool is_tuple() const { return kind_ == Kind::Array && tuple_; }
   bool is_dict() const { return kind_ == Kind::Map || kind_ == Kind::Namespace; }
   bool is_callable() const { return kind_ == Kind::Callable; }
 
@@ -92,6 +95,7 @@ class Value {
   Kind kind_ = Kind::Undefined;
   int nesting_ = 0;
   bool b_ = false;
+  bool tuple_ = false;
   int64_t i_ = 0;
   double f_num_ = 0;
   std::shared_ptr<const std::string> s_;

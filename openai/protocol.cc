@@ -511,11 +511,11 @@ Prompts make_prompts(GenerateRequest& req, const ServedModel& served, const Toke
     for (auto& st : rc.stop) s.stop.push_back(st);
     for (const auto& t : rc.stop_tokens)
       if (auto id = tok.token_to_id(t)) s.stop_token_ids.push_back(*id);
-    p.ids.push_back(tok.encode(rc.prompt, rc.add_special_tokens));
+    p.ids.push_back(encode_prompt(tok, rc.prompt, rc.add_special_tokens, "messages"));
     p.texts.push_back(std::move(rc.prompt));
   } else {
     for (const auto& text : req.prompt_texts) {
-      p.ids.push_back(tok.encode(text));
+      p.ids.push_back(encode_prompt(tok, text, true, "prompt"));
       p.texts.push_back(text);
     }
     for (const auto& ids : req.prompt_ids) {
@@ -577,6 +577,14 @@ GenerateMessage engine_request(const GenerateRequest& req, const Tokenizer& tok,
   // overflowing, at the ends of int64).
   if (s.seed) g.sampling.seed = static_cast<uint64_t>(*s.seed) + static_cast<uint64_t>(index);
   return m;
+}
+
+std::vector<int32_t> encode_prompt(const Tokenizer& tok, std::string_view text, bool add_special, const std::string& param) {
+  try {
+    return tok.encode(text, add_special);
+  } catch (const Error& e) {
+    throw bad_request(std::string("the prompt cannot be tokenized: ") + e.what(), param);
+  }
 }
 
 TokenizeRequest parse_tokenize_request(const json::Value& body) {

@@ -133,6 +133,9 @@ struct TokenizeRequest {
   bool add_special_tokens = true;
 };
 TokenizeRequest parse_tokenize_request(const json::Value& body);
+// The ids of a prompt; a text the tokenizer cannot split (a pattern past its matching budget)
+// is a 400 naming `param`.
+std::vector<int32_t> encode_prompt(const Tokenizer& tok, std::string_view text, bool add_special, const std::string& param);
 std::vector<int32_t> parse_detokenize_request(const json::Value& body, const Tokenizer& tok);
 
 }  // namespace kvpr

@@ -19,6 +19,8 @@ PACKAGES=(
   libboost1.81-dev     # Asio, Beast (daemon)
   libspdlog-dev        # daemon logging
   libsystemd-dev       # sd_notify
+  libonig-dev          # Oniguruma: tokenizer.json's Split and Replace patterns
+  libutf8proc-dev      # utf8proc: Unicode normalization forms and categories (tokenizer normalizers)
   haproxy              # the scale-out test: two kvprd behind it (deploy/haproxy.cfg)
   systemd              # systemd-analyze verify of the unit in the tests
 )

@@ -1,4 +1,4 @@
-// UTF-8 encoding and decoding of one code point (JSON \u escapes, the tokenizer, NFC).
+// UTF-8 encoding and decoding of one code point (JSON \u escapes, the tokenizer), and replace_all.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,20 @@ inline void append_utf8(std::string& out, uint32_t cp) {
     out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
     out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
   }
+}
+
+// s with every occurrence of `from` (not empty) replaced by `to`, left to right.
+inline std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    if (s.compare(i, from.size(), from) == 0) {
+      out.append(to);
+      i += from.size();
+    } else {
+      out.push_back(s[i++]);
+    }
+  }
+  return out;
 }
 
 // Decodes one UTF-8 character at s[i]; invalid bytes decode as U+FFFD of length 1.

@@ -8,77 +8,12 @@
 
 #include "engine/base/error.h"
 #include "engine/base/json.h"
-#include "engine/text/unicode_nfc.h"
 #include "engine/base/utf8.h"
+#include "engine/text/unicode.h"
 
 namespace kvpr {
 
 namespace {
-
-struct CodeRange {
-  char32_t lo, hi;
-};
-#include "engine/text/unicode_tables.inc"
-
-template <size_t N>
-bool in_ranges(const CodeRange (&r)[N], char32_t c) {
-  size_t lo = 0, hi = N;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (c < r[mid].lo) hi = mid;
-    else if (c > r[mid].hi) lo = mid + 1;
-    else return true;
-  }
-  return false;
-}
-
-enum class CharClass { Letter, Number, Space, Other };
-
-CharClass classify(char32_t c) {
-  if (c < 0x80) {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return CharClass::Letter;
-    if (c >= '0' && c <= '9') return CharClass::Number;
-    if (c == ' ' || (c >= 0x09 && c <= 0x0d)) return CharClass::Space;
-    return CharClass::Other;
-  }
-  if (in_ranges(kLetterRanges, c)) return CharClass::Letter;
-  if (in_ranges(kNumberRanges, c)) return CharClass::Number;
-  if (in_ranges(kSpaceRanges, c)) return CharClass::Space;
-  return CharClass::Other;
-}
-
-// Character at byte i for the pre-tokenizer: class and byte length (invalid bytes: 1, Other).
-struct Char {
-  CharClass cls;
-  size_t len;
-};
-Char char_at(std::string_view s, size_t i) {
-  char32_t cp;
-  int n = utf8_next(s, i, &cp);
-  if (n <= 0) return {CharClass::Other, 1};
-  return {classify(cp), static_cast<size_t>(n)};
-}
-
-// GPT-2's byte <-> unicode mapping: printable bytes stand for themselves, the others are
-// shifted to U+0100 and up so that every byte has a visible, non-space character.
-struct ByteMap {
-  std::string encode[256];  // byte -> UTF-8 of its character
-  int16_t decode[512];      // code point -> byte, -1 if none
-  ByteMap() {
-    std::fill(std::begin(decode), std::end(decode), static_cast<int16_t>(-1));
-    int n = 0;
-    for (int b = 0; b < 256; ++b) {
-      bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-      char32_t cp = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
-      append_utf8(encode[b], cp);
-      decode[cp] = static_cast<int16_t>(b);
-    }
-  }
-};
-const ByteMap& byte_map() {
-  static const ByteMap m;
-  return m;
-}
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -88,145 +23,23 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-}  // namespace
+constexpr std::string_view kSpaceMark = "\xe2\x96\x81";  // U+2581 "▁", SentencePiece's space
 
-namespace {
-bool is_cr_lf(std::string_view s, size_t i) { return s[i] == '\r' || s[i] == '\n'; }
-char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
-}  // namespace
-
-// Llama-3's pattern (Qwen2's with max_digits 1), alternative by alternative:
-//   (?i:'s|'t|'re|'ve|'m|'ll|'d) | [^\r\n\p{L}\p{N}]?\p{L}+ | \p{N}{1,3} |
-//    ?[^\s\p{L}\p{N}]+[\r\n]* | \s*[\r\n]+ | \s+(?!\S) | \s+
-std::vector<std::string_view> pretokenize_llama3(std::string_view s, int max_digits) {
-  std::vector<std::string_view> out;
-  const size_t n = s.size();
-  auto emit = [&](size_t from, size_t to) { out.push_back(s.substr(from, to - from)); };
-  auto cls_at = [&](size_t k) { return k < n ? char_at(s, k).cls : CharClass::Space; };
-  size_t i = 0;
-  while (i < n) {
-    if (s[i] == '\'' && i + 1 < n) {  // contractions, in any case
-      const char a = ascii_lower(s[i + 1]);
-      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
-        emit(i, i + 2);
-        i += 2;
-        continue;
-      }
-      if (i + 2 < n) {
-        const char b = ascii_lower(s[i + 2]);
-        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
-          emit(i, i + 3);
-          i += 3;
-          continue;
-        }
-      }
-    }
-    const Char c = char_at(s, i);
-    // A letter run, with one leading character that is no letter, digit, CR or LF.
-    size_t j = i;
-    if (c.cls != CharClass::Letter && c.cls != CharClass::Number && !is_cr_lf(s, i) &&
-        cls_at(i + c.len) == CharClass::Letter)
-      j = i + c.len;
-    if (j < n && cls_at(j) == CharClass::Letter) {
-      size_t k = j;
-      while (k < n && cls_at(k) == CharClass::Letter) k += char_at(s, k).len;
-      emit(i, k);
-      i = k;
-      continue;
-    }
-    if (c.cls == CharClass::Number) {  // up to max_digits digits
-      size_t k = i;
-      for (int d = 0; d < max_digits && k < n && cls_at(k) == CharClass::Number; ++d) k += char_at(s, k).len;
-      emit(i, k);
-      i = k;
-      continue;
-    }
-    // Punctuation and symbols (after an optional space), with the CR/LF that follow them.
-    j = i + (s[i] == ' ' ? 1 : 0);
-    if (j < n && cls_at(j) == CharClass::Other) {
-      size_t k = j;
-      while (k < n && cls_at(k) == CharClass::Other) k += char_at(s, k).len;
-      while (k < n && is_cr_lf(s, k)) ++k;
-      emit(i, k);
-      i = k;
-      continue;
-    }
-    // Whitespace: up to its last CR/LF if it holds one; else all of it, less its last character
-    // when a non-space follows and it has more than one.
-    size_t k = i, last_nl = std::string_view::npos, last_start = i;
-    while (k < n && cls_at(k) == CharClass::Space) {
-      if (is_cr_lf(s, k)) last_nl = k;
-      last_start = k;
-      k += char_at(s, k).len;
-    }
-    size_t end = k;
-    if (last_nl != std::string_view::npos) end = last_nl + 1;
-    else if (k < n && last_start > i) end = last_start;
-    emit(i, end);
-    i = end;
-  }
-  return out;
-}
-
-std::vector<std::string_view> pretokenize(std::string_view s) {
-  std::vector<std::string_view> out;
-  size_t i = 0;
-  const size_t n = s.size();
-  while (i < n) {
-    // 's 't 're 've 'm 'll 'd
-    if (s[i] == '\'' && i + 1 < n) {
-      char a = s[i + 1];
-      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
-        out.push_back(s.substr(i, 2));
-        i += 2;
-        continue;
-      }
-      if (i + 2 < n) {
-        char b = s[i + 2];
-        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
-          out.push_back(s.substr(i, 3));
-          i += 3;
-          continue;
-        }
-      }
-    }
-    // ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+'
-    size_t j = i + (s[i] == ' ' ? 1 : 0);
-    if (j < n) {
-      Char c = char_at(s, j);
-      if (c.cls != CharClass::Space) {
-        size_t k = j + c.len;
-        while (k < n) {
-          Char d = char_at(s, k);
-          if (d.cls != c.cls) break;
-          k += d.len;
-        }
-        out.push_back(s.substr(i, k - i));
-        i = k;
-        continue;
-      }
-    }
-    // '\s+(?!\S)' then '\s+': a whitespace run; when it is followed by a non-space, its
-    // last character is left to start the next token (so " word" keeps its space).
-    std::vector<size_t> starts;
-    size_t k = i;
-    while (k < n) {
-      Char d = char_at(s, k);
-      if (d.cls != CharClass::Space) break;
-      starts.push_back(k);
-      k += d.len;
-    }
-    if (starts.empty()) {  // cannot happen: a non-space was handled above
-      out.push_back(s.substr(i, 1));
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
       ++i;
       continue;
     }
-    size_t end = (k < n && starts.size() >= 2) ? starts.back() : k;
-    out.push_back(s.substr(i, end - i));
-    i = end;
+    char32_t cp;
+    const int n = utf8_next(s, i, &cp);
+    if (n <= 0) return false;
+    i += static_cast<size_t>(n);
   }
-  return out;
+  return true;
 }
+
+}  // namespace
 
 std::string sanitize_utf8(std::string_view s) {
   std::string out;
@@ -286,26 +99,11 @@ Tokenizer Tokenizer::from_files(const std::string& vocab_json, const std::string
                merges_txt, ": line ", lineno, " is not a pair \"a b\"");
     t.merge_rank_.emplace(line, rank++);
   }
+  t.gpt2_merges_ = true;
+  t.pre_tokenizer_ = PreTokenizer::gpt2_byte_level(false);
   t.finish_setup();
   return t;
 }
-
-namespace {
-constexpr std::string_view kSpaceMark = "\xe2\x96\x81";  // U+2581 "▁", SentencePiece's space
-
-std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
-  std::string out;
-  for (size_t i = 0; i < s.size();) {
-    if (s.compare(i, from.size(), from) == 0) {
-      out.append(to);
-      i += from.size();
-    } else {
-      out.push_back(s[i++]);
-    }
-  }
-  return out;
-}
-}  // namespace
 
 Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   return from_tokenizer_json(json::parse_file(path), path);
@@ -318,93 +116,51 @@ Tokenizer Tokenizer::from_tokenizer_json(const json::Value& tj, const std::strin
              ": only BPE models are supported (model.type is ", type && type->is_string() ? type->as_string() : "absent",
              ")");
   Tokenizer t;
-  t.read_pretokenizers(tj, *model, path);
+  t.read_pipeline(tj, path);
   t.read_bpe_model(*model, path);
   t.finish_setup();
   return t;
 }
 
-// The normalizers and pre-tokenizers: which kind of BPE, its split pattern, where "▁" goes.
-void Tokenizer::read_pretokenizers(const json::Value& tj, const json::Value& model, const std::string& path) {
-  kind_ = Kind::Metaspace;
-  // Where "▁" comes from: the Prepend + Replace normalizers (Llama-2 as released) or the
-  // Metaspace pre-tokenizer (later conversions). A ByteLevel pre-tokenizer makes a byte-level
-  // BPE: with its own regex (GPT-2's pattern) or after a Split by a pattern kvpr knows.
-  bool metaspace = false, byte_level = false;
-  std::optional<Pattern> split;
-  auto visit = [&](const json::Value* v, auto&& self) -> void {
-    if (!v || !v->is_object()) return;
-    const json::Value* ty = v->find("type");
-    const std::string kind = ty && ty->is_string() ? ty->as_string() : "";
-    if (kind == "Sequence") {
-      for (const char* key : {"normalizers", "pretokenizers"})
-        if (const json::Value* list = v->find(key); list && list->is_array())
-          for (const auto& e : list->as_array()) self(&e, self);
-    } else if (kind == "Prepend") {
-      metaspace = true;
-      prepend_ = Prepend::Always;
-    } else if (kind == "Metaspace") {
-      metaspace = true;
-      prepend_ = Prepend::Always;
-      if (const json::Value* ps = v->find("prepend_scheme"); ps && ps->is_string())
-        prepend_ = ps->as_string() == "first" ? Prepend::First : ps->as_string() == "never" ? Prepend::Never : Prepend::Always;
-      else if (const json::Value* ap = v->find("add_prefix_space"); ap && ap->is_bool() && !ap->as_bool())
-        prepend_ = Prepend::Never;
-      const json::Value* sp = v->find("split");
-      split_words_ = !sp || !sp->is_bool() || sp->as_bool();
-    } else if (kind == "Split") {
-      const json::Value* pat = v->find("pattern");
-      const json::Value* re = pat ? pat->find("Regex") : nullptr;
-      const json::Value* behavior = v->find("behavior");
-      const json::Value* invert = v->find("invert");
-      KVPR_CHECK(re && re->is_string(), path, ": a Split pre-tokenizer without a regex pattern is not supported");
-      KVPR_CHECK(behavior && behavior->is_string() && behavior->as_string() == "Isolated" &&
-                     !(invert && invert->is_bool() && invert->as_bool()),
-                 path, ": only Split pre-tokenizers with behavior Isolated are supported");
-      static const std::string kLlama3 =
-          "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-      static const std::string kQwen2 =
-          "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-      static const std::string kGpt2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-      const std::string& r = re->as_string();
-      KVPR_CHECK(!split, path, ": more than one Split pre-tokenizer is not supported");
-      if (r == kLlama3) split = Pattern::Llama3;
-      else if (r == kQwen2) split = Pattern::Qwen2;
-      else if (r == kGpt2) split = Pattern::Gpt2;
-      else KVPR_THROW(path, ": the Split pre-tokenizer's pattern is not one kvpr knows (GPT-2's, Llama-3's, Qwen2's): ", r);
-    } else if (kind == "ByteLevel") {
-      byte_level = true;
-      const json::Value* use_regex = v->find("use_regex");
-      if (!use_regex || !use_regex->is_bool() || use_regex->as_bool()) {
-        KVPR_CHECK(!split, path, ": a Split followed by a ByteLevel pre-tokenizer with its own regex is not supported");
-        split = Pattern::Gpt2;
-      }
-      if (const json::Value* ap = v->find("add_prefix_space"); ap && ap->is_bool()) add_prefix_space_ = ap->as_bool();
-    } else if (kind == "Replace") {  // Llama-2's " " -> "▁", part of the Metaspace scheme
-      const json::Value* pat = v->find("pattern");
-      const json::Value* from = pat ? pat->find("String") : nullptr;
-      const json::Value* to = v->find("content");
-      KVPR_CHECK(from && from->is_string() && from->as_string() == " " && to && to->is_string() &&
-                     to->as_string() == kSpaceMark,
-                 path, ": only the Replace normalizer of \" \" by \"▁\" is supported");
-    } else if (kind == "NFC") {  // Qwen2's
-      nfc_ = true;
-    } else if (!kind.empty()) {
-      KVPR_THROW(path, ": the ", kind, " normalizer or pre-tokenizer is not supported");
-    }
-  };
-  visit(tj.find("normalizer"), visit);
-  visit(tj.find("pre_tokenizer"), visit);
-  if (byte_level) {
-    KVPR_CHECK(!metaspace, path, ": a byte-level BPE with a \"▁\" normalizer is not supported");
-    KVPR_CHECK(split, path, ": a ByteLevel pre-tokenizer without a regex and without a Split before it is not supported");
-    kind_ = Kind::ByteLevel;
-    pattern_ = *split;
-    if (const json::Value* im = model.find("ignore_merges"); im && im->is_bool()) ignore_merges_ = im->as_bool();
-  } else {
-    KVPR_CHECK(metaspace, path, ": a BPE model without a ByteLevel or Metaspace pre-tokenizer or a \"▁\" Prepend normalizer is not supported");
+// The normalizer, the pre-tokenizer and the decoder; which alphabet the vocabulary is in.
+void Tokenizer::read_pipeline(const json::Value& tj, const std::string& path) {
+  normalizer_ = Normalizer::from_json(tj.find("normalizer"), path);
+  pre_tokenizer_ = PreTokenizer::from_json(tj.find("pre_tokenizer"), path);
+  kind_ = pre_tokenizer_.byte_level() ? Kind::ByteLevel : Kind::Metaspace;
+  // Without a decoder, the space a Metaspace pre-tokenizer puts first is dropped all the same.
+  strip_leading_space_ = pre_tokenizer_.prepends_metaspace();
+  if (const json::Value* d = tj.find("decoder"); d && d->is_object()) {
+    strip_leading_space_ = false;
+    read_decoder(d, path);
   }
+}
 
+// What decoding undoes: GPT-2's byte alphabet (ByteLevel), or "▁" and <0xNN> byte tokens
+// (Replace, Metaspace, ByteFallback, Fuse), and whether the space before the text is dropped
+// (Strip of one leading " ", or Metaspace with a prepend scheme).
+void Tokenizer::read_decoder(const json::Value* d, const std::string& path) {
+  if (!d || !d->is_object()) return;
+  const json::Value* ty = d->find("type");
+  const std::string type = ty && ty->is_string() ? ty->as_string() : "";
+  if (type == "Sequence") {
+    if (const json::Value* list = d->find("decoders"); list && list->is_array())
+      for (const auto& e : list->as_array()) read_decoder(&e, path);
+  } else if (type == "ByteLevel") {
+    kind_ = Kind::ByteLevel;
+  } else if (type == "Metaspace") {
+    const json::Value* scheme = d->find("prepend_scheme");
+    const json::Value* ap = d->find("add_prefix_space");
+    strip_leading_space_ = !(scheme && scheme->is_string() && scheme->as_string() == "never") &&
+                           !(ap && ap->is_bool() && !ap->as_bool());
+  } else if (type == "Strip") {
+    const json::Value* content = d->find("content");
+    const json::Value* start = d->find("start");
+    if (content && content->is_string() && content->as_string() == " " && start && start->is_int() && start->as_int() > 0)
+      strip_leading_space_ = true;
+  } else if (type != "Replace" && type != "ByteFallback" && type != "Fuse") {
+    KVPR_THROW(path, ": the ", type, " decoder is not supported (kvpr has ByteLevel, Metaspace, Replace, ByteFallback, "
+               "Fuse, Strip and Sequence)");
+  }
 }
 
 // model.vocab, model.merges, the byte-fallback tokens and unk.
@@ -441,6 +197,15 @@ void Tokenizer::read_bpe_model(const json::Value& model_json, const std::string&
     }
   if (const json::Value* unk = model->find("unk_token"); unk && unk->is_string())
     if (auto it = vocab_.find(unk->as_string()); it != vocab_.end()) unk_ = it->second;
+  if (const json::Value* f = model->find("fuse_unk"); f && f->is_bool()) fuse_unk_ = f->as_bool();
+  if (const json::Value* im = model->find("ignore_merges"); im && im->is_bool()) ignore_merges_ = im->as_bool();
+  for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const json::Value* a = model->find(affix);
+    KVPR_CHECK(!a || a->is_null() || (a->is_string() && a->as_string().empty()), path, ": a BPE model with a ",
+               affix, " is not supported (no causal LM kvpr serves has one)");
+  }
+  if (const json::Value* d = model->find("dropout"); d && d->is_number())
+    KVPR_CHECK(d->as_double() == 0.0, path, ": BPE dropout (random merges) is not supported for inference");
 }
 
 void Tokenizer::finish_setup() {
@@ -451,7 +216,7 @@ void Tokenizer::finish_setup() {
   for (const auto& a : added_)
     if (a.special) special_[a.id] = true;
   std::stable_sort(added_.begin(), added_.end(),
-                   [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
+                   [](const Added& x, const Added& y) { return x.matched.size() > y.matched.size(); });
 }
 
 std::optional<int32_t> Tokenizer::lookup_special(const std::string& content) const {
@@ -511,18 +276,31 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   return t;
 }
 
-void Tokenizer::add_token(const std::string& content, std::optional<int32_t> id, bool special) {
+void Tokenizer::add_token(const std::string& content, std::optional<int32_t> id, bool special, const json::Value* flags) {
   if (content.empty()) return;
   for (auto& a : added_)
     if (a.content == content) {
       a.special = a.special || special;
       return;
     }
-  if (!id) {
-    auto it = vocab_.find(content);
-    id = it != vocab_.end() ? it->second : std::max<int32_t>(size_, static_cast<int32_t>(id_to_token_.size()));
+  // A token the vocabulary has keeps the vocabulary's id, as Hugging Face assigns it.
+  if (auto it = vocab_.find(content); it != vocab_.end()) id = it->second;
+  else if (!id) id = std::max<int32_t>(size_, static_cast<int32_t>(id_to_token_.size()));
+  Added a{content, content, *id, special};
+  if (flags) {
+    auto flag = [&](const char* key, bool fallback) {
+      const json::Value* f = flags->find(key);
+      return f && f->is_bool() ? f->as_bool() : fallback;
+    };
+    a.lstrip = flag("lstrip", false);
+    a.rstrip = flag("rstrip", false);
+    a.single_word = flag("single_word", false);
+    a.normalized = flag("normalized", !special);
   }
-  added_.push_back({content, *id, special});
+  // A normalized token is looked for in normalized text, as what the normalizer makes of it.
+  if (a.normalized && !normalizer_.empty()) a.matched = normalizer_.apply(sanitize_utf8(content));
+  if (a.matched.empty()) return;
+  added_.push_back(std::move(a));
   size_ = std::max(size_, *id + 1);
 }
 
@@ -535,7 +313,7 @@ void Tokenizer::read_added_tokens(const json::Value& tj, const json::Value& cfg,
       const json::Value* id = e.find("id");
       const json::Value* sp = e.find("special");
       KVPR_CHECK(id && id->is_int(), "tokenizer.json: added token without an integer id");
-      add_token(content_of(e), static_cast<int32_t>(id->as_int()), sp && sp->is_bool() && sp->as_bool());
+      add_token(content_of(e), static_cast<int32_t>(id->as_int()), sp && sp->is_bool() && sp->as_bool(), &e);
     }
   }
   if (const std::string p = (fs::path(dir) / "added_tokens.json").string(); fs::exists(p)) {
@@ -552,7 +330,7 @@ void Tokenizer::read_added_tokens(const json::Value& tj, const json::Value& cfg,
       } catch (const std::exception&) {
         KVPR_THROW("tokenizer_config.json: added_tokens_decoder key '", id, "' is not an id");
       }
-      add_token(content_of(e), i, !sp || !sp->is_bool() || sp->as_bool());
+      add_token(content_of(e), i, !sp || !sp->is_bool() || sp->as_bool(), &e);
     }
   }
 }
@@ -584,7 +362,7 @@ void Tokenizer::read_special_tokens(const json::Value& cfg, const std::string& d
     add_bos_ = true;
     found[0] = template_bos;  // what the post-processor prepends
   }
-  if (const json::Value* b = cfg.find("add_prefix_space"); b && b->is_bool()) add_prefix_space_ = b->as_bool();
+  if (const json::Value* b = cfg.find("add_prefix_space"); b && b->is_bool()) pre_tokenizer_.set_add_prefix_space(b->as_bool());
   finish_setup();
   if (!found[0].empty()) bos_ = lookup_special(found[0]);
   if (!found[1].empty()) eos_ = lookup_special(found[1]);
@@ -617,25 +395,21 @@ bool Tokenizer::is_eos(int32_t id) const {
 }
 
 void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) const {
-  {
+  constexpr size_t kCachedPiece = 256;  // longer pieces (a whole unsplit segment) are not cached
+  if (piece.size() <= kCachedPiece) {
     std::lock_guard<std::mutex> lock(*cache_mu_);
-    auto it = cache_->find(std::string(piece));
+    auto it = cache_->find(piece);
     if (it != cache_->end()) {
       out->insert(out->end(), it->second.begin(), it->second.end());
       return;
     }
   }
-  // Bytes become GPT-2's visible characters, which are all in a byte-level vocabulary; then
-  // the pair of lowest rank merges first. (GPT-2's reference merges every occurrence of that
-  // pair at once; since a merge's product only appears in later merges, the order is the same.)
-  const ByteMap& bm = byte_map();
-  std::string mapped;
-  for (unsigned char b : piece) mapped += bm.encode[b];
   std::vector<int32_t> ids;
-  auto whole = ignore_merges_ ? vocab_.find(mapped) : vocab_.end();
+  auto whole = ignore_merges_ ? vocab_.find(piece) : vocab_.end();
   if (whole != vocab_.end()) ids.push_back(whole->second);  // ignore_merges: a token is taken whole
-  else bpe_merge(mapped, &ids);
+  else bpe_merge(piece, &ids);
   out->insert(out->end(), ids.begin(), ids.end());
+  if (piece.size() > kCachedPiece) return;
   std::lock_guard<std::mutex> lock(*cache_mu_);
   if (cache_->size() > 100000) cache_->clear();
   cache_->emplace(std::string(piece), std::move(ids));
@@ -647,7 +421,7 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) const {
 // a pre-token of a megabyte of one letter).
 namespace {
 // A merge's result the vocabulary lacks, as its characters' tokens (GPT-2's reference does so).
-void spell_in_characters(std::string_view t, const std::unordered_map<std::string, int32_t>& vocab,
+void spell_in_characters(std::string_view t, const StringMap<int32_t>& vocab,
                          std::vector<int32_t>* out) {
   for (size_t k = 0; k < t.size();) {
     char32_t cp;
@@ -663,31 +437,40 @@ void spell_in_characters(std::string_view t, const std::unordered_map<std::strin
 void Tokenizer::bpe_merge(std::string_view word, std::vector<int32_t>* out) const {
   struct Sym {
     std::string text;
-    int32_t id;  // -1: a run of byte tokens, in `bytes`; -2: a merge the vocabulary lacks
-    std::vector<int32_t> bytes;
+    int32_t id;  // -2: a merge the vocabulary lacks (GPT-2's reference merges on)
     int prev, next;
     bool alive = true;
   };
   std::vector<Sym> syms;
+  auto push_sym = [&](std::string text, int32_t id) {
+    const int n = static_cast<int>(syms.size());
+    syms.push_back(Sym{std::move(text), id, n - 1, n + 1});
+  };
+  int32_t pending_unk = -1;  // Hugging Face's merge_word: unknown characters, fused or not
   for (size_t i = 0; i < word.size();) {
     char32_t cp;
     const int len = std::max(1, utf8_next(word, i, &cp));
     std::string ch(word.substr(i, len));
-    const int n = static_cast<int>(syms.size());
-    if (auto it = vocab_.find(ch); it != vocab_.end()) {
-      syms.push_back(Sym{ch, it->second, {}, n - 1, n + 1});
-    } else {
-      Sym s{ch, -1, {}, n - 1, n + 1};
-      for (unsigned char b : ch) {
-        const int32_t id = byte_token_.empty() ? -1 : byte_token_[b];
-        if (id >= 0) s.bytes.push_back(id);
-        else if (unk_ && (s.bytes.empty() || s.bytes.back() != *unk_)) s.bytes.push_back(*unk_);
-      }
-      KVPR_CHECK(!s.bytes.empty() || unk_, "character '", ch, "' is not in the vocabulary and has no byte tokens");
-      syms.push_back(std::move(s));
-    }
     i += len;
+    if (auto it = vocab_.find(ch); it != vocab_.end()) {
+      if (pending_unk >= 0) push_sym(id_to_token_[pending_unk], pending_unk), pending_unk = -1;
+      push_sym(std::move(ch), it->second);
+      continue;
+    }
+    // A character the vocabulary lacks: its <0xNN> tokens when it has them all (byte_fallback),
+    // else the unknown token, else (no unknown token either) it is dropped, as Hugging Face does.
+    const bool bytes = !byte_token_.empty() && std::all_of(ch.begin(), ch.end(), [&](char b) {
+      return byte_token_[static_cast<unsigned char>(b)] >= 0;
+    });
+    if (bytes) {
+      if (pending_unk >= 0) push_sym(id_to_token_[pending_unk], pending_unk), pending_unk = -1;
+      for (unsigned char b : ch) push_sym(id_to_token_[byte_token_[b]], byte_token_[b]);
+    } else if (unk_) {
+      if (pending_unk >= 0 && !fuse_unk_) push_sym(id_to_token_[pending_unk], pending_unk);
+      pending_unk = *unk_;
+    }
   }
+  if (pending_unk >= 0) push_sym(id_to_token_[pending_unk], pending_unk);
   if (syms.empty()) return;
   syms.back().next = -1;
   struct Cand {
@@ -700,7 +483,6 @@ void Tokenizer::bpe_merge(std::string_view word, std::vector<int32_t>* out) cons
   auto push = [&](int a) {
     if (a < 0 || syms[a].next < 0) return;
     const Sym &x = syms[a], &y = syms[x.next];
-    if (x.id == -1 || y.id == -1) return;  // byte tokens never merge
     key.assign(x.text).append(" ").append(y.text);
     if (auto it = merge_rank_.find(key); it != merge_rank_.end()) heap.push(Cand{it->second, a, x.text, y.text});
   };
@@ -725,119 +507,147 @@ void Tokenizer::bpe_merge(std::string_view word, std::vector<int32_t>* out) cons
     push(c.left);
   }
   for (int i = 0; i >= 0; i = syms[i].next) {
-    if (syms[i].id >= 0) {
-      out->push_back(syms[i].id);
-    } else if (syms[i].id == -1) {
-      out->insert(out->end(), syms[i].bytes.begin(), syms[i].bytes.end());
-    } else {
-      spell_in_characters(syms[i].text, vocab_, out);
-    }
+    if (syms[i].id >= 0) out->push_back(syms[i].id);
+    else spell_in_characters(syms[i].text, vocab_, out);
   }
+}
+
+namespace {
+bool space_at(std::string_view s, size_t i, size_t* len) {
+  char32_t c;
+  const int n = utf8_next(s, i, &c);
+  *len = n > 0 ? static_cast<size_t>(n) : 1;
+  return n > 0 && unicode::is_whitespace(c);
+}
+// Whether a word character (\w) ends s[0, i) / starts s[i, ...).
+bool word_before(std::string_view s, size_t i) {
+  if (i == 0) return false;
+  size_t b = i - 1;
+  while (b > 0 && (static_cast<unsigned char>(s[b]) & 0xc0) == 0x80) --b;
+  char32_t c;
+  return utf8_next(s, b, &c) > 0 && unicode::is_word(c);
+}
+bool word_after(std::string_view s, size_t i) {
+  char32_t c;
+  return i < s.size() && utf8_next(s, i, &c) > 0 && unicode::is_word(c);
+}
+}  // namespace
+
+std::vector<Tokenizer::AddedMatch> Tokenizer::split_added(std::string_view text, bool normalized) const {
+  // Leftmost occurrence, longest at the same position (added_ is sorted longest first). Each
+  // token's next occurrence is searched for again only once the text has moved past it, so a
+  // text full of them costs O(tokens x length), not that per occurrence.
+  std::vector<AddedMatch> out;
+  constexpr size_t kUnsearched = std::string_view::npos - 1;
+  std::vector<size_t> next(added_.size(), kUnsearched);
+  size_t plain = 0, search = 0;
+  while (search < text.size()) {
+    size_t best = std::string_view::npos;
+    const Added* hit = nullptr;
+    for (size_t j = 0; j < added_.size(); ++j) {
+      if (added_[j].normalized != normalized) continue;
+      if (next[j] == kUnsearched || (next[j] != std::string_view::npos && next[j] < search))
+        next[j] = text.find(added_[j].matched, search);
+      if (next[j] < best) {
+        best = next[j];
+        hit = &added_[j];
+      }
+    }
+    if (!hit) break;
+    size_t b = best, e = best + hit->matched.size(), n = 0;
+    search = e;
+    if (hit->single_word && (word_before(text, b) || word_after(text, e))) continue;  // stays plain text
+    if (hit->lstrip) {
+      size_t k = plain;  // the whitespace run that ends at b, not before the previous token
+      for (size_t i = plain; i < b; i += n)
+        if (!space_at(text, i, &n)) k = i + n;
+      b = k;
+    }
+    if (hit->rstrip)
+      while (e < text.size() && space_at(text, e, &n)) e += n;
+    search = e;
+    if (b > plain) out.push_back({plain, b, nullptr});
+    out.push_back({b, e, hit});
+    plain = e;
+  }
+  if (plain < text.size()) out.push_back({plain, text.size(), nullptr});
+  return out;
 }
 
 void Tokenizer::encode_plain(std::string_view text, bool first, std::vector<int32_t>* out) const {
+  bool stripped = false;
   std::string normalized;
-  if (nfc_ && !nfc_quick_yes(text)) {
-    normalized = to_nfc(text);
+  if (!normalizer_.empty()) {
+    normalized = normalizer_.apply(text, &stripped);
     text = normalized;
   }
-  if (kind_ == Kind::ByteLevel) {
-    const std::vector<std::string_view> pieces =
-        pattern_ == Pattern::Gpt2 ? pretokenize(text) : pretokenize_llama3(text, pattern_ == Pattern::Llama3 ? 3 : 1);
-    for (std::string_view p : pieces) bpe(p, out);
-    return;
-  }
-  if (text.empty()) return;
-  std::string s = replace_all(text, " ", kSpaceMark);
-  if (prepend_ == Prepend::Always || (prepend_ == Prepend::First && first)) s.insert(0, kSpaceMark);
-  if (!split_words_) return bpe_merge(s, out);
-  // Metaspace(split): each word begins at a "▁".
-  size_t start = 0;
-  for (size_t i = kSpaceMark.size(); i <= s.size(); ++i)
-    if (i == s.size() || s.compare(i, kSpaceMark.size(), kSpaceMark) == 0) {
-      if (i > start) bpe_merge(std::string_view(s).substr(start, i - start), out);
-      start = i;
-      if (i == s.size()) break;
-      i += kSpaceMark.size() - 1;
+  for (const AddedMatch& m : split_added(text, true)) {
+    if (m.token) {
+      out->push_back(m.token->id);
+      continue;
     }
+    const bool at_start = first && !stripped && m.begin == 0;
+    pre_tokenizer_.split(text.substr(m.begin, m.end - m.begin), at_start, [&](std::string_view piece) { bpe(piece, out); });
+  }
 }
 
 std::vector<int32_t> Tokenizer::encode_ordinary(std::string_view text) const {
+  std::string clean;
+  if (!valid_utf8(text)) text = clean = sanitize_utf8(text);
   std::vector<int32_t> out;
   encode_plain(text, true, &out);
   return out;
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {
+  std::string clean;
+  if (!valid_utf8(text)) text = clean = sanitize_utf8(text);
   std::vector<int32_t> out;
   if (add_special && add_bos_ && bos_) out.push_back(*bos_);
-  std::string prefixed;
-  if (kind_ == Kind::ByteLevel && add_prefix_space_ && !text.empty() && text[0] != ' ') {
-    prefixed.reserve(text.size() + 1);
-    prefixed.push_back(' ');
-    prefixed.append(text);
-    text = prefixed;
-  }
-  // Split on added tokens (leftmost occurrence; longest at the same position). Each token's
-  // next occurrence is searched for again only once the text has moved past it, so a text
-  // full of them costs O(tokens x length), not that per occurrence.
-  size_t pos = 0;
-  constexpr size_t kUnsearched = std::string_view::npos - 1;
-  std::vector<size_t> next(added_.size(), kUnsearched);
-  while (pos < text.size()) {
-    size_t best = std::string_view::npos;
-    const Added* hit = nullptr;
-    for (size_t j = 0; j < added_.size(); ++j) {
-      if (next[j] == kUnsearched || (next[j] != std::string_view::npos && next[j] < pos))
-        next[j] = text.find(added_[j].content, pos);
-      if (next[j] < best) {
-        best = next[j];
-        hit = &added_[j];
-      }
-    }
-    std::string_view plain = text.substr(pos, hit ? best - pos : std::string_view::npos);
-    encode_plain(plain, pos == 0, &out);
-    if (!hit) break;
-    out.push_back(hit->id);
-    pos = best + hit->content.size();
+  for (const AddedMatch& m : split_added(text, false)) {
+    if (m.token) out.push_back(m.token->id);
+    else encode_plain(text.substr(m.begin, m.end - m.begin), m.begin == 0, &out);
   }
   return out;
 }
+
 
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && id < size_ && special_[id];
 }
 
 std::string Tokenizer::token_bytes(int32_t id, bool skip_special) const {
-  if (id < 0 || id >= size_) return "";
-  if (is_special(id)) {
-    if (skip_special) return "";
-    for (const auto& a : added_)
-      if (a.id == id) return a.content;
-  }
+  if (id < 0 || id >= size_ || (skip_special && is_special(id))) return "";
+  // An added token decodes as its text (a normalized one as its normalized text), through the
+  // same decoder as the vocabulary's tokens, as Hugging Face does.
+  std::string_view tok;
+  bool added = false;
   for (const auto& a : added_)
-    if (a.id == id) return a.content;
-  if (static_cast<size_t>(id) >= id_to_token_.size()) return "";
-  const std::string& tok = id_to_token_[id];
+    if (a.id == id) {
+      tok = a.normalized ? a.matched : a.content;
+      added = true;
+      break;
+    }
+  if (!added) {
+    if (static_cast<size_t>(id) >= id_to_token_.size()) return "";
+    tok = id_to_token_[id];
+  }
   if (kind_ == Kind::Metaspace) {
-    for (int b = 0; b < 256; ++b)
-      if (byte_token_[b] == id) return std::string(1, static_cast<char>(b));
+    if (!added)
+      for (int b = 0; b < 256; ++b)
+        if (byte_token_[b] == id) return std::string(1, static_cast<char>(b));
     return replace_all(tok, kSpaceMark, " ");
   }
-  const ByteMap& bm = byte_map();
+  // Byte-level: each character is the byte it stands for; a token with a character outside
+  // GPT-2's alphabet (an added "<｜fim▁hole｜>") is its text as it is.
   std::string out;
-  std::string_view sv = tok;
-  for (size_t i = 0; i < sv.size();) {
+  for (size_t i = 0; i < tok.size();) {
     char32_t cp;
-    int len = utf8_next(sv, i, &cp);
-    if (len <= 0) {
-      out.push_back(sv[i]);
-      ++i;
-      continue;
-    }
-    if (cp < 512 && bm.decode[cp] >= 0) out.push_back(static_cast<char>(bm.decode[cp]));
-    else out.append(sv.substr(i, len));  // not byte-level (e.g. "<s>" kept verbatim)
-    i += len;
+    const int len = utf8_next(tok, i, &cp);
+    const int b = len > 0 ? byte_level_byte(cp) : -1;
+    if (b < 0) return std::string(tok);
+    out.push_back(static_cast<char>(b));
+    i += static_cast<size_t>(len);
   }
   return out;
 }
@@ -845,7 +655,7 @@ std::string Tokenizer::token_bytes(int32_t id, bool skip_special) const {
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::string bytes;
   for (int32_t id : ids) bytes += token_bytes(id, skip_special);
-  if (kind_ == Kind::Metaspace && prepend_ != Prepend::Never && !bytes.empty() && bytes[0] == ' ') bytes.erase(0, 1);
+  if (strip_leading_space_ && !bytes.empty() && bytes[0] == ' ') bytes.erase(0, 1);
   return sanitize_utf8(bytes);
 }
 

@@ -1,14 +1,12 @@
-// BPE tokenizers of two kinds, with special and added tokens from tokenizer_config.json,
-// special_tokens_map.json, added_tokens.json and tokenizer.json:
-//  - byte-level (GPT-2, OPT, RoBERTa family) from vocab.json + merges.txt; encoding matches
-//    GPT-2's reference encoder exactly; or from tokenizer.json's BPE model with a ByteLevel
-//    pre-tokenizer, after GPT-2's pattern or a Split by Llama-3's (Qwen2's) pattern, with
-//    ignore_merges (a pre-token in the vocabulary is one token) and BOS from a
-//    TemplateProcessing post-processor (Llama-3);
-//  - SentencePiece-style (Llama, Llama-2) from tokenizer.json's BPE model: spaces become "▁",
-//    "▁" is prepended (the Prepend normalizer or the Metaspace pre-tokenizer), characters
-//    missing from the vocabulary fall back to <0xNN> byte tokens, and merges apply by rank
-//    over the whole segment, as Hugging Face tokenizers does.
+// BPE tokenizers as Hugging Face's tokenizers runs them, from a model directory's files:
+//  - tokenizer.json: its added tokens (with lstrip, rstrip, single_word and normalized), its
+//    normalizer (engine/text/normalizer.h), its pre-tokenizer (engine/text/pre_tokenizer.h), its
+//    BPE model (byte-level as GPT-2, Llama-3, Qwen2, Mistral-Nemo's Tekken; or SentencePiece-
+//    style with "▁" for spaces and <0xNN> byte fallback, as Llama-2, Yi, Gemma), the special
+//    tokens its post-processor adds and what its decoder undoes;
+//  - or GPT-2's vocab.json + merges.txt (OPT), encoding as GPT-2's reference encoder does;
+// with the special tokens of tokenizer_config.json, special_tokens_map.json and
+// added_tokens.json. Text that is not valid UTF-8 is read with U+FFFD for its invalid bytes.
 #pragma once
 
 #include <cstdint>
@@ -20,11 +18,22 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/text/normalizer.h"
+#include "engine/text/pre_tokenizer.h"
+
 namespace kvpr {
 
 namespace json {
 class Value;
 }
+
+// Maps from strings that string_views look up without a copy.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+template <typename V>
+using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
 
 class Tokenizer {
  public:
@@ -37,6 +46,8 @@ class Tokenizer {
   static Tokenizer from_tokenizer_json(const std::string& path);
   static Tokenizer from_tokenizer_json(const json::Value& tokenizer_json, const std::string& path);
   bool is_byte_level() const { return kind_ == Kind::ByteLevel; }
+  // Off: patterns kvpr has splitters for run through Oniguruma as any other (for tests).
+  void set_fast_paths(bool on) { pre_tokenizer_.set_fast_paths(on); }
 
   // Ids of `text`. Special/added tokens written in the text are recognised. BOS is
   // prepended when add_bos is set and the tokenizer asks for it (add_bos_token).
@@ -71,60 +82,61 @@ class Tokenizer {
  private:
   struct Added {
     std::string content;
+    std::string matched;  // what is looked for: the content, normalized when `normalized`
     int32_t id;
     bool special;
+    bool lstrip = false, rstrip = false, single_word = false, normalized = false;
   };
-  enum class Kind { ByteLevel, Metaspace };
-  enum class Pattern { Gpt2, Llama3, Qwen2 };  // how byte-level text splits into pre-tokens
-  enum class Prepend { Always, First, Never };  // where Metaspace puts "▁" before a segment
+  // An added token found in a text: [begin, end) with the whitespace its lstrip/rstrip take.
+  struct AddedMatch {
+    size_t begin, end;
+    const Added* token;  // null: plain text
+  };
+  enum class Kind { ByteLevel, Metaspace };  // the vocabulary's alphabet: GPT-2's bytes, or "▁"
   // Tokenizer::load and from_tokenizer_json, by file and section.
-  void read_pretokenizers(const json::Value& tj, const json::Value& model, const std::string& path);
+  void read_pipeline(const json::Value& tj, const std::string& path);
   void read_bpe_model(const json::Value& model, const std::string& path);
-  void add_token(const std::string& content, std::optional<int32_t> id, bool special);
+  void read_decoder(const json::Value* decoder, const std::string& path);
+  void add_token(const std::string& content, std::optional<int32_t> id, bool special, const json::Value* flags = nullptr);
   void read_added_tokens(const json::Value& tj, const json::Value& cfg, const std::string& dir);
   void read_special_tokens(const json::Value& cfg, const std::string& dir, const std::string& template_bos);
   void read_extra_eos(const std::string& dir);
   void finish_setup();
+  // The added tokens (normalized or not) in `text`, leftmost-longest, and the plain text between.
+  std::vector<AddedMatch> split_added(std::string_view text, bool normalized) const;
+  // BPE of one pre-token, in the vocabulary's alphabet.
   void bpe(std::string_view piece, std::vector<int32_t>* out) const;
-  // Encodes one segment of plain text (no added tokens in it); `first`: it starts the text.
+  // Encodes text between added tokens: normalized, pre-tokenized, merged. `first`: it starts
+  // the input.
   void encode_plain(std::string_view text, bool first, std::vector<int32_t>* out) const;
-  // BPE merges over the characters of `word` (SentencePiece-style with "▁" for spaces, or
-  // byte-level characters), by rank.
+  // BPE merges over the characters of `word` by rank; characters the vocabulary lacks become
+  // <0xNN> byte tokens (byte_fallback) or the unknown token.
   void bpe_merge(std::string_view word, std::vector<int32_t>* out) const;
   std::optional<int32_t> lookup_special(const std::string& content) const;
 
-  std::unordered_map<std::string, int32_t> vocab_;
+  StringMap<int32_t> vocab_;
   std::vector<std::string> id_to_token_;       // vocabulary string by id ("" for holes)
-  std::unordered_map<std::string, int> merge_rank_;  // "a b" -> rank
+  StringMap<int> merge_rank_;  // "a b" -> rank
   std::vector<Added> added_;                   // longest first
   std::vector<bool> special_;                  // by id
   std::optional<int32_t> bos_, eos_, pad_;
   std::vector<int32_t> extra_eos_;
   bool add_bos_ = false;
-  bool add_prefix_space_ = false;
   Kind kind_ = Kind::ByteLevel;
-  Pattern pattern_ = Pattern::Gpt2;
-  bool nfc_ = false;                      // the NFC normalizer (Qwen2): text between added tokens composed first
+  Normalizer normalizer_;
+  PreTokenizer pre_tokenizer_;
+  bool gpt2_merges_ = false;              // vocab.json + merges.txt: GPT-2's reference merging
   bool ignore_merges_ = false;            // a pre-token found in the vocabulary is one token
-  Prepend prepend_ = Prepend::Always;
-  bool split_words_ = false;              // Metaspace(split=true): BPE per "▁"-led word
+  bool fuse_unk_ = false;                 // consecutive unknown characters are one unknown token
+  bool strip_leading_space_ = false;      // the decoder drops the space "▁" put before the text
   std::vector<int32_t> byte_token_;       // id of <0xNN> by byte (-1: absent)
   std::optional<int32_t> unk_;
   int32_t size_ = 0;
   // Cache of BPE results per pre-token; guarded because encode() may be called from
   // several threads.
   mutable std::shared_ptr<std::mutex> cache_mu_ = std::make_shared<std::mutex>();
-  mutable std::shared_ptr<std::unordered_map<std::string, std::vector<int32_t>>> cache_ =
-      std::make_shared<std::unordered_map<std::string, std::vector<int32_t>>>();
+  mutable std::shared_ptr<StringMap<std::vector<int32_t>>> cache_ = std::make_shared<StringMap<std::vector<int32_t>>>();
 };
-
-// Splits text into the pre-tokens of GPT-2's pattern
-//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// Exposed for tests. Invalid UTF-8 bytes count as single "other" characters.
-std::vector<std::string_view> pretokenize(std::string_view text);
-// Llama-3's pattern (max_digits 3; Qwen2's with 1)
-//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-std::vector<std::string_view> pretokenize_llama3(std::string_view text, int max_digits = 3);
 
 // UTF-8 helpers.
 // Replaces invalid sequences by U+FFFD (maximal subpart rule, like Python's "replace").

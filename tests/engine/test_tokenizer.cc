@@ -13,7 +13,7 @@
 #include "engine/base/json.h"
 #include "engine/decode/sampling.h"
 #include "engine/text/tokenizer.h"
-#include "engine/text/unicode_nfc.h"
+#include "engine/text/unicode.h"
 #include "engine/base/utf8.h"
 #include "tests/test_util.h"
 
@@ -103,16 +103,21 @@ TEST(LlamaTokenizer, TokenizerJsonItCannotRunIsRefused) {
   };
   EXPECT_HAS(error_for(R"({"model": {"type": "Unigram", "vocab": []}})"), "only BPE models are supported");
   EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Sequence",
-      "pretokenizers": [{"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Isolated", "invert": false},
+      "pretokenizers": [{"type": "Split", "pattern": {"Regex": "(\\p{L}+"}, "behavior": "Isolated", "invert": false},
                         {"type": "ByteLevel", "use_regex": false}]}})"),
-             "the Split pre-tokenizer's pattern is not one kvpr knows");
+             "the pattern (\\p{L}+ does not compile: end pattern with unmatched parenthesis");
+  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Split",
+      "pattern": {"Regex": "a"}, "behavior": "Sideways", "invert": false}})"), "unknown behavior Sideways");
   EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []},
-                           "pre_tokenizer": {"type": "ByteLevel", "use_regex": false}})"),
-             "a ByteLevel pre-tokenizer without a regex and without a Split before it is not supported");
-  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "normalizer": {"type": "Lowercase"},
-                           "pre_tokenizer": {"type": "ByteLevel"}})"),
-             "the Lowercase normalizer or pre-tokenizer is not supported");
-  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})"), "without a ByteLevel or Metaspace pre-tokenizer");
+                           "normalizer": {"type": "Precompiled", "precompiled_charsmap": ""}})"),
+             "the Precompiled normalizer is not supported");
+  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []},
+                           "pre_tokenizer": {"type": "UnicodeScripts"}})"),
+             "the UnicodeScripts pre-tokenizer is not supported");
+  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "decoder": {"type": "WordPiece"}})"),
+             "the WordPiece decoder is not supported");
+  EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {}, "merges": [], "continuing_subword_prefix": "##"}})"),
+             "a BPE model with a continuing_subword_prefix is not supported");
   EXPECT_HAS(error_for(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [3]},
                            "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"}})"),
              "merge 0 is neither");
@@ -173,32 +178,34 @@ TEST(Qwen2Tokenizer, MatchesReferenceEncoderOnCorpus) {
     for (const auto& id : e.find("ids")->as_array()) want.push_back(static_cast<int32_t>(id.as_int()));
     EXPECT_EQ(t.encode(text), want) << "text: \"" << text << "\"";
     EXPECT_EQ(t.decode(want, /*skip_special=*/false), decoded) << "text: \"" << text << "\"";
-    EXPECT_EQ(to_nfc(text), decoded) << "text: \"" << text << "\"";
+    EXPECT_EQ(unicode::normalize(text, unicode::Form::NFC), decoded) << "text: \"" << text << "\"";
     changed_by_nfc += decoded != text;
   }
   EXPECT_GE(changed_by_nfc, 10);  // the corpus exercises the normalizer
 }
 
-// NFC on its own: decomposition, canonical order, composition (blocked and not), Hangul,
-// singletons and exclusions; bytes that are not UTF-8 pass through.
+// NFC on its own (utf8proc): decomposition, canonical order, composition (blocked and not),
+// Hangul, singletons and exclusions.
 TEST(Tokenizer, NfcComposesAsUnicodeSays) {
-  EXPECT_EQ(to_nfc("plain ASCII, Latin-1 \xc3\xa9"), "plain ASCII, Latin-1 \xc3\xa9");
-  EXPECT_TRUE(nfc_quick_yes("\xc3\xa9t\xc3\xa9"));
-  EXPECT_FALSE(nfc_quick_yes("e\xcc\x81"));
-  EXPECT_EQ(to_nfc("e\xcc\x81"), "\xc3\xa9");                      // e + U+0301 -> U+00E9
-  EXPECT_EQ(to_nfc("\xe1\xba\xbf"), "\xe1\xba\xbf");              // U+1EBF stays composed
-  EXPECT_EQ(to_nfc("e\xcc\x82\xcc\x81"), "\xe1\xba\xbf");        // e + circumflex + acute -> U+1EBF
-  EXPECT_EQ(to_nfc("a\xcc\x82\xcc\xa3"), "\xe1\xba\xad");        // dot below (220) sorts first: U+1EAD
-  EXPECT_EQ(to_nfc("\xe2\x84\xab"), "\xc3\x85");                   // U+212B ANGSTROM SIGN -> U+00C5
-  EXPECT_EQ(to_nfc("\xe0\xa5\x98"), "\xe0\xa4\x95\xe0\xa4\xbc");  // U+0958 is excluded: stays decomposed
-  EXPECT_EQ(to_nfc("\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8"), "\xea\xb0\x81");  // jamo -> U+AC01
-  EXPECT_EQ(to_nfc("\xea\xb0\x80\xe1\x86\xa8"), "\xea\xb0\x81");  // LV syllable + T
-  EXPECT_EQ(to_nfc("\xcc\x81" "e"), "\xcc\x81" "e");                      // a mark with no starter before it
-  EXPECT_EQ(to_nfc("e\xff\xcc\x81"), "e\xff\xcc\x81");            // an invalid byte blocks composition
-  EXPECT_EQ(to_nfc("\xea\xb0\x81"), "\xea\xb0\x81");
+  auto nfc = [](std::string_view s) { return unicode::normalize(s, unicode::Form::NFC); };
+  EXPECT_EQ(nfc("plain ASCII, Latin-1 \xc3\xa9"), "plain ASCII, Latin-1 \xc3\xa9");
+  EXPECT_EQ(nfc("e\xcc\x81"), "\xc3\xa9");                      // e + U+0301 -> U+00E9
+  EXPECT_EQ(nfc("\xe1\xba\xbf"), "\xe1\xba\xbf");              // U+1EBF stays composed
+  EXPECT_EQ(nfc("e\xcc\x82\xcc\x81"), "\xe1\xba\xbf");        // e + circumflex + acute -> U+1EBF
+  EXPECT_EQ(nfc("a\xcc\x82\xcc\xa3"), "\xe1\xba\xad");        // dot below (220) sorts first: U+1EAD
+  EXPECT_EQ(nfc("\xe2\x84\xab"), "\xc3\x85");                   // U+212B ANGSTROM SIGN -> U+00C5
+  EXPECT_EQ(nfc("\xe0\xa5\x98"), "\xe0\xa4\x95\xe0\xa4\xbc");  // U+0958 is excluded: stays decomposed
+  EXPECT_EQ(nfc("\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8"), "\xea\xb0\x81");  // jamo -> U+AC01
+  EXPECT_EQ(nfc("\xea\xb0\x80\xe1\x86\xa8"), "\xea\xb0\x81");  // LV syllable + T
+  EXPECT_EQ(nfc("\xcc\x81" "e"), "\xcc\x81" "e");                      // a mark with no starter before it
+  EXPECT_EQ(nfc("\xea\xb0\x81"), "\xea\xb0\x81");
+  // NFKC folds compatibility characters; NFD and NFKD decompose.
+  EXPECT_EQ(unicode::normalize("\xef\xac\x81 x\xc2\xb2", unicode::Form::NFKC), "fi x2");  // U+FB01, U+00B2
+  EXPECT_EQ(unicode::normalize("\xc3\xa9", unicode::Form::NFD), "e\xcc\x81");
+  EXPECT_EQ(unicode::normalize("\xe2\x91\xa0", unicode::Form::NFKD), "1");  // U+2460
+  EXPECT_EQ(unicode::lowercase("\xc4\xb0I\xce\xa3"), "i\xcc\x87i\xcf\x83");  // U+0130 -> i + U+0307; Σ -> σ
   // Random code points from the ranges where NFC acts (Latin, combining marks, Greek, Hebrew,
-  // Devanagari, jamo, syllables) and random bytes: NFC's output is its own NFC, and nothing
-  // but valid UTF-8 comes out of valid UTF-8.
+  // Devanagari, jamo, syllables): NFC's output is its own NFC.
   Rng rng(5);
   const std::pair<char32_t, char32_t> ranges[] = {{0x41, 0x7a}, {0xc0, 0x17f}, {0x300, 0x36f}, {0x386, 0x3ce},
                                                   {0x591, 0x5f4}, {0x900, 0x97f}, {0x1100, 0x11ff}, {0xac00, 0xd7a3},
@@ -210,11 +217,8 @@ TEST(Tokenizer, NfcComposesAsUnicodeSays) {
       const auto& [lo, hi] = ranges[rng.next() % std::size(ranges)];
       append_utf8(text, lo + static_cast<char32_t>(rng.next() % (hi - lo + 1)));
     }
-    const std::string once = to_nfc(text);
-    EXPECT_EQ(to_nfc(once), once) << "text: \"" << text << "\"";
-    std::string bytes(1 + rng.next() % 16, '\0');
-    for (char& b : bytes) b = static_cast<char>(rng.next());
-    EXPECT_EQ(to_nfc(to_nfc(bytes)), to_nfc(bytes));  // invalid bytes pass through, and stay put
+    const std::string once = nfc(text);
+    EXPECT_EQ(nfc(once), once) << "text: \"" << text << "\"";
   }
 }
 

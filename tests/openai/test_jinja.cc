@@ -138,6 +138,9 @@ TEST(Jinja, WhitespaceControlAsTransformersSetsItUp) {
 TEST(Jinja, ScopesAsJinja2Has) {
   // An iteration's variables are its own; a namespace carries values out of a loop.
   EXPECT_EQ(render("{% set x = 5 %}{% for i in [1, 2] %}{% set x = i %}{{ x }}{% endfor %}{{ x }}"), "125");
+  // A set block's and a filter block's bodies set in scopes of their own.
+  EXPECT_EQ(render("{% set x = 1 %}{% set y %}{% set x = 2 %}{{ x }}{% endset %}{{ x }}{{ y }}"), "12");
+  EXPECT_EQ(render("{% set x = 1 %}{% filter upper %}{% set x = 2 %}{{ x }}{% endfilter %}{{ x }}"), "21");
   EXPECT_EQ(render("{% for i in [1, 2, 3] %}{% if i == 1 %}{% set x = i %}{% endif %}{{ x }}{% endfor %}|"), "1|");
   EXPECT_EQ(render("{% set ns = namespace(a=1) %}{% for i in [1, 2] %}{% set ns.a = ns.a + i %}{% endfor %}{{ ns.a }}"),
             "4");
@@ -167,7 +170,14 @@ TEST(Jinja, ValuesPrintAsPythonPrintsThem) {
   EXPECT_EQ(render("{{ x|tojson(indent=2) }}", json::parse(R"({"x": {"a": [1]}})")), "{\n  \"a\": [\n    1\n  ]\n}");
   EXPECT_EQ(render("{{ '%s and %d' % ('a', 3) }} {{ 'a,b'.split(',') }} {{ ' a  b '.split() }}"),
             "a and 3 ['a', 'b'] ['a', 'b']");
-  EXPECT_EQ(render("{{ d.items()|list }} {{ d['items'] }}", json::parse(R"({"d": {"items": 1}})")), "[['items', 1]] 1");
+  EXPECT_EQ(render("{{ d.items()|list }} {{ d['items'] }}", json::parse(R"({"d": {"items": 1}})")), "[('items', 1)] 1");
+  // Tuples print as Python prints them and equal no list.
+  EXPECT_EQ(render("{{ (1, 'a') }} {{ (1,) }} {{ () }} {% set t = 1, 2 %}{{ t }} {{ (1, 2) == [1, 2] }} {{ (1, 2) == (1, 2) }}"),
+            "(1, 'a') (1,) () (1, 2) False True");
+  // Case beyond ASCII (Unicode's simple mappings).
+  EXPECT_EQ(render("{{ 'Été Δε'|lower }} {{ 'été'|upper }} {{ 'naïve école'|title }} "
+                   "{{ 'éCOLE'|capitalize }} {{ 'Ж'.lower() }}"),
+            "été δε ÉTÉ Naïve École École ж");
   EXPECT_EQ(render("{{ 'x' in 'axb' }} {{ 'a' in {'a': 1} }} {{ 1 not in [2] }} {{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }}"),
             "True True True True False");
   EXPECT_EQ(render("{{ none|default('d') }} {{ ''|default('d', true) }} {{ u|default('d') }}"), "None d d");

@@ -1,0 +1,150 @@
+#include "engine/text/pattern.h"
+
+#include "engine/base/error.h"
+#include "engine/base/json.h"
+#include "engine/base/utf8.h"
+
+#ifdef KVPR_HAVE_TEXT_LIBS
+#include <oniguruma.h>
+
+#include <mutex>
+#endif
+
+namespace kvpr {
+
+namespace {
+// Backtracking steps one search may take (Oniguruma's retry limits): a few hundred
+// milliseconds of matching, far above what the patterns models ship need on any text.
+constexpr unsigned long kRetryLimitInMatch = 20'000'000;
+constexpr unsigned long kRetryLimitInSearch = 200'000'000;
+}  // namespace
+
+#ifdef KVPR_HAVE_TEXT_LIBS
+
+struct Pattern::Compiled {
+  regex_t* re = nullptr;
+  ~Compiled() {
+    if (re) onig_free(re);
+  }
+};
+
+namespace {
+std::string onig_message(int code, OnigErrorInfo* info) {
+  OnigUChar buf[ONIG_MAX_ERROR_MESSAGE_LEN];
+  const int n = info ? onig_error_code_to_str(buf, code, info) : onig_error_code_to_str(buf, code);
+  return std::string(reinterpret_cast<const char*>(buf), n > 0 ? static_cast<size_t>(n) : 0);
+}
+}  // namespace
+
+Pattern Pattern::regex(std::string_view re) {
+  static std::once_flag init;
+  std::call_once(init, [] {
+    OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
+    onig_initialize(encodings, 1);
+  });
+  auto compiled = std::make_shared<Compiled>();
+  OnigErrorInfo info;
+  const auto* p = reinterpret_cast<const OnigUChar*>(re.data());
+  const int r = onig_new(&compiled->re, p, p + re.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_ONIGURUMA, &info);
+  KVPR_CHECK(r == ONIG_NORMAL, "the pattern ", re, " does not compile: ", onig_message(r, &info));
+  Pattern out;
+  out.re_ = std::move(compiled);
+  out.source_ = std::string(re);
+  return out;
+}
+
+void Pattern::for_each_span(std::string_view text, const std::function<void(const PatternSpan&)>& span) const {
+  if (text.empty()) return span({0, 0, false});
+  if (literal_) return literal_spans(text, span);
+  struct Search {
+    OnigRegion* region = onig_region_new();
+    OnigMatchParam* param = onig_new_match_param();
+    Search() {
+      onig_initialize_match_param(param);
+      onig_set_retry_limit_in_match_of_match_param(param, kRetryLimitInMatch);
+      onig_set_retry_limit_in_search_of_match_param(param, kRetryLimitInSearch);
+    }
+    ~Search() {
+      onig_region_free(region, 1);
+      onig_free_match_param(param);
+    }
+  } s;
+  const auto* str = reinterpret_cast<const OnigUChar*>(text.data());
+  const auto* end = str + text.size();
+  size_t prev = 0, from = 0;
+  bool after_match = false;
+  size_t last_match_end = 0;
+  // The onig crate's find_iter: search from the last end; an empty match at the end of the
+  // previous match is skipped by moving one character on.
+  while (from <= text.size()) {
+    onig_region_clear(s.region);
+    const int r = onig_search_with_param(re_->re, str, end, str + from, end, s.region, ONIG_OPTION_NONE, s.param);
+    if (r == ONIG_MISMATCH) break;
+    KVPR_CHECK(r >= 0, "the pattern ", source_, " failed on a text of ", text.size(), " bytes: ", onig_message(r, nullptr));
+    const size_t b = static_cast<size_t>(s.region->beg[0]), e = static_cast<size_t>(s.region->end[0]);
+    if (b == e && after_match && last_match_end == e) {
+      if (from >= text.size()) break;
+      char32_t cp;
+      const int n = utf8_next(text, from, &cp);
+      from += n > 0 ? static_cast<size_t>(n) : 1;
+      continue;
+    }
+    from = e;
+    after_match = true;
+    last_match_end = e;
+    if (prev != b) span({prev, b, false});
+    span({b, e, true});
+    prev = e;
+  }
+  if (prev != text.size()) span({prev, text.size(), false});
+}
+
+#else
+
+struct Pattern::Compiled {};
+
+Pattern Pattern::regex(std::string_view re) {
+  KVPR_THROW("the pattern ", re, " needs Oniguruma, and this kvpr was built without it (KVPR_TEXT_LIBS=OFF): "
+             "rebuild after scripts/install-deps.sh");
+}
+
+void Pattern::for_each_span(std::string_view text, const std::function<void(const PatternSpan&)>& span) const {
+  if (text.empty()) return span({0, 0, false});
+  literal_spans(text, span);
+}
+
+#endif
+
+Pattern Pattern::literal(std::string_view s) {
+  // Hugging Face escapes a String pattern and has Oniguruma find it: a non-empty one is found
+  // as plainly, left to right without overlaps. An empty one matches everywhere, as a regex.
+  if (s.empty()) return regex("");
+  Pattern p;
+  p.source_ = std::string(s);
+  p.literal_ = true;
+  return p;
+}
+
+void Pattern::literal_spans(std::string_view text, const std::function<void(const PatternSpan&)>& span) const {
+  size_t prev = 0;
+  for (size_t at = text.find(source_); at != std::string_view::npos; at = text.find(source_, prev)) {
+    if (at > prev) span({prev, at, false});
+    span({at, at + source_.size(), true});
+    prev = at + source_.size();
+  }
+  if (prev < text.size()) span({prev, text.size(), false});
+}
+
+std::vector<PatternSpan> Pattern::find_matches(std::string_view text) const {
+  std::vector<PatternSpan> out;
+  for_each_span(text, [&](const PatternSpan& m) { out.push_back(m); });
+  return out;
+}
+
+Pattern Pattern::from_json(const json::Value& v, const std::string& where) {
+  if (const json::Value* s = v.find("String"); s && s->is_string()) return literal(s->as_string());
+  if (const json::Value* r = v.find("Regex"); r && r->is_string()) return regex(r->as_string());
+  KVPR_THROW(where, ": a pattern must be {\"String\": ...} or {\"Regex\": ...}");
+}
+
+}  // namespace kvpr
