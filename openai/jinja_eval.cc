@@ -204,8 +204,8 @@ List splitlines(const std::string& s, bool keepends) {
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"  // the formats are built from the template's own
 // Python's "fmt % args" for %s %r %d %i %f %x %%, with optional width, zero pad and precision.
 std::string percent_format(const std::string& fmt, const Value& args) {
-  // A tuple (a list here) gives the arguments; any other value is the one argument.
-  List items = args.is_list() ? args.as_list() : List{args};
+  // A tuple gives the arguments; any other value (a list too) is the one argument.
+  List items = args.is_tuple() ? args.as_list() : List{args};
   size_t next = 0;
   std::string out;
   for (size_t i = 0; i < fmt.size(); ++i) {
@@ -1283,7 +1283,7 @@ class Renderer {
     if (name == "format") {
       List args = a.positional;
       try {
-        return Value(percent_format(v.str(), Value(std::move(args))));
+        return Value(percent_format(v.str(), Value::tuple(std::move(args))));
       } catch (const Error& e) {
         fail(line, e.what());
       }
@@ -1453,8 +1453,11 @@ class Renderer {
       if (d == 0) fail(line, "divisibleby 0");
       return d == -1 || floor_mod(n, d) == 0;
     }
-    if (name == "lower") return v.is_string() && to_lower(v.as_string()) == v.as_string();
-    if (name == "upper") return v.is_string() && to_upper(v.as_string()) == v.as_string();
+    // Python's islower()/isupper(): some cased character, and none of the other case.
+    if (name == "lower")
+      return v.is_string() && to_lower(v.as_string()) == v.as_string() && to_upper(v.as_string()) != v.as_string();
+    if (name == "upper")
+      return v.is_string() && to_upper(v.as_string()) == v.as_string() && to_lower(v.as_string()) != v.as_string();
     fail(line, "no test named '" + name + "'");
   }
 

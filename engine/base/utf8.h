@@ -25,6 +25,9 @@ inline void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
+// Whether s is valid UTF-8 throughout.
+inline bool valid_utf8(std::string_view s);
+
 // s with every occurrence of `from` (not empty) replaced by `to`, left to right.
 inline std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
   std::string out;
@@ -83,6 +86,20 @@ inline int utf8_next(std::string_view s, size_t i, char32_t* cp) {
   }
   *cp = c;
   return len;
+}
+
+inline bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    char32_t cp;
+    const int n = utf8_next(s, i, &cp);
+    if (n <= 0) return false;
+    i += static_cast<size_t>(n);
+  }
+  return true;
 }
 
 }  // namespace kvpr

@@ -7,7 +7,8 @@
 namespace kvpr {
 
 namespace {
-constexpr int kMaxDepth = 16;  // nested Sequences
+constexpr int kMaxDepth = 16;     // nested Sequences
+constexpr size_t kMaxSteps = 64;  // normalizers in all
 
 bool flag(const json::Value& v, const char* key, bool fallback) {
   const json::Value* f = v.find(key);
@@ -161,6 +162,9 @@ void Normalizer::add(const json::Value& v, const std::string& path, int depth) {
     KVPR_THROW(where, " is not supported (kvpr has NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, "
                "Replace, Prepend, Nmt, BertNormalizer and Sequence)");
   }
+  KVPR_CHECK(steps_.size() < kMaxSteps, path, ": more than ", kMaxSteps, " normalizers");
+  KVPR_CHECK(valid_utf8(s.content), where, ": its text is not valid UTF-8");
+  KVPR_CHECK(s.kind != Kind::Replace || !s.pattern.source().empty(), where, ": an empty pattern matches everywhere");
   // Unicode forms, case and categories need utf8proc (a Replace's regex, Oniguruma: it says so).
   const bool plain = s.kind == Kind::Prepend || s.kind == Kind::Strip || s.kind == Kind::Replace;
   KVPR_CHECK(plain || unicode::available(), where,
@@ -171,7 +175,11 @@ void Normalizer::add(const json::Value& v, const std::string& path, int depth) {
 std::string Normalizer::apply(std::string_view text, bool* stripped_start) const {
   std::string out(text);
   if (stripped_start) *stripped_start = false;
+  // What a normalizer may make of a text: NFKD grows a character 18-fold at most; a Replace
+  // whose pattern matches nothing but empty strings could grow it without end.
+  const size_t cap = 64 * text.size() + 65536;
   for (const Step& s : steps_) {
+    KVPR_CHECK(out.size() <= cap, "the normalizer made ", out.size(), " bytes of a ", text.size(), "-byte text");
     switch (s.kind) {
       case Kind::Form:
         out = unicode::normalize(out, s.form);

@@ -44,6 +44,8 @@ Pattern Pattern::regex(std::string_view re) {
   });
   auto compiled = std::make_shared<Compiled>();
   OnigErrorInfo info;
+  static std::mutex compiling;  // onig_new is not thread-safe (the onig crate locks it too)
+  std::lock_guard<std::mutex> lock(compiling);
   const auto* p = reinterpret_cast<const OnigUChar*>(re.data());
   const int r = onig_new(&compiled->re, p, p + re.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_ONIGURUMA, &info);
   KVPR_CHECK(r == ONIG_NORMAL, "the pattern ", re, " does not compile: ", onig_message(r, &info));
@@ -56,6 +58,8 @@ Pattern Pattern::regex(std::string_view re) {
 void Pattern::for_each_span(std::string_view text, const std::function<void(const PatternSpan&)>& span) const {
   if (text.empty()) return span({0, 0, false});
   if (literal_) return literal_spans(text, span);
+  // Oniguruma reads UTF-8 without checking it (its own check would cost a pass per search).
+  KVPR_CHECK(valid_utf8(text), "the pattern ", source_, " was given text that is not UTF-8");
   struct Search {
     OnigRegion* region = onig_region_new();
     OnigMatchParam* param = onig_new_match_param();

@@ -102,6 +102,11 @@ void split_llama3(std::string_view s, int max_digits, Piece&& piece) {
   auto cls_at = [&](size_t k) { return k < n ? char_at(s, k).cls : CharClass::Space; };
   size_t i = 0;
   while (i < n) {
+    if (s[i] == '\'' && i + 2 < n && s[i + 1] == '\xc5' && s[i + 2] == '\xbf') {  // 'ſ: U+017F folds to s
+      emit(i, i + 3);
+      i += 3;
+      continue;
+    }
     if (s[i] == '\'' && i + 1 < n) {  // contractions, in any case
       const char a = ascii_lower(s[i + 1]);
       if (a == 's' || a == 't' || a == 'm' || a == 'd') {
@@ -239,7 +244,8 @@ std::vector<std::string_view> pretokenize(std::string_view s) {
 // ---- The general path ----
 
 namespace {
-constexpr int kMaxDepth = 16;  // nested Sequences
+constexpr int kMaxDepth = 16;     // nested Sequences
+constexpr size_t kMaxSteps = 64;  // steps in all (each runs once per piece, recursively)
 
 const std::string kGpt2Pattern = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 const std::string kLlama3Pattern =
@@ -405,7 +411,9 @@ void PreTokenizer::add(const json::Value& v, const std::string& path, int depth)
     s.split = flag(v, "split", true);
     steps_.push_back(std::move(s));
   } else if (type == "Whitespace") {
-    add_split(Pattern::regex("\\w+|[^\\w\\s]+"), SplitBehavior::Removed, true);
+    // Rust's regex crate, which runs this one in Hugging Face's, counts Join_Control (U+200C,
+    // U+200D) in \w; Oniguruma does not.
+    add_split(Pattern::regex("[\\w\\x{200C}\\x{200D}]+|[^\\w\\s\\x{200C}\\x{200D}]+"), SplitBehavior::Removed, true);
   } else if (type == "WhitespaceSplit" || type == "BertPreTokenizer") {
     Step s(Kind::CharSplit);
     s.chars = CharSet::Whitespace;
@@ -443,6 +451,9 @@ void PreTokenizer::add(const json::Value& v, const std::string& path, int depth)
     KVPR_THROW(where, " is not supported (kvpr has Split, ByteLevel, Metaspace, Whitespace, WhitespaceSplit, "
                "Punctuation, Digits, CharDelimiterSplit, BertPreTokenizer, FixedLength and Sequence)");
   }
+  KVPR_CHECK(steps_.size() <= kMaxSteps, path, ": more than ", kMaxSteps, " pre-tokenizers");
+  KVPR_CHECK(std::count_if(steps_.begin(), steps_.end(), [](const Step& x) { return x.kind == Kind::ByteLevel; }) <= 1,
+             path, ": more than one ByteLevel pre-tokenizer (each maps every byte again, doubling the text)");
   if (type == "Split" || type == "ByteLevel" || type == "Metaspace" || type == "Sequence") return;
   KVPR_CHECK(unicode::available(), where, " needs utf8proc and Oniguruma, and this kvpr was built without them "
              "(KVPR_TEXT_LIBS=OFF)");

@@ -25,19 +25,6 @@ std::string read_text(const std::string& path) {
 
 constexpr std::string_view kSpaceMark = "\xe2\x96\x81";  // U+2581 "▁", SentencePiece's space
 
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    if (static_cast<unsigned char>(s[i]) < 0x80) {
-      ++i;
-      continue;
-    }
-    char32_t cp;
-    const int n = utf8_next(s, i, &cp);
-    if (n <= 0) return false;
-    i += static_cast<size_t>(n);
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -185,7 +172,7 @@ void Tokenizer::read_bpe_model(const json::Value& model_json, const std::string&
     else if (m.is_array() && m.as_array().size() == 2 && m.as_array()[0].is_string() && m.as_array()[1].is_string())
       key = m.as_array()[0].as_string() + " " + m.as_array()[1].as_string();  // ["a", "b"] (tokenizers >= 0.20)
     KVPR_CHECK(!key.empty(), path, ": merge ", rank, " is neither \"a b\" nor [\"a\", \"b\"]");
-    merge_rank_.emplace(std::move(key), rank++);
+    merge_rank_[std::move(key)] = rank++;  // a pair listed twice keeps its last rank, as Hugging Face's map does
   }
   byte_token_.assign(256, -1);
   const json::Value* fallback = model->find("byte_fallback");
@@ -278,6 +265,8 @@ Tokenizer Tokenizer::load(const std::string& dir) {
 
 void Tokenizer::add_token(const std::string& content, std::optional<int32_t> id, bool special, const json::Value* flags) {
   if (content.empty()) return;
+  KVPR_CHECK(valid_utf8(content), "the added token '", sanitize_utf8(content), "' is not valid UTF-8");
+  KVPR_CHECK(!id || (*id >= 0 && *id < (1 << 30)), "the added token '", content, "' has an invalid id ", *id);
   for (auto& a : added_)
     if (a.content == content) {
       a.special = a.special || special;
@@ -312,25 +301,30 @@ void Tokenizer::read_added_tokens(const json::Value& tj, const json::Value& cfg,
     for (const auto& e : at->as_array()) {
       const json::Value* id = e.find("id");
       const json::Value* sp = e.find("special");
-      KVPR_CHECK(id && id->is_int(), "tokenizer.json: added token without an integer id");
+      KVPR_CHECK(id && id->is_int() && id->as_int() >= 0 && id->as_int() < (1 << 30),
+                 "tokenizer.json: an added token without a valid id");
       add_token(content_of(e), static_cast<int32_t>(id->as_int()), sp && sp->is_bool() && sp->as_bool(), &e);
     }
   }
   if (const std::string p = (fs::path(dir) / "added_tokens.json").string(); fs::exists(p)) {
     json::Value at = json::parse_file(p);
     KVPR_CHECK(at.is_object(), "added_tokens.json: expected an object");
-    for (const auto& [content, id] : at.as_object()) add_token(content, static_cast<int32_t>(id.as_int()), false);
+    for (const auto& [content, id] : at.as_object()) {
+      KVPR_CHECK(id.is_int() && id.as_int() >= 0 && id.as_int() < (1 << 30), "added_tokens.json: '", content,
+                 "' has no valid id");
+      add_token(content, static_cast<int32_t>(id.as_int()), false);
+    }
   }
   if (const json::Value* atd = cfg.find("added_tokens_decoder"); atd && atd->is_object()) {
     for (const auto& [id, e] : atd->as_object()) {
       const json::Value* sp = e.find("special");
-      int32_t i = 0;
+      long i = -1;
       try {
-        i = static_cast<int32_t>(std::stol(id));
+        i = std::stol(id);
       } catch (const std::exception&) {
-        KVPR_THROW("tokenizer_config.json: added_tokens_decoder key '", id, "' is not an id");
       }
-      add_token(content_of(e), i, !sp || !sp->is_bool() || sp->as_bool(), &e);
+      KVPR_CHECK(i >= 0 && i < (1 << 30), "tokenizer_config.json: added_tokens_decoder key '", id, "' is not an id");
+      add_token(content_of(e), static_cast<int32_t>(i), !sp || !sp->is_bool() || sp->as_bool(), &e);
     }
   }
 }
@@ -462,8 +456,7 @@ void Tokenizer::bpe_merge(std::string_view word, std::vector<int32_t>* out) cons
     const bool bytes = !byte_token_.empty() && std::all_of(ch.begin(), ch.end(), [&](char b) {
       return byte_token_[static_cast<unsigned char>(b)] >= 0;
     });
-    if (bytes) {
-      if (pending_unk >= 0) push_sym(id_to_token_[pending_unk], pending_unk), pending_unk = -1;
+    if (bytes) {  // a pending unknown token stays pending across them, as in Hugging Face's merge_word
       for (unsigned char b : ch) push_sym(id_to_token_[byte_token_[b]], byte_token_[b]);
     } else if (unk_) {
       if (pending_unk >= 0 && !fuse_unk_) push_sym(id_to_token_[pending_unk], pending_unk);
@@ -654,7 +647,26 @@ std::string Tokenizer::token_bytes(int32_t id, bool skip_special) const {
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::string bytes;
-  for (int32_t id : ids) bytes += token_bytes(id, skip_special);
+  // <0xNN> tokens in a row make their bytes' text when it is UTF-8, else one U+FFFD per byte
+  // (Hugging Face's ByteFallback decoder).
+  std::string run;
+  auto flush = [&] {
+    if (valid_utf8(run)) bytes += run;
+    else
+      for (size_t k = 0; k < run.size(); ++k) bytes += "\xef\xbf\xbd";
+    run.clear();
+  };
+  for (int32_t id : ids) {
+    const auto b = kind_ == Kind::Metaspace && !byte_token_.empty() && id >= 0
+                       ? std::find(byte_token_.begin(), byte_token_.end(), id) : byte_token_.end();
+    if (b != byte_token_.end()) {
+      run.push_back(static_cast<char>(b - byte_token_.begin()));
+      continue;
+    }
+    flush();
+    bytes += token_bytes(id, skip_special);
+  }
+  flush();
   if (strip_leading_space_ && !bytes.empty() && bytes[0] == ' ') bytes.erase(0, 1);
   return sanitize_utf8(bytes);
 }

@@ -104,7 +104,9 @@ bool is_nonspacing_mark(char32_t) { missing(); }
 bool is_other(char32_t) { missing(); }
 char32_t to_lower(char32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
 char32_t to_upper(char32_t c) { return c >= 'a' && c <= 'z' ? c - 32 : c; }
-bool is_word(char32_t) { missing(); }
+bool is_word(char32_t c) {  // ASCII's word characters only (single_word added tokens)
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
 
 #endif
 

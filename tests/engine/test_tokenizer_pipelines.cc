@@ -2,7 +2,7 @@
 // Rust library through the npm package `tokenizers`; tests/scripts/make_tokenizer_pipeline_fixtures.mjs):
 // five real tokenizer.json files kvpr did not load before (Mistral-Nemo's Tekken, DeepSeek-V3,
 // GPT-4o, Claude, Yi) and synthetic pipelines over GPT-2's and Yi's vocabularies, each on a
-// corpus of 414 strings: the ids without and with special tokens, and the decoded text. The
+// corpus of 418 strings: the ids without and with special tokens, and the decoded text. The
 // fast paths (hand-written splitters for GPT-2's, Llama-3's and Qwen2's patterns) are checked
 // against Oniguruma running the same patterns.
 #include <gtest/gtest.h>
@@ -163,7 +163,7 @@ TEST(TokenizerPipelines, FastSplittersEqualOniguruma) {
   // And on strings made to stress them: runs of whitespace before letters, digits, marks,
   // newlines and apostrophes in every order.
   const char* parts[] = {" ", "  ", "\n", "\r\n", "\t", "a", "Z", "é", "9", "123", "'s", "'LL", "!", "?!", "\u00a0", "日本",
-                         "\u0301", "/", "\u3000", "x"};
+                         "\u0301", "/", "\u3000", "x", "'\u017f", "'", "\u200d"};
   Rng rng(17);
   const Tokenizer llama3 = Tokenizer::load(test::data_path("llama3-tokenizer"));
   Tokenizer general = llama3;
@@ -191,6 +191,24 @@ TEST(TokenizerPipelines, AddedTokenFlags) {
   EXPECT_EQ(t.encode("a<r>  b", false), (std::vector<int32_t>{0, 11, 1}));
   EXPECT_EQ(t.encode("x Ab x", false), (std::vector<int32_t>{3, 2, 12, 2, 3}));  // "ab" after lowercasing
   EXPECT_EQ(t.encode("xab", false), (std::vector<int32_t>{3, 0, 1}));           // not a single word
+  // Ids out of range and text that is not UTF-8 are refused when the tokenizer loads.
+  for (const char* bad : {R"({"id": -1, "content": "<x>"})", R"({"id": 2147483647, "content": "<x>"})",
+                          "{\"id\": 20, \"content\": \"\xb8\xad\"}"}) {
+    test::TempDir d;
+    std::ofstream(d.file("tokenizer.json")) << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": [)"
+                                            << bad << "]}";
+    EXPECT_THROW(Tokenizer::load(d.path()), Error) << bad;
+  }
+}
+
+// Byte tokens in a row decode to their text when it is UTF-8, else to one U+FFFD per byte, as
+// Hugging Face's ByteFallback decoder does.
+TEST(TokenizerPipelines, ByteFallbackDecoding) {
+  if (!unicode::available()) GTEST_SKIP() << "built without Oniguruma and utf8proc";
+  const Tokenizer yi = Tokenizer::load(kModels + "/yi");
+  auto id = [&](const char* t) { return *yi.token_to_id(t); };
+  EXPECT_EQ(yi.decode({id("<0xE4>"), id("<0xB8>"), id("<0xAD>")}), "\u4e2d");
+  EXPECT_EQ(yi.decode({id("<0xE4>"), id("<0xB8>"), id("\u2581a")}), "\ufffd\ufffd a");
 }
 
 // A pattern is Oniguruma's: lookbehind, possessive quantifiers, Unicode properties; String

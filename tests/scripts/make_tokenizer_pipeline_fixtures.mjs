@@ -64,6 +64,8 @@ const extra = [
   'sayhello there', 'hello', 'HELLO World', 'hello,hello hello!', '<s>text</s>', '<unk><s></s>',
   '<｜fim▁begin｜>def<｜fim▁hole｜>return<｜fim▁end｜>', '<|endoftext|>', '<|im_start|>user\nhi<|im_end|>',
   '[INST] question [/INST]', '<pad><pad>',
+  // Join_Control inside words (Rust's \w has it, Oniguruma's not), the long s that folds to s
+  'می‌خواهم بروم', 'x\u200dy\u200cz', "it'ſ 'ſt 'Ş", 'ſtraße',
 ];
 const all = [...corpus, ...extra.filter((s) => !corpus.includes(s))];
 fs.writeFileSync(path.join(out, 'corpus.json'), JSON.stringify(all, null, 0) + '\n');

@@ -1,0 +1,183 @@
+#include "engine/kv/block_pool.h"
+
+#include <algorithm>
+
+#include "engine/base/error.h"
+
+namespace kvpr {
+
+BlockPool::BlockPool(int64_t blocks, int64_t block_tokens)
+    : block_tokens_(block_tokens),
+      ref_(static_cast<size_t>(blocks), 0),
+      hash_of_(static_cast<size_t>(blocks)),
+      content_(static_cast<size_t>(blocks * block_tokens)),
+      idle_at_(static_cast<size_t>(blocks)) {
+  KVPR_CHECK(blocks > 0 && blocks < (int64_t{1} << 31), "a KV block pool needs 1 to 2^31 - 1 blocks, not ", blocks);
+  KVPR_CHECK(block_tokens > 0, "KV blocks need at least one token, not ", block_tokens);
+  for (Block b = 0; b < static_cast<Block>(blocks); ++b) idle_at_[static_cast<size_t>(b)] = idle_.insert(idle_.end(), b);
+}
+
+uint64_t BlockPool::block_hash(uint64_t parent, std::span<const int32_t> tokens) const {
+  // splitmix64 steps over the parent's hash and each token: a full block's identity is its
+  // tokens and everything before them.
+  auto mix = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  };
+  uint64_t h = mix(parent);
+  for (int32_t t : tokens) h = mix(h ^ static_cast<uint32_t>(t));
+  return h;
+}
+
+std::vector<BlockPool::Block> BlockPool::cached_prefix(std::span<const int32_t> tokens) const {
+  std::vector<Block> out;
+  uint64_t parent = 0;
+  for (size_t i = 0; (i + 1) * static_cast<size_t>(block_tokens_) <= tokens.size(); ++i) {
+    const auto part = tokens.subspan(i * static_cast<size_t>(block_tokens_), static_cast<size_t>(block_tokens_));
+    const uint64_t h = block_hash(parent, part);
+    auto it = by_hash_.find(h);
+    if (it == by_hash_.end()) break;
+    // The hash names the block; its kept tokens confirm it (a collision never shares KV).
+    const auto kept = std::span<const int32_t>(content_).subspan(static_cast<size_t>(it->second) * part.size(), part.size());
+    if (!std::equal(part.begin(), part.end(), kept.begin())) break;
+    out.push_back(it->second);
+    parent = h;
+  }
+  return out;
+}
+
+int64_t BlockPool::match_prefix(std::span<const int32_t> tokens) const {
+  if (tokens.empty()) return 0;
+  return static_cast<int64_t>(cached_prefix(tokens.first(tokens.size() - 1)).size()) * block_tokens_;
+}
+
+std::optional<BlockPool::Block> BlockPool::take_idle() {
+  if (idle_.empty()) return std::nullopt;
+  const Block b = idle_.front();
+  idle_.pop_front();
+  auto& h = hash_of_[static_cast<size_t>(b)];
+  if (h) {  // its content is given up: no longer found by its hash
+    by_hash_.erase(*h);
+    h.reset();
+    --cached_idle_;
+  }
+  ref_[static_cast<size_t>(b)] = 1;
+  return b;
+}
+
+void BlockPool::hold(Block b) {
+  auto& r = ref_[static_cast<size_t>(b)];
+  if (r == 0) {
+    idle_.erase(idle_at_[static_cast<size_t>(b)]);
+    if (hash_of_[static_cast<size_t>(b)]) --cached_idle_;
+  }
+  ++r;
+}
+
+void BlockPool::drop(Block b) {
+  auto& r = ref_[static_cast<size_t>(b)];
+  KVPR_CHECK(r > 0, "KV block ", b, " released more often than held");
+  if (--r > 0) return;
+  // A block with content worth keeping waits at the back; one without (partial, or a duplicate
+  // of a cached block) is the first to be taken again.
+  if (hash_of_[static_cast<size_t>(b)]) {
+    idle_at_[static_cast<size_t>(b)] = idle_.insert(idle_.end(), b);
+    ++cached_idle_;
+  } else {
+    idle_at_[static_cast<size_t>(b)] = idle_.insert(idle_.begin(), b);
+  }
+}
+
+void BlockPool::seal(Seq& s, std::span<const int32_t> tokens) {
+  const size_t bt = static_cast<size_t>(block_tokens_);
+  while ((s.hashes.size() + 1) * bt <= static_cast<size_t>(s.tokens)) {
+    const size_t i = s.hashes.size();
+    const auto part = tokens.subspan(i * bt, bt);
+    const uint64_t h = block_hash(i == 0 ? 0 : s.hashes.back(), part);
+    s.hashes.push_back(h);
+    const Block b = s.table[i];
+    auto& bh = hash_of_[static_cast<size_t>(b)];
+    if (bh || by_hash_.count(h)) continue;  // already known (shared), or the same content cached elsewhere
+    bh = h;
+    by_hash_[h] = b;
+    std::copy(part.begin(), part.end(), content_.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(b) * bt));
+  }
+}
+
+bool BlockPool::can_admit(std::span<const int32_t> tokens, int64_t reserve) const {
+  const std::vector<Block> hit = tokens.empty() ? std::vector<Block>{} : cached_prefix(tokens.first(tokens.size() - 1));
+  const int64_t idle_hit = std::count_if(hit.begin(), hit.end(), [&](Block b) { return ref_[static_cast<size_t>(b)] == 0; });
+  const int64_t fresh = blocks_for(static_cast<int64_t>(tokens.size())) - static_cast<int64_t>(hit.size());
+  return free_blocks() - idle_hit - fresh >= reserve;
+}
+
+bool BlockPool::allocate(SeqId seq, std::span<const int32_t> tokens, std::vector<Copy>* copies) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  auto it = seqs_.find(seq);
+  const bool is_new = it == seqs_.end();
+  std::vector<Block> hit;
+  if (is_new && n > 0) hit = cached_prefix(tokens.first(tokens.size() - 1));
+  const Seq* s = is_new ? nullptr : &it->second;
+  KVPR_CHECK(is_new || n >= s->tokens, "sequence ", seq, " holds ", s->tokens, " tokens; it cannot shrink to ", n);
+  const int64_t have = is_new ? static_cast<int64_t>(hit.size()) : static_cast<int64_t>(s->table.size());
+  const int64_t written = is_new ? have * block_tokens_ : s->tokens;
+  // A partial last block others hold too is copied before this sequence writes into it.
+  const bool cow = !is_new && n > written && written % block_tokens_ != 0 && ref_[static_cast<size_t>(s->table.back())] > 1;
+  const int64_t idle_hit = std::count_if(hit.begin(), hit.end(), [&](Block b) { return ref_[static_cast<size_t>(b)] == 0; });
+  const int64_t fresh = std::max<int64_t>(0, blocks_for(n) - have) + (cow ? 1 : 0);
+  if (free_blocks() - idle_hit < fresh) return false;
+
+  Seq& q = is_new ? seqs_[seq] : it->second;
+  if (is_new) {
+    for (Block b : hit) {
+      hold(b);
+      q.table.push_back(b);
+      q.hashes.push_back(*hash_of_[static_cast<size_t>(b)]);
+    }
+    q.tokens = written;
+    prefix_queries_ += n;
+    prefix_hits_ += written;
+  }
+  if (cow) {
+    const Block from = q.table.back(), to = *take_idle();
+    copies->push_back({from, to});
+    drop(from);
+    q.table.back() = to;
+  }
+  while (static_cast<int64_t>(q.table.size()) < blocks_for(n)) q.table.push_back(*take_idle());
+  q.tokens = n;
+  seal(q, tokens);
+  return true;
+}
+
+void BlockPool::fork(SeqId parent, SeqId child) {
+  auto it = seqs_.find(parent);
+  KVPR_CHECK(it != seqs_.end(), "sequence ", parent, " holds no KV blocks to fork");
+  KVPR_CHECK(!seqs_.count(child), "sequence ", child, " already holds KV blocks");
+  Seq copy = it->second;
+  for (Block b : copy.table) hold(b);
+  seqs_.emplace(child, std::move(copy));
+}
+
+void BlockPool::release(SeqId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  // Last block first: a sequence's tail is given up before its prefix.
+  for (auto b = it->second.table.rbegin(); b != it->second.table.rend(); ++b) drop(*b);
+  seqs_.erase(it);
+}
+
+const std::vector<BlockPool::Block>& BlockPool::table(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  KVPR_CHECK(it != seqs_.end(), "sequence ", seq, " holds no KV blocks");
+  return it->second.table;
+}
+
+int64_t BlockPool::tokens(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.tokens;
+}
+
+}  // namespace kvpr

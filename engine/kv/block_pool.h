@@ -1,0 +1,101 @@
+// Paged KV's blocks (issue 25's allocator): the KV store as `blocks` blocks of `block_tokens`
+// tokens, lent to sequences through block tables, as vLLM's PagedAttention made standard.
+//
+// - A sequence's table lists its blocks in order: token t lives in block table[t / B] at row
+//   t % B. Blocks are taken from the pool as the sequence grows (allocate), never up front.
+// - A full block is known by the hash of its tokens and of the block before it (its prefix):
+//   a new sequence whose prompt starts with blocks the pool holds takes them as they are
+//   (match_prefix, then allocate with them) and computes only the rest. A block several
+//   sequences hold is read by all and written by none.
+// - Forking a sequence (n > 1 choices of one prompt) shares all its blocks, the partial last one
+//   too; the first append to a shared partial block copies it (copy-on-write): allocate says which
+//   block to copy where, and the runtime copies it before writing.
+// - A block no sequence holds stays cached with its hash until an allocation needs a block:
+//   the least recently freed goes first (a finished sequence's last blocks before its first, so
+//   a common prefix outlives its tails).
+// Not thread-safe: the scheduler that admits sequences owns it.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace kvpr {
+
+class BlockPool {
+ public:
+  using Block = int32_t;
+  using SeqId = int64_t;
+
+  BlockPool(int64_t blocks, int64_t block_tokens);
+
+  int64_t block_tokens() const { return block_tokens_; }
+  int64_t total_blocks() const { return static_cast<int64_t>(ref_.size()); }
+  // Blocks no sequence holds: free (no content) and cached (a full block's content kept).
+  int64_t free_blocks() const { return static_cast<int64_t>(idle_.size()); }
+  int64_t cached_blocks() const { return cached_idle_; }
+  int64_t used_blocks() const { return total_blocks() - free_blocks(); }
+  // Blocks a sequence of `tokens` tokens needs.
+  int64_t blocks_for(int64_t tokens) const { return (tokens + block_tokens_ - 1) / block_tokens_; }
+
+  // How many leading tokens of `tokens` the pool holds in full blocks (a multiple of
+  // block_tokens), not counting the last token (a prompt's last token is always computed, for
+  // its logits).
+  int64_t match_prefix(std::span<const int32_t> tokens) const;
+
+  // A copy the runtime makes before a sequence writes: block `from`'s rows into block `to`.
+  struct Copy {
+    Block from, to;
+  };
+  // Makes `seq`'s table cover `tokens` tokens in all (the tokens written so far and `tokens`' new
+  // ones: `tokens` is the sequence's whole token list, its new ones at the end). A new sequence
+  // first takes the blocks match_prefix found. Returns false, changing nothing, when the pool has
+  // too few blocks; else appends to `copies` the copy-on-write a shared partial block needs.
+  bool allocate(SeqId seq, std::span<const int32_t> tokens, std::vector<Copy>* copies);
+  // Whether allocate could give a new sequence of `tokens` tokens its blocks now, with `reserve`
+  // blocks left over (admission keeps room for the sequences that decode).
+  bool can_admit(std::span<const int32_t> tokens, int64_t reserve) const;
+  // `child` holds what `parent` holds, the same blocks (n > 1 choices of one prompt).
+  void fork(SeqId parent, SeqId child);
+  // The sequence's blocks go back to the pool (finished, cancelled or preempted); full ones stay
+  // cached for its prefix.
+  void release(SeqId seq);
+
+  const std::vector<Block>& table(SeqId seq) const;
+  int64_t tokens(SeqId seq) const;
+  bool holds(SeqId seq) const { return seqs_.count(seq) != 0; }
+  int32_t ref_count(Block b) const { return ref_[static_cast<size_t>(b)]; }
+  // Tokens of prompts admitted and, of them, found in cached blocks (the prefix hit rate).
+  int64_t prefix_queries() const { return prefix_queries_; }
+  int64_t prefix_hits() const { return prefix_hits_; }
+
+ private:
+  struct Seq {
+    std::vector<Block> table;
+    std::vector<uint64_t> hashes;  // of its full blocks, in order
+    int64_t tokens = 0;
+  };
+  uint64_t block_hash(uint64_t parent, std::span<const int32_t> tokens) const;
+  // The cached full blocks `tokens` begins with, in order.
+  std::vector<Block> cached_prefix(std::span<const int32_t> tokens) const;
+  std::optional<Block> take_idle();  // the least recently freed idle block, its hash forgotten
+  void hold(Block b);                // one more holder (an idle cached block leaves the idle list)
+  void drop(Block b);                // one fewer; at none it goes idle
+  void seal(Seq& s, std::span<const int32_t> tokens);  // hash the blocks that became full
+
+  int64_t block_tokens_;
+  std::vector<int32_t> ref_;                        // holders per block
+  std::vector<std::optional<uint64_t>> hash_of_;    // a full block's hash, while its content is kept
+  std::vector<int32_t> content_;                    // [blocks, block_tokens]: a hashed block's tokens
+  std::unordered_map<uint64_t, Block> by_hash_;     // cached full blocks
+  std::list<Block> idle_;                           // blocks no one holds, least recently freed first
+  std::vector<std::list<Block>::iterator> idle_at_;  // each idle block's place in idle_
+  int64_t cached_idle_ = 0;                         // idle blocks with a hash
+  std::unordered_map<SeqId, Seq> seqs_;
+  int64_t prefix_queries_ = 0, prefix_hits_ = 0;
+};
+
+}  // namespace kvpr
