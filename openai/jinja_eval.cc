@@ -83,8 +83,33 @@ std::string map_case(std::string_view s, CaseOf&& case_of) {
   }
   return out;
 }
-std::string to_lower(const std::string& s) {  // str.lower(), and what sort and dictsort compare by
-  return map_case(s, [](char32_t) { return Case::Lower; });
+// str.lower(), and what sort and dictsort compare by: also Python's İ -> i + U+0307 and a Σ that
+// ends a word -> ς (a cased letter before it, none after).
+std::string to_lower(const std::string& s) {
+  auto cased = [](char32_t c) { return unicode::to_lower(c) != c || unicode::to_upper(c) != c; };
+  std::string out = map_case(s, [](char32_t) { return Case::Lower; });
+  if (s.find("\xc4\xb0") == std::string::npos && s.find("\xce\xa3") == std::string::npos) return out;
+  std::vector<char32_t> cps;
+  for (size_t i = 0; i < s.size();) {
+    char32_t c;
+    const int n = utf8_next(s, i, &c);
+    if (n <= 0) return out;  // not UTF-8: the simple mapping stands
+    cps.push_back(c);
+    i += static_cast<size_t>(n);
+  }
+  out.clear();
+  for (size_t i = 0; i < cps.size(); ++i) {
+    if (cps[i] == 0x130) {
+      append_utf8(out, 'i');
+      append_utf8(out, 0x307);
+    } else if (cps[i] == 0x3a3) {
+      const bool final = i > 0 && cased(cps[i - 1]) && !(i + 1 < cps.size() && cased(cps[i + 1]));
+      append_utf8(out, final ? 0x3c2 : 0x3c3);
+    } else {
+      append_utf8(out, unicode::to_lower(cps[i]));
+    }
+  }
+  return out;
 }
 std::string to_upper(const std::string& s) {
   return map_case(s, [](char32_t) { return Case::Upper; });
@@ -742,11 +767,14 @@ class Renderer {
     if (op == "+") {
       if (nums) return floats ? Value(a.as_double() + b.as_double()) : checked(__builtin_add_overflow(a.as_int(), b.as_int(), &r));
       if (a.is_string() && b.is_string()) return sized(a.as_string() + b.as_string());
-      if (a.is_list() && b.is_list()) {
+      if (a.is_list() && b.is_list()) {  // list + list, tuple + tuple (Python has no list + tuple)
+        if (a.is_tuple() != b.is_tuple())
+          fail(line, std::string("can only concatenate ") + (a.is_tuple() ? "tuple" : "list") + " (not \"" +
+                         (b.is_tuple() ? "tuple" : "list") + "\") to " + (a.is_tuple() ? "tuple" : "list"));
         if (a.as_list().size() + b.as_list().size() > kMaxItems) fail(line, "a list past " + std::to_string(kMaxItems) + " items");
         List l = a.as_list();
         l.insert(l.end(), b.as_list().begin(), b.as_list().end());
-        return nested(Value(std::move(l)), line);
+        return nested(a.is_tuple() ? Value::tuple(std::move(l)) : Value(std::move(l)), line);
       }
       return type_error();
     }
@@ -814,7 +842,7 @@ class Renderer {
       List out;
       for (int64_t i : slice_indices(static_cast<int64_t>(v.as_list().size()), start, stop, step_v))
         out.push_back(v.as_list()[static_cast<size_t>(i)]);
-      return Value(std::move(out));
+      return v.is_tuple() ? Value::tuple(std::move(out)) : Value(std::move(out));
     }
     if (v.is_string()) {
       const std::vector<std::string> cps = code_points(v.as_string());

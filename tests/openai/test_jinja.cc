@@ -174,10 +174,14 @@ TEST(Jinja, ValuesPrintAsPythonPrintsThem) {
   // Tuples print as Python prints them and equal no list.
   EXPECT_EQ(render("{{ (1, 'a') }} {{ (1,) }} {{ () }} {% set t = 1, 2 %}{{ t }} {{ (1, 2) == [1, 2] }} {{ (1, 2) == (1, 2) }}"),
             "(1, 'a') (1,) () (1, 2) False True");
+  EXPECT_EQ(render("{{ (1,) + (2,) }} {{ (1, 2, 3)[1:] }} {{ [1] + [2] }} {{ '%s' % [1, 2] }} {{ '%s-%s'|format(1, 2) }}"),
+            "(1, 2) (2, 3) [1, 2] [1, 2] 1-2");
+  EXPECT_NE(error_of("{{ (1,) + [2] }}").find("can only concatenate tuple (not \"list\") to tuple"), std::string::npos);
   // Case beyond ASCII (Unicode's simple mappings).
   EXPECT_EQ(render("{{ 'Été Δε'|lower }} {{ 'été'|upper }} {{ 'naïve école'|title }} "
                    "{{ 'éCOLE'|capitalize }} {{ 'Ж'.lower() }}"),
             "été δε ÉTÉ Naïve École École ж");
+  EXPECT_EQ(render("{{ 'ΟΔΥΣΣΕΥΣ Σ'|lower }} {{ 'İ'.lower() }}"), "οδυσσευς σ i\u0307");
   EXPECT_EQ(render("{{ 'x' in 'axb' }} {{ 'a' in {'a': 1} }} {{ 1 not in [2] }} {{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }}"),
             "True True True True False");
   EXPECT_EQ(render("{{ none|default('d') }} {{ ''|default('d', true) }} {{ u|default('d') }}"), "None d d");
