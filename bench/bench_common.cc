@@ -171,10 +171,22 @@ GreedyDecode::GreedyDecode(Backend& be, Model& model, KvRuntime& kv, int batch, 
   seqs_.resize(static_cast<size_t>(batch));
   for (auto& s : seqs_)
     for (int i = 0; i < prompt; ++i) s.push_back(static_cast<int32_t>(3 + rng.next() % static_cast<uint64_t>(valid_ - 3)));
+  if (kv.layout().block_tokens < kv.layout().max_tokens)
+    pool_ = std::make_unique<BlockPool>(kv.layout().blocks, kv.layout().block_tokens);
   ids_dev_ = be.alloc(DType::I32, {batch});
   stats_dev_ = be.alloc(DType::F32, {batch, 2});
   ids_host_ = be.alloc_pinned(DType::I32, {batch});
   stats_host_ = be.alloc_pinned(DType::F32, {batch, 2});
+}
+
+ForwardChunk GreedyDecode::chunk(int b, const int32_t* tokens, int64_t count, int64_t past) {
+  ForwardChunk c{tokens, count, past, b};
+  if (!pool_) return c;
+  std::vector<BlockPool::Copy> copies;
+  const auto whole = std::span<const int32_t>(seqs_[static_cast<size_t>(b)]).first(static_cast<size_t>(past + count));
+  KVPR_CHECK(pool_->allocate(b, whole, &copies, false), "the bench's KV blocks ran out");
+  c.blocks = pool_->table(b);
+  return c;
 }
 
 double GreedyDecode::prefill() {
@@ -184,7 +196,7 @@ double GreedyDecode::prefill() {
   const int group = std::max(1, 8192 / std::max(prompt_, 1));
   for (int b0 = 0; b0 < batch_; b0 += group) {
     std::vector<ForwardChunk> chunks;
-    for (int b = b0; b < std::min(batch_, b0 + group); ++b) chunks.push_back({seqs_[b].data(), prompt_, 0, b});
+    for (int b = b0; b < std::min(batch_, b0 + group); ++b) chunks.push_back(chunk(b, seqs_[b].data(), prompt_, 0));
     Tensor part = logits.rows(b0, static_cast<int64_t>(chunks.size()));
     model_.forward(chunks, kv_, part);
   }
@@ -201,7 +213,7 @@ GreedyDecode::Step GreedyDecode::step(bool graphs) {
   Step r;
   const auto t_issue = Clock::now();
   std::vector<ForwardChunk> chunks;
-  for (int b = 0; b < batch_; ++b) chunks.push_back({&seqs_[b].back(), 1, static_cast<int64_t>(seqs_[b].size()) - 1, b});
+  for (int b = 0; b < batch_; ++b) chunks.push_back(chunk(b, &seqs_[b].back(), 1, static_cast<int64_t>(seqs_[b].size()) - 1));
   GraphStepScope graph(be_, graphs);
   Tensor dev_logits = model_.forward_device(chunks, kv_);
   be_.argmax_lse(ids_dev_, stats_dev_, dev_logits, valid_);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/kv/block_pool.h"
 #include "engine/backend/backend.h"
 #include "engine/base/error.h"
 #include "engine/base/json.h"
@@ -114,6 +115,9 @@ double recompute_gemm_tflops(Backend& be, int64_t hidden, int64_t kv_hidden, int
 // (pinned) and the host waits for the compute stream once.
 class GreedyDecode {
  public:
+  // With a paged runtime (blocks smaller than a sequence), the sequences take their blocks from
+  // a BlockPool as the Generator's do: the prompts' at prefill, one sequence after another, then
+  // a block each as decoding fills theirs, so later blocks interleave across the batch.
   GreedyDecode(Backend& be, Model& model, KvRuntime& kv, int batch, int prompt, uint64_t seed = 7);
   // The prompts' prefill (in groups of at most 8192 tokens) and the first token; seconds.
   double prefill();
@@ -134,6 +138,9 @@ class GreedyDecode {
   int batch_, prompt_;
   int32_t valid_;  // ids a tokenizer produces: GPT-2's 50257 for OPT (whose embedding is padded to 50272)
   std::vector<std::vector<int32_t>> seqs_;
+  std::unique_ptr<BlockPool> pool_;  // paged runtimes
+  // Sequence b's chunk of `count` tokens at `past`, its blocks taken first when paged.
+  ForwardChunk chunk(int b, const int32_t* tokens, int64_t count, int64_t past);
   Tensor ids_dev_, stats_dev_, ids_host_, stats_host_;
 };
 

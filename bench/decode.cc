@@ -2,6 +2,8 @@
 //                      llama-tiny|qwen2.5-7b|qwen3-8b|qwen3-0.6b|qwen3-tiny]
 //                     [--batch B] [--prompt P] [--gen N]
 //                     [--modes resident,resident+graphs,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
+//                     (a mode as MODE@B: its KV store paged in blocks of B tokens, taken from a block pool as
+//                     the server's are; without @: one block per sequence, the contiguous layout)
 //                     [--kv-dtype f16] [--weights device|host] [--gpu-batches N] [--emulate-link-gbps G]
 //                     [--host-attention-threads N]
 //                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR] [--max-positions N]
@@ -94,11 +96,21 @@ TracedSteps trace_two_steps(Backend& be, StepFn&& step, const std::string& trace
 // Tokens of KV each sequence of a mode's run holds: the prompt, the new tokens and two spare.
 int64_t kv_capacity(int prompt, int gen) { return static_cast<int64_t>(prompt) + gen + 2; }
 
+// The KV store of a run: batch sequences of kv_capacity tokens, in one block each (block_tokens 0)
+// or in blocks of block_tokens.
+KvLayout run_layout(int batch, int prompt, int gen, int64_t block_tokens) {
+  const int64_t cap = kv_capacity(prompt, gen);
+  if (block_tokens <= 0 || block_tokens >= cap) return KvLayout::slots(batch, cap);
+  KvLayout l{0, block_tokens, cap};
+  l.blocks = batch * l.blocks_for(cap);
+  return l;
+}
+
 ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const KvRuntimeOptions& base, int batch,
-                    int prompt, int gen, const std::string& trace_path) {
+                    int prompt, int gen, int64_t block_tokens, const std::string& trace_path) {
   KvRuntimeOptions o = base;
   o.mode = mode;
-  auto kv = model.make_kv_runtime(batch, kv_capacity(prompt, gen), o);
+  auto kv = model.make_kv_runtime(run_layout(batch, prompt, gen, block_tokens), o);
   GreedyDecode dec(be, model, *kv, batch, prompt);
   const double prefill_s = dec.prefill();
   // Host time to issue a step's work: when it approaches the step time, the step is bound by
@@ -267,6 +279,8 @@ class DecodeRun {
   struct Variant {
     KvMode mode;
     bool graphs;  // resident+graphs: resident with decode steps as CUDA graphs; by default on a GPU only
+    int64_t block_tokens = 0;  // MODE@B: paged in blocks of B tokens
+    std::string name;          // as given
   };
 
   DType kv_dtype() const { return *engine_.generator.kv_dtype; }
@@ -279,8 +293,7 @@ class DecodeRun {
     double best_bytes = -1;
     for (const auto& v : modes_) {
       KvPlan p;
-      p.slots = batch_;
-      p.capacity = kv_capacity(prompt_, gen_);
+      p.layout = run_layout(batch_, prompt_, gen_, v.block_tokens);
       p.kv = engine_.generator.kv;
       p.kv.mode = v.mode;
       p.kv.kv_dtype = kv_dtype();
@@ -297,13 +310,19 @@ class DecodeRun {
     for (size_t p = 0; p <= arg.size();) {
       size_t q = arg.find(',', p);
       if (q == std::string::npos) q = arg.size();
-      std::string name = arg.substr(p, q - p);
+      const std::string given = arg.substr(p, q - p);
+      std::string name = given;
+      int64_t block_tokens = 0;
+      if (const size_t at = name.find('@'); at != std::string::npos) {
+        block_tokens = parse_option_integer("--modes block tokens", name.substr(at + 1), 1, 1 << 20);
+        name.resize(at);
+      }
       const bool graphs = name == "resident+graphs";
       if (graphs) name = "resident";
       KVPR_CHECK(!(graphs && engine_.weights_on_host), "resident+graphs does not apply to --weights host");
       KvMode m;
       KVPR_CHECK(parse_kv_mode(name, &m), "unknown mode '", arg.substr(p, q - p), "'");
-      modes_.push_back({m, graphs});
+      modes_.push_back({m, graphs, block_tokens, given});
       p = q + 1;
     }
   }
@@ -371,11 +390,13 @@ class DecodeRun {
     const std::string trace_dir = opt_.get("--trace-dir", "");
     json::Array out;
     std::vector<std::vector<int32_t>> ref_tokens;
-    for (const auto [m, graphs] : modes_) {
-      const std::string name = std::string(kv_mode_name(m)) + (graphs ? "+graphs" : "");
+    for (const auto& [m, graphs, block_tokens, given] : modes_) {
+      const std::string name = given;
       const std::string trace = trace_dir.empty() ? "" : trace_dir + "/trace-" + name + ".json";
       std::fprintf(stderr, "  %-15s ...", name.c_str());
-      ModeResult r = run_mode(*be_, *model_, m, graphs, base, batch_, prompt_, gen_, trace);
+      ModeResult r = run_mode(*be_, *model_, m, graphs, base, batch_, prompt_, gen_, block_tokens, trace);
+      r.json.set("mode", name);
+      r.json.set("block_tokens", block_tokens > 0 ? block_tokens : kv_capacity(prompt_, gen_));
       std::fprintf(stderr, " %8.2f ms/step\n", r.ms_per_step);
       if (m == KvMode::Resident && (resident_ms_ < 0 || r.ms_per_step < resident_ms_)) {
         resident_ms_ = r.ms_per_step;
@@ -419,7 +440,9 @@ class DecodeRun {
     const double dev_ms = engine_.weights_on_host ? resident_busy_ms_ : resident_ms_;
     measured.resident_step_s = dev_ms > 0 ? dev_ms / 1e3 : 0;
     for (auto& mj : modes) {
-      const Bound b = decode_bound(mj.find("mode")->as_string(), shape, measured);
+      std::string mode = mj.find("mode")->as_string();
+      mode = mode.substr(0, mode.find('@'));  // a paged run has its contiguous twin's bound
+      const Bound b = decode_bound(mode, shape, measured);
       const double ms = mj.find("decode_ms_per_step_median")->as_double();
       mj.set("bound_ms", b.physical_s * 1e3);  // physical
       mj.set("model_bound_ms", b.model_s * 1e3);
@@ -438,6 +461,13 @@ class DecodeRun {
     if (has("kvpr") && has("cpu-attn")) ratios.set("kvpr_speedup_over_cpu_attn", ms_of_["cpu-attn"] / ms_of_["kvpr"]);
     if (has("resident") && has("resident+graphs"))
       ratios.set("resident_graphs_speedup", ms_of_["resident"] / ms_of_["resident+graphs"]);
+    // Paged against contiguous, mode by mode: the contiguous step time over the paged one (1.0:
+    // as fast; 0.97: 3% slower).
+    for (const auto& v : modes_)
+      if (v.block_tokens > 0) {
+        const std::string twin = v.name.substr(0, v.name.find('@'));
+        if (has(twin.c_str())) ratios.set(v.name + "_speed_over_contiguous", ms_of_[twin] / ms_of_[v.name]);
+      }
     if (const std::string peer_file = opt_.get("--peer", ""); !peer_file.empty()) {
       json::Value peer = json::parse_file(peer_file);
       result.set("peer", peer);

@@ -76,6 +76,16 @@ std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerSt
              &WorkerStats::spec_draft_tokens);
   per_worker("kvpr_worker_spec_accepted_tokens", "Draft tokens accepted since the worker started (speculative-tokens).",
              &WorkerStats::spec_accepted_tokens);
+  per_worker("kvpr_worker_kv_blocks_total", "Paged KV blocks in the worker's store.", &WorkerStats::kv_blocks_total);
+  per_worker("kvpr_worker_kv_blocks_used", "Paged KV blocks held by sequences.", &WorkerStats::kv_blocks_used);
+  per_worker("kvpr_worker_kv_blocks_cached", "Free paged KV blocks whose content is kept for the prefix cache.",
+             &WorkerStats::kv_blocks_cached);
+  per_worker("kvpr_worker_preemptions", "Sequences preempted for KV blocks since the worker started.",
+             &WorkerStats::preemptions);
+  per_worker("kvpr_worker_prefix_query_tokens", "Prompt tokens looked up in the prefix cache since the worker started.",
+             &WorkerStats::prefix_query_tokens);
+  per_worker("kvpr_worker_prefix_hit_tokens", "Of them, tokens whose K/V were found in cached blocks.",
+             &WorkerStats::prefix_hit_tokens);
   out += "# HELP kvpr_worker_up Worker ready (1) or not (0).\n# TYPE kvpr_worker_up gauge\n";
   for (const auto& w : workers)
     out += "kvpr_worker_up{worker=\"" + std::to_string(w.index) + "\"} " + (w.state == "ready" ? "1" : "0") + "\n";

@@ -98,6 +98,21 @@ void Routes::health(Exchange& ex) {
                    {"restarts", w.restarts}, {"unresponsive", w.unresponsive}, {"in_flight", w.in_flight}};
     if (!w.last_error.empty()) o.emplace_back("last_error", w.last_error);
     if (!w.info.placement.is_null()) o.emplace_back("placement", w.info.placement);
+    if (w.stats.kv_blocks_total > 0) {  // its paged KV store, from its last stats message
+      const WorkerStats& st = w.stats;
+      o.emplace_back("kv_cache",
+                     json::Object{{"tier", st.kv_tier},
+                                  {"block_tokens", st.kv_block_tokens},
+                                  {"blocks_total", st.kv_blocks_total},
+                                  {"blocks_used", st.kv_blocks_used},
+                                  {"blocks_free", st.kv_blocks_total - st.kv_blocks_used},
+                                  {"blocks_cached", st.kv_blocks_cached},
+                                  {"preemptions", st.preemptions},
+                                  {"prefix_hit_rate", st.prefix_query_tokens > 0
+                                                          ? static_cast<double>(st.prefix_hit_tokens) /
+                                                                static_cast<double>(st.prefix_query_tokens)
+                                                          : 0.0}});
+    }
     if (w.state == "ready") ++ready;
     workers.push_back(std::move(o));
   }
@@ -272,7 +287,9 @@ void Routes::complete(Generation& g) {
     g.ex->send_event("[DONE]");
     return g.ex->end_events();
   }
-  if (!g.r.error.empty()) return respond_error(*g.ex, {500, g.r.error, "server_error", ""});
+  if (!g.r.error.empty())
+    return respond_error(*g.ex, g.r.refused ? ApiError{400, g.r.error, "invalid_request_error", ""}
+                                            : ApiError{500, g.r.error, "server_error", ""});
   const ResponseContext ctx{tok_, served_.reasoning, [this] { return new_tool_call_id(); }};
   respond_json(*g.ex, 200, response_json(g.r, ctx));
 }

@@ -465,7 +465,8 @@ bool WorkerPool::submit(const GenerateMessage& request, int64_t cost, EventSink 
     if (!best || w->outstanding < best->outstanding ||
         (w->outstanding == best->outstanding && w->pending.size() < best->pending.size()))
       best = w.get();
-    if (!cfg_.engine.generator.prefix_caching || prompt.empty() || w->pending.size() >= static_cast<size_t>(cfg_.engine.generator.max_batch)) continue;
+    if (!cfg_.engine.generator.prefix_caching || prompt.empty() || w->pending.size() >= static_cast<size_t>(w->info.max_batch))
+      continue;
     for (const auto& rp : w->recent) {
       const std::vector<int32_t>& r = *rp;
       const size_t n = std::min(r.size(), prompt.size() - 1);
@@ -497,7 +498,7 @@ bool WorkerPool::submit(const GenerateMessage& request, int64_t cost, EventSink 
   if (cfg_.engine.generator.prefix_caching) {
     mirror = std::make_shared<std::vector<int32_t>>(prompt);
     best->recent.push_back(mirror);
-    if (best->recent.size() > 2 * static_cast<size_t>(cfg_.engine.generator.max_batch)) best->recent.pop_front();
+    if (best->recent.size() > 2 * static_cast<size_t>(std::max<int64_t>(1, best->info.max_batch))) best->recent.pop_front();
   }
   best->pending[id] = Worker::Pending{std::move(sink), cost, std::move(mirror)};
   best->outstanding += cost;

@@ -209,6 +209,7 @@ bool add_event(ResponseState& r, size_t i, const EngineEvent& ev) {
     c.done = true;
     c.finish = "error";
     r.error = ev.error;
+    r.refused = r.refused || ev.refused;
     return true;
   }
   if (ev.token >= 0) {
@@ -374,7 +375,8 @@ class ChunkWriter {
 }  // namespace
 
 std::vector<json::Value> stream_chunks(ResponseState& r, size_t i, const EngineEvent& ev, const ResponseContext& ctx) {
-  if (!ev.error.empty()) return {error_body({500, ev.error, "server_error", ""})};
+  if (!ev.error.empty())
+    return {ev.refused ? error_body({400, ev.error, "invalid_request_error", ""}) : error_body({500, ev.error, "server_error", ""})};
   ChoiceState& c = r.choices[i];
   ChunkWriter w(r, i, ctx);
   if (r.chat && !c.sent_role) {

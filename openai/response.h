@@ -55,6 +55,7 @@ struct ResponseState {
   std::string model;
   std::vector<ChoiceState> choices;
   std::string error;  // a choice failed: the whole response is this error
+  bool refused = false;  // the engine refused a choice's request (too large for its KV cache): a 400
 };
 
 // The request's choices, before any event: n per prompt.

@@ -163,8 +163,10 @@ json::Value encode_step(const std::vector<RequestEvent>& events) {
   return json::Object{{"type", "step"}, {"events", std::move(a)}};
 }
 
-json::Value encode_error(uint64_t id, const std::string& message) {
-  return json::Object{{"type", "error"}, {"id", static_cast<int64_t>(id)}, {"message", message}};
+json::Value encode_error(uint64_t id, const std::string& message, bool refused) {
+  json::Object o{{"type", "error"}, {"id", static_cast<int64_t>(id)}, {"message", message}};
+  if (refused) o.emplace_back("refused", true);
+  return o;
 }
 
 std::vector<RequestEvent> decode_events(const json::Value& frame) {
@@ -173,6 +175,8 @@ std::vector<RequestEvent> decode_events(const json::Value& frame) {
     RequestEvent re;
     re.id = static_cast<uint64_t>(member(frame, "id").as_int());
     re.event.error = member(frame, "message").as_string();
+    const json::Value* refused = frame.find("refused");
+    re.event.refused = refused && refused->is_bool() && refused->as_bool();
     out.push_back(std::move(re));
     return out;
   }
@@ -206,6 +210,14 @@ json::Value encode_stats(const WorkerStats& s) {
                       {"graph_replays", s.graph_replays},
                       {"spec_draft_tokens", s.spec_draft_tokens},
                       {"spec_accepted_tokens", s.spec_accepted_tokens},
+                      {"kv_tier", s.kv_tier},
+                      {"kv_block_tokens", s.kv_block_tokens},
+                      {"kv_blocks_total", s.kv_blocks_total},
+                      {"kv_blocks_used", s.kv_blocks_used},
+                      {"kv_blocks_cached", s.kv_blocks_cached},
+                      {"preemptions", s.preemptions},
+                      {"prefix_query_tokens", s.prefix_query_tokens},
+                      {"prefix_hit_tokens", s.prefix_hit_tokens},
                       {"busy_fraction", s.busy_fraction}};
 }
 
@@ -228,8 +240,12 @@ WorkerMessage decode_worker_message(const json::Value& frame) {
                             {"host_kv_bytes", &s.host_kv_bytes}, {"host_kv_reserved_bytes", &s.host_kv_reserved_bytes},
                             {"device_bytes", &s.device_bytes}, {"steps", &s.steps}, {"graph_replays", &s.graph_replays},
                             {"spec_draft_tokens", &s.spec_draft_tokens},
-                            {"spec_accepted_tokens", &s.spec_accepted_tokens}})
+                            {"spec_accepted_tokens", &s.spec_accepted_tokens}, {"kv_block_tokens", &s.kv_block_tokens},
+                            {"kv_blocks_total", &s.kv_blocks_total}, {"kv_blocks_used", &s.kv_blocks_used},
+                            {"kv_blocks_cached", &s.kv_blocks_cached}, {"preemptions", &s.preemptions},
+                            {"prefix_query_tokens", &s.prefix_query_tokens}, {"prefix_hit_tokens", &s.prefix_hit_tokens}})
       *dst = member(frame, key).as_int();
+    s.kv_tier = member(frame, "kv_tier").as_string();
     // A double that is not finite goes over the wire as null (json::dump): read as 0, as /metrics shows it.
     for (auto [key, dst] : {std::pair{"h2d_gbps", &s.h2d_gbps}, {"busy_fraction", &s.busy_fraction}})
       if (const json::Value& v = member(frame, key); !v.is_null()) *dst = v.as_double();

@@ -35,6 +35,7 @@ struct EngineEvent {
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens whose K/V came from the worker's prefix cache
   std::string error;          // set when the request failed
+  bool refused = false;       // with error: the engine refused the request (a client error: 400)
 };
 
 // worker -> controller: one event of request `id` (a step carries one per running sequence).
@@ -60,6 +61,12 @@ struct WorkerStats {
   int64_t host_kv_bytes = 0, host_kv_reserved_bytes = 0, device_bytes = 0;
   int64_t steps = 0, graph_replays = 0;                   // since the worker started
   int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;  // since the worker started
+  // Paged KV: the store's blocks now (kv_tier: "host" or "device", where the KV mode keeps
+  // them), and since the worker started the preemptions and the prompt tokens looked up in the
+  // prefix cache and found.
+  std::string kv_tier;
+  int64_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
+  int64_t preemptions = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
   double busy_fraction = 0;                                 // since the last stats message
 };
 
@@ -90,7 +97,8 @@ json::Value encode_shutdown();
 
 // A step's events; an "error" frame (a request the worker refused) is one event with `error` set.
 json::Value encode_step(const std::vector<RequestEvent>& events);
-json::Value encode_error(uint64_t id, const std::string& message);
+// refused: the engine refused the request (a client error), not failed it.
+json::Value encode_error(uint64_t id, const std::string& message, bool refused = false);
 std::vector<RequestEvent> decode_events(const json::Value& frame);  // of a "step" or an "error"
 
 // The engine's output for one sequence as an event; `finished` is the sequence's result when

@@ -90,7 +90,7 @@ class WorkerLoop {
     m.backend = backend_->name();
     m.kv_mode = kv_mode_name(opts_.engine.generator.kv.mode);
     m.max_seq_len = gen_->max_seq_len();
-    m.max_batch = opts_.engine.generator.max_batch;
+    m.max_batch = static_cast<int64_t>(gen_->max_batch());
     m.host_bytes_per_token = gen_->kv_runtime().host_bytes_per_token();
     m.placement = placement_;
     return encode_ready(m);
@@ -226,7 +226,7 @@ class WorkerLoop {
       to_gen_[m.id] = gid;
     } catch (const std::exception& e) {  // a request the engine refuses (too long, bad values)
       const json::Value* id = msg.find("id");
-      ch_.send(encode_error(id && id->is_int() ? static_cast<uint64_t>(id->as_int()) : 0, e.what()));
+      ch_.send(encode_error(id && id->is_int() ? static_cast<uint64_t>(id->as_int()) : 0, e.what(), /*refused=*/true));
     }
   }
 
@@ -265,7 +265,17 @@ class WorkerLoop {
     ws.waiting = static_cast<int64_t>(gen_->waiting());
     ws.split = st.split_total;
     ws.h2d_gbps = st.link_gbps_estimate;
-    ws.host_kv_bytes = gen_->cached_tokens() * gen_->kv_runtime().host_bytes_per_token();
+    const KvBlockStats kb = gen_->kv_block_stats();
+    // Host KV in use: the blocks sequences hold (and, in the contiguous layout, their tokens).
+    ws.host_kv_bytes = hs && kb.total > 0 ? static_cast<int64_t>(hs->bytes()) / kb.total * kb.used : 0;
+    ws.kv_tier = kv_mode_uses_host(gen_->kv_runtime().mode()) || backend_->device_is_host() ? "host" : "device";
+    ws.kv_block_tokens = kb.block_tokens;
+    ws.kv_blocks_total = kb.total;
+    ws.kv_blocks_used = kb.used;
+    ws.kv_blocks_cached = kb.cached;
+    ws.preemptions = kb.preemptions;
+    ws.prefix_query_tokens = gen_->prefix_cache_stats().queries;
+    ws.prefix_hit_tokens = gen_->prefix_cache_stats().hits;
     ws.host_kv_reserved_bytes = static_cast<int64_t>(hs ? hs->bytes() : 0);
     ws.device_bytes = static_cast<int64_t>(backend_->device_bytes_in_use());
     ws.steps = static_cast<int64_t>(steps_);

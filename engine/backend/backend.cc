@@ -43,6 +43,27 @@ void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<Row
                src.describe(), " or dst ", dst.describe());
 }
 
+void check_attention_seq(const AttentionSeq& a, size_t index, int64_t kv_width, int64_t q_rows) {
+  const int64_t n = a.past_len + a.q_len;
+  KVPR_CHECK(a.k.rank() == 2 && a.v.rank() == 2 && a.k.dim(1) == kv_width && a.v.dim(1) == kv_width &&
+                 a.k.dtype() == a.v.dtype() && a.k.dim(0) == a.v.dim(0) && a.past_len >= 0 && a.q_len >= 0 &&
+                 a.q_begin >= 0 && a.q_begin + a.q_len <= q_rows,
+             "attention: sequence ", index, " has k ", a.k.describe(), " v ", a.v.describe(), " for past ", a.past_len,
+             " + ", a.q_len, " queries");
+  if (!a.paged()) {
+    KVPR_CHECK(a.k.dim(0) >= n, "attention: sequence ", index, " has ", a.k.dim(0), " K/V rows for ", n, " keys");
+    return;
+  }
+  const int64_t bt = a.block_tokens;
+  KVPR_CHECK(bt > 0 && a.n_blocks * bt >= n, "attention: sequence ", index, " has ", a.n_blocks, " blocks of ", bt,
+             " tokens for ", n, " keys");
+  for (int64_t i = 0; i * bt < n; ++i) {
+    const int64_t b = a.blocks[i];
+    KVPR_CHECK(b >= 0 && (b + 1) * bt <= a.k.dim(0), "attention: sequence ", index, "'s block ", b,
+               " lies outside the ", a.k.dim(0), " K/V rows");
+  }
+}
+
 void Backend::copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans, Stream s,
                          const char* what) {
   check_copy_spans(dst, src, spans);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/base/tensor.h"
@@ -36,16 +37,34 @@ class Event {
 };
 
 // One sequence of an attention call. Its queries are rows [q_begin, q_begin+q_len) of q and
-// out; it attends causally to keys and values rows [0, past_len + j] for its j-th query.
-// k and v are [>= past_len + q_len, hidden] in device memory (any float dtype), and already
-// hold the current chunk's keys and values.
+// out; it attends causally to keys and values 0 .. past_len + j for its j-th query. k and v are
+// [rows, kv width] in device memory (any float dtype) and already hold the current chunk's keys
+// and values. Without a block table key t is row t; with one (paged KV), key t is row
+// blocks[t / block_tokens] * block_tokens + t % block_tokens of k and v, the whole block store,
+// read in place. `blocks` (n_blocks entries) is host memory the caller keeps until the call
+// returns. (No std::span: the CUDA sources that include this are C++17.)
 struct AttentionSeq {
+  AttentionSeq() = default;
+  AttentionSeq(int64_t q_begin_, int64_t q_len_, int64_t past_len_, Tensor k_, Tensor v_, const int32_t* blocks_ = nullptr,
+               int64_t n_blocks_ = 0, int64_t block_tokens_ = 0)
+      : q_begin(q_begin_), q_len(q_len_), past_len(past_len_), k(std::move(k_)), v(std::move(v_)), blocks(blocks_),
+        n_blocks(n_blocks_), block_tokens(block_tokens_) {}
   int64_t q_begin = 0;
   int64_t q_len = 0;
   int64_t past_len = 0;
   Tensor k;
   Tensor v;
+  const int32_t* blocks = nullptr;
+  int64_t n_blocks = 0;
+  int64_t block_tokens = 0;
+  bool paged() const { return blocks != nullptr; }
+  int64_t row(int64_t t) const {
+    return paged() ? int64_t{blocks[t / block_tokens]} * block_tokens + t % block_tokens : t;
+  }
 };
+// Throws unless the sequence's keys all lie in k and v (through its block table where it has one)
+// and k and v have `kv_width` columns and one dtype. Shared by the backends' attention.
+void check_attention_seq(const AttentionSeq& a, size_t index, int64_t kv_width, int64_t q_rows);
 
 // Rows [src_row, src_row + count) of a copy_rows source go to [dst_row, dst_row + count).
 struct RowSpan {

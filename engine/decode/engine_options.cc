@@ -1,9 +1,11 @@
 #include "engine/decode/engine_options.h"
 
+#include <cctype>
 #include <cmath>
 #include <limits>
 
 #include "engine/base/error.h"
+#include "engine/base/json.h"
 
 namespace kvpr {
 
@@ -44,6 +46,30 @@ double parse_option_number(const char* name, const std::string& v) {
   return x;
 }
 
+double parse_option_size(const char* name, const std::string& v) {
+  size_t num = 0;
+  while (num < v.size() && (std::isdigit(static_cast<unsigned char>(v[num])) || v[num] == '.' || v[num] == 'e' ||
+                            v[num] == 'E' || v[num] == '+' || v[num] == '-'))
+    ++num;
+  std::string unit = v.substr(num);
+  const double x = parse_option_number(name, v.substr(0, num));
+  double scale = 1;
+  if (!unit.empty()) {
+    if (unit.size() >= 2 && (unit.substr(unit.size() - 2) == "iB")) unit.resize(unit.size() - 2);
+    else if (unit.back() == 'B') unit.pop_back();
+    static const std::pair<const char*, double> units[] = {{"", 1}, {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0},
+                                                           {"T", 1099511627776.0}};
+    scale = 0;
+    for (const auto& [u, s] : units)
+      if (unit == u) scale = s;
+    KVPR_CHECK(scale > 0, name, ": '", v, "' is not a size (bytes, KiB, MiB, GiB, TiB) or a fraction in (0, 1]");
+  }
+  KVPR_CHECK(x > 0, name, " must be positive, not '", v, "'");
+  KVPR_CHECK(scale > 1 || x > 1 || v.find_first_not_of("0123456789.eE+-") == std::string::npos, name, ": '", v,
+             "' is less than a byte");
+  return x * scale;
+}
+
 bool parse_option_either(const char* name, const std::string& v, const char* first, const char* second) {
   KVPR_CHECK(v == first || v == second, name, ": expected ", first, " or ", second, ", got '", v, "'");
   return v == second;
@@ -51,9 +77,27 @@ bool parse_option_either(const char* name, const std::string& v, const char* fir
 
 const std::vector<EngineOption>& engine_options() {
   static const std::vector<EngineOption> table = {
-      {"max-batch", "sequences decoding at once per worker (KV slots) [8]", false,
+      {"max-batch", "sequences running at once per worker, at most (their KV blocks permitting) [8 on a CPU, 256 on a GPU]", false,
        [](EngineOptions& o, const std::string& v) { o.generator.max_batch = static_cast<int>(parse_option_integer("max-batch", v, 1, kInt)); },
-       [](const EngineOptions& o) { return std::to_string(o.generator.max_batch); }},
+       [](const EngineOptions& o) { return o.generator.max_batch > 0 ? std::to_string(o.generator.max_batch) : std::string(); }},
+      {"block-tokens", "tokens per block of the paged KV store [16]", false,
+       [](EngineOptions& o, const std::string& v) { o.generator.block_tokens = parse_option_integer("block-tokens", v, 1, 1 << 20); },
+       [](const EngineOptions& o) { return std::to_string(o.generator.block_tokens); }},
+      {"kv-cache",
+       "the KV store per worker: bytes (40GiB, 512MiB), or a fraction of the memory it lives in (0.5: half of the "
+       "host memory available for the host KV modes, of the device memory left after the weights for resident) "
+       "[room for max-batch sequences of max-seq-len]",
+       false,
+       [](EngineOptions& o, const std::string& v) {
+         const double x = parse_option_size("kv-cache", v);
+         o.generator.kv_cache_bytes = x > 1 ? x : 0;
+         o.generator.kv_cache_fraction = x > 1 ? 0 : x;
+       },
+       [](const EngineOptions& o) {
+         const GeneratorOptions& g = o.generator;
+         if (g.kv_cache_fraction > 0) return json::Value(g.kv_cache_fraction).dump();
+         return g.kv_cache_bytes > 0 ? std::to_string(static_cast<int64_t>(g.kv_cache_bytes)) : std::string();
+       }},
       {"max-step-tokens", "tokens per step; a longer prompt is prefilled in chunks over several steps [8192]", false,
        [](EngineOptions& o, const std::string& v) { o.generator.max_step_tokens = parse_option_integer("max-step-tokens", v, 1, kBig); },
        [](const EngineOptions& o) { return std::to_string(o.generator.max_step_tokens); }},
@@ -96,7 +140,7 @@ const std::vector<EngineOption>& engine_options() {
       {"cuda-graphs", "on or off: resident decode steps replayed as CUDA graphs [off]", true,
        [](EngineOptions& o, const std::string& v) { o.generator.cuda_graphs = !parse_option_either("cuda-graphs", v, "on", "off"); },
        [](const EngineOptions& o) { return word(!o.generator.cuda_graphs, "on", "off"); }},
-      {"prefix-caching", "on or off: a new prompt reuses the K/V of a finished sequence it starts with [on]", true,
+      {"prefix-caching", "on or off: a new prompt reuses the KV blocks of running or finished sequences it starts with [on]", true,
        [](EngineOptions& o, const std::string& v) { o.generator.prefix_caching = !parse_option_either("prefix-caching", v, "on", "off"); },
        [](const EngineOptions& o) { return word(!o.generator.prefix_caching, "on", "off"); }},
       {"json-whitespace",
@@ -151,8 +195,8 @@ std::vector<std::string> engine_option_args(const EngineOptions& o) {
 
 void validate(const EngineOptions& o) {
   const GeneratorOptions& g = o.generator;
-  KVPR_CHECK(g.kv.gpu_batches <= g.max_batch, "gpu-batches must be in 1..max-batch (", g.max_batch, "), not ",
-             g.kv.gpu_batches);
+  KVPR_CHECK(g.max_batch == 0 || g.kv.gpu_batches <= g.max_batch, "gpu-batches must be in 1..max-batch (", g.max_batch,
+             "), not ", g.kv.gpu_batches);
   KVPR_CHECK(g.prompt_lookup_min <= g.prompt_lookup_max, "prompt-lookup-min and prompt-lookup-max need 1 <= min <= max");
   KVPR_CHECK(!g.kv.forced_split || g.kv.mode == KvMode::Kvpr, "split applies to kv-mode kvpr, not ", kv_mode_name(g.kv.mode));
   KVPR_CHECK(!g.cuda_graphs || g.kv.mode == KvMode::Resident,

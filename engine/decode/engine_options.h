@@ -40,6 +40,9 @@ int64_t parse_option_integer(const char* name, const std::string& v, int64_t lo,
 double parse_option_number(const char* name, const std::string& v);  // finite
 // One of two words: whether it is `second`.
 bool parse_option_either(const char* name, const std::string& v, const char* first, const char* second);
+// A size in bytes ("40GiB", "512MiB", "1.5TiB", "2e9"; K, M, G, T are binary too), or a fraction
+// of some memory: a plain number in (0, 1]. Returns bytes (> 1) or the fraction (<= 1).
+double parse_option_size(const char* name, const std::string& v);
 
 // The checks across options (split needs kvpr, CUDA graphs need resident KV and device weights,
 // the ranges): kvpr::Error with one line naming the options, as the user spells them.

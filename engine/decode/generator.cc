@@ -38,7 +38,8 @@ struct Generator::Sequence {
   std::vector<std::vector<TokenLogprob>> top;
   std::vector<float> prompt_logprobs;
   std::vector<std::vector<TokenLogprob>> prompt_top;
-  int64_t slot = -1;
+  std::vector<int32_t> all;  // the prompt, then the generated tokens: what its KV blocks hold
+  bool done = false;
   int64_t past_len = 0;  // tokens whose K/V are in the cache
   int64_t cached = 0;    // of the prompt's, those found in the prefix cache
   Rng rng;
@@ -50,26 +51,51 @@ struct Generator::Sequence {
   std::vector<int32_t> end_ids;               // ids that end it (EOS unless ignore_eos, stop ids)
   std::vector<int32_t> checked;               // a speculative step's chunk: the last token, then drafts
   Sequence(uint64_t i, const GenerationParams& p, std::vector<int32_t> pr, uint64_t seed, const Tokenizer& t)
-      : id(i), params(p), prompt(std::move(pr)), rng(seed), decoder(t) {}
+      : id(i), params(p), prompt(std::move(pr)), all(prompt), rng(seed), decoder(t) {}
+  BlockPool::SeqId key() const { return static_cast<BlockPool::SeqId>(id); }
+  // Tokens it prefills before it decodes: its prompt, or after a preemption everything but its
+  // last token, which the next decode step feeds.
+  int64_t prefill_end() const { return tokens.empty() ? static_cast<int64_t>(prompt.size()) : static_cast<int64_t>(all.size()) - 1; }
+  bool decoding() const { return !tokens.empty() && past_len == static_cast<int64_t>(all.size()) - 1; }
 };
 
 Generator::~Generator() = default;
 
-KvPlan Generator::kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, DType weight_dtype) {
-  KVPR_CHECK(opts.max_batch > 0, "max_batch must be positive");
+KvPlan Generator::kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, DType weight_dtype, const Backend* backend) {
+  KVPR_CHECK(opts.max_batch >= 0, "max_batch must not be negative");
+  KVPR_CHECK(opts.block_tokens > 0, "KV blocks need at least one token, not ", opts.block_tokens);
+  KVPR_CHECK(opts.kv_cache_bytes >= 0 && opts.kv_cache_fraction >= 0 && opts.kv_cache_fraction <= 1,
+             "the KV cache size must be positive bytes or a fraction in (0, 1]");
   KvPlan plan;
-  plan.slots = opts.max_batch;
-  plan.capacity = opts.max_seq_len > 0 ? std::min(opts.max_seq_len, spec.max_position_embeddings)
-                                       : spec.max_position_embeddings;
+  const int64_t max_tokens = opts.max_seq_len > 0 ? std::min(opts.max_seq_len, spec.max_position_embeddings)
+                                                  : spec.max_position_embeddings;
+  plan.layout.max_tokens = max_tokens;
+  plan.layout.block_tokens = std::min(opts.block_tokens, max_tokens);
   plan.kv = opts.kv;
   plan.kv.kv_dtype = opts.kv_dtype.value_or(weight_dtype);
+  double bytes = opts.kv_cache_bytes;
+  if (opts.kv_cache_fraction > 0) {
+    const bool device = !kv_mode_uses_host(plan.kv.mode) && !(backend && backend->device_is_host());
+    if (device && !backend) return plan;  // sized once the device is known (the Generator's)
+    const size_t avail = device ? backend->device_bytes_free() : host_bytes_available();
+    KVPR_CHECK(avail != SIZE_MAX, "kv-cache as a fraction needs to know the memory available, which this system does not say");
+    bytes = opts.kv_cache_fraction * static_cast<double>(avail);
+  }
+  if (bytes > 0) {
+    const double block = KvRuntime::block_bytes(kv_shape(spec), plan.layout, plan.kv);
+    plan.layout.blocks = static_cast<int64_t>(std::min(bytes / block, 2147483647.0));
+    KVPR_CHECK(plan.layout.blocks >= plan.layout.blocks_for(2), "a KV cache of ", bytes,
+               " bytes holds less than one block of ", plan.layout.block_tokens, " tokens (", block, " bytes)");
+  } else {
+    plan.layout.blocks = (opts.max_batch > 0 ? opts.max_batch : 8) * plan.layout.blocks_for(max_tokens);
+  }
   return plan;
 }
 
 Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOptions& opts)
     : model_(model), tok_(tokenizer) {
-  const KvPlan plan = kv_plan(opts, model.spec(), model.weight_dtype());
-  max_seq_len_ = plan.capacity;
+  const KvPlan plan = kv_plan(opts, model.spec(), model.weight_dtype(), &model.backend());
+  max_seq_len_ = plan.layout.max_tokens;
   KVPR_CHECK(opts.max_step_tokens > 0, "max_step_tokens must be positive");
   max_step_tokens_ = opts.max_step_tokens;
   // A graph step cannot hold the per-layer copies and event waits of KV or weights that move.
@@ -77,9 +103,9 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOp
                  model.graph_capturable();
   // Ids the tokenizer cannot produce (OPT pads its embedding to 50272) are never sampled.
   valid_vocab_ = static_cast<int32_t>(std::min<int64_t>(model.spec().vocab_size, tokenizer.size()));
-  runtime_ = model.make_kv_runtime(plan.slots, plan.capacity, plan.kv);
-  for (int64_t s = opts.max_batch; s-- > 0;) free_slots_.push_back(s);
-  slot_cache_.resize(static_cast<size_t>(opts.max_batch));
+  runtime_ = model.make_kv_runtime(plan.layout, plan.kv);
+  pool_ = std::make_unique<BlockPool>(plan.layout.blocks, plan.layout.block_tokens);
+  max_batch_ = opts.max_batch > 0 ? static_cast<size_t>(opts.max_batch) : model.backend().device_is_host() ? 8 : 256;
   prefix_caching_ = opts.prefix_caching;
   KVPR_CHECK(opts.speculative_tokens >= 0 && opts.speculative_tokens <= 64, "speculative_tokens must be in 0..64");
   KVPR_CHECK(opts.prompt_lookup_min >= 1 && opts.prompt_lookup_max >= opts.prompt_lookup_min,
@@ -116,6 +142,9 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
     KVPR_CHECK(t >= 0 && t < vocab, "token id ", t, " is out of range [0, ", vocab, ")");
   KVPR_CHECK(static_cast<int64_t>(prompt.size()) < max_seq_len_, "the prompt has ", prompt.size(),
              " tokens but the context holds ", max_seq_len_);
+  // A prompt and its first new token must fit the whole KV cache, or it could never run.
+  KVPR_CHECK(pool_->blocks_for(static_cast<int64_t>(prompt.size()) + 1) <= pool_->total_blocks(), "the prompt has ",
+             prompt.size(), " tokens but the KV cache holds ", pool_->total_blocks() * pool_->block_tokens());
   for (const auto& s : params.stop) KVPR_CHECK(!s.empty(), "stop strings must not be empty");
   KVPR_CHECK(params.top_logprobs >= 0 && params.top_logprobs <= 20, "top_logprobs must be in 0..20, got ",
              params.top_logprobs);
@@ -189,16 +218,7 @@ void Generator::finish(Sequence& s, FinishReason r, bool flush_decoder, std::vec
   ev.finish = r;
   ev.text += take_visible_text(s, true);
   out.push_back(ev);
-  if (s.slot >= 0) {  // its slot keeps the K/V of every token that went through the model
-    SlotCache& c = slot_cache_[static_cast<size_t>(s.slot)];
-    c.tokens.clear();
-    if (prefix_caching_) {
-      const int64_t P = static_cast<int64_t>(s.prompt.size());
-      c.tokens.assign(s.prompt.begin(), s.prompt.begin() + std::min(s.past_len, P));
-      if (s.past_len > P) c.tokens.insert(c.tokens.end(), s.tokens.begin(), s.tokens.begin() + (s.past_len - P));
-    }
-    c.freed = ++clock_;
-  }
+  release_blocks(s);
   SequenceResult res;
   res.cached_tokens = s.cached;
   res.prompt = std::move(s.prompt);
@@ -210,42 +230,78 @@ void Generator::finish(Sequence& s, FinishReason r, bool flush_decoder, std::vec
   res.text = std::move(s.text);
   res.finish = r;
   done_[s.id] = std::move(res);
-  if (s.slot >= 0) free_slots_.push_back(s.slot);
-  s.slot = -1;
+  s.done = true;
 }
 
-void Generator::take_slot(Sequence& s) {
-  const bool reuse = prefix_caching_ && s.params.prompt_logprobs < 0;
-  // The last prompt token is always computed: its logits choose the first new token.
-  const size_t limit = s.prompt.size() - 1;
-  size_t pick = 0;
-  size_t best = 0;
-  for (size_t i = 0; i < free_slots_.size(); ++i) {
-    const SlotCache& c = slot_cache_[static_cast<size_t>(free_slots_[i])];
-    size_t m = 0;
-    if (reuse) {
-      const size_t n = std::min(limit, c.tokens.size());
-      while (m < n && c.tokens[m] == s.prompt[m]) ++m;
-    }
-    if (m > best || (m == best && c.freed < slot_cache_[static_cast<size_t>(free_slots_[pick])].freed)) {
-      best = m;
-      pick = i;
+void Generator::release_blocks(Sequence& s) {
+  if (!pool_->holds(s.key())) return;
+  // The blocks of every token that went through the model stay cached for later prompts.
+  pool_->commit(s.key(), std::span<const int32_t>(s.all).first(static_cast<size_t>(s.past_len)));
+  pool_->release(s.key());
+}
+
+KvBlockStats Generator::kv_block_stats() const {
+  return KvBlockStats{pool_->block_tokens(), pool_->total_blocks(), pool_->used_blocks(), pool_->free_blocks(),
+                      pool_->cached_blocks(), preemptions_};
+}
+
+bool Generator::admit(Sequence& s) {
+  const bool fresh = s.tokens.empty();
+  const bool share = prefix_caching_ && s.params.prompt_logprobs < 0;
+  const auto need = std::span<const int32_t>(s.all).first(static_cast<size_t>(s.prefill_end()));
+  // Room for the prompt, and a block for each running sequence's next token.
+  if (!pool_->can_admit(need, static_cast<int64_t>(running_.size()), share)) return false;
+  std::vector<BlockPool::Copy> copies;
+  KVPR_CHECK(pool_->allocate(s.key(), need, &copies, share) && copies.empty(), "KV blocks: admission failed");
+  s.past_len = pool_->tokens(s.key());  // the cached prefix
+  if (fresh) {
+    s.cached = s.past_len;
+    if (share) {
+      prefix_stats_.queries += static_cast<int64_t>(s.prompt.size());
+      prefix_stats_.hits += s.past_len;
     }
   }
-  s.slot = free_slots_[pick];
-  free_slots_.erase(free_slots_.begin() + static_cast<std::ptrdiff_t>(pick));
-  slot_cache_[static_cast<size_t>(s.slot)].tokens.clear();  // the new sequence writes over it
-  s.past_len = s.cached = static_cast<int64_t>(best);
-  if (reuse) {
-    prefix_stats_.queries += static_cast<int64_t>(s.prompt.size());
-    prefix_stats_.hits += static_cast<int64_t>(best);
+  return true;
+}
+
+void Generator::preempt(Sequence& s) {
+  release_blocks(s);
+  s.past_len = 0;
+  ++preemptions_;
+  if (s.tokens.empty()) {  // its prompt is prefilled (and scored) again from the start
+    s.prompt_logprobs.clear();
+    s.prompt_top.clear();
   }
+}
+
+bool Generator::reserve_blocks(Sequence& s, int64_t tokens, std::vector<StepOutput>& out) {
+  std::vector<BlockPool::Copy> copies;
+  while (!pool_->extend(s.key(), tokens, &copies)) {
+    // The newest running sequence gives its blocks back and waits at the head of the queue.
+    auto newest = std::find_if(running_.rbegin(), running_.rend(), [](const auto& r) { return !r->done; });
+    Sequence& victim = **newest;
+    if (&victim == &s && std::count_if(running_.begin(), running_.end(), [](const auto& r) { return !r->done; }) == 1) {
+      // Alone, it still cannot grow: the KV cache holds no more of it.
+      StepOutput ev;
+      ev.id = s.id;
+      finish(s, FinishReason::Length, true, out, ev);
+      return false;
+    }
+    preempt(victim);
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == &victim; });
+    waiting_.insert(waiting_.begin(), std::move(*it));
+    running_.erase(it);
+    if (&victim == &s) return false;
+  }
+  KVPR_CHECK(copies.empty(), "KV blocks: a running sequence shares a partial block");  // forks only
+  return true;
 }
 
 bool Generator::emit_token(Sequence& s, const Sampled& pick, std::vector<TokenLogprob> top, StepOutput ev,
                            std::vector<StepOutput>& out) {
   if (s.params.top_logprobs > 0) s.top.push_back(top);
   s.tokens.push_back(pick.token);
+  s.all.push_back(pick.token);
   s.logprobs.push_back(pick.logprob);
   ev.token = pick.token;
   ev.logprob = pick.logprob;
@@ -349,10 +405,11 @@ struct Generator::StepPlan {
   int64_t rows = 0;
   bool need_logits = false;  // some row is read on the host
   bool scores_prompt(size_t i) const { return chunks[i].all_rows && !speculates[i]; }
-  void add(Sequence* s, const ForwardChunk& c, bool speculative) {
+  void add(Sequence* s, const ForwardChunk& c, bool speculative, bool choose) {
     batch.push_back(s);
     chunks.push_back(c);
     speculates.push_back(speculative);
+    chooses.push_back(choose);
   }
 };
 
@@ -370,9 +427,14 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   std::vector<StepOutput> out;
   retire_cancelled(out);
   StepPlan p;
-  plan_decodes(p, !observer);
+  plan_decodes(p, !observer, out);
   plan_prefills(p, out);
-  if (p.batch.empty()) return out;
+  if (p.batch.empty()) {
+    running_.erase(std::remove_if(running_.begin(), running_.end(), [&](const auto& s) { return s->done; }), running_.end());
+    return out;
+  }
+  // Every chunk reads its sequence's block table (final now: no more admissions this step).
+  for (size_t i = 0; i < p.batch.size(); ++i) p.chunks[i].blocks = pool_->table(p.batch[i]->key());
   plan_rows(p, observer);
   forward(p);
   StepChoices choices;
@@ -386,8 +448,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     });
   }
   emit(p, choices, observer, out);
-  running_.erase(std::remove_if(running_.begin(), running_.end(), [&](const auto& s) { return s->slot < 0; }),
-                 running_.end());
+  running_.erase(std::remove_if(running_.begin(), running_.end(), [&](const auto& s) { return s->done; }), running_.end());
   return out;
 }
 
@@ -407,13 +468,18 @@ void Generator::retire_cancelled(std::vector<StepOutput>& out) {
 
 // One token of every decoding sequence, with the drafts it may check (prompt lookup) when
 // `speculate`: they take what the step's token budget leaves after one token per sequence.
-void Generator::plan_decodes(StepPlan& p, bool speculate) {
+// Each gets the KV blocks its chunk writes; when the pool is short, the newest sequences are
+// preempted (reserve_blocks).
+void Generator::plan_decodes(StepPlan& p, bool speculate, std::vector<StepOutput>& out) {
   int64_t spare = max_step_tokens_;
-  for (auto& s : running_) spare -= s->past_len >= static_cast<int64_t>(s->prompt.size());
-  for (auto& s : running_) {
-    if (s->past_len < static_cast<int64_t>(s->prompt.size())) continue;
+  for (auto& s : running_) spare -= s->decoding();
+  for (size_t i = 0; i < running_.size();) {
+    Sequence* s = running_[i].get();
+    if (s->done || !s->decoding()) {
+      ++i;
+      continue;
+    }
     ForwardChunk c;
-    c.slot = s->slot;
     c.past_len = s->past_len;
     c.tokens = &s->tokens.back();
     c.count = 1;
@@ -429,45 +495,55 @@ void Generator::plan_decodes(StepPlan& p, bool speculate) {
       c.tokens = s->checked.data();
       c.count = static_cast<int64_t>(s->checked.size());
       c.all_rows = true;
-      spec_stats_.proposed += static_cast<int64_t>(drafts.size());
-      spare -= static_cast<int64_t>(drafts.size());
     }
-    p.add(s.get(), c, !drafts.empty());
+    if (!reserve_blocks(*s, c.past_len + c.count, out)) {
+      if (s->done) ++i;  // ended where it stands; else it left running_ and i is the next one
+      continue;
+    }
+    spec_stats_.proposed += static_cast<int64_t>(drafts.size());
+    spare -= static_cast<int64_t>(drafts.size());
+    p.add(s, c, !drafts.empty(), true);
+    ++i;
   }
 }
 
 // Prompt chunks while the token budget lasts (at least one prompt token a step, however many
-// sequences decode): those of prompts already being prefilled, then of new ones admitted into
-// free slots (FIFO). A prompt longer than what is left goes on in the next steps (chunked
-// prefill).
+// sequences decode): those of prompts already being prefilled, then of waiting sequences
+// admitted (FIFO) while the batch has room and the KV pool their prompt (admit). A prompt longer
+// than what is left goes on in the next steps (chunked prefill).
 void Generator::plan_prefills(StepPlan& p, std::vector<StepOutput>& out) {
   int64_t decodes = 0;
   for (const ForwardChunk& c : p.chunks) decodes += c.count;
   int64_t budget = std::max<int64_t>(max_step_tokens_ - decodes, 1);
   auto add_prefill = [&](Sequence* s) {
     ForwardChunk c;
-    c.slot = s->slot;
     c.past_len = s->past_len;
-    c.tokens = s->prompt.data() + s->past_len;
-    c.count = std::min(static_cast<int64_t>(s->prompt.size()) - s->past_len, budget);
-    c.all_rows = s->params.prompt_logprobs >= 0;
+    c.tokens = s->all.data() + s->past_len;
+    c.count = std::min(s->prefill_end() - s->past_len, budget);
+    const bool fresh = s->tokens.empty();  // not a preempted sequence's second prefill
+    c.all_rows = fresh && s->params.prompt_logprobs >= 0;
     budget -= c.count;
-    p.add(s, c, false);
+    p.add(s, c, false, fresh && c.past_len + c.count == s->prefill_end());
   };
   for (auto& s : running_)
-    if (budget > 0 && s->past_len < static_cast<int64_t>(s->prompt.size())) add_prefill(s.get());
-  while (budget > 0 && !waiting_.empty() && !free_slots_.empty()) {
-    auto s = std::move(waiting_.front());
-    waiting_.erase(waiting_.begin());
-    if (s->params.max_new_tokens == 0 && s->params.prompt_logprobs < 0) {
+    if (budget > 0 && !s->done && s->past_len < s->prefill_end()) add_prefill(s.get());
+  size_t live = static_cast<size_t>(std::count_if(running_.begin(), running_.end(), [](const auto& r) { return !r->done; }));
+  while (budget > 0 && !waiting_.empty() && live < max_batch_) {
+    Sequence& s = *waiting_.front();
+    if (s.params.max_new_tokens == 0 && s.params.prompt_logprobs < 0) {
+      auto done = std::move(waiting_.front());
+      waiting_.erase(waiting_.begin());
       StepOutput ev;
-      ev.id = s->id;
-      finish(*s, FinishReason::Length, true, out, ev);
+      ev.id = done->id;
+      finish(*done, FinishReason::Length, true, out, ev);
       continue;
     }
-    take_slot(*s);
-    add_prefill(s.get());
-    running_.push_back(std::move(s));
+    if (!admit(s)) break;  // the pool is short: it waits for blocks to come back
+    auto seq = std::move(waiting_.front());
+    waiting_.erase(waiting_.begin());
+    if (seq->past_len < seq->prefill_end()) add_prefill(seq.get());
+    running_.push_back(std::move(seq));
+    ++live;
   }
 }
 
@@ -477,12 +553,10 @@ void Generator::plan_prefills(StepPlan& p, std::vector<StepOutput>& out) {
 // scores asked for, logits adjusted or masked, or an observer.
 void Generator::plan_rows(StepPlan& p, const LogitsObserver& observer) {
   const size_t n = p.batch.size();
-  p.chooses.resize(n);
   p.first.resize(n);
   p.last.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const Sequence& s = *p.batch[i];
-    p.chooses[i] = p.chunks[i].past_len + p.chunks[i].count >= static_cast<int64_t>(s.prompt.size());
     p.first[i] = p.rows;
     p.rows += p.chunks[i].all_rows ? p.chunks[i].count : 1;
     p.last[i] = p.rows - 1;
@@ -586,37 +660,46 @@ void Generator::choose_on_host(const StepPlan& p, size_t i, StepChoices& ch, std
 void Generator::emit(StepPlan& p, StepChoices& ch, const LogitsObserver& observer, std::vector<StepOutput>& out) {
   for (size_t i = 0; i < p.batch.size(); ++i) {
     Sequence& s = *p.batch[i];
-    if (p.speculates[i]) {
-      accept_drafts(s, p.chunks[i], p.first[i], p.need_logits, out);
-      continue;
-    }
-    s.past_len += p.chunks[i].count;
-    if (!p.chooses[i]) {  // the prompt goes on next step
-      if (observer && p.scores_prompt(i)) choose_on_host(p, i, ch, scratch_);
-      continue;
-    }
-    if (observer) {
-      observer(s.id, logits_row(p.last[i]), model_.spec().vocab_size);
-      choose_on_host(p, i, ch, scratch_);
-    }
-    StepOutput ev;
-    ev.id = s.id;
-    if (s.params.max_new_tokens == 0) {  // the prompt was scored; nothing is generated
-      ev.prompt_logprobs = s.prompt_logprobs;
-      ev.prompt_top = s.prompt_top;
-      finish(s, FinishReason::Length, true, out, ev);
-      continue;
-    }
-    if (ch.picks[i].token < 0) {  // JSON complete with nothing allowed after it
-      finish(s, FinishReason::Stop, true, out, ev);
-      continue;
-    }
-    if (p.scores_prompt(i)) {
-      ev.prompt_logprobs = s.prompt_logprobs;
-      ev.prompt_top = s.prompt_top;
-    }
-    emit_token(s, ch.picks[i], std::move(ch.tops[i]), ev, out);
+    emit_chunk(p, i, ch, observer, out);
+    // Its blocks now hold what went through the model (rejected drafts' blocks go back); full
+    // ones can be shared from here on.
+    if (!s.done) pool_->commit(s.key(), std::span<const int32_t>(s.all).first(static_cast<size_t>(s.past_len)));
   }
+}
+
+void Generator::emit_chunk(StepPlan& p, size_t i, StepChoices& ch, const LogitsObserver& observer,
+                           std::vector<StepOutput>& out) {
+  Sequence& s = *p.batch[i];
+  if (p.speculates[i]) {
+    accept_drafts(s, p.chunks[i], p.first[i], p.need_logits, out);
+    return;
+  }
+  s.past_len += p.chunks[i].count;
+  if (!p.chooses[i]) {  // the prompt goes on next step
+    if (observer && p.scores_prompt(i)) choose_on_host(p, i, ch, scratch_);
+    return;
+  }
+  if (observer) {
+    observer(s.id, logits_row(p.last[i]), model_.spec().vocab_size);
+    choose_on_host(p, i, ch, scratch_);
+  }
+  StepOutput ev;
+  ev.id = s.id;
+  if (s.params.max_new_tokens == 0) {  // the prompt was scored; nothing is generated
+    ev.prompt_logprobs = s.prompt_logprobs;
+    ev.prompt_top = s.prompt_top;
+    finish(s, FinishReason::Length, true, out, ev);
+    return;
+  }
+  if (ch.picks[i].token < 0) {  // JSON complete with nothing allowed after it
+    finish(s, FinishReason::Stop, true, out, ev);
+    return;
+  }
+  if (p.scores_prompt(i)) {
+    ev.prompt_logprobs = s.prompt_logprobs;
+    ev.prompt_top = s.prompt_top;
+  }
+  emit_token(s, ch.picks[i], std::move(ch.tops[i]), ev, out);
 }
 
 std::vector<SequenceResult> Generator::generate_all(const std::vector<std::vector<int32_t>>& prompts,

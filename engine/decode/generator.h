@@ -14,6 +14,7 @@
 
 #include "engine/base/json.h"
 #include "engine/constrain/token_constraint.h"
+#include "engine/kv/block_pool.h"
 #include "engine/model/model.h"
 #include "engine/decode/sampling.h"
 #include "engine/text/tokenizer.h"
@@ -48,7 +49,22 @@ enum class FinishReason { None, Stop, Length, Cancelled };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled"
 
 struct GeneratorOptions {
-  int max_batch = 8;          // sequences decoding at once (KV slots)
+  // Sequences running at once, at most; 0: 8 on a backend whose device is the host, 256 on a GPU
+  // (where the KV blocks, not this cap, decide how many fit).
+  int max_batch = 0;
+  // Paged KV (engine/kv/block_pool.h): the store in blocks of block_tokens tokens, lent to
+  // sequences as they grow. kv_cache_bytes sizes the store (the KV mode's store: host memory for
+  // the host modes, device memory for resident); 0: room for max_batch sequences (8 when
+  // max_batch is 0) of max_seq_len tokens. Sequences are admitted while their prompt fits with a block to spare
+  // for each running one; when blocks run out mid-decode the newest is preempted (its blocks
+  // go back, it waits at the head of the queue and is prefilled again, from whatever of its
+  // blocks are still cached).
+  int64_t block_tokens = 16;
+  double kv_cache_bytes = 0;
+  // Or a fraction in (0, 1] of the memory the store lives in: the host memory available (host
+  // KV modes, and a backend whose device is the host), or the device memory free after the
+  // weights (resident on a GPU).
+  double kv_cache_fraction = 0;
   // Tokens per forward (bounds activation memory and the time decoding sequences wait for a
   // prefill): every decoding sequence's token, then prompts in chunks (chunked prefill) until
   // the budget is used; the rest of a prompt goes on in the next steps.
@@ -60,11 +76,11 @@ struct GeneratorOptions {
   // decode. Other modes move KV on the copy streams with events every layer, which a graph
   // step does not hold; prefill steps change shape every time.
   bool cuda_graphs = false;
-  // Automatic prefix caching: a finished sequence's slot keeps its K/V (and X), and a new
-  // prompt is given the free slot whose kept tokens share the longest prefix with it; only the
-  // rest of the prompt is prefilled (at least its last token, whose logits choose the first new
-  // one). Nothing is copied, so it costs nothing when no prefix matches. Off for prompts whose
-  // tokens are scored (prompt_logprobs).
+  // Automatic prefix caching by block: a full block is known by its tokens and those before it;
+  // a new prompt takes the blocks running or finished sequences filled with the same prefix
+  // (finished ones' blocks stay cached until the pool needs them, least recently freed first),
+  // and only the rest is prefilled (at least its last token, whose logits choose the first new
+  // one). Nothing is copied. Off for prompts whose tokens are scored (prompt_logprobs).
   bool prefix_caching = true;
   // Speculative decoding by prompt lookup (vLLM's "ngram" method): a greedy sequence whose last
   // prompt_lookup_max..prompt_lookup_min tokens occurred earlier in its prompt or output proposes
@@ -118,7 +134,14 @@ struct SequenceResult {
 // Prompt tokens looked up in the prefix cache and found there, since the Generator started.
 struct PrefixCacheStats {
   int64_t queries = 0;  // prompt tokens of sequences admitted with prefix caching on
-  int64_t hits = 0;     // of those, tokens whose K/V were already in the slot they were given
+  int64_t hits = 0;     // of those, tokens whose K/V were found in cached blocks
+};
+
+// The paged KV store's blocks now, and the preemptions since the Generator started.
+struct KvBlockStats {
+  int64_t block_tokens = 0;
+  int64_t total = 0, used = 0, free = 0, cached = 0;  // cached: of free, blocks whose content is kept
+  int64_t preemptions = 0;
 };
 
 class Generator {
@@ -130,7 +153,10 @@ class Generator {
   // The KV cache a Generator with these options makes for a model of this spec and weight
   // dtype: max_batch sequences of max_seq_len tokens (capped by the model's positions). Given to
   // ModelLoadOptions::kv_plan, loading refuses what will not fit the host before allocating.
-  static KvPlan kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, DType weight_dtype);
+  // With kv_cache_fraction, `backend` gives the device's free memory (resident on a GPU); without
+  // one such a plan's size is not yet known (blocks 0: nothing in host memory).
+  static KvPlan kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, DType weight_dtype,
+                        const Backend* backend = nullptr);
 
   // Queues a request; throws kvpr::Error (one line) for an empty prompt, a prompt that does
   // not fit the context, bad ids or bad sampling values.
@@ -146,8 +172,10 @@ class Generator {
   // Tokens whose K/V the running sequences hold (host KV in use = this x bytes per token).
   int64_t cached_tokens() const;
   const PrefixCacheStats& prefix_cache_stats() const { return prefix_stats_; }
+  KvBlockStats kv_block_stats() const;
   const SpeculationStats& speculation_stats() const { return spec_stats_; }
   size_t waiting() const { return waiting_.size(); }
+  size_t max_batch() const { return max_batch_; }
   int64_t max_seq_len() const { return max_seq_len_; }
   KvRuntime& kv_runtime() { return *runtime_; }
   // What the last step did as a CUDA graph (GraphOutcome::None when it was no graph step).
@@ -165,7 +193,14 @@ class Generator {
  private:
   struct Sequence;
   void finish(Sequence& s, FinishReason r, bool flush_decoder, std::vector<StepOutput>& out, StepOutput& ev);
-  void take_slot(Sequence& s);  // the free slot whose kept tokens share the longest prefix
+  // Takes `s`'s blocks for its prompt (sharing cached ones) if the pool has room for it and a
+  // block to spare for each running sequence; false if not.
+  bool admit(Sequence& s);
+  // Makes room for `s`'s next `tokens` tokens, preempting the newest running sequences while the
+  // pool is short; false when `s` itself was preempted or ended (it cannot grow even alone).
+  bool reserve_blocks(Sequence& s, int64_t tokens, std::vector<StepOutput>& out);
+  void preempt(Sequence& s);
+  void release_blocks(Sequence& s);  // its blocks back to the pool, their K/V kept cached
   std::string take_visible_text(Sequence& s, bool final);
   // Prompt lookup: the tokens that followed the latest earlier occurrence of s's last n tokens
   // (n from prompt_lookup_max down), at most `most`; empty when none occurred.
@@ -184,7 +219,7 @@ class Generator {
   struct StepPlan;
   struct StepChoices;
   void retire_cancelled(std::vector<StepOutput>& out);
-  void plan_decodes(StepPlan& p, bool speculate);
+  void plan_decodes(StepPlan& p, bool speculate, std::vector<StepOutput>& out);
   void plan_prefills(StepPlan& p, std::vector<StepOutput>& out);
   void plan_rows(StepPlan& p, const LogitsObserver& observer);
   void forward(const StepPlan& p);
@@ -193,6 +228,7 @@ class Generator {
   void score_prompt(const StepPlan& p, size_t i, std::vector<std::pair<float, int32_t>>& scratch);
   void choose_on_host(const StepPlan& p, size_t i, StepChoices& ch, std::vector<std::pair<float, int32_t>>& scratch);
   void emit(StepPlan& p, StepChoices& ch, const LogitsObserver& observer, std::vector<StepOutput>& out);
+  void emit_chunk(StepPlan& p, size_t i, StepChoices& ch, const LogitsObserver& observer, std::vector<StepOutput>& out);
 
   Model& model_;
   const Tokenizer& tok_;
@@ -202,15 +238,9 @@ class Generator {
   bool cuda_graphs_ = false;
   GraphStep last_graph_;
   std::unique_ptr<KvRuntime> runtime_;
-  std::vector<int64_t> free_slots_;
-  // Per slot: the tokens whose K/V it holds once its sequence finished (empty while in use or
-  // with prefix caching off), and when it was freed (least recently freed is reused first).
-  struct SlotCache {
-    std::vector<int32_t> tokens;
-    uint64_t freed = 0;
-  };
-  std::vector<SlotCache> slot_cache_;
-  uint64_t clock_ = 0;
+  std::unique_ptr<BlockPool> pool_;
+  size_t max_batch_ = 8;
+  int64_t preemptions_ = 0;
   bool prefix_caching_ = true;
   PrefixCacheStats prefix_stats_;
   int speculative_tokens_ = 0, lookup_max_ = 4, lookup_min_ = 2;

@@ -11,10 +11,10 @@ BlockPool::BlockPool(int64_t blocks, int64_t block_tokens)
       ref_(static_cast<size_t>(blocks), 0),
       hash_of_(static_cast<size_t>(blocks)),
       content_(static_cast<size_t>(blocks * block_tokens)),
-      idle_at_(static_cast<size_t>(blocks)) {
+      cached_at_(static_cast<size_t>(blocks)) {
   KVPR_CHECK(blocks > 0 && blocks < (int64_t{1} << 31), "a KV block pool needs 1 to 2^31 - 1 blocks, not ", blocks);
   KVPR_CHECK(block_tokens > 0, "KV blocks need at least one token, not ", block_tokens);
-  for (Block b = 0; b < static_cast<Block>(blocks); ++b) idle_at_[static_cast<size_t>(b)] = idle_.insert(idle_.end(), b);
+  for (Block b = 0; b < static_cast<Block>(blocks); ++b) empty_.insert(empty_.end(), b);
 }
 
 uint64_t BlockPool::block_hash(uint64_t parent, std::span<const int32_t> tokens) const {
@@ -54,14 +54,18 @@ int64_t BlockPool::match_prefix(std::span<const int32_t> tokens) const {
 }
 
 std::optional<BlockPool::Block> BlockPool::take_idle() {
-  if (idle_.empty()) return std::nullopt;
-  const Block b = idle_.front();
-  idle_.pop_front();
-  auto& h = hash_of_[static_cast<size_t>(b)];
-  if (h) {  // its content is given up: no longer found by its hash
+  Block b;
+  if (!empty_.empty()) {
+    b = *empty_.begin();
+    empty_.erase(empty_.begin());
+  } else if (!cached_.empty()) {
+    b = cached_.front();
+    cached_.pop_front();
+    auto& h = hash_of_[static_cast<size_t>(b)];  // its content is given up: no longer found by its hash
     by_hash_.erase(*h);
     h.reset();
-    --cached_idle_;
+  } else {
+    return std::nullopt;
   }
   ref_[static_cast<size_t>(b)] = 1;
   return b;
@@ -70,8 +74,8 @@ std::optional<BlockPool::Block> BlockPool::take_idle() {
 void BlockPool::hold(Block b) {
   auto& r = ref_[static_cast<size_t>(b)];
   if (r == 0) {
-    idle_.erase(idle_at_[static_cast<size_t>(b)]);
-    if (hash_of_[static_cast<size_t>(b)]) --cached_idle_;
+    if (hash_of_[static_cast<size_t>(b)]) cached_.erase(cached_at_[static_cast<size_t>(b)]);
+    else empty_.erase(b);
   }
   ++r;
 }
@@ -80,14 +84,10 @@ void BlockPool::drop(Block b) {
   auto& r = ref_[static_cast<size_t>(b)];
   KVPR_CHECK(r > 0, "KV block ", b, " released more often than held");
   if (--r > 0) return;
-  // A block with content worth keeping waits at the back; one without (partial, or a duplicate
-  // of a cached block) is the first to be taken again.
-  if (hash_of_[static_cast<size_t>(b)]) {
-    idle_at_[static_cast<size_t>(b)] = idle_.insert(idle_.end(), b);
-    ++cached_idle_;
-  } else {
-    idle_at_[static_cast<size_t>(b)] = idle_.insert(idle_.begin(), b);
-  }
+  // A block with content worth keeping waits at the back of the cached ones; one without
+  // (partial, or a duplicate of a cached block) is empty again.
+  if (hash_of_[static_cast<size_t>(b)]) cached_at_[static_cast<size_t>(b)] = cached_.insert(cached_.end(), b);
+  else empty_.insert(b);
 }
 
 void BlockPool::seal(Seq& s, std::span<const int32_t> tokens) {
@@ -106,50 +106,63 @@ void BlockPool::seal(Seq& s, std::span<const int32_t> tokens) {
   }
 }
 
-bool BlockPool::can_admit(std::span<const int32_t> tokens, int64_t reserve) const {
-  const std::vector<Block> hit = tokens.empty() ? std::vector<Block>{} : cached_prefix(tokens.first(tokens.size() - 1));
+bool BlockPool::can_admit(std::span<const int32_t> tokens, int64_t reserve, bool share) const {
+  const std::vector<Block> hit =
+      tokens.empty() || !share ? std::vector<Block>{} : cached_prefix(tokens.first(tokens.size() - 1));
   const int64_t idle_hit = std::count_if(hit.begin(), hit.end(), [&](Block b) { return ref_[static_cast<size_t>(b)] == 0; });
   const int64_t fresh = blocks_for(static_cast<int64_t>(tokens.size())) - static_cast<int64_t>(hit.size());
   return free_blocks() - idle_hit - fresh >= reserve;
 }
 
-bool BlockPool::allocate(SeqId seq, std::span<const int32_t> tokens, std::vector<Copy>* copies) {
+bool BlockPool::allocate(SeqId seq, std::span<const int32_t> tokens, std::vector<Copy>* copies, bool share) {
+  if (holds(seq)) return extend(seq, static_cast<int64_t>(tokens.size()), copies);
   const int64_t n = static_cast<int64_t>(tokens.size());
-  auto it = seqs_.find(seq);
-  const bool is_new = it == seqs_.end();
-  std::vector<Block> hit;
-  if (is_new && n > 0) hit = cached_prefix(tokens.first(tokens.size() - 1));
-  const Seq* s = is_new ? nullptr : &it->second;
-  KVPR_CHECK(is_new || n >= s->tokens, "sequence ", seq, " holds ", s->tokens, " tokens; it cannot shrink to ", n);
-  const int64_t have = is_new ? static_cast<int64_t>(hit.size()) : static_cast<int64_t>(s->table.size());
-  const int64_t written = is_new ? have * block_tokens_ : s->tokens;
-  // A partial last block others hold too is copied before this sequence writes into it.
-  const bool cow = !is_new && n > written && written % block_tokens_ != 0 && ref_[static_cast<size_t>(s->table.back())] > 1;
+  const std::vector<Block> hit = n > 0 && share ? cached_prefix(tokens.first(tokens.size() - 1)) : std::vector<Block>{};
   const int64_t idle_hit = std::count_if(hit.begin(), hit.end(), [&](Block b) { return ref_[static_cast<size_t>(b)] == 0; });
-  const int64_t fresh = std::max<int64_t>(0, blocks_for(n) - have) + (cow ? 1 : 0);
+  const int64_t fresh = std::max<int64_t>(0, blocks_for(n) - static_cast<int64_t>(hit.size()));
   if (free_blocks() - idle_hit < fresh) return false;
-
-  Seq& q = is_new ? seqs_[seq] : it->second;
-  if (is_new) {
-    for (Block b : hit) {
-      hold(b);
-      q.table.push_back(b);
-      q.hashes.push_back(*hash_of_[static_cast<size_t>(b)]);
-    }
-    q.tokens = written;
-    prefix_queries_ += n;
-    prefix_hits_ += written;
+  Seq& q = seqs_[seq];
+  for (Block b : hit) {
+    hold(b);
+    q.table.push_back(b);
+    q.hashes.push_back(*hash_of_[static_cast<size_t>(b)]);
   }
+  q.tokens = static_cast<int64_t>(hit.size()) * block_tokens_;  // committed as they are
+  prefix_queries_ += n;
+  prefix_hits_ += q.tokens;
+  while (static_cast<int64_t>(q.table.size()) < blocks_for(n)) q.table.push_back(*take_idle());
+  return true;
+}
+
+bool BlockPool::extend(SeqId seq, int64_t n, std::vector<Copy>* copies) {
+  auto it = seqs_.find(seq);
+  KVPR_CHECK(it != seqs_.end(), "sequence ", seq, " holds no KV blocks to extend");
+  Seq& q = it->second;
+  KVPR_CHECK(n >= q.tokens, "sequence ", seq, " holds ", q.tokens, " tokens; it cannot shrink to ", n);
+  // A partial block others hold too (a fork's) is copied before this sequence writes into it.
+  const size_t partial = static_cast<size_t>(q.tokens / block_tokens_);
+  const bool cow = n > q.tokens && q.tokens % block_tokens_ != 0 && ref_[static_cast<size_t>(q.table[partial])] > 1;
+  const int64_t fresh = std::max<int64_t>(0, blocks_for(n) - static_cast<int64_t>(q.table.size())) + (cow ? 1 : 0);
+  if (free_blocks() < fresh) return false;
   if (cow) {
-    const Block from = q.table.back(), to = *take_idle();
+    const Block from = q.table[partial], to = *take_idle();
     copies->push_back({from, to});
     drop(from);
-    q.table.back() = to;
+    q.table[partial] = to;
   }
   while (static_cast<int64_t>(q.table.size()) < blocks_for(n)) q.table.push_back(*take_idle());
+  return true;
+}
+
+void BlockPool::commit(SeqId seq, std::span<const int32_t> tokens) {
+  auto it = seqs_.find(seq);
+  KVPR_CHECK(it != seqs_.end(), "sequence ", seq, " holds no KV blocks to commit");
+  Seq& q = it->second;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  KVPR_CHECK(n >= static_cast<int64_t>(q.hashes.size()) * block_tokens_ && blocks_for(n) <= static_cast<int64_t>(q.table.size()),
+             "sequence ", seq, " commits ", n, " tokens in ", q.table.size(), " blocks, ", q.hashes.size(), " of them full");
   q.tokens = n;
   seal(q, tokens);
-  return true;
 }
 
 void BlockPool::fork(SeqId parent, SeqId child) {
@@ -157,6 +170,7 @@ void BlockPool::fork(SeqId parent, SeqId child) {
   KVPR_CHECK(it != seqs_.end(), "sequence ", parent, " holds no KV blocks to fork");
   KVPR_CHECK(!seqs_.count(child), "sequence ", child, " already holds KV blocks");
   Seq copy = it->second;
+  copy.table.resize(static_cast<size_t>(blocks_for(copy.tokens)));  // not the parent's blocks past its tokens
   for (Block b : copy.table) hold(b);
   seqs_.emplace(child, std::move(copy));
 }

@@ -2,7 +2,9 @@
 // tokens, lent to sequences through block tables, as vLLM's PagedAttention made standard.
 //
 // - A sequence's table lists its blocks in order: token t lives in block table[t / B] at row
-//   t % B. Blocks are taken from the pool as the sequence grows (allocate), never up front.
+//   t % B. Blocks are taken from the pool as the sequence grows (allocate), never up front;
+//   once a step has written their K/V, commit says which tokens they hold, and only then can
+//   other sequences find them (a block whose K/V are still being computed is never shared).
 // - A full block is known by the hash of its tokens and of the block before it (its prefix):
 //   a new sequence whose prompt starts with blocks the pool holds takes them as they are
 //   (match_prefix, then allocate with them) and computes only the rest. A block several
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <list>
 #include <optional>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -35,8 +38,8 @@ class BlockPool {
   int64_t block_tokens() const { return block_tokens_; }
   int64_t total_blocks() const { return static_cast<int64_t>(ref_.size()); }
   // Blocks no sequence holds: free (no content) and cached (a full block's content kept).
-  int64_t free_blocks() const { return static_cast<int64_t>(idle_.size()); }
-  int64_t cached_blocks() const { return cached_idle_; }
+  int64_t free_blocks() const { return static_cast<int64_t>(empty_.size() + cached_.size()); }
+  int64_t cached_blocks() const { return static_cast<int64_t>(cached_.size()); }
   int64_t used_blocks() const { return total_blocks() - free_blocks(); }
   // Blocks a sequence of `tokens` tokens needs.
   int64_t blocks_for(int64_t tokens) const { return (tokens + block_tokens_ - 1) / block_tokens_; }
@@ -50,14 +53,22 @@ class BlockPool {
   struct Copy {
     Block from, to;
   };
-  // Makes `seq`'s table cover `tokens` tokens in all (the tokens written so far and `tokens`' new
-  // ones: `tokens` is the sequence's whole token list, its new ones at the end). A new sequence
-  // first takes the blocks match_prefix found. Returns false, changing nothing, when the pool has
-  // too few blocks; else appends to `copies` the copy-on-write a shared partial block needs.
-  bool allocate(SeqId seq, std::span<const int32_t> tokens, std::vector<Copy>* copies);
+  // Makes `seq`'s table cover `tokens` tokens in all (the tokens committed so far and `tokens`'
+  // new ones: `tokens` is the sequence's whole token list, its new ones at the end). A new
+  // sequence first takes the blocks match_prefix found (committed as they are). Returns false,
+  // changing nothing, when the pool has too few blocks; else appends to `copies` the
+  // copy-on-write a shared partial block needs.
+  // share = false: a new sequence takes no cached blocks (its prompt is scored token by token).
+  bool allocate(SeqId seq, std::span<const int32_t> tokens, std::vector<Copy>* copies, bool share = true);
+  // allocate for a sequence the pool holds already: only the count of its tokens matters.
+  bool extend(SeqId seq, int64_t tokens, std::vector<Copy>* copies);
+  // The K/V of `tokens` (the sequence's whole list so far) are written: full blocks become
+  // findable by their hash. Blocks past them stay the sequence's (the rest of a prompt being
+  // prefilled in chunks, or rows of drafts a speculative step rejected, written over next).
+  void commit(SeqId seq, std::span<const int32_t> tokens);
   // Whether allocate could give a new sequence of `tokens` tokens its blocks now, with `reserve`
   // blocks left over (admission keeps room for the sequences that decode).
-  bool can_admit(std::span<const int32_t> tokens, int64_t reserve) const;
+  bool can_admit(std::span<const int32_t> tokens, int64_t reserve, bool share = true) const;
   // `child` holds what `parent` holds, the same blocks (n > 1 choices of one prompt).
   void fork(SeqId parent, SeqId child);
   // The sequence's blocks go back to the pool (finished, cancelled or preempted); full ones stay
@@ -65,7 +76,7 @@ class BlockPool {
   void release(SeqId seq);
 
   const std::vector<Block>& table(SeqId seq) const;
-  int64_t tokens(SeqId seq) const;
+  int64_t tokens(SeqId seq) const;  // committed
   bool holds(SeqId seq) const { return seqs_.count(seq) != 0; }
   int32_t ref_count(Block b) const { return ref_[static_cast<size_t>(b)]; }
   // Tokens of prompts admitted and, of them, found in cached blocks (the prefix hit rate).
@@ -75,13 +86,16 @@ class BlockPool {
  private:
   struct Seq {
     std::vector<Block> table;
-    std::vector<uint64_t> hashes;  // of its full blocks, in order
-    int64_t tokens = 0;
+    std::vector<uint64_t> hashes;  // of its full committed blocks, in order
+    int64_t tokens = 0;            // committed
   };
   uint64_t block_hash(uint64_t parent, std::span<const int32_t> tokens) const;
   // The cached full blocks `tokens` begins with, in order.
   std::vector<Block> cached_prefix(std::span<const int32_t> tokens) const;
-  std::optional<Block> take_idle();  // the least recently freed idle block, its hash forgotten
+  // A block no one holds: the lowest-numbered empty one (so a batch admitted together takes
+  // consecutive blocks, whose copies merge), else the least recently freed cached one, its hash
+  // forgotten.
+  std::optional<Block> take_idle();
   void hold(Block b);                // one more holder (an idle cached block leaves the idle list)
   void drop(Block b);                // one fewer; at none it goes idle
   void seal(Seq& s, std::span<const int32_t> tokens);  // hash the blocks that became full
@@ -91,9 +105,9 @@ class BlockPool {
   std::vector<std::optional<uint64_t>> hash_of_;    // a full block's hash, while its content is kept
   std::vector<int32_t> content_;                    // [blocks, block_tokens]: a hashed block's tokens
   std::unordered_map<uint64_t, Block> by_hash_;     // cached full blocks
-  std::list<Block> idle_;                           // blocks no one holds, least recently freed first
-  std::vector<std::list<Block>::iterator> idle_at_;  // each idle block's place in idle_
-  int64_t cached_idle_ = 0;                         // idle blocks with a hash
+  std::set<Block> empty_;                             // blocks no one holds, without content
+  std::list<Block> cached_;                           // blocks no one holds with a hash, least recently freed first
+  std::vector<std::list<Block>::iterator> cached_at_;  // each cached block's place in cached_
   std::unordered_map<SeqId, Seq> seqs_;
   int64_t prefix_queries_ = 0, prefix_hits_ = 0;
 };

@@ -38,27 +38,23 @@ bool recompute_can_pay(const KvShape& shape) { return shape.hidden < 2 * shape.k
 
 // ------------------------------------------------------------------ runtime
 
-KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projector, int64_t slots,
-                     int64_t capacity, const KvRuntimeOptions& opts, LayerWeightStream* weights)
-    : be_(backend),
-      shape_(shape),
-      projector_(projector),
-      slots_(slots),
-      capacity_(capacity),
-      opts_(opts),
-      weights_(weights) {
-  KVPR_CHECK(slots > 0 && capacity > 0, "KV runtime needs at least one slot and one token");
+KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projector, const KvLayout& layout,
+                     const KvRuntimeOptions& opts, LayerWeightStream* weights)
+    : be_(backend), shape_(shape), projector_(projector), layout_(layout), opts_(opts), weights_(weights) {
+  KVPR_CHECK(layout.blocks > 0 && layout.block_tokens > 0 && layout.max_tokens > 0 && layout.blocks < (int64_t{1} << 31),
+             "KV runtime needs 1 to 2^31 - 1 blocks of at least one token, not ", layout.blocks, " of ",
+             layout.block_tokens);
   KVPR_CHECK(is_storage_float(opts.kv_dtype), "KV dtype must be F32, F16, BF16 or F8_E4M3");
   const KvMode m = opts_.mode;
-  check_fits(backend, shape, slots, capacity, opts);
+  check_fits(backend, shape, layout, opts);
   if (m == KvMode::Resident) {
     for (int64_t l = 0; l < shape.layers; ++l) {
-      dev_k_.push_back(be_.alloc(opts.kv_dtype, {slots, capacity, shape.kv_hidden()}));
-      dev_v_.push_back(be_.alloc(opts.kv_dtype, {slots, capacity, shape.kv_hidden()}));
+      dev_k_.push_back(be_.alloc(opts.kv_dtype, {layout.blocks * layout.block_tokens, shape.kv_hidden()}));
+      dev_v_.push_back(be_.alloc(opts.kv_dtype, {layout.blocks * layout.block_tokens, shape.kv_hidden()}));
     }
     return;
   }
-  host_ = std::make_unique<HostKvStore>(be_, shape, slots, capacity, opts.kv_dtype, x_capacity(shape, capacity, opts));
+  host_ = std::make_unique<HostKvStore>(be_, shape, layout, opts.kv_dtype, x_capacity(shape, layout.max_tokens, opts));
   store_done_.resize(shape.layers);
   if (m == KvMode::CpuAttn) {
     int threads = opts.host_attention_threads > 0 ? opts.host_attention_threads
@@ -78,36 +74,44 @@ KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projec
 
 KvRuntime::~KvRuntime() { be_.synchronize(); }
 
-double KvRuntime::store_bytes(const KvShape& shape, int64_t slots, int64_t capacity, const KvRuntimeOptions& opts) {
-  const double es = static_cast<double>(dtype_size(opts.kv_dtype)), rows = static_cast<double>(slots);
-  const double layers = static_cast<double>(shape.layers);
-  return layers * es * rows *
-         (2.0 * static_cast<double>(shape.kv_hidden()) * static_cast<double>(capacity) +
-          static_cast<double>(shape.hidden) * static_cast<double>(x_capacity(shape, capacity, opts)));
+double KvRuntime::block_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts) {
+  const double es = static_cast<double>(dtype_size(opts.kv_dtype)), layers = static_cast<double>(shape.layers);
+  const int64_t x_rows = std::min(layout.block_tokens, x_capacity(shape, layout.max_tokens, opts));
+  return layers * es *
+         (2.0 * static_cast<double>(shape.kv_hidden()) * static_cast<double>(layout.block_tokens) +
+          static_cast<double>(shape.hidden) * static_cast<double>(x_rows));
+}
+
+double KvRuntime::store_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts) {
+  return static_cast<double>(layout.blocks) * block_bytes(shape, layout, opts);
 }
 
 double KvRuntime::host_store_bytes(const Backend& backend, const KvShape& shape, const KvPlan& plan) {
   if (!kv_mode_uses_host(plan.kv.mode) && !backend.device_is_host()) return 0;
-  return store_bytes(shape, plan.slots, plan.capacity, plan.kv);
+  return store_bytes(shape, plan.layout, plan.kv);
 }
 
-std::string KvRuntime::describe(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts) {
-  return "the KV cache of " + std::to_string(slots) + " sequences x " + std::to_string(capacity) + " tokens (kv mode " +
-         kv_mode_name(opts.mode) + ")";
+std::string KvRuntime::describe(const KvLayout& layout, const KvRuntimeOptions& opts) {
+  const std::string mode = std::string("kv mode ") + kv_mode_name(opts.mode) + ")";
+  if (layout.block_tokens == layout.max_tokens)
+    return "the KV cache of " + std::to_string(layout.blocks) + " sequences x " + std::to_string(layout.max_tokens) +
+           " tokens (" + mode;
+  return "the KV cache of " + std::to_string(layout.blocks) + " blocks x " + std::to_string(layout.block_tokens) +
+         " tokens (room for " + std::to_string(layout.blocks / layout.blocks_for(layout.max_tokens)) + " sequences x " +
+         std::to_string(layout.max_tokens) + " tokens, " + mode;
 }
 
-void KvRuntime::check_fits(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity,
-                           const KvRuntimeOptions& opts) {
-  // The cache is allocated whole, for every slot at full capacity: say so before allocating
-  // what cannot fit (a failed pinned allocation, or the OOM killer while zeroing it).
+void KvRuntime::check_fits(Backend& backend, const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts) {
+  // The cache is allocated whole, every block: say so before allocating what cannot fit (a
+  // failed pinned allocation, or the OOM killer while zeroing it).
   const bool on_device = opts.mode == KvMode::Resident;
-  const double need = store_bytes(shape, slots, capacity, opts);
+  const double need = store_bytes(shape, layout, opts);
   const bool device_memory = on_device && !backend.device_is_host();
   const size_t avail = device_memory ? backend.device_bytes_free() : host_bytes_available();
   if (avail == SIZE_MAX || need <= static_cast<double>(avail)) return;
   char msg[512];
-  std::snprintf(msg, sizeof msg, "%s needs %.2f GiB of %s and %.2f GiB are available: lower max-batch or max-seq-len%s",
-                describe(slots, capacity, opts).c_str(), need / 1073741824.0,
+  std::snprintf(msg, sizeof msg, "%s needs %.2f GiB of %s and %.2f GiB are available: lower kv-cache, max-batch or max-seq-len%s",
+                describe(layout, opts).c_str(), need / 1073741824.0,
                 device_memory ? "device memory" : on_device ? "memory" : "pinned host memory",
                 static_cast<double>(avail) / 1073741824.0,
                 device_memory ? ", or keep it in host memory (kv mode offload or kvpr)" : "");
@@ -241,10 +245,23 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
   plan_.clear();
   groups_.clear();
   stats_.h2d_bytes = stats_.d2h_bytes = stats_.weight_h2d_bytes = 0;
+  // Every chunk's block table: its own, or its slot's one block.
+  slot_tables_.clear();
   for (const auto& c : chunks) {
-    KVPR_CHECK(c.slot >= 0 && c.slot < slots_, "KV slot ", c.slot, " out of range");
-    KVPR_CHECK(c.past_len + c.count <= capacity_, "sequence of ", c.past_len + c.count,
-               " tokens exceeds the KV capacity ", capacity_);
+    const int64_t n = c.past_len + c.count;
+    KVPR_CHECK(c.past_len >= 0 && c.count >= 0 && n <= layout_.max_tokens, "sequence of ", n,
+               " tokens exceeds the KV capacity ", layout_.max_tokens);
+    if (c.blocks.empty()) {
+      KVPR_CHECK(c.slot >= 0 && c.slot < layout_.blocks, "KV slot ", c.slot, " out of range");
+      KVPR_CHECK(n <= layout_.block_tokens, "sequence of ", n, " tokens exceeds the KV capacity ", layout_.block_tokens);
+      slot_tables_.push_back(static_cast<int32_t>(c.slot));
+      continue;
+    }
+    KVPR_CHECK(static_cast<int64_t>(c.blocks.size()) >= layout_.blocks_for(n), "sequence of ", n, " tokens has ",
+               c.blocks.size(), " KV blocks of ", layout_.block_tokens);
+    for (int64_t i = 0; i < layout_.blocks_for(n); ++i)
+      KVPR_CHECK(c.blocks[static_cast<size_t>(i)] >= 0 && c.blocks[static_cast<size_t>(i)] < layout_.blocks, "KV block ",
+                 c.blocks[static_cast<size_t>(i)], " out of range");
   }
   // GPU batches of consecutive chunks with context tokens as even as can be: the largest sets
   // the device buffers, and every batch's copies should take as long as the others'.
@@ -264,6 +281,7 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
     cut[g] = best;
   }
   int64_t row = 0;
+  size_t slot_index = 0;  // slot_tables_ is complete: spans into it stay valid
   for (size_t g = 0; g < G; ++g) {
     Group gr;
     gr.first = cut[g];
@@ -271,7 +289,9 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
     gr.q_begin = row;
     for (size_t i = gr.first; i < gr.last; ++i) {
       const ForwardChunk& c = chunks[i];
-      plan_.push_back(SeqPlan{c.slot, c.past_len, c.count, gr.q_rows, gr.ctx_rows, {0, 0}, {0, 0}});
+      std::span<const int32_t> table = c.blocks;
+      if (table.empty()) table = std::span<const int32_t>(slot_tables_).subspan(slot_index++, 1);
+      plan_.push_back(SeqPlan{table, c.past_len, c.count, gr.q_rows, gr.ctx_rows, {0, 0}, {0, 0}});
       gr.ctx_rows += c.past_len + c.count;
       gr.q_rows += c.count;
     }
@@ -349,29 +369,32 @@ void KvRuntime::prefetch(int64_t u) {
   if (with_weights) weight_bytes += static_cast<int64_t>(weights_->issue(layer, LayerWeightStream::Part::Front));
   const int v = variant(layer);
   const int64_t es = static_cast<int64_t>(dtype_size(opts_.kv_dtype));
-  // The GPU batch's X[0:l], then its K[l:s'] and V[l:s']: one copy_spans each (one 2-D copy
-  // for a uniform batch in consecutive slots).
+  // The GPU batch's X[0:l], then its K[l:s'] and V[l:s']: one copy_spans each, of their runs
+  // of blocks (one 2-D copy per run index for a batch whose blocks were handed out together).
   if (kv) {
-    std::vector<RowSpan> xs;
+    RunSpans xs;
     for (const auto& s : seqs(group))
       if (s.split[v] > 0) {
-        xs.push_back(RowSpan{host_->x_row(s.slot, 0), s.x_off[v], s.split[v]});
+        x_runs(s, 0, s.split[v],
+               [&](int64_t row, int64_t off, int64_t n, size_t k) { xs.add(k, RowSpan{row, s.x_off[v] + off, n}); });
         t.h2d_bytes += s.split[v] * shape_.hidden * es;
       }
-    if (!xs.empty()) be_.copy_spans(xbuf_[b], host_->x_rows(layer), xs, Stream::H2D, "X[0:l]");
+    if (!xs.empty()) be_.copy_spans(xbuf_[b], host_->x_rows(layer), xs.spans(), Stream::H2D, "X[0:l]");
   }
   t.x_ready = be_.record(Stream::H2D);
   if (kv) {
-    std::vector<RowSpan> kvs;
+    RunSpans kvs;
     for (const auto& s : seqs(group)) {
       const int64_t l = s.split[v], n = s.past - l;
       if (n <= 0) continue;
-      kvs.push_back(RowSpan{host_->kv_row(s.slot, l), s.ctx_off + l, n});
+      kv_runs(s, l, n,
+              [&](int64_t row, int64_t off, int64_t c, size_t k) { kvs.add(k, RowSpan{row, s.ctx_off + l + off, c}); });
       t.h2d_bytes += 2 * n * shape_.kv_hidden() * es;
     }
     if (!kvs.empty()) {
-      be_.copy_spans(kbuf_[b], host_->k_rows(layer), kvs, Stream::H2D, "K[l:s']");
-      be_.copy_spans(vbuf_[b], host_->v_rows(layer), kvs, Stream::H2D, "V[l:s']");
+      const std::vector<RowSpan> spans = kvs.spans();
+      be_.copy_spans(kbuf_[b], host_->k_rows(layer), spans, Stream::H2D, "K[l:s']");
+      be_.copy_spans(vbuf_[b], host_->v_rows(layer), spans, Stream::H2D, "V[l:s']");
     }
   }
   t.h2d_end = be_.record(Stream::H2D);
@@ -455,20 +478,26 @@ void KvRuntime::wait_compute(const Event& e, LayerTiming& t) {
   stall(t, [&] { be_.wait(Stream::Compute, e); });
 }
 
+AttentionSeq KvRuntime::resident_seq(const SeqPlan& s, const Tensor& k, const Tensor& v) const {
+  const int64_t bt = layout_.block_tokens, n = s.past + s.q_len;
+  if (layout_.blocks_for(n) <= 1)  // one block: its rows are the sequence's, in order
+    return AttentionSeq{s.q_begin, s.q_len, s.past, k.rows(int64_t{s.table[0]} * bt, bt), v.rows(int64_t{s.table[0]} * bt, bt)};
+  return AttentionSeq{s.q_begin, s.q_len, s.past, k, v, s.table.data(), layout_.blocks_for(n), bt};
+}
+
 void KvRuntime::attend_resident(int64_t layer, int64_t group, const Tensor& k, const Tensor& v, const Tensor& q,
                                 const Tensor& out, float scale) {
-  const int64_t w = shape_.kv_hidden(), slots = dev_k_[layer].dim(0);
-  // The new rows of every sequence into its cache slot: one op for K, one for V.
+  // The new rows of every sequence into its blocks: one op for K, one for V.
   std::vector<RowSpan> spans;
-  for (const auto& s : this->seqs(group)) spans.push_back(RowSpan{s.q_begin, s.slot * capacity_ + s.past, s.q_len});
-  be_.copy_rows(dev_k_[layer].reshape({slots * capacity_, w}), k, spans);
-  be_.copy_rows(dev_v_[layer].reshape({slots * capacity_, w}), v, spans);
+  for (const auto& s : this->seqs(group))
+    kv_runs(s, s.past, s.q_len,
+            [&](int64_t row, int64_t off, int64_t n, size_t) { spans.push_back(RowSpan{s.q_begin + off, row, n}); });
+  be_.copy_rows(dev_k_[layer], k, spans);
+  be_.copy_rows(dev_v_[layer], v, spans);
+  // Attention reads the blocks in place: through the table, or a contiguous view of a
+  // sequence's one block (the contiguous layout, and the attention kernels' fastest path).
   std::vector<AttentionSeq> seqs;
-  for (const auto& s : this->seqs(group)) {
-    Tensor ck = dev_k_[layer].rows(s.slot, 1).reshape({capacity_, w});
-    Tensor cv = dev_v_[layer].rows(s.slot, 1).reshape({capacity_, w});
-    seqs.push_back(AttentionSeq{s.q_begin, s.q_len, s.past, ck, cv});
-  }
+  for (const auto& s : this->seqs(group)) seqs.push_back(resident_seq(s, dev_k_[layer], dev_v_[layer]));
   be_.attention(out, q, seqs, static_cast<int>(shape_.heads), scale);
 }
 
@@ -483,11 +512,13 @@ void KvRuntime::attend_cpu(int64_t layer, int64_t group, const Tensor& q, const 
   be_.wait(Stream::D2H, ready);
   be_.copy(host_q_.rows(0, T), q, Stream::D2H, "Q");
   stats_.d2h_bytes += static_cast<int64_t>(q.nbytes());
-  std::vector<RowSpan> kvs;
+  RunSpans runs;
   for (const auto& s : this->seqs(group)) {
-    kvs.push_back(RowSpan{s.q_begin, host_->kv_row(s.slot, s.past), s.q_len});
+    kv_runs(s, s.past, s.q_len,
+            [&](int64_t row, int64_t off, int64_t n, size_t run) { runs.add(run, RowSpan{s.q_begin + off, row, n}); });
     stats_.d2h_bytes += 2 * s.q_len * shape_.kv_hidden() * static_cast<int64_t>(dtype_size(opts_.kv_dtype));
   }
+  const std::vector<RowSpan> kvs = runs.spans();
   be_.copy_spans(host_->k_rows(layer), knew_, kvs, Stream::D2H, "K new");
   be_.copy_spans(host_->v_rows(layer), vnew_, kvs, Stream::D2H, "V new");
   Event down = be_.record(Stream::D2H);
@@ -495,7 +526,7 @@ void KvRuntime::attend_cpu(int64_t layer, int64_t group, const Tensor& q, const 
   // Attention on host threads over the host store.
   std::vector<AttentionSeq> seqs;
   for (const auto& s : this->seqs(group))
-    seqs.push_back(AttentionSeq{s.q_begin, s.q_len, s.past, host_->k(layer, s.slot), host_->v(layer, s.slot)});
+    seqs.push_back(resident_seq(s, host_->k_rows(layer), host_->v_rows(layer)));
   Tracer* tr = be_.tracer();
   double a0 = tr ? tr->now_us() : 0;
   cpu_attention(host_out_.rows(0, T), host_q_.rows(0, T), seqs, static_cast<int>(shape_.heads), scale, *host_pool_);
@@ -570,19 +601,23 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
   be_.wait(Stream::D2H, buf_free_[b]);
   // One gathered store per tensor for the whole GPU batch.
   const int64_t es = static_cast<int64_t>(dtype_size(opts_.kv_dtype));
-  std::vector<RowSpan> kvs, xs;
+  RunSpans new_kv, new_x;
   for (const auto& s : this->seqs(group)) {
-    kvs.push_back(RowSpan{s.ctx_off + s.past, host_->kv_row(s.slot, s.past), s.q_len});
+    kv_runs(s, s.past, s.q_len, [&](int64_t row, int64_t off, int64_t n, size_t run) {
+      new_kv.add(run, RowSpan{s.ctx_off + s.past + off, row, n});
+    });
     stats_.d2h_bytes += 2 * s.q_len * shape_.kv_hidden() * es;
     int64_t nx = store_x ? std::min(s.q_len, host_->x_capacity() - s.past) : 0;
     if (nx > 0) {
-      xs.push_back(RowSpan{s.q_begin, host_->x_row(s.slot, s.past), nx});
+      x_runs(s, s.past, nx,
+             [&](int64_t row, int64_t off, int64_t n, size_t run) { new_x.add(run, RowSpan{s.q_begin + off, row, n}); });
       stats_.d2h_bytes += nx * shape_.hidden * es;
     }
   }
+  const std::vector<RowSpan> kvs = new_kv.spans();
   be_.copy_spans(host_->k_rows(layer), kbuf_[b], kvs, Stream::D2H, "K new");
   be_.copy_spans(host_->v_rows(layer), vbuf_[b], kvs, Stream::D2H, "V new");
-  if (!xs.empty()) be_.copy_spans(host_->x_rows(layer), xnew_[b], xs, Stream::D2H, "X new");
+  if (!new_x.empty()) be_.copy_spans(host_->x_rows(layer), xnew_[b], new_x.spans(), Stream::D2H, "X new");
   buf_stored_[b] = be_.record(Stream::D2H);
   store_done_[layer] = buf_stored_[b];
 }

@@ -10,6 +10,9 @@
 //
 // Device memory for past K/V is two per-step buffers (layer i and i+1), whatever the number
 // of sequences. New K, V (and X below the activation cap) are stored back on the D2H stream.
+// The store, host or resident, is cut into blocks (KvLayout): a sequence's tokens are found
+// through its block table; copies move runs of adjacent blocks, attention over resident KV reads
+// through the tables in place.
 // Not thread-safe: one thread drives a runtime.
 #pragma once
 
@@ -36,12 +39,15 @@ bool parse_kv_mode(const std::string& s, KvMode* out);
 bool kv_mode_uses_host(KvMode m);
 bool kv_mode_stores_x(KvMode m);
 
-// One sequence's part of a forward call: `tokens` at positions past_len.. in KV slot `slot`.
+// One sequence's part of a forward call: `tokens` at positions past_len.. . Its KV lives in the
+// blocks `blocks` lists (at least blocks_for(past_len + count) of them, kept by the caller until
+// the step ends), or, without a table, in block `slot` alone (the contiguous layout).
 struct ForwardChunk {
   const int32_t* tokens = nullptr;
   int64_t count = 0;
   int64_t past_len = 0;
   int64_t slot = 0;
+  std::span<const int32_t> blocks = {};
   bool all_rows = false;  // logits for every token of the chunk (else only its last)
 };
 
@@ -82,11 +88,11 @@ struct KvRuntimeOptions {
   int64_t gpu_batches = 1;
 };
 
-// A KV cache known before the model that holds it is loaded (Generator::kv_plan): `slots`
-// sequences of up to `capacity` tokens in kv's mode and dtype. Loading a model with one
-// (ModelLoadOptions::kv_plan) refuses a plan past host memory before allocating anything.
+// A KV cache known before the model that holds it is loaded (Generator::kv_plan): the store's
+// blocks in kv's mode and dtype. Loading a model with one (ModelLoadOptions::kv_plan) refuses a
+// plan past host memory before allocating anything.
 struct KvPlan {
-  int64_t slots = 0, capacity = 0;
+  KvLayout layout;
   KvRuntimeOptions kv;
 };
 
@@ -109,13 +115,12 @@ class KvRuntime {
  public:
   // With `weights`, the layers' weights are streamed too: each layer's copies go on the H2D
   // stream with its KV (weights front, X[0:l], KV[l:s'], weights back), a layer ahead.
-  KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projector, int64_t slots, int64_t capacity,
+  KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projector, const KvLayout& layout,
             const KvRuntimeOptions& opts, LayerWeightStream* weights = nullptr);
   ~KvRuntime();
 
   KvMode mode() const { return opts_.mode; }
-  int64_t slots() const { return slots_; }
-  int64_t capacity() const { return capacity_; }
+  const KvLayout& layout() const { return layout_; }
   DType kv_dtype() const { return opts_.kv_dtype; }
   const HostKvStore* host_store() const { return host_.get(); }
   SplitScheduler* scheduler() { return scheduler_.get(); }
@@ -125,18 +130,20 @@ class KvRuntime {
   // cpu-attn: the host attention on `threads` threads from now on (a worker moved to another
   // cpuset between steps); a no-op in the other modes.
   void set_host_attention_threads(int threads);
-  // Throws a one-line error naming the sizes when the KV cache of `slots` x `capacity` tokens
-  // (on the device for resident, else in pinned host memory) exceeds what is free there.
-  static void check_fits(Backend& backend, const KvShape& shape, int64_t slots, int64_t capacity,
-                         const KvRuntimeOptions& opts);
-  // Bytes of the KV cache of `slots` x `capacity` tokens, allocated whole: K and V of every layer,
-  // and X where the mode keeps it.
-  static double store_bytes(const KvShape& shape, int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
+  // Throws a one-line error naming the sizes when the KV cache of `layout` (on the device for
+  // resident, else in pinned host memory) exceeds what is free there.
+  static void check_fits(Backend& backend, const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts);
+  // Bytes of the KV cache of `layout`, allocated whole: K and V of every layer, and X where the
+  // mode keeps it.
+  static double store_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts);
+  // Bytes of one block (store_bytes of a one-block layout).
+  static double block_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts);
   // Of them, what lands in host memory: all in the modes that keep KV on the host, and on a
   // backend whose device is the host; none for resident KV on a GPU.
   static double host_store_bytes(const Backend& backend, const KvShape& shape, const KvPlan& plan);
-  // "the KV cache of S sequences x T tokens (kv mode M)": what the refusals name.
-  static std::string describe(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
+  // "the KV cache of S sequences x T tokens (kv mode M)", or of N blocks of B tokens: what the
+  // refusals name.
+  static std::string describe(const KvLayout& layout, const KvRuntimeOptions& opts);
   // Host bytes per token a runtime of `mode` takes by default (no forced split): K and V, and X
   // for recompute, and for kvpr where recomputing from X can pay (X smaller than K+V: not with
   // grouped-query attention, where kvpr stores no X and moves the KV as offload does).
@@ -162,7 +169,8 @@ class KvRuntime {
 
  private:
   struct SeqPlan {
-    int64_t slot, past, q_len, q_begin;  // q_begin: first row among its group's tokens
+    std::span<const int32_t> table;      // its blocks
+    int64_t past, q_len, q_begin;  // q_begin: first row among its group's tokens
     int64_t ctx_off;   // first row in the per-step K/V buffers
     int64_t split[2];  // l for layer 0 and for the other layers
     int64_t x_off[2];  // first row in the X buffer, likewise
@@ -199,6 +207,8 @@ class KvRuntime {
   template <typename F>
   void stall(LayerTiming& t, F&& wait);
   Tensor grow(Tensor& buf, DType dtype, int64_t rows, int64_t width);
+  // A sequence's attention over a block store's K and V rows (resident, or the host's for cpu-attn).
+  AttentionSeq resident_seq(const SeqPlan& s, const Tensor& k, const Tensor& v) const;
   void attend_resident(int64_t layer, int64_t group, const Tensor& k, const Tensor& v, const Tensor& q,
                        const Tensor& out, float scale);
   void attend_offloaded(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k,
@@ -208,15 +218,48 @@ class KvRuntime {
   Backend& be_;
   KvShape shape_;
   KvProjector& projector_;
-  int64_t slots_, capacity_;
+  KvLayout layout_;
   KvRuntimeOptions opts_;
   LayerWeightStream* weights_;
   std::unique_ptr<HostKvStore> host_;
-  std::vector<Tensor> dev_k_, dev_v_;  // resident: [slots, capacity, width] per layer
+  std::vector<Tensor> dev_k_, dev_v_;  // resident: [blocks * block_tokens, width] per layer
   std::unique_ptr<SplitScheduler> scheduler_;
   std::unique_ptr<ThreadPool> host_pool_;
 
+  // The spans of a batch's runs ordered by run index: every sequence's first run, then every
+  // second run, ... Sequences whose blocks were handed out together (a batch admitted at once,
+  // growing in step) then make each run index one strided 2-D copy, as the contiguous layout's
+  // batch was (Backend::copy_spans); the rest goes as one batched copy.
+  struct RunSpans {
+    std::vector<std::vector<RowSpan>> by_run;
+    void add(size_t run, const RowSpan& s) {
+      if (by_run.size() <= run) by_run.resize(run + 1);
+      by_run[run].push_back(s);
+    }
+    std::vector<RowSpan> spans() const {
+      std::vector<RowSpan> out;
+      for (const auto& v : by_run) out.insert(out.end(), v.begin(), v.end());
+      return out;
+    }
+    bool empty() const { return by_run.empty(); }
+  };
+  // Runs of a sequence's tokens [first, first + count) in the K/V store's rows, or X's:
+  // f(row, token offset, n, run index).
+  template <typename F>
+  void kv_runs(const SeqPlan& s, int64_t first, int64_t count, F&& f) const {
+    size_t k = 0;
+    for_each_run(s.table, layout_.block_tokens, layout_.block_tokens, first, count,
+                 [&](int64_t row, int64_t off, int64_t n) { f(row, off, n, k++); });
+  }
+  template <typename F>
+  void x_runs(const SeqPlan& s, int64_t first, int64_t count, F&& f) const {
+    size_t k = 0;
+    for_each_run(s.table, layout_.block_tokens, host_->x_block_rows(), first, count,
+                 [&](int64_t row, int64_t off, int64_t n) { f(row, off, n, k++); });
+  }
+
   // Per step.
+  std::vector<int32_t> slot_tables_;  // the one-block tables of chunks given by slot
   std::vector<SeqPlan> plan_;
   std::vector<Group> groups_;
   Tensor kbuf_[2], vbuf_[2], xbuf_[2], xnew_[2];  // device, kv dtype

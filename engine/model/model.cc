@@ -33,10 +33,14 @@ void Model::forward(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, cons
   backend_.synchronize();
 }
 
-std::unique_ptr<KvRuntime> Model::make_kv_runtime(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts) {
-  KVPR_CHECK(capacity <= spec_.max_position_embeddings, "KV capacity ", capacity,
+std::unique_ptr<KvRuntime> Model::make_kv_runtime(const KvLayout& layout, const KvRuntimeOptions& opts) {
+  KVPR_CHECK(layout.max_tokens <= spec_.max_position_embeddings, "KV capacity ", layout.max_tokens,
              " exceeds max_position_embeddings ", spec_.max_position_embeddings);
-  return std::make_unique<KvRuntime>(backend_, kv_shape(), *this, slots, capacity, opts, weight_stream_.get());
+  return std::make_unique<KvRuntime>(backend_, kv_shape(), *this, layout, opts, weight_stream_.get());
+}
+
+std::unique_ptr<KvRuntime> Model::make_kv_runtime(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts) {
+  return make_kv_runtime(KvLayout::slots(slots, capacity), opts);
 }
 
 size_t Model::device_weight_bytes() const {
@@ -272,10 +276,10 @@ void Model::check_host_memory(const WeightPlan& plan, const ModelLoadOptions& op
   std::snprintf(msg, sizeof msg, "%s %.2f GiB and %s %.2f GiB of host memory, %.2f GiB together, and %.2f GiB are "
                 "available: %s",
                 host_device ? "the weights need" : "the layers' weights streamed from host memory need",
-                weights / 1073741824.0, KvRuntime::describe(kv.slots, kv.capacity, kv.kv).c_str(), cache / 1073741824.0,
+                weights / 1073741824.0, KvRuntime::describe(kv.layout, kv.kv).c_str(), cache / 1073741824.0,
                 (weights + cache) / 1073741824.0, static_cast<double>(avail) / 1073741824.0,
                 weights > static_cast<double>(avail) ? "the weights alone do not fit this host"
-                                                     : "lower max-batch or max-seq-len");
+                                                     : "lower kv-cache, max-batch or max-seq-len");
   KVPR_THROW(msg);
 }
 

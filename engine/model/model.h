@@ -87,7 +87,9 @@ class Model : public KvProjector {
   virtual bool graph_capturable() const { return true; }
 
   KvShape kv_shape() const { return kvpr::kv_shape(spec_); }
-  // Runtime for this model: `slots` sequences of up to `capacity` tokens.
+  // Runtime for this model over a KV store cut as `layout` says (paged KV).
+  std::unique_ptr<KvRuntime> make_kv_runtime(const KvLayout& layout, const KvRuntimeOptions& opts);
+  // The contiguous layout: `slots` sequences of up to `capacity` tokens (KvLayout::slots).
   std::unique_ptr<KvRuntime> make_kv_runtime(int64_t slots, int64_t capacity, const KvRuntimeOptions& opts);
 
  protected:

@@ -54,7 +54,7 @@ r = json.load(open(sys.argv[1]))
 p, c = r['prefix_caching'], r['chunked_prefill']
 off, on = p['runs']
 assert p['same_tokens'] and c['same_tokens'], r
-assert off['cached_tokens'] == 0 and on['cached_tokens'] == 2 * (24 + 4 - 1), p
+assert off['cached_tokens'] == 0 and on['cached_tokens'] == 2 * ((24 + 4 - 1) // 16 * 16), p  # whole 16-token blocks
 assert on['prefilled_tokens'] == off['prefilled_tokens'] - on['cached_tokens'] and on['ttft_all_ms'] > 0, p
 whole, chunked = c['runs']
 assert whole['steps_to_first_token'] == 1 and chunked['steps_to_first_token'] == 7, c  # 40 tokens, 8 - 2 decoding = 6 a step

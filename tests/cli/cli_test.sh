@@ -180,7 +180,7 @@ assert [x['numa_node'] for x in w]==[0,0,1,1] and [x['cpus'] for x in w]==['0-1'
 fi
 # A KV cache no host holds is refused when the model is loaded, before it allocates, naming the
 # weights and the cache.
-expect_error "host memory plan" 1 "the weights need .* GiB and the KV cache of 100000000 sequences x 2048 tokens (kv mode offload) .* GiB together" \
+expect_error "host memory plan" 1 "the weights need .* GiB and the KV cache of 12800000000 blocks x 16 tokens (room for 100000000 sequences x 2048 tokens, kv mode offload) .* GiB together" \
   -- generate --model "$tmp/demo" --prompt a --max-batch 100000000 --kv-mode offload --weights host
 expect_error "split needs kvpr" 2 "split applies to kv-mode kvpr, not resident" -- generate --model "$tmp/demo" --prompt a --split 3
 expect_error "graphs need resident" 2 "cuda-graphs applies to kv-mode resident" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --cuda-graphs

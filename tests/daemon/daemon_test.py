@@ -216,8 +216,8 @@ def operations():
     r = subprocess.run([KVPRD, "--model", MODEL, "--workers", "2", "--max-batch", "1000000", "--port", str(free_port()),
                         "--config", "/dev/null"], capture_output=True, text=True, timeout=120)
     check("a configuration no worker can start with: exit 1 naming the error", r.returncode == 1 and
-          "kvprd: error: worker" in r.stderr and "the KV cache of 1000000 sequences x 2048 tokens" in r.stderr and
-          "lower max-batch or max-seq-len" in r.stderr, (r.returncode, r.stderr[-600:]))
+          "kvprd: error: worker" in r.stderr and "the KV cache of 128000000 blocks x 16 tokens (room for 1000000 sequences x 2048 tokens, kv mode resident)"
+          in r.stderr and "lower kv-cache, max-batch or max-seq-len" in r.stderr, (r.returncode, r.stderr[-600:]))
     # No worker can start: 503 with a JSON error, /health 503.
     port = free_port()
     d = Daemon(args=["--model", MODEL, "--port", str(port), "--config", "/dev/null",
@@ -1004,14 +1004,71 @@ def json_mode():
         d.stop()
 
 
+def paged_admission():
+    """A worker whose KV store holds a fraction of what its requests need at once: they wait for
+    blocks, the newest is preempted and prefilled again when blocks run out, and every one still
+    gets the text it gets alone; a prompt the whole store cannot hold is a 400."""
+    d, _ = single_worker(MODEL, "--kv-cache", "1MiB", "--max-batch", "64", "--block-tokens", "16")
+    try:
+        st, h = d.get("/health")
+        kv = h["workers"][0].get("kv_cache", {}) if st == 200 else {}
+        deadline = time.time() + 10
+        while not kv and time.time() < deadline:  # the worker's first stats message
+            time.sleep(0.2)
+            st, h = d.get("/health")
+            kv = h["workers"][0].get("kv_cache", {})
+        total = kv.get("blocks_total", 0)
+        check("paged KV: --kv-cache 1MiB sizes the store in 16-token blocks", kv.get("block_tokens") == 16 and
+              16 <= total <= 64, h)
+        prompts = [f"Request number {i} asks for a long answer about blocks" for i in range(8)]
+        results = [None] * len(prompts)
+
+        def ask(i):
+            results[i] = completion(d, prompts[i], 60, ignore_eos=True)
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        alone = [completion(d, p, 60, ignore_eos=True) for p in prompts]
+        check("paged KV: requests needing more blocks than the store holds all complete",
+              all(r and r[0] == 200 and r[1]["usage"]["completion_tokens"] == 60 for r in results), results)
+        check("paged KV: a preempted request's text is the text it gets alone",
+              all(r and a[0] == 200 and r[1]["choices"][0]["text"] == a[1]["choices"][0]["text"]
+                  for r, a in zip(results, alone)), (results, alone))
+        time.sleep(1.2)  # the next stats message
+        st, h = d.get("/health")
+        kv = h["workers"][0].get("kv_cache", {})
+        m = metrics(d)
+        check("paged KV: preemptions in /health and /metrics, every block back",
+              kv.get("preemptions", 0) > 0 and m.get('kvpr_worker_preemptions{worker="0"}', 0) == kv["preemptions"] and
+              kv.get("blocks_used") == 0 and m.get('kvpr_worker_kv_blocks_total{worker="0"}') == total, (h, m))
+        st, body = completion(d, [5] * (16 * total), 4)
+        check("paged KV: a prompt larger than the whole store is a 400 naming the KV cache",
+              st == 400 and body["error"]["type"] == "invalid_request_error" and
+              "KV cache holds" in body["error"]["message"], (st, body))
+        st, body = completion(d, "Still serving", 4)
+        check("paged KV: and the worker goes on serving", st == 200, body)
+    finally:
+        d.stop()
+
+
 def prefix_cache(d):
-    """A prompt that starts with one a worker finished gets that worker and its cached K/V."""
+    """A prompt that starts with one a worker finished gets that worker and its cached K/V blocks."""
     before = metrics(d)
-    prompt = "The prefix cache keeps what a finished sequence computed, so the next turn"
+    prompt = ("The prefix cache keeps what a finished sequence computed, in blocks of tokens, so the next turn of a "
+              "conversation, which starts with everything the last one said, prefills only its own new words")
     st, first = completion(d, prompt, 8)
     n = first["usage"]["prompt_tokens"]
     check("prefix cache: first request computes its whole prompt",
           st == 200 and first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}, first)
+    st, h = d.get("/health")
+    kv = h["workers"][0].get("kv_cache", {})
+    block = kv.get("block_tokens", 16)
+    check("prefix cache: /health shows each worker's KV blocks", st == 200 and bool(kv) and block == 16 and
+          kv["blocks_total"] > 0 and 0 <= kv["blocks_used"] <= kv["blocks_total"] and
+          kv["blocks_free"] == kv["blocks_total"] - kv["blocks_used"] and kv["tier"] == "host" and
+          kv["preemptions"] == 0 and 0 <= kv["prefix_hit_rate"] <= 1 and n > 2 * block, (h, n))
     # Another request keeps a worker busy: least outstanding work would send the next one to
     # the other worker, but the one holding the prompt has a free slot and gets it.
     result = {}
@@ -1022,8 +1079,9 @@ def prefix_cache(d):
     t.start()
     time.sleep(0.3)
     st, again = completion(d, prompt, 8)
-    check("prefix cache: the same prompt again reuses all but its last token, same text",
-          st == 200 and again["usage"]["prompt_tokens_details"] == {"cached_tokens": n - 1} and
+    # Whole blocks are reused: those of all but the prompt's last token.
+    check("prefix cache: the same prompt again reuses the full blocks of all but its last token, same text",
+          st == 200 and again["usage"]["prompt_tokens_details"] == {"cached_tokens": (n - 1) // block * block} and
           again["choices"][0]["text"] == first["choices"][0]["text"], (again, first))
     # The next turn: the prompt, the answer, a few more tokens (the answer's text need not
     # tokenize back into the generated tokens; the prompt's part is reused in any case). The
@@ -1035,7 +1093,8 @@ def prefix_cache(d):
                                              "stream": True, "stream_options": {"include_usage": True}})
     usage = events[-2]["usage"]
     check("prefix cache: the next turn reuses the prompt and the answer's tokens (streamed usage)",
-          usage["prompt_tokens"] == len(turn2) and usage["prompt_tokens_details"]["cached_tokens"] >= n, usage)
+          usage["prompt_tokens"] == len(turn2) and usage["prompt_tokens_details"]["cached_tokens"] >= n // block * block,
+          usage)
     ref = d.post("/v1/completions", {"model": "demo", "prompt": turn2, "max_tokens": 4, "temperature": 0,
                                      "logprobs": 0, "echo": True})[1]
     streamed = "".join(e["choices"][0]["text"] for e in events[:-2] if e["choices"])
@@ -1045,7 +1104,7 @@ def prefix_cache(d):
     t.join(60)
     after = metrics(d)
     hits = after["kvpr_prefix_cache_hits_total"] - before["kvpr_prefix_cache_hits_total"]
-    check("prefix cache: hits counted in /metrics", hits >= n - 1 + n and
+    check("prefix cache: hits counted in /metrics", hits >= (n - 1) // block * block + n // block * block and
           after["kvpr_prefix_cache_queries_total"] > before["kvpr_prefix_cache_queries_total"], (before, after))
     # Several at once sharing that prompt spread over both workers (a prefill saved is worth less
     # than a batch twice as large), each reusing what its worker holds where it can.
@@ -1144,6 +1203,7 @@ def main():
     mistral_tools()
     llama_tools()
     json_mode()
+    paged_admission()
     d = Daemon()
     try:
         # --- placement: each worker bound to its own cores (one NUMA node here)

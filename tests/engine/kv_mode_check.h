@@ -198,9 +198,10 @@ inline int64_t expect_speculation_gives_cpu_tokens(Backend& device, const std::s
 }
 
 // Chunks that start past cached tokens, in every mode on `device`: a first turn prefilled three
-// tokens a step, then a second turn (prompt, answer, prompt again) given the slot that still
-// holds the first turn's K/V, equal the CPU backend's whole prefills without the cache (the
-// prompts must differ in their first token, so that each second turn finds its own slot).
+// tokens a step, then a second turn (prompt, answer, prompt again) that takes the KV blocks the
+// first turn left cached (blocks of 4 tokens, so chunks and cached prefixes end inside and
+// across blocks), equal the CPU backend's whole prefills without the cache (the prompts must
+// differ in their first token, so that each second turn finds its own blocks).
 inline void expect_chunks_past_cached_tokens_give_cpu_tokens(Backend& device, const std::string& dir,
                                                              const Tokenizer& tok,
                                                              const std::vector<std::vector<int32_t>>& prompts,
@@ -227,6 +228,7 @@ inline void expect_chunks_past_cached_tokens_give_cpu_tokens(Backend& device, co
     oe.kv.mode = m;
     if (m == KvMode::Kvpr) oe.kv.forced_split = kvpr_split;
     oe.max_step_tokens = 3;
+    oe.block_tokens = 4;
     Generator g(mg, tok, oe);
     std::vector<std::vector<int32_t>> got1, got2;
     for (auto& r : g.generate_all(prompts, p)) got1.push_back(r.tokens);
@@ -234,8 +236,9 @@ inline void expect_chunks_past_cached_tokens_give_cpu_tokens(Backend& device, co
     const std::vector<SequenceResult> r2 = g.generate_all(turn2, p);
     for (size_t i = 0; i < r2.size(); ++i) {
       got2.push_back(r2[i].tokens);
-      // The first turn's prompt and every answer token but the last went through the model.
-      EXPECT_EQ(r2[i].cached_tokens, static_cast<int64_t>(prompts[i].size()) + max_new - 1)
+      // The first turn's prompt and every answer token but the last went through the model: their
+      // full blocks are reused.
+      EXPECT_EQ(r2[i].cached_tokens, (static_cast<int64_t>(prompts[i].size()) + max_new - 1) / 4 * 4)
           << label << " " << kv_mode_name(m) << " prompt " << i;
     }
     EXPECT_EQ(got2, want2) << label << " " << kv_mode_name(m) << ", second turn from the prefix cache";

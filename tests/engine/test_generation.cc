@@ -205,9 +205,9 @@ TEST(Generation, ChunkedPrefillEqualsOneWholePrefill) {
   EXPECT_EQ(rc[1].cached_tokens, 0);  // scored prompts skip the prefix cache
 }
 
-// A finished sequence's slot keeps its K/V: the next prompt that starts with its tokens is
-// given that slot and prefills only the rest, with the tokens and logits of a full prefill.
-TEST(Generation, PrefixCacheReusesAFinishedSequencesSlot) {
+// A finished sequence's full KV blocks stay cached: the next prompt that starts with their
+// tokens takes them and prefills only the rest, with the tokens and logits of a full prefill.
+TEST(Generation, PrefixCacheReusesAFinishedSequencesBlocks) {
   test::TempDir tmp;
   Fixture f("pre_ln_safetensors");
   const int64_t V = f.model.config().vocab_size;
@@ -217,13 +217,18 @@ TEST(Generation, PrefixCacheReusesAFinishedSequencesSlot) {
   p.ignore_eos = true;
   const std::vector<int32_t> a = {5, 17, 33, 2, 80, 41, 9, 12};
   const std::vector<int32_t> b = {60, 61, 62};
+  constexpr int64_t B = 4;  // tokens per block: reuse is by whole blocks
+  auto blocks_of = [&](int64_t tokens) { return tokens / B * B; };
   GeneratorOptions off = f32_kv(3);
   off.prefix_caching = false;
+  off.block_tokens = B;
   auto reference = [&](const std::vector<int32_t>& prompt, std::vector<std::vector<float>>* rows) {
     Generator g(f.model, tok, off);
     return g.generate_all({prompt}, p, [&](uint64_t, const float* row, int64_t) { rows->emplace_back(row, row + V); })[0];
   };
-  Generator gen(f.model, tok, f32_kv(3));
+  GeneratorOptions on = f32_kv(3);
+  on.block_tokens = B;
+  Generator gen(f.model, tok, on);
   auto first = gen.generate_all({a, b}, p);
   EXPECT_EQ(first[0].cached_tokens, 0);
   EXPECT_EQ(gen.prefix_cache_stats().queries, 11);
@@ -239,7 +244,8 @@ TEST(Generation, PrefixCacheReusesAFinishedSequencesSlot) {
   SequenceResult got = gen.generate_all({turn2}, p, [&](uint64_t, const float* row, int64_t) {
     got_rows.emplace_back(row, row + V);
   })[0];
-  EXPECT_EQ(got.cached_tokens, static_cast<int64_t>(a.size()) + p.max_new_tokens - 1);
+  EXPECT_EQ(got.cached_tokens, blocks_of(static_cast<int64_t>(a.size()) + p.max_new_tokens - 1));
+  EXPECT_GT(got.cached_tokens, 0);
   EXPECT_EQ(got.tokens, want.tokens);
   ASSERT_EQ(got_rows.size(), want_rows.size());
   for (size_t s = 0; s < want_rows.size(); ++s) {
@@ -248,17 +254,17 @@ TEST(Generation, PrefixCacheReusesAFinishedSequencesSlot) {
   }
   EXPECT_EQ(gen.prefix_cache_stats().hits, got.cached_tokens);
 
-  // The same prompt again: all but its last token come from the cache.
+  // The same prompt again: the full blocks of all but its last token come from the cache.
   auto again = gen.generate_all({turn2}, p)[0];
-  EXPECT_EQ(again.cached_tokens, static_cast<int64_t>(turn2.size()) - 1);
+  EXPECT_EQ(again.cached_tokens, blocks_of(static_cast<int64_t>(turn2.size()) - 1));
   EXPECT_EQ(again.tokens, want.tokens);
-  // A prompt sharing only b's first two tokens takes b's slot and reuses those two.
-  std::vector<int32_t> fork = {60, 61, 70, 71};
+  // A prompt sharing b's first block (its prompt and first answer token) reuses that block only.
+  std::vector<int32_t> fork = {60, 61, 62, first[1].tokens[0], 70, 71};
   std::vector<std::vector<float>> unused;
   auto forked = gen.generate_all({fork}, p)[0];
-  EXPECT_EQ(forked.cached_tokens, 2);
+  EXPECT_EQ(forked.cached_tokens, B);
   EXPECT_EQ(forked.tokens, reference(fork, &unused).tokens);
-  // Nothing in common: an unused slot (the least recently freed) is taken, and it reuses nothing.
+  // Nothing in common: it reuses nothing.
   auto fresh = gen.generate_all({{90, 91}}, p)[0];
   EXPECT_EQ(fresh.cached_tokens, 0);
   // Scored prompts and a generator with the cache off never reuse.
@@ -269,6 +275,85 @@ TEST(Generation, PrefixCacheReusesAFinishedSequencesSlot) {
   cold.generate_all({a}, p);
   EXPECT_EQ(cold.generate_all({a}, p)[0].cached_tokens, 0);
   EXPECT_EQ(cold.prefix_cache_stats().queries, 0);
+}
+
+// Paged KV with too few blocks for every request at once: admission waits for blocks, and when
+// they run out mid-decode the newest sequence is preempted, requeued and prefilled again. Every
+// request still gets the tokens it gets with room to spare, in every KV mode; all blocks come
+// back; a prompt the whole cache cannot hold is refused when it is added.
+TEST(Generation, PagedKvPreemptsTheNewestAndLosesNothing) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  GenerationParams p;
+  p.max_new_tokens = 12;
+  p.ignore_eos = true;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    prompts.emplace_back();
+    for (int t = 0; t < 5 + 3 * i; ++t) prompts.back().push_back(static_cast<int32_t>((i * 31 + t * 7) % 90));
+  }
+  const auto want = test::greedy_tokens(f.model, tok, f32_kv(6), prompts, p);
+  for (KvMode mode : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr}) {
+    SCOPED_TRACE(kv_mode_name(mode));
+    GeneratorOptions o = test::in_mode(f32_kv(6), mode, 6);
+    o.block_tokens = 4;
+    // 14 blocks of 4 tokens; the six requests need 8 at most each, 38 together.
+    const KvPlan one = Generator::kv_plan(o, f.model.spec(), f.model.weight_dtype());
+    o.kv_cache_bytes = 14 * KvRuntime::block_bytes(f.model.kv_shape(), one.layout, one.kv);
+    Generator gen(f.model, tok, o);
+    EXPECT_EQ(gen.kv_block_stats().total, 14);
+    std::vector<uint64_t> ids;
+    for (const auto& pr : prompts) ids.push_back(gen.add(pr, p));
+    int64_t most_used = 0;
+    while (!gen.idle()) {
+      gen.step();
+      most_used = std::max(most_used, gen.kv_block_stats().used);
+    }
+    for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(gen.take_result(ids[i]).tokens, want[i]) << "request " << i;
+    const KvBlockStats st = gen.kv_block_stats();
+    EXPECT_GT(st.preemptions, 0);
+    EXPECT_LE(most_used, 14);
+    EXPECT_EQ(st.used, 0);
+    EXPECT_EQ(st.free, 14);
+    // 14 blocks hold 56 tokens: a prompt of 56 (and its first new token) never fits.
+    EXPECT_THROW(gen.add(std::vector<int32_t>(56, 3), p), Error);
+    EXPECT_NO_THROW(gen.add(std::vector<int32_t>(55, 3), p));
+  }
+}
+
+// Requests that share a system prompt share its full KV blocks while they run: the later one
+// takes the earlier one's blocks (once their K/V are written) and prefills only its own tokens.
+TEST(Generation, ConcurrentRequestsShareASystemPromptsBlocks) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  GenerationParams p;
+  p.max_new_tokens = 6;
+  p.ignore_eos = true;
+  std::vector<int32_t> system;
+  for (int t = 0; t < 12; ++t) system.push_back(static_cast<int32_t>(40 + t));
+  std::vector<int32_t> a = system, b = system;
+  a.insert(a.end(), {1, 2});
+  b.insert(b.end(), {3, 4, 5});
+  GeneratorOptions o = f32_kv(4);
+  o.block_tokens = 4;
+  Generator gen(f.model, tok, o);
+  const uint64_t ia = gen.add(a, p);
+  gen.step();  // a's prompt is prefilled: its three system blocks are written
+  const uint64_t ib = gen.add(b, p);
+  gen.step();
+  // a: 15 tokens in 4 blocks, b: 15 in 4, three of them the same.
+  EXPECT_EQ(gen.kv_block_stats().used, 5);
+  while (!gen.idle()) gen.step();
+  SequenceResult ra = gen.take_result(ia), rb = gen.take_result(ib);
+  EXPECT_EQ(ra.cached_tokens, 0);
+  EXPECT_EQ(rb.cached_tokens, 12);
+  GeneratorOptions off = o;
+  off.prefix_caching = false;
+  const auto want = test::greedy_tokens(f.model, tok, off, {a, b}, p);
+  EXPECT_EQ(ra.tokens, want[0]);
+  EXPECT_EQ(rb.tokens, want[1]);
 }
 
 // A cancelled sequence leaves the K/V of the tokens it got through, and a prompt that was being

@@ -188,6 +188,33 @@ TEST_P(KvModes, StreamedWeightsGiveTheSameResults) {
   }
 }
 
+// Paged KV: every mode gives the contiguous layout's tokens and logits (one block per sequence,
+// as the store was before blocks) at blocks of 1 token, 16 tokens, and 5 (a size dividing none
+// of the prompts, so chunks and runs start and end inside blocks), and with the activation cap
+// (X kept for the first tokens only) crossed inside a block.
+TEST_P(KvModes, PagedBlocksGiveTheContiguousResults) {
+  test::TempDir tmp;
+  CpuBackend be;
+  OptModel model(be, test::data_path(std::string("opt/") + GetParam()));
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  auto with_blocks = [](GeneratorOptions o, int64_t bt) {
+    o.block_tokens = bt;
+    return o;
+  };
+  const int64_t whole = model.spec().max_position_embeddings;
+  ModeRun ref = run(model, tok, with_blocks(options(KvMode::Resident, DType::F32), whole));
+  for (int64_t bt : {1, 16, 5}) {
+    const std::string at = " at blocks of " + std::to_string(bt);
+    expect_same(ref, run(model, tok, with_blocks(options(KvMode::Resident, DType::F32), bt)), 1e-5, "resident" + at);
+    expect_same(ref, run(model, tok, with_blocks(options(KvMode::Offload, DType::F32), bt)), 1e-5, "offload" + at);
+    expect_same(ref, run(model, tok, with_blocks(options(KvMode::Recompute, DType::F32), bt)), 1e-5, "recompute" + at);
+    expect_same(ref, run(model, tok, with_blocks(options(KvMode::CpuAttn, DType::F32), bt)), 1e-5, "cpu-attn" + at);
+    expect_same(ref, run(model, tok, with_blocks(options(KvMode::Kvpr, DType::F32, 6), bt)), 1e-5, "kvpr" + at);
+    expect_same(ref, run(model, tok, with_blocks(options(KvMode::Kvpr, DType::F32, 20, 9), bt)), 1e-5,
+                "kvpr, X for 9 tokens" + at);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, KvModes,
                          ::testing::Values("pre_ln_safetensors", "post_ln_proj_sharded", "fp16_bin_sharded"),
                          [](const auto& p) { return std::string(p.param); });
@@ -210,7 +237,7 @@ TEST(KvRuntime, ACacheThatCannotFitIsRefusedByItsSize) {
       EXPECT_NE(msg.find("the KV cache of 1073741824 sequences x 64 tokens (kv mode " + std::string(kv_mode_name(m)) +
                          ") needs "), std::string::npos) << msg;
       EXPECT_NE(msg.find(m == KvMode::Resident ? "GiB of memory" : "GiB of pinned host memory"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("lower max-batch or max-seq-len"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("lower kv-cache, max-batch or max-seq-len"), std::string::npos) << msg;
     }
   }
   EXPECT_NE(host_bytes_available(), 0u);
@@ -449,12 +476,13 @@ TEST(WeightStream, APlanPastHostMemoryIsRefusedBeforeAnythingIsAllocated) {
     } catch (const Error& e) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find("the weights need "), std::string::npos) << msg;  // the CPU backend's device is the host
-      EXPECT_NE(msg.find("GiB and the KV cache of 1073741824 sequences x " +
-                         std::to_string(config.max_position_embeddings) + " tokens (kv mode offload) "),
+      EXPECT_NE(msg.find("GiB and the KV cache of " + std::to_string((int64_t{1} << 30) * (config.max_position_embeddings / 16)) +
+                         " blocks x 16 tokens (room for 1073741824 sequences x " +
+                         std::to_string(config.max_position_embeddings) + " tokens, kv mode offload) "),
                 std::string::npos)
           << msg;
       EXPECT_NE(msg.find("GiB of host memory, "), std::string::npos) << msg;
-      EXPECT_NE(msg.find("lower max-batch or max-seq-len"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("lower kv-cache, max-batch or max-seq-len"), std::string::npos) << msg;
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     }
     EXPECT_FALSE(cb.allocated()) << "stream " << stream;

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <span>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -173,7 +175,8 @@ void check_attention(DType dt) {
     // MHA; one KV head for 3 query heads; groups of 4 and of 2 query heads per KV head (the
     // grouped decode kernel's GC = 1, 4, 2).
     for (auto [heads, kv_heads] : {std::pair{3, 3}, {3, 1}, {8, 2}, {4, 2}})
-    for (bool decode_only : {false, true}) {
+    for (bool decode_only : {false, true})
+    for (bool paged : {false, true}) {
       const int hidden = heads * hd;
       const int kvw = kv_heads * hd;
       struct S {
@@ -186,21 +189,62 @@ void check_attention(DType dt) {
       int T = 0;
       for (auto s : spec) T += s.q_len;
       Tensor q = random(cpu, DType::F32, {T, hidden}, 7);
-      std::vector<AttentionSeq> seqs;
+      std::vector<AttentionSeq> seqs, paged_seqs;
       std::vector<cuda::AttnDesc> descs;
       int off = 0, max_ctx = 0;
       uint64_t seed = 100;
+      // Paged: the sequences' keys in one store of 7-token blocks (a size dividing no context),
+      // handed out in a shuffled order, so consecutive keys cross into scattered blocks.
+      constexpr int kBlock = 7;
+      std::vector<int32_t> tables, order;
+      int64_t total_blocks = 0;
+      for (auto s : spec) total_blocks += (s.past + s.q_len + kBlock - 1) / kBlock;
+      for (int32_t b = 0; b < total_blocks; ++b) order.push_back(b);
+      std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(hd + heads)));
+      Tensor kpool = random(cpu, dt, {total_blocks * kBlock, kvw}, 90), vpool = random(cpu, dt, {total_blocks * kBlock, kvw}, 91);
+      const size_t es = dtype_size(dt);
       for (auto s : spec) {
-        Tensor k = random(cpu, dt, {s.past + s.q_len, kvw}, seed++);
-        Tensor v = random(cpu, dt, {s.past + s.q_len, kvw}, seed++);
+        const int n = s.past + s.q_len;
+        Tensor k = random(cpu, dt, {n, kvw}, seed++);
+        Tensor v = random(cpu, dt, {n, kvw}, seed++);
+        if (paged) {  // the same keys, in the pool's blocks
+          const size_t first = tables.size();
+          for (int i = 0; i * kBlock < n; ++i) tables.push_back(order[tables.size()]);
+          AttentionSeq a{off, s.q_len, s.past, kpool, vpool, nullptr, 0, kBlock};
+          for (int t = 0; t < n; ++t) {
+            const int64_t row = int64_t{tables[first + static_cast<size_t>(t / kBlock)]} * kBlock + t % kBlock;
+            std::memcpy(static_cast<char*>(kpool.data()) + row * kvw * es, static_cast<char*>(k.data()) + t * kvw * es, kvw * es);
+            std::memcpy(static_cast<char*>(vpool.data()) + row * kvw * es, static_cast<char*>(v.data()) + t * kvw * es, kvw * es);
+          }
+          paged_seqs.push_back(a);
+          descs.push_back(cuda::AttnDesc{kpool.data(), vpool.data(), off, s.q_len, s.past, static_cast<int32_t>(first), kBlock});
+        } else {
+          descs.push_back(cuda::AttnDesc{k.data(), v.data(), off, s.q_len, s.past, -1, 0});
+        }
         seqs.push_back(AttentionSeq{off, s.q_len, s.past, k, v});
-        descs.push_back(cuda::AttnDesc{k.data(), v.data(), off, s.q_len, s.past});
         off += s.q_len;
         max_ctx = std::max(max_ctx, s.past + s.q_len);
       }
+      // The tables after the descriptors, as the backend uploads them (cuda::attn_tables).
+      std::vector<char> upload(descs.size() * sizeof(cuda::AttnDesc) + tables.size() * sizeof(int32_t));
+      std::memcpy(upload.data(), descs.data(), descs.size() * sizeof(cuda::AttnDesc));
+      std::memcpy(upload.data() + descs.size() * sizeof(cuda::AttnDesc), tables.data(), tables.size() * sizeof(int32_t));
+      const auto* desc_ptr = reinterpret_cast<const cuda::AttnDesc*>(upload.data());
       Tensor ref = cpu.alloc(DType::F32, {T, hidden}), got = cpu.alloc(DType::F32, {T, hidden});
       const float scale = 1.f / std::sqrt(static_cast<float>(hd));
       cpu.attention(ref, q, seqs, heads, scale);
+      if (paged) {  // the CPU backend through the tables gives what it gives over contiguous keys
+        size_t first = 0;
+        for (auto& a : paged_seqs) {
+          const size_t nb = static_cast<size_t>((a.past_len + a.q_len + kBlock - 1) / kBlock);
+          a.blocks = tables.data() + first;
+          a.n_blocks = static_cast<int64_t>(nb);
+          first += nb;
+        }
+        cpu.attention(got, q, paged_seqs, heads, scale);
+        EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-6))
+            << "CPU backend, paged, head_dim " << hd;
+      }
       std::vector<float> work(static_cast<size_t>(
           cuda::attention_work_floats(static_cast<int64_t>(descs.size()), max_ctx, heads, hd)));
       // Keys read element by element, and with 16-byte loads (the tensors are aligned); mixed
@@ -212,13 +256,14 @@ void check_attention(DType dt) {
           for (int sms : {1, 132}) {
             if ((tiled && decode_only) || (sms > 1 && !decode_only)) continue;
             std::fill_n(got.data_as<float>(), got.numel(), 0.f);
-            cuda::attention(got.data_as<float>(), q.data_as<float>(), descs.data(), static_cast<int64_t>(descs.size()),
+            cuda::attention(got.data_as<float>(), q.data_as<float>(), desc_ptr, static_cast<int64_t>(descs.size()),
                             T, max_ctx, 33, decode_only, heads, kv_heads, hd, dt, scale, work.data(), aligned,
                             tiled ? tiles.data() : nullptr, tiled ? static_cast<int64_t>(tiles.size()) : 0, sms,
                             nullptr);
             EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
                 << "head_dim " << hd << ", " << heads << " heads, " << kv_heads << " KV heads"
-                << (decode_only ? " decode" : " mixed") << (aligned ? " 16-byte loads" : "") << (tiled ? " tiled" : "")
+                << (decode_only ? " decode" : " mixed") << (paged ? " paged" : "") << (aligned ? " 16-byte loads" : "")
+                << (tiled ? " tiled" : "")
                 << ", " << sms << " SMs, K/V " << dtype_name(dt);
           }
     }

@@ -21,13 +21,15 @@ namespace {
 // context is cut into chunks processed in parallel; a chunk streams its K rows and then its
 // V rows front to back (all heads of a row together, so memory is read sequentially) and
 // leaves per-head (max, sum, unnormalised output) that are merged afterwards.
+// rows: key t's row in k and v (paged KV), or null for row t.
 template <typename Tag>
-void decode_attention_chunk(const float* q, const typename Tag::T* k, const typename Tag::T* v, int64_t t0,
-                            int64_t t1, int64_t kv_width, int heads, int group, int64_t hd, float scale, float* scores,
-                            float* m_out, float* l_out, float* acc) {
+void decode_attention_chunk(const float* q, const typename Tag::T* k, const typename Tag::T* v, const int64_t* rows,
+                            int64_t t0, int64_t t1, int64_t kv_width, int heads, int group, int64_t hd, float scale,
+                            float* scores, float* m_out, float* l_out, float* acc) {
   const int64_t n = t1 - t0;
+  auto row = [&](int64_t t) { return rows ? rows[t] : t; };
   for (int64_t t = 0; t < n; ++t) {
-    const typename Tag::T* krow = k + (t0 + t) * kv_width;
+    const typename Tag::T* krow = k + row(t0 + t) * kv_width;
     for (int h = 0; h < heads; ++h) scores[h * n + t] = cpu::dot<Tag>(q + h * hd, krow + (h / group) * hd, hd) * scale;
   }
   for (int h = 0; h < heads; ++h) {
@@ -41,7 +43,7 @@ void decode_attention_chunk(const float* q, const typename Tag::T* k, const type
   }
   std::fill(acc, acc + heads * hd, 0.f);
   for (int64_t t = 0; t < n; ++t) {
-    const typename Tag::T* vrow = v + (t0 + t) * kv_width;
+    const typename Tag::T* vrow = v + row(t0 + t) * kv_width;
     for (int h = 0; h < heads; ++h) cpu::axpy<Tag>(acc + h * hd, scores[h * n + t], vrow + (h / group) * hd, hd);
   }
 }
@@ -55,9 +57,12 @@ struct AttentionGeometry {
   float scale;
 };
 
+// Each paged sequence's key rows (AttentionSeq::row of every key), empty for the others.
+using KeyRows = std::vector<std::vector<int64_t>>;
+
 // Decode rows (q_len == 1): chunked over the context, the chunks merged per sequence.
-void decode_attention(float* op, const float* qp, const std::vector<AttentionSeq>& seqs, const AttentionGeometry& g,
-                      ThreadPool& pool) {
+void decode_attention(float* op, const float* qp, const std::vector<AttentionSeq>& seqs, const KeyRows& rows,
+                      const AttentionGeometry& g, ThreadPool& pool) {
   const int heads = g.heads, group = g.group;
   const int64_t hidden = g.hidden, hd = g.hd, kv_width = g.kv_width;
   const float scale = g.scale;
@@ -83,7 +88,9 @@ void decode_attention(float* op, const float* qp, const std::vector<AttentionSeq
         float* part = partial.data() + i * stride;
         dispatch_float(a.k.dtype(), [&](auto tag) {
           using T = typename decltype(tag)::T;
-          decode_attention_chunk<decltype(tag)>(qp + a.q_begin * hidden, a.k.data_as<T>(), a.v.data_as<T>(), pc.t0,
+          const auto& r = rows[pc.seq];
+          decode_attention_chunk<decltype(tag)>(qp + a.q_begin * hidden, a.k.data_as<T>(), a.v.data_as<T>(),
+                                                r.empty() ? nullptr : r.data(), pc.t0,
                                                 pc.t1, kv_width, heads, group, hd, scale, scores.data(), part, part + heads,
                                                 part + 2 * heads);
         });
@@ -115,8 +122,8 @@ void decode_attention(float* op, const float* qp, const std::vector<AttentionSeq
 }
 
 // Prefill rows (q_len > 1): one work item per (sequence, query row, head).
-void prefill_attention(float* op, const float* qp, const std::vector<AttentionSeq>& seqs, const AttentionGeometry& g,
-                       ThreadPool& pool) {
+void prefill_attention(float* op, const float* qp, const std::vector<AttentionSeq>& seqs, const KeyRows& rows,
+                       const AttentionGeometry& g, ThreadPool& pool) {
   const int heads = g.heads, group = g.group;
   const int64_t hidden = g.hidden, hd = g.hd, kv_width = g.kv_width;
   const float scale = g.scale;
@@ -139,9 +146,11 @@ void prefill_attention(float* op, const float* qp, const std::vector<AttentionSe
         using T = typename decltype(tag)::T;
         const T* kp = a.k.data_as<T>() + (h / group) * hd;
         const T* vp = a.v.data_as<T>() + (h / group) * hd;
+        const int64_t* r = rows[s].empty() ? nullptr : rows[s].data();
+        auto row = [&](int64_t t) { return r ? r[t] : t; };
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < n; ++t) {
-          scores[t] = cpu::dot<decltype(tag)>(qr, kp + t * kv_width, hd) * scale;
+          scores[t] = cpu::dot<decltype(tag)>(qr, kp + row(t) * kv_width, hd) * scale;
           mx = std::max(mx, scores[t]);
         }
         float sum = 0.f;
@@ -151,7 +160,7 @@ void prefill_attention(float* op, const float* qp, const std::vector<AttentionSe
         }
         float inv = 1.f / sum;
         std::fill(orow, orow + hd, 0.f);
-        for (int64_t t = 0; t < n; ++t) cpu::axpy<decltype(tag)>(orow, scores[t] * inv, vp + t * kv_width, hd);
+        for (int64_t t = 0; t < n; ++t) cpu::axpy<decltype(tag)>(orow, scores[t] * inv, vp + row(t) * kv_width, hd);
       });
     }
   });
@@ -171,17 +180,17 @@ void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<Attenti
   KVPR_CHECK(kv_width % hd == 0 && heads % (kv_width / hd) == 0, "attention: K/V width ", kv_width,
              " is not a whole number of KV heads of ", hd, " dividing ", heads, " heads");
   const int group = static_cast<int>(heads / (kv_width / hd));
+  KeyRows rows(seqs.size());
   for (size_t s = 0; s < seqs.size(); ++s) {
     const AttentionSeq& a = seqs[s];
-    KVPR_CHECK(a.k.dim(0) >= a.past_len + a.q_len && a.v.dim(0) >= a.past_len + a.q_len &&
-                   a.k.dim(1) == kv_width && a.v.dim(1) == kv_width && a.k.dtype() == a.v.dtype() &&
-                   a.q_begin + a.q_len <= q.dim(0),
-               "attention: sequence ", s, " has k ", a.k.describe(), " v ", a.v.describe(),
-               " for past ", a.past_len, " + ", a.q_len, " queries");
+    check_attention_seq(a, s, kv_width, q.dim(0));
+    if (!a.paged()) continue;
+    rows[s].resize(static_cast<size_t>(a.past_len + a.q_len));
+    for (int64_t t = 0; t < a.past_len + a.q_len; ++t) rows[s][static_cast<size_t>(t)] = a.row(t);
   }
   const AttentionGeometry g{heads, hidden, hd, kv_width, group, scale};
-  decode_attention(out.data_as<float>(), q.data_as<float>(), seqs, g, pool);
-  prefill_attention(out.data_as<float>(), q.data_as<float>(), seqs, g, pool);
+  decode_attention(out.data_as<float>(), q.data_as<float>(), seqs, rows, g, pool);
+  prefill_attention(out.data_as<float>(), q.data_as<float>(), seqs, rows, g, pool);
 }
 
 }  // namespace kvpr

@@ -38,10 +38,21 @@ struct Partial {
 // at compile time (head_dim == 32 * CH: 32, 64, 128, 256), so the loops unroll completely.
 enum LoadMode : int { kScalar = 0, kVector = 1, kVectorExact = 2 };
 
+// The row of key t in a sequence's K and V: t, or through its block table (paged KV).
+struct KeyRows {
+  const int32_t* table;  // null: contiguous
+  int64_t bt;
+  __device__ __forceinline__ KeyRows(const AttnDesc& d, const AttnDesc* descs, int64_t n_seqs)
+      : table(d.table_off >= 0 ? attn_tables(descs, n_seqs) + d.table_off : nullptr), bt(d.block_tokens) {}
+  __device__ __forceinline__ int64_t operator()(int64_t t) const {
+    return table ? static_cast<int64_t>(table[t / bt]) * bt + t % bt : t;
+  }
+};
+
 // Processes keys t = first, first+stride, ... < end (one per lane per iteration) for one
 // head, updating this warp's (m, l, acc). q is in shared memory (fp32, head_dim).
 template <typename T, int CH, int LOAD>
-__device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T* __restrict__ k,
+__device__ __forceinline__ void warp_attend(const KeyRows& key_row, const float* __restrict__ q, const T* __restrict__ k,
                                             const T* __restrict__ v, int hd_runtime, int64_t row_stride,
                                             int64_t first, int64_t end, int64_t stride, float scale, float& m,
                                             float& l, float (&acc)[CH]) {
@@ -51,7 +62,7 @@ __device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T
     const int64_t t = base + lane;
     float s = -FLT_MAX;
     if (t < end) {
-      const T* kr = k + t * row_stride;
+      const T* kr = k + key_row(t) * row_stride;
       float d = 0.f;
       if constexpr (LOAD != kScalar) {
 #pragma unroll 4
@@ -76,7 +87,7 @@ __device__ __forceinline__ void warp_attend(const float* __restrict__ q, const T
     // V rows of this chunk, read coalesced: lane owns dimensions [lane*CH, lane*CH + CH).
     auto accumulate = [&](int kk) {
       const float pk = __shfl_sync(0xffffffffu, p, kk);
-      const T* vr = v + (base + kk) * row_stride + lane * CH;
+      const T* vr = v + key_row(base + kk) * row_stride + lane * CH;
 #pragma unroll
       for (int c = 0; c < CH; ++c)
         if (lane * CH + c < hd) acc[c] += pk * to_f32(vr[c]);
@@ -114,6 +125,7 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
   const int h = blockIdx.y * kWarps + warp;
   if (row >= total_q || h >= heads) return;  // whole warps exit together
   const AttnDesc d = descs[find_seq(descs, n_seqs, row)];
+  const KeyRows key_row(d, descs, n_seqs);
   const int64_t j = row - d.q_begin;
   const int64_t n = d.past + j + 1;
   const float* qr = q + row * row_stride + h * hd;
@@ -123,7 +135,7 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
   const int64_t kh = h / (heads / kv_heads);  // the KV head this query head reads (GQA)
-  warp_attend<T, CH, LOAD>(qs[warp], static_cast<const T*>(d.k) + kh * hd, static_cast<const T*>(d.v) + kh * hd, hd,
+  warp_attend<T, CH, LOAD>(key_row, qs[warp], static_cast<const T*>(d.k) + kh * hd, static_cast<const T*>(d.v) + kh * hd, hd,
                      kv_stride, 0, n, 32, scale, m, l, acc);
   float* o = out + row * row_stride + h * hd;
   const float inv = 1.f / l;
@@ -137,8 +149,8 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
 // 4w..4w+3 and keeps their online softmax. Lane j scores key j of the tile (K rows padded by
 // one float so the lanes hit distinct banks), then the warp accumulates V rows coalesced.
 template <typename T, int CH>
-__global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc* descs, const AttnTile* tiles,
-                                      int heads, int kv_heads, int hd, float scale) {
+__global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc* descs, int n_seqs,
+                                      const AttnTile* tiles, int heads, int kv_heads, int hd, float scale) {
   constexpr int HD = CH * 32, RPW = kAttnTileRows / kWarps, KT = 32;
   __shared__ float qs[kAttnTileRows][HD];
   __shared__ float ks[KT][HD + 1];
@@ -147,6 +159,7 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
   const AttnTile tile = tiles[blockIdx.x];
   const int h = blockIdx.y;
   const AttnDesc d = descs[tile.seq];
+  const KeyRows key_row(d, descs, n_seqs);
   const int64_t row_stride = static_cast<int64_t>(heads) * hd;
   const int64_t kv_stride = static_cast<int64_t>(kv_heads) * hd;
   const int64_t kh = h / (heads / kv_heads);
@@ -171,9 +184,9 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
     __syncthreads();  // the previous tile is consumed (and the queries are in place)
     for (int i = threadIdx.x; i < KT * hd; i += blockDim.x) {
       const int r = i / hd, c = i % hd;
-      const int64_t t = kb + r;
-      ks[r][c] = t < n_keys ? to_f32(kb_ptr[t * kv_stride + c]) : 0.f;
-      vs[r][c] = t < n_keys ? to_f32(vb_ptr[t * kv_stride + c]) : 0.f;
+      const int64_t t = kb + r, row = t < n_keys ? key_row(t) : 0;
+      ks[r][c] = t < n_keys ? to_f32(kb_ptr[row * kv_stride + c]) : 0.f;
+      vs[r][c] = t < n_keys ? to_f32(vb_ptr[row * kv_stride + c]) : 0.f;
     }
     __syncthreads();
 #pragma unroll
@@ -230,6 +243,7 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int split = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
   const AttnDesc d = descs[s];
+  const KeyRows key_row(d, descs, gridDim.z);
   const int64_t n = static_cast<int64_t>(d.past) + 1;
   const int64_t per = (n + splits - 1) / splits;
   const int64_t begin = split * per, end = begin + per < n ? begin + per : n;
@@ -240,7 +254,7 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
   const int64_t kh = h / (heads / kv_heads);
-  warp_attend<T, CH, LOAD>(qs, static_cast<const T*>(d.k) + kh * hd, static_cast<const T*>(d.v) + kh * hd, hd, kv_stride,
+  warp_attend<T, CH, LOAD>(key_row, qs, static_cast<const T*>(d.k) + kh * hd, static_cast<const T*>(d.v) + kh * hd, hd, kv_stride,
                      begin + warp * 32, end, 32 * kWarps, scale, m, l, acc);
   if (lane == 0) {
     wm[warp] = m;
@@ -297,6 +311,7 @@ __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* 
   const int64_t row_stride = static_cast<int64_t>(heads) * hd;
   const int64_t kv_stride = static_cast<int64_t>(kv_heads) * hd;
   const AttnDesc d = descs[s];
+  const KeyRows key_row(d, descs, gridDim.z);
   const int64_t n = static_cast<int64_t>(d.past) + 1;
   const int64_t per = (n + splits - 1) / splits;
   const int64_t begin = split * per, end = begin + per < n ? begin + per : n;
@@ -324,12 +339,12 @@ __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* 
       for (int i = lane; i < rows * per_row; i += 32) {
         const int r = i / per_row, c = i % per_row;
         *reinterpret_cast<uint4*>(ks + r * PITCH + c * PAD) =
-            *reinterpret_cast<const uint4*>(kp + (t0 + r) * kv_stride + c * PAD);
+            *reinterpret_cast<const uint4*>(kp + key_row(t0 + r) * kv_stride + c * PAD);
       }
     } else {
       for (int i = lane; i < rows * hd; i += 32) {
         const int r = i / hd, c = i % hd;
-        ks[r * PITCH + c] = kp[(t0 + r) * kv_stride + c];
+        ks[r * PITCH + c] = kp[key_row(t0 + r) * kv_stride + c];
       }
     }
     __syncwarp();
@@ -375,7 +390,7 @@ __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* 
     }
     // V rows, coalesced: lane owns dimensions [lane * CH, lane * CH + CH), for every head.
     for (int kk = 0; kk < rows; ++kk) {
-      const T* vr = vp + (t0 + kk) * kv_stride + lane * CH;
+      const T* vr = vp + key_row(t0 + kk) * kv_stride + lane * CH;
       float vf[CH];
 #pragma unroll
       for (int c = 0; c < CH; ++c) vf[c] = lane * CH + c < hd ? to_f32(vr[c]) : 0.f;
@@ -508,7 +523,7 @@ void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
   } else if (CH <= 4 && tiles && n_tiles > 0) {  // shared memory sized for head_dim <= 128
     if constexpr (CH <= 4) {
       KVPR_LAUNCH(dim3(static_cast<unsigned>(n_tiles), heads), kWarps * 32, 0, stream, attention_tile_kernel<T, CH>)(
-          out, q, descs, tiles, heads, kv_heads, hd, scale);
+          out, q, descs, static_cast<int>(n_seqs), tiles, heads, kv_heads, hd, scale);
       CUDA_CHECK_LAUNCH();
     }
   } else {

@@ -474,15 +474,21 @@ class CudaBackend final : public Backend {
     bool all_decode = true, aligned = true;
     DType kv = seqs.front().k.dtype();
     int64_t kv_bytes = 0;
+    // Paged sequences' block tables follow the descriptors in one upload (cuda::attn_tables),
+    // padded to a power of two entries: their size changes the uploads after them, which a CUDA
+    // graph's key holds, so it changes rarely.
+    std::vector<int32_t> tables;
     for (size_t s = 0; s < seqs.size(); ++s) {
       const AttentionSeq& a = seqs[s];
-      KVPR_CHECK(a.k.dim(0) >= a.past_len + a.q_len && a.v.dim(0) >= a.past_len + a.q_len && a.k.dim(1) == kv_width &&
-                     a.v.dim(1) == kv_width && a.k.dtype() == kv && a.v.dtype() == kv &&
-                     a.q_begin + a.q_len <= q.dim(0) && (s == 0 || a.q_begin >= seqs[s - 1].q_begin),
-                 "attention: sequence ", s, " has k ", a.k.describe(), " v ", a.v.describe(), " for past ",
-                 a.past_len, " + ", a.q_len, " queries");
+      check_attention_seq(a, s, kv_width, q.dim(0));
+      KVPR_CHECK(a.k.dtype() == kv && (s == 0 || a.q_begin >= seqs[s - 1].q_begin) && a.block_tokens <= INT32_MAX &&
+                     tables.size() + static_cast<size_t>(a.n_blocks) <= INT32_MAX,
+                 "attention: sequence ", s, " is out of order or of another dtype");
       descs.push_back(cuda::AttnDesc{a.k.data(), a.v.data(), a.q_begin, static_cast<int32_t>(a.q_len),
-                                     static_cast<int32_t>(a.past_len)});
+                                     static_cast<int32_t>(a.past_len),
+                                     a.paged() ? static_cast<int32_t>(tables.size()) : -1,
+                                     static_cast<int32_t>(a.block_tokens)});
+      if (a.paged()) tables.insert(tables.end(), a.blocks, a.blocks + a.n_blocks);
       max_ctx = std::max(max_ctx, a.past_len + a.q_len);
       max_q = std::max(max_q, a.q_len);
       total_q = std::max(total_q, a.q_begin + a.q_len);
@@ -494,7 +500,17 @@ class CudaBackend final : public Backend {
     // The context class of the launches: they change at 256, 512, 1024, ... tokens, not every step.
     max_ctx = cuda::attention_launch_ctx(max_ctx);
     Traced t(*this, Stream::Compute, "attention", kv_bytes, 0);
-    const void* dd = upload_small(descs.data(), descs.size() * sizeof(cuda::AttnDesc));
+    const void* dd = nullptr;
+    if (tables.empty()) {
+      dd = upload_small(descs.data(), descs.size() * sizeof(cuda::AttnDesc));
+    } else {
+      size_t padded = 64;
+      while (padded < tables.size()) padded *= 2;
+      std::vector<char> buf(descs.size() * sizeof(cuda::AttnDesc) + padded * sizeof(int32_t), 0);
+      std::memcpy(buf.data(), descs.data(), descs.size() * sizeof(cuda::AttnDesc));
+      std::memcpy(buf.data() + descs.size() * sizeof(cuda::AttnDesc), tables.data(), tables.size() * sizeof(int32_t));
+      dd = upload_small(buf.data(), buf.size());
+    }
     const void* tiles = nullptr;
     int64_t n_tiles = 0;
     if (!all_decode && hd <= 128) {

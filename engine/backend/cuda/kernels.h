@@ -50,12 +50,25 @@ void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, f
 
 // One sequence of an attention call, as the kernels read it from device memory.
 struct AttnDesc {
-  const void* k;   // [>= past + q_len, kv_width] rows, row stride kv_width
+  const void* k;   // K/V rows, row stride kv_width: key t is row t, or through `blocks`
   const void* v;
   int64_t q_begin;
   int32_t q_len;
   int32_t past;
+  // Paged KV: key t is row table[t / block_tokens] * block_tokens + t % block_tokens, where the
+  // tables follow the call's n_seqs descriptors in the same upload (attn_tables) and this
+  // sequence's starts at entry table_off; -1: key t is row t.
+  int32_t table_off;
+  int32_t block_tokens;
 };
+// The block tables of an attention call: after its descriptors, in one upload (so the tables'
+// address changes only with the number of sequences, and a CUDA graph of a decode step holds).
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline const int32_t* attn_tables(const AttnDesc* descs, int64_t n_seqs) {
+  return reinterpret_cast<const int32_t*>(descs + n_seqs);
+}
 
 // A tile of the prefill kernel: query rows [first, first + kAttnTileRows) of sequence `seq`
 // (fewer at the sequence's end), one block per (tile, head).
