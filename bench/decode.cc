@@ -7,9 +7,11 @@
 //                     [--kv-dtype f16] [--weights device|host] [--gpu-batches N] [--emulate-link-gbps G]
 //                     [--host-attention-threads N]
 //                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR] [--max-positions N]
-//                     [--layers N]
+//                     [--layers N] [--repeat R]
 //     (--max-positions: the preset's position range, for contexts past OPT's 2048 positions;
-//     --layers: the preset's first N layers, its real widths at a size a CPU runs.)
+//     --layers: the preset's first N layers, its real widths at a size a CPU runs;
+//     --repeat: the list of modes run R times over, interleaved, each mode's step time the
+//     median of its R runs: ratios that hold on a machine whose speed drifts.)
 //     Every KV mode side by side in one run on one model with random weights generated on the
 //     device: decode ms per step, tokens/s, split per step, bytes over the link per step, busy
 //     fraction of the compute stream, and each mode's bound from the measured profile.
@@ -231,7 +233,7 @@ class DecodeRun {
   explicit DecodeRun(const std::vector<std::string>& args)
       : opt_(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype", "--emulate-link-gbps",
                     "--weights", "--gpu-batches", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
-                    "--trace-dir", "--max-positions", "--layers"}) {
+                    "--trace-dir", "--max-positions", "--layers", "--repeat"}) {
     preset_ = opt_.get("--preset", "opt-6.7b");
     batch_ = opt_.get_int("--batch", 32);
     prompt_ = opt_.get_int("--prompt", 1024);
@@ -390,6 +392,10 @@ class DecodeRun {
     const std::string trace_dir = opt_.get("--trace-dir", "");
     json::Array out;
     std::vector<std::vector<int32_t>> ref_tokens;
+    const int repeat = opt_.get_int("--repeat", 1);
+    KVPR_CHECK(repeat >= 1 && repeat <= 100, "--repeat must be in 1..100");
+    std::map<std::string, std::vector<double>> runs;
+    for (int round = 0; round < repeat; ++round)
     for (const auto& [m, graphs, block_tokens, given] : modes_) {
       const std::string name = given;
       const std::string trace = trace_dir.empty() ? "" : trace_dir + "/trace-" + name + ".json";
@@ -408,8 +414,13 @@ class DecodeRun {
         for (size_t t = prompt_; t < r.tokens[b].size() && t < ref_tokens[b].size(); ++t, ++total)
           same += r.tokens[b][t] == ref_tokens[b][t];
       r.json.set("tokens_equal_to_first_mode", total ? static_cast<double>(same) / total : 1.0);
-      ms_of_[name] = r.ms_per_step;
+      runs[name].push_back(r.ms_per_step);
+      if (repeat > 1) r.json.set("round", round);
       out.push_back(std::move(r.json));
+    }
+    for (auto& [name, v] : runs) {
+      std::sort(v.begin(), v.end());
+      ms_of_[name] = v[v.size() / 2];
     }
     return out;
   }

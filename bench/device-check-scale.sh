@@ -31,26 +31,7 @@ JOBS=${KVPR_CHECK_JOBS:-16}
 . bench/device-check-common.sh
 record_hardware_and_commit
 
-# kvprd's dependencies from our Debian packages, as a prefix (bench/prepare-device-carry.sh).
-PFX=/tmp/kvpr-prefix
-if [ -s .carry/daemon-prefix.tar.xz ]; then
-  rm -rf "$PFX" && mkdir -p "$PFX" && tar -xJf .carry/daemon-prefix.tar.xz -C "$PFX"
-  sed -i "s|@PREFIX@|$PFX|g" "$PFX"/lib/x86_64-linux-gnu/pkgconfig/*.pc
-  export PKG_CONFIG_PATH=$PFX/lib/x86_64-linux-gnu/pkgconfig PKG_CONFIG_LIBDIR=$PFX/lib/x86_64-linux-gnu/pkgconfig
-fi
-# Our binaries (and CMake's pkg-config) find the carried libraries; python and torch keep the machine's.
-LIBS=$PFX/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-run() { LD_LIBRARY_PATH=$LIBS "$@"; }
-if [ -z "$BIN" ]; then
-  say "build (sm_90, the daemon against the carried prefix)"
-  BIN=build-device
-  run cmake -S . -B "$BIN" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPR_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DKVPR_WERROR=OFF -DKVPR_TEXT_LIBS=OFF -DKVPR_TESTS=OFF -DKVPR_DAEMON=ON -DCMAKE_PREFIX_PATH="$PFX" \
-        -DPKG_CONFIG_EXECUTABLE="$PFX/bin/pkg-config" > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-  grep "kvpr:" "$OUT/cmake.log"
-  run ninja -C "$BIN" -j "$JOBS" kvpr kvpr-bench kvprd kvpr-worker > "$OUT/build.log" 2>&1 \
-    || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
-fi
+build_daemon_tree
 
 say "kvpr-bench scale: $PRESET, $SCALE_ARGS, kvpr, offload, cpu-attn"
 # shellcheck disable=SC2086

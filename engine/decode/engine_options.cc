@@ -52,7 +52,12 @@ double parse_option_size(const char* name, const std::string& v) {
                             v[num] == 'E' || v[num] == '+' || v[num] == '-'))
     ++num;
   std::string unit = v.substr(num);
-  const double x = parse_option_number(name, v.substr(0, num));
+  double x = 0;
+  try {
+    x = parse_option_number(name, v.substr(0, num));
+  } catch (const Error&) {
+    KVPR_THROW(name, ": '", v, "' is not a number");
+  }
   double scale = 1;
   if (!unit.empty()) {
     if (unit.size() >= 2 && (unit.substr(unit.size() - 2) == "iB")) unit.resize(unit.size() - 2);

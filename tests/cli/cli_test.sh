@@ -182,6 +182,15 @@ fi
 # weights and the cache.
 expect_error "host memory plan" 1 "the weights need .* GiB and the KV cache of 12800000000 blocks x 16 tokens (room for 100000000 sequences x 2048 tokens, kv mode offload) .* GiB together" \
   -- generate --model "$tmp/demo" --prompt a --max-batch 100000000 --kv-mode offload --weights host
+# Paged KV's options: a size that is not one, and a store smaller than one block.
+expect_error "bad kv-cache" 2 "kv-cache: 'lots' is not a number" -- generate --model "$tmp/demo" --prompt a --kv-cache lots
+expect_error "bad kv-cache unit" 2 "kv-cache: '3PB' is not a size (bytes, KiB, MiB, GiB, TiB) or a fraction in (0, 1]" \
+  -- generate --model "$tmp/demo" --prompt a --kv-cache 3PB
+expect_error "kv-cache below one block" 1 "a KV cache of 1024 bytes holds less than one block of 16 tokens" \
+  -- generate --model "$tmp/demo" --prompt a --kv-cache 1KiB
+expect_error "block-tokens zero" 2 "block-tokens must be in 1..1048576, not 0" -- generate --model "$tmp/demo" --prompt a --block-tokens 0
+out=$("$KVPR" generate --model "$tmp/demo" --prompt "Hello, my name is" -n 7 --json --kv-cache 0.01 --block-tokens 4)
+check "generate with a paged store sized as a fraction of memory" python3 -c "import json,sys; assert len(json.loads(sys.argv[1])['tokens'])==7" "$out"
 expect_error "split needs kvpr" 2 "split applies to kv-mode kvpr, not resident" -- generate --model "$tmp/demo" --prompt a --split 3
 expect_error "graphs need resident" 2 "cuda-graphs applies to kv-mode resident" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --cuda-graphs
 expect_error "bad weights" 2 "weights: expected device or host, got 'gpu'" -- generate --model "$tmp/demo" --prompt a --weights gpu

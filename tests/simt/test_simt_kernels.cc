@@ -193,15 +193,16 @@ void check_attention(DType dt) {
       std::vector<cuda::AttnDesc> descs;
       int off = 0, max_ctx = 0;
       uint64_t seed = 100;
-      // Paged: the sequences' keys in one store of 7-token blocks (a size dividing no context),
-      // handed out in a shuffled order, so consecutive keys cross into scattered blocks.
-      constexpr int kBlock = 7;
+      // Paged: the sequences' keys in one store of blocks handed out in a shuffled order, so
+      // consecutive keys cross into scattered blocks: of 7 tokens (a size dividing no context,
+      // found by division) for head_dim 8, of 16 (a power of two, found by shifts) for the others.
+      const int block = hd == 8 ? 7 : 16;
       std::vector<int32_t> tables, order;
       int64_t total_blocks = 0;
-      for (auto s : spec) total_blocks += (s.past + s.q_len + kBlock - 1) / kBlock;
+      for (auto s : spec) total_blocks += (s.past + s.q_len + block - 1) / block;
       for (int32_t b = 0; b < total_blocks; ++b) order.push_back(b);
       std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(hd + heads)));
-      Tensor kpool = random(cpu, dt, {total_blocks * kBlock, kvw}, 90), vpool = random(cpu, dt, {total_blocks * kBlock, kvw}, 91);
+      Tensor kpool = random(cpu, dt, {total_blocks * block, kvw}, 90), vpool = random(cpu, dt, {total_blocks * block, kvw}, 91);
       const size_t es = dtype_size(dt);
       for (auto s : spec) {
         const int n = s.past + s.q_len;
@@ -209,15 +210,15 @@ void check_attention(DType dt) {
         Tensor v = random(cpu, dt, {n, kvw}, seed++);
         if (paged) {  // the same keys, in the pool's blocks
           const size_t first = tables.size();
-          for (int i = 0; i * kBlock < n; ++i) tables.push_back(order[tables.size()]);
-          AttentionSeq a{off, s.q_len, s.past, kpool, vpool, nullptr, 0, kBlock};
+          for (int i = 0; i * block < n; ++i) tables.push_back(order[tables.size()]);
+          AttentionSeq a{off, s.q_len, s.past, kpool, vpool, nullptr, 0, block};
           for (int t = 0; t < n; ++t) {
-            const int64_t row = int64_t{tables[first + static_cast<size_t>(t / kBlock)]} * kBlock + t % kBlock;
+            const int64_t row = int64_t{tables[first + static_cast<size_t>(t / block)]} * block + t % block;
             std::memcpy(static_cast<char*>(kpool.data()) + row * kvw * es, static_cast<char*>(k.data()) + t * kvw * es, kvw * es);
             std::memcpy(static_cast<char*>(vpool.data()) + row * kvw * es, static_cast<char*>(v.data()) + t * kvw * es, kvw * es);
           }
           paged_seqs.push_back(a);
-          descs.push_back(cuda::AttnDesc{kpool.data(), vpool.data(), off, s.q_len, s.past, static_cast<int32_t>(first), kBlock});
+          descs.push_back(cuda::AttnDesc{kpool.data(), vpool.data(), off, s.q_len, s.past, static_cast<int32_t>(first), block});
         } else {
           descs.push_back(cuda::AttnDesc{k.data(), v.data(), off, s.q_len, s.past, -1, 0});
         }
@@ -236,7 +237,7 @@ void check_attention(DType dt) {
       if (paged) {  // the CPU backend through the tables gives what it gives over contiguous keys
         size_t first = 0;
         for (auto& a : paged_seqs) {
-          const size_t nb = static_cast<size_t>((a.past_len + a.q_len + kBlock - 1) / kBlock);
+          const size_t nb = static_cast<size_t>((a.past_len + a.q_len + block - 1) / block);
           a.blocks = tables.data() + first;
           a.n_blocks = static_cast<int64_t>(nb);
           first += nb;

@@ -192,24 +192,50 @@ void CpuBackend::copy(const Tensor& dst, const Tensor& src, Stream s, const char
     double t0 = tr ? tr->now_us() : 0;
     const auto start = std::chrono::steady_clock::now();
     if (dst.data() != src.data()) std::memmove(dst.data(), src.data(), src.nbytes());
-    double gbps = link_gbps_.load();
-    if (gbps > 0) {
-      // Pace like a link: this copy ends bytes/rate after it could start (the engine reached
-      // it and the link was free). Sleeping stops short and the last stretch is spun, so
-      // a queue of small copies keeps the rate.
-      using namespace std::chrono;
-      auto& busy = link_free_at_[s == Stream::H2D ? 0 : 1];
-      auto begin = std::max(start, busy);
-      auto target = begin + duration_cast<steady_clock::duration>(
-                                duration<double>(static_cast<double>(src.nbytes()) / (gbps * 1e9)));
-      busy = target;
-      if (target - steady_clock::now() > microseconds(200)) std::this_thread::sleep_until(target - microseconds(100));
-      while (steady_clock::now() < target) {
-      }
-    }
+    pace_link(s, src.nbytes(), start);
     if (tr)
       tr->span(stream_name(s), name, t0, tr->now_us(),
                json::Object{{"bytes", json::Value(static_cast<int64_t>(src.nbytes()))}});
+  });
+}
+
+void CpuBackend::pace_link(Stream s, size_t bytes, std::chrono::steady_clock::time_point start) {
+  const double gbps = link_gbps_.load();
+  if (gbps <= 0) return;
+  // Pace like a link: this copy ends bytes/rate after it could start (the engine reached it and
+  // the link was free). Sleeping stops short and the last stretch is spun, so a queue of small
+  // copies keeps the rate.
+  using namespace std::chrono;
+  auto& busy = link_free_at_[s == Stream::H2D ? 0 : 1];
+  auto begin = std::max(start, busy);
+  auto target = begin + duration_cast<steady_clock::duration>(duration<double>(static_cast<double>(bytes) / (gbps * 1e9)));
+  busy = target;
+  if (target - steady_clock::now() > microseconds(200)) std::this_thread::sleep_until(target - microseconds(100));
+  while (steady_clock::now() < target) {
+  }
+}
+
+void CpuBackend::copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans, Stream s,
+                            const char* what) {
+  if (s == Stream::Compute) return Backend::copy_spans(dst, src, spans, s, what);
+  check_copy_spans(dst, src, spans);
+  const size_t row_bytes = static_cast<size_t>(src.dim(1)) * dtype_size(src.dtype());
+  size_t bytes = 0;
+  for (const RowSpan& r : spans) bytes += static_cast<size_t>(r.count) * row_bytes;
+  if (bytes == 0) return;
+  std::string name = trace_label_.empty() ? what : trace_label_ + " " + what;
+  engine(s).push([this, dst, src, spans, s, name, row_bytes, bytes] {
+    Tracer* tr = tracer_;
+    double t0 = tr ? tr->now_us() : 0;
+    const auto start = std::chrono::steady_clock::now();
+    char* d = static_cast<char*>(dst.data());
+    const char* from = static_cast<const char*>(src.data());
+    for (const RowSpan& r : spans)
+      if (r.count > 0)
+        std::memmove(d + static_cast<size_t>(r.dst_row) * row_bytes, from + static_cast<size_t>(r.src_row) * row_bytes,
+                     static_cast<size_t>(r.count) * row_bytes);
+    pace_link(s, bytes, start);
+    if (tr) tr->span(stream_name(s), name, t0, tr->now_us(), json::Object{{"bytes", json::Value(static_cast<int64_t>(bytes))}});
   });
 }
 

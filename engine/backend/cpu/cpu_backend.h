@@ -50,6 +50,10 @@ class CpuBackend final : public Backend {
   size_t device_bytes_free() const override { return host_bytes_available(); }
 
   void copy(const Tensor& dst, const Tensor& src, Stream s, const char* what = "copy") override;
+  // On a copy stream, every span in one task of its engine (as one batched copy on a GPU): a
+  // batch's copies cost one hand-off, however many sequences or KV blocks they cover.
+  void copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans, Stream s,
+                  const char* what = "copy") override;
   Event record(Stream s) override;
   void wait(Stream s, const Event& e) override;
   void synchronize(const Event& e) override;
@@ -83,6 +87,9 @@ class CpuBackend final : public Backend {
 
  private:
   CopyEngine& engine(Stream s) { return s == Stream::H2D ? h2d_ : d2h_; }
+  // On stream s's engine thread, after its copy of `bytes` that could start at `start`: waits
+  // until the emulated link would have carried them (nothing without --emulate-link-gbps).
+  void pace_link(Stream s, size_t bytes, std::chrono::steady_clock::time_point start);
   void trace_op(const char* op, double t0, json::Value args);
 
   std::shared_ptr<std::atomic<size_t>> bytes_in_use_;

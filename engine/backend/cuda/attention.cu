@@ -42,10 +42,16 @@ enum LoadMode : int { kScalar = 0, kVector = 1, kVectorExact = 2 };
 struct KeyRows {
   const int32_t* table;  // null: contiguous
   int64_t bt;
+  int shift;  // log2(bt) when bt is a power of two (16, the default: a shift, not a division), else -1
   __device__ __forceinline__ KeyRows(const AttnDesc& d, const AttnDesc* descs, int64_t n_seqs)
-      : table(d.table_off >= 0 ? attn_tables(descs, n_seqs) + d.table_off : nullptr), bt(d.block_tokens) {}
+      : table(d.table_off >= 0 ? attn_tables(descs, n_seqs) + d.table_off : nullptr), bt(d.block_tokens), shift(-1) {
+    if (bt > 0 && (bt & (bt - 1)) == 0)
+      for (shift = 0; (int64_t{1} << shift) < bt;) ++shift;
+  }
   __device__ __forceinline__ int64_t operator()(int64_t t) const {
-    return table ? static_cast<int64_t>(table[t / bt]) * bt + t % bt : t;
+    if (!table) return t;
+    if (shift >= 0) return (static_cast<int64_t>(table[t >> shift]) << shift) | (t & (bt - 1));
+    return static_cast<int64_t>(table[t / bt]) * bt + t % bt;
   }
 };
 
