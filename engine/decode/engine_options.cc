@@ -70,9 +70,12 @@ double parse_option_size(const char* name, const std::string& v) {
     KVPR_CHECK(scale > 0, name, ": '", v, "' is not a size (bytes, KiB, MiB, GiB, TiB) or a fraction in (0, 1]");
   }
   KVPR_CHECK(x > 0, name, " must be positive, not '", v, "'");
-  KVPR_CHECK(scale > 1 || x > 1 || v.find_first_not_of("0123456789.eE+-") == std::string::npos, name, ": '", v,
-             "' is less than a byte");
-  return x * scale;
+  // With a unit it is bytes; without one, a number past 1 is bytes and one up to 1 a fraction.
+  const bool has_unit = num < v.size();
+  const double value = x * scale;
+  KVPR_CHECK(!has_unit || value >= 1, name, ": '", v, "' is less than a byte");
+  if (has_unit || value > 1) return std::max(2.0, std::ceil(value));  // whole bytes, never read back as a fraction
+  return value;
 }
 
 bool parse_option_either(const char* name, const std::string& v, const char* first, const char* second) {

@@ -40,6 +40,7 @@ struct Generator::Sequence {
   std::vector<std::vector<TokenLogprob>> prompt_top;
   std::vector<int32_t> all;  // the prompt, then the generated tokens: what its KV blocks hold
   bool done = false;
+  bool admitted = false;  // given KV blocks once (a preempted sequence is admitted again)
   int64_t past_len = 0;  // tokens whose K/V are in the cache
   int64_t cached = 0;    // of the prompt's, those found in the prefix cache
   Rng rng;
@@ -79,7 +80,9 @@ KvPlan Generator::kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, D
     if (device && !backend) return plan;  // sized once the device is known (the Generator's)
     const size_t avail = device ? backend->device_bytes_free() : host_bytes_available();
     KVPR_CHECK(avail != SIZE_MAX, "kv-cache as a fraction needs to know the memory available, which this system does not say");
-    bytes = opts.kv_cache_fraction * static_cast<double>(avail);
+    // On a GPU the store is sized before the step's activations, logits and scratch exist: a
+    // twentieth of the free memory stays theirs, whatever the fraction.
+    bytes = std::min(opts.kv_cache_fraction, device ? 0.95 : 1.0) * static_cast<double>(avail);
   }
   if (bytes > 0) {
     const double block = KvRuntime::block_bytes(kv_shape(spec), plan.layout, plan.kv);
@@ -254,7 +257,8 @@ bool Generator::admit(Sequence& s) {
   std::vector<BlockPool::Copy> copies;
   KVPR_CHECK(pool_->allocate(s.key(), need, &copies, share) && copies.empty(), "KV blocks: admission failed");
   s.past_len = pool_->tokens(s.key());  // the cached prefix
-  if (fresh) {
+  if (fresh && !s.admitted) {  // not a preempted prompt's second admission
+    s.admitted = true;
     s.cached = s.past_len;
     if (share) {
       prefix_stats_.queries += static_cast<int64_t>(s.prompt.size());
@@ -496,13 +500,22 @@ void Generator::plan_decodes(StepPlan& p, bool speculate, std::vector<StepOutput
       c.count = static_cast<int64_t>(s->checked.size());
       c.all_rows = true;
     }
+    // Drafts only where their blocks are free: they never preempt a sequence or end this one.
+    std::vector<BlockPool::Copy> copies;
+    if (c.count > 1 && !pool_->extend(s->key(), c.past_len + c.count, &copies)) {
+      c.tokens = &s->tokens.back();
+      c.count = 1;
+      c.all_rows = false;
+    }
+    KVPR_CHECK(copies.empty(), "KV blocks: a running sequence shares a partial block");  // forks only
     if (!reserve_blocks(*s, c.past_len + c.count, out)) {
       if (s->done) ++i;  // ended where it stands; else it left running_ and i is the next one
       continue;
     }
-    spec_stats_.proposed += static_cast<int64_t>(drafts.size());
-    spare -= static_cast<int64_t>(drafts.size());
-    p.add(s, c, !drafts.empty(), true);
+    const int64_t checked = c.count - 1;  // drafts kept
+    spec_stats_.proposed += checked;
+    spare -= checked;
+    p.add(s, c, checked > 0, true);
     ++i;
   }
 }

@@ -322,6 +322,34 @@ TEST(Generation, PagedKvPreemptsTheNewestAndLosesNothing) {
   }
 }
 
+// Speculative drafts take KV blocks only where they are free: a lone sequence whose store holds
+// 16 tokens decodes until the store is full, as it does without drafts, the drafts it checks near
+// the end never ending it early (alone and out of blocks, a sequence ends with "length").
+TEST(Generation, DraftsNeverCostASequenceItsTokens) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  GenerationParams p;
+  p.max_new_tokens = 40;
+  p.ignore_eos = true;
+  const std::vector<int32_t> prompt = {7, 8, 9, 7, 8};
+  const auto want = test::greedy_tokens(f.model, tok, f32_kv(1), {prompt}, p);
+  for (int drafts : {0, 8}) {
+    GeneratorOptions o = f32_kv(1);
+    o.block_tokens = 4;
+    o.speculative_tokens = drafts;
+    o.prompt_lookup_min = 1;
+    const KvPlan one = Generator::kv_plan(o, f.model.spec(), f.model.weight_dtype());
+    o.kv_cache_bytes = 4 * KvRuntime::block_bytes(f.model.kv_shape(), one.layout, one.kv);  // 16 tokens
+    Generator gen(f.model, tok, o);
+    const SequenceResult r = gen.generate_all({prompt}, p)[0];
+    // 16 rows: the prompt's 5 and the K/V of 11 generated tokens, and the 12th chosen from them.
+    EXPECT_EQ(r.tokens, std::vector<int32_t>(want[0].begin(), want[0].begin() + 12)) << drafts << " drafts";
+    EXPECT_EQ(r.finish, FinishReason::Length);
+    EXPECT_EQ(gen.speculation_stats().proposed > 0, drafts > 0);
+  }
+}
+
 // Requests that share a system prompt share its full KV blocks while they run: the later one
 // takes the earlier one's blocks (once their K/V are written) and prefills only its own tokens.
 TEST(Generation, ConcurrentRequestsShareASystemPromptsBlocks) {
