@@ -229,7 +229,8 @@ void check_attention(DType dt) {
       // The tables after the descriptors, as the backend uploads them (cuda::attn_tables).
       std::vector<char> upload(descs.size() * sizeof(cuda::AttnDesc) + tables.size() * sizeof(int32_t));
       std::memcpy(upload.data(), descs.data(), descs.size() * sizeof(cuda::AttnDesc));
-      std::memcpy(upload.data() + descs.size() * sizeof(cuda::AttnDesc), tables.data(), tables.size() * sizeof(int32_t));
+      if (!tables.empty())
+        std::memcpy(upload.data() + descs.size() * sizeof(cuda::AttnDesc), tables.data(), tables.size() * sizeof(int32_t));
       const auto* desc_ptr = reinterpret_cast<const cuda::AttnDesc*>(upload.data());
       Tensor ref = cpu.alloc(DType::F32, {T, hidden}), got = cpu.alloc(DType::F32, {T, hidden});
       const float scale = 1.f / std::sqrt(static_cast<float>(hd));
