@@ -37,3 +37,28 @@ build_daemon_tree() {
       || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
   fi
 }
+
+# kvprd on the built tree in the background (pid in $pid), then up to READY_BY seconds of the check
+# for /health to say ok: returns 0 when it did. Usage: start_kvprd PORT LOG READY_BY kvprd-args...
+start_kvprd() {
+  local port=$1 log=$2 ready_by=$3
+  shift 3
+  LD_LIBRARY_PATH=$LIBS "$BIN/daemon/kvprd" --port "$port" --config /dev/null --worker-binary "$BIN/worker/kvpr-worker" \
+      "$@" > "$log" 2>&1 &
+  pid=$!  # kvprd itself (a plain command in the background), so stop_kvprd's TERM reaches it
+  for _ in $(seq 1 240); do
+    [ "$(elapsed)" -lt "$ready_by" ] || return 1
+    python3 -c "import json,urllib.request,sys; sys.exit(json.load(urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2))['status'] != 'ok')" 2>/dev/null && return 0
+    kill -0 $pid 2>/dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
+
+# SIGTERM drains; past 20 s kvprd and its workers are killed (the next run needs the GPU).
+stop_kvprd() {
+  kill -TERM $pid 2>/dev/null
+  for _ in $(seq 1 40); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+  if kill -0 $pid 2>/dev/null; then pkill -KILL -P $pid 2>/dev/null; kill -KILL $pid 2>/dev/null; fi
+  wait $pid 2>/dev/null
+}

@@ -54,17 +54,9 @@ fi
 if [ -n "$MODEL" ] && [ -s "$MODEL/config.json" ] && [ "$(elapsed)" -lt 420 ]; then
   say "kvprd, kvpr, max-batch 256, kv-cache $KV_CACHE: $SERVE"
   port=18500
-  LD_LIBRARY_PATH=$LIBS "$BIN/daemon/kvprd" --model "$MODEL" --port "$port" --backend "$BACKEND" --kv-mode kvpr \
-      --max-batch 256 --kv-cache "$KV_CACHE" --config /dev/null --worker-binary "$BIN/worker/kvpr-worker" \
-      > "$OUT/kvprd.log" 2>&1 &
-  pid=$!
   ok=0
-  for _ in $(seq 1 240); do
-    [ "$(elapsed)" -lt 460 ] || break
-    python3 -c "import json,urllib.request,sys; sys.exit(json.load(urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2))['status'] != 'ok')" 2>/dev/null && { ok=1; break; }
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.5
-  done
+  start_kvprd "$port" "$OUT/kvprd.log" 460 --model "$MODEL" --backend "$BACKEND" --kv-mode kvpr --max-batch 256 \
+      --kv-cache "$KV_CACHE" && ok=1
   if [ "$ok" = 1 ]; then
     # The most sequences a worker ran at once, and its KV blocks, sampled every 0.2 s under load.
     python3 - "$port" "$OUT/batch-samples.json" <<'PY' &
@@ -94,10 +86,7 @@ PY
   else
     say "kvprd did not become ready"; tail -20 "$OUT/kvprd.log"
   fi
-  kill -TERM $pid 2>/dev/null
-  for _ in $(seq 1 40); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done
-  if kill -0 $pid 2>/dev/null; then pkill -KILL -P $pid 2>/dev/null; kill -KILL $pid 2>/dev/null; fi
-  wait $pid 2>/dev/null
+  stop_kvprd
 fi
 
 say "collect"

@@ -52,16 +52,9 @@ for mode in $SERVE_MODES; do
   if [ "$(elapsed)" -gt 430 ]; then say "kvprd $mode skipped: time is short"; continue; fi
   say "kvprd, $mode, under load (concurrency $CONCURRENCY, prompt $HTTP_IN, $HTTP_OUT tokens)"
   port=$((port + 1))
-  LD_LIBRARY_PATH=$LIBS "$BIN/daemon/kvprd" --model "$MODEL" --port "$port" --backend "$BACKEND" --kv-mode "$mode" --max-batch "$maxc" \
-      --config /dev/null --worker-binary "$BIN/worker/kvpr-worker" > "$OUT/kvprd-$mode.log" 2>&1 &
-  pid=$!  # kvprd itself (a plain command in the background), so the TERM below reaches it
   ok=0
-  for _ in $(seq 1 120); do
-    [ "$(elapsed)" -lt 470 ] || break
-    python3 -c "import json,urllib.request,sys; sys.exit(json.load(urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2))['status'] != 'ok')" 2>/dev/null && { ok=1; break; }
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.5
-  done
+  start_kvprd "$port" "$OUT/kvprd-$mode.log" 470 --model "$MODEL" --backend "$BACKEND" --kv-mode "$mode" --max-batch "$maxc" \
+    && ok=1
   if [ "$ok" = 1 ]; then
     for c in $CONCURRENCY; do
       left=$(( 480 - $(elapsed) )); [ "$left" -gt 150 ] && left=150
@@ -79,11 +72,7 @@ for mode in $SERVE_MODES; do
   else
     say "kvprd $mode did not become ready"; tail -20 "$OUT/kvprd-$mode.log"
   fi
-  # SIGTERM drains; past 20 s kvprd and its workers are killed (the next mode needs the GPU).
-  kill -TERM $pid 2>/dev/null
-  for _ in $(seq 1 40); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done
-  if kill -0 $pid 2>/dev/null; then pkill -KILL -P $pid 2>/dev/null; kill -KILL $pid 2>/dev/null; fi
-  wait $pid 2>/dev/null
+  stop_kvprd
 done
 if [ "$(elapsed)" -lt 470 ]; then
   say "kvpr-bench decode at the served batch and context ($maxc, $HTTP_IN + $HTTP_OUT / 2)"
