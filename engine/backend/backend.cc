@@ -50,6 +50,13 @@ void check_attention_seq(const AttentionSeq& a, size_t index, int64_t kv_width, 
                  a.q_begin >= 0 && a.q_begin + a.q_len <= q_rows,
              "attention: sequence ", index, " has k ", a.k.describe(), " v ", a.v.describe(), " for past ", a.past_len,
              " + ", a.q_len, " queries");
+  KVPR_CHECK(a.head >= 0 && a.head <= n, "attention: sequence ", index, " has a head of ", a.head, " of ", n, " keys");
+  if (a.head > 0)
+    KVPR_CHECK(a.head_k.rank() == 2 && a.head_v.rank() == 2 && a.head_k.dim(1) == kv_width &&
+                   a.head_v.dim(1) == kv_width && a.head_k.dtype() == a.k.dtype() && a.head_v.dtype() == a.k.dtype() &&
+                   a.head_k.dim(0) >= a.head && a.head_v.dim(0) >= a.head,
+               "attention: sequence ", index, " has head k ", a.head_k.describe(), " v ", a.head_v.describe(), " for ",
+               a.head, " keys");
   if (!a.paged()) {
     KVPR_CHECK(a.k.dim(0) >= n, "attention: sequence ", index, " has ", a.k.dim(0), " K/V rows for ", n, " keys");
     return;
@@ -57,7 +64,7 @@ void check_attention_seq(const AttentionSeq& a, size_t index, int64_t kv_width, 
   const int64_t bt = a.block_tokens;
   KVPR_CHECK(bt > 0 && a.n_blocks * bt >= n, "attention: sequence ", index, " has ", a.n_blocks, " blocks of ", bt,
              " tokens for ", n, " keys");
-  for (int64_t i = 0; i * bt < n; ++i) {
+  for (int64_t i = a.head / bt; i * bt < n; ++i) {
     const int64_t b = a.blocks[i];
     KVPR_CHECK(b >= 0 && (b + 1) * bt <= a.k.dim(0), "attention: sequence ", index, "'s block ", b,
                " lies outside the ", a.k.dim(0), " K/V rows");

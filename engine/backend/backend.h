@@ -43,6 +43,8 @@ class Event {
 // blocks[t / block_tokens] * block_tokens + t % block_tokens of k and v, the whole block store,
 // read in place. `blocks` (n_blocks entries) is host memory the caller keeps until the call
 // returns. (No std::span: the CUDA sources that include this are C++17.)
+// Two segments (KV partly resident, docs/kv-modes.md "Auto"): keys [0, head) are rows 0.. of
+// head_k and head_v instead, the rest as above (a block table's entries below head are unread).
 struct AttentionSeq {
   AttentionSeq() = default;
   AttentionSeq(int64_t q_begin_, int64_t q_len_, int64_t past_len_, Tensor k_, Tensor v_, const int32_t* blocks_ = nullptr,
@@ -57,8 +59,21 @@ struct AttentionSeq {
   const int32_t* blocks = nullptr;
   int64_t n_blocks = 0;
   int64_t block_tokens = 0;
+  Tensor head_k;
+  Tensor head_v;
+  int64_t head = 0;
   bool paged() const { return blocks != nullptr; }
+  // The sequence with keys [0, n) in rows of hk and hv.
+  AttentionSeq with_head(Tensor hk, Tensor hv, int64_t n) const {
+    AttentionSeq a = *this;
+    a.head_k = std::move(hk);
+    a.head_v = std::move(hv);
+    a.head = n;
+    return a;
+  }
+  // Key t's row in k and v (t >= head), or in head_k and head_v (t < head).
   int64_t row(int64_t t) const {
+    if (t < head) return t;
     return paged() ? int64_t{blocks[t / block_tokens]} * block_tokens + t % block_tokens : t;
   }
 };

@@ -176,7 +176,10 @@ void check_attention(DType dt) {
     // grouped decode kernel's GC = 1, 4, 2).
     for (auto [heads, kv_heads] : {std::pair{3, 3}, {3, 1}, {8, 2}, {4, 2}})
     for (bool decode_only : {false, true})
-    for (bool paged : {false, true}) {
+    for (int layout : {0, 1, 2}) {
+      // 0: contiguous K/V; 1: paged; 2: paged with a head segment (keys [0, head) from their own
+      // contiguous rows, the rest through the table: KV partly resident).
+      const bool paged = layout > 0, two = layout == 2;
       const int hidden = heads * hd;
       const int kvw = kv_heads * hd;
       struct S {
@@ -212,15 +215,26 @@ void check_attention(DType dt) {
           const size_t first = tables.size();
           for (int i = 0; i * block < n; ++i) tables.push_back(order[tables.size()]);
           AttentionSeq a{off, s.q_len, s.past, kpool, vpool, nullptr, 0, block};
+          // Half the blocks (rounded down) in the head segment: the sequence's own rows.
+          const int head = two ? (n / block / 2) * block : 0;
+          if (head > 0) a = a.with_head(k, v, head);
           for (int t = 0; t < n; ++t) {
             const int64_t row = int64_t{tables[first + static_cast<size_t>(t / block)]} * block + t % block;
             std::memcpy(static_cast<char*>(kpool.data()) + row * kvw * es, static_cast<char*>(k.data()) + t * kvw * es, kvw * es);
             std::memcpy(static_cast<char*>(vpool.data()) + row * kvw * es, static_cast<char*>(v.data()) + t * kvw * es, kvw * es);
           }
           paged_seqs.push_back(a);
-          descs.push_back(cuda::AttnDesc{kpool.data(), vpool.data(), off, s.q_len, s.past, static_cast<int32_t>(first), block});
+          descs.push_back(cuda::AttnDesc{kpool.data(), vpool.data(), head > 0 ? k.data() : nullptr,
+                                         head > 0 ? v.data() : nullptr, off, s.q_len, s.past,
+                                         static_cast<int32_t>(first), block, head});
+          if (head > 0)  // what the head covers is never read from the pool: poison it there
+            for (int t = 0; t < head; ++t) {
+              const int64_t row = int64_t{tables[first + static_cast<size_t>(t / block)]} * block + t % block;
+              std::memset(static_cast<char*>(kpool.data()) + row * kvw * es, 0x7f, kvw * es);
+              std::memset(static_cast<char*>(vpool.data()) + row * kvw * es, 0x7f, kvw * es);
+            }
         } else {
-          descs.push_back(cuda::AttnDesc{k.data(), v.data(), off, s.q_len, s.past, -1, 0});
+          descs.push_back(cuda::AttnDesc{k.data(), v.data(), nullptr, nullptr, off, s.q_len, s.past, -1, 0, 0});
         }
         seqs.push_back(AttentionSeq{off, s.q_len, s.past, k, v});
         off += s.q_len;
@@ -245,7 +259,7 @@ void check_attention(DType dt) {
         }
         cpu.attention(got, q, paged_seqs, heads, scale);
         EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-6))
-            << "CPU backend, paged, head_dim " << hd;
+            << "CPU backend, paged" << (two ? " two segments" : "") << ", head_dim " << hd;
       }
       std::vector<float> work(static_cast<size_t>(
           cuda::attention_work_floats(static_cast<int64_t>(descs.size()), max_ctx, heads, hd)));
@@ -264,7 +278,7 @@ void check_attention(DType dt) {
                             nullptr);
             EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
                 << "head_dim " << hd << ", " << heads << " heads, " << kv_heads << " KV heads"
-                << (decode_only ? " decode" : " mixed") << (paged ? " paged" : "") << (aligned ? " 16-byte loads" : "")
+                << (decode_only ? " decode" : " mixed") << (paged ? " paged" : "") << (two ? " two segments" : "") << (aligned ? " 16-byte loads" : "")
                 << (tiled ? " tiled" : "")
                 << ", " << sms << " SMs, K/V " << dtype_name(dt);
           }

@@ -21,15 +21,32 @@ namespace {
 // context is cut into chunks processed in parallel; a chunk streams its K rows and then its
 // V rows front to back (all heads of a row together, so memory is read sequentially) and
 // leaves per-head (max, sum, unnormalised output) that are merged afterwards.
-// rows: key t's row in k and v (paged KV), or null for row t.
+// Where a sequence's key t and its value are: row t of k and v, or rows[t] (paged KV), and for
+// keys below head (two segments) row t of hk and hv.
+template <typename T>
+struct KvRowPtrs {
+  const T *k, *v, *hk, *hv;
+  const int64_t* rows;  // null: row t
+  int64_t head, width;
+  KvRowPtrs(const AttentionSeq& a, const std::vector<int64_t>& r, int64_t kv_width)
+      : k(a.k.data_as<T>()),
+        v(a.v.data_as<T>()),
+        hk(a.head > 0 ? a.head_k.data_as<T>() : nullptr),
+        hv(a.head > 0 ? a.head_v.data_as<T>() : nullptr),
+        rows(r.empty() ? nullptr : r.data()),
+        head(a.head),
+        width(kv_width) {}
+  int64_t row(int64_t t) const { return rows ? rows[t] : t; }
+  const T* key(int64_t t) const { return (t < head ? hk : k) + row(t) * width; }
+  const T* value(int64_t t) const { return (t < head ? hv : v) + row(t) * width; }
+};
+
 template <typename Tag>
-void decode_attention_chunk(const float* q, const typename Tag::T* k, const typename Tag::T* v, const int64_t* rows,
-                            int64_t t0, int64_t t1, int64_t kv_width, int heads, int group, int64_t hd, float scale,
-                            float* scores, float* m_out, float* l_out, float* acc) {
+void decode_attention_chunk(const float* q, const KvRowPtrs<typename Tag::T>& kv, int64_t t0, int64_t t1, int heads,
+                            int group, int64_t hd, float scale, float* scores, float* m_out, float* l_out, float* acc) {
   const int64_t n = t1 - t0;
-  auto row = [&](int64_t t) { return rows ? rows[t] : t; };
   for (int64_t t = 0; t < n; ++t) {
-    const typename Tag::T* krow = k + row(t0 + t) * kv_width;
+    const typename Tag::T* krow = kv.key(t0 + t);
     for (int h = 0; h < heads; ++h) scores[h * n + t] = cpu::dot<Tag>(q + h * hd, krow + (h / group) * hd, hd) * scale;
   }
   for (int h = 0; h < heads; ++h) {
@@ -43,7 +60,7 @@ void decode_attention_chunk(const float* q, const typename Tag::T* k, const type
   }
   std::fill(acc, acc + heads * hd, 0.f);
   for (int64_t t = 0; t < n; ++t) {
-    const typename Tag::T* vrow = v + row(t0 + t) * kv_width;
+    const typename Tag::T* vrow = kv.value(t0 + t);
     for (int h = 0; h < heads; ++h) cpu::axpy<Tag>(acc + h * hd, scores[h * n + t], vrow + (h / group) * hd, hd);
   }
 }
@@ -57,7 +74,8 @@ struct AttentionGeometry {
   float scale;
 };
 
-// Each paged sequence's key rows (AttentionSeq::row of every key), empty for the others.
+// Each paged or two-segment sequence's key rows (AttentionSeq::row of every key), empty for the
+// others.
 using KeyRows = std::vector<std::vector<int64_t>>;
 
 // Decode rows (q_len == 1): chunked over the context, the chunks merged per sequence.
@@ -88,10 +106,8 @@ void decode_attention(float* op, const float* qp, const std::vector<AttentionSeq
         float* part = partial.data() + i * stride;
         dispatch_float(a.k.dtype(), [&](auto tag) {
           using T = typename decltype(tag)::T;
-          const auto& r = rows[pc.seq];
-          decode_attention_chunk<decltype(tag)>(qp + a.q_begin * hidden, a.k.data_as<T>(), a.v.data_as<T>(),
-                                                r.empty() ? nullptr : r.data(), pc.t0,
-                                                pc.t1, kv_width, heads, group, hd, scale, scores.data(), part, part + heads,
+          decode_attention_chunk<decltype(tag)>(qp + a.q_begin * hidden, KvRowPtrs<T>(a, rows[pc.seq], kv_width), pc.t0,
+                                                pc.t1, heads, group, hd, scale, scores.data(), part, part + heads,
                                                 part + 2 * heads);
         });
       }
@@ -144,13 +160,11 @@ void prefill_attention(float* op, const float* qp, const std::vector<AttentionSe
       scores.resize(n);
       dispatch_float(a.k.dtype(), [&](auto tag) {
         using T = typename decltype(tag)::T;
-        const T* kp = a.k.data_as<T>() + (h / group) * hd;
-        const T* vp = a.v.data_as<T>() + (h / group) * hd;
-        const int64_t* r = rows[s].empty() ? nullptr : rows[s].data();
-        auto row = [&](int64_t t) { return r ? r[t] : t; };
+        const KvRowPtrs<T> kv(a, rows[s], kv_width);
+        const int64_t col = (h / group) * hd;
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < n; ++t) {
-          scores[t] = cpu::dot<decltype(tag)>(qr, kp + row(t) * kv_width, hd) * scale;
+          scores[t] = cpu::dot<decltype(tag)>(qr, kv.key(t) + col, hd) * scale;
           mx = std::max(mx, scores[t]);
         }
         float sum = 0.f;
@@ -160,7 +174,7 @@ void prefill_attention(float* op, const float* qp, const std::vector<AttentionSe
         }
         float inv = 1.f / sum;
         std::fill(orow, orow + hd, 0.f);
-        for (int64_t t = 0; t < n; ++t) cpu::axpy<decltype(tag)>(orow, scores[t] * inv, vp + row(t) * kv_width, hd);
+        for (int64_t t = 0; t < n; ++t) cpu::axpy<decltype(tag)>(orow, scores[t] * inv, kv.value(t) + col, hd);
       });
     }
   });
@@ -184,7 +198,7 @@ void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<Attenti
   for (size_t s = 0; s < seqs.size(); ++s) {
     const AttentionSeq& a = seqs[s];
     check_attention_seq(a, s, kv_width, q.dim(0));
-    if (!a.paged()) continue;
+    if (!a.paged() && a.head == 0) continue;
     rows[s].resize(static_cast<size_t>(a.past_len + a.q_len));
     for (int64_t t = 0; t < a.past_len + a.q_len; ++t) rows[s][static_cast<size_t>(t)] = a.row(t);
   }

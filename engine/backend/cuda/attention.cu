@@ -38,28 +38,46 @@ struct Partial {
 // at compile time (head_dim == 32 * CH: 32, 64, 128, 256), so the loops unroll completely.
 enum LoadMode : int { kScalar = 0, kVector = 1, kVectorExact = 2 };
 
-// The row of key t in a sequence's K and V: t, or through its block table (paged KV).
-struct KeyRows {
+// Where a sequence's key t and its value live: row t of the contiguous K/V, or through its block
+// table (paged KV); keys [0, head) of a two-segment sequence are rows of its head K/V instead
+// (KV streamed or recomputed into a per-step buffer, the rest read in place from resident blocks).
+// k and v point at this thread's KV head's columns; rows are `stride` elements apart.
+template <typename T>
+struct KvRows {
+  const T* k;
+  const T* v;
+  const T* hk;  // the head segment (null: none)
+  const T* hv;
   const int32_t* table;  // null: contiguous
-  int64_t bt;
+  int64_t bt, head, stride;
   int shift;  // log2(bt) when bt is a power of two (16, the default: a shift, not a division), else -1
-  __device__ __forceinline__ KeyRows(const AttnDesc& d, const AttnDesc* descs, int64_t n_seqs)
-      : table(d.table_off >= 0 ? attn_tables(descs, n_seqs) + d.table_off : nullptr), bt(d.block_tokens), shift(-1) {
+  __device__ __forceinline__ KvRows(const AttnDesc& d, const AttnDesc* descs, int64_t n_seqs, int64_t col, int64_t stride_)
+      : k(static_cast<const T*>(d.k) + col),
+        v(static_cast<const T*>(d.v) + col),
+        hk(d.head > 0 ? static_cast<const T*>(d.head_k) + col : nullptr),
+        hv(d.head > 0 ? static_cast<const T*>(d.head_v) + col : nullptr),
+        table(d.table_off >= 0 ? attn_tables(descs, n_seqs) + d.table_off : nullptr),
+        bt(d.block_tokens),
+        head(d.head),
+        stride(stride_),
+        shift(-1) {
     if (bt > 0 && (bt & (bt - 1)) == 0)
       for (shift = 0; (int64_t{1} << shift) < bt;) ++shift;
   }
-  __device__ __forceinline__ int64_t operator()(int64_t t) const {
+  // Key t's row in k and v (t >= head).
+  __device__ __forceinline__ int64_t row(int64_t t) const {
     if (!table) return t;
     if (shift >= 0) return (static_cast<int64_t>(table[t >> shift]) << shift) | (t & (bt - 1));
     return static_cast<int64_t>(table[t / bt]) * bt + t % bt;
   }
+  __device__ __forceinline__ const T* key(int64_t t) const { return t < head ? hk + t * stride : k + row(t) * stride; }
+  __device__ __forceinline__ const T* value(int64_t t) const { return t < head ? hv + t * stride : v + row(t) * stride; }
 };
 
 // Processes keys t = first, first+stride, ... < end (one per lane per iteration) for one
 // head, updating this warp's (m, l, acc). q is in shared memory (fp32, head_dim).
 template <typename T, int CH, int LOAD>
-__device__ __forceinline__ void warp_attend(const KeyRows& key_row, const float* __restrict__ q, const T* __restrict__ k,
-                                            const T* __restrict__ v, int hd_runtime, int64_t row_stride,
+__device__ __forceinline__ void warp_attend(const KvRows<T>& kv, const float* __restrict__ q, int hd_runtime,
                                             int64_t first, int64_t end, int64_t stride, float scale, float& m,
                                             float& l, float (&acc)[CH]) {
   const int hd = LOAD == kVectorExact ? CH * 32 : hd_runtime;
@@ -68,7 +86,7 @@ __device__ __forceinline__ void warp_attend(const KeyRows& key_row, const float*
     const int64_t t = base + lane;
     float s = -FLT_MAX;
     if (t < end) {
-      const T* kr = k + key_row(t) * row_stride;
+      const T* kr = kv.key(t);
       float d = 0.f;
       if constexpr (LOAD != kScalar) {
 #pragma unroll 4
@@ -93,7 +111,7 @@ __device__ __forceinline__ void warp_attend(const KeyRows& key_row, const float*
     // V rows of this chunk, read coalesced: lane owns dimensions [lane*CH, lane*CH + CH).
     auto accumulate = [&](int kk) {
       const float pk = __shfl_sync(0xffffffffu, p, kk);
-      const T* vr = v + key_row(base + kk) * row_stride + lane * CH;
+      const T* vr = kv.value(base + kk) + lane * CH;
 #pragma unroll
       for (int c = 0; c < CH; ++c)
         if (lane * CH + c < hd) acc[c] += pk * to_f32(vr[c]);
@@ -131,7 +149,6 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
   const int h = blockIdx.y * kWarps + warp;
   if (row >= total_q || h >= heads) return;  // whole warps exit together
   const AttnDesc d = descs[find_seq(descs, n_seqs, row)];
-  const KeyRows key_row(d, descs, n_seqs);
   const int64_t j = row - d.q_begin;
   const int64_t n = d.past + j + 1;
   const float* qr = q + row * row_stride + h * hd;
@@ -141,8 +158,8 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
   const int64_t kh = h / (heads / kv_heads);  // the KV head this query head reads (GQA)
-  warp_attend<T, CH, LOAD>(key_row, qs[warp], static_cast<const T*>(d.k) + kh * hd, static_cast<const T*>(d.v) + kh * hd, hd,
-                     kv_stride, 0, n, 32, scale, m, l, acc);
+  const KvRows<T> kv(d, descs, n_seqs, kh * hd, kv_stride);
+  warp_attend<T, CH, LOAD>(kv, qs[warp], hd, 0, n, 32, scale, m, l, acc);
   float* o = out + row * row_stride + h * hd;
   const float inv = 1.f / l;
 #pragma unroll
@@ -165,7 +182,6 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
   const AttnTile tile = tiles[blockIdx.x];
   const int h = blockIdx.y;
   const AttnDesc d = descs[tile.seq];
-  const KeyRows key_row(d, descs, n_seqs);
   const int64_t row_stride = static_cast<int64_t>(heads) * hd;
   const int64_t kv_stride = static_cast<int64_t>(kv_heads) * hd;
   const int64_t kh = h / (heads / kv_heads);
@@ -175,8 +191,7 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
     const int r = i / HD, c = i % HD;
     qs[r][c] = r < rows && c < hd ? q[(q0 + r) * row_stride + h * hd + c] : 0.f;
   }
-  const T* kb_ptr = static_cast<const T*>(d.k) + kh * hd;
-  const T* vb_ptr = static_cast<const T*>(d.v) + kh * hd;
+  const KvRows<T> kv(d, descs, n_seqs, kh * hd, kv_stride);
   const int64_t n_keys = static_cast<int64_t>(d.past) + tile.first + rows;  // what the last row sees
   float m[RPW], l[RPW], acc[RPW][CH];
 #pragma unroll
@@ -190,9 +205,9 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
     __syncthreads();  // the previous tile is consumed (and the queries are in place)
     for (int i = threadIdx.x; i < KT * hd; i += blockDim.x) {
       const int r = i / hd, c = i % hd;
-      const int64_t t = kb + r, row = t < n_keys ? key_row(t) : 0;
-      ks[r][c] = t < n_keys ? to_f32(kb_ptr[row * kv_stride + c]) : 0.f;
-      vs[r][c] = t < n_keys ? to_f32(vb_ptr[row * kv_stride + c]) : 0.f;
+      const int64_t t = kb + r;
+      ks[r][c] = t < n_keys ? to_f32(kv.key(t)[c]) : 0.f;
+      vs[r][c] = t < n_keys ? to_f32(kv.value(t)[c]) : 0.f;
     }
     __syncthreads();
 #pragma unroll
@@ -249,7 +264,6 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int split = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
   const AttnDesc d = descs[s];
-  const KeyRows key_row(d, descs, gridDim.z);
   const int64_t n = static_cast<int64_t>(d.past) + 1;
   const int64_t per = (n + splits - 1) / splits;
   const int64_t begin = split * per, end = begin + per < n ? begin + per : n;
@@ -260,8 +274,8 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
   const int64_t kh = h / (heads / kv_heads);
-  warp_attend<T, CH, LOAD>(key_row, qs, static_cast<const T*>(d.k) + kh * hd, static_cast<const T*>(d.v) + kh * hd, hd, kv_stride,
-                     begin + warp * 32, end, 32 * kWarps, scale, m, l, acc);
+  const KvRows<T> kv(d, descs, gridDim.z, kh * hd, kv_stride);
+  warp_attend<T, CH, LOAD>(kv, qs, hd, begin + warp * 32, end, 32 * kWarps, scale, m, l, acc);
   if (lane == 0) {
     wm[warp] = m;
     wl[warp] = l;
@@ -317,7 +331,6 @@ __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* 
   const int64_t row_stride = static_cast<int64_t>(heads) * hd;
   const int64_t kv_stride = static_cast<int64_t>(kv_heads) * hd;
   const AttnDesc d = descs[s];
-  const KeyRows key_row(d, descs, gridDim.z);
   const int64_t n = static_cast<int64_t>(d.past) + 1;
   const int64_t per = (n + splits - 1) / splits;
   const int64_t begin = split * per, end = begin + per < n ? begin + per : n;
@@ -326,8 +339,7 @@ __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* 
     qs[g][c] = c < hd ? q[d.q_begin * row_stride + (h0 + g) * hd + c] : 0.f;
   }
   __syncthreads();
-  const T* kp = static_cast<const T*>(d.k) + kh * hd;
-  const T* vp = static_cast<const T*>(d.v) + kh * hd;
+  const KvRows<T> kv(d, descs, gridDim.z, kh * hd, kv_stride);
   T* ks = reinterpret_cast<T*>(smem) + warp * KT * PITCH;  // this warp's tile
   float m[GC], l[GC], acc[GC][CH];
 #pragma unroll
@@ -345,12 +357,12 @@ __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* 
       for (int i = lane; i < rows * per_row; i += 32) {
         const int r = i / per_row, c = i % per_row;
         *reinterpret_cast<uint4*>(ks + r * PITCH + c * PAD) =
-            *reinterpret_cast<const uint4*>(kp + key_row(t0 + r) * kv_stride + c * PAD);
+            *reinterpret_cast<const uint4*>(kv.key(t0 + r) + c * PAD);
       }
     } else {
       for (int i = lane; i < rows * hd; i += 32) {
         const int r = i / hd, c = i % hd;
-        ks[r * PITCH + c] = kp[key_row(t0 + r) * kv_stride + c];
+        ks[r * PITCH + c] = kv.key(t0 + r)[c];
       }
     }
     __syncwarp();
@@ -396,7 +408,7 @@ __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* 
     }
     // V rows, coalesced: lane owns dimensions [lane * CH, lane * CH + CH), for every head.
     for (int kk = 0; kk < rows; ++kk) {
-      const T* vr = vp + key_row(t0 + kk) * kv_stride + lane * CH;
+      const T* vr = kv.value(t0 + kk) + lane * CH;
       float vf[CH];
 #pragma unroll
       for (int c = 0; c < CH; ++c) vf[c] = lane * CH + c < hd ? to_f32(vr[c]) : 0.f;

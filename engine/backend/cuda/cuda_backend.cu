@@ -484,17 +484,21 @@ class CudaBackend final : public Backend {
       KVPR_CHECK(a.k.dtype() == kv && (s == 0 || a.q_begin >= seqs[s - 1].q_begin) && a.block_tokens <= INT32_MAX &&
                      tables.size() + static_cast<size_t>(a.n_blocks) <= INT32_MAX,
                  "attention: sequence ", s, " is out of order or of another dtype");
-      descs.push_back(cuda::AttnDesc{a.k.data(), a.v.data(), a.q_begin, static_cast<int32_t>(a.q_len),
+      const bool two = a.head > 0;
+      descs.push_back(cuda::AttnDesc{a.k.data(), a.v.data(), two ? a.head_k.data() : nullptr,
+                                     two ? a.head_v.data() : nullptr, a.q_begin, static_cast<int32_t>(a.q_len),
                                      static_cast<int32_t>(a.past_len),
                                      a.paged() ? static_cast<int32_t>(tables.size()) : -1,
-                                     static_cast<int32_t>(a.block_tokens)});
+                                     static_cast<int32_t>(a.block_tokens), static_cast<int32_t>(a.head)});
       if (a.paged()) tables.insert(tables.end(), a.blocks, a.blocks + a.n_blocks);
       max_ctx = std::max(max_ctx, a.past_len + a.q_len);
       max_q = std::max(max_q, a.q_len);
       total_q = std::max(total_q, a.q_begin + a.q_len);
       all_decode = all_decode && a.q_len == 1;
       aligned = aligned && reinterpret_cast<uintptr_t>(a.k.data()) % 16 == 0 &&
-                reinterpret_cast<uintptr_t>(a.v.data()) % 16 == 0;
+                reinterpret_cast<uintptr_t>(a.v.data()) % 16 == 0 &&
+                (!two || (reinterpret_cast<uintptr_t>(a.head_k.data()) % 16 == 0 &&
+                          reinterpret_cast<uintptr_t>(a.head_v.data()) % 16 == 0));
       kv_bytes += 2 * (a.past_len + a.q_len) * kv_width * static_cast<int64_t>(dtype_size(kv));
     }
     // The context class of the launches: they change at 256, 512, 1024, ... tokens, not every step.

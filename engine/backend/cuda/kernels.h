@@ -52,6 +52,10 @@ void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, f
 struct AttnDesc {
   const void* k;   // K/V rows, row stride kv_width: key t is row t, or through `blocks`
   const void* v;
+  // Two segments: keys [0, head) are rows 0.. of head_k/head_v (null when head is 0), the rest
+  // as above.
+  const void* head_k;
+  const void* head_v;
   int64_t q_begin;
   int32_t q_len;
   int32_t past;
@@ -60,6 +64,7 @@ struct AttnDesc {
   // sequence's starts at entry table_off; -1: key t is row t.
   int32_t table_off;
   int32_t block_tokens;
+  int32_t head;
 };
 // The block tables of an attention call: after its descriptors, in one upload (so the tables'
 // address changes only with the number of sequences, and a CUDA graph of a decode step holds).
