@@ -330,7 +330,7 @@ int cmd_generate(int argc, char** argv) {
   const Tokenizer tok = Tokenizer::load(dir);
   const std::vector<int32_t> prompt = prompt_of(a, dir, tok, gp);
   GeneratorOptions go = eo.generator;
-  if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
+  if (kv_mode_splits(go.kv.mode) && !go.kv.forced_split) {
     if (!eo.profile.empty()) {
       go.kv.profile = LinkProfile::load(eo.profile);
     } else {
@@ -482,7 +482,7 @@ json::Value ModelInfo::to_json() const {
   o.set("activation_bytes_per_token", act_per_token);
   if (tok) o.set("tokenizer_size", static_cast<int64_t>(tok->size()));
   json::Value hb(json::Object{});
-  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn})
+  for (KvMode m : kAllKvModes)
     hb.set(kv_mode_name(m), KvRuntime::host_bytes_per_token(m, model.kv_shape(), model.weight_dtype()));
   o.set("host_bytes_per_token", std::move(hb));
   return o;
@@ -540,7 +540,7 @@ void ModelInfo::print() const {
               dtype_name(model.weight_dtype()));
   std::printf("activation bytes / token  %s (layer inputs X, all layers)\n", human_bytes(act_per_token).c_str());
   std::printf("host bytes / token by --kv-mode:");
-  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn})
+  for (KvMode m : kAllKvModes)
     std::printf("  %s %s", kv_mode_name(m),
                 human_bytes(static_cast<double>(KvRuntime::host_bytes_per_token(m, model.kv_shape(), model.weight_dtype())))
                     .c_str());

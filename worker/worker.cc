@@ -69,13 +69,17 @@ class Heartbeat {
 class WorkerLoop {
  public:
   WorkerLoop(const WorkerOptions& opts, FrameChannel& ch, Heartbeat& heartbeat)
-      : opts_(opts), ch_(ch), heartbeat_(heartbeat) {}
+      : opts_(opts), engine_(opts.engine), ch_(ch), heartbeat_(heartbeat) {}
 
   // Everything before serving; throws what stops the worker from starting.
   void load() {
     bind();  // before anything is allocated: CPUs, memory policy, the pinned KV store's node
     backend_ = create_backend(opts_.backend, opts_.device);
     if (host_alloc_) backend_->set_host_allocator(host_alloc_);
+    // Without --kv-mode: auto on a GPU (the KV spills to host memory instead of refusing a
+    // batch), resident where the device is the host or CUDA graphs were asked for.
+    if (!engine_.kv_mode_given && !backend_->device_is_host() && !engine_.generator.cuda_graphs)
+      engine_.generator.kv.mode = KvMode::Auto;
     load_weights();
     tok_ = std::make_unique<Tokenizer>(Tokenizer::load(opts_.model_dir));
     gen_ = std::make_unique<Generator>(*model_, *tok_, generator_options());
@@ -88,7 +92,7 @@ class WorkerLoop {
     ReadyMessage m;
     m.worker = opts_.index;
     m.backend = backend_->name();
-    m.kv_mode = kv_mode_name(opts_.engine.generator.kv.mode);
+    m.kv_mode = kv_mode_name(engine_.generator.kv.mode);
     m.max_seq_len = gen_->max_seq_len();
     m.max_batch = static_cast<int64_t>(gen_->max_batch());
     m.host_bytes_per_token = gen_->kv_runtime().host_bytes_per_token();
@@ -132,8 +136,8 @@ class WorkerLoop {
   // under systemd), every 10%.
   void load_weights() {
     ModelLoadOptions lo;
-    lo.stream_weights = opts_.engine.weights_on_host;
-    lo.kv_plan = [go = opts_.engine.generator](const ModelSpec& spec, DType weight_dtype) {
+    lo.stream_weights = engine_.weights_on_host;
+    lo.kv_plan = [go = engine_.generator](const ModelSpec& spec, DType weight_dtype) {
       return Generator::kv_plan(go, spec, weight_dtype);
     };
     int last_decile = -1;
@@ -171,10 +175,10 @@ class WorkerLoop {
   // The engine's options, with a link profile for kvpr's scheduler (saved, else measured now)
   // and cpu-attn's threads from this worker's cpuset.
   GeneratorOptions generator_options() {
-    GeneratorOptions go = opts_.engine.generator;
-    if (go.kv.mode == KvMode::Kvpr && !go.kv.forced_split) {
-      if (!opts_.engine.profile.empty())
-        go.kv.profile = LinkProfile::load(opts_.engine.profile);
+    GeneratorOptions go = engine_.generator;
+    if (kv_mode_splits(go.kv.mode) && !go.kv.forced_split) {
+      if (!engine_.profile.empty())
+        go.kv.profile = LinkProfile::load(engine_.profile);
       else
         go.kv.profile = profile_backend(*backend_, *model_, model_->kv_shape(), go.kv_dtype.value_or(model_->weight_dtype()),
                                         ProfileOptions::quick());
@@ -289,6 +293,7 @@ class WorkerLoop {
   }
 
   const WorkerOptions& opts_;
+  EngineOptions engine_;  // opts_.engine with the KV mode resolved for the backend
   FrameChannel& ch_;
   Heartbeat& heartbeat_;
   std::shared_ptr<HostAllocator> host_alloc_;

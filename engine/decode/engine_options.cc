@@ -112,18 +112,38 @@ const std::vector<EngineOption>& engine_options() {
       {"max-seq-len", "context length [the model's]", false,
        [](EngineOptions& o, const std::string& v) { o.generator.max_seq_len = parse_option_integer("max-seq-len", v, 0, kBig); },
        [](const EngineOptions& o) { return std::to_string(o.generator.max_seq_len); }},
-      {"kv-mode", "resident, offload, kvpr, recompute or cpu-attn [resident]", false,
+      {"kv-mode",
+       "resident, offload, kvpr, recompute, cpu-attn, or auto (a GPU tier within gpu-kv-budget, the rest as kvpr) "
+       "[kvprd: auto on a GPU unless cuda-graphs is on, else resident; kvpr: resident]",
+       false,
        [](EngineOptions& o, const std::string& v) {
          KVPR_CHECK(parse_kv_mode(v, &o.generator.kv.mode),
-                    "kv-mode: expected resident, offload, kvpr, recompute or cpu-attn, got '", v, "'");
+                    "kv-mode: expected resident, offload, kvpr, recompute, cpu-attn or auto, got '", v, "'");
+         o.kv_mode_given = true;
        },
-       [](const EngineOptions& o) { return std::string(kv_mode_name(o.generator.kv.mode)); }},
-      {"split", "kvpr: the split l for every sequence [chosen by the scheduler]", false,
+       // Unset by default, so that a worker tells "not given" (its backend's default) from resident.
+       [](const EngineOptions& o) { return o.kv_mode_given ? std::string(kv_mode_name(o.generator.kv.mode)) : std::string(); }},
+      {"gpu-kv-budget",
+       "auto: device memory for KV: bytes (24GiB), or a fraction of the device memory free after the weights and the "
+       "step's buffers (0.5); 0: none, as kvpr [0.9]",
+       false,
+       [](EngineOptions& o, const std::string& v) {
+         KvRuntimeOptions& kv = o.generator.kv;
+         const double x = v == "0" ? 0 : parse_option_size("gpu-kv-budget", v);
+         kv.gpu_kv_bytes = x > 1 || x == 0 ? x : 0;
+         kv.gpu_kv_fraction = x > 1 || x == 0 ? -1 : x;
+       },
+       [](const EngineOptions& o) {
+         const KvRuntimeOptions& kv = o.generator.kv;
+         if (kv.gpu_kv_fraction >= 0) return json::Value(kv.gpu_kv_fraction).dump();
+         return std::to_string(static_cast<int64_t>(kv.gpu_kv_bytes));
+       }},
+      {"split", "kvpr, auto: the split l for every sequence [chosen by the scheduler]", false,
        [](EngineOptions& o, const std::string& v) { o.generator.kv.forced_split = parse_option_integer("split", v, 0, kBig); },
        [](const EngineOptions& o) {
          return o.generator.kv.forced_split ? std::to_string(*o.generator.kv.forced_split) : std::string();
        }},
-      {"split-model", "kvpr: the scheduler's model of a step, pipeline or paper [pipeline]", false,
+      {"split-model", "kvpr, auto: the scheduler's model of a step, pipeline or paper [pipeline]", false,
        [](EngineOptions& o, const std::string& v) {
          o.generator.kv.split_model = parse_option_either("split-model", v, "pipeline", "paper") ? SplitModel::Paper : SplitModel::Pipeline;
        },
@@ -206,7 +226,7 @@ void validate(const EngineOptions& o) {
   KVPR_CHECK(g.max_batch == 0 || g.kv.gpu_batches <= g.max_batch, "gpu-batches must be in 1..max-batch (", g.max_batch,
              "), not ", g.kv.gpu_batches);
   KVPR_CHECK(g.prompt_lookup_min <= g.prompt_lookup_max, "prompt-lookup-min and prompt-lookup-max need 1 <= min <= max");
-  KVPR_CHECK(!g.kv.forced_split || g.kv.mode == KvMode::Kvpr, "split applies to kv-mode kvpr, not ", kv_mode_name(g.kv.mode));
+  KVPR_CHECK(!g.kv.forced_split || kv_mode_splits(g.kv.mode), "split applies to kv-mode kvpr or auto, not ", kv_mode_name(g.kv.mode));
   KVPR_CHECK(!g.cuda_graphs || g.kv.mode == KvMode::Resident,
              "cuda-graphs applies to kv-mode resident (the other modes move KV every layer), not ", kv_mode_name(g.kv.mode));
   KVPR_CHECK(!g.cuda_graphs || !o.weights_on_host, "cuda-graphs does not apply to weights host (every layer waits for its copies)");

@@ -15,12 +15,13 @@ const char* kv_mode_name(KvMode m) {
     case KvMode::Kvpr: return "kvpr";
     case KvMode::Recompute: return "recompute";
     case KvMode::CpuAttn: return "cpu-attn";
+    case KvMode::Auto: return "auto";
   }
   return "?";
 }
 
 bool parse_kv_mode(const std::string& s, KvMode* out) {
-  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn})
+  for (KvMode m : kAllKvModes)
     if (s == kv_mode_name(m)) {
       *out = m;
       return true;
@@ -29,7 +30,8 @@ bool parse_kv_mode(const std::string& s, KvMode* out) {
 }
 
 bool kv_mode_uses_host(KvMode m) { return m != KvMode::Resident; }
-bool kv_mode_stores_x(KvMode m) { return m == KvMode::Kvpr || m == KvMode::Recompute; }
+bool kv_mode_stores_x(KvMode m) { return m == KvMode::Kvpr || m == KvMode::Recompute || m == KvMode::Auto; }
+bool kv_mode_splits(KvMode m) { return m == KvMode::Kvpr || m == KvMode::Auto; }
 
 namespace {
 // Recomputing K/V from X saves link bytes only where X is smaller than K+V (not with GQA).
@@ -61,8 +63,18 @@ KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projec
                                                   : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     host_pool_ = std::make_unique<ThreadPool>(threads);
   }
-  if (m == KvMode::Kvpr && !opts.forced_split) {
-    KVPR_CHECK(opts.profile, "kv mode kvpr needs a link profile (run the profiler) or a forced --split");
+  if (m == KvMode::Auto) {
+    const int64_t blocks = device_tier_blocks(backend, shape, layout, opts);
+    cache_ = std::make_unique<DeviceBlockCache>(blocks, layout.blocks, layout.block_tokens);
+    tier_read_.resize(static_cast<size_t>(shape.layers));
+    if (blocks > 0)
+      for (int64_t l = 0; l < shape.layers; ++l) {
+        dev_k_.push_back(be_.alloc(opts.kv_dtype, {blocks * layout.block_tokens, shape.kv_hidden()}));
+        dev_v_.push_back(be_.alloc(opts.kv_dtype, {blocks * layout.block_tokens, shape.kv_hidden()}));
+      }
+  }
+  if (kv_mode_splits(m) && !opts.forced_split) {
+    KVPR_CHECK(opts.profile, "kv mode ", kv_mode_name(m), " needs a link profile (run the profiler) or a forced --split");
     const int64_t es = static_cast<int64_t>(dtype_size(opts.kv_dtype));
     scheduler_ = std::make_unique<SplitScheduler>(*opts.profile, shape.hidden * es, 2 * shape.kv_hidden() * es,
                                                   opts.split_granularity, opts.split_model);
@@ -73,6 +85,51 @@ KvRuntime::KvRuntime(Backend& backend, const KvShape& shape, KvProjector& projec
 }
 
 KvRuntime::~KvRuntime() { be_.synchronize(); }
+
+double KvRuntime::device_block_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts) {
+  return static_cast<double>(shape.layers) * 2.0 * static_cast<double>(shape.kv_hidden()) *
+         static_cast<double>(layout.block_tokens) * static_cast<double>(dtype_size(opts.kv_dtype));
+}
+
+int64_t KvRuntime::device_tier_blocks(Backend& backend, const KvShape& shape, const KvLayout& layout,
+                                      const KvRuntimeOptions& opts) {
+  if (opts.mode != KvMode::Auto) return 0;
+  const double block = device_block_bytes(shape, layout, opts);
+  const size_t free = backend.device_bytes_free();
+  double bytes = opts.gpu_kv_bytes;
+  if (opts.gpu_kv_fraction >= 0) {
+    KVPR_CHECK(opts.gpu_kv_fraction <= 1, "the GPU KV budget as a fraction must be in [0, 1], not ", opts.gpu_kv_fraction);
+    if (free == SIZE_MAX) {
+      bytes = opts.gpu_kv_fraction * static_cast<double>(layout.blocks) * block;  // of what the store holds
+    } else {
+      // Set aside what the step needs besides the tier: the staging buffers at their largest
+      // (two layers of the whole host store, as kvpr's), and a twentieth for activations,
+      // logits and scratch.
+      const double staging = 2.0 * store_bytes(shape, layout, opts) / static_cast<double>(std::max<int64_t>(1, shape.layers));
+      const double avail = static_cast<double>(free) * 0.95 - staging;
+      bytes = opts.gpu_kv_fraction * std::max(0.0, avail);
+    }
+  } else {
+    KVPR_CHECK(bytes >= 0, "the GPU KV budget must not be negative");
+    if (free != SIZE_MAX && bytes > static_cast<double>(free) && bytes >= block) {
+      char msg[256];
+      std::snprintf(msg, sizeof msg, "a GPU KV budget of %.2f GiB exceeds the %.2f GiB of device memory free: lower gpu-kv-budget",
+                    bytes / 1073741824.0, static_cast<double>(free) / 1073741824.0);
+      KVPR_THROW(msg);
+    }
+  }
+  return std::min(layout.blocks, static_cast<int64_t>(std::min(bytes / block, 2147483647.0)));
+}
+
+double KvRuntime::device_tier_bytes() const {
+  if (!cache_) return 0;
+  return static_cast<double>(cache_->device_blocks()) * device_block_bytes(shape_, layout_, opts_);
+}
+
+double KvRuntime::device_tier_used_bytes() const {
+  if (!cache_) return 0;
+  return static_cast<double>(cache_->mirrored()) * device_block_bytes(shape_, layout_, opts_);
+}
 
 double KvRuntime::block_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts) {
   const double es = static_cast<double>(dtype_size(opts.kv_dtype)), layers = static_cast<double>(shape.layers);
@@ -121,7 +178,7 @@ void KvRuntime::check_fits(Backend& backend, const KvShape& shape, const KvLayou
 int64_t KvRuntime::x_capacity(const KvShape& shape, int64_t capacity, const KvRuntimeOptions& opts) {
   if (!kv_mode_stores_x(opts.mode)) return 0;
   // kvpr keeps X only where recomputing from it can save bytes, or a split is forced.
-  if (opts.mode == KvMode::Kvpr && !opts.forced_split && !recompute_can_pay(shape)) return 0;
+  if (kv_mode_splits(opts.mode) && !opts.forced_split && !recompute_can_pay(shape)) return 0;
   return opts.activation_cap < 0 ? capacity : std::min(opts.activation_cap, capacity);
 }
 
@@ -155,9 +212,11 @@ Tensor KvRuntime::grow(Tensor& buf, DType dtype, int64_t rows, int64_t width) {
   return buf;
 }
 
-int64_t KvRuntime::x_avail(const SeqPlan& s) const { return host_ ? std::min(s.past, host_->x_capacity()) : 0; }
+int64_t KvRuntime::x_avail(const SeqPlan& s) const {
+  return host_ ? std::min({s.staged_past(), s.promote_from, host_->x_capacity()}) : 0;
+}
 
-// Shares a group's L among its sequences in proportion to their cached tokens, each a multiple
+// Shares a group's L among its sequences in proportion to their staged cached tokens, each a multiple
 // of the granularity where its stored X allows; what rounding leaves goes to sequences with room.
 std::vector<int64_t> KvRuntime::distribute(std::span<const SeqPlan> seqs, int64_t total, int64_t cached) const {
   const int64_t g = scheduler_ ? scheduler_->granularity() : 1;
@@ -166,7 +225,7 @@ std::vector<int64_t> KvRuntime::distribute(std::span<const SeqPlan> seqs, int64_
   int64_t given = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqPlan& s = seqs[i];
-    int64_t want = static_cast<int64_t>(std::llround(static_cast<double>(total) * s.past / cached));
+    int64_t want = static_cast<int64_t>(std::llround(static_cast<double>(total) * s.staged_past() / cached));
     int64_t l = std::min(x_avail(s), want);
     if (l < x_avail(s) || l % g) l = l / g * g;
     out[i] = l;
@@ -190,16 +249,17 @@ void KvRuntime::decide_splits() {
   if (m == KvMode::Recompute) {
     for (auto& s : plan_) s.split[0] = s.split[1] = x_avail(s);
     stats_.split_source = "all";
-  } else if (m == KvMode::Kvpr && opts_.forced_split) {
+  } else if (kv_mode_splits(m) && opts_.forced_split) {
     for (auto& s : plan_) s.split[0] = s.split[1] = std::clamp<int64_t>(*opts_.forced_split, 0, x_avail(s));
     stats_.split_source = "forced";
-  } else if (m == KvMode::Kvpr) {
-    // Each GPU batch is a unit of the pipeline: its own split from its own cached tokens.
+  } else if (kv_mode_splits(m)) {
+    // Each GPU batch is a unit of the pipeline: its own split from its own staged cached tokens
+    // (auto's resident tails cost no link time: the split is chosen for the rest).
     for (int64_t g = 0; g < groups(); ++g) {
       std::span<SeqPlan> sp = seqs(g);
       int64_t cached = 0, avail = 0;
       for (const auto& s : sp) {
-        cached += s.past;
+        cached += s.staged_past();
         avail += x_avail(s);
       }
       SplitDecision rest = scheduler_->choose(cached, avail, scheduler_->other_s());
@@ -242,6 +302,10 @@ KvRuntime::Rows KvRuntime::group_rows(int64_t group) const {
 }
 
 void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
+  // A step that failed part way left the device tier's mirrors unknown: drop them (the host
+  // store has every token).
+  if (step_open_ && cache_) cache_->clear();
+  step_open_ = true;
   plan_.clear();
   groups_.clear();
   stats_.h2d_bytes = stats_.d2h_bytes = stats_.weight_h2d_bytes = 0;
@@ -291,16 +355,40 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
       const ForwardChunk& c = chunks[i];
       std::span<const int32_t> table = c.blocks;
       if (table.empty()) table = std::span<const int32_t>(slot_tables_).subspan(slot_index++, 1);
-      plan_.push_back(SeqPlan{table, c.past_len, c.count, gr.q_rows, gr.ctx_rows, {0, 0}, {0, 0}});
+      plan_.push_back(SeqPlan{table, c.past_len, c.count, gr.q_rows, gr.ctx_rows, c.past_len + c.count, {}, c.past_len + c.count, {0, 0}, {0, 0}});
       gr.ctx_rows += c.past_len + c.count;
       gr.q_rows += c.count;
     }
     row += gr.q_rows;
     groups_.push_back(gr);
   }
+  if (cache_) place_on_device();
   timing_.assign(static_cast<size_t>(shape_.layers * groups()), LayerTiming{});
   if (opts_.mode != KvMode::Resident) allocate_step();
   prefetch(0);
+}
+
+void KvRuntime::place_on_device() {
+  std::vector<DeviceBlockCache::Seq> seqs;
+  for (const SeqPlan& s : plan_) seqs.push_back({s.table, s.past, s.q_len});
+  cache_->plan(seqs, &placement_, &promotions_);
+  stats_.resident_tokens = stats_.staged_tokens = 0;
+  stats_.promoted_blocks = static_cast<int64_t>(promotions_.size());
+  for (Group& g : groups_) {
+    g.ctx_rows = 0;
+    for (size_t i = g.first; i < g.last; ++i) {
+      SeqPlan& s = plan_[i];
+      s.head = placement_[i].head;
+      s.dev_table = placement_[i].table;
+      s.promote_from = s.head;
+      s.ctx_off = g.ctx_rows;
+      g.ctx_rows += s.head;
+      stats_.staged_tokens += s.staged_past();
+      stats_.resident_tokens += s.past - s.staged_past();
+    }
+  }
+  for (const auto& pr : promotions_)
+    plan_[pr.seq].promote_from = std::min(plan_[pr.seq].promote_from, pr.index * layout_.block_tokens);
 }
 
 void KvRuntime::allocate_step() {
@@ -348,7 +436,7 @@ void KvRuntime::allocate_step() {
 
 void KvRuntime::prefetch(int64_t u) {
   const KvMode m = opts_.mode;
-  const bool kv = m == KvMode::Offload || m == KvMode::Kvpr || m == KvMode::Recompute;
+  const bool kv = m == KvMode::Offload || m == KvMode::Kvpr || m == KvMode::Recompute || m == KvMode::Auto;
   const int64_t G = groups(), layer = u / G, group = u % G;
   if (layer >= shape_.layers || !(kv || weights_)) return;
   const bool with_weights = weights_ && group == 0;  // a layer's weights come with its first unit
@@ -385,7 +473,7 @@ void KvRuntime::prefetch(int64_t u) {
   if (kv) {
     RunSpans kvs;
     for (const auto& s : seqs(group)) {
-      const int64_t l = s.split[v], n = s.past - l;
+      const int64_t l = s.split[v], n = s.staged_past() - l;
       if (n <= 0) continue;
       kv_runs(s, l, n,
               [&](int64_t row, int64_t off, int64_t c, size_t k) { kvs.add(k, RowSpan{row, s.ctx_off + l + off, c}); });
@@ -547,7 +635,9 @@ void KvRuntime::attend(int64_t layer, int64_t group, const Tensor& x, const Tens
   else if (m == KvMode::CpuAttn) {
     attend_cpu(layer, group, q, k, v, out, scale);
     prefetch_next(u);
-  } else attend_offloaded(layer, group, x, q, k, v, out, scale);
+  } else {
+    attend_offloaded(layer, group, x, q, k, v, out, scale);
+  }
   // The rest of the layer (output projection, MLP) needs the back of its weights.
   if (weights_ && group == 0) stall(timing_[u], [&] { weights_->wait_back(layer); });
 }
@@ -582,19 +672,52 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
     be_.copy_rows(vbuf_[b], kv.rows(1, 1).reshape({rx, w}), spans);
     t.recompute_end = be_.record(Stream::Compute);
   }
-  // This step's new K/V join the buffer after the past ones.
-  std::vector<RowSpan> fresh;
-  for (const auto& s : this->seqs(group)) fresh.push_back(RowSpan{s.q_begin, s.ctx_off + s.past, s.q_len});
+  // This step's new K/V join the buffer after the past ones, and auto's resident tails.
+  const int64_t B = layout_.block_tokens;
+  std::vector<RowSpan> fresh, fresh_tier;
+  for (const auto& s : this->seqs(group)) {
+    const int64_t staged_new = std::clamp<int64_t>(s.head - s.past, 0, s.q_len);
+    if (staged_new > 0) fresh.push_back(RowSpan{s.q_begin, s.ctx_off + s.past, staged_new});
+    for_each_run(s.dev_table, B, B, s.past + staged_new, s.q_len - staged_new, [&](int64_t row, int64_t off, int64_t n) {
+      fresh_tier.push_back(RowSpan{s.q_begin + staged_new + off, row, n});
+    });
+  }
   be_.copy_rows(kbuf_[b], k, fresh);
   be_.copy_rows(vbuf_[b], v, fresh);
+  // The device tier's rows the last step stored to the host from must have been read before
+  // this step writes there (a block may mirror another host block now).
+  if (!fresh_tier.empty() || !promotions_.empty()) wait_compute(tier_read_[static_cast<size_t>(layer)], t);
+  if (!fresh_tier.empty()) {
+    be_.copy_rows(dev_k_[layer], k, fresh_tier);
+    be_.copy_rows(dev_v_[layer], v, fresh_tier);
+  }
   const bool store_x = kv_mode_stores_x(opts_.mode) && host_->x_capacity() > 0;
   if (store_x) be_.convert(xnew_[b].rows(0, gr.q_rows), x);
   wait_compute(t.h2d_end, t);
   std::vector<AttentionSeq> seqs;
-  for (const auto& s : this->seqs(group))
-    seqs.push_back(AttentionSeq{s.q_begin, s.q_len, s.past, kbuf_[b].rows(s.ctx_off, s.past + s.q_len),
-                                vbuf_[b].rows(s.ctx_off, s.past + s.q_len)});
+  for (const auto& s : this->seqs(group)) {
+    const int64_t n = s.past + s.q_len;
+    if (s.head == n) {  // all staged
+      seqs.push_back(AttentionSeq{s.q_begin, s.q_len, s.past, kbuf_[b].rows(s.ctx_off, n), vbuf_[b].rows(s.ctx_off, n)});
+      continue;
+    }
+    // The resident tail in place, through the device table; the staged head before it.
+    AttentionSeq a{s.q_begin, s.q_len, s.past, dev_k_[layer], dev_v_[layer], s.dev_table.data(), layout_.blocks_for(n), B};
+    if (s.head > 0) a = a.with_head(kbuf_[b].rows(s.ctx_off, s.head), vbuf_[b].rows(s.ctx_off, s.head), s.head);
+    seqs.push_back(std::move(a));
+  }
   be_.attention(out, q, seqs, static_cast<int>(shape_.heads), scale);
+  // auto: staged blocks the device tier took this step, from the rows staged for attention.
+  if (cache_) {
+    std::vector<RowSpan> promoted;
+    for (const auto& pr : promotions_)
+      if (pr.seq >= gr.first && pr.seq < gr.last)
+        promoted.push_back(RowSpan{plan_[pr.seq].ctx_off + pr.index * B, int64_t{pr.device} * B, pr.rows});
+    if (!promoted.empty()) {
+      be_.copy_rows(dev_k_[layer], kbuf_[b], promoted);
+      be_.copy_rows(dev_v_[layer], vbuf_[b], promoted);
+    }
+  }
   buf_free_[b] = be_.record(Stream::Compute);
 
   // Store the new K, V (and X below the cap) on the D2H stream.
@@ -602,10 +725,18 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
   // One gathered store per tensor for the whole GPU batch.
   const int64_t es = static_cast<int64_t>(dtype_size(opts_.kv_dtype));
   RunSpans new_kv, new_x;
+  std::vector<RowSpan> new_tier;  // auto: new rows from the device tier
   for (const auto& s : this->seqs(group)) {
-    kv_runs(s, s.past, s.q_len, [&](int64_t row, int64_t off, int64_t n, size_t run) {
+    const int64_t staged_new = std::clamp<int64_t>(s.head - s.past, 0, s.q_len);
+    kv_runs(s, s.past, staged_new, [&](int64_t row, int64_t off, int64_t n, size_t run) {
       new_kv.add(run, RowSpan{s.ctx_off + s.past + off, row, n});
     });
+    for (int64_t t0 = s.past + staged_new; t0 < s.past + s.q_len;) {
+      // Block by block: the device and host tables differ.
+      const int64_t j = t0 / B, r = t0 % B, n = std::min(B - r, s.past + s.q_len - t0);
+      new_tier.push_back(RowSpan{int64_t{s.dev_table[static_cast<size_t>(j)]} * B + r, int64_t{s.table[static_cast<size_t>(j)]} * B + r, n});
+      t0 += n;
+    }
     stats_.d2h_bytes += 2 * s.q_len * shape_.kv_hidden() * es;
     int64_t nx = store_x ? std::min(s.q_len, host_->x_capacity() - s.past) : 0;
     if (nx > 0) {
@@ -617,12 +748,18 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
   const std::vector<RowSpan> kvs = new_kv.spans();
   be_.copy_spans(host_->k_rows(layer), kbuf_[b], kvs, Stream::D2H, "K new");
   be_.copy_spans(host_->v_rows(layer), vbuf_[b], kvs, Stream::D2H, "V new");
+  if (!new_tier.empty()) {
+    be_.copy_spans(host_->k_rows(layer), dev_k_[layer], new_tier, Stream::D2H, "K new");
+    be_.copy_spans(host_->v_rows(layer), dev_v_[layer], new_tier, Stream::D2H, "V new");
+  }
   if (!new_x.empty()) be_.copy_spans(host_->x_rows(layer), xnew_[b], new_x.spans(), Stream::D2H, "X new");
   buf_stored_[b] = be_.record(Stream::D2H);
   store_done_[layer] = buf_stored_[b];
+  if (cache_ && group + 1 == groups()) tier_read_[static_cast<size_t>(layer)] = buf_stored_[b];
 }
 
 void KvRuntime::end() {
+  step_open_ = false;
   if (!timing_.empty() && (opts_.mode != KvMode::Resident || weights_))
     timing_.back().compute_end = be_.record(Stream::Compute);
   if (weights_) weights_->release(shape_.layers - 1);

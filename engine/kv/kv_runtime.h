@@ -7,6 +7,9 @@
 //              copied; both land in one buffer so attention sees contiguous K/V
 //   recompute  l = every cached token with stored X
 //   cpu-attn   Q goes to the host, host threads attend over the host KV, the output comes back
+//   auto       kvpr's host store, and a device tier of blocks mirroring host blocks within a GPU
+//              budget: each sequence's tail is read and written in place on the device, its
+//              head recomputed or copied as kvpr does (docs/kv-modes.md "Auto")
 //
 // Device memory for past K/V is two per-step buffers (layer i and i+1), whatever the number
 // of sequences. New K, V (and X below the activation cap) are stored back on the D2H stream.
@@ -26,6 +29,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/base/error.h"
+#include "engine/kv/device_block_cache.h"
 #include "engine/kv/host_kv_store.h"
 #include "engine/kv/split_scheduler.h"
 #include "engine/base/thread_pool.h"
@@ -33,11 +37,15 @@
 
 namespace kvpr {
 
-enum class KvMode { Resident, Offload, Kvpr, Recompute, CpuAttn };
+enum class KvMode { Resident, Offload, Kvpr, Recompute, CpuAttn, Auto };
+inline constexpr KvMode kAllKvModes[] = {KvMode::Resident, KvMode::Offload, KvMode::Kvpr,
+                                         KvMode::Recompute, KvMode::CpuAttn, KvMode::Auto};
 const char* kv_mode_name(KvMode m);
 bool parse_kv_mode(const std::string& s, KvMode* out);
 bool kv_mode_uses_host(KvMode m);
 bool kv_mode_stores_x(KvMode m);
+// kvpr and auto: the split l is the scheduler's (from a link profile) unless forced.
+bool kv_mode_splits(KvMode m);
 
 // One sequence's part of a forward call: `tokens` at positions past_len.. . Its KV lives in the
 // blocks `blocks` lists (at least blocks_for(past_len + count) of them, kept by the caller until
@@ -75,7 +83,7 @@ struct KvRuntimeOptions {
   KvMode mode = KvMode::Resident;
   DType kv_dtype = DType::F32;          // storage of K, V and X
   int64_t activation_cap = -1;          // X kept for the first N tokens of a sequence; -1 = all
-  std::optional<int64_t> forced_split;  // kvpr: this l for every sequence (capped by stored X)
+  std::optional<int64_t> forced_split;  // kvpr, auto: this l for every sequence (capped by stored X)
   int host_attention_threads = 0;       // cpu-attn: threads of the host attention (0 = all)
   int64_t split_granularity = 16;       // l is a multiple of this (GEMM-friendly)
   SplitModel split_model = SplitModel::Pipeline;
@@ -86,6 +94,11 @@ struct KvRuntimeOptions {
   // one weight copy, with streamed weights) serves them all while the device holds the KV of
   // one batch at a time. 1: the whole step is one batch.
   int64_t gpu_batches = 1;
+  // auto: device memory for the device tier, gpu_kv_bytes, or when gpu_kv_fraction >= 0 that
+  // fraction of the device memory free once the step's buffers are set aside (as the host
+  // modes' staging needs them); capped at what mirrors every host block.
+  double gpu_kv_bytes = 0;
+  double gpu_kv_fraction = 0.9;
 };
 
 // A KV cache known before the model that holds it is loaded (Generator::kv_plan): the store's
@@ -108,6 +121,9 @@ struct StepStats {
   int64_t h2d_bytes = 0;       // all layers (streamed weights included)
   int64_t d2h_bytes = 0;
   int64_t weight_h2d_bytes = 0;  // of h2d_bytes: streamed layer weights
+  // auto: cached tokens attention read in place on the device, and those staged (recomputed or
+  // copied); blocks promoted to the device tier from staged rows.
+  int64_t resident_tokens = 0, staged_tokens = 0, promoted_blocks = 0;
   double link_gbps_estimate = 0;
 };
 
@@ -123,6 +139,16 @@ class KvRuntime {
   const KvLayout& layout() const { return layout_; }
   DType kv_dtype() const { return opts_.kv_dtype; }
   const HostKvStore* host_store() const { return host_.get(); }
+  // auto: the device tier's bookkeeping (null in the other modes) and its bytes, allocated and
+  // holding mirrors now.
+  const DeviceBlockCache* device_tier() const { return cache_.get(); }
+  double device_tier_bytes() const;
+  double device_tier_used_bytes() const;
+  // Device bytes of one block of the device tier: K and V of every layer.
+  static double device_block_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts);
+  // auto: the device blocks the budget buys on `backend` now (weights loaded).
+  static int64_t device_tier_blocks(Backend& backend, const KvShape& shape, const KvLayout& layout,
+                                    const KvRuntimeOptions& opts);
   SplitScheduler* scheduler() { return scheduler_.get(); }
   const StepStats& last_step() const { return stats_; }
   // Host bytes per token of a sequence in this runtime's mode (K, V and X where stored).
@@ -172,6 +198,14 @@ class KvRuntime {
     std::span<const int32_t> table;      // its blocks
     int64_t past, q_len, q_begin;  // q_begin: first row among its group's tokens
     int64_t ctx_off;   // first row in the per-step K/V buffers
+    // Tokens [0, head) are staged in the per-step buffers; auto reads [head, past + q_len) in
+    // place, through dev_table (device blocks), and writes its new rows there.
+    int64_t head;
+    std::span<const int32_t> dev_table;
+    // Its first staged token that is promoted to the device tier this step (head when none):
+    // the tier takes copied rows only, never recomputed ones, so that it mirrors the host exactly.
+    int64_t promote_from;
+    int64_t staged_past() const { return std::min(past, head); }
     int64_t split[2];  // l for layer 0 and for the other layers
     int64_t x_off[2];  // first row in the X buffer, likewise
   };
@@ -196,6 +230,7 @@ class KvRuntime {
     int64_t h2d_bytes = 0;
   };
   void decide_splits();
+  void place_on_device();  // auto: the device tier's plan for the step, and the staged rows
   void allocate_step();  // splits and buffers of a step that moves KV
   void prefetch(int64_t u);       // the copies of unit u = layer * groups() + group
   void prefetch_next(int64_t u);  // unit u + 1's copies, or after the last one the next step's weights
@@ -222,7 +257,12 @@ class KvRuntime {
   KvRuntimeOptions opts_;
   LayerWeightStream* weights_;
   std::unique_ptr<HostKvStore> host_;
-  std::vector<Tensor> dev_k_, dev_v_;  // resident: [blocks * block_tokens, width] per layer
+  std::vector<Tensor> dev_k_, dev_v_;  // [blocks * block_tokens, width] per layer: resident's, auto's tier
+  std::unique_ptr<DeviceBlockCache> cache_;  // auto
+  std::vector<DeviceBlockCache::Placement> placement_;
+  std::vector<DeviceBlockCache::Promotion> promotions_;
+  std::vector<Event> tier_read_;  // auto, per layer: the last step's stores from the device tier
+  bool step_open_ = false;        // begin() without end(): a step failed part way
   std::unique_ptr<SplitScheduler> scheduler_;
   std::unique_ptr<ThreadPool> host_pool_;
 

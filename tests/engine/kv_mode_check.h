@@ -25,16 +25,29 @@ inline std::vector<std::vector<int32_t>> greedy_tokens(Model& model, const Token
   return out;
 }
 
+// `base` with kv mode auto's device tier `blocks` blocks of base.block_tokens (of `model`'s K and
+// V in base's KV dtype, fp32 when unset).
+inline GeneratorOptions with_gpu_blocks(GeneratorOptions base, const Model& model, double blocks) {
+  KvRuntimeOptions kv = base.kv;
+  kv.kv_dtype = base.kv_dtype.value_or(DType::F32);
+  base.kv.gpu_kv_fraction = -1;
+  base.kv.gpu_kv_bytes =
+      blocks * KvRuntime::device_block_bytes(model.kv_shape(), KvLayout{1, base.block_tokens, base.block_tokens}, kv);
+  return base;
+}
+
 // Teacher-forced log-probabilities of `prompt`'s tokens 1.. in `mode` with a `dtype` cache,
 // scored in chunks of 4 tokens so that every chunk attends to K/V read back from the cache
-// (kvpr recomputes those of the first 16 tokens from X).
+// (kvpr and auto recompute those of the first 16 tokens from X; auto's device tier holds one
+// block of 16, the last).
 inline std::vector<float> chunked_prompt_scores(Model& model, const Tokenizer& tok, KvMode mode, DType dtype,
                                                 const std::vector<int32_t>& prompt) {
   GeneratorOptions o;
   o.max_batch = 2;
   o.kv_dtype = dtype;
   o.kv.mode = mode;
-  if (mode == KvMode::Kvpr) o.kv.forced_split = 16;
+  if (kv_mode_splits(mode)) o.kv.forced_split = 16;
+  if (mode == KvMode::Auto) o = with_gpu_blocks(o, model, 1);
   o.max_step_tokens = 4;
   GenerationParams p;
   p.max_new_tokens = 0;
@@ -58,10 +71,12 @@ inline ScoreGap score_gap(const std::vector<float>& a, const std::vector<float>&
   return g;
 }
 
-// `base` in KV mode `m`, KVPR's split forced to `kvpr_split`.
-inline GeneratorOptions in_mode(GeneratorOptions base, KvMode m, int kvpr_split) {
+// `base` in KV mode `m`, the split of KVPR and auto forced to `kvpr_split`; auto's device tier two
+// blocks (some sequences' tails on the device, the rest staged, blocks moving as they end).
+inline GeneratorOptions in_mode(GeneratorOptions base, KvMode m, int kvpr_split, const Model& model) {
   base.kv.mode = m;
-  if (m == KvMode::Kvpr) base.kv.forced_split = kvpr_split;
+  if (kv_mode_splits(m)) base.kv.forced_split = kvpr_split;
+  if (m == KvMode::Auto) base = with_gpu_blocks(base, model, 2);
   return base;
 }
 
@@ -99,16 +114,16 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
   const std::vector<std::vector<int32_t>>& want = ref.tokens;
   std::unique_ptr<Model> mg_owned = load_model(device, dir);
   Model& mg = *mg_owned;
-  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
-    GeneratorOptions og = in_mode(oc, m, kvpr_split);
+  for (KvMode m : kAllKvModes) {
+    GeneratorOptions og = in_mode(oc, m, kvpr_split, mg);
     EXPECT_EQ(greedy_tokens(mg, tok, og, prompts, p), want) << label << " " << kv_mode_name(m);
   }
   ModelLoadOptions streamed;
   streamed.stream_weights = true;
   std::unique_ptr<Model> ms = load_model(device, dir, streamed);
-  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
-    GeneratorOptions og = in_mode(oc, m, kvpr_split);
-    if (m == KvMode::Offload || m == KvMode::Kvpr || m == KvMode::CpuAttn) og.kv.gpu_batches = 2;
+  for (KvMode m : kAllKvModes) {
+    GeneratorOptions og = in_mode(oc, m, kvpr_split, *ms);
+    if (m == KvMode::Offload || m == KvMode::Kvpr || m == KvMode::CpuAttn || m == KvMode::Auto) og.kv.gpu_batches = 2;
     EXPECT_EQ(greedy_tokens(*ms, tok, og, prompts, p), want)
         << label << " " << kv_mode_name(m) << ", streamed weights, " << og.kv.gpu_batches << " GPU batches";
   }
@@ -149,10 +164,10 @@ inline void expect_fused_recompute_gives_resident_tokens(Backend& device, const 
   p.max_new_tokens = 12;
   p.ignore_eos = true;
   const std::vector<std::vector<int32_t>> prompts = {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10, 11, 12, 13, 14}};
-  const auto want = greedy_tokens(*m, tok, in_mode(o, KvMode::Resident, 0), prompts, p);
+  const auto want = greedy_tokens(*m, tok, in_mode(o, KvMode::Resident, 0, *m), prompts, p);
   for (int split : {3, 1 << 20})
-    EXPECT_EQ(greedy_tokens(*m, tok, in_mode(o, KvMode::Kvpr, split), prompts, p), want) << "kvpr, split " << split;
-  EXPECT_EQ(greedy_tokens(*m, tok, in_mode(o, KvMode::Recompute, 0), prompts, p), want) << "recompute";
+    EXPECT_EQ(greedy_tokens(*m, tok, in_mode(o, KvMode::Kvpr, split, *m), prompts, p), want) << "kvpr, split " << split;
+  EXPECT_EQ(greedy_tokens(*m, tok, in_mode(o, KvMode::Recompute, 0, *m), prompts, p), want) << "recompute";
   std::vector<int32_t> prompt;
   for (int i = 0; i < 30; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + 3) % 90));
   const ScoreGap g = score_gap(chunked_prompt_scores(*m, tok, KvMode::Kvpr, DType::F16, prompt),
@@ -181,8 +196,8 @@ inline int64_t expect_speculation_gives_cpu_tokens(Backend& device, const std::s
     ModelLoadOptions lo;
     lo.stream_weights = streamed;
     std::unique_ptr<Model> mg = load_model(device, dir, lo);
-    for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
-      GeneratorOptions og = in_mode(oc, m, 3);
+    for (KvMode m : kAllKvModes) {
+      GeneratorOptions og = in_mode(oc, m, 3, *mg);
       og.speculative_tokens = 4;
       og.prompt_lookup_min = 1;
       Generator gen(*mg, tok, og);
@@ -222,13 +237,12 @@ inline void expect_chunks_past_cached_tokens_give_cpu_tokens(Backend& device, co
     turn2.push_back(std::move(t));
   }
   const std::vector<std::vector<int32_t>> want2 = greedy_tokens(*mc, tok, oc, turn2, p);
-  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
+  for (KvMode m : kAllKvModes) {
     GeneratorOptions oe = oc;
     oe.prefix_caching = true;
-    oe.kv.mode = m;
-    if (m == KvMode::Kvpr) oe.kv.forced_split = kvpr_split;
     oe.max_step_tokens = 3;
     oe.block_tokens = 4;
+    oe = in_mode(oe, m, kvpr_split, mg);
     Generator g(mg, tok, oe);
     std::vector<std::vector<int32_t>> got1, got2;
     for (auto& r : g.generate_all(prompts, p)) got1.push_back(r.tokens);

@@ -294,9 +294,9 @@ TEST(Generation, PagedKvPreemptsTheNewestAndLosesNothing) {
     for (int t = 0; t < 5 + 3 * i; ++t) prompts.back().push_back(static_cast<int32_t>((i * 31 + t * 7) % 90));
   }
   const auto want = test::greedy_tokens(f.model, tok, f32_kv(6), prompts, p);
-  for (KvMode mode : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr}) {
+  for (KvMode mode : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Auto}) {
     SCOPED_TRACE(kv_mode_name(mode));
-    GeneratorOptions o = test::in_mode(f32_kv(6), mode, 6);
+    GeneratorOptions o = test::in_mode(f32_kv(6), mode, 6, f.model);
     o.block_tokens = 4;
     // 14 blocks of 4 tokens; the six requests need 8 at most each, 38 together.
     const KvPlan one = Generator::kv_plan(o, f.model.spec(), f.model.weight_dtype());
@@ -1025,7 +1025,7 @@ TEST(Generation, Fp8KvCacheInEveryMode) {
     const std::vector<float> f32 = scores(KvMode::Resident, DType::F32);
     const std::vector<float> fp8 = scores(KvMode::Resident, DType::F8E4M3);
     ASSERT_EQ(fp8.size(), prompt.size() - 1);
-    for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
+    for (KvMode m : kAllKvModes) {
       const std::vector<float> got = scores(m, DType::F8E4M3);
       ASSERT_EQ(got.size(), f32.size());
       const test::ScoreGap g = test::score_gap(got, f32);

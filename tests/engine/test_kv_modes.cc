@@ -215,6 +215,92 @@ TEST_P(KvModes, PagedBlocksGiveTheContiguousResults) {
   }
 }
 
+// kv mode auto: resident's tokens and logits at every GPU budget (none, two blocks, half of what
+// the run's sequences need, all), at blocks of 4 and 5 tokens, with the third sequence joining
+// mid-run and the first two leaving before it, the split forced or the scheduler's, in two GPU
+// batches, with streamed weights, and with fp16 and fp8 storage. No budget moves what kvpr
+// moves; a budget holding everything moves no KV over the link.
+TEST_P(KvModes, AutoGivesResidentResultsAtEveryBudget) {
+  test::TempDir tmp;
+  CpuBackend be;
+  const std::string dir = test::data_path(std::string("opt/") + GetParam());
+  OptModel model(be, dir);
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  auto in_auto = [&](GeneratorOptions o, int64_t bt, double blocks) {
+    o.block_tokens = bt;
+    KvRuntimeOptions kv = o.kv;
+    kv.kv_dtype = *o.kv_dtype;
+    if (blocks < 0) {
+      o.kv.gpu_kv_fraction = 1;
+    } else {
+      o.kv.gpu_kv_fraction = -1;
+      o.kv.gpu_kv_bytes = blocks * KvRuntime::device_block_bytes(model.kv_shape(), KvLayout{1, bt, bt}, kv);
+    }
+    return o;
+  };
+  LinkProfile profile;  // a slow link: the scheduler recomputes
+  profile.h2d_gbps = 0.01;
+  profile.recompute_per_row_s = 1e-9;
+  for (DType dt : {DType::F32, DType::F16, DType::F8E4M3}) {
+    const ModeRun ref = run(model, tok, options(KvMode::Resident, dt));
+    for (int64_t bt : {4, 5}) {
+      // The run's sequences hold 17, 12 and 22 tokens.
+      const int64_t need = (17 + bt - 1) / bt + (12 + bt - 1) / bt + (22 + bt - 1) / bt;
+      const std::string at = std::string(dtype_name(dt)) + ", blocks of " + std::to_string(bt);
+      // fp32: a split recomputes (the same greedy tokens, logits to 1e-5); the others copy
+      // every staged row (bit for bit what resident stores).
+      const int64_t split = dt == DType::F32 ? 6 : 0;
+      const ModeRun kvpr = run(model, tok, [&] {
+        GeneratorOptions o = options(KvMode::Kvpr, dt, split);
+        o.block_tokens = bt;
+        return o;
+      }());
+      for (double blocks : {0.0, 2.0, static_cast<double>(need / 2), -1.0}) {
+        const std::string what = "auto, " + at + ", " + (blocks < 0 ? std::string("all") : std::to_string(int(blocks))) + " device blocks";
+        const ModeRun a = run(model, tok, in_auto(options(KvMode::Auto, dt, split), bt, blocks));
+        expect_same(ref, a, dt == DType::F32 ? 1e-5 : 1e-6, what);
+        int64_t resident = 0, promoted = 0;
+        for (size_t s = 0; s < a.steps.size(); ++s) {
+          resident += a.steps[s].resident_tokens;
+          promoted += a.steps[s].promoted_blocks;
+          EXPECT_LE(a.steps[s].h2d_bytes, kvpr.steps[s].h2d_bytes) << what << " step " << s;
+          if (blocks == 0) {
+            EXPECT_EQ(a.steps[s].h2d_bytes, kvpr.steps[s].h2d_bytes) << what << " step " << s;
+          } else if (blocks < 0) {
+            EXPECT_EQ(a.steps[s].h2d_bytes, 0) << what << " step " << s;
+            EXPECT_EQ(a.steps[s].staged_tokens, 0) << what << " step " << s;
+          }
+        }
+        if (blocks == 0) {
+          EXPECT_EQ(resident, 0) << what;
+        } else {
+          EXPECT_GT(resident, 0) << what;
+        }
+        if (blocks == 2) {
+          EXPECT_GT(promoted, 0) << what << ": blocks freed by the first two go to the third's head";
+        }
+      }
+    }
+  }
+  // The scheduler's split, two GPU batches, streamed weights.
+  const ModeRun ref = run(model, tok, options(KvMode::Resident, DType::F32));
+  GeneratorOptions sched = in_auto(options(KvMode::Auto, DType::F32), 4, 5);
+  sched.kv.profile = profile;
+  sched.kv.adapt = false;
+  const ModeRun s = run(model, tok, sched);
+  expect_same(ref, s, 1e-5, "auto, the scheduler's split");
+  int64_t recomputed = 0;
+  for (const auto& st : s.steps) {
+    recomputed += st.split_total;
+    EXPECT_EQ(st.split_source, "scheduler:paper");  // not adapting: no measured device time
+  }
+  EXPECT_GT(recomputed, 0) << "on a slow link the scheduler recomputes staged tokens";
+  expect_same(ref, run(model, tok, in_auto(options(KvMode::Auto, DType::F32, 3, -1, 2), 4, 5)), 1e-5, "auto, 2 GPU batches");
+  OptModel streamed = streamed_model(be, dir);
+  expect_same(ref, run(streamed, tok, in_auto(options(KvMode::Auto, DType::F32, 3, -1, 2), 4, 5)), 1e-5,
+              "auto, streamed weights, 2 GPU batches");
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, KvModes,
                          ::testing::Values("pre_ln_safetensors", "post_ln_proj_sharded", "fp16_bin_sharded"),
                          [](const auto& p) { return std::string(p.param); });
