@@ -72,11 +72,15 @@ inline ScoreGap score_gap(const std::vector<float>& a, const std::vector<float>&
 }
 
 // `base` in KV mode `m`, the split of KVPR and auto forced to `kvpr_split`; auto's device tier two
-// blocks (some sequences' tails on the device, the rest staged, blocks moving as they end).
+// blocks of at most 4 tokens (short sequences then have tails on the device and heads staged,
+// tails sliding and blocks moving as sequences grow and end).
 inline GeneratorOptions in_mode(GeneratorOptions base, KvMode m, int kvpr_split, const Model& model) {
   base.kv.mode = m;
   if (kv_mode_splits(m)) base.kv.forced_split = kvpr_split;
-  if (m == KvMode::Auto) base = with_gpu_blocks(base, model, 2);
+  if (m == KvMode::Auto) {
+    base.block_tokens = std::min<int64_t>(base.block_tokens, 4);
+    base = with_gpu_blocks(base, model, 2);
+  }
   return base;
 }
 
@@ -102,9 +106,10 @@ inline CpuGreedy cpu_greedy(const std::string& dir, const Tokenizer& tok, const 
 }
 
 // Greedy decoding of `prompts` (max_new tokens, EOS ignored, fp32 KV, one batch) in each mode
-// on `device` (KVPR with its split forced to `kvpr_split`) equals the CPU backend's, with the
-// weights on the device and streamed from pinned host memory (--weights host; offload, kvpr
-// and cpu-attn then also run column by column, two GPU batches per layer).
+// on `device` (KVPR and auto with their split forced to `kvpr_split`, auto as in_mode sets it)
+// equals the CPU backend's, with the weights on the device and streamed from pinned host memory
+// (--weights host; offload, kvpr, cpu-attn and auto then also run column by column, two GPU
+// batches per layer).
 inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::string& dir, const Tokenizer& tok,
                                                   const std::vector<std::vector<int32_t>>& prompts, int max_new,
                                                   int kvpr_split, const std::string& label) {

@@ -385,12 +385,11 @@ TEST_F(EmulatedDevice, HostWaitsOncePerDecodeStep) {
   const std::vector<std::vector<int32_t>> prompts = {{3, 1, 4, 1, 5, 9, 2, 6}, {40}};
   for (auto& mg : models) {
     const int64_t layers = mg->config().num_layers;
-    for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
+    for (KvMode m : kAllKvModes) {
       GeneratorOptions og;
       og.max_batch = 2;
       og.kv_dtype = DType::F32;
-      og.kv.mode = m;
-      if (m == KvMode::Kvpr) og.kv.forced_split = 3;
+      og = test::in_mode(og, m, 3, *mg);
       Generator g(*mg, tok, og);
       auto waits = [&](int n) {
         GenerationParams p;
