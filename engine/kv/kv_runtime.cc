@@ -257,13 +257,16 @@ void KvRuntime::decide_splits() {
     // (auto's resident tails cost no link time: the split is chosen for the rest).
     for (int64_t g = 0; g < groups(); ++g) {
       std::span<SeqPlan> sp = seqs(g);
-      int64_t cached = 0, avail = 0;
+      int64_t cached = 0, resident = 0, avail = 0;
       for (const auto& s : sp) {
         cached += s.staged_past();
+        resident += s.past - s.staged_past();
         avail += x_avail(s);
       }
-      SplitDecision rest = scheduler_->choose(cached, avail, scheduler_->other_s());
-      SplitDecision first = scheduler_->choose(cached, avail, -1.0);  // nothing overlaps layer 0's copies
+      // auto: the device tier holds what it can (DeviceBlockCache), which the tier model says is
+      // best (SplitScheduler::choose_tiers); the split is chosen for the staged rest.
+      SplitDecision rest = scheduler_->choose_tiers(cached + resident, resident, avail, scheduler_->other_s()).split;
+      SplitDecision first = scheduler_->choose_tiers(cached + resident, resident, avail, -1.0).split;  // nothing overlaps layer 0's copies
       stats_.split_source = std::string("scheduler:") + split_model_name(rest.model);
       stats_.predicted_layer_ms += rest.predicted_s * 1e3;
       std::vector<int64_t> l0 = distribute(sp, first.split, cached), l1 = distribute(sp, rest.split, cached);

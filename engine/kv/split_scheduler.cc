@@ -125,6 +125,14 @@ SplitDecision SplitScheduler::choose(int64_t cached, int64_t max_split, double o
   return d;
 }
 
+TierDecision SplitScheduler::choose_tiers(int64_t cached, int64_t resident_max, int64_t max_split, double other_s) const {
+  const int64_t r = std::clamp<int64_t>(resident_max, 0, std::max<int64_t>(cached, 0));
+  TierDecision most{r, choose(cached - r, std::min(max_split, cached - r), other_s)};
+  if (r == 0) return most;
+  TierDecision none{0, choose(cached, max_split, other_s)};
+  return none.split.predicted_s < most.split.predicted_s ? none : most;  // ties: the device tier
+}
+
 void SplitScheduler::observe_link(double bytes, double seconds) {
   if (bytes <= 0 || seconds <= 0) return;
   // Average time per byte (not bytes per second) so a slowdown shows at once.

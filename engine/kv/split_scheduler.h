@@ -13,6 +13,12 @@
 // the pipeline model's moves towards more recomputation, since the link is busier).
 // Each is piecewise linear, so the optimum is at L = 0, at a clamp, or where the two branches
 // meet; choose() evaluates those few candidates: O(1) per decision.
+//
+// Tiers (kv mode auto): R of the S cached tokens have their K/V on the device, read in place;
+// the other S − R are staged, L of them recomputed. Both models are then t(S − R, L): for
+// every L they do not increase with R (resident tokens take nothing from the link, and the
+// device reads every token's K/V whichever tier holds it), so the optimum over R is at an end
+// of [0, R_max]; choose_tiers() compares choose() at the two ends: still O(1).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +55,11 @@ struct SplitDecision {
   double baseline_s = 0;    // model time per layer at L = 0 (full transfer)
 };
 
+struct TierDecision {
+  int64_t resident = 0;  // R: cached tokens read in place on the device
+  SplitDecision split;   // L of the S − R staged ones
+};
+
 class SplitScheduler {
  public:
   // x_bytes / kv_bytes: bytes per token per layer of X and of K+V. granularity: L (and each
@@ -59,6 +70,9 @@ class SplitScheduler {
   // S cached tokens in the batch, at most max_split of them with X stored. `other_s` is the
   // layer's other device time; when unknown (< 0) the paper model is used.
   SplitDecision choose(int64_t cached, int64_t max_split, double other_s) const;
+  // S cached tokens of which up to resident_max can be on the device, max_split with X stored
+  // (the first ones: a staged token's).
+  TierDecision choose_tiers(int64_t cached, int64_t resident_max, int64_t max_split, double other_s) const;
 
   // Bytes the link carries per layer besides X and KV (streamed weights).
   void set_fixed_link_bytes(double bytes) { fixed_bytes_ = bytes; }

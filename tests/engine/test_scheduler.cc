@@ -2,6 +2,7 @@
 // adaptation under the CPU backend's emulated link.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -129,6 +130,39 @@ TEST(SplitScheduler, MatchesBruteForceOnRandomShapes) {
                            : s.paper_time(cached, brute(s, cached, max_split, other, false, g));
     // The O(1) choice is as good as the best multiple of g (it may also take the cap).
     EXPECT_LE(d.predicted_s, best * (1 + 1e-12)) << "case " << i;
+  }
+}
+
+// kv mode auto's tiers: the choice over (R, L) against every R and every multiple of g for L.
+TEST(SplitScheduler, TiersMatchBruteForceOverResidentAndSplit) {
+  uint64_t x = 7;
+  auto rnd = [&](double lo, double hi) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * static_cast<double>(x >> 11) / 9007199254740992.0;
+  };
+  for (int i = 0; i < 200; ++i) {
+    const int64_t g = i % 3 == 0 ? 1 : 16;
+    const bool pipeline = i % 2 == 0;
+    SplitScheduler s(profile(rnd(0.01, 30), rnd(0, 1e-4), rnd(1e-9, 1e-5)), 8192, 16384, g,
+                     pipeline ? SplitModel::Pipeline : SplitModel::Paper);
+    s.set_fixed_link_bytes(i % 4 == 0 ? rnd(0, 1e7) : 0);  // streamed weights
+    const int64_t cached = static_cast<int64_t>(rnd(1, 600));
+    const int64_t rmax = static_cast<int64_t>(rnd(0, static_cast<double>(cached)));
+    const int64_t max_split = static_cast<int64_t>(rnd(0, static_cast<double>(cached)));
+    const double other = pipeline ? rnd(0, 5e-3) : -1;
+    auto t = [&](int64_t r, int64_t l) {
+      return pipeline ? s.pipeline_time(cached - r, l, other) : s.paper_time(cached - r, l);
+    };
+    double best = t(0, 0);
+    for (int64_t r = 0; r <= rmax; ++r) {
+      const int64_t cap = std::min(max_split, cached - r);
+      for (int64_t l = 0; l <= cap; l = l + g > cap && l < cap ? cap : l + g) best = std::min(best, t(r, l));
+    }
+    const TierDecision d = s.choose_tiers(cached, rmax, max_split, other);
+    EXPECT_EQ(d.resident, rmax) << "case " << i << ": the device tier is never worse";
+    EXPECT_LE(d.split.split, std::min(max_split, cached - rmax)) << "case " << i;
+    EXPECT_NEAR(d.split.predicted_s, t(d.resident, d.split.split), 1e-15) << "case " << i;
+    EXPECT_LE(d.split.predicted_s, best * (1 + 1e-12)) << "case " << i;
   }
 }
 
