@@ -255,6 +255,11 @@ json::Value step_json(Generator& gen, const EngineOptions& eo, const Speculation
   o.set("h2d_bytes", st.h2d_bytes);
   o.set("d2h_bytes", st.d2h_bytes);
   if (eo.weights_on_host) o.set("weight_h2d_bytes", st.weight_h2d_bytes);
+  if (gen.kv_runtime().device_tier()) {  // auto: the tiers of the step's cached tokens
+    o.set("resident_tokens", st.resident_tokens);
+    o.set("staged_tokens", st.staged_tokens);
+    o.set("promoted_blocks", st.promoted_blocks);
+  }
   if (eo.generator.cuda_graphs) o.set("graph", graph_outcome_name(gen.last_graph_step().outcome));
   if (eo.generator.speculative_tokens > 0) {  // this step's drafts: checked, taken
     o.set("drafts", gen.speculation_stats().proposed - before.proposed);

@@ -69,6 +69,15 @@ std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerSt
   per_worker("kvpr_worker_split", "Current split l (tokens recomputed per layer).", &WorkerStats::split);
   per_worker("kvpr_worker_h2d_gbps", "Measured host-to-device bandwidth.", &WorkerStats::h2d_gbps);
   per_worker("kvpr_worker_host_kv_bytes", "Host KV bytes in use.", &WorkerStats::host_kv_bytes);
+  per_worker("kvpr_worker_device_kv_bytes", "Device memory of the KV device tier (kv mode auto).",
+             &WorkerStats::device_kv_bytes);
+  per_worker("kvpr_worker_device_kv_used_bytes", "Of it, blocks mirroring host KV blocks now (kv mode auto).",
+             &WorkerStats::device_kv_used_bytes);
+  per_worker("kvpr_worker_kv_resident_tokens",
+             "Cached tokens the last step read in place on the device (kv mode auto: the tier the scheduler chose).",
+             &WorkerStats::kv_resident_tokens);
+  per_worker("kvpr_worker_kv_staged_tokens", "Cached tokens the last step recomputed or copied over the link.",
+             &WorkerStats::kv_staged_tokens);
   per_worker("kvpr_worker_busy_fraction", "Fraction of time the worker spent stepping.", &WorkerStats::busy_fraction);
   per_worker("kvpr_worker_graph_replays", "Decode steps replayed as CUDA graphs since the worker started (cuda-graphs).",
              &WorkerStats::graph_replays);

@@ -108,6 +108,15 @@ void Routes::health(Exchange& ex) {
                                   {"blocks_free", st.kv_blocks_total - st.kv_blocks_used},
                                   {"blocks_cached", st.kv_blocks_cached},
                                   {"preemptions", st.preemptions},
+                                  // Bytes per tier, and the tier sizes of the last step (kv mode auto: the
+                                  // device tier holds each sequence's tail; the split l is recomputed).
+                                  {"tiers", json::Object{{"host_bytes_used", st.host_kv_bytes},
+                                                         {"host_bytes", st.host_kv_reserved_bytes},
+                                                         {"device_bytes_used", st.device_kv_used_bytes},
+                                                         {"device_bytes", st.device_kv_bytes},
+                                                         {"resident_tokens", st.kv_resident_tokens},
+                                                         {"staged_tokens", st.kv_staged_tokens},
+                                                         {"recomputed_tokens", st.split}}},
                                   {"prefix_hit_rate", st.prefix_query_tokens > 0
                                                           ? static_cast<double>(st.prefix_hit_tokens) /
                                                                 static_cast<double>(st.prefix_query_tokens)

@@ -59,10 +59,13 @@ struct WorkerStats {
   int64_t split = 0;                 // the last step's l (tokens recomputed per layer)
   double h2d_gbps = 0;               // the link's measured bandwidth
   int64_t host_kv_bytes = 0, host_kv_reserved_bytes = 0, device_bytes = 0;
+  // kv mode auto: the device tier's bytes (allocated, mirroring host blocks now), and the last
+  // step's cached tokens read in place there and staged (recomputed or copied over the link).
+  int64_t device_kv_bytes = 0, device_kv_used_bytes = 0, kv_resident_tokens = 0, kv_staged_tokens = 0;
   int64_t steps = 0, graph_replays = 0;                   // since the worker started
   int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;  // since the worker started
-  // Paged KV: the store's blocks now (kv_tier: "host" or "device", where the KV mode keeps
-  // them), and since the worker started the preemptions and the prompt tokens looked up in the
+  // Paged KV: the store's blocks now (kv_tier: "host", "device", or "host+device" for auto: where
+  // the KV mode keeps them), and since the worker started the preemptions and the prompt tokens looked up in the
   // prefix cache and found.
   std::string kv_tier;
   int64_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;

@@ -272,7 +272,12 @@ class WorkerLoop {
     const KvBlockStats kb = gen_->kv_block_stats();
     // Host KV in use: the blocks sequences hold (and, in the contiguous layout, their tokens).
     ws.host_kv_bytes = hs && kb.total > 0 ? static_cast<int64_t>(hs->bytes()) / kb.total * kb.used : 0;
-    ws.kv_tier = kv_mode_uses_host(gen_->kv_runtime().mode()) || backend_->device_is_host() ? "host" : "device";
+    const KvRuntime& kv = gen_->kv_runtime();
+    ws.kv_tier = kv.device_tier() ? "host+device" : kv_mode_uses_host(kv.mode()) || backend_->device_is_host() ? "host" : "device";
+    ws.device_kv_bytes = static_cast<int64_t>(kv.device_tier_bytes());
+    ws.device_kv_used_bytes = static_cast<int64_t>(kv.device_tier_used_bytes());
+    ws.kv_resident_tokens = st.resident_tokens;
+    ws.kv_staged_tokens = st.staged_tokens;
     ws.kv_block_tokens = kb.block_tokens;
     ws.kv_blocks_total = kb.total;
     ws.kv_blocks_used = kb.used;

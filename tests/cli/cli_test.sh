@@ -128,9 +128,23 @@ check "info text on a yarn config" grep -q "context               1024 (yarn x4;
 
 # Every KV mode gives the resident mode's greedy tokens; --json reports per-step split and bytes.
 ref=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 6 --json --kv-dtype f32)
-for mode in offload recompute cpu-attn "kvpr --split 3"; do
+for mode in offload recompute cpu-attn "kvpr --split 3" "auto --split 3 --gpu-kv-budget 0" \
+    "auto --split 0 --gpu-kv-budget 16KiB --block-tokens 4" "auto --split 2 --gpu-kv-budget 1"; do
   got=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 6 --json --kv-dtype f32 --kv-mode $mode)
   check "kv-mode $mode tokens" python3 -c "import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); assert a['tokens']==b['tokens'], (a['tokens'], b['tokens'])" "$ref" "$got"
+done
+# auto's tiers per step: none on the device with no budget, a 4-token block of f32 K and V (4
+# layers x 2 x 128 x 4 x 4 bytes = 16 KiB) holds the tail, and the whole budget everything.
+for case in "0 0" "16KiB 4" "1 all"; do
+  read -r budget want <<<"$case"
+  got=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory" -n 6 --json --kv-dtype f32 --kv-mode auto --split 0 --gpu-kv-budget "$budget" --block-tokens 4)
+  check "kv-mode auto --gpu-kv-budget $budget: resident tokens per step" python3 -c "
+import json,sys; s=json.loads(sys.argv[1])['steps'][1:]; want=sys.argv[2]
+r=[x['resident_tokens'] for x in s]; st=[x['staged_tokens'] for x in s]
+assert all('resident_tokens' in x for x in s), s
+if want == '0': assert r == [0]*len(s) and all(x > 0 for x in st), (r, st)
+elif want == '4': assert all(x <= 4 for x in r) and any(x > 0 for x in r) and all(x > 0 for x in st), (r, st)
+else: assert st == [0]*len(s) and all(x > 0 for x in r) and all(x['h2d_bytes'] == 0 for x in s), s" "$got" "$want"
 done
 # Speculative decoding: the same greedy tokens in fewer steps where the demo model repeats itself.
 ref_loop=$("$KVPR" generate --model "$tmp/demo" --prompt "The cache lives in host memory and the cache lives" -n 30 --json --kv-dtype f32 --kv-mode offload)
@@ -191,11 +205,14 @@ expect_error "kv-cache below one block" 1 "a KV cache of 1024 bytes holds less t
 expect_error "block-tokens zero" 2 "block-tokens must be in 1..1048576, not 0" -- generate --model "$tmp/demo" --prompt a --block-tokens 0
 out=$("$KVPR" generate --model "$tmp/demo" --prompt "Hello, my name is" -n 7 --json --kv-cache 0.01 --block-tokens 4)
 check "generate with a paged store sized as a fraction of memory" python3 -c "import json,sys; assert len(json.loads(sys.argv[1])['tokens'])==7" "$out"
-expect_error "split needs kvpr" 2 "split applies to kv-mode kvpr, not resident" -- generate --model "$tmp/demo" --prompt a --split 3
+expect_error "split needs kvpr" 2 "split applies to kv-mode kvpr or auto, not resident" -- generate --model "$tmp/demo" --prompt a --split 3
 expect_error "graphs need resident" 2 "cuda-graphs applies to kv-mode resident" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --cuda-graphs
 expect_error "bad weights" 2 "weights: expected device or host, got 'gpu'" -- generate --model "$tmp/demo" --prompt a --weights gpu
 expect_error "graphs need device weights" 2 "cuda-graphs does not apply to weights host" -- generate --model "$tmp/demo" --prompt a --weights host --cuda-graphs
-expect_error "bad kv-mode" 2 "kv-mode: expected resident, offload, kvpr, recompute or cpu-attn, got 'fast'" -- generate --model "$tmp/demo" --prompt a --kv-mode fast
+expect_error "bad kv-mode" 2 "kv-mode: expected resident, offload, kvpr, recompute, cpu-attn or auto, got 'fast'" -- generate --model "$tmp/demo" --prompt a --kv-mode fast
+expect_error "bad gpu-kv-budget" 2 "gpu-kv-budget: 'most' is not a number" -- generate --model "$tmp/demo" --prompt a --kv-mode auto --gpu-kv-budget most
+expect_error "gpu-kv-budget past the device" 1 "a GPU KV budget of 102400.00 GiB exceeds the .* GiB of device memory free: lower gpu-kv-budget" \
+  -- generate --model "$tmp/demo" --prompt a --kv-mode auto --split 0 --gpu-kv-budget 100TiB
 expect_error "bad link rate" 2 "--emulate-link-gbps must be > 0" -- generate --model "$tmp/demo" --prompt a --emulate-link-gbps 0
 expect_error "missing profile file" 1 "nope.json: cannot open" -- generate --model "$tmp/demo" --prompt a --kv-mode kvpr --profile "$tmp/nope.json"
 expect_error "no model dir" 1 "kvpr: error: /nonexistent: not a directory" -- generate --model /nonexistent --prompt hi

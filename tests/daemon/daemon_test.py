@@ -1053,6 +1053,46 @@ def paged_admission():
         d.stop()
 
 
+def auto_tiers():
+    """kv mode auto on the CPU backend with a device tier of two 16-token blocks (the demo
+    model's K and V are 32 KiB a block): a long answer spills from the tier to the host store and
+    is still the text resident KV gives; /health and /metrics show the bytes of each tier and the
+    tier sizes of the last step; without --kv-mode a CPU worker stays resident."""
+    prompt = "The device tier holds the tail of every sequence and the host store the rest"
+    d, log = single_worker(MODEL, "--kv-mode", "auto", "--gpu-kv-budget", "64KiB", "--split", "0")
+    try:
+        st, body = completion(d, prompt, 60, ignore_eos=True)
+        check("auto: a 60-token answer past a 2-block device tier", st == 200 and
+              body["usage"]["completion_tokens"] == 60 and "kv mode auto" in log, body)
+        time.sleep(1.2)  # the next stats message
+        st, h = d.get("/health")
+        tiers = h["workers"][0].get("kv_cache", {}).get("tiers", {}) if st == 200 else {}
+        m = metrics(d)
+        # The last step fed the 59th answer token: 73 cached tokens, the last two blocks' on the device.
+        check("auto: /health shows the tiers' bytes and the last step's tier sizes",
+              h["workers"][0]["kv_cache"]["tier"] == "host+device" and tiers.get("device_bytes") == 65536 and
+              tiers.get("device_bytes_used") == 65536 and tiers.get("host_bytes", 0) > 0 and
+              tiers.get("resident_tokens", 0) >= 16 and tiers.get("staged_tokens", 0) > 0 and
+              tiers["resident_tokens"] + tiers["staged_tokens"] == body["usage"]["total_tokens"] - 2, (h, body))
+        check("auto: and /metrics the same",
+              m.get('kvpr_worker_device_kv_bytes{worker="0"}') == 65536 and
+              m.get('kvpr_worker_kv_resident_tokens{worker="0"}') == tiers.get("resident_tokens") and
+              m.get('kvpr_worker_kv_staged_tokens{worker="0"}') == tiers.get("staged_tokens"), m)
+    finally:
+        d.stop()
+    d, log = single_worker(MODEL)
+    try:
+        st, ref = completion(d, prompt, 60, ignore_eos=True)
+        check("auto: the text of resident KV", st == 200 and ref["choices"][0]["text"] == body["choices"][0]["text"],
+              (ref, body))
+        st, h = d.get("/health")
+        check("auto: a CPU worker without --kv-mode is resident",
+              "kv mode resident" in log and
+              h["workers"][0].get("kv_cache", {}).get("tiers", {}).get("device_bytes", 0) == 0, h)
+    finally:
+        d.stop()
+
+
 def prefix_cache(d):
     """A prompt that starts with one a worker finished gets that worker and its cached K/V blocks."""
     before = metrics(d)
@@ -1204,6 +1244,7 @@ def main():
     llama_tools()
     json_mode()
     paged_admission()
+    auto_tiers()
     d = Daemon()
     try:
         # --- placement: each worker bound to its own cores (one NUMA node here)

@@ -140,6 +140,11 @@ TEST(WorkerProtocol, ReadyStatsHeartbeatAndFatalArriveAsSent) {
   s.host_kv_bytes = int64_t{3} << 40;  // past 32 bits
   s.host_kv_reserved_bytes = int64_t{4} << 40;
   s.device_bytes = 123456789;
+  s.device_kv_bytes = int64_t{80} << 30;
+  s.device_kv_used_bytes = int64_t{60} << 30;
+  s.kv_resident_tokens = 30000;
+  s.kv_staged_tokens = 2768;
+  s.kv_tier = "host+device";
   s.steps = 1000;
   s.graph_replays = 990;
   s.spec_draft_tokens = 40;
@@ -154,6 +159,11 @@ TEST(WorkerProtocol, ReadyStatsHeartbeatAndFatalArriveAsSent) {
   EXPECT_EQ(m.stats.host_kv_bytes, int64_t{3} << 40);
   EXPECT_EQ(m.stats.host_kv_reserved_bytes, int64_t{4} << 40);
   EXPECT_EQ(m.stats.device_bytes, 123456789);
+  EXPECT_EQ(m.stats.device_kv_bytes, int64_t{80} << 30);
+  EXPECT_EQ(m.stats.device_kv_used_bytes, int64_t{60} << 30);
+  EXPECT_EQ(m.stats.kv_resident_tokens, 30000);
+  EXPECT_EQ(m.stats.kv_staged_tokens, 2768);
+  EXPECT_EQ(m.stats.kv_tier, "host+device");
   EXPECT_EQ(m.stats.steps, 1000);
   EXPECT_EQ(m.stats.graph_replays, 990);
   EXPECT_EQ(m.stats.spec_draft_tokens, 40);
