@@ -1,17 +1,20 @@
 // kvpr-bench decode [--preset opt-6.7b|opt-13b|opt-1.3b|tiny|llama-2-7b|llama-2-13b|llama-2-70b|llama-3.1-8b|
 //                      llama-tiny|qwen2.5-7b|qwen3-8b|qwen3-0.6b|qwen3-tiny]
 //                     [--batch B] [--prompt P] [--gen N]
-//                     [--modes resident,resident+graphs,offload,kvpr,recompute,cpu-attn] [--backend auto|cpu|cuda]
+//                     [--modes resident,resident+graphs,offload,kvpr,recompute,cpu-attn,auto:F] [--backend auto|cpu|cuda]
 //                     (a mode as MODE@B: its KV store paged in blocks of B tokens, taken from a block pool as
-//                     the server's are; without @: one block per sequence, the contiguous layout)
+//                     the server's are; without @: one block per sequence, the contiguous layout;
+//                     auto:F: kv mode auto with a GPU KV budget of F (0..1) of the batch's K and V)
 //                     [--kv-dtype f16] [--weights device|host] [--gpu-batches N] [--emulate-link-gbps G]
 //                     [--host-attention-threads N]
 //                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR] [--max-positions N]
-//                     [--layers N] [--repeat R]
+//                     [--layers N] [--repeat R] [--budget-svg FILE]
 //     (--max-positions: the preset's position range, for contexts past OPT's 2048 positions;
 //     --layers: the preset's first N layers, its real widths at a size a CPU runs;
 //     --repeat: the list of modes run R times over, interleaved, each mode's step time the
-//     median of its R runs: ratios that hold on a machine whose speed drifts.)
+//     median of its R runs: ratios that hold on a machine whose speed drifts;
+//     --budget-svg: ms/step against the GPU KV budget, auto:F's curve beside kvpr, offload and
+//     resident.)
 //     Every KV mode side by side in one run on one model with random weights generated on the
 //     device: decode ms per step, tokens/s, split per step, bytes over the link per step, busy
 //     fraction of the compute stream, and each mode's bound from the measured profile.
@@ -108,11 +111,19 @@ KvLayout run_layout(int batch, int prompt, int gen, int64_t block_tokens) {
   return l;
 }
 
+// device_share: auto's GPU KV budget as a share of the run's K and V (every block's); < 0: the
+// options' own budget.
 ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const KvRuntimeOptions& base, int batch,
-                    int prompt, int gen, int64_t block_tokens, const std::string& trace_path) {
+                    int prompt, int gen, int64_t block_tokens, double device_share, const std::string& trace_path) {
   KvRuntimeOptions o = base;
   o.mode = mode;
-  auto kv = model.make_kv_runtime(run_layout(batch, prompt, gen, block_tokens), o);
+  const KvLayout layout = run_layout(batch, prompt, gen, block_tokens);
+  if (device_share >= 0) {
+    o.gpu_kv_fraction = -1;
+    o.gpu_kv_bytes = device_share * static_cast<double>(layout.blocks) *
+                     KvRuntime::device_block_bytes(model.kv_shape(), layout, o);
+  }
+  auto kv = model.make_kv_runtime(layout, o);
   GreedyDecode dec(be, model, *kv, batch, prompt);
   const double prefill_s = dec.prefill();
   // Host time to issue a step's work: when it approaches the step time, the step is bound by
@@ -128,7 +139,7 @@ ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const K
   };
   json::Array steps;
   std::vector<double> ms;
-  double h2d = 0, d2h = 0;
+  double h2d = 0, d2h = 0, resident = 0, staged = 0;
   for (int s = 0; s < gen; ++s) {
     auto t0 = Clock::now();
     step();
@@ -142,6 +153,12 @@ ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const K
     o2.set("split_source", st.split_source);
     o2.set("h2d_bytes", st.h2d_bytes);
     o2.set("d2h_bytes", st.d2h_bytes);
+    if (kv->device_tier()) {
+      o2.set("resident_tokens", st.resident_tokens);
+      o2.set("staged_tokens", st.staged_tokens);
+      resident += static_cast<double>(st.resident_tokens);
+      staged += static_cast<double>(st.staged_tokens);
+    }
     steps.push_back(o2);
     h2d += static_cast<double>(st.h2d_bytes);
     d2h += static_cast<double>(st.d2h_bytes);
@@ -176,6 +193,11 @@ ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const K
   j.set("host_issue_ms_per_step_median", issue_sorted[issue_sorted.size() / 2]);
   j.set("compute_ops_per_step", traced.compute_ops_per_step);  // ops and copies on the compute stream
   j.set("host_bytes_per_token", kv->host_bytes_per_token());
+  if (kv->device_tier()) {
+    j.set("device_tier_bytes", kv->device_tier_bytes());
+    j.set("resident_tokens_per_step", resident / gen);  // cached tokens read in place, summed over the batch
+    j.set("staged_tokens_per_step", staged / gen);
+  }
   j.set("steps", std::move(steps));
   if (!trace_path.empty()) j.set("trace", trace_path);
   r.json = std::move(j);
@@ -233,7 +255,7 @@ class DecodeRun {
   explicit DecodeRun(const std::vector<std::string>& args)
       : opt_(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype", "--emulate-link-gbps",
                     "--weights", "--gpu-batches", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
-                    "--trace-dir", "--max-positions", "--layers", "--repeat"}) {
+                    "--trace-dir", "--max-positions", "--layers", "--repeat", "--budget-svg"}) {
     preset_ = opt_.get("--preset", "opt-6.7b");
     batch_ = opt_.get_int("--batch", 32);
     prompt_ = opt_.get_int("--prompt", 1024);
@@ -274,6 +296,7 @@ class DecodeRun {
     print_table(result);
     write_json(opt_.get("--json", ""), result);
     if (const std::string svg = opt_.get("--svg", ""); !svg.empty()) std::ofstream(svg) << svg_chart(result);
+    if (const std::string svg = opt_.get("--budget-svg", ""); !svg.empty()) std::ofstream(svg) << budget_chart(result);
     return 0;
   }
 
@@ -283,6 +306,7 @@ class DecodeRun {
     bool graphs;  // resident+graphs: resident with decode steps as CUDA graphs; by default on a GPU only
     int64_t block_tokens = 0;  // MODE@B: paged in blocks of B tokens
     std::string name;          // as given
+    double device_share = -1;  // auto:F
   };
 
   DType kv_dtype() const { return *engine_.generator.kv_dtype; }
@@ -321,10 +345,16 @@ class DecodeRun {
       }
       const bool graphs = name == "resident+graphs";
       if (graphs) name = "resident";
+      double share = -1;
+      if (name.rfind("auto:", 0) == 0) {
+        share = parse_option_number("--modes auto budget", name.substr(5));
+        KVPR_CHECK(share >= 0 && share <= 1, "--modes: auto:F takes a share of the batch's KV in [0, 1], not ", share);
+        name = "auto";
+      }
       KVPR_CHECK(!(graphs && engine_.weights_on_host), "resident+graphs does not apply to --weights host");
       KvMode m;
       KVPR_CHECK(parse_kv_mode(name, &m), "unknown mode '", arg.substr(p, q - p), "'");
-      modes_.push_back({m, graphs, block_tokens, given});
+      modes_.push_back({m, graphs, block_tokens, given, share});
       p = q + 1;
     }
   }
@@ -396,11 +426,12 @@ class DecodeRun {
     KVPR_CHECK(repeat >= 1 && repeat <= 100, "--repeat must be in 1..100");
     std::map<std::string, std::vector<double>> runs;
     for (int round = 0; round < repeat; ++round)
-    for (const auto& [m, graphs, block_tokens, given] : modes_) {
+    for (const auto& [m, graphs, block_tokens, given, share] : modes_) {
       const std::string name = given;
       const std::string trace = trace_dir.empty() ? "" : trace_dir + "/trace-" + name + ".json";
       std::fprintf(stderr, "  %-15s ...", name.c_str());
-      ModeResult r = run_mode(*be_, *model_, m, graphs, base, batch_, prompt_, gen_, block_tokens, trace);
+      ModeResult r = run_mode(*be_, *model_, m, graphs, base, batch_, prompt_, gen_, block_tokens, share, trace);
+      if (share >= 0) r.json.set("gpu_kv_budget_share", share);
       r.json.set("mode", name);
       r.json.set("block_tokens", block_tokens > 0 ? block_tokens : kv_capacity(prompt_, gen_));
       std::fprintf(stderr, " %8.2f ms/step\n", r.ms_per_step);
@@ -453,7 +484,14 @@ class DecodeRun {
     for (auto& mj : modes) {
       std::string mode = mj.find("mode")->as_string();
       mode = mode.substr(0, mode.find('@'));  // a paged run has its contiguous twin's bound
-      const Bound b = decode_bound(mode, shape, measured);
+      DecodeShape at = shape;
+      if (const json::Value* f = mj.find("gpu_kv_budget_share")) {
+        // The best allocation at the budget: the tokens it holds (a share of every sequence's
+        // capacity), read in place; the bound of auto with the options' budget is not known.
+        mode = "auto";
+        at.device_tokens = f->as_double() * static_cast<double>(batch_) * static_cast<double>(kv_capacity(prompt_, gen_));
+      }
+      const Bound b = decode_bound(mode, at, measured);
       const double ms = mj.find("decode_ms_per_step_median")->as_double();
       mj.set("bound_ms", b.physical_s * 1e3);  // physical
       mj.set("model_bound_ms", b.model_s * 1e3);
@@ -470,6 +508,17 @@ class DecodeRun {
     auto has = [&](const char* m) { return ms_of_.count(m) > 0; };
     if (has("kvpr") && has("offload")) ratios.set("kvpr_speedup_over_offload", ms_of_["offload"] / ms_of_["kvpr"]);
     if (has("kvpr") && has("cpu-attn")) ratios.set("kvpr_speedup_over_cpu_attn", ms_of_["cpu-attn"] / ms_of_["kvpr"]);
+    // auto at each budget against the best fixed mode (resident only where the batch's K and V
+    // fit the budget): > 1 is slower.
+    for (const auto& v : modes_)
+      if (v.device_share >= 0 && has(v.name.c_str())) {
+        double best = 1e300;
+        for (const auto& w : modes_)
+          if (w.device_share < 0 && has(w.name.c_str()) &&
+              (w.mode == KvMode::Offload || w.mode == KvMode::Kvpr || (w.mode == KvMode::Resident && v.device_share >= 1)))
+            best = std::min(best, ms_of_[w.name]);
+        if (best < 1e300) ratios.set(v.name + "_over_best_fixed_mode", ms_of_[v.name] / best);
+      }
     if (has("resident") && has("resident+graphs"))
       ratios.set("resident_graphs_speedup", ms_of_["resident"] / ms_of_["resident+graphs"]);
     // Paged against contiguous, mode by mode: the contiguous step time over the paged one (1.0:
@@ -486,6 +535,80 @@ class DecodeRun {
         ratios.set("kvpr_speedup_over_hf_offloaded", p->as_double() / ms_of_["kvpr"]);
     }
     return ratios;
+  }
+
+  // ms/step against the GPU KV budget (a share of the batch's K and V): auto:F's points and the
+  // physical bound of the best allocation at each, kvpr and offload as lines (the budget does
+  // not apply to them), resident's point at 1 (where the whole KV fits).
+  std::string budget_chart(const json::Value& result) const {
+    struct Point {
+      double share, ms, bound;
+    };
+    std::vector<Point> curve;
+    std::map<std::string, double> bound_of;
+    for (const auto& m : result.find("modes")->as_array()) bound_of[m.find("mode")->as_string()] = m.find("bound_ms")->as_double();
+    double top = 1e-9;
+    std::vector<std::pair<std::string, double>> lines;  // fixed modes
+    for (const auto& v : modes_) {
+      if (!ms_of_.count(v.name)) continue;
+      const double ms = ms_of_.at(v.name);
+      top = std::max({top, ms, bound_of[v.name]});
+      if (v.device_share >= 0) curve.push_back({v.device_share, ms, bound_of[v.name]});
+      else if (v.mode == KvMode::Offload || v.mode == KvMode::Kvpr || v.mode == KvMode::Resident) lines.push_back({v.name, ms});
+    }
+    std::sort(curve.begin(), curve.end(), [](const Point& a, const Point& b) { return a.share < b.share; });
+    const int W = 760, H = 420, left = 70, right = 150, top_px = 50, bottom = 60;
+    const double ymax = top * 1.1;
+    auto X = [&](double f) { return left + f * (W - left - right); };
+    auto Y = [&](double ms) { return top_px + (1 - ms / ymax) * (H - top_px - bottom); };
+    std::ostringstream o;
+    o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+      << "\" font-family=\"sans-serif\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+    std::string title = "decode ms/step vs GPU KV budget (lower is better): " + result.find("title")->as_string();
+    std::string esc;
+    for (char ch : title) esc += ch == '&' ? std::string("&amp;") : ch == '<' ? std::string("&lt;") : std::string(1, ch);
+    o << "<text x=\"10\" y=\"24\" font-size=\"14\">" << esc << "</text>\n";
+    o << "<line x1=\"" << left << "\" y1=\"" << Y(0) << "\" x2=\"" << X(1) << "\" y2=\"" << Y(0) << "\" stroke=\"black\"/>\n";
+    o << "<line x1=\"" << left << "\" y1=\"" << Y(0) << "\" x2=\"" << left << "\" y2=\"" << top_px << "\" stroke=\"black\"/>\n";
+    for (int i = 0; i <= 4; ++i) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%d%%", i * 25);
+      o << "<text x=\"" << X(i / 4.0) - 12 << "\" y=\"" << Y(0) + 18 << "\">" << buf << "</text>\n";
+      std::snprintf(buf, sizeof buf, "%.0f", ymax * i / 4);
+      o << "<text x=\"10\" y=\"" << Y(ymax * i / 4) + 4 << "\">" << buf << "</text>\n";
+    }
+    o << "<text x=\"" << X(0.5) - 110 << "\" y=\"" << H - 20 << "\">GPU KV budget (share of the batch's KV)</text>\n";
+    o << "<text x=\"10\" y=\"" << top_px - 8 << "\">ms/step</text>\n";
+    const char* colors[] = {"#5b8def", "#f0ad4e", "#5cb85c", "#777777"};
+    size_t ci = 0;
+    for (const auto& [name, ms] : lines) {
+      const bool resident = name.rfind("resident", 0) == 0;
+      const char* c = colors[ci++ % 4];
+      if (resident) {  // a point where everything fits
+        o << "<circle cx=\"" << X(1) << "\" cy=\"" << Y(ms) << "\" r=\"5\" fill=\"" << c << "\"/>\n";
+      } else {
+        o << "<line x1=\"" << X(0) << "\" y1=\"" << Y(ms) << "\" x2=\"" << X(1) << "\" y2=\"" << Y(ms) << "\" stroke=\"" << c
+          << "\" stroke-dasharray=\"6,4\" stroke-width=\"2\"/>\n";
+      }
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%s %.1f ms", name.c_str(), ms);
+      o << "<text x=\"" << X(1) + 8 << "\" y=\"" << Y(ms) + 4 << "\" fill=\"" << c << "\">" << buf << "</text>\n";
+    }
+    std::string path, bound_path;
+    for (const Point& p : curve) {
+      path += (path.empty() ? "M" : " L") + std::to_string(X(p.share)) + "," + std::to_string(Y(p.ms));
+      bound_path += (bound_path.empty() ? "M" : " L") + std::to_string(X(p.share)) + "," + std::to_string(Y(p.bound));
+      o << "<circle cx=\"" << X(p.share) << "\" cy=\"" << Y(p.ms) << "\" r=\"4\" fill=\"#d9534f\"/>\n";
+    }
+    if (!curve.empty()) {
+      o << "<path d=\"" << path << "\" fill=\"none\" stroke=\"#d9534f\" stroke-width=\"2.5\"/>\n";
+      o << "<path d=\"" << bound_path << "\" fill=\"none\" stroke=\"black\" stroke-dasharray=\"2,3\"/>\n";
+      o << "<text x=\"" << X(curve.front().share) + 6 << "\" y=\"" << Y(curve.front().ms) - 8
+        << "\" fill=\"#d9534f\">auto</text>\n";
+    }
+    o << "<text x=\"10\" y=\"" << H - 4 << "\" font-size=\"11\">dotted: auto's physical bound at each budget "
+         "(bench/decode_bounds.h); dashed: fixed modes, which no budget changes</text>\n</svg>\n";
+    return o.str();
   }
 
   // The table, printed last.

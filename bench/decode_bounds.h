@@ -30,6 +30,7 @@ struct DecodeShape {
   double weight_bytes = 0;        // all layers' weights, read once a step
   double streamed_weight_bytes = 0;  // --weights host: weight bytes crossing the link each step
   int gpu_batches = 1;            // cpu-attn: >= 2 lets host and device work overlap
+  double device_tokens = 0;       // auto: of S, those whose K/V its device tier can hold (the budget's)
 };
 
 // What the run measured.
@@ -64,7 +65,9 @@ inline void best_split(double S, Link link, Device device, double* best_s, doubl
 }
 }  // namespace detail
 
-// `mode`: resident, resident+graphs, offload, kvpr, recompute or cpu-attn.
+// `mode`: resident, resident+graphs, offload, kvpr, recompute, cpu-attn or auto (the best
+// allocation at its budget: s.device_tokens of the cached tokens read in place, kvpr's best split
+// of the rest; kvpr is auto with no device tokens).
 inline Bound decode_bound(const std::string& mode, const DecodeShape& s, const Measured& m) {
   using detail::device_read_s;
   const double L = s.layers, S = s.cached_tokens;
@@ -84,13 +87,15 @@ inline Bound decode_bound(const std::string& mode, const DecodeShape& s, const M
   } else if (mode == "offload") {
     b.physical_s = std::max((W + kv_all) / v_phys, device_s);
     b.model_s = std::max((W + kv_all) / v_model, m.resident_step_s);
-  } else if (mode == "kvpr") {
+  } else if (mode == "kvpr" || mode == "auto") {
+    // Staged tokens cross the link (as X for l of them); the device reads every token's K/V.
+    const double staged = mode == "auto" ? std::max(0.0, S - std::min(S, s.device_tokens)) : S;
     detail::best_split(
-        S, [&](double l) { return (W + L * (l * s.x_bytes + (S - l) * s.kv_bytes)) / v_phys; },
+        staged, [&](double l) { return (W + L * (l * s.x_bytes + (staged - l) * s.kv_bytes)) / v_phys; },
         [&](double l) { return device_s + recompute_phys(l); }, &b.physical_s,
         &b.physical_split);
     detail::best_split(
-        S, [&](double l) { return (W + L * (l * s.x_bytes + (S - l) * s.kv_bytes)) / v_model; },
+        staged, [&](double l) { return (W + L * (l * s.x_bytes + (staged - l) * s.kv_bytes)) / v_model; },
         [&](double l) { return m.resident_step_s + recompute_model(l); }, &b.model_s, &b.model_split);
   } else if (mode == "recompute") {
     b.physical_s = std::max((W + x_all) / v_phys, device_s + recompute_phys(S));

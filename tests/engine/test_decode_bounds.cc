@@ -75,6 +75,23 @@ TEST(DecodeBounds, KvprAtThePhysicalLimitMovesXAlone) {
   EXPECT_NEAR(decode_bound("kvpr", s, m).physical_s * 1e3, 157.6, 0.2);
 }
 
+// auto at its budget: with no device tier it is kvpr; with half the cached tokens' K/V on the
+// device the other half's X crosses the link (78.8 ms, half of kvpr's 157.6); with every token's
+// it is resident (7.3 ms: the device reads weights and KV, nothing crosses the link).
+TEST(DecodeBounds, AutoIsKvprOverTheTokensItsDeviceTierCannotHold) {
+  auto s = opt_6_7b();
+  const auto kvpr = decode_bound("kvpr", s, h200());
+  EXPECT_EQ(decode_bound("auto", s, h200()).physical_s, kvpr.physical_s);
+  s.device_tokens = s.cached_tokens / 2;
+  const auto half = decode_bound("auto", s, h200());
+  EXPECT_NEAR(half.physical_s * 1e3, 78.8, 0.1);
+  EXPECT_EQ(half.physical_split, s.cached_tokens / 2);
+  EXPECT_LT(half.model_s, kvpr.model_s);
+  s.device_tokens = 2 * s.cached_tokens;  // a budget past what the batch needs
+  EXPECT_NEAR(decode_bound("auto", s, h200()).physical_s, decode_bound("resident", s, h200()).physical_s, 1e-12);
+  EXPECT_NEAR(decode_bound("auto", s, h200()).model_s, h200().resident_step_s, 1e-12);
+}
+
 // cpu-attn reads the KV from host memory (17.45 GB at 89.3 GB/s: 195 ms) and, with one GPU batch,
 // the device's part comes after it in every layer (a sum); with two they overlap (a max).
 TEST(DecodeBounds, CpuAttnSumsHostAndDeviceUnlessTheyOverlap) {
