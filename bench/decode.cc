@@ -580,6 +580,12 @@ class DecodeRun {
     o << "<text x=\"" << X(0.5) - 110 << "\" y=\"" << H - 20 << "\">GPU KV budget (share of the batch's KV)</text>\n";
     o << "<text x=\"10\" y=\"" << top_px - 8 << "\">ms/step</text>\n";
     const char* colors[] = {"#5b8def", "#f0ad4e", "#5cb85c", "#777777"};
+    struct Label {
+      double y;
+      std::string text;
+      const char* color;
+    };
+    std::vector<Label> labels;
     size_t ci = 0;
     for (const auto& [name, ms] : lines) {
       const bool resident = name.rfind("resident", 0) == 0;
@@ -592,7 +598,14 @@ class DecodeRun {
       }
       char buf[96];
       std::snprintf(buf, sizeof buf, "%s %.1f ms", name.c_str(), ms);
-      o << "<text x=\"" << X(1) + 8 << "\" y=\"" << Y(ms) + 4 << "\" fill=\"" << c << "\">" << buf << "</text>\n";
+      labels.push_back({Y(ms) + 4, buf, c});
+    }
+    // The labels at the right edge, top to bottom, at least a line apart.
+    std::sort(labels.begin(), labels.end(), [](const Label& a, const Label& b) { return a.y < b.y; });
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (i > 0) labels[i].y = std::max(labels[i].y, labels[i - 1].y + 15);
+      o << "<text x=\"" << X(1) + 8 << "\" y=\"" << labels[i].y << "\" fill=\"" << labels[i].color << "\">" << labels[i].text
+        << "</text>\n";
     }
     std::string path, bound_path;
     for (const Point& p : curve) {

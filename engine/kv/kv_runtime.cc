@@ -99,8 +99,9 @@ int64_t KvRuntime::device_tier_blocks(Backend& backend, const KvShape& shape, co
   double bytes = opts.gpu_kv_bytes;
   if (opts.gpu_kv_fraction >= 0) {
     KVPR_CHECK(opts.gpu_kv_fraction <= 1, "the GPU KV budget as a fraction must be in [0, 1], not ", opts.gpu_kv_fraction);
-    if (free == SIZE_MAX) {
-      bytes = opts.gpu_kv_fraction * static_cast<double>(layout.blocks) * block;  // of what the store holds
+    if (free == SIZE_MAX || backend.device_is_host()) {
+      // No device memory of its own to size it by: a share of what the store holds.
+      bytes = opts.gpu_kv_fraction * static_cast<double>(layout.blocks) * block;
     } else {
       // Set aside what the step needs besides the tier: the staging buffers at their largest
       // (two layers of the whole host store, as kvpr's), and a twentieth for activations,

@@ -96,7 +96,8 @@ struct KvRuntimeOptions {
   int64_t gpu_batches = 1;
   // auto: device memory for the device tier, gpu_kv_bytes, or when gpu_kv_fraction >= 0 that
   // fraction of the device memory free once the step's buffers are set aside (as the host
-  // modes' staging needs them); capped at what mirrors every host block.
+  // modes' staging needs them; on a backend whose device is the host, of the host store's
+  // size); capped at what mirrors every host block.
   double gpu_kv_bytes = 0;
   double gpu_kv_fraction = 0.9;
 };

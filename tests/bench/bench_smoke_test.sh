@@ -20,6 +20,12 @@ if [ "$backend" = cpu ]; then extra=(); fi
 # smaller than K+V) and every mode gives the same tokens.
 "$KVPR_BENCH" decode --preset llama-tiny --backend "$backend" --batch 2 --prompt 24 --gen 3 --kv-dtype f32 --weights host \
   --modes resident,kvpr,cpu-attn "${extra[@]}" --json "$tmp/l.json" >"$tmp/l.out" 2>&1 || { cat "$tmp/l.out"; exit 1; }
+# kv mode auto across GPU KV budgets (none, half, all of the batch's KV, 4-token blocks) beside
+# the fixed modes: the same tokens, fewer bytes over the link as the budget grows, the
+# ms/step-vs-budget chart.
+"$KVPR_BENCH" decode --preset tiny --backend "$backend" --batch 3 --prompt 40 --gen 4 --kv-dtype f32 \
+  --modes resident@4,offload@4,kvpr@4,auto:0@4,auto:0.5@4,auto:1@4 "${extra[@]}" --json "$tmp/a.json" \
+  --budget-svg "$tmp/a.svg" >"$tmp/a.out" 2>&1 || { cat "$tmp/a.out"; exit 1; }
 # Qwen3's shape: per-head Q/K norms, heads of 64 on a hidden size of 128 (Q 256 wide), K+V
 # twice as wide as X: recomputing K from X (through k_norm) gives the tokens of resident decoding.
 # (CPU backend only: on the emulated device the profile's recompute sweep alone takes 40 s; the
@@ -114,6 +120,18 @@ for m in l['modes']:
     assert m['tokens_equal_to_first_mode'] == 1.0 and m['bound_ms'] > 0, m['mode']
     if m['mode'] == 'kvpr':
         assert all(s['split'] == 0 for s in m['steps']), m['steps']
+a = json.load(open(os.path.join(d, 'a.json')))
+am = {m['mode']: m for m in a['modes']}
+for m in a['modes']:
+    assert m['tokens_equal_to_first_mode'] == 1.0 and m['bound_ms'] > 0, m['mode']
+none, half, full = am['auto:0@4'], am['auto:0.5@4'], am['auto:1@4']
+assert none['resident_tokens_per_step'] == 0 and none['h2d_bytes_per_step'] == am['kvpr@4']['h2d_bytes_per_step'], none
+assert 0 < half['resident_tokens_per_step'] < full['resident_tokens_per_step'] and full['staged_tokens_per_step'] == 0, (half, full)
+assert none['h2d_bytes_per_step'] > half['h2d_bytes_per_step'] > full['h2d_bytes_per_step'] == 0, a['modes']
+assert none['device_tier_bytes'] == 0 < half['device_tier_bytes'] < full['device_tier_bytes'], a['modes']
+assert full['bound_ms'] == am['resident@4']['bound_ms'] and none['bound_ms'] == am['kvpr@4']['bound_ms'], a['modes']
+assert all(f'auto:{f}@4_over_best_fixed_mode' in a['ratios'] for f in ('0', '0.5', '1')), a['ratios']
+xml.dom.minidom.parse(os.path.join(d, 'a.svg'))
 if r['device'].startswith('cpu'):
     q = json.load(open(os.path.join(d, 'q.json')))
     assert q['preset'] == 'qwen3-tiny' and [m['mode'] for m in q['modes']] == ['resident', 'recompute'], q['preset']

@@ -161,7 +161,7 @@ def operations():
     conf = os.path.join(TMP, "kvprd.conf")
     with open(conf, "w") as f:
         f.write(example.replace("/var/lib/kvprd/models/opt-6.7b", MODEL).replace("port = 8000", f"port = {port}")
-                .replace("served-model-name = opt-6.7b", "served-model-name = demo").replace("kv-mode = kvpr", "kv-mode = offload")
+                .replace("served-model-name = opt-6.7b", "served-model-name = demo").replace("# kv-mode = auto", "kv-mode = offload")
                 .replace("# weights = host", "weights = host").replace("# gpu-batches = 4", "gpu-batches = 2"))
     # sd_notify: a datagram socket standing in for systemd.
     sock_path = os.path.join(TMP, "notify.sock")

@@ -310,7 +310,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, KvModes,
 TEST(KvRuntime, ACacheThatCannotFitIsRefusedByItsSize) {
   CpuBackend be;
   OptModel model(be, test::data_path("opt/pre_ln_safetensors"));
-  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr}) {
+  for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr, KvMode::Auto}) {
     KvRuntimeOptions o;
     o.kv_dtype = DType::F32;
     o.mode = m;
