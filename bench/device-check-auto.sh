@@ -88,20 +88,12 @@ if [ -n "$MODEL" ] && [ -s "$MODEL/config.json" ]; then
 fi
 
 say "collect"
-python3 - "$OUT" <<'PY'
-import datetime, json, os, sys
+PYTHONPATH=bench python3 - "$OUT" <<'PY'
+import json, os, sys
+from device_check_result import header, load
 out = sys.argv[1]
-def load(name):
-    p = os.path.join(out, name)
-    return json.load(open(p)) if os.path.exists(p) and os.path.getsize(p) else None
-rows = [r.strip() for r in open(os.path.join(out, 'gpu.csv')).read().splitlines() if r.strip()]
-gpu = dict(zip([h.strip() for h in rows[0].split(',')], [v.strip() for v in rows[1].split(',')])) if len(rows) >= 2 else {}
-serve = {n: load(f'serve-{n}.json') for n in ('default', 'small-budget', 'resident')}
-res = {'date': datetime.datetime.utcnow().strftime('%Y-%m-%dT%H:%M:%SZ'),
-       'commit': open(os.path.join(out, 'commit')).read().strip(),
-       'hardware': {'gpu': gpu, 'cpus': os.cpu_count(),
-                    'memory_bytes': next((int(l.split()[1]) * 1024 for l in open('/proc/meminfo') if l.startswith('MemTotal')), 0)},
-       'decode_auto': load('decode-auto.json'), 'serve': serve}
+serve = {n: load(os.path.join(out, f'serve-{n}.json')) for n in ('default', 'small-budget', 'resident')}
+res = dict(header(out), decode_auto=load(os.path.join(out, 'decode-auto.json')), serve=serve)
 ref = (serve['resident'] or {}).get('texts')
 res['serve_texts_equal_resident'] = {n: (s or {}).get('texts') == ref for n, s in serve.items() if n != 'resident' and ref}
 for m in (res['decode_auto'] or {}).get('modes', []):

@@ -90,20 +90,13 @@ PY
 fi
 
 say "collect"
-python3 - "$OUT" <<'PY'
-import datetime, json, os, sys
+PYTHONPATH=bench python3 - "$OUT" <<'PY'
+import json, os, sys
+from device_check_result import header, load
 out = sys.argv[1]
-def load(name):
-    p = os.path.join(out, name)
-    return json.load(open(p)) if os.path.exists(p) and os.path.getsize(p) else None
-rows = [r.strip() for r in open(os.path.join(out, 'gpu.csv')).read().splitlines() if r.strip()]
-gpu = dict(zip([h.strip() for h in rows[0].split(',')], [v.strip() for v in rows[1].split(',')])) if len(rows) >= 2 else {}
-res = {'date': datetime.datetime.utcnow().strftime('%Y-%m-%dT%H:%M:%SZ'),
-       'commit': open(os.path.join(out, 'commit')).read().strip(),
-       'hardware': {'gpu': gpu, 'cpus': os.cpu_count(),
-                    'memory_bytes': next((int(l.split()[1]) * 1024 for l in open('/proc/meminfo') if l.startswith('MemTotal')), 0)},
-       'decode_paged': load('decode-paged.json'), 'decode_blocks': load('decode-blocks.json'),
-       'serve': load('http-paged.json'), 'serve_batch': load('batch-samples.json')}
+res = dict(header(out), **{k: load(os.path.join(out, f)) for k, f in (
+    ('decode_paged', 'decode-paged.json'), ('decode_blocks', 'decode-blocks.json'), ('serve', 'http-paged.json'),
+    ('serve_batch', 'batch-samples.json'))})
 for d in (res['decode_paged'], res['decode_blocks']):
     for m in (d or {}).get('modes', []):
         m.pop('steps', None)

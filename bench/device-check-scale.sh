@@ -83,17 +83,12 @@ if [ "$(elapsed)" -lt 470 ]; then
 fi
 
 say "collect"
-python3 - "$OUT" "$PRESET" "$maxc" $SERVE_MODES <<'PY'
-import datetime, glob, json, os, sys
+PYTHONPATH=bench python3 - "$OUT" "$PRESET" "$maxc" $SERVE_MODES <<'PY'
+import glob, json, os, sys
+from device_check_result import header, load
 out, preset, maxc, modes = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-def load(p):
-    return json.load(open(p)) if os.path.exists(p) and os.path.getsize(p) else None
-rows = [r.strip() for r in open(os.path.join(out, 'gpu.csv')).read().splitlines() if r.strip()]
-gpu = dict(zip([h.strip() for h in rows[0].split(',')], [v.strip() for v in rows[1].split(',')])) if len(rows) >= 2 else {}
-res = {'date': datetime.datetime.utcnow().strftime('%Y-%m-%dT%H:%M:%SZ'), 'commit': open(os.path.join(out, 'commit')).read().strip(),
-       'hardware': {'gpu': gpu, 'cpus': os.cpu_count(),
-                    'memory_bytes': next((int(l.split()[1]) * 1024 for l in open('/proc/meminfo') if l.startswith('MemTotal')), 0)},
-       'preset': preset, 'scale': load(os.path.join(out, 'scale.json')), 'http': {}, 'decode': load(os.path.join(out, 'decode.json'))}
+res = dict(header(out), preset=preset, scale=load(os.path.join(out, 'scale.json')), http={},
+           decode=load(os.path.join(out, 'decode.json')))
 for p in sorted(glob.glob(os.path.join(out, 'http-*.json'))):
     res['http'][os.path.basename(p)[5:-5]] = load(p)
 # The daemon's overhead at the largest concurrency: its decode time per token (TPOT p50, every
