@@ -24,6 +24,7 @@ void DeviceBlockCache::clear() {
   std::fill(dev_of_.begin(), dev_of_.end(), -1);
   std::fill(host_of_.begin(), host_of_.end(), -1);
   std::fill(valid_.begin(), valid_.end(), 0);
+  std::fill(refs_.begin(), refs_.end(), 0);
   lru_.clear();
   free_.clear();
   // Handed out lowest id first.
@@ -32,6 +33,10 @@ void DeviceBlockCache::clear() {
 
 void DeviceBlockCache::touch(int32_t d) {
   lru_.splice(lru_.end(), lru_, lru_pos_[static_cast<size_t>(d)]);
+}
+
+void DeviceBlockCache::demote(int32_t d) {
+  lru_.splice(lru_.begin(), lru_, lru_pos_[static_cast<size_t>(d)]);
 }
 
 void DeviceBlockCache::drop(int32_t d) {
@@ -48,7 +53,8 @@ int32_t DeviceBlockCache::take(int32_t host) {
     d = free_.back();
     free_.pop_back();
   } else if (!lru_.empty() && refs_[static_cast<size_t>(host_of_[static_cast<size_t>(lru_.front())])] == 0) {
-    // The step's blocks were touched first: the front is the least recently used of the rest.
+    // Every mirror the step reads is behind every other (touched first, or taken, or protected
+    // since), so the front is the least recently used of the rest.
     d = lru_.front();
     drop(d);
   } else {
@@ -96,17 +102,19 @@ void DeviceBlockCache::plan(std::span<const Seq> seqs, std::vector<Placement>* o
     for (int64_t j = nb - 1; j >= first_new; --j) {
       const int32_t h = host(s, j);
       if (dev_of_[static_cast<size_t>(h)] < 0 && take(h) < 0) {
-        if (s0 < first_new && refs_[static_cast<size_t>(host(s, s0))] == 1) {
-          // The tail slides: its oldest block goes back to the host store's copy.
-          const int32_t d = dev_of_[static_cast<size_t>(host(s, s0))];
-          drop(d);
-          ++s0;
-          free_.push_back(d);
-          take(h);
-        } else {
+        // The tail slides: its oldest block no other sequence of the step lists goes back to the
+        // host store's copy (shared blocks before it stay mirrored for the others).
+        int64_t k = s0;
+        while (k < first_new && refs_[static_cast<size_t>(host(s, k))] != 1) ++k;
+        if (k == first_new) {
           all = false;
           break;
         }
+        const int32_t d = dev_of_[static_cast<size_t>(host(s, k))];
+        drop(d);
+        free_.push_back(d);
+        s0 = k + 1;
+        take(h);
       }
       start = j;
     }
@@ -126,26 +134,45 @@ void DeviceBlockCache::plan(std::span<const Seq> seqs, std::vector<Placement>* o
         valid_[static_cast<size_t>(d)] = std::min(valid_[static_cast<size_t>(d)], std::max<int64_t>(0, s.past - j * B));
       }
     }
+    // Its blocks before the tail are not read on the device this step: where no other sequence
+    // lists them, their mirrors go first to whoever needs a block.
+    for (int64_t j = 0; j < start; ++j) {
+      const int32_t h = host(s, j);
+      if (--refs_[static_cast<size_t>(h)] == 0 && dev_of_[static_cast<size_t>(h)] >= 0) demote(dev_of_[static_cast<size_t>(h)]);
+    }
   }
-  // Free device blocks to the staged blocks just before each tail, a block per sequence in turn.
-  for (bool more = true; more;) {
+  // Device blocks to the staged blocks just before each tail, a block per sequence in turn: a
+  // mirror valid for the rows the block will hold joins as it is; a stale one of its own is
+  // refreshed in place; else a free block (then an unread mirror) is taken. Both are promoted
+  // from the rows the step stages, and protected from the rest of the step's takes.
+  bool full = false;
+  for (bool more = true; more && !full;) {
     more = false;
-    for (size_t i = 0; i < seqs.size(); ++i) {
+    for (size_t i = 0; i < seqs.size() && !full; ++i) {
       const Seq& s = seqs[i];
       if (tail[i] == 0) continue;
-      const int64_t j = tail[i] - 1;
+      const int64_t j = tail[i] - 1, rows = std::min(B, s.past + s.q_len - j * B);
       const int32_t h = host(s, j);
-      if (dev_of_[static_cast<size_t>(h)] >= 0 || refs_[static_cast<size_t>(h)] != 1) {
-        tail[i] = 0;  // mirrored (stale) or shared: this sequence's tail grows no further
+      int32_t d = dev_of_[static_cast<size_t>(h)];
+      if (d >= 0 && valid_[static_cast<size_t>(d)] >= rows) {
+        refs_[static_cast<size_t>(h)] = std::max<int64_t>(refs_[static_cast<size_t>(h)], 1);  // already there
+        touch(d);
+        tail[i] = j;
+        more = true;
         continue;
       }
-      const int32_t d = take(h);
+      if (d >= 0 && refs_[static_cast<size_t>(h)] != 0) {
+        tail[i] = 0;  // another sequence reads it this step: leave it
+        continue;
+      }
+      if (d < 0) d = take(h);
       if (d < 0) {
-        more = false;
+        full = true;
         break;
       }
-      const int64_t rows = std::min(B, s.past + s.q_len - j * B);
       valid_[static_cast<size_t>(d)] = rows;
+      refs_[static_cast<size_t>(h)] = 1;
+      touch(d);
       promotions->push_back(Promotion{i, j, d, rows});
       tail[i] = j;
       more = true;

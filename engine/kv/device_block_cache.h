@@ -10,11 +10,13 @@
 //     the rows it has (a block only this step writes needs no rows: it gets a mirror if one can
 //     be had), read in place and written there; its head, blocks [0, head / B), is staged;
 //   - a block that starts this step takes a free device block, else the least recently used
-//     mirror no sequence of the step reads, else the sequence's own oldest resident block (its
-//     tail slides, keeping its size), else none (the sequence then has no resident tail);
-//   - free device blocks (then unread mirrors) go to the staged blocks just before each tail,
-//     one sequence at a time: promoted from the rows the step stages anyway (a copy on the
-//     device after attention, nothing more over the link).
+//     mirror no sequence of the step reads (mirrors of staged blocks first), else the oldest
+//     block of its tail no other sequence lists (the tail slides, keeping its size), else none
+//     (the sequence then stages everything this step);
+//   - the staged blocks just before each tail, one sequence at a time, join it: as they are
+//     where a valid mirror exists, else promoted (their own stale mirror refreshed, or a free
+//     device block, then an unread mirror, taken) from the rows the step stages anyway: a copy
+//     on the device after attention, nothing more over the link.
 // Sequences keep what they hold until they end: one that joins when the device is full streams
 // until others leave. Bookkeeping only: the runtime moves the rows. Not thread-safe.
 #pragma once
@@ -65,7 +67,8 @@ class DeviceBlockCache {
  private:
   int32_t take(int32_t host);  // a free or evictable device block for host, or -1
   void drop(int32_t device);
-  void touch(int32_t device);  // most recently used
+  void touch(int32_t device);   // most recently used
+  void demote(int32_t device);  // least recently used
 
   int64_t block_tokens_;
   std::vector<int32_t> dev_of_;   // per host block
@@ -74,7 +77,10 @@ class DeviceBlockCache {
   std::vector<int32_t> free_;
   std::list<int32_t> lru_;        // mirrored device blocks, least recently used first
   std::vector<std::list<int32_t>::iterator> lru_pos_;
-  std::vector<int64_t> refs_;     // per host block: sequences of this step that list it
+  // Per host block, during plan(): sequences of the step that list it and, once placed, read it
+  // on the device; a block joining a tail holds one. The mirrors of blocks with none are the
+  // LRU list's front.
+  std::vector<int64_t> refs_;
 };
 
 }  // namespace kvpr

@@ -96,26 +96,27 @@ int64_t KvRuntime::device_tier_blocks(Backend& backend, const KvShape& shape, co
   if (opts.mode != KvMode::Auto) return 0;
   const double block = device_block_bytes(shape, layout, opts);
   const size_t free = backend.device_bytes_free();
+  const bool own_memory = free != SIZE_MAX && !backend.device_is_host();
+  // What the step needs beside the tier: the staging buffers at their largest (K and V of two
+  // layers of the whole host store, X where kept, grown by half again as they grow), the
+  // recomputed K/V in fp32, and a twentieth for activations, logits and scratch.
+  const double tokens = static_cast<double>(layout.blocks) * static_cast<double>(layout.block_tokens);
+  const double staging = 3.0 * store_bytes(shape, layout, opts) / static_cast<double>(std::max<int64_t>(1, shape.layers)) +
+                         2.0 * tokens * static_cast<double>(shape.kv_hidden()) * 4.0;
+  const double avail = own_memory ? std::max(0.0, static_cast<double>(free) * 0.95 - staging) : 0;
   double bytes = opts.gpu_kv_bytes;
   if (opts.gpu_kv_fraction >= 0) {
     KVPR_CHECK(opts.gpu_kv_fraction <= 1, "the GPU KV budget as a fraction must be in [0, 1], not ", opts.gpu_kv_fraction);
-    if (free == SIZE_MAX || backend.device_is_host()) {
-      // No device memory of its own to size it by: a share of what the store holds.
-      bytes = opts.gpu_kv_fraction * static_cast<double>(layout.blocks) * block;
-    } else {
-      // Set aside what the step needs besides the tier: the staging buffers at their largest
-      // (two layers of the whole host store, as kvpr's), and a twentieth for activations,
-      // logits and scratch.
-      const double staging = 2.0 * store_bytes(shape, layout, opts) / static_cast<double>(std::max<int64_t>(1, shape.layers));
-      const double avail = static_cast<double>(free) * 0.95 - staging;
-      bytes = opts.gpu_kv_fraction * std::max(0.0, avail);
-    }
+    // Without device memory of its own (the CPU backend): a share of what the store holds.
+    bytes = opts.gpu_kv_fraction * (own_memory ? avail : static_cast<double>(layout.blocks) * block);
   } else {
     KVPR_CHECK(bytes >= 0, "the GPU KV budget must not be negative");
-    if (free != SIZE_MAX && bytes > static_cast<double>(free) && bytes >= block) {
-      char msg[256];
-      std::snprintf(msg, sizeof msg, "a GPU KV budget of %.2f GiB exceeds the %.2f GiB of device memory free: lower gpu-kv-budget",
-                    bytes / 1073741824.0, static_cast<double>(free) / 1073741824.0);
+    const double room = own_memory ? avail : free == SIZE_MAX ? 1e300 : static_cast<double>(free);
+    if (bytes > room && bytes >= block) {
+      char msg[320];
+      std::snprintf(msg, sizeof msg,
+                    "a GPU KV budget of %.2f GiB exceeds the %.2f GiB of device memory free%s: lower gpu-kv-budget",
+                    bytes / 1073741824.0, room / 1073741824.0, own_memory ? " beside the step's buffers" : "");
       KVPR_THROW(msg);
     }
   }
@@ -258,16 +259,16 @@ void KvRuntime::decide_splits() {
     // (auto's resident tails cost no link time: the split is chosen for the rest).
     for (int64_t g = 0; g < groups(); ++g) {
       std::span<SeqPlan> sp = seqs(g);
-      int64_t cached = 0, resident = 0, avail = 0;
+      int64_t cached = 0, avail = 0;
       for (const auto& s : sp) {
         cached += s.staged_past();
-        resident += s.past - s.staged_past();
         avail += x_avail(s);
       }
-      // auto: the device tier holds what it can (DeviceBlockCache), which the tier model says is
-      // best (SplitScheduler::choose_tiers); the split is chosen for the staged rest.
-      SplitDecision rest = scheduler_->choose_tiers(cached + resident, resident, avail, scheduler_->other_s()).split;
-      SplitDecision first = scheduler_->choose_tiers(cached + resident, resident, avail, -1.0).split;  // nothing overlaps layer 0's copies
+      // auto: the device tier holds what it can (DeviceBlockCache), which is what the tier model
+      // says is best (SplitScheduler::choose_tiers, tested against brute force); the split is
+      // chosen for the staged rest.
+      SplitDecision rest = scheduler_->choose(cached, avail, scheduler_->other_s());
+      SplitDecision first = scheduler_->choose(cached, avail, -1.0);  // nothing overlaps layer 0's copies
       stats_.split_source = std::string("scheduler:") + split_model_name(rest.model);
       stats_.predicted_layer_ms += rest.predicted_s * 1e3;
       std::vector<int64_t> l0 = distribute(sp, first.split, cached), l1 = distribute(sp, rest.split, cached);
@@ -308,7 +309,10 @@ KvRuntime::Rows KvRuntime::group_rows(int64_t group) const {
 void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
   // A step that failed part way left the device tier's mirrors unknown: drop them (the host
   // store has every token).
-  if (step_open_ && cache_) cache_->clear();
+  if (step_open_ && cache_) {
+    be_.synchronize();  // nothing of it may still read or write the tier
+    cache_->clear();
+  }
   step_open_ = true;
   plan_.clear();
   groups_.clear();
@@ -759,7 +763,7 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
   if (!new_x.empty()) be_.copy_spans(host_->x_rows(layer), xnew_[b], new_x.spans(), Stream::D2H, "X new");
   buf_stored_[b] = be_.record(Stream::D2H);
   store_done_[layer] = buf_stored_[b];
-  if (cache_ && group + 1 == groups()) tier_read_[static_cast<size_t>(layer)] = buf_stored_[b];
+  if (cache_) tier_read_[static_cast<size_t>(layer)] = buf_stored_[b];  // D2H in order: covers the earlier batches
 }
 
 void KvRuntime::end() {

@@ -229,3 +229,38 @@ TEST(DeviceBlockCache, ATailSlidesWhenFullAndFreedBlocksArePromotedFromTheHead) 
   cache.plan(seqs, &place, &promos);
   EXPECT_EQ(place[0].head, 0) << "promoted blocks are read in place the next step";
 }
+
+// A block shared with another sequence (a prefix hit) never pins a tail: the sequence holding
+// it slides past it; once no sequence reads the shared mirror, it is the first to go.
+TEST(DeviceBlockCache, ASharedPrefixBlockDoesNotPinATail) {
+  const int64_t B = 4;
+  std::vector<int32_t> a{0, 1, 2, 3, 4}, c{0, 5, 6};
+  DeviceBlockCache cache(3, 8, B);
+  std::vector<DeviceBlockCache::Placement> place;
+  std::vector<DeviceBlockCache::Promotion> promos;
+  std::vector<DeviceBlockCache::Seq> seqs{{a, 0, 8}};
+  cache.plan(seqs, &place, &promos);
+  EXPECT_EQ(place[0].head, 0);
+  // a starts block 2 (the last free device block); c, on a prefix hit, shares a's block 0 and
+  // starts block 5: the tier is full and c's only older block is shared, so c stages everything.
+  seqs = {{a, 8, 1}, {c, 4, 2}};
+  cache.plan(seqs, &place, &promos);
+  EXPECT_EQ(place[0].head, 0);
+  EXPECT_EQ(place[1].head, 6);
+  // a starts block 3: its oldest block (0) is c's too, so the next one (1) goes instead. Then
+  // block 0's mirror is read by neither (c stages it, a's tail starts at 2): it goes to a's block
+  // 1, promoted from the rows a stages.
+  seqs = {{a, 9, 4}, {c, 6, 1}};
+  cache.plan(seqs, &place, &promos);
+  EXPECT_EQ(place[0].head, 8) << "a's tail slides past the shared block";
+  EXPECT_EQ(place[1].head, 7);
+  EXPECT_GE(cache.mirror(3), 0);
+  EXPECT_EQ(cache.mirror(0), -1) << "the unread shared mirror was the first to go";
+  ASSERT_EQ(promos.size(), 1u);
+  EXPECT_EQ(promos[0].seq, 0u);
+  EXPECT_EQ(promos[0].index, 1);
+  EXPECT_EQ(promos[0].rows, 4);
+  seqs = {{a, 13, 1}};
+  cache.plan(seqs, &place, &promos);
+  EXPECT_EQ(place[0].head, 4) << "the promoted block is read in place";
+}

@@ -370,6 +370,46 @@ TEST(KvRuntime, HostStoreHoldsTheComputedKeysValuesAndInputs) {
   EXPECT_EQ(store->bytes(), static_cast<size_t>(2 * 32 * kv->host_bytes_per_token()));
 }
 
+// kv mode auto after a step that failed part way (begun, a layer prepared, never ended): the
+// next step drops the device tier's mirrors, stages every token from the host store, promotes
+// them back, and gives resident's logits.
+TEST(KvRuntime, AutoRecoversFromAStepThatFailedPartWay) {
+  CpuBackend be;
+  OptModel model(be, test::data_path("opt/pre_ln_safetensors"));
+  const int64_t V = model.config().vocab_size;
+  std::vector<int32_t> toks = {3, 14, 15, 92, 65, 35, 8, 9, 79, 32, 38, 46, 26, 43};
+  const std::vector<int32_t> table = {5, 1, 7, 2};
+  const KvLayout layout{8, 4, 32};
+  auto logits_of = [&](KvMode m, bool abort) {
+    KvRuntimeOptions o;
+    o.kv_dtype = DType::F32;
+    o.mode = m;
+    if (m == KvMode::Auto) {
+      o.forced_split = 0;
+      o.gpu_kv_fraction = 1;
+    }
+    auto kv = model.make_kv_runtime(layout, o);
+    Tensor logits = Tensor::host(DType::F32, {1, V});
+    model.forward({ForwardChunk{toks.data(), 12, 0, 0, table}}, *kv, logits);
+    model.forward({ForwardChunk{toks.data() + 12, 1, 12, 0, table}}, *kv, logits);
+    if (abort) {
+      EXPECT_EQ(kv->device_tier()->mirrored(), 4);
+      kv->begin({ForwardChunk{toks.data() + 13, 1, 13, 0, table}});
+      kv->prepare(0, 0);
+    }
+    model.forward({ForwardChunk{toks.data() + 13, 1, 13, 0, table}}, *kv, logits);
+    be.synchronize();
+    if (abort) {
+      EXPECT_EQ(kv->last_step().staged_tokens, 13) << "every mirror dropped";
+      EXPECT_EQ(kv->last_step().promoted_blocks, 4) << "and the staged blocks promoted back";
+    }
+    return std::vector<float>(logits.data_as<float>(), logits.data_as<float>() + V);
+  };
+  const std::vector<float> want = logits_of(KvMode::Resident, false);
+  const std::vector<float> got = logits_of(KvMode::Auto, true);
+  EXPECT_TRUE(test::close_rel(std::vector<double>(want.begin(), want.end()), got.data(), got.size(), 1e-5));
+}
+
 TEST(KvRuntime, BytesMovedFollowTheSplit) {
   CpuBackend be;
   OptModel model(be, test::data_path("opt/pre_ln_safetensors"));
