@@ -684,7 +684,7 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
   const int64_t B = layout_.block_tokens;
   std::vector<RowSpan> fresh, fresh_tier;
   for (const auto& s : this->seqs(group)) {
-    const int64_t staged_new = std::clamp<int64_t>(s.head - s.past, 0, s.q_len);
+    const int64_t staged_new = s.staged_new();
     if (staged_new > 0) fresh.push_back(RowSpan{s.q_begin, s.ctx_off + s.past, staged_new});
     for_each_run(s.dev_table, B, B, s.past + staged_new, s.q_len - staged_new, [&](int64_t row, int64_t off, int64_t n) {
       fresh_tier.push_back(RowSpan{s.q_begin + staged_new + off, row, n});
@@ -735,7 +735,7 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
   RunSpans new_kv, new_x;
   std::vector<RowSpan> new_tier;  // auto: new rows from the device tier
   for (const auto& s : this->seqs(group)) {
-    const int64_t staged_new = std::clamp<int64_t>(s.head - s.past, 0, s.q_len);
+    const int64_t staged_new = s.staged_new();
     kv_runs(s, s.past, staged_new, [&](int64_t row, int64_t off, int64_t n, size_t run) {
       new_kv.add(run, RowSpan{s.ctx_off + s.past + off, row, n});
     });

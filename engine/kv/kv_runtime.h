@@ -19,6 +19,7 @@
 // Not thread-safe: one thread drives a runtime.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -207,6 +208,7 @@ class KvRuntime {
     // the tier takes copied rows only, never recomputed ones, so that it mirrors the host exactly.
     int64_t promote_from;
     int64_t staged_past() const { return std::min(past, head); }
+    int64_t staged_new() const { return std::clamp<int64_t>(head - past, 0, q_len); }  // new rows below head
     int64_t split[2];  // l for layer 0 and for the other layers
     int64_t x_off[2];  // first row in the X buffer, likewise
   };

@@ -39,6 +39,15 @@ int64_t brute(const SplitScheduler& s, int64_t cached, int64_t max_split, double
   return best;
 }
 
+// Reproducible uniform numbers in [lo, hi) (a 64-bit LCG), for the random shapes.
+struct Uniform {
+  uint64_t x;
+  double operator()(double lo, double hi) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * static_cast<double>(x >> 11) / 9007199254740992.0;
+  }
+};
+
 }  // namespace
 
 TEST(SplitScheduler, PaperModelHandComputedOptimum) {
@@ -113,11 +122,7 @@ TEST(SplitScheduler, BoundaryCases) {
 }
 
 TEST(SplitScheduler, MatchesBruteForceOnRandomShapes) {
-  uint64_t x = 42;
-  auto rnd = [&](double lo, double hi) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    return lo + (hi - lo) * static_cast<double>(x >> 11) / 9007199254740992.0;
-  };
+  Uniform rnd{42};
   for (int i = 0; i < 300; ++i) {
     LinkProfile p = profile(rnd(0.01, 30), rnd(0, 1e-4), rnd(1e-9, 1e-5));
     int64_t g = i % 3 == 0 ? 1 : 16;
@@ -135,11 +140,7 @@ TEST(SplitScheduler, MatchesBruteForceOnRandomShapes) {
 
 // kv mode auto's tiers: the choice over (R, L) against every R and every multiple of g for L.
 TEST(SplitScheduler, TiersMatchBruteForceOverResidentAndSplit) {
-  uint64_t x = 7;
-  auto rnd = [&](double lo, double hi) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    return lo + (hi - lo) * static_cast<double>(x >> 11) / 9007199254740992.0;
-  };
+  Uniform rnd{7};
   for (int i = 0; i < 200; ++i) {
     const int64_t g = i % 3 == 0 ? 1 : 16;
     const bool pipeline = i % 2 == 0;
