@@ -125,9 +125,10 @@ am = {m['mode']: m for m in a['modes']}
 for m in a['modes']:
     assert m['tokens_equal_to_first_mode'] == 1.0 and m['bound_ms'] > 0, m['mode']
 none, half, full = am['auto:0@4'], am['auto:0.5@4'], am['auto:1@4']
-assert none['resident_tokens_per_step'] == 0 and none['h2d_bytes_per_step'] == am['kvpr@4']['h2d_bytes_per_step'], none
-assert 0 < half['resident_tokens_per_step'] < full['resident_tokens_per_step'] and full['staged_tokens_per_step'] == 0, (half, full)
-assert none['h2d_bytes_per_step'] > half['h2d_bytes_per_step'] > full['h2d_bytes_per_step'] == 0, a['modes']
+# (Bytes against kvpr's would depend on the splits each run's timings choose: the tiers do not.)
+assert none['resident_tokens_per_step'] == 0 < half['resident_tokens_per_step'] < full['resident_tokens_per_step'], a['modes']
+assert none['staged_tokens_per_step'] > half['staged_tokens_per_step'] > full['staged_tokens_per_step'] == 0, a['modes']
+assert none['h2d_bytes_per_step'] > 0 and half['h2d_bytes_per_step'] > 0 and full['h2d_bytes_per_step'] == 0, a['modes']
 assert none['device_tier_bytes'] == 0 < half['device_tier_bytes'] < full['device_tier_bytes'], a['modes']
 assert full['bound_ms'] == am['resident@4']['bound_ms'] and none['bound_ms'] == am['kvpr@4']['bound_ms'], a['modes']
 assert all(f'auto:{f}@4_over_best_fixed_mode' in a['ratios'] for f in ('0', '0.5', '1')), a['ratios']
