@@ -1,5 +1,7 @@
 #include "bench/bench_common.h"
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -23,9 +25,13 @@ EngineOptions engine_options_of(const Options& opt, std::initializer_list<const 
 
 void write_json(const std::string& path, const json::Value& v) {
   if (path.empty()) return;
-  std::ofstream o(path);
-  o << v.dump() << "\n";
-  KVPR_CHECK(o.good(), path, ": cannot write");
+  const std::string part = path + ".part";
+  {
+    std::ofstream o(part);
+    o << v.dump() << "\n";
+    KVPR_CHECK(o.good(), part, ": cannot write");
+  }
+  KVPR_CHECK(std::rename(part.c_str(), path.c_str()) == 0, path, ": cannot write: ", std::strerror(errno));
 }
 
 std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, const ModelLoadOptions& lo,

@@ -79,7 +79,8 @@ class Options {
 // engine/decode/engine_options.h has them, over `o` (the benchmark's defaults), checked.
 EngineOptions engine_options_of(const Options& opt, std::initializer_list<const char*> names, EngineOptions o);
 
-// Writes `v` to `path` unless the path is empty.
+// Writes `v` to `path` unless the path is empty, whole or not at all (a reader of a benchmark
+// that rewrites its JSON as it goes never sees half a file).
 void write_json(const std::string& path, const json::Value& v);
 
 // OPT shapes by name (opt-6.7b, opt-13b, opt-1.3b, opt-125m, tiny).

@@ -288,11 +288,11 @@ class DecodeRun {
     model_ = preset_model(*be_, preset_, lo, size);
     const double init_s = seconds_since(t_init);
     measure_machine();
-    json::Value result = header_json(init_s);
-    json::Array modes = run_modes();
-    add_bounds(modes, result);
-    result.set("modes", std::move(modes));
-    result.set("ratios", ratios_json(result));
+    json::Value header = header_json(init_s);
+    // The JSON is rewritten after every mode ("complete": false until the last), so a run cut
+    // short keeps what it measured.
+    json::Array modes = run_modes([&](const json::Array& done) { write_json(opt_.get("--json", ""), result_of(header, done, false)); });
+    const json::Value result = result_of(header, modes, true);
     print_table(result);
     write_json(opt_.get("--json", ""), result);
     if (const std::string svg = opt_.get("--svg", ""); !svg.empty()) std::ofstream(svg) << svg_chart(result);
@@ -413,8 +413,19 @@ class DecodeRun {
                         {"recompute_gemm_tflops", gemm_tflops_}};
   }
 
-  // Every mode on the same model and prompts; each one's tokens compared with the first mode's.
-  json::Array run_modes() {
+  // The result of the modes run so far: the header, their bounds and the ratios between them.
+  json::Value result_of(const json::Value& header, json::Array modes, bool complete) {
+    json::Value result = header;
+    add_bounds(modes, result);
+    result.set("modes", std::move(modes));
+    result.set("ratios", ratios_json(result));
+    result.set("complete", complete);
+    return result;
+  }
+
+  // Every mode on the same model and prompts; each one's tokens compared with the first mode's;
+  // `progress` gets the modes done after each one.
+  json::Array run_modes(const std::function<void(const json::Array&)>& progress) {
     KvRuntimeOptions base = engine_.generator.kv;
     base.kv_dtype = kv_dtype();
     base.profile = prof_;
@@ -445,13 +456,13 @@ class DecodeRun {
         for (size_t t = prompt_; t < r.tokens[b].size() && t < ref_tokens[b].size(); ++t, ++total)
           same += r.tokens[b][t] == ref_tokens[b][t];
       r.json.set("tokens_equal_to_first_mode", total ? static_cast<double>(same) / total : 1.0);
-      runs[name].push_back(r.ms_per_step);
+      std::vector<double>& v = runs[name];
+      v.push_back(r.ms_per_step);
+      std::sort(v.begin(), v.end());
+      ms_of_[name] = v[v.size() / 2];  // the median of its rounds so far
       if (repeat > 1) r.json.set("round", round);
       out.push_back(std::move(r.json));
-    }
-    for (auto& [name, v] : runs) {
-      std::sort(v.begin(), v.end());
-      ms_of_[name] = v[v.size() / 2];
+      progress(out);
     }
     return out;
   }

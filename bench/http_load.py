@@ -167,6 +167,53 @@ def one_request(client, endpoint, model, prompt, out_len, t_sched):
     return rec
 
 
+def summarize(a, recs, model, rate, in_len, out_len, duration, complete):
+    """The run's figures over `recs` (the requests finished, all of them once `complete`)."""
+    ok = [r for r in recs if r["ok"]]
+    errors = {}
+    for r in recs:
+        if not r["ok"]:
+            kind = r["error"].split(":")[0]
+            errors[kind] = errors.get(kind, 0) + 1
+    ttft = [r["chunks"][0] - r["start"] for r in ok]
+    e2e = [r["end"] - r["start"] for r in ok]
+    tpot = [(r["end"] - r["chunks"][0]) / (r["completion_tokens"] - 1) for r in ok if r["completion_tokens"] > 1]
+    itl = [b - a_ for r in ok for a_, b in zip(r["chunks"], r["chunks"][1:])]
+    out_tokens = sum(r["completion_tokens"] for r in ok)
+    in_tokens = sum(r["prompt_tokens"] for r in ok)
+
+    def meets(r):
+        if a.slo_ttft_ms is not None and (r["chunks"][0] - r["start"]) * 1e3 > a.slo_ttft_ms:
+            return False
+        if a.slo_tpot_ms is not None and r["completion_tokens"] > 1 and \
+                (r["end"] - r["chunks"][0]) / (r["completion_tokens"] - 1) * 1e3 > a.slo_tpot_ms:
+            return False
+        return True
+
+    res = {
+        "benchmark": "http_load", "label": a.label, "date": time.strftime("%Y-%m-%d"), "base_url": a.base_url,
+        "model": model, "endpoint": a.endpoint, "num_requests": a.num_requests,
+        "concurrency": a.concurrency, "request_rate": None if rate == math.inf else rate, "burstiness": a.burstiness,
+        "input_len": list(in_len), "output_len": list(out_len), "seed": a.seed,
+        "duration_s": duration, "complete": complete, "completed": len(ok), "failed": len(recs) - len(ok), "errors": errors,
+        "first_errors": [r["error"] for r in recs if not r["ok"]][:5],
+        "request_throughput": len(ok) / duration, "output_tokens": out_tokens, "prompt_tokens": in_tokens,
+        "output_tokens_per_s": out_tokens / duration, "total_tokens_per_s": (out_tokens + in_tokens) / duration,
+        "ttft_ms": summary(ttft), "tpot_ms": summary(tpot), "itl_ms": summary(itl), "e2e_ms": summary(e2e),
+        "slo": {"ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms},
+        "goodput_requests_per_s": sum(1 for r in ok if meets(r)) / duration,
+        "requested_output_tokens": sum(r["output_len"] for r in recs),
+    }
+    return res
+
+
+def write_json(path, res):
+    """Whole or not at all: a reader never sees half a file."""
+    with open(path + ".part", "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(path + ".part", path)
+
+
 def run(a):
     in_lo, in_hi = parse_len(a.input_len, "--input-len")
     out_lo, out_hi = parse_len(a.output_len, "--output-len")
@@ -206,6 +253,18 @@ def run(a):
 
     t_start = time.perf_counter()
     t_next = t_start
+    finished = threading.Event()
+    if a.json:
+        # The summary of the requests finished so far, rewritten every 2 s ("complete": false):
+        # a load cut short keeps what it measured.
+        def write_partial():
+            while not finished.wait(2.0):
+                done = [r for r in recs if r is not None]
+                if done:
+                    write_json(a.json, summarize(a, done, model, rate, (in_lo, in_hi), (out_lo, out_hi),
+                                                 time.perf_counter() - t_start, False))
+        writer = threading.Thread(target=write_partial, daemon=True)
+        writer.start()
     for i, (prompt, n_in, n_out) in enumerate(work):
         if rate != math.inf:
             # Gamma-distributed gaps with mean 1/rate; burstiness 1 is a Poisson process.
@@ -219,51 +278,18 @@ def run(a):
         threads.append(t)
     for t in threads:
         t.join()
-    duration = time.perf_counter() - t_start
-
-    ok = [r for r in recs if r["ok"]]
-    errors = {}
-    for r in recs:
-        if not r["ok"]:
-            kind = r["error"].split(":")[0]
-            errors[kind] = errors.get(kind, 0) + 1
-    ttft = [r["chunks"][0] - r["start"] for r in ok]
-    e2e = [r["end"] - r["start"] for r in ok]
-    tpot = [(r["end"] - r["chunks"][0]) / (r["completion_tokens"] - 1) for r in ok if r["completion_tokens"] > 1]
-    itl = [b - a_ for r in ok for a_, b in zip(r["chunks"], r["chunks"][1:])]
-    out_tokens = sum(r["completion_tokens"] for r in ok)
-    in_tokens = sum(r["prompt_tokens"] for r in ok)
-
-    def meets(r):
-        if a.slo_ttft_ms is not None and (r["chunks"][0] - r["start"]) * 1e3 > a.slo_ttft_ms:
-            return False
-        if a.slo_tpot_ms is not None and r["completion_tokens"] > 1 and \
-                (r["end"] - r["chunks"][0]) / (r["completion_tokens"] - 1) * 1e3 > a.slo_tpot_ms:
-            return False
-        return True
-
-    res = {
-        "benchmark": "http_load", "label": a.label, "date": time.strftime("%Y-%m-%d"), "base_url": a.base_url,
-        "model": model, "endpoint": a.endpoint, "num_requests": a.num_requests,
-        "concurrency": a.concurrency, "request_rate": None if rate == math.inf else rate, "burstiness": a.burstiness,
-        "input_len": [in_lo, in_hi], "output_len": [out_lo, out_hi], "seed": a.seed,
-        "duration_s": duration, "completed": len(ok), "failed": len(recs) - len(ok), "errors": errors,
-        "first_errors": [r["error"] for r in recs if not r["ok"]][:5],
-        "request_throughput": len(ok) / duration, "output_tokens": out_tokens, "prompt_tokens": in_tokens,
-        "output_tokens_per_s": out_tokens / duration, "total_tokens_per_s": (out_tokens + in_tokens) / duration,
-        "ttft_ms": summary(ttft), "tpot_ms": summary(tpot), "itl_ms": summary(itl), "e2e_ms": summary(e2e),
-        "slo": {"ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms},
-        "goodput_requests_per_s": sum(1 for r in ok if meets(r)) / duration,
-        "requested_output_tokens": sum(r["output_len"] for r in recs),
-    }
-    print(f"{a.label or 'http_load'}: {len(ok)}/{len(recs)} completed in {duration:.2f} s: "
+    finished.set()
+    if a.json:
+        writer.join()  # its last partial write lands before the whole one
+    res = summarize(a, recs, model, rate, (in_lo, in_hi), (out_lo, out_hi), time.perf_counter() - t_start, True)
+    errors = res["errors"]
+    print(f"{a.label or 'http_load'}: {res['completed']}/{len(recs)} completed in {res['duration_s']:.2f} s: "
           f"{res['request_throughput']:.2f} req/s, {res['output_tokens_per_s']:.1f} output tokens/s; "
           f"TTFT p50 {res['ttft_ms']['p50'] or 0:.1f} p99 {res['ttft_ms']['p99'] or 0:.1f} ms; "
           f"TPOT p50 {res['tpot_ms']['p50'] or 0:.2f} ms; ITL p99 {res['itl_ms']['p99'] or 0:.2f} ms; "
           f"goodput {res['goodput_requests_per_s']:.2f} req/s" + (f"; errors {errors}" if errors else ""))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(a.json, res)
     return 0 if not errors else 1
 
 

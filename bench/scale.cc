@@ -858,14 +858,26 @@ class ScaleRun {
     return r;
   }
 
-  json::Value run() {
+  // `progress` gets the result so far after every point ("complete": false), so a run cut short
+  // keeps what it measured.
+  json::Value run(const std::function<void(const json::Value&)>& progress) {
     json::Value result = header();
+    result.set("efficiency_base", "each mode's first N, per worker: efficiency = aggregate(N) / (N x that)");
     probe_host(result);
     be_.reset();  // the workers own the devices from here
     json::Array modes;
-    for (const std::string& m : c_.modes) modes.push_back(run_mode(m));
+    for (const std::string& m : c_.modes) {
+      modes.push_back(run_mode(m, [&](const json::Value& partial) {
+        json::Value r = result;
+        json::Array so_far = modes;
+        so_far.push_back(partial);
+        r.set("modes", std::move(so_far));
+        r.set("complete", false);
+        progress(r);
+      }));
+    }
     result.set("modes", std::move(modes));
-    result.set("efficiency_base", "each mode's first N, per worker: efficiency = aggregate(N) / (N x that)");
+    result.set("complete", true);
     return result;
   }
 
@@ -972,7 +984,7 @@ class ScaleRun {
     return ready0;
   }
 
-  json::Value run_mode(const std::string& mode) const {
+  json::Value run_mode(const std::string& mode, const std::function<void(const json::Value&)>& progress) const {
     std::fprintf(stderr, "kvpr-bench scale: %s, %d workers at most (%d real)\n", mode.c_str(), nmax(),
                  std::min(nmax(), real_available_));
     Workers workers = start_workers(mode);
@@ -995,6 +1007,9 @@ class ScaleRun {
                    n, pt.find("worker0_ms_per_step")->as_double(), agg, pt.find("projected")->as_bool() ? " (projected)" : "",
                    pt.find("efficiency")->as_double());
       points.push_back(std::move(pt));
+      json::Value partial = m;
+      partial.set("points", points);
+      progress(partial);
     }
     json::Value ex(json::Object{});
     ex.set("cmd", "exit");
@@ -1083,7 +1098,7 @@ int cmd_scale(const std::vector<std::string>& args) {
     return 0;
   }
   signal(SIGPIPE, SIG_IGN);  // a worker that died is reported by its pipe's EOF
-  const json::Value result = run.run();
+  const json::Value result = run.run([&](const json::Value& partial) { write_json(json_out, partial); });
   print_table(result);
   write_json(json_out, result);
   if (!svg_out.empty()) {

@@ -11,6 +11,7 @@ PACKAGES=(
   ninja-build
   pkg-config
   git
+  xz-utils             # tar -J: the device carry (bench/prepare-device-carry.sh)
   curl                 # the demo script talks to the daemon
   python3              # the CLI test uses it to check JSON and .npy output
   libopenblas-dev      # CPU GEMMs

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The FlexGen comparison's presets (bench/device-check-flexgen.sh) at a size the CPU runs: OPT-13B
+# The FlexGen comparison's presets (the flexgen parts of bench/device-check-all.sh) at a size the CPU runs: OPT-13B
 # and OPT-30B at their real widths, one layer (it stays in one of the two device slots: the
 # streaming itself is bench_smoke_test.sh's, on four layers), weights kept in host memory, two
 # GPU batches; every mode gives the same tokens and the host holds exactly the layer's matrices. A batch no
