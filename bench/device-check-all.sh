@@ -43,7 +43,14 @@ RESULTS=${KVPR_DEVICE_RESULTS:-bench/results}
 ONLY=${KVPR_DEVICE_PARTS:-}
 CARRY=${KVPR_CARRY_DIR:-.carry}
 FLEXGEN=${KVPR_DEVICE_FLEXGEN:-$CARRY/flexllmgen}
-COMMIT=${KVPR_CHECK_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+# The commit, passed in (the device's copy of the tree may carry stale git metadata): results are
+# filed and found by it.
+COMMIT=${KVPR_CHECK_COMMIT:-}
+if [ -z "$COMMIT" ] && [ "$DRY" = 1 ]; then COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo 000000000000); fi
+if ! [[ $COMMIT =~ ^[0-9a-f]{7,40}$ ]]; then
+  echo "device-check-all: KVPR_CHECK_COMMIT must be the measured commit's hex id (here: git rev-parse --short=12 HEAD), not '$COMMIT'" >&2
+  exit 2
+fi
 RESERVE=8  # seconds left for the last part's JSON and the listing
 # Raw files beside $OUT when that is one filesystem (parts.tar is then replaced by a rename).
 RAW=$(dirname "$OUT")/.kvpr-device-raw
@@ -52,6 +59,7 @@ if ! { rm -rf "$RAW" && mkdir -p "$RAW" && [ "$(stat -c %d "$RAW")" = "$(stat -c
 fi
 PARTS_PY="python3 bench/device_parts.py"
 
+# ---- what the parts measure with: settings and helpers (this text is in every part's fingerprint)
 if [ "$DRY" = 1 ]; then
   # The same parts and order on this CPU at sizes it runs in seconds.
   BACKEND=cpu THREADS=2 PRESET=tiny SERVE_PRESET=tiny
@@ -82,7 +90,6 @@ fi
 DECODE_MODES="resident,offload,kvpr,auto:0@16,auto:0.25@16,auto:0.5@16,auto:0.75@16,auto:1@16,resident@16,offload@16,kvpr@16,resident+graphs,recompute,resident+graphs@16,recompute@16"
 [ "$DRY" = 1 ] && DECODE_MODES=${DECODE_MODES//,resident+graphs@16/} && DECODE_MODES=${DECODE_MODES//,resident+graphs/}
 
-# ---- helpers the parts measure with (their text is in every part's fingerprint) ----------
 elapsed() { echo $(( $(date +%s) - start )); }
 say() { echo "== [$(elapsed)s] $*"; }
 # Our binaries see the carried libraries; python and torch keep the machine's.
@@ -108,19 +115,24 @@ within() {
   return $rc
 }
 
-# The checkpoint kvprd serves: transformers writes a random-weights OPT on the device (an
-# independent writer); the dry run serves the demo model.
+# The checkpoint kvprd serves, in $MODEL (0 when there is one): transformers writes a
+# random-weights OPT on the device (an independent writer), whole or not at all (moved into place
+# once written); the dry run serves the demo model.
 model_dir() {
-  local dir=$RAW/model-$SERVE_PRESET
-  if [ ! -s "$dir/config.json" ]; then
-    if [ "$DRY" = 1 ]; then
-      run "$BIN/cli/kvpr" make-demo-model --out "$dir" > /dev/null
-    else
-      PYTHONUNBUFFERED=1 within 150 python3 bench/write_hf_checkpoint.py --preset "$SERVE_PRESET" --out "$dir" > "$RAW/checkpoint.txt" 2>&1
-      tail -2 "$RAW/checkpoint.txt" >&2
-    fi
+  MODEL=$RAW/model-$SERVE_PRESET
+  [ -s "$MODEL/config.json" ] && return 0
+  rm -rf "$MODEL.part"
+  local rc
+  if [ "$DRY" = 1 ]; then
+    run "$BIN/cli/kvpr" make-demo-model --out "$MODEL.part" > /dev/null
+    rc=$?
+  else
+    PYTHONUNBUFFERED=1 within 150 python3 bench/write_hf_checkpoint.py --preset "$SERVE_PRESET" --out "$MODEL.part" \
+        > "$RAW/checkpoint.txt" 2>&1
+    rc=$?
+    tail -2 "$RAW/checkpoint.txt"
   fi
-  [ -s "$dir/config.json" ] && echo "$dir"
+  [ $rc -eq 0 ] && [ -s "$MODEL.part/config.json" ] && mv "$MODEL.part" "$MODEL"
 }
 
 # kvprd in the background (pid in $pid) until /health says ok: 0 when it did. start_kvprd PORT LOG ARGS...
@@ -191,7 +203,7 @@ import json, sys
 try: g = json.load(open('$PART_RAW/gtest.json'))
 except Exception: print('*Cuda*'); sys.exit()
 print(':'.join(s['name'] + '.' + t['name'] for s in g['testsuites'] for t in s['testsuite'] if t.get('failures')))")
-  if [ -n "$failed" ] && [ "$DRY" != 1 ]; then
+  if [ -n "$failed" ] && [ "$DRY" != 1 ] && [ "$PART_STATUS" != partial ]; then
     say "compute-sanitizer memcheck on: $failed"
     within 120 env KVPR_THREADS=$THREADS LD_LIBRARY_PATH="$LIBS" "$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)" \
         --tool memcheck --print-limit 10 "$BIN/tests/kvpr_tests" --gtest_filter="$failed" > "$PART_RAW/sanitizer.txt" 2>&1
@@ -219,7 +231,8 @@ part_decode() {
 
 part_kvprd() {
   local model port=18601 c mode
-  model=$(model_dir) || { say "no checkpoint to serve"; PART_STATUS=failed; return; }
+  model_dir || { say "no checkpoint to serve"; PART_STATUS=failed; return; }
+  model=$MODEL
   say "kvprd on $model in its default kv mode, max-batch 32: http_load at concurrency $CONCURRENCY ($HTTP)"
   # shellcheck disable=SC2086
   if ! start_kvprd $port "$PART_RAW/kvprd.log" --model "$model" --max-batch 32 $SERVE_ARGS; then
@@ -240,7 +253,7 @@ part_kvprd() {
   else
     say "the official openai client: skipped (no Node.js here, or no .carry/npm-openai.tar.xz)"
   fi
-  python3 -c "import json,urllib.request; json.dump(json.load(urllib.request.urlopen('http://127.0.0.1:$port/health')), open('$PART_RAW/health.json','w'))"
+  within 10 python3 -c "import json,urllib.request; json.dump(json.load(urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=5)), open('$PART_RAW/health.json','w'))"
   stop_kvprd
   set -- $CONCURRENCY
   c=${!#}
@@ -255,7 +268,8 @@ part_kvprd() {
 
 part_auto() {
   local model port=18611 name
-  model=$(model_dir) || { say "no checkpoint to serve"; PART_STATUS=failed; return; }
+  model_dir || { say "no checkpoint to serve"; PART_STATUS=failed; return; }
+  model=$MODEL
   for name in default small-budget resident; do
     local args=()
     case $name in
@@ -308,12 +322,13 @@ part_paged() {
   local model port=18621 sampler
   say "kvpr-bench decode: the block size 8 .. 128 (kvpr, resident)"
   # shellcheck disable=SC2086
-  within 120 env KVPR_THREADS=$THREADS LD_LIBRARY_PATH="$LIBS" "$BIN/bench/kvpr-bench" decode --preset "$PRESET" \
+  within 200 env KVPR_THREADS=$THREADS LD_LIBRARY_PATH="$LIBS" "$BIN/bench/kvpr-bench" decode --preset "$PRESET" \
       --backend "$BACKEND" $BLOCKS --json "$PART_RAW/blocks.json" \
       --modes kvpr,kvpr@8,kvpr@16,kvpr@32,kvpr@64,kvpr@128,resident,resident@8,resident@16,resident@32,resident@64,resident@128 \
       > "$PART_RAW/blocks.txt" 2>&1
   tail -14 "$PART_RAW/blocks.txt"
-  model=$(model_dir) || { say "no checkpoint to serve"; PART_STATUS=failed; return; }
+  model_dir || { say "no checkpoint to serve"; PART_STATUS=failed; return; }
+  model=$MODEL
   say "kvprd, kvpr, max-batch $PAGED_BATCH, kv-cache $PAGED_KV: $PAGED_SERVE"
   # shellcheck disable=SC2086
   if ! start_kvprd $port "$PART_RAW/kvprd.log" --model "$model" --kv-mode kvpr --max-batch $PAGED_BATCH \
@@ -372,21 +387,24 @@ part_flexgen() {
   fi
   # A policy FlexLLMGen cannot run here (past the host's or the GPU's memory) is its result, not
   # the part's failure: the part fails only when none ran.
-  local status=$PART_STATUS
+  local status
   while IFS='|' read -r percent flags; do
     i=$(( i + 1 ))
     say "$model: FlexLLMGen $gbs x $ngb, percent $percent $flags"
+    status=$PART_STATUS
     # shellcheck disable=SC2086
     PYTHONUNBUFFERED=1 within 215 python3 bench/flexgen_peer.py --flexgen "$FLEXGEN" --model "$model" \
         --prompt "$FLEX_PROMPT" --gen "$FLEX_GEN" --gpu-batch-size "$gbs" --num-gpu-batches "$ngb" --percent $percent $flags \
         --time-limit 200 --offload-dir "$RAW/flexllmgen_offload" --json "$PART_RAW/flexgen-$i.json" > "$PART_RAW/flexgen-$i.txt" 2>&1
     tail -3 "$PART_RAW/flexgen-$i.txt"
+    # Its JSON written (a result, a refusal past memory, its own watchdog's time limit): that is
+    # FlexLLMGen's outcome for the policy, not this part's failure.
+    [ -s "$PART_RAW/flexgen-$i.json" ] && PART_STATUS=$status
   done <<'POLICIES'
 0 100 0 100 0 100|
 0 100 0 100 0 100|--cpu-cache-compute
 50 50 0 100 0 100|
 POLICIES
-  [ "$PART_STATUS" = partial ] || PART_STATUS=$status
   grep -qs '"decode_tokens_per_s"' "$PART_RAW"/flexgen-*.json || { say "$model: no FlexLLMGen policy ran"; PART_STATUS=failed; }
 }
 
@@ -412,10 +430,11 @@ run_part() {
   $PARTS_PY make-room --out "$OUT" --raw "$RAW" --need 1 --running "$name" || return
   PART=$name PART_FP=$fp PART_EST=$est PART_RAW=$RAW/parts/$name PART_STATUS=complete
   PART_T0=$(date +%s.%N) PART_DEADLINE=$(( start + BUDGET - RESERVE ))
-  rm -rf "$PART_RAW" && mkdir -p "$PART_RAW"
+  rm -rf "$PART_RAW" && mkdir -p "$PART_RAW" && touch "$PART_RAW/.start"
   say "$name: start (estimate $est s, $left s left)"
   assemble running
-  ( while [ ! -e "$PART_RAW/.done" ]; do
+  local self=$$
+  ( while [ ! -e "$PART_RAW/.done" ] && kill -0 $self 2>/dev/null; do
       for _ in 1 2 3; do [ -e "$PART_RAW/.done" ] && break; sleep 1; done
       [ -e "$PART_RAW/.done" ] || assemble running
     done ) &
@@ -425,8 +444,8 @@ run_part() {
   wait $pump
   assemble "$PART_STATUS"
   say "$name: $PART_STATUS in $(python3 -c "import time; print(round(time.time() - $PART_T0))") s (estimate $est s)"
-  # A part that left traces: one archive of every part's, when it fits what comes back.
-  if [ -d "$RAW/traces" ] && [ -n "$(find "$RAW/traces" -type f -print -quit)" ]; then
+  # A part that wrote traces: one archive of every part's, when it fits what comes back.
+  if [ -d "$RAW/traces" ] && [ -n "$(find "$RAW/traces" -type f -newer "$PART_RAW/.start" -print -quit)" ]; then
     tar -czf "$RAW/traces.tar.gz" -C "$RAW" traces
     if [ "$(stat -c %s "$RAW/traces.tar.gz")" -lt $(( 15 << 20 )) ]; then
       [ -e "$OUT/traces.tar.gz" ] || $PARTS_PY make-room --out "$OUT" --raw "$RAW" --need 1

@@ -51,7 +51,9 @@ class Part:
 # cpu-attn's host prefill 151 s), else from the dry runs' proportions; a newer measured result of
 # the part replaces its estimate (estimate() below), so these are only the first guesses.
 PARTS = [
-    Part('tests', 40, 25, BUILD + ['tests/CMakeLists.txt', 'tests/engine', 'tests/data'],
+    Part('tests', 40, 25, BUILD + ['tests/CMakeLists.txt', 'tests/*.h', 'tests/engine', 'tests/openai', 'tests/worker',
+                                   'tests/numa', 'tests/daemon/*.cc', 'tests/data', 'openai', 'worker', 'numa', 'daemon/*.cc',
+                                   'daemon/*.h'],
          'the GPU tests (CUDA ops against the CPU, paged and two-segment attention, copy_spans, every KV '
          'mode and auto against the CPU greedy tokens, graphs), compute-sanitizer on any failure'),
     Part('decode', 170, 25, BENCH,
@@ -99,7 +101,7 @@ def _measured_files(root, patterns):
 def script_sections(root):
     """The helpers section and each part_<name> function of the entry point, as text."""
     text = open(os.path.join(root, SCRIPT)).read()
-    m = re.search(r'^# ---- helpers the parts measure with.*?^# ---- end of helpers', text, re.S | re.M)
+    m = re.search(r'^# ---- what the parts measure with.*?^# ---- end of helpers', text, re.S | re.M)
     helpers = m.group(0) if m else ''
     funcs = {g.group(1): g.group(0) for g in re.finditer(r'^(part_[a-z0-9_]+)\(\) \{\n.*?^\}\n', text, re.S | re.M)}
     return helpers, funcs
@@ -138,11 +140,15 @@ def results_of(results_dir, kind, part):
 
 
 def estimate(results_dir, kind, part):
-    """The newest complete result's measured seconds, else the table's guess."""
+    """The newest complete result's measured seconds, else the table's guess; a part cut short
+    since then (partial) needs more than it had: at least 1.5 times those seconds."""
+    raised = 0  # by partial results newer than the complete one
     for _, doc in results_of(results_dir, kind, part.name):
         if doc.get('status') == 'complete' and doc.get('seconds'):
-            return int(doc['seconds'] + 0.5)
-    return part.estimate[kind]
+            return max(raised, int(doc['seconds'] + 0.5))
+        if doc.get('status') == 'partial' and doc.get('seconds'):
+            raised = max(raised, int(doc['seconds'] * 1.5 + 0.5))
+    return max(raised, part.estimate[kind])
 
 
 def plan(root, results_dir, kind):
@@ -313,11 +319,13 @@ def make_room(out, raw, need, running):
     leaves more than MAX_FILES."""
     tar_path = os.path.join(out, TAR)
     while True:
-        files = [f for f in os.listdir(out) if os.path.isfile(os.path.join(out, f)) and not f.endswith('.part')]
+        files = [f for f in os.listdir(out) if os.path.isfile(os.path.join(out, f))]
         limit = MAX_FILES if os.path.exists(tar_path) else MAX_FILES - 1  # creating the tar adds a file
+        if os.stat(raw).st_dev != os.stat(out).st_dev:
+            limit -= 1  # a part's JSON is then written as a temporary in $OUT before its rename
         if len(files) + need <= limit:
             return
-        parts = sorted((f for f in files if f.endswith('.json') and f != running + '.json'),
+        parts = sorted((f for f in files if f.endswith('.json') and f != running + '.json' and f != TAR),
                        key=lambda f: os.path.getmtime(os.path.join(out, f)))
         if not parts:
             raise SystemExit(f'device_parts: $OUT holds {len(files)} files and none can be packed')
@@ -356,6 +364,10 @@ def collect(files_at, results_dir):
         if 'part' not in d:
             continue
         name = f"{d['date'][:10]}-{d['kind']}-{d['part']}-{d['commit'][:12]}.json"
+        old = _load(os.path.join(results_dir, name)) if os.path.exists(os.path.join(results_dir, name)) else None
+        if old and old.get('status') == 'complete' and d.get('status') != 'complete':
+            print(f'device_parts: kept the complete {name}; this run\'s is {d.get("status")}', file=sys.stderr)
+            continue
         with open(os.path.join(results_dir, name), 'w') as o:
             json.dump(d, o, indent=1)
             o.write('\n')

@@ -9,7 +9,9 @@
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
+# On any exit: the background jobs, and the entry point the kill step runs in a session of its own.
+trap 'kill $(jobs -p) 2>/dev/null; [ -s "$tmp/kill/pid" ] && kill -KILL -- -"$(cat "$tmp/kill/pid")" 2>/dev/null;
+      pkill -KILL -f "^[^ ]*kvpr-bench decode .*--json $tmp/" 2>/dev/null; rm -rf "$tmp"' EXIT
 cd "$root"
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -112,8 +114,8 @@ k = json.load(open(glob.glob(f'{res}/*-dryrun-kvprd-*.json')[0]))
 assert k['summary']['served_tpot_over_bench_step'] > 0 and k['results']['http-4']['completed'] == 4, k['summary']
 PY
 
-echo "== run 2: what run 1 measured is skipped; a budget of 37 s leaves the 30 s parts out"
-entry run2 KVPR_DEVICE_BIN="$tmp/build" KVPR_DEVICE_PREFIX="$pfx" KVPR_DEVICE_BUDGET_S=37
+echo "== run 2: what run 1 measured is skipped; a budget of 38 s leaves the 30 s parts out"
+entry run2 KVPR_DEVICE_BIN="$tmp/build" KVPR_DEVICE_PREFIX="$pfx" KVPR_DEVICE_BUDGET_S=38
 for p in tests decode kvprd; do grep -q "== \[[0-9]*s\] $p: measured for this tree" "$tmp/run2/stdout" || fail "run 2 did not skip $p"; done
 grep -q "auto: start" "$tmp/run2/stdout" || fail "run 2 did not run auto: $(cat "$tmp/run2/stdout")"
 for p in sweep scale paged; do grep -q "$p: skipped, its estimate of 30 s does not fit" "$tmp/run2/stdout" || fail "run 2 ran $p"; done

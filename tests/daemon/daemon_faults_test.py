@@ -533,6 +533,108 @@ def unresponsive_workers():
         d.stop()
 
 
+# ------------------------------------------------------------------ supervision with no dead ends
+
+def supervision():
+    # A worker that closes its channel and never exits (seen for real: a worker out of memory
+    # hanging in exit() inside OpenBLAS's shutdown): killed with its process group after
+    # --worker-timeout, then restarted; nothing it started survives.
+    real = os.path.join(os.path.dirname(os.path.abspath(base.KVPRD)), "..", "worker", "kvpr-worker")
+    wrapper = os.path.join(base.TMP, "hang-worker.sh")
+    marker = os.path.join(base.TMP, "hang-worker.once")
+    with open(wrapper, "w") as f:
+        f.write(f"""#!/bin/bash
+# Worker 0's first start closes its channel and hangs (a child of its own keeps it company).
+if [[ " $* " == *" --index 0 "* ]] && [ ! -e {marker} ]; then
+  touch {marker}; exec 3>&-; sleep 987 & wait
+fi
+exec {os.path.abspath(real)} "$@"
+""")
+    os.chmod(wrapper, 0o755)
+    if os.path.exists(marker):
+        os.remove(marker)
+    d = Daemon("--worker-timeout", "3", "--worker-binary", wrapper, wait_ready=False)
+    try:
+        t0 = time.time()
+        h = wait_all_ok(d, lambda h: h["workers"][0]["restarts"] >= 1, timeout=40)
+        took = time.time() - t0
+        w0 = h["workers"][0]
+        check("a worker that closed its channel and hung is killed after --worker-timeout and restarted",
+              h["status"] == "ok" and w0["restarts"] >= 1 and "did not exit within 3 s" in w0.get("last_error", "") and took < 20,
+              (took, h))
+        check("its process group went with it (the child it started too)",
+              subprocess.run(["pgrep", "-f", "sleep 987"], capture_output=True).returncode == 1)
+        st, body = base.completion(d, "Hello, my name is", 4)
+        check("served after the restart", st == 200, body)
+    finally:
+        d.stop()
+
+    # A restart that fails (out of descriptors: socketpair fails) is retried with backoff until
+    # it succeeds once descriptors are back.
+    limit = 48
+
+    def low_fd_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    port = base.free_port()
+    logpath = os.path.join(base.TMP, "kvprd-restart-emfile.log")
+    log = open(logpath, "w")
+    proc = subprocess.Popen([base.KVPRD, "--model", MODEL, "--port", str(port), "--workers", "1", "--config", "/dev/null",
+                             "--max-connections", "40"], stdout=log, stderr=subprocess.STDOUT, preexec_fn=low_fd_limit)
+    held = []
+    try:
+        d2 = Daemon.__new__(Daemon)
+        d2.port, d2.proc = port, proc
+        d2.wait_listening()
+        h = wait_all_ok(d2, lambda h: True, timeout=60)
+        pid = h["workers"][0]["pid"]
+        for _ in range(limit + 10):
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 20
+        while time.time() < deadline and "restart failed" not in open(logpath).read():
+            time.sleep(0.2)
+        text = open(logpath).read()
+        check("a restart out of descriptors fails, says why and when it retries",
+              "restart failed" in text and "Too many open files" in text and "retrying in" in text, text[-1500:])
+        for c in held:
+            c.close()
+        held = []
+        h = wait_all_ok(d2, lambda h: h["workers"][0]["pid"] not in (pid, 0) and h["workers"][0]["state"] == "ready",
+                        timeout=40)
+        check("descriptors back: the retried restart succeeded", h["status"] == "ok" and h["workers"][0]["pid"] != pid, h)
+    finally:
+        for c in held:
+            c.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+    # SIGTERM while a worker is stopped (SIGSTOP: it never reads the shutdown message): kvprd
+    # kills it after the stop grace and exits within its bound.
+    d = Daemon()
+    try:
+        st, h = d.get("/health")
+        os.kill(h["workers"][1]["pid"], signal.SIGSTOP)
+        t0 = time.time()
+        d.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = d.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        took = time.time() - t0
+        check("stop finishes within its bound while a worker ignores it", rc == 0 and took < 15, (rc, took))
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+
+
 def wait_all_ok(d, also, timeout=30):
     """/health once it is ok and `also(health)` holds (or the last one after `timeout`)."""
     deadline = time.time() + timeout
@@ -715,7 +817,8 @@ def haproxy_scale_out():
 def main():
     subprocess.check_call([base.KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
     only = sys.argv[1:]  # parts to run (all when none are named)
-    for part in [hostile, deep_tool_parameters, http_framing, api_keys, reload, unresponsive_workers, drain, haproxy_scale_out]:
+    for part in [hostile, deep_tool_parameters, http_framing, api_keys, reload, unresponsive_workers, supervision, drain,
+                 haproxy_scale_out]:
         if only and part.__name__ not in only:
             continue
         t0 = time.time()
