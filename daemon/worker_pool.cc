@@ -88,32 +88,38 @@ class Outbox {
 
 }  // namespace
 
+// One process of a worker, from its spawn until it is reaped (or given up on: see
+// Supervisor). Shared with its reader thread, which outlives it when the process never exits.
+struct WorkerPool::Process {
+  pid_t pid = 0;
+  std::mutex mu;
+  bool reaped = false;          // under mu: from here on the pid may be another process's
+  std::string exit_why;         // how it ended, once reaped
+  std::atomic<bool> done{false};       // reaped (exit_why is set)
+  std::atomic<bool> abandoned{false};  // the pool stopped waiting for it
+  // SIGKILL to its process group (the worker and anything it started), only while unreaped.
+  void kill() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (reaped || pid <= 0) return;
+    ::kill(-pid, SIGKILL);
+    ::kill(pid, SIGKILL);  // if it had not yet made its own group
+  }
+};
+
 struct WorkerPool::Worker {
   int index = 0;
   bool cuda = false;
   int device = 0;
-  pid_t pid = 0;
+  std::shared_ptr<Process> proc;  // the current process, if any
   std::shared_ptr<FrameChannel> ch;
   std::shared_ptr<Outbox> out;  // this incarnation's, drained by `sender`
   std::thread sender;
   uint64_t gen = 0;  // incarnation: messages of an earlier process are ignored
-  std::string state = "starting";
-  int restarts = 0;
+  Supervisor sup;
   int unresponsive = 0;             // times it went silent past --worker-timeout and was killed
   Clock::time_point last_heard{};   // its last message (heartbeats come every second)
   int64_t step_ms = 0;              // from its last heartbeat: how long its current step has run
-  std::string unresponsive_why;     // set when it was killed for silence, until it is gone
-  std::chrono::milliseconds backoff{1000};
   std::thread reader;
-  std::atomic<bool> reader_done{true};
-  // Set (under reap_mu) before the reader reaps the process: a kill after it could reach
-  // another process that took the pid.
-  std::mutex reap_mu;
-  bool reaping = false;
-  void kill_process() {
-    std::lock_guard<std::mutex> lock(reap_mu);
-    if (!reaping && pid > 0) ::kill(pid, SIGKILL);
-  }
   struct Pending {
     EventSink sink;
     int64_t cost;
@@ -127,12 +133,13 @@ struct WorkerPool::Worker {
   std::string last_error, fatal;
   WorkerStats stats;
   ReadyMessage info;
-  std::unique_ptr<boost::asio::steady_timer> restart_timer;
+  std::unique_ptr<boost::asio::steady_timer> timer;  // the supervisor's next deadline
   bool first_start = true;  // the NCCL weight broadcast happens only at the first start
   bool ever_ready = false;
   bool failed_at_start = false;  // reported an error and exited before it was ever ready
   int numa_node = -1;     // from the placement plan
   std::vector<int> cpus;  // disjoint from the other workers'
+  pid_t pid() const { return proc ? proc->pid : 0; }
 };
 
 WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std::string worker_binary)
@@ -162,7 +169,10 @@ WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std
     w->index = i;
     w->cuda = cuda;
     w->device = cuda ? devices[i] : 0;
-    w->restart_timer = std::make_unique<boost::asio::steady_timer>(io_);
+    w->timer = std::make_unique<boost::asio::steady_timer>(io_);
+    SupervisorTiming t;
+    t.exit_grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.worker_timeout_s * 1000));  // silent this long
+    w->sup = Supervisor(t);
     workers_.push_back(w);
   }
   // Several GPUs: read the weights once, broadcast them with NCCL.
@@ -216,12 +226,63 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
 }
 
 void WorkerPool::start() {
-  for (auto& w : workers_) spawn(*w);
+  for (auto& w : workers_) apply(*w, w->sup.start(Clock::now()));
   check_liveness();
 }
 
+// Does what the supervisor answered, then arms its timer for the next deadline.
+void WorkerPool::apply(Worker& w, const Supervisor::Actions& a) {
+  if (a.fail_pending) {
+    const std::string& why = w.sup.why();
+    fail_pending(w, why.rfind("was unresponsive", 0) == 0
+                        ? why
+                        : "stopped while generating (" + (w.fatal.empty() ? why : w.fatal + ": " + why) + ")");
+  }
+  if (a.kill && w.proc) w.proc->kill();
+  if (a.abandon) release(w, true);
+  if (a.send_shutdown && w.out) w.out->push(FrameChannel::frame(encode_shutdown()));
+  if (a.spawn) {
+    Supervisor::Actions next;
+    try {
+      spawn(w);
+      next = w.sup.spawned(Clock::now());
+    } catch (const std::exception& e) {
+      spdlog::error("worker {}: restart failed: {}; retrying in {} ms", w.index, e.what(), w.sup.next_backoff().count());
+      next = w.sup.spawn_failed(Clock::now(), e.what());
+    }
+    w.last_error = w.sup.why();
+    apply(w, next);
+    return;
+  }
+  if (!w.sup.why().empty()) w.last_error = w.fatal.empty() ? w.sup.why() : w.fatal + " (" + w.sup.why() + ")";
+  if (stopping_) return;  // stop() drives the supervisors itself
+  if (const auto due = w.sup.deadline()) {
+    w.timer->expires_at(*due);
+    w.timer->async_wait([this, &w](const boost::system::error_code& ec) {
+      if (!ec && !stopping_) apply(w, w.sup.tick(Clock::now()));
+    });
+  }
+}
+
+// The end of a process's channel and threads: its outbox closed, its socket shut (a sender
+// blocked on a stopped peer returns), its threads joined, or left to finish on their own when
+// the process was given up on (`abandon`: its reader still waits to reap it).
+void WorkerPool::release(Worker& w, bool abandon) {
+  if (abandon && w.proc) w.proc->abandoned = true;  // before its reader can wake: it posts nothing more
+  if (w.out) w.out->close();
+  if (w.ch) w.ch->shutdown();
+  if (w.sender.joinable()) w.sender.join();
+  if (w.reader.joinable()) {
+    if (abandon) {
+      w.reader.detach();
+    } else {
+      w.reader.join();
+    }
+  }
+}
+
 void WorkerPool::spawn(Worker& w) {
-  if (w.reader.joinable()) w.reader.join();
+  if (w.reader.joinable() || w.sender.joinable()) release(w, !(w.proc && w.proc->done));
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     KVPR_THROW("socketpair failed: ", std::strerror(errno));
@@ -251,6 +312,7 @@ void WorkerPool::spawn(Worker& w) {
     KVPR_THROW("fork failed: ", std::strerror(errno));
   }
   if (pid == 0) {
+    ::setpgid(0, 0);                     // its own process group: SIGKILL reaches all it started
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a worker never outlives its controller
     if (sv[1] == 3) ::fcntl(3, F_SETFD, 0);
     else ::dup2(sv[1], 3);                // dup2 clears close-on-exec on the new descriptor
@@ -265,29 +327,25 @@ void WorkerPool::spawn(Worker& w) {
     ::_exit(127);
   }
   ::close(sv[1]);
+  ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before a kill
   w.first_start = false;  // a restart reads the checkpoint itself
-  w.pid = pid;
+  w.proc = std::make_shared<Process>();
+  w.proc->pid = pid;
   w.ch = std::make_shared<FrameChannel>(sv[0]);
   w.out = std::make_shared<Outbox>();
   w.sender = std::thread([out = w.out, ch = w.ch] { out->drain_into(*ch); });
   w.last_heard = Clock::now();
   w.step_ms = 0;
-  w.unresponsive_why.clear();
-  w.state = "starting";
   w.fatal.clear();
   ++w.gen;
-  w.reader_done = false;
-  {
-    std::lock_guard<std::mutex> lock(w.reap_mu);
-    w.reaping = false;
-  }
   spdlog::info("worker {}: started pid {} ({})", w.index, pid,
                w.cuda ? "cuda device " + std::to_string(w.device) : std::string("cpu"));
   auto self = workers_[w.index];
-  w.reader = std::thread([this, self, ch = w.ch, gen = w.gen] { reader_loop(self, ch, gen); });
+  w.reader = std::thread([this, self, ch = w.ch, proc = w.proc, gen = w.gen] { reader_loop(self, ch, proc, gen); });
 }
 
-void WorkerPool::reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameChannel> ch, uint64_t gen) {
+void WorkerPool::reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameChannel> ch, std::shared_ptr<Process> proc,
+                             uint64_t gen) {
   std::string why;
   try {
     while (true) {
@@ -297,23 +355,32 @@ void WorkerPool::reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameCha
     }
   } catch (const ChannelClosed&) {
   } catch (const std::exception& e) {
-    why = std::string("bad message: ") + e.what();
+    why = std::string("sent a bad message: ") + e.what();
+  }
+  if (!proc->abandoned)
+    boost::asio::post(io_, [this, w, gen, why] {
+      if (gen == w->gen) apply(*w, w->sup.channel_closed(Clock::now(), why, !why.empty()));
+    });
+  // Its exit, waited for without reaping it (WNOWAIT): until it is reaped below, its pid and
+  // process group are still its own, so the io thread's SIGKILL can never reach another process.
+  const pid_t pid = proc->pid;
+  siginfo_t info{};
+  while (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
   }
   int status = 0;
-  pid_t pid = w->pid;
-  if (!why.empty()) ::kill(pid, SIGKILL);
+  std::string how;
   {
-    std::lock_guard<std::mutex> lock(w->reap_mu);
-    w->reaping = true;
+    std::lock_guard<std::mutex> lock(proc->mu);
+    proc->reaped = true;
+    if (::waitpid(pid, &status, 0) == pid) {
+      if (WIFEXITED(status)) how = "exited with code " + std::to_string(WEXITSTATUS(status));
+      else if (WIFSIGNALED(status))
+        how = "killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+    }
+    proc->exit_why = why.empty() ? how : why + "; " + how;
   }
-  if (::waitpid(pid, &status, 0) == pid) {
-    if (WIFEXITED(status)) why += (why.empty() ? "" : "; ") + std::string("exited with code ") + std::to_string(WEXITSTATUS(status));
-    else if (WIFSIGNALED(status))
-      why += (why.empty() ? "" : "; ") + std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
-             strsignal(WTERMSIG(status)) + ")";
-  }
-  w->reader_done = true;
-  boost::asio::post(io_, [this, w, gen, why] { on_exit(*w, gen, why); });
+  proc->done = true;
+  if (!proc->abandoned) boost::asio::post(io_, [this, w, gen] { on_exit(*w, gen); });
 }
 
 void WorkerPool::handle(Worker& w, uint64_t gen, WorkerMessage& msg) {
@@ -323,11 +390,10 @@ void WorkerPool::handle(Worker& w, uint64_t gen, WorkerMessage& msg) {
   switch (msg.type) {
     case T::Heartbeat: w.step_ms = msg.step_ms; break;
     case T::Ready:
-      if (!w.unresponsive_why.empty()) return;  // killed already: its end is on its way
-      w.state = "ready";
+      if (w.sup.phase() != Supervisor::Phase::Starting) return;  // killed already: its end is on its way
+      apply(w, w.sup.ready(Clock::now()));
       w.ever_ready = true;
       w.info = std::move(msg.ready);
-      w.backoff = std::chrono::milliseconds(1000);
       spdlog::info("worker {}: ready ({}, kv mode {}, context {})", w.index, w.info.backend, w.info.kv_mode,
                    w.info.max_seq_len);
       if (!announced_ready_ && all_ready()) {
@@ -381,7 +447,8 @@ void WorkerPool::check_liveness() {
   const auto now = Clock::now();
   for (auto& wp : workers_) {
     Worker& w = *wp;
-    if (w.pid <= 0 || w.reader_done || !w.unresponsive_why.empty()) continue;
+    const auto ph = w.sup.phase();
+    if (!w.sup.process_live() || (ph != Supervisor::Phase::Starting && ph != Supervisor::Phase::Ready)) continue;
     const double silent = std::chrono::duration<double>(now - w.last_heard).count();
     std::string why;
     if (silent > cfg_.worker_timeout_s)
@@ -391,13 +458,9 @@ void WorkerPool::check_liveness() {
       why = "has been in one step for " + std::to_string(w.step_ms / 1000) + " s (--worker-step-timeout " +
             std::to_string(static_cast<int>(cfg_.worker_step_timeout_s)) + ")";
     if (why.empty()) continue;
-    w.unresponsive_why = "was unresponsive: " + why;
-    w.state = "unresponsive";
     ++w.unresponsive;
-    w.last_error = w.unresponsive_why;
-    spdlog::error("worker {}: pid {} {}; killing it", w.index, w.pid, why);
-    fail_pending(w, w.unresponsive_why);
-    w.kill_process();  // its reader then sees the end and restarts it
+    spdlog::error("worker {}: pid {} {}; killing it", w.index, w.pid(), why);
+    apply(w, w.sup.unresponsive(now, why));  // its requests fail now; it is killed, then restarted
   }
   liveness_timer_.expires_after(std::chrono::milliseconds(500));
   liveness_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -411,17 +474,11 @@ void WorkerPool::apply_config(const DaemonConfig& live) {
   cfg_.max_queue = live.max_queue;
 }
 
-void WorkerPool::on_exit(Worker& w, uint64_t gen, const std::string& why) {
-  if (gen != w.gen) return;
-  if (w.reader.joinable()) w.reader.join();
-  if (w.out) w.out->close();
-  if (w.sender.joinable()) w.sender.join();
-  w.state = "dead";
-  w.last_error = w.fatal.empty() ? why : w.fatal + " (" + why + ")";
-  if (!w.unresponsive_why.empty()) w.last_error = w.unresponsive_why + " (" + why + ")";
-  if (!stopping_) spdlog::error("worker {}: pid {} {}", w.index, w.pid, w.last_error);
-  fail_pending(w, "stopped while generating (" + w.last_error + ")");
-  if (stopping_) return;
+void WorkerPool::on_exit(Worker& w, uint64_t gen) {
+  if (gen != w.gen || !w.proc) return;
+  release(w, false);
+  const std::string how = w.proc->exit_why;
+  if (!stopping_) spdlog::error("worker {}: pid {} {}", w.index, w.pid(), w.fatal.empty() ? how : w.fatal + " (" + how + ")");
   // Every worker reported an error and exited before any was ever ready: the configuration
   // cannot start (a model that does not load, a cache that does not fit), and restarting will
   // not change that.
@@ -429,24 +486,15 @@ void WorkerPool::on_exit(Worker& w, uint64_t gen, const std::string& why) {
   const bool none_started = std::all_of(workers_.begin(), workers_.end(), [](const auto& x) {
     return !x->ever_ready && x->failed_at_start;
   });
-  if (none_started && on_start_failed_) {
+  const bool give_up = none_started && on_start_failed_;
+  apply(w, w.sup.exited(Clock::now(), how.empty() ? "exited" : how, !give_up));
+  if (give_up) {
     on_start_failed_("worker " + std::to_string(w.index) + ": " + w.fatal);
     return;
   }
-  ++w.restarts;
-  auto delay = w.backoff;
-  w.backoff = std::min(w.backoff * 2, std::chrono::milliseconds(30000));
-  spdlog::warn("worker {}: restarting in {} ms", w.index, delay.count());
-  w.restart_timer->expires_after(delay);
-  uint64_t expected = w.gen;
-  w.restart_timer->async_wait([this, &w, expected](const boost::system::error_code& ec) {
-    if (ec || stopping_ || w.gen != expected) return;
-    try {
-      spawn(w);
-    } catch (const std::exception& e) {
-      spdlog::error("worker {}: restart failed: {}", w.index, e.what());
-    }
-  });
+  if (w.sup.phase() == Supervisor::Phase::Dead)
+    spdlog::warn("worker {}: restarting in {} ms", w.index,
+                 std::chrono::duration_cast<std::chrono::milliseconds>(*w.sup.deadline() - Clock::now()).count());
 }
 
 bool WorkerPool::submit(const GenerateMessage& request, int64_t cost, EventSink sink, std::string* why) {
@@ -461,7 +509,7 @@ bool WorkerPool::submit(const GenerateMessage& request, int64_t cost, EventSink 
   Worker* affine = nullptr;
   size_t affine_len = 0;
   for (auto& w : workers_) {
-    if (w->state != "ready" || w->out->queued_bytes() > Outbox::kBusyBytes) continue;
+    if (!w->sup.takes_requests() || w->out->queued_bytes() > Outbox::kBusyBytes) continue;
     if (!best || w->outstanding < best->outstanding ||
         (w->outstanding == best->outstanding && w->pending.size() < best->pending.size()))
       best = w.get();
@@ -518,9 +566,9 @@ std::vector<WorkerStatus> WorkerPool::status() const {
   for (const auto& w : workers_) {
     WorkerStatus s;
     s.index = w->index;
-    s.state = w->state;
-    s.pid = w->pid;
-    s.restarts = w->restarts;
+    s.state = w->sup.state();
+    s.pid = w->pid();
+    s.restarts = w->sup.restarts();
     s.unresponsive = w->unresponsive;
     s.in_flight = static_cast<int64_t>(w->pending.size());
     s.last_error = w->last_error;
@@ -532,11 +580,11 @@ std::vector<WorkerStatus> WorkerPool::status() const {
 }
 
 bool WorkerPool::all_ready() const {
-  return std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->state == "ready"; });
+  return std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->sup.takes_requests(); });
 }
 
 int WorkerPool::ready_count() const {
-  return static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w->state == "ready"; }));
+  return static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w->sup.takes_requests(); }));
 }
 
 int64_t WorkerPool::in_flight() const {
@@ -545,24 +593,30 @@ int64_t WorkerPool::in_flight() const {
   return n;
 }
 
+// The shutdown message to every worker, SIGKILL to those still there after the stop grace, and
+// after the kill wait the ones that never died are left to be reaped in the background: stop
+// returns within stop_grace + kill_wait (SupervisorTiming) whatever the workers do.
 void WorkerPool::stop() {
   if (stopping_ && workers_.empty()) return;
   stopping_ = true;
-  const json::Value m = encode_shutdown();
   liveness_timer_.cancel();
   for (auto& w : workers_) {
-    w->restart_timer->cancel();
-    if (w->out && !w->reader_done) w->out->push(FrameChannel::frame(m));
+    w->timer->cancel();
+    apply(*w, w->sup.stop(Clock::now()));
   }
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  for (auto& w : workers_) {
-    while (!w->reader_done && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (!w->reader_done) w->kill_process();
-    if (w->reader.joinable()) w->reader.join();
-    if (w->out) w->out->close();
-    if (w->sender.joinable()) w->sender.join();
+  while (true) {
+    bool all = true;
+    for (auto& w : workers_) {
+      if (w->sup.phase() == Supervisor::Phase::Stopped) continue;
+      all = false;
+      const auto now = Clock::now();
+      if (w->proc && w->proc->done) apply(*w, w->sup.exited(now, w->proc->exit_why, false));
+      else if (w->sup.deadline() && now >= *w->sup.deadline()) apply(*w, w->sup.tick(now));
+    }
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  for (auto& w : workers_) release(*w, !(w->proc && w->proc->done));
   workers_.clear();
 }
 

@@ -1,8 +1,9 @@
 // The controller's side of the workers: spawning kvpr-worker processes (one per GPU, or N
 // CPU workers), the framed channel to each (sends queued, written by a thread per worker, so a
 // stuck worker never blocks the io thread), routing requests by least outstanding work,
-// supervision (a dead or unresponsive worker's requests fail with a clear error, it restarts
-// with backoff) and the workers' stats. All callbacks run on the io_context's thread.
+// supervision (daemon/supervisor.h: a dead, hung or unresponsive worker's requests fail with a
+// clear error, it is killed and restarts with backoff, retried until it starts) and the workers'
+// stats. All callbacks run on the io_context's thread.
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "daemon/config.h"
+#include "daemon/supervisor.h"
 #include "engine/base/json.h"
 #include "worker/frame_channel.h"
 #include "worker/protocol.h"
@@ -28,7 +30,7 @@ using EventSink = std::function<void(const EngineEvent&)>;
 
 struct WorkerStatus {
   int index = 0;
-  std::string state;  // starting, ready, dead
+  std::string state;  // starting, ready, exiting, unresponsive, dead, stopping, stopped, failed (Supervisor)
   pid_t pid = 0;
   int restarts = 0;
   int unresponsive = 0;  // times killed for going silent (or stuck in a step)
@@ -68,11 +70,15 @@ class WorkerPool {
   void on_start_failed(std::function<void(const std::string&)> f) { on_start_failed_ = std::move(f); }
 
  private:
+  struct Process;
   struct Worker;
+  void apply(Worker& w, const Supervisor::Actions& a);
+  void release(Worker& w, bool abandon);
   void spawn(Worker& w);
-  void reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameChannel> ch, uint64_t gen);
+  void reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameChannel> ch, std::shared_ptr<Process> proc,
+                   uint64_t gen);
   void handle(Worker& w, uint64_t gen, WorkerMessage& msg);
-  void on_exit(Worker& w, uint64_t gen, const std::string& why);
+  void on_exit(Worker& w, uint64_t gen);
   void fail_pending(Worker& w, const std::string& why);
   void check_liveness();
   std::vector<std::string> worker_args(const Worker& w, int fd) const;
