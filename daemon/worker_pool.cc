@@ -413,14 +413,40 @@ void WorkerPool::handle(Worker& w, uint64_t gen, WorkerMessage& msg) {
         const EngineEvent& ev = re.event;
         if (ev.token >= 0 && it->second.tokens) it->second.tokens->push_back(ev.token);
         EventSink sink = it->second.sink;
-        if (!ev.error.empty() || !ev.finish_reason.empty()) {
-          w.outstanding -= it->second.cost;
+        const bool last = !ev.error.empty() || !ev.finish_reason.empty();
+        const int64_t cost = it->second.cost;
+        if (last) {
+          w.outstanding -= cost;
           w.pending.erase(it);
           route_.erase(re.id);
         }
-        sink(ev);
+        if (!deliver(sink, ev, re.id) && !last) {  // ended mid-answer: the worker stops generating it
+          cancel(re.id);
+          w.outstanding -= cost;
+          w.pending.erase(re.id);
+          route_.erase(re.id);
+        }
       }
       break;
+  }
+}
+
+// One request's event to its sink. What the sink throws (its response could not be built: a tool
+// call that does not parse, text it cannot encode) ends that request alone with an error event;
+// it never unwinds into the pool or the event loop. False when the sink threw.
+bool WorkerPool::deliver(const EventSink& sink, const EngineEvent& ev, uint64_t id) {
+  try {
+    sink(ev);
+    return true;
+  } catch (const std::exception& e) {
+    spdlog::error("request {}: {}", id, e.what());
+    EngineEvent err;
+    err.error = std::string("internal error: ") + e.what();
+    try {
+      sink(err);
+    } catch (const std::exception&) {  // nothing more can be said to it
+    }
+    return false;
   }
 }
 
@@ -434,7 +460,7 @@ void WorkerPool::fail_pending(Worker& w, const std::string& why) {
     route_.erase(id);
     EngineEvent ev;
     ev.error = "worker " + std::to_string(w.index) + " " + why + "; the request was not completed";
-    p.sink(ev);
+    deliver(p.sink, ev, id);
   }
 }
 

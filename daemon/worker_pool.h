@@ -80,6 +80,7 @@ class WorkerPool {
   void handle(Worker& w, uint64_t gen, WorkerMessage& msg);
   void on_exit(Worker& w, uint64_t gen);
   void fail_pending(Worker& w, const std::string& why);
+  bool deliver(const EventSink& sink, const EngineEvent& ev, uint64_t id);
   void check_liveness();
   std::vector<std::string> worker_args(const Worker& w, int fd) const;
 

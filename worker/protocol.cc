@@ -285,6 +285,7 @@ EngineEvent engine_event(const StepOutput& o, const SequenceResult* finished) {
   ev.prompt_logprobs.assign(o.prompt_logprobs.begin(), o.prompt_logprobs.end());
   for (const auto& t : o.prompt_top) ev.prompt_top.push_back(widened(t));
   ev.text = o.text;
+  if (!o.error.empty()) ev.error = o.error;  // this sequence alone failed
   if (finished) {
     ev.finish_reason = finish_reason_name(o.finish);
     ev.completion_tokens = static_cast<int64_t>(finished->tokens.size());

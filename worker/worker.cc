@@ -100,13 +100,24 @@ class WorkerLoop {
     return encode_ready(m);
   }
 
-  // Until the controller says shutdown (returns 0); throws ChannelClosed when it goes away.
+  // Until the controller says shutdown (returns 0); throws ChannelClosed when it goes away. A
+  // step that fails as a whole (one sequence's fault ends only that sequence, in the Generator)
+  // is fatal: the worker says why and exits (1), and kvprd fails its requests and restarts it.
   int serve() {
     last_stats_ = Clock::now() - std::chrono::seconds(10);
     stats_since_ = Clock::now();
     while (true) {
       if (!take_messages()) return 0;
-      if (!gen_->idle()) step();
+      if (!gen_->idle()) {
+        try {
+          step();
+        } catch (const ChannelClosed&) {
+          throw;
+        } catch (const std::exception& e) {
+          ch_.send(encode_fatal(std::string("a decode step failed: ") + e.what()));
+          return 1;
+        }
+      }
       if (Clock::now() - last_stats_ > std::chrono::milliseconds(500)) send_stats();
     }
   }

@@ -25,6 +25,7 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::Stop: return "stop";
     case FinishReason::Length: return "length";
     case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
   }
   return "?";
 }
@@ -317,8 +318,10 @@ bool Generator::emit_token(Sequence& s, const Sampled& pick, std::vector<TokenLo
     return true;
   }
   size_t before = s.text.size();
+  at_stage(SequenceStage::Detokenize, s);
   s.text += s.decoder.push(pick.token);
   // Stop strings: search only where a new match could start.
+  at_stage(SequenceStage::StopMatch, s);
   size_t cut = std::string::npos;
   for (const auto& stop : s.params.stop) {
     size_t from = before >= stop.size() ? before - stop.size() + 1 : 0;
@@ -366,6 +369,7 @@ void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_
       // Penalties count the drafts taken so far as generated; the JSON mask follows them too (the
       // constraint advances by each token handed out, drafts included, and by nothing else).
       if (sp.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, sp, s.prompt, s.tokens);
+      if (s.json) at_stage(SequenceStage::Constraint, s);
       if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
         StepOutput ev;  // a complete text with nothing allowed after it, and no end id to say so
         ev.id = s.id;
@@ -374,6 +378,7 @@ void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_
         return;
       }
       const float* choose = adjusted.empty() ? row : adjusted.data();
+      at_stage(SequenceStage::Sampling, s);
       int32_t t;
       if (greedy) {
         t = row_argmax_lse(choose, valid_vocab_).token;
@@ -386,7 +391,7 @@ void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_
         t = sample_token(choose, valid_vocab_, sp, s.rng, scratch_).token;
       }
       pick = Sampled{t, static_cast<float>(static_cast<double>(row[t]) - stats[2 * r + 1])};
-      if (s.json) s.json->advance(t);
+      advance_constraint(s, t);
     }
     s.past_len = past + 1 + j;  // K/V of the last token and of the drafts taken so far
     StepOutput ev;
@@ -421,7 +426,29 @@ struct Generator::StepPlan {
 struct Generator::StepChoices {
   std::vector<Sampled> picks;
   std::vector<std::vector<TokenLogprob>> tops;
+  std::vector<std::string> errors;  // a sequence whose host choice threw: it ends with the error
 };
+
+void Generator::at_stage(SequenceStage stage, const Sequence& s) const {
+  if (fault_hook_) fault_hook_(stage, s.id);
+}
+
+// The constraint follows the text; an end id ends the sequence and is no text (a model whose end
+// id is an ordinary token, such as Qwen2.5's "#" under an eos_token_id of 2, must not feed it to
+// the JSON recognizer).
+void Generator::advance_constraint(Sequence& s, int32_t t) {
+  if (!s.json || std::find(s.end_ids.begin(), s.end_ids.end(), t) != s.end_ids.end()) return;
+  at_stage(SequenceStage::Constraint, s);
+  s.json->advance(t);
+}
+
+void Generator::fail_sequence(Sequence& s, const std::string& why, std::vector<StepOutput>& out) {
+  StepOutput ev;
+  ev.id = s.id;
+  ev.error = why;
+  // The text so far stays as the result's; the decoder's held bytes may be what failed.
+  finish(s, FinishReason::Error, false, out, ev);
+}
 
 namespace {
 bool is_greedy(const GenerationParams& p) { return p.sampling.temperature == 0.f || p.sampling.top_k == 1; }
@@ -444,6 +471,7 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   StepChoices choices;
   choices.picks.resize(p.batch.size());
   choices.tops.resize(p.batch.size());
+  choices.errors.resize(p.batch.size());
   take_device_choices(p, choices);
   if (p.need_logits && !observer) {
     ThreadPool::global().parallel_for(static_cast<int64_t>(p.batch.size()), 1, [&](int64_t b, int64_t e) {
@@ -645,6 +673,15 @@ void Generator::score_prompt(const StepPlan& p, size_t i, std::vector<std::pair<
 // which the reported log-probability is still the model's). Each sequence has its own random
 // generator, so the draws do not depend on the threads this runs on.
 void Generator::choose_on_host(const StepPlan& p, size_t i, StepChoices& ch, std::vector<std::pair<float, int32_t>>& scratch) {
+  try {
+    choose_on_host_unguarded(p, i, ch, scratch);
+  } catch (const std::exception& e) {  // this sequence's fault alone: emit_chunk ends it
+    ch.errors[i] = e.what();
+  }
+}
+
+void Generator::choose_on_host_unguarded(const StepPlan& p, size_t i, StepChoices& ch,
+                                         std::vector<std::pair<float, int32_t>>& scratch) {
   Sequence& s = *p.batch[i];
   if (p.speculates[i]) return;  // its rows are taken in order (accept_drafts)
   if (p.scores_prompt(i)) score_prompt(p, i, scratch);
@@ -655,15 +692,18 @@ void Generator::choose_on_host(const StepPlan& p, size_t i, StepChoices& ch, std
   if (s.params.sampling.adjusts_logits() || s.json) {
     std::vector<float> adjusted(row, row + model_.spec().vocab_size);
     if (s.params.sampling.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, s.params.sampling, s.prompt, s.tokens);
+    if (s.json) at_stage(SequenceStage::Constraint, s);
     if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
       ch.picks[i] = Sampled{-1, 0.f};  // a complete object, and no end id to say so: it ends here
       return;
     }
+    at_stage(SequenceStage::Sampling, s);
     const int32_t t = is_greedy(s.params) ? row_argmax_lse(adjusted.data(), valid_vocab_).token
                                           : sample_token(adjusted.data(), valid_vocab_, s.params.sampling, s.rng, scratch).token;
-    if (s.json) s.json->advance(t);
+    advance_constraint(s, t);
     ch.picks[i] = Sampled{t, static_cast<float>(static_cast<double>(row[t]) - lse)};
   } else if (!is_greedy(s.params)) {
+    at_stage(SequenceStage::Sampling, s);
     ch.picks[i] = sample_token(row, valid_vocab_, s.params.sampling, s.rng, scratch);
   }
 }
@@ -673,7 +713,17 @@ void Generator::choose_on_host(const StepPlan& p, size_t i, StepChoices& ch, std
 void Generator::emit(StepPlan& p, StepChoices& ch, const LogitsObserver& observer, std::vector<StepOutput>& out) {
   for (size_t i = 0; i < p.batch.size(); ++i) {
     Sequence& s = *p.batch[i];
-    emit_chunk(p, i, ch, observer, out);
+    if (!ch.errors[i].empty()) {
+      s.past_len += p.chunks[i].count;  // what went through the model (a speculative chunk never errs here)
+      fail_sequence(s, ch.errors[i], out);
+      continue;
+    }
+    try {
+      emit_chunk(p, i, ch, observer, out);
+    } catch (const std::exception& e) {  // this sequence's fault alone
+      if (!s.done) fail_sequence(s, e.what(), out);
+      continue;
+    }
     // Its blocks now hold what went through the model (rejected drafts' blocks go back); full
     // ones can be shared from here on.
     if (!s.done) pool_->commit(s.key(), std::span<const int32_t>(s.all).first(static_cast<size_t>(s.past_len)));

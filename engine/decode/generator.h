@@ -45,8 +45,13 @@ struct GenerationParams {
 // [[id, logprob], ...]: how the worker protocol and the CLI's JSON carry alternatives.
 json::Value logprob_pairs_json(const std::vector<TokenLogprob>& v);
 
-enum class FinishReason { None, Stop, Length, Cancelled };
-const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled"
+// Error: this sequence alone failed (its constraint, sampling, detokenizing or stop matching
+// threw); StepOutput::error says why, and the rest of the batch goes on.
+enum class FinishReason { None, Stop, Length, Cancelled, Error };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+// The per-sequence stages of a step, where one sequence's fault must end only that sequence.
+enum class SequenceStage { Constraint, Sampling, Detokenize, StopMatch };
 
 struct GeneratorOptions {
   // Sequences running at once, at most; 0: 8 on a backend whose device is the host, 256 on a GPU
@@ -117,6 +122,7 @@ struct StepOutput {
   std::vector<std::vector<TokenLogprob>> prompt_top;
   std::string text;  // new text safe to show (never splits a character or a stop string)
   FinishReason finish = FinishReason::None;
+  std::string error;  // with FinishReason::Error: what failed
 };
 
 struct SequenceResult {
@@ -180,6 +186,10 @@ class Generator {
   KvRuntime& kv_runtime() { return *runtime_; }
   // What the last step did as a CUDA graph (GraphOutcome::None when it was no graph step).
   const GraphStep& last_graph_step() const { return last_graph_; }
+  // For fault tests: called at each per-sequence stage of a step with the sequence's id; what it
+  // throws ends that sequence with FinishReason::Error, as a real fault there would.
+  using FaultHook = std::function<void(SequenceStage, uint64_t id)>;
+  void set_fault_hook(FaultHook hook) { fault_hook_ = std::move(hook); }
 
   // Results of finished sequences (removed by take_result).
   bool finished(uint64_t id) const { return done_.count(id) > 0; }
@@ -218,6 +228,11 @@ class Generator {
   // the forward pass with the device's greedy choices; the host's choices; the outputs.
   struct StepPlan;
   struct StepChoices;
+  // Ends `s` alone with FinishReason::Error and `why` (its blocks back, its result recorded).
+  void fail_sequence(Sequence& s, const std::string& why, std::vector<StepOutput>& out);
+  void at_stage(SequenceStage stage, const Sequence& s) const;
+  void advance_constraint(Sequence& s, int32_t token);
+  void choose_on_host_unguarded(const StepPlan& p, size_t i, StepChoices& ch, std::vector<std::pair<float, int32_t>>& scratch);
   void retire_cancelled(std::vector<StepOutput>& out);
   void plan_decodes(StepPlan& p, bool speculate, std::vector<StepOutput>& out);
   void plan_prefills(StepPlan& p, std::vector<StepOutput>& out);
@@ -237,6 +252,7 @@ class Generator {
   int32_t valid_vocab_;
   bool cuda_graphs_ = false;
   GraphStep last_graph_;
+  FaultHook fault_hook_;
   std::unique_ptr<KvRuntime> runtime_;
   std::unique_ptr<BlockPool> pool_;
   size_t max_batch_ = 8;

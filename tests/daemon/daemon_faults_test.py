@@ -533,6 +533,40 @@ def unresponsive_workers():
         d.stop()
 
 
+# ------------------------------------------------------------------ one sequence's error
+
+def sequence_errors():
+    # An end id that is an ordinary token ("#", id 2 in GPT-2's vocabulary, as Qwen2.5's "#" under
+    # an eos_token_id of 2): a JSON reply that is complete may end with it, and that ends it; it
+    # once reached the JSON recognizer as text, which threw and ended every sequence on the worker.
+    d = Daemon()
+    try:
+        results = {}
+
+        def plain(i):
+            results[i] = d.post("/v1/completions", {"model": "demo", "prompt": f"Request {i}", "max_tokens": 40,
+                                                    "temperature": 0, "ignore_eos": True})
+
+        def json_reply(i):
+            results[i] = d.post("/v1/completions", {"model": "demo", "prompt": "Answer in JSON:", "max_tokens": 20,
+                                                    "temperature": 0, "response_format": {"type": "json_object"},
+                                                    "stop_token_ids": [2], "logit_bias": {"90": 100, "92": 100}})
+        threads = [threading.Thread(target=json_reply if i % 4 == 0 else plain, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        js = [results[i] for i in (0, 4)]
+        check("a JSON reply ended by an end id that is also text: '{}', finish stop",
+              all(st == 200 and b["choices"][0]["text"] == "{}" and b["choices"][0]["finish_reason"] == "stop" for st, b in js), js)
+        check("every other request of the batch completes whole",
+              all(results[i][0] == 200 and results[i][1]["usage"]["completion_tokens"] == 40 for i in results if i % 4), results)
+        st, h = d.get("/health")
+        check("no worker restarted", st == 200 and all(w["restarts"] == 0 for w in h["workers"]), h)
+    finally:
+        d.stop()
+
+
 # ------------------------------------------------------------------ supervision with no dead ends
 
 def supervision():
@@ -817,7 +851,7 @@ def haproxy_scale_out():
 def main():
     subprocess.check_call([base.KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
     only = sys.argv[1:]  # parts to run (all when none are named)
-    for part in [hostile, deep_tool_parameters, http_framing, api_keys, reload, unresponsive_workers, supervision, drain,
+    for part in [hostile, deep_tool_parameters, http_framing, api_keys, reload, unresponsive_workers, sequence_errors, supervision, drain,
                  haproxy_scale_out]:
         if only and part.__name__ not in only:
             continue

@@ -1202,3 +1202,86 @@ TEST(Generation, SpeculativeDecodingWithSamplingPenaltiesAndAlternatives) {
   EXPECT_EQ(tg.take_result(2).tokens, want2[1].tokens);
   EXPECT_GT(tg.speculation_stats().accepted, 0);
 }
+
+// A model whose end id is an ordinary token (Qwen2.5's "#" is id 2, its eos_token_id in some
+// fine-tunes): once a JSON reply is complete the mask allows the end id, and choosing it ends
+// the reply; it is never fed to the JSON recognizer as text (that threw and ended every sequence
+// on the worker).
+TEST(Generation, AnEndIdThatIsAnOrdinaryTokenEndsAJsonReply) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  // The end id from the model's config, not a special token of the tokenizer: "#" is text.
+  Tokenizer plain = char_tokenizer(tmp, 96);
+  std::ofstream(tmp.file("tok/config.json")) << "{\"eos_token_id\": 2}";
+  Tokenizer tok = Tokenizer::load(tmp.file("tok"));
+  ASSERT_TRUE(tok.is_eos(2));
+  ASSERT_EQ(tok.decode({2}), "#");
+  GenerationParams g;
+  g.max_new_tokens = 20;
+  g.json_object = true;
+  const int32_t open = tok.encode("{")[0], close = tok.encode("}")[0];
+  g.sampling.logit_bias = {{open, 100.f}, {close, 100.f}};
+  for (bool stop_id : {false, true}) {  // the same through stop_token_ids
+    Generator gen(f.model, stop_id ? plain : tok, f32_kv(2));
+    if (stop_id) g.stop_token_ids = {2};
+    for (float temperature : {0.f, 1.f}) {
+      g.sampling.temperature = temperature;
+      auto r = gen.generate_all({{7, 8, 9}}, g)[0];
+      EXPECT_EQ(r.finish, FinishReason::Stop) << r.text;
+      EXPECT_EQ(r.text, "{}");
+      ASSERT_FALSE(r.tokens.empty());
+      EXPECT_EQ(r.tokens.back(), 2);
+    }
+  }
+}
+
+// A fault in one sequence's per-sequence work (its constraint, its sampling, its detokenizing,
+// its stop matching) ends that sequence alone with an error; every other sequence of the batch
+// gets exactly the tokens it gets when nothing fails.
+TEST(Generation, OneSequencesFaultEndsItAloneAtEveryStage) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  GenerationParams p;
+  p.max_new_tokens = 12;
+  p.ignore_eos = true;
+  p.json_object = true;            // a constraint on every sequence
+  p.sampling.temperature = 0.8f;   // chosen on the host
+  p.sampling.seed = 7;
+  p.stop = {"zz"};
+  const std::vector<std::vector<int32_t>> prompts = {{7, 8, 9}, {10, 11}, {12, 13, 14, 15}, {16}};
+  std::vector<SequenceResult> ref;
+  {
+    Generator gen(f.model, tok, f32_kv(4));
+    ref = gen.generate_all(prompts, p);
+  }
+  for (SequenceStage stage : {SequenceStage::Constraint, SequenceStage::Sampling, SequenceStage::Detokenize,
+                              SequenceStage::StopMatch}) {
+    SCOPED_TRACE(static_cast<int>(stage));
+    Generator gen(f.model, tok, f32_kv(4));
+    std::vector<uint64_t> ids;
+    for (const auto& q : prompts) ids.push_back(gen.add(q, p));
+    int calls = 0;
+    gen.set_fault_hook([&](SequenceStage s, uint64_t id) {
+      if (s == stage && id == ids[1] && ++calls == 3) throw Error("injected fault");
+    });
+    std::vector<StepOutput> errors;
+    while (!gen.idle())
+      for (StepOutput& o : gen.step())
+        if (o.finish == FinishReason::Error) errors.push_back(o);
+    ASSERT_EQ(errors.size(), 1u);
+    EXPECT_EQ(errors[0].id, ids[1]);
+    EXPECT_EQ(errors[0].error, "injected fault");
+    for (size_t k = 0; k < prompts.size(); ++k) {
+      SequenceResult r = gen.take_result(ids[k]);
+      if (k == 1) {
+        EXPECT_EQ(r.finish, FinishReason::Error);
+        EXPECT_LT(r.tokens.size(), ref[k].tokens.size());
+      } else {
+        EXPECT_EQ(r.tokens, ref[k].tokens) << "sequence " << k;
+        EXPECT_EQ(r.finish, ref[k].finish);
+      }
+    }
+    EXPECT_EQ(gen.kv_block_stats().used, 0) << "every block back";
+  }
+}
