@@ -150,7 +150,7 @@ std::string daemon_help() {
   for (const auto& o : options()) line(o.name, o.help);
   s += "\nthe workers' engine:\n";
   for (const auto& o : engine_options()) line(o.name, o.help);
-  s += "  --config FILE                config file [/etc/kvprd/kvprd.conf if it exists]\n"
+  s += "  --config FILE                config file, read only when named (the systemd unit names /etc/kvprd/kvprd.conf)\n"
        "  --print-topology             print each worker's GPU, NUMA node and cpus, and exit\n"
        "  --help                       this text\n";
   return s;
@@ -159,7 +159,6 @@ std::string daemon_help() {
 DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   *show_help = false;
   std::string config_path;
-  bool explicit_config = false;
   std::vector<std::pair<std::string, std::string>> flags;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -178,13 +177,13 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
     }
     if (key == "config") {
       config_path = value;
-      explicit_config = true;
     } else {
       flags.emplace_back(key, value);
     }
   }
   DaemonConfig c;
-  if (!explicit_config && std::filesystem::exists("/etc/kvprd/kvprd.conf")) config_path = "/etc/kvprd/kvprd.conf";
+  // A file is read only when named: a command-line start never picks up the machine's unit
+  // configuration behind its back.
   if (!config_path.empty()) read_file(c, config_path);
   for (const auto& [k, v] : flags) apply(c, k, v, "");
   if (*show_help) return c;

@@ -52,6 +52,65 @@ namespace {
 
 std::chrono::milliseconds seconds_of(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
 
+constexpr size_t kMaxHeaderBytes = 64 * 1024;
+constexpr int64_t kHealthSlots = 16;  // connections past --max-connections that may ask /health
+// Output queued for a client that does not read it fast enough (a stream of events, each written
+// once the last has left): past this the connection is closed and its generation cancelled.
+constexpr size_t kMaxQueuedBytes = 8u << 20;
+
+std::string lower_trimmed(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  std::string s(v);
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// RFC 9112 on a request's header: what makes its framing ambiguous or its target unknowable is
+// refused (400, then the connection closes: the bytes after it cannot be trusted as a next
+// request). Empty when the header is sound.
+std::string framing_error(const http::request_parser<http::string_body>::value_type& h, size_t header_bytes) {
+  if (header_bytes > kMaxHeaderBytes) return "431";
+  int hosts = 0, lengths = 0;
+  std::vector<std::string> codings;
+  for (const auto& f : h) {
+    if (f.name() == http::field::host) ++hosts;
+    if (f.name() == http::field::content_length) ++lengths;
+    if (f.name() == http::field::transfer_encoding) {
+      std::string_view v = f.value();
+      for (size_t p = 0; p <= v.size();) {
+        size_t q = v.find(',', p);
+        if (q == std::string_view::npos) q = v.size();
+        if (std::string c = lower_trimmed(v.substr(p, q - p)); !c.empty()) codings.push_back(c);
+        p = q + 1;
+      }
+    }
+  }
+  // §6.1: only chunked is understood, and it must be the one and last coding; §6.3: a request
+  // whose final coding is not chunked has no determinable length.
+  if (!codings.empty()) {
+    if (h.version() < 11) return "Transfer-Encoding in an HTTP/1.0 request";
+    if (codings.size() != 1 || codings[0] != "chunked")
+      return "Transfer-Encoding '" + std::string(h[http::field::transfer_encoding]) + "' is not supported (only chunked)";
+    if (lengths > 0) return "both Transfer-Encoding and Content-Length";
+  }
+  // §3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0.
+  if (hosts > 1) return "more than one Host header";
+  if (hosts == 0 && h.version() >= 11) return "no Host header (HTTP/1.1 requires one)";
+  return "";
+}
+
+// §3.2.2: an absolute-form target (http://host/path?q) names the same resource as its path.
+std::string origin_form(const std::string& target) {
+  const size_t scheme = target.find("://");
+  if (scheme == std::string::npos || target.empty() || target[0] == '/') return target;
+  const std::string s = lower_trimmed(target.substr(0, scheme));
+  if (s != "http" && s != "https") return target;
+  const size_t path = target.find_first_of("/?", scheme + 3);
+  if (path == std::string::npos) return "/";
+  return target[path] == '?' ? "/" + target.substr(path) : target.substr(path);
+}
+
 }  // namespace
 
 class Session : public Exchange, public std::enable_shared_from_this<Session> {
@@ -62,6 +121,7 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
   ~Session() override { --sh_->connections; }
 
   void start() { do_read(); }
+  void health_only() { health_only_ = true; }
 
   // Past --max-connections: a 503 and the connection closed, without reading a request.
   void refuse() {
@@ -78,15 +138,28 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
 
   void respond(int status, std::string body, std::string_view content_type, HttpHeaders headers) override {
     on_gone_ = nullptr;
+    if (request_.method == "HEAD") {  // RFC 9110 §9.3.2: the headers a GET would have, no body
+      auto res = std::make_shared<http::response<http::empty_body>>(static_cast<http::status>(status), 11);
+      res->set(http::field::server, "kvprd");
+      res->set(http::field::content_type, content_type);
+      for (auto& [k, v] : headers) res->set(k, v);
+      res->content_length(body.size());
+      return write_response(res, status);
+    }
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), 11);
     res->set(http::field::server, "kvprd");
     res->set(http::field::content_type, content_type);
     for (auto& [k, v] : headers) res->set(k, v);
     res->body() = std::move(body);
+    res->prepare_payload();
+    write_response(res, status);
+  }
+
+  template <class Response>
+  void write_response(std::shared_ptr<Response> res, int status) {
     sh_->metrics.http_responses[status]++;
     if (sh_->draining) keep_alive_ = false;
     res->keep_alive(keep_alive_);
-    res->prepare_payload();
     auto self = shared_from_this();
     arm_write_timeout();
     http::async_write(stream_, *res, [self, res, status](beast::error_code ec, size_t) {
@@ -109,8 +182,12 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
     sse_res_->set(http::field::server, "kvprd");
     sse_res_->set(http::field::content_type, "text/event-stream");
     sse_res_->set(http::field::cache_control, "no-cache");
+    // An HTTP/1.0 client cannot read chunked coding (RFC 9112 §6.1): its stream is delimited by
+    // the connection's close.
+    close_delimited_ = request_.version < 11;
+    if (close_delimited_) keep_alive_ = false;
     sse_res_->keep_alive(keep_alive_);
-    sse_res_->chunked(true);
+    sse_res_->chunked(!close_delimited_);
     sse_sr_.emplace(*sse_res_);
     sh_->metrics.http_responses[200]++;
     queue({Out::Header, {}});
@@ -137,7 +214,7 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
   void do_read() {
     parser_.emplace();
     parser_->body_limit(static_cast<uint64_t>(sh_->limits.max_body_bytes));
-    parser_->header_limit(64 * 1024);
+    parser_->header_limit(kMaxHeaderBytes + 4096);  // the exact limit: framing_error, on the bytes the header took
     if (buf_.size() > 0) return read_header();  // pipelined: the next request is here already
     stream_.expires_after(seconds_of(sh_->limits.idle_timeout_s));
     auto self = shared_from_this();
@@ -151,8 +228,15 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
   void read_header() {
     stream_.expires_after(seconds_of(sh_->limits.request_timeout_s));
     auto self = shared_from_this();
-    http::async_read_header(stream_, buf_, *parser_, [self](beast::error_code ec, size_t) {
+    http::async_read_header(stream_, buf_, *parser_, [self](beast::error_code ec, size_t header_bytes) {
       if (ec) return self->on_read(ec);
+      if (const std::string why = framing_error(self->parser_->get(), header_bytes); !why.empty()) {
+        self->keep_alive_ = false;
+        self->request_.method = std::string(self->parser_->get().method_string());
+        if (why == "431")
+          return respond_error(*self, {431, "request headers larger than 64 KiB", "invalid_request_error", ""});
+        return respond_error(*self, bad_request("malformed HTTP request: " + why));
+      }
       if (beast::iequals(self->parser_->get()[http::field::expect], "100-continue") && !self->parser_->is_done()) {
         auto res = std::make_shared<http::response<http::empty_body>>(http::status::continue_, 11);
         return http::async_write(self->stream_, *res, [self, res](beast::error_code wec, size_t) {
@@ -184,16 +268,34 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
                                      "invalid_request_error", ""});
       if (ec == http::error::header_limit)
         return respond_error(*this, {431, "request headers larger than 64 KiB", "invalid_request_error", ""});
+      if (ec == http::error::bad_transfer_encoding || ec == http::error::bad_content_length ||
+          ec == http::error::bad_chunk || ec == http::error::bad_chunk_extension)
+        return respond_error(*this, bad_request("malformed HTTP request: " + ec.message()));
       return respond_error(*this, bad_request(std::string("malformed HTTP request: ") + ec.message()));
     }
     http::request<http::string_body> req = parser_->release();
     keep_alive_ = req.keep_alive();
     request_.method = std::string(req.method_string());
+    request_.version = req.version() < 11 ? 10 : 11;
     request_.target = std::string(req.target());
-    request_.path = request_.target.substr(0, request_.target.find('?'));
+    const std::string origin = origin_form(request_.target);
+    request_.path = origin.substr(0, origin.find('?'));
     request_.authorization = std::string(req[http::field::authorization]);
     request_.body = std::move(req.body());
     stream_.expires_never();
+    if (health_only_ && request_.path != "/health") return refuse();
+    if (health_only_) keep_alive_ = false;
+    // A body is JSON or nothing (a form or text/plain POST, which a browser sends cross-site with
+    // no preflight, never reaches a route).
+    if (!request_.body.empty()) {
+      const std::string_view ct = req[http::field::content_type];
+      const std::string media = lower_trimmed(ct.substr(0, ct.find(';')));
+      if (media != "application/json")
+        return respond_error(*this, {415,
+                                     ct.empty() ? std::string("a request body needs Content-Type: application/json")
+                                                : "Content-Type '" + std::string(ct) + "' is not supported: send application/json",
+                                     "invalid_request_error", ""});
+    }
     try {
       sh_->handler(shared_from_this());
     } catch (const ApiError& e) {
@@ -242,6 +344,14 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
   };
 
   void queue(Out o) {
+    if (closed_) return;
+    queued_bytes_ += o.data.size();
+    if (queued_bytes_ > kMaxQueuedBytes) {  // a client that stopped reading: its generation is cancelled
+      spdlog::warn("{} {}: the client read too slowly ({} bytes queued); connection closed", request_.method,
+                   request_.target, queued_bytes_);
+      out_.clear();
+      return close();
+    }
     out_.push_back(std::move(o));
     write_next();
   }
@@ -252,7 +362,9 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
     auto self = shared_from_this();
     auto done = [self](beast::error_code ec, size_t) {
       self->writing_ = false;
+      if (self->out_.empty()) return;  // closed (and cleared) meanwhile
       const Out::Kind k = self->out_.front().kind;
+      self->queued_bytes_ -= self->out_.front().data.size();
       self->out_.pop_front();
       if (ec) return self->close();  // the client went away: close() tells the handler
       if (k == Out::Last) {
@@ -267,6 +379,8 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
     Out& o = out_.front();
     arm_write_timeout();
     if (o.kind == Out::Header) http::async_write_header(stream_, *sse_sr_, done);
+    else if (close_delimited_ && o.kind == Out::Data) net::async_write(stream_, net::buffer(o.data), done);
+    else if (close_delimited_) net::async_write(stream_, net::buffer(o.data), done);  // nothing: the close ends it
     else if (o.kind == Out::Data) net::async_write(stream_, http::make_chunk(net::buffer(o.data)), done);
     else net::async_write(stream_, http::make_chunk_last(), done);
   }
@@ -294,6 +408,9 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
   bool held_ = false;  // in sh_->in_flight
   bool closed_ = false;
   bool writing_ = false;
+  bool close_delimited_ = false;  // an HTTP/1.0 stream: no chunks, the close ends it
+  bool health_only_ = false;      // past --max-connections: answers /health, 503 to the rest
+  size_t queued_bytes_ = 0;       // of out_
   std::function<void()> on_gone_;
   std::optional<http::response<http::empty_body>> sse_res_;
   std::optional<http::response_serializer<http::empty_body>> sse_sr_;
@@ -341,8 +458,14 @@ void HttpServer::accept_next(std::shared_ptr<Shared> sh) {
     }
     ::fcntl(sock.native_handle(), F_SETFD, FD_CLOEXEC);
     auto session = std::make_shared<Session>(std::move(sock), sh);
-    if (sh->connections > sh->limits.max_connections) session->refuse();
-    else session->start();
+    // Past --max-connections a few more are read, for /health alone (a liveness probe must not
+    // see a busy daemon as dead); past those, a 503 without reading.
+    if (sh->connections > sh->limits.max_connections + kHealthSlots) {
+      session->refuse();
+    } else {
+      if (sh->connections > sh->limits.max_connections) session->health_only();
+      session->start();
+    }
     accept_next(sh);
   });
 }

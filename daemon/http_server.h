@@ -22,8 +22,9 @@ namespace kvpr {
 
 struct HttpRequest {
   std::string method;  // GET, POST, ...
-  std::string target;  // as sent
-  std::string path;    // the target less its query
+  std::string target;  // as sent (origin-form, or absolute-form: http://host/path)
+  std::string path;    // the target's path, less its query
+  int version = 11;    // 10 or 11
   std::string authorization;
   std::string body;
 };

@@ -1,6 +1,8 @@
 // kvprd: the controller. Starts the workers, serves the HTTP API, supervises, notifies
 // systemd, and drains on SIGTERM.
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -212,8 +214,37 @@ class Lifecycle {
 
 }  // namespace
 
+namespace kvpr {
+namespace {
+
+// Descriptors: the open connections (and the few past the limit that may ask /health), each
+// worker's channel, and a margin for the rest (listening socket, event loop, logs, the model's
+// files while it loads). A soft limit below that is raised to what the hard one allows; if even
+// that is short, the graceful 503 at --max-connections could never come before accept() fails.
+void check_descriptor_limit(const DaemonConfig& cfg) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  const rlim_t need = static_cast<rlim_t>(cfg.max_connections) + 16 + 8 * static_cast<rlim_t>(std::max(1, cfg.workers)) + 64;
+  if (rl.rlim_cur >= need) return;
+  const rlim_t was = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? need : std::min(need, rl.rlim_max);
+  if (rl.rlim_cur > was && ::setrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur >= need) {
+    spdlog::info("descriptor limit raised from {} to {} for --max-connections {}", was, rl.rlim_cur, cfg.max_connections);
+    return;
+  }
+  spdlog::warn("--max-connections {} needs about {} descriptors but the limit is {} (hard {}): raise it (LimitNOFILE= in "
+               "the unit, ulimit -n) or lower --max-connections, else accept() fails before the 503",
+               cfg.max_connections, need, ::getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : was, rl.rlim_max);
+}
+
+}  // namespace
+}  // namespace kvpr
+
 int main(int argc, char** argv) {
   using namespace kvpr;
+  // Prompts, answers and KV live in this process and its workers: no core dump and no ptrace by
+  // other processes of the same user (the workers do the same after their exec).
+  ::prctl(PR_SET_DUMPABLE, 0);
   DaemonConfig cfg;
   bool print_topology = false;
   try {
@@ -240,6 +271,8 @@ int main(int argc, char** argv) {
 
   try {
     if (!cfg.config_file.empty()) spdlog::info("config file {}", cfg.config_file);
+    else spdlog::info("no config file (the command line only; --config FILE names one)");
+    check_descriptor_limit(cfg);
     const ModelSpec spec = load_model_spec(cfg.model);
     const Tokenizer tok = Tokenizer::load(cfg.model);
     const ServedModel served = served_model(cfg, spec);

@@ -60,8 +60,9 @@ void Routes::handle(const std::shared_ptr<Exchange>& ex) {
   const HttpRequest& req = ex->request();
   const std::string& path = req.path;
   authorize(req);
-  auto need = [&](const char* method) {
-    if (req.method != method)
+  auto need = [&](const std::string& method) {
+    // HEAD is GET without the body (RFC 9110 §9.3.2; the transport leaves the body out).
+    if (req.method != method && !(method == "GET" && req.method == "HEAD"))
       throw ApiError{405, "method " + req.method + " not allowed on " + path, "invalid_request_error", ""};
   };
   if (path == "/health") return need("GET"), health(*ex);

@@ -74,6 +74,16 @@ void parse_limits(const json::Value& o, bool chat, Sampling& s) {
   if (chat)
     if (auto v = field(o, "max_completion_tokens")) s.max_tokens = int_of(*v, "max_completion_tokens");
   if (s.max_tokens < 0) throw bad_request("'max_tokens' must be >= 0", "max_tokens");
+  // vLLM's min_tokens: refused when it contradicts max_tokens, and (not implemented here) when
+  // it asks for anything, rather than silently ignored.
+  if (auto v = field(o, "min_tokens")) {
+    if (!v->is_int() || v->as_int() < 0) throw bad_request("'min_tokens' must be an integer >= 0", "min_tokens");
+    if (v->as_int() > s.max_tokens)
+      throw bad_request("'min_tokens' (" + std::to_string(v->as_int()) + ") must not exceed 'max_tokens' (" +
+                            std::to_string(s.max_tokens) + ")", "min_tokens");
+    if (v->as_int() > 0)
+      throw bad_request("'min_tokens' is not supported by this server (no minimum length before the end)", "min_tokens");
+  }
   if (auto v = field(o, "temperature")) s.temperature = number_of(*v, "temperature");
   if (!(s.temperature >= 0 && s.temperature <= 2)) throw bad_request("'temperature' must be in [0, 2]", "temperature");
   if (auto v = field(o, "top_p")) s.top_p = number_of(*v, "top_p");
@@ -172,8 +182,11 @@ void refuse_unsupported(const json::Value& o, bool chat, const Sampling& s) {
   if (!chat) {
     if (auto v = field(o, "suffix"); v && !(v->is_string() && v->as_string().empty()))
       throw unsupported("suffix", "insertion");
-    if (auto v = field(o, "best_of"); v && !(v->is_int() && v->as_int() <= s.n))
-      throw unsupported("best_of", "server-side best-of ranking");
+    if (auto v = field(o, "best_of")) {
+      if (!v->is_int() || v->as_int() < 1 || v->as_int() < s.n)
+        throw bad_request("'best_of' must be an integer >= 1 and >= n (" + std::to_string(s.n) + ")", "best_of");
+      if (v->as_int() > s.n) throw unsupported("best_of", "server-side best-of ranking");
+    }
   } else {
     if (auto v = field(o, "functions"); v && !(v->is_array() && v->as_array().empty()))
       throw unsupported("functions", "the deprecated function calling; use tools");

@@ -2,6 +2,8 @@
 //   kvpr-worker --fd N --model DIR [--backend auto|cpu|cuda] [--device D] [--index I]
 //               [--numa-node N] [--cpus LIST] [--nccl-id ID --nccl-rank R --nccl-ranks N]
 //               [--ENGINE-OPTION VALUE ...]  (engine/decode/engine_options.h, as kvprd's)
+#include <sys/prctl.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +14,7 @@
 
 int main(int argc, char** argv) {
   using namespace kvpr;
+  ::prctl(PR_SET_DUMPABLE, 0);  // its memory holds prompts and KV: no core dump, no same-user ptrace
   WorkerOptions o;
   int fd = -1;
   try {

@@ -310,10 +310,11 @@ def http_framing():
         out = raw_exchange(d.port, b"", timeout=10)
         dt = time.time() - t0
         check("an idle connection is closed after --http-idle-timeout", out == b"" and 1.8 < dt < 6, (out, dt))
-        # The connection limit: past 6 open, a 503 and the connection closed.
+        # The connection limit: past 6 open, a 503 and the connection closed (/health alone is
+        # still answered: http_rfc).
         held = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(6)]
         time.sleep(0.2)
-        out = raw_exchange(d.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5)
+        out = raw_exchange(d.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5)
         check("past --max-connections: 503 JSON, then closed",
               out.startswith(b"HTTP/1.1 503") and b"--max-connections" in out, out[:300])
         for c in held:
@@ -396,10 +397,10 @@ def api_keys():
         st, doc, hdrs = d.request("POST", "/v1/completions", body)
         check("no key: 401 in OpenAI's shape", st == 401 and doc["error"]["type"] == "invalid_request_error" and
               hdrs.get("WWW-Authenticate") == "Bearer", (st, doc))
-        st, doc, _ = d.request("POST", "/v1/completions", body, headers={"Authorization": "Bearer k2"})
+        st, doc, _ = d.request("POST", "/v1/completions", body, headers={"Authorization": "Bearer k2", "Content-Type": "application/json"})
         check("a wrong key: 401", st == 401 and "incorrect API key" in doc["error"]["message"], (st, doc))
         for key in ["k1", "key-from-file", "key-from-env"]:
-            st, doc, _ = d.request("POST", "/v1/completions", body, headers={"Authorization": f"Bearer {key}"})
+            st, doc, _ = d.request("POST", "/v1/completions", body, headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
             check(f"key {key}: 200", st == 200, (st, doc))
         for path in ["/v1/models", "/tokenize", "/detokenize"]:
             st, _, _ = d.request("GET" if path == "/v1/models" else "POST", path, {"prompt": "x", "tokens": [1]})
@@ -440,7 +441,8 @@ def reload():
         d.proc.send_signal(signal.SIGHUP)
         time.sleep(0.5)
         check("kvprd is still running after SIGHUP", d.proc.poll() is None)
-        st, doc, _ = d.request("POST", "/v1/completions", big, headers={"Authorization": "Bearer after-reload"})
+        st, doc, _ = d.request("POST", "/v1/completions", big, headers={"Authorization": "Bearer after-reload",
+                                                                       "Content-Type": "application/json"})
         check("after SIGHUP: the new body limit and API key apply", st == 200, (st, doc))
         st, _, _ = d.request("POST", "/v1/completions", big)
         check("after SIGHUP: no key is a 401", st == 401, st)
@@ -453,7 +455,8 @@ def reload():
             f.write("max-body-bytes = lots\n")
         d.proc.send_signal(signal.SIGHUP)
         time.sleep(0.5)
-        st, _, _ = d.request("POST", "/v1/completions", big, headers={"Authorization": "Bearer after-reload"})
+        st, _, _ = d.request("POST", "/v1/completions", big, headers={"Authorization": "Bearer after-reload",
+                                                                     "Content-Type": "application/json"})
         check("a config that does not parse keeps the running settings", st == 200 and d.proc.poll() is None, st)
         d.log.flush()
         log = open(d.log.name).read()
@@ -531,6 +534,137 @@ def unresponsive_workers():
         except OSError:
             pass
         d.stop()
+
+
+# ------------------------------------------------------------------ HTTP/1.1 as RFC 9112 says
+
+def responses_in(data):
+    """How many responses a raw byte string holds (status lines)."""
+    return data.count(b"HTTP/1.1 ")
+
+
+def http_rfc():
+    d = Daemon("--max-connections", "6", "--http-idle-timeout", "3")
+    try:
+        port = d.port
+        # Framing that a lenient proxy could read otherwise: 400, and nothing after it is read as
+        # a second request (request smuggling).
+        smuggled = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        for te in (b"xchunked", b"gzip", b"chunked, identity", b"identity"):
+            out = raw_exchange(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b"Transfer-Encoding: " + te + b"\r\n\r\n" + smuggled, timeout=5)
+            check(f"Transfer-Encoding {te.decode()}: 400 and closed, no second response",
+                  out.startswith(b"HTTP/1.1 400") and responses_in(out) == 1 and b"Transfer-Encoding" in out, out[:300])
+        out = raw_exchange(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n" + smuggled, timeout=5)
+        check("Transfer-Encoding with Content-Length: 400, closed", out.startswith(b"HTTP/1.1 400") and responses_in(out) == 1,
+              out[:300])
+        out = raw_exchange(port, b"POST /v1/completions HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", timeout=5)
+        check("Transfer-Encoding in HTTP/1.0: 400", out.startswith(b"HTTP/1.1 400"), out[:200])
+        # Host: exactly one in HTTP/1.1; HTTP/1.0 may omit it.
+        out = raw_exchange(port, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n", timeout=5)
+        check("HTTP/1.1 without Host: 400", out.startswith(b"HTTP/1.1 400") and b"Host" in out, out[:200])
+        out = raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n", timeout=5)
+        check("two Host headers: 400", out.startswith(b"HTTP/1.1 400"), out[:200])
+        out = raw_exchange(port, b"GET /health HTTP/1.0\r\n\r\n", timeout=5)
+        check("HTTP/1.0 without Host: served", out.startswith(b"HTTP/1.1 200"), out[:200])
+        # Absolute-form targets name the same resource as their path.
+        out = raw_exchange(port, f"GET http://127.0.0.1:{port}/health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+                           .encode(), timeout=5)
+        check("absolute-form GET http://host/health: 200", out.startswith(b"HTTP/1.1 200") and b'"status"' in out, out[:200])
+        # HEAD: the headers, no body.
+        out = raw_exchange(port, b"HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
+        head, _, body = out.partition(b"\r\n\r\n")
+        check("HEAD: headers with the length a GET's body has, and no body",
+              out.startswith(b"HTTP/1.1 200") and b"Content-Length: " in head and body == b"", out[:300])
+        # The header limit is what its message says.
+        for size, want in ((60_000, b"HTTP/1.1 200"), (70_000, b"HTTP/1.1 431")):
+            out = raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * size +
+                               b"\r\nConnection: close\r\n\r\n", timeout=5)
+            check(f"a {size}-byte header: {want.decode()[9:]}", out.startswith(want), out[:200])
+        # A stream to an HTTP/1.0 client: no chunked coding, the close ends it.
+        body = completion_body("Hello", 5, stream=True).encode()
+        out = raw_exchange(port, b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " +
+                           str(len(body)).encode() + b"\r\n\r\n" + body, timeout=15)
+        head, _, rest = out.partition(b"\r\n\r\n")
+        check("an HTTP/1.0 stream is close-delimited, not chunked",
+              out.startswith(b"HTTP/1.1 200") and b"chunked" not in head.lower() and rest.startswith(b"data: ") and
+              rest.rstrip().endswith(b"data: [DONE]"), out[:400])
+        # Bodies are JSON: a form or text/plain POST (a browser's no-preflight cross-site request) is a 415.
+        for ct in ("text/plain", "application/x-www-form-urlencoded", None):
+            hdrs = {"Content-Type": ct} if ct else {}
+            r = send_raw_request(port, "/v1/completions", completion_body().encode(), {"Content-Type": ct} if ct else {})
+            if not ct:  # send_raw_request always sets one: a request without, byte for byte
+                b = completion_body().encode()
+                out = raw_exchange(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " +
+                                   str(len(b)).encode() + b"\r\n\r\n" + b, timeout=5)
+                r = (int(out.split()[1]), {}, out)
+            check(f"a body sent as {ct or 'no Content-Type'}: 415", r and r[0] == 415, r and r[:1])
+        r = send_raw_request(port, "/v1/completions", completion_body().encode(), {"Content-Type": "application/json; charset=utf-8"})
+        check("application/json; charset=utf-8: served", r and r[0] == 200, r and r[0])
+        # Cross-field contradictions (vLLM's 400s).
+        for name, extra in (("best_of -1", {"best_of": -1}), ("best_of < n", {"best_of": 1, "n": 2}),
+                            ("min_tokens > max_tokens", {"min_tokens": 9, "max_tokens": 4})):
+            st, b = d.post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4, **extra})
+            check(f"{name}: 400", st == 400 and b["error"]["type"] == "invalid_request_error", (st, b))
+        st, b = d.post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4, "min_tokens": 0, "best_of": 1})
+        check("min_tokens 0 and best_of 1 (their neutral values): served", st == 200, (st, b))
+        # At --max-connections, /health still answers (a liveness probe must not restart a busy
+        # daemon); anything else gets the 503.
+        held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(7)]
+        time.sleep(0.3)
+        out = raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5)
+        check("/health past --max-connections: 200", out.startswith(b"HTTP/1.1 200"), out[:200])
+        out = raw_exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5)
+        check("anything else past --max-connections: 503", out.startswith(b"HTTP/1.1 503"), out[:200])
+        for c in held:
+            c.close()
+        # A client that stops reading a stream: the write times out (--http-idle-timeout 3), the
+        # connection closes and its generation is cancelled; kvprd's memory stays put.
+        def rss():
+            return int(next(l for l in open(f"/proc/{d.proc.pid}/status") if l.startswith("VmRSS")).split()[1])
+        before = rss()
+        slow = []
+        for _ in range(4):
+            s_ = socket.socket()
+            s_.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s_.connect(("127.0.0.1", port))
+            b = json.dumps({"model": "demo", "prompt": "Hello", "max_tokens": 1500, "temperature": 0, "ignore_eos": True,
+                            "stream": True, "n": 4, "logprobs": 5}).encode()
+            s_.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                       str(len(b)).encode() + b"\r\n\r\n" + b)
+            slow.append(s_)
+        deadline = time.time() + 40
+        while time.time() < deadline:
+            st, h = d.get("/health")
+            if st == 200 and sum(w["in_flight"] for w in h["workers"]) == 0:
+                break
+            time.sleep(0.5)
+        check("streams nobody reads are closed and their generation cancelled",
+              sum(w["in_flight"] for w in h["workers"]) == 0, h)
+        check("kvprd's memory did not grow with what they left unread", rss() - before < 64 * 1024, (before, rss()))
+        for s_ in slow:
+            s_.close()
+    finally:
+        d.stop()
+
+    # --max-connections past the descriptor limit: raised to what the hard limit allows, else said.
+    def nofile():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    port2 = base.free_port()
+    logpath = os.path.join(base.TMP, "kvprd-nofile.log")
+    with open(logpath, "w") as log:
+        proc = subprocess.Popen([base.KVPRD, "--model", MODEL, "--port", str(port2), "--workers", "1",
+                                 "--max-connections", "1024"], stdout=log, stderr=subprocess.STDOUT, preexec_fn=nofile)
+        deadline = time.time() + 30
+        while time.time() < deadline and "listening" not in open(logpath).read():
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    text = open(logpath).read()
+    check("a descriptor limit below --max-connections is said, with what to set",
+          "--max-connections 1024 needs about" in text and "LimitNOFILE" in text, text[:600])
+    check("a start without --config reads no file, and says so", "no config file" in text, text[:400])
 
 
 # ------------------------------------------------------------------ one sequence's error
@@ -851,7 +985,7 @@ def haproxy_scale_out():
 def main():
     subprocess.check_call([base.KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
     only = sys.argv[1:]  # parts to run (all when none are named)
-    for part in [hostile, deep_tool_parameters, http_framing, api_keys, reload, unresponsive_workers, sequence_errors, supervision, drain,
+    for part in [hostile, deep_tool_parameters, http_framing, http_rfc, api_keys, reload, unresponsive_workers, sequence_errors, supervision, drain,
                  haproxy_scale_out]:
         if only and part.__name__ not in only:
             continue
