@@ -75,8 +75,11 @@ const std::vector<Option>& options() {
        "requests fail and it is restarted (a long step does not count: heartbeats come from their own thread) [10]",
        [](DaemonConfig& c, const std::string& v) { c.worker_timeout_s = parse_option_number("worker-timeout", v); }},
       {"worker-step-timeout", "seconds one engine step may run before the worker is taken as hung (a CUDA call "
-       "that never returns): its requests fail and it is restarted [600]",
-       [](DaemonConfig& c, const std::string& v) { c.worker_step_timeout_s = parse_option_number("worker-step-timeout", v); }},
+       "that never returns, memory that never comes): its requests fail and it is restarted; auto: 20 x the "
+       "worker's longest step so far, at least 30 s [auto]",
+       [](DaemonConfig& c, const std::string& v) {
+         c.worker_step_timeout_s = v == "auto" ? 0 : parse_option_number("worker-step-timeout", v);
+       }},
       {"chat-template", "auto (the model's own, else the built-in one it matches), one of " + chat_template_names() + ", or a FILE.jinja [auto]",
        [](DaemonConfig& c, const std::string& v) { c.chat_template = v; }},
       {"generation-config",
@@ -196,7 +199,8 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   KVPR_CHECK(c.http_idle_timeout_s > 0 && c.http_request_timeout_s > 0, "http timeouts must be > 0 seconds");
   KVPR_CHECK(c.max_connections >= 1, "max-connections must be >= 1");
   // Heartbeats come every second: a timeout must allow for one late beat and a worker's start.
-  KVPR_CHECK(c.worker_timeout_s >= 3 && c.worker_step_timeout_s >= 3, "worker timeouts must be >= 3 seconds");
+  KVPR_CHECK(c.worker_timeout_s >= 3 && (c.worker_step_timeout_s == 0 || c.worker_step_timeout_s >= 3),
+             "worker timeouts must be >= 3 seconds (or auto for the step timeout)");
   KVPR_CHECK(c.drain_timeout_s >= 0, "drain-timeout must be >= 0");
   if (const char* k = std::getenv("KVPR_API_KEY"); k && *k) c.api_keys.emplace_back(k);  // as vLLM's VLLM_API_KEY
   KVPR_CHECK(c.backend == "auto" || c.backend == "cpu" || c.backend == "cuda", "backend must be auto, cpu or cuda");

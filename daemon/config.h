@@ -31,7 +31,7 @@ struct DaemonConfig {
   // --api-key-file (one key a line) and $KVPR_API_KEY.
   std::vector<std::string> api_keys;
   double worker_timeout_s = 10;      // a worker silent this long (no heartbeat) is unresponsive: killed, restarted
-  double worker_step_timeout_s = 600;  // a worker in one engine step this long (a hung CUDA call) likewise
+  double worker_step_timeout_s = 0;  // a worker in one engine step this long (a hung CUDA call) likewise; 0: auto (step_limit)
   std::string chat_template = "auto";  // see chat_template.h
   bool generation_config = true;     // sampling defaults from the model's generation_config.json
   std::string reasoning_parser = "none";  // qwen3: chat answers split into reasoning_content and content

@@ -32,6 +32,13 @@ struct SupervisorTiming {
   ms backoff_max{30000};
 };
 
+// How long one engine step may run before its worker is taken as hung (a CUDA call that never
+// returns, out of memory with the allocator retrying, heartbeats still arriving). `configured_s`
+// > 0: that. 0 (auto, the default): 20 times the longest step the worker has finished so far,
+// never below 30 s, so a stuck step fails its requests in seconds where steps take milliseconds
+// and still leaves a long prefill chunk or a CPU worker's slow step its time.
+std::chrono::milliseconds step_limit(double configured_s, int64_t longest_step_ms);
+
 class Supervisor {
  public:
   using Clock = std::chrono::steady_clock;

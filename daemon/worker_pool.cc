@@ -119,6 +119,7 @@ struct WorkerPool::Worker {
   int unresponsive = 0;             // times it went silent past --worker-timeout and was killed
   Clock::time_point last_heard{};   // its last message (heartbeats come every second)
   int64_t step_ms = 0;              // from its last heartbeat: how long its current step has run
+  int64_t longest_step_ms = 0;      // this process's longest finished step (its stats): the auto step limit
   std::thread reader;
   struct Pending {
     EventSink sink;
@@ -336,6 +337,7 @@ void WorkerPool::spawn(Worker& w) {
   w.sender = std::thread([out = w.out, ch = w.ch] { out->drain_into(*ch); });
   w.last_heard = Clock::now();
   w.step_ms = 0;
+  w.longest_step_ms = 0;
   w.fatal.clear();
   ++w.gen;
   spdlog::info("worker {}: started pid {} ({})", w.index, pid,
@@ -405,7 +407,10 @@ void WorkerPool::handle(Worker& w, uint64_t gen, WorkerMessage& msg) {
       w.fatal = msg.fatal;
       spdlog::error("worker {}: {}", w.index, w.fatal);
       break;
-    case T::Stats: w.stats = msg.stats; break;
+    case T::Stats:
+      w.stats = msg.stats;
+      w.longest_step_ms = std::max(w.longest_step_ms, msg.stats.step_ms_max);
+      break;
     case T::Events:
       for (RequestEvent& re : msg.events) {
         auto it = w.pending.find(re.id);
@@ -480,9 +485,12 @@ void WorkerPool::check_liveness() {
     if (silent > cfg_.worker_timeout_s)
       why = "sent no heartbeat for " + std::to_string(static_cast<int>(silent)) + " s (--worker-timeout " +
             std::to_string(static_cast<int>(cfg_.worker_timeout_s)) + ")";
-    else if (w.step_ms > static_cast<int64_t>(cfg_.worker_step_timeout_s * 1000))
+    else if (const auto limit = step_limit(cfg_.worker_step_timeout_s, w.longest_step_ms); w.step_ms > limit.count())
       why = "has been in one step for " + std::to_string(w.step_ms / 1000) + " s (--worker-step-timeout " +
-            std::to_string(static_cast<int>(cfg_.worker_step_timeout_s)) + ")";
+            (cfg_.worker_step_timeout_s > 0 ? std::to_string(static_cast<int>(cfg_.worker_step_timeout_s))
+                                            : "auto: " + std::to_string(limit.count() / 1000) + " s, 20 x its longest step of " +
+                                                  std::to_string(w.longest_step_ms) + " ms, at least 30 s") +
+            ")";
     if (why.empty()) continue;
     ++w.unresponsive;
     spdlog::error("worker {}: pid {} {}; killing it", w.index, w.pid(), why);

@@ -222,7 +222,8 @@ json::Value encode_stats(const WorkerStats& s) {
                       {"preemptions", s.preemptions},
                       {"prefix_query_tokens", s.prefix_query_tokens},
                       {"prefix_hit_tokens", s.prefix_hit_tokens},
-                      {"busy_fraction", s.busy_fraction}};
+                      {"busy_fraction", s.busy_fraction},
+                      {"step_ms_max", s.step_ms_max}};
 }
 
 json::Value encode_heartbeat(int64_t step_ms) { return json::Object{{"type", "heartbeat"}, {"step_ms", step_ms}}; }
@@ -250,7 +251,8 @@ WorkerMessage decode_worker_message(const json::Value& frame) {
                             {"spec_accepted_tokens", &s.spec_accepted_tokens}, {"kv_block_tokens", &s.kv_block_tokens},
                             {"kv_blocks_total", &s.kv_blocks_total}, {"kv_blocks_used", &s.kv_blocks_used},
                             {"kv_blocks_cached", &s.kv_blocks_cached}, {"preemptions", &s.preemptions},
-                            {"prefix_query_tokens", &s.prefix_query_tokens}, {"prefix_hit_tokens", &s.prefix_hit_tokens}})
+                            {"prefix_query_tokens", &s.prefix_query_tokens}, {"prefix_hit_tokens", &s.prefix_hit_tokens},
+                            {"step_ms_max", &s.step_ms_max}})
       *dst = member(frame, key).as_int();
     s.kv_tier = member(frame, "kv_tier").as_string();
     // A double that is not finite goes over the wire as null (json::dump): read as 0, as /metrics shows it.

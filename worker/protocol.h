@@ -71,6 +71,7 @@ struct WorkerStats {
   int64_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
   int64_t preemptions = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
   double busy_fraction = 0;                                 // since the last stats message
+  int64_t step_ms_max = 0;  // the longest step finished since the last stats message
 };
 
 // A worker -> controller frame, decoded (kvprd's reader thread decodes each as it arrives: a

@@ -250,7 +250,9 @@ class WorkerLoop {
     heartbeat_.step_begins();
     const std::vector<StepOutput> outs = gen_->step();
     heartbeat_.step_ends();
-    busy_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    busy_s_ += took;
+    step_ms_max_ = std::max<int64_t>(step_ms_max_, static_cast<int64_t>(took * 1000));
     ++steps_;
     std::vector<RequestEvent> events;
     for (const auto& o : outs) {
@@ -303,8 +305,10 @@ class WorkerLoop {
     ws.spec_draft_tokens = gen_->speculation_stats().proposed;
     ws.spec_accepted_tokens = gen_->speculation_stats().accepted;
     ws.busy_fraction = wall > 0 ? busy_s_ / wall : 0.0;
+    ws.step_ms_max = step_ms_max_;
     ch_.send(encode_stats(ws));
     busy_s_ = 0;
+    step_ms_max_ = 0;
     stats_since_ = now;
   }
 
@@ -323,6 +327,7 @@ class WorkerLoop {
   Clock::time_point last_stats_, stats_since_;
   uint64_t steps_ = 0;
   double busy_s_ = 0;
+  int64_t step_ms_max_ = 0;  // the longest step since the last stats message
 };
 
 }  // namespace
