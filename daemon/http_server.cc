@@ -164,7 +164,12 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
     arm_write_timeout();
     http::async_write(stream_, *res, [self, res, status](beast::error_code ec, size_t) {
       self->end_hold();
-      if (!ec && (status == 413 || self->refusing_)) return self->discard_then_close();
+      if (!ec && (status == 413 || self->refusing_)) {
+        // The FIN goes now: a client that reads gets the answer and its end at once.
+        beast::error_code sec;
+        self->stream_.socket().shutdown(tcp::socket::shutdown_send, sec);
+        return self->discard_then_close(status == 413 ? 5 : 1);
+      }
       if (ec || !self->keep_alive_) return self->close();
       self->do_read();
     });
@@ -232,6 +237,7 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
       if (ec) return self->on_read(ec);
       if (const std::string why = framing_error(self->parser_->get(), header_bytes); !why.empty()) {
         self->keep_alive_ = false;
+        self->refusing_ = true;  // what follows is read and dropped, so the client reads the 400
         self->request_.method = std::string(self->parser_->get().method_string());
         if (why == "431")
           return respond_error(*self, {431, "request headers larger than 64 KiB", "invalid_request_error", ""});
@@ -290,7 +296,8 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
     if (!request_.body.empty()) {
       const std::string_view ct = req[http::field::content_type];
       const std::string media = lower_trimmed(ct.substr(0, ct.find(';')));
-      if (media != "application/json")
+      if (media != "application/json" && !(media.rfind("application/", 0) == 0 && media.size() > 17 &&
+                                            media.compare(media.size() - 5, 5, "+json") == 0))
         return respond_error(*this, {415,
                                      ct.empty() ? std::string("a request body needs Content-Type: application/json")
                                                 : "Content-Type '" + std::string(ct) + "' is not supported: send application/json",
@@ -307,14 +314,14 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
 
   // After a 413 the client may still be sending its body: read and drop it for a while so it
   // gets to read the response instead of a reset connection.
-  void discard_then_close() {
-    stream_.expires_after(std::chrono::seconds(5));
+  void discard_then_close(int seconds) {
+    stream_.expires_after(std::chrono::seconds(seconds));
     discard_.resize(64 * 1024);
     auto self = shared_from_this();
-    stream_.async_read_some(net::buffer(discard_), [self](beast::error_code ec, size_t n) {
+    stream_.async_read_some(net::buffer(discard_), [self, seconds](beast::error_code ec, size_t n) {
       self->discarded_ += n;
       if (ec || self->discarded_ > (64u << 20)) return self->close();
-      self->discard_then_close();
+      self->discard_then_close(seconds);
     });
   }
 
@@ -345,13 +352,15 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
 
   void queue(Out o) {
     if (closed_) return;
-    queued_bytes_ += o.data.size();
-    if (queued_bytes_ > kMaxQueuedBytes) {  // a client that stopped reading: its generation is cancelled
+    // A backlog past the cap (not one large event: a prompt's logprobs with echo can be several
+    // MiB alone) is a client that stopped reading: its generation is cancelled.
+    if (!out_.empty() && queued_bytes_ > kMaxQueuedBytes) {
       spdlog::warn("{} {}: the client read too slowly ({} bytes queued); connection closed", request_.method,
                    request_.target, queued_bytes_);
       out_.clear();
       return close();
     }
+    queued_bytes_ += o.data.size();
     out_.push_back(std::move(o));
     write_next();
   }

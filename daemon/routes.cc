@@ -275,12 +275,34 @@ void Routes::on_event(const std::shared_ptr<Generation>& g, size_t i, const Engi
     --engine_in_flight_;
   }
   if (!g->answering || g->ex->gone()) return;  // the client went away: nothing more to send
-  const ResponseContext ctx{tok_, served_.reasoning, [this] { return new_tool_call_id(); }};
-  if (g->streaming)
-    for (const json::Value& chunk : stream_chunks(g->r, i, ev, ctx)) g->ex->send_event(chunk.dump());
-  if (g->remaining == 0) {
-    live_.erase(g);
-    complete(*g);
+  try {
+    const ResponseContext ctx{tok_, served_.reasoning, [this] { return new_tool_call_id(); }};
+    if (g->streaming)
+      for (const json::Value& chunk : stream_chunks(g->r, i, ev, ctx)) g->ex->send_event(chunk.dump());
+    if (g->remaining == 0) {
+      live_.erase(g);
+      complete(*g);
+    }
+  } catch (const std::exception& e) {  // its answer could not be built (a tool call that does not parse, ...)
+    fail_answer(g, std::string("internal error: ") + e.what());
+  }
+}
+
+// This request alone ends with `why`: its other choices are cancelled, a stream gets an error
+// event and [DONE], an answer not yet sent a 500. Nothing unwinds into the pool.
+void Routes::fail_answer(const std::shared_ptr<Generation>& g, const std::string& why) {
+  spdlog::error("{}: {}", g->r.id, why);
+  live_.erase(g);
+  g->answering = false;
+  g->cancel(pool_);
+  if (g->ex->gone()) return;
+  const ApiError e{500, why, "server_error", ""};
+  if (g->streaming) {
+    g->ex->send_event(error_body(e).dump());
+    g->ex->send_event("[DONE]");
+    g->ex->end_events();
+  } else {
+    respond_error(*g->ex, e);
   }
 }
 

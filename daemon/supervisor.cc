@@ -15,7 +15,8 @@ std::string seconds(std::chrono::milliseconds d) {
 
 std::chrono::milliseconds step_limit(double configured_s, int64_t longest_step_ms) {
   if (configured_s > 0) return std::chrono::milliseconds(static_cast<int64_t>(configured_s * 1000));
-  return std::chrono::milliseconds(std::max<int64_t>(30000, 20 * std::max<int64_t>(0, longest_step_ms)));
+  if (longest_step_ms <= 0) return std::chrono::milliseconds(600000);  // nothing measured yet: a first step's room
+  return std::chrono::milliseconds(std::max<int64_t>(30000, 20 * longest_step_ms));
 }
 
 const char* Supervisor::state() const {

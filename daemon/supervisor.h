@@ -36,7 +36,8 @@ struct SupervisorTiming {
 // returns, out of memory with the allocator retrying, heartbeats still arriving). `configured_s`
 // > 0: that. 0 (auto, the default): 20 times the longest step the worker has finished so far,
 // never below 30 s, so a stuck step fails its requests in seconds where steps take milliseconds
-// and still leaves a long prefill chunk or a CPU worker's slow step its time.
+// and still leaves a long prefill chunk or a CPU worker's slow step its time; before its first
+// step has finished (nothing measured), 600 s.
 std::chrono::milliseconds step_limit(double configured_s, int64_t longest_step_ms);
 
 class Supervisor {

@@ -334,7 +334,12 @@ void WorkerPool::spawn(Worker& w) {
   w.proc->pid = pid;
   w.ch = std::make_shared<FrameChannel>(sv[0]);
   w.out = std::make_shared<Outbox>();
-  w.sender = std::thread([out = w.out, ch = w.ch] { out->drain_into(*ch); });
+  try {
+    w.sender = std::thread([out = w.out, ch = w.ch] { out->drain_into(*ch); });
+  } catch (const std::exception&) {  // no thread (out of tasks): the child goes, reaped, and the spawn failed
+    undo_spawn(w);
+    throw;
+  }
   w.last_heard = Clock::now();
   w.step_ms = 0;
   w.longest_step_ms = 0;
@@ -343,7 +348,30 @@ void WorkerPool::spawn(Worker& w) {
   spdlog::info("worker {}: started pid {} ({})", w.index, pid,
                w.cuda ? "cuda device " + std::to_string(w.device) : std::string("cpu"));
   auto self = workers_[w.index];
-  w.reader = std::thread([this, self, ch = w.ch, proc = w.proc, gen = w.gen] { reader_loop(self, ch, proc, gen); });
+  try {
+    w.reader = std::thread([this, self, ch = w.ch, proc = w.proc, gen = w.gen] { reader_loop(self, ch, proc, gen); });
+  } catch (const std::exception&) {
+    undo_spawn(w);
+    throw;
+  }
+}
+
+// A spawn that failed after its fork: the child is killed and reaped here (no reader waits for
+// it), its channel and sender go, and the worker holds no process.
+void WorkerPool::undo_spawn(Worker& w) {
+  if (w.out) w.out->close();
+  if (w.ch) w.ch->shutdown();
+  if (w.sender.joinable()) w.sender.join();
+  w.proc->kill();
+  {
+    std::lock_guard<std::mutex> lock(w.proc->mu);
+    w.proc->reaped = true;
+    int status = 0;
+    ::waitpid(w.proc->pid, &status, 0);
+  }
+  w.proc.reset();
+  w.ch.reset();
+  w.out.reset();
 }
 
 void WorkerPool::reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameChannel> ch, std::shared_ptr<Process> proc,
@@ -353,6 +381,7 @@ void WorkerPool::reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameCha
     while (true) {
       json::Value frame;
       ch->recv(&frame, -1);
+      if (proc->abandoned) break;  // the pool stopped listening to this process
       boost::asio::post(io_, [this, w, gen, msg = decode_worker_message(frame)]() mutable { handle(*w, gen, msg); });
     }
   } catch (const ChannelClosed&) {

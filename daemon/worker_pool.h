@@ -74,6 +74,7 @@ class WorkerPool {
   struct Worker;
   void apply(Worker& w, const Supervisor::Actions& a);
   void release(Worker& w, bool abandon);
+  void undo_spawn(Worker& w);
   void spawn(Worker& w);
   void reader_loop(std::shared_ptr<Worker> w, std::shared_ptr<FrameChannel> ch, std::shared_ptr<Process> proc,
                    uint64_t gen);

@@ -740,11 +740,13 @@ void Generator::emit_chunk(StepPlan& p, size_t i, StepChoices& ch, const LogitsO
   s.past_len += p.chunks[i].count;
   if (!p.chooses[i]) {  // the prompt goes on next step
     if (observer && p.scores_prompt(i)) choose_on_host(p, i, ch, scratch_);
+    if (!ch.errors[i].empty()) throw Error(ch.errors[i]);  // emit ends this sequence alone
     return;
   }
   if (observer) {
     observer(s.id, logits_row(p.last[i]), model_.spec().vocab_size);
     choose_on_host(p, i, ch, scratch_);
+    if (!ch.errors[i].empty()) throw Error(ch.errors[i]);
   }
   StepOutput ev;
   ev.id = s.id;

@@ -271,7 +271,7 @@ namespace {
 TEST(Supervisor, TheStepLimitFollowsTheModelsSteps) {
   using std::chrono::milliseconds;
   EXPECT_EQ(step_limit(45, 999999), milliseconds(45000)) << "configured: as given";
-  EXPECT_EQ(step_limit(0, 0), milliseconds(30000)) << "before any step finished: the floor";
+  EXPECT_EQ(step_limit(0, 0), milliseconds(600000)) << "before any step finished: a first step's room";
   EXPECT_EQ(step_limit(0, 12), milliseconds(30000)) << "a 12 ms step (an H200's resident decode): 30 s, not 600";
   EXPECT_EQ(step_limit(0, 4000), milliseconds(80000)) << "a CPU worker's 4 s step: 20 x";
 }
