@@ -9,9 +9,17 @@
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
-# On any exit: the background jobs, and the entry point the kill step runs in a session of its own.
-trap 'kill $(jobs -p) 2>/dev/null; [ -s "$tmp/kill/pid" ] && kill -KILL -- -"$(cat "$tmp/kill/pid")" 2>/dev/null;
-      pkill -KILL -f "^[^ ]*kvpr-bench decode .*--json $tmp/" 2>/dev/null; rm -rf "$tmp"' EXIT
+# On any exit: the background jobs, and the entry point the kill step runs in a session of its own
+# (each step may find nothing to end; the test's own status stands).
+cleanup() {
+  local rc=$?
+  kill $(jobs -p) 2>/dev/null || true
+  if [ -s "$tmp/kill/pid" ]; then kill -KILL -- -"$(cat "$tmp/kill/pid")" 2>/dev/null || true; fi
+  pkill -KILL -f "^[^ ]*kvpr-bench decode .*--json $tmp/" 2>/dev/null || true
+  rm -rf "$tmp"
+  exit $rc
+}
+trap cleanup EXIT
 cd "$root"
 fail() { echo "FAIL: $*"; exit 1; }
 
