@@ -508,7 +508,7 @@ while read -r name est fp status measured; do
 done < "$RAW/plan.txt"
 if [ ${#todo[@]} -eq 0 ]; then say "nothing to run: every part is measured for this tree"; exit 0; fi
 build_est=$($PARTS_PY build-estimate --kind "$KIND")
-build || { say "the build failed: no part runs (its errors above, $RAW/build.log)"; exit 1; }
+build || { say "the build failed: no part runs (its errors above; the logs in ${BIN:-build-device}/device-build*.log)"; exit 1; }
 say "build: $(elapsed) s (estimate $build_est s)"
 for row in "${todo[@]}"; do
   # shellcheck disable=SC2086
