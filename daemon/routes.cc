@@ -293,16 +293,22 @@ void Routes::on_event(const std::shared_ptr<Generation>& g, size_t i, const Engi
 void Routes::fail_answer(const std::shared_ptr<Generation>& g, const std::string& why) {
   spdlog::error("{}: {}", g->r.id, why);
   live_.erase(g);
+  if (!g->ex->gone()) return end_with_error(*g, {500, why, "server_error", ""});
   g->answering = false;
   g->cancel(pool_);
-  if (g->ex->gone()) return;
-  const ApiError e{500, why, "server_error", ""};
-  if (g->streaming) {
-    g->ex->send_event(error_body(e).dump());
-    g->ex->send_event("[DONE]");
-    g->ex->end_events();
+}
+
+// Ends a request that is still answering with `e`: its other choices cancelled, a stream an
+// error event and [DONE], an answer not yet sent the error JSON.
+void Routes::end_with_error(Generation& g, const ApiError& e) {
+  g.answering = false;
+  g.cancel(pool_);
+  if (g.streaming) {
+    g.ex->send_event(error_body(e).dump());
+    g.ex->send_event("[DONE]");
+    g.ex->end_events();
   } else {
-    respond_error(*g->ex, e);
+    respond_error(*g.ex, e);
   }
 }
 
@@ -331,17 +337,8 @@ void Routes::abandon_in_flight() {
   live_.clear();
   for (const auto& g : open) {
     if (!g->answering || g->ex->gone()) continue;
-    g->answering = false;
-    g->cancel(pool_);
     g->ex->close_after();
-    const ApiError e{503, "the server shut down before this request finished (--drain-timeout)", "service_unavailable", ""};
-    if (g->streaming) {
-      g->ex->send_event(error_body(e).dump());
-      g->ex->send_event("[DONE]");
-      g->ex->end_events();
-    } else {
-      respond_error(*g->ex, e);
-    }
+    end_with_error(*g, {503, "the server shut down before this request finished (--drain-timeout)", "service_unavailable", ""});
   }
 }
 

@@ -47,6 +47,7 @@ class Routes : public std::enable_shared_from_this<Routes> {
   void on_event(const std::shared_ptr<Generation>& g, size_t i, const EngineEvent& ev);
   void complete(Generation& g);
   void fail_answer(const std::shared_ptr<Generation>& g, const std::string& why);
+  void end_with_error(Generation& g, const ApiError& e);
   void count_event(Generation& g, const EngineEvent& ev);
   std::string new_id(const char* prefix);
   std::string new_tool_call_id();
