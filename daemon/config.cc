@@ -38,6 +38,9 @@ const std::vector<Option>& options() {
       {"model", "model directory (Hugging Face OPT checkpoint) [required]", [](DaemonConfig& c, const std::string& v) { c.model = v; }},
       {"host", "address to listen on [127.0.0.1]", [](DaemonConfig& c, const std::string& v) { c.host = v; }},
       {"port", "TCP port [8000]", [](DaemonConfig& c, const std::string& v) { c.port = static_cast<int>(parse_option_integer("port", v, 1, 65535)); }},
+      {"health-port", "a second TCP port for GET /health and /metrics alone (probes, Prometheus), which no load on "
+       "the API port reaches [none]",
+       [](DaemonConfig& c, const std::string& v) { c.health_port = static_cast<int>(parse_option_integer("health-port", v, 1, 65535)); }},
       {"served-model-name", "model name in the API [the model directory's name]",
        [](DaemonConfig& c, const std::string& v) { c.served_model_name = v; }},
       {"backend", "auto, cpu or cuda [auto: cuda when a GPU is visible]", [](DaemonConfig& c, const std::string& v) { c.backend = v; }},
@@ -192,6 +195,7 @@ DaemonConfig parse_daemon_config(int argc, char** argv, bool* show_help) {
   if (*show_help) return c;
   KVPR_CHECK(!c.model.empty(), "--model is required (see kvprd --help)");
   KVPR_CHECK(c.port > 0 && c.port < 65536, "port must be in 1..65535");
+  KVPR_CHECK(c.health_port != c.port, "health-port must differ from port");
   KVPR_CHECK(c.workers >= 1 && c.workers <= 256, "workers must be in 1..256");
   validate(c.engine);
   KVPR_CHECK(c.max_queue >= 1, "max-queue must be >= 1");
@@ -229,6 +233,7 @@ std::vector<std::string> apply_live_config(DaemonConfig& live, const DaemonConfi
   differ("model", &DaemonConfig::model);
   differ("host", &DaemonConfig::host);
   differ("port", &DaemonConfig::port);
+  differ("health-port", &DaemonConfig::health_port);
   differ("served-model-name", &DaemonConfig::served_model_name);
   differ("backend", &DaemonConfig::backend);
   differ("gpus", &DaemonConfig::gpus);

@@ -16,6 +16,9 @@ struct DaemonConfig {
   std::string model;                 // model directory (required)
   std::string host = "127.0.0.1";
   int port = 8000;
+  // > 0: a second listener, on host, for GET /health and /metrics alone (load balancers'
+  // probes, Prometheus), which no load on the API port (a connection flood, a slowloris) reaches.
+  int health_port = 0;
   std::string served_model_name;     // default: the model directory's name
   std::string backend = "auto";      // auto: cuda when a GPU is visible, else cpu
   std::string gpus = "all";          // cuda: "all" or "0,2"

@@ -294,6 +294,8 @@ int main(int argc, char** argv) {
     server.listen();
     spdlog::info("kvprd listening on http://{}:{} serving '{}' ({} layers, context {}, kv mode {})", cfg.host, cfg.port,
                  cfg.served_model_name, spec.num_layers, served.max_model_len, kv_mode_name(cfg.engine.generator.kv.mode));
+    if (cfg.health_port > 0)
+      spdlog::info("kvprd health port: http://{}:{}/health and /metrics alone", cfg.host, cfg.health_port);
     return Lifecycle(io, cfg, pool, server, argc, argv).run(terminate, hangup);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());

@@ -23,11 +23,25 @@ Server::Server(boost::asio::io_context& io, const DaemonConfig& cfg, WorkerPool&
     routes->handle(ex);
   });
   routes_ = std::make_shared<Routes>(cfg, pool, tok, served, *metrics_, *http_);
+  if (cfg.health_port > 0) {
+    // Probes send small GETs at once: short timeouts, a few connections, nothing else served.
+    const HttpLimits probe{4096, 5, 5, 64};
+    health_http_ = std::make_unique<HttpServer>(io, probe, *metrics_, [&routes = routes_](const std::shared_ptr<Exchange>& ex) {
+      const std::string& path = ex->request().path;
+      if (path != "/health" && path != "/metrics")
+        throw ApiError{404, "no route " + path + " on the health port (it serves /health and /metrics)",
+                       "invalid_request_error", ""};
+      routes->handle(ex);
+    });
+  }
 }
 
 Server::~Server() { close(); }
 
-void Server::listen() { http_->listen(cfg_.host, cfg_.port); }
+void Server::listen() {
+  http_->listen(cfg_.host, cfg_.port);
+  if (health_http_) health_http_->listen(cfg_.host, cfg_.health_port);
+}
 
 void Server::begin_drain() {
   http_->begin_drain();
@@ -36,7 +50,10 @@ void Server::begin_drain() {
 
 int64_t Server::in_flight_requests() const { return http_->in_flight(); }
 
-void Server::close() { http_->close(); }
+void Server::close() {
+  http_->close();
+  if (health_http_) health_http_->close();
+}
 
 void Server::abandon_in_flight() { routes_->abandon_in_flight(); }
 

@@ -39,6 +39,7 @@ class Server {
   DaemonConfig cfg_;
   std::unique_ptr<DaemonMetrics> metrics_;
   std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<HttpServer> health_http_;  // --health-port: /health and /metrics alone
   std::shared_ptr<Routes> routes_;
 };
 

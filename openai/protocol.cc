@@ -74,16 +74,12 @@ void parse_limits(const json::Value& o, bool chat, Sampling& s) {
   if (chat)
     if (auto v = field(o, "max_completion_tokens")) s.max_tokens = int_of(*v, "max_completion_tokens");
   if (s.max_tokens < 0) throw bad_request("'max_tokens' must be >= 0", "max_tokens");
-  // vLLM's min_tokens: refused when it contradicts max_tokens, and (not implemented here) when
-  // it asks for anything, rather than silently ignored.
-  if (auto v = field(o, "min_tokens")) {
-    if (!v->is_int() || v->as_int() < 0) throw bad_request("'min_tokens' must be an integer >= 0", "min_tokens");
-    if (v->as_int() > s.max_tokens)
-      throw bad_request("'min_tokens' (" + std::to_string(v->as_int()) + ") must not exceed 'max_tokens' (" +
-                            std::to_string(s.max_tokens) + ")", "min_tokens");
-    if (v->as_int() > 0)
-      throw bad_request("'min_tokens' is not supported by this server (no minimum length before the end)", "min_tokens");
-  }
+  // vLLM's min_tokens: no end (EOS, stop ids, stop strings) before this many tokens.
+  if (auto v = field(o, "min_tokens")) s.min_tokens = int_of(*v, "min_tokens");
+  if (s.min_tokens < 0) throw bad_request("'min_tokens' must be >= 0", "min_tokens");
+  if (s.min_tokens > s.max_tokens)
+    throw bad_request("'min_tokens' (" + std::to_string(s.min_tokens) + ") must not exceed 'max_tokens' (" +
+                          std::to_string(s.max_tokens) + ")", "min_tokens");
   if (auto v = field(o, "temperature")) s.temperature = number_of(*v, "temperature");
   if (!(s.temperature >= 0 && s.temperature <= 2)) throw bad_request("'temperature' must be in [0, 2]", "temperature");
   if (auto v = field(o, "top_p")) s.top_p = number_of(*v, "top_p");
@@ -190,6 +186,41 @@ void refuse_unsupported(const json::Value& o, bool chat, const Sampling& s) {
   } else {
     if (auto v = field(o, "functions"); v && !(v->is_array() && v->as_array().empty()))
       throw unsupported("functions", "the deprecated function calling; use tools");
+  }
+  // vLLM's and OpenAI's other fields that change the output: accepted at their neutral values
+  // (a boolean or a number; none: only null or absent), else refused by name.
+  struct Neutral {
+    const char* name;
+    std::optional<double> number;
+    std::optional<bool> flag;
+    bool chat_only;
+    const char* what;
+  };
+  static const Neutral kNeutral[] = {
+      {"use_beam_search", {}, false, false, "beam search"},
+      {"length_penalty", 1.0, {}, false, "beam search's length penalty"},
+      {"include_stop_str_in_output", {}, false, false, "the stop string is never in the output"},
+      {"skip_special_tokens", {}, true, false, "special tokens are never in the text"},
+      {"spaces_between_special_tokens", {}, true, false, "special tokens are never in the text"},
+      {"truncate_prompt_tokens", {}, {}, false, "a prompt past the context is a 400, never cut"},
+      {"prompt_logprobs", {}, {}, false, "completions score the prompt with echo and logprobs"},
+      {"guided_json", {}, {}, false, "use response_format json_schema"},
+      {"guided_regex", {}, {}, false, "no regular-expression output"},
+      {"guided_choice", {}, {}, false, "use response_format json_schema with an enum"},
+      {"guided_grammar", {}, {}, false, "no grammar output"},
+      {"prediction", {}, {}, false, "predicted outputs"},
+      {"audio", {}, {}, true, "audio output"},
+      {"add_generation_prompt", {}, true, true, "the assistant's turn is always opened"},
+      {"continue_final_message", {}, false, true, "the assistant's turn is always a new one"},
+      {"echo", {}, false, true, "echo is a completions field"},
+  };
+  for (const Neutral& f : kNeutral) {
+    if (f.chat_only && !chat) continue;
+    const json::Value* v = field(o, f.name);
+    if (!v) continue;
+    const bool neutral = (f.flag && v->is_bool() && v->as_bool() == *f.flag) ||
+                         (f.number && v->is_number() && v->as_double() == *f.number);
+    if (!neutral) throw unsupported(f.name, f.what);
   }
 }
 
@@ -301,13 +332,20 @@ void constrain_to_tools(const std::string& choice, ToolRequest& t) {
   }
 }
 
-ToolRequest parse_tools(const json::Value& o, const ServedModel& served, const Tokenizer& tok) {
+ToolRequest parse_tools(const json::Value& o, const Sampling& s, const ServedModel& served, const Tokenizer& tok) {
   ToolRequest t;
   const json::Value* tools = field(o, "tools");
   if (tools && !tools->is_array()) throw bad_request("'tools' must be a list", "tools");
   const bool have_tools = tools && !tools->as_array().empty();
   const std::string choice = parse_tool_choice(o, have_tools, t);
-  if (const json::Value* p = field(o, "parallel_tool_calls")) t.parallel = bool_of(*p, "parallel_tool_calls");
+  if (const json::Value* p = field(o, "parallel_tool_calls")) {
+    t.parallel = bool_of(*p, "parallel_tool_calls");
+    if (!have_tools) throw bad_request("'parallel_tool_calls' is only allowed when 'tools' are given", "parallel_tool_calls");
+  }
+  // Forced calls are the reply: a response_format could not hold as well.
+  if ((choice == "required" || choice == "named") && (s.json_object || !s.json_schema.is_null()))
+    throw bad_request("'response_format' cannot shape a reply that 'tool_choice' " + choice + " makes tool calls",
+                      "response_format");
   if (!have_tools) return t;
   if (tools->as_array().size() > 128) throw bad_request("'tools' holds at most 128 tools", "tools");
   for (size_t i = 0; i < tools->as_array().size(); ++i) {
@@ -412,7 +450,7 @@ void parse_chat(const json::Value& o, const ServedModel& served, const Tokenizer
   const json::Value* msgs = field(o, "messages");
   if (!msgs || !msgs->is_array() || msgs->as_array().empty()) throw bad_request("'messages' must be a non-empty list", "messages");
   for (const auto& m : msgs->as_array()) req.messages.push_back(parse_message(m, req.messages.size(), served));
-  req.tools = parse_tools(o, served, tok);
+  req.tools = parse_tools(o, req.sampling, served, tok);
   req.chat_options.default_system = served.default_system;
   if (const json::Value* kw = field(o, "chat_template_kwargs")) {  // vLLM's extension
     if (!kw->is_object()) throw bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
@@ -567,6 +605,7 @@ GenerateMessage engine_request(const GenerateRequest& req, const Tokenizer& tok,
   g.sampling.top_k = static_cast<int>(s.top_k);
   g.sampling.min_p = static_cast<float>(s.min_p);
   g.ignore_eos = s.ignore_eos;
+  g.min_new_tokens = static_cast<int>(s.min_tokens);  // (<= max_tokens)
   g.top_logprobs = static_cast<int>(s.top_logprobs);
   // echo + logprobs: the prompt's tokens are scored too (OpenAI's legacy completions).
   if (!req.chat && s.echo && s.logprobs) g.prompt_logprobs = static_cast<int>(s.top_logprobs);

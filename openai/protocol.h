@@ -54,6 +54,7 @@ struct ServedModel {
 // where set, else OpenAI's defaults.
 struct Sampling {
   int64_t max_tokens = 16;
+  int64_t min_tokens = 0;  // vLLM's extension: no end before this many tokens
   double temperature = 1.0;
   double top_p = 1.0;
   int64_t top_k = 0;

@@ -33,8 +33,12 @@ std::optional<std::vector<ToolCallText>> forced_calls(const std::string& answer)
   try {
     std::vector<ToolCallText> calls;
     const json::Value list = json::parse(answer);  // (kept: the loop's range refers into it)
-    for (const auto& c : list.as_array())
-      calls.push_back({c.find("name")->as_string(), c.find("parameters")->dump_python()});
+    for (const auto& c : list.as_array()) {
+      const json::Value* name = c.is_object() ? c.find("name") : nullptr;
+      const json::Value* params = c.is_object() ? c.find("parameters") : nullptr;
+      if (!name || !params || !name->is_string()) return std::nullopt;  // (its schema makes both)
+      calls.push_back({name->as_string(), params->dump_python()});
+    }
     return calls;
   } catch (const Error&) {
     return std::nullopt;

@@ -37,6 +37,7 @@ json::Value params_json(const GenerationParams& g, const json::Value& json_schem
                  {"top_p", static_cast<double>(s.top_p)}, {"top_k", s.top_k}};
   if (s.min_p > 0) p.emplace_back("min_p", static_cast<double>(s.min_p));
   p.emplace_back("ignore_eos", g.ignore_eos);
+  if (g.min_new_tokens > 0) p.emplace_back("min_tokens", g.min_new_tokens);
   if (g.top_logprobs > 0) p.emplace_back("top_logprobs", g.top_logprobs);
   if (g.prompt_logprobs >= 0) p.emplace_back("prompt_logprobs", g.prompt_logprobs);
   if (s.repetition_penalty != 1) p.emplace_back("repetition_penalty", static_cast<double>(s.repetition_penalty));
@@ -61,6 +62,7 @@ GenerationParams params_of(const json::Value& p) {
     if (const json::Value* v = p.find(key)) *dst = static_cast<int>(v->as_int());
   };
   integer("max_tokens", &g.max_new_tokens);
+  integer("min_tokens", &g.min_new_tokens);
   number("temperature", &s.temperature);
   number("top_p", &s.top_p);
   integer("top_k", &s.top_k);

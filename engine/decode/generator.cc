@@ -1,6 +1,7 @@
 #include "engine/decode/generator.h"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 
 #include "engine/base/error.h"
@@ -59,6 +60,8 @@ struct Generator::Sequence {
   // last token, which the next decode step feeds.
   int64_t prefill_end() const { return tokens.empty() ? static_cast<int64_t>(prompt.size()) : static_cast<int64_t>(all.size()) - 1; }
   bool decoding() const { return !tokens.empty() && past_len == static_cast<int64_t>(all.size()) - 1; }
+  // Its next token may not end it yet (min_new_tokens): the end ids are masked out of the choice.
+  bool holds_end() const { return static_cast<int64_t>(tokens.size()) < params.min_new_tokens; }
 };
 
 Generator::~Generator() = default;
@@ -140,6 +143,8 @@ std::vector<int32_t> Generator::propose(const Sequence& s, int64_t most) const {
 uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& params) {
   KVPR_CHECK(!prompt.empty(), "the prompt is empty");
   KVPR_CHECK(params.max_new_tokens >= 0, "max_tokens must be >= 0, got ", params.max_new_tokens);
+  KVPR_CHECK(params.min_new_tokens >= 0 && params.min_new_tokens <= params.max_new_tokens, "min_tokens must be in 0..",
+             params.max_new_tokens, " (max_tokens), got ", params.min_new_tokens);
   validate(params.sampling);
   const int64_t vocab = model_.spec().vocab_size;
   for (int32_t t : prompt)
@@ -165,12 +170,12 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
     }
     seq->json = params.json_schema ? std::make_unique<JsonTokenConstraint>(json_vocab_, params.json_schema, json_options_)
                                    : std::make_unique<JsonTokenConstraint>(json_vocab_, json_options_);
-    if (!params.ignore_eos) {
-      if (tok_.eos_id()) seq->end_ids.push_back(*tok_.eos_id());
-      for (int32_t e : tok_.extra_eos_ids()) seq->end_ids.push_back(e);
-    }
-    for (int32_t e : params.stop_token_ids) seq->end_ids.push_back(e);
   }
+  if (!params.ignore_eos) {
+    if (tok_.eos_id()) seq->end_ids.push_back(*tok_.eos_id());
+    for (int32_t e : tok_.extra_eos_ids()) seq->end_ids.push_back(e);
+  }
+  for (int32_t e : params.stop_token_ids) seq->end_ids.push_back(e);
   waiting_.push_back(std::move(seq));
   return id;
 }
@@ -320,10 +325,12 @@ bool Generator::emit_token(Sequence& s, const Sampled& pick, std::vector<TokenLo
   size_t before = s.text.size();
   at_stage(SequenceStage::Detokenize, s);
   s.text += s.decoder.push(pick.token);
-  // Stop strings: search only where a new match could start.
+  // Stop strings: search only where a new match could start (and, as vLLM does, not before
+  // min_new_tokens tokens).
   at_stage(SequenceStage::StopMatch, s);
   size_t cut = std::string::npos;
-  for (const auto& stop : s.params.stop) {
+  const bool match = static_cast<int64_t>(s.tokens.size()) >= s.params.min_new_tokens;
+  for (const auto& stop : match ? s.params.stop : std::vector<std::string>{}) {
     size_t from = before >= stop.size() ? before - stop.size() + 1 : 0;
     size_t f = s.text.find(stop, from);
     if (f != std::string::npos) cut = std::min(cut, f);
@@ -520,7 +527,8 @@ void Generator::plan_decodes(StepPlan& p, bool speculate, std::vector<StepOutput
     const int64_t room = std::min<int64_t>({speculative_tokens_, spare,
                                             s->params.max_new_tokens - static_cast<int64_t>(s->tokens.size()) - 1,
                                             max_seq_len_ - s->past_len - 2});
-    const std::vector<int32_t> drafts = room > 0 && speculate ? propose(*s, room) : std::vector<int32_t>();
+    // (None while its end is held back: each of those tokens is chosen from masked logits.)
+    const std::vector<int32_t> drafts = room > 0 && speculate && !s->holds_end() ? propose(*s, room) : std::vector<int32_t>();
     if (!drafts.empty()) {
       s->checked.assign(1, s->tokens.back());
       s->checked.insert(s->checked.end(), drafts.begin(), drafts.end());
@@ -603,7 +611,7 @@ void Generator::plan_rows(StepPlan& p, const LogitsObserver& observer) {
     p.last[i] = p.rows - 1;
     p.need_logits = p.need_logits || p.scores_prompt(i) ||
                     (p.chooses[i] && (observer || !is_greedy(s.params) || s.params.top_logprobs > 0 ||
-                                      s.params.sampling.adjusts_logits() || s.json));
+                                      s.params.sampling.adjusts_logits() || s.json || s.holds_end()));
   }
 }
 
@@ -689,14 +697,19 @@ void Generator::choose_on_host_unguarded(const StepPlan& p, size_t i, StepChoice
   const float* row = logits_row(p.last[i]);
   const float lse = host_stats_.data_as<float>()[2 * p.last[i] + 1];
   if (s.params.top_logprobs > 0) ch.tops[i] = top_logprobs(row, valid_vocab_, s.params.top_logprobs, lse, scratch);
-  if (s.params.sampling.adjusts_logits() || s.json) {
+  if (s.params.sampling.adjusts_logits() || s.json || s.holds_end()) {
     std::vector<float> adjusted(row, row + model_.spec().vocab_size);
     if (s.params.sampling.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, s.params.sampling, s.prompt, s.tokens);
     if (s.json) at_stage(SequenceStage::Constraint, s);
-    if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
+    // While its end is held back, the JSON mask allows no end id either.
+    const std::vector<int32_t> none;
+    if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.holds_end() ? none : s.end_ids) == 0) {
       ch.picks[i] = Sampled{-1, 0.f};  // a complete object, and no end id to say so: it ends here
       return;
     }
+    if (s.holds_end())
+      for (int32_t e : s.end_ids)
+        if (e >= 0 && e < valid_vocab_) adjusted[static_cast<size_t>(e)] = -std::numeric_limits<float>::infinity();
     at_stage(SequenceStage::Sampling, s);
     const int32_t t = is_greedy(s.params) ? row_argmax_lse(adjusted.data(), valid_vocab_).token
                                           : sample_token(adjusted.data(), valid_vocab_, s.params.sampling, s.rng, scratch).token;

@@ -26,6 +26,10 @@ struct GenerationParams {
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings; the text ends before the first match
   bool ignore_eos = false;
+  // vLLM's min_tokens: before this many tokens, EOS and the stop ids are masked out of the choice
+  // and stop strings are not matched, so the sequence ends no earlier (max_new_tokens, the
+  // context, a JSON text with nothing allowed after it, and cancellation still end it).
+  int min_new_tokens = 0;
   // Ids that end the sequence when sampled (finish reason stop), whatever ignore_eos says; the
   // id is kept in the tokens and adds no text.
   std::vector<int32_t> stop_token_ids;

@@ -609,6 +609,8 @@ def http_rfc():
             check(f"{name}: 400", st == 400 and b["error"]["type"] == "invalid_request_error", (st, b))
         st, b = d.post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4, "min_tokens": 0, "best_of": 1})
         check("min_tokens 0 and best_of 1 (their neutral values): served", st == 200, (st, b))
+        st, b = d.post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4, "min_tokens": 4})
+        check("min_tokens = max_tokens: served, all of them", st == 200 and b["usage"]["completion_tokens"] == 4, (st, b))
         # At --max-connections, /health still answers (a liveness probe must not restart a busy
         # daemon); anything else gets the 503.
         held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(7)]
@@ -677,6 +679,115 @@ def http_rfc():
     check("a descriptor limit below --max-connections is said, with what to set",
           "--max-connections 1024 needs about" in text and "LimitNOFILE" in text, text[:600])
     check("a start without --config reads no file, and says so", "no config file" in text, text[:400])
+
+
+def slowloris():
+    # Slowloris under load: 120 attackers, each trickling a request one byte every 0.2 s (headers
+    # that never end, or a body that never completes), reconnecting as soon as kvprd closes them,
+    # for 10 s against --max-connections 48 and --http-request-timeout 2. Every connection kvprd
+    # takes is closed within the request timeout, kvprd's memory stays bounded, once the attack
+    # stops requests are served at once, and /health answers throughout on --health-port (on the
+    # API port the attackers hold the 16 slots kept for it too, reconnecting as fast as they close).
+    import selectors
+    hport = base.free_port()
+    d = Daemon("--max-connections", "48", "--http-request-timeout", "2", "--http-idle-timeout", "2",
+               "--health-port", str(hport))
+    try:
+        port = d.port
+
+        def rss():
+            return int(next(l for l in open(f"/proc/{d.proc.pid}/status") if l.startswith("VmRSS")).split()[1])
+        before, peak = rss(), 0
+        sel = selectors.DefaultSelector()
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        payloads = (head + b"X-Slow: " + b"a" * 4000,  # headers that never end
+                    head + b"Content-Length: 100000\r\n\r\n{\"model\": \"demo\", \"prompt\": \"" + b"b" * 4000)
+        lives, refused, conns, health_bad, n_health = [], 0, {}, [], 0
+
+        def open_one(i):
+            s_ = socket.socket()
+            s_.setblocking(False)
+            s_.connect_ex(("127.0.0.1", port))
+            conns[s_] = {"payload": payloads[i % 2], "sent": 0, "t0": time.time(), "first": None, "got": b""}
+            sel.register(s_, selectors.EVENT_READ)
+
+        def close_one(s_):
+            sel.unregister(s_)
+            s_.close()
+            del conns[s_]
+
+        for i in range(120):
+            open_one(i)
+        end = time.time() + 10
+        next_trickle = next_health = time.time()
+        while time.time() < end:
+            for key, _ in sel.select(timeout=0.05):
+                s_ = key.fileobj
+                c = conns[s_]
+                try:
+                    data = s_.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    data = b""
+                c["got"] += data
+                if not data:  # kvprd closed it
+                    if c["got"].startswith(b"HTTP/1.1 503"):
+                        refused += 1
+                    elif c["first"] is not None:
+                        lives.append(time.time() - c["first"])
+                    close_one(s_)
+                    open_one(len(lives) + refused)  # the attacker comes straight back
+            now = time.time()
+            if now >= next_trickle:
+                next_trickle = now + 0.2
+                for s_, c in list(conns.items()):
+                    if c["sent"] < len(c["payload"]):
+                        try:
+                            c["sent"] += s_.send(c["payload"][c["sent"]:c["sent"] + 1])
+                            if c["first"] is None:
+                                c["first"] = now
+                        except (BlockingIOError, InterruptedError):
+                            pass
+                        except OSError:
+                            pass
+            if now >= next_health:
+                next_health = now + 0.5
+                n_health += 1
+                try:
+                    c = http.client.HTTPConnection("127.0.0.1", hport, timeout=5)
+                    c.request("GET", "/health")
+                    st = c.getresponse().status
+                    c.close()
+                except OSError as e:
+                    st = str(e)
+                if st != 200:
+                    health_bad.append(st)
+                peak = max(peak, rss())
+        for s_ in list(conns):
+            close_one(s_)
+        check("slowloris: connections kvprd took were closed by the request timeout (2 s)",
+              len(lives) >= 48 and max(lives) < 2 + 1.5, (len(lives), max(lives) if lives else None))
+        check("slowloris: attackers past --max-connections were refused with a 503", refused > 0, refused)
+        check("slowloris: /health answered 200 throughout on --health-port", not health_bad and n_health >= 15,
+              (health_bad, n_health))
+        # The health port serves /health and /metrics alone.
+        for path, want in (("/metrics", 200), ("/v1/models", 404)):
+            c = http.client.HTTPConnection("127.0.0.1", hport, timeout=5)
+            c.request("GET", path)
+            r = c.getresponse()
+            check(f"--health-port: GET {path} is a {want}", r.status == want, r.status)
+            c.close()
+        timed = "ASAN_OPTIONS" not in os.environ  # ASan's quarantine grows the resident size on its own
+        if timed:
+            check("slowloris: kvprd's memory stayed bounded", peak - before < 32 * 1024, (before, peak))
+        t0 = time.time()
+        st, b = d.post("/v1/completions", json.loads(completion_body()))
+        check("slowloris: once it stops, a request is served at once", st == 200 and time.time() - t0 < 10, (st, b))
+        st, h, workers = health_workers(d)
+        check("slowloris: no worker restarted", st == 200 and all(r == 0 for _, r in workers), h)
+    finally:
+        d.stop()
 
 
 # ------------------------------------------------------------------ one sequence's error
@@ -997,7 +1108,7 @@ def haproxy_scale_out():
 def main():
     subprocess.check_call([base.KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
     only = sys.argv[1:]  # parts to run (all when none are named)
-    for part in [hostile, deep_tool_parameters, http_framing, http_rfc, api_keys, reload, unresponsive_workers, sequence_errors, supervision, drain,
+    for part in [hostile, deep_tool_parameters, http_framing, http_rfc, slowloris, api_keys, reload, unresponsive_workers, sequence_errors, supervision, drain,
                  haproxy_scale_out]:
         if only and part.__name__ not in only:
             continue

@@ -451,7 +451,12 @@ def llama3_chat():
                  {"prompt": "Hi", "logit_bias": {"128008": 100}, "ignore_eos": True}, "length", 4),
                 ("stop_token_ids end it anyway", "/v1/completions",
                  {"prompt": "Hi", "logit_bias": {"1734": 100}, "ignore_eos": True, "stop_token_ids": [1734]},
-                 "stop", 1)):
+                 "stop", 1),
+                # min_tokens (vLLM's): the end of turn and the stop ids are held back until then.
+                ("min_tokens holds <|eot_id|> back", "/v1/chat/completions",
+                 {"messages": msgs, "logit_bias": {"128009": 100}, "min_tokens": 2}, "stop", 3),
+                ("min_tokens holds a stop id back", "/v1/completions",
+                 {"prompt": "Hi", "logit_bias": {"1734": 100}, "stop_token_ids": [1734], "min_tokens": 3}, "stop", 4)):
             st, body = d.post(path, dict(req, model="llama3", max_tokens=4, temperature=0))
             c = body.get("choices", [{}])[0] if st == 200 else {}
             check(what, st == 200 and c.get("finish_reason") == reason and body["usage"]["completion_tokens"] == n,

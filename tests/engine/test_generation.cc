@@ -561,6 +561,88 @@ TEST(Generation, StopStringsEosAndLength) {
   EXPECT_EQ(z.finish, FinishReason::Length);
 }
 
+// min_new_tokens (vLLM's min_tokens): before it, EOS and the stop ids are masked out of the
+// choice and stop strings are not matched; the tokens chosen meanwhile are those a -100 bias on
+// the end ids gives, and from then on the end is allowed again.
+TEST(Generation, MinTokensHoldsBackEosStopIdsAndStopStrings) {
+  test::TempDir tmp, tmp2;
+  Fixture f("decoder_prefix_bin");
+  Tokenizer plain = char_tokenizer(tmp, 96);
+  GenerationParams p;
+  p.max_new_tokens = 12;
+  const std::vector<int32_t> prompt = {40, 41, 42};
+  Generator gen(f.model, plain, f32_kv(2));
+  const SequenceResult base = gen.generate_all({prompt}, p)[0];
+  ASSERT_EQ(base.tokens.size(), 12u);
+  const int32_t end = base.tokens[3];
+  size_t end_at = 0;
+  while (base.tokens[end_at] != end) ++end_at;
+  Tokenizer with_eos = char_tokenizer(tmp2, 96, std::string(1, static_cast<char>('!' + end)));
+  Generator g2(f.model, with_eos, f32_kv(2));
+  for (bool stop_id : {false, true}) {
+    Generator& g = stop_id ? gen : g2;
+    GenerationParams q = p;
+    if (stop_id) q.stop_token_ids = {end};
+    ASSERT_EQ(g.generate_all({prompt}, q)[0].tokens.size(), end_at + 1);  // ends at its first end id
+    GenerationParams held = q;
+    held.min_new_tokens = static_cast<int>(end_at) + 4;
+    GenerationParams biased = q;
+    biased.sampling.logit_bias = {{end, -100.f}};
+    const SequenceResult want = g.generate_all({prompt}, biased)[0];
+    const SequenceResult got = g.generate_all({prompt}, held)[0];
+    ASSERT_GE(got.tokens.size(), static_cast<size_t>(held.min_new_tokens)) << stop_id;
+    for (int i = 0; i < held.min_new_tokens; ++i) {
+      EXPECT_NE(got.tokens[static_cast<size_t>(i)], end) << i;
+      EXPECT_EQ(got.tokens[static_cast<size_t>(i)], want.tokens[static_cast<size_t>(i)]) << i;
+    }
+    // Past the minimum the end is allowed again: the first end id after it ends the sequence.
+    auto first_end = std::find(got.tokens.begin() + held.min_new_tokens, got.tokens.end(), end);
+    if (first_end != got.tokens.end()) {
+      EXPECT_EQ(got.finish, FinishReason::Stop);
+      EXPECT_EQ(first_end + 1, got.tokens.end());
+    } else {
+      EXPECT_EQ(got.finish, FinishReason::Length);
+      EXPECT_EQ(got.tokens.size(), 12u);
+    }
+  }
+  // An end id made overwhelmingly likely (+100): without a minimum it is the first token; with
+  // one of 5 it comes sixth, greedy or sampled, and sampled with a seed it is reproducible.
+  for (float temperature : {0.f, 1.f}) {
+    GenerationParams q = p;
+    q.sampling.temperature = temperature;
+    q.sampling.seed = 7;
+    q.sampling.logit_bias = {{end, 100.f}};
+    EXPECT_EQ(g2.generate_all({prompt}, q)[0].tokens, std::vector<int32_t>{end});
+    q.min_new_tokens = 5;
+    const SequenceResult got = g2.generate_all({prompt}, q)[0];
+    ASSERT_EQ(got.tokens.size(), 6u) << temperature;
+    EXPECT_EQ(got.tokens.back(), end);
+    EXPECT_EQ(std::count(got.tokens.begin(), got.tokens.end(), end), 1);
+    EXPECT_EQ(got.finish, FinishReason::Stop);
+    EXPECT_EQ(got.text.size(), 5u);  // the end id adds no text
+    EXPECT_EQ(g2.generate_all({prompt}, q)[0].tokens, got.tokens);
+  }
+  // A stop string is not matched before the minimum: one found in the first tokens is kept.
+  size_t at = 1;  // the first character not seen before it
+  while (at < base.text.size() && base.text.find(base.text[at]) < at) ++at;
+  ASSERT_LT(at, 9u);
+  GenerationParams ps = p;
+  ps.stop = {base.text.substr(at, 1)};
+  ASSERT_EQ(gen.generate_all({prompt}, ps)[0].text, base.text.substr(0, at));
+  ps.min_new_tokens = static_cast<int>(at) + 2;
+  const SequenceResult kept = gen.generate_all({prompt}, ps)[0];
+  EXPECT_EQ(kept.tokens, std::vector<int32_t>(base.tokens.begin(), base.tokens.begin() + static_cast<long>(kept.tokens.size())));
+  // Matching starts with the text of the token that reaches the minimum, as for any new token.
+  const size_t later = base.text.find(ps.stop[0], at + 1);
+  EXPECT_EQ(kept.text, later == std::string::npos ? base.text : base.text.substr(0, later));
+  // A minimum above the maximum is refused.
+  GenerationParams bad = p;
+  bad.min_new_tokens = 13;
+  EXPECT_THROW(gen.add(prompt, bad), Error);
+  bad.min_new_tokens = -1;
+  EXPECT_THROW(gen.add(prompt, bad), Error);
+}
+
 TEST(Generation, StreamedTextHoldsBackPossibleStopStrings) {
   test::TempDir tmp;
   Fixture f("decoder_prefix_bin");

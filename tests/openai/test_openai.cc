@@ -105,6 +105,21 @@ TEST(OpenAiProtocol, EachBadFieldIsRefusedByName) {
       {R"({"model": "demo", )" + msgs + R"(, "tools": [{"type": "function", "function": {"name": "a b"}}]})", {400, "tools"}},
       {R"({"model": "demo", )" + msgs + R"(, "chat_template_kwargs": {"x": 1}})", {400, "chat_template_kwargs"}},
       {R"({"model": "demo", )" + msgs + R"(, "functions": [{}]})", {400, "functions"}},
+      // Contradictions between fields (OpenAI's and vLLM's 400s).
+      {R"({"model": "demo", "prompt": "x", "max_tokens": 4, "min_tokens": 5})", {400, "min_tokens"}},
+      {R"({"model": "demo", "prompt": "x", "min_tokens": -1})", {400, "min_tokens"}},
+      {R"({"model": "demo", "prompt": "x", "best_of": 1, "n": 2})", {400, "best_of"}},
+      {R"({"model": "demo", )" + msgs + R"(, "parallel_tool_calls": false})", {400, "parallel_tool_calls"}},
+      {R"({"model": "demo", )" + msgs + R"(, "tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": "required", "response_format": {"type": "json_object"}})", {400, "response_format"}},
+      // Fields that would change the output and that this server does not have, by name.
+      {R"({"model": "demo", "prompt": "x", "use_beam_search": true})", {400, "use_beam_search"}},
+      {R"({"model": "demo", "prompt": "x", "include_stop_str_in_output": true})", {400, "include_stop_str_in_output"}},
+      {R"({"model": "demo", "prompt": "x", "skip_special_tokens": false})", {400, "skip_special_tokens"}},
+      {R"({"model": "demo", "prompt": "x", "guided_json": {"type": "object"}})", {400, "guided_json"}},
+      {R"({"model": "demo", "prompt": "x", "prompt_logprobs": 1})", {400, "prompt_logprobs"}},
+      {R"({"model": "demo", )" + msgs + R"(, "continue_final_message": true})", {400, "continue_final_message"}},
+      {R"({"model": "demo", )" + msgs + R"(, "add_generation_prompt": false})", {400, "add_generation_prompt"}},
   };
   for (const auto& [body, want] : cases) {
     const bool chat = body.find("\"messages\"") != std::string::npos;
@@ -116,6 +131,15 @@ TEST(OpenAiProtocol, EachBadFieldIsRefusedByName) {
       EXPECT_EQ(e.param, want.second) << body << ": " << e.message;
     }
   }
+  // Their neutral values, which some clients always send, are served.
+  for (const std::string& body : std::vector<std::string>{R"({"model": "demo", "prompt": "x", "use_beam_search": false, "length_penalty": 1,
+                                    "skip_special_tokens": true, "include_stop_str_in_output": false,
+                                    "guided_json": null, "min_tokens": 0, "best_of": 1})",
+                                 R"({"model": "demo", )" + msgs + R"(, "add_generation_prompt": true, "echo": false,
+                                    "continue_final_message": false, "parallel_tool_calls": null})"})
+    EXPECT_NO_THROW(parse(body, body.find("\"messages\"") != std::string::npos)) << body;
+  const GenerateRequest held = parse(R"({"model": "demo", "prompt": "x", "max_tokens": 8, "min_tokens": 3})", false);
+  EXPECT_EQ(engine_request(held, qwen_tokenizer(), 0).params.min_new_tokens, 3);
   // Ids the tokenizer does not have are refused where the engine's parameters are made.
   GenerateRequest big = parse(R"({"model": "demo", "prompt": "x", "logit_bias": {"99999999": 1}})", false);
   EXPECT_THROW(engine_request(big, qwen_tokenizer(), 0), ApiError);
