@@ -24,6 +24,7 @@ PACKAGES=(
   libutf8proc-dev      # utf8proc: Unicode normalization forms and categories (tokenizer normalizers)
   haproxy              # the scale-out test: two kvprd behind it (deploy/haproxy.cfg)
   systemd              # systemd-analyze verify of the unit in the tests
+  strace               # the tests check what kvprd calls against the unit's system call filter
 )
 
 # Node.js and npm run the official `openai` npm client in the daemon's tests. Debian's

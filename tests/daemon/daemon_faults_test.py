@@ -790,6 +790,86 @@ def slowloris():
         d.stop()
 
 
+def syscall_filter():
+    # The unit's SystemCallFilter=@system-service, against what kvprd and its workers call: kvprd
+    # with 2 CPU workers under strace -f through start, completions, a stream, a tool-less chat,
+    # /tokenize, /metrics, SIGHUP and a SIGTERM drain. A call outside the set would fail with EPERM
+    # under systemd (SystemCallErrorNumber), so any is a failure, named. (The CUDA driver's calls
+    # are the GPU run's to show.) Not under ASan: its leak checker ptraces the process itself.
+    if "ASAN_OPTIONS" in os.environ or not shutil.which("strace") or not shutil.which("systemd-analyze"):
+        print("syscall_filter: skipped (ASan, or no strace / systemd-analyze)", flush=True)
+        return
+
+    def expand(group, seen):
+        out = subprocess.run(["systemd-analyze", "syscall-filter", group], capture_output=True, text=True, check=True).stdout
+        names = set()
+        for line in out.splitlines()[1:]:
+            w = line.strip()
+            if not w or w.startswith("#"):
+                continue
+            if w.startswith("@"):
+                if w not in seen:
+                    seen.add(w)
+                    names |= expand(w, seen)
+            else:
+                names.add(w)
+        return names
+    allowed = expand("@system-service", {"@system-service"})
+    check("@system-service expands to the system calls", len(allowed) > 200 and "read" in allowed, len(allowed))
+    port = base.free_port()
+    trace = os.path.join(base.TMP, "kvprd-strace.txt")
+    logpath = os.path.join(base.TMP, "kvprd-strace.log")
+    with open(logpath, "w") as log:
+        proc = subprocess.Popen(["strace", "-f", "-qq", "-c", "-U", "name,calls,errors", "-o", trace, base.KVPRD,
+                                 "--model", MODEL, "--port", str(port), "--workers", "2", "--config", "/dev/null"],
+                                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        ready = False
+        while time.time() < deadline and not ready:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/health")
+                r = c.getresponse()
+                ready = r.status == 200 and json.loads(r.read()).get("status") == "ok"
+            except OSError:
+                time.sleep(0.3)
+        check("kvprd under strace became ready", ready, open(logpath).read()[-400:])
+
+        def post(path, body):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            return r.status, r.read()
+        results = [post("/v1/completions", {"model": "demo", "prompt": "Hello", "max_tokens": 8, "temperature": 0}),
+                   post("/v1/completions", {"model": "demo", "prompt": "Hi", "max_tokens": 8, "stream": True, "n": 2}),
+                   post("/v1/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "Hi"}],
+                                                 "max_tokens": 4, "response_format": {"type": "json_object"}}),
+                   post("/tokenize", {"prompt": "Hello"})]
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/metrics")
+        results.append((c.getresponse().status, b""))
+        check("requests under strace served", all(st == 200 for st, _ in results), [st for st, _ in results])
+        # The signals go to kvprd, strace's child (strace itself would only detach).
+        kvprd_pid = int(open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()[0])
+        os.kill(kvprd_pid, signal.SIGHUP)
+        time.sleep(1)
+        os.kill(kvprd_pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    called = set()
+    for line in open(trace):
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] not in ("syscall", "total") and not parts[0].startswith("-"):
+            called.add(parts[0])
+    outside = sorted(called - allowed)
+    check("kvprd and its workers called system calls (strace read)", len(called) > 20, sorted(called))
+    check("every system call kvprd and its workers make is inside SystemCallFilter=@system-service", not outside,
+          outside)
+
+
 # ------------------------------------------------------------------ one sequence's error
 
 def sequence_errors():
@@ -1108,7 +1188,7 @@ def haproxy_scale_out():
 def main():
     subprocess.check_call([base.KVPR, "make-demo-model", "--out", MODEL], stdout=subprocess.DEVNULL)
     only = sys.argv[1:]  # parts to run (all when none are named)
-    for part in [hostile, deep_tool_parameters, http_framing, http_rfc, slowloris, api_keys, reload, unresponsive_workers, sequence_errors, supervision, drain,
+    for part in [hostile, deep_tool_parameters, http_framing, http_rfc, slowloris, syscall_filter, api_keys, reload, unresponsive_workers, sequence_errors, supervision, drain,
                  haproxy_scale_out]:
         if only and part.__name__ not in only:
             continue

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 
 #include "openai/chat_template.h"
 #include "engine/base/error.h"
@@ -307,6 +308,44 @@ TEST(ToolCalls, ParseAsVllmsParsers) {
   EXPECT_GE(n["mistral"], 12u);
   EXPECT_GE(with_calls["mistral"], 5u);
   EXPECT_THROW(ToolCallStream("pythonic"), Error);
+}
+
+// Tool-call parsing is a per-sequence stage kvprd runs on whatever a model writes: no output may
+// make it throw (a throw there would end the request), whole or streamed in pieces. Random texts
+// from the parsers' own fragments, nesting past the JSON parser's depth limit, numbers past
+// double, invalid UTF-8 and truncations; the streamed result still equals the whole one.
+TEST(ToolCalls, NoModelOutputMakesAParserThrow) {
+  const std::vector<std::string> pieces = {
+      "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "{", "}", "[", "]", "\"name\"", "\"arguments\"",
+      "\"parameters\"", ":", ",", "\"f\"", "\"x\"", "1", "1e999", "-", "null", "true", "\"", "\\", "\n", " ",
+      "\xff\xfe", "\xe2\x82", "<tool", "_call>", "{\"name\": \"f\", \"arguments\": {\"x\": 1}}",
+      "[{\"name\": \"g\", \"arguments\": {}}]", std::string(300, '['), std::string(300, '{'), "\\u0000", "\\ud800"};
+  std::mt19937 rng(20261206);
+  std::map<std::string, int> calls_seen;
+  for (const char* parser : {"hermes", "llama3_json", "mistral"}) {
+    for (int n = 0; n < 1500; ++n) {
+      std::string output;
+      const int len = 1 + static_cast<int>(rng() % 24);
+      for (int k = 0; k < len; ++k) output += pieces[rng() % pieces.size()];
+      if (rng() % 4 == 0) output.resize(rng() % (output.size() + 1));  // cut anywhere, mid-character too
+      ToolCallParse whole;
+      ASSERT_NO_THROW(whole = parse_tool_calls(parser, output)) << parser << ": " << output;
+      calls_seen[parser] += !whole.calls.empty();
+      ToolCallStream s(parser);
+      std::string text;
+      ToolCallStream::Delta e;
+      ASSERT_NO_THROW({
+        const size_t cut = rng() % (output.size() + 1);
+        text += s.feed(output.substr(0, cut)).content;
+        text += s.feed(output.substr(cut)).content;
+        e = s.finish();
+      }) << parser << ": " << output;
+      EXPECT_EQ(text + e.content, whole.content.value_or("")) << parser << ": " << output;
+      EXPECT_EQ(e.calls.size(), whole.calls.size()) << parser << ": " << output;
+    }
+  }
+  for (const char* parser : {"hermes", "llama3_json", "mistral"})
+    EXPECT_GT(calls_seen[parser], 0) << parser << ": the random texts never held a call";
 }
 
 TEST(ToolCalls, StreamsTextBeforeTheFirstBlockAsItComes) {
