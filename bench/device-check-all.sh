@@ -288,6 +288,43 @@ part_auto() {
   done
 }
 
+# kvprd and its workers on the GPU under strace -f, against the unit's SystemCallFilter: every
+# system call they make (the CUDA driver's included) must be in @system-service, or under systemd
+# it would fail with EPERM.
+part_syscalls() {
+  local port=18631 strace=${PFX:+$PFX/bin/strace} allowed=${PFX:+$PFX/share/kvpr/system-service.syscalls} tracer kvprd_pid
+  [ -n "$strace" ] && [ -x "$strace" ] || strace=$(command -v strace)
+  if [ -z "$allowed" ] || [ ! -s "$allowed" ]; then
+    allowed=$PART_RAW/system-service.syscalls
+    python3 bench/syscall_filter.py expand @system-service > "$allowed" 2>/dev/null || rm -f "$allowed"
+  fi
+  if [ -z "$strace" ] || [ ! -s "$allowed" ]; then
+    say "strace or the filter's list is not carried (bench/prepare-device-carry.sh)"; PART_STATUS=failed; return
+  fi
+  model_dir || { say "no checkpoint to serve"; PART_STATUS=failed; return; }
+  say "kvprd under strace -f, its defaults"
+  LD_LIBRARY_PATH=$LIBS "$strace" -f -qq -c -U name,calls,errors -o "$PART_RAW/strace.txt" "$BIN/daemon/kvprd" \
+      --port $port --config /dev/null --worker-binary "$BIN/worker/kvpr-worker" --model "$MODEL" --max-batch 8 \
+      $SERVE_ARGS > "$PART_RAW/kvprd.log" 2>&1 &
+  tracer=$!
+  local ok=0
+  for _ in $(seq 1 600); do
+    [ $(( PART_DEADLINE - $(date +%s) )) -gt 20 ] || break
+    python3 -c "import json,urllib.request,sys; sys.exit(json.load(urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2))['status'] != 'ok')" 2>/dev/null && { ok=1; break; }
+    kill -0 $tracer 2>/dev/null || break
+    sleep 0.5
+  done
+  [ $ok = 1 ] && serve_texts $port "$PART_RAW/serve.json"
+  [ $ok = 1 ] || { say "kvprd under strace did not become ready"; tail -20 "$PART_RAW/kvprd.log"; PART_STATUS=failed; }
+  # Signals to kvprd, strace's child (strace would only detach); strace ends with it.
+  kvprd_pid=$(cut -d' ' -f1 "/proc/$tracer/task/$tracer/children" 2>/dev/null)
+  if [ -n "$kvprd_pid" ]; then pid=$kvprd_pid; stop_kvprd; fi
+  for _ in $(seq 1 40); do kill -0 $tracer 2>/dev/null || break; sleep 0.5; done
+  kill -KILL $tracer 2>/dev/null; wait $tracer 2>/dev/null
+  python3 bench/syscall_filter.py check --allowed "$allowed" "$PART_RAW/strace.txt" --json "$PART_RAW/syscalls.json" ||
+      PART_STATUS=failed
+}
+
 part_sweep() {
   local cfg b p k args name
   for cfg in $SWEEP; do

@@ -65,6 +65,9 @@ PARTS = [
     Part('auto', 90, 25, SERVE,
          'kvprd with kv mode auto at the default budget and at a small one (KV spilled to the host) '
          'against resident: the same greedy texts, /health tiers'),
+    Part('syscalls', 90, 15, SERVE + ['systemd/kvprd.service', 'bench/syscall_filter.py'],
+         "kvprd and its GPU workers under strace -f (start, greedy requests, drain): every system call, the CUDA "
+         "driver's included, inside the unit's SystemCallFilter=@system-service"),
     Part('sweep', 240, 30, BENCH,
          'kvpr-bench decode off the main point: fp8 KV, batch 1..64, prompt 128..8192, weights streamed'),
     Part('scale', 240, 30, BENCH + ['numa', 'worker'],
@@ -251,6 +254,11 @@ def summarize(part, raw):
                       for n, v in serve.items()}
         for n, eq in s['texts_equal_resident'].items():
             targets.append(_target(f'kvprd {n}: texts equal resident', 1 if eq else 0, '>=', 1))
+    elif name == 'syscalls':
+        sc = raw.get('syscalls') or {}
+        s = {'calls': len(sc.get('calls', [])), 'outside': sc.get('outside'), 'served': bool((raw.get('serve') or {}).get('texts'))}
+        targets.append(_target('system calls outside SystemCallFilter=@system-service',
+                               len(sc['outside']) if 'outside' in sc else None, '<=', 0))
     elif name == 'scale':
         sc = raw.get('scale') or {}
         s = {m.get('mode'): [{'workers': p.get('workers'), 'tokens_per_s': p.get('aggregate_tokens_per_s'),

@@ -8,7 +8,9 @@
 #                          the Boost headers the daemon includes (every top-level Boost library
 #                          `g++ -M` finds under its translation units, whole), spdlog and fmt,
 #                          hwloc, libsystemd, their shared libraries and what those load (ldd),
-#                          CMake and pkg-config files, and pkg-config itself
+#                          CMake and pkg-config files, and pkg-config itself; strace and the
+#                          unit's SystemCallFilter=@system-service as a list of calls
+#                          (share/kvpr/system-service.syscalls), for the syscalls part
 #   npm-openai.tar.xz      the official openai npm client and its dependencies (when the daemon
 #                          tests have installed it under build/npm-openai, or KVPR_NPM_DIR)
 #   flexllmgen/            FlexLLMGen (FMInference/FlexLLMGen, Apache-2.0), the peer of
@@ -24,7 +26,7 @@ die() { echo "prepare-device-carry: $*" >&2; exit 1; }
 need() {  # need PATH PACKAGE
   [ -e "$1" ] || die "$1 is missing (Debian package $2: scripts/install-deps.sh installs it)"
 }
-for t in g++:build-essential python3:python3 xz:xz-utils pkg-config:pkg-config; do
+for t in g++:build-essential python3:python3 xz:xz-utils pkg-config:pkg-config strace:strace systemd-analyze:systemd; do
   command -v "${t%%:*}" > /dev/null || die "${t%%:*} is missing (Debian package ${t#*:}: scripts/install-deps.sh)"
 done
 need /usr/src/googletest/CMakeLists.txt googletest
@@ -41,7 +43,8 @@ mkdir -p "$CARRY"
 [ "$CARRY" != .carry ] || grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/info/exclude
 [ -d "$CARRY/googletest" ] || cp -r /usr/src/googletest "$CARRY/googletest"
 
-if [ ! -s "$CARRY/daemon-prefix.tar.xz" ]; then
+# (A prefix from before strace was carried is made again.)
+if [ ! -s "$CARRY/daemon-prefix.tar.xz" ] || ! tar -tJf "$CARRY/daemon-prefix.tar.xz" ./bin/strace > /dev/null 2>&1; then
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
   mkdir -p "$stage/include/boost" "$stage/lib/x86_64-linux-gnu/cmake" "$stage/lib/x86_64-linux-gnu/pkgconfig" "$stage/bin"
@@ -61,7 +64,7 @@ if [ ! -s "$CARRY/daemon-prefix.tar.xz" ]; then
   libs=$(for l in libspdlog.so libfmt.so libhwloc.so libsystemd.so; do
            need $lib/$l "the -dev package of ${l%.so}"
            echo "$lib/$l"; ldd "$lib/$l" | awk '$3 ~ /^\// {print $3}'
-         done; ldd "$(readlink -f "$(command -v pkg-config)")" | awk '$3 ~ /^\// {print $3}')
+         done; for b in pkg-config strace; do ldd "$(readlink -f "$(command -v $b)")" | awk '$3 ~ /^\// {print $3}'; done)
   for p in $(echo "$libs" | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so' | sort -u); do
     base=$(basename "$p"); stem=${base%%.so*}
     cp -a "$lib/$stem".so* "$stage/lib/x86_64-linux-gnu/"
@@ -73,6 +76,9 @@ if [ ! -s "$CARRY/daemon-prefix.tar.xz" ]; then
         -e 's|/usr/include|${prefix}/include|g' $lib/pkgconfig/$pc.pc > "$stage/lib/x86_64-linux-gnu/pkgconfig/$pc.pc"
   done
   cp "$(readlink -f "$(command -v pkg-config)")" "$stage/bin/pkg-config"
+  cp "$(readlink -f "$(command -v strace)")" "$stage/bin/strace"
+  mkdir -p "$stage/share/kvpr"
+  python3 bench/syscall_filter.py expand @system-service > "$stage/share/kvpr/system-service.syscalls"
   tar -cJf "$CARRY/daemon-prefix.tar.xz.part" -C "$stage" .
   mv "$CARRY/daemon-prefix.tar.xz.part" "$CARRY/daemon-prefix.tar.xz"
   echo "prepare-device-carry: daemon prefix: Boost $(echo $deps | wc -w) libraries, $(ls "$stage/lib/x86_64-linux-gnu" | grep -c '\.so') shared objects"

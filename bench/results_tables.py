@@ -87,6 +87,10 @@ def headline(part, doc):
         return f"TPOT p50 over kvpr-bench's step: {f(s.get('served_tpot_over_bench_step'))} (mode {s.get('bench_mode')})"
     if name == 'auto':
         return 'texts equal resident: ' + ', '.join(f'{k} {v}' for k, v in (s.get('texts_equal_resident') or {}).items())
+    if name == 'syscalls':
+        out = s.get('outside')
+        return f"{s.get('calls')} system calls" + ('' if out is None else f", {len(out)} outside @system-service" +
+                                                  (': ' + ' '.join(out) if out else ''))
     if name == 'sweep':
         return f'{len(s)} points: ' + '; '.join(f"{k[6:]} kvpr/offload {f(v['ratios'].get('kvpr_speedup_over_offload'))}"
                                                   for k, v in s.items())

@@ -800,22 +800,11 @@ def syscall_filter():
         print("syscall_filter: skipped (ASan, or no strace / systemd-analyze)", flush=True)
         return
 
-    def expand(group, seen):
-        out = subprocess.run(["systemd-analyze", "syscall-filter", group], capture_output=True, text=True, check=True).stdout
-        names = set()
-        for line in out.splitlines()[1:]:
-            w = line.strip()
-            if not w or w.startswith("#"):
-                continue
-            if w.startswith("@"):
-                if w not in seen:
-                    seen.add(w)
-                    names |= expand(w, seen)
-            else:
-                names.add(w)
-        return names
-    allowed = expand("@system-service", {"@system-service"})
-    check("@system-service expands to the system calls", len(allowed) > 200 and "read" in allowed, len(allowed))
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "syscall_filter.py")
+    allowed = os.path.join(base.TMP, "system-service.syscalls")
+    with open(allowed, "w") as f:
+        subprocess.run([sys.executable, tool, "expand", "@system-service"], stdout=f, check=True)
+    check("@system-service expands to the system calls", len(open(allowed).read().split()) > 200)
     port = base.free_port()
     trace = os.path.join(base.TMP, "kvprd-strace.txt")
     logpath = os.path.join(base.TMP, "kvprd-strace.log")
@@ -859,15 +848,12 @@ def syscall_filter():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    called = set()
-    for line in open(trace):
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] not in ("syscall", "total") and not parts[0].startswith("-"):
-            called.add(parts[0])
-    outside = sorted(called - allowed)
-    check("kvprd and its workers called system calls (strace read)", len(called) > 20, sorted(called))
-    check("every system call kvprd and its workers make is inside SystemCallFilter=@system-service", not outside,
-          outside)
+    r = subprocess.run([sys.executable, tool, "check", "--allowed", allowed, trace, "--json", trace + ".json"],
+                       capture_output=True, text=True)
+    got = json.load(open(trace + ".json"))
+    check("kvprd and its workers called system calls (strace read)", len(got["calls"]) > 20, got["calls"])
+    check("every system call kvprd and its workers make is inside SystemCallFilter=@system-service",
+          r.returncode == 0 and not got["outside"], (r.stdout, r.stderr))
 
 
 # ------------------------------------------------------------------ one sequence's error
