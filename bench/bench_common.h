@@ -22,7 +22,7 @@
 namespace kvpr::bench {
 
 // The bench's device: the engine's backends and GPUs (bench/device.cc), or, in kvpr-bench-emu,
-// the emulated CUDA device's (tests/simt/bench_emulated.cc), so CI runs the device checks' code
+// the emulated CUDA device's beside a real build (tests/simt/bench_emulated.cc), so CI runs the device checks' code
 // paths the way the H200 will, from the same objects.
 std::unique_ptr<Backend> bench_backend(const std::string& name, int device = 0);
 std::vector<std::string> bench_gpu_bus_ids();

@@ -292,8 +292,11 @@ int main(int argc, char** argv) {
                    tok.size(), spec.vocab_size);
     Server server(io, cfg, pool, tok, served);
     server.listen();
-    spdlog::info("kvprd listening on http://{}:{} serving '{}' ({} layers, context {}, kv mode {})", cfg.host, cfg.port,
-                 cfg.served_model_name, spec.num_layers, served.max_model_len, kv_mode_name(cfg.engine.generator.kv.mode));
+    // Without --kv-mode each worker picks its backend's default (auto on a GPU) and says so when ready.
+    const std::string kv_mode = cfg.engine.kv_mode_given ? std::string("kv mode ") + kv_mode_name(cfg.engine.generator.kv.mode)
+                                                         : std::string("each worker's default kv mode");
+    spdlog::info("kvprd listening on http://{}:{} serving '{}' ({} layers, context {}, {})", cfg.host, cfg.port,
+                 cfg.served_model_name, spec.num_layers, served.max_model_len, kv_mode);
     if (cfg.health_port > 0)
       spdlog::info("kvprd health port: http://{}:{}/health and /metrics alone", cfg.host, cfg.health_port);
     return Lifecycle(io, cfg, pool, server, argc, argv).run(terminate, hangup);

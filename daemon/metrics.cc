@@ -59,6 +59,21 @@ std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerSt
   m.ttft.render(out, "kvpr_time_to_first_token_seconds", "Time to first token.");
   m.itl.render(out, "kvpr_inter_token_latency_seconds", "Time between tokens of a sequence.");
   m.e2e.render(out, "kvpr_e2e_request_latency_seconds", "End-to-end request latency.");
+  // Each worker's device, KV mode and NUMA node, as labels of a constant 1 (Prometheus' info pattern).
+  auto label = [](const std::string& v) {
+    std::string e;
+    for (char c : v) e += c == '"' ? std::string("\\\"") : c == '\\' ? std::string("\\\\") : c == '\n' ? std::string("\\n") : std::string(1, c);
+    return e;
+  };
+  out += "# HELP kvpr_worker_info A worker's device, KV mode and NUMA node (1 once it has been ready).\n"
+         "# TYPE kvpr_worker_info gauge\n";
+  for (const auto& w : workers) {
+    if (w.info.backend.empty()) continue;
+    const json::Value* node = w.info.placement.is_object() ? w.info.placement.find("numa_node") : nullptr;
+    out += "kvpr_worker_info{worker=\"" + std::to_string(w.index) + "\",device=\"" + label(w.info.backend) +
+           "\",kv_mode=\"" + label(w.info.kv_mode) + "\",numa_node=\"" +
+           (node && node->is_int() ? std::to_string(node->as_int()) : std::string("none")) + "\"} 1\n";
+  }
   auto per_worker = [&](const char* name, const char* help, auto field) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
     for (const auto& w : workers)

@@ -97,6 +97,9 @@ void Routes::health(Exchange& ex) {
   for (const auto& w : pool_.status()) {
     json::Object o{{"index", w.index}, {"state", w.state}, {"pid", static_cast<int64_t>(w.pid)},
                    {"restarts", w.restarts}, {"unresponsive", w.unresponsive}, {"in_flight", w.in_flight}};
+    // Its device (the backend's name: cuda:N (the GPU's name), or cpu) and KV mode, once ready.
+    if (!w.info.backend.empty()) o.emplace_back("device", w.info.backend);
+    if (!w.info.kv_mode.empty()) o.emplace_back("kv_mode", w.info.kv_mode);
     if (!w.last_error.empty()) o.emplace_back("last_error", w.last_error);
     if (!w.info.placement.is_null()) o.emplace_back("placement", w.info.placement);
     if (w.stats.kv_blocks_total > 0) {  // its paged KV store, from its last stats message

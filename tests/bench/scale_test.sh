@@ -85,6 +85,26 @@ for name, reals, modes in (("n", 1, ["kvpr", "offload", "cpu-attn"]), ("r", 2, [
 xml.dom.minidom.parse(os.path.join(tmp, "n.svg"))
 PY
 
+# 2b. The emulated build (KVPR_SCALE_EMULATED_GPUS=1): N = 1, 2 real GPU workers, one per emulated
+# device, each placed on its GPU's node of the two-socket fixture (the paths, not the numbers).
+if [ "${KVPR_SCALE_EMULATED_GPUS:-0}" = 1 ]; then
+  KVPR_EMULATED_GPUS=2 KVPR_EMULATED_GPU_MEMORY=256MiB KVPR_EMULATED_LINK_GBPS=2 \
+  KVPR_EMULATED_PCI_BUS_IDS=0000:17:00.0,0000:65:00.0 HWLOC_XMLFILE=$data/two-socket-two-gpu.xml \
+    "$KVPR_BENCH" scale --preset tiny --backend cuda --workers 1,2 --batch 2 --prompt 24 --gen 2 --kv-dtype f32 \
+    --probe-mib 8 --modes kvpr,offload --json "$tmp/gpus.json" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+  python3 - "$tmp/gpus.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["real_workers_available"] == 2 and r["complete"], r
+for m in r["modes"]:
+    p2 = m["points"][1]
+    assert p2["real_workers"] == 2 and not p2["projected"], p2
+    assert [(w["numa_node"], w["cpus"]) for w in p2["per_worker"]] == [(0, "0-1"), (1, "2-3")], p2["per_worker"]
+    assert all(w["ms_per_step"] > 0 for w in p2["per_worker"]), p2
+PY
+  echo "scale: 2 emulated GPUs ok"
+fi
+
 # 3. What does not fit the host is refused before anything is allocated, in one line.
 set +e
 "$KVPR_BENCH" scale --preset tiny --backend cpu --workers 1,8 --batch 100000 --prompt 4000 --gen 2 --modes offload \

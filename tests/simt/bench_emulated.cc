@@ -1,8 +1,8 @@
 // kvpr-bench-emu's device: kvpr-bench's objects linked with this file instead of
 // bench/device.cc, so their "cuda" backend and GPU list are the emulated device's.
 #include "bench/bench_common.h"
-#include "tests/simt/cuda_backend_emu.h"
-#include "tests/simt/cuda_runtime_emu.h"
+#include "tests/simt/emulated_backend.h"
+#include "engine/backend/emulated/cuda_runtime_emu.h"
 
 namespace kvpr::bench {
 

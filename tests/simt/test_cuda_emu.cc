@@ -5,18 +5,21 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <chrono>
 #include <map>
+#include <thread>
+#include <tuple>
 #include <vector>
 
-#include "tests/simt/simt_emu.h"
+#include "engine/backend/emulated/simt_emu.h"
 // clang-format off
-#include "tests/simt/cuda_runtime_emu.h"
+#include "engine/backend/emulated/cuda_runtime_emu.h"
 // clang-format on
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cuda/kernels.h"
 #include "engine/decode/generator.h"
 #include "engine/model/opt_model.h"
-#include "tests/simt/cuda_backend_emu.h"
+#include "tests/simt/emulated_backend.h"
 #if defined(KVPR_HAVE_HWLOC)
 #include "numa/placement.h"
 #include "numa/topology.h"
@@ -94,6 +97,77 @@ TEST_F(EmulatedDeviceDeathTest, HostCodeTouchingDeviceMemoryFaults) {
   EXPECT_EQ(cudaMemsetAsync(d, 0, 16 * sizeof(float), nullptr), cudaSuccess);  // through the device: fine
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaFree(d);
+}
+
+// KVPR_EMULATED_GPUS=2 with a memory cap, bus ids and a link rate per device (the ctest entry
+// emulated_gpu_two_devices sets them; with one device this skips): each device has its own
+// memory, bus id and link, the calling thread's device takes the allocations, a kernel handed the
+// other device's memory faults, and a copy over a link takes at least bytes / its rate.
+TEST_F(EmulatedDevice, SeveralDevicesEachWithItsMemoryBusIdAndLink) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  cudaGetLastError();
+  if (n < 2) GTEST_SKIP() << "one emulated device (emulated_gpu_two_devices runs this with two)";
+  const size_t cap = size_t{64} << 20;
+  for (int d = 0; d < 2; ++d) {
+    cudaDeviceProp prop{};
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, d), cudaSuccess);
+    EXPECT_EQ(prop.totalGlobalMem, cap);
+    char bus[32];
+    ASSERT_EQ(cudaDeviceGetPCIBusId(bus, sizeof bus, d), cudaSuccess);
+    EXPECT_STREQ(bus, d == 0 ? "0000:17:00.0" : "0000:65:00.0");
+  }
+  EXPECT_EQ(cudaSetDevice(2), cudaErrorInvalidDevice);
+  cudaGetLastError();
+  // Allocations go to the calling thread's device, within its memory.
+  size_t free0 = 0, free1 = 0, total = 0;
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  float* on1 = device_alloc<float>(1 << 20);
+  ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  EXPECT_EQ(total, cap);
+  EXPECT_LE(free1, cap - (4u << 20));
+  void* past = nullptr;
+  EXPECT_EQ(cudaMalloc(&past, cap), cudaErrorMemoryAllocation);  // more than device 1 has left
+  cudaGetLastError();
+  cudaStream_t s1 = new_stream();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  EXPECT_GT(free0, free1);  // device 0's memory is untouched by device 1's allocation
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, 0);
+  std::thread([] {  // another thread starts on device 0 whatever this one chose
+    int d = -1;
+    cudaSetDevice(1);
+    cudaGetDevice(&d);
+    EXPECT_EQ(d, 1);
+  }).join();
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, 0);
+  float* on0 = device_alloc<float>(1 << 20);
+  cudaStream_t s0 = new_stream();
+  // A kernel on device 0 handed device 1's memory: no peer access.
+  EXPECT_THROW(kvpr::cuda::add(on0, on0, on1, 16, s0), DeviceFault);
+  kvpr::cuda::add(on0, on0, on0, 16, s0);  // its own: fine
+  // Each link at its own rate (1 and 2 GB/s): 4 MiB over each takes at least 4.2 and 2.1 ms.
+  float* h = pinned_alloc<float>(1 << 20);
+  for (auto [dev, dst, st, gbps] : {std::tuple{0, on0, s0, 1.0}, {1, on1, s1, 2.0}}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(cudaMemcpyAsync(dst, h, 4u << 20, cudaMemcpyHostToDevice, st), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_GE(ms, (4u << 20) / (gbps * 1e6)) << "device " << dev;
+  }
+  cudaStreamDestroy(s0);
+  cudaStreamDestroy(s1);
+  cudaFree(on0);
+  cudaFree(on1);  // any device's memory is freed from any current device, as with CUDA's unified addresses
+  cudaFreeHost(h);
+  size_t after = 0;
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(cudaMemGetInfo(&after, &total), cudaSuccess);
+  EXPECT_EQ(after, cap);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
 
 TEST_F(EmulatedDevice, StreamsRunLazilySoMissingWaitsShow) {

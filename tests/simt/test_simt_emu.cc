@@ -1,6 +1,6 @@
 // The SIMT emulator itself: shuffles, barriers, exited threads and the deadlock report, on
 // small kernels whose answers are known, so the kernel tests rest on a checked harness.
-#include "tests/simt/simt_emu.h"
+#include "engine/backend/emulated/simt_emu.h"
 // clang-format off
 #include <gtest/gtest.h>
 
@@ -8,6 +8,14 @@
 #include <vector>
 
 namespace {
+
+// The kernel tests run kernels at once on host memory, with no stream. In the emulated build the
+// engine links the emulated runtime, which would queue their launches on its streams and check
+// their pointers as device memory: launches here bypass it.
+struct DirectLaunches : ::testing::Environment {
+  void SetUp() override { kvpr_emu::submit_launch = nullptr; }
+};
+[[maybe_unused]] ::testing::Environment* const direct_launches = ::testing::AddGlobalTestEnvironment(new DirectLaunches);
 
 __global__ void lane_exchange(int* out) {
   const int t = threadIdx.x, lane = t & 31;

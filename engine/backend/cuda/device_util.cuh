@@ -110,7 +110,7 @@ inline unsigned grid_for(int64_t n, int threads, unsigned cap = 65535u * 8) {
 KVPR_CUDA_NAMESPACE_END
 
 // KVPR_LAUNCH(grid, block, shared_bytes, stream, kernel)(args...) launches a kernel. Under
-// the SIMT emulator of the tests (tests/simt/simt_emu.h, host compiler, no GPU) the same
+// the SIMT emulator of the tests (engine/backend/emulated/simt_emu.h, host compiler, no GPU) the same
 // launch runs the kernel's threads on the CPU.
 #if defined(KVPR_SIMT_EMULATION)
 #define KVPR_LAUNCH(grid, block, smem, stream, ...) ::kvpr_emu::launch(grid, block, smem, stream, __VA_ARGS__)

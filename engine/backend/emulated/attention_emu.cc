@@ -1,4 +1,4 @@
 // The CUDA kernels of engine/backend/cuda/attention.cu, compiled by the host compiler for the SIMT emulator.
-#include "tests/simt/simt_emu.h"
+#include "engine/backend/emulated/simt_emu.h"
 // clang-format off
 #include "engine/backend/cuda/attention.cu"

@@ -1,7 +1,9 @@
 // An emulated CUDA device for CI (which has the CUDA headers but no GPU): the part of the CUDA
 // runtime and cuBLAS that engine/backend/cuda/cuda_backend.cu calls, so that the unchanged backend,
 // with its kernels run by the SIMT emulator (simt_emu.h), is tested end to end on the CPU:
-// tests/engine/test_cuda.cc (the GPU test suite) runs against it in CI on every change.
+// tests/engine/test_cuda.cc (the GPU test suite) runs against it in CI on every change, and
+// with -DKVPR_EMULATED_CUDA=ON the real binaries (kvprd, kvpr-worker, kvpr, kvpr-bench) are
+// built against it, so the daemon runs its GPU path on emulated GPUs.
 //
 // What it models, so that the bugs a first run on a real GPU would show are found here:
 // - Device memory is an arena the host cannot touch: it is PROT_NONE except while the
@@ -27,9 +29,18 @@
 //   (run only when an instantiated graph is launched, reading its buffers then); calls that
 //   would wait or allocate during a capture fail and invalidate it, as do waits on events
 //   recorded outside it and host queries of events recorded inside it.
-// Not modelled: performance, the legacy stream's implicit synchronisation with blocking
-// streams (the backend creates non-blocking streams only), multiple devices, relaxed capture,
-// captures that fork across streams, graph updates.
+// - Several devices (KVPR_EMULATED_GPUS=N; without it, none in the emulated build of the
+//   binaries, one in the test suites' device): each its own arena, legacy stream and memory
+//   (KVPR_EMULATED_GPU_MEMORY, e.g. 512MiB: cudaMemGetInfo and the allocation limit), a PCI bus
+//   id (KVPR_EMULATED_PCI_BUS_IDS, a comma list, so that placement finds it in a topology XML;
+//   else 0000:<index>:00.0) and a PCIe link (KVPR_EMULATED_LINK_GBPS, one rate or a list, in
+//   GB/s: a copy to or from the device takes bytes / rate on its lane, each direction its own;
+//   without it copies take no time). cudaSetDevice picks the calling thread's device; streams
+//   belong to the device current when they were made; a kernel handed another device's memory
+//   faults (no peer access).
+// Not modelled: compute time, the legacy stream's implicit synchronisation with blocking
+// streams (the backend creates non-blocking streams only), relaxed capture, captures that fork
+// across streams, graph updates.
 //
 // Include after the CUDA headers (simt_emu.h includes them): the macros at the end send the
 // backend's CUDA calls here.
@@ -73,6 +84,7 @@ Memory classify(const void* p);
 // ---- the runtime API (names as CUDA's; the macros below send the backend's calls here) ----
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device);
 cudaError_t cudaGetLastError();
@@ -141,6 +153,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t tr
 #undef cublasSetWorkspace_v2
 #define cudaGetDeviceCount KVPR_EMU_REDIRECT(cudaGetDeviceCount)
 #define cudaSetDevice KVPR_EMU_REDIRECT(cudaSetDevice)
+#define cudaGetDevice KVPR_EMU_REDIRECT(cudaGetDevice)
 #define cudaGetDeviceProperties KVPR_EMU_REDIRECT(cudaGetDeviceProperties)
 #define cudaDeviceGetPCIBusId KVPR_EMU_REDIRECT(cudaDeviceGetPCIBusId)
 #define cudaGetLastError KVPR_EMU_REDIRECT(cudaGetLastError)

@@ -2,7 +2,7 @@
 // kernel of engine/backend/cuda/ against the CPU backend, under AddressSanitizer too.
 //
 // The kernel sources are compiled unchanged by the host compiler with this header included
-// first (tests/simt/*_emu.cc). A launch runs the grid's blocks one after another; each GPU
+// first (engine/backend/emulated/*_emu.cc). A launch runs the grid's blocks one after another; each GPU
 // thread of a block is a fiber on the calling OS thread, run until it finishes or
 // reaches a barrier: __syncthreads waits for every live thread of the block, warp shuffles
 // and __syncwarp for every live thread of the warp, and __shared__ variables are statics

@@ -1,9 +1,9 @@
 // The emulated CUDA device of cuda_runtime_emu.h: device memory arena, lazy streams, events,
 // copies, kernel launches (run by the SIMT emulator) and cuBLAS GEMMs.
 #define KVPR_EMU_RUNTIME_IMPL 1
-#include "tests/simt/simt_emu.h"
+#include "engine/backend/emulated/simt_emu.h"
 // clang-format off
-#include "tests/simt/cuda_runtime_emu.h"
+#include "engine/backend/emulated/cuda_runtime_emu.h"
 // clang-format on
 
 #include <execinfo.h>
@@ -18,9 +18,14 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <random>
 #include <tuple>
 #include <vector>
+
+#include "engine/base/error.h"
+#include "engine/decode/engine_options.h"
 
 // The handle types the CUDA headers leave opaque.
 struct CUgraph_st {
@@ -30,6 +35,7 @@ struct CUgraphExec_st {
   std::vector<std::function<void()>> nodes;
 };
 struct CUstream_st {
+  int device = 0;  // the device current when it was created, whose work it queues
   std::deque<std::function<void()>> queue;
   uint64_t submitted = 0, done = 0;  // ops queued so far; ops run so far
   std::shared_ptr<CUgraph_st> capture;  // while capturing: where its work goes instead
@@ -54,7 +60,11 @@ namespace {
 
 constexpr size_t kAlign = 256;      // cudaMalloc's alignment
 constexpr size_t kRedZone = 256;    // poisoned bytes after every allocation
-constexpr size_t kCapacity = size_t{8} << 30;
+constexpr size_t kArena = size_t{8} << 30;  // address space reserved per device (its memory at most)
+constexpr int kMaxDevices = 16;
+#ifndef KVPR_EMU_DEFAULT_GPUS
+#define KVPR_EMU_DEFAULT_GPUS 0  // devices without KVPR_EMULATED_GPUS (the test suites' build: 1)
+#endif
 constexpr unsigned char kGarbage = 0xff;  // fresh memory reads as NaN
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -74,17 +84,18 @@ void unpoison(const void* p, size_t n) {
 #endif
 }
 
-char* g_arena = nullptr;  // read by the SIGSEGV handler
+char* g_arenas[kMaxDevices] = {};  // read by the SIGSEGV handler
 
 void on_segv(int, siginfo_t* info, void*) {
   const char* a = static_cast<const char*>(info->si_addr);
-  if (g_arena && a >= g_arena && a < g_arena + kCapacity) {
-    char msg[160];
-    int n = snprintf(msg, sizeof msg,
-                     "kvpr emulated device: the host touched device memory at %p (arena offset %zu)\n",
-                     info->si_addr, static_cast<size_t>(a - g_arena));
-    if (n > 0) (void)!write(2, msg, static_cast<size_t>(n));
-  }
+  for (int d = 0; d < kMaxDevices; ++d)
+    if (g_arenas[d] && a >= g_arenas[d] && a < g_arenas[d] + kArena) {
+      char msg[160];
+      int n = snprintf(msg, sizeof msg,
+                       "kvpr emulated device %d: the host touched device memory at %p (arena offset %zu)\n", d,
+                       info->si_addr, static_cast<size_t>(a - g_arenas[d]));
+      if (n > 0) (void)!write(2, msg, static_cast<size_t>(n));
+    }
   // SA_RESETHAND restored the default action: the access faults again and the process dies.
 }
 
@@ -93,20 +104,40 @@ struct Allocation {
   size_t chunk;  // reserved, red zone included
 };
 
-struct State {
-  std::recursive_mutex mu;
+// One emulated GPU: its memory (an arena of the process's address space), its legacy stream, its
+// PCI bus id (what placement matches against the machine's topology) and its link to the host.
+struct Device {
+  int index = 0;
   char* arena = nullptr;
+  size_t capacity = kArena;  // its memory: KVPR_EMULATED_GPU_MEMORY, at most kArena
   size_t extent = 0;  // the arena's used prefix (page aligned), mprotect'ed as a whole
-  int device_depth = 0;
   std::map<size_t, size_t> free_;  // offset -> size, coalesced
   std::map<size_t, Allocation> live;
   size_t allocated = 0;
+  std::shared_ptr<CUstream_st> legacy = std::make_shared<CUstream_st>();
+  std::string bus_id;
+  // Its PCIe link (KVPR_EMULATED_LINK_GBPS; 0: copies take no time): each direction is busy
+  // until link_free_ms[dir] (host to device, device to host), as a real link's two lanes are.
+  double link_bytes_per_ms = 0;
+  double link_free_ms[2] = {0, 0};
+  bool holds(const void* p) const {
+    const char* c = static_cast<const char*>(p);
+    return c >= arena && c < arena + kArena;
+  }
+};
+
+// Which device the calling thread's runtime calls go to (cudaSetDevice), as in CUDA.
+thread_local int t_device = 0;
+
+struct State {
+  std::recursive_mutex mu;
+  std::vector<std::unique_ptr<Device>> devices;
+  int device_depth = 0;
   struct Pinned {
     size_t bytes;
     bool owned;  // cudaHostAlloc (else cudaHostRegister)
   };
   std::map<uintptr_t, Pinned> pinned;
-  std::shared_ptr<CUstream_st> legacy = std::make_shared<CUstream_st>();
   std::map<CUstream_st*, std::shared_ptr<CUstream_st>> streams;
   std::map<CUevent_st*, std::shared_ptr<CUevent_st>> events;
   std::map<cublasContext*, std::unique_ptr<cublasContext>> handles;
@@ -121,12 +152,57 @@ struct State {
   uint64_t submissions = 0;  // kernels, GEMMs, copies, memsets and graph launches the host issued
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
 
+  // The devices from the environment: KVPR_EMULATED_GPUS (how many), KVPR_EMULATED_GPU_MEMORY
+  // (each one's memory), KVPR_EMULATED_LINK_GBPS (each one's link, GB/s, one rate or a list),
+  // KVPR_EMULATED_PCI_BUS_IDS (a comma list; else 0000:<index as 2 hex digits>:00.0).
   State() {
-    void* p = mmap(nullptr, kCapacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) throw std::runtime_error("kvpr emulated device: cannot reserve the device arena");
-    arena = static_cast<char*>(p);
-    g_arena = arena;
-    free_[0] = kCapacity;
+    auto env = [](const char* k) { const char* v = std::getenv(k); return std::string(v ? v : ""); };
+    auto list = [](const std::string& v) {
+      std::vector<std::string> out;
+      for (size_t p = 0; p <= v.size() && !v.empty();) {
+        size_t q = v.find(',', p);
+        if (q == std::string::npos) q = v.size();
+        out.push_back(v.substr(p, q - p));
+        p = q + 1;
+      }
+      return out;
+    };
+    // (Parsed as kvprd's options are: a bad value is one line naming the variable.)
+    int count = KVPR_EMU_DEFAULT_GPUS;
+    if (const std::string n = env("KVPR_EMULATED_GPUS"); !n.empty())
+      count = static_cast<int>(kvpr::parse_option_integer("KVPR_EMULATED_GPUS", n, 0, kMaxDevices));
+    size_t capacity = kArena;
+    if (const std::string m = env("KVPR_EMULATED_GPU_MEMORY"); !m.empty()) {
+      const double bytes = kvpr::parse_option_size("KVPR_EMULATED_GPU_MEMORY", m);
+      KVPR_CHECK(bytes > 1, "KVPR_EMULATED_GPU_MEMORY: '", m, "' is not a size in bytes (e.g. 512MiB)");
+      capacity = std::min(static_cast<size_t>(bytes), kArena);
+    }
+    const std::vector<std::string> rates = list(env("KVPR_EMULATED_LINK_GBPS")), buses = list(env("KVPR_EMULATED_PCI_BUS_IDS"));
+    for (int d = 0; d < count; ++d) {
+      auto dev = std::make_unique<Device>();
+      dev->index = d;
+      void* p = mmap(nullptr, kArena, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) throw std::runtime_error("kvpr emulated device: cannot reserve the device arena");
+      dev->arena = static_cast<char*>(p);
+      g_arenas[d] = dev->arena;
+      dev->capacity = capacity;
+      dev->free_[0] = capacity;
+      dev->legacy->device = d;
+      if (!rates.empty()) {
+        const std::string& r = rates[std::min<size_t>(static_cast<size_t>(d), rates.size() - 1)];
+        const double gbps = kvpr::parse_option_number("KVPR_EMULATED_LINK_GBPS", r);
+        KVPR_CHECK(gbps >= 0, "KVPR_EMULATED_LINK_GBPS: '", r, "' is not a rate in GB/s");
+        dev->link_bytes_per_ms = gbps * 1e6;
+      }
+      if (static_cast<size_t>(d) < buses.size()) {
+        dev->bus_id = buses[static_cast<size_t>(d)];
+      } else {
+        char b[16];
+        snprintf(b, sizeof b, "0000:%02x:00.0", d);
+        dev->bus_id = b;
+      }
+      devices.push_back(std::move(dev));
+    }
 #if !defined(KVPR_EMU_ASAN)
     struct sigaction sa {};
     sa.sa_sigaction = on_segv;
@@ -149,24 +225,41 @@ State& state() {
   return *s;
 }
 
-// The device may touch the arena while at least one of these lives.
+// The devices may touch their arenas while at least one of these lives.
 struct DeviceWindow {
   State& s;
   explicit DeviceWindow(State& st) : s(st) {
-    if (s.device_depth++ == 0 && s.extent) mprotect(s.arena, s.extent, PROT_READ | PROT_WRITE);
+    if (s.device_depth++ == 0)
+      for (auto& d : s.devices)
+        if (d->extent) mprotect(d->arena, d->extent, PROT_READ | PROT_WRITE);
   }
   ~DeviceWindow() {
-    if (--s.device_depth == 0 && s.extent) mprotect(s.arena, s.extent, PROT_NONE);
+    if (--s.device_depth == 0)
+      for (auto& d : s.devices)
+        if (d->extent) mprotect(d->arena, d->extent, PROT_NONE);
   }
 };
 
+// The device whose memory p is in, or null.
+Device* device_of(State& s, const void* p) {
+  for (auto& d : s.devices)
+    if (d->holds(p)) return d.get();
+  return nullptr;
+}
+
+// The calling thread's device (cudaSetDevice), or null when there is none.
+Device* current(State& s) {
+  return t_device >= 0 && static_cast<size_t>(t_device) < s.devices.size() ? s.devices[static_cast<size_t>(t_device)].get()
+                                                                              : nullptr;
+}
+
 // The live allocation holding [p, p + n), or null.
 const Allocation* find_allocation(State& s, const void* p, size_t n, size_t* offset = nullptr) {
-  const char* c = static_cast<const char*>(p);
-  if (c < s.arena || c >= s.arena + kCapacity) return nullptr;
-  const size_t off = static_cast<size_t>(c - s.arena);
-  auto it = s.live.upper_bound(off);
-  if (it == s.live.begin()) return nullptr;
+  Device* d = device_of(s, p);
+  if (!d) return nullptr;
+  const size_t off = static_cast<size_t>(static_cast<const char*>(p) - d->arena);
+  auto it = d->live.upper_bound(off);
+  if (it == d->live.begin()) return nullptr;
   --it;
   if (off + n > it->first + it->second.bytes || off < it->first) return nullptr;
   if (offset) *offset = it->first;
@@ -183,8 +276,7 @@ const State::Pinned* find_pinned(State& s, const void* p, size_t n) {
 }
 
 Memory classify_locked(State& s, const void* p) {
-  const char* c = static_cast<const char*>(p);
-  if (c >= s.arena && c < s.arena + kCapacity) return Memory::Device;
+  if (device_of(s, p)) return Memory::Device;
   if (find_pinned(s, p, 1)) return Memory::Pinned;
   return Memory::Pageable;
 }
@@ -227,7 +319,10 @@ bool capture_violation(State& s) {
 }
 
 std::shared_ptr<CUstream_st> stream_of(State& s, cudaStream_t h) {
-  if (h == nullptr || h == cudaStreamLegacy) return s.legacy;
+  if (h == nullptr || h == cudaStreamLegacy) {
+    Device* d = current(s);
+    return d ? d->legacy : nullptr;
+  }
   auto it = s.streams.find(h);
   return it == s.streams.end() ? nullptr : it->second;
 }
@@ -258,9 +353,16 @@ void host_wait(State& s, const std::shared_ptr<CUstream_st>& st, uint64_t seq) {
   run_until(s, st, seq);
 }
 
-void run_all(State& s) {
-  std::vector<std::shared_ptr<CUstream_st>> all{s.legacy};
+// Every stream of every device.
+std::vector<std::shared_ptr<CUstream_st>> all_streams(State& s) {
+  std::vector<std::shared_ptr<CUstream_st>> all;
+  for (auto& d : s.devices) all.push_back(d->legacy);
   for (auto& [h, st] : s.streams) all.push_back(st);
+  return all;
+}
+
+void run_all(State& s) {
+  std::vector<std::shared_ptr<CUstream_st>> all = all_streams(s);
   for (auto& st : all)
     if (st->done < st->submitted) {
       ++s.host_waits;
@@ -276,8 +378,7 @@ void run_all(State& s) {
 void maybe_run_some(State& s) {
   if (s.schedule != Schedule::Random || s.device_depth > 0) return;
   std::vector<std::shared_ptr<CUstream_st>> busy;
-  if (!s.legacy->queue.empty()) busy.push_back(s.legacy);
-  for (auto& [h, st] : s.streams)
+  for (auto& st : all_streams(s))
     if (!st->queue.empty()) busy.push_back(st);
   if (busy.empty() || s.rng() % 3 != 0) return;
   auto& st = busy[s.rng() % busy.size()];
@@ -305,6 +406,23 @@ double now_ms(State& s) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s.epoch).count();
 }
 
+// A copy of `bytes` over device d's link in one direction (0: to the device, 1: from it) takes
+// bytes / rate once the lane is free; the stream running it waits that long.
+void cross_link(State& s, Device* d, int dir, size_t bytes) {
+  if (!d || d->link_bytes_per_ms <= 0 || bytes == 0) return;
+  const double now = now_ms(s), start = std::max(now, d->link_free_ms[dir]);
+  const double end = start + static_cast<double>(bytes) / d->link_bytes_per_ms;
+  d->link_free_ms[dir] = end;
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(end - now));
+}
+
+// The link a copy from src to dst crosses: to a device from host memory, or from one to the host.
+void pace_copy(State& s, void* dst, const void* src, size_t bytes) {
+  Device *dd = device_of(s, dst), *sd = device_of(s, src);
+  if (dd && !sd) cross_link(s, dd, 0, bytes);
+  else if (sd && !dd) cross_link(s, sd, 1, bytes);
+}
+
 void submit_kernel(cudaStream_t stream, std::function<void()> run, const std::vector<const void*>& pointers) {
   Api a;
   auto st = stream_of(a.s, stream);
@@ -319,6 +437,10 @@ void submit_kernel(cudaStream_t stream, std::function<void()> run, const std::ve
     if (m == Memory::Device && !find_allocation(a.s, p, 1) && !find_allocation(a.s, static_cast<const char*>(p) - 1, 1))
       throw DeviceFault("kernel argument " + std::to_string(i) + " (" + where(p, 0) +
                         ") points to device memory that is not allocated");
+    if (m == Memory::Device && device_of(a.s, p)->index != st->device)
+      throw DeviceFault("kernel argument " + std::to_string(i) + " (" + where(p, 0) + ") is device " +
+                        std::to_string(device_of(a.s, p)->index) + "'s memory, launched on device " +
+                        std::to_string(st->device) + " (no peer access)");
   }
   State* s = &a.s;
   ++a.s.submissions;
@@ -369,20 +491,32 @@ Memory classify(const void* p) {
 cudaError_t cudaGetDeviceCount(int* count) {
   Api a;
   if (!count) return fail(a.s, cudaErrorInvalidValue);
-  *count = 1;
-  return cudaSuccess;
+  *count = static_cast<int>(a.s.devices.size());
+  return *count > 0 ? cudaSuccess : fail(a.s, cudaErrorNoDevice);  // as CUDA with no GPU
 }
+namespace {
+bool valid_device(State& s, int device) { return device >= 0 && static_cast<size_t>(device) < s.devices.size(); }
+}  // namespace
 cudaError_t cudaSetDevice(int device) {
   Api a;
-  return device == 0 ? cudaSuccess : fail(a.s, cudaErrorInvalidDevice);
+  if (!valid_device(a.s, device)) return fail(a.s, cudaErrorInvalidDevice);
+  t_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  Api a;
+  if (!device) return fail(a.s, cudaErrorInvalidValue);
+  if (a.s.devices.empty()) return fail(a.s, cudaErrorNoDevice);
+  *device = t_device;
+  return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   Api a;
   if (!prop) return fail(a.s, cudaErrorInvalidValue);
-  if (device != 0) return fail(a.s, cudaErrorInvalidDevice);
+  if (!valid_device(a.s, device)) return fail(a.s, cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
   snprintf(prop->name, sizeof prop->name, "kvpr emulated device");
-  prop->totalGlobalMem = kCapacity;
+  prop->totalGlobalMem = a.s.devices[static_cast<size_t>(device)]->capacity;
   prop->sharedMemPerBlock = 48 * 1024;
   prop->warpSize = 32;
   prop->maxThreadsPerBlock = 1024;
@@ -395,8 +529,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
   Api a;
   if (!bus_id || len < 13) return fail(a.s, cudaErrorInvalidValue);
-  if (device != 0) return fail(a.s, cudaErrorInvalidDevice);
-  snprintf(bus_id, static_cast<size_t>(len), "0000:00:00.0");
+  if (!valid_device(a.s, device)) return fail(a.s, cudaErrorInvalidDevice);
+  snprintf(bus_id, static_cast<size_t>(len), "%s", a.s.devices[static_cast<size_t>(device)]->bus_id.c_str());
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError() {
@@ -411,6 +545,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
@@ -425,6 +560,7 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
@@ -447,23 +583,25 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   State& s = a.s;
   if (!p) return fail(s, cudaErrorInvalidValue);
   *p = nullptr;
+  Device* d = current(s);
+  if (!d) return fail(s, cudaErrorNoDevice);
   if (bytes == 0) return cudaSuccess;
-  if (bytes > kCapacity) return fail(s, cudaErrorMemoryAllocation);
+  if (bytes > d->capacity) return fail(s, cudaErrorMemoryAllocation);
   const size_t chunk = round_up(bytes, kAlign) + kRedZone;
-  auto it = s.free_.begin();
-  while (it != s.free_.end() && it->second < chunk) ++it;
-  if (it == s.free_.end() || s.allocated + chunk > kCapacity) return fail(s, cudaErrorMemoryAllocation);
+  auto it = d->free_.begin();
+  while (it != d->free_.end() && it->second < chunk) ++it;
+  if (it == d->free_.end() || d->allocated + chunk > d->capacity) return fail(s, cudaErrorMemoryAllocation);
   const size_t off = it->first, left = it->second - chunk;
-  s.free_.erase(it);
-  if (left) s.free_[off + chunk] = left;
-  s.live[off] = Allocation{bytes, chunk};
-  s.allocated += chunk;
+  d->free_.erase(it);
+  if (left) d->free_[off + chunk] = left;
+  d->live[off] = Allocation{bytes, chunk};
+  d->allocated += chunk;
   const size_t end = round_up(off + chunk, size_t{2} << 20);
-  if (end > s.extent) {
-    if (s.device_depth > 0) mprotect(s.arena + s.extent, end - s.extent, PROT_READ | PROT_WRITE);
-    s.extent = end;
+  if (end > d->extent) {
+    if (s.device_depth > 0) mprotect(d->arena + d->extent, end - d->extent, PROT_READ | PROT_WRITE);
+    d->extent = end;
   }
-  char* q = s.arena + off;
+  char* q = d->arena + off;
   unpoison(q, bytes);
   {
     DeviceWindow w(s);
@@ -479,31 +617,31 @@ cudaError_t cudaFree(void* p) {
   if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   State& s = a.s;
   if (!p) return cudaSuccess;
-  const char* c = static_cast<const char*>(p);
-  if (c < s.arena || c >= s.arena + kCapacity) return fail(s, cudaErrorInvalidValue);
-  const size_t off = static_cast<size_t>(c - s.arena);
-  auto it = s.live.find(off);
-  if (it == s.live.end()) return fail(s, cudaErrorInvalidValue);
+  Device* d = device_of(s, p);
+  if (!d) return fail(s, cudaErrorInvalidValue);
+  const size_t off = static_cast<size_t>(static_cast<const char*>(p) - d->arena);
+  auto it = d->live.find(off);
+  if (it == d->live.end()) return fail(s, cudaErrorInvalidValue);
   run_all(s);  // cudaFree waits for the device
   const size_t chunk = it->second.chunk;
-  s.live.erase(it);
-  s.allocated -= chunk;
-  poison(s.arena + off, chunk);
+  d->live.erase(it);
+  d->allocated -= chunk;
+  poison(d->arena + off, chunk);
   // Give large chunks' pages back (they read as garbage again once reallocated).
   const size_t lo = round_up(off, 4096), hi = (off + chunk) / 4096 * 4096;
-  if (hi > lo + (size_t{1} << 20)) madvise(s.arena + lo, hi - lo, MADV_DONTNEED);
-  auto [ins, ok] = s.free_.emplace(off, chunk);
+  if (hi > lo + (size_t{1} << 20)) madvise(d->arena + lo, hi - lo, MADV_DONTNEED);
+  auto [ins, ok] = d->free_.emplace(off, chunk);
   (void)ok;
   auto next = std::next(ins);
-  if (next != s.free_.end() && ins->first + ins->second == next->first) {
+  if (next != d->free_.end() && ins->first + ins->second == next->first) {
     ins->second += next->second;
-    s.free_.erase(next);
+    d->free_.erase(next);
   }
-  if (ins != s.free_.begin()) {
+  if (ins != d->free_.begin()) {
     auto prev = std::prev(ins);
     if (prev->first + prev->second == ins->first) {
       prev->second += ins->second;
-      s.free_.erase(ins);
+      d->free_.erase(ins);
     }
   }
   return cudaSuccess;
@@ -512,8 +650,10 @@ cudaError_t cudaFree(void* p) {
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   Api a;
   if (!free_bytes || !total_bytes) return fail(a.s, cudaErrorInvalidValue);
-  *total_bytes = kCapacity;
-  *free_bytes = kCapacity - a.s.allocated;
+  Device* d = current(a.s);
+  if (!d) return fail(a.s, cudaErrorNoDevice);
+  *total_bytes = d->capacity;
+  *free_bytes = d->capacity - d->allocated;
   return cudaSuccess;
 }
 
@@ -589,9 +729,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (classify_locked(s, src) == Memory::Pageable) {
     // From pageable memory the data is taken at the call (staged), as CUDA does.
     auto copy = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
-    enqueue(s, st, [dst, copy] { std::memcpy(dst, copy->data(), copy->size()); });
+    enqueue(s, st, [sp = &s, dst, src, copy] {
+      pace_copy(*sp, dst, src, copy->size());
+      std::memcpy(dst, copy->data(), copy->size());
+    });
   } else {
-    enqueue(s, st, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+    enqueue(s, st, [sp = &s, dst, src, bytes] {
+      pace_copy(*sp, dst, src, bytes);
+      std::memmove(dst, src, bytes);
+    });
   }
   // Into pageable memory the call returns once the copy is done.
   if (classify_locked(s, dst) == Memory::Pageable) host_wait(s, st, st->submitted);
@@ -624,7 +770,8 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   check_range(s, dst, dbytes, "cudaMemcpy2DAsync destination");
   check_range(s, src, sbytes, "cudaMemcpy2DAsync source");
   ++s.submissions;
-  enqueue(s, st, [=] {
+  enqueue(s, st, [=, sp = &s] {
+    pace_copy(*sp, dst, src, width * height);
     for (size_t r = 0; r < height; ++r)
       std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
   });
@@ -664,9 +811,11 @@ cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, con
     copies.emplace_back(dsts[i], srcs[i], sizes[i]);
   }
   ++s.submissions;
-  enqueue(s, st, [copies = std::move(copies)] {
-    for (auto it = copies.rbegin(); it != copies.rend(); ++it)
+  enqueue(s, st, [sp = &s, copies = std::move(copies)] {
+    for (auto it = copies.rbegin(); it != copies.rend(); ++it) {
+      pace_copy(*sp, std::get<0>(*it), std::get<1>(*it), std::get<2>(*it));
       std::memmove(std::get<0>(*it), std::get<1>(*it), std::get<2>(*it));
+    }
   });
   return cudaSuccess;
 }
@@ -687,7 +836,10 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   Api a;
   if (capture_violation(a.s)) return cudaErrorStreamCaptureUnsupported;
   cudaError_t e = kvpr_emu::cudaMemsetAsync(p, value, bytes, nullptr);
-  if (e == cudaSuccess) host_wait(a.s, a.s.legacy, a.s.legacy->submitted);
+  if (e == cudaSuccess) {
+    auto legacy = stream_of(a.s, nullptr);
+    host_wait(a.s, legacy, legacy->submitted);
+  }
   return e;
 }
 
@@ -697,7 +849,9 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned flags) {
   if (!out) return fail(a.s, cudaErrorInvalidValue);
   // A blocking stream would synchronise implicitly with the legacy stream: not modelled.
   if (!(flags & cudaStreamNonBlocking)) return fail(a.s, cudaErrorNotSupported);
+  if (!current(a.s)) return fail(a.s, cudaErrorNoDevice);
   auto st = std::make_shared<CUstream_st>();
+  st->device = t_device;
   *out = st.get();
   a.s.streams[st.get()] = st;
   return cudaSuccess;
@@ -811,7 +965,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mo
   Api a;
   auto st = stream_of(a.s, stream);
   if (!st) return fail(a.s, cudaErrorInvalidResourceHandle);
-  if (st == a.s.legacy) return fail(a.s, cudaErrorStreamCaptureUnsupported);  // as CUDA: not the legacy stream
+  if (st == a.s.devices[static_cast<size_t>(st->device)]->legacy)
+    return fail(a.s, cudaErrorStreamCaptureUnsupported);  // as CUDA: not the legacy stream
   if (st->capture) return fail(a.s, cudaErrorIllegalState);
   // Relaxed mode and several captures at once are not modelled.
   if (mode == cudaStreamCaptureModeRelaxed || a.s.capturing) return fail(a.s, cudaErrorNotSupported);

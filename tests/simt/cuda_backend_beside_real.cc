@@ -1,9 +1,9 @@
 // The unchanged CUDA backend (engine/backend/cuda/cuda_backend.cu) built by the host compiler against
 // the emulated CUDA runtime and cuBLAS (cuda_runtime_emu.h), its kernels run by the SIMT
 // emulator. Its entry points are renamed so that it can live next to a real CUDA build.
-#include "tests/simt/simt_emu.h"
+#include "engine/backend/emulated/simt_emu.h"
 // clang-format off
-#include "tests/simt/cuda_runtime_emu.h"
+#include "engine/backend/emulated/cuda_runtime_emu.h"
 // clang-format on
 
 #define cuda_device_count emulated_cuda_device_count
@@ -14,7 +14,7 @@
 #undef make_cuda_backend
 #undef cuda_pci_bus_id
 
-#include "tests/simt/cuda_backend_emu.h"
+#include "tests/simt/emulated_backend.h"
 
 namespace kvpr {
 

@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""kvprd's GPU path end to end without a GPU: the emulated build (-DKVPR_EMULATED_CUDA=ON) of
+kvprd and kvpr-worker on two emulated GPUs (KVPR_EMULATED_GPUS=2, each with 256 MiB, its own
+8 GB/s link and the bus id of tests/data/hwloc/two-socket-two-gpu.xml, which hwloc reads as the
+machine: HWLOC_XMLFILE). kvprd started with no --backend finds the two GPUs and runs one GPU worker
+per device through the code a real multi-GPU host runs: device selection, placement on each GPU's
+NUMA node, pinned host KV, kv mode auto by default, paged KV.
+
+- greedy texts equal the CPU backend's on the same prompts in every KV mode (auto by default,
+  auto with a device tier small enough to spill, kvpr, offload, resident), both workers serving;
+- /health and /metrics show each worker's device, NUMA node, KV mode and tier bytes;
+- chat, streaming, structured output, tool calls (daemon_test.py's own checks, on these GPUs),
+  a cancelled stream and a client that leaves;
+- kill -9 of one worker under load: its streams end with an error event, the other worker's end
+  whole, the pool restarts it and kvprd serves again;
+- SIGTERM drains: the request in flight finishes, kvprd exits 0.
+Run by ctest (daemon_emulated_gpus) in the emulated build only (CI's second build, under ASan)."""
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import daemon_test as base  # noqa: E402  (the Daemon harness, check(), the demo model, the tools checks)
+from daemon_test import Daemon, check  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GPUS = {
+    "KVPR_EMULATED_GPUS": "2",
+    "KVPR_EMULATED_GPU_MEMORY": "256MiB",
+    "KVPR_EMULATED_LINK_GBPS": "8",
+    "KVPR_EMULATED_PCI_BUS_IDS": "0000:17:00.0,0000:65:00.0",
+    "HWLOC_XMLFILE": os.path.join(HERE, "..", "data", "hwloc", "two-socket-two-gpu.xml"),
+}
+PROMPTS = ["Hello, my name is", "The KV cache lives in pinned host memory and the GPU recomputes",
+           "A B C D E F G H I J K L M N O P Q R S T U V W X Y Z", "Once upon a time"]
+NEW = 24
+
+
+def gpu_daemon(*extra, env=None):
+    """kvprd on the two emulated GPUs (no --backend: it finds them), with `extra` flags."""
+    port = base.free_port()
+    return Daemon(args=["--model", base.MODEL, "--port", str(port), "--config", "/dev/null", "--max-batch", "8", *extra],
+                  port=port, env=env)
+
+
+def answers(d, concurrent=True):
+    """The greedy answers to PROMPTS as token strings with, per token, the gap between the chosen
+    token's log-probability and the next best one's; asked at once (so both workers serve)."""
+    out = [None] * len(PROMPTS)
+
+    def one(i):
+        st, body = base.completion(d, PROMPTS[i], NEW, ignore_eos=True, logprobs=2)
+        if st != 200:
+            out[i] = (st, body)
+            return
+        lp = body["choices"][0]["logprobs"]
+        gaps = [sorted(top.values())[-1] - sorted(top.values())[-2] if len(top) > 1 else 1e9 for top in lp["top_logprobs"]]
+        out[i] = (lp["tokens"], gaps)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+        if not concurrent:
+            t.join()
+    for t in threads:
+        t.join()
+    return out
+
+
+# A random model's logits have near ties (the demo model's text is gibberish by design): where the
+# CPU's best two tokens are within this many nats, the GPU's different summation order may pick
+# the other, and the texts part there. Each answer is compared up to its first such tie.
+TIE = 0.02
+
+
+def same_greedy(got, reference):
+    """Whether each answer's tokens are the reference's up to the reference's first near tie (and
+    that comparison covers at least a third of the tokens)."""
+    ok, compared = True, 0
+    for g, (tokens, gaps) in zip(got, reference):
+        if not isinstance(g, tuple) or not isinstance(g[0], list):
+            return False, g
+        cut = next((k for k, gap in enumerate(gaps) if gap < TIE), len(tokens))
+        ok = ok and g[0][:cut] == tokens[:cut]
+        compared += cut
+    return ok and compared >= len(PROMPTS) * NEW // 3, compared
+
+
+def served_by_both(d):
+    st, h = d.get("/health")
+    return st == 200 and all(w.get("kv_cache", {}).get("blocks_used", 0) + w.get("kv_cache", {}).get("blocks_cached", 0) > 0
+                             for w in h["workers"])
+
+
+def every_kv_mode(reference):
+    for name, flags in (("auto (the default)", []), ("auto spilling past a 2-block device tier",
+                                                     ["--kv-mode", "auto", "--gpu-kv-budget", "64KiB"]),
+                        ("kvpr", ["--kv-mode", "kvpr"]), ("offload", ["--kv-mode", "offload"]),
+                        ("resident", ["--kv-mode", "resident"])):
+        d = gpu_daemon(*flags)
+        try:
+            got = answers(d)
+            ok, compared = same_greedy(got, reference)
+            check(f"2 emulated GPUs, {name}: the CPU backend's greedy tokens", ok, (compared, got, reference))
+            check(f"2 emulated GPUs, {name}: both workers served", served_by_both(d), d.get("/health"))
+        finally:
+            d.stop()
+
+
+def health_and_metrics(d):
+    deadline = time.time() + 10
+    while time.time() < deadline:  # each worker's first stats message
+        st, h = d.get("/health")
+        if st == 200 and all("kv_cache" in w for w in h["workers"]):
+            break
+        time.sleep(0.2)
+    ws = h.get("workers", []) if st == 200 else []
+    check("/health: two GPU workers, one per device, kv mode auto",
+          [w.get("device") for w in ws] == ["cuda:0 (kvpr emulated device)", "cuda:1 (kvpr emulated device)"] and
+          all(w.get("kv_mode") == "auto" for w in ws), h)
+    check("/health: each worker on its GPU's NUMA node (the topology's), on that node's cpus",
+          [w["placement"].get("numa_node") for w in ws] == [0, 1] and
+          [w["placement"].get("cpus") for w in ws] == [[0, 1], [2, 3]], h)
+    check("/health: each worker's KV tiers (host store and device tier bytes)",
+          all(w["kv_cache"]["tier"] == "host+device" and w["kv_cache"]["tiers"]["device_bytes"] > 0 and
+              w["kv_cache"]["tiers"]["host_bytes"] > 0 for w in ws), h)
+    m = base.metrics(d)
+    for i in range(2):
+        check(f"/metrics: worker {i}'s device, kv mode and NUMA node",
+              m.get(f'kvpr_worker_info{{worker="{i}",device="cuda:{i} (kvpr emulated device)",kv_mode="auto",'
+                    f'numa_node="{i}"}}') == 1.0, sorted(k for k in m if k.startswith("kvpr_worker_info")))
+        check(f"/metrics: worker {i}'s device tier bytes", m.get(f'kvpr_worker_device_kv_bytes{{worker="{i}"}}', 0) > 0, m)
+
+
+def api(d, reference):
+    st, body = d.post("/v1/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "Hi"}],
+                                               "max_tokens": 6, "temperature": 0})
+    check("chat on the GPUs", st == 200 and body["choices"][0]["message"]["role"] == "assistant" and
+          body["usage"]["completion_tokens"] == 6, body)
+    events, _ = d.stream("/v1/completions", {"model": "demo", "prompt": PROMPTS[0], "max_tokens": NEW, "temperature": 0,
+                                             "ignore_eos": True, "stream": True})
+    streamed = "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
+    st, whole = base.completion(d, PROMPTS[0], NEW, ignore_eos=True)
+    check("streaming on the GPUs: the chunks add up to the whole answer",
+          st == 200 and streamed == whole["choices"][0]["text"] and events[-1] == "[DONE]", (streamed, whole))
+    st, body = d.post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 24, "temperature": 0,
+                                          "response_format": {"type": "json_object"}})
+    text = body["choices"][0]["text"] if st == 200 else ""
+    ok = st == 200
+    if ok and body["choices"][0]["finish_reason"] == "stop":
+        try:
+            ok = isinstance(json.loads(text), dict)
+        except ValueError:
+            ok = False
+    check("structured output on the GPUs: a JSON object (or its prefix when cut at max_tokens)",
+          ok and text.lstrip().startswith("{"), body)
+    # A stream whose client reads two events and leaves: its generation is cancelled.
+    _, conn = d.stream("/v1/completions", {"model": "demo", "prompt": PROMPTS[1], "max_tokens": 1500, "temperature": 0,
+                                           "ignore_eos": True, "stream": True}, stop_after=2)
+    conn.close()
+    deadline, idle = time.time() + 30, False
+    while time.time() < deadline and not idle:
+        st, h = d.get("/health")
+        idle = st == 200 and sum(w["in_flight"] for w in h["workers"]) == 0
+        time.sleep(0.2)
+    check("a client that leaves mid-stream: its generation is cancelled", idle, h)
+
+
+def kill_one_worker_under_load(d):
+    """kill -9 of worker 0 while both serve streams: its streams end with an error event, worker
+    1's end whole, worker 0 comes back and kvprd serves again."""
+    results = []
+    lock = threading.Lock()
+
+    def one(i):
+        try:
+            events, _ = d.stream("/v1/completions", {"model": "demo", "prompt": PROMPTS[i % len(PROMPTS)] + f" {i}",
+                                                     "max_tokens": 60, "temperature": 0, "ignore_eos": True,
+                                                     "stream": True})
+        except (OSError, AssertionError) as e:
+            events = [str(e)]
+        with lock:
+            results.append(events)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 60
+    while time.time() < deadline:  # both workers busy
+        st, h = d.get("/health")
+        if st == 200 and all(w["in_flight"] > 0 for w in h["workers"]):
+            break
+        time.sleep(0.1)
+    victim = h["workers"][0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=180)
+    whole = [r for r in results if r and r[-1] == "[DONE]" and any(isinstance(e, dict) and e.get("choices") and
+                                                                    e["choices"][0].get("finish_reason") == "length"
+                                                                    for e in r)]
+    failed = [r for r in results if r and r[-1] == "[DONE]" and any(isinstance(e, dict) and "error" in e for e in r)]
+    check("kill -9 of one GPU worker: its streams end with an error event, the other's end whole",
+          len(results) == 6 and whole and failed and len(whole) + len(failed) == 6,
+          [(r[-2] if len(r) > 1 else r) for r in results])
+    deadline, back = time.time() + 60, False
+    while time.time() < deadline and not back:
+        st, h = d.get("/health")
+        back = st == 200 and h["status"] == "ok" and h["workers"][0]["restarts"] >= 1 and h["workers"][0]["pid"] != victim
+        time.sleep(0.3)
+    check("the killed GPU worker is restarted on its device", back and h["workers"][0].get("device") ==
+          "cuda:0 (kvpr emulated device)", h)
+    st, body = base.completion(d, PROMPTS[0], 4)
+    check("kvprd serves again after the restart", st == 200 and body["usage"]["completion_tokens"] == 4, body)
+
+
+def drain():
+    d = gpu_daemon()
+    result = {}
+
+    def long_one():
+        result["r"] = base.completion(d, PROMPTS[2], 48, ignore_eos=True)
+    t = threading.Thread(target=long_one)
+    t.start()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        st, h = d.get("/health")
+        if st == 200 and sum(w["in_flight"] for w in h["workers"]) > 0:
+            break
+        time.sleep(0.05)
+    rc = d.stop(signal.SIGTERM, timeout=120)
+    t.join(timeout=120)
+    st, body = result.get("r", (None, None))
+    check("SIGTERM on GPU workers drains: the request in flight finishes whole, kvprd exits 0",
+          rc == 0 and st == 200 and body["usage"]["completion_tokens"] == 48, (rc, st, body))
+
+
+def main():
+    import subprocess
+    subprocess.check_call([base.KVPR, "make-demo-model", "--out", base.MODEL], stdout=subprocess.DEVNULL)
+    # The CPU backend's answers, one request at a time on one worker: the reference.
+    port = base.free_port()
+    d = Daemon(args=["--model", base.MODEL, "--port", str(port), "--config", "/dev/null", "--backend", "cpu",
+                     "--workers", "1"], port=port)
+    try:
+        reference = answers(d, concurrent=False)
+    finally:
+        d.stop()
+    check("the CPU reference answered", all(isinstance(r, tuple) and isinstance(r[0], list) for r in reference), reference)
+    # A bad emulated device setting is one line and exit 1, as a bad option is.
+    for var, value in (("KVPR_EMULATED_GPUS", "x"), ("KVPR_EMULATED_GPUS", "17"), ("KVPR_EMULATED_GPU_MEMORY", "0.5"),
+                       ("KVPR_EMULATED_LINK_GBPS", "fast")):
+        r = subprocess.run([base.KVPR, "generate", "--model", base.MODEL, "--prompt", "x", "-n", "1", "--backend", "cuda"],
+                           capture_output=True, text=True, env={**os.environ, **GPUS, var: value})
+        check(f"{var}={value}: exit 1 and one line naming it", r.returncode == 1 and
+              r.stderr.strip().count("\n") == 0 and var in r.stderr, (r.returncode, r.stderr))
+    os.environ.update(GPUS)  # every kvprd from here on, daemon_test.py's too, sees the two GPUs
+    t0 = time.time()
+    every_kv_mode(reference)
+    print(f"every kv mode: {time.time() - t0:.1f} s", flush=True)
+    d = gpu_daemon()
+    try:
+        log = open(os.path.join(base.TMP, f"kvprd-{d.port}.log")).read()
+        check("kvprd found the two GPUs and placed a worker on each one's NUMA node",
+              "2 NVIDIA GPU(s)" in log and "0000:17:00.0  0" in log and "0000:65:00.0  1" in log, log[-1500:])
+        health_and_metrics(d)
+        api(d, reference)
+        kill_one_worker_under_load(d)
+    finally:
+        d.stop()
+    drain()
+    # Tool calls and structured output as daemon_test.py checks them, on these GPUs.
+    t0 = time.time()
+    base.qwen_tools()
+    base.json_mode()
+    print(f"tools and JSON: {time.time() - t0:.1f} s", flush=True)
+    print(f"daemon on emulated GPUs: {base.passed} passed, {base.failed} failed")
+    return 0 if base.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
