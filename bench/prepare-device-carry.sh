@@ -26,7 +26,7 @@ die() { echo "prepare-device-carry: $*" >&2; exit 1; }
 need() {  # need PATH PACKAGE
   [ -e "$1" ] || die "$1 is missing (Debian package $2: scripts/install-deps.sh installs it)"
 }
-for t in g++:build-essential python3:python3 xz:xz-utils pkg-config:pkg-config strace:strace systemd-analyze:systemd; do
+for t in g++:build-essential python3:python3 xz:xz-utils pkg-config:pkg-config; do
   command -v "${t%%:*}" > /dev/null || die "${t%%:*} is missing (Debian package ${t#*:}: scripts/install-deps.sh)"
 done
 need /usr/src/googletest/CMakeLists.txt googletest
@@ -43,8 +43,14 @@ mkdir -p "$CARRY"
 [ "$CARRY" != .carry ] || grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/info/exclude
 [ -d "$CARRY/googletest" ] || cp -r /usr/src/googletest "$CARRY/googletest"
 
-# (A prefix from before strace was carried is made again.)
-if [ ! -s "$CARRY/daemon-prefix.tar.xz" ] || ! tar -tJf "$CARRY/daemon-prefix.tar.xz" ./bin/strace > /dev/null 2>&1; then
+# strace and systemd-analyze (Debian: strace, systemd) make the syscalls part possible; without
+# them the rest is carried and that part says what is missing. (A prefix from before strace was
+# carried is made again when strace is here.)
+syscalls=1
+command -v strace > /dev/null && command -v systemd-analyze > /dev/null || syscalls=0
+[ $syscalls = 1 ] || echo "prepare-device-carry: no strace or systemd-analyze (Debian: strace, systemd): the syscalls part will fail" >&2
+if [ ! -s "$CARRY/daemon-prefix.tar.xz" ] ||
+   { [ $syscalls = 1 ] && ! tar -tJf "$CARRY/daemon-prefix.tar.xz" ./bin/strace > /dev/null 2>&1; }; then
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
   mkdir -p "$stage/include/boost" "$stage/lib/x86_64-linux-gnu/cmake" "$stage/lib/x86_64-linux-gnu/pkgconfig" "$stage/bin"
@@ -64,7 +70,8 @@ if [ ! -s "$CARRY/daemon-prefix.tar.xz" ] || ! tar -tJf "$CARRY/daemon-prefix.ta
   libs=$(for l in libspdlog.so libfmt.so libhwloc.so libsystemd.so; do
            need $lib/$l "the -dev package of ${l%.so}"
            echo "$lib/$l"; ldd "$lib/$l" | awk '$3 ~ /^\// {print $3}'
-         done; for b in pkg-config strace; do ldd "$(readlink -f "$(command -v $b)")" | awk '$3 ~ /^\// {print $3}'; done)
+         done; for b in pkg-config $( [ $syscalls = 1 ] && echo strace ); do
+           ldd "$(readlink -f "$(command -v $b)")" | awk '$3 ~ /^\// {print $3}'; done)
   for p in $(echo "$libs" | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so' | sort -u); do
     base=$(basename "$p"); stem=${base%%.so*}
     cp -a "$lib/$stem".so* "$stage/lib/x86_64-linux-gnu/"
@@ -76,9 +83,11 @@ if [ ! -s "$CARRY/daemon-prefix.tar.xz" ] || ! tar -tJf "$CARRY/daemon-prefix.ta
         -e 's|/usr/include|${prefix}/include|g' $lib/pkgconfig/$pc.pc > "$stage/lib/x86_64-linux-gnu/pkgconfig/$pc.pc"
   done
   cp "$(readlink -f "$(command -v pkg-config)")" "$stage/bin/pkg-config"
-  cp "$(readlink -f "$(command -v strace)")" "$stage/bin/strace"
-  mkdir -p "$stage/share/kvpr"
-  python3 bench/syscall_filter.py expand @system-service > "$stage/share/kvpr/system-service.syscalls"
+  if [ $syscalls = 1 ]; then
+    cp "$(readlink -f "$(command -v strace)")" "$stage/bin/strace"
+    mkdir -p "$stage/share/kvpr"
+    python3 bench/syscall_filter.py expand @system-service > "$stage/share/kvpr/system-service.syscalls"
+  fi
   tar -cJf "$CARRY/daemon-prefix.tar.xz.part" -C "$stage" .
   mv "$CARRY/daemon-prefix.tar.xz.part" "$CARRY/daemon-prefix.tar.xz"
   echo "prepare-device-carry: daemon prefix: Boost $(echo $deps | wc -w) libraries, $(ls "$stage/lib/x86_64-linux-gnu" | grep -c '\.so') shared objects"

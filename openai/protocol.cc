@@ -332,7 +332,7 @@ void constrain_to_tools(const std::string& choice, ToolRequest& t) {
   }
 }
 
-ToolRequest parse_tools(const json::Value& o, const Sampling& s, const ServedModel& served, const Tokenizer& tok) {
+ToolRequest parse_tools(const json::Value& o, const ServedModel& served, const Tokenizer& tok) {
   ToolRequest t;
   const json::Value* tools = field(o, "tools");
   if (tools && !tools->is_array()) throw bad_request("'tools' must be a list", "tools");
@@ -340,12 +340,11 @@ ToolRequest parse_tools(const json::Value& o, const Sampling& s, const ServedMod
   const std::string choice = parse_tool_choice(o, have_tools, t);
   if (const json::Value* p = field(o, "parallel_tool_calls")) {
     t.parallel = bool_of(*p, "parallel_tool_calls");
-    if (!have_tools) throw bad_request("'parallel_tool_calls' is only allowed when 'tools' are given", "parallel_tool_calls");
+    // Without tools only its default (true) means nothing to contradict; false asks for what
+    // cannot apply (OpenAI refuses both; some clients send the default regardless).
+    if (!have_tools && !t.parallel)
+      throw bad_request("'parallel_tool_calls' false is only allowed when 'tools' are given", "parallel_tool_calls");
   }
-  // Forced calls are the reply: a response_format could not hold as well.
-  if ((choice == "required" || choice == "named") && (s.json_object || !s.json_schema.is_null()))
-    throw bad_request("'response_format' cannot shape a reply that 'tool_choice' " + choice + " makes tool calls",
-                      "response_format");
   if (!have_tools) return t;
   if (tools->as_array().size() > 128) throw bad_request("'tools' holds at most 128 tools", "tools");
   for (size_t i = 0; i < tools->as_array().size(); ++i) {
@@ -450,7 +449,7 @@ void parse_chat(const json::Value& o, const ServedModel& served, const Tokenizer
   const json::Value* msgs = field(o, "messages");
   if (!msgs || !msgs->is_array() || msgs->as_array().empty()) throw bad_request("'messages' must be a non-empty list", "messages");
   for (const auto& m : msgs->as_array()) req.messages.push_back(parse_message(m, req.messages.size(), served));
-  req.tools = parse_tools(o, req.sampling, served, tok);
+  req.tools = parse_tools(o, served, tok);
   req.chat_options.default_system = served.default_system;
   if (const json::Value* kw = field(o, "chat_template_kwargs")) {  // vLLM's extension
     if (!kw->is_object()) throw bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");

@@ -707,9 +707,16 @@ void Generator::choose_on_host_unguarded(const StepPlan& p, size_t i, StepChoice
       ch.picks[i] = Sampled{-1, 0.f};  // a complete object, and no end id to say so: it ends here
       return;
     }
-    if (s.holds_end())
+    if (s.holds_end()) {
       for (int32_t e : s.end_ids)
         if (e >= 0 && e < valid_vocab_) adjusted[static_cast<size_t>(e)] = -std::numeric_limits<float>::infinity();
+      // Only an end id was left (a JSON text whose one continuation is an end id that is also
+      // text): nothing may be chosen, so it ends here, as a complete constrained text does.
+      if (std::none_of(adjusted.begin(), adjusted.begin() + valid_vocab_, [](float x) { return x > -std::numeric_limits<float>::infinity(); })) {
+        ch.picks[i] = Sampled{-1, 0.f};
+        return;
+      }
+    }
     at_stage(SequenceStage::Sampling, s);
     const int32_t t = is_greedy(s.params) ? row_argmax_lse(adjusted.data(), valid_vocab_).token
                                           : sample_token(adjusted.data(), valid_vocab_, s.params.sampling, s.rng, scratch).token;

@@ -721,6 +721,23 @@ def slowloris():
         for i in range(120):
             open_one(i)
         end = time.time() + 10
+
+        def probe():  # /health every 0.5 s, in its own thread (a slow answer never delays the attack loop)
+            nonlocal n_health
+            while time.time() < end:
+                n_health += 1
+                try:
+                    c = http.client.HTTPConnection("127.0.0.1", hport, timeout=5)
+                    c.request("GET", "/health")
+                    st = c.getresponse().status
+                    c.close()
+                except OSError as e:
+                    st = str(e)
+                if st != 200:
+                    health_bad.append(st)
+                time.sleep(0.5)
+        prober = threading.Thread(target=probe)
+        prober.start()
         next_trickle = next_health = time.time()
         while time.time() < end:
             for key, _ in sel.select(timeout=0.05):
@@ -755,23 +772,16 @@ def slowloris():
                             pass
             if now >= next_health:
                 next_health = now + 0.5
-                n_health += 1
-                try:
-                    c = http.client.HTTPConnection("127.0.0.1", hport, timeout=5)
-                    c.request("GET", "/health")
-                    st = c.getresponse().status
-                    c.close()
-                except OSError as e:
-                    st = str(e)
-                if st != 200:
-                    health_bad.append(st)
                 peak = max(peak, rss())
+        prober.join()
         for s_ in list(conns):
             close_one(s_)
+        # (Measured here, by a loop that also trickles 120 sockets: generous slack under ASan.)
+        slack = 1.5 if "ASAN_OPTIONS" not in os.environ else 4
         check("slowloris: connections kvprd took were closed by the request timeout (2 s)",
-              len(lives) >= 48 and max(lives) < 2 + 1.5, (len(lives), max(lives) if lives else None))
+              len(lives) >= 48 and max(lives) < 2 + slack, (len(lives), max(lives) if lives else None))
         check("slowloris: attackers past --max-connections were refused with a 503", refused > 0, refused)
-        check("slowloris: /health answered 200 throughout on --health-port", not health_bad and n_health >= 15,
+        check("slowloris: /health answered 200 throughout on --health-port", not health_bad and n_health >= 10,
               (health_bad, n_health))
         # The health port serves /health and /metrics alone.
         for path, want in (("/metrics", 200), ("/v1/models", 404)):
@@ -810,19 +820,22 @@ def syscall_filter():
     port = base.free_port()
     trace = os.path.join(base.TMP, "kvprd-strace.txt")
     logpath = os.path.join(base.TMP, "kvprd-strace.log")
-    with open(logpath, "w") as log:
-        proc = subprocess.Popen(["strace", "-f", "-qq", "-c", "-U", "name,calls,errors", "-o", trace, base.KVPRD,
-                                 "--model", MODEL, "--port", str(port), "--workers", "2", "--config", "/dev/null"],
-                                stdout=log, stderr=subprocess.STDOUT)
+    log = open(logpath, "w")
+    proc = subprocess.Popen(["strace", "-f", "-qq", "-c", "-U", "name,calls,errors", "-o", trace, base.KVPRD,
+                             "--model", MODEL, "--port", str(port), "--workers", "2", "--config", "/dev/null"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
         deadline = time.time() + 120
         ready = False
-        while time.time() < deadline and not ready:
+        while time.time() < deadline and not ready and proc.poll() is None:
             try:
                 c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 c.request("GET", "/health")
                 r = c.getresponse()
                 ready = r.status == 200 and json.loads(r.read()).get("status") == "ok"
             except OSError:
+                pass
+            if not ready:
                 time.sleep(0.3)
         check("kvprd under strace became ready", ready, open(logpath).read()[-400:])
 
@@ -831,25 +844,30 @@ def syscall_filter():
             c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
             r = c.getresponse()
             return r.status, r.read()
-        results = [post("/v1/completions", {"model": "demo", "prompt": "Hello", "max_tokens": 8, "temperature": 0}),
-                   post("/v1/completions", {"model": "demo", "prompt": "Hi", "max_tokens": 8, "stream": True, "n": 2}),
-                   post("/v1/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "Hi"}],
-                                                 "max_tokens": 4, "response_format": {"type": "json_object"}}),
-                   post("/tokenize", {"prompt": "Hello"})]
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        c.request("GET", "/metrics")
-        results.append((c.getresponse().status, b""))
-        check("requests under strace served", all(st == 200 for st, _ in results), [st for st, _ in results])
+        if ready:
+            results = [post("/v1/completions", {"model": "demo", "prompt": "Hello", "max_tokens": 8, "temperature": 0}),
+                       post("/v1/completions", {"model": "demo", "prompt": "Hi", "max_tokens": 8, "stream": True, "n": 2}),
+                       post("/v1/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "Hi"}],
+                                                     "max_tokens": 4, "response_format": {"type": "json_object"}}),
+                       post("/tokenize", {"prompt": "Hello"})]
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("GET", "/metrics")
+            results.append((c.getresponse().status, b""))
+            check("requests under strace served", all(st == 200 for st, _ in results), [st for st, _ in results])
         # The signals go to kvprd, strace's child (strace itself would only detach).
-        kvprd_pid = int(open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()[0])
-        os.kill(kvprd_pid, signal.SIGHUP)
-        time.sleep(1)
-        os.kill(kvprd_pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        children = open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split() if proc.poll() is None else []
+        if children:
+            kvprd_pid = int(children[0])
+            os.kill(kvprd_pid, signal.SIGHUP)
+            time.sleep(1)
+            os.kill(kvprd_pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:  # kvprd and its workers with it: strace -f's whole tree
+            subprocess.run(["pkill", "-KILL", "-P", str(proc.pid)])
             proc.kill()
             proc.wait()
+        log.close()
     r = subprocess.run([sys.executable, tool, "check", "--allowed", allowed, trace, "--json", trace + ".json"],
                        capture_output=True, text=True)
     got = json.load(open(trace + ".json"))

@@ -234,7 +234,7 @@ def drain():
         if st == 200 and sum(w["in_flight"] for w in h["workers"]) > 0:
             break
         time.sleep(0.05)
-    rc = d.stop(signal.SIGTERM, timeout=120)
+    rc = d.stop(signal.SIGTERM, timeout=330)
     t.join(timeout=120)
     st, body = result.get("r", (None, None))
     check("SIGTERM on GPU workers drains: the request in flight finishes whole, kvprd exits 0",

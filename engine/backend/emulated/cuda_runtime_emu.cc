@@ -116,10 +116,8 @@ struct Device {
   size_t allocated = 0;
   std::shared_ptr<CUstream_st> legacy = std::make_shared<CUstream_st>();
   std::string bus_id;
-  // Its PCIe link (KVPR_EMULATED_LINK_GBPS; 0: copies take no time): each direction is busy
-  // until link_free_ms[dir] (host to device, device to host), as a real link's two lanes are.
+  // Its PCIe link (KVPR_EMULATED_LINK_GBPS; 0: copies take no time).
   double link_bytes_per_ms = 0;
-  double link_free_ms[2] = {0, 0};
   bool holds(const void* p) const {
     const char* c = static_cast<const char*>(p);
     return c >= arena && c < arena + kArena;
@@ -162,7 +160,7 @@ struct State {
       for (size_t p = 0; p <= v.size() && !v.empty();) {
         size_t q = v.find(',', p);
         if (q == std::string::npos) q = v.size();
-        out.push_back(v.substr(p, q - p));
+        if (q > p) out.push_back(v.substr(p, q - p));  // (a trailing comma adds nothing)
         p = q + 1;
       }
       return out;
@@ -406,21 +404,20 @@ double now_ms(State& s) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s.epoch).count();
 }
 
-// A copy of `bytes` over device d's link in one direction (0: to the device, 1: from it) takes
-// bytes / rate once the lane is free; the stream running it waits that long.
-void cross_link(State& s, Device* d, int dir, size_t bytes) {
+// A copy of `bytes` over device d's link takes bytes / rate. Queued work runs one op at a time
+// on the host thread that waits for it, holding the runtime's lock, so copies overlap neither
+// each other nor compute (either direction), and other threads' CUDA calls wait meanwhile: a
+// serial model of the link, enough for the profile and the split to see its rate.
+void cross_link(Device* d, size_t bytes) {
   if (!d || d->link_bytes_per_ms <= 0 || bytes == 0) return;
-  const double now = now_ms(s), start = std::max(now, d->link_free_ms[dir]);
-  const double end = start + static_cast<double>(bytes) / d->link_bytes_per_ms;
-  d->link_free_ms[dir] = end;
-  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(end - now));
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(static_cast<double>(bytes) / d->link_bytes_per_ms));
 }
 
 // The link a copy from src to dst crosses: to a device from host memory, or from one to the host.
 void pace_copy(State& s, void* dst, const void* src, size_t bytes) {
   Device *dd = device_of(s, dst), *sd = device_of(s, src);
-  if (dd && !sd) cross_link(s, dd, 0, bytes);
-  else if (sd && !dd) cross_link(s, sd, 1, bytes);
+  if (dd && !sd) cross_link(dd, bytes);
+  else if (sd && !dd) cross_link(sd, bytes);
 }
 
 void submit_kernel(cudaStream_t stream, std::function<void()> run, const std::vector<const void*>& pointers) {

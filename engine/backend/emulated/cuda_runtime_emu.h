@@ -34,8 +34,8 @@
 //   (KVPR_EMULATED_GPU_MEMORY, e.g. 512MiB: cudaMemGetInfo and the allocation limit), a PCI bus
 //   id (KVPR_EMULATED_PCI_BUS_IDS, a comma list, so that placement finds it in a topology XML;
 //   else 0000:<index>:00.0) and a PCIe link (KVPR_EMULATED_LINK_GBPS, one rate or a list, in
-//   GB/s: a copy to or from the device takes bytes / rate on its lane, each direction its own;
-//   without it copies take no time). cudaSetDevice picks the calling thread's device; streams
+//   GB/s: a copy to or from the device takes bytes / rate, one copy at a time, as every queued
+//   op runs on the waiting host thread; without it copies take no time). cudaSetDevice picks the calling thread's device; streams
 //   belong to the device current when they were made; a kernel handed another device's memory
 //   faults (no peer access).
 // Not modelled: compute time, the legacy stream's implicit synchronisation with blocking
