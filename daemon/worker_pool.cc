@@ -194,6 +194,9 @@ WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std
       for (int d : devices) bus.push_back(all.at(d));
     }
     auto plan = plan_placement(topo, bus, cuda ? 0 : count);
+    // The plan counts GPUs in the order given; each worker's is the CUDA device --gpus named (the
+    // table showed 0, 1 for --gpus 1,6 while those workers ran on devices 1 and 6).
+    for (size_t i = 0; cuda && i < plan.size() && i < devices.size(); ++i) plan[i].cuda_device = devices[i];
     for (size_t i = 0; i < plan.size() && i < workers_.size(); ++i) {
       workers_[i]->numa_node = plan[i].numa_node;
       workers_[i]->cpus = plan[i].cpus;

@@ -89,7 +89,7 @@ PY
 # device, each placed on its GPU's node of the two-socket fixture (the paths, not the numbers).
 if [ "${KVPR_SCALE_EMULATED_GPUS:-0}" = 1 ]; then
   KVPR_EMULATED_GPUS=2 KVPR_EMULATED_GPU_MEMORY=256MiB KVPR_EMULATED_LINK_GBPS=2 \
-  KVPR_EMULATED_PCI_BUS_IDS=0000:17:00.0,0000:65:00.0 HWLOC_XMLFILE=$data/two-socket-two-gpu.xml \
+  KVPR_EMULATED_PCI_BUS_IDS=0000:17:00.0,0000:65:00.0 HWLOC_XMLFILE=$data/two-socket-two-gpu.xml HWLOC_COMPONENTS=xml \
     "$KVPR_BENCH" scale --preset tiny --backend cuda --workers 1,2 --batch 2 --prompt 24 --gen 2 --kv-dtype f32 \
     --probe-mib 8 --modes kvpr,offload --json "$tmp/gpus.json" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
   python3 - "$tmp/gpus.json" <<'PY'

@@ -14,7 +14,8 @@ NUMA node, pinned host KV, kv mode auto by default, paged KV.
   a cancelled stream and a client that leaves;
 - kill -9 of one worker under load: its streams end with an error event, the other worker's end
   whole, the pool restarts it and kvprd serves again;
-- SIGTERM drains: the request in flight finishes, kvprd exits 0.
+- SIGTERM drains: the request in flight finishes, kvprd exits 0;
+- the placement of 8 GPU workers on the 8-GPU two-socket fixture (kvprd --print-topology).
 Run by ctest (daemon_emulated_gpus) in the emulated build only (CI's second build, under ASan)."""
 import json
 import os
@@ -35,6 +36,9 @@ GPUS = {
     "KVPR_EMULATED_LINK_GBPS": "8",
     "KVPR_EMULATED_PCI_BUS_IDS": "0000:17:00.0,0000:65:00.0",
     "HWLOC_XMLFILE": os.path.join(HERE, "..", "data", "hwloc", "two-socket-two-gpu.xml"),
+    # hwloc reads HWLOC_XMLFILE only with its xml component among HWLOC_COMPONENTS, when that is set
+    # (CI sets it to leave PCI discovery out).
+    "HWLOC_COMPONENTS": "xml",
 }
 PROMPTS = ["Hello, my name is", "The KV cache lives in pinned host memory and the GPU recomputes",
            "A B C D E F G H I J K L M N O P Q R S T U V W X Y Z", "Once upon a time"]
@@ -241,6 +245,24 @@ def drain():
           rc == 0 and st == 200 and body["usage"]["completion_tokens"] == 48, (rc, st, body))
 
 
+def eight_gpu_placement():
+    """kvprd's plan on the 8-GPU two-socket fixture with 8 emulated GPUs: one worker per GPU, the
+    first four on node 0 and the rest on node 1, two cores each; --gpus picks a subset."""
+    import subprocess
+    xml = os.path.join(HERE, "..", "data", "hwloc", "eight-gpu-two-socket.xml")
+    buses = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
+    env = {**os.environ, "KVPR_EMULATED_GPUS": "8", "KVPR_EMULATED_PCI_BUS_IDS": ",".join(f"0000:{b}:00.0" for b in buses),
+           "HWLOC_XMLFILE": xml, "HWLOC_COMPONENTS": "xml"}
+    for gpus, want in (("all", [(i, f"0000:{b}:00.0", i // 4, f"{2 * i}-{2 * i + 1}") for i, b in enumerate(buses)]),
+                       ("1,6", [(1, "0000:2a:00.0", 0, "0-7"), (6, "0000:ba:00.0", 1, "8-15")])):
+        r = subprocess.run([base.KVPRD, "--model", base.MODEL, "--config", "/dev/null", "--gpus", gpus, "--print-topology"],
+                           capture_output=True, text=True, env=env)
+        rows = [ln.split() for ln in r.stdout.splitlines() if ln[:1].isdigit()]
+        got = [(int(w[1]), w[2], int(w[3]), w[4]) for w in rows]
+        check(f"8 emulated GPUs on the 8-GPU fixture, --gpus {gpus}: a worker per GPU on its node",
+              r.returncode == 0 and "8 NVIDIA GPU(s)" in r.stdout and got == want, (got, r.stdout, r.stderr[-300:]))
+
+
 def main():
     import subprocess
     subprocess.check_call([base.KVPR, "make-demo-model", "--out", base.MODEL], stdout=subprocess.DEVNULL)
@@ -261,6 +283,7 @@ def main():
         check(f"{var}={value}: exit 1 and one line naming it", r.returncode == 1 and
               r.stderr.strip().count("\n") == 0 and var in r.stderr, (r.returncode, r.stderr))
     os.environ.update(GPUS)  # every kvprd from here on, daemon_test.py's too, sees the two GPUs
+    eight_gpu_placement()
     t0 = time.time()
     every_kv_mode(reference)
     print(f"every kv mode: {time.time() - t0:.1f} s", flush=True)

@@ -64,6 +64,9 @@ def topology(packages, cores_per_package, gpus_by_package, machine_gpus=()):
 
 
 FIXTURES = {
+    # An 8-GPU server: 2 sockets of 8 cores, 4 GPUs on each (as DGX-class hosts place them); the
+    # emulated build runs kvprd's placement of 8 GPU workers on it.
+    "eight-gpu-two-socket.xml": topology(2, 8, {0: ["18", "2a", "3a", "5d"], 1: ["9a", "ab", "ba", "db"]}),
     # 4 GPUs on 2 sockets, 4 cores each: two workers per node, two cores each.
     "four-gpu-two-socket.xml": topology(2, 4, {0: ["17", "31"], 1: ["65", "ca"]}),
     # GPUs behind the host bridge with no NUMA locality (as many VMs report).
