@@ -4,7 +4,8 @@ kvprd and kvpr-worker on two emulated GPUs (KVPR_EMULATED_GPUS=2, each with 256 
 8 GB/s link and the bus id of tests/data/hwloc/two-socket-two-gpu.xml, which hwloc reads as the
 machine: HWLOC_XMLFILE). kvprd started with no --backend finds the two GPUs and runs one GPU worker
 per device through the code a real multi-GPU host runs: device selection, placement on each GPU's
-NUMA node, pinned host KV, kv mode auto by default, paged KV.
+NUMA node, the weights read once and broadcast over NCCL (the emulated build's stand-in,
+engine/backend/emulated/nccl_emu.h), pinned host KV, kv mode auto by default, paged KV.
 
 - greedy texts equal the CPU backend's on the same prompts in every KV mode (auto by default,
   auto with a device tier small enough to spill, kvpr, offload, resident, resident with decode
@@ -133,6 +134,9 @@ def health_and_metrics(d):
     check("/health: each worker on its GPU's NUMA node (the topology's), on that node's cpus",
           [w["placement"].get("numa_node") for w in ws] == [0, 1] and
           [w["placement"].get("cpus") for w in ws] == [[0, 1], [2, 3]], h)
+    check("the weights once from disk: worker 0 read them and broadcast them over NCCL (the emulated build's "
+          "stand-in), worker 1 received them",
+          [w["placement"].get("weights_from") for w in ws] == ["disk, broadcast with NCCL", "NCCL broadcast"], h)
     check("/health: each worker's KV tiers (host store and device tier bytes)",
           all(w["kv_cache"]["tier"] == "host+device" and w["kv_cache"]["tiers"]["device_bytes"] > 0 and
               w["kv_cache"]["tiers"]["host_bytes"] > 0 for w in ws), h)
@@ -218,8 +222,9 @@ def kill_one_worker_under_load(d):
         st, h = d.get("/health")
         back = st == 200 and h["status"] == "ok" and h["workers"][0]["restarts"] >= 1 and h["workers"][0]["pid"] != victim
         time.sleep(0.3)
-    check("the killed GPU worker is restarted on its device", back and h["workers"][0].get("device") ==
-          "cuda:0 (kvpr emulated device)", h)
+    check("the killed GPU worker is restarted on its device, reading its weights itself (no new broadcast)",
+          back and h["workers"][0].get("device") == "cuda:0 (kvpr emulated device)" and
+          h["workers"][0]["placement"].get("weights_from") == "disk", h)
     st, body = base.completion(d, PROMPTS[0], 4)
     check("kvprd serves again after the restart", st == 200 and body["usage"]["completion_tokens"] == 4, body)
 

@@ -1,5 +1,5 @@
 // The NCCL stand-in of nccl_emu.h: a communicator is a shared segment between the ranks'
-// processes. (Work in progress: not yet built by CMake; see the closing note of session 23.)
+// processes.
 #define KVPR_EMU_NCCL_IMPL 1
 #include "engine/backend/emulated/simt_emu.h"
 // clang-format off
