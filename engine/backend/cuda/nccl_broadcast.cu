@@ -34,7 +34,18 @@ class NcclBroadcaster final : public WeightBroadcaster {
     // Bytes as int8: every dtype goes through unchanged.
     NCCL_CHECK(ncclBroadcast(t.data(), t.data(), t.nbytes(), ncclInt8, 0, comm_, stream_));
   }
-  void finish() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  // Every broadcast done, and none failed: a peer that died mid-way ends NCCL's operations with
+  // an asynchronous error, and weights half received must never be served.
+  void finish() override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    if (async != ncclSuccess) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      KVPR_THROW("the NCCL weight broadcast failed: ", ncclGetErrorString(async));
+    }
+  }
 
  private:
   int rank_, ranks_;
