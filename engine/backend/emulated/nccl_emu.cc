@@ -162,17 +162,19 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
       stream,
       [=] {
         Segment* s = comm->seg;
+        // Every receiver has taken chunk `seq` (the root's wait before it writes the next, and at the end).
+        auto all_taken = [&](uint64_t seq) {
+          return wait_for(comm, [&] {
+            for (int r = 0; r < comm->nranks; ++r)
+              if (r != root && s->taken[r].load() < seq) return false;
+            return true;
+          });
+        };
         for (size_t off = 0; off < count && comm->error.load() == ncclSuccess; off += kChunk) {
           const size_t n = std::min(kChunk, count - off);
           if (is_root) {
             const uint64_t seq = s->posted.load();
-            // Every receiver has taken the last chunk before this one is written.
-            const bool free = wait_for(comm, [&] {
-              for (int r = 0; r < comm->nranks; ++r)
-                if (r != root && s->taken[r].load() < seq) return false;
-              return true;
-            });
-            if (!free) return;
+            if (!all_taken(seq)) return;
             std::memcpy(s->data, static_cast<const char*>(sendbuff) + off, n);
             s->posted.store(seq + 1);
           } else {
@@ -182,14 +184,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
             s->taken[comm->rank].store(want);
           }
         }
-        if (is_root && comm->error.load() == ncclSuccess) {  // the last chunk taken by all
-          const uint64_t seq = s->posted.load();
-          wait_for(comm, [&] {
-            for (int r = 0; r < comm->nranks; ++r)
-              if (r != root && s->taken[r].load() < seq) return false;
-            return true;
-          });
-        }
+        if (is_root && comm->error.load() == ncclSuccess) all_taken(s->posted.load());  // the last chunk
       },
       {is_root ? sendbuff : static_cast<const void*>(recvbuff)});
   return ncclSuccess;
@@ -198,22 +193,20 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
 ncclResult_t ncclGroupStart() { return ncclSuccess; }
 ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 
-ncclResult_t ncclCommAbort(ncclComm_t comm) {
+namespace {
+// Frees a communicator; abort also tells every other rank (their waits end with ncclRemoteError).
+ncclResult_t release(ncclComm_t comm, bool abort) {
   if (!comm) return ncclSuccess;
-  comm->seg->aborted.store(1);
-  if (!comm->name.empty()) shm_unlink(comm->name.c_str());
+  if (abort) comm->seg->aborted.store(1);
+  if (!comm->name.empty()) shm_unlink(comm->name.c_str());  // nobody else will join now
   munmap(comm->seg, comm->bytes);
   delete comm;
   return ncclSuccess;
 }
+}  // namespace
 
-ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  if (!comm) return ncclSuccess;
-  if (!comm->name.empty()) shm_unlink(comm->name.c_str());
-  munmap(comm->seg, comm->bytes);
-  delete comm;
-  return ncclSuccess;
-}
+ncclResult_t ncclCommAbort(ncclComm_t comm) { return release(comm, true); }
+ncclResult_t ncclCommDestroy(ncclComm_t comm) { return release(comm, false); }
 
 const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
