@@ -328,6 +328,7 @@ int cmd_generate(int argc, char** argv) {
   if (a.has("--trace")) backend->set_tracer(&tracer);
   ModelLoadOptions lo;
   lo.stream_weights = eo.weights_on_host;
+  lo.verify_weights = eo.verify_weights;
   lo.kv_plan = [&eo](const ModelSpec& spec, DType weight_dtype) {
     return Generator::kv_plan(eo.generator, spec, weight_dtype);
   };
@@ -362,7 +363,11 @@ int cmd_generate(int argc, char** argv) {
     tracer.write(a.get("--trace"));
   }
   if (a.has("--dump-logits")) write_npy_f32(a.get("--dump-logits"), dumped.data(), {static_cast<int64_t>(dumped.size()) / V, V});
-  if (a.has("--json")) std::cout << result_json(r, gp, gen, eo, *backend, std::move(steps)).dump() << "\n";
+  if (a.has("--json")) {
+    json::Value out = result_json(r, gp, gen, eo, *backend, std::move(steps));
+    if (eo.verify_weights) out.set("weights_digest", model->weights_digest());
+    std::cout << out.dump() << "\n";
+  }
   else std::cout << r.text << "\n";
   return 0;
 }

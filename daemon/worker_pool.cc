@@ -32,6 +32,12 @@ namespace kvpr {
 
 namespace {
 
+// Where a worker's weights came from, as its ready message's placement says.
+std::string weights_from(const json::Value& placement) {
+  const json::Value* v = placement.is_object() ? placement.find("weights_from") : nullptr;
+  return v && v->is_string() ? v->as_string() : "?";
+}
+
 using Clock = std::chrono::steady_clock;
 
 // Frames on their way to one worker process. The io thread only queues (never blocks on a
@@ -136,6 +142,7 @@ struct WorkerPool::Worker {
   ReadyMessage info;
   std::unique_ptr<boost::asio::steady_timer> timer;  // the supervisor's next deadline
   bool first_start = true;  // the NCCL weight broadcast happens only at the first start
+  bool in_broadcast = false;  // this process joined the broadcast and is not ready yet
   bool ever_ready = false;
   bool failed_at_start = false;  // reported an error and exited before it was ever ready
   int numa_node = -1;     // from the placement plan
@@ -332,6 +339,7 @@ void WorkerPool::spawn(Worker& w) {
   }
   ::close(sv[1]);
   ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before a kill
+  w.in_broadcast = !nccl_id_.empty() && w.first_start;
   w.first_start = false;  // a restart reads the checkpoint itself
   w.proc = std::make_shared<Process>();
   w.proc->pid = pid;
@@ -427,9 +435,10 @@ void WorkerPool::handle(Worker& w, uint64_t gen, WorkerMessage& msg) {
       if (w.sup.phase() != Supervisor::Phase::Starting) return;  // killed already: its end is on its way
       apply(w, w.sup.ready(Clock::now()));
       w.ever_ready = true;
+      w.in_broadcast = false;
       w.info = std::move(msg.ready);
-      spdlog::info("worker {}: ready ({}, kv mode {}, context {})", w.index, w.info.backend, w.info.kv_mode,
-                   w.info.max_seq_len);
+      spdlog::info("worker {}: ready ({}, kv mode {}, context {}, weights from {})", w.index, w.info.backend,
+                   w.info.kv_mode, w.info.max_seq_len, weights_from(w.info.placement));
       if (!announced_ready_ && all_ready()) {
         announced_ready_ = true;
         if (on_all_ready_) on_all_ready_();
@@ -545,10 +554,17 @@ void WorkerPool::on_exit(Worker& w, uint64_t gen) {
   release(w, false);
   const std::string how = w.proc->exit_why;
   if (!stopping_) spdlog::error("worker {}: pid {} {}", w.index, w.pid(), w.fatal.empty() ? how : w.fatal + " (" + how + ")");
+  // A process of the weight broadcast gone before it was ready: the broadcast cannot complete,
+  // and the others still in it would wait for it forever (a collective waits for every rank;
+  // NCCL may never notice a peer that is stopped or on a wedged link). They are stopped now and
+  // restart, as this one does, reading the checkpoint themselves: bounded by its death, or by
+  // --worker-timeout when it went silent.
+  const bool broadcast_member = w.in_broadcast;
+  if (w.in_broadcast) leave_broadcast(w);
   // Every worker reported an error and exited before any was ever ready: the configuration
   // cannot start (a model that does not load, a cache that does not fit), and restarting will
-  // not change that.
-  if (!w.ever_ready && !w.fatal.empty()) w.failed_at_start = true;
+  // not change that. Not so a failed broadcast: the restart reads the checkpoint instead.
+  if (!w.ever_ready && !w.fatal.empty() && !broadcast_member) w.failed_at_start = true;
   const bool none_started = std::all_of(workers_.begin(), workers_.end(), [](const auto& x) {
     return !x->ever_ready && x->failed_at_start;
   });
@@ -561,6 +577,17 @@ void WorkerPool::on_exit(Worker& w, uint64_t gen) {
   if (w.sup.phase() == Supervisor::Phase::Dead)
     spdlog::warn("worker {}: restarting in {} ms", w.index,
                  std::chrono::duration_cast<std::chrono::milliseconds>(*w.sup.deadline() - Clock::now()).count());
+}
+
+void WorkerPool::leave_broadcast(Worker& gone) {
+  gone.in_broadcast = false;
+  for (auto& x : workers_) {
+    if (!x->in_broadcast) continue;
+    x->in_broadcast = false;
+    spdlog::warn("worker {}: stopped: worker {} left the NCCL weight broadcast before it was ready; both restart "
+                 "reading the checkpoint themselves", x->index, gone.index);
+    if (x->proc) x->proc->kill();
+  }
 }
 
 bool WorkerPool::submit(const GenerateMessage& request, int64_t cost, EventSink sink, std::string* why) {

@@ -80,6 +80,8 @@ class WorkerPool {
                    uint64_t gen);
   void handle(Worker& w, uint64_t gen, WorkerMessage& msg);
   void on_exit(Worker& w, uint64_t gen);
+  // `gone` left the weight broadcast before it was ready: the others still in it are stopped.
+  void leave_broadcast(Worker& gone);
   void fail_pending(Worker& w, const std::string& why);
   bool deliver(const EventSink& sink, const EngineEvent& ev, uint64_t id);
   void check_liveness();

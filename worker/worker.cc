@@ -148,6 +148,7 @@ class WorkerLoop {
   void load_weights() {
     ModelLoadOptions lo;
     lo.stream_weights = engine_.weights_on_host;
+    lo.verify_weights = engine_.verify_weights;
     lo.kv_plan = [go = engine_.generator](const ModelSpec& spec, DType weight_dtype) {
       return Generator::kv_plan(go, spec, weight_dtype);
     };
@@ -171,6 +172,8 @@ class WorkerLoop {
     const char* from = !bc ? "disk" : bc->rank() == 0 ? "disk, broadcast with NCCL" : "NCCL broadcast";
     placement_.set("load_s", load_s);
     placement_.set("weights_from", from);
+    placement_.set("checkpoint_bytes_read", static_cast<int64_t>(model_->checkpoint_bytes_read()));
+    if (!model_->weights_digest().empty()) placement_.set("weights_digest", model_->weights_digest());
     if (const LayerWeightStream* ws = model_->weight_stream()) {
       placement_.set("weights", "host");
       std::fprintf(stderr,
@@ -180,7 +183,9 @@ class WorkerLoop {
                    static_cast<double>(ws->max_layer_bytes()) / 1e9,
                    static_cast<double>(model_->device_weight_bytes()) / 1e9);
     }
-    std::fprintf(stderr, "kvpr-worker %d: model loaded in %.2f s (%s)\n", opts_.index, load_s, from);
+    std::fprintf(stderr, "kvpr-worker %d: model loaded in %.2f s (%s; %.1f MB of the checkpoint read%s%s)\n",
+                 opts_.index, load_s, from, static_cast<double>(model_->checkpoint_bytes_read()) / 1e6,
+                 model_->weights_digest().empty() ? "" : "; weights digest ", model_->weights_digest().c_str());
   }
 
   // The engine's options, with a link profile for kvpr's scheduler (saved, else measured now)

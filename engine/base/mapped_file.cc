@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "engine/base/error.h"
 
@@ -35,6 +37,26 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+size_t MappedFile::resident_bytes() const {
+  if (!data_) return 0;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  size_t kib = 0;
+  bool inside = false;  // the lines after a range header belong to that range
+  while (std::getline(smaps, line)) {
+    char* end = nullptr;
+    const uintptr_t start = std::strtoull(line.c_str(), &end, 16);
+    if (end && *end == '-' && end != line.c_str()) {
+      const uintptr_t stop = std::strtoull(end + 1, nullptr, 16);
+      inside = start < hi && stop > lo;  // (one mapping may show as several ranges)
+    } else if (inside && line.rfind("Rss:", 0) == 0) {
+      kib += std::strtoull(line.c_str() + 4, nullptr, 10);
+    }
+  }
+  return kib * 1024;
 }
 
 }  // namespace kvpr

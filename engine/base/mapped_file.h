@@ -17,6 +17,10 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Bytes of the mapping this process has touched: its pages mapped in (Rss in
+  // /proc/self/smaps), page granular and with the kernel's fault-around of pages that were
+  // already cached. What this process read of the file; 0 where smaps cannot be read.
+  size_t resident_bytes() const;
 
  private:
   std::string path_;

@@ -168,6 +168,12 @@ const std::vector<EngineOption>& engine_options() {
       {"cuda-graphs", "on or off: resident decode steps replayed as CUDA graphs [off]", true,
        [](EngineOptions& o, const std::string& v) { o.generator.cuda_graphs = !parse_option_either("cuda-graphs", v, "on", "off"); },
        [](const EngineOptions& o) { return word(!o.generator.cuda_graphs, "on", "off"); }},
+      {"verify-weights",
+       "on or off: after loading, read every weight back and hash it (the digest is logged and in /health); with "
+       "several GPUs each worker checks the weights it received over NCCL against the first worker's [off]",
+       true,
+       [](EngineOptions& o, const std::string& v) { o.verify_weights = !parse_option_either("verify-weights", v, "on", "off"); },
+       [](const EngineOptions& o) { return word(!o.verify_weights, "on", "off"); }},
       {"prefix-caching", "on or off: a new prompt reuses the KV blocks of running or finished sequences it starts with [on]", true,
        [](EngineOptions& o, const std::string& v) { o.generator.prefix_caching = !parse_option_either("prefix-caching", v, "on", "off"); },
        [](const EngineOptions& o) { return word(!o.generator.prefix_caching, "on", "off"); }},

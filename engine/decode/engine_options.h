@@ -17,6 +17,7 @@ struct EngineOptions {
   GeneratorOptions generator;
   bool weights_on_host = false;  // --weights host: layer weights streamed from pinned host memory
   std::string profile;           // --profile FILE: a saved link profile (kvpr profile --save)
+  bool verify_weights = false;   // --verify-weights on: ModelLoadOptions::verify_weights
   // --kv-mode was given; else generator.kv.mode is resident, which kvprd's workers turn into
   // auto on a GPU.
   bool kv_mode_given = false;

@@ -66,6 +66,12 @@ void CheckpointDir::add_file(const std::string& file_name, bool torch) {
   }
 }
 
+size_t CheckpointDir::bytes_read() const {
+  size_t n = 0;
+  for (const auto& f : files_) n += f->resident_bytes();
+  return n;
+}
+
 const TensorRecord* CheckpointDir::find(const std::string& name) const {
   auto it = index_.find(name);
   return it == index_.end() ? nullptr : &tensors_[it->second];

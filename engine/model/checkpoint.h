@@ -37,6 +37,8 @@ class CheckpointDir {
   const std::string& format() const { return format_; }
   const TensorRecord* find(const std::string& name) const;
   const std::vector<TensorRecord>& tensors() const { return tensors_; }
+  // Bytes of the checkpoint's files this process has read so far (MappedFile::resident_bytes).
+  size_t bytes_read() const;
 
  private:
   void add_file(const std::string& file_name, bool torch);

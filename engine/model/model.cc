@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -161,6 +162,8 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   size_t total = 0, done = 0;
   for (const auto& r : ckpt.tensors()) total += r.nbytes();
   std::vector<Tensor> received;  // every checkpoint tensor, in load order (for the broadcast)
+  std::vector<Tensor> loaded;    // every weight, in load order (for the digest)
+  size_t to_receive = 0;         // a receiver's checkpoint bytes that come over the broadcast
   const bool receiver = opts.broadcast && opts.broadcast->rank() != 0;
   assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole role) -> Tensor {
     const std::string key = key_of(name);
@@ -178,7 +181,11 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     // Streamed weights go to pinned host memory, read by every rank; the rest to the device.
     const bool host = streamed(name, role);
     Tensor dst = host ? backend_.alloc_pinned(dt, r->shape) : alloc_weight(dt, r->shape, total);
-    if (opts.broadcast && !host) received.push_back(dst);
+    if (opts.broadcast && !host) {
+      received.push_back(dst);
+      if (receiver) to_receive += r->nbytes();
+    }
+    if (opts.verify_weights) loaded.push_back(dst);
     if (receiver && !host) {
       // Filled by the broadcast from rank 0 below; only the header was read here.
     } else if (dt == r->dtype) {
@@ -198,13 +205,90 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   });
   if (opts.broadcast) {
     backend_.synchronize();  // rank 0's uploads have landed
-    for (const auto& t : received) opts.broadcast->broadcast(t);
-    opts.broadcast->finish();
+    // In pieces of 1/64 of the model (1 MiB to 256 MiB), each waited for: a receiver's progress
+    // (in its log) is what it has received, and a failed peer is seen at the next piece.
+    const size_t piece = std::clamp<size_t>(total / 64, size_t{1} << 20, size_t{256} << 20);
+    size_t sent = 0, moved = 0;
+    for (const auto& t : received) sent += t.nbytes();
+    for (const auto& t : received) {
+      const Tensor bytes = t.view_as(DType::U8, {static_cast<int64_t>(t.nbytes())});
+      for (size_t off = 0; off < t.nbytes(); off += piece) {
+        const size_t n = std::min(piece, t.nbytes() - off);
+        opts.broadcast->broadcast(bytes.rows(static_cast<int64_t>(off), static_cast<int64_t>(n)));
+        opts.broadcast->finish();
+        moved += n;
+        if (opts.progress && receiver)
+          opts.progress(total - to_receive +
+                            static_cast<size_t>(static_cast<double>(to_receive) * static_cast<double>(moved) /
+                                                static_cast<double>(std::max<size_t>(sent, 1))),
+                        total);
+      }
+    }
     received = {};  // its references would keep the parts stack_weights replaces on the device
     if (opts.progress) opts.progress(total, total);
   }
+  checkpoint_bytes_read_ = ckpt.bytes_read();
+  if (opts.verify_weights) {
+    verify_weights(loaded, opts.broadcast);
+    loaded = {};  // (as `received`)
+  }
   stack_weights();
   stream_layers();
+}
+
+namespace {
+// 64 bits of every byte of the tensors in order (with their sizes): equal weights give equal
+// digests; a flipped bit anywhere, a different one with all but certainty.
+uint64_t digest_of(Backend& backend, const std::vector<Tensor>& tensors) {
+  uint64_t h = 0x243f6a8885a308d3ull;
+  auto mix = [&h](uint64_t w) {
+    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+  };
+  for (const Tensor& t : tensors) {
+    Tensor host = Tensor::host(t.dtype(), t.shape());
+    backend.copy(host, t, Stream::D2H, "verify weights");
+    backend.synchronize();
+    const auto* p = static_cast<const uint8_t*>(host.data());
+    const size_t n = host.nbytes();
+    mix(n);
+    size_t i = 0;
+    for (uint64_t w; i + 8 <= n; i += 8) {
+      std::memcpy(&w, p + i, 8);
+      mix(w);
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, p + i, n - i);
+    mix(tail);
+  }
+  return h;
+}
+
+std::string hex64(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+}  // namespace
+
+void Model::verify_weights(const std::vector<Tensor>& loaded, WeightBroadcaster* broadcast) {
+  backend_.synchronize();
+  const uint64_t mine = digest_of(backend_, loaded);
+  weights_digest_ = hex64(mine);
+  if (!broadcast) return;
+  // Rank 0's digest, over the same communicator: what every rank's weights must hash to.
+  Tensor host = Tensor::host(DType::U8, {8}), dev = backend_.alloc(DType::U8, {8});
+  std::memcpy(host.data(), &mine, 8);
+  backend_.copy(dev, host, Stream::H2D, "weights digest");
+  backend_.synchronize();
+  broadcast->broadcast(dev);
+  broadcast->finish();
+  backend_.copy(host, dev, Stream::D2H, "weights digest");
+  backend_.synchronize();
+  uint64_t root = 0;
+  std::memcpy(&root, host.data(), 8);
+  KVPR_CHECK(root == mine, "the weights received over NCCL differ from rank 0's (digest ", weights_digest_, ", rank 0's ",
+             hex64(root), ")");
 }
 
 void Model::init_random(DType dtype, uint64_t seed, const ModelLoadOptions& opts) {

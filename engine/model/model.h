@@ -29,6 +29,10 @@ struct ModelLoadOptions {
   std::function<void(size_t done, size_t total)> progress;
   // Several GPUs: rank 0 reads the checkpoint, the others receive the weights from it.
   WeightBroadcaster* broadcast = nullptr;
+  // A digest of every weight as it landed on the backend (read back from the device, in load
+  // order: weights_digest()). With a broadcast, rank 0 sends its digest too and a rank whose
+  // received weights differ throws. Costs a read back of every weight, so it is asked for.
+  bool verify_weights = false;
   // Keep the layers' matrices in pinned host memory and stream them to the device a layer
   // ahead of their use (weight_stream.h), for models that do not fit on the device. Every
   // rank then reads them from the checkpoint itself (the page cache shares the reads).
@@ -65,6 +69,11 @@ class Model : public KvProjector {
   size_t weight_bytes() const { return weight_bytes_; }
   DType weight_dtype() const { return weight_dtype_; }  // dtype of the big matrices
   const std::string& checkpoint_format() const { return format_; }
+  // Bytes of the checkpoint's files this process read while loading (page granular; a rank
+  // that received its weights over a broadcast read the headers only).
+  size_t checkpoint_bytes_read() const { return checkpoint_bytes_read_; }
+  // ModelLoadOptions::verify_weights's digest, 16 hex digits ("" when not asked for).
+  const std::string& weights_digest() const { return weights_digest_; }
   // The layers' weights streamed from host memory, or null when they are resident.
   LayerWeightStream* weight_stream() const { return weight_stream_.get(); }
   // Device bytes the weights take: all of them, or, when streamed, the resident ones plus the
@@ -144,12 +153,16 @@ class Model : public KvProjector {
   // [n, ...] from n tensors of one shape, in the memory of the first (device, or pinned host
   // for streamed weights), converted to the first one's dtype.
   Tensor stack(std::initializer_list<const Tensor*> parts);
+  // ModelLoadOptions::verify_weights: the digest of `loaded`, checked against rank 0's.
+  void verify_weights(const std::vector<Tensor>& loaded, WeightBroadcaster* broadcast);
   // Hands the registered layer fields to a new LayerWeightStream (when stream_weights_).
   void start_streaming(const std::function<void(LayerWeightStream&)>& register_fields);
 
   Backend& backend_;
   ModelSpec spec_;
   std::string format_;
+  size_t checkpoint_bytes_read_ = 0;
+  std::string weights_digest_;
   int64_t parameter_count_ = 0;
   size_t weight_bytes_ = 0;
   DType weight_dtype_ = DType::F32;

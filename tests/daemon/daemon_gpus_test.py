@@ -11,8 +11,13 @@ engine/backend/emulated/nccl_emu.h), pinned host KV, kv mode auto by default, pa
   auto with a device tier small enough to spill, kvpr, offload, resident, resident with decode
   steps as CUDA graphs), both workers serving;
 - /health and /metrics show each worker's device, NUMA node, KV mode and tier bytes;
+- the broadcast: both GPUs' weights bit-equal to a direct load (--verify-weights digests), the
+  receiving worker reading none of the checkpoint's tensors; a worker killed (or stopped)
+  mid-broadcast ends the other's within --worker-timeout, both restart from the checkpoint and
+  kvprd serves again;
 - chat, streaming, structured output, tool calls (daemon_test.py's own checks, on these GPUs),
-  a cancelled stream and a client that leaves;
+  a client that leaves mid-stream, and one that closes its connection before a non-streamed
+  answer (both cancelled);
 - kill -9 of one worker under load: its streams end with an error event, the other worker's end
   whole, the pool restarts it and kvprd serves again;
 - SIGTERM drains: the request in flight finishes, kvprd exits 0;
@@ -44,13 +49,32 @@ GPUS = {
 PROMPTS = ["Hello, my name is", "The KV cache lives in pinned host memory and the GPU recomputes",
            "A B C D E F G H I J K L M N O P Q R S T U V W X Y Z", "Once upon a time"]
 NEW = 24
+DIRECT = None  # the weights' digest after a direct load (direct_load_digest), set by main
 
 
-def gpu_daemon(*extra, env=None):
+def gpu_daemon(*extra, env=None, wait_ready=True):
     """kvprd on the two emulated GPUs (no --backend: it finds them), with `extra` flags."""
     port = base.free_port()
     return Daemon(args=["--model", base.MODEL, "--port", str(port), "--config", "/dev/null", "--max-batch", "8", *extra],
-                  port=port, env=env)
+                  port=port, env=env, wait_ready=wait_ready)
+
+
+def direct_load_digest():
+    """The digest of the demo model's weights loaded straight from the checkpoint onto an emulated
+    GPU by `kvpr generate` (no broadcast), read back from the device."""
+    import subprocess
+    out = subprocess.check_output([base.KVPR, "generate", "--model", base.MODEL, "--prompt", "x", "-n", "1", "--backend",
+                                   "cuda", "--verify-weights", "--json"], env={**os.environ, **GPUS})
+    return json.loads(out.decode().splitlines()[-1])["weights_digest"]
+
+
+def checkpoint_sizes():
+    """The demo checkpoint's bytes up to its first tensor (the safetensors length and header), and
+    its tensors' bytes."""
+    path = os.path.join(base.MODEL, "model.safetensors")
+    with open(path, "rb") as f:
+        header_end = 8 + int.from_bytes(f.read(8), "little")
+    return header_end, os.path.getsize(path) - header_end
 
 
 def answers(d, concurrent=True):
@@ -137,6 +161,15 @@ def health_and_metrics(d):
     check("the weights once from disk: worker 0 read them and broadcast them over NCCL (the emulated build's "
           "stand-in), worker 1 received them",
           [w["placement"].get("weights_from") for w in ws] == ["disk, broadcast with NCCL", "NCCL broadcast"], h)
+    # What each read of the checkpoint, counted by the kernel (the Rss of its mapping): worker 0
+    # every tensor; worker 1 the header only, with the kernel's 64 KiB fault-around of cached pages.
+    header_end, tensor_bytes = checkpoint_sizes()
+    read = [w["placement"].get("checkpoint_bytes_read", -1) for w in ws]
+    check("worker 0 read every tensor of the checkpoint; worker 1, which received them, read none (its header only)",
+          read[0] >= tensor_bytes and 0 < read[1] <= (header_end + 65535) // 65536 * 65536 + 65536 < tensor_bytes // 10,
+          (read, header_end, tensor_bytes))
+    check("--verify-weights: both GPUs' weights bit-equal to a direct load of the checkpoint (digests read back from "
+          "the devices)", [w["placement"].get("weights_digest") for w in ws] == [DIRECT] * 2, (DIRECT, h))
     check("/health: each worker's KV tiers (host store and device tier bytes)",
           all(w["kv_cache"]["tier"] == "host+device" and w["kv_cache"]["tiers"]["device_bytes"] > 0 and
               w["kv_cache"]["tiers"]["host_bytes"] > 0 for w in ws), h)
@@ -146,6 +179,18 @@ def health_and_metrics(d):
               m.get(f'kvpr_worker_info{{worker="{i}",device="cuda:{i} (kvpr emulated device)",kv_mode="auto",'
                     f'numa_node="{i}"}}') == 1.0, sorted(k for k in m if k.startswith("kvpr_worker_info")))
         check(f"/metrics: worker {i}'s device tier bytes", m.get(f'kvpr_worker_device_kv_bytes{{worker="{i}"}}', 0) > 0, m)
+
+
+def in_flight_becomes(d, want, timeout=30):
+    """Waits until the workers' requests in flight (summed) satisfy `want`: (whether they did, the
+    last /health)."""
+    deadline, h = time.time() + timeout, None
+    while time.time() < deadline:
+        st, h = d.get("/health")
+        if st == 200 and want(sum(w["in_flight"] for w in h["workers"])):
+            return True, h
+        time.sleep(0.05)
+    return False, h
 
 
 def api(d, reference):
@@ -174,12 +219,22 @@ def api(d, reference):
     _, conn = d.stream("/v1/completions", {"model": "demo", "prompt": PROMPTS[1], "max_tokens": 1500, "temperature": 0,
                                            "ignore_eos": True, "stream": True}, stop_after=2)
     conn.close()
-    deadline, idle = time.time() + 30, False
-    while time.time() < deadline and not idle:
-        st, h = d.get("/health")
-        idle = st == 200 and sum(w["in_flight"] for w in h["workers"]) == 0
-        time.sleep(0.2)
+    idle, h = in_flight_becomes(d, lambda n: n == 0)
     check("a client that leaves mid-stream: its generation is cancelled", idle, h)
+    # A non-streamed request whose client closes its connection while the answer is generated: kvprd
+    # notices the closed socket and cancels it (no 1500 tokens computed for nobody).
+    s = socket.create_connection(("127.0.0.1", d.port))
+    body = json.dumps({"model": "demo", "prompt": PROMPTS[2], "max_tokens": 1500, "temperature": 0, "ignore_eos": True})
+    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    busy, _ = in_flight_becomes(d, lambda n: n > 0)
+    log_path = os.path.join(base.TMP, f"kvprd-{d.port}.log")
+    cancels = open(log_path).read().count("client disconnected, generation cancelled")
+    s.close()
+    idle, h = in_flight_becomes(d, lambda n: n == 0)
+    check("a client that closes its connection before a non-streamed answer: the generation is cancelled",
+          busy and idle and open(log_path).read().count("client disconnected, generation cancelled") > cancels,
+          (busy, h))
 
 
 def kill_one_worker_under_load(d):
@@ -222,11 +277,65 @@ def kill_one_worker_under_load(d):
         st, h = d.get("/health")
         back = st == 200 and h["status"] == "ok" and h["workers"][0]["restarts"] >= 1 and h["workers"][0]["pid"] != victim
         time.sleep(0.3)
-    check("the killed GPU worker is restarted on its device, reading its weights itself (no new broadcast)",
-          back and h["workers"][0].get("device") == "cuda:0 (kvpr emulated device)" and
-          h["workers"][0]["placement"].get("weights_from") == "disk", h)
+    check("the killed GPU worker is restarted on its device, reading its weights itself (no new broadcast), "
+          "the same bits", back and h["workers"][0].get("device") == "cuda:0 (kvpr emulated device)" and
+          h["workers"][0]["placement"].get("weights_from") == "disk" and
+          h["workers"][0]["placement"].get("weights_digest") == DIRECT, h)
     st, body = base.completion(d, PROMPTS[0], 4)
     check("kvprd serves again after the restart", st == 200 and body["usage"]["completion_tokens"] == 4, body)
+
+
+def pid_gone(pid):
+    try:
+        os.kill(pid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+
+
+def broadcast_failures():
+    """A worker gone mid-broadcast: kill -9 of a receiver, and SIGSTOP of the sender (alive, so
+    nothing but kvprd's --worker-timeout ends the wait). The other worker's broadcast ends within
+    --worker-timeout, both restart reading the checkpoint themselves, and kvprd serves."""
+    # The demo's 15 MB over 10 MB/s links: 1.5 s to worker 0's GPU, then 3 s through the
+    # broadcast, which worker 1 logs every tenth of.
+    slow = {"KVPR_EMULATED_LINK_GBPS": "0.01"}
+    for name, victim, sig in (("kill -9 of the receiving worker", 1, signal.SIGKILL),
+                              ("SIGSTOP of the sending worker", 0, signal.SIGSTOP)):
+        d = gpu_daemon("--kv-mode", "resident", "--worker-timeout", "3", "--verify-weights", "on", env=slow,
+                       wait_ready=False)
+        pids = []
+        try:
+            log_path = os.path.join(base.TMP, f"kvprd-{d.port}.log")
+            deadline = time.time() + 120
+            while time.time() < deadline and not any(ln.startswith("kvpr-worker 1: loading") and ": 20% of" in ln
+                                                     for ln in open(log_path).read().splitlines()):
+                time.sleep(0.02)
+            st, h = d.get("/health")
+            pids = [w["pid"] for w in h["workers"]]
+            os.kill(pids[victim], sig)
+            t0 = time.time()
+            mid = "kvpr-worker 1: model loaded" not in open(log_path).read()
+            other = pids[1 - victim]
+            while time.time() < t0 + 60 and not pid_gone(other):
+                time.sleep(0.05)
+            took = time.time() - t0
+            check(f"{name} mid-broadcast: the other worker's broadcast ends within --worker-timeout (3 s), no hang",
+                  mid and pid_gone(other) and took <= 3 + 2, (mid, took, open(log_path).read()[-1500:]))
+            deadline, back = time.time() + 120, False
+            while time.time() < deadline and not back:
+                st, h = d.get("/health")
+                back = st == 200 and h["status"] == "ok" and all(w["pid"] not in pids for w in h["workers"])
+                time.sleep(0.2)
+            check(f"{name} mid-broadcast: both workers restart reading the checkpoint themselves, the same bits",
+                  back and [w["placement"].get("weights_from") for w in h["workers"]] == ["disk", "disk"] and
+                  [w["placement"].get("weights_digest") for w in h["workers"]] == [DIRECT] * 2, h)
+            st, body = base.completion(d, PROMPTS[0], 4)
+            check(f"{name} mid-broadcast: kvprd serves again", st == 200 and body["usage"]["completion_tokens"] == 4, body)
+        finally:
+            if sig == signal.SIGSTOP and pids and not pid_gone(pids[victim]):
+                os.kill(pids[victim], signal.SIGCONT)
+            d.stop()
 
 
 def drain():
@@ -237,12 +346,7 @@ def drain():
         result["r"] = base.completion(d, PROMPTS[2], 48, ignore_eos=True)
     t = threading.Thread(target=long_one)
     t.start()
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        st, h = d.get("/health")
-        if st == 200 and sum(w["in_flight"] for w in h["workers"]) > 0:
-            break
-        time.sleep(0.05)
+    in_flight_becomes(d, lambda n: n > 0)
     rc = d.stop(signal.SIGTERM, timeout=330)
     t.join(timeout=120)
     st, body = result.get("r", (None, None))
@@ -287,12 +391,17 @@ def main():
                            capture_output=True, text=True, env={**os.environ, **GPUS, var: value})
         check(f"{var}={value}: exit 1 and one line naming it", r.returncode == 1 and
               r.stderr.strip().count("\n") == 0 and var in r.stderr, (r.returncode, r.stderr))
+    global DIRECT
+    DIRECT = direct_load_digest()
     os.environ.update(GPUS)  # every kvprd from here on, daemon_test.py's too, sees the two GPUs
     eight_gpu_placement()
     t0 = time.time()
+    broadcast_failures()
+    print(f"broadcast failures: {time.time() - t0:.1f} s", flush=True)
+    t0 = time.time()
     every_kv_mode(reference)
     print(f"every kv mode: {time.time() - t0:.1f} s", flush=True)
-    d = gpu_daemon()
+    d = gpu_daemon("--verify-weights", "on")
     try:
         log = open(os.path.join(base.TMP, f"kvprd-{d.port}.log")).read()
         check("kvprd found the two GPUs and placed a worker on each one's NUMA node",

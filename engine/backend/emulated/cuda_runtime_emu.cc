@@ -413,6 +413,15 @@ void cross_link(Device* d, size_t bytes) {
   std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(static_cast<double>(bytes) / d->link_bytes_per_ms));
 }
 
+}  // namespace
+
+void cross_device_link(const void* device_ptr, size_t bytes) {
+  Api a;
+  cross_link(device_of(a.s, device_ptr), bytes);
+}
+
+namespace {
+
 // The link a copy from src to dst crosses: to a device from host memory, or from one to the host.
 void pace_copy(State& s, void* dst, const void* src, size_t bytes) {
   Device *dd = device_of(s, dst), *sd = device_of(s, src);

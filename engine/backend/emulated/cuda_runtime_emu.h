@@ -67,6 +67,11 @@ enum class Schedule { Lazy, Eager, Random };
 void set_schedule(Schedule s, uint64_t seed = 0);
 Schedule schedule();
 
+// Waits as long as `bytes` take over the PCIe link of the device whose memory `device_ptr` is
+// in (KVPR_EMULATED_LINK_GBPS; nothing without it): the NCCL stand-in's transfers through host
+// memory cross it, as NCCL's shared-memory transport does.
+void cross_device_link(const void* device_ptr, size_t bytes);
+
 // The number of kernels and GEMMs run so far.
 uint64_t kernels_run();
 uint64_t gemms_run();

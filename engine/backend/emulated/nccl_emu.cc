@@ -61,7 +61,19 @@ std::string segment_name(const ncclUniqueId& id) {
   return s;
 }
 
-bool alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+// A process that has exited is gone even while its parent has not reaped it (a zombie): NCCL
+// sees a peer's exit as its connections close, not at its reaping.
+bool alive(pid_t pid) {
+  if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM)) return false;
+  char path[32], stat[256] = {};
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return true;
+  const size_t n = std::fread(stat, 1, sizeof stat - 1, f);
+  std::fclose(f);
+  const char* paren = std::strrchr(stat, ')');  // "pid (comm) S ...": comm may hold anything
+  return !(n > 0 && paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
 
 // Whether the communicator can go on: nobody aborted it, and every rank that joined is alive.
 bool healthy(ncclComm* c) {
@@ -175,11 +187,13 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
           if (is_root) {
             const uint64_t seq = s->posted.load();
             if (!all_taken(seq)) return;
+            cross_device_link(sendbuff, n);  // out of the root's device, into host memory
             std::memcpy(s->data, static_cast<const char*>(sendbuff) + off, n);
             s->posted.store(seq + 1);
           } else {
             const uint64_t want = s->taken[comm->rank].load() + 1;
             if (!wait_for(comm, [&] { return s->posted.load() >= want; })) return;
+            cross_device_link(recvbuff, n);  // from host memory into this rank's device
             std::memcpy(static_cast<char*>(recvbuff) + off, s->data, n);
             s->taken[comm->rank].store(want);
           }

@@ -10,10 +10,12 @@
 //   A rank that never comes keeps the others waiting, as with NCCL: the caller bounds it.
 // - ncclBroadcast: queued on the stream like a kernel (its buffers checked as a kernel's); when
 //   the stream runs it the root copies its buffer through the segment in chunks and each other
-//   rank copies them out, every chunk acknowledged by every receiver before the next.
-// - A rank whose process is gone, or a communicator aborted anywhere, ends the waits of the
-//   others: their operation stops and ncclCommGetAsyncError reports ncclRemoteError, as NCCL
-//   reports a peer's failure. ncclCommAbort marks the segment aborted and frees the communicator.
+//   rank copies them out, every chunk acknowledged by every receiver before the next. Each copy
+//   crosses its device's emulated PCIe link (KVPR_EMULATED_LINK_GBPS), as NCCL's shared-memory
+//   transport goes through host memory.
+// - A rank whose process is gone (exited, reaped or not), or a communicator aborted anywhere,
+//   ends the waits of the others: their operation stops and ncclCommGetAsyncError reports
+//   ncclRemoteError, as NCCL reports a peer's failure. ncclCommAbort marks the segment aborted and frees the communicator.
 // Include after the CUDA headers and cuda_runtime_emu.h; the macros at the end send
 // nccl_broadcast.cu's calls here.
 #pragma once
