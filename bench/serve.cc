@@ -35,7 +35,7 @@
 #include "engine/model/opt_model.h"
 #include "engine/kv/link_profile.h"
 #include "engine/kv/split_scheduler.h"
-#include "engine/decode/sampling.h"
+#include "engine/base/rng.h"
 #include "engine/base/thread_pool.h"
 #include "engine/text/tokenizer.h"
 

@@ -108,10 +108,19 @@ Supervisor::Actions Supervisor::kill_now(Clock::time_point now, Actions a) {
   return wake_at(a, now + t_.kill_wait);
 }
 
+bool Supervisor::killable() const {
+  return process_ && !killed_ && (phase_ == Phase::Starting || phase_ == Phase::Ready || phase_ == Phase::Exiting);
+}
+
 Supervisor::Actions Supervisor::unresponsive(Clock::time_point now, const std::string& why) {
-  if (!process_ || killed_ || (phase_ != Phase::Starting && phase_ != Phase::Ready && phase_ != Phase::Exiting)) return {};
-  why_ = "was unresponsive: " + why;
+  if (!killable()) return {};
   unresponsive_ = true;
+  return abort(now, "was unresponsive: " + why);
+}
+
+Supervisor::Actions Supervisor::abort(Clock::time_point now, const std::string& why) {
+  if (!killable()) return {};
+  why_ = why;
   return kill_now(now, {});
 }
 

@@ -4,7 +4,7 @@
 //
 //   starting --ready--> ready
 //   starting, ready --channel closed--> exiting --(exit_grace)--> killed
-//   starting, ready --unresponsive / bad message--> killed (SIGKILL now)
+//   starting, ready --unresponsive / bad message / abort--> killed (SIGKILL now)
 //   killed --(kill_wait)--> dead: the process never died (stuck in the kernel); it is reaped
 //                            whenever it exits, in the background, and a new one is started
 //   any live state --exited (reaped)--> dead
@@ -65,6 +65,9 @@ class Supervisor {
   Actions channel_closed(Clock::time_point now, const std::string& why, bool bad);
   // Silent past --worker-timeout, or in one step past its step timeout.
   Actions unresponsive(Clock::time_point now, const std::string& why);
+  // The pool stops this worker at once for a reason outside it (a peer of its weight broadcast
+  // left): killed as an unresponsive one is, without counting as unresponsive.
+  Actions abort(Clock::time_point now, const std::string& why);
   // The process was reaped. `restart` false: the pool gives up on the configuration (every
   // worker failed before any was ready), and this worker stays failed.
   Actions exited(Clock::time_point now, const std::string& why, bool restart);
@@ -83,6 +86,7 @@ class Supervisor {
  private:
   Actions leave_ready(Actions a);  // fail_pending, once an incarnation
   Actions kill_now(Clock::time_point now, Actions a);  // SIGKILL once, then kill_wait to be reaped
+  bool killable() const;  // a live process not yet killed, starting, ready or exiting
   Actions wake_at(Actions a, Clock::time_point t);
   Actions schedule_restart(Clock::time_point now, Actions a);
 

@@ -21,7 +21,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/base/error.h"
-#include "engine/model/weight_broadcast.h"
+#include "engine/backend/weight_broadcast.h"
 #ifdef KVPR_HAVE_HWLOC
 #include "numa/placement.h"
 #endif
@@ -142,7 +142,8 @@ struct WorkerPool::Worker {
   ReadyMessage info;
   std::unique_ptr<boost::asio::steady_timer> timer;  // the supervisor's next deadline
   bool first_start = true;  // the NCCL weight broadcast happens only at the first start
-  bool in_broadcast = false;  // this process joined the broadcast and is not ready yet
+  bool broadcast_start = false;  // this process was started into the weight broadcast
+  bool in_broadcast = false;     // ... and has not yet said its weights are loaded
   bool ever_ready = false;
   bool failed_at_start = false;  // reported an error and exited before it was ever ready
   int numa_node = -1;     // from the placement plan
@@ -250,6 +251,7 @@ void WorkerPool::apply(Worker& w, const Supervisor::Actions& a) {
                         : "stopped while generating (" + (w.fatal.empty() ? why : w.fatal + ": " + why) + ")");
   }
   if (a.kill && w.proc) w.proc->kill();
+  if ((a.kill || a.abandon) && w.in_broadcast) leave_broadcast(w);  // it will not finish its part
   if (a.abandon) release(w, true);
   if (a.send_shutdown && w.out) w.out->push(FrameChannel::frame(encode_shutdown()));
   if (a.spawn) {
@@ -259,6 +261,8 @@ void WorkerPool::apply(Worker& w, const Supervisor::Actions& a) {
       next = w.sup.spawned(Clock::now());
     } catch (const std::exception& e) {
       spdlog::error("worker {}: restart failed: {}; retrying in {} ms", w.index, e.what(), w.sup.next_backoff().count());
+      // A process of the broadcast that never came (or came and went): the others would wait for it.
+      if (w.in_broadcast || (!nccl_id_.empty() && w.first_start)) leave_broadcast(w);
       next = w.sup.spawn_failed(Clock::now(), e.what());
     }
     w.last_error = w.sup.why();
@@ -339,7 +343,7 @@ void WorkerPool::spawn(Worker& w) {
   }
   ::close(sv[1]);
   ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before a kill
-  w.in_broadcast = !nccl_id_.empty() && w.first_start;
+  w.broadcast_start = w.in_broadcast = !nccl_id_.empty() && w.first_start;
   w.first_start = false;  // a restart reads the checkpoint itself
   w.proc = std::make_shared<Process>();
   w.proc->pid = pid;
@@ -431,11 +435,11 @@ void WorkerPool::handle(Worker& w, uint64_t gen, WorkerMessage& msg) {
   w.last_heard = Clock::now();
   switch (msg.type) {
     case T::Heartbeat: w.step_ms = msg.step_ms; break;
+    case T::Loaded: w.in_broadcast = false; break;
     case T::Ready:
       if (w.sup.phase() != Supervisor::Phase::Starting) return;  // killed already: its end is on its way
       apply(w, w.sup.ready(Clock::now()));
       w.ever_ready = true;
-      w.in_broadcast = false;
       w.info = std::move(msg.ready);
       spdlog::info("worker {}: ready ({}, kv mode {}, context {}, weights from {})", w.index, w.info.backend,
                    w.info.kv_mode, w.info.max_seq_len, weights_from(w.info.placement));
@@ -559,12 +563,11 @@ void WorkerPool::on_exit(Worker& w, uint64_t gen) {
   // NCCL may never notice a peer that is stopped or on a wedged link). They are stopped now and
   // restart, as this one does, reading the checkpoint themselves: bounded by its death, or by
   // --worker-timeout when it went silent.
-  const bool broadcast_member = w.in_broadcast;
   if (w.in_broadcast) leave_broadcast(w);
   // Every worker reported an error and exited before any was ever ready: the configuration
   // cannot start (a model that does not load, a cache that does not fit), and restarting will
-  // not change that. Not so a failed broadcast: the restart reads the checkpoint instead.
-  if (!w.ever_ready && !w.fatal.empty() && !broadcast_member) w.failed_at_start = true;
+  // not change that. Not so a process of the broadcast: its restart reads the checkpoint instead.
+  if (!w.ever_ready && !w.fatal.empty() && !w.broadcast_start) w.failed_at_start = true;
   const bool none_started = std::all_of(workers_.begin(), workers_.end(), [](const auto& x) {
     return !x->ever_ready && x->failed_at_start;
   });
@@ -579,14 +582,18 @@ void WorkerPool::on_exit(Worker& w, uint64_t gen) {
                  std::chrono::duration_cast<std::chrono::milliseconds>(*w.sup.deadline() - Clock::now()).count());
 }
 
+// The broadcast is over for good: nobody joins it any more (a later first start, after a spawn
+// that failed, reads the checkpoint), and every process still in it is stopped through its
+// supervisor (a Ready it had sent is then ignored) and restarts reading the checkpoint.
 void WorkerPool::leave_broadcast(Worker& gone) {
   gone.in_broadcast = false;
+  nccl_id_.clear();
   for (auto& x : workers_) {
     if (!x->in_broadcast) continue;
     x->in_broadcast = false;
-    spdlog::warn("worker {}: stopped: worker {} left the NCCL weight broadcast before it was ready; both restart "
-                 "reading the checkpoint themselves", x->index, gone.index);
-    if (x->proc) x->proc->kill();
+    const std::string why = "worker " + std::to_string(gone.index) + " left the NCCL weight broadcast";
+    spdlog::warn("worker {}: stopped: {}; it restarts reading the checkpoint itself", x->index, why);
+    apply(*x, x->sup.abort(Clock::now(), why));
   }
 }
 

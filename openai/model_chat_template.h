@@ -1,4 +1,4 @@
-// A model's own chat template, rendered by the Jinja interpreter (openai/jinja.h) with the
+// A model's own chat template, rendered by the Jinja interpreter (jinja/jinja.h) with the
 // variables transformers' apply_chat_template passes: messages (OpenAI's, tool calls with their
 // arguments as objects), tools (none without), documents (none), add_generation_prompt, the
 // tokenizer's special tokens (bos_token, eos_token, unk_token, pad_token) and the request's
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "openai/chat_template.h"
-#include "openai/jinja.h"
+#include "jinja/jinja.h"
 
 namespace kvpr {
 

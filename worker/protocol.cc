@@ -228,6 +228,8 @@ json::Value encode_stats(const WorkerStats& s) {
                       {"step_ms_max", s.step_ms_max}};
 }
 
+json::Value encode_loaded() { return json::Object{{"type", "loaded"}}; }
+
 json::Value encode_heartbeat(int64_t step_ms) { return json::Object{{"type", "heartbeat"}, {"step_ms", step_ms}}; }
 
 WorkerMessage decode_worker_message(const json::Value& frame) {
@@ -237,6 +239,8 @@ WorkerMessage decode_worker_message(const json::Value& frame) {
   if (type == "step" || type == "error") {
     m.type = T::Events;
     m.events = decode_events(frame);
+  } else if (type == "loaded") {
+    m.type = T::Loaded;
   } else if (type == "heartbeat") {
     m.type = T::Heartbeat;
     m.step_ms = member(frame, "step_ms").as_int();

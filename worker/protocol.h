@@ -77,7 +77,7 @@ struct WorkerStats {
 // A worker -> controller frame, decoded (kvprd's reader thread decodes each as it arrives: a
 // frame that is not one of these ends the worker).
 struct WorkerMessage {
-  enum class Type { Ready, Fatal, Events, Stats, Heartbeat } type = Type::Heartbeat;
+  enum class Type { Loaded, Ready, Fatal, Events, Stats, Heartbeat } type = Type::Heartbeat;
   ReadyMessage ready;
   std::string fatal;                  // could not start: why
   std::vector<RequestEvent> events;   // a "step", or an "error" as one event
@@ -85,6 +85,7 @@ struct WorkerMessage {
   int64_t step_ms = 0;                // heartbeat: how long the current step has run (0 between steps)
 };
 
+json::Value encode_loaded();  // the weights are on the device (the NCCL broadcast, if any, is over)
 json::Value encode_ready(const ReadyMessage& m);
 json::Value encode_fatal(const std::string& message);
 json::Value encode_stats(const WorkerStats& s);

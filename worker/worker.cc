@@ -81,6 +81,7 @@ class WorkerLoop {
     if (!engine_.kv_mode_given && !backend_->device_is_host() && !engine_.generator.cuda_graphs)
       engine_.generator.kv.mode = KvMode::Auto;
     load_weights();
+    ch_.send(encode_loaded());
     tok_ = std::make_unique<Tokenizer>(Tokenizer::load(opts_.model_dir));
     gen_ = std::make_unique<Generator>(*model_, *tok_, generator_options());
     report_kv_store_nodes();

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/base/option_value.h"
 #include "engine/decode/generator.h"
 
 namespace kvpr {
@@ -38,15 +39,6 @@ const EngineOption* find_engine_option(std::string_view name);  // nullptr when 
 
 // "--name", "value" for every option whose value is not its default (kvprd -> kvpr-worker).
 std::vector<std::string> engine_option_args(const EngineOptions& o);
-
-// The value parsers of option tables (this one and kvprd's): kvpr::Error naming the option.
-int64_t parse_option_integer(const char* name, const std::string& v, int64_t lo, int64_t hi);
-double parse_option_number(const char* name, const std::string& v);  // finite
-// One of two words: whether it is `second`.
-bool parse_option_either(const char* name, const std::string& v, const char* first, const char* second);
-// A size in bytes ("40GiB", "512MiB", "1.5TiB", "2e9"; K, M, G, T are binary too), or a fraction
-// of some memory: a plain number in (0, 1]. Returns bytes (> 1) or the fraction (<= 1).
-double parse_option_size(const char* name, const std::string& v);
 
 // The checks across options (split needs kvpr, CUDA graphs need resident KV and device weights,
 // the ranges): kvpr::Error with one line naming the options, as the user spells them.

@@ -54,17 +54,6 @@ void adjust_logits(float* logits, int32_t valid, const SamplingParams& p, const 
     if (id < valid) logits[id] += b;
 }
 
-RowStats row_argmax_lse(const float* logits, int32_t valid) {
-  KVPR_CHECK(valid > 0, "no valid token ids to sample from");
-  float mx = -std::numeric_limits<float>::infinity();
-  int32_t arg = 0;
-  for (int32_t i = 0; i < valid; ++i)
-    if (logits[i] > mx) mx = logits[i], arg = i;
-  double sum = 0;
-  for (int32_t i = 0; i < valid; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
-  return {arg, mx, mx + std::log(sum)};
-}
-
 std::vector<TokenLogprob> top_logprobs(const float* logits, int32_t valid, int n, double lse,
                                        std::vector<std::pair<float, int32_t>>& scratch) {
   const size_t k = std::min<size_t>(static_cast<size_t>(std::max(n, 0)), static_cast<size_t>(std::max(valid, 0)));

@@ -6,6 +6,9 @@
 #include <optional>
 #include <vector>
 
+#include "engine/backend/argmax_lse.h"
+#include "engine/base/rng.h"
+
 namespace kvpr {
 
 // repetition_penalty's range: wide enough for any use, narrow enough that a logit divided or
@@ -40,32 +43,6 @@ void validate(const SamplingParams& p);
 // tokens and its bias.
 void adjust_logits(float* logits, int32_t valid, const SamplingParams& p, const std::vector<int32_t>& prompt,
                    const std::vector<int32_t>& generated);
-
-// SplitMix64: small, fast, and fully specified, unlike std:: distributions.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-
- private:
-  uint64_t s_;
-};
-
-// The greedy choice of a logits row and the row's log-sum-exp: `token` is the first id of
-// the largest logit among ids [0, valid); `lse` = log sum_i exp(logits[i]) over the same ids
-// (accumulated in double). The backends' argmax_lse op computes the same per row on device.
-struct RowStats {
-  int32_t token;
-  float max;
-  double lse;
-};
-RowStats row_argmax_lse(const float* logits, int32_t valid);
 
 // The n most likely ids among [0, valid) (descending logit, ties to the lower id) with their
 // log-probabilities logits[id] - lse. `scratch` is reused between calls.

@@ -34,7 +34,7 @@
 #include "engine/kv/host_kv_store.h"
 #include "engine/kv/split_scheduler.h"
 #include "engine/base/thread_pool.h"
-#include "engine/model/weight_stream.h"
+#include "engine/kv/weight_stream.h"
 
 namespace kvpr {
 

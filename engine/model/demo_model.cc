@@ -6,7 +6,7 @@
 
 #include "engine/model/checkpoint.h"
 #include "engine/base/error.h"
-#include "engine/decode/sampling.h"
+#include "engine/base/rng.h"
 #include "engine/model/opt_model.h"
 
 #ifndef KVPR_SOURCE_DIR

@@ -164,6 +164,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   std::vector<Tensor> received;  // every checkpoint tensor, in load order (for the broadcast)
   std::vector<Tensor> loaded;    // every weight, in load order (for the digest)
   size_t to_receive = 0;         // a receiver's checkpoint bytes that come over the broadcast
+  size_t read_here = 0;          // ... and those it reads itself (streamed layers)
   const bool receiver = opts.broadcast && opts.broadcast->rank() != 0;
   assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole role) -> Tensor {
     const std::string key = key_of(name);
@@ -198,7 +199,8 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
       backend_.copy(dst, tmp, Stream::H2D, "weights");
     }
     done += r->nbytes();
-    if (opts.progress && (!receiver || host)) opts.progress(done, total);
+    if (receiver && host) read_here += r->nbytes();
+    if (opts.progress && (!receiver || host)) opts.progress(receiver ? read_here : done, total);
     parameter_count_ += dst.numel();
     weight_bytes_ += dst.nbytes();
     return dst;
@@ -258,7 +260,7 @@ uint64_t digest_of(Backend& backend, const std::vector<Tensor>& tensors) {
       mix(w);
     }
     uint64_t tail = 0;
-    std::memcpy(&tail, p + i, n - i);
+    if (n > i) std::memcpy(&tail, p + i, n - i);
     mix(tail);
   }
   return h;

@@ -14,8 +14,8 @@
 #include "engine/backend/backend.h"
 #include "engine/kv/kv_runtime.h"
 #include "engine/model/model_spec.h"
-#include "engine/model/weight_broadcast.h"
-#include "engine/model/weight_stream.h"
+#include "engine/backend/weight_broadcast.h"
+#include "engine/kv/weight_stream.h"
 
 namespace kvpr {
 

@@ -162,11 +162,12 @@ def health_and_metrics(d):
           "stand-in), worker 1 received them",
           [w["placement"].get("weights_from") for w in ws] == ["disk, broadcast with NCCL", "NCCL broadcast"], h)
     # What each read of the checkpoint, counted by the kernel (the Rss of its mapping): worker 0
-    # every tensor; worker 1 the header only, with the kernel's 64 KiB fault-around of cached pages.
+    # every tensor; worker 1 the header only, with what the kernel maps around a fault of pages
+    # already cached (64 KiB, or one 2 MiB folio on file systems with large folios).
     header_end, tensor_bytes = checkpoint_sizes()
     read = [w["placement"].get("checkpoint_bytes_read", -1) for w in ws]
     check("worker 0 read every tensor of the checkpoint; worker 1, which received them, read none (its header only)",
-          read[0] >= tensor_bytes and 0 < read[1] <= (header_end + 65535) // 65536 * 65536 + 65536 < tensor_bytes // 10,
+          read[0] >= tensor_bytes and 0 < read[1] <= header_end + (2 << 20) and read[1] < tensor_bytes // 4,
           (read, header_end, tensor_bytes))
     check("--verify-weights: both GPUs' weights bit-equal to a direct load of the checkpoint (digests read back from "
           "the devices)", [w["placement"].get("weights_digest") for w in ws] == [DIRECT] * 2, (DIRECT, h))
@@ -302,7 +303,7 @@ def broadcast_failures():
     slow = {"KVPR_EMULATED_LINK_GBPS": "0.01"}
     for name, victim, sig in (("kill -9 of the receiving worker", 1, signal.SIGKILL),
                               ("SIGSTOP of the sending worker", 0, signal.SIGSTOP)):
-        d = gpu_daemon("--kv-mode", "resident", "--worker-timeout", "3", "--verify-weights", "on", env=slow,
+        d = gpu_daemon("--kv-mode", "resident", "--worker-timeout", "5", "--verify-weights", "on", env=slow,
                        wait_ready=False)
         pids = []
         try:
@@ -320,8 +321,10 @@ def broadcast_failures():
             while time.time() < t0 + 60 and not pid_gone(other):
                 time.sleep(0.05)
             took = time.time() - t0
-            check(f"{name} mid-broadcast: the other worker's broadcast ends within --worker-timeout (3 s), no hang",
-                  mid and pid_gone(other) and took <= 3 + 2, (mid, took, open(log_path).read()[-1500:]))
+            # (--worker-timeout, plus up to a heartbeat's second and a liveness check's half, plus
+            # two processes' teardown on a loaded machine)
+            check(f"{name} mid-broadcast: the other worker's broadcast ends within --worker-timeout (5 s), no hang",
+                  mid and pid_gone(other) and took <= 5 + 7, (mid, took, open(log_path).read()[-1500:]))
             deadline, back = time.time() + 120, False
             while time.time() < deadline and not back:
                 st, h = d.get("/health")

@@ -103,7 +103,7 @@ struct World {
   // One random thing the world does to the worker.
   void fault() {
     if (!proc.live) return;
-    switch (std::uniform_int_distribution<int>(0, 6)(rng)) {
+    switch (std::uniform_int_distribution<int>(0, 7)(rng)) {
       case 0: apply(sup.ready(now)); break;
       case 1:  // it crashes: the channel ends, the process is gone a moment later
         if (!proc.closed) {
@@ -120,6 +120,7 @@ struct World {
         }
         break;
       case 3: apply(sup.unresponsive(now, "sent no heartbeat for 10 s")); break;
+      case 5: apply(sup.abort(now, "worker 1 left the NCCL weight broadcast")); break;
       case 4:
         if (!proc.closed) {
           proc.closed = true;

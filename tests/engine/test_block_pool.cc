@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "engine/decode/sampling.h"
+#include "engine/base/rng.h"
 #include "engine/kv/block_pool.h"
 
 using namespace kvpr;

@@ -11,7 +11,7 @@
 #include "engine/model/demo_model.h"
 #include "engine/base/error.h"
 #include "engine/base/json.h"
-#include "engine/decode/sampling.h"
+#include "engine/base/rng.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/unicode.h"
 #include "engine/base/utf8.h"

@@ -14,7 +14,7 @@
 
 #include "engine/base/error.h"
 #include "engine/base/json.h"
-#include "engine/decode/sampling.h"
+#include "engine/base/rng.h"
 #include "engine/model/demo_model.h"
 #include "engine/text/pattern.h"
 #include "engine/text/tokenizer.h"

@@ -1,4 +1,4 @@
-// The NCCL weight broadcast (engine/model/weight_broadcast.h) between two processes, as kvprd's
+// The NCCL weight broadcast (engine/backend/weight_broadcast.h) between two processes, as kvprd's
 // workers run it, on the emulated build's devices and NCCL stand-in
 // (engine/backend/emulated/nccl_emu.h): every rank ends with the bits of a direct load while
 // only rank 0 reads the tensors, and a rank that leaves mid-way makes the other's load fail with
@@ -18,7 +18,7 @@
 #include "engine/backend/backend.h"
 #include "engine/model/demo_model.h"
 #include "engine/model/model.h"
-#include "engine/model/weight_broadcast.h"
+#include "engine/backend/weight_broadcast.h"
 #include "tests/test_util.h"
 
 namespace kvpr {
@@ -125,11 +125,12 @@ TEST_F(WeightBroadcast, EveryRankHoldsTheBitsOfADirectLoadAndOnlyRankZeroReadsTh
   EXPECT_EQ(std::string(d0), direct);
   EXPECT_EQ(std::string(d1), direct);
   // Bytes of the checkpoint's mapping each process touched (the kernel's count): every tensor
-  // for rank 0, the header (with 64 KiB fault-around) for the receiver.
+  // for rank 0, the header for the receiver (with what the kernel maps around a fault of cached
+  // pages: 64 KiB, or one 2 MiB folio where the file system has large folios).
   const size_t file = std::filesystem::file_size(tmp_.file("model.safetensors"));
   EXPECT_GE(read0, file - 64 * 1024);
-  EXPECT_LE(read1, size_t{192} * 1024);
-  EXPECT_LT(read1, file / 20);
+  EXPECT_LE(read1, (size_t{2} << 20) + (size_t{64} << 10));
+  EXPECT_LT(read1, file / 4);
 }
 
 TEST_F(WeightBroadcast, AReceiverGoneMidBroadcastFailsTheSenderWithNcclsError) {

@@ -8,7 +8,7 @@ ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks, loop controls, it
 raise_exception and strftime_now; the messages, tools and documents it passes). Each case keeps
 its conversation (messages and tools, in `conversations`), its other variables, and the text, or
 the error jinja2 raised (`raised`: by the template's raise_exception): the reference kvpr's own interpreter
-(openai/jinja.h) is compared with byte for byte (tests/openai/test_jinja.cc). strftime_now is
+(jinja/jinja.h) is compared with byte for byte (tests/jinja/test_jinja.cc). strftime_now is
 fixed at 2026-01-15 10:30 so that the fixtures do not change with the day. Run offline:
     python3 tests/scripts/make_jinja_fixtures.py          (jinja2 3.1)
 """

@@ -15,7 +15,7 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cuda/kernels.h"
 #include "engine/base/json.h"
-#include "engine/decode/sampling.h"
+#include "engine/backend/argmax_lse.h"
 #include "tests/test_util.h"
 
 using namespace kvpr;

@@ -10,7 +10,7 @@
 #include "engine/backend/cpu/attention.h"
 #include "engine/backend/cpu/vec.h"
 #include "engine/base/error.h"
-#include "engine/decode/sampling.h"
+#include "engine/backend/argmax_lse.h"
 #include "engine/base/thread_pool.h"
 
 #ifdef KVPR_HAVE_OPENBLAS

@@ -3,7 +3,7 @@
 
 #include "engine/backend/cuda/cuda_check.h"
 #include "engine/base/error.h"
-#include "engine/model/weight_broadcast.h"
+#include "engine/backend/weight_broadcast.h"
 
 #define NCCL_CHECK(expr)                                                                              \
   do {                                                                                                \

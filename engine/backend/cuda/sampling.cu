@@ -1,5 +1,5 @@
 // Greedy selection on the device: per row of logits, the first id of the largest logit and
-// the row's log-sum-exp (engine/decode/sampling.h RowStats), so a greedy step moves 12 bytes per
+// the row's log-sum-exp (engine/backend/argmax_lse.h RowStats), so a greedy step moves 12 bytes per
 // row to the host instead of the vocabulary's logits, and the host does no exp over them.
 #include <cfloat>
 #include <climits>

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "engine/base/error.h"
-#include "engine/decode/engine_options.h"
+#include "engine/base/option_value.h"
 
 // The handle types the CUDA headers leave opaque.
 struct CUgraph_st {

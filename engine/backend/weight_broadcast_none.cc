@@ -1,6 +1,6 @@
 // Builds without NCCL: weights are always read from disk.
 #include "engine/base/error.h"
-#include "engine/model/weight_broadcast.h"
+#include "engine/backend/weight_broadcast.h"
 
 namespace kvpr {
 

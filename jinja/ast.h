@@ -1,4 +1,4 @@
-// What jinja.cc's parser makes of a template and jinja_eval.cc runs: expressions and statements,
+// What parser.cc makes of a template and renderer.cc runs: expressions and statements,
 // each with the line it came from (errors name it).
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "openai/jinja_value.h"
+#include "jinja/value.h"
 
 namespace kvpr::jinja {
 
@@ -76,9 +76,5 @@ struct Node {
   std::vector<std::pair<std::string, ExprPtr>> params;  // Macro, CallBlock: name and default (or null)
   std::vector<ExprPtr> filters;                          // SetBlock, FilterBlock: Filter exprs on a null a
 };
-
-// The filters and tests the interpreter has (a template naming another is refused at parse).
-bool known_filter(const std::string& name);
-bool known_test(const std::string& name);
 
 }  // namespace kvpr::jinja

@@ -1,4 +1,4 @@
-#include "engine/model/weight_stream.h"
+#include "engine/kv/weight_stream.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-// The Jinja interpreter (openai/jinja.h): 40 real chat templates (tests/data/chat-templates/
+// The Jinja interpreter (jinja/jinja.h): 40 real chat templates (tests/data/chat-templates/
 // jinja: models' own, copied by llama.cpp and vLLM, and the six of templates.json) rendered on
 // the conversation corpus give jinja2's text byte for byte, as transformers sets jinja2 up
 // (tests/scripts/make_jinja_fixtures.py), and fail where it failed; then the rules one by one:
@@ -9,7 +9,7 @@
 
 #include "engine/base/error.h"
 #include "engine/base/json.h"
-#include "openai/jinja.h"
+#include "jinja/jinja.h"
 #include "tests/test_util.h"
 
 using namespace kvpr;

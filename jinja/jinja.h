@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-#include "openai/jinja_value.h"
+#include "jinja/value.h"
 
 namespace kvpr::jinja {
 

@@ -1,4 +1,4 @@
-#include "openai/jinja_value.h"
+#include "jinja/value.h"
 
 #include <algorithm>
 #include <cmath>
