@@ -50,7 +50,7 @@
 #include "engine/constrain/json_schema.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/opt_model.h"
-#include "engine/kv/link_profile.h"
+#include "engine/kv/profiler.h"
 #include "engine/kv/split_scheduler.h"
 #include "engine/decode/sampling.h"
 #include "engine/base/thread_pool.h"

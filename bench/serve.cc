@@ -33,7 +33,7 @@
 #include "engine/constrain/json_schema.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/opt_model.h"
-#include "engine/kv/link_profile.h"
+#include "engine/kv/profiler.h"
 #include "engine/kv/split_scheduler.h"
 #include "engine/base/rng.h"
 #include "engine/base/thread_pool.h"

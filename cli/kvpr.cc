@@ -26,7 +26,7 @@
 #include "engine/base/npy.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/opt_model.h"
-#include "engine/kv/link_profile.h"
+#include "engine/kv/profiler.h"
 #include "engine/text/tokenizer.h"
 #ifdef KVPR_HAVE_HWLOC
 #include "numa/placement.h"

@@ -16,7 +16,7 @@
 
 #include "daemon/metrics.h"
 #include "engine/base/json.h"
-#include "openai/protocol.h"
+#include "openai/request.h"
 
 namespace kvpr {
 

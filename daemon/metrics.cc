@@ -26,9 +26,11 @@ void Histogram::render(std::string& out, const std::string& name, const std::str
   out += name + "_sum " + buf + "\n" + name + "_count " + std::to_string(count_) + "\n";
 }
 
-std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerStatus>& workers, int64_t http_in_flight,
-                              int64_t connections) {
-  std::string out;
+namespace {
+
+// The daemon's requests: in flight, tokens, prefix cache, finish reasons, HTTP codes, latencies.
+void render_requests(std::string& out, const DaemonMetrics& m, const std::vector<WorkerStatus>& workers,
+                     int64_t http_in_flight) {
   auto gauge = [&](const std::string& name, const std::string& help, double v, const std::string& labels = "") {
     out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + labels + " " + std::to_string(v) + "\n";
   };
@@ -59,7 +61,10 @@ std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerSt
   m.ttft.render(out, "kvpr_time_to_first_token_seconds", "Time to first token.");
   m.itl.render(out, "kvpr_inter_token_latency_seconds", "Time between tokens of a sequence.");
   m.e2e.render(out, "kvpr_e2e_request_latency_seconds", "End-to-end request latency.");
-  // Each worker's device, KV mode and NUMA node, as labels of a constant 1 (Prometheus' info pattern).
+}
+
+// Each worker's device, KV mode and NUMA node, as labels of a constant 1 (Prometheus' info pattern).
+void render_worker_info(std::string& out, const std::vector<WorkerStatus>& workers) {
   auto label = [](const std::string& v) {
     std::string e;
     for (char c : v) e += c == '"' ? std::string("\\\"") : c == '\\' ? std::string("\\\\") : c == '\n' ? std::string("\\n") : std::string(1, c);
@@ -74,6 +79,10 @@ std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerSt
            "\",kv_mode=\"" + label(w.info.kv_mode) + "\",numa_node=\"" +
            (node && node->is_int() ? std::to_string(node->as_int()) : std::string("none")) + "\"} 1\n";
   }
+}
+
+// Each worker's last stats message, a gauge per field.
+void render_worker_stats(std::string& out, const std::vector<WorkerStatus>& workers) {
   auto per_worker = [&](const char* name, const char* help, auto field) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
     for (const auto& w : workers)
@@ -110,6 +119,10 @@ std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerSt
              &WorkerStats::prefix_query_tokens);
   per_worker("kvpr_worker_prefix_hit_tokens", "Of them, tokens whose K/V were found in cached blocks.",
              &WorkerStats::prefix_hit_tokens);
+}
+
+// Each worker's state, restarts and unresponsive kills, and the open connections.
+void render_lifecycle(std::string& out, const std::vector<WorkerStatus>& workers, int64_t connections) {
   out += "# HELP kvpr_worker_up Worker ready (1) or not (0).\n# TYPE kvpr_worker_up gauge\n";
   for (const auto& w : workers)
     out += "kvpr_worker_up{worker=\"" + std::to_string(w.index) + "\"} " + (w.state == "ready" ? "1" : "0") + "\n";
@@ -123,7 +136,17 @@ std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerSt
            "\n";
   out += "# HELP kvpr_http_connections Open HTTP connections.\n# TYPE kvpr_http_connections gauge\n"
          "kvpr_http_connections " + std::to_string(connections) + "\n";
-  return out;
 }
 
+}  // namespace
+
+std::string render_prometheus(const DaemonMetrics& m, const std::vector<WorkerStatus>& workers, int64_t http_in_flight,
+                              int64_t connections) {
+  std::string out;
+  render_requests(out, m, workers, http_in_flight);
+  render_worker_info(out, workers);
+  render_worker_stats(out, workers);
+  render_lifecycle(out, workers, connections);
+  return out;
+}
 }  // namespace kvpr

@@ -164,25 +164,6 @@ void Routes::metrics(Exchange& ex) {
              "text/plain; version=0.0.4; charset=utf-8");
 }
 
-std::string Routes::new_id(const char* prefix) {
-  static const char* hex = "0123456789abcdef";
-  std::string s = prefix;
-  const uint64_t a = rng_(), b = rng_();
-  for (int i = 0; i < 16; ++i) s += hex[(a >> (4 * i)) & 15];
-  for (int i = 0; i < 8; ++i) s += hex[(b >> (4 * i)) & 15];
-  return s;
-}
-
-// A new call's id: chatcmpl-tool-<hex>, or, for Mistral's template, which takes only ids of 9
-// letters and digits, 9 of them (as vLLM makes them).
-std::string Routes::new_tool_call_id() {
-  if (served_.chat_template != "mistral-nemo") return new_id("chatcmpl-tool-");
-  static const char* an = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  std::string id;
-  for (int i = 0; i < 9; ++i) id += an[rng_() % 62];
-  return id;
-}
-
 void Routes::generate(const std::shared_ptr<Exchange>& ex, bool chat) {
   const auto t0 = Clock::now();  // TTFT and end-to-end time count the parsing and tokenizing too
   if (draining_) throw ApiError{503, "the server is shutting down", "service_unavailable", ""};
@@ -205,7 +186,7 @@ void Routes::generate(const std::shared_ptr<Exchange>& ex, bool chat) {
   g->t0 = t0;
   for (int64_t j = 0; j < n; ++j) g->requests.push_back(engine_request(req, tok_, j));  // (may still refuse it)
   g->ex = ex;
-  g->r = start_response(req, prompts, new_id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), served_.name);
+  g->r = start_response(req, prompts, ids_.id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), served_.name);
   g->streaming = req.sampling.stream;
   g->remaining = static_cast<int64_t>(g->r.choices.size());
   live_.insert(g);
@@ -279,7 +260,7 @@ void Routes::on_event(const std::shared_ptr<Generation>& g, size_t i, const Engi
   }
   if (!g->answering || g->ex->gone()) return;  // the client went away: nothing more to send
   try {
-    const ResponseContext ctx{tok_, served_.reasoning, [this] { return new_tool_call_id(); }};
+    const ResponseContext ctx{tok_, served_.reasoning, ids_, served_.chat_template == "mistral-nemo"};
     if (g->streaming)
       for (const json::Value& chunk : stream_chunks(g->r, i, ev, ctx)) g->ex->send_event(chunk.dump());
     if (g->remaining == 0) {
@@ -331,7 +312,7 @@ void Routes::complete(Generation& g) {
   if (!g.r.error.empty())
     return respond_error(*g.ex, g.r.refused ? ApiError{400, g.r.error, "invalid_request_error", ""}
                                             : ApiError{500, g.r.error, "server_error", ""});
-  const ResponseContext ctx{tok_, served_.reasoning, [this] { return new_tool_call_id(); }};
+  const ResponseContext ctx{tok_, served_.reasoning, ids_, served_.chat_template == "mistral-nemo"};
   respond_json(*g.ex, 200, response_json(g.r, ctx));
 }
 

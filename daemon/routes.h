@@ -1,12 +1,11 @@
 // kvprd's routes: the OpenAI API (and /health, /metrics, /tokenize, /detokenize) on the worker
-// pool. A generation is parse (openai/protocol) -> prompts -> one engine request per choice on
+// pool. A generation is parse (openai/request) -> prompts -> one engine request per choice on
 // the pool -> each event into the response state (openai/response) -> the stream's chunks or,
 // at the end, the whole response. Runs on the io_context's thread, as the pool's callbacks do.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <random>
 #include <string>
 #include <unordered_set>
 
@@ -15,7 +14,8 @@
 #include "daemon/metrics.h"
 #include "daemon/worker_pool.h"
 #include "engine/text/tokenizer.h"
-#include "openai/protocol.h"
+#include "openai/ids.h"
+#include "openai/request.h"
 
 namespace kvpr {
 
@@ -49,8 +49,6 @@ class Routes : public std::enable_shared_from_this<Routes> {
   void fail_answer(const std::shared_ptr<Generation>& g, const std::string& why);
   void end_with_error(Generation& g, const ApiError& e);
   void count_event(Generation& g, const EngineEvent& ev);
-  std::string new_id(const char* prefix);
-  std::string new_tool_call_id();
 
   DaemonConfig cfg_;
   WorkerPool& pool_;
@@ -62,7 +60,7 @@ class Routes : public std::enable_shared_from_this<Routes> {
   int64_t created_unix_ = 0;
   int64_t engine_in_flight_ = 0;  // engine requests (choices) not finished
   uint64_t next_engine_id_ = 1;
-  std::mt19937_64 rng_{std::random_device{}()};
+  IdMaker ids_;
   std::unordered_set<std::shared_ptr<Generation>> live_;  // not answered yet (abandoned at the drain timeout)
 };
 

@@ -9,7 +9,7 @@
 #include "daemon/config.h"
 #include "daemon/worker_pool.h"
 #include "engine/text/tokenizer.h"
-#include "openai/protocol.h"
+#include "openai/request.h"
 
 namespace kvpr {
 

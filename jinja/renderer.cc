@@ -480,18 +480,7 @@ class Renderer final : public RenderContext {
       const Value* seq = a.is_string() || a.is_list() ? &a : b.is_string() || b.is_list() ? &b : nullptr;
       const Value* times = seq == &a ? &b : &a;
       if (!seq || !times->is_number() || times->kind() == Value::Kind::Float) return type_error();
-      const int64_t n = std::max<int64_t>(0, times->as_int());
-      const size_t unit = seq->is_string() ? seq->as_string().size() : seq->as_list().size();
-      const size_t cap = seq->is_string() ? limits_.max_output : kMaxItems;
-      if (unit > 0 && static_cast<uint64_t>(n) > cap / unit) fail(line, "a repetition past the output budget");
-      if (seq->is_string()) {
-        std::string s;
-        for (int64_t i = 0; i < n; ++i) s += seq->as_string();
-        return Value(std::move(s));
-      }
-      List l;
-      for (int64_t i = 0; i < n; ++i) l.insert(l.end(), seq->as_list().begin(), seq->as_list().end());
-      return Value(std::move(l));
+      return repeat(*seq, std::max<int64_t>(0, times->as_int()), line);
     }
     if (op == "%" && a.is_string()) {
       try {
@@ -515,19 +504,36 @@ class Renderer final : public RenderContext {
       return op == "//" ? Value(floor_div(a.as_int(), b.as_int())) : Value(floor_mod(a.as_int(), b.as_int()));
     }
     if (op == "**") {
-      if (!floats && b.as_int() >= 0) {
-        int64_t p = 1;
-        const int64_t base = a.as_int();
-        for (int64_t i = 0; i < b.as_int(); ++i) {
-          if (__builtin_mul_overflow(p, base, &p)) fail(line, "integer overflow in **");
-          if (p == 0 || p == 1) break;  // 0 and 1 stay; -1 alternates below
-          if (p == -1) return Value((b.as_int() - i - 1) % 2 == 0 ? int64_t{-1} : int64_t{1});
-        }
-        return Value(p);
-      }
-      return Value(std::pow(a.as_double(), b.as_double()));
+      if (floats || b.as_int() < 0) return Value(std::pow(a.as_double(), b.as_double()));
+      return power(a.as_int(), b.as_int(), line);
     }
     fail(line, "unknown operator " + op);
+  }
+
+  // A string or list `n` times over, within the output budget (strings) or kMaxItems (lists).
+  Value repeat(const Value& seq, int64_t n, int line) const {
+    const size_t unit = seq.is_string() ? seq.as_string().size() : seq.as_list().size();
+    const size_t cap = seq.is_string() ? limits_.max_output : kMaxItems;
+    if (unit > 0 && static_cast<uint64_t>(n) > cap / unit) fail(line, "a repetition past the output budget");
+    if (seq.is_string()) {
+      std::string s;
+      for (int64_t i = 0; i < n; ++i) s += seq.as_string();
+      return Value(std::move(s));
+    }
+    List l;
+    for (int64_t i = 0; i < n; ++i) l.insert(l.end(), seq.as_list().begin(), seq.as_list().end());
+    return Value(std::move(l));
+  }
+
+  // base ** exp for exp >= 0 in 64-bit integers (an overflow is an error, as Python's would grow).
+  static Value power(int64_t base, int64_t exp, int line) {
+    int64_t p = 1;
+    for (int64_t i = 0; i < exp; ++i) {
+      if (__builtin_mul_overflow(p, base, &p)) fail(line, "integer overflow in **");
+      if (p == 0 || p == 1) break;  // 0 and 1 stay; -1 alternates below
+      if (p == -1) return Value((exp - i - 1) % 2 == 0 ? int64_t{-1} : int64_t{1});
+    }
+    return Value(p);
   }
 
   Value slice(const Value& v, const Value& start, const Value& stop, const Value& step_v, int line) {

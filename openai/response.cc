@@ -53,7 +53,7 @@ json::Array tool_calls_json(const ResponseState& r, const std::vector<ToolCallTe
   for (size_t k = 0; k < calls.size() && (r.tools.parallel || k == 0); ++k) {
     json::Object call;
     if (indexed) call.emplace_back("index", static_cast<int64_t>(k));
-    call.emplace_back("id", ctx.new_tool_call_id());
+    call.emplace_back("id", ctx.ids.tool_call_id(ctx.nine_alnum_tool_call_ids));
     call.emplace_back("type", "function");
     call.emplace_back("function", json::Object{{"name", calls[k].name}, {"arguments", calls[k].arguments}});
     out.push_back(std::move(call));
@@ -360,7 +360,7 @@ class ChunkWriter {
     json::Object function{{"arguments", content}};
     json::Object call{{"index", 0}};
     if (!c_.tool_call_sent) {
-      call.emplace_back("id", ctx_.new_tool_call_id());
+      call.emplace_back("id", ctx_.ids.tool_call_id(ctx_.nine_alnum_tool_call_ids));
       call.emplace_back("type", "function");
       function.insert(function.begin(), json::Object::value_type("name", r_.tools.named));
       c_.tool_call_sent = true;

@@ -14,7 +14,8 @@
 
 #include "engine/base/json.h"
 #include "engine/text/tokenizer.h"
-#include "openai/protocol.h"
+#include "openai/ids.h"
+#include "openai/request.h"
 #include "openai/reasoning.h"
 #include "openai/tool_calls.h"
 #include "worker/protocol.h"
@@ -63,11 +64,13 @@ ResponseState start_response(const GenerateRequest& req, const Prompts& prompts,
                              std::string model);
 
 // What building a response needs beyond the state: token texts, whether <think> text is
-// split off, and fresh tool-call ids.
+// split off, and fresh tool-call ids (9 letters and digits for the chat templates that take
+// only those: Mistral-Nemo's).
 struct ResponseContext {
   const Tokenizer& tok;
   bool reasoning = false;
-  std::function<std::string()> new_tool_call_id;
+  IdMaker& ids;
+  bool nine_alnum_tool_call_ids = false;
 };
 
 // Adds an event to choice i. Returns whether it ended the choice (the last event, or an error).

@@ -10,7 +10,7 @@
 
 #include "engine/base/error.h"
 #include "engine/model/model.h"
-#include "engine/kv/link_profile.h"
+#include "engine/kv/profiler.h"
 #include "engine/text/tokenizer.h"
 #include "worker/protocol.h"
 #ifdef KVPR_HAVE_HWLOC

@@ -68,83 +68,103 @@ int32_t DeviceBlockCache::take(int32_t host) {
   return d;
 }
 
+namespace {
+int32_t host_block(const DeviceBlockCache::Seq& s, int64_t j) { return s.table[static_cast<size_t>(j)]; }
+}  // namespace
+
+int64_t DeviceBlockCache::blocks_for(int64_t tokens) const { return (tokens + block_tokens_ - 1) / block_tokens_; }
+
 void DeviceBlockCache::plan(std::span<const Seq> seqs, std::vector<Placement>* out, std::vector<Promotion>* promotions) {
-  const int64_t B = block_tokens_;
   out->assign(seqs.size(), Placement{});
   promotions->clear();
-  auto nblocks = [&](int64_t tokens) { return (tokens + B - 1) / B; };
-  auto host = [&](const Seq& s, int64_t j) { return s.table[static_cast<size_t>(j)]; };
+  count_refs(seqs);
+  std::vector<int64_t> tail(seqs.size());  // each sequence's first resident block
+  for (size_t i = 0; i < seqs.size(); ++i) tail[i] = place(seqs[i], &(*out)[i]);
+  promote_heads(seqs, tail, promotions);
+  for (const Seq& s : seqs)
+    for (int64_t j = 0; j < blocks_for(s.past + s.q_len); ++j) refs_[static_cast<size_t>(host_block(s, j))] = 0;
+}
+
+// Every host block the step's sequences list, counted in refs_; their mirrors are used now.
+void DeviceBlockCache::count_refs(std::span<const Seq> seqs) {
   for (const Seq& s : seqs) {
     const int64_t n = s.past + s.q_len;
-    KVPR_CHECK(s.past >= 0 && s.q_len >= 0 && static_cast<int64_t>(s.table.size()) >= nblocks(n),
+    KVPR_CHECK(s.past >= 0 && s.q_len >= 0 && static_cast<int64_t>(s.table.size()) >= blocks_for(n),
                "device KV blocks: a sequence of ", n, " tokens has ", s.table.size(), " blocks");
-    for (int64_t j = 0; j < nblocks(n); ++j) {
-      const int32_t h = host(s, j);
+    for (int64_t j = 0; j < blocks_for(n); ++j) {
+      const int32_t h = host_block(s, j);
       KVPR_CHECK(h >= 0 && static_cast<size_t>(h) < dev_of_.size(), "device KV blocks: host block ", h, " out of range");
       ++refs_[static_cast<size_t>(h)];
       if (dev_of_[static_cast<size_t>(h)] >= 0) touch(dev_of_[static_cast<size_t>(h)]);
     }
   }
-  std::vector<int64_t> tail(seqs.size());  // each sequence's first resident block
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const Seq& s = seqs[i];
-    const int64_t n = s.past + s.q_len, nb = nblocks(n), first_new = nblocks(s.past);
-    // The resident run of blocks holding past rows.
-    int64_t s0 = first_new;
-    while (s0 > 0) {
-      const int32_t d = dev_of_[static_cast<size_t>(host(s, s0 - 1))];
-      if (d < 0 || valid_[static_cast<size_t>(d)] < std::min(B, s.past - (s0 - 1) * B)) break;
-      --s0;
-    }
-    // Blocks this step starts, from the last: each needs a mirror.
-    int64_t start = nb;
-    bool all = true;
-    for (int64_t j = nb - 1; j >= first_new; --j) {
-      const int32_t h = host(s, j);
-      if (dev_of_[static_cast<size_t>(h)] < 0 && take(h) < 0) {
-        // The tail slides: its oldest block no other sequence of the step lists goes back to the
-        // host store's copy (shared blocks before it stay mirrored for the others).
-        int64_t k = s0;
-        while (k < first_new && refs_[static_cast<size_t>(host(s, k))] != 1) ++k;
-        if (k == first_new) {
-          all = false;
-          break;
-        }
-        const int32_t d = dev_of_[static_cast<size_t>(host(s, k))];
-        drop(d);
-        free_.push_back(d);
-        s0 = k + 1;
-        take(h);
+}
+
+// One sequence's resident tail: the run of mirrored blocks holding its past rows, and a mirror
+// for every block the step starts (the tail slides when none is free). Fills `p`; returns the
+// tail's first block.
+int64_t DeviceBlockCache::place(const Seq& s, Placement* p) {
+  const int64_t B = block_tokens_;
+  const int64_t n = s.past + s.q_len, nb = blocks_for(n), first_new = blocks_for(s.past);
+  // The resident run of blocks holding past rows.
+  int64_t s0 = first_new;
+  while (s0 > 0) {
+    const int32_t d = dev_of_[static_cast<size_t>(host_block(s, s0 - 1))];
+    if (d < 0 || valid_[static_cast<size_t>(d)] < std::min(B, s.past - (s0 - 1) * B)) break;
+    --s0;
+  }
+  // Blocks this step starts, from the last: each needs a mirror.
+  int64_t start = nb;
+  bool all = true;
+  for (int64_t j = nb - 1; j >= first_new; --j) {
+    const int32_t h = host_block(s, j);
+    if (dev_of_[static_cast<size_t>(h)] < 0 && take(h) < 0) {
+      // The tail slides: its oldest block no other sequence of the step lists goes back to the
+      // host store's copy (shared blocks before it stay mirrored for the others).
+      int64_t k = s0;
+      while (k < first_new && refs_[static_cast<size_t>(host_block(s, k))] != 1) ++k;
+      if (k == first_new) {
+        all = false;
+        break;
       }
-      start = j;
+      const int32_t d = dev_of_[static_cast<size_t>(host_block(s, k))];
+      drop(d);
+      free_.push_back(d);
+      s0 = k + 1;
+      take(h);
     }
-    if (all) start = std::min(start, s0);
-    tail[i] = start;
-    Placement& p = (*out)[i];
-    p.head = std::min(n, start * B);
-    p.table.assign(static_cast<size_t>(nb), -1);
-    for (int64_t j = 0; j < nb; ++j) {
-      const int32_t h = host(s, j), d = dev_of_[static_cast<size_t>(h)];
-      const int64_t rows_after = std::min(B, n - j * B);  // rows block j holds after the step
-      if (j >= start) {
-        p.table[static_cast<size_t>(j)] = d;
-        valid_[static_cast<size_t>(d)] = std::max(valid_[static_cast<size_t>(d)], rows_after);
-      } else if (d >= 0 && (j + 1) * B > s.past) {
-        // Written on the host alone: the mirror keeps the rows before the write.
-        valid_[static_cast<size_t>(d)] = std::min(valid_[static_cast<size_t>(d)], std::max<int64_t>(0, s.past - j * B));
-      }
-    }
-    // Its blocks before the tail are not read on the device this step: where no other sequence
-    // lists them, their mirrors go first to whoever needs a block.
-    for (int64_t j = 0; j < start; ++j) {
-      const int32_t h = host(s, j);
-      if (--refs_[static_cast<size_t>(h)] == 0 && dev_of_[static_cast<size_t>(h)] >= 0) demote(dev_of_[static_cast<size_t>(h)]);
+    start = j;
+  }
+  if (all) start = std::min(start, s0);
+  p->head = std::min(n, start * B);
+  p->table.assign(static_cast<size_t>(nb), -1);
+  for (int64_t j = 0; j < nb; ++j) {
+    const int32_t h = host_block(s, j), d = dev_of_[static_cast<size_t>(h)];
+    const int64_t rows_after = std::min(B, n - j * B);  // rows block j holds after the step
+    if (j >= start) {
+      p->table[static_cast<size_t>(j)] = d;
+      valid_[static_cast<size_t>(d)] = std::max(valid_[static_cast<size_t>(d)], rows_after);
+    } else if (d >= 0 && (j + 1) * B > s.past) {
+      // Written on the host alone: the mirror keeps the rows before the write.
+      valid_[static_cast<size_t>(d)] = std::min(valid_[static_cast<size_t>(d)], std::max<int64_t>(0, s.past - j * B));
     }
   }
-  // Device blocks to the staged blocks just before each tail, a block per sequence in turn: a
-  // mirror valid for the rows the block will hold joins as it is; a stale one of its own is
-  // refreshed in place; else a free block (then an unread mirror) is taken. Both are promoted
-  // from the rows the step stages, and protected from the rest of the step's takes.
+  // Its blocks before the tail are not read on the device this step: where no other sequence
+  // lists them, their mirrors go first to whoever needs a block.
+  for (int64_t j = 0; j < start; ++j) {
+    const int32_t h = host_block(s, j);
+    if (--refs_[static_cast<size_t>(h)] == 0 && dev_of_[static_cast<size_t>(h)] >= 0) demote(dev_of_[static_cast<size_t>(h)]);
+  }
+  return start;
+}
+
+// Device blocks to the staged blocks just before each tail, a block per sequence in turn: a
+// mirror valid for the rows the block will hold joins as it is; a stale one of its own is
+// refreshed in place; else a free block (then an unread mirror) is taken. Both are promoted
+// from the rows the step stages, and protected from the rest of the step's takes.
+void DeviceBlockCache::promote_heads(std::span<const Seq> seqs, std::vector<int64_t>& tail,
+                                     std::vector<Promotion>* promotions) {
+  const int64_t B = block_tokens_;
   bool full = false;
   for (bool more = true; more && !full;) {
     more = false;
@@ -152,7 +172,7 @@ void DeviceBlockCache::plan(std::span<const Seq> seqs, std::vector<Placement>* o
       const Seq& s = seqs[i];
       if (tail[i] == 0) continue;
       const int64_t j = tail[i] - 1, rows = std::min(B, s.past + s.q_len - j * B);
-      const int32_t h = host(s, j);
+      const int32_t h = host_block(s, j);
       int32_t d = dev_of_[static_cast<size_t>(h)];
       if (d >= 0 && valid_[static_cast<size_t>(d)] >= rows) {
         refs_[static_cast<size_t>(h)] = std::max<int64_t>(refs_[static_cast<size_t>(h)], 1);  // already there
@@ -178,8 +198,6 @@ void DeviceBlockCache::plan(std::span<const Seq> seqs, std::vector<Placement>* o
       more = true;
     }
   }
-  for (const Seq& s : seqs)
-    for (int64_t j = 0; j < nblocks(s.past + s.q_len); ++j) refs_[static_cast<size_t>(host(s, j))] = 0;
 }
 
 }  // namespace kvpr

@@ -65,6 +65,11 @@ class DeviceBlockCache {
   int64_t valid_rows(int32_t device) const { return valid_.at(static_cast<size_t>(device)); }
 
  private:
+  // plan()'s parts, in order.
+  void count_refs(std::span<const Seq> seqs);
+  int64_t place(const Seq& s, Placement* p);
+  void promote_heads(std::span<const Seq> seqs, std::vector<int64_t>& tail, std::vector<Promotion>* promotions);
+  int64_t blocks_for(int64_t tokens) const;
   int32_t take(int32_t host);  // a free or evictable device block for host, or -1
   void drop(int32_t device);
   void touch(int32_t device);   // most recently used

@@ -655,32 +655,46 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
   const int64_t u = unit(layer, group);
   const int b = static_cast<int>(u % 2);
   LayerTiming& t = timing_[u];
-  const Group& gr = groups_[group];
   // Rows of buffer b were last stored to the host two units ago; that must be done before
   // this unit writes them.
   if (buf_stored_[b].impl()) wait_compute(buf_stored_[b], t);
-  // Recompute K/V[0:l] from X[0:l] as soon as X has arrived, while KV[l:s'] is still copying.
+  recompute_head(layer, group, b, t);
+  const bool store_x = kv_mode_stores_x(opts_.mode) && host_->x_capacity() > 0;
+  join_new_rows(layer, group, b, k, v, t);
+  if (store_x) be_.convert(xnew_[b].rows(0, groups_[group].q_rows), x);
+  wait_compute(t.h2d_end, t);
+  attend_staged(layer, group, b, q, out, scale);
+  buf_free_[b] = be_.record(Stream::Compute);
+  store_new_rows(layer, group, b, store_x);
+}
+
+// Recomputes K/V[0:l] from X[0:l] as soon as X has arrived, while KV[l:s'] is still copying.
+void KvRuntime::recompute_head(int64_t layer, int64_t group, int b, LayerTiming& t) {
+  const Group& gr = groups_[group];
   const int var = variant(layer);
-  if (const int64_t rx = gr.x_rows[var]; rx > 0) {
-    wait_compute(t.x_ready, t);
-    t.recompute_start = be_.record(Stream::Compute);
-    // Stored X goes into the GEMM as it is; K/V come out in the store's dtype where the model
-    // projects them so (OPT, fp16: one GEMM with its bias, no fp32 pass), else in F32.
-    const int64_t w = shape_.kv_hidden();
-    Tensor kv = kv_recomputed_.rows(0, 2 * rx).reshape({2, rx, w});
-    Tensor pos;
-    if (projector_.needs_positions()) pos = xpos_.rows(gr.xpos_off[var], rx).reshape({rx});
-    be_.set_trace_label(unit_label(layer, group) + " recompute");
-    projector_.project_kv(layer, xbuf_[b].rows(0, rx), kv, pos);
-    be_.set_trace_label(unit_label(layer, group));
-    std::vector<RowSpan> spans;
-    for (const auto& s : this->seqs(group))
-      if (s.split[var] > 0) spans.push_back(RowSpan{s.x_off[var], s.ctx_off, s.split[var]});
-    be_.copy_rows(kbuf_[b], kv.rows(0, 1).reshape({rx, w}), spans);
-    be_.copy_rows(vbuf_[b], kv.rows(1, 1).reshape({rx, w}), spans);
-    t.recompute_end = be_.record(Stream::Compute);
-  }
-  // This step's new K/V join the buffer after the past ones, and auto's resident tails.
+  const int64_t rx = gr.x_rows[var];
+  if (rx <= 0) return;
+  wait_compute(t.x_ready, t);
+  t.recompute_start = be_.record(Stream::Compute);
+  // Stored X goes into the GEMM as it is; K/V come out in the store's dtype where the model
+  // projects them so (OPT, fp16: one GEMM with its bias, no fp32 pass), else in F32.
+  const int64_t w = shape_.kv_hidden();
+  Tensor kv = kv_recomputed_.rows(0, 2 * rx).reshape({2, rx, w});
+  Tensor pos;
+  if (projector_.needs_positions()) pos = xpos_.rows(gr.xpos_off[var], rx).reshape({rx});
+  be_.set_trace_label(unit_label(layer, group) + " recompute");
+  projector_.project_kv(layer, xbuf_[b].rows(0, rx), kv, pos);
+  be_.set_trace_label(unit_label(layer, group));
+  std::vector<RowSpan> spans;
+  for (const auto& s : this->seqs(group))
+    if (s.split[var] > 0) spans.push_back(RowSpan{s.x_off[var], s.ctx_off, s.split[var]});
+  be_.copy_rows(kbuf_[b], kv.rows(0, 1).reshape({rx, w}), spans);
+  be_.copy_rows(vbuf_[b], kv.rows(1, 1).reshape({rx, w}), spans);
+  t.recompute_end = be_.record(Stream::Compute);
+}
+
+// This step's new K/V join buffer b after the past ones, and auto's resident tails.
+void KvRuntime::join_new_rows(int64_t layer, int64_t group, int b, const Tensor& k, const Tensor& v, LayerTiming& t) {
   const int64_t B = layout_.block_tokens;
   std::vector<RowSpan> fresh, fresh_tier;
   for (const auto& s : this->seqs(group)) {
@@ -699,9 +713,12 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
     be_.copy_rows(dev_k_[layer], k, fresh_tier);
     be_.copy_rows(dev_v_[layer], v, fresh_tier);
   }
-  const bool store_x = kv_mode_stores_x(opts_.mode) && host_->x_capacity() > 0;
-  if (store_x) be_.convert(xnew_[b].rows(0, gr.q_rows), x);
-  wait_compute(t.h2d_end, t);
+}
+
+// Attention over buffer b's staged rows and the device tier's resident ones; then auto's
+// promotions: staged blocks the device tier took this step, from the rows staged for attention.
+void KvRuntime::attend_staged(int64_t layer, int64_t group, int b, const Tensor& q, const Tensor& out, float scale) {
+  const int64_t B = layout_.block_tokens;
   std::vector<AttentionSeq> seqs;
   for (const auto& s : this->seqs(group)) {
     const int64_t n = s.past + s.q_len;
@@ -715,22 +732,23 @@ void KvRuntime::attend_offloaded(int64_t layer, int64_t group, const Tensor& x, 
     seqs.push_back(std::move(a));
   }
   be_.attention(out, q, seqs, static_cast<int>(shape_.heads), scale);
-  // auto: staged blocks the device tier took this step, from the rows staged for attention.
-  if (cache_) {
-    std::vector<RowSpan> promoted;
-    for (const auto& pr : promotions_)
-      if (pr.seq >= gr.first && pr.seq < gr.last)
-        promoted.push_back(RowSpan{plan_[pr.seq].ctx_off + pr.index * B, int64_t{pr.device} * B, pr.rows});
-    if (!promoted.empty()) {
-      be_.copy_rows(dev_k_[layer], kbuf_[b], promoted);
-      be_.copy_rows(dev_v_[layer], vbuf_[b], promoted);
-    }
+  if (!cache_) return;
+  const Group& gr = groups_[group];
+  std::vector<RowSpan> promoted;
+  for (const auto& pr : promotions_)
+    if (pr.seq >= gr.first && pr.seq < gr.last)
+      promoted.push_back(RowSpan{plan_[pr.seq].ctx_off + pr.index * B, int64_t{pr.device} * B, pr.rows});
+  if (!promoted.empty()) {
+    be_.copy_rows(dev_k_[layer], kbuf_[b], promoted);
+    be_.copy_rows(dev_v_[layer], vbuf_[b], promoted);
   }
-  buf_free_[b] = be_.record(Stream::Compute);
+}
 
-  // Store the new K, V (and X below the cap) on the D2H stream.
+// Stores the step's new K, V (and X below the cap) to the host on the D2H stream, once buffer b
+// is free: one gathered store per tensor for the whole GPU batch.
+void KvRuntime::store_new_rows(int64_t layer, int64_t group, int b, bool store_x) {
   be_.wait(Stream::D2H, buf_free_[b]);
-  // One gathered store per tensor for the whole GPU batch.
+  const int64_t B = layout_.block_tokens;
   const int64_t es = static_cast<int64_t>(dtype_size(opts_.kv_dtype));
   RunSpans new_kv, new_x;
   std::vector<RowSpan> new_tier;  // auto: new rows from the device tier

@@ -237,9 +237,9 @@ class KvRuntime {
   void allocate_step();  // splits and buffers of a step that moves KV
   void prefetch(int64_t u);       // the copies of unit u = layer * groups() + group
   void prefetch_next(int64_t u);  // unit u + 1's copies, or after the last one the next step's weights
-  void issue_weights(int64_t layer);
+  void issue_weights(int64_t layer);  // all of a layer's weights, ahead of its first unit
   // "L<layer>" and ".<group>" with several GPU batches: the trace's name of a unit's work.
-  std::string unit_label(int64_t layer, int64_t group) const;  // all of a layer's weights, ahead of its first unit
+  std::string unit_label(int64_t layer, int64_t group) const;
   void wait_compute(const Event& e, LayerTiming& t);
   // Runs `wait` (which makes the compute stream wait) between two compute-stream events.
   template <typename F>
@@ -251,6 +251,11 @@ class KvRuntime {
                        const Tensor& out, float scale);
   void attend_offloaded(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, float scale);
+  // attend_offloaded's parts, on buffer b (unit u % 2) of GPU batch `group`:
+  void recompute_head(int64_t layer, int64_t group, int b, LayerTiming& t);
+  void join_new_rows(int64_t layer, int64_t group, int b, const Tensor& k, const Tensor& v, LayerTiming& t);
+  void attend_staged(int64_t layer, int64_t group, int b, const Tensor& q, const Tensor& out, float scale);
+  void store_new_rows(int64_t layer, int64_t group, int b, bool store_x);
   void attend_cpu(int64_t layer, int64_t group, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float scale);
 
   Backend& be_;

@@ -1,30 +1,30 @@
-// Measures what the split scheduler needs, on the backend's real memory at start-up:
-// pinned H2D bandwidth alone and with a D2H copy running at the same time (the condition
-// during decoding, when new K/V are stored back), D2H bandwidth, and the time to recompute
-// K/V at the recompute shapes across l (fitted as fixed + per-row cost).
+// A link profile: the link's bandwidths and the recompute GEMM's cost, as the profiler
+// (profiler.h) measured them on a device and the split scheduler (split_scheduler.h) reads them;
+// saved and loaded as JSON (kvpr profile --save, --profile FILE).
 #pragma once
 
 #include <cstdint>
-#include <vector>
+#include <string>
 
-#include "engine/backend/backend.h"
-#include "engine/kv/kv_runtime.h"
-#include "engine/kv/split_scheduler.h"
+#include "engine/base/json.h"
 
 namespace kvpr {
 
-struct ProfileOptions {
-  int64_t transfer_bytes = 64ll << 20;  // per timed copy
-  int reps = 5;                          // median of
-  std::vector<int64_t> rows = {16, 64, 256, 1024, 4096};
-  // The short profile a worker takes at start (16 MiB copies, 3 repeats, up to 1024 rows):
-  // kvpr-worker, `kvpr profile --quick` and the benchmarks that stand in for a worker.
-  static ProfileOptions quick() { return ProfileOptions{16ll << 20, 3, {16, 64, 256, 1024}}; }
-};
+// What the profiler measured, and what the runtime keeps updating.
+struct LinkProfile {
+  double h2d_gbps = 0;            // pinned H2D while D2H runs (the real condition)
+  double h2d_alone_gbps = 0;      // pinned H2D with the link otherwise idle
+  double d2h_gbps = 0;            // pinned D2H alone
+  double recompute_fixed_s = 0;   // c0: per-layer fixed cost of a recompute (launches, small GEMMs)
+  double recompute_per_row_s = 0; // c1: seconds per recomputed token (K and V of one layer)
+  json::Value gemm_points;        // measured [{rows, seconds}] at the recompute shape
+  std::string device;             // what it was measured on
+  int64_t hidden = 0;             // the shape it was measured for
 
-// `projector` and `layer` give the real K/V projection to time; x is fed in `dtype` as the
-// runtime stores it.
-LinkProfile profile_backend(Backend& be, KvProjector& projector, const KvShape& shape, DType dtype,
-                            const ProfileOptions& opts = {});
+  json::Value to_json() const;
+  static LinkProfile from_json(const json::Value& v);
+  void save(const std::string& path) const;
+  static LinkProfile load(const std::string& path);
+};
 
 }  // namespace kvpr

@@ -140,6 +140,47 @@ Tensor Model::upload_ids(const std::vector<ForwardChunk>& chunks, int64_t T, int
   return ids;
 }
 
+namespace {
+
+// dst (device or pinned memory) from a checkpoint tensor, converted on the host first when the
+// dtypes differ; queued on the H2D stream.
+void upload_weight(Backend& backend, const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype()) {
+    backend.copy(dst, src, Stream::H2D, "weights");
+    return;
+  }
+  Tensor tmp = Tensor::host(dst.dtype(), src.shape());
+  for (int64_t i = 0; i < src.numel(); ++i)
+    store_from_f32(tmp.data(), dst.dtype(), i, load_as_f32(src.data(), src.dtype(), i));
+  backend.copy(dst, tmp, Stream::H2D, "weights");
+}
+
+// Rank 0 sends `tensors`, the others receive them, in pieces of 1/64 of the model (1 MiB to
+// 256 MiB) each waited for: a receiver's progress (in its log) is what it has received, and a
+// failed peer is seen at the next piece. `progress` (a receiver's) counts from the `total` -
+// `to_receive` checkpoint bytes it read itself.
+void broadcast_weights(WeightBroadcaster& bc, const std::vector<Tensor>& tensors, size_t total, size_t to_receive,
+                       const std::function<void(size_t, size_t)>& progress) {
+  const size_t piece = std::clamp<size_t>(total / 64, size_t{1} << 20, size_t{256} << 20);
+  size_t sent = 0, moved = 0;
+  for (const auto& t : tensors) sent += t.nbytes();
+  for (const auto& t : tensors) {
+    const Tensor bytes = t.view_as(DType::U8, {static_cast<int64_t>(t.nbytes())});
+    for (size_t off = 0; off < t.nbytes(); off += piece) {
+      const size_t n = std::min(piece, t.nbytes() - off);
+      bc.broadcast(bytes.rows(static_cast<int64_t>(off), static_cast<int64_t>(n)));
+      bc.finish();
+      moved += n;
+      if (progress)
+        progress(total - to_receive + static_cast<size_t>(static_cast<double>(to_receive) * static_cast<double>(moved) /
+                                                          static_cast<double>(std::max<size_t>(sent, 1))),
+                 total);
+    }
+  }
+}
+
+}  // namespace
+
 void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions& opts,
                             const std::function<void(const CheckpointDir&)>& prepare,
                             const std::function<std::string(const std::string&)>& key_of) {
@@ -187,17 +228,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
       if (receiver) to_receive += r->nbytes();
     }
     if (opts.verify_weights) loaded.push_back(dst);
-    if (receiver && !host) {
-      // Filled by the broadcast from rank 0 below; only the header was read here.
-    } else if (dt == r->dtype) {
-      backend_.copy(dst, src, Stream::H2D, "weights");
-    } else {
-      // Convert on the host, then upload.
-      Tensor tmp = Tensor::host(dt, r->shape);
-      for (int64_t i = 0; i < src.numel(); ++i)
-        store_from_f32(tmp.data(), dt, i, load_as_f32(src.data(), src.dtype(), i));
-      backend_.copy(dst, tmp, Stream::H2D, "weights");
-    }
+    if (!receiver || host) upload_weight(backend_, dst, src);  // (a receiver's come over the broadcast below)
     done += r->nbytes();
     if (receiver && host) read_here += r->nbytes();
     if (opts.progress && (!receiver || host)) opts.progress(receiver ? read_here : done, total);
@@ -207,25 +238,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   });
   if (opts.broadcast) {
     backend_.synchronize();  // rank 0's uploads have landed
-    // In pieces of 1/64 of the model (1 MiB to 256 MiB), each waited for: a receiver's progress
-    // (in its log) is what it has received, and a failed peer is seen at the next piece.
-    const size_t piece = std::clamp<size_t>(total / 64, size_t{1} << 20, size_t{256} << 20);
-    size_t sent = 0, moved = 0;
-    for (const auto& t : received) sent += t.nbytes();
-    for (const auto& t : received) {
-      const Tensor bytes = t.view_as(DType::U8, {static_cast<int64_t>(t.nbytes())});
-      for (size_t off = 0; off < t.nbytes(); off += piece) {
-        const size_t n = std::min(piece, t.nbytes() - off);
-        opts.broadcast->broadcast(bytes.rows(static_cast<int64_t>(off), static_cast<int64_t>(n)));
-        opts.broadcast->finish();
-        moved += n;
-        if (opts.progress && receiver)
-          opts.progress(total - to_receive +
-                            static_cast<size_t>(static_cast<double>(to_receive) * static_cast<double>(moved) /
-                                                static_cast<double>(std::max<size_t>(sent, 1))),
-                        total);
-      }
-    }
+    broadcast_weights(*opts.broadcast, received, total, to_receive, receiver ? opts.progress : nullptr);
     received = {};  // its references would keep the parts stack_weights replaces on the device
     if (opts.progress) opts.progress(total, total);
   }

@@ -368,95 +368,122 @@ void PreTokenizer::add(const json::Value& v, const std::string& path, int depth)
   KVPR_CHECK(ty && ty->is_string(), path, ": a pre-tokenizer without a type");
   const std::string& type = ty->as_string();
   const std::string where = path + ": the " + type + " pre-tokenizer";
-  // Pieces of a regex kvpr has a splitter for keep the splitter; without Oniguruma they are
-  // the only Split patterns that load.
-  auto known = [&](const std::string& re) {
-    return re == kGpt2Pattern ? Fast::Gpt2 : re == kLlama3Pattern ? Fast::Llama3 : re == kQwen2Pattern ? Fast::Qwen2 : Fast::None;
-  };
-  if (type == "Sequence") {
-    const json::Value* list = v.find("pretokenizers");
-    KVPR_CHECK(list && list->is_array(), where, " has no list of pre-tokenizers");
-    for (const auto& e : list->as_array()) add(e, path, depth + 1);
-  } else if (type == "Split") {
-    const json::Value* pat = v.find("pattern");
-    KVPR_CHECK(pat, where, " has no pattern");
-    Step s(Kind::Split);
-    const json::Value* re = pat->find("Regex");
-    if (re && re->is_string()) s.fast = known(re->as_string());
-    if (s.fast == Fast::None || unicode::available()) s.pattern = Pattern::from_json(*pat, where);
-    s.behavior = behavior_of(v, where);
-    s.invert = flag(v, "invert", false);
-    steps_.push_back(std::move(s));
-  } else if (type == "ByteLevel") {
-    Step s(Kind::ByteLevel);
-    s.add_prefix_space = flag(v, "add_prefix_space", true);
-    s.use_regex = flag(v, "use_regex", true);
-    if (s.use_regex) {
-      s.fast = Fast::Gpt2;
-      if (unicode::available()) s.pattern = Pattern::regex(kGpt2Pattern);
-    }
-    steps_.push_back(std::move(s));
-  } else if (type == "Metaspace") {
-    Step s(Kind::Metaspace);
-    const json::Value* r = v.find("replacement");
-    s.replacement = r && r->is_string() ? r->as_string() : "\xe2\x96\x81";
-    single_char(s.replacement, where + "'s replacement");
-    const json::Value* scheme = v.find("prepend_scheme");
-    if (scheme && scheme->is_string()) {
-      const std::string& k = scheme->as_string();
-      KVPR_CHECK(k == "always" || k == "first" || k == "never", where, ": unknown prepend_scheme ", k);
-      s.prepend = k == "always" ? 0 : k == "first" ? 1 : 2;
-    }
-    if (!flag(v, "add_prefix_space", true)) s.prepend = 2;
-    s.split = flag(v, "split", true);
-    steps_.push_back(std::move(s));
-  } else if (type == "Whitespace") {
-    // Rust's regex crate, which runs this one in Hugging Face's, counts Join_Control (U+200C,
-    // U+200D) in \w; Oniguruma does not.
-    add_split(Pattern::regex("[\\w\\x{200C}\\x{200D}]+|[^\\w\\s\\x{200C}\\x{200D}]+"), SplitBehavior::Removed, true);
-  } else if (type == "WhitespaceSplit" || type == "BertPreTokenizer") {
-    Step s(Kind::CharSplit);
-    s.chars = CharSet::Whitespace;
-    s.behavior = SplitBehavior::Removed;
-    steps_.push_back(s);
-    if (type == "BertPreTokenizer") {
-      s.chars = CharSet::Punctuation;
-      s.behavior = SplitBehavior::Isolated;
-      steps_.push_back(s);
-    }
-  } else if (type == "Punctuation") {
-    Step s(Kind::CharSplit);
-    s.chars = CharSet::Punctuation;
-    s.behavior = behavior_of(v, where);
-    steps_.push_back(s);
-  } else if (type == "Digits") {
-    Step s(Kind::CharSplit);
-    s.chars = CharSet::Numeric;
-    s.behavior = flag(v, "individual_digits", false) ? SplitBehavior::Isolated : SplitBehavior::Contiguous;
-    steps_.push_back(s);
-  } else if (type == "CharDelimiterSplit") {
-    Step s(Kind::CharSplit);
-    s.chars = CharSet::Delimiter;
-    const json::Value* d = v.find("delimiter");
-    KVPR_CHECK(d && d->is_string(), where, " has no delimiter");
-    s.delimiter = single_char(d->as_string(), where + "'s delimiter");
-    s.behavior = SplitBehavior::Removed;
-    steps_.push_back(s);
-  } else if (type == "FixedLength") {
-    Step s(Kind::FixedLength);
-    const json::Value* n = v.find("length");
-    s.length = n && n->is_int() && n->as_int() > 0 ? static_cast<size_t>(n->as_int()) : 5;
-    steps_.push_back(s);
-  } else {
-    KVPR_THROW(where, " is not supported (kvpr has Split, ByteLevel, Metaspace, Whitespace, WhitespaceSplit, "
-               "Punctuation, Digits, CharDelimiterSplit, BertPreTokenizer, FixedLength and Sequence)");
+  const auto& table = kinds();
+  const auto it = table.find(type);
+  if (it == table.end()) {
+    std::string names;
+    for (const auto& [name, f] : table) names += (names.empty() ? "" : ", ") + name;
+    KVPR_THROW(where, " is not supported (kvpr has ", names, ")");
   }
+  it->second(*this, v, where, path, depth);
   KVPR_CHECK(steps_.size() <= kMaxSteps, path, ": more than ", kMaxSteps, " pre-tokenizers");
   KVPR_CHECK(std::count_if(steps_.begin(), steps_.end(), [](const Step& x) { return x.kind == Kind::ByteLevel; }) <= 1,
              path, ": more than one ByteLevel pre-tokenizer (each maps every byte again, doubling the text)");
   if (type == "Split" || type == "ByteLevel" || type == "Metaspace" || type == "Sequence") return;
   KVPR_CHECK(unicode::available(), where, " needs utf8proc and Oniguruma, and this kvpr was built without them "
              "(KVPR_TEXT_LIBS=OFF)");
+}
+
+// Each pre-tokenizer type of tokenizer.json, as the steps it adds.
+const std::map<std::string, PreTokenizer::AddFn>& PreTokenizer::kinds() {
+  // A character-class split of one behaviour.
+  static const auto char_split = [](CharSet chars, SplitBehavior behavior) {
+    Step s(Kind::CharSplit);
+    s.chars = chars;
+    s.behavior = behavior;
+    return s;
+  };
+  static const std::map<std::string, AddFn> table = {
+      {"Sequence",
+       [](PreTokenizer& p, const json::Value& v, const std::string& where, const std::string& path, int depth) {
+         const json::Value* list = v.find("pretokenizers");
+         KVPR_CHECK(list && list->is_array(), where, " has no list of pre-tokenizers");
+         for (const auto& e : list->as_array()) p.add(e, path, depth + 1);
+       }},
+      {"Split",
+       [](PreTokenizer& p, const json::Value& v, const std::string& where, const std::string&, int) {
+         const json::Value* pat = v.find("pattern");
+         KVPR_CHECK(pat, where, " has no pattern");
+         Step s(Kind::Split);
+         // Pieces of a regex kvpr has a splitter for keep the splitter; without Oniguruma they
+         // are the only Split patterns that load.
+         if (const json::Value* re = pat->find("Regex"); re && re->is_string()) {
+           const std::string& r = re->as_string();
+           s.fast = r == kGpt2Pattern ? Fast::Gpt2 : r == kLlama3Pattern ? Fast::Llama3 : r == kQwen2Pattern ? Fast::Qwen2 : Fast::None;
+         }
+         if (s.fast == Fast::None || unicode::available()) s.pattern = Pattern::from_json(*pat, where);
+         s.behavior = behavior_of(v, where);
+         s.invert = flag(v, "invert", false);
+         p.steps_.push_back(std::move(s));
+       }},
+      {"ByteLevel",
+       [](PreTokenizer& p, const json::Value& v, const std::string&, const std::string&, int) {
+         Step s(Kind::ByteLevel);
+         s.add_prefix_space = flag(v, "add_prefix_space", true);
+         s.use_regex = flag(v, "use_regex", true);
+         if (s.use_regex) {
+           s.fast = Fast::Gpt2;
+           if (unicode::available()) s.pattern = Pattern::regex(kGpt2Pattern);
+         }
+         p.steps_.push_back(std::move(s));
+       }},
+      {"Metaspace",
+       [](PreTokenizer& p, const json::Value& v, const std::string& where, const std::string&, int) {
+         Step s(Kind::Metaspace);
+         const json::Value* r = v.find("replacement");
+         s.replacement = r && r->is_string() ? r->as_string() : "\xe2\x96\x81";
+         single_char(s.replacement, where + "'s replacement");
+         const json::Value* scheme = v.find("prepend_scheme");
+         if (scheme && scheme->is_string()) {
+           const std::string& k = scheme->as_string();
+           KVPR_CHECK(k == "always" || k == "first" || k == "never", where, ": unknown prepend_scheme ", k);
+           s.prepend = k == "always" ? 0 : k == "first" ? 1 : 2;
+         }
+         if (!flag(v, "add_prefix_space", true)) s.prepend = 2;
+         s.split = flag(v, "split", true);
+         p.steps_.push_back(std::move(s));
+       }},
+      {"Whitespace",
+       [](PreTokenizer& p, const json::Value&, const std::string&, const std::string&, int) {
+         // Rust's regex crate, which runs this one in Hugging Face's, counts Join_Control
+         // (U+200C, U+200D) in \w; Oniguruma does not.
+         p.add_split(Pattern::regex("[\\w\\x{200C}\\x{200D}]+|[^\\w\\s\\x{200C}\\x{200D}]+"), SplitBehavior::Removed, true);
+       }},
+      {"WhitespaceSplit",
+       [](PreTokenizer& p, const json::Value&, const std::string&, const std::string&, int) {
+         p.steps_.push_back(char_split(CharSet::Whitespace, SplitBehavior::Removed));
+       }},
+      {"BertPreTokenizer",
+       [](PreTokenizer& p, const json::Value&, const std::string&, const std::string&, int) {
+         p.steps_.push_back(char_split(CharSet::Whitespace, SplitBehavior::Removed));
+         p.steps_.push_back(char_split(CharSet::Punctuation, SplitBehavior::Isolated));
+       }},
+      {"Punctuation",
+       [](PreTokenizer& p, const json::Value& v, const std::string& where, const std::string&, int) {
+         p.steps_.push_back(char_split(CharSet::Punctuation, behavior_of(v, where)));
+       }},
+      {"Digits",
+       [](PreTokenizer& p, const json::Value& v, const std::string&, const std::string&, int) {
+         p.steps_.push_back(char_split(CharSet::Numeric, flag(v, "individual_digits", false) ? SplitBehavior::Isolated
+                                                                                               : SplitBehavior::Contiguous));
+       }},
+      {"CharDelimiterSplit",
+       [](PreTokenizer& p, const json::Value& v, const std::string& where, const std::string&, int) {
+         Step s = char_split(CharSet::Delimiter, SplitBehavior::Removed);
+         const json::Value* d = v.find("delimiter");
+         KVPR_CHECK(d && d->is_string(), where, " has no delimiter");
+         s.delimiter = single_char(d->as_string(), where + "'s delimiter");
+         p.steps_.push_back(s);
+       }},
+      {"FixedLength",
+       [](PreTokenizer& p, const json::Value& v, const std::string&, const std::string&, int) {
+         Step s(Kind::FixedLength);
+         const json::Value* n = v.find("length");
+         s.length = n && n->is_int() && n->as_int() > 0 ? static_cast<size_t>(n->as_int()) : 5;
+         p.steps_.push_back(s);
+       }},
+  };
+  return table;
 }
 
 bool PreTokenizer::byte_level() const {

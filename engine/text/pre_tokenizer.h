@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -75,6 +76,10 @@ class PreTokenizer {
     size_t length = 0;               // FixedLength
   };
   void add(const json::Value& v, const std::string& path, int depth);
+  // Adds the steps of one pre-tokenizer of a type (`where` names it in errors).
+  using AddFn = void (*)(PreTokenizer& p, const json::Value& v, const std::string& where, const std::string& path,
+                         int depth);
+  static const std::map<std::string, AddFn>& kinds();  // by tokenizer.json's "type"
   void add_split(Pattern pattern, SplitBehavior behavior, bool invert);
   void run(size_t step, std::string_view text, bool at_start, const std::function<void(std::string_view)>& piece) const;
   std::vector<PatternSpan> matches(const Step& s, std::string_view text) const;

@@ -11,7 +11,7 @@
 #include "engine/base/error.h"
 #include "engine/decode/generator.h"
 #include "engine/base/json.h"
-#include "engine/kv/link_profile.h"
+#include "engine/kv/profiler.h"
 #include "engine/model/opt_model.h"
 #include "tests/test_util.h"
 

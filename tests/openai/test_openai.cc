@@ -1,13 +1,14 @@
-// The OpenAI layer on its own (openai/protocol, openai/response): requests parsed into the
+// The OpenAI layer on its own (openai/request, openai/response): requests parsed into the
 // engine's parameters, the field that is wrong named in each 400, and responses and stream
 // chunks built from engine events. The daemon's end-to-end tests (daemon_test.py) drive the
 // same code through HTTP and the official clients.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 
 #include "engine/base/error.h"
-#include "openai/protocol.h"
+#include "openai/request.h"
 #include "openai/response.h"
 #include "tests/test_util.h"
 
@@ -181,7 +182,8 @@ TEST(OpenAiResponse, UsageCountsAPromptOnceWithItsBestCachedChoice) {
   EXPECT_EQ(u.prompt_tokens, static_cast<int64_t>(p.ids[0].size() + p.ids[1].size()));
   EXPECT_EQ(u.completion_tokens, 4);
   EXPECT_EQ(u.cached_tokens, 3 + 2);
-  const ResponseContext ctx{qwen_tokenizer(), false, [] { return std::string("call"); }};
+  IdMaker ids;
+  const ResponseContext ctx{qwen_tokenizer(), false, ids};
   const json::Value body = response_json(r, ctx);
   EXPECT_EQ(body.find("choices")->as_array().size(), 4u);
   EXPECT_EQ(body.find("choices")->as_array()[3].find("text")->as_string(), "x");
@@ -202,8 +204,8 @@ TEST(OpenAiResponse, StreamedChunksAddUpToTheWholeResponse) {
   const Prompts p = make_prompts(req, qwen_served(), tok);
   ResponseState streamed = start_response(req, p, "chatcmpl-1", 7, "demo");
   ResponseState whole = streamed;
-  int calls_made = 0;
-  const ResponseContext ctx{tok, false, [&] { return "id" + std::to_string(calls_made++); }};
+  IdMaker call_ids;
+  const ResponseContext ctx{tok, false, call_ids};
   std::string content, finish;
   size_t logprobs_seen = 0;
   json::Value tool_calls;
@@ -233,6 +235,7 @@ TEST(OpenAiResponse, StreamedChunksAddUpToTheWholeResponse) {
   EXPECT_EQ(logprobs_seen, ids.size());
   ASSERT_TRUE(tool_calls.is_array());
   EXPECT_EQ(tool_calls.as_array().at(0).find("function")->find("name")->as_string(), "get");
+  EXPECT_EQ(tool_calls.as_array().at(0).find("id")->as_string().rfind("chatcmpl-tool-", 0), 0u);
   EXPECT_EQ(tool_calls.as_array().at(0).find("function")->find("arguments")->as_string(), "{\"city\": \"Oslo\"}");
   const json::Value body = response_json(whole, ctx);
   const json::Value& choice = body.find("choices")->as_array().at(0);
@@ -255,11 +258,14 @@ TEST(OpenAiResponse, MistralToolCallMarkerComesBackFromItsToken) {
   add_event(r, 0, token_event(77, ""));
   add_event(r, 0, token_event(5, "[{\"name\": \"f\", \"arguments\": {}}]"));
   add_event(r, 0, finish_event("stop"));
-  const ResponseContext ctx{qwen_tokenizer(), false, [] { return std::string("abcdefghi"); }};
+  IdMaker ids;
+  const ResponseContext ctx{qwen_tokenizer(), false, ids, /*nine_alnum_tool_call_ids=*/true};
   const json::Value body = response_json(r, ctx);
   const json::Value& msg = *body.find("choices")->as_array().at(0).find("message");
   EXPECT_TRUE(msg.find("content")->is_null());
-  EXPECT_EQ(msg.find("tool_calls")->as_array().at(0).find("id")->as_string(), "abcdefghi");
+  const std::string id = msg.find("tool_calls")->as_array().at(0).find("id")->as_string();
+  EXPECT_EQ(id.size(), 9u);  // Mistral's template takes only ids of 9 letters and digits
+  EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](unsigned char c) { return std::isalnum(c); })) << id;
   EXPECT_EQ(msg.find("tool_calls")->as_array().at(0).find("function")->find("name")->as_string(), "f");
 }
 

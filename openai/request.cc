@@ -1,4 +1,4 @@
-#include "openai/protocol.h"
+#include "openai/request.h"
 
 #include <charconv>
 #include <cmath>

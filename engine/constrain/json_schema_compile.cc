@@ -1,0 +1,571 @@
+// JSON Schema -> the recognizer's nodes (json_schema.h): every keyword kvpr supports checked
+// and compiled once, with a budget of nodes and time.
+#include "engine/constrain/json_schema.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <map>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+#include "engine/base/error.h"
+#include "engine/constrain/decimal.h"
+#include "engine/constrain/json_lex.h"
+
+namespace kvpr {
+
+using namespace decimal;
+
+class SchemaCompiler {
+ public:
+  explicit SchemaCompiler(const json::Value& root) : root_(root) {}
+
+  JsonSchema run() {
+    out_.any_ = add(SchemaNode{});
+    out_.root_ = compile(root_, "$", 0);
+    flatten_alternatives();
+    check_ambiguity();
+    return std::move(out_);
+  }
+
+ private:
+  using Limits = SchemaLimits;
+  using Clock = std::chrono::steady_clock;
+
+  int add(SchemaNode n) {
+    KVPR_CHECK(out_.nodes_.size() < Limits::kMaxNodes, "the schema is too large: more than ", Limits::kMaxNodes,
+               " nodes once compiled");
+    if (out_.nodes_.size() % 256 == 255)
+      KVPR_CHECK(std::chrono::duration<double>(Clock::now() - t0_).count() < Limits::kMaxCompileSeconds,
+                 "the schema took longer than ", Limits::kMaxCompileSeconds, " s to compile");
+    out_.nodes_.push_back(std::move(n));
+    return static_cast<int>(out_.nodes_.size()) - 1;
+  }
+
+  // Every AnyOf's options become the non-AnyOf nodes reachable through AnyOf options alone, each
+  // once (a chain of $refs, anyOf inside anyOf), so a value starts in one step, however its
+  // alternatives were written. An AnyOf reached again on the way is a cycle that consumes
+  // nothing: no text could ever start it.
+  void flatten_alternatives() {
+    std::vector<SchemaNode>& nodes = out_.nodes_;
+    const size_t n = nodes.size();
+    std::vector<uint8_t> state(n, 0);  // 0 new, 1 on the path, 2 flattened
+    std::vector<std::vector<int>> flat(n);
+    size_t total = 0;
+    for (size_t root = 0; root < n; ++root) {
+      if (nodes[root].kind != SchemaNode::Kind::AnyOf || state[root] == 2) continue;
+      // Depth-first, without recursion: (node, next option to visit).
+      std::vector<std::pair<int, size_t>> stack{{static_cast<int>(root), 0}};
+      state[root] = 1;
+      while (!stack.empty()) {
+        auto& [at, next] = stack.back();
+        const auto& opts = nodes[static_cast<size_t>(at)].options;
+        if (next == opts.size()) {
+          state[static_cast<size_t>(at)] = 2;
+          const int done = at;
+          stack.pop_back();
+          if (!stack.empty()) {  // merge into the parent's flattened options
+            auto& mine = flat[static_cast<size_t>(stack.back().first)];
+            for (int o : flat[static_cast<size_t>(done)])
+              if (std::find(mine.begin(), mine.end(), o) == mine.end()) mine.push_back(o);
+            total += flat[static_cast<size_t>(done)].size();
+          }
+          continue;
+        }
+        const int o = opts[next++];
+        auto& mine = flat[static_cast<size_t>(at)];
+        if (nodes[static_cast<size_t>(o)].kind != SchemaNode::Kind::AnyOf) {
+          if (std::find(mine.begin(), mine.end(), o) == mine.end()) mine.push_back(o);
+          ++total;
+        } else if (state[static_cast<size_t>(o)] == 1) {
+          std::string cycle;  // the $refs on the way round
+          bool on = false;
+          for (const auto& frame : stack) {
+            on = on || frame.first == o;
+            if (const std::string r = on ? ref_name(frame.first) : ""; !r.empty()) cycle += (cycle.empty() ? "" : " -> ") + r;
+          }
+          KVPR_THROW(where_[o], ": the $ref cycle ", cycle, " comes back to where it began without consuming any "
+                     "text (through $ref and anyOf alone it names no value)");
+        } else if (state[static_cast<size_t>(o)] == 2) {
+          for (int x : flat[static_cast<size_t>(o)])
+            if (std::find(mine.begin(), mine.end(), x) == mine.end()) mine.push_back(x);
+          total += flat[static_cast<size_t>(o)].size();
+        } else {
+          state[static_cast<size_t>(o)] = 1;
+          stack.emplace_back(o, 0);
+        }
+        KVPR_CHECK(total <= Limits::kMaxAlternatives, "the schema is too large: more than ", Limits::kMaxAlternatives,
+                   " anyOf alternatives once its $refs are followed");
+      }
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (nodes[i].kind == SchemaNode::Kind::AnyOf) nodes[i].options = std::move(flat[i]);
+  }
+
+  std::string ref_name(int node) const {
+    for (const auto& [r, at] : refs_)
+      if (at == node) return "'" + r + "'";
+    return "";
+  }
+
+  // First bytes a node's values may start with, as classes: { [ " number t f n, other.
+  static uint16_t first_bytes(const SchemaNode& x) {
+    using K = SchemaNode::Kind;
+    switch (x.kind) {
+      case K::Any: return 0x7F;
+      case K::Object: return 1;
+      case K::Array: return 2;
+      case K::String: return 4;
+      case K::Number:
+      case K::Integer: return 8;
+      case K::Literals: {
+        uint16_t m = 0;
+        for (const auto& l : x.literals) {
+          const char c = l.empty() ? 0 : l[0];
+          m |= c == '"' ? 4 : c == '-' || (c >= '0' && c <= '9') ? 8 : c == 't' ? 16 : c == 'f' ? 32 : c == 'n' ? 64 : 128;
+        }
+        return m;
+      }
+      case K::AnyOf: return 0;
+    }
+    return 0;
+  }
+
+  // The width of anyOf node x at depth d, from the widths `below` at depth d-1 (1 at depth 0).
+  int64_t anyof_width(const SchemaNode& x, const std::vector<int64_t>& below, int d) const {
+    const auto& nodes = out_.nodes_;
+    using K = SchemaNode::Kind;
+    const int64_t cap = Limits::kMaxAmbiguity + 1;
+    auto below_of = [&](int node) { return d > 0 && node >= 0 ? below[static_cast<size_t>(node)] : int64_t{1}; };
+    auto add = [&](int64_t a, int64_t b) { return std::min(cap, a + b); };
+    // Scalars: the options that begin with the same byte, one each.
+    int64_t by_class[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    // Objects: all of them go on after '{'; while a member's value is read, those that take
+    // its key, each with its value's alternatives (closed objects with distinct keys, a
+    // discriminated union, do not add up). Arrays likewise by position.
+    int64_t objects = 0, arrays = 0, open_total = 0;
+    std::unordered_map<std::string, int64_t> listed;       // key -> options listing it, by their member's W
+    std::unordered_map<std::string, int64_t> open_listed;  // key -> open options listing it, by their other keys' W
+    std::vector<int64_t> by_position;                       // position -> summed W of the items there
+    std::vector<const SchemaNode*> array_options;
+    for (int o : x.options) {
+      const SchemaNode& y = nodes[static_cast<size_t>(o)];
+      const uint16_t m = first_bytes(y);
+      for (int b = 2; b < 8; ++b)
+        if (m >> b & 1) by_class[b] = add(by_class[b], 1);
+      if (y.kind == K::Object || y.kind == K::Any) {
+        ++objects;
+        const int other = y.kind == K::Any ? -1 : y.additional;
+        const bool open = y.kind == K::Any || other >= 0;
+        if (open) open_total = add(open_total, below_of(other));
+        for (size_t k = 0; k < y.names.size(); ++k) {
+          listed[y.names[k]] = add(listed[y.names[k]], below_of(y.props[k]));
+          if (open) open_listed[y.names[k]] = add(open_listed[y.names[k]], below_of(other));
+        }
+      }
+      if (y.kind == K::Array || y.kind == K::Any) {
+        ++arrays;
+        array_options.push_back(&y);
+        if (y.kind == K::Array && by_position.size() < y.prefix.size() + 1) by_position.resize(y.prefix.size() + 1, 0);
+      }
+    }
+    int64_t w = std::max<int64_t>(1, *std::max_element(by_class, by_class + 8));
+    w = std::max({w, std::min(cap, objects), open_total});
+    for (const auto& [key, sum] : listed) {
+      const auto adj = open_listed.find(key);
+      w = std::max(w, add(sum, std::max<int64_t>(0, open_total - (adj == open_listed.end() ? 0 : adj->second))));
+    }
+    if (arrays > 0) {
+      if (by_position.empty()) by_position.resize(1, 0);
+      for (size_t pos = 0; pos < by_position.size(); ++pos) {
+        int64_t sum = 0;
+        for (const SchemaNode* a : array_options)
+          sum = add(sum, a->kind == K::Any ? 1 : below_of(a->item(static_cast<int64_t>(pos), -1)));
+        by_position[pos] = sum;
+      }
+      w = std::max({w, std::min(cap, arrays), *std::max_element(by_position.begin(), by_position.end())});
+    }
+    return std::min(cap, w);
+  }
+
+  // The most alternatives a text could have to follow side by side (SchemaRecognizer's threads),
+  // an upper bound: at a value, the options that may start with the same byte all go on, each with
+  // the alternatives inside it; a container follows one member at a time, over at most 64 levels.
+  void check_ambiguity() const {
+    const auto& nodes = out_.nodes_;
+    const size_t n = nodes.size();
+    using K = SchemaNode::Kind;
+    std::vector<int64_t> below(n, 1), here(n, 1);  // W at depth d-1, and at d
+    for (int d = 0; d <= 64; ++d) {
+      for (size_t i = 0; i < n; ++i) {  // containers first: they look one level down
+        const SchemaNode& x = nodes[i];
+        int64_t w = 1;
+        if (d > 0 && x.kind == K::Object) {
+          for (int p : x.props) w = std::max(w, below[static_cast<size_t>(p)]);
+          if (x.additional >= 0) w = std::max(w, below[static_cast<size_t>(x.additional)]);
+        } else if (d > 0 && x.kind == K::Array) {
+          for (int p : x.prefix) w = std::max(w, below[static_cast<size_t>(p)]);
+          if (x.items >= 0) w = std::max(w, below[static_cast<size_t>(x.items)]);
+        }
+        here[i] = w;
+      }
+      for (size_t i = 0; i < n; ++i) {  // then the alternatives, over the containers' values
+        if (nodes[i].kind == K::AnyOf) here[i] = anyof_width(nodes[i], below, d);
+      }
+      std::swap(below, here);
+    }
+    const int64_t worst = below[static_cast<size_t>(out_.root_)];
+    KVPR_CHECK(worst <= Limits::kMaxAmbiguity, "the schema's anyOf alternatives overlap too much: a text could have to "
+               "be followed as ", worst > Limits::kMaxAmbiguity ? "more than " : "", Limits::kMaxAmbiguity,
+               " alternatives at once (alternatives that begin alike, nested in each other)");
+  }
+
+  static bool annotation(std::string_view k) {
+    for (const char* a : {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+                          "readOnly", "writeOnly", "$defs", "definitions", "strict"})
+      if (k == a) return true;
+    return false;
+  }
+
+  // "#", "#/$defs/Name", "#/definitions/Name" (JSON pointer, ~0 and ~1 unescaped).
+  const json::Value& resolve(const std::string& ref, const std::string& path) const {
+    if (ref == "#") return root_;
+    for (const char* base : {"#/$defs/", "#/definitions/"}) {
+      if (!ref.starts_with(base)) continue;
+      std::string name;
+      for (size_t i = std::string_view(base).size(); i < ref.size(); ++i) {
+        if (ref[i] == '~' && i + 1 < ref.size()) {
+          name += ref[i + 1] == '1' ? '/' : '~';
+          ++i;
+        } else {
+          name += ref[i];
+        }
+      }
+      const json::Value* defs = root_.find(std::string_view(base).substr(2, std::string_view(base).size() - 3));
+      const json::Value* target = defs ? defs->find(name) : nullptr;
+      KVPR_CHECK(target, path, ": $ref '", ref, "' names no definition");
+      return *target;
+    }
+    KVPR_THROW(path, ": $ref '", ref, "' is not supported (\"#\", \"#/$defs/...\" and \"#/definitions/...\" are)");
+  }
+
+  static int64_t count_of(const json::Value& s, const char* k, const std::string& path) {
+    const json::Value* v = s.find(k);
+    if (!v) return -1;
+    KVPR_CHECK(v->is_int() && v->as_int() >= 0, path, ": ", k, " must be a non-negative integer");
+    return v->as_int();
+  }
+
+  // (min, max) from a pair of bound keywords; max -1 when absent.
+  static std::pair<int64_t, int64_t> bounds(const json::Value& s, const char* min, const char* max,
+                                            const std::string& path) {
+    const int64_t lo = std::max<int64_t>(0, count_of(s, min, path)), hi = count_of(s, max, path);
+    KVPR_CHECK(hi < 0 || hi >= lo, path, ": ", max, " is below ", min);
+    return {lo, hi};
+  }
+
+  int compile(const json::Value& s, const std::string& path, int depth) {
+    KVPR_CHECK(depth <= Limits::kMaxNesting, path, ": the schema nests deeper than ", Limits::kMaxNesting,
+               " levels (each $ref followed counts one)");
+    if (s.is_bool()) {
+      KVPR_CHECK(s.as_bool(), path, ": the schema false admits no value");
+      return out_.any_;
+    }
+    KVPR_CHECK(s.is_object(), path, ": a schema must be an object or a boolean");
+    for (const auto& [k, v] : s.as_object()) {
+      static const std::set<std::string_view> known = {
+          "type",     "properties", "required", "additionalProperties", "items",     "minItems", "maxItems",
+          "prefixItems", "uniqueItems",
+          "enum",     "const",      "anyOf",    "oneOf",                "minLength", "maxLength", "$ref",
+          "minimum",  "maximum",    "exclusiveMinimum",               "exclusiveMaximum", "pattern", "format"};
+      KVPR_CHECK(known.count(k) || annotation(k), path, ": the keyword '", k, "' is not supported");
+    }
+    if (const json::Value* ref = s.find("$ref")) {
+      KVPR_CHECK(ref->is_string(), path, ": $ref must be a string");
+      for (const auto& [k, v] : s.as_object())
+        KVPR_CHECK(k == "$ref" || annotation(k), path, ": $ref with '", k, "' beside it is not supported");
+      const std::string r = ref->as_string();
+      if (auto it = refs_.find(r); it != refs_.end()) return it->second;
+      SchemaNode n;
+      n.kind = SchemaNode::Kind::AnyOf;
+      const int at = add(n);
+      refs_[r] = at;
+      where_[at] = path;
+      const int target = compile(resolve(r, path), path + "->" + r, depth + 1);
+      out_.nodes_[static_cast<size_t>(at)].options = {target};
+      return at;
+    }
+    for (const char* key : {"anyOf", "oneOf"}) {
+      const json::Value* alts = s.find(key);
+      if (!alts) continue;
+      KVPR_CHECK(alts->is_array() && !alts->as_array().empty(), path, ": ", key, " must be a non-empty list");
+      for (const auto& [k, v] : s.as_object())
+        KVPR_CHECK(k == key || annotation(k), path, ": ", key, " with '", k, "' beside it is not supported");
+      SchemaNode n;
+      n.kind = SchemaNode::Kind::AnyOf;
+      for (size_t i = 0; i < alts->as_array().size(); ++i)
+        n.options.push_back(compile(alts->as_array()[i], path + "." + key + "[" + std::to_string(i) + "]", depth + 1));
+      const int at = add(std::move(n));
+      where_[at] = path;
+      return at;
+    }
+    std::vector<std::string> types;
+    if (const json::Value* t = s.find("type")) {
+      if (t->is_string()) {
+        types.push_back(t->as_string());
+      } else {
+        KVPR_CHECK(t->is_array() && !t->as_array().empty(), path, ": type must be a string or a non-empty list");
+        for (const auto& e : t->as_array()) {
+          KVPR_CHECK(e.is_string(), path, ": type must be a string or a list of strings");
+          types.push_back(e.as_string());
+        }
+      }
+      for (const auto& ty : types)
+        KVPR_CHECK(ty == "object" || ty == "array" || ty == "string" || ty == "number" || ty == "integer" ||
+                       ty == "boolean" || ty == "null",
+                   path, ": unknown type '", ty, "'");
+    }
+    if (s.find("enum") || s.find("const")) return literals(s, types, path);
+    if (types.empty()) {
+      if (s.find("properties") || s.find("required") || s.find("additionalProperties")) types = {"object"};
+      else if (s.find("items") || s.find("prefixItems") || s.find("minItems") || s.find("maxItems")) types = {"array"};
+      else if (s.find("minLength") || s.find("maxLength")) types = {"string"};
+      else return out_.any_;
+    }
+    if (types.size() == 1) return typed(s, types[0], path, depth);
+    SchemaNode n;
+    n.kind = SchemaNode::Kind::AnyOf;
+    for (const auto& ty : types) n.options.push_back(typed(s, ty, path, depth));
+    const int at = add(std::move(n));
+    where_[at] = path;
+    return at;
+  }
+
+  int literals(const json::Value& s, const std::vector<std::string>& types, const std::string& path) {
+    std::vector<json::Value> values;
+    if (const json::Value* c = s.find("const")) values.push_back(*c);
+    if (const json::Value* e = s.find("enum")) {
+      KVPR_CHECK(e->is_array() && !e->as_array().empty(), path, ": enum must be a non-empty list");
+      for (const auto& v : e->as_array()) values.push_back(v);
+    }
+    auto type_of = [](const json::Value& v) -> std::vector<std::string> {
+      if (v.is_string()) return {"string"};
+      if (v.is_int()) return {"integer", "number"};
+      if (v.is_number()) return {"number"};
+      if (v.is_bool()) return {"boolean"};
+      if (v.is_null()) return {"null"};
+      return {};
+    };
+    SchemaNode n;
+    n.kind = SchemaNode::Kind::Literals;
+    for (const auto& v : values) {
+      KVPR_CHECK(!v.is_array() && !v.is_object(), path, ": enum and const values that are lists or objects are not supported");
+      const auto ts = type_of(v);
+      const bool fits = types.empty() || std::any_of(ts.begin(), ts.end(), [&](const std::string& t) {
+                          return std::find(types.begin(), types.end(), t) != types.end();
+                        });
+      const std::string text = v.dump_python();
+      if (fits && std::find(n.literals.begin(), n.literals.end(), text) == n.literals.end()) n.literals.push_back(text);
+    }
+    KVPR_CHECK(!n.literals.empty(), path, ": no enum or const value has the schema's type");
+    return add(std::move(n));
+  }
+
+  // minimum / exclusiveMinimum and maximum / exclusiveMaximum (the tighter of a pair); an
+  // integer's become inclusive integer bounds (minimum 1.5: 2; exclusiveMaximum 10: 9).
+  static void number_bounds(const json::Value& s, bool integer, SchemaNode& n, const std::string& path) {
+    auto read = [&](const char* k, bool exclusive, bool lower, SchemaNode::Bound& b) {
+      const json::Value* v = s.find(k);
+      if (!v) return;
+      KVPR_CHECK(v->is_number(), path, ": ", k, " must be a number (draft 4's boolean form is not supported)");
+      KVPR_CHECK(std::isfinite(v->as_double()), path, ": ", k, " must be finite");
+      const std::string text = v->is_int() ? std::to_string(v->as_int()) : v->dump_python();
+      if (b.set) {  // keep the tighter
+        const int c = cmp(parse_dec(text), parse_dec(b.value));
+        if (lower ? c < 0 || (c == 0 && b.exclusive) : c > 0 || (c == 0 && b.exclusive)) return;
+      }
+      b = SchemaNode::Bound{true, exclusive, text};
+    };
+    read("minimum", false, true, n.lo);
+    read("exclusiveMinimum", true, true, n.lo);
+    read("maximum", false, false, n.hi);
+    read("exclusiveMaximum", true, false, n.hi);
+    if (integer) {  // the integers within: inclusive integer bounds
+      if (n.lo.set) {
+        const Dec v = parse_dec(n.lo.value);
+        n.lo = SchemaNode::Bound{true, false, dec_text(n.lo.exclusive ? plus_one(floor_dec(v)) : ceil_dec(v))};
+      }
+      if (n.hi.set) {
+        const Dec v = parse_dec(n.hi.value);
+        n.hi = SchemaNode::Bound{true, false, dec_text(n.hi.exclusive ? negated(plus_one(negated(ceil_dec(v)))) : floor_dec(v))};
+      }
+    }
+    if (n.lo.set && n.hi.set) {
+      const End L{true, !n.lo.exclusive, parse_dec(n.lo.value)}, H{true, !n.hi.exclusive, parse_dec(n.hi.value)};
+      KVPR_CHECK(overlap(L, H), path, ": no ", integer ? "integer" : "number", " lies within its bounds");
+    }
+  }
+
+  int typed(const json::Value& s, const std::string& type, const std::string& path, int depth) {
+    if (type == "boolean" || type == "null") {
+      SchemaNode n;
+      n.kind = SchemaNode::Kind::Literals;
+      n.literals = type == "null" ? std::vector<std::string>{"null"} : std::vector<std::string>{"true", "false"};
+      return add(std::move(n));
+    }
+    if (type == "string") return typed_string(s, path);
+    if (type == "number" || type == "integer") {
+      SchemaNode n;
+      n.kind = type == "number" ? SchemaNode::Kind::Number : SchemaNode::Kind::Integer;
+      number_bounds(s, type == "integer", n, path);
+      return add(std::move(n));
+    }
+    if (type == "array") return typed_array(s, path, depth);
+    return typed_object(s, path, depth);
+  }
+
+  int typed_string(const json::Value& s, const std::string& path) {
+    SchemaNode n;
+    n.kind = SchemaNode::Kind::String;
+    std::tie(n.min_length, n.max_length) = bounds(s, "minLength", "maxLength", path);
+    if (const json::Value* p = s.find("pattern")) {
+      KVPR_CHECK(p->is_string(), path, ": pattern must be a string");
+      try {
+        n.regexes.push_back(regex(p->as_string(), path));
+      } catch (const Error& e) {
+        KVPR_THROW(path, ": ", e.what());
+      }
+    }
+    if (const json::Value* f = s.find("format")) {
+      KVPR_CHECK(f->is_string(), path, ": format must be a string");
+      const std::string rx = format_pattern(f->as_string());
+      if (!rx.empty()) n.regexes.push_back(regex(rx, path));
+    }
+    return add(std::move(n));
+  }
+
+  int typed_array(const json::Value& s, const std::string& path, int depth) {
+    SchemaNode n;
+    n.kind = SchemaNode::Kind::Array;
+    std::tie(n.min_items, n.max_items) = bounds(s, "minItems", "maxItems", path);
+    const json::Value* u = s.find("uniqueItems");
+    KVPR_CHECK(!u || u->is_bool(), path, ": uniqueItems must be a boolean");
+    const bool unique = u && u->as_bool();
+    const json::Value* prefix = s.find("prefixItems");
+    KVPR_CHECK(!prefix || (prefix->is_array() && !prefix->as_array().empty()), path,
+               ": prefixItems must be a non-empty list");
+    const json::Value* items = s.find("items");
+    KVPR_CHECK(!items || !items->is_array(), path,
+               ": items as a list (draft 7 tuples) is not supported; prefixItems says the same");
+    const size_t np = prefix ? prefix->as_array().size() : 0;
+    if (items && items->is_bool() && !items->as_bool()) {  // no items past the prefix
+      cap_items(n, static_cast<int64_t>(np), " items prefixItems and items false allow", path);
+      items = nullptr;
+    }
+    const int at = add(std::move(n));
+    for (size_t i = 0; i < np; ++i) {
+      const int item = compile(prefix->as_array()[i], path + ".prefixItems[" + std::to_string(i) + "]", depth + 1);
+      out_.nodes_[static_cast<size_t>(at)].prefix.push_back(item);
+    }
+    if (items) {
+      const int item = compile(*items, path + ".items", depth + 1);
+      out_.nodes_[static_cast<size_t>(at)].items = item;
+    }
+    if (unique) unique_items(at, np, path);
+    return at;
+  }
+
+  // uniqueItems true on the array node `at` (no prefixItems): items drawn from a set of literals.
+  void unique_items(int at, size_t np, const std::string& path) {
+    // Each item compared with every other would be a different machine; items drawn from a
+    // set of literals are told apart by which literal they are.
+    SchemaNode& arr = out_.nodes_[static_cast<size_t>(at)];
+    int lit = arr.items;
+    while (lit >= 0 && out_.nodes_[static_cast<size_t>(lit)].kind == SchemaNode::Kind::AnyOf &&
+           out_.nodes_[static_cast<size_t>(lit)].options.size() == 1)
+      lit = out_.nodes_[static_cast<size_t>(lit)].options[0];  // a $ref to an enum
+    KVPR_CHECK(np == 0 && lit >= 0 && out_.nodes_[static_cast<size_t>(lit)].kind == SchemaNode::Kind::Literals &&
+                   out_.nodes_[static_cast<size_t>(lit)].literals.size() <= 64,
+               path, ": uniqueItems true is supported for items that are one of at most 64 literals (enum, const, "
+                     "boolean), not these");
+    const auto& lits = out_.nodes_[static_cast<size_t>(lit)].literals;
+    for (size_t i = 0; i < lits.size(); ++i)  // items are compared by which literal they are
+      for (size_t j = 0; j < i; ++j) {
+        const json::Value a = json::parse(lits[i]), b = json::parse(lits[j]);
+        KVPR_CHECK(lits[i] != lits[j] && !(a.is_number() && b.is_number() && a.as_double() == b.as_double()), path,
+                   ": uniqueItems over an enum that lists one value twice (", lits[j], ", ", lits[i], ")");
+      }
+    arr.items = lit;
+    arr.unique = true;
+    cap_items(arr, static_cast<int64_t>(lits.size()), " distinct items uniqueItems allows", path);
+  }
+
+  // At most `most` items (`why` names the keywords that say so).
+  static void cap_items(SchemaNode& a, int64_t most, const char* why, const std::string& path) {
+    KVPR_CHECK(a.min_items <= most, path, ": minItems ", a.min_items, " exceeds the ", most, why);
+    a.max_items = a.max_items < 0 ? most : std::min(a.max_items, most);
+  }
+
+  int typed_object(const json::Value& s, const std::string& path, int depth) {
+    SchemaNode n;
+    n.kind = SchemaNode::Kind::Object;
+    const json::Value* props = s.find("properties");
+    if (props) {
+      KVPR_CHECK(props->is_object(), path, ": properties must be an object");
+      KVPR_CHECK(props->as_object().size() <= 64, path, ": more than 64 properties are not supported");
+      for (const auto& [k, v] : props->as_object()) {
+        KVPR_CHECK(std::find(n.names.begin(), n.names.end(), k) == n.names.end(), path, ": property '", k, "' twice");
+        n.names.push_back(k);
+      }
+    }
+    if (const json::Value* req = s.find("required")) {
+      KVPR_CHECK(req->is_array(), path, ": required must be a list");
+      for (const auto& r : req->as_array()) {
+        KVPR_CHECK(r.is_string(), path, ": required must list property names");
+        const auto it = std::find(n.names.begin(), n.names.end(), r.as_string());
+        KVPR_CHECK(it != n.names.end(), path, ": required names '", r.as_string(), "', which is not in properties");
+        n.required |= uint64_t{1} << (it - n.names.begin());
+      }
+    }
+    const json::Value* add_props = s.find("additionalProperties");
+    const int at = add(std::move(n));
+    if (props)
+      for (const auto& [k, v] : props->as_object()) {
+        const int p = compile(v, path + ".properties." + k, depth + 1);
+        out_.nodes_[static_cast<size_t>(at)].props.push_back(p);
+      }
+    int additional = out_.any_;  // JSON Schema's default: other keys with any values
+    if (add_props && add_props->is_bool()) additional = add_props->as_bool() ? out_.any_ : -1;
+    else if (add_props) additional = compile(*add_props, path + ".additionalProperties", depth + 1);
+    out_.nodes_[static_cast<size_t>(at)].additional = additional;
+    return at;
+  }
+
+  // One Regex per distinct pattern, shared by the strings that use it.
+  std::shared_ptr<const Regex> regex(const std::string& pattern, const std::string& path) {
+    if (auto it = regexes_.find(pattern); it != regexes_.end()) return it->second;
+    KVPR_CHECK(regexes_.size() < Limits::kMaxPatterns, path, ": more than ", Limits::kMaxPatterns,
+               " distinct patterns and formats in one schema");
+    auto rx = std::make_shared<const Regex>(pattern);
+    regex_states_ += rx->nfa_states();
+    KVPR_CHECK(regex_states_ <= Limits::kMaxRegexStates, path, ": the schema's patterns are too large together (more "
+               "than ", Limits::kMaxRegexStates, " NFA states)");
+    regexes_.emplace(pattern, rx);
+    return rx;
+  }
+
+  const json::Value& root_;
+  JsonSchema out_;
+  std::map<std::string, int> refs_;
+  std::map<int, std::string> where_;  // AnyOf nodes: the path that made them (for errors)
+  std::map<std::string, std::shared_ptr<const Regex>> regexes_;
+  size_t regex_states_ = 0;
+  Clock::time_point t0_ = Clock::now();
+};
+
+JsonSchema JsonSchema::compile(const json::Value& schema) { return SchemaCompiler(schema).run(); }
+
+}  // namespace kvpr
