@@ -111,6 +111,23 @@ KvLayout run_layout(int batch, int prompt, int gen, int64_t block_tokens) {
   return l;
 }
 
+// One decode step's figures in the JSON (`graph`: the step's graph outcome, with CUDA graphs).
+json::Value step_record(const StepStats& st, double ms, double issue_ms, const char* graph, bool tiers) {
+  json::Value o(json::Object{});
+  o.set("ms", ms);
+  o.set("host_issue_ms", issue_ms);
+  if (graph) o.set("graph", graph);
+  o.set("split", st.split_total);
+  o.set("split_source", st.split_source);
+  o.set("h2d_bytes", st.h2d_bytes);
+  o.set("d2h_bytes", st.d2h_bytes);
+  if (tiers) {
+    o.set("resident_tokens", st.resident_tokens);
+    o.set("staged_tokens", st.staged_tokens);
+  }
+  return o;
+}
+
 // device_share: auto's GPU KV budget as a share of the run's K and V (every block's); < 0: the
 // options' own budget.
 ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const KvRuntimeOptions& base, int batch,
@@ -145,21 +162,12 @@ ModeResult run_mode(Backend& be, Model& model, KvMode mode, bool graphs, const K
     step();
     ms.push_back(seconds_since(t0) * 1e3);
     const StepStats& st = kv->last_step();
-    json::Value o2(json::Object{});
-    o2.set("ms", ms.back());
-    o2.set("host_issue_ms", issue_ms.back());
-    if (graphs) o2.set("graph", graph_outcome_name(outcomes.back()));
-    o2.set("split", st.split_total);
-    o2.set("split_source", st.split_source);
-    o2.set("h2d_bytes", st.h2d_bytes);
-    o2.set("d2h_bytes", st.d2h_bytes);
+    steps.push_back(step_record(st, ms.back(), issue_ms.back(), graphs ? graph_outcome_name(outcomes.back()) : nullptr,
+                                kv->device_tier() != nullptr));
     if (kv->device_tier()) {
-      o2.set("resident_tokens", st.resident_tokens);
-      o2.set("staged_tokens", st.staged_tokens);
       resident += static_cast<double>(st.resident_tokens);
       staged += static_cast<double>(st.staged_tokens);
     }
-    steps.push_back(o2);
     h2d += static_cast<double>(st.h2d_bytes);
     d2h += static_cast<double>(st.d2h_bytes);
   }

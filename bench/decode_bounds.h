@@ -11,7 +11,7 @@
 //             step as the device time.
 //
 // "x bound" in the reports is against the physical bound. Header-only: kvpr-bench is built
-// twice (native and on the emulated device) and tests/engine/test_decode_bounds.cc checks the formulas
+// twice (native and on the emulated device) and tests/bench/test_decode_bounds.cc checks the formulas
 // on the inputs of the 2026-11-30 H200 run.
 #pragma once
 

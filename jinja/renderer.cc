@@ -326,25 +326,7 @@ class Renderer final : public RenderContext {
         for (const auto& x : e.items) l.push_back(eval(*x));
         return nested(e.negated ? Value::tuple(std::move(l)) : Value(std::move(l)), e.line);
       }
-      case Expr::Kind::DictLiteral: {
-        Dict d;
-        List keys;
-        bool plain = true;
-        for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
-          Value k = eval(*e.items[i]);
-          Value v = eval(*e.items[i + 1]);
-          const std::string key = Value::key_text(k);
-          plain = plain && k.is_string();
-          auto it = std::find_if(d.begin(), d.end(), [&](const auto& p) { return p.first == key; });
-          if (it != d.end()) {
-            it->second = std::move(v);
-          } else {
-            d.emplace_back(key, std::move(v));
-            keys.push_back(std::move(k));
-          }
-        }
-        return nested(plain ? Value(std::move(d)) : Value::dict_with_keys(std::move(d), std::move(keys)), e.line);
-      }
+      case Expr::Kind::DictLiteral: return dict_literal(e);
       case Expr::Kind::Attr: return get_attr(eval(*e.a), e.name, e.line);
       case Expr::Kind::Item: return get_item(eval(*e.a), eval(*e.b), e.line);
       case Expr::Kind::Slice: {
@@ -365,15 +347,7 @@ class Renderer final : public RenderContext {
       }
       case Expr::Kind::Not: return Value(!eval(*e.a).truthy());
       case Expr::Kind::Neg:
-      case Expr::Kind::Pos: {
-        const Value v = eval(*e.a);
-        if (!v.is_number()) fail(e.line, std::string("bad operand type for unary -: '") + v.type_name() + "'");
-        if (e.kind == Expr::Kind::Pos) return v;
-        if (v.kind() == Value::Kind::Float) return Value(-v.as_double());
-        int64_t r = 0;
-        if (__builtin_sub_overflow(int64_t{0}, v.as_int(), &r)) fail(e.line, "integer overflow in unary -");
-        return Value(r);
-      }
+      case Expr::Kind::Pos: return unary(e);
       case Expr::Kind::And: {
         Value a = eval(*e.a);
         return a.truthy() ? eval(*e.b) : a;
@@ -397,6 +371,38 @@ class Renderer final : public RenderContext {
         return e.c ? eval(*e.c) : Value::undefined("the conditional expression's false branch");
     }
     return Value();
+  }
+
+  // {k: v, ...}: a later key replaces an earlier one's value, in the first one's place.
+  Value dict_literal(const Expr& e) {
+    Dict d;
+    List keys;
+    bool plain = true;
+    for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
+      Value k = eval(*e.items[i]);
+      Value v = eval(*e.items[i + 1]);
+      const std::string key = Value::key_text(k);
+      plain = plain && k.is_string();
+      auto it = std::find_if(d.begin(), d.end(), [&](const auto& p) { return p.first == key; });
+      if (it != d.end()) {
+        it->second = std::move(v);
+      } else {
+        d.emplace_back(key, std::move(v));
+        keys.push_back(std::move(k));
+      }
+    }
+    return nested(plain ? Value(std::move(d)) : Value::dict_with_keys(std::move(d), std::move(keys)), e.line);
+  }
+
+  // -a and +a on numbers.
+  Value unary(const Expr& e) {
+    const Value v = eval(*e.a);
+    if (!v.is_number()) fail(e.line, std::string("bad operand type for unary -: '") + v.type_name() + "'");
+    if (e.kind == Expr::Kind::Pos) return v;
+    if (v.kind() == Value::Kind::Float) return Value(-v.as_double());
+    int64_t r = 0;
+    if (__builtin_sub_overflow(int64_t{0}, v.as_int(), &r)) fail(e.line, "integer overflow in unary -");
+    return Value(r);
   }
 
   // A list or dict nested past kMaxNesting is refused where it is made (printing, comparing and

@@ -542,32 +542,7 @@ void PreTokenizer::run(size_t step, std::string_view text, bool at_start,
       cut(text, spans, s.behavior);
       break;
     }
-    case Kind::ByteLevel: {
-      std::string prefixed;
-      if (s.add_prefix_space && text.front() != ' ') {
-        prefixed.reserve(text.size() + 1);
-        prefixed.append(" ").append(text);
-        text = prefixed;
-      }
-      std::string mapped;
-      auto map_next = [&](std::string_view part, bool part_at_start) {
-        mapped.clear();
-        for (unsigned char b : part) mapped += byte_level_char(b);
-        next(mapped, part_at_start);
-      };
-      if (!s.use_regex) {
-        map_next(text, at_start);
-        break;
-      }
-      if (fast(s)) {
-        split_fast(s, text, [&](std::string_view p) { map_next(p, at_start && p.data() == text.data()); });
-        break;
-      }
-      s.pattern.for_each_span(text, [&](const PatternSpan& m) {
-        if (m.end > m.begin) map_next(text.substr(m.begin, m.end - m.begin), at_start && m.begin == 0);
-      });
-      break;
-    }
+    case Kind::ByteLevel: run_byte_level(step, text, at_start, piece); break;
     case Kind::Metaspace: {
       std::string t = replace_all(text, " ", s.replacement);
       const bool starts = t.compare(0, s.replacement.size(), s.replacement) == 0;
@@ -606,6 +581,30 @@ void PreTokenizer::run(size_t step, std::string_view text, bool at_start,
       break;
     }
   }
+}
+
+// ByteLevel: a space in front (add_prefix_space), GPT-2's pieces (use_regex), each piece's bytes
+// mapped to the characters GPT-2's vocabulary spells them with.
+void PreTokenizer::run_byte_level(size_t step, std::string_view text, bool at_start,
+                                  const std::function<void(std::string_view)>& piece) const {
+  const Step& s = steps_[step];
+  std::string prefixed;
+  if (s.add_prefix_space && text.front() != ' ') {
+    prefixed.reserve(text.size() + 1);
+    prefixed.append(" ").append(text);
+    text = prefixed;
+  }
+  std::string mapped;
+  auto map_next = [&](std::string_view part, bool part_at_start) {
+    mapped.clear();
+    for (unsigned char b : part) mapped += byte_level_char(b);
+    run(step + 1, mapped, part_at_start, piece);
+  };
+  if (!s.use_regex) return map_next(text, at_start);
+  if (fast(s)) return split_fast(s, text, [&](std::string_view p) { map_next(p, at_start && p.data() == text.data()); });
+  s.pattern.for_each_span(text, [&](const PatternSpan& m) {
+    if (m.end > m.begin) map_next(text.substr(m.begin, m.end - m.begin), at_start && m.begin == 0);
+  });
 }
 
 void PreTokenizer::split(std::string_view text, bool at_start, const std::function<void(std::string_view)>& piece) const {

@@ -5,7 +5,7 @@
 //
 // Fast paths: a Split by GPT-2's, Llama-3's or Qwen2's pattern (and ByteLevel's own regex, which
 // is GPT-2's) runs hand-written splitters instead of Oniguruma; they give the same pieces
-// (tests/engine/test_tokenizer_pipelines.cc checks them against the general path on every
+// (tests/engine/text/test_tokenizer_pipelines.cc checks them against the general path on every
 // corpus string) about three times faster (kvpr-bench tokenize).
 #pragma once
 
@@ -82,6 +82,8 @@ class PreTokenizer {
   static const std::map<std::string, AddFn>& kinds();  // by tokenizer.json's "type"
   void add_split(Pattern pattern, SplitBehavior behavior, bool invert);
   void run(size_t step, std::string_view text, bool at_start, const std::function<void(std::string_view)>& piece) const;
+  void run_byte_level(size_t step, std::string_view text, bool at_start,
+                      const std::function<void(std::string_view)>& piece) const;
   std::vector<PatternSpan> matches(const Step& s, std::string_view text) const;
   bool fast(const Step& s) const;  // whether s runs a hand-written splitter
   void split_fast(const Step& s, std::string_view text, const std::function<void(std::string_view)>& piece) const;

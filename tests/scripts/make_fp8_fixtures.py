@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """fp8 E4M3 ("e4m3fn": no infinities, largest finite 448) reference values for
-tests/engine/test_dtype.cc, computed independently of engine/base/dtype.h: every finite value of the
+tests/engine/base/test_dtype.cc, computed independently of engine/base/dtype.h: every finite value of the
 format is enumerated from its definition as an exact fraction, and each float32 input is
 mapped to the nearest one by exact comparison (ties to the even mantissa), magnitudes past
 448 saturating to 448 as CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) does.

@@ -1,4 +1,4 @@
-// The CUDA backend on the emulated device (cuda_backend_emu.cc): what tests/engine/test_cuda.cc
+// The CUDA backend on the emulated device (cuda_backend_emu.cc): what tests/engine/backend/test_cuda.cc
 // gets for create_backend("cuda") and cuda_available() when built as the emulated suite.
 #pragma once
 

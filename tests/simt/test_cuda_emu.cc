@@ -24,7 +24,7 @@
 #include "numa/placement.h"
 #include "numa/topology.h"
 #endif
-#include "tests/engine/kv_mode_check.h"
+#include "tests/engine/kv/kv_mode_check.h"
 #include "tests/test_util.h"
 
 using kvpr_emu::DeviceFault;

@@ -1,7 +1,7 @@
 // The CUDA kernels (engine/backend/cuda/*.cu), run by the SIMT emulator (simt_emu.h) on the CPU,
 // against the CPU backend's ops. CI has no GPU: this is where kernel indexing, bounds,
 // reductions and split merges are checked on every change (and under ASan in CI's second
-// phase). tests/engine/test_cuda.cc runs the same comparisons on a real device.
+// phase). tests/engine/backend/test_cuda.cc runs the same comparisons on a real device.
 #include <gtest/gtest.h>
 
 #include <algorithm>

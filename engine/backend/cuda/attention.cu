@@ -313,6 +313,140 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
 // split the block writes the output itself, else its partial for decode_merge_kernel.
 constexpr int kGroupSplitKeys = 512;
 
+// decode_group_kernel's steps, each for one warp and one 32-key tile (KT rows, PITCH elements
+// apart in the warp's shared buffer `ks`).
+
+// The tile's K rows into shared memory: 16-byte pieces, consecutive lanes on consecutive pieces
+// of a row, then the next row (element by element where rows are not 16-byte multiples).
+template <typename T, int LOAD, int PITCH>
+__device__ __forceinline__ void load_k_tile(T* ks, const KvRows<T>& kv, int64_t t0, int rows, int hd, int lane) {
+  constexpr int PAD = 16 / static_cast<int>(sizeof(T));
+  if (LOAD != kScalar && (hd * static_cast<int>(sizeof(T))) % 16 == 0) {
+    const int per_row = hd * static_cast<int>(sizeof(T)) / 16;
+    for (int i = lane; i < rows * per_row; i += 32) {
+      const int r = i / per_row, c = i % per_row;
+      *reinterpret_cast<uint4*>(ks + r * PITCH + c * PAD) = *reinterpret_cast<const uint4*>(kv.key(t0 + r) + c * PAD);
+    }
+  } else {
+    for (int i = lane; i < rows * hd; i += 32) {
+      const int r = i / hd, c = i % hd;
+      ks[r * PITCH + c] = kv.key(t0 + r)[c];
+    }
+  }
+}
+
+// Lane j's scores of key j of the tile for each of the GC heads (-FLT_MAX past the tile's rows).
+template <typename T, int CH, int GC, int LOAD, int PITCH>
+__device__ __forceinline__ void score_tile(const T* ks, const float (*qs)[CH * 32], int rows, int hd, int lane,
+                                           float scale, float (&sc)[GC]) {
+#pragma unroll
+  for (int g = 0; g < GC; ++g) sc[g] = -FLT_MAX;
+  if (lane >= rows) return;
+  const T* kr = ks + lane * PITCH;
+  float dot[GC];
+#pragma unroll
+  for (int g = 0; g < GC; ++g) dot[g] = 0.f;
+  if constexpr (LOAD != kScalar) {
+    const int dims = LOAD == kVectorExact ? CH * 32 : hd;
+#pragma unroll 4
+    for (int i = 0; i < dims; i += 8) {
+      float kf[8];
+      load8(kr + i, kf);
+#pragma unroll
+      for (int g = 0; g < GC; ++g)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dot[g] += qs[g][i + j] * kf[j];
+    }
+  } else {
+    for (int i = 0; i < hd; ++i) {
+      const float kf = to_f32(kr[i]);
+#pragma unroll
+      for (int g = 0; g < GC; ++g) dot[g] += qs[g][i] * kf;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < GC; ++g) sc[g] = dot[g] * scale;
+}
+
+// The online softmax over the tile's scores, and its V rows accumulated: coalesced, lane owning
+// dimensions [lane * CH, lane * CH + CH) for every head.
+template <typename T, int CH, int GC>
+__device__ __forceinline__ void accumulate_tile(const KvRows<T>& kv, int64_t t0, int rows, int hd, int lane,
+                                                const float (&sc)[GC], float (&m)[GC], float (&l)[GC],
+                                                float (&acc)[GC][CH]) {
+  float p[GC];
+#pragma unroll
+  for (int g = 0; g < GC; ++g) {
+    const float m_new = fmaxf(m[g], warp_max(sc[g]));
+    p[g] = lane < rows ? __expf(sc[g] - m_new) : 0.f;
+    const float correction = __expf(m[g] - m_new);
+    l[g] = l[g] * correction + warp_sum(p[g]);
+#pragma unroll
+    for (int c = 0; c < CH; ++c) acc[g][c] *= correction;
+    m[g] = m_new;
+  }
+  for (int kk = 0; kk < rows; ++kk) {
+    const T* vr = kv.value(t0 + kk) + lane * CH;
+    float vf[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) vf[c] = lane * CH + c < hd ? to_f32(vr[c]) : 0.f;
+#pragma unroll
+    for (int g = 0; g < GC; ++g) {
+      const float pk = __shfl_sync(0xffffffffu, p[g], kk);
+#pragma unroll
+      for (int c = 0; c < CH; ++c) acc[g][c] += pk * vf[c];
+    }
+  }
+}
+
+// The warps' partials (m, l, acc per head) merged through shared memory `part` ([warp][g][HD + 2]):
+// with one split the block's output, else its partial for decode_merge_kernel in `work`.
+template <int CH, int GC>
+__device__ __forceinline__ void merge_warps(float* part, const float (&m)[GC], const float (&l)[GC],
+                                            const float (&acc)[GC][CH], int warp, int lane, int hd, int h0,
+                                            int64_t q_row, int heads, int split, int splits, int s, float* out,
+                                            float* work) {
+  constexpr int HD = CH * 32;
+#pragma unroll
+  for (int g = 0; g < GC; ++g) {
+    float* pw = part + (warp * GC + g) * (HD + 2);
+    if (lane == 0) {
+      pw[0] = m[g];
+      pw[1] = l[g];
+    }
+#pragma unroll
+    for (int c = 0; c < CH; ++c) pw[2 + lane * CH + c] = acc[g][c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < GC * hd; i += blockDim.x) {
+    const int g = i / hd, c = i % hd;
+    float M = -FLT_MAX;
+    for (int w = 0; w < kWarps; ++w) {
+      const float* pw = part + (w * GC + g) * (HD + 2);
+      if (pw[1] > 0.f) M = fmaxf(M, pw[0]);
+    }
+    float L = 0.f, a = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float* pw = part + (w * GC + g) * (HD + 2);
+      if (pw[1] <= 0.f) continue;  // a warp without keys in this split
+      const float e = __expf(pw[0] - M);
+      L += pw[1] * e;
+      a += pw[2 + c] * e;
+    }
+    const int h = h0 + g;
+    if (splits == 1) {
+      out[q_row * heads * hd + h * hd + c] = a / L;
+    } else {
+      float* dst = work + ((static_cast<int64_t>(s) * heads + h) * splits + split) * (hd + 2);
+      dst[2 + c] = a;
+      if (c == 0) {
+        dst[0] = M;
+        dst[1] = L;
+      }
+    }
+  }
+}
+
 template <typename T, int CH, int GC, int LOAD>
 __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* descs, int heads, int kv_heads, int hd,
                                     float scale, int splits, float* work) {
@@ -351,116 +485,16 @@ __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* 
   }
   for (int64_t t0 = begin + warp * KT; t0 < end; t0 += kWarps * KT) {
     const int rows = end - t0 < KT ? static_cast<int>(end - t0) : KT;
-    if (LOAD != kScalar && (hd * static_cast<int>(sizeof(T))) % 16 == 0) {
-      // 16-byte pieces, consecutive lanes on consecutive pieces of a row, then the next row.
-      const int per_row = hd * static_cast<int>(sizeof(T)) / 16;
-      for (int i = lane; i < rows * per_row; i += 32) {
-        const int r = i / per_row, c = i % per_row;
-        *reinterpret_cast<uint4*>(ks + r * PITCH + c * PAD) =
-            *reinterpret_cast<const uint4*>(kv.key(t0 + r) + c * PAD);
-      }
-    } else {
-      for (int i = lane; i < rows * hd; i += 32) {
-        const int r = i / hd, c = i % hd;
-        ks[r * PITCH + c] = kv.key(t0 + r)[c];
-      }
-    }
+    load_k_tile<T, LOAD, PITCH>(ks, kv, t0, rows, hd, lane);
     __syncwarp();
     float sc[GC];
-#pragma unroll
-    for (int g = 0; g < GC; ++g) sc[g] = -FLT_MAX;
-    if (lane < rows) {
-      const T* kr = ks + lane * PITCH;
-      float dot[GC];
-#pragma unroll
-      for (int g = 0; g < GC; ++g) dot[g] = 0.f;
-      if constexpr (LOAD != kScalar) {
-        const int dims = LOAD == kVectorExact ? HD : hd;
-#pragma unroll 4
-        for (int i = 0; i < dims; i += 8) {
-          float kf[8];
-          load8(kr + i, kf);
-#pragma unroll
-          for (int g = 0; g < GC; ++g)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) dot[g] += qs[g][i + j] * kf[j];
-        }
-      } else {
-        for (int i = 0; i < hd; ++i) {
-          const float kf = to_f32(kr[i]);
-#pragma unroll
-          for (int g = 0; g < GC; ++g) dot[g] += qs[g][i] * kf;
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < GC; ++g) sc[g] = dot[g] * scale;
-    }
-    float p[GC];
-#pragma unroll
-    for (int g = 0; g < GC; ++g) {
-      const float m_new = fmaxf(m[g], warp_max(sc[g]));
-      p[g] = lane < rows ? __expf(sc[g] - m_new) : 0.f;
-      const float correction = __expf(m[g] - m_new);
-      l[g] = l[g] * correction + warp_sum(p[g]);
-#pragma unroll
-      for (int c = 0; c < CH; ++c) acc[g][c] *= correction;
-      m[g] = m_new;
-    }
-    // V rows, coalesced: lane owns dimensions [lane * CH, lane * CH + CH), for every head.
-    for (int kk = 0; kk < rows; ++kk) {
-      const T* vr = kv.value(t0 + kk) + lane * CH;
-      float vf[CH];
-#pragma unroll
-      for (int c = 0; c < CH; ++c) vf[c] = lane * CH + c < hd ? to_f32(vr[c]) : 0.f;
-#pragma unroll
-      for (int g = 0; g < GC; ++g) {
-        const float pk = __shfl_sync(0xffffffffu, p[g], kk);
-#pragma unroll
-        for (int c = 0; c < CH; ++c) acc[g][c] += pk * vf[c];
-      }
-    }
+    score_tile<T, CH, GC, LOAD, PITCH>(ks, qs, rows, hd, lane, scale, sc);
+    accumulate_tile<T, CH, GC>(kv, t0, rows, hd, lane, sc, m, l, acc);
     __syncwarp();  // the tile is consumed before the next one overwrites it
   }
   __syncthreads();  // every warp is done with its tile: the buffer now holds the partials
-  float* part = reinterpret_cast<float*>(smem);  // [warp][g][HD + 2]: m, l, acc
-#pragma unroll
-  for (int g = 0; g < GC; ++g) {
-    float* pw = part + (warp * GC + g) * (HD + 2);
-    if (lane == 0) {
-      pw[0] = m[g];
-      pw[1] = l[g];
-    }
-#pragma unroll
-    for (int c = 0; c < CH; ++c) pw[2 + lane * CH + c] = acc[g][c];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < GC * hd; i += blockDim.x) {
-    const int g = i / hd, c = i % hd;
-    float M = -FLT_MAX;
-    for (int w = 0; w < kWarps; ++w) {
-      const float* pw = part + (w * GC + g) * (HD + 2);
-      if (pw[1] > 0.f) M = fmaxf(M, pw[0]);
-    }
-    float L = 0.f, a = 0.f;
-    for (int w = 0; w < kWarps; ++w) {
-      const float* pw = part + (w * GC + g) * (HD + 2);
-      if (pw[1] <= 0.f) continue;  // a warp without keys in this split
-      const float e = __expf(pw[0] - M);
-      L += pw[1] * e;
-      a += pw[2 + c] * e;
-    }
-    const int h = h0 + g;
-    if (splits == 1) {
-      out[d.q_begin * row_stride + h * hd + c] = a / L;
-    } else {
-      float* dst = work + ((static_cast<int64_t>(s) * heads + h) * splits + split) * (hd + 2);
-      dst[2 + c] = a;
-      if (c == 0) {
-        dst[0] = M;
-        dst[1] = L;
-      }
-    }
-  }
+  merge_warps<CH, GC>(reinterpret_cast<float*>(smem), m, l, acc, warp, lane, hd, h0, d.q_begin, heads, split, splits, s,
+                      out, work);
 }
 
 // Splits of decode_group_kernel: enough blocks for 8 per SM (the tail of the last wave then

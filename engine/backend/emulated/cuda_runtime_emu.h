@@ -1,7 +1,7 @@
 // An emulated CUDA device for CI (which has the CUDA headers but no GPU): the part of the CUDA
 // runtime and cuBLAS that engine/backend/cuda/cuda_backend.cu calls, so that the unchanged backend,
 // with its kernels run by the SIMT emulator (simt_emu.h), is tested end to end on the CPU:
-// tests/engine/test_cuda.cc (the GPU test suite) runs against it in CI on every change, and
+// tests/engine/backend/test_cuda.cc (the GPU test suite) runs against it in CI on every change, and
 // with -DKVPR_EMULATED_CUDA=ON the real binaries (kvprd, kvpr-worker, kvpr, kvpr-bench) are
 // built against it, so the daemon runs its GPU path on emulated GPUs.
 //

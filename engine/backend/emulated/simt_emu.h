@@ -14,7 +14,7 @@
 // What it does not model: timing, the memory model beyond barrier ordering, occupancy, and
 // divergent warps calling a shuffle with different masks (every shuffle here is full-warp,
 // which the kernels guarantee). It checks kernel logic: indexing, bounds, reductions,
-// merges, synchronisation; the GPU tests (tests/engine/test_cuda.cc) check the real thing.
+// merges, synchronisation; the GPU tests (tests/engine/backend/test_cuda.cc) check the real thing.
 #pragma once
 
 #if defined(__CUDACC__)

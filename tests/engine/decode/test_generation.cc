@@ -18,7 +18,7 @@
 #include "engine/base/json.h"
 #include "engine/constrain/json_object.h"
 #include "engine/model/opt_model.h"
-#include "tests/engine/kv_mode_check.h"
+#include "tests/engine/kv/kv_mode_check.h"
 #include "tests/test_util.h"
 
 using namespace kvpr;

@@ -1,5 +1,5 @@
 // Every KV mode on a device backend against the CPU backend's greedy tokens, for one tiny
-// fixture: what tests/engine/test_cuda.cc checks on a GPU and the emulated-device suite checks under
+// fixture: what tests/engine/backend/test_cuda.cc checks on a GPU and the emulated-device suite checks under
 // random schedules.
 #pragma once
 

@@ -16,7 +16,7 @@
 #include "engine/decode/generator.h"
 #include "engine/model/llama_model.h"
 #include "engine/base/npy.h"
-#include "tests/engine/kv_mode_check.h"
+#include "tests/engine/kv/kv_mode_check.h"
 #include "tests/test_util.h"
 
 using namespace kvpr;
