@@ -1,12 +1,10 @@
 // The greedy choice of a logits row with its log-sum-exp, on the host: the definition the
 // backends' argmax_lse op computes per row on the device, and what sampling uses on the host.
+// Defined in backend.cc, out of line: the CPU backend's files are compiled for AVX2, and an
+// inline copy from them could be the one every caller links.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
-#include <limits>
-
-#include "engine/base/error.h"
 
 namespace kvpr {
 
@@ -18,15 +16,6 @@ struct RowStats {
   float max;
   double lse;
 };
-inline RowStats row_argmax_lse(const float* logits, int32_t valid) {
-  KVPR_CHECK(valid > 0, "no valid token ids to sample from");
-  float mx = -std::numeric_limits<float>::infinity();
-  int32_t arg = 0;
-  for (int32_t i = 0; i < valid; ++i)
-    if (logits[i] > mx) mx = logits[i], arg = i;
-  double sum = 0;
-  for (int32_t i = 0; i < valid; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
-  return {arg, mx, mx + std::log(sum)};
-}
+RowStats row_argmax_lse(const float* logits, int32_t valid);
 
 }  // namespace kvpr

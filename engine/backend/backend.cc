@@ -1,8 +1,11 @@
 #include "engine/backend/backend.h"
 
+#include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 
+#include "engine/backend/argmax_lse.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/base/error.h"
 
@@ -196,6 +199,17 @@ bool parse_dtype(std::string_view s, DType* out) {
   else if (s == "F8_E4M3" || s == "fp8" || s == "fp8_e4m3" || s == "f8_e4m3" || s == "float8_e4m3fn") *out = DType::F8E4M3;
   else return false;
   return true;
+}
+
+RowStats row_argmax_lse(const float* logits, int32_t valid) {
+  KVPR_CHECK(valid > 0, "no valid token ids to sample from");
+  float mx = -std::numeric_limits<float>::infinity();
+  int32_t arg = 0;
+  for (int32_t i = 0; i < valid; ++i)
+    if (logits[i] > mx) mx = logits[i], arg = i;
+  double sum = 0;
+  for (int32_t i = 0; i < valid; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  return {arg, mx, mx + std::log(sum)};
 }
 
 }  // namespace kvpr
