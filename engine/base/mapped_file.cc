@@ -39,9 +39,7 @@ MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-size_t MappedFile::resident_bytes() const {
-  if (!data_) return 0;
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
+size_t resident_bytes(const std::vector<const MappedFile*>& files) {
   std::ifstream smaps("/proc/self/smaps");
   std::string line;
   size_t kib = 0;
@@ -51,7 +49,11 @@ size_t MappedFile::resident_bytes() const {
     const uintptr_t start = std::strtoull(line.c_str(), &end, 16);
     if (end && *end == '-' && end != line.c_str()) {
       const uintptr_t stop = std::strtoull(end + 1, nullptr, 16);
-      inside = start < hi && stop > lo;  // (one mapping may show as several ranges)
+      inside = false;  // (one mapping may show as several ranges)
+      for (const MappedFile* f : files) {
+        const uintptr_t lo = reinterpret_cast<uintptr_t>(f->data()), hi = lo + f->size();
+        if (f->data() && start < hi && stop > lo) inside = true;
+      }
     } else if (inside && line.rfind("Rss:", 0) == 0) {
       kib += std::strtoull(line.c_str() + 4, nullptr, 10);
     }

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvpr {
 
@@ -17,15 +18,16 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
-  // Bytes of the mapping this process has touched: its pages mapped in (Rss in
-  // /proc/self/smaps), page granular and with the kernel's fault-around of pages that were
-  // already cached. What this process read of the file; 0 where smaps cannot be read.
-  size_t resident_bytes() const;
 
  private:
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// Bytes of these mappings this process has touched, in one read of /proc/self/smaps: their
+// pages mapped in (Rss), page granular and with the kernel's fault-around of pages that were
+// already cached. What this process read of the files; 0 where smaps cannot be read.
+size_t resident_bytes(const std::vector<const MappedFile*>& files);
 
 }  // namespace kvpr

@@ -67,9 +67,9 @@ void CheckpointDir::add_file(const std::string& file_name, bool torch) {
 }
 
 size_t CheckpointDir::bytes_read() const {
-  size_t n = 0;
-  for (const auto& f : files_) n += f->resident_bytes();
-  return n;
+  std::vector<const MappedFile*> files;
+  for (const auto& f : files_) files.push_back(f.get());
+  return resident_bytes(files);
 }
 
 const TensorRecord* CheckpointDir::find(const std::string& name) const {

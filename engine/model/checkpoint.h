@@ -37,7 +37,7 @@ class CheckpointDir {
   const std::string& format() const { return format_; }
   const TensorRecord* find(const std::string& name) const;
   const std::vector<TensorRecord>& tensors() const { return tensors_; }
-  // Bytes of the checkpoint's files this process has read so far (MappedFile::resident_bytes).
+  // Bytes of the checkpoint's files this process has read so far (resident_bytes in mapped_file.h).
   size_t bytes_read() const;
 
  private:
