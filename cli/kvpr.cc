@@ -211,7 +211,7 @@ GenerationParams generation_params(const Args& a) {
   gp.json_object = format == "json_object";
   if (a.has("--json-schema")) {  // the text valid against a JSON Schema (engine/constrain/json_schema.h)
     if (format != "text") throw UsageError("give --response-format or --json-schema, not both");
-    gp.json_schema = std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse_file(a.get("--json-schema"))));
+    gp.json_schema = json::parse_file(a.get("--json-schema"));  // compiled (or refused) by the engine
   }
   gp.sampling.repetition_penalty = parse_number<float>("--repetition-penalty", a.get("--repetition-penalty", "1"));
   gp.sampling.presence_penalty = parse_number<float>("--presence-penalty", a.get("--presence-penalty", "0"));

@@ -7,7 +7,6 @@
 #include <limits>
 #include <map>
 
-#include "engine/backend/backend.h"
 #include "openai/chat_template.h"
 #include "engine/base/error.h"
 

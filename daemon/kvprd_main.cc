@@ -19,12 +19,12 @@
 
 #include "openai/chat_template.h"
 #include "openai/model_chat_template.h"
-#include "engine/decode/generation_config.h"
+#include "openai/generation_config.h"
 #include "daemon/config.h"
+#include "daemon/engine_probe.h"
 #include "daemon/server.h"
 #include "daemon/worker_pool.h"
 #include "engine/base/error.h"
-#include "engine/model/model.h"
 #include "engine/text/tokenizer.h"
 
 namespace {
@@ -50,7 +50,7 @@ std::string self_dir() {
 // What kvprd serves, decided at start from the model and the flags: its context, chat
 // template, tool-call parser and sampling defaults (read, and refused when out of range, before
 // any worker starts).
-kvpr::ServedModel served_model(const kvpr::DaemonConfig& cfg, const kvpr::ModelSpec& spec) {
+kvpr::ServedModel served_model(const kvpr::DaemonConfig& cfg, const kvpr::EngineDescription& spec) {
   using namespace kvpr;
   ServedModel served;
   served.name = cfg.served_model_name;
@@ -273,15 +273,15 @@ int main(int argc, char** argv) {
     if (!cfg.config_file.empty()) spdlog::info("config file {}", cfg.config_file);
     else spdlog::info("no config file (the command line only; --config FILE names one)");
     check_descriptor_limit(cfg);
-    const ModelSpec spec = load_model_spec(cfg.model);
+    const std::string worker = worker_binary(cfg);
+    const EngineDescription spec = probe_engine(worker, cfg);  // the GPUs and the model, as the engine sees them
     const Tokenizer tok = Tokenizer::load(cfg.model);
     const ServedModel served = served_model(cfg, spec);
-    const std::string worker = worker_binary(cfg);
     boost::asio::io_context io;
     // Signals are caught from here on (SIGHUP's default would end the daemon).
     boost::asio::signal_set terminate(io, SIGTERM, SIGINT);
     boost::asio::signal_set hangup(io, SIGHUP);
-    WorkerPool pool(io, cfg, worker);
+    WorkerPool pool(io, cfg, worker, spec);
     if (print_topology) {
       std::fputs(pool.placement().c_str(), stdout);
       return 0;

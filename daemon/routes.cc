@@ -15,9 +15,12 @@ using Clock = std::chrono::steady_clock;
 struct Routes::Generation {
   std::shared_ptr<Exchange> ex;
   ResponseState r;
-  std::vector<GenerateMessage> requests;  // per choice of n: the engine's parameters
+  std::vector<EngineRequest> requests;  // per choice of n: the engine's parameters
   std::vector<uint64_t> engine_ids;  // per choice
   bool streaming = false;
+  // The stream's 200 and headers go out with its first event, so that a request the engine
+  // refuses (a schema it cannot compile, a prompt past its KV cache) is still a 400.
+  bool stream_started = false;
   bool answering = true;  // false once answered, abandoned, or its client left
   int64_t remaining = 0;  // choices not done
   Clock::time_point t0 = Clock::now(), last_token;
@@ -200,7 +203,6 @@ void Routes::generate(const std::shared_ptr<Exchange>& ex, bool chat) {
     gen->cancel(self->pool_);
     spdlog::info("{}: client disconnected, generation cancelled", gen->r.id);
   });
-  if (g->streaming) ex->start_events();
   submit(g, req);
 }
 
@@ -210,7 +212,7 @@ void Routes::submit(const std::shared_ptr<Generation>& g, const GenerateRequest&
   const size_t n = static_cast<size_t>(req.sampling.n);
   for (size_t i = 0; i < g->r.choices.size(); ++i) {
     const ChoiceState& c = g->r.choices[i];
-    GenerateMessage m = g->requests[i % n];
+    EngineRequest m = g->requests[i % n];
     m.id = next_engine_id_++;
     m.prompt = c.prompt;
     g->engine_ids.push_back(m.id);
@@ -259,6 +261,14 @@ void Routes::on_event(const std::shared_ptr<Generation>& g, size_t i, const Engi
     --engine_in_flight_;
   }
   if (!g->answering || g->ex->gone()) return;  // the client went away: nothing more to send
+  if (g->streaming && !g->stream_started) {
+    if (!ev.error.empty()) {  // nothing sent yet: the error with its own status
+      live_.erase(g);
+      return end_with_error(*g, g->r.failure);
+    }
+    g->ex->start_events();
+    g->stream_started = true;
+  }
   try {
     const ResponseContext ctx{tok_, served_.reasoning, ids_, served_.chat_template == "mistral-nemo"};
     if (g->streaming)
@@ -287,7 +297,7 @@ void Routes::fail_answer(const std::shared_ptr<Generation>& g, const std::string
 void Routes::end_with_error(Generation& g, const ApiError& e) {
   g.answering = false;
   g.cancel(pool_);
-  if (g.streaming) {
+  if (g.stream_started) {
     g.ex->send_event(error_body(e).dump());
     g.ex->send_event("[DONE]");
     g.ex->end_events();
@@ -309,9 +319,7 @@ void Routes::complete(Generation& g) {
     g.ex->send_event("[DONE]");
     return g.ex->end_events();
   }
-  if (!g.r.error.empty())
-    return respond_error(*g.ex, g.r.refused ? ApiError{400, g.r.error, "invalid_request_error", ""}
-                                            : ApiError{500, g.r.error, "server_error", ""});
+  if (!g.r.error.empty()) return respond_error(*g.ex, g.r.failure);
   const ResponseContext ctx{tok_, served_.reasoning, ids_, served_.chat_template == "mistral-nemo"};
   respond_json(*g.ex, 200, response_json(g.r, ctx));
 }

@@ -19,9 +19,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/backend/backend.h"
 #include "engine/base/error.h"
-#include "engine/backend/weight_broadcast.h"
 #ifdef KVPR_HAVE_HWLOC
 #include "numa/placement.h"
 #endif
@@ -151,12 +149,13 @@ struct WorkerPool::Worker {
   pid_t pid() const { return proc ? proc->pid : 0; }
 };
 
-WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std::string worker_binary)
+WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std::string worker_binary,
+                       const EngineDescription& engine)
     : io_(io), cfg_(cfg), binary_(std::move(worker_binary)), liveness_timer_(io) {
-  bool cuda = cfg.backend == "cuda" || (cfg.backend == "auto" && cuda_available());
+  bool cuda = cfg.backend == "cuda" || (cfg.backend == "auto" && !engine.gpu_bus_ids.empty());
   std::vector<int> devices;
   if (cuda) {
-    int n = visible_cuda_devices();
+    const int n = static_cast<int>(engine.gpu_bus_ids.size());
     if (cfg.gpus == "all") {
       for (int i = 0; i < n; ++i) devices.push_back(i);
     } else {
@@ -184,23 +183,14 @@ WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std
     w->sup = Supervisor(t);
     workers_.push_back(w);
   }
-  // Several GPUs: read the weights once, broadcast them with NCCL.
-  if (cuda && count > 1 && nccl_available()) {
-    try {
-      nccl_id_ = nccl_unique_id_hex();
-    } catch (const std::exception& e) {
-      spdlog::warn("NCCL unavailable ({}): every worker reads the checkpoint", e.what());
-    }
-  }
+  // Several GPUs: read the weights once, broadcast them with NCCL (worker 0 makes the group).
+  broadcast_ = cuda && count > 1 && engine.nccl;
 #ifdef KVPR_HAVE_HWLOC
   // Each worker on its GPU's NUMA node with its own cores (numa/placement.h).
   try {
     Topology topo = Topology::from_system();
     std::vector<std::string> bus;
-    if (cuda) {
-      std::vector<std::string> all = cuda_pci_bus_ids();
-      for (int d : devices) bus.push_back(all.at(d));
-    }
+    for (int d : devices) bus.push_back(engine.gpu_bus_ids.at(static_cast<size_t>(d)));
     auto plan = plan_placement(topo, bus, cuda ? 0 : count);
     // The plan counts GPUs in the order given; each worker's is the CUDA device --gpus named (the
     // table showed 0, 1 for --gpus 1,6 while those workers ran on devices 1 and 6).
@@ -226,9 +216,8 @@ std::vector<std::string> WorkerPool::worker_args(const Worker& w, int fd) const 
                                 std::to_string(w.device)};
   for (std::string& arg : engine_option_args(cfg_.engine)) a.push_back(std::move(arg));
   if (w.numa_node >= 0) a.insert(a.end(), {"--numa-node", std::to_string(w.numa_node)});
-  if (!nccl_id_.empty() && w.first_start)
-    a.insert(a.end(), {"--nccl-id", nccl_id_, "--nccl-rank", std::to_string(w.index), "--nccl-ranks",
-                       std::to_string(workers_.size())});
+  if (broadcast_ && w.first_start)  // worker 0 makes the group; the others get its id over the channel
+    a.insert(a.end(), {"--nccl-rank", std::to_string(w.index), "--nccl-ranks", std::to_string(workers_.size())});
   if (!w.cpus.empty()) {
     std::string list;
     for (int c : w.cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
@@ -262,7 +251,7 @@ void WorkerPool::apply(Worker& w, const Supervisor::Actions& a) {
     } catch (const std::exception& e) {
       spdlog::error("worker {}: restart failed: {}; retrying in {} ms", w.index, e.what(), w.sup.next_backoff().count());
       // A process of the broadcast that never came (or came and went): the others would wait for it.
-      if (w.in_broadcast || (!nccl_id_.empty() && w.first_start)) leave_broadcast(w);
+      if (w.in_broadcast || (broadcast_ && w.first_start)) leave_broadcast(w);
       next = w.sup.spawn_failed(Clock::now(), e.what());
     }
     w.last_error = w.sup.why();
@@ -343,7 +332,8 @@ void WorkerPool::spawn(Worker& w) {
   }
   ::close(sv[1]);
   ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before a kill
-  w.broadcast_start = w.in_broadcast = !nccl_id_.empty() && w.first_start;
+  w.broadcast_start = w.in_broadcast = broadcast_ && w.first_start;
+  const bool send_nccl_id = w.in_broadcast && w.index != 0 && !nccl_id_.empty();
   w.first_start = false;  // a restart reads the checkpoint itself
   w.proc = std::make_shared<Process>();
   w.proc->pid = pid;
@@ -355,6 +345,7 @@ void WorkerPool::spawn(Worker& w) {
     undo_spawn(w);
     throw;
   }
+  if (send_nccl_id) w.out->push(FrameChannel::frame(encode_nccl_id(nccl_id_)));
   w.last_heard = Clock::now();
   w.step_ms = 0;
   w.longest_step_ms = 0;
@@ -435,6 +426,7 @@ void WorkerPool::handle(Worker& w, uint64_t gen, WorkerMessage& msg) {
   w.last_heard = Clock::now();
   switch (msg.type) {
     case T::Heartbeat: w.step_ms = msg.step_ms; break;
+    case T::NcclId: relay_nccl_id(w, msg.nccl_id); break;
     case T::Loaded: w.in_broadcast = false; break;
     case T::Ready:
       if (w.sup.phase() != Supervisor::Phase::Starting) return;  // killed already: its end is on its way
@@ -587,6 +579,7 @@ void WorkerPool::on_exit(Worker& w, uint64_t gen) {
 // supervisor (a Ready it had sent is then ignored) and restarts reading the checkpoint.
 void WorkerPool::leave_broadcast(Worker& gone) {
   gone.in_broadcast = false;
+  broadcast_ = false;
   nccl_id_.clear();
   for (auto& x : workers_) {
     if (!x->in_broadcast) continue;
@@ -597,7 +590,16 @@ void WorkerPool::leave_broadcast(Worker& gone) {
   }
 }
 
-bool WorkerPool::submit(const GenerateMessage& request, int64_t cost, EventSink sink, std::string* why) {
+// Worker 0 made the broadcast's NCCL group: the others in the broadcast join it (one that
+// starts into it later gets the id as it spawns).
+void WorkerPool::relay_nccl_id(Worker& from, const std::string& id) {
+  if (!from.in_broadcast || from.index != 0 || !broadcast_) return;  // a broadcast already given up
+  nccl_id_ = id;
+  for (auto& x : workers_)
+    if (x->index != 0 && x->in_broadcast && x->out) x->out->push(FrameChannel::frame(encode_nccl_id(id)));
+}
+
+bool WorkerPool::submit(const EngineRequest& request, int64_t cost, EventSink sink, std::string* why) {
   const uint64_t id = request.id;
   const std::vector<int32_t>& prompt = request.prompt;
   // The worker with the least outstanding work, unless one that was recently sent a prompt

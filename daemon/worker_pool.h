@@ -42,7 +42,10 @@ struct WorkerStatus {
 
 class WorkerPool {
  public:
-  WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std::string worker_binary);
+  // One worker per GPU of `engine`'s (those --gpus names) with backend cuda, or auto when it
+  // has any; else --workers CPU workers.
+  WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std::string worker_binary,
+             const EngineDescription& engine);
   ~WorkerPool();
 
   void start();
@@ -52,7 +55,7 @@ class WorkerPool {
   // Sends a request to the worker with the least outstanding work (or one whose prefix cache
   // likely holds its prompt). `cost` is the tokens it may occupy (prompt + max tokens). Returns
   // false (with *why) when no worker is ready.
-  bool submit(const GenerateMessage& request, int64_t cost, EventSink sink, std::string* why);
+  bool submit(const EngineRequest& request, int64_t cost, EventSink sink, std::string* why);
   void cancel(uint64_t id);
   // SIGHUP: the live settings (timeouts, queue) for what comes next.
   void apply_config(const DaemonConfig& live);
@@ -82,6 +85,7 @@ class WorkerPool {
   void on_exit(Worker& w, uint64_t gen);
   // `gone` left the weight broadcast before it was ready: the others still in it are stopped.
   void leave_broadcast(Worker& gone);
+  void relay_nccl_id(Worker& from, const std::string& id);
   void fail_pending(Worker& w, const std::string& why);
   bool deliver(const EventSink& sink, const EngineEvent& ev, uint64_t id);
   void check_liveness();
@@ -97,7 +101,8 @@ class WorkerPool {
   std::function<void()> on_all_ready_;
   std::function<void(const std::string&)> on_start_failed_;
   std::string placement_;
-  std::string nccl_id_;  // several GPUs: the first start of every worker joins this group
+  bool broadcast_ = false;  // several GPUs: the first start of every worker joins the weight broadcast
+  std::string nccl_id_;    // its NCCL group, once worker 0 has made it
   boost::asio::steady_timer liveness_timer_;
 };
 

@@ -1,14 +1,12 @@
 // Where each worker runs: its GPU, its NUMA node, a cpuset disjoint from the other workers'
 // (and, for cpu-attn, the host attention threads taken from it), and where its host memory
 // (the KV store, pinned staging) lives. Computed by the controller, applied by each worker
-// to itself before it allocates.
+// to itself before it allocates (its NUMA-local memory: numa_memory.h).
 #pragma once
 
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "engine/backend/backend.h"
 #include "engine/base/json.h"
 #include "numa/topology.h"
 
@@ -40,23 +38,5 @@ std::vector<int> parse_cpu_list(const std::string& s);
 // Binds the calling process's CPUs and memory policy to the placement (this system only).
 // Returns a one-line description of what was done.
 std::string bind_this_process(const Topology& topo, const WorkerPlacement& p);
-
-// Pinned host memory on one NUMA node (hwloc_alloc_membind), placement verified with
-// hwloc_get_area_memlocation on the first allocation; the CUDA backend registers it.
-class NumaHostAllocator : public HostAllocator {
- public:
-  NumaHostAllocator(std::shared_ptr<Topology> topo, int node);
-  void* allocate(size_t bytes) override;
-  void deallocate(void* p, size_t bytes) override;
-  std::string describe() const override;
-  // NUMA nodes (OS indices) that hold [p, p+bytes); the pages must have been touched.
-  std::vector<int> where(const void* p, size_t bytes) const;
-  size_t bytes_allocated() const { return allocated_; }
-
- private:
-  std::shared_ptr<Topology> topo_;
-  int node_;
-  size_t allocated_ = 0;
-};
 
 }  // namespace kvpr

@@ -4,8 +4,6 @@
 #include <cmath>
 
 #include "engine/base/error.h"
-#include "engine/constrain/json_schema.h"
-#include "engine/decode/sampling.h"
 
 namespace kvpr {
 
@@ -236,12 +234,7 @@ void parse_response_format(const json::Value& o, Sampling& s) {
     const json::Value* js = field(*v, "json_schema");
     const json::Value* schema = js && js->is_object() ? field(*js, "schema") : nullptr;
     if (!schema) throw bad_request("'response_format.json_schema.schema' is required", "response_format");
-    s.json_schema = *schema;
-    try {
-      JsonSchema::compile(s.json_schema);
-    } catch (const Error& e) {
-      throw bad_request(std::string("'response_format.json_schema.schema': ") + e.what(), "response_format");
-    }
+    s.json_schema = *schema;  // compiled by the engine, which refuses what it cannot compile
   } else if (t != "text") {
     throw bad_request("'response_format' type must be text, json_object or json_schema", "response_format");
   }
@@ -324,11 +317,6 @@ void constrain_to_tools(const std::string& choice, ToolRequest& t) {
     json::Object list{{"type", "array"}, {"minItems", 1}, {"items", json::Object{{"anyOf", std::move(calls)}}}};
     if (!t.parallel) list.emplace_back("maxItems", 1);
     t.schema = std::move(list);
-  }
-  try {
-    JsonSchema::compile(t.schema);
-  } catch (const Error& e) {
-    throw bad_request(std::string("the tools' parameters: ") + e.what(), "tools");
   }
 }
 
@@ -594,9 +582,9 @@ Prompts make_prompts(GenerateRequest& req, const ServedModel& served, const Toke
   return p;
 }
 
-GenerateMessage engine_request(const GenerateRequest& req, const Tokenizer& tok, int64_t index) {
+EngineRequest engine_request(const GenerateRequest& req, const Tokenizer& tok, int64_t index) {
   const Sampling& s = req.sampling;
-  GenerateMessage m;
+  EngineRequest m;
   GenerationParams& g = m.params;
   g.max_new_tokens = static_cast<int>(s.max_tokens);  // (within the context, checked by make_prompts)
   g.sampling.temperature = static_cast<float>(s.temperature);
@@ -617,7 +605,7 @@ GenerateMessage engine_request(const GenerateRequest& req, const Tokenizer& tok,
     g.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
   }
   g.json_object = s.json_object;
-  m.json_schema = !req.tools.schema.is_null() ? req.tools.schema : s.json_schema;  // forced tool calls, or the format
+  g.json_schema = !req.tools.schema.is_null() ? req.tools.schema : s.json_schema;  // forced tool calls, or the format
   g.stop = s.stop;
   for (int64_t id : s.stop_token_ids) {
     if (id < 0 || id >= tok.size())
@@ -628,6 +616,14 @@ GenerateMessage engine_request(const GenerateRequest& req, const Tokenizer& tok,
   // overflowing, at the ends of int64).
   if (s.seed) g.sampling.seed = static_cast<uint64_t>(*s.seed) + static_cast<uint64_t>(index);
   return m;
+}
+
+ApiError refusal_error(const ToolRequest& tools, const EngineEvent& refused) {
+  if (refused.refused_part == "json_schema") {
+    if (!tools.schema.is_null()) return bad_request("the tools' parameters: " + refused.error, "tools");
+    return bad_request("'response_format.json_schema.schema': " + refused.error, "response_format");
+  }
+  return bad_request(refused.error);
 }
 
 std::vector<int32_t> encode_prompt(const Tokenizer& tok, std::string_view text, bool add_special, const std::string& param) {

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "engine/base/json.h"
-#include "engine/decode/generation_config.h"
+#include "engine/contract/contract.h"
+#include "openai/generation_config.h"
 #include "engine/text/tokenizer.h"
 #include "openai/chat_template.h"
 #include "openai/model_chat_template.h"
-#include "worker/protocol.h"
 
 namespace kvpr {
 
@@ -73,7 +73,7 @@ struct Sampling {
   bool echo = false;
   bool ignore_eos = false;
   bool json_object = false;  // response_format json_object
-  json::Value json_schema;   // response_format json_schema's schema (checked to compile)
+  json::Value json_schema;   // response_format json_schema's schema (the engine compiles it, or refuses it)
 };
 
 // What a chat request asks of tools: the tools written into the prompt, and whether the answer
@@ -126,7 +126,10 @@ Prompts make_prompts(GenerateRequest& req, const ServedModel& served, const Toke
 // The one translation of a request's fields into the engine's: choice `index` (of n) as a
 // worker's generate message, its id and prompt left for the caller. Its seed is the request's
 // + index, so each choice has its own stream of random numbers.
-GenerateMessage engine_request(const GenerateRequest& req, const Tokenizer& tok, int64_t index);
+EngineRequest engine_request(const GenerateRequest& req, const Tokenizer& tok, int64_t index);
+// The engine refused a choice's request: a 400 naming the field of `req` that part came from
+// (its JSON Schema: the response_format's, or the tools' for a forced tool call).
+ApiError refusal_error(const ToolRequest& tools, const EngineEvent& refused);
 
 // POST /tokenize and /detokenize.
 struct TokenizeRequest {

@@ -213,7 +213,7 @@ bool add_event(ResponseState& r, size_t i, const EngineEvent& ev) {
     c.done = true;
     c.finish = "error";
     r.error = ev.error;
-    r.refused = r.refused || ev.refused;
+    r.failure = ev.refused ? refusal_error(r.tools, ev) : ApiError{500, ev.error, "server_error", ""};
     return true;
   }
   if (ev.token >= 0) {
@@ -380,7 +380,7 @@ class ChunkWriter {
 
 std::vector<json::Value> stream_chunks(ResponseState& r, size_t i, const EngineEvent& ev, const ResponseContext& ctx) {
   if (!ev.error.empty())
-    return {ev.refused ? error_body({400, ev.error, "invalid_request_error", ""}) : error_body({500, ev.error, "server_error", ""})};
+    return {error_body(r.failure)};
   ChoiceState& c = r.choices[i];
   ChunkWriter w(r, i, ctx);
   if (r.chat && !c.sent_role) {

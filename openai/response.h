@@ -1,4 +1,4 @@
-// The OpenAI API's responses, built from the engine's events (worker/protocol.h): a request's
+// The OpenAI API's responses, built from the engine's events (engine/contract/contract.h): a request's
 // choices accumulate as their events arrive; then either the whole response (chat.completion
 // or text_completion, with usage, logprobs, reasoning_content and tool_calls), or, streamed,
 // each event's chunks (chat.completion.chunk deltas, text_completion pieces) with the state a
@@ -18,7 +18,6 @@
 #include "openai/request.h"
 #include "openai/reasoning.h"
 #include "openai/tool_calls.h"
-#include "worker/protocol.h"
 
 namespace kvpr {
 
@@ -56,7 +55,9 @@ struct ResponseState {
   std::string model;
   std::vector<ChoiceState> choices;
   std::string error;  // a choice failed: the whole response is this error
-  bool refused = false;  // the engine refused a choice's request (too large for its KV cache): a 400
+  // ... as the API answers it: a 400 naming the field when the engine refused the choice's
+  // request (too large for its KV cache, a schema it cannot compile), else a 500.
+  ApiError failure{500, "", "server_error", ""};
 };
 
 // The request's choices, before any event: n per prompt.

@@ -2,6 +2,9 @@
 //   kvpr-worker --fd N --model DIR [--backend auto|cpu|cuda] [--device D] [--index I]
 //               [--numa-node N] [--cpus LIST] [--nccl-id ID --nccl-rank R --nccl-ranks N]
 //               [--ENGINE-OPTION VALUE ...]  (engine/decode/engine_options.h, as kvprd's)
+//   kvpr-worker --describe --model DIR [--backend auto|cpu|cuda]
+//               what kvprd asks before starting workers: the GPUs, NCCL, the model's shape,
+//               as one JSON line (worker/protocol.h EngineDescription)
 #include <sys/prctl.h>
 
 #include <cstdio>
@@ -17,6 +20,7 @@ int main(int argc, char** argv) {
   ::prctl(PR_SET_DUMPABLE, 0);  // its memory holds prompts and KV: no core dump, no same-user ptrace
   WorkerOptions o;
   int fd = -1;
+  bool describe = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
@@ -30,6 +34,7 @@ int main(int argc, char** argv) {
           continue;
         }
       if (a == "--fd") fd = std::stoi(val());
+      else if (a == "--describe") describe = true;
       else if (a == "--model") o.model_dir = val();
       else if (a == "--backend") o.backend = val();
       else if (a == "--device") o.device = std::stoi(val());
@@ -52,7 +57,12 @@ int main(int argc, char** argv) {
       }
       else KVPR_THROW("unknown option '", a, "'");
     }
-    KVPR_CHECK(fd >= 0 && !o.model_dir.empty(), "--fd and --model are required (kvpr-worker is started by kvprd)");
+    KVPR_CHECK(!o.model_dir.empty(), "--model is required (kvpr-worker is started by kvprd)");
+    if (describe) {
+      std::printf("%s\n", encode_description(describe_engine(o.model_dir, o.backend)).dump().c_str());
+      return 0;
+    }
+    KVPR_CHECK(fd >= 0, "--fd is required (kvpr-worker is started by kvprd)");
     validate(o.engine);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvpr-worker: %s\n", e.what());

@@ -1,7 +1,6 @@
 #include "worker/protocol.h"
 
 #include "engine/base/error.h"
-#include "engine/constrain/json_schema.h"
 
 namespace kvpr {
 
@@ -13,12 +12,6 @@ const json::Value& member(const json::Value& frame, std::string_view key) {
   return *v;
 }
 
-json::Value pairs_json(const std::vector<std::pair<int32_t, double>>& v) {
-  json::Array a;
-  for (const auto& [id, lp] : v) a.push_back(json::Array{static_cast<int64_t>(id), lp});
-  return a;
-}
-
 std::vector<std::pair<int32_t, double>> pairs_of(const json::Value& a) {
   std::vector<std::pair<int32_t, double>> out;
   for (const auto& p : a.as_array())
@@ -26,12 +19,7 @@ std::vector<std::pair<int32_t, double>> pairs_of(const json::Value& a) {
   return out;
 }
 
-template <class T>
-std::vector<std::pair<int32_t, double>> widened(const std::vector<std::pair<int32_t, T>>& v) {
-  return {v.begin(), v.end()};
-}
-
-json::Value params_json(const GenerationParams& g, const json::Value& json_schema) {
+json::Value params_json(const GenerationParams& g) {
   const SamplingParams& s = g.sampling;
   json::Object p{{"max_tokens", g.max_new_tokens}, {"temperature", static_cast<double>(s.temperature)},
                  {"top_p", static_cast<double>(s.top_p)}, {"top_k", s.top_k}};
@@ -43,9 +31,9 @@ json::Value params_json(const GenerationParams& g, const json::Value& json_schem
   if (s.repetition_penalty != 1) p.emplace_back("repetition_penalty", static_cast<double>(s.repetition_penalty));
   if (s.presence_penalty != 0) p.emplace_back("presence_penalty", static_cast<double>(s.presence_penalty));
   if (s.frequency_penalty != 0) p.emplace_back("frequency_penalty", static_cast<double>(s.frequency_penalty));
-  if (!s.logit_bias.empty()) p.emplace_back("logit_bias", pairs_json(widened(s.logit_bias)));
+  if (!s.logit_bias.empty()) p.emplace_back("logit_bias", logprob_pairs_json(s.logit_bias));
   if (g.json_object) p.emplace_back("json_object", true);
-  if (!json_schema.is_null()) p.emplace_back("json_schema", json_schema);
+  if (!g.json_schema.is_null()) p.emplace_back("json_schema", g.json_schema);
   p.emplace_back("stop", json::Array(g.stop.begin(), g.stop.end()));
   if (!g.stop_token_ids.empty()) p.emplace_back("stop_token_ids", json::Array(g.stop_token_ids.begin(), g.stop_token_ids.end()));
   if (s.seed) p.emplace_back("seed", static_cast<int64_t>(*s.seed));
@@ -81,6 +69,7 @@ GenerationParams params_of(const json::Value& p) {
   if (const json::Value* v = p.find("stop_token_ids"))
     for (const auto& id : v->as_array()) g.stop_token_ids.push_back(static_cast<int32_t>(id.as_int()));
   if (const json::Value* v = p.find("json_object")) g.json_object = v->as_bool();
+  if (const json::Value* v = p.find("json_schema")) g.json_schema = *v;
   return g;
 }
 
@@ -90,13 +79,13 @@ json::Value event_json(const RequestEvent& re) {
   if (ev.token >= 0) {
     e.emplace_back("token", static_cast<int64_t>(ev.token));
     e.emplace_back("logprob", ev.logprob);
-    if (!ev.top.empty()) e.emplace_back("top", pairs_json(ev.top));
+    if (!ev.top.empty()) e.emplace_back("top", logprob_pairs_json(ev.top));
   }
   if (!ev.prompt_logprobs.empty()) {
     e.emplace_back("prompt_logprobs", json::Array(ev.prompt_logprobs.begin(), ev.prompt_logprobs.end()));
     if (!ev.prompt_top.empty()) {
       json::Array tops;
-      for (const auto& t : ev.prompt_top) tops.push_back(pairs_json(t));
+      for (const auto& t : ev.prompt_top) tops.push_back(logprob_pairs_json(t));
       e.emplace_back("prompt_top", std::move(tops));
     }
   }
@@ -136,23 +125,18 @@ std::string message_type(const json::Value& frame) {
   return t && t->is_string() ? t->as_string() : "";
 }
 
-json::Value encode_generate(const GenerateMessage& m) {
+json::Value encode_generate(const EngineRequest& m) {
   return json::Object{{"type", "generate"},
                       {"id", static_cast<int64_t>(m.id)},
                       {"prompt_ids", json::Array(m.prompt.begin(), m.prompt.end())},
-                      {"params", params_json(m.params, m.json_schema)}};
+                      {"params", params_json(m.params)}};
 }
 
-GenerateMessage decode_generate(const json::Value& frame) {
-  GenerateMessage m;
+EngineRequest decode_generate(const json::Value& frame) {
+  EngineRequest m;
   m.id = static_cast<uint64_t>(member(frame, "id").as_int());
   for (const auto& t : member(frame, "prompt_ids").as_array()) m.prompt.push_back(static_cast<int32_t>(t.as_int()));
-  const json::Value& p = member(frame, "params");
-  m.params = params_of(p);
-  if (const json::Value* v = p.find("json_schema")) {
-    m.json_schema = *v;
-    m.params.json_schema = std::make_shared<const JsonSchema>(JsonSchema::compile(*v));
-  }
+  m.params = params_of(member(frame, "params"));
   return m;
 }
 
@@ -165,9 +149,10 @@ json::Value encode_step(const std::vector<RequestEvent>& events) {
   return json::Object{{"type", "step"}, {"events", std::move(a)}};
 }
 
-json::Value encode_error(uint64_t id, const std::string& message, bool refused) {
+json::Value encode_error(uint64_t id, const std::string& message, bool refused, const std::string& part) {
   json::Object o{{"type", "error"}, {"id", static_cast<int64_t>(id)}, {"message", message}};
   if (refused) o.emplace_back("refused", true);
+  if (!part.empty()) o.emplace_back("part", part);
   return o;
 }
 
@@ -179,6 +164,7 @@ std::vector<RequestEvent> decode_events(const json::Value& frame) {
     re.event.error = member(frame, "message").as_string();
     const json::Value* refused = frame.find("refused");
     re.event.refused = refused && refused->is_bool() && refused->as_bool();
+    if (const json::Value* part = frame.find("part"); part && part->is_string()) re.event.refused_part = part->as_string();
     out.push_back(std::move(re));
     return out;
   }
@@ -228,6 +214,28 @@ json::Value encode_stats(const WorkerStats& s) {
                       {"step_ms_max", s.step_ms_max}};
 }
 
+json::Value encode_nccl_id(const std::string& id) { return json::Object{{"type", "nccl_id"}, {"id", id}}; }
+
+json::Value encode_description(const EngineDescription& d) {
+  return json::Object{{"gpu_bus_ids", json::Array(d.gpu_bus_ids.begin(), d.gpu_bus_ids.end())},
+                      {"nccl", d.nccl},
+                      {"model_type", d.model_type},
+                      {"num_layers", d.num_layers},
+                      {"max_position_embeddings", d.max_position_embeddings},
+                      {"vocab_size", d.vocab_size}};
+}
+
+EngineDescription decode_description(const json::Value& v) {
+  EngineDescription d;
+  for (const auto& b : member(v, "gpu_bus_ids").as_array()) d.gpu_bus_ids.push_back(b.as_string());
+  d.nccl = member(v, "nccl").as_bool();
+  d.model_type = member(v, "model_type").as_string();
+  d.num_layers = member(v, "num_layers").as_int();
+  d.max_position_embeddings = member(v, "max_position_embeddings").as_int();
+  d.vocab_size = member(v, "vocab_size").as_int();
+  return d;
+}
+
 json::Value encode_loaded() { return json::Object{{"type", "loaded"}}; }
 
 json::Value encode_heartbeat(int64_t step_ms) { return json::Object{{"type", "heartbeat"}, {"step_ms", step_ms}}; }
@@ -239,6 +247,9 @@ WorkerMessage decode_worker_message(const json::Value& frame) {
   if (type == "step" || type == "error") {
     m.type = T::Events;
     m.events = decode_events(frame);
+  } else if (type == "nccl_id") {
+    m.type = T::NcclId;
+    m.nccl_id = member(frame, "id").as_string();
   } else if (type == "loaded") {
     m.type = T::Loaded;
   } else if (type == "heartbeat") {
@@ -281,26 +292,6 @@ WorkerMessage decode_worker_message(const json::Value& frame) {
     KVPR_THROW("a worker message of type '", type, "', which the controller does not take");
   }
   return m;
-}
-
-EngineEvent engine_event(const StepOutput& o, const SequenceResult* finished) {
-  EngineEvent ev;
-  if (o.token >= 0) {
-    ev.token = o.token;
-    ev.logprob = o.logprob;
-    ev.top = widened(o.top);
-  }
-  ev.prompt_logprobs.assign(o.prompt_logprobs.begin(), o.prompt_logprobs.end());
-  for (const auto& t : o.prompt_top) ev.prompt_top.push_back(widened(t));
-  ev.text = o.text;
-  if (!o.error.empty()) ev.error = o.error;  // this sequence alone failed
-  if (finished) {
-    ev.finish_reason = finish_reason_name(o.finish);
-    ev.completion_tokens = static_cast<int64_t>(finished->tokens.size());
-    ev.prompt_tokens = static_cast<int64_t>(finished->prompt.size());
-    ev.cached_tokens = finished->cached_tokens;
-  }
-  return ev;
 }
 
 }  // namespace kvpr

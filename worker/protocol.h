@@ -10,33 +10,9 @@
 #include <vector>
 
 #include "engine/base/json.h"
-#include "engine/decode/generator.h"
+#include "engine/contract/contract.h"
 
 namespace kvpr {
-
-// controller -> worker: queue a sequence.
-struct GenerateMessage {
-  uint64_t id = 0;  // the controller's
-  std::vector<int32_t> prompt;
-  GenerationParams params;  // params.json_schema: set by decode_generate, compiled from json_schema
-  json::Value json_schema;  // the JSON Schema as the request gave it (null: none)
-};
-
-// One event of a request: new text/token, the end, or an error.
-struct EngineEvent {
-  int32_t token = -1;
-  double logprob = 0;
-  std::vector<std::pair<int32_t, double>> top;  // most likely ids at this position (top_logprobs)
-  std::vector<double> prompt_logprobs;         // first event when the prompt is scored
-  std::vector<std::vector<std::pair<int32_t, double>>> prompt_top;
-  std::string text;
-  std::string finish_reason;  // set on the last event: stop, length, cancelled
-  int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;
-  int64_t cached_tokens = 0;  // prompt tokens whose K/V came from the worker's prefix cache
-  std::string error;          // set when the request failed
-  bool refused = false;       // with error: the engine refused the request (a client error: 400)
-};
 
 // worker -> controller: one event of request `id` (a step carries one per running sequence).
 struct RequestEvent {
@@ -74,10 +50,24 @@ struct WorkerStats {
   int64_t step_ms_max = 0;  // the longest step finished since the last stats message
 };
 
+// What kvprd asks the engine before it starts any worker (`kvpr-worker --describe`, one JSON
+// line on stdout): the GPUs the worker binary sees and whether it can broadcast weights among
+// them, and the model's shape as the engine reads its checkpoint. kvprd itself links no CUDA
+// library and reads no checkpoint.
+struct EngineDescription {
+  std::vector<std::string> gpu_bus_ids;  // the CUDA devices in CUDA's order, by PCI bus id (none: no GPU)
+  bool nccl = false;                     // this build broadcasts weights with NCCL
+  std::string model_type;
+  int64_t num_layers = 0, max_position_embeddings = 0, vocab_size = 0;
+};
+json::Value encode_description(const EngineDescription& d);
+EngineDescription decode_description(const json::Value& v);
+
 // A worker -> controller frame, decoded (kvprd's reader thread decodes each as it arrives: a
 // frame that is not one of these ends the worker).
 struct WorkerMessage {
-  enum class Type { Loaded, Ready, Fatal, Events, Stats, Heartbeat } type = Type::Heartbeat;
+  enum class Type { NcclId, Loaded, Ready, Fatal, Events, Stats, Heartbeat } type = Type::Heartbeat;
+  std::string nccl_id;                // the weight broadcast's group, made by worker 0
   ReadyMessage ready;
   std::string fatal;                  // could not start: why
   std::vector<RequestEvent> events;   // a "step", or an "error" as one event
@@ -85,6 +75,9 @@ struct WorkerMessage {
   int64_t step_ms = 0;                // heartbeat: how long the current step has run (0 between steps)
 };
 
+// Several GPUs, the weight broadcast's NCCL group: worker 0 makes its id and sends it to the
+// controller, which sends it on to the other workers, each waiting for it to join.
+json::Value encode_nccl_id(const std::string& id);
 json::Value encode_loaded();  // the weights are on the device (the NCCL broadcast, if any, is over)
 json::Value encode_ready(const ReadyMessage& m);
 json::Value encode_fatal(const std::string& message);
@@ -95,19 +88,17 @@ WorkerMessage decode_worker_message(const json::Value& frame);
 // The frame's "type" ("" when it has none).
 std::string message_type(const json::Value& frame);
 
-json::Value encode_generate(const GenerateMessage& m);
-GenerateMessage decode_generate(const json::Value& frame);  // compiles the schema
+// controller -> worker: queue a sequence (the controller's id, its prompt and parameters).
+json::Value encode_generate(const EngineRequest& m);
+EngineRequest decode_generate(const json::Value& frame);
 json::Value encode_cancel(uint64_t id);
 json::Value encode_shutdown();
 
 // A step's events; an "error" frame (a request the worker refused) is one event with `error` set.
 json::Value encode_step(const std::vector<RequestEvent>& events);
-// refused: the engine refused the request (a client error), not failed it.
-json::Value encode_error(uint64_t id, const std::string& message, bool refused = false);
+// refused: the engine refused the request (a client error), not failed it; `part`: which part
+// of the request it refused (RequestRefused::part), when one.
+json::Value encode_error(uint64_t id, const std::string& message, bool refused = false, const std::string& part = "");
 std::vector<RequestEvent> decode_events(const json::Value& frame);  // of a "step" or an "error"
-
-// The engine's output for one sequence as an event; `finished` is the sequence's result when
-// this output ends it.
-EngineEvent engine_event(const StepOutput& out, const SequenceResult* finished);
 
 }  // namespace kvpr

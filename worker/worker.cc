@@ -8,18 +8,23 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/backend/weight_broadcast.h"
 #include "engine/base/error.h"
+#include "engine/decode/generator.h"
 #include "engine/model/model.h"
 #include "engine/kv/profiler.h"
 #include "engine/text/tokenizer.h"
 #include "worker/protocol.h"
 #ifdef KVPR_HAVE_HWLOC
+#include "numa/numa_memory.h"
 #include "numa/placement.h"
 #endif
 
 namespace kvpr {
 
 namespace {
+
+
 
 // A heartbeat every second from a thread of its own, from the first moment (loading a model
 // takes minutes) to the end: the controller takes a worker silent past --worker-timeout as
@@ -66,6 +71,9 @@ class Heartbeat {
 
 // One worker's engine (bound, loaded, its generator made) and the loop serving the
 // controller's messages between engine steps.
+// The controller said shutdown before the worker was ready: it exits (0) without serving.
+struct ShutdownWhileLoading {};
+
 class WorkerLoop {
  public:
   WorkerLoop(const WorkerOptions& opts, FrameChannel& ch, Heartbeat& heartbeat)
@@ -164,8 +172,10 @@ class WorkerLoop {
                    std::chrono::duration<double>(Clock::now() - t0).count());
     };
     std::unique_ptr<WeightBroadcaster> bc;
-    if (!opts_.nccl_id.empty() && opts_.nccl_ranks > 1) {
-      bc = make_nccl_broadcaster(opts_.nccl_id, opts_.nccl_rank, opts_.nccl_ranks, opts_.device);
+    if (opts_.nccl_ranks > 1) {
+      std::string id = opts_.nccl_id;
+      if (id.empty()) id = opts_.nccl_rank == 0 ? announce_nccl_id() : await_nccl_id();
+      bc = make_nccl_broadcaster(id, opts_.nccl_rank, opts_.nccl_ranks, opts_.device);
       lo.broadcast = bc.get();
     }
     model_ = load_model(*backend_, opts_.model_dir, lo);
@@ -187,6 +197,27 @@ class WorkerLoop {
     std::fprintf(stderr, "kvpr-worker %d: model loaded in %.2f s (%s; %.1f MB of the checkpoint read%s%s)\n",
                  opts_.index, load_s, from, static_cast<double>(model_->checkpoint_bytes_read()) / 1e6,
                  model_->weights_digest().empty() ? "" : "; weights digest ", model_->weights_digest().c_str());
+  }
+
+  // Rank 0 of the weight broadcast makes the NCCL group (NCCL's bootstrap root lives in the
+  // process that made the id, so it is a worker's, not the controller's) and says its id.
+  std::string announce_nccl_id() {
+    std::string id = nccl_unique_id_hex();
+    ch_.send(encode_nccl_id(id));
+    return id;
+  }
+
+  // The other ranks wait for the id, which the controller relays from rank 0 (bounded by the
+  // controller: a rank 0 that exits or goes silent ends the broadcast, and this worker with it).
+  std::string await_nccl_id() {
+    std::fprintf(stderr, "kvpr-worker %d: waiting for the NCCL weight broadcast's id from worker 0\n", opts_.index);
+    json::Value msg;
+    while (true) {
+      ch_.recv(&msg, -1);
+      const std::string type = message_type(msg);
+      if (type == "nccl_id") return msg.find("id")->as_string();
+      if (type == "shutdown") throw ShutdownWhileLoading{};
+    }
   }
 
   // The engine's options, with a link profile for kvpr's scheduler (saved, else measured now)
@@ -241,13 +272,15 @@ class WorkerLoop {
 
   void add(const json::Value& msg) {
     try {
-      GenerateMessage m = decode_generate(msg);
+      EngineRequest m = decode_generate(msg);
       const uint64_t gid = gen_->add(std::move(m.prompt), m.params);
       to_ctrl_[gid] = m.id;
       to_gen_[m.id] = gid;
-    } catch (const std::exception& e) {  // a request the engine refuses (too long, bad values)
+    } catch (const std::exception& e) {  // a request the engine refuses (too long, bad values, its schema)
       const json::Value* id = msg.find("id");
-      ch_.send(encode_error(id && id->is_int() ? static_cast<uint64_t>(id->as_int()) : 0, e.what(), /*refused=*/true));
+      const auto* refused = dynamic_cast<const RequestRefused*>(&e);
+      ch_.send(encode_error(id && id->is_int() ? static_cast<uint64_t>(id->as_int()) : 0, e.what(), /*refused=*/true,
+                            refused ? refused->part() : ""));
     }
   }
 
@@ -338,11 +371,45 @@ class WorkerLoop {
 
 }  // namespace
 
+EngineEvent engine_event(const StepOutput& o, const SequenceResult* finished) {
+  EngineEvent ev;
+  if (o.token >= 0) {
+    ev.token = o.token;
+    ev.logprob = o.logprob;
+    ev.top.assign(o.top.begin(), o.top.end());
+  }
+  ev.prompt_logprobs.assign(o.prompt_logprobs.begin(), o.prompt_logprobs.end());
+  for (const auto& t : o.prompt_top) ev.prompt_top.emplace_back(t.begin(), t.end());
+  ev.text = o.text;
+  if (!o.error.empty()) ev.error = o.error;  // this sequence alone failed
+  if (finished) {
+    ev.finish_reason = finish_reason_name(o.finish);
+    ev.completion_tokens = static_cast<int64_t>(finished->tokens.size());
+    ev.prompt_tokens = static_cast<int64_t>(finished->prompt.size());
+    ev.cached_tokens = finished->cached_tokens;
+  }
+  return ev;
+}
+
+EngineDescription describe_engine(const std::string& model_dir, const std::string& backend) {
+  EngineDescription d;
+  if (backend != "cpu" && cuda_available()) d.gpu_bus_ids = cuda_pci_bus_ids();
+  d.nccl = nccl_available();
+  const ModelSpec spec = load_model_spec(model_dir);
+  d.model_type = spec.model_type;
+  d.num_layers = spec.num_layers;
+  d.max_position_embeddings = spec.max_position_embeddings;
+  d.vocab_size = spec.vocab_size;
+  return d;
+}
+
 int run_worker(const WorkerOptions& opts, FrameChannel& ch) {
   Heartbeat heartbeat(ch);
   WorkerLoop worker(opts, ch, heartbeat);
   try {
     worker.load();
+  } catch (const ShutdownWhileLoading&) {
+    return 0;
   } catch (const std::exception& e) {
     try {
       ch.send(encode_fatal(e.what()));

@@ -192,15 +192,6 @@ std::unique_ptr<Backend> create_backend(const std::string& name, int device) {
   KVPR_THROW("unknown backend '", name, "' (expected auto, cpu or cuda)");
 }
 
-bool parse_dtype(std::string_view s, DType* out) {
-  if (s == "F32" || s == "f32" || s == "float32" || s == "fp32" || s == "float") *out = DType::F32;
-  else if (s == "F16" || s == "f16" || s == "float16" || s == "fp16" || s == "half") *out = DType::F16;
-  else if (s == "BF16" || s == "bf16" || s == "bfloat16") *out = DType::BF16;
-  else if (s == "F8_E4M3" || s == "fp8" || s == "fp8_e4m3" || s == "f8_e4m3" || s == "float8_e4m3fn") *out = DType::F8E4M3;
-  else return false;
-  return true;
-}
-
 RowStats row_argmax_lse(const float* logits, int32_t valid) {
   KVPR_CHECK(valid > 0, "no valid token ids to sample from");
   float mx = -std::numeric_limits<float>::infinity();

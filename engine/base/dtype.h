@@ -46,7 +46,14 @@ inline bool is_storage_float(DType t) { return is_float(t) || t == DType::F8E4M3
 
 // Parses "F32"/"float32"/"fp32", "F16"/"float16"/"fp16"/"half", "BF16"/"bfloat16",
 // "fp8"/"fp8_e4m3"/"F8_E4M3"/"float8_e4m3fn".
-bool parse_dtype(std::string_view s, DType* out);
+inline bool parse_dtype(std::string_view s, DType* out) {
+  if (s == "F32" || s == "f32" || s == "float32" || s == "fp32" || s == "float") *out = DType::F32;
+  else if (s == "F16" || s == "f16" || s == "float16" || s == "fp16" || s == "half") *out = DType::F16;
+  else if (s == "BF16" || s == "bf16" || s == "bfloat16") *out = DType::BF16;
+  else if (s == "F8_E4M3" || s == "fp8" || s == "fp8_e4m3" || s == "f8_e4m3" || s == "float8_e4m3fn") *out = DType::F8E4M3;
+  else return false;
+  return true;
+}
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;

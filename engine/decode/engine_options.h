@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "engine/base/option_value.h"
-#include "engine/decode/generator.h"
+#include "engine/decode/generator_options.h"
 
 namespace kvpr {
 

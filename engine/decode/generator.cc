@@ -9,28 +9,6 @@
 
 namespace kvpr {
 
-json::Value logprob_pairs_json(const std::vector<TokenLogprob>& v) {
-  json::Array a;
-  for (const auto& [id, lp] : v) {
-    json::Array pair;
-    pair.emplace_back(static_cast<int64_t>(id));
-    pair.emplace_back(static_cast<double>(lp));
-    a.emplace_back(std::move(pair));
-  }
-  return json::Value(std::move(a));
-}
-
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::None: return "none";
-    case FinishReason::Stop: return "stop";
-    case FinishReason::Length: return "length";
-    case FinishReason::Cancelled: return "cancelled";
-    case FinishReason::Error: return "error";
-  }
-  return "?";
-}
-
 struct Generator::Sequence {
   uint64_t id;
   GenerationParams params;
@@ -162,14 +140,15 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
   uint64_t seed = params.sampling.seed ? *params.sampling.seed : std::random_device{}();
   uint64_t id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, params, std::move(prompt), seed, tok_);
-  if (params.json_object || params.json_schema) {
+  if (params.json_object || !params.json_schema.is_null()) {
     if (!json_vocab_) {  // each id's text as the output shows it (special tokens: none)
       auto v = std::make_shared<JsonTokenConstraint::Vocabulary>(static_cast<size_t>(valid_vocab_));
       for (int32_t t = 0; t < valid_vocab_; ++t) (*v)[static_cast<size_t>(t)] = tok_.token_bytes(t, true);
       json_vocab_ = std::move(v);
     }
-    seq->json = params.json_schema ? std::make_unique<JsonTokenConstraint>(json_vocab_, params.json_schema, json_options_)
-                                   : std::make_unique<JsonTokenConstraint>(json_vocab_, json_options_);
+    seq->json = !params.json_schema.is_null()
+                    ? std::make_unique<JsonTokenConstraint>(json_vocab_, compiled_schema(params.json_schema), json_options_)
+                    : std::make_unique<JsonTokenConstraint>(json_vocab_, json_options_);
   }
   if (!params.ignore_eos) {
     if (tok_.eos_id()) seq->end_ids.push_back(*tok_.eos_id());
@@ -178,6 +157,24 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
   for (int32_t e : params.stop_token_ids) seq->end_ids.push_back(e);
   waiting_.push_back(std::move(seq));
   return id;
+}
+
+std::shared_ptr<const JsonSchema> Generator::compiled_schema(const json::Value& schema) {
+  std::string key = schema.dump();
+  for (auto it = schemas_.begin(); it != schemas_.end(); ++it)
+    if (it->first == key) {
+      schemas_.splice(schemas_.begin(), schemas_, it);  // most recently used first
+      return it->second;
+    }
+  std::shared_ptr<const JsonSchema> compiled;
+  try {
+    compiled = std::make_shared<const JsonSchema>(JsonSchema::compile(schema));
+  } catch (const Error& e) {
+    throw RequestRefused("json_schema", e.what());
+  }
+  schemas_.emplace_front(std::move(key), compiled);
+  if (schemas_.size() > kCompiledSchemas) schemas_.pop_back();
+  return compiled;
 }
 
 void Generator::cancel(uint64_t id) {

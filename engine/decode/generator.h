@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -14,6 +15,8 @@
 
 #include "engine/base/json.h"
 #include "engine/constrain/token_constraint.h"
+#include "engine/contract/contract.h"
+#include "engine/decode/generator_options.h"
 #include "engine/kv/block_pool.h"
 #include "engine/model/model.h"
 #include "engine/decode/sampling.h"
@@ -21,92 +24,8 @@
 
 namespace kvpr {
 
-struct GenerationParams {
-  int max_new_tokens = 16;
-  SamplingParams sampling;
-  std::vector<std::string> stop;  // stop strings; the text ends before the first match
-  bool ignore_eos = false;
-  // vLLM's min_tokens: before this many tokens, EOS and the stop ids are masked out of the choice
-  // and stop strings are not matched, so the sequence ends no earlier (max_new_tokens, the
-  // context, a JSON text with nothing allowed after it, and cancellation still end it).
-  int min_new_tokens = 0;
-  // Ids that end the sequence when sampled (finish reason stop), whatever ignore_eos says; the
-  // id is kept in the tokens and adds no text.
-  std::vector<int32_t> stop_token_ids;
-  int top_logprobs = 0;           // alternatives reported per generated token (0..20)
-  // >= 0: also the log-probability of every prompt token after the first, with this many
-  // alternatives each (0..20). With max_new_tokens = 0 the prompt is only scored.
-  int prompt_logprobs = -1;
-  // The text must be one JSON object (OpenAI's response_format json_object): each token is
-  // chosen among those that continue it (engine/constrain/json_object.h), and EOS or a stop id only once
-  // it is complete; a complete object that nothing may follow ends the sequence (stop).
-  bool json_object = false;
-  // The text must be valid against this JSON Schema (response_format json_schema, forced tool
-  // calls): the same masking, by the schema's recognizer (engine/constrain/json_schema.h).
-  std::shared_ptr<const JsonSchema> json_schema;
-};
-
-// [[id, logprob], ...]: how the worker protocol and the CLI's JSON carry alternatives.
-json::Value logprob_pairs_json(const std::vector<TokenLogprob>& v);
-
-// Error: this sequence alone failed (its constraint, sampling, detokenizing or stop matching
-// threw); StepOutput::error says why, and the rest of the batch goes on.
-enum class FinishReason { None, Stop, Length, Cancelled, Error };
-const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
-
 // The per-sequence stages of a step, where one sequence's fault must end only that sequence.
 enum class SequenceStage { Constraint, Sampling, Detokenize, StopMatch };
-
-struct GeneratorOptions {
-  // Sequences running at once, at most; 0: 8 on a backend whose device is the host, 256 on a GPU
-  // (where the KV blocks, not this cap, decide how many fit).
-  int max_batch = 0;
-  // Paged KV (engine/kv/block_pool.h): the store in blocks of block_tokens tokens, lent to
-  // sequences as they grow. kv_cache_bytes sizes the store (the KV mode's store: host memory for
-  // the host modes, device memory for resident); 0: room for max_batch sequences (8 when
-  // max_batch is 0) of max_seq_len tokens. Sequences are admitted while their prompt fits with a block to spare
-  // for each running one; when blocks run out mid-decode the newest is preempted (its blocks
-  // go back, it waits at the head of the queue and is prefilled again, from whatever of its
-  // blocks are still cached).
-  int64_t block_tokens = 16;
-  double kv_cache_bytes = 0;
-  // Or a fraction in (0, 1] of the memory the store lives in: the host memory available (host
-  // KV modes, and a backend whose device is the host), or the device memory free after the
-  // weights (resident on a GPU).
-  double kv_cache_fraction = 0;
-  // Tokens per forward (bounds activation memory and the time decoding sequences wait for a
-  // prefill): every decoding sequence's token, then prompts in chunks (chunked prefill) until
-  // the budget is used; the rest of a prompt goes on in the next steps.
-  int64_t max_step_tokens = 8192;
-  int64_t max_seq_len = 0;    // 0 = the model's max_position_embeddings
-  std::optional<DType> kv_dtype;  // default: the model's weight dtype
-  KvRuntimeOptions kv;        // KV mode and its settings (kv.kv_dtype is set from kv_dtype)
-  // Decode steps as CUDA graphs (Backend::begin_graph_step): resident mode, steps that only
-  // decode. Other modes move KV on the copy streams with events every layer, which a graph
-  // step does not hold; prefill steps change shape every time.
-  bool cuda_graphs = false;
-  // Automatic prefix caching by block: a full block is known by its tokens and those before it;
-  // a new prompt takes the blocks running or finished sequences filled with the same prefix
-  // (finished ones' blocks stay cached until the pool needs them, least recently freed first),
-  // and only the rest is prefilled (at least its last token, whose logits choose the first new
-  // one). Nothing is copied. Off for prompts whose tokens are scored (prompt_logprobs).
-  bool prefix_caching = true;
-  // Speculative decoding by prompt lookup (vLLM's "ngram" method): a greedy sequence whose last
-  // prompt_lookup_max..prompt_lookup_min tokens occurred earlier in its prompt or output proposes
-  // the up to speculative_tokens tokens that followed them there; one forward checks them all
-  // (their K/V computed as a chunk), and the tokens agreeing with the model's greedy choices are
-  // taken, plus the model's own choice after them. The tokens are exactly those of decoding one
-  // at a time; a step moves the same KV whatever it checks, so where KV transfer bounds a step
-  // (offload, kvpr) every accepted token is one step saved. 0: off. Sampled sequences take a draft
-  // with its probability (speculative_sample), so their tokens follow the same distribution (not
-  // the same draws); JSON-constrained ones mask each row as the drafts before it left the text.
-  // Sequences whose logits an observer watches decode one token a step.
-  int speculative_tokens = 0;
-  int prompt_lookup_max = 4, prompt_lookup_min = 2;
-  // JSON-constrained answers (json_object, json_schema): whitespace between tokens is compact
-  // (nothing, a space, or a newline and indentation: json_lex::Whitespace) unless permissive.
-  bool permissive_json_whitespace = false;
-};
 
 // Speculative decoding since the Generator started.
 struct SpeculationStats {
@@ -169,7 +88,8 @@ class Generator {
                         const Backend* backend = nullptr);
 
   // Queues a request; throws kvpr::Error (one line) for an empty prompt, a prompt that does
-  // not fit the context, bad ids or bad sampling values.
+  // not fit the context, bad ids or bad sampling values, and RequestRefused for a JSON Schema it
+  // cannot compile (each schema is compiled once: the last kCompiledSchemas are kept).
   uint64_t add(std::vector<int32_t> prompt, const GenerationParams& params);
   void cancel(uint64_t id);
 
@@ -215,6 +135,8 @@ class Generator {
   bool reserve_blocks(Sequence& s, int64_t tokens, std::vector<StepOutput>& out);
   void preempt(Sequence& s);
   void release_blocks(Sequence& s);  // its blocks back to the pool, their K/V kept cached
+  // The schema compiled (or found compiled); RequestRefused("json_schema") when it cannot be.
+  std::shared_ptr<const JsonSchema> compiled_schema(const json::Value& schema);
   std::string take_visible_text(Sequence& s, bool final);
   // Prompt lookup: the tokens that followed the latest earlier occurrence of s's last n tokens
   // (n from prompt_lookup_max down), at most `most`; empty when none occurred.
@@ -270,6 +192,10 @@ class Generator {
   std::map<uint64_t, SequenceResult> done_;
   uint64_t next_id_ = 1;
   std::shared_ptr<const JsonTokenConstraint::Vocabulary> json_vocab_;  // every id's text, for JSON masks
+  // The schemas compiled lately, most recently used first (keyed by their JSON text): an agent
+  // or a client sends the same schema with every call, and n choices share one.
+  static constexpr size_t kCompiledSchemas = 32;
+  std::list<std::pair<std::string, std::shared_ptr<const JsonSchema>>> schemas_;
   Tensor logits_;                 // host [rows, vocab], for rows sampled on the host
   Tensor dev_ids_, dev_stats_;    // device: greedy id and (max, log-sum-exp) per row
   Tensor host_ids_, host_stats_;  // their host copies

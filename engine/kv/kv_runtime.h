@@ -32,21 +32,12 @@
 #include "engine/base/error.h"
 #include "engine/kv/device_block_cache.h"
 #include "engine/kv/host_kv_store.h"
+#include "engine/kv/kv_options.h"
 #include "engine/kv/split_scheduler.h"
 #include "engine/base/thread_pool.h"
 #include "engine/kv/weight_stream.h"
 
 namespace kvpr {
-
-enum class KvMode { Resident, Offload, Kvpr, Recompute, CpuAttn, Auto };
-inline constexpr KvMode kAllKvModes[] = {KvMode::Resident, KvMode::Offload, KvMode::Kvpr,
-                                         KvMode::Recompute, KvMode::CpuAttn, KvMode::Auto};
-const char* kv_mode_name(KvMode m);
-bool parse_kv_mode(const std::string& s, KvMode* out);
-bool kv_mode_uses_host(KvMode m);
-bool kv_mode_stores_x(KvMode m);
-// kvpr and auto: the split l is the scheduler's (from a link profile) unless forced.
-bool kv_mode_splits(KvMode m);
 
 // One sequence's part of a forward call: `tokens` at positions past_len.. . Its KV lives in the
 // blocks `blocks` lists (at least blocks_for(past_len + count) of them, kept by the caller until
@@ -79,29 +70,6 @@ class KvProjector {
   }
 };
 
-
-struct KvRuntimeOptions {
-  KvMode mode = KvMode::Resident;
-  DType kv_dtype = DType::F32;          // storage of K, V and X
-  int64_t activation_cap = -1;          // X kept for the first N tokens of a sequence; -1 = all
-  std::optional<int64_t> forced_split;  // kvpr, auto: this l for every sequence (capped by stored X)
-  int host_attention_threads = 0;       // cpu-attn: threads of the host attention (0 = all)
-  int64_t split_granularity = 16;       // l is a multiple of this (GEMM-friendly)
-  SplitModel split_model = SplitModel::Pipeline;
-  std::optional<LinkProfile> profile;   // kvpr without forced_split needs one
-  bool adapt = true;                    // update the profile from each step's measurements
-  // Column by column (docs/design.md §2): a step's sequences split into this many GPU batches, each
-  // run through a layer before the next layer starts, so one pass over a layer's weights (and
-  // one weight copy, with streamed weights) serves them all while the device holds the KV of
-  // one batch at a time. 1: the whole step is one batch.
-  int64_t gpu_batches = 1;
-  // auto: device memory for the device tier, gpu_kv_bytes, or when gpu_kv_fraction >= 0 that
-  // fraction of the device memory free once the step's buffers are set aside (as the host
-  // modes' staging needs them; on a backend whose device is the host, of the host store's
-  // size); capped at what mirrors every host block.
-  double gpu_kv_bytes = 0;
-  double gpu_kv_fraction = 0.9;
-};
 
 // A KV cache known before the model that holds it is loaded (Generator::kv_plan): the store's
 // blocks in kv's mode and dtype. Loading a model with one (ModelLoadOptions::kv_plan) refuses a

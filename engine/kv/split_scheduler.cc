@@ -7,8 +7,6 @@
 
 namespace kvpr {
 
-const char* split_model_name(SplitModel m) { return m == SplitModel::Paper ? "paper" : "pipeline"; }
-
 SplitScheduler::SplitScheduler(LinkProfile profile, int64_t x_bytes, int64_t kv_bytes, int64_t granularity,
                                SplitModel preferred)
     : profile_(std::move(profile)),

@@ -24,12 +24,11 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/kv/kv_options.h"
 #include "engine/kv/link_profile.h"
 
 namespace kvpr {
 
-enum class SplitModel { Paper, Pipeline };
-const char* split_model_name(SplitModel m);
 
 struct SplitDecision {
   int64_t split = 0;        // L, total over the batch

@@ -69,29 +69,37 @@ def completion_body(prompt="Hello, my name is", max_tokens=4, **kw):
 
 # ------------------------------------------------------------------ hostile requests
 
-def schema_request(schema, chat=True):
+def schema_request(schema, chat=True, stream=False):
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
     if chat:
-        return ("/v1/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
-                                         "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
-    return ("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4,
-                                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+        body = {"model": "demo", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "response_format": fmt}
+    else:
+        body = {"model": "demo", "prompt": "x", "max_tokens": 4, "response_format": fmt}
+    if stream:
+        body["stream"] = True
+    return ("/v1/chat/completions" if chat else "/v1/completions", body)
 
 
 def hostile_corpus():
     """(class, name, path, body bytes, headers, the statuses it may get). Each is one request."""
     cases = []
 
-    def add(cls, name, path, body, want=(400,), headers=None):
+    def add(cls, name, path, body, want=(400,), headers=None, param=None):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        cases.append((cls, name, path, data, headers or {}, want))
+        cases.append((cls, name, path, data, headers or {}, want, param))
 
-    def schema(name, s, chat=True):
-        path, body = schema_request(s, chat)
-        add("schema", name, path, body)
+    # The engine compiles a schema (the controller passes it on as JSON) and refuses what it
+    # cannot compile: still a 400 naming the field, also for a stream, whose 200 waits for its
+    # first event.
+    def schema(name, s, chat=True, stream=False):
+        path, body = schema_request(s, chat, stream)
+        add("schema", name, path, body, param="response_format")
 
     # JSON Schemas whose $refs loop without consuming text, chains, blow-ups, sizes.
     schema("$ref #", {"$ref": "#"})
     schema("$ref # (completions)", {"$ref": "#"}, chat=False)
+    schema("$ref # (streamed)", {"$ref": "#"}, stream=True)
+    schema("$ref # (completions, streamed)", {"$ref": "#"}, chat=False, stream=True)
     schema("anyOf [$ref #]", {"anyOf": [{"$ref": "#"}]})
     schema("anyOf [string, $ref #]", {"anyOf": [{"type": "string"}, {"$ref": "#"}]})
     schema("two $defs pointing at each other", {"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}},
@@ -123,12 +131,16 @@ def hostile_corpus():
     # The same through tools forced by tool_choice.
     tool = {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}
     add("tools", "tool parameters {$ref: #}, tool_choice required", "/v1/chat/completions",
-        {"model": "demo", "messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": "required"})
+        {"model": "demo", "messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": "required"},
+        param="tools")
+    add("tools", "tool parameters {$ref: #}, tool_choice required, streamed", "/v1/chat/completions",
+        {"model": "demo", "messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": "required",
+         "stream": True}, param="tools")
     add("tools", "tool parameters with a 20000-group pattern, tool named", "/v1/chat/completions",
         {"model": "demo", "messages": [{"role": "user", "content": "x"}],
          "tools": [{"type": "function", "function": {"name": "f", "parameters": {
              "type": "object", "properties": {"a": {"type": "string", "pattern": "(" * 20000 + ")" * 20000}}}}}],
-         "tool_choice": {"type": "function", "function": {"name": "f"}}})
+         "tool_choice": {"type": "function", "function": {"name": "f"}}}, param="tools")
     add("json", "a number with a leading zero", "/v1/completions", b'{"model": "demo", "prompt": "x", "max_tokens": 010}')
     add("tools", "129 tools", "/v1/chat/completions",
         {"model": "demo", "messages": [{"role": "user", "content": "x"}],
@@ -194,7 +206,7 @@ def hostile():
         st, h, before = health_workers(d)
         cases = hostile_corpus()
         by_class = {}
-        for cls, name, path, body, headers, want in cases:
+        for cls, name, path, body, headers, want, param in cases:
             t0 = time.time()
             try:
                 r = send_raw_request(d.port, path, body, headers)
@@ -210,9 +222,11 @@ def hostile():
             try:
                 doc = json.loads(data.decode("utf-8"))  # strict UTF-8 and JSON
                 shaped = set(doc["error"]) >= {"message", "type", "param", "code"}
+                shaped = shaped and (param is None or doc["error"]["param"] == param)
             except (ValueError, KeyError, TypeError):
                 shaped = False
-            check(f"hostile [{cls}] {name}: {want} within 5 s as OpenAI's error JSON",
+            named = f", naming '{param}'" if param else ""
+            check(f"hostile [{cls}] {name}: {want} within 5 s as OpenAI's error JSON{named}",
                   status in want and shaped and dt < 5, (status, round(dt, 2), data[:300]))
         st, h, after = health_workers(d)
         check("after the hostile corpus /health is 200, every worker still the same process, none restarted",

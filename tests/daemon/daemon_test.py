@@ -18,6 +18,7 @@ KVPRD = os.environ["KVPRD"]
 KVPR = os.environ["KVPR_CLI"]
 TMP = tempfile.mkdtemp(prefix="kvprd-test-")
 MODEL = os.path.join(TMP, "demo")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(KVPRD)), "..", "worker", "kvpr-worker")
 passed = failed = 0
 
 
@@ -218,10 +219,25 @@ def operations():
     check("a configuration no worker can start with: exit 1 naming the error", r.returncode == 1 and
           "kvprd: error: worker" in r.stderr and "the KV cache of 128000000 blocks x 16 tokens (room for 1000000 sequences x 2048 tokens, kv mode resident)"
           in r.stderr and "lower kv-cache, max-batch or max-seq-len" in r.stderr, (r.returncode, r.stderr[-600:]))
-    # No worker can start: 503 with a JSON error, /health 503.
+    # A worker binary that cannot even say what it serves (kvpr-worker --describe): kvprd exits 1
+    # at once naming it, before it listens.
+    r = subprocess.run([KVPRD, "--model", MODEL, "--port", str(free_port()), "--config", "/dev/null",
+                        "--worker-binary", "/bin/false"], capture_output=True, text=True, timeout=60)
+    check("a worker binary that does not describe the engine: exit 1 naming it", r.returncode == 1 and
+          "kvprd: /bin/false --describe failed (exit status 1): is it this kvprd's worker?" in r.stderr,
+          (r.returncode, r.stderr[-400:]))
+    # No worker can start (each fails as it starts, not at once): 503 with a JSON error, /health 503.
+    failing = os.path.join(TMP, "failing-worker.sh")
+    with open(failing, "w") as f:
+        f.write(f"""#!/bin/bash
+# Describes the engine, then fails every start.
+if [[ " $* " == *" --describe "* ]]; then exec {os.path.abspath(WORKER)} "$@"; fi
+exit 1
+""")
+    os.chmod(failing, 0o755)
     port = free_port()
     d = Daemon(args=["--model", MODEL, "--port", str(port), "--config", "/dev/null",
-                     "--worker-binary", "/bin/false"], wait_ready=False, port=port)
+                     "--worker-binary", failing], wait_ready=False, port=port)
     st, body = completion(d, "Hello", 3)
     check("503 while no worker is ready", st == 503 and body["error"]["type"] == "service_unavailable", (st, body))
     st, h = d.get("/health")

@@ -9,6 +9,7 @@
 
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/base/error.h"
+#include "numa/numa_memory.h"
 #include "numa/placement.h"
 #include "tests/test_util.h"
 

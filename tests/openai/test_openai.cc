@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <fstream>
 
 #include "engine/base/error.h"
+#include "openai/generation_config.h"
 #include "openai/request.h"
 #include "openai/response.h"
 #include "tests/test_util.h"
@@ -267,6 +269,67 @@ TEST(OpenAiResponse, MistralToolCallMarkerComesBackFromItsToken) {
   EXPECT_EQ(id.size(), 9u);  // Mistral's template takes only ids of 9 letters and digits
   EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](unsigned char c) { return std::isalnum(c); })) << id;
   EXPECT_EQ(msg.find("tool_calls")->as_array().at(0).find("function")->find("name")->as_string(), "f");
+}
+
+
+// A request the engine refuses is a 400 naming the field its part came from: the schema the
+// engine could not compile is the tools' for a forced tool call, else the response_format's.
+TEST(OpenAiProtocol, EngineRefusalsNameTheirField) {
+  EngineEvent ev;
+  ev.error = "the schema nests deeper than 64 levels";
+  ev.refused = true;
+  ev.refused_part = "json_schema";
+  ToolRequest none;
+  ApiError e = refusal_error(none, ev);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "response_format");
+  EXPECT_EQ(e.message, "'response_format.json_schema.schema': the schema nests deeper than 64 levels");
+  ToolRequest forced;
+  forced.required = true;
+  forced.schema = json::Object{{"type", "array"}};
+  e = refusal_error(forced, ev);
+  EXPECT_EQ(e.param, "tools");
+  EXPECT_EQ(e.message, "the tools' parameters: the schema nests deeper than 64 levels");
+  ev.refused_part.clear();
+  ev.error = "the prompt has 9000 tokens but the KV cache holds 8192";
+  e = refusal_error(forced, ev);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "");
+  EXPECT_EQ(e.message, ev.error);
+}
+
+// generation_config.json's sampling fields, read as kvprd's defaults.
+TEST(GenerationConfig, SamplingDefaultsFromGenerationConfig) {
+  test::TempDir dir;
+  EXPECT_TRUE(read_sampling_defaults(dir.path()).empty());  // no file
+  std::ofstream(dir.file("generation_config.json"))
+      << R"({"bos_token_id": 151643, "do_sample": true, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
+            "repetition_penalty": 1.05, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "transformers_version": "4.37.0"})";
+  SamplingDefaults d = read_sampling_defaults(dir.path());  // Qwen2.5-7B-Instruct's
+  EXPECT_EQ(d.temperature, 0.7);
+  EXPECT_EQ(d.top_p, 0.8);
+  EXPECT_EQ(d.top_k, 20);
+  EXPECT_EQ(d.repetition_penalty, 1.05);
+  EXPECT_EQ(d.describe(), "temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05");
+  std::ofstream(dir.file("generation_config.json")) << R"({"temperature": null, "top_p": 0.9, "min_p": 0.05, "max_length": 4096})";
+  d = read_sampling_defaults(dir.path());
+  EXPECT_FALSE(d.temperature);
+  EXPECT_EQ(d.describe(), "top_p 0.9, min_p 0.05");
+  auto error = [&](const std::string& body) {
+    std::ofstream(dir.file("generation_config.json")) << body;
+    try {
+      read_sampling_defaults(dir.path());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_HAS(error(R"({"temperature": 2.5})"), "generation_config.json: \"temperature\" is 2.5, outside [0, 2]");
+  EXPECT_HAS(error(R"({"top_p": 0})"), "\"top_p\" is 0, outside (0, 1]");
+  EXPECT_HAS(error(R"({"min_p": 1.5})"), "\"min_p\" is 1.5, outside [0, 1]");
+  EXPECT_HAS(error(R"({"top_k": 2.5})"), "\"top_k\" is 2.5");
+  EXPECT_HAS(error(R"({"repetition_penalty": "high"})"), "\"repetition_penalty\" must be a number");
+  EXPECT_HAS(error("[1]"), "expected a JSON object");
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "engine/model/opt_model.h"
 #include "tests/simt/emulated_backend.h"
 #if defined(KVPR_HAVE_HWLOC)
+#include "numa/numa_memory.h"
 #include "numa/placement.h"
 #include "numa/topology.h"
 #endif

@@ -11,6 +11,7 @@
 #include "engine/base/error.h"
 #include "worker/frame_channel.h"
 #include "worker/protocol.h"
+#include "worker/worker.h"
 
 namespace kvpr {
 namespace {
@@ -18,7 +19,7 @@ namespace {
 json::Value through_the_wire(const json::Value& frame) { return json::parse(frame.dump()); }
 
 TEST(WorkerProtocol, GenerateArrivesAsSent) {
-  GenerateMessage m;
+  EngineRequest m;
   m.id = 1ull << 40;
   m.prompt = {1, 2, 50000};
   GenerationParams& g = m.params;
@@ -37,10 +38,10 @@ TEST(WorkerProtocol, GenerateArrivesAsSent) {
   g.ignore_eos = true;
   g.top_logprobs = 5;
   g.prompt_logprobs = 0;
-  m.json_schema = json::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})");
+  g.json_schema = json::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})");
   const json::Value frame = through_the_wire(encode_generate(m));
   EXPECT_EQ(message_type(frame), "generate");
-  const GenerateMessage d = decode_generate(frame);
+  const EngineRequest d = decode_generate(frame);
   EXPECT_EQ(d.id, m.id);
   EXPECT_EQ(d.prompt, m.prompt);
   const GenerationParams& e = d.params;
@@ -59,13 +60,12 @@ TEST(WorkerProtocol, GenerateArrivesAsSent) {
   EXPECT_TRUE(e.ignore_eos);
   EXPECT_EQ(e.top_logprobs, 5);
   EXPECT_EQ(e.prompt_logprobs, 0);
-  ASSERT_TRUE(e.json_schema);  // compiled on arrival
-  EXPECT_EQ(d.json_schema.dump(), m.json_schema.dump());
+  EXPECT_EQ(e.json_schema.dump(), g.json_schema.dump());  // as the request gave it: the engine compiles it
   // Defaults stay defaults.
-  const GenerateMessage plain = decode_generate(through_the_wire(encode_generate(GenerateMessage{})));
+  const EngineRequest plain = decode_generate(through_the_wire(encode_generate(EngineRequest{})));
   EXPECT_FALSE(plain.params.sampling.seed);
   EXPECT_EQ(plain.params.prompt_logprobs, -1);
-  EXPECT_FALSE(plain.params.json_schema);
+  EXPECT_TRUE(plain.params.json_schema.is_null());
   const json::Value cancel = through_the_wire(encode_cancel(5));
   EXPECT_EQ(message_type(cancel), "cancel");
   EXPECT_EQ(cancel.find("id")->as_int(), 5);
@@ -110,6 +110,14 @@ TEST(WorkerProtocol, StepEventsArriveAsSent) {
   ASSERT_EQ(err.size(), 1u);
   EXPECT_EQ(err[0].id, 4u);
   EXPECT_EQ(err[0].event.error, "prompt too long");
+  EXPECT_FALSE(err[0].event.refused);
+  // A refusal names the part of the request at fault, for the controller to name its field.
+  const std::vector<RequestEvent> refused =
+      decode_events(through_the_wire(encode_error(5, "a $ref loops", /*refused=*/true, "json_schema")));
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_TRUE(refused[0].event.refused);
+  EXPECT_EQ(refused[0].event.refused_part, "json_schema");
+  EXPECT_EQ(refused[0].event.error, "a $ref loops");
 }
 
 TEST(WorkerProtocol, ReadyStatsHeartbeatAndFatalArriveAsSent) {

@@ -13,7 +13,6 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/model/demo_model.h"
 #include "engine/base/error.h"
-#include "engine/decode/generation_config.h"
 #include "engine/decode/generator.h"
 #include "engine/base/json.h"
 #include "engine/constrain/json_object.h"
@@ -1046,40 +1045,6 @@ TEST(Generation, RepetitionPenaltyCoversPromptAndOutput) {
   EXPECT_NE(gen.generate_all({prompt}, plain)[0].tokens, r[0].tokens);
   p.sampling.repetition_penalty = 0.f;
   EXPECT_THROW(gen.add({1}, p), Error);
-}
-
-// generation_config.json's sampling fields, read as kvprd's defaults.
-TEST(Generation, SamplingDefaultsFromGenerationConfig) {
-  test::TempDir dir;
-  EXPECT_TRUE(read_sampling_defaults(dir.path()).empty());  // no file
-  std::ofstream(dir.file("generation_config.json"))
-      << R"({"bos_token_id": 151643, "do_sample": true, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
-            "repetition_penalty": 1.05, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "transformers_version": "4.37.0"})";
-  SamplingDefaults d = read_sampling_defaults(dir.path());  // Qwen2.5-7B-Instruct's
-  EXPECT_EQ(d.temperature, 0.7);
-  EXPECT_EQ(d.top_p, 0.8);
-  EXPECT_EQ(d.top_k, 20);
-  EXPECT_EQ(d.repetition_penalty, 1.05);
-  EXPECT_EQ(d.describe(), "temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05");
-  std::ofstream(dir.file("generation_config.json")) << R"({"temperature": null, "top_p": 0.9, "min_p": 0.05, "max_length": 4096})";
-  d = read_sampling_defaults(dir.path());
-  EXPECT_FALSE(d.temperature);
-  EXPECT_EQ(d.describe(), "top_p 0.9, min_p 0.05");
-  auto error = [&](const std::string& body) {
-    std::ofstream(dir.file("generation_config.json")) << body;
-    try {
-      read_sampling_defaults(dir.path());
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_HAS(error(R"({"temperature": 2.5})"), "generation_config.json: \"temperature\" is 2.5, outside [0, 2]");
-  EXPECT_HAS(error(R"({"top_p": 0})"), "\"top_p\" is 0, outside (0, 1]");
-  EXPECT_HAS(error(R"({"min_p": 1.5})"), "\"min_p\" is 1.5, outside [0, 1]");
-  EXPECT_HAS(error(R"({"top_k": 2.5})"), "\"top_k\" is 2.5");
-  EXPECT_HAS(error(R"({"repetition_penalty": "high"})"), "\"repetition_penalty\" must be a number");
-  EXPECT_HAS(error("[1]"), "expected a JSON object");
 }
 
 // The fp8 (E4M3) KV cache. Teacher-forced: a 30-token prompt scored in chunks of 4 tokens, so

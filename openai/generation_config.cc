@@ -1,4 +1,4 @@
-#include "engine/decode/generation_config.h"
+#include "openai/generation_config.h"
 
 #include <cmath>
 #include <filesystem>
@@ -6,7 +6,7 @@
 
 #include "engine/base/error.h"
 #include "engine/base/json.h"
-#include "engine/decode/sampling.h"
+#include "engine/contract/contract.h"
 
 namespace kvpr {
 
