@@ -52,7 +52,7 @@ LinkProfile profile_backend(Backend& be, KvProjector& projector, const KvShape& 
   p.d2h_gbps = copy_gbps(be, host, dev, false, false, host2, dev2, opts.reps);
   KVPR_CHECK(p.h2d_gbps > 0, "profiler: could not time H2D copies");
 
-  // Recompute at the shapes the runtime uses (KvRuntime::attend_offloaded).
+  // Recompute at the shapes the runtime uses (StagedKv::attend, engine/kv/staged_kv.cc).
   json::Array points;
   std::vector<double> xs, ys;
   for (int64_t rows : opts.rows) {
