@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,6 +48,7 @@ EngineDescription probe_engine(const std::string& worker_binary, const DaemonCon
     KVPR_THROW("fork failed: ", std::strerror(errno));
   }
   if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives a kvprd stopped while it asks
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
     ::execve(argv[0], argv.data(), environ);
@@ -57,6 +59,7 @@ EngineDescription probe_engine(const std::string& worker_binary, const DaemonCon
   }
   ::close(out[1]);
   ::close(err[1]);
+  for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   std::string text[2];
   pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
@@ -69,7 +72,11 @@ EngineDescription probe_engine(const std::string& worker_binary, const DaemonCon
       break;
     }
     const int r = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (r < 0 && errno != EINTR) break;
+    if (r < 0 && errno != EINTR) {
+      timed_out = true;  // cannot wait for it: it goes
+      break;
+    }
+    if (r <= 0) continue;  // (revents are fresh only when poll reported some)
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       char buf[4096];
@@ -89,7 +96,7 @@ EngineDescription probe_engine(const std::string& worker_binary, const DaemonCon
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  KVPR_CHECK(!timed_out, worker_binary, " --describe did not answer within ", timeout_s, " s");
+  KVPR_CHECK(!timed_out, worker_binary, " --describe did not answer within ", timeout_s, " s (or could not be waited for)");
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string why = last_line(text[1]);
     // The worker's own one-line error (the model cannot be read): as it says it.

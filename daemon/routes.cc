@@ -27,7 +27,7 @@ struct Routes::Generation {
   bool first_token_seen = false;
 
   void cancel(WorkerPool& pool) const {
-    for (size_t i = 0; i < r.choices.size(); ++i)
+    for (size_t i = 0; i < r.choices.size() && i < engine_ids.size(); ++i)  // (only the choices submitted)
       if (!r.choices[i].done) pool.cancel(engine_ids[i]);
   }
 };
@@ -210,7 +210,9 @@ void Routes::generate(const std::shared_ptr<Exchange>& ex, bool chat) {
 // after the client left, so every choice is accounted for exactly once.
 void Routes::submit(const std::shared_ptr<Generation>& g, const GenerateRequest& req) {
   const size_t n = static_cast<size_t>(req.sampling.n);
-  for (size_t i = 0; i < g->r.choices.size(); ++i) {
+  // A choice that could not be submitted may answer the request at once (a stream not yet
+  // begun gets its error): the rest are then not sent.
+  for (size_t i = 0; i < g->r.choices.size() && g->answering; ++i) {
     const ChoiceState& c = g->r.choices[i];
     EngineRequest m = g->requests[i % n];
     m.id = next_engine_id_++;

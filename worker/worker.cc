@@ -215,7 +215,11 @@ class WorkerLoop {
     while (true) {
       ch_.recv(&msg, -1);
       const std::string type = message_type(msg);
-      if (type == "nccl_id") return msg.find("id")->as_string();
+      if (type == "nccl_id") {
+        const json::Value* id = msg.find("id");
+        KVPR_CHECK(id && id->is_string(), "an nccl_id message without its id");
+        return id->as_string();
+      }
       if (type == "shutdown") throw ShutdownWhileLoading{};
     }
   }

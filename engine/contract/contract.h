@@ -68,7 +68,8 @@ struct GenerationParams {
   // The text must be valid against this JSON Schema (response_format json_schema, forced tool
   // calls; null: none): the same masking, by the schema's recognizer (engine/constrain/json_schema.h).
   // It travels as the request gave it and is compiled once, by the engine that runs it (a
-  // compiled recognizer is the engine's own data, which the controller neither builds nor links);
+  // compiled recognizer is the engine's own data, which the controller neither builds nor links;
+  // a schema is checked where it is used, not first in the controller and again in the engine);
   // a schema it cannot compile is refused as part "json_schema".
   json::Value json_schema;
 };

@@ -161,20 +161,18 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
 
 std::shared_ptr<const JsonSchema> Generator::compiled_schema(const json::Value& schema) {
   std::string key = schema.dump();
-  for (auto it = schemas_.begin(); it != schemas_.end(); ++it)
+  for (auto it = refused_schemas_.begin(); it != refused_schemas_.end(); ++it)
     if (it->first == key) {
-      schemas_.splice(schemas_.begin(), schemas_, it);  // most recently used first
-      return it->second;
+      refused_schemas_.splice(refused_schemas_.begin(), refused_schemas_, it);  // most recently refused first
+      throw RequestRefused("json_schema", it->second);
     }
-  std::shared_ptr<const JsonSchema> compiled;
   try {
-    compiled = std::make_shared<const JsonSchema>(JsonSchema::compile(schema));
+    return std::make_shared<const JsonSchema>(JsonSchema::compile(schema));
   } catch (const Error& e) {
+    refused_schemas_.emplace_front(std::move(key), e.what());
+    if (refused_schemas_.size() > kRefusedSchemas) refused_schemas_.pop_back();
     throw RequestRefused("json_schema", e.what());
   }
-  schemas_.emplace_front(std::move(key), compiled);
-  if (schemas_.size() > kCompiledSchemas) schemas_.pop_back();
-  return compiled;
 }
 
 void Generator::cancel(uint64_t id) {

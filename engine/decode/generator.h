@@ -89,7 +89,7 @@ class Generator {
 
   // Queues a request; throws kvpr::Error (one line) for an empty prompt, a prompt that does
   // not fit the context, bad ids or bad sampling values, and RequestRefused for a JSON Schema it
-  // cannot compile (each schema is compiled once: the last kCompiledSchemas are kept).
+  // cannot compile.
   uint64_t add(std::vector<int32_t> prompt, const GenerationParams& params);
   void cancel(uint64_t id);
 
@@ -135,7 +135,7 @@ class Generator {
   bool reserve_blocks(Sequence& s, int64_t tokens, std::vector<StepOutput>& out);
   void preempt(Sequence& s);
   void release_blocks(Sequence& s);  // its blocks back to the pool, their K/V kept cached
-  // The schema compiled (or found compiled); RequestRefused("json_schema") when it cannot be.
+  // The schema compiled; RequestRefused("json_schema") when it cannot be (or was refused lately).
   std::shared_ptr<const JsonSchema> compiled_schema(const json::Value& schema);
   std::string take_visible_text(Sequence& s, bool final);
   // Prompt lookup: the tokens that followed the latest earlier occurrence of s's last n tokens
@@ -192,10 +192,12 @@ class Generator {
   std::map<uint64_t, SequenceResult> done_;
   uint64_t next_id_ = 1;
   std::shared_ptr<const JsonTokenConstraint::Vocabulary> json_vocab_;  // every id's text, for JSON masks
-  // The schemas compiled lately, most recently used first (keyed by their JSON text): an agent
-  // or a client sends the same schema with every call, and n choices share one.
-  static constexpr size_t kCompiledSchemas = 32;
-  std::list<std::pair<std::string, std::shared_ptr<const JsonSchema>>> schemas_;
+  // The schemas refused lately (keyed by their JSON text) and why, most recent first: a schema
+  // that runs into the compile's budget costs the step loop that budget once, not at every retry.
+  // An accepted schema is compiled for each request: its recognizer's lazily built states are the
+  // request's own, and so are their limits.
+  static constexpr size_t kRefusedSchemas = 32;
+  std::list<std::pair<std::string, std::string>> refused_schemas_;
   Tensor logits_;                 // host [rows, vocab], for rows sampled on the host
   Tensor dev_ids_, dev_stats_;    // device: greedy id and (max, log-sum-exp) per row
   Tensor host_ids_, host_stats_;  // their host copies

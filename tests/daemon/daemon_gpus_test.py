@@ -345,6 +345,38 @@ def broadcast_failures():
             d.stop()
 
 
+def worker0_gone_before_the_group():
+    """Worker 0 makes the broadcast's NCCL group and kvprd relays its id: a worker 0 that exits
+    before it does leaves worker 1 waiting for the id; kvprd stops it at once, and both restart
+    reading the checkpoint themselves."""
+    real = os.path.join(os.path.dirname(os.path.abspath(base.KVPRD)), "..", "worker", "kvpr-worker")
+    wrapper = os.path.join(base.TMP, "no-group-worker.sh")
+    marker = os.path.join(base.TMP, "no-group-worker.once")
+    with open(wrapper, "w") as f:
+        f.write(f"""#!/bin/bash
+# The first start of rank 0 of the weight broadcast exits before it makes the NCCL group.
+if [[ " $* " == *" --nccl-rank 0 "* ]] && [ ! -e {marker} ]; then touch {marker}; exit 3; fi
+exec {os.path.abspath(real)} "$@"
+""")
+    os.chmod(wrapper, 0o755)
+    d = gpu_daemon("--kv-mode", "resident", "--worker-binary", wrapper, wait_ready=False)
+    try:
+        log_path = os.path.join(base.TMP, f"kvprd-{d.port}.log")
+        deadline, back = time.time() + 120, False
+        while time.time() < deadline and not back:
+            st, h = d.get("/health")
+            back = st == 200 and h["status"] == "ok"
+            time.sleep(0.2)
+        log = open(log_path).read()
+        check("worker 0 gone before it made the NCCL group: worker 1, waiting for the id, is stopped and both "
+              "restart reading the checkpoint", back and os.path.exists(marker) and
+              h["workers"][1]["restarts"] >= 1 and
+              "worker 0 left the NCCL weight broadcast" in h["workers"][1]["last_error"] and
+              [w["placement"].get("weights_from") for w in h["workers"]] == ["disk", "disk"], (h, log[-1500:]))
+    finally:
+        d.stop()
+
+
 def drain():
     d = gpu_daemon("--drain-timeout", "300")  # (a loaded CI machine under ASan is slow)
     result = {}
@@ -404,6 +436,7 @@ def main():
     eight_gpu_placement()
     t0 = time.time()
     broadcast_failures()
+    worker0_gone_before_the_group()
     print(f"broadcast failures: {time.time() - t0:.1f} s", flush=True)
     t0 = time.time()
     every_kv_mode(reference)

@@ -226,6 +226,19 @@ def operations():
     check("a worker binary that does not describe the engine: exit 1 naming it", r.returncode == 1 and
           "kvprd: /bin/false --describe failed (exit status 1): is it this kvprd's worker?" in r.stderr,
           (r.returncode, r.stderr[-400:]))
+    garbled = os.path.join(TMP, "garbled-worker.sh")
+    with open(garbled, "w") as f:
+        f.write("#!/bin/bash\necho 'not a description'\n")
+    os.chmod(garbled, 0o755)
+    r = subprocess.run([KVPRD, "--model", MODEL, "--port", str(free_port()), "--config", "/dev/null",
+                        "--worker-binary", garbled], capture_output=True, text=True, timeout=60)
+    check("a worker binary whose description kvprd cannot read: exit 1 naming it", r.returncode == 1 and
+          "--describe answered what kvprd cannot read" in r.stderr, (r.returncode, r.stderr[-400:]))
+    r = subprocess.run([KVPRD, "--model", os.path.join(TMP, "no-such-model"), "--port", str(free_port()),
+                        "--config", "/dev/null"], capture_output=True, text=True, timeout=60)
+    check("a model the engine cannot read: exit 1 with the engine's one line", r.returncode == 1 and
+          "kvprd: " + os.path.join(TMP, "no-such-model") in r.stderr and "kvpr-worker" not in r.stderr,
+          (r.returncode, r.stderr[-400:]))
     # No worker can start (each fails as it starts, not at once): 503 with a JSON error, /health 503.
     failing = os.path.join(TMP, "failing-worker.sh")
     with open(failing, "w") as f:

@@ -120,6 +120,29 @@ TEST(WorkerProtocol, StepEventsArriveAsSent) {
   EXPECT_EQ(refused[0].event.error, "a $ref loops");
 }
 
+// Worker 0's NCCL id to kvprd and on to the others; the engine's description kvprd asks for.
+TEST(WorkerProtocol, NcclIdAndDescriptionArriveAsSent) {
+  const WorkerMessage m = decode_worker_message(through_the_wire(encode_nccl_id("00ff")));
+  EXPECT_EQ(m.type, WorkerMessage::Type::NcclId);
+  EXPECT_EQ(m.nccl_id, "00ff");
+  EXPECT_EQ(message_type(encode_nccl_id("00ff")), "nccl_id");
+  EngineDescription d;
+  d.gpu_bus_ids = {"0000:17:00.0", "0000:65:00.0"};
+  d.nccl = true;
+  d.model_type = "llama";
+  d.num_layers = 32;
+  d.max_position_embeddings = 131072;
+  d.vocab_size = 128256;
+  const EngineDescription e = decode_description(through_the_wire(encode_description(d)));
+  EXPECT_EQ(e.gpu_bus_ids, d.gpu_bus_ids);
+  EXPECT_TRUE(e.nccl);
+  EXPECT_EQ(e.model_type, "llama");
+  EXPECT_EQ(e.num_layers, 32);
+  EXPECT_EQ(e.max_position_embeddings, 131072);
+  EXPECT_EQ(e.vocab_size, 128256);
+  EXPECT_THROW(decode_description(json::parse(R"({"gpu_bus_ids": []})")), Error);
+}
+
 TEST(WorkerProtocol, ReadyStatsHeartbeatAndFatalArriveAsSent) {
   using T = WorkerMessage::Type;
   ReadyMessage r;

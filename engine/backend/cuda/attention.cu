@@ -16,9 +16,12 @@
 //   with head_dim <= 128, the KV cache of real deployments: one block per group of query heads
 //   sharing a KV head, K tiles through shared memory with coalesced loads, splits from the SM
 //   count.
+#include <algorithm>
 #include <cfloat>
+#include <cstring>
 
 #include "engine/backend/cuda/cuda_check.h"
+#include "engine/base/error.h"
 #include "engine/backend/cuda/device_util.cuh"
 #include "engine/backend/cuda/kernels.h"
 
@@ -607,6 +610,57 @@ int64_t attention_launch_ctx(int64_t max_ctx) {
   int64_t s = 1;
   while (s < decode_splits(max_ctx)) s *= 2;  // 1, 2, 4, ... 64 splits
   return s * kSplitKeys;
+}
+
+AttnBatch describe_attention(const Tensor& q, const std::vector<AttentionSeq>& seqs, int heads) {
+  AttnBatch b;
+  const int64_t hidden = q.dim(-1);
+  KVPR_CHECK(heads > 0 && hidden % heads == 0, "attention: hidden ", hidden, " not divisible by ", heads, " heads");
+  if (seqs.empty()) return b;
+  const int64_t hd = b.head_dim = hidden / heads;
+  // K/V rows may hold fewer heads than q (grouped-query attention).
+  const int64_t kv_width = seqs.front().k.dim(-1);
+  KVPR_CHECK(kv_width % hd == 0 && heads % (kv_width / hd) == 0, "attention: K/V width ", kv_width,
+             " is not a whole number of KV heads of ", hd, " dividing ", heads, " heads");
+  b.kv_heads = static_cast<int>(kv_width / hd);
+  const DType kv = b.kv_dtype = seqs.front().k.dtype();
+  auto aligned16 = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; };
+  int64_t max_ctx = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const AttentionSeq& a = seqs[s];
+    check_attention_seq(a, s, kv_width, q.dim(0));
+    KVPR_CHECK(a.k.dtype() == kv && (s == 0 || a.q_begin >= seqs[s - 1].q_begin) && a.block_tokens <= INT32_MAX &&
+                   b.tables.size() + static_cast<size_t>(a.n_blocks) <= INT32_MAX,
+               "attention: sequence ", s, " is out of order or of another dtype");
+    const bool two = a.head > 0;
+    b.descs.push_back(AttnDesc{a.k.data(), a.v.data(), two ? a.head_k.data() : nullptr, two ? a.head_v.data() : nullptr,
+                               a.q_begin, static_cast<int32_t>(a.q_len), static_cast<int32_t>(a.past_len),
+                               a.paged() ? static_cast<int32_t>(b.tables.size()) : -1,
+                               static_cast<int32_t>(a.block_tokens), static_cast<int32_t>(a.head)});
+    if (a.paged()) b.tables.insert(b.tables.end(), a.blocks, a.blocks + a.n_blocks);
+    max_ctx = std::max(max_ctx, a.past_len + a.q_len);
+    b.max_q = std::max(b.max_q, a.q_len);
+    b.total_q = std::max(b.total_q, a.q_begin + a.q_len);
+    b.all_decode = b.all_decode && a.q_len == 1;
+    b.aligned = b.aligned && aligned16(a.k) && aligned16(a.v) && (!two || (aligned16(a.head_k) && aligned16(a.head_v)));
+    b.kv_bytes += 2 * (a.past_len + a.q_len) * kv_width * static_cast<int64_t>(dtype_size(kv));
+  }
+  // The context class of the launches: they change at 256, 512, 1024, ... tokens, not every step.
+  b.max_ctx = attention_launch_ctx(max_ctx);
+  return b;
+}
+
+std::vector<char> AttnBatch::upload() const {
+  const size_t desc_bytes = descs.size() * sizeof(AttnDesc);
+  size_t padded = 0;
+  if (!tables.empty()) {
+    padded = 64;
+    while (padded < tables.size()) padded *= 2;
+  }
+  std::vector<char> buf(desc_bytes + padded * sizeof(int32_t), 0);
+  std::memcpy(buf.data(), descs.data(), desc_bytes);
+  if (!tables.empty()) std::memcpy(buf.data() + desc_bytes, tables.data(), tables.size() * sizeof(int32_t));
+  return buf;
 }
 
 int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim) {

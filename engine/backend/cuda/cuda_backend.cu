@@ -460,77 +460,29 @@ class CudaBackend final : public Backend {
                  float scale) override {
     check_f32(out, "attention output");
     check_f32(q, "attention query");
-    const int64_t hidden = q.dim(-1);
-    KVPR_CHECK(heads > 0 && hidden % heads == 0, "attention: hidden ", hidden, " not divisible by ", heads, " heads");
-    if (seqs.empty()) return;
-    const int64_t hd = hidden / heads;
-    // K/V rows may hold fewer heads than q (grouped-query attention).
-    const int64_t kv_width = seqs.front().k.dim(-1);
-    KVPR_CHECK(kv_width % hd == 0 && heads % (kv_width / hd) == 0, "attention: K/V width ", kv_width,
-               " is not a whole number of KV heads of ", hd, " dividing ", heads, " heads");
-    const int kv_heads = static_cast<int>(kv_width / hd);
-    std::vector<cuda::AttnDesc> descs;
-    int64_t max_ctx = 0, max_q = 0, total_q = 0;
-    bool all_decode = true, aligned = true;
-    DType kv = seqs.front().k.dtype();
-    int64_t kv_bytes = 0;
-    // Paged sequences' block tables follow the descriptors in one upload (cuda::attn_tables),
-    // padded to a power of two entries: their size changes the uploads after them, which a CUDA
-    // graph's key holds, so it changes rarely.
-    std::vector<int32_t> tables;
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      const AttentionSeq& a = seqs[s];
-      check_attention_seq(a, s, kv_width, q.dim(0));
-      KVPR_CHECK(a.k.dtype() == kv && (s == 0 || a.q_begin >= seqs[s - 1].q_begin) && a.block_tokens <= INT32_MAX &&
-                     tables.size() + static_cast<size_t>(a.n_blocks) <= INT32_MAX,
-                 "attention: sequence ", s, " is out of order or of another dtype");
-      const bool two = a.head > 0;
-      descs.push_back(cuda::AttnDesc{a.k.data(), a.v.data(), two ? a.head_k.data() : nullptr,
-                                     two ? a.head_v.data() : nullptr, a.q_begin, static_cast<int32_t>(a.q_len),
-                                     static_cast<int32_t>(a.past_len),
-                                     a.paged() ? static_cast<int32_t>(tables.size()) : -1,
-                                     static_cast<int32_t>(a.block_tokens), static_cast<int32_t>(a.head)});
-      if (a.paged()) tables.insert(tables.end(), a.blocks, a.blocks + a.n_blocks);
-      max_ctx = std::max(max_ctx, a.past_len + a.q_len);
-      max_q = std::max(max_q, a.q_len);
-      total_q = std::max(total_q, a.q_begin + a.q_len);
-      all_decode = all_decode && a.q_len == 1;
-      aligned = aligned && reinterpret_cast<uintptr_t>(a.k.data()) % 16 == 0 &&
-                reinterpret_cast<uintptr_t>(a.v.data()) % 16 == 0 &&
-                (!two || (reinterpret_cast<uintptr_t>(a.head_k.data()) % 16 == 0 &&
-                          reinterpret_cast<uintptr_t>(a.head_v.data()) % 16 == 0));
-      kv_bytes += 2 * (a.past_len + a.q_len) * kv_width * static_cast<int64_t>(dtype_size(kv));
-    }
-    // The context class of the launches: they change at 256, 512, 1024, ... tokens, not every step.
-    max_ctx = cuda::attention_launch_ctx(max_ctx);
-    Traced t(*this, Stream::Compute, "attention", kv_bytes, 0);
-    const void* dd = nullptr;
-    if (tables.empty()) {
-      dd = upload_small(descs.data(), descs.size() * sizeof(cuda::AttnDesc));
-    } else {
-      size_t padded = 64;
-      while (padded < tables.size()) padded *= 2;
-      std::vector<char> buf(descs.size() * sizeof(cuda::AttnDesc) + padded * sizeof(int32_t), 0);
-      std::memcpy(buf.data(), descs.data(), descs.size() * sizeof(cuda::AttnDesc));
-      std::memcpy(buf.data() + descs.size() * sizeof(cuda::AttnDesc), tables.data(), tables.size() * sizeof(int32_t));
-      dd = upload_small(buf.data(), buf.size());
-    }
+    const cuda::AttnBatch ab = cuda::describe_attention(q, seqs, heads);
+    if (ab.descs.empty()) return;
+    const int64_t hd = ab.head_dim;
+    Traced t(*this, Stream::Compute, "attention", ab.kv_bytes, 0);
+    const std::vector<char> up = ab.upload();
+    const void* dd = upload_small(up.data(), up.size());
+    const int64_t n = static_cast<int64_t>(ab.descs.size());
     const void* tiles = nullptr;
     int64_t n_tiles = 0;
-    if (!all_decode && hd <= 128) {
-      std::vector<cuda::AttnTile> tv = cuda::attention_tiles(descs.data(), static_cast<int64_t>(descs.size()));
+    if (!ab.all_decode && hd <= 128) {
+      std::vector<cuda::AttnTile> tv = cuda::attention_tiles(ab.descs.data(), n);
       n_tiles = static_cast<int64_t>(tv.size());
       tiles = upload_small(tv.data(), tv.size() * sizeof(cuda::AttnTile));
     }
     float* work = nullptr;
-    if (all_decode) {
-      int64_t wf = cuda::attention_work_floats(static_cast<int64_t>(descs.size()), max_ctx, heads, static_cast<int>(hd));
+    if (ab.all_decode) {
+      int64_t wf = cuda::attention_work_floats(n, ab.max_ctx, heads, static_cast<int>(hd));
       work = scratch_named(work_buf_, DType::F32, wf).data_as<float>();
     }
     issue("attention", &cuda::attention, out.data_as<float>(), q.data_as<float>(),
-          static_cast<const cuda::AttnDesc*>(dd), static_cast<int64_t>(descs.size()), total_q, max_ctx, max_q,
-          all_decode, heads, kv_heads, static_cast<int>(hd), kv, scale, work, aligned, static_cast<const cuda::AttnTile*>(tiles),
-          n_tiles, sm_count_, compute());
+          static_cast<const cuda::AttnDesc*>(dd), n, ab.total_q, ab.max_ctx, ab.max_q, ab.all_decode, heads,
+          ab.kv_heads, static_cast<int>(hd), ab.kv_dtype, scale, work, ab.aligned,
+          static_cast<const cuda::AttnTile*>(tiles), n_tiles, sm_count_, compute());
   }
 
  private:

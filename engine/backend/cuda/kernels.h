@@ -108,6 +108,21 @@ inline std::vector<AttnTile> attention_tiles(const AttnDesc* descs, int64_t n_se
 // passes 256, 512, 1024, ... tokens, not every token, so a CUDA graph of the step is replayed
 // in between and a server sees few distinct steps (batch sizes × 7 context classes).
 int64_t attention_launch_ctx(int64_t max_ctx);
+// A batch of the backend's attention sequences as the kernels take them: one descriptor each,
+// the paged ones' block tables after them (padded to a power of two entries, at least 64: their
+// size changes the uploads after them, which a CUDA graph's key holds, so it changes rarely),
+// and what the launch depends on. Checks every sequence (kvpr::Error naming the first bad one).
+struct AttnBatch {
+  std::vector<AttnDesc> descs;
+  std::vector<int32_t> tables;
+  int64_t head_dim = 0, max_ctx = 0, max_q = 0, total_q = 0, kv_bytes = 0;  // max_ctx: attention_launch_ctx's
+  int kv_heads = 0;
+  DType kv_dtype = DType::F32;
+  bool all_decode = true, aligned = true;
+  // The descriptors, then the tables: what goes up in one upload.
+  std::vector<char> upload() const;
+};
+AttnBatch describe_attention(const Tensor& q, const std::vector<AttentionSeq>& seqs, int heads);
 int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim);
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t max_q_len, bool all_decode, int heads, int kv_heads, int head_dim, DType kv_dtype, float scale,

@@ -1282,6 +1282,37 @@ TEST(Generation, AnEndIdThatIsAnOrdinaryTokenEndsAJsonReply) {
   }
 }
 
+// A JSON Schema travels as the request gave it; the Generator compiles it for the request and
+// refuses one it cannot compile as the request's "json_schema" part (also when it comes again,
+// from the refusals it remembers), and the text it gives for an accepted one is valid against it.
+TEST(Generation, CompilesEachSchemaAndRefusesWhatItCannotCompile) {
+  test::TempDir tmp;
+  Fixture f("pre_ln_safetensors");
+  Tokenizer tok = char_tokenizer(tmp, 96);
+  Generator gen(f.model, tok, f32_kv(2));
+  GenerationParams g;
+  g.max_new_tokens = 40;
+  g.json_schema = json::parse(R"({"$ref": "#"})");  // a cycle that consumes no text
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      gen.add({7, 8, 9}, g);
+      ADD_FAILURE() << "a schema that cannot be compiled was accepted";
+    } catch (const RequestRefused& e) {
+      EXPECT_EQ(e.part(), "json_schema");
+      EXPECT_HAS(std::string(e.what()), "$ref");
+    }
+  }
+  EXPECT_TRUE(gen.idle());
+  g.json_schema = json::parse(R"({"type": "object", "properties": {"a": {"enum": [1, 2]}}, "required": ["a"],
+                                  "additionalProperties": false})");
+  for (int i = 0; i < 2; ++i) {  // each request its own recognizer
+    const SequenceResult r = gen.generate_all({{7, 8, 9}}, g)[0];
+    EXPECT_EQ(r.finish, FinishReason::Stop) << r.text;
+    EXPECT_TRUE(r.text == R"({"a": 1})" || r.text == R"({"a": 2})" || r.text == R"({"a":1})" || r.text == R"({"a":2})")
+        << r.text;
+  }
+}
+
 // A fault in one sequence's per-sequence work (its constraint, its sampling, its detokenizing,
 // its stop matching) ends that sequence alone with an error; every other sequence of the batch
 // gets exactly the tokens it gets when nothing fails.
