@@ -28,6 +28,43 @@ std::string last_line(const std::string& text) {
   return text.substr(begin == std::string::npos ? 0 : begin + 1, end + 1 - (begin == std::string::npos ? 0 : begin + 1));
 }
 
+// Reads the child's stdout and stderr (each kept to 1 MiB) until both close or `timeout_s` passes
+// (false: it passed, or the pipes could not be waited on). Closes both descriptors.
+bool read_both(int out_fd, int err_fd, double timeout_s, std::string text[2]) {
+  pollfd fds[2] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  bool done = true;
+  int open = 2;
+  while (open > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      done = false;
+      break;
+    }
+    const int r = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (r < 0 && errno != EINTR) {
+      done = false;  // cannot wait for it: it goes
+      break;
+    }
+    if (r <= 0) continue;  // (revents are fresh only when poll reported some)
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[4096];
+      const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+      if (n > 0 && text[i].size() < (1u << 20)) {
+        text[i].append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open;
+      }
+    }
+  }
+  for (auto& f : fds)
+    if (f.fd >= 0) ::close(f.fd);
+  return done;
+}
+
 }  // namespace
 
 EngineDescription probe_engine(const std::string& worker_binary, const DaemonConfig& cfg, double timeout_s) {
@@ -61,37 +98,7 @@ EngineDescription probe_engine(const std::string& worker_binary, const DaemonCon
   ::close(err[1]);
   for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   std::string text[2];
-  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  bool timed_out = false;
-  int open = 2;
-  while (open > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      timed_out = true;
-      break;
-    }
-    const int r = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (r < 0 && errno != EINTR) {
-      timed_out = true;  // cannot wait for it: it goes
-      break;
-    }
-    if (r <= 0) continue;  // (revents are fresh only when poll reported some)
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char buf[4096];
-      const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
-      if (n > 0 && text[i].size() < (1u << 20)) {
-        text[i].append(buf, static_cast<size_t>(n));
-      } else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open;
-      }
-    }
-  }
-  for (auto& f : fds)
-    if (f.fd >= 0) ::close(f.fd);
+  const bool timed_out = !read_both(out[0], err[0], timeout_s, text);
   if (timed_out) ::kill(pid, SIGKILL);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {

@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/metrics.h"
 #include "engine/base/error.h"
 
 namespace kvpr {

@@ -14,11 +14,12 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/metrics.h"
 #include "engine/base/json.h"
-#include "openai/request.h"
+#include "openai/api_error.h"
 
 namespace kvpr {
+
+struct DaemonMetrics;  // daemon/metrics.h: the connection counters it keeps
 
 struct HttpRequest {
   std::string method;  // GET, POST, ...

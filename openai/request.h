@@ -17,23 +17,12 @@
 #include "engine/contract/contract.h"
 #include "openai/generation_config.h"
 #include "engine/text/tokenizer.h"
+#include "openai/api_error.h"
 #include "openai/chat_template.h"
 #include "openai/model_chat_template.h"
 
 namespace kvpr {
 
-// An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}} with an HTTP status.
-// Thrown by the parsers below and by the daemon's routes; the HTTP layer sends it.
-struct ApiError {
-  int status;
-  std::string message;
-  std::string type;
-  std::string param;
-};
-
-ApiError bad_request(std::string msg, std::string param = "");
-// The error's JSON body (a message quoting request bytes is made valid UTF-8).
-json::Value error_body(const ApiError& e);
 
 // What kvprd serves, as decided at start from the model and the flags.
 struct ServedModel {

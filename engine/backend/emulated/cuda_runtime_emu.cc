@@ -1,10 +1,11 @@
 // The emulated CUDA device of cuda_runtime_emu.h: device memory arena, lazy streams, events,
-// copies, kernel launches (run by the SIMT emulator) and cuBLAS GEMMs.
+// copies, kernel launches (run by the SIMT emulator); its cuBLAS GEMMs are cublas_emu.cc.
 #define KVPR_EMU_RUNTIME_IMPL 1
 #include "engine/backend/emulated/simt_emu.h"
 // clang-format off
 #include "engine/backend/emulated/cuda_runtime_emu.h"
 // clang-format on
+#include "engine/backend/emulated/cuda_runtime_emu_internal.h"
 
 #include <execinfo.h>
 #include <signal.h>
@@ -49,10 +50,6 @@ struct CUevent_st {
   uint64_t seq = 0;                     // complete once stream->done >= seq
   uint64_t generation = 0;
   double time_ms = 0;  // when the device reached the latest record
-};
-struct cublasContext {
-  cudaStream_t stream = nullptr;
-  void* workspace = nullptr;  // cublasSetWorkspace (the emulated GEMMs need none)
 };
 
 namespace kvpr_emu {
@@ -1033,166 +1030,57 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   return a.s.graphs.erase(graph) ? cudaSuccess : fail(a.s, cudaErrorInvalidValue);
 }
 
-// ---- cuBLAS ----
-cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
-  Api a;
-  if (!h) return CUBLAS_STATUS_INVALID_VALUE;
-  auto c = std::make_unique<cublasContext>();
-  *h = c.get();
-  a.s.handles[c.get()] = std::move(c);
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
-  Api a;
-  return a.s.handles.erase(h) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
-}
-cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t stream) {
-  Api a;
-  if (!a.s.handles.count(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (!stream_of(a.s, stream)) return CUBLAS_STATUS_INVALID_VALUE;
-  h->stream = stream;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void* workspace, size_t bytes) {
-  Api a;
-  if (!a.s.handles.count(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (bytes && (!workspace || !find_allocation(a.s, workspace, bytes))) return CUBLAS_STATUS_INVALID_VALUE;
-  h->workspace = workspace;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t) {
-  Api a;
-  return a.s.handles.count(h) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
-}
-const char* cublasGetStatusName(cublasStatus_t st) {
-  switch (st) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    default: return "CUBLAS_STATUS_UNKNOWN";
-  }
-}
+// ---- what the emulated cuBLAS (cublas_emu.cc) uses ----
+namespace internal {
 
-namespace {
+ApiCall::ApiCall() : api_(new Api) {}
+ApiCall::~ApiCall() { delete static_cast<Api*>(api_); }
 
-size_t type_size(cudaDataType_t t) {
-  switch (t) {
-    case CUDA_R_32F: return 4;
-    case CUDA_R_16F:
-    case CUDA_R_16BF: return 2;
-    default: return 0;
-  }
+void add_handle(std::unique_ptr<cublasContext> h) {
+  State& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  cublasContext* key = h.get();
+  s.handles[key] = std::move(h);
 }
-float load(const void* p, cudaDataType_t t, size_t i) {
-  switch (t) {
-    case CUDA_R_32F: return static_cast<const float*>(p)[i];
-    case CUDA_R_16F: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  }
+bool remove_handle(cublasHandle_t h) {
+  State& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  return s.handles.erase(h) > 0;
 }
-void store(void* p, cudaDataType_t t, size_t i, float v) {
-  switch (t) {
-    case CUDA_R_32F: static_cast<float*>(p)[i] = v; break;
-    case CUDA_R_16F: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    default: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-  }
+bool handle_known(cublasHandle_t h) {
+  State& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  return s.handles.count(h) > 0;
 }
-
-// Bytes from a matrix's first element to one past its last, over the batch.
-size_t extent_bytes(int rows, int cols, int ld, long long stride, int batch, size_t es) {
-  if (rows == 0 || cols == 0 || batch == 0) return 0;
-  const long long last = static_cast<long long>(batch - 1) * std::max(stride, 0LL) +
-                         static_cast<long long>(cols - 1) * ld + (rows - 1);
-  return static_cast<size_t>(last + 1) * es;
+bool stream_known(cudaStream_t stream) {
+  State& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  return stream_of(s, stream) != nullptr;
 }
-
-bool overlap(const void* a, size_t na, const void* b, size_t nb) {
-  const char *x = static_cast<const char*>(a), *y = static_cast<const char*>(b);
-  return na && nb && x < y + nb && y < x + na;
+bool in_one_allocation(const void* p, size_t bytes) {
+  State& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  return find_allocation(s, p, bytes) != nullptr;
 }
-
-}  // namespace
-
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m,
-                                          int n, int k, const void* alpha, const void* A, cudaDataType_t a_type,
-                                          int lda, long long stride_a, const void* B, cudaDataType_t b_type, int ldb,
-                                          long long stride_b, const void* beta, void* C, cudaDataType_t c_type,
-                                          int ldc, long long stride_c, int batch, cublasComputeType_t compute,
-                                          cublasGemmAlgo_t) {
-  Api a;
-  State& s = a.s;
-  if (!s.handles.count(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  auto is_op = [](cublasOperation_t o) { return o == CUBLAS_OP_N || o == CUBLAS_OP_T; };
-  const bool ta = transa == CUBLAS_OP_T, tb = transb == CUBLAS_OP_T;
-  // cuBLAS's argument rules (cublasGemmEx, cublas<t>gemmStridedBatched).
-  if (!is_op(transa) || !is_op(transb) || m < 0 || n < 0 || k < 0 || batch < 0 || !alpha || !beta ||
-      lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m))
-    return CUBLAS_STATUS_INVALID_VALUE;
-  // The combinations used for fp32 accumulation (cublasGemmEx's table, CUBLAS_COMPUTE_32F).
-  const bool types_ok = a_type == b_type && type_size(a_type) && (c_type == CUDA_R_32F || c_type == a_type) &&
-                        (compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC);
-  if (!types_ok) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
-  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  const size_t ea = type_size(a_type), ec = type_size(c_type);
-  const size_t na = k ? extent_bytes(ta ? k : m, ta ? m : k, lda, stride_a, batch, ea) : 0;
-  const size_t nb = k ? extent_bytes(tb ? n : k, tb ? k : n, ldb, stride_b, batch, ea) : 0;
-  const size_t nc = extent_bytes(m, n, ldc, stride_c, batch, ec);
-  for (auto [p, bytes, what] : {std::tuple{A, na, "A"}, {B, nb, "B"}, {static_cast<const void*>(C), nc, "C"}}) {
-    if (bytes && classify_locked(s, p) != Memory::Device)
-      throw DeviceFault(std::string("cuBLAS GEMM: matrix ") + what + " " + where(p, bytes) + " is not device memory");
-    check_range(s, p, bytes, (std::string("cuBLAS GEMM: matrix ") + what).c_str());
-  }
-  if (overlap(C, nc, A, na) || overlap(C, nc, B, nb)) throw DeviceFault("cuBLAS GEMM: C overlaps A or B");
-  if (batch > 1 && stride_c < static_cast<long long>(ldc) * n) throw DeviceFault("cuBLAS GEMM: batches of C overlap");
-  auto st = stream_of(s, h->stream);
+void check_device_operand(const void* p, size_t bytes, const std::string& what) {
+  State& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  if (bytes && classify_locked(s, p) != Memory::Device)
+    throw DeviceFault(what + " " + where(p, bytes) + " is not device memory");
+  check_range(s, p, bytes, what.c_str());
+}
+void enqueue_gemm(cudaStream_t stream, std::function<void()> op) {
+  State& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  auto st = stream_of(s, stream);
   State* sp = &s;
   ++s.submissions;
-  enqueue(s, st, [=] {
-    // op(A) as rows i (contiguous in l) and op(B) as columns j, in fp32; fp32 accumulation.
-    std::vector<float> ar(static_cast<size_t>(m) * k), bc(static_cast<size_t>(n) * k);
-    for (int b = 0; b < batch; ++b) {
-      const void* Ab = static_cast<const char*>(A) + static_cast<long long>(b) * stride_a * static_cast<long long>(ea);
-      const void* Bb = static_cast<const char*>(B) + static_cast<long long>(b) * stride_b * static_cast<long long>(ea);
-      void* Cb = static_cast<char*>(C) + static_cast<long long>(b) * stride_c * static_cast<long long>(ec);
-      for (int i = 0; i < m; ++i)
-        for (int l = 0; l < k; ++l)
-          ar[static_cast<size_t>(i) * k + l] =
-              load(Ab, a_type, ta ? static_cast<size_t>(l) + static_cast<size_t>(i) * lda
-                                  : static_cast<size_t>(i) + static_cast<size_t>(l) * lda);
-      for (int j = 0; j < n; ++j)
-        for (int l = 0; l < k; ++l)
-          bc[static_cast<size_t>(j) * k + l] =
-              load(Bb, b_type, tb ? static_cast<size_t>(j) + static_cast<size_t>(l) * ldb
-                                  : static_cast<size_t>(l) + static_cast<size_t>(j) * ldb);
-      for (int j = 0; j < n; ++j)
-        for (int i = 0; i < m; ++i) {
-          const float* x = &ar[static_cast<size_t>(i) * k];
-          const float* y = &bc[static_cast<size_t>(j) * k];
-          float acc[8] = {};
-          int l = 0;
-          for (; l + 8 <= k; l += 8)
-            for (int u = 0; u < 8; ++u) acc[u] += x[l + u] * y[l + u];
-          for (; l < k; ++l) acc[0] += x[l] * y[l];
-          const float dot = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-          const size_t ci = static_cast<size_t>(i) + static_cast<size_t>(j) * ldc;
-          // beta == 0: C is not read (it may hold NaNs), as cuBLAS documents.
-          store(Cb, c_type, ci, be == 0.f ? al * dot : al * dot + be * load(Cb, c_type, ci));
-        }
-    }
+  enqueue(s, st, [op = std::move(op), sp] {
+    op();
     ++sp->gemms;
   });
-  return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-                            const void* alpha, const void* A, cudaDataType_t a_type, int lda, const void* B,
-                            cudaDataType_t b_type, int ldb, const void* beta, void* C, cudaDataType_t c_type, int ldc,
-                            cublasComputeType_t compute, cublasGemmAlgo_t algo) {
-  return kvpr_emu::cublasGemmStridedBatchedEx(h, transa, transb, m, n, k, alpha, A, a_type, lda, 0, B, b_type, ldb, 0,
-                                              beta, C, c_type, ldc, 0, 1, compute, algo);
-}
+}  // namespace internal
 
 }  // namespace kvpr_emu
