@@ -23,7 +23,6 @@
 
 namespace kvpr {
 
-
 // What kvprd serves, as decided at start from the model and the flags.
 struct ServedModel {
   std::string name;           // --served-model-name: what requests' "model" must say

@@ -2,6 +2,9 @@
 // which owns the devices, the streams and the lock every API call holds.
 #pragma once
 
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -32,9 +35,9 @@ void add_handle(std::unique_ptr<cublasContext> h);
 bool remove_handle(cublasHandle_t h);  // false: not a live handle
 bool handle_known(cublasHandle_t h);
 bool stream_known(cudaStream_t stream);
-bool in_one_allocation(const void* p, size_t bytes);  // [p, p + bytes) inside one live device allocation
+bool in_one_allocation(const void* p, std::size_t bytes);  // [p, p + bytes) inside one live device allocation
 // Throws DeviceFault ("<what> [p, +bytes) is not device memory", or outside one allocation).
-void check_device_operand(const void* p, size_t bytes, const std::string& what);
+void check_device_operand(const void* p, std::size_t bytes, const std::string& what);
 // Queues a GEMM's work on `stream` (counted in gemms_run once it ran).
 void enqueue_gemm(cudaStream_t stream, std::function<void()> op);
 
