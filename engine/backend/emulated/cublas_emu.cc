@@ -17,7 +17,7 @@
 namespace kvpr_emu {
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
-  internal::ApiCall call;
+  internal::Api call;
   if (!h) return CUBLAS_STATUS_INVALID_VALUE;
   auto c = std::make_unique<cublasContext>();
   *h = c.get();
@@ -25,25 +25,25 @@ cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
-  internal::ApiCall call;
+  internal::Api call;
   return internal::remove_handle(h) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
 }
 cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t stream) {
-  internal::ApiCall call;
+  internal::Api call;
   if (!internal::handle_known(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!internal::stream_known(stream)) return CUBLAS_STATUS_INVALID_VALUE;
   h->stream = stream;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void* workspace, size_t bytes) {
-  internal::ApiCall call;
+  internal::Api call;
   if (!internal::handle_known(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (bytes && (!workspace || !internal::in_one_allocation(workspace, bytes))) return CUBLAS_STATUS_INVALID_VALUE;
   h->workspace = workspace;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t) {
-  internal::ApiCall call;
+  internal::Api call;
   return internal::handle_known(h) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
 }
 const char* cublasGetStatusName(cublasStatus_t st) {
@@ -103,7 +103,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t tr
                                           long long stride_b, const void* beta, void* C, cudaDataType_t c_type,
                                           int ldc, long long stride_c, int batch, cublasComputeType_t compute,
                                           cublasGemmAlgo_t) {
-  internal::ApiCall call;
+  internal::Api call;
   if (!internal::handle_known(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
   auto is_op = [](cublasOperation_t o) { return o == CUBLAS_OP_N || o == CUBLAS_OP_T; };
   const bool ta = transa == CUBLAS_OP_T, tb = transb == CUBLAS_OP_T;
