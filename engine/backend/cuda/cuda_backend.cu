@@ -559,8 +559,6 @@ class CudaBackend final : public Backend {
     pending_ = std::move(keep);
   }
 
-  // The F32 activations x (n values) as a GEMM input next to weights of dtype `dt`: x itself, or
-  // x rounded to fp16/bf16 in the GEMM scratch buffer.
   // x as the GEMM reads it: in the weights' dtype, converted only when it is not already.
   const void* gemm_input(const Tensor& x, DType dt, int64_t n) {
     if (x.dtype() == dt) return x.data();
