@@ -98,11 +98,12 @@ const std::vector<Option>& options() {
       {"tool-call-parser",
        "how a chat answer's tool calls are found, as vLLM's parsers of these names: hermes (<tool_call> blocks: "
        "Qwen2.5, Qwen3), mistral (a JSON list after [TOOL_CALLS]: Mistral-Nemo) or llama3_json (JSON "
-       "{\"name\", \"parameters\"}: Llama-3.1, 3.2); auto: the one for the chat template, none where it writes no "
-       "tools; none: requests with tools are refused [auto]",
+       "{\"name\", \"parameters\"}: Llama-3.1, 3.2), or generic (any model: the tools described in a system "
+       "message, the calls a JSON list); auto: the one for the chat template, generic where it writes no tools; "
+       "none: requests with tools are refused [auto]",
        [](DaemonConfig& c, const std::string& v) {
-         KVPR_CHECK(v == "auto" || v == "none" || v == "hermes" || v == "llama3_json" || v == "mistral",
-                    "tool-call-parser: expected auto, none, hermes, mistral or llama3_json, got '", v, "'");
+         KVPR_CHECK(v == "auto" || v == "none" || v == "hermes" || v == "llama3_json" || v == "mistral" || v == "generic",
+                    "tool-call-parser: expected auto, none, hermes, mistral, llama3_json or generic, got '", v, "'");
          c.tool_call_parser = v;
        }},
       {"worker-binary", "path of kvpr-worker [next to kvprd]", [](DaemonConfig& c, const std::string& v) { c.worker_binary = v; }},

@@ -64,17 +64,21 @@ kvpr::ServedModel served_model(const kvpr::DaemonConfig& cfg, const kvpr::Engine
   served.model_template = choice.model;
   spdlog::info("chat template {} ({}: {})", choice.family, cfg.chat_template, choice.why);
   const std::string& tmpl = served.chat_template;
-  // Tool calls: the parser for how the template's model writes them (auto), or as given.
+  // Tool calls: the parser for how the template's model writes them (auto), else the generic
+  // format (tools described in a system message, openai/generic_tools.h), or as given.
   served.tool_call_parser = cfg.tool_call_parser;
   if (served.tool_call_parser == "auto") {
     served.tool_call_parser = chat_tool_call_parser(tmpl);
-    if (served.tool_call_parser.empty()) served.tool_call_parser = "none";
+    if (served.tool_call_parser.empty()) served.tool_call_parser = "generic";
   }
-  KVPR_CHECK(served.tool_call_parser == "none" || chat_template_has_tools(tmpl), "--tool-call-parser ",
-             served.tool_call_parser,
-             " needs a chat template that writes tools (qwen2.5, qwen3, mistral-nemo, llama-3.1, llama-3.2), not ", tmpl);
-  spdlog::info("tool calls: {}", served.tool_call_parser == "none" ? "off (requests with tools are refused)"
-                                                                    : served.tool_call_parser);
+  KVPR_CHECK(served.tool_call_parser == "none" || served.tool_call_parser == "generic" || chat_template_has_tools(tmpl),
+             "--tool-call-parser ", served.tool_call_parser,
+             " needs a chat template that writes tools (qwen2.5, qwen3, mistral-nemo, llama-3.1, llama-3.2), not ", tmpl,
+             " (generic serves tools on any template)");
+  spdlog::info("tool calls: {}", served.tool_call_parser == "none"      ? "off (requests with tools are refused)"
+                                 : served.tool_call_parser == "generic" ? "generic (the template writes no tools: they "
+                                                                          "are described in a system message)"
+                                                                        : served.tool_call_parser);
   if (cfg.generation_config) {
     served.defaults = read_sampling_defaults(cfg.model);
     spdlog::info("sampling defaults from generation_config.json: {}", served.defaults.describe());

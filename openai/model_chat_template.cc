@@ -61,6 +61,14 @@ ModelChatTemplate::ModelChatTemplate(std::string text, std::string origin, const
   default_ = parse(text_, origin_);
   special_tokens_ = special_tokens_of(model_dir);
   family_ = chat_template_family(text_, &family_why_);
+  // Whether it writes a system message (Gemma's and some Mistral templates refuse one): tools
+  // described for a template without tools go there, else into the first user message.
+  try {
+    const RenderedChat r = render({ChatMessage("system", "kvpr-probe-system"), ChatMessage("user", "kvpr-probe-user")}, {});
+    writes_system_ = r.prompt.find("kvpr-probe-system") != std::string::npos;
+  } catch (const std::exception&) {  // (it refused the probe: no system message, then)
+    writes_system_ = false;
+  }
 }
 
 std::optional<ModelChatTemplate> ModelChatTemplate::load(const std::string& model_dir) {

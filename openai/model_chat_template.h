@@ -34,6 +34,7 @@ class ModelChatTemplate {
   const std::string& origin() const { return origin_; }  // "tokenizer_config.json", "chat_template.jinja", a path
   const std::string& family() const { return family_; }  // "" when its text is none of the built-in ones
   const std::string& text() const { return text_; }
+  bool writes_system() const { return writes_system_; }  // a system message shows in its prompt
 
  private:
   ModelChatTemplate(std::string text, std::string origin, const std::string& model_dir);
@@ -41,6 +42,7 @@ class ModelChatTemplate {
   std::string text_, origin_, family_, family_why_;
   std::shared_ptr<const jinja::Template> default_, tool_use_;
   jinja::Dict special_tokens_;
+  bool writes_system_ = true;
 };
 
 // What --chat-template chose for the model in `model_dir`: "auto" (the model's own template, else

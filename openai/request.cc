@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "engine/base/error.h"
+#include "openai/generic_tools.h"
 
 namespace kvpr {
 
@@ -217,7 +218,13 @@ void parse_response_format(const json::Value& o, Sampling& s) {
   const json::Value* type = v->is_object() ? v->find("type") : nullptr;
   const std::string t = type && type->is_string() ? type->as_string() : "";
   if (t == "json_object") {
-    s.json_object = true;
+    // llama.cpp's and Together's form carries a schema (instructor's JSON_SCHEMA mode sends it).
+    if (const json::Value* schema = field(*v, "schema")) {
+      if (!schema->is_object()) throw bad_request("'response_format.schema' must be a JSON Schema object", "response_format");
+      s.json_schema = *schema;
+    } else {
+      s.json_object = true;
+    }
   } else if (t == "json_schema") {
     const json::Value* js = field(*v, "json_schema");
     const json::Value* schema = js && js->is_object() ? field(*js, "schema") : nullptr;
@@ -321,6 +328,9 @@ ToolRequest parse_tools(const json::Value& o, const ServedModel& served, const T
     if (!have_tools && !t.parallel)
       throw bad_request("'parallel_tool_calls' false is only allowed when 'tools' are given", "parallel_tool_calls");
   }
+  // Without a parser of the template's own format, the conversation's calls and results are
+  // written as text, tools or not (openai/generic_tools.h).
+  t.generic = served.tool_call_parser == "generic";
   if (!have_tools) return t;
   if (tools->as_array().size() > 128) throw bad_request("'tools' holds at most 128 tools", "tools");
   for (size_t i = 0; i < tools->as_array().size(); ++i) {
@@ -331,13 +341,9 @@ ToolRequest parse_tools(const json::Value& o, const ServedModel& served, const T
   }
   if (choice == "none") return t;
   if (choice == "required" || choice == "named") constrain_to_tools(choice, t);
-  if (!chat_template_has_tools(served.chat_template))
-    throw bad_request("'tools' need a chat template that writes them (qwen2.5, qwen3, mistral-nemo, llama-3.1, llama-3.2); "
-                      "this model's is '" + served.chat_template + "'",
-                      "tools");
-  if (choice != "auto") return t;
   if (served.tool_call_parser == "none")
     throw bad_request("'tools' are off: kvprd was started with --tool-call-parser none", "tools");
+  if (choice != "auto") return t;
   t.parse = true;
   t.parser = served.tool_call_parser;
   if (t.parser == "mistral")
@@ -439,7 +445,7 @@ void parse_chat(const json::Value& o, const ServedModel& served, const Tokenizer
       req.chat_options.template_kwargs.emplace_back(key, value);
     }
   }
-  req.chat_options.tools = req.tools.tools;
+  if (!req.tools.generic) req.chat_options.tools = req.tools.tools;
 }
 
 // 'prompt': a string, a list of strings, a list of token ids, or a list of such lists.
@@ -528,6 +534,11 @@ Prompts make_prompts(GenerateRequest& req, const ServedModel& served, const Toke
   Sampling& s = req.sampling;
   if (req.chat) {
     RenderedChat rc;
+    if (req.tools.generic) {
+      const ToolRequest& t = req.tools;
+      req.messages = generic_tool_messages(std::move(req.messages), {t.tools, t.required, t.named, t.parallel},
+                                           !served.model_template || served.model_template->writes_system());
+    }
     try {
       rc = served.model_template ? served.model_template->render(req.messages, req.chat_options)
                                  : render_chat(served.chat_template, req.messages, req.chat_options);

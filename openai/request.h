@@ -34,7 +34,7 @@ struct ServedModel {
   // null: the built-in chat_template renders them.
   std::shared_ptr<const ModelChatTemplate> model_template;
   SamplingDefaults defaults;  // generation_config.json's, for fields a request leaves out
-  std::string tool_call_parser = "none";  // none, hermes, llama3_json or mistral (auto resolved)
+  std::string tool_call_parser = "none";  // none, hermes, llama3_json, mistral or generic (auto resolved)
   bool reasoning = false;     // --reasoning-parser: <think> text goes to reasoning_content
 };
 
@@ -60,8 +60,10 @@ struct Sampling {
   std::vector<std::pair<int64_t, double>> logit_bias;
   bool echo = false;
   bool ignore_eos = false;
-  bool json_object = false;  // response_format json_object
-  json::Value json_schema;   // response_format json_schema's schema (the engine compiles it, or refuses it)
+  bool json_object = false;  // response_format json_object (without a schema)
+  // response_format json_schema's schema, or json_object's "schema" (llama.cpp's and Together's
+  // form); the engine compiles it, or refuses it.
+  json::Value json_schema;
 };
 
 // What a chat request asks of tools: the tools written into the prompt, and whether the answer
@@ -70,8 +72,11 @@ struct Sampling {
 // the tools' schemas.
 struct ToolRequest {
   json::Array tools;
+  // The model's template writes no tools: they are described in a system message and the
+  // conversation's calls and results written as text (openai/generic_tools.h).
+  bool generic = false;
   bool parse = false;
-  std::string parser;   // hermes, llama3_json or mistral, when parse
+  std::string parser;   // hermes, llama3_json, mistral or generic, when parse
   int32_t marker = -1;  // mistral: the [TOOL_CALLS] token, which the text does not show
   bool parallel = true;
   // tool_choice "required" or naming a function: the answer is constrained to `schema` (a list

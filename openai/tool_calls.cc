@@ -127,18 +127,68 @@ ToolCallParse parse_mistral_tool_calls(std::string_view answer) {
   return out;
 }
 
+namespace {
+
+// The answer less surrounding whitespace and a Markdown code fence (``` or ```json), as models
+// trained on chat data often wrap JSON.
+std::string_view unfenced(std::string_view a) {
+  auto trim = [](std::string_view v) {
+    const size_t b = v.find_first_not_of(" \t\r\n");
+    if (b == std::string_view::npos) return std::string_view();
+    return v.substr(b, v.find_last_not_of(" \t\r\n") - b + 1);
+  };
+  a = trim(a);
+  if (a.size() >= 6 && a.starts_with("```") && a.ends_with("```")) {
+    a = a.substr(3, a.size() - 6);
+    if (a.starts_with("json")) a.remove_prefix(4);
+    a = trim(a);
+  }
+  return a;
+}
+
+}  // namespace
+
+ToolCallParse parse_generic_tool_calls(std::string_view answer) {
+  const std::string_view body = unfenced(answer);
+  ToolCallParse text{std::string(answer), {}};
+  if (body.empty() || (body[0] != '[' && body[0] != '{')) return text;
+  json::Value v;
+  try {
+    v = json::parse(body);
+  } catch (const Error&) {
+    return text;
+  }
+  const json::Array list = v.is_array() ? v.as_array() : json::Array{v};
+  ToolCallParse out;
+  for (const auto& c : list) {
+    if (!c.is_object()) return text;
+    const json::Value *name = nullptr, *args = nullptr, *params = nullptr;
+    for (const auto& [k, e] : c.as_object()) {  // a repeated key counts with its last value
+      if (k == "name") name = &e;
+      if (k == "arguments") args = &e;
+      if (k == "parameters") params = &e;
+    }
+    if (!args) args = params;
+    if (!name || !name->is_string() || !args || !args->is_object()) return text;
+    out.calls.push_back({name->as_string(), args->dump_python()});
+  }
+  if (out.calls.empty()) return text;
+  return out;
+}
+
 ToolCallParse parse_tool_calls(std::string_view parser, std::string_view answer) {
   if (parser == "hermes") return parse_hermes_tool_calls(answer);
   if (parser == "llama3_json") return parse_llama3_json_tool_calls(answer);
   if (parser == "mistral") return parse_mistral_tool_calls(answer);
-  KVPR_THROW("unknown tool-call parser '", parser, "' (hermes, llama3_json, mistral)");
+  if (parser == "generic") return parse_generic_tool_calls(answer);
+  KVPR_THROW("unknown tool-call parser '", parser, "' (hermes, llama3_json, mistral, generic)");
 }
 
 ToolCallStream::ToolCallStream(std::string parser) : parser_(std::move(parser)) {
   if (parser_ == "hermes") marker_ = std::string(kOpen);
   else if (parser_ == "llama3_json") marker_ = "{";
   else if (parser_ == "mistral") marker_ = "[TOOL_CALLS]";
-  else KVPR_THROW("unknown tool-call parser '", parser_, "' (hermes, llama3_json, mistral)");
+  else if (parser_ != "generic") KVPR_THROW("unknown tool-call parser '", parser_, "' (hermes, llama3_json, mistral, generic)");
 }
 
 ToolCallStream::Delta ToolCallStream::feed(std::string_view text) {
@@ -147,7 +197,29 @@ ToolCallStream::Delta ToolCallStream::feed(std::string_view text) {
     held_ += text;
     return d;
   }
+  if (plain_) {
+    d.content = std::string(text);
+    return d;
+  }
   pending_ += text;
+  if (parser_ == "generic") {
+    // Calls only at the answer's start: held once it opens with '[', '{' or a fence; any other
+    // first character makes the whole answer content.
+    const size_t b = pending_.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos) return d;
+    const std::string_view start = std::string_view(pending_).substr(b);
+    if (start.size() < 3 && std::string_view("```").starts_with(start)) return d;
+    if (start[0] == '[' || start[0] == '{' || start.starts_with("```")) {
+      held_ = std::move(pending_);
+      pending_.clear();
+      in_calls_ = true;
+      return d;
+    }
+    plain_ = true;
+    d.content = std::move(pending_);
+    pending_.clear();
+    return d;
+  }
   if (parser_ == "llama3_json" && !emitted_) {
     // An answer that opens with <|python_tag|> (where the tokenizer writes it as text) is a
     // call's opening: held like the call, which drops it.

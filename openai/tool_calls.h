@@ -13,6 +13,10 @@
 //     the caller writes it into the text where the model emitted it) is a JSON list of
 //     {"name", "arguments"} (or one such object); the content is the text before it. When it is
 //     not such JSON, the whole answer less the markers is content.
+//   generic (any other model: kvprd describes the tools in a system message, openai/generic_tools.h,
+//     asking for a JSON list of {"name", "parameters"} and nothing else): an answer that is, but
+//     for surrounding whitespace and a ``` or ```json fence, such a list (or one such object;
+//     "arguments" for "parameters" too) is the calls; anything else is all content.
 #pragma once
 
 #include <optional>
@@ -36,11 +40,13 @@ struct ToolCallParse {
 ToolCallParse parse_hermes_tool_calls(std::string_view answer);
 ToolCallParse parse_llama3_json_tool_calls(std::string_view answer);
 ToolCallParse parse_mistral_tool_calls(std::string_view answer);
-// By parser name (hermes, llama3_json or mistral; throws for others).
+ToolCallParse parse_generic_tool_calls(std::string_view answer);
+// By parser name (hermes, llama3_json, mistral or generic; throws for others).
 ToolCallParse parse_tool_calls(std::string_view parser, std::string_view answer);
 
-// The same, streamed: text before where a call may start ("<tool_call>"; "{") goes out as it
-// comes (a tail that may be the start of the tag is held until decided); from there on
+// The same, streamed: text before where a call may start ("<tool_call>"; "{"; for generic, only
+// the answer's start) goes out as it comes (a tail that may be the start of the tag is held
+// until decided); from there on
 // everything is held and parsed at the end, so that the calls, or the text as content when
 // they do not parse, are what parse_tool_calls gives for the whole answer.
 class ToolCallStream {
@@ -60,6 +66,7 @@ class ToolCallStream {
   std::string held_;     // from the first marker on
   bool in_calls_ = false;
   bool emitted_ = false;  // some text went out
+  bool plain_ = false;    // generic: the answer is not calls, so all of it is content
 };
 
 }  // namespace kvpr

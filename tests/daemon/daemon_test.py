@@ -783,24 +783,71 @@ def qwen_tools():
         check("AI SDK and LangChain: tool calls", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
     finally:
         d.stop()
-    # A template without tools: tools are refused naming it, and so is --tool-call-parser hermes.
-    d, log = single_worker(model, "--served-model-name", "qwen", "--chat-template", "chatml")
-    try:
-        check("chatml: tool calls off", "tool calls: off" in log, log[-500:])
-        st, body = d.post("/v1/chat/completions", {"model": "qwen", "messages": msgs, "tools": tools})
-        check("tools with a template that has none: 400 naming it", st == 400 and "'chatml'" in body["error"]["message"],
-              body)
-        st, body = d.post("/v1/chat/completions", {"model": "qwen", "messages": msgs + [
-            {"role": "assistant", "content": "x"}, {"role": "tool", "tool_call_id": "1", "content": "r"}]})
-        check("a tool message with a template that has none: 400", st == 400 and body["error"]["param"] == "messages",
-              body)
-    finally:
-        d.stop()
+    # A template without tools: they take the generic format (generic_tools()); a parser of
+    # another template's format is refused at start.
     r = subprocess.run([KVPRD, "--model", model, "--port", str(free_port()), "--workers", "1", "--config", "/dev/null",
                         "--chat-template", "llama-3", "--tool-call-parser", "hermes"], capture_output=True, text=True,
                        timeout=60)
     check("--tool-call-parser hermes with a template without tools stops kvprd",
           r.returncode == 1 and "needs a chat template that writes tools" in r.stderr, r.stderr[-500:])
+
+
+def generic_tools():
+    """Tools on a template that writes none (ChatML here; the generic format, openai/generic_tools.h):
+    the tools go into a system message, and a model whose answer is the JSON list of calls asked
+    for gets it back as tool_calls, whole, streamed and forced; the call and its result go back
+    as text the template renders; the official openai client does the same;
+    --tool-call-parser none still refuses tools."""
+    answer = '[{"name":"get_weather","parameters":{"city": "Paris"}}]'
+    model, ids = chain_model("generic-tools", "qwen2-tokenizer", answer, 198, 151645)  # after "\n", then <|im_end|>
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                              "required": ["city"]}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    req = {"model": "m", "messages": msgs, "tools": tools, "temperature": 0, "max_tokens": 40}
+    d, log = single_worker(model, "--served-model-name", "m", "--chat-template", "chatml")
+    try:
+        check("chatml: tool calls in the generic format", "tool calls: generic" in log, log[-500:])
+        st, body = d.post("/v1/chat/completions", req)
+        st2, plain = d.post("/v1/chat/completions", dict(req, tool_choice="none", max_tokens=1))
+        c = body["choices"][0] if st == 200 else {}
+        calls = c.get("message", {}).get("tool_calls", [])
+        check("generic: the tools in the prompt, the answer's JSON list back as a tool call",
+              st2 == 200 and body["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"] + 60 and
+              c.get("finish_reason") == "tool_calls" and c["message"]["content"] is None and len(calls) == 1 and
+              calls[0]["id"].startswith("chatcmpl-tool-") and
+              calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'} and
+              body["usage"]["completion_tokens"] == len(ids) + 1, body)
+        check("tool_choice none: the answer as text", plain["choices"][0]["message"].get("tool_calls") is None, plain)
+        events, _ = d.stream("/v1/chat/completions", dict(req, stream=True))
+        deltas = [e["choices"][0] for e in events[:-1] if e["choices"]]
+        check("generic streamed: no content, the call, finish_reason tool_calls",
+              not any(x["delta"].get("content") for x in deltas) and
+              [t["function"] for x in deltas for t in x["delta"].get("tool_calls", [])] == [calls[0]["function"]] and
+              deltas[-1]["finish_reason"] == "tool_calls", deltas)
+        st, forced = d.post("/v1/chat/completions", dict(req, tool_choice="required"))
+        check("generic, tool_choice required: the same call, constrained",
+              st == 200 and [t["function"] for t in forced["choices"][0]["message"]["tool_calls"]] ==
+              [calls[0]["function"]], forced)
+        follow = msgs + [{"role": "assistant", "content": None, "tool_calls": calls},
+                         {"role": "tool", "tool_call_id": calls[0]["id"], "content": "21 C, sunny"}]
+        st, body2 = d.post("/v1/chat/completions", dict(req, messages=follow, max_tokens=1))
+        check("generic: the call and its result in the conversation",
+              st == 200 and body2["usage"]["prompt_tokens"] > body["usage"]["prompt_tokens"] + 20, body2)
+        st, body2 = d.post("/v1/chat/completions", {"model": "m", "messages": follow, "max_tokens": 1})
+        check("generic: a conversation with calls and results but no tools now", st == 200, body2)
+        r = openai_client(d.port, "m", "tools", "no-content")
+        check("openai npm client: generic tool calls", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
+    finally:
+        d.stop()
+    d, log = single_worker(model, "--served-model-name", "m", "--chat-template", "chatml", "--tool-call-parser", "none")
+    try:
+        check("--tool-call-parser none: tool calls off", "tool calls: off" in log, log[-500:])
+        st, body = d.post("/v1/chat/completions", req)
+        check("--tool-call-parser none: tools are a 400 naming it", st == 400 and body["error"]["param"] == "tools" and
+              "--tool-call-parser none" in body["error"]["message"], body)
+    finally:
+        d.stop()
 
 
 def qwen3_reasoning_tools():
@@ -1273,6 +1320,7 @@ def main():
     llama3_chat()
     qwen_chat()
     qwen_tools()
+    generic_tools()
     qwen3_reasoning_tools()
     mistral_tools()
     llama_tools()

@@ -1,7 +1,8 @@
 // The official `openai` npm client (v4) against a running kvprd: completions, chat and
 // streaming for both. Usage: node openai_client_test.mjs PORT MODEL (NODE_PATH finds openai).
 // With a third argument `tools`, tool calls instead, on a model whose answer is one
-// <tool_call> (tests/daemon/daemon_test.py's qwen_tools): chat.completions.create with tools, the
+// <tool_call> (tests/daemon/daemon_test.py's qwen_tools; `tools no-content`: generic_tools, an
+// answer of only the call): chat.completions.create with tools, the
 // same streamed through the client's stream helper (which accumulates tool-call deltas), and
 // the call's result sent back. With `json`, structured output through the parse helper
 // (tests/daemon/daemon_test.py's json_mode).
@@ -34,7 +35,9 @@ if (process.argv[4] === 'tools') {
   const stream = client.beta.chat.completions.stream({ model, messages, tools, temperature: 0, max_tokens: 40 });
   const final = await stream.finalChatCompletion();
   const fm = final.choices[0].message;
-  check('stream helper: the same call', final.choices[0].finish_reason === 'tool_calls' && fm.content === 'Checking.' &&
+  // (`no-content`: the generic format, whose answer is only the calls.)
+  const content = process.argv[5] === 'no-content' ? !fm.content : fm.content === 'Checking.';
+  check('stream helper: the same call', final.choices[0].finish_reason === 'tool_calls' && content &&
     fm.tool_calls?.length === 1 && fm.tool_calls[0].function.arguments === msg.tool_calls[0].function.arguments, final);
 
   const next = await client.chat.completions.create({ model, tools, max_tokens: 2, messages: [

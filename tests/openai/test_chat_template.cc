@@ -12,6 +12,7 @@
 #include <random>
 
 #include "openai/chat_template.h"
+#include "openai/model_chat_template.h"
 #include "engine/base/error.h"
 #include "engine/base/json.h"
 #include "openai/reasoning.h"
@@ -322,7 +323,7 @@ TEST(ToolCalls, NoModelOutputMakesAParserThrow) {
       "[{\"name\": \"g\", \"arguments\": {}}]", std::string(300, '['), std::string(300, '{'), "\\u0000", "\\ud800"};
   std::mt19937 rng(20261206);
   std::map<std::string, int> calls_seen;
-  for (const char* parser : {"hermes", "llama3_json", "mistral"}) {
+  for (const char* parser : {"hermes", "llama3_json", "mistral", "generic"}) {
     for (int n = 0; n < 1500; ++n) {
       std::string output;
       const int len = 1 + static_cast<int>(rng() % 24);
@@ -344,7 +345,7 @@ TEST(ToolCalls, NoModelOutputMakesAParserThrow) {
       EXPECT_EQ(e.calls.size(), whole.calls.size()) << parser << ": " << output;
     }
   }
-  for (const char* parser : {"hermes", "llama3_json", "mistral"})
+  for (const char* parser : {"hermes", "llama3_json", "mistral", "generic"})
     EXPECT_GT(calls_seen[parser], 0) << parser << ": the random texts never held a call";
 }
 
@@ -361,4 +362,67 @@ TEST(ToolCalls, StreamsTextBeforeTheFirstBlockAsItComes) {
   EXPECT_EQ(d.calls[0].name, "f");
   EXPECT_EQ(d.calls[0].arguments, "{\"x\": 1}");
   EXPECT_TRUE(d.content.empty());
+}
+
+// The generic format (any model, openai/generic_tools.h): an answer that is only a JSON list of
+// calls (or one call), fenced or not, is the calls; anything else is all of it content, whole or
+// streamed; text goes out as it comes once the answer's start shows it is no call.
+TEST(ToolCalls, GenericFormatIsAnAnswerOfOnlyCalls) {
+  struct Case {
+    std::string output;
+    std::vector<std::pair<std::string, std::string>> calls;
+  };
+  const Case cases[] = {
+      {R"([{"name": "get_weather", "parameters": {"city": "Paris"}}])", {{"get_weather", R"({"city": "Paris"})"}}},
+      {"  \n```json\n[{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"parameters\": {\"x\": [1,2]}}]\n```\n",
+       {{"f", "{}"}, {"g", R"({"x": [1, 2]})"}}},
+      {R"({"name": "f", "arguments": {"a": "b"}})", {{"f", R"({"a": "b"})"}}},
+      {"The weather is fine.", {}},
+      {R"(Sure: [{"name": "f", "parameters": {}}])", {}},  // text first: content
+      {R"([{"name": "f", "parameters": "x"}])", {}},       // arguments that are no object
+      {R"([{"name": "f", "parameters": {}})", {}},         // cut off
+      {"[]", {}},
+      {R"({"answer": 42})", {}},
+      {"``", {}},
+      {"", {}},
+  };
+  for (const Case& c : cases) {
+    const ToolCallParse p = parse_tool_calls("generic", c.output);
+    ASSERT_EQ(p.calls.size(), c.calls.size()) << c.output;
+    for (size_t i = 0; i < c.calls.size(); ++i) {
+      EXPECT_EQ(p.calls[i].name, c.calls[i].first) << c.output;
+      EXPECT_EQ(p.calls[i].arguments, c.calls[i].second) << c.output;
+    }
+    if (c.calls.empty()) EXPECT_EQ(p.content.value_or("?"), c.output);
+    else EXPECT_FALSE(p.content.has_value()) << c.output;
+    ToolCallStream s("generic");
+    std::string text;
+    for (char ch : c.output) text += s.feed(std::string(1, ch)).content;
+    const ToolCallStream::Delta e = s.finish();
+    EXPECT_EQ(text + e.content, p.content.value_or("")) << c.output;
+    EXPECT_EQ(e.calls.size(), p.calls.size()) << c.output;
+  }
+  ToolCallStream s("generic");
+  EXPECT_EQ(s.feed("  ").content, "");  // whitespace: not decided yet
+  EXPECT_EQ(s.feed("It").content, "  It");
+  EXPECT_EQ(s.feed(" is [1]").content, " is [1]");
+  EXPECT_TRUE(s.finish().calls.empty());
+}
+
+// Whether a model's own template writes a system message (where tools for a template without
+// them are described) is found by rendering one: Gemma's kind refuses it.
+TEST(ChatTemplate, FindsWhetherAModelsTemplateWritesASystemMessage) {
+  const test::TempDir dir;
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir.file(name)) << text;
+    return ModelChatTemplate::from_file(dir.file(name), test::data_path("qwen2-tokenizer"));
+  };
+  EXPECT_TRUE(write("all.jinja", "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}").writes_system());
+  EXPECT_FALSE(write("refuses.jinja", "{% for m in messages %}{% if m.role == 'system' %}"
+                                      "{{ raise_exception('System role not supported') }}{% endif %}"
+                                      "{{ m.content }}{% endfor %}")
+                   .writes_system());
+  EXPECT_FALSE(write("drops.jinja", "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}"
+                                    "{% endfor %}")
+                   .writes_system());
 }

@@ -10,6 +10,7 @@
 
 #include "engine/base/error.h"
 #include "openai/generation_config.h"
+#include "openai/generic_tools.h"
 #include "openai/request.h"
 #include "openai/response.h"
 #include "tests/test_util.h"
@@ -97,6 +98,8 @@ TEST(OpenAiProtocol, EachBadFieldIsRefusedByName) {
       {R"({"model": "demo", "prompt": "x", "logit_bias": {"a": 1}})", {400, "logit_bias"}},
       {R"({"model": "demo", "prompt": "x", "stream_options": {"include_usage": true}})", {400, "stream_options"}},
       {R"({"model": "demo", "prompt": "x", "suffix": "y"})", {400, "suffix"}},
+      {R"({"model": "demo", "prompt": "x", "response_format": {"type": "json_object", "schema": []}})",
+       {400, "response_format"}},
       {R"({"model": "demo", "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {}}})",
        {400, "response_format"}},
       {R"({"model": "demo", "prompt": [1, -1]})", {400, "prompt"}},
@@ -330,6 +333,131 @@ TEST(GenerationConfig, SamplingDefaultsFromGenerationConfig) {
   EXPECT_HAS(error(R"({"top_k": 2.5})"), "\"top_k\" is 2.5");
   EXPECT_HAS(error(R"({"repetition_penalty": "high"})"), "\"repetition_penalty\" must be a number");
   EXPECT_HAS(error("[1]"), "expected a JSON object");
+}
+
+}  // namespace
+}  // namespace kvpr
+
+namespace kvpr {
+namespace {
+
+// response_format {"type": "json_object", "schema": {...}} (llama.cpp's and Together's form, as
+// instructor's JSON_SCHEMA mode sends it) applies the schema; without one, any JSON object.
+TEST(OpenAiProtocol, JsonObjectWithASchemaAppliesIt) {
+  const Tokenizer& tok = qwen_tokenizer();
+  GenerateRequest req = parse(R"({"model": "demo", "prompt": "x", "response_format": {"type": "json_object",
+      "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}})",
+                              false);
+  GenerationParams g = engine_request(req, tok, 0).params;
+  EXPECT_FALSE(g.json_object);
+  EXPECT_EQ(g.json_schema.dump(), R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})");
+  req = parse(R"({"model": "demo", "prompt": "x", "response_format": {"type": "json_object"}})", false);
+  g = engine_request(req, tok, 0).params;
+  EXPECT_TRUE(g.json_object);
+  EXPECT_TRUE(g.json_schema.is_null());
+}
+
+ServedModel generic_served() {
+  ServedModel s = qwen_served();
+  s.chat_template = "chatml";  // writes no tools
+  s.tool_call_parser = "generic";
+  return s;
+}
+
+const char* kWeatherTool =
+    R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}}}}])";
+
+// Tools on a template that writes none: described in a system message, the conversation's calls
+// written as the JSON list the model is asked for and their results as user messages; a forced
+// choice is constrained as with any template, and the answer parsed back as calls.
+TEST(OpenAiProtocol, ToolsOnATemplateWithoutThemUseTheGenericFormat) {
+  const Tokenizer& tok = qwen_tokenizer();
+  const ServedModel served = generic_served();
+  const std::string body = std::string(R"({"model": "demo", "tools": )") + kWeatherTool + R"(, "messages": [
+      {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}, {"role": "user", "content": "And?"}]})";
+  GenerateRequest req = parse(body, true, served);
+  EXPECT_TRUE(req.tools.generic);
+  EXPECT_TRUE(req.tools.parse);
+  EXPECT_EQ(req.tools.parser, "generic");
+  EXPECT_TRUE(req.chat_options.tools.empty());  // the template gets none
+  const Prompts p = make_prompts(req, served, tok);
+  const std::string tools_text = generic_tools_prompt({req.tools.tools, false, "", true});
+  const std::vector<ChatMessage> want = {
+      {"system", "Be brief.\n\n" + tools_text},
+      {"user", "Weather in Paris?"},
+      {"assistant", R"([{"name":"get_weather","parameters":{"city":"Paris"}}])"},
+      {"user", "Tool result (call_1):\n21 C\n\nAnd?"}};
+  EXPECT_EQ(p.ids.at(0), tok.encode(render_chat("chatml", want).prompt));
+  EXPECT_NE(tools_text.find(R"({"name":"get_weather","parameters":{"type":"object")"), std::string::npos) << tools_text;
+  EXPECT_NE(tools_text.find("answer with only a JSON list"), std::string::npos) << tools_text;
+
+  // Forced: constrained to the list of calls, or to the named function's arguments.
+  req = parse(std::string(R"({"model": "demo", "tool_choice": "required", "tools": )") + kWeatherTool +
+                  R"(, "messages": [{"role": "user", "content": "Weather?"}]})",
+              true, served);
+  EXPECT_TRUE(req.tools.required);
+  EXPECT_EQ(engine_request(req, tok, 0).params.json_schema.find("type")->as_string(), "array");
+  req = parse(std::string(R"({"model": "demo", "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+      "tools": )") + kWeatherTool + R"(, "messages": [{"role": "user", "content": "Weather?"}]})",
+              true, served);
+  EXPECT_EQ(req.tools.named, "get_weather");
+  EXPECT_EQ(engine_request(req, tok, 0).params.json_schema.find("type")->as_string(), "object");
+  const Prompts named = make_prompts(req, served, tok);
+  EXPECT_NE(tok.decode(named.ids.at(0), false).find("Now call the function get_weather."), std::string::npos);
+
+  // A template that writes no system message gets the tools in the first user message.
+  const std::vector<ChatMessage> no_system =
+      generic_tool_messages({{"user", "Hi"}}, {req.tools.tools, false, "", true}, /*writes_system=*/false);
+  ASSERT_EQ(no_system.size(), 1u);
+  EXPECT_EQ(no_system[0].content, tools_text + "\n\nHi");
+
+  // --tool-call-parser none still refuses tools.
+  ServedModel off = served;
+  off.tool_call_parser = "none";
+  try {
+    parse(std::string(R"({"model": "demo", "tools": )") + kWeatherTool + R"(, "messages": [{"role": "user", "content": "x"}]})",
+          true, off);
+    ADD_FAILURE() << "tools with --tool-call-parser none were taken";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tools");
+  }
+}
+
+// The generic answer comes back as tool_calls, whole and streamed.
+TEST(OpenAiResponse, GenericToolCallsComeBackAsCalls) {
+  const Tokenizer& tok = qwen_tokenizer();
+  GenerateRequest req = parse(std::string(R"({"model": "demo", "stream": true, "tools": )") + kWeatherTool +
+                                  R"(, "messages": [{"role": "user", "content": "Weather?"}]})",
+                              true, generic_served());
+  const Prompts p = make_prompts(req, generic_served(), tok);
+  ResponseState streamed = start_response(req, p, "chatcmpl-1", 7, "demo"), whole = streamed;
+  IdMaker ids;
+  const ResponseContext ctx{tok, false, ids};
+  std::string content, finish;
+  json::Value calls;
+  for (const EngineEvent& ev : {token_event(5, "[{\"name\": \"get_weather\", "), token_event(6, "\"parameters\": {\"city\": "),
+                                token_event(7, "\"Paris\"}}]"), finish_event("stop")}) {
+    add_event(whole, 0, ev);
+    add_event(streamed, 0, ev);
+    for (const json::Value& chunk : stream_chunks(streamed, 0, ev, ctx)) {
+      const json::Value& ch = chunk.find("choices")->as_array().at(0);
+      if (const json::Value* c = ch.find("delta")->find("content"); c && c->is_string()) content += c->as_string();
+      if (const json::Value* t = ch.find("delta")->find("tool_calls")) calls = *t;
+      if (!ch.find("finish_reason")->is_null()) finish = ch.find("finish_reason")->as_string();
+    }
+  }
+  EXPECT_EQ(content, "");
+  EXPECT_EQ(finish, "tool_calls");
+  ASSERT_TRUE(calls.is_array());
+  EXPECT_EQ(calls.as_array().at(0).find("function")->dump(), R"({"name":"get_weather","arguments":"{\"city\": \"Paris\"}"})");
+  const json::Value body = response_json(whole, ctx);
+  const json::Value& msg = *body.find("choices")->as_array().at(0).find("message");
+  EXPECT_TRUE(msg.find("content")->is_null());
+  EXPECT_EQ(msg.find("tool_calls")->as_array().at(0).find("function")->dump(), calls.as_array().at(0).find("function")->dump());
 }
 
 }  // namespace

@@ -1,0 +1,67 @@
+#include "openai/generic_tools.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace kvpr {
+
+namespace {
+
+// Calls as the model is asked to write them.
+std::string calls_text(const std::vector<ChatToolCall>& calls) {
+  json::Array list;
+  for (const auto& c : calls) list.push_back(json::Object{{"name", c.name}, {"parameters", c.arguments}});
+  return json::Value(std::move(list)).dump();
+}
+
+void append(std::string& to, const std::string& text) {
+  if (!to.empty() && !text.empty()) to += "\n\n";
+  to += text;
+}
+
+}  // namespace
+
+std::string generic_tools_prompt(const GenericToolChoice& choice) {
+  std::string p = "# Tools\n\nYou can call these functions, each given as a JSON Schema of its parameters:\n";
+  for (const auto& tool : choice.tools)
+    if (const json::Value* fn = tool.find("function")) p += fn->dump() + "\n";
+  p += "\nTo call functions, answer with only a JSON list of the calls and nothing else:\n"
+       "[{\"name\": \"<function name>\", \"parameters\": {<its arguments>}}]\n";
+  if (!choice.named.empty()) p += "Now call the function " + choice.named + ".\n";
+  else if (choice.required) p += "Now call at least one of the functions.\n";
+  else p += "Otherwise answer in plain text.\n";
+  if (!choice.parallel) p += "Call at most one function at a time.\n";
+  p += "Each call's result comes back in a message that starts with \"Tool result\".";
+  return p;
+}
+
+std::vector<ChatMessage> generic_tool_messages(std::vector<ChatMessage> messages, const GenericToolChoice& choice,
+                                               bool writes_system) {
+  std::vector<ChatMessage> out;
+  for (auto& m : messages) {
+    if (m.role == "assistant" && !m.tool_calls.empty()) {
+      append(m.content, calls_text(m.tool_calls));
+      m.tool_calls.clear();
+    } else if (m.role == "tool") {
+      m.role = "user";
+      m.content = "Tool result" + (m.tool_call_id.empty() ? "" : " (" + m.tool_call_id + ")") + ":\n" + m.content;
+      m.tool_call_id.clear();
+    }
+    if (m.role == "user" && !out.empty() && out.back().role == "user") append(out.back().content, m.content);
+    else out.push_back(std::move(m));
+  }
+  if (choice.tools.empty()) return out;
+  const std::string tools = generic_tools_prompt(choice);
+  if (!out.empty() && out.front().role == "system") {
+    append(out.front().content, tools);
+  } else if (writes_system) {
+    out.insert(out.begin(), ChatMessage("system", tools));
+  } else {
+    auto user = std::find_if(out.begin(), out.end(), [](const ChatMessage& m) { return m.role == "user"; });
+    if (user == out.end()) out.insert(out.begin(), ChatMessage("user", tools));
+    else user->content = tools + "\n\n" + user->content;
+  }
+  return out;
+}
+
+}  // namespace kvpr
