@@ -106,6 +106,20 @@ const std::vector<Option>& options() {
                     "tool-call-parser: expected auto, none, hermes, mistral, llama3_json or generic, got '", v, "'");
          c.tool_call_parser = v;
        }},
+      {"responses-store", "finished Responses kept for previous_response_id and GET /v1/responses/{id}, at most "
+       "this many (the oldest go first; 0: none, the store is off) [1024]",
+       [](DaemonConfig& c, const std::string& v) {
+         c.responses_store = parse_option_integer("responses-store", v, 0, int64_t{1} << 24);
+       }},
+      {"responses-store-memory", "the stored Responses' JSON at most [256MiB]",
+       [](DaemonConfig& c, const std::string& v) {
+         c.responses_store_bytes = static_cast<int64_t>(parse_option_size("responses-store-memory", v));
+       }},
+      {"responses-store-ttl", "seconds a stored Response is kept [3600]",
+       [](DaemonConfig& c, const std::string& v) {
+         c.responses_store_ttl_s = parse_option_number("responses-store-ttl", v);
+         KVPR_CHECK(c.responses_store_ttl_s >= 1, "responses-store-ttl must be >= 1 second");
+       }},
       {"worker-binary", "path of kvpr-worker [next to kvprd]", [](DaemonConfig& c, const std::string& v) { c.worker_binary = v; }},
       {"log-level", "trace, debug, info, warn or error [info]", [](DaemonConfig& c, const std::string& v) { c.log_level = v; }},
   };
@@ -244,6 +258,9 @@ std::vector<std::string> apply_live_config(DaemonConfig& live, const DaemonConfi
   differ("generation-config", &DaemonConfig::generation_config);
   differ("reasoning-parser", &DaemonConfig::reasoning_parser);
   differ("tool-call-parser", &DaemonConfig::tool_call_parser);
+  differ("responses-store", &DaemonConfig::responses_store);
+  differ("responses-store-memory", &DaemonConfig::responses_store_bytes);
+  differ("responses-store-ttl", &DaemonConfig::responses_store_ttl_s);
   differ("worker-binary", &DaemonConfig::worker_binary);
   return restart;
 }

@@ -38,8 +38,13 @@ struct DaemonConfig {
   std::string chat_template = "auto";  // see chat_template.h
   bool generation_config = true;     // sampling defaults from the model's generation_config.json
   std::string reasoning_parser = "none";  // qwen3: chat answers split into reasoning_content and content
-  std::string tool_call_parser = "auto";  // hermes, llama3_json or none; auto: the chat template's
-                                          // (chat_tool_call_parser), none where it writes no tools
+  std::string tool_call_parser = "auto";  // hermes, llama3_json, mistral, generic or none; auto: the chat
+                                          // template's (chat_tool_call_parser), generic where it writes none
+  // Responses kept for previous_response_id and GET /v1/responses/{id}: at most this many (0:
+  // none, the store is off), this much JSON, each this long.
+  int64_t responses_store = 1024;
+  int64_t responses_store_bytes = int64_t{256} << 20;
+  double responses_store_ttl_s = 3600;
   std::string worker_binary;         // default: kvpr-worker next to kvprd
   std::string log_level = "info";
   std::string config_file;           // the file that was read, if any

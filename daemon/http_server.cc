@@ -198,7 +198,9 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
     sh_->metrics.http_responses[200]++;
     queue({Out::Header, {}});
   }
-  void send_event(std::string payload) override { queue({Out::Data, "data: " + payload + "\n\n"}); }
+  void send_event(std::string payload, std::string_view name) override {
+    queue({Out::Data, (name.empty() ? "" : "event: " + std::string(name) + "\n") + "data: " + payload + "\n\n"});
+  }
   void end_events() override {
     on_gone_ = nullptr;
     queue({Out::Last, {}});

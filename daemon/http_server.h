@@ -45,9 +45,10 @@ class Exchange {
   // written or the client is gone; `on_gone` runs once if the client leaves before the answer
   // is complete (respond or end_events).
   virtual void hold(std::function<void()> on_gone) = 0;
-  // Server-Sent Events: the 200 header, then one "data: <payload>" event per call, then the end.
+  // Server-Sent Events: the 200 header, then one "data: <payload>" event per call (after an
+  // "event: <name>" line when a name is given), then the end.
   virtual void start_events() = 0;
-  virtual void send_event(std::string payload) = 0;
+  virtual void send_event(std::string payload, std::string_view name = {}) = 0;
   virtual void end_events() = 0;
   virtual void close_after() = 0;  // the connection closes once this answer is written
   virtual bool gone() const = 0;   // the client left: nothing more can be sent

@@ -1,5 +1,6 @@
 #include "daemon/routes.h"
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -25,6 +26,10 @@ struct Routes::Generation {
   int64_t remaining = 0;  // choices not done
   Clock::time_point t0 = Clock::now(), last_token;
   bool first_token_seen = false;
+  std::unique_ptr<ResponsesTurn> turn;  // POST /v1/responses: the Response it answers with
+
+  // The error as this request's API names it.
+  ApiError as_answered(const ApiError& e) const { return turn ? as_responses_error(e) : e; }
 
   void cancel(WorkerPool& pool) const {
     for (size_t i = 0; i < r.choices.size() && i < engine_ids.size(); ++i)  // (only the choices submitted)
@@ -57,7 +62,15 @@ bool iequals_prefix(std::string_view s, std::string_view prefix) {
 
 Routes::Routes(const DaemonConfig& cfg, WorkerPool& pool, const Tokenizer& tok, const ServedModel& served,
                DaemonMetrics& metrics, const HttpServer& http)
-    : cfg_(cfg), pool_(pool), tok_(tok), served_(served), metrics_(metrics), http_(http), created_unix_(unix_now()) {}
+    : cfg_(cfg),
+      pool_(pool),
+      tok_(tok),
+      served_(served),
+      metrics_(metrics),
+      http_(http),
+      created_unix_(unix_now()),
+      responses_(static_cast<size_t>(cfg.responses_store), static_cast<size_t>(cfg.responses_store_bytes),
+                 std::chrono::seconds(static_cast<int64_t>(cfg.responses_store_ttl_s))) {}
 
 void Routes::handle(const std::shared_ptr<Exchange>& ex) {
   const HttpRequest& req = ex->request();
@@ -73,8 +86,10 @@ void Routes::handle(const std::shared_ptr<Exchange>& ex) {
   if (path == "/v1/models") return need("GET"), models(*ex);
   if (path == "/tokenize") return need("POST"), tokenize(*ex);
   if (path == "/detokenize") return need("POST"), detokenize(*ex);
-  if (path == "/v1/completions") return need("POST"), generate(ex, false);
-  if (path == "/v1/chat/completions") return need("POST"), generate(ex, true);
+  if (path == "/v1/completions") return need("POST"), generate(ex, Api::Completions);
+  if (path == "/v1/chat/completions") return need("POST"), generate(ex, Api::Chat);
+  if (path == "/v1/responses") return need("POST"), generate(ex, Api::Responses);
+  if (path.starts_with("/v1/responses/")) return stored_response(*ex);
   throw ApiError{404, "no route " + path, "invalid_request_error", ""};
 }
 
@@ -167,14 +182,36 @@ void Routes::metrics(Exchange& ex) {
              "text/plain; version=0.0.4; charset=utf-8");
 }
 
-void Routes::generate(const std::shared_ptr<Exchange>& ex, bool chat) {
+void Routes::generate(const std::shared_ptr<Exchange>& ex, Api api) {
   const auto t0 = Clock::now();  // TTFT and end-to-end time count the parsing and tokenizing too
   if (draining_) throw ApiError{503, "the server is shutting down", "service_unavailable", ""};
   if (pool_.ready_count() == 0) throw ApiError{503, "no worker is ready (loading or restarting)", "service_unavailable", ""};
   const json::Value body = parse_body(ex->request().body);
   check_model(body, served_);
-  GenerateRequest req = parse_generate_request(body, chat, served_, tok_);
-  const Prompts prompts = make_prompts(req, served_, tok_);
+  const bool chat = api != Api::Completions;
+  GenerateRequest req;
+  std::unique_ptr<ResponsesTurn> turn;
+  if (api == Api::Responses) {
+    // The conversation so far, when it continues a stored response.
+    const std::string previous = previous_response_id_of(body);
+    const ResponseStore::Entry* stored = previous.empty() ? nullptr : responses_.find(previous);
+    if (!previous.empty() && !stored)
+      throw ApiError{404, "no stored response '" + previous + "'" +
+                              (responses_.enabled() ? " (never stored, deleted, expired, or from before a restart)"
+                                                    : ": this server keeps none (--responses-store 0)"),
+                     "invalid_request_error", "previous_response_id"};
+    ResponsesRequest rr = parse_responses_request(body, served_, tok_, stored ? &stored->conversation : nullptr);
+    req = rr.chat;
+    turn = std::make_unique<ResponsesTurn>(std::move(rr), ids_.id("resp_"), unix_now(), served_.name, ids_);
+  } else {
+    req = parse_generate_request(body, chat, served_, tok_);
+  }
+  Prompts prompts;
+  try {
+    prompts = make_prompts(req, served_, tok_);
+  } catch (const ApiError& e) {
+    throw turn ? as_responses_error(e) : e;
+  }
   const int64_t n = req.sampling.n;
   const int64_t count = static_cast<int64_t>(prompts.ids.size()) * n;
   if (count > cfg_.max_queue)  // would never fit: not a 429 to retry
@@ -189,7 +226,8 @@ void Routes::generate(const std::shared_ptr<Exchange>& ex, bool chat) {
   g->t0 = t0;
   for (int64_t j = 0; j < n; ++j) g->requests.push_back(engine_request(req, tok_, j));  // (may still refuse it)
   g->ex = ex;
-  g->r = start_response(req, prompts, ids_.id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), served_.name);
+  g->r = start_response(req, prompts, turn ? turn->id() : ids_.id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), served_.name);
+  g->turn = std::move(turn);
   g->streaming = req.sampling.stream;
   g->remaining = static_cast<int64_t>(g->r.choices.size());
   live_.insert(g);
@@ -270,17 +308,33 @@ void Routes::on_event(const std::shared_ptr<Generation>& g, size_t i, const Engi
     }
     g->ex->start_events();
     g->stream_started = true;
+    if (g->turn)
+      for (auto& [type, e] : g->turn->start_events()) g->ex->send_event(e.dump(), type);
   }
   try {
-    const ResponseContext ctx{tok_, served_.reasoning, ids_, served_.chat_template == "mistral-nemo"};
-    if (g->streaming)
-      for (const json::Value& chunk : stream_chunks(g->r, i, ev, ctx)) g->ex->send_event(chunk.dump());
+    if (g->streaming) send_chunks(*g, i, ev);
     if (g->remaining == 0) {
       live_.erase(g);
       complete(*g);
     }
   } catch (const std::exception& e) {  // its answer could not be built (a tool call that does not parse, ...)
     fail_answer(g, std::string("internal error: ") + e.what());
+  }
+}
+
+// A stream's share of event `ev` of choice i: its chunks, or a Response's events.
+void Routes::send_chunks(Generation& g, size_t i, const EngineEvent& ev) {
+  const ResponseContext ctx{tok_, served_.reasoning, ids_, served_.chat_template == "mistral-nemo"};
+  if (!ev.error.empty() && g.turn) {
+    const auto [type, e] = g.turn->error_event(g.as_answered(g.r.failure));
+    return g.ex->send_event(e.dump(), type);
+  }
+  for (const json::Value& chunk : stream_chunks(g.r, i, ev, ctx)) {
+    if (!g.turn) {
+      g.ex->send_event(chunk.dump());
+      continue;
+    }
+    for (auto& [type, e] : g.turn->chunk_events(chunk)) g.ex->send_event(e.dump(), type);
   }
 }
 
@@ -299,13 +353,15 @@ void Routes::fail_answer(const std::shared_ptr<Generation>& g, const std::string
 void Routes::end_with_error(Generation& g, const ApiError& e) {
   g.answering = false;
   g.cancel(pool_);
-  if (g.stream_started) {
+  if (!g.stream_started) return respond_error(*g.ex, g.as_answered(e));
+  if (g.turn) {
+    const auto [type, event] = g.turn->error_event(g.as_answered(e));
+    g.ex->send_event(event.dump(), type);
+  } else {
     g.ex->send_event(error_body(e).dump());
     g.ex->send_event("[DONE]");
-    g.ex->end_events();
-  } else {
-    respond_error(*g.ex, e);
   }
+  g.ex->end_events();
 }
 
 void Routes::complete(Generation& g) {
@@ -313,17 +369,63 @@ void Routes::complete(Generation& g) {
   metrics_.e2e.observe(seconds);
   const Usage u = usage_of(g.r);
   spdlog::info("{} {}: {} choice(s), prompt {} tokens, completion {} tokens, {} in {:.3f}s", g.r.id,
-               g.r.chat ? "chat" : "completion", g.r.choices.size(), u.prompt_tokens, u.completion_tokens,
+               g.turn ? "response" : g.r.chat ? "chat" : "completion", g.r.choices.size(), u.prompt_tokens, u.completion_tokens,
                g.r.error.empty() ? g.r.choices[0].finish : "error", seconds);
   g.answering = false;  // the request counts (in the HTTP layer) until its last byte is out
-  if (g.streaming) {
+  if (g.streaming) return end_stream(g);
+  if (!g.r.error.empty()) return respond_error(*g.ex, g.as_answered(g.r.failure));
+  const ResponseContext ctx{tok_, served_.reasoning, ids_, served_.chat_template == "mistral-nemo"};
+  json::Value answer = response_json(g.r, ctx);
+  if (g.turn) {
+    g.turn->finish_whole(answer);
+    answer = g.turn->object();
+    if (g.turn->request().store) responses_.put(g.turn->id(), answer, g.turn->stored_conversation(), g.turn->request().input);
+  }
+  respond_json(*g.ex, 200, answer);
+}
+
+// A stream's end: the usage chunk when asked for and [DONE], or a Response's last events.
+void Routes::end_stream(Generation& g) {
+  if (!g.turn) {
     if (g.r.error.empty() && g.r.sampling.include_usage) g.ex->send_event(usage_chunk(g.r).dump());
     g.ex->send_event("[DONE]");
     return g.ex->end_events();
   }
-  if (!g.r.error.empty()) return respond_error(*g.ex, g.r.failure);
-  const ResponseContext ctx{tok_, served_.reasoning, ids_, served_.chat_template == "mistral-nemo"};
-  respond_json(*g.ex, 200, response_json(g.r, ctx));
+  if (g.r.error.empty()) {  // (a failed one sent its error event)
+    for (auto& [type, e] : g.turn->finish_events(g.r.choices[0].finish, usage_json(usage_of(g.r))))
+      g.ex->send_event(e.dump(), type);
+    if (g.turn->request().store)
+      responses_.put(g.turn->id(), g.turn->object(), g.turn->stored_conversation(), g.turn->request().input);
+  }
+  g.ex->end_events();
+}
+
+// GET /v1/responses/{id} (the Response as it was returned), DELETE it, GET its input items.
+void Routes::stored_response(Exchange& ex) {
+  const HttpRequest& req = ex.request();
+  std::string id = req.path.substr(std::string_view("/v1/responses/").size());
+  const bool items = id.ends_with("/input_items");
+  if (items) id.resize(id.size() - std::string_view("/input_items").size());
+  const bool get = req.method == "GET" || req.method == "HEAD";
+  if (!get && !(req.method == "DELETE" && !items))
+    throw ApiError{405, "method " + req.method + " not allowed on " + req.path, "invalid_request_error", ""};
+  const ResponseStore::Entry* e = responses_.find(id);
+  if (!e)
+    throw ApiError{404, "no stored response '" + id + "'" + (responses_.enabled() ? "" : " (--responses-store 0)"),
+                   "invalid_request_error", ""};
+  if (req.method == "DELETE") {
+    responses_.erase(id);
+    return respond_json(ex, 200, json::Object{{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+  }
+  if (!items) return respond_json(ex, 200, e->response);
+  // OpenAI lists them newest first unless ?order=asc.
+  json::Array data = e->input;
+  if (req.target.find("order=asc") == std::string::npos) std::reverse(data.begin(), data.end());
+  json::Object list{{"object", "list"}, {"data", data}, {"has_more", false}};
+  auto id_of = [](const json::Value& item) { return item.find("id") ? *item.find("id") : json::Value(); };
+  list.emplace_back("first_id", data.empty() ? json::Value() : id_of(data.front()));
+  list.emplace_back("last_id", data.empty() ? json::Value() : id_of(data.back()));
+  respond_json(ex, 200, list);
 }
 
 void Routes::abandon_in_flight() {

@@ -57,14 +57,15 @@ std::vector<int32_t> token_ids_of(const json::Value& v, const Tokenizer& tok, co
 
 // The model-independent defaults first, then generation_config.json's, then the request's.
 void parse_limits(const json::Value& o, bool chat, Sampling& s) {
-  if (auto v = field(o, "max_tokens")) s.max_tokens = int_of(*v, "max_tokens");
+  if (auto v = field(o, "max_tokens")) s.max_tokens = int_of(*v, "max_tokens"), s.max_tokens_given = true;
   if (chat)
-    if (auto v = field(o, "max_completion_tokens")) s.max_tokens = int_of(*v, "max_completion_tokens");
+    if (auto v = field(o, "max_completion_tokens"))
+      s.max_tokens = int_of(*v, "max_completion_tokens"), s.max_tokens_given = true;
   if (s.max_tokens < 0) throw bad_request("'max_tokens' must be >= 0", "max_tokens");
   // vLLM's min_tokens: no end (EOS, stop ids, stop strings) before this many tokens.
   if (auto v = field(o, "min_tokens")) s.min_tokens = int_of(*v, "min_tokens");
   if (s.min_tokens < 0) throw bad_request("'min_tokens' must be >= 0", "min_tokens");
-  if (s.min_tokens > s.max_tokens)
+  if ((s.max_tokens_given || !chat) && s.min_tokens > s.max_tokens)
     throw bad_request("'min_tokens' (" + std::to_string(s.min_tokens) + ") must not exceed 'max_tokens' (" +
                           std::to_string(s.max_tokens) + ")", "min_tokens");
   if (auto v = field(o, "temperature")) s.temperature = number_of(*v, "temperature");
@@ -572,6 +573,10 @@ Prompts make_prompts(GenerateRequest& req, const ServedModel& served, const Toke
                               std::to_string(tok.size()) + ")",
                           param);
     const int64_t len = static_cast<int64_t>(pr.size());
+    if (req.chat && !s.max_tokens_given) {  // the rest of the context, at least min_tokens (else the 400 below)
+      s.max_tokens = std::max(served.max_model_len - len, s.min_tokens);
+      if (len >= served.max_model_len) s.max_tokens = std::max<int64_t>(s.min_tokens, 1);
+    }
     if (s.max_tokens > served.max_model_len - len)  // (a sum could overflow)
       throw bad_request("this model's maximum context length is " + std::to_string(served.max_model_len) +
                             " tokens, but " + std::to_string(len) + " in the prompt and " +

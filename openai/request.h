@@ -41,7 +41,10 @@ struct ServedModel {
 // A request's sampling and output fields; those it leaves out take generation_config.json's
 // where set, else OpenAI's defaults.
 struct Sampling {
+  // Completions' default is OpenAI's 16; a chat's (and a response's) is the rest of the context,
+  // as OpenAI's and vLLM's (make_prompts sets it once the prompt's length is known).
   int64_t max_tokens = 16;
+  bool max_tokens_given = false;
   int64_t min_tokens = 0;  // vLLM's extension: no end before this many tokens
   double temperature = 1.0;
   double top_p = 1.0;

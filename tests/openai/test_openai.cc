@@ -13,25 +13,16 @@
 #include "openai/generic_tools.h"
 #include "openai/request.h"
 #include "openai/response.h"
+#include "tests/openai/openai_fixtures.h"
 #include "tests/test_util.h"
 
 namespace kvpr {
 namespace {
 
-const Tokenizer& qwen_tokenizer() {
-  static const Tokenizer tok = Tokenizer::load(test::data_path("qwen2-tokenizer"));
-  return tok;
-}
-
-ServedModel qwen_served() {
-  ServedModel s;
-  s.name = "demo";
-  s.max_model_len = 4096;
-  s.vocab_size = qwen_tokenizer().size();
-  s.chat_template = "qwen2.5";
-  s.tool_call_parser = "hermes";
-  return s;
-}
+using test::finish_event;
+using test::qwen_served;
+using test::qwen_tokenizer;
+using test::token_event;
 
 GenerateRequest parse(const std::string& body, bool chat, const ServedModel& served = qwen_served()) {
   const json::Value v = parse_body(body);
@@ -155,21 +146,6 @@ TEST(OpenAiProtocol, EachBadFieldIsRefusedByName) {
   EXPECT_NO_THROW(parse_body("{\"s\": \"" + std::string(100, '[') + "\\\"\"}"));
   const std::string past = "{\"a\":" + std::string(kMaxRequestDepth, '[') + std::string(kMaxRequestDepth, ']') + "}";
   EXPECT_THROW(parse_body(past), ApiError);
-}
-
-EngineEvent token_event(int32_t token, std::string text, double logprob = -0.5) {
-  EngineEvent ev;
-  ev.token = token;
-  ev.text = std::move(text);
-  ev.logprob = logprob;
-  return ev;
-}
-
-EngineEvent finish_event(std::string reason, int64_t cached = 0) {
-  EngineEvent ev;
-  ev.finish_reason = std::move(reason);
-  ev.cached_tokens = cached;
-  return ev;
 }
 
 TEST(OpenAiResponse, UsageCountsAPromptOnceWithItsBestCachedChoice) {
@@ -335,11 +311,6 @@ TEST(GenerationConfig, SamplingDefaultsFromGenerationConfig) {
   EXPECT_HAS(error("[1]"), "expected a JSON object");
 }
 
-}  // namespace
-}  // namespace kvpr
-
-namespace kvpr {
-namespace {
 
 // response_format {"type": "json_object", "schema": {...}} (llama.cpp's and Together's form, as
 // instructor's JSON_SCHEMA mode sends it) applies the schema; without one, any JSON object.
