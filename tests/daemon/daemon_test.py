@@ -111,10 +111,12 @@ class Daemon:
             buf += chunk
             while b"\n\n" in buf:
                 ev, buf = buf.split(b"\n\n", 1)
-                payload = ev.decode("utf-8")  # raises if a character was split
-                assert payload.startswith("data: "), payload
-                d = payload[6:]
+                lines = ev.decode("utf-8").split("\n")  # raises if a character was split
+                name = lines.pop(0)[7:] if lines[0].startswith("event: ") else None  # (the Responses API's)
+                assert len(lines) == 1 and lines[0].startswith("data: "), ev
+                d = lines[0][6:]
                 events.append(d if d == "[DONE]" else json.loads(d))
+                assert name is None or events[-1]["type"] == name, (name, events[-1])
                 if stop_after is not None and len(events) >= stop_after:
                     return events, c
             if events and events[-1] == "[DONE]":
@@ -838,6 +840,21 @@ def generic_tools():
         check("generic: a conversation with calls and results but no tools now", st == 200, body2)
         r = openai_client(d.port, "m", "tools", "no-content")
         check("openai npm client: generic tool calls", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
+        # The same through the Responses API: the call as a function_call item, its output sent back.
+        st, resp = d.post("/v1/responses", {"model": "m", "input": "Weather in Paris?", "temperature": 0,
+                                            "max_output_tokens": 40, "tools": [dict(tools[0]["function"], type="function")]})
+        items = resp.get("output", []) if st == 200 else []
+        check("responses: the call as a function_call item", len(items) == 1 and items[0]["type"] == "function_call" and
+              items[0]["name"] == "get_weather" and items[0]["arguments"] == '{"city": "Paris"}' and
+              items[0]["call_id"] == items[0]["call_id"].strip() != "", resp)
+        st, nxt = d.post("/v1/responses", {"model": "m", "previous_response_id": resp.get("id"), "max_output_tokens": 1,
+                                           "tools": [dict(tools[0]["function"], type="function")],
+                                           "input": [{"type": "function_call_output", "call_id": items[0]["call_id"]
+                                                      if items else "x", "output": "21 C, sunny"}]})
+        check("responses: the call's output sent back", st == 200 and
+              nxt["usage"]["input_tokens"] > resp["usage"]["input_tokens"] + 10, nxt)
+        r = openai_client(d.port, "m", "responses-tools")
+        check("openai npm client: Responses function tools", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
     finally:
         d.stop()
     d, log = single_worker(model, "--served-model-name", "m", "--chat-template", "chatml", "--tool-call-parser", "none")
@@ -846,6 +863,92 @@ def generic_tools():
         st, body = d.post("/v1/chat/completions", req)
         check("--tool-call-parser none: tools are a 400 naming it", st == 400 and body["error"]["param"] == "tools" and
               "--tool-call-parser none" in body["error"]["message"], body)
+    finally:
+        d.stop()
+
+
+def responses_api():
+    """POST /v1/responses on the chat path (on the model whose best JSON is {"a":1}, and which opens
+    with "Sure" without a format): the Response object, text.format, the event stream adding up
+    to the Response it ends with, previous_response_id, GET and DELETE of stored responses and
+    their input items, store false, what is refused and how, --responses-store 0; the official
+    openai client's responses.create, stream, parse (zod), retrieve and del."""
+    model, _ = chain_model("qwen-json-responses", "qwen2-tokenizer", '{"a":1}', 198, 151645, detour_text="Sure")
+    d, log = single_worker(model, "--served-model-name", "qwen")
+    base = {"model": "qwen", "input": "Give me JSON", "max_output_tokens": 12, "temperature": 0}
+    fmt = {"format": {"type": "json_object"}}
+    try:
+        st, r = d.post("/v1/responses", dict(base, text=fmt, metadata={"run": "1"}, instructions="Answer in JSON."))
+        out = r.get("output", []) if st == 200 else []
+        check("responses: a Response with one message item", st == 200 and r["object"] == "response" and
+              r["id"].startswith("resp_") and r["status"] == "completed" and len(out) == 1 and
+              out[0]["type"] == "message" and out[0]["role"] == "assistant" and
+              out[0]["content"][0] == {"type": "output_text", "text": '{"a":1}', "annotations": []} and
+              r["text"] == fmt and r["metadata"] == {"run": "1"} and r["instructions"] == "Answer in JSON." and
+              r["usage"]["output_tokens"] == 6 and
+              r["usage"]["total_tokens"] == r["usage"]["input_tokens"] + 6, r)
+        st, plain = d.post("/v1/responses", dict(base, max_output_tokens=1))
+        check("responses: without a format the model's own text; cut by max_output_tokens, incomplete",
+              st == 200 and plain["status"] == "incomplete" and
+              plain["incomplete_details"] == {"reason": "max_output_tokens"} and
+              plain["output"][0]["content"][0]["text"].startswith("Sure"), plain)
+        schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 7}},
+                  "required": ["a"], "additionalProperties": False}
+        st, js = d.post("/v1/responses", dict(base, max_output_tokens=40, text={"format": {
+            "type": "json_schema", "name": "t", "schema": schema, "strict": True}}))
+        check("responses: text.format json_schema", st == 200 and
+              json.loads(js["output"][0]["content"][0]["text"])["a"] in (5, 6, 7), js)
+        events, _ = d.stream("/v1/responses", dict(base, text=fmt, stream=True))
+        types = [e["type"] for e in events]
+        deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        check("responses streamed: created, in_progress, the item and its part, deltas, done events, completed",
+              types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                            "response.content_part.added"] and
+              types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                             "response.completed"] and
+              [e["sequence_number"] for e in events] == list(range(len(events))) and deltas == '{"a":1}' and
+              events[-1]["response"]["output"][0]["content"][0]["text"] == deltas, events)
+        # previous_response_id: the stored conversation (without its instructions) goes first.
+        st, nxt = d.post("/v1/responses", dict(base, text=fmt, previous_response_id=r["id"], input="Again"))
+        check("previous_response_id continues the conversation", st == 200 and
+              nxt["previous_response_id"] == r["id"] and nxt["instructions"] is None and
+              nxt["usage"]["input_tokens"] > r["usage"]["input_tokens"] - 6 + r["usage"]["output_tokens"], nxt)
+        st, got = d.get("/v1/responses/" + r["id"])
+        check("GET /v1/responses/{id}: the Response as returned", st == 200 and got == r, got)
+        st, items = d.get("/v1/responses/" + r["id"] + "/input_items")
+        check("GET .../input_items: its input with ids", st == 200 and items["object"] == "list" and
+              [i["content"] for i in items["data"]] == ["Give me JSON"] and items["data"][0]["id"].startswith("msg_"),
+              items)
+        st, gone, _ = d.request("DELETE", "/v1/responses/" + r["id"])
+        st2, after = d.get("/v1/responses/" + r["id"])
+        check("DELETE /v1/responses/{id}, then GET is a 404", st == 200 and gone["deleted"] is True and
+              st2 == 404, (gone, after))
+        st, unstored = d.post("/v1/responses", dict(base, text=fmt, store=False))
+        st2, _ = d.get("/v1/responses/" + unstored.get("id", "x"))
+        check("store false: not kept", st == 200 and unstored["store"] is False and st2 == 404, unstored)
+        for what, extra, status, param in (
+                ("a built-in tool", {"tools": [{"type": "web_search_preview"}]}, 400, "tools"),
+                ("an unknown previous_response_id", {"previous_response_id": "resp_none"}, 404, "previous_response_id"),
+                ("background", {"background": True}, 400, "background"),
+                ("an image input", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+                 400, "input"),
+                ("max_output_tokens past the context", {"max_output_tokens": 10 ** 6}, 400, "input"),
+                ("a bad text.format", {"text": {"format": {"type": "xml"}}}, 400, "text.format")):
+            st, body = d.post("/v1/responses", dict(base, **extra))
+            check(f"responses, {what}: {status} naming {param}", st == status and body["error"]["param"] == param,
+                  (st, body))
+        st, body, _ = d.request("PUT", "/v1/responses/" + nxt.get("id", "x"))
+        check("PUT on a stored response: 405", st == 405, body)
+        r2 = openai_client(d.port, "qwen", "responses-json")
+        check("openai npm client: the Responses API", r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-2000:])
+    finally:
+        d.stop()
+    d, log = single_worker(model, "--served-model-name", "qwen", "--responses-store", "0")
+    try:
+        st, r = d.post("/v1/responses", dict(base, text=fmt))
+        st2, body = d.post("/v1/responses", dict(base, text=fmt, previous_response_id=r.get("id", "x")))
+        check("--responses-store 0: served, nothing kept", st == 200 and st2 == 404 and
+              "--responses-store 0" in body["error"]["message"], body)
     finally:
         d.stop()
 
@@ -1321,6 +1424,7 @@ def main():
     qwen_chat()
     qwen_tools()
     generic_tools()
+    responses_api()
     qwen3_reasoning_tools()
     mistral_tools()
     llama_tools()

@@ -5,7 +5,8 @@
 // answer of only the call): chat.completions.create with tools, the
 // same streamed through the client's stream helper (which accumulates tool-call deltas), and
 // the call's result sent back. With `json`, structured output through the parse helper
-// (tests/daemon/daemon_test.py's json_mode).
+// (tests/daemon/daemon_test.py's json_mode); `responses-json` and `responses-tools`, the Responses
+// API (responses_api and generic_tools there).
 import { createRequire } from 'node:module';
 const require = createRequire(import.meta.url);
 const OpenAI = require('openai');
@@ -44,6 +45,70 @@ if (process.argv[4] === 'tools') {
     ...messages, msg, { role: 'tool', tool_call_id: msg.tool_calls[0].id, content: '21 C, sunny' }] });
   check('the result sent back', next.choices.length === 1 && next.usage.prompt_tokens > r.usage.prompt_tokens, next);
   console.log(`openai client (tools): ${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
+}
+
+if (process.argv[4] === 'responses-json') {
+  // The Responses API (tests/daemon/daemon_test.py's responses_api, on the model whose JSON answer
+  // is {"a":1}): create, the stream helper, parse with a zod text format, previous_response_id,
+  // retrieve and delete.
+  const { zodTextFormat } = require('openai/helpers/zod');
+  const { z } = require('zod');
+  const base = { model, input: 'Give me JSON', max_output_tokens: 12, temperature: 0 };
+  const json = { format: { type: 'json_object' } };
+  const r = await client.responses.create({ ...base, text: json });
+  check('responses.create', r.object === 'response' && r.status === 'completed' && r.output_text === '{"a":1}' &&
+    r.usage.output_tokens > 0, r);
+  const stream = client.responses.stream({ ...base, text: json });
+  let deltas = '';
+  const types = [];
+  for await (const event of stream) {
+    types.push(event.type);
+    if (event.type === 'response.output_text.delta') deltas += event.delta;
+  }
+  const final = await stream.finalResponse();
+  // (The SDK adds the output_text convenience to what create returns, not to a stream's or retrieve's.)
+  const text = (resp) => resp.output.filter((o) => o.type === 'message').map((o) => o.content[0].text).join('');
+  check('responses.stream: the deltas are the final text', deltas === '{"a":1}' && text(final) === deltas &&
+    types[0] === 'response.created' && types.at(-1) === 'response.completed', { deltas, types, final });
+  const parsed = await client.responses.parse({ ...base,
+    text: { format: zodTextFormat(z.object({ a: z.number().int() }), 'thing') } });
+  check('responses.parse with a zod text format', parsed.output_parsed?.a === 1, parsed);
+  const next = await client.responses.create({ ...base, text: json, previous_response_id: r.id, input: 'Again' });
+  check('previous_response_id continues the conversation', next.previous_response_id === r.id &&
+    next.usage.input_tokens > r.usage.input_tokens + r.usage.output_tokens, next);
+  const got = await client.responses.retrieve(r.id);
+  check('responses.retrieve', got.id === r.id && text(got) === '{"a":1}', got);
+  await client.responses.del(r.id);
+  let gone = false;
+  try { await client.responses.retrieve(r.id); } catch (e) { gone = e.status === 404; }
+  check('responses.del, then retrieve is a 404', gone);
+  console.log(`openai client (responses): ${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
+}
+
+if (process.argv[4] === 'responses-tools') {
+  // Function tools through the Responses API (daemon_test.py's generic_tools model, whose answer
+  // is a call of get_weather): the call as an output item, streamed, and its output sent back.
+  const tools = [{ type: 'function', name: 'get_weather', description: 'Weather in a city', strict: true,
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'],
+      additionalProperties: false } }];
+  const base = { model, input: 'Weather in Paris?', tools, max_output_tokens: 40, temperature: 0 };
+  const r = await client.responses.create(base);
+  const call = r.output.find((o) => o.type === 'function_call');
+  check('responses.create: a function_call item', call?.name === 'get_weather' &&
+    JSON.parse(call.arguments).city === 'Paris' && call.call_id, r);
+  const stream = client.responses.stream(base);
+  let args = '';
+  for await (const event of stream) if (event.type === 'response.function_call_arguments.delta') args += event.delta;
+  const final = await stream.finalResponse();
+  const fcall = final.output.find((o) => o.type === 'function_call');
+  check('responses.stream: the call, its arguments streamed', fcall?.arguments === call?.arguments &&
+    args === call?.arguments, final);
+  const next = await client.responses.create({ model, tools, max_output_tokens: 2, previous_response_id: r.id,
+    input: [{ type: 'function_call_output', call_id: call.call_id, output: '21 C, sunny' }] });
+  check('the call\'s output sent back', next.status !== 'failed' && next.usage.input_tokens > r.usage.input_tokens, next);
+  console.log(`openai client (responses tools): ${passed} passed, ${failed} failed`);
   process.exit(failed ? 1 : 0);
 }
 
