@@ -291,18 +291,62 @@ std::string parse_tool_choice(const json::Value& o, bool have_tools, ToolRequest
   return choice;
 }
 
+// A tool's parameters schema moved into the $defs of a schema around it: its own $defs (or
+// definitions) become `prefix` + their name there, and its $refs, which are relative to its root
+// ("#", "#/$defs/X"), are rewritten to point where those went ("#/$defs/<prefix>", ...).
+json::Value rebased(const json::Value& s, const std::string& prefix) {
+  if (s.is_array()) {
+    json::Array out;
+    for (const auto& e : s.as_array()) out.push_back(rebased(e, prefix));
+    return out;
+  }
+  if (!s.is_object()) return s;
+  json::Object out;
+  for (const auto& [k, v] : s.as_object()) {
+    if (k == "$ref" && v.is_string()) {
+      const std::string& ref = v.as_string();
+      std::string to = ref;
+      if (ref == "#") to = "#/$defs/" + prefix;
+      for (const char* base : {"#/$defs/", "#/definitions/"})
+        if (ref.starts_with(base)) to = "#/$defs/" + prefix + "." + ref.substr(std::string_view(base).size());
+      out.emplace_back(k, to);
+    } else {
+      out.emplace_back(k, rebased(v, prefix));
+    }
+  }
+  return out;
+}
+
+void hoist(const json::Value& params, const std::string& prefix, json::Object& defs) {
+  json::Object root;
+  for (const auto& [k, v] : params.as_object()) {
+    if ((k == "$defs" || k == "definitions") && v.is_object()) {
+      for (const auto& [name, d] : v.as_object()) defs.emplace_back(prefix + "." + name, rebased(d, prefix));
+    } else {
+      root.emplace_back(k, v);
+    }
+  }
+  defs.emplace_back(prefix, rebased(json::Value(std::move(root)), prefix));
+}
+
 // Decoding constrained to the tools' schemas (as vLLM does it): a named function's arguments,
-// or a list of calls of the tools.
+// or a list of calls of the tools, each tool's parameters in $defs (so that its own $refs, which
+// are relative to its root, still mean what they meant).
 void constrain_to_tools(const std::string& choice, ToolRequest& t) {
   json::Array calls;
-  for (const auto& tool : t.tools) {
-    const json::Value& fn = *tool.find("function");
+  json::Object defs;
+  for (size_t i = 0; i < t.tools.size(); ++i) {
+    const json::Value& fn = *t.tools[i].find("function");
     const json::Value* ps = fn.find("parameters");
     const json::Value params = ps ? *ps : json::Value(json::Object{{"type", "object"}});
     if (choice == "named" && fn.find("name")->as_string() == t.named) t.schema = params;
+    if (choice != "required") continue;
+    const std::string prefix = "tool" + std::to_string(i);
+    hoist(params, prefix, defs);
     calls.push_back(json::Object{
         {"type", "object"},
-        {"properties", json::Object{{"name", json::Object{{"const", *fn.find("name")}}}, {"parameters", params}}},
+        {"properties", json::Object{{"name", json::Object{{"const", *fn.find("name")}}},
+                                    {"parameters", json::Object{{"$ref", "#/$defs/" + prefix}}}}},
         {"required", json::Array{"name", "parameters"}},
         {"additionalProperties", false}});
   }
@@ -310,7 +354,8 @@ void constrain_to_tools(const std::string& choice, ToolRequest& t) {
     throw bad_request("'tool_choice' names '" + t.named + "', which is not among the tools", "tool_choice");
   if (choice == "required") {
     t.required = true;
-    json::Object list{{"type", "array"}, {"minItems", 1}, {"items", json::Object{{"anyOf", std::move(calls)}}}};
+    json::Object list{{"$defs", std::move(defs)}, {"type", "array"}, {"minItems", 1},
+                      {"items", json::Object{{"anyOf", std::move(calls)}}}};
     if (!t.parallel) list.emplace_back("maxItems", 1);
     t.schema = std::move(list);
   }

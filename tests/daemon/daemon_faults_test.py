@@ -136,11 +136,33 @@ def hostile_corpus():
     add("tools", "tool parameters {$ref: #}, tool_choice required, streamed", "/v1/chat/completions",
         {"model": "demo", "messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": "required",
          "stream": True}, param="tools")
-    add("tools", "tool parameters with a 20000-group pattern, tool named", "/v1/chat/completions",
+    add("tools", "tool parameters with a pattern of a million states, tool named", "/v1/chat/completions",
         {"model": "demo", "messages": [{"role": "user", "content": "x"}],
          "tools": [{"type": "function", "function": {"name": "f", "parameters": {
-             "type": "object", "properties": {"a": {"type": "string", "pattern": "(" * 20000 + ")" * 20000}}}}}],
+             "type": "object", "properties": {"a": {"type": "string", "pattern": "(?:a{1000}){1000}"}}}}}],
          "tool_choice": {"type": "function", "function": {"name": "f"}}}, param="tools")
+    # (Tools are written into the prompt, with any template: a 40000-character pattern in one is
+    # a prompt past the context, a 400 naming messages before any schema is compiled.)
+    # The same through the Responses API, which names its own fields.
+    fmt = {"format": {"type": "json_schema", "name": "s", "schema": {"$ref": "#"}}}
+    add("responses", "text.format {$ref: #}", "/v1/responses",
+        {"model": "demo", "input": "x", "max_output_tokens": 4, "text": fmt}, param="text.format")
+    add("responses", "text.format {$ref: #}, streamed", "/v1/responses",
+        {"model": "demo", "input": "x", "max_output_tokens": 4, "text": fmt, "stream": True}, param="text.format")
+    add("responses", "function tool {$ref: #}, tool_choice required", "/v1/responses",
+        {"model": "demo", "input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"$ref": "#"}}],
+         "tool_choice": "required"}, param="tools")
+    add("responses", "function_call arguments nested 300 deep", "/v1/responses",
+        {"model": "demo", "input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "1",
+                                                                        "name": "f", "arguments": "[" * 300 + "]" * 300}]},
+        param="input")
+    add("responses", "input of 20000 items", "/v1/responses",
+        {"model": "demo", "input": [{"role": "user", "content": "hi"}] * 20000, "max_output_tokens": 1}, param="input")
+    add("responses", "an unknown item type", "/v1/responses", {"model": "demo", "input": [{"type": "computer_call"}]},
+        param="input")
+    add("responses", "an unknown previous_response_id", "/v1/responses",
+        {"model": "demo", "input": "x", "previous_response_id": "resp_" + "x" * 5000}, want=(404,),
+        param="previous_response_id")
     add("json", "a number with a leading zero", "/v1/completions", b'{"model": "demo", "prompt": "x", "max_tokens": 010}')
     add("tools", "129 tools", "/v1/chat/completions",
         {"model": "demo", "messages": [{"role": "user", "content": "x"}],

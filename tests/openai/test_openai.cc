@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "engine/base/error.h"
+#include "engine/constrain/json_schema.h"
 #include "openai/generation_config.h"
 #include "openai/generic_tools.h"
 #include "openai/request.h"
@@ -396,6 +397,38 @@ TEST(OpenAiProtocol, ToolsOnATemplateWithoutThemUseTheGenericFormat) {
   } catch (const ApiError& e) {
     EXPECT_EQ(e.param, "tools");
   }
+}
+
+// tool_choice "required" constrains the answer to a list of calls, each tool's parameters in the
+// list's $defs: a tool's own $refs ("#", "#/$defs/X", as Pydantic writes nested models) still
+// mean its parameters and its definitions, not the list around them.
+TEST(OpenAiProtocol, ForcedToolCallsKeepEachToolsRefs) {
+  GenerateRequest req = parse(R"({"model": "demo", "tool_choice": "required",
+      "messages": [{"role": "user", "content": "x"}], "tools": [
+      {"type": "function", "function": {"name": "route", "parameters": {"$defs": {"City": {"type": "object",
+          "properties": {"name": {"type": "string"}}, "required": ["name"], "additionalProperties": false}},
+          "type": "object", "properties": {"to": {"$ref": "#/$defs/City"}, "via": {"anyOf": [{"type": "null"},
+          {"$ref": "#"}]}}, "required": ["to"], "additionalProperties": false}}},
+      {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {},
+          "additionalProperties": false}}}]})",
+                              true);
+  const JsonSchema schema = JsonSchema::compile(engine_request(req, qwen_tokenizer(), 0).params.json_schema);
+  auto valid = [&](const std::string& text) {
+    SchemaRecognizer r(&schema);
+    return r.feed(text) && r.complete();
+  };
+  EXPECT_TRUE(valid(R"([{"name":"route","parameters":{"to":{"name":"Oslo"}}}])"));
+  EXPECT_TRUE(valid(R"([{"name":"route","parameters":{"to":{"name":"Oslo"},"via":{"to":{"name":"Bergen"}}}},)"
+                    R"({"name":"ping","parameters":{}}])"));
+  EXPECT_FALSE(valid(R"([{"name":"route","parameters":{"to":"Oslo"}}])"));  // City is an object
+  EXPECT_FALSE(valid(R"([{"name":"route","parameters":{"to":{"name":"Oslo"},"via":[]}}])"));  // "#" is route's
+  EXPECT_FALSE(valid(R"([{"name":"ping","parameters":{"to":{"name":"Oslo"}}}])"));
+  EXPECT_FALSE(valid("[]"));
+  // A tool whose parameters are only "$ref": "#" names no value: refused, not a list of lists.
+  req = parse(R"({"model": "demo", "tool_choice": "required", "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}]})",
+              true);
+  EXPECT_THROW(JsonSchema::compile(engine_request(req, qwen_tokenizer(), 0).params.json_schema), Error);
 }
 
 // The generic answer comes back as tool_calls, whole and streamed.
