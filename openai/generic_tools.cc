@@ -38,17 +38,26 @@ std::string generic_tools_prompt(const GenericToolChoice& choice) {
 std::vector<ChatMessage> generic_tool_messages(std::vector<ChatMessage> messages, const GenericToolChoice& choice,
                                                bool writes_system) {
   std::vector<ChatMessage> out;
+  bool last_from_tool = false;  // out.back() holds a tool result
   for (auto& m : messages) {
+    const bool from_tool = m.role == "tool";
     if (m.role == "assistant" && !m.tool_calls.empty()) {
       append(m.content, calls_text(m.tool_calls));
       m.tool_calls.clear();
-    } else if (m.role == "tool") {
+    } else if (from_tool) {
       m.role = "user";
       m.content = "Tool result" + (m.tool_call_id.empty() ? "" : " (" + m.tool_call_id + ")") + ":\n" + m.content;
       m.tool_call_id.clear();
     }
-    if (m.role == "user" && !out.empty() && out.back().role == "user") append(out.back().content, m.content);
-    else out.push_back(std::move(m));
+    // A result joins the user message next to it (templates that want turns to alternate); two
+    // user messages the client sent stay two, as the template takes them.
+    if (m.role == "user" && !out.empty() && out.back().role == "user" && (from_tool || last_from_tool)) {
+      append(out.back().content, m.content);
+      last_from_tool = true;
+    } else {
+      out.push_back(std::move(m));
+      last_from_tool = from_tool;
+    }
   }
   if (choice.tools.empty()) return out;
   const std::string tools = generic_tools_prompt(choice);

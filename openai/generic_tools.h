@@ -29,7 +29,7 @@ std::string generic_tools_prompt(const GenericToolChoice& choice);
 // `messages` as a template without tools renders them: the tools' description first (in the
 // system message, after its own text; in the first user message when `writes_system` is false),
 // assistant tool calls as the JSON list after the message's text, "tool" messages as user
-// messages "Tool result (<id>):\n<content>", consecutive user messages joined by a blank line.
+// messages "Tool result (<id>):\n<content>", each joined by a blank line to a user message beside it.
 std::vector<ChatMessage> generic_tool_messages(std::vector<ChatMessage> messages, const GenericToolChoice& choice,
                                                bool writes_system);
 

@@ -604,7 +604,11 @@ def qwen_chat():
 # provider) and LangChain's ChatOpenAI. Installed once per build tree, all in one command (npm
 # removes what a later install does not name).
 NPM_PACKAGES = ["openai@4.104.0", "ai@4.3.19", "@ai-sdk/openai-compatible@0.2.16", "zod@3.25.76",
-                "@langchain/openai@0.5.18", "@langchain/core@0.3.80"]
+                "@langchain/openai@0.5.18", "@langchain/core@0.3.80",
+                # Agent frameworks (agent_clients_test.mjs): the OpenAI Agents SDK (its last line on
+                # openai v6 and zod 3; later ones need Node.js 22), instructor-js, LlamaIndex.TS.
+                "@openai/agents@0.3.7", "@instructor-ai/instructor@1.7.0", "@llamaindex/openai@0.4.23",
+                "@llamaindex/core@0.6.23", "@llamaindex/env@0.1.31"]
 
 
 def node_client(script, port, model, *args, env=None):
@@ -626,6 +630,11 @@ def node_client(script, port, model, *args, env=None):
 def openai_client(port, model, *args, env=None):
     """tests/daemon/openai_client_test.mjs: the official openai npm client."""
     return node_client("openai_client_test.mjs", port, model, *args, env=env)
+
+
+def agent_clients(port, model, *args, env=None):
+    """tests/daemon/agent_clients_test.mjs: the OpenAI Agents SDK, instructor-js and LlamaIndex.TS."""
+    return node_client("agent_clients_test.mjs", port, model, *args, env=env)
 
 
 def npm_clients(port, model, *args, env=None):
@@ -855,6 +864,9 @@ def generic_tools():
               nxt["usage"]["input_tokens"] > resp["usage"]["input_tokens"] + 10, nxt)
         r = openai_client(d.port, "m", "responses-tools")
         check("openai npm client: Responses function tools", r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
+        r = agent_clients(d.port, "m", "tools")
+        check("Agents SDK (chat completions, responses) and LlamaIndex.TS: function tools", r.returncode == 0,
+              r.stdout[-2000:] + r.stderr[-2000:])
     finally:
         d.stop()
     d, log = single_worker(model, "--served-model-name", "m", "--chat-template", "chatml", "--tool-call-parser", "none")
@@ -941,6 +953,9 @@ def responses_api():
         check("PUT on a stored response: 405", st == 405, body)
         r2 = openai_client(d.port, "qwen", "responses-json")
         check("openai npm client: the Responses API", r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-2000:])
+        r2 = agent_clients(d.port, "qwen", "json")
+        check("Agents SDK output types, instructor-js TOOLS and JSON_SCHEMA, LlamaIndex.TS chat", r2.returncode == 0,
+              r2.stdout[-2000:] + r2.stderr[-2000:])
     finally:
         d.stop()
     d, log = single_worker(model, "--served-model-name", "qwen", "--responses-store", "0")
