@@ -292,7 +292,7 @@ class DecodeRun {
     KVPR_CHECK(size.max_positions >= 0 && size.layers >= 0, "--max-positions and --layers must not be negative");
     ModelLoadOptions lo;
     lo.stream_weights = engine_.weights_on_host;
-    lo.kv_plan = [this](const ModelSpec& spec, DType) { return largest_kv_plan(spec); };
+    lo.kv_plan = [this](const ModelSpec& spec, DType, const Backend&, double) { return largest_kv_plan(spec); };
     model_ = preset_model(*be_, preset_, lo, size);
     const double init_s = seconds_since(t_init);
     measure_machine();

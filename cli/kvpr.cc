@@ -329,8 +329,8 @@ int cmd_generate(int argc, char** argv) {
   ModelLoadOptions lo;
   lo.stream_weights = eo.weights_on_host;
   lo.verify_weights = eo.verify_weights;
-  lo.kv_plan = [&eo](const ModelSpec& spec, DType weight_dtype) {
-    return Generator::kv_plan(eo.generator, spec, weight_dtype);
+  lo.kv_plan = [&eo](const ModelSpec& spec, DType weight_dtype, const Backend& b, double host_weights) {
+    return Generator::kv_plan(eo.generator, spec, weight_dtype, &b, host_weights);
   };
   std::unique_ptr<Model> model = load_model(*backend, dir, lo);
   const Tokenizer tok = Tokenizer::load(dir);

@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/base/error.h"
+#include "engine/base/host_memory.h"
 #ifdef KVPR_HAVE_HWLOC
 #include "numa/placement.h"
 #endif
@@ -183,6 +184,7 @@ WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std
     w->sup = Supervisor(t);
     workers_.push_back(w);
   }
+  share_host_memory(count);
   // Several GPUs: read the weights once, broadcast them with NCCL (worker 0 makes the group).
   broadcast_ = cuda && count > 1 && engine.nccl;
 #ifdef KVPR_HAVE_HWLOC
@@ -206,6 +208,20 @@ WorkerPool::WorkerPool(boost::asio::io_context& io, const DaemonConfig& cfg, std
 #else
   placement_ = "no placement: built without hwloc\n";
 #endif
+}
+
+// Each worker's share of the host's memory, for its weights in host memory and a KV store there
+// sized by memory: 90% of what the host has available now, before any worker, evenly (measured
+// once, so a restarted worker gets the same share; a worker's own host-memory or kv-cache wins).
+void WorkerPool::share_host_memory(int count) {
+  GeneratorOptions& g = cfg_.engine.generator;
+  if (g.host_memory > 0 || g.kv_cache_bytes > 0 || g.kv_cache_fraction > 0) return;
+  const size_t avail = host_bytes_available();
+  if (avail == SIZE_MAX) return;
+  g.host_memory = 0.9 * static_cast<double>(avail) / count;
+  spdlog::info("host memory: {:.2f} GiB available, {:.2f} GiB for each of {} worker(s) (its weights in host memory "
+               "and its KV store there; --host-memory)",
+               static_cast<double>(avail) / 1073741824.0, g.host_memory / 1073741824.0, count);
 }
 
 WorkerPool::~WorkerPool() { stop(); }

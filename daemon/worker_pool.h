@@ -73,6 +73,7 @@ class WorkerPool {
   void on_start_failed(std::function<void(const std::string&)> f) { on_start_failed_ = std::move(f); }
 
  private:
+  void share_host_memory(int count);
   struct Process;
   struct Worker;
   void apply(Worker& w, const Supervisor::Actions& a);

@@ -92,7 +92,24 @@ class WorkerLoop {
     ch_.send(encode_loaded());
     tok_ = std::make_unique<Tokenizer>(Tokenizer::load(opts_.model_dir));
     gen_ = std::make_unique<Generator>(*model_, *tok_, generator_options());
+    report_kv_store();
     report_kv_store_nodes();
+  }
+
+  // The store's tokens and bytes and why that size; a store that holds less than one sequence
+  // of the context still serves, refusing only the prompts it cannot hold.
+  void report_kv_store() {
+    const KvPlan& plan = gen_->plan();
+    const int64_t tokens = plan.layout.blocks * plan.layout.block_tokens;
+    const double bytes = static_cast<double>(plan.layout.blocks) *
+                         KvRuntime::block_bytes(model_->kv_shape(), plan.layout, plan.kv);
+    std::fprintf(stderr, "kvpr-worker %d: KV store %lld tokens, %.2f GiB, kv mode %s: %s\n", opts_.index,
+                 static_cast<long long>(tokens), bytes / 1073741824.0, kv_mode_name(plan.kv.mode), plan.why.c_str());
+    if (tokens < plan.layout.max_tokens)
+      std::fprintf(stderr,
+                   "kvpr-worker %d: warning: the KV store holds less than one sequence of the context (%lld tokens): "
+                   "prompts it cannot hold are refused; raise host-memory or kv-cache, or lower max-seq-len\n",
+                   opts_.index, static_cast<long long>(plan.layout.max_tokens));
   }
 
   json::Value ready_message() {
@@ -158,8 +175,8 @@ class WorkerLoop {
     ModelLoadOptions lo;
     lo.stream_weights = engine_.weights_on_host;
     lo.verify_weights = engine_.verify_weights;
-    lo.kv_plan = [go = engine_.generator](const ModelSpec& spec, DType weight_dtype) {
-      return Generator::kv_plan(go, spec, weight_dtype);
+    lo.kv_plan = [go = engine_.generator](const ModelSpec& spec, DType weight_dtype, const Backend& b, double host_weights) {
+      return Generator::kv_plan(go, spec, weight_dtype, &b, host_weights);
     };
     int last_decile = -1;
     const auto t0 = Clock::now();

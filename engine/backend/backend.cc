@@ -141,16 +141,6 @@ int64_t check_argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& l
   return R;
 }
 
-size_t host_bytes_available() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  size_t kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return SIZE_MAX;
-}
-
 bool cuda_available() {
 #ifdef KVPR_HAVE_CUDA
   return cuda_device_count() > 0;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/base/host_memory.h"
 #include "engine/base/tensor.h"
 #include "engine/base/trace.h"
 
@@ -367,10 +368,6 @@ KVPR_HD inline float rope_angle(int32_t position, int i, int head_dim, const Rop
 // Creates a backend by name: "cpu", "cuda" (device 0 or `device`), or "auto" (cuda when
 // a device is present, else cpu). Throws when the requested backend is unavailable.
 std::unique_ptr<Backend> create_backend(const std::string& name, int device = 0);
-
-// Host memory the kernel could hand out now without swapping (MemAvailable of /proc/meminfo),
-// or SIZE_MAX where it cannot be read. Pinned memory must all be resident, so this bounds it.
-size_t host_bytes_available();
 
 // Whether this build includes the CUDA backend and a device is visible.
 bool cuda_available();

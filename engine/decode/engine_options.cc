@@ -33,7 +33,7 @@ const std::vector<EngineOption>& engine_options() {
       {"kv-cache",
        "the KV store per worker: bytes (40GiB, 512MiB), or a fraction of the memory it lives in (0.5: half of the "
        "host memory available for the host KV modes, of the device memory left after the weights for resident) "
-       "[room for max-batch sequences of max-seq-len]",
+       "[room for max-batch sequences of max-seq-len, at most what host-memory leaves for a store in host memory]",
        false,
        [](EngineOptions& o, const std::string& v) {
          const double x = parse_option_size("kv-cache", v);
@@ -44,6 +44,18 @@ const std::vector<EngineOption>& engine_options() {
          const GeneratorOptions& g = o.generator;
          if (g.kv_cache_fraction > 0) return json::Value(g.kv_cache_fraction).dump();
          return g.kv_cache_bytes > 0 ? std::to_string(static_cast<int64_t>(g.kv_cache_bytes)) : std::string();
+       }},
+      {"host-memory",
+       "host memory a worker may hold, its weights in host memory and a default-sized KV store there together "
+       "(bytes: 100GiB) [kvprd: 90% of the host's available memory at start, shared evenly among its workers]",
+       false,
+       [](EngineOptions& o, const std::string& v) {
+         o.generator.host_memory = parse_option_size("host-memory", v);
+         KVPR_CHECK(o.generator.host_memory > 1, "host-memory: '", v, "' is not a size in bytes (e.g. 64GiB)");
+       },
+       [](const EngineOptions& o) {
+         return o.generator.host_memory > 0 ? std::to_string(static_cast<int64_t>(o.generator.host_memory))
+                                            : std::string();
        }},
       {"max-step-tokens", "tokens per step; a longer prompt is prefilled in chunks over several steps [8192]", false,
        [](EngineOptions& o, const std::string& v) { o.generator.max_step_tokens = parse_option_integer("max-step-tokens", v, 1, kBig); },

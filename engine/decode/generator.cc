@@ -1,6 +1,7 @@
 #include "engine/decode/generator.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <random>
 
@@ -44,7 +45,20 @@ struct Generator::Sequence {
 
 Generator::~Generator() = default;
 
-KvPlan Generator::kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, DType weight_dtype, const Backend* backend) {
+namespace {
+
+constexpr double kHostShare = 0.9;  // of the host's available memory, the rest the system's
+
+std::string gib(double bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
+  return buf;
+}
+
+}  // namespace
+
+KvPlan Generator::kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, DType weight_dtype, const Backend* backend,
+                          double host_weight_bytes, bool weights_allocated) {
   KVPR_CHECK(opts.max_batch >= 0, "max_batch must not be negative");
   KVPR_CHECK(opts.block_tokens > 0, "KV blocks need at least one token, not ", opts.block_tokens);
   KVPR_CHECK(opts.kv_cache_bytes >= 0 && opts.kv_cache_fraction >= 0 && opts.kv_cache_fraction <= 1,
@@ -66,20 +80,46 @@ KvPlan Generator::kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, D
     // twentieth of the free memory stays theirs, whatever the fraction.
     bytes = std::min(opts.kv_cache_fraction, device ? 0.95 : 1.0) * static_cast<double>(avail);
   }
+  const double block = KvRuntime::block_bytes(kv_shape(spec), plan.layout, plan.kv);
   if (bytes > 0) {
-    const double block = KvRuntime::block_bytes(kv_shape(spec), plan.layout, plan.kv);
     plan.layout.blocks = static_cast<int64_t>(std::min(bytes / block, 2147483647.0));
     KVPR_CHECK(plan.layout.blocks >= plan.layout.blocks_for(2), "a KV cache of ", bytes,
                " bytes holds less than one block of ", plan.layout.block_tokens, " tokens (", block, " bytes)");
-  } else {
-    plan.layout.blocks = (opts.max_batch > 0 ? opts.max_batch : 8) * plan.layout.blocks_for(max_tokens);
+    plan.why = opts.kv_cache_fraction > 0 ? "kv-cache " + json::Value(opts.kv_cache_fraction).dump() + " of the memory available"
+                                          : "kv-cache " + gib(bytes);
+    return plan;
   }
+  const int64_t batch = opts.max_batch > 0 ? opts.max_batch : 8;
+  plan.layout.blocks = batch * plan.layout.blocks_for(max_tokens);
+  plan.why = "room for max-batch " + std::to_string(batch) + " sequences of max-seq-len " + std::to_string(max_tokens) +
+             " tokens";
+  // In host memory the store takes at most what the host has for it: sequences take blocks as
+  // they grow, so max-batch is a cap on running sequences, not a reservation.
+  const bool host_store = kv_mode_uses_host(plan.kv.mode) || (backend && backend->device_is_host());
+  if (!host_store) return plan;
+  const size_t avail = host_bytes_available();
+  double room = opts.host_memory > 0 ? opts.host_memory - host_weight_bytes : 1e300;
+  std::string bound = opts.host_memory > 0 ? "host-memory " + gib(opts.host_memory) : "";
+  if (avail != SIZE_MAX) {
+    const double left = kHostShare * static_cast<double>(avail) - (weights_allocated ? 0 : host_weight_bytes);
+    if (left < room) {
+      room = left;
+      bound = "90% of the " + gib(static_cast<double>(avail)) + " of host memory available";
+    }
+  }
+  const auto fits = static_cast<int64_t>(std::clamp(room / block, 0.0, 2147483647.0));
+  if (fits >= plan.layout.blocks) return plan;
+  plan.layout.blocks = std::max(fits, plan.layout.blocks_for(2));
+  plan.why = "what " + bound + " leaves after " + gib(host_weight_bytes) + " of weights in host memory (max-batch " +
+             std::to_string(batch) + " x max-seq-len " + std::to_string(max_tokens) + " would take " +
+             gib(static_cast<double>(batch * plan.layout.blocks_for(max_tokens)) * block) + ")";
   return plan;
 }
 
 Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOptions& opts)
     : model_(model), tok_(tokenizer) {
-  const KvPlan plan = kv_plan(opts, model.spec(), model.weight_dtype(), &model.backend());
+  plan_ = kv_plan(opts, model.spec(), model.weight_dtype(), &model.backend(), model.host_weight_bytes(), true);
+  const KvPlan& plan = plan_;
   max_seq_len_ = plan.layout.max_tokens;
   KVPR_CHECK(opts.max_step_tokens > 0, "max_step_tokens must be positive");
   max_step_tokens_ = opts.max_step_tokens;

@@ -83,9 +83,15 @@ class Generator {
   // dtype: max_batch sequences of max_seq_len tokens (capped by the model's positions). Given to
   // ModelLoadOptions::kv_plan, loading refuses what will not fit the host before allocating.
   // With kv_cache_fraction, `backend` gives the device's free memory (resident on a GPU); without
-  // one such a plan's size is not yet known (blocks 0: nothing in host memory).
+  // one such a plan's size is not yet known (blocks 0: nothing in host memory). Without a size
+  // given, a store in host memory is at most what host_memory (or 90% of the host's available
+  // memory) leaves after `host_weight_bytes` of weights in host memory (`weights_allocated`: they
+  // are allocated already, so no longer in what is available), and at least one block per token
+  // of two; `why` says which bound it is.
   static KvPlan kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, DType weight_dtype,
-                        const Backend* backend = nullptr);
+                        const Backend* backend = nullptr, double host_weight_bytes = 0, bool weights_allocated = false);
+  // The plan this Generator's store was made from.
+  const KvPlan& plan() const { return plan_; }
 
   // Queues a request; throws kvpr::Error (one line) for an empty prompt, a prompt that does
   // not fit the context, bad ids or bad sampling values, and RequestRefused for a JSON Schema it
@@ -174,6 +180,7 @@ class Generator {
   Model& model_;
   const Tokenizer& tok_;
   int64_t max_seq_len_;
+  KvPlan plan_;
   int64_t max_step_tokens_ = 8192;
   int32_t valid_vocab_;
   bool cuda_graphs_ = false;

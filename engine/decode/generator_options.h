@@ -17,7 +17,9 @@ struct GeneratorOptions {
   // Paged KV (engine/kv/block_pool.h): the store in blocks of block_tokens tokens, lent to
   // sequences as they grow. kv_cache_bytes sizes the store (the KV mode's store: host memory for
   // the host modes, device memory for resident); 0: room for max_batch sequences (8 when
-  // max_batch is 0) of max_seq_len tokens. Sequences are admitted while their prompt fits with a block to spare
+  // max_batch is 0) of max_seq_len tokens, at most what host memory allows for a store there
+  // (host_memory, below), as vLLM sizes its cache by memory and treats max-num-seqs as a cap.
+  // Sequences are admitted while their prompt fits with a block to spare
   // for each running one; when blocks run out mid-decode the newest is preempted (its blocks
   // go back, it waits at the head of the queue and is prefilled again, from whatever of its
   // blocks are still cached).
@@ -27,6 +29,10 @@ struct GeneratorOptions {
   // KV modes, and a backend whose device is the host), or the device memory free after the
   // weights (resident on a GPU).
   double kv_cache_fraction = 0;
+  // The host memory this engine may hold, its weights kept in host memory and a default-sized
+  // store in host memory together (kvprd: 90% of the host's available memory when it starts,
+  // shared evenly among its workers); 0: 90% of what is available when the store is sized.
+  double host_memory = 0;
   // Tokens per forward (bounds activation memory and the time decoding sequences wait for a
   // prefill): every decoding sequence's token, then prompts in chunks (chunked prefill) until
   // the budget is used; the rest of a prompt goes on in the next steps.

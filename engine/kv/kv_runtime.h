@@ -51,6 +51,7 @@ struct ForwardChunk {
 struct KvPlan {
   KvLayout layout;
   KvRuntimeOptions kv;
+  std::string why;  // how its size was chosen, for the log
 };
 
 class KvModeRuntime;

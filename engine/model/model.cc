@@ -360,14 +360,15 @@ Model::WeightPlan Model::plan_weights(
   return plan;
 }
 
-void Model::check_host_memory(const WeightPlan& plan, const ModelLoadOptions& opts) const {
-  if (!opts.kv_plan) return;
-  const KvPlan kv = opts.kv_plan(spec_, plan.dtype);
+void Model::check_host_memory(const WeightPlan& plan, const ModelLoadOptions& opts) {
   // Pinned host memory: the streamed layers (one of them twice while it is stacked) and the
   // host KV store; on a backend whose device is the host, every weight and any KV cache.
   const bool host_device = backend_.device_is_host();
   const double weights = host_device ? plan.all + plan.largest_streamed_layer
                                      : plan.streamed > 0 ? plan.streamed + plan.largest_streamed_layer : 0.0;
+  host_weight_bytes_ = weights;
+  if (!opts.kv_plan) return;
+  const KvPlan kv = opts.kv_plan(spec_, plan.dtype, backend_, weights);
   const double cache = KvRuntime::host_store_bytes(backend_, kv_shape(), kv);
   const size_t avail = host_bytes_available();
   if (avail == SIZE_MAX || weights + cache <= static_cast<double>(avail)) return;

@@ -40,8 +40,11 @@ struct ModelLoadOptions {
   // The KV cache the caller makes once the model is loaded (Generator::kv_plan), given the
   // model's shape and weight dtype: loading then refuses, before it allocates anything, a model
   // whose host memory (the streamed weights, the host KV store, and everything on a backend
-  // whose device is the host) exceeds what the host has, naming the sizes.
-  std::function<KvPlan(const ModelSpec& spec, DType weight_dtype)> kv_plan;
+  // whose device is the host) exceeds what the host has, naming the sizes. It is given the
+  // backend and the bytes of weights the model will keep in host memory (a default-sized store
+  // takes what they leave).
+  std::function<KvPlan(const ModelSpec& spec, DType weight_dtype, const Backend& backend, double host_weight_bytes)>
+      kv_plan;
 };
 
 // Scratch tensors reused across forward calls; grown on demand.
@@ -79,6 +82,9 @@ class Model : public KvProjector {
   // Device bytes the weights take: all of them, or, when streamed, the resident ones plus the
   // two layer slots.
   size_t device_weight_bytes() const;
+  // Host bytes the weights take: every weight on a backend whose device is the host, else the
+  // streamed layers' (and one more layer while it is stacked); 0 when they are all on a device.
+  double host_weight_bytes() const { return host_weight_bytes_; }
 
   // Runs the chunks through the model with the runtime providing each layer's past K/V
   // (and storing the new ones), and leaves F32 logits in device memory: one row per chunk
@@ -144,7 +150,7 @@ class Model : public KvProjector {
   WeightPlan plan_weights(const std::function<std::optional<DType>(const std::string& name, bool required)>& dtype_of);
   // Throws a one-line error naming the sizes when `plan` and opts.kv_plan's KV cache need more
   // host memory than is available (nothing without a kv_plan).
-  void check_host_memory(const WeightPlan& plan, const ModelLoadOptions& opts) const;
+  void check_host_memory(const WeightPlan& plan, const ModelLoadOptions& opts);
   // Device memory for a weight of a model of `model_bytes` (0: unknown); running out names the
   // way around it (--weights host).
   Tensor alloc_weight(DType dtype, const Shape& shape, size_t model_bytes);
@@ -162,6 +168,7 @@ class Model : public KvProjector {
   ModelSpec spec_;
   std::string format_;
   size_t checkpoint_bytes_read_ = 0;
+  double host_weight_bytes_ = 0;
   std::string weights_digest_;
   int64_t parameter_count_ = 0;
   size_t weight_bytes_ = 0;

@@ -968,6 +968,38 @@ def responses_api():
         d.stop()
 
 
+def kv_sized_by_memory():
+    """Without --kv-cache a store in host memory is what the worker's share of host memory leaves
+    after its weights, --max-batch only a cap: kvprd starts with --max-batch 100000 (390 GiB of KV
+    for the demo model as max-batch x max-seq-len), says the store's size and why, and serves; a
+    store smaller than one sequence of the context starts with a warning and refuses only the
+    prompts it cannot hold."""
+    d, log = single_worker(MODEL, "--kv-mode", "offload", "--max-batch", "100000", "--host-memory", "64MiB")
+    try:
+        check("a default store sized by host-memory, said at start", "KV store" in log and
+              "what host-memory 0.06 GiB leaves after" in log and "max-batch 100000 x max-seq-len 2048" in log, log[-1500:])
+        m = re.search(r"KV store (\d+) tokens", log)
+        tokens = int(m.group(1)) if m else 0
+        check("its tokens: what 64 MiB holds, not 100000 sequences", 2048 < tokens < 100000 * 2048, log[-1500:])
+        st, body = completion(d, "Hello, my name is", 4)
+        check("served", st == 200 and body["usage"]["completion_tokens"] == 4, body)
+        st, h = d.get("/health")  # (the store as the worker's stats report it, once it has run a step)
+        kv = h["workers"][0].get("kv_cache", {}) if st == 200 else {}
+        check("/health: the same store", kv.get("blocks_total", 0) * kv.get("block_tokens", 0) == tokens, h)
+    finally:
+        d.stop()
+    d, log = single_worker(MODEL, "--kv-mode", "offload", "--host-memory", "12MiB")
+    try:
+        check("a store under one sequence of the context: a warning at start",
+              "holds less than one sequence of the context" in log, log[-1500:])
+        st, body = completion(d, "hello " * 1500, 4)
+        check("a prompt it cannot hold: a 400 saying so", st == 400 and "KV cache holds" in body["error"]["message"], body)
+        st, body = completion(d, "Hi", 2)
+        check("a prompt it can hold: served", st == 200, body)
+    finally:
+        d.stop()
+
+
 def qwen3_reasoning_tools():
     """A thinking model that reasons, then calls a tool (Qwen3's template and tokenizer, kvprd
     --reasoning-parser qwen3): the reasoning goes to reasoning_content, the call to tool_calls,
@@ -1440,6 +1472,7 @@ def main():
     qwen_tools()
     generic_tools()
     responses_api()
+    kv_sized_by_memory()
     qwen3_reasoning_tools()
     mistral_tools()
     llama_tools()

@@ -321,6 +321,51 @@ TEST(Generation, PagedKvPreemptsTheNewestAndLosesNothing) {
   }
 }
 
+// Without a size given, a store in host memory is what host memory allows (host-memory, which
+// kvprd sets to each worker's share, or 90% of what is available), less the weights kept there,
+// and max-batch x max-seq-len only its cap; a size given is taken as given; a store smaller than
+// one sequence of the context is still made.
+TEST(Generation, ADefaultKvStoreInHostMemoryIsSizedByMemory) {
+  Fixture f("pre_ln_safetensors");
+  const ModelSpec& spec = f.model.spec();
+  GeneratorOptions o;
+  o.kv.mode = KvMode::Offload;
+  o.max_batch = 4;
+  const KvPlan cap = Generator::kv_plan(o, spec, DType::F32);
+  EXPECT_EQ(cap.layout.blocks, 4 * cap.layout.blocks_for(cap.layout.max_tokens));
+  EXPECT_NE(cap.why.find("room for max-batch 4 sequences"), std::string::npos) << cap.why;
+  const double block = KvRuntime::block_bytes(f.model.kv_shape(), cap.layout, cap.kv);
+
+  o.max_batch = 1 << 20;
+  o.host_memory = 100.5 * block;
+  const KvPlan shared = Generator::kv_plan(o, spec, DType::F32, nullptr, 30 * block);
+  EXPECT_EQ(shared.layout.blocks, 70);
+  EXPECT_NE(shared.why.find("host-memory"), std::string::npos) << shared.why;
+  EXPECT_NE(shared.why.find("weights in host memory"), std::string::npos) << shared.why;
+  // The same once the weights are allocated (they count against the share either way).
+  EXPECT_EQ(Generator::kv_plan(o, spec, DType::F32, nullptr, 30 * block, true).layout.blocks, 70);
+  // Smaller than one sequence of the context: still made, of at least one block.
+  o.host_memory = 3.5 * block;
+  EXPECT_EQ(Generator::kv_plan(o, spec, DType::F32).layout.blocks, 3);
+
+  // Without host-memory, 90% of what the host has.
+  o.host_memory = 0;
+  const KvPlan host = Generator::kv_plan(o, spec, DType::F32);
+  const double avail = static_cast<double>(host_bytes_available());
+  EXPECT_LT(static_cast<double>(host.layout.blocks) * block, 0.91 * avail);
+  EXPECT_GT(static_cast<double>(host.layout.blocks) * block, 0.5 * avail);
+  EXPECT_NE(host.why.find("of host memory available"), std::string::npos) << host.why;
+  // Resident on a backend whose device is the host: the same; on a device, max-batch x max-seq-len.
+  o.kv.mode = KvMode::Resident;
+  EXPECT_EQ(Generator::kv_plan(o, spec, DType::F32, &f.be).layout.blocks, host.layout.blocks);
+  EXPECT_EQ(Generator::kv_plan(o, spec, DType::F32).layout.blocks,
+            (int64_t{1} << 20) * cap.layout.blocks_for(cap.layout.max_tokens));
+  // A size given is the size.
+  o.kv.mode = KvMode::Offload;
+  o.kv_cache_bytes = 1000.5 * block;
+  EXPECT_EQ(Generator::kv_plan(o, spec, DType::F32).layout.blocks, 1000);
+}
+
 // Speculative drafts take KV blocks only where they are free: a lone sequence whose store holds
 // 16 tokens decodes until the store is full, as it does without drafts, the drafts it checks near
 // the end never ending it early (alone and out of blocks, a sequence ends with "length").
