@@ -118,7 +118,8 @@ const std::vector<Option>& options() {
       {"responses-store-ttl", "seconds a stored Response is kept [3600]",
        [](DaemonConfig& c, const std::string& v) {
          c.responses_store_ttl_s = parse_option_number("responses-store-ttl", v);
-         KVPR_CHECK(c.responses_store_ttl_s >= 1, "responses-store-ttl must be >= 1 second");
+         KVPR_CHECK(c.responses_store_ttl_s >= 1 && c.responses_store_ttl_s <= 1e8,
+                    "responses-store-ttl must be 1 to 100000000 seconds");
        }},
       {"worker-binary", "path of kvpr-worker [next to kvprd]", [](DaemonConfig& c, const std::string& v) { c.worker_binary = v; }},
       {"log-level", "trace, debug, info, warn or error [info]", [](DaemonConfig& c, const std::string& v) { c.log_level = v; }},

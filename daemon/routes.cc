@@ -200,7 +200,16 @@ void Routes::generate(const std::shared_ptr<Exchange>& ex, Api api) {
                               (responses_.enabled() ? " (never stored, deleted, expired, or from before a restart)"
                                                     : ": this server keeps none (--responses-store 0)"),
                      "invalid_request_error", "previous_response_id"};
-    ResponsesRequest rr = parse_responses_request(body, served_, tok_, stored ? &stored->conversation : nullptr);
+    // A conversation continued step by step stays within what one request may send, a few times
+    // over (its parts the template never renders would otherwise grow without bound).
+    const size_t most = 8 * static_cast<size_t>(cfg_.max_body_bytes);
+    if (stored && stored->conversation.size() > most)
+      throw bad_request("the conversation of '" + previous + "' is " + std::to_string(stored->conversation.size()) +
+                            " bytes of JSON, more than this server continues (8 x --max-body-bytes, " +
+                            std::to_string(most) + "): send the conversation you need as 'input'",
+                        "previous_response_id");
+    const json::Array conversation = stored ? json::parse(stored->conversation).as_array() : json::Array{};
+    ResponsesRequest rr = parse_responses_request(body, served_, tok_, stored ? &conversation : nullptr);
     req = rr.chat;
     turn = std::make_unique<ResponsesTurn>(std::move(rr), ids_.id("resp_"), unix_now(), served_.name, ids_);
   } else {
@@ -326,8 +335,8 @@ void Routes::on_event(const std::shared_ptr<Generation>& g, size_t i, const Engi
 void Routes::send_chunks(Generation& g, size_t i, const EngineEvent& ev) {
   const ResponseContext ctx{tok_, served_.reasoning, ids_, served_.chat_template == "mistral-nemo"};
   if (!ev.error.empty() && g.turn) {
-    const auto [type, e] = g.turn->error_event(g.as_answered(g.r.failure));
-    return g.ex->send_event(e.dump(), type);
+    for (auto& [type, e] : g.turn->error_events(g.as_answered(g.r.failure))) g.ex->send_event(e.dump(), type);
+    return;
   }
   for (const json::Value& chunk : stream_chunks(g.r, i, ev, ctx)) {
     if (!g.turn) {
@@ -355,8 +364,7 @@ void Routes::end_with_error(Generation& g, const ApiError& e) {
   g.cancel(pool_);
   if (!g.stream_started) return respond_error(*g.ex, g.as_answered(e));
   if (g.turn) {
-    const auto [type, event] = g.turn->error_event(g.as_answered(e));
-    g.ex->send_event(event.dump(), type);
+    for (auto& [type, event] : g.turn->error_events(g.as_answered(e))) g.ex->send_event(event.dump(), type);
   } else {
     g.ex->send_event(error_body(e).dump());
     g.ex->send_event("[DONE]");
@@ -417,9 +425,9 @@ void Routes::stored_response(Exchange& ex) {
     responses_.erase(id);
     return respond_json(ex, 200, json::Object{{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
   }
-  if (!items) return respond_json(ex, 200, e->response);
+  if (!items) return ex.respond(200, e->response, "application/json");
   // OpenAI lists them newest first unless ?order=asc.
-  json::Array data = e->input;
+  json::Array data = json::parse(e->input).as_array();
   if (req.target.find("order=asc") == std::string::npos) std::reverse(data.begin(), data.end());
   json::Object list{{"object", "list"}, {"data", data}, {"has_more", false}};
   auto id_of = [](const json::Value& item) { return item.find("id") ? *item.find("id") : json::Value(); };

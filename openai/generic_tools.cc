@@ -25,12 +25,15 @@ std::string generic_tools_prompt(const GenericToolChoice& choice) {
   std::string p = "# Tools\n\nYou can call these functions, each given as a JSON Schema of its parameters:\n";
   for (const auto& tool : choice.tools)
     if (const json::Value* fn = tool.find("function")) p += fn->dump() + "\n";
-  p += "\nTo call functions, answer with only a JSON list of the calls and nothing else:\n"
-       "[{\"name\": \"<function name>\", \"parameters\": {<its arguments>}}]\n";
-  if (!choice.named.empty()) p += "Now call the function " + choice.named + ".\n";
-  else if (choice.required) p += "Now call at least one of the functions.\n";
-  else p += "Otherwise answer in plain text.\n";
-  if (!choice.parallel) p += "Call at most one function at a time.\n";
+  if (!choice.named.empty()) {  // (the answer is constrained to its arguments alone)
+    p += "\nNow call the function " + choice.named + ": answer with only its arguments, one JSON object, and "
+         "nothing else.\n";
+  } else {
+    p += "\nTo call functions, answer with only a JSON list of the calls and nothing else:\n"
+         "[{\"name\": \"<function name>\", \"parameters\": {<its arguments>}}]\n";
+    p += choice.required ? "Now call at least one of the functions.\n" : "Otherwise answer in plain text.\n";
+    if (!choice.parallel) p += "Call at most one function at a time.\n";
+  }
   p += "Each call's result comes back in a message that starts with \"Tool result\".";
   return p;
 }

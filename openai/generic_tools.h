@@ -1,7 +1,8 @@
 // Tools for a model whose chat template writes none (the tool-call parser "generic"; llama.cpp
 // serves such models the same way): the tools are described in a system message the template
 // does render, asking for the calls as a JSON list of {"name", "parameters"} and nothing else
-// (what a forced tool choice is constrained to, so one instruction serves every tool_choice);
+// (what tool_choice "required" is constrained to; a named function's answer is its arguments
+// alone, and the instruction says so);
 // the conversation's earlier calls are written as that list and their results as user messages,
 // so that a template that knows no tool calls or "tool" role renders the whole conversation.
 // The answer is parsed back by parse_generic_tool_calls (openai/tool_calls.h).

@@ -291,9 +291,11 @@ std::string parse_tool_choice(const json::Value& o, bool have_tools, ToolRequest
   return choice;
 }
 
-// A tool's parameters schema moved into the $defs of a schema around it: its own $defs (or
-// definitions) become `prefix` + their name there, and its $refs, which are relative to its root
-// ("#", "#/$defs/X"), are rewritten to point where those went ("#/$defs/<prefix>", ...).
+// A tool's parameters schema moved into the $defs of a schema around it: its own $defs and
+// definitions become "<prefix>.$defs/<name>" and "<prefix>.definitions/<name>" there, and its
+// $refs, which are relative to its root ("#", "#/$defs/X"), are rewritten to point where those
+// went ("#/$defs/<prefix>", "#/$defs/<prefix>.$defs~1X"); const, enum, default and examples are
+// data, left as they are.
 json::Value rebased(const json::Value& s, const std::string& prefix) {
   if (s.is_array()) {
     json::Array out;
@@ -303,12 +305,16 @@ json::Value rebased(const json::Value& s, const std::string& prefix) {
   if (!s.is_object()) return s;
   json::Object out;
   for (const auto& [k, v] : s.as_object()) {
-    if (k == "$ref" && v.is_string()) {
+    if (k == "const" || k == "enum" || k == "default" || k == "examples") {  // data, not schemas
+      out.emplace_back(k, v);
+    } else if (k == "$ref" && v.is_string()) {
       const std::string& ref = v.as_string();
       std::string to = ref;
       if (ref == "#") to = "#/$defs/" + prefix;
       for (const char* base : {"#/$defs/", "#/definitions/"})
-        if (ref.starts_with(base)) to = "#/$defs/" + prefix + "." + ref.substr(std::string_view(base).size());
+        if (ref.starts_with(base))
+          to = "#/$defs/" + prefix + "." + std::string(base).substr(2, std::string_view(base).size() - 3) + "~1" +
+               ref.substr(std::string_view(base).size());  // (the key's "/" escaped, as JSON pointers do)
       out.emplace_back(k, to);
     } else {
       out.emplace_back(k, rebased(v, prefix));
@@ -321,7 +327,7 @@ void hoist(const json::Value& params, const std::string& prefix, json::Object& d
   json::Object root;
   for (const auto& [k, v] : params.as_object()) {
     if ((k == "$defs" || k == "definitions") && v.is_object()) {
-      for (const auto& [name, d] : v.as_object()) defs.emplace_back(prefix + "." + name, rebased(d, prefix));
+      for (const auto& [name, d] : v.as_object()) defs.emplace_back(prefix + "." + k + "/" + name, rebased(d, prefix));
     } else {
       root.emplace_back(k, v);
     }

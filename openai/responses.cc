@@ -77,8 +77,12 @@ json::Array chat_messages(const json::Array& items) {
       if (role != "user" && role != "system" && role != "developer" && role != "assistant")
         throw input_error(where, "has role '" + role + "' (user, system, developer or assistant)");
       json::Object m{{"role", role}, {"content", content_text(item, where)}};
-      if (role == "assistant") assistant(std::move(m));
-      else messages.push_back(std::move(m));
+      if (role == "assistant") {
+        assistant(std::move(m));
+      } else {
+        reasoning.clear();  // (reasoning that no answer followed belongs to no later turn)
+        messages.push_back(std::move(m));
+      }
     } else if (type == "function_call") {
       json::Object call{{"id", string_field(item, "call_id", where)},
                         {"type", "function"},
@@ -102,6 +106,7 @@ json::Array chat_messages(const json::Array& items) {
       if (out && out->is_string()) text = out->as_string();
       else if (out && out->is_array()) text = content_text(json::Object{{"content", *out}}, where + ".output");
       else throw input_error(where, "needs 'output' (a string or text parts)");
+      reasoning.clear();
       messages.push_back(json::Object{{"role", "tool"}, {"tool_call_id", string_field(item, "call_id", where)},
                                       {"content", std::move(text)}});
     } else if (type == "reasoning") {
@@ -114,14 +119,35 @@ json::Array chat_messages(const json::Array& items) {
   return messages;
 }
 
-// The request's input as items: a string is one user message.
+// `v` (an object) with only the keys this server reads; a content list's parts likewise.
+json::Value known_fields(const json::Value& v) {
+  if (!v.is_object()) return v;
+  static const char* const kKeys[] = {"type", "id", "role", "content", "status", "call_id", "name", "arguments",
+                                      "output", "summary", "text", "refusal"};
+  json::Object out;
+  for (const auto& [k, e] : v.as_object()) {
+    if (std::find(std::begin(kKeys), std::end(kKeys), k) == std::end(kKeys)) continue;
+    if ((k == "content" || k == "summary" || k == "output") && e.is_array()) {
+      json::Array parts;
+      for (const auto& p : e.as_array()) parts.push_back(known_fields(p));
+      out.emplace_back(k, std::move(parts));
+    } else {
+      out.emplace_back(k, e);
+    }
+  }
+  return out;
+}
+
+// The request's input as items, with the fields this server reads: a string is one user message.
 json::Array input_items(const json::Value& body) {
   const json::Value* input = field(body, "input");
   if (!input) throw bad_request("'input' is required", "input");
   if (input->is_string())
     return json::Array{json::Object{{"type", "message"}, {"role", "user"}, {"content", input->as_string()}}};
   if (!input->is_array()) throw bad_request("'input' must be a string or a list of items", "input");
-  return input->as_array();
+  json::Array items;
+  for (const auto& item : input->as_array()) items.push_back(known_fields(item));
+  return items;
 }
 
 // Responses tools ({"type": "function", "name", "description", "parameters", "strict"}) as chat
@@ -269,6 +295,13 @@ ApiError as_responses_error(ApiError e) {
     for (size_t at; (at = e.message.find(std::string("'") + chat)) != std::string::npos;)
       e.message.replace(at + 1, std::string_view(chat).size(), responses);
   }
+  // A chat message's index is not the input item's (instructions, merged calls, the stored
+  // conversation): the place is named without it. A Responses tool has no "function" level.
+  for (size_t at; (at = e.message.find("messages[")) != std::string::npos;) {
+    const size_t end = e.message.find(']', at);
+    e.message.replace(at, end == std::string::npos ? e.message.size() - at : end + 1 - at, "a message of the input");
+  }
+  for (size_t at; (at = e.message.find(".function.")) != std::string::npos;) e.message.replace(at, 10, ".");
   return e;
 }
 
@@ -325,7 +358,7 @@ json::Value ResponsesTurn::object() const {
                  {"created_at", created_at_},
                  {"status", status_},
                  {"background", false},
-                 {"error", nullptr},
+                 {"error", error_},
                  {"incomplete_details", incomplete_details_},
                  {"model", model_},
                  {"output", output_}};
@@ -353,7 +386,7 @@ void ResponsesTurn::finish_whole(const json::Value& chat_completion) {
                                    {"content", json::Array{json::Object{{"type", "reasoning_text"}, {"text", *r}}}}});
   const json::Value* calls = field(msg, "tool_calls");
   const json::Value* content = field(msg, "content");
-  if (content || !calls) {
+  if (content || (!calls && output_.empty())) {  // (an answer of reasoning alone has no message, as streamed)
     json::Object part{{"type", "output_text"}, {"text", content ? *content : json::Value("")}, {"annotations", json::Array{}}};
     if (const json::Value* lp = field(choice, "logprobs")) part.emplace_back("logprobs", *lp->find("content"));
     output_.push_back(json::Object{{"id", ids_.id("msg_")},
@@ -498,9 +531,14 @@ std::vector<ResponsesTurn::Event> ResponsesTurn::finish_events(const std::string
   return out;
 }
 
-ResponsesTurn::Event ResponsesTurn::error_event(const ApiError& e) {
+std::vector<ResponsesTurn::Event> ResponsesTurn::error_events(const ApiError& e) {
+  std::vector<Event> out;
+  out.push_back(event("error", {{"code", e.type}, {"message", e.message},
+                                {"param", e.param.empty() ? json::Value() : json::Value(e.param)}}));
   status_ = "failed";
-  return event("error", {{"code", e.type}, {"message", e.message}, {"param", e.param.empty() ? json::Value() : json::Value(e.param)}});
+  error_ = json::Object{{"code", e.type}, {"message", e.message}};
+  out.push_back(event("response.failed", {{"response", object()}}));
+  return out;
 }
 
 json::Array ResponsesTurn::stored_conversation() const {
@@ -509,16 +547,16 @@ json::Array ResponsesTurn::stored_conversation() const {
   return c;
 }
 
-void ResponseStore::put(const std::string& id, json::Value response, json::Array conversation, json::Array input,
-                        Clock::time_point now) {
+void ResponseStore::put(const std::string& id, const json::Value& response, const json::Array& conversation,
+                        const json::Array& input, Clock::time_point now) {
   if (!enabled()) return;
   erase(id);
   Entry e;
-  e.bytes = response.dump().size() + json::Value(conversation).dump().size() + json::Value(input).dump().size();
+  e.response = response.dump();
+  e.conversation = json::Value(conversation).dump();
+  e.input = json::Value(input).dump();
+  e.bytes = e.response.size() + e.conversation.size() + e.input.size() + id.size();
   if (e.bytes > max_bytes_) return;  // larger than the whole store: not kept
-  e.response = std::move(response);
-  e.conversation = std::move(conversation);
-  e.input = std::move(input);
   e.stored = now;
   bytes_ += e.bytes;
   order_.push_back(id);

@@ -73,8 +73,9 @@ class ResponsesTurn {
   std::vector<Event> start_events();
   std::vector<Event> chunk_events(const json::Value& chat_chunk);
   std::vector<Event> finish_events(const std::string& finish_reason, const json::Value& chat_usage);
-  // A stream that fails: one "error" event (OpenAI's shape: code, message, param).
-  Event error_event(const ApiError& e);
+  // A stream that fails: an "error" event (OpenAI's shape: code, message, param), then
+  // response.failed with the Response, its status "failed" and its error.
+  std::vector<Event> error_events(const ApiError& e);
 
   // What the store keeps: the conversation with this response's output items after it.
   json::Array stored_conversation() const;
@@ -92,6 +93,7 @@ class ResponsesTurn {
   IdMaker& ids_;
   std::string status_ = "in_progress";
   json::Value incomplete_details_;
+  json::Value error_;
   json::Value usage_;
   json::Array output_;
   int64_t sequence_ = 0;
@@ -107,7 +109,8 @@ json::Value responses_usage(const json::Value& chat_usage);
 
 // Finished responses for previous_response_id and GET/DELETE /v1/responses/{id}: at most
 // `max_entries` (0: none kept, the store is off) and `max_bytes` of JSON, each for `ttl` after it
-// was stored; the oldest go first.
+// was stored; the oldest go first. Input items are kept with the fields this server reads alone
+// (a client's other keys are dropped at parsing), so a stored conversation is what it renders.
 class ResponseStore {
  public:
   using Clock = std::chrono::steady_clock;
@@ -115,12 +118,14 @@ class ResponseStore {
       : max_entries_(max_entries), max_bytes_(max_bytes), ttl_(ttl) {}
 
   bool enabled() const { return max_entries_ > 0; }
-  void put(const std::string& id, json::Value response, json::Array conversation, json::Array input,
-           Clock::time_point now = Clock::now());
+  void put(const std::string& id, const json::Value& response, const json::Array& conversation,
+           const json::Array& input, Clock::time_point now = Clock::now());
+  // Kept as JSON text, so that what the store holds is what it counts (a tree of values takes
+  // many times its text's bytes).
   struct Entry {
-    json::Value response;       // the Response object as returned
-    json::Array conversation;   // input and output items, oldest first (what previous_response_id continues)
-    json::Array input;          // its own request's input items (GET .../input_items)
+    std::string response;      // the Response object as returned
+    std::string conversation;  // input and output items, oldest first (what previous_response_id continues)
+    std::string input;         // its own request's input items (GET .../input_items)
     size_t bytes = 0;
     Clock::time_point stored;
   };

@@ -207,9 +207,11 @@ ToolCallStream::Delta ToolCallStream::feed(std::string_view text) {
     // first character makes the whole answer content.
     const size_t b = pending_.find_first_not_of(" \t\r\n");
     if (b == std::string::npos) return d;
+    // (A fence is held only as ```json or a bare ``` on its line: ```python is prose with code.)
     const std::string_view start = std::string_view(pending_).substr(b);
-    if (start.size() < 3 && std::string_view("```").starts_with(start)) return d;
-    if (start[0] == '[' || start[0] == '{' || start.starts_with("```")) {
+    const bool json_fence = start.starts_with("```json") || start.starts_with("```\n") || start.starts_with("```\r");
+    if (!json_fence && start.size() < 7 && std::string_view("```json").starts_with(start)) return d;
+    if (start[0] == '[' || start[0] == '{' || json_fence) {
       held_ = std::move(pending_);
       pending_.clear();
       in_calls_ = true;

@@ -379,7 +379,9 @@ TEST(OpenAiProtocol, ToolsOnATemplateWithoutThemUseTheGenericFormat) {
   EXPECT_EQ(req.tools.named, "get_weather");
   EXPECT_EQ(engine_request(req, tok, 0).params.json_schema.find("type")->as_string(), "object");
   const Prompts named = make_prompts(req, served, tok);
-  EXPECT_NE(tok.decode(named.ids.at(0), false).find("Now call the function get_weather."), std::string::npos);
+  EXPECT_NE(tok.decode(named.ids.at(0), false).find("Now call the function get_weather: answer with only its arguments"),
+            std::string::npos);
+  EXPECT_EQ(tok.decode(named.ids.at(0), false).find("JSON list"), std::string::npos);
 
   // A template that writes no system message gets the tools in the first user message.
   const std::vector<ChatMessage> no_system =
@@ -424,6 +426,23 @@ TEST(OpenAiProtocol, ForcedToolCallsKeepEachToolsRefs) {
   EXPECT_FALSE(valid(R"([{"name":"route","parameters":{"to":{"name":"Oslo"},"via":[]}}])"));  // "#" is route's
   EXPECT_FALSE(valid(R"([{"name":"ping","parameters":{"to":{"name":"Oslo"}}}])"));
   EXPECT_FALSE(valid("[]"));
+  // $defs and definitions of one name stay apart; a "$ref" that is data (in an enum) stays data.
+  req = parse(R"({"model": "demo", "tool_choice": "required", "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+          "$defs": {"X": {"type": "integer"}}, "definitions": {"X": {"type": "string"}},
+          "properties": {"i": {"$ref": "#/$defs/X"}, "s": {"$ref": "#/definitions/X"},
+                         "e": {"type": "string", "default": {"$ref": "#"}}}, "additionalProperties": false}}}]})",
+              true);
+  const json::Value wrapped = engine_request(req, qwen_tokenizer(), 0).params.json_schema;
+  EXPECT_NE(wrapped.dump().find(R"("default":{"$ref":"#"})"), std::string::npos) << wrapped.dump();
+  const JsonSchema both = JsonSchema::compile(wrapped);
+  auto valid_both = [&](const std::string& text) {
+    SchemaRecognizer r(&both);
+    return r.feed(text) && r.complete();
+  };
+  EXPECT_TRUE(valid_both(R"([{"name":"f","parameters":{"i":1,"s":"a","e":"b"}}])"));
+  EXPECT_FALSE(valid_both(R"([{"name":"f","parameters":{"i":"a"}}])"));
+  EXPECT_FALSE(valid_both(R"([{"name":"f","parameters":{"s":1}}])"));
   // A tool whose parameters are only "$ref": "#" names no value: refused, not a list of lists.
   req = parse(R"({"model": "demo", "tool_choice": "required", "messages": [{"role": "user", "content": "x"}],
       "tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}]})",

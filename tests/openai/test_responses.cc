@@ -232,6 +232,30 @@ TEST(Responses, StreamedEventsAddUpToTheWholeResponse) {
   EXPECT_EQ(kept[3].find("type")->as_string(), "function_call");
 }
 
+// What is kept of an input item: the fields this server reads, nothing a client added.
+TEST(Responses, InputItemsKeepTheFieldsThisServerReads) {
+  const ResponsesRequest r = parse(R"({"model": "demo", "input": [{"type": "message", "role": "user",
+      "content": [{"type": "input_text", "text": "Hi", "padding": [0, 0, 0]}], "extra": {"a": [1, 2, 3]}}]})");
+  EXPECT_EQ(json::Value(r.input).dump(), R"([{"type":"message","role":"user","content":[{"type":"input_text","text":"Hi"}]}])");
+}
+
+// A stream that fails ends with an error event and response.failed, its Response saying why.
+TEST(Responses, AFailedStreamEndsWithResponseFailed) {
+  IdMaker ids;
+  ResponsesTurn turn(parse(R"({"model": "demo", "input": "Hi"})"), "resp_1", 7, "demo", ids);
+  Accumulated acc;
+  for (const auto& e : turn.start_events()) acc.add(e);
+  const std::vector<ResponsesTurn::Event> end = turn.error_events({500, "the worker stopped", "server_error", ""});
+  ASSERT_EQ(end.size(), 2u);
+  EXPECT_EQ(end[0].first, "error");
+  EXPECT_EQ(end[0].second.find("message")->as_string(), "the worker stopped");
+  EXPECT_EQ(end[1].first, "response.failed");
+  const json::Value& failed = *end[1].second.find("response");
+  EXPECT_EQ(failed.find("status")->as_string(), "failed");
+  EXPECT_EQ(failed.find("error")->dump(), R"({"code":"server_error","message":"the worker stopped"})");
+  EXPECT_EQ(end[1].second.find("sequence_number")->as_int(), 3);
+}
+
 TEST(Responses, AnAnswerCutByMaxOutputTokensIsIncomplete) {
   const Tokenizer& tok = qwen_tokenizer();
   ResponsesRequest req = parse(R"({"model": "demo", "input": "Hi", "max_output_tokens": 1})");
@@ -266,7 +290,7 @@ TEST(ResponseStore, KeepsTheNewestWithinCountBytesAndAge) {
   store.put("c", response("c"), json::Array{}, json::Array{}, t0 + std::chrono::seconds(2));
   EXPECT_EQ(store.find("a", t0 + std::chrono::seconds(3)), nullptr);  // the oldest went first
   ASSERT_NE(store.find("b", t0 + std::chrono::seconds(3)), nullptr);
-  EXPECT_EQ(store.find("b", t0 + std::chrono::seconds(3))->response.find("id")->as_string(), "b");
+  EXPECT_EQ(json::parse(store.find("b", t0 + std::chrono::seconds(3))->response).find("id")->as_string(), "b");
   EXPECT_EQ(store.find("b", t0 + std::chrono::seconds(62)), nullptr);  // expired
   ASSERT_NE(store.find("c", t0 + std::chrono::seconds(62)), nullptr);
   EXPECT_TRUE(store.erase("c"));
@@ -283,6 +307,7 @@ TEST(ResponseStore, KeepsTheNewestWithinCountBytesAndAge) {
   EXPECT_EQ(small.find("p", t0), nullptr);
   EXPECT_NE(small.find("r", t0), nullptr);
   EXPECT_LE(small.bytes(), 200u);
+  EXPECT_EQ(small.bytes(), small.find("r", t0)->response.size() + small.find("q", t0)->response.size() + 2 * (2 + 2 + 1));
   // Off: nothing is kept.
   ResponseStore off(0, 1 << 20, std::chrono::seconds(60));
   off.put("a", response("a"), {}, {}, t0);
