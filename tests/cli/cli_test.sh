@@ -192,10 +192,14 @@ import json,sys; t=json.loads(sys.argv[1]); w=t['workers']
 assert [x['numa_node'] for x in w]==[0,0,1,1] and [x['cpus'] for x in w]==['0-1','2-3','4-5','6-7'], w" "$topo"
   expect_error "topology bad xml" 1 "no such file" -- topology --xml "$tmp/nope.xml"
 fi
-# A KV cache no host holds is refused when the model is loaded, before it allocates, naming the
-# weights and the cache.
-expect_error "host memory plan" 1 "the weights need .* GiB and the KV cache of 12800000000 blocks x 16 tokens (room for 100000000 sequences x 2048 tokens, kv mode offload) .* GiB together" \
-  -- generate --model "$tmp/demo" --prompt a --max-batch 100000000 --kv-mode offload --weights host
+# A KV cache no host holds (a size given; a default one is sized by memory) is refused when the
+# model is loaded, before it allocates, naming the weights and the cache.
+expect_error "host memory plan" 1 "the weights need .* GiB and the KV cache of 2147483647 blocks x 16 tokens (room for .* sequences x 2048 tokens, kv mode offload) .* GiB together" \
+  -- generate --model "$tmp/demo" --prompt a --kv-cache 100000GiB --kv-mode offload --weights host
+# Without a size, the store is what host memory allows: a max-batch no host holds still generates.
+"$KVPR" generate --model "$tmp/demo" --prompt a -n 2 --max-batch 100000000 --kv-mode offload --host-memory 64MiB \
+  >"$tmp/out" 2>&1
+check "a default store sized by memory" test $? = 0
 # Paged KV's options: a size that is not one, and a store smaller than one block.
 expect_error "bad kv-cache" 2 "kv-cache: 'lots' is not a number" -- generate --model "$tmp/demo" --prompt a --kv-cache lots
 expect_error "bad kv-cache unit" 2 "kv-cache: '3PB' is not a size (bytes, KiB, MiB, GiB, TiB) or a fraction in (0, 1]" \
