@@ -302,6 +302,9 @@ part_syscalls() {
     say "strace or the filter's list is not carried (bench/prepare-device-carry.sh)"; PART_STATUS=failed; return
   fi
   model_dir || { say "no checkpoint to serve"; PART_STATUS=failed; return; }
+  if [ $(( PART_DEADLINE - $(date +%s) )) -le 20 ]; then
+    say "kvprd under strace: no time left to start it"; PART_STATUS=failed; return
+  fi
   say "kvprd under strace -f, its defaults"
   LD_LIBRARY_PATH=$LIBS "$strace" -f -qq -c -U name,calls,errors -o "$PART_RAW/strace.txt" "$BIN/daemon/kvprd" \
       --port $port --config /dev/null --worker-binary "$BIN/worker/kvpr-worker" --model "$MODEL" --max-batch 8 \
@@ -316,11 +319,20 @@ part_syscalls() {
   done
   [ $ok = 1 ] && serve_texts $port "$PART_RAW/serve.json"
   [ $ok = 1 ] || { say "kvprd under strace did not become ready"; tail -20 "$PART_RAW/kvprd.log"; PART_STATUS=failed; }
-  # Signals to kvprd, strace's child (strace would only detach); strace ends with it.
-  kvprd_pid=$(cut -d' ' -f1 "/proc/$tracer/task/$tracer/children" 2>/dev/null)
+  # Signals to kvprd, strace's child (strace would only detach); strace ends with it. (strace
+  # forks it a moment after it starts: on a loaded machine the child may not be there at once.)
+  for _ in $(seq 1 20); do
+    kvprd_pid=$(cut -d' ' -f1 "/proc/$tracer/task/$tracer/children" 2>/dev/null)
+    [ -n "$kvprd_pid" ] || ! kill -0 $tracer 2>/dev/null && break
+    sleep 0.1
+  done
   if [ -n "$kvprd_pid" ]; then pid=$kvprd_pid; stop_kvprd; fi
   for _ in $(seq 1 40); do kill -0 $tracer 2>/dev/null || break; sleep 0.5; done
   kill -KILL $tracer 2>/dev/null; wait $tracer 2>/dev/null
+  # A kvprd strace let go of when it was killed keeps running: whatever still serves this port
+  # goes too (its workers die with it).
+  pkill -KILL -f "$BIN/daemon/kvprd --port $port " 2>/dev/null
+  for _ in $(seq 1 20); do pgrep -f "$BIN/(daemon/kvprd --port $port |worker/kvpr-worker)" > /dev/null || break; sleep 0.25; done
   python3 bench/syscall_filter.py check --allowed "$allowed" "$PART_RAW/strace.txt" --json "$PART_RAW/syscalls.json" ||
       PART_STATUS=failed
 }
