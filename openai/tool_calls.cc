@@ -12,24 +12,30 @@ namespace {
 constexpr std::string_view kOpen = "<tool_call>";
 constexpr std::string_view kClose = "</tool_call>";
 
-// One block's JSON as a call; nullopt when it is not one.
-std::optional<ToolCallText> parse_call(std::string_view body) {
-  json::Value v;
-  try {
-    v = json::parse(body);
-  } catch (const Error&) {
-    return std::nullopt;
-  }
+// An object {"name": string, "arguments": ...} as a call (with `or_parameters`, "parameters"
+// where there are no "arguments"; with `object_arguments`, only arguments that are an object);
+// nullopt when it is not one. A key given twice counts with its last value, as in the dict
+// json.loads makes.
+std::optional<ToolCallText> call_of(const json::Value& v, bool or_parameters, bool object_arguments = false) {
   if (!v.is_object()) return std::nullopt;
-  const json::Value* name = v.find("name");
-  // A key given twice counts with its last value, as in the dict json.loads makes.
-  const json::Value* args = nullptr;
+  const json::Value *name = nullptr, *args = nullptr, *params = nullptr;
   for (const auto& [k, e] : v.as_object()) {
     if (k == "name") name = &e;
     if (k == "arguments") args = &e;
+    if (k == "parameters") params = &e;
   }
-  if (!name || !name->is_string() || !args) return std::nullopt;
+  if (!args && or_parameters) args = params;
+  if (!name || !name->is_string() || !args || (object_arguments && !args->is_object())) return std::nullopt;
   return ToolCallText{name->as_string(), args->dump_python()};
+}
+
+// One block's JSON as a call; nullopt when it is not one.
+std::optional<ToolCallText> parse_call(std::string_view body) {
+  try {
+    return call_of(json::parse(body), false);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -73,15 +79,9 @@ ToolCallParse parse_llama3_json_tool_calls(std::string_view answer) {
       return ToolCallParse{std::string(answer), {}};
     }
     end = at + len;
-    const json::Value *name = nullptr, *args = nullptr, *params = nullptr;
-    for (const auto& [k, e] : obj.as_object()) {  // a repeated key counts with its last value
-      if (k == "name") name = &e;
-      if (k == "arguments") args = &e;
-      if (k == "parameters") params = &e;
-    }
-    if (!args) args = params;
-    if (!name || !name->is_string() || !args) return ToolCallParse{std::string(answer), {}};
-    out.calls.push_back({name->as_string(), args->dump_python()});
+    std::optional<ToolCallText> call = call_of(obj, true);
+    if (!call) return ToolCallParse{std::string(answer), {}};
+    out.calls.push_back(std::move(*call));
   }
   std::string before(answer.substr(0, first));
   if (before.starts_with("<|python_tag|>")) before.erase(0, 14);
@@ -113,14 +113,9 @@ ToolCallParse parse_mistral_tool_calls(std::string_view answer) {
   json::Array list = v.is_array() ? v.as_array() : json::Array{v};
   ToolCallParse out;
   for (const auto& c : list) {
-    if (!c.is_object()) return fail();
-    const json::Value *name = nullptr, *args = nullptr;
-    for (const auto& [k, e] : c.as_object()) {
-      if (k == "name") name = &e;
-      if (k == "arguments") args = &e;
-    }
-    if (!name || !name->is_string() || !args) return fail();
-    out.calls.push_back({name->as_string(), args->dump_python()});
+    std::optional<ToolCallText> call = call_of(c, false);
+    if (!call) return fail();
+    out.calls.push_back(std::move(*call));
   }
   if (out.calls.empty()) return fail();
   if (at > 0) out.content = std::string(answer.substr(0, at));
@@ -161,16 +156,9 @@ ToolCallParse parse_generic_tool_calls(std::string_view answer) {
   const json::Array list = v.is_array() ? v.as_array() : json::Array{v};
   ToolCallParse out;
   for (const auto& c : list) {
-    if (!c.is_object()) return text;
-    const json::Value *name = nullptr, *args = nullptr, *params = nullptr;
-    for (const auto& [k, e] : c.as_object()) {  // a repeated key counts with its last value
-      if (k == "name") name = &e;
-      if (k == "arguments") args = &e;
-      if (k == "parameters") params = &e;
-    }
-    if (!args) args = params;
-    if (!name || !name->is_string() || !args || !args->is_object()) return text;
-    out.calls.push_back({name->as_string(), args->dump_python()});
+    std::optional<ToolCallText> call = call_of(c, true, true);
+    if (!call) return text;
+    out.calls.push_back(std::move(*call));
   }
   if (out.calls.empty()) return text;
   return out;
