@@ -125,10 +125,28 @@ void check_scatter_add_rows(const Tensor& out, const Tensor& src, const Tensor& 
              " scales ", scales.describe());
 }
 
-void check_silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) {
+void check_gated_mul(const Tensor& out, const Tensor& gate, const Tensor& up, Activation act) {
   KVPR_CHECK(out.dtype() == DType::F32 && gate.dtype() == DType::F32 && up.dtype() == DType::F32 &&
                  out.numel() == gate.numel() && gate.numel() == up.numel(),
-             "silu_mul: shapes out ", out.describe(), " gate ", gate.describe(), " up ", up.describe());
+             "gated_mul: shapes out ", out.describe(), " gate ", gate.describe(), " up ", up.describe());
+  KVPR_CHECK(act != Activation::None, "gated_mul: a gate needs an activation");
+}
+
+void check_scale(const Tensor& out, const Tensor& x, float cap) {
+  KVPR_CHECK(out.dtype() == DType::F32 && x.dtype() == DType::F32 && out.numel() == x.numel(),
+             "scale: shapes out ", out.describe(), " x ", x.describe());
+  KVPR_CHECK(cap >= 0 && std::isfinite(cap), "scale: cap ", cap, " must be finite and not negative");
+}
+
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::None: return "none";
+    case Activation::ReLU: return "relu";
+    case Activation::GELU: return "gelu";
+    case Activation::GELUTanh: return "gelu_tanh";
+    case Activation::SiLU: return "silu";
+  }
+  return "?";
 }
 
 int64_t check_argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) {

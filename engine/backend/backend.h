@@ -21,7 +21,10 @@ namespace kvpr {
 
 enum class Stream : int { Compute = 0, H2D = 1, D2H = 2 };
 
-enum class Activation { None, ReLU, GELU };
+// GELU is erf's (transformers' "gelu"); GELUTanh its tanh approximation ("gelu_new",
+// "gelu_pytorch_tanh": GPT-2, OPT's configs that ask for it, Gemma's GeGLU); SiLU is x·sigmoid(x).
+enum class Activation { None, ReLU, GELU, GELUTanh, SiLU };
+const char* activation_name(Activation a);  // "none", "relu", "gelu", "gelu_tanh", "silu"
 
 // A point in a stream's work. Backends define what is inside.
 class Event {
@@ -78,6 +81,21 @@ struct AttentionSeq {
     return paged() ? int64_t{blocks[t / block_tokens]} * block_tokens + t % block_tokens : t;
   }
 };
+// How a layer's attention turns scores into weights. A query at position i attends keys
+// i - window < t <= i (window 0: every key t <= i; transformers' sliding window, Mistral's and
+// Gemma's); its score of key t is s = scale · q·k, capped to softcap · tanh(s / softcap) when
+// softcap > 0 (Gemma 2's attn_logit_softcapping), then softmax over the keys it attends.
+// A plain scale converts to it: a full causal layer.
+struct AttentionParams {
+  AttentionParams(float scale_ = 1.f) : scale(scale_) {}  // NOLINT: implicit, the common case
+  AttentionParams(float scale_, int64_t window_, float softcap_) : scale(scale_), softcap(softcap_), window(window_) {}
+  float scale = 1.f;
+  float softcap = 0.f;
+  int64_t window = 0;
+  // The first key query position `i` attends.
+  int64_t first_key(int64_t i) const { return window > 0 && i + 1 > window ? i + 1 - window : 0; }
+};
+
 // Throws unless the sequence's keys all lie in k and v (through its block table where it has one)
 // and k and v have `kv_width` columns and one dtype. Shared by the backends' attention.
 void check_attention_seq(const AttentionSeq& a, size_t index, int64_t kv_width, int64_t q_rows);
@@ -127,9 +145,10 @@ struct RopeParams {
 int64_t check_rope(const Tensor& x, const Tensor& positions, int head_dim);
 // Throws unless scatter_add_rows's tensors fit.
 void check_scatter_add_rows(const Tensor& out, const Tensor& src, const Tensor& ids, const Tensor& scales);
-// Throws unless rms_norm's and silu_mul's tensors fit.
+// Throws unless rms_norm's, gated_mul's and scale's tensors fit.
 void check_rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma);
-void check_silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up);
+void check_gated_mul(const Tensor& out, const Tensor& gate, const Tensor& up, Activation act);
+void check_scale(const Tensor& out, const Tensor& x, float cap);
 // Throws unless argmax_lse's tensors fit (see Backend::argmax_lse); returns the row count.
 int64_t check_argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid);
 
@@ -243,8 +262,12 @@ class Backend {
   // i + head_dim/2 turn by the angle rope_angle(p, i, head_dim, params), computed in fp32 as
   // Hugging Face does. Q and K stacked as [2, T, hidden] turn in one call.
   virtual void rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params) = 0;
-  // out = silu(gate) * up elementwise (SwiGLU's gate, Llama's MLP); out may alias gate or up.
-  virtual void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
+  // out = act(gate) * up elementwise: a gated MLP's gate (SiLU: SwiGLU, Llama's; GELUTanh:
+  // GeGLU, Gemma's); out may alias gate or up.
+  virtual void gated_mul(const Tensor& out, const Tensor& gate, const Tensor& up, Activation act) = 0;
+  // out = factor · x, or with cap > 0, cap · tanh(factor · x / cap) (soft-capping: Gemma 2's
+  // final logits), elementwise in fp32; out may alias x. Gemma's embedding scale is factor.
+  virtual void scale(const Tensor& out, const Tensor& x, float factor, float cap) = 0;
   // out[M, N] = act(x[M, K] · w[N, K]ᵀ + bias[N]); bias may be undefined.
   virtual void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
                       Activation act) = 0;
@@ -276,11 +299,12 @@ class Backend {
   // that logit and the row's log-sum-exp, so its log-probability is stats[r,0] - stats[r,1].
   // Greedy decoding needs only these 12 bytes per row on the host, not the logits.
   virtual void argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) = 0;
-  // Multi-head causal attention. q, out: [T, heads*head_dim] F32; softmax(q·kᵀ·scale)·v. The
-  // sequences' K and V rows hold kv_heads*head_dim values, kv_heads dividing heads: query head h
-  // attends with KV head h / (heads / kv_heads) (grouped-query attention; MHA when equal).
+  // Multi-head causal attention. q, out: [T, heads*head_dim] F32; softmax(q·kᵀ·scale)·v over
+  // the keys `params` admits (a window, a soft-cap: AttentionParams). The sequences' K and V rows
+  // hold kv_heads*head_dim values, kv_heads dividing heads: query head h attends with KV head
+  // h / (heads / kv_heads) (grouped-query attention; MHA when equal).
   virtual void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
-                         int heads, float scale) = 0;
+                         int heads, const AttentionParams& params) = 0;
 
  protected:
   Tracer* tracer_ = nullptr;

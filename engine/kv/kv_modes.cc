@@ -36,7 +36,7 @@ ResidentKv::ResidentKv(KvStep& st) : KvModeRuntime(st) {
 }
 
 void ResidentKv::attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, float scale) {
+                        const Tensor& v, const Tensor& out, const AttentionParams& params) {
   (void)x;
   // The new rows of every sequence into its blocks: one op for K, one for V.
   std::vector<RowSpan> spans;
@@ -49,7 +49,7 @@ void ResidentKv::attend(int64_t layer, int64_t group, const Tensor& x, const Ten
   // sequence's one block (the contiguous layout, and the attention kernels' fastest path).
   std::vector<AttentionSeq> seqs;
   for (const auto& s : st_.seqs(group)) seqs.push_back(st_.in_place(s, k_[static_cast<size_t>(layer)], v_[static_cast<size_t>(layer)]));
-  st_.be.attention(out, q, seqs, static_cast<int>(st_.shape.heads), scale);
+  st_.be.attention(out, q, seqs, static_cast<int>(st_.shape.heads), params);
 }
 
 // ------------------------------------------------------------------ cpu-attn
@@ -85,7 +85,7 @@ void CpuAttnKv::plan_step() {
 }
 
 void CpuAttnKv::attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k,
-                       const Tensor& v, const Tensor& out, float scale) {
+                       const Tensor& v, const Tensor& out, const AttentionParams& params) {
   (void)x;
   Backend& be = st_.be;
   LayerTiming& t = st_.timing[static_cast<size_t>(st_.unit(layer, group))];
@@ -114,7 +114,7 @@ void CpuAttnKv::attend(int64_t layer, int64_t group, const Tensor& x, const Tens
   for (const auto& s : st_.seqs(group)) seqs.push_back(st_.in_place(s, host.k_rows(layer), host.v_rows(layer)));
   Tracer* tr = be.tracer();
   double a0 = tr ? tr->now_us() : 0;
-  cpu_attention(host_out_.rows(0, T), host_q_.rows(0, T), seqs, static_cast<int>(st_.shape.heads), scale, *pool_);
+  cpu_attention(host_out_.rows(0, T), host_q_.rows(0, T), seqs, static_cast<int>(st_.shape.heads), params, *pool_);
   if (tr) tr->span("host-attention", "L" + std::to_string(layer) + " attention", a0, tr->now_us());
   be.copy(out, host_out_.rows(0, T), Stream::H2D, "attention out");
   st_.stats.h2d_bytes += static_cast<int64_t>(out.nbytes());

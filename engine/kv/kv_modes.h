@@ -55,7 +55,7 @@ class KvModeRuntime {
   // Of the group's tokens: x, the layer's post-norm input [n, hidden] F32; q [n, hidden], k and
   // v [n, kv_hidden] F32; out: [n, hidden] F32 attention output. Stores the new K/V.
   virtual void attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const Tensor& out, float scale) = 0;
+                      const Tensor& out, const AttentionParams& params) = 0;
   // cpu-attn: the host attention's threads from now on.
   virtual void set_host_attention_threads(int threads) { (void)threads; }
   // A step that failed part way: what the mode keeps on the device from it is unknown.
@@ -76,7 +76,7 @@ class ResidentKv : public KvModeRuntime {
   explicit ResidentKv(KvStep& st);
   bool times_units() const override { return false; }
   void attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
-              const Tensor& out, float scale) override;
+              const Tensor& out, const AttentionParams& params) override;
 
  private:
   std::vector<Tensor> k_, v_;  // [blocks * block_tokens, kv_hidden] per layer
@@ -88,7 +88,7 @@ class CpuAttnKv : public KvModeRuntime {
   void plan_step() override;
   bool prefetch_after_attention() const override { return true; }
   void attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
-              const Tensor& out, float scale) override;
+              const Tensor& out, const AttentionParams& params) override;
   void set_host_attention_threads(int threads) override;
 
  private:
@@ -109,7 +109,7 @@ class StagedKv : public KvModeRuntime {
   void copy_x(int64_t layer, int64_t group, int b, LayerTiming& t) override;
   void copy_kv(int64_t layer, int64_t group, int b, LayerTiming& t) override;
   void attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
-              const Tensor& out, float scale) override;
+              const Tensor& out, const AttentionParams& params) override;
 
  protected:
   // Sets every sequence's split[0], split[1] and the step's split_source.

@@ -313,11 +313,11 @@ void KvRuntime::prepare(int64_t layer, int64_t group) {
 }
 
 void KvRuntime::attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k,
-                       const Tensor& v, const Tensor& out, float scale) {
+                       const Tensor& v, const Tensor& out, const AttentionParams& params) {
   const int64_t u = st_.unit(layer, group);
   const GpuBatch& batch = st_.batches.at(static_cast<size_t>(group));
   KVPR_CHECK(q.dim(0) == batch.q_rows, "KV runtime: GPU batch ", group, " has ", batch.q_rows, " query rows, not ", q.dim(0));
-  mode_->attend(layer, group, x, q, k, v, out, scale);
+  mode_->attend(layer, group, x, q, k, v, out, params);
   if (mode_->prefetch_after_attention()) prefetch_next(u);
   // The rest of the layer (output projection, MLP) needs the back of its weights.
   if (LayerWeightStream* weights = st_.weights; weights && group == 0)

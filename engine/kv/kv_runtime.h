@@ -119,7 +119,7 @@ class KvRuntime {
   // Of the group's tokens: x, the layer's post-norm input [n, hidden] F32; q [n, hidden], k and
   // v [n, kv_hidden] F32; out: [n, hidden] F32 attention output.
   void attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k, const Tensor& v,
-              const Tensor& out, float scale);
+              const Tensor& out, const AttentionParams& params);
   void end();
 
  private:

@@ -180,7 +180,7 @@ void StagedKv::copy_kv(int64_t layer, int64_t group, int b, LayerTiming& t) {
 }
 
 void StagedKv::attend(int64_t layer, int64_t group, const Tensor& x, const Tensor& q, const Tensor& k,
-                      const Tensor& v, const Tensor& out, float scale) {
+                      const Tensor& v, const Tensor& out, const AttentionParams& params) {
   const int b = static_cast<int>(st_.unit(layer, group) % 2);
   LayerTiming& t = st_.timing[static_cast<size_t>(st_.unit(layer, group))];
   // Rows of buffer b were last stored to the host two units ago; that must be done before
@@ -194,7 +194,7 @@ void StagedKv::attend(int64_t layer, int64_t group, const Tensor& x, const Tenso
   // Attention over buffer b's staged rows (and auto's resident ones); then auto's promotions.
   std::vector<AttentionSeq> seqs;
   for (const auto& s : st_.seqs(group)) seqs.push_back(staged_seq(layer, s, b));
-  st_.be.attention(out, q, seqs, static_cast<int>(st_.shape.heads), scale);
+  st_.be.attention(out, q, seqs, static_cast<int>(st_.shape.heads), params);
   promote(layer, group, b);
   buf_free_[b] = st_.be.record(Stream::Compute);
   store_new_rows(layer, group, b, store_x);

@@ -29,6 +29,11 @@ class ConfigFields {
     const json::Value* f = v_.find(name);
     return f && !f->is_null() ? f : nullptr;
   }
+  // Whether the field is there and null (a default switched off).
+  bool is_null(const char* name) const {
+    const json::Value* f = v_.find(name);
+    return f && f->is_null();
+  }
   // Each get_* leaves *out alone when the field is absent or null (an error when required).
   void get_int(const char* name, int64_t* out, bool required = false) const {
     read(name, required, [&](const json::Value& f) { *out = f.as_int(); });

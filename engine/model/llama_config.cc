@@ -15,26 +15,63 @@ struct YarnFields {
   bool truncate = true;
 };
 
-// The sliding window, the projections' biases, Qwen3's norms of Q and K.
-void read_attention(const ConfigFields& f, LlamaConfig& c) {
+bool is_gemma(const std::string& model_type) { return model_type == "gemma2" || model_type == "gemma3_text"; }
+
+// Which layers slide (LlamaConfig::sliding_layers): layer_types where given, else the family's
+// rule, as transformers' configs build layer_types.
+void read_layer_types(const ConfigFields& f, LlamaConfig& c) {
   const std::string& source = f.source();
-  const bool qwen = c.model_type.rfind("qwen", 0) == 0;
-  // Mistral slides its window over every layer when sliding_window is set. Qwen2 only when
-  // use_sliding_window is true, and then on the layers from max_window_layers on (as
-  // transformers' Qwen2Config builds layer_types); its released configs carry a
-  // sliding_window with use_sliding_window false, which is full attention.
-  int64_t window = 0;
-  f.get_int("sliding_window", &window);
-  KVPR_CHECK(window >= 0, source, ": sliding_window must not be negative");
-  if (!qwen) {
-    c.sliding_window = window;
-  } else {
+  const int64_t L = c.num_layers;
+  c.sliding_layers.assign(static_cast<size_t>(L), 0);
+  if (const json::Value* lt = f.find("layer_types")) {
+    KVPR_CHECK(lt->is_array() && static_cast<int64_t>(lt->as_array().size()) == L, source,
+               ": layer_types must list one type per layer (", L, ")");
+    for (int64_t i = 0; i < L; ++i) {
+      const json::Value& t = lt->as_array()[static_cast<size_t>(i)];
+      const std::string type = t.is_string() ? t.as_string() : "";
+      KVPR_CHECK(type == "sliding_attention" || type == "full_attention", source, ": layer_types[", i, "] \"", type,
+                 "\" is not supported (sliding_attention, full_attention)");
+      c.sliding_layers[static_cast<size_t>(i)] = type == "sliding_attention";
+    }
+    return;
+  }
+  if (c.model_type.rfind("qwen", 0) == 0) {
+    // Qwen2 slides only with use_sliding_window, and then the layers from max_window_layers on;
+    // its released configs carry a sliding_window with use_sliding_window false: full attention.
     bool use_sliding_window = false;
     f.get_bool("use_sliding_window", &use_sliding_window);
     int64_t max_window_layers = 0;
     f.get_int("max_window_layers", &max_window_layers);
-    if (use_sliding_window && max_window_layers < c.num_layers) c.sliding_window = window;
+    for (int64_t i = 0; i < L; ++i) c.sliding_layers[static_cast<size_t>(i)] = use_sliding_window && i >= max_window_layers;
+  } else if (c.model_type == "gemma2") {  // Gemma2Config: layer i slides when (i + 1) % 2 != 0
+    for (int64_t i = 0; i < L; ++i) c.sliding_layers[static_cast<size_t>(i)] = i % 2 == 0;
+  } else if (c.model_type == "gemma3_text") {  // Gemma3TextConfig: all but every pattern-th
+    int64_t pattern = 6;
+    f.get_int("_sliding_window_pattern", &pattern);
+    f.get_int("sliding_window_pattern", &pattern);
+    KVPR_CHECK(pattern > 0, source, ": sliding_window_pattern must be positive");
+    for (int64_t i = 0; i < L; ++i) c.sliding_layers[static_cast<size_t>(i)] = (i + 1) % pattern != 0;
+  } else {  // Mistral (and Llama-shaped configs that set one): every layer
+    c.sliding_layers.assign(static_cast<size_t>(L), 1);
   }
+}
+
+// The sliding window, the projections' biases, Qwen3's and Gemma 3's norms of Q and K, Gemma's
+// scores and caps.
+void read_attention(const ConfigFields& f, LlamaConfig& c) {
+  const std::string& source = f.source();
+  // A null sliding_window is none; Gemma's configs that omit it mean the class default.
+  if (f.is_null("sliding_window")) c.sliding_window = 0;
+  f.get_int("sliding_window", &c.sliding_window);
+  KVPR_CHECK(c.sliding_window >= 0, source, ": sliding_window must not be negative");
+  read_layer_types(f, c);
+  f.get_double("query_pre_attn_scalar", &c.query_pre_attn_scalar);
+  for (auto [name, out] : {std::pair{"attn_logit_softcapping", &c.attn_softcap}, {"final_logit_softcapping", &c.final_softcap}}) {
+    if (f.is_null(name)) *out = 0;  // null: none
+    f.get_double(name, out);
+    KVPR_CHECK(*out >= 0 && std::isfinite(*out), source, ": ", name, " must be finite and not negative");
+  }
+  KVPR_CHECK(c.query_pre_attn_scalar >= 0, source, ": query_pre_attn_scalar must not be negative");
   if (c.model_type == "qwen2" || c.model_type == "qwen2_moe") {  // Qwen2Attention: q/k/v with biases, o_proj
                                                                   // without; no config field says so
     c.qkv_bias = true;
@@ -43,7 +80,7 @@ void read_attention(const ConfigFields& f, LlamaConfig& c) {
     f.get_bool("attention_bias", &attention_bias);
     c.qkv_bias = c.o_bias = attention_bias;
   }
-  c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe" || c.model_type == "gemma3_text";
 }
 
 // Rotary embedding: rope_theta (transformers 4) or rope_parameters (transformers 5), and
@@ -52,14 +89,28 @@ YarnFields read_rope(const ConfigFields& f, LlamaConfig& c) {
   const std::string& source = f.source();
   YarnFields yarn;
   f.get_double("rope_theta", &c.rope_theta);
+  f.get_double("rope_local_base_freq", &c.local_rope_theta);
   const json::Value* scaling = f.find("rope_scaling");
   if (const json::Value* rp = f.find("rope_parameters")) {
+    // transformers 5 keys Gemma 3's by layer type: the full layers' (with their scaling) and the
+    // sliding layers' (unscaled, their own base).
+    if (const json::Value* full = rp->find("full_attention"); full && full->is_object()) {
+      if (const json::Value* sl = rp->find("sliding_attention"); sl && sl->is_object()) {
+        ConfigFields local(*sl, source + ": rope_parameters.sliding_attention");
+        std::string type = "default";
+        local.get_string("rope_type", &type);
+        KVPR_CHECK(type == "default", source, ": sliding layers' rope_type \"", type, "\" is not supported (default)");
+        local.get_double("rope_theta", &c.local_rope_theta);
+      }
+      rp = full;
+    }
     ConfigFields p(*rp, source + ": rope_parameters");
     p.get_double("rope_theta", &c.rope_theta);
     if (p.find("rope_type") || p.find("type")) scaling = rp;
   }
   if (double partial = 1.0; f.get_double("partial_rotary_factor", &partial), partial != 1.0)
     KVPR_THROW(source, ": partial_rotary_factor ", partial, " is not supported (rotary embeddings over whole heads)");
+  KVPR_CHECK(c.local_rope_theta >= 0, source, ": rope_local_base_freq must not be negative");
   if (!scaling) return yarn;
   ConfigFields s(*scaling, source + ": rope scaling");
   std::string type = "default";
@@ -120,22 +171,87 @@ void check_heads(const ConfigFields& f, LlamaConfig& c) {
   KVPR_CHECK(c.vocab_size < (int64_t{1} << 31), source, ": vocab_size too large");
 }
 
+
+// The text model's config of a ForConditionalGeneration wrapper (gemma3, mistral3): its
+// text_config, with the fields its configs keep at the top level (dtype, token ids) where the
+// text_config lacks them.
+json::Value text_config(const json::Value& v, const std::string& wrapper, const std::string& source) {
+  const json::Value* tc = v.find("text_config");
+  KVPR_CHECK(tc && tc->is_object(), source, ": model_type \"", wrapper, "\" needs a text_config object");
+  json::Value t = *tc;
+  const char* text_type = wrapper == "gemma3" ? "gemma3_text" : "mistral";
+  if (!t.find("model_type")) t.set("model_type", text_type);
+  const json::Value* mt = t.find("model_type");
+  KVPR_CHECK(mt->is_string() && mt->as_string() == text_type, source, ": text_config model_type \"",
+             mt->is_string() ? mt->as_string() : mt->dump(), "\" is not supported in a ", wrapper, " checkpoint (",
+             text_type, ")");
+  for (const char* key : {"torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"})
+    if (const json::Value* x = v.find(key); x && !t.find(key)) t.set(key, *x);
+  return t;
+}
+
+// The class defaults of Gemma's configs, which real configs lean on (Gemma 3's text_config lists
+// a handful of fields): Gemma2Config's and Gemma3TextConfig's.
+void gemma_defaults(LlamaConfig& c) {
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = true;
+  c.config_head_dim = 256;
+  c.query_pre_attn_scalar = 256;
+  c.sliding_window = 4096;
+  c.mlp_activation = Activation::GELUTanh;
+  c.gemma_norms = true;
+  c.bos_token_id = 2, c.eos_token_id = 1, c.pad_token_id = 0;
+  if (c.model_type == "gemma2") {
+    c.attn_softcap = 50, c.final_softcap = 30;
+    c.vocab_size = 256000, c.hidden_size = 2304, c.intermediate_size = 9216, c.num_layers = 26;
+    c.num_heads = 8, c.num_kv_heads = 4, c.max_position_embeddings = 8192;
+  } else {
+    c.vocab_size = 262208, c.hidden_size = 2304, c.intermediate_size = 9216, c.num_layers = 26;
+    c.num_heads = 8, c.num_kv_heads = 4, c.max_position_embeddings = 131072;
+    c.rope_theta = 1000000.0, c.local_rope_theta = 10000.0;
+  }
+}
+
+// The gated MLP's activation, transformers' ACT2FN name (Gemma: hidden_activation, else hidden_act).
+void read_activation(const ConfigFields& f, LlamaConfig& c) {
+  std::string act;
+  f.get_string("hidden_act", &act);
+  if (is_gemma(c.model_type)) f.get_string("hidden_activation", &act);
+  if (act.empty()) return;
+  if (act == "silu" || act == "swish") c.mlp_activation = Activation::SiLU;
+  else if (act == "gelu") c.mlp_activation = Activation::GELU;
+  else if (act == "gelu_pytorch_tanh" || act == "gelu_new") c.mlp_activation = Activation::GELUTanh;
+  else KVPR_THROW(f.source(), ": hidden_act \"", act, "\" is not supported (silu, gelu, gelu_pytorch_tanh)");
+}
+
 }  // namespace
 
-LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& source) {
-  ConfigFields f(v, source);
+LlamaConfig LlamaConfig::from_json(const json::Value& top, const std::string& top_source) {
   LlamaConfig c;
+  ConfigFields(top, top_source).get_string("model_type", &c.model_type, true);
+  KVPR_CHECK(is_llama_family(c.model_type), top_source, ": model_type \"", c.model_type, "\" is not ",
+             llama_family_names());
+  json::Value text;
+  std::string source = top_source;
+  if (c.model_type == "gemma3" || c.model_type == "mistral3") {
+    c.wrapper = c.model_type;
+    text = text_config(top, c.wrapper, top_source);
+    source = top_source + ": text_config";
+  }
+  const json::Value& v = c.wrapper.empty() ? top : text;
+  ConfigFields f(v, source);
   f.get_string("model_type", &c.model_type, true);
-  KVPR_CHECK(is_llama_family(c.model_type), source, ": model_type \"", c.model_type,
-             "\" is not llama, mistral, mixtral, qwen2, qwen2_moe, qwen3 or qwen3_moe");
-  f.get_int("vocab_size", &c.vocab_size, true);
-  f.get_int("hidden_size", &c.hidden_size, true);
-  f.get_int("intermediate_size", &c.intermediate_size, true);
-  f.get_int("num_hidden_layers", &c.num_layers, true);
-  f.get_int("num_attention_heads", &c.num_heads, true);
-  c.num_kv_heads = c.num_heads;
+  // Gemma 3's text_config may omit every size: the class defaults apply.
+  const bool sparse = c.model_type == "gemma3_text";
+  if (is_gemma(c.model_type)) gemma_defaults(c);
+  f.get_int("vocab_size", &c.vocab_size, !sparse);
+  f.get_int("hidden_size", &c.hidden_size, !sparse);
+  f.get_int("intermediate_size", &c.intermediate_size, !sparse);
+  f.get_int("num_hidden_layers", &c.num_layers, !sparse);
+  f.get_int("num_attention_heads", &c.num_heads, !sparse);
+  if (!is_gemma(c.model_type)) c.num_kv_heads = c.num_heads;
   f.get_int("num_key_value_heads", &c.num_kv_heads);
-  f.get_int("max_position_embeddings", &c.max_position_embeddings, true);
+  f.get_int("max_position_embeddings", &c.max_position_embeddings, !sparse);
   f.get_double("rms_norm_eps", &c.rms_norm_eps);
   f.get_bool("tie_word_embeddings", &c.tie_word_embeddings);
   f.get_bool("mlp_bias", &c.mlp_bias);
@@ -150,8 +266,7 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   // transformers >= 4.56 writes "dtype"; earlier ones "torch_dtype" (read last: it wins when both are there).
   f.get_string("dtype", &c.torch_dtype);
   f.get_string("torch_dtype", &c.torch_dtype);
-  if (std::string act; f.get_string("hidden_act", &act), !act.empty())
-    KVPR_CHECK(act == "silu", source, ": hidden_act \"", act, "\" is not supported (silu)");
+  read_activation(f, c);
   read_attention(f, c);
   const YarnFields yarn = read_rope(f, c);
   KVPR_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0 &&
@@ -166,10 +281,19 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v, const std::string& sour
   return c;
 }
 
+namespace {
+const char* const kLlamaFamily[] = {"llama",  "mistral",     "mixtral", "qwen2",   "qwen2_moe", "qwen3",
+                                    "qwen3_moe", "gemma2", "gemma3_text", "gemma3", "mistral3"};
+}  // namespace
+
 bool is_llama_family(const std::string& model_type) {
-  for (const char* t : {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+  for (const char* t : kLlamaFamily)
     if (model_type == t) return true;
   return false;
+}
+
+const char* llama_family_names() {
+  return "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma2, gemma3_text, gemma3 or mistral3";
 }
 
 void LlamaConfig::read_moe(const ConfigFields& f, LlamaConfig& c) {
@@ -225,6 +349,15 @@ void LlamaConfig::set_yarn(double factor, double original, double beta_fast, dou
                           : mscale != 0 && mscale_all_dim != 0 ? yarn_mscale(mscale) / yarn_mscale(mscale_all_dim)
                                                                  : yarn_mscale(1.0);
   rope_yarn_context = static_cast<int64_t>(std::llround(factor * original));
+}
+
+RopeParams LlamaConfig::rope_params(int64_t layer) const {
+  if (local_rope_theta > 0 && sliding(layer)) {  // Gemma 3's local layers: their base, no scaling
+    RopeParams r;
+    r.theta = static_cast<float>(local_rope_theta);
+    return r;
+  }
+  return rope_params();
 }
 
 RopeParams LlamaConfig::rope_params() const {

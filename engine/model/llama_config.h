@@ -1,8 +1,10 @@
-// The Llama architecture's hyper-parameters (Llama-2 and the models built like it), read from
-// a Hugging Face config.json.
+// The Llama architecture's hyper-parameters (Llama-2 and the models built like it: Mistral,
+// Qwen2/3, Mixtral, Qwen-MoE, Gemma 2/3), read from a Hugging Face config.json, or from the
+// text_config of a ForConditionalGeneration wrapper (gemma3, mistral3) whose text model is one.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -15,8 +17,10 @@ namespace kvpr {
 
 class ConfigFields;
 
-// Whether model_type names Llama's architecture (and its variants above).
+// Whether model_type names Llama's architecture (and its variants above), or a wrapper of one.
 bool is_llama_family(const std::string& model_type);
+// The model_types is_llama_family accepts, for errors: "llama, mistral, ...".
+const char* llama_family_names();
 
 struct LlamaConfig {
   int64_t vocab_size = 0;
@@ -86,39 +90,73 @@ struct LlamaConfig {
     return moe() && (i + 1) % decoder_sparse_step == 0 &&
            std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) == mlp_only_layers.end();
   }
-  // Sliding-window attention (Mistral-7B-v0.1; Qwen2 with use_sliding_window on some layers):
-  // each token sees the last sliding_window positions (0: all). kvpr serves contexts up to
-  // the window, where that is exact: context() is min(max_position_embeddings, sliding_window).
+  // ---- per-layer attention ----
+  // Sliding-window attention: a sliding layer's query at position i attends keys i - W < t <= i,
+  // W = sliding_window (AttentionParams::window). Which layers slide: layer_types where the
+  // config lists them, else the family's rule: every layer (Mistral-7B-v0.1), those from
+  // max_window_layers on (Qwen2 with use_sliding_window), the even ones (Gemma 2), all but every
+  // sliding_window_pattern-th (Gemma 3: 5 local to 1 global).
   int64_t sliding_window = 0;
-  // YaRN extends max_position_embeddings to factor x original_max_position_embeddings where that
-  // is longer (Qwen2.5: 32768 -> 131072), as vLLM serves it.
-  int64_t context() const {
-    const int64_t positions = std::max(max_position_embeddings, rope_yarn_context);
-    return sliding_window > 0 ? std::min(positions, sliding_window) : positions;
+  std::vector<uint8_t> sliding_layers;  // per layer, 1: sliding (empty: none slides)
+  bool sliding(int64_t layer) const {
+    return sliding_window > 0 && layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[layer];
+  }
+  int64_t window(int64_t layer) const { return sliding(layer) ? sliding_window : 0; }
+  // Gemma 3: sliding layers turn by this base with no scaling (rope_local_base_freq; 0: every
+  // layer turns as rope_theta and rope_scaling say).
+  double local_rope_theta = 0;
+  // Scores are scaled by query_pre_attn_scalar^-1/2 (Gemma; 0: head_dim^-1/2) and soft-capped by
+  // attn_softcap (Gemma 2's attn_logit_softcapping; 0: none); the logits by final_softcap.
+  double query_pre_attn_scalar = 0;
+  double attn_softcap = 0, final_softcap = 0;
+  // The gated MLP's activation (hidden_act, Gemma's hidden_activation): SwiGLU or GeGLU.
+  Activation mlp_activation = Activation::SiLU;
+  // Gemma's layer: RMSNorm gains stored as offsets (y = x̂ · (1 + w), in fp32); the attention's
+  // and the MLP's outputs normed again before the residual add (post_attention_layernorm,
+  // post_feedforward_layernorm; the MLP's input norm is pre_feedforward_layernorm); embeddings
+  // multiplied by sqrt(hidden_size) rounded to the weights' dtype (the tied head reads them
+  // unscaled).
+  bool gemma_norms = false;
+  // The ForConditionalGeneration wrapper read ("gemma3", "mistral3"; empty: none): its text
+  // model's weights are under language_model.model. (or model.language_model.), its head under
+  // language_model.lm_head. (or lm_head.); the vision tower's are not read.
+  std::string wrapper;
+  // The context served: max_position_embeddings, or YaRN's factor x original_max_position_embeddings
+  // where that is longer (Qwen2.5: 32768 -> 131072), as vLLM serves it. A sliding window does not
+  // shorten it: the attention masks every layer exactly.
+  int64_t context() const { return std::max(max_position_embeddings, rope_yarn_context); }
+  float attention_scale() const {
+    return static_cast<float>(1.0 / std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : double(head_dim())));
   }
 
   // What Hugging Face calls the architecture (kvpr info).
   const char* architecture() const {
-    return model_type == "mistral"     ? "MistralForCausalLM"
+    return wrapper == "gemma3"         ? "Gemma3ForConditionalGeneration"
+           : wrapper == "mistral3"     ? "Mistral3ForConditionalGeneration"
+           : model_type == "mistral"     ? "MistralForCausalLM"
            : model_type == "mixtral"   ? "MixtralForCausalLM"
            : model_type == "qwen2"     ? "Qwen2ForCausalLM"
            : model_type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
            : model_type == "qwen3"     ? "Qwen3ForCausalLM"
            : model_type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+           : model_type == "gemma2"    ? "Gemma2ForCausalLM"
+           : model_type == "gemma3_text" ? "Gemma3ForCausalLM"
                                        : "LlamaForCausalLM";
   }
 
   int64_t head_dim() const { return config_head_dim > 0 ? config_head_dim : hidden_size / num_heads; }
   int64_t q_width() const { return num_heads * head_dim(); }  // Q and the attention output
   RopeParams rope_params() const;  // what Backend::rope turns Q and K by
+  RopeParams rope_params(int64_t layer) const;  // ... of this layer (Gemma 3's local layers' own)
   // Sets the rope_yarn_* fields and the attention factor from rope_scaling's yarn fields (zeros:
   // transformers' defaults); needs head_dim and rope_theta.
   void set_yarn(double factor, double original, double beta_fast, double beta_slow, double attention_factor,
                 double mscale, double mscale_all_dim, bool truncate, const std::string& source);
 
   // Parses and validates; errors name `source` and the offending field. What kvpr does not
-  // run (KV heads that do not divide the heads, rope scaling other than linear, llama3 and yarn, activations
-  // other than silu) is refused here, by name.
+  // run (KV heads that do not divide the heads, rope scaling other than linear, llama3 and yarn,
+  // activations other than silu, gelu and gelu_pytorch_tanh, layer types other than sliding and
+  // full attention) is refused here, by name.
   static LlamaConfig from_json(const json::Value& v, const std::string& source);
   static LlamaConfig load(const std::string& model_dir);  // <dir>/config.json
   static void read_moe(const ConfigFields& f, LlamaConfig& c);  // the experts' fields, by model_type

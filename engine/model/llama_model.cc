@@ -6,27 +6,42 @@
 
 #include "engine/model/checkpoint.h"
 #include "engine/base/error.h"
+#include "engine/base/dtype.h"
 
 namespace kvpr {
 
+namespace {
+std::vector<RopeParams> layer_ropes(const LlamaConfig& c) {
+  std::vector<RopeParams> r;
+  for (int64_t i = 0; i < c.num_layers; ++i) r.push_back(c.rope_params(i));
+  return r;
+}
+}  // namespace
 
 LlamaModel::LlamaModel(Backend& backend, const std::string& model_dir, const ModelLoadOptions& opts)
     : Model(backend) {
   config_ = LlamaConfig::load(model_dir);
   spec_ = config_.spec();
-  rope_ = config_.rope_params();
+  ropes_ = layer_ropes(config_);
   load_checkpoint(
       model_dir, opts,
       [&](const CheckpointDir& ckpt) {
-        KVPR_CHECK(ckpt.find("model.embed_tokens.weight"), model_dir,
-                   ": missing tensor 'model.embed_tokens.weight' in ", ckpt.format(), " checkpoint");
+        // A wrapper's text model: under the names transformers wrote first, or under those it
+        // has saved since 4.52 (its _checkpoint_conversion_mapping), head included.
+        if (!config_.wrapper.empty()) {
+          const bool renamed = ckpt.find("model.language_model.embed_tokens.weight") != nullptr;
+          prefix_ = renamed ? "model.language_model." : "language_model.model.";
+          head_prefix_ = renamed ? "" : "language_model.";
+        }
+        KVPR_CHECK(ckpt.find(prefix_ + "embed_tokens.weight"), model_dir, ": missing tensor '", prefix_,
+                   "embed_tokens.weight' in ", ckpt.format(), " checkpoint");
       },
-      [](const std::string& name) { return name == "lm_head.weight" ? name : "model." + name; });
+      [&](const std::string& name) { return name == "lm_head.weight" ? head_prefix_ + name : prefix_ + name; });
 }
 
 LlamaModel::LlamaModel(Backend& backend, const LlamaConfig& config, DType dtype, uint64_t seed,
                        const ModelLoadOptions& opts)
-    : Model(backend), config_(config), rope_(config.rope_params()) {
+    : Model(backend), config_(config), ropes_(layer_ropes(config)) {
   spec_ = config_.spec();
   init_random(dtype, seed, opts);
 }
@@ -79,7 +94,13 @@ void LlamaModel::assemble(const WeightSource& fetch) {
     P.bk = bias(p + "self_attn.k_proj.bias", kvh, c.qkv_bias);
     P.bv = bias(p + "self_attn.v_proj.bias", kvh, c.qkv_bias);
     L.bo = bias(p + "self_attn.o_proj.bias", h, c.o_bias);
-    L.mlp_norm = gain(p + "post_attention_layernorm.weight");
+    if (c.gemma_norms) {  // Gemma's four: the attention's and the MLP's inputs and outputs
+      L.attn_out_norm = gain(p + "post_attention_layernorm.weight");
+      L.mlp_norm = gain(p + "pre_feedforward_layernorm.weight");
+      L.mlp_out_norm = gain(p + "post_feedforward_layernorm.weight");
+    } else {
+      L.mlp_norm = gain(p + "post_attention_layernorm.weight");
+    }
     if (c.moe_layer(i)) {
       // Mixtral's block_sparse_moe (experts' w1 gate, w3 up, w2 down) or Qwen's mlp.experts.
       const bool mixtral = c.model_type == "mixtral";
@@ -116,8 +137,31 @@ void LlamaModel::assemble(const WeightSource& fetch) {
   backend_.synchronize();
 }
 
+Tensor LlamaModel::offset_gain(const Tensor& w) {
+  if (!w.defined()) return w;
+  Tensor stored = Tensor::host(w.dtype(), w.shape()), gain = Tensor::host(DType::F32, w.shape());
+  backend_.copy(stored, w, Stream::D2H, "gemma gain");
+  backend_.synchronize();
+  for (int64_t i = 0; i < w.numel(); ++i)
+    gain.data_as<float>()[i] = 1.f + load_as_f32(stored.data(), w.dtype(), static_cast<size_t>(i));
+  Tensor dev = backend_.alloc(DType::F32, w.shape());
+  backend_.copy(dev, gain, Stream::H2D, "gemma gain");
+  backend_.synchronize();
+  return dev;
+}
+
 void LlamaModel::stack_weights() {
   backend_.synchronize();  // every weight has landed (uploads, random fills, broadcast)
+  if (config_.gemma_norms) {
+    for (LlamaLayer& L : layers_)
+      for (Tensor* g : {&L.attn_norm, &L.attn_out_norm, &L.mlp_norm, &L.mlp_out_norm, &L.q_norm, &L.k_norm})
+        *g = offset_gain(*g);
+    final_norm_ = offset_gain(final_norm_);
+    // sqrt(hidden) as transformers multiplies by it: a tensor of the weights' dtype.
+    const float s = std::sqrt(static_cast<float>(config_.hidden_size));
+    const DType dt = embed_tokens_.dtype();
+    embed_scale_ = dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(s)) : dt == DType::F16 ? f16_to_f32(f32_to_f16(s)) : s;
+  }
   for (size_t i = 0; i < layers_.size(); ++i) {
     LlamaLayer& L = layers_[i];
     Parts& P = parts_[i];
@@ -143,8 +187,19 @@ void LlamaModel::stack_weights() {
   parts_.clear();
 }
 
-void LlamaModel::rope(const Tensor& x, const Tensor& positions) {
-  backend_.rope(x, positions, static_cast<int>(config_.head_dim()), rope_);
+void LlamaModel::rope(const Tensor& x, const Tensor& positions, int64_t layer) {
+  backend_.rope(x, positions, static_cast<int>(config_.head_dim()), ropes_[static_cast<size_t>(layer)]);
+}
+
+void LlamaModel::add_output(const Tensor& x, const Tensor& a, const Tensor& w, const Tensor& b, const Tensor& out_norm) {
+  if (!out_norm.defined()) {
+    backend_.linear_accumulate(x, a, w, b);
+    return;
+  }
+  Tensor y = ws_.get("out", DType::F32, {x.dim(0), x.dim(1)});
+  backend_.linear(y, a, w, b, Activation::None);
+  backend_.rms_norm(y, y, out_norm, static_cast<float>(config_.rms_norm_eps));
+  backend_.add(x, x, y);
 }
 
 void LlamaModel::head_norm(const Tensor& x, const Tensor& gain) {
@@ -165,7 +220,7 @@ void LlamaModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, co
   const int64_t n = kv.dim(1), w = kv.dim(2);
   Tensor k = kv.rows(0, 1).reshape({n, w});
   head_norm(k, L.k_norm);
-  rope(k, positions);  // K turns; V does not
+  rope(k, positions, layer);  // K turns; V does not
 }
 
 void LlamaModel::swiglu(const Tensor& a, const Tensor& w_gate_up, const Tensor& b_gate_up, const Tensor& w_down,
@@ -174,7 +229,7 @@ void LlamaModel::swiglu(const Tensor& a, const Tensor& w_gate_up, const Tensor& 
   Tensor gate_up = ws_.get("moe_gu", DType::F32, {2, m, f});
   Tensor gate = gate_up.rows(0, 1).reshape({m, f}), up = gate_up.rows(1, 1).reshape({m, f});
   backend_.linear_batched(gate_up, a, w_gate_up, b_gate_up, Activation::None);
-  backend_.silu_mul(gate, gate, up);
+  backend_.gated_mul(gate, gate, up, config_.mlp_activation);
   if (accumulate)
     backend_.linear_accumulate(out, gate, w_down, b_down);
   else
@@ -264,6 +319,7 @@ void LlamaModel::reserve_scratch(const KvRuntime& kv) {
   for (int64_t g = 0; g < kv.groups(); ++g) rows_max = std::max(rows_max, kv.group_rows(g).count);
   for (auto [name, width] : {std::pair{"a", h}, {"qkv", qw + 2 * kvh}, {"att", qw}, {"gate_up", 2 * f}})
     ws_.get(name, DType::F32, {rows_max, width});
+  if (c.gemma_norms) ws_.get("out", DType::F32, {rows_max, h});
   if (c.moe()) {  // the experts' scratch, for up to every row of a batch per expert
     const int64_t k = c.experts_per_token + 1, fe = std::max(c.moe_intermediate_size, c.shared_expert_intermediate_size);
     for (auto [name, width] : {std::pair{"moe_a", h}, {"moe_gu", 2 * fe}, {"moe_out", h}, {"router", c.num_experts + 1}})
@@ -287,7 +343,7 @@ void LlamaModel::decoder_layer(const LlamaLayer& L, int64_t li, int64_t g, const
   const int64_t n = xg.dim(0);
   Backend& be = backend_;
   const bool mha = c.num_kv_heads == c.num_heads;  // Q, K and V equally wide: stacked
-  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
+  const AttentionParams attention(c.attention_scale(), c.window(li), static_cast<float>(c.attn_softcap));
   const float eps = static_cast<float>(c.rms_norm_eps);
   Tensor a = ws_.get("a", DType::F32, {n, h});            // normalised input of a sub-block
   // Q, K, V: stacked [3, n, qw] (MHA, one batched GEMM); with grouped-query attention Q
@@ -312,21 +368,22 @@ void LlamaModel::decoder_layer(const LlamaLayer& L, int64_t li, int64_t g, const
   head_norm(q, L.q_norm);
   head_norm(k, L.k_norm);
   if (mha) {
-    rope(qkv.rows(0, 2 * n * qw).reshape({2, n, qw}), pos);  // Q and K, [2, n, qw]: one launch
+    rope(qkv.rows(0, 2 * n * qw).reshape({2, n, qw}), pos, li);  // Q and K, [2, n, qw]: one launch
   } else {
-    rope(q, pos);
-    rope(k, pos);
+    rope(q, pos, li);
+    rope(k, pos, li);
   }
-  kv.attend(li, g, a, q, k, v, att, scale);
-  be.linear_accumulate(xg, att, L.wo, L.bo);  // x += att · Woᵀ
-  // SwiGLU MLP: x += (silu(a · Wgᵀ) * (a · Wuᵀ)) · Wdᵀ, or a mixture of such experts.
+  kv.attend(li, g, a, q, k, v, att, attention);
+  add_output(xg, att, L.wo, L.bo, L.attn_out_norm);  // x += att · Woᵀ (Gemma: normed first)
+  // Gated MLP: x += (act(a · Wgᵀ) * (a · Wuᵀ)) · Wdᵀ (SwiGLU, Gemma's GeGLU), or a mixture of
+  // SwiGLU experts.
   be.rms_norm(a, xg, L.mlp_norm, eps);
   if (L.router.defined()) {
     mixture_of_experts(L, a, xg);
   } else {
     be.linear_batched(gate_up, a, L.w_gate_up, L.b_gate_up, Activation::None);
-    be.silu_mul(gate, gate, up);
-    be.linear_accumulate(xg, gate, L.w_down, L.b_down);
+    be.gated_mul(gate, gate, up, c.mlp_activation);
+    add_output(xg, gate, L.w_down, L.b_down, L.mlp_out_norm);
   }
 }
 
@@ -342,6 +399,7 @@ Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRun
 
   Tensor x = ws_.get("x", DType::F32, {T, h});  // residual stream [T, hidden]
   be.gather_rows(x, embed_tokens_, tok_ids);
+  if (embed_scale_ > 0) be.scale(x, x, embed_scale_, 0.f);  // Gemma
   const float eps = static_cast<float>(c.rms_norm_eps);
   kv.begin(chunks);
   reserve_scratch(kv);
@@ -358,6 +416,7 @@ Tensor LlamaModel::forward_device(const std::vector<ForwardChunk>& chunks, KvRun
   be.rms_norm(sel, sel, final_norm_, eps);  // the final norm is per row: only the rows we need
   Tensor out = ws_.get("logits", DType::F32, {rows, V});
   be.linear(out, sel, lm_head_, Tensor(), Activation::None);
+  if (c.final_softcap > 0) be.scale(out, out, 1.f, static_cast<float>(c.final_softcap));  // Gemma 2
   return out;
 }
 

@@ -1,7 +1,10 @@
 // Llama (Touvron et al. 2023; Hugging Face LlamaForCausalLM) written once against the Backend:
 // RMSNorm before attention and MLP, rotary position embeddings on Q and K, SwiGLU MLP, no
 // biases unless the config asks for them; grouped-query attention (fewer K/V heads, each
-// serving a group of query heads); Qwen3's per-head norms of Q and K and its own head width.
+// serving a group of query heads); Qwen3's per-head norms of Q and K and its own head width;
+// per-layer attention (sliding windows, Gemma 3's local rope); Gemma's layer (norms of the
+// attention's and MLP's outputs, (1 + w) gains, GeGLU, scaled embeddings, soft-capped scores
+// and logits).
 // KVPR stores X (the normalised attention input) and recomputes K from it with the rows'
 // positions: K = rope(k_norm(X · W_Kᵀ), position).
 #pragma once
@@ -23,7 +26,9 @@ struct LlamaLayer {
   Tensor q_norm, k_norm;                  // Qwen3: per-head RMSNorm gains [head_dim]
   Tensor wo, bo;                          // o_proj [h, qw]
                                           // (qw = heads x head_dim, h unless config.json sets head_dim)
-  Tensor mlp_norm;                        // post_attention_layernorm
+  Tensor attn_out_norm;                   // Gemma: post_attention_layernorm, on o_proj's output
+  Tensor mlp_norm;                        // post_attention_layernorm (Gemma: pre_feedforward_layernorm)
+  Tensor mlp_out_norm;                    // Gemma: post_feedforward_layernorm, on down_proj's output
   Tensor w_gate_up, b_gate_up;            // gate_proj, up_proj stacked: [2, ffn, h] (and [2, ffn])
   Tensor w_down, b_down;                  // down_proj
   // Mixture of experts (a layer with a router has no dense MLP above): the router [E, h], each
@@ -54,7 +59,11 @@ class LlamaModel : public Model {
   void stack_weights() override;
   // Streamed weights: Q/K/V first, then the output projection and the MLP.
   void stream_layers() override;
-  void rope(const Tensor& x, const Tensor& positions);
+  void rope(const Tensor& x, const Tensor& positions, int64_t layer);
+  // Gemma's norm gains: 1 + w, in fp32, in place of w (GemmaRMSNorm multiplies by (1 + w.float())).
+  Tensor offset_gain(const Tensor& w);
+  // x += norm(y) with the gain `out_norm` (Gemma's output norms), else x += y, where y = a · wᵀ + b.
+  void add_output(const Tensor& x, const Tensor& a, const Tensor& w, const Tensor& b, const Tensor& out_norm);
   // Qwen3's per-head RMSNorm of rows [n, heads x head_dim] with `gain` (in place); nothing for
   // models without it.
   void head_norm(const Tensor& x, const Tensor& gain);
@@ -70,7 +79,11 @@ class LlamaModel : public Model {
               const Tensor& b_down, const Tensor& out, bool accumulate);
 
   LlamaConfig config_;
-  RopeParams rope_;  // from config_, once
+  std::vector<RopeParams> ropes_;  // each layer's, from config_, once
+  float embed_scale_ = 0;          // Gemma: sqrt(hidden) in the weights' dtype (0: none)
+  // The checkpoint's key prefixes: "model." and "" (a wrapper's: "language_model.model." or
+  // "model.language_model.", and "language_model." or "").
+  std::string prefix_ = "model.", head_prefix_;
   Tensor embed_tokens_, final_norm_, lm_head_;
   // The separate checkpoint tensors until stack_weights() joins them.
   struct Parts {

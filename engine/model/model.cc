@@ -389,7 +389,7 @@ std::string model_type(const std::string& model_dir) {
   std::string mt;
   f.get_string("model_type", &mt, true);
   KVPR_CHECK(mt == "opt" || is_llama_family(mt), "config.json: model_type \"", mt,
-             "\" is not supported (supported: opt, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe)");
+             "\" is not supported (supported: opt, ", llama_family_names(), ")");
   return mt;
 }
 

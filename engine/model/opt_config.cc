@@ -26,8 +26,9 @@ OptConfig OptConfig::from_json(const json::Value& v, const std::string& source) 
   f.get_int("pad_token_id", &c.pad_token_id, false);
   if (std::string s; f.get_string("activation_function", &s), !s.empty()) {
     if (s == "relu") c.activation = Activation::ReLU;
-    else if (s == "gelu" || s == "gelu_new" || s == "gelu_pytorch_tanh") c.activation = Activation::GELU;
-    else KVPR_THROW(source, ": activation_function \"", s, "\" is not supported (relu, gelu)");
+    else if (s == "gelu") c.activation = Activation::GELU;  // transformers' ACT2FN: erf's
+    else if (s == "gelu_new" || s == "gelu_pytorch_tanh") c.activation = Activation::GELUTanh;  // tanh's
+    else KVPR_THROW(source, ": activation_function \"", s, "\" is not supported (relu, gelu, gelu_new, gelu_pytorch_tanh)");
   }
   // transformers >= 4.56 writes "dtype"; earlier ones "torch_dtype" (read last: it wins when both are there).
   f.get_string("dtype", &c.torch_dtype);
@@ -77,7 +78,9 @@ json::Value OptConfig::to_json() const {
   v.set("_remove_final_layer_norm", remove_final_layer_norm);
   v.set("enable_bias", enable_bias);
   v.set("layer_norm_elementwise_affine", layer_norm_affine);
-  v.set("activation_function", activation == Activation::GELU ? "gelu" : "relu");
+  v.set("activation_function", activation == Activation::GELU       ? "gelu"
+                               : activation == Activation::GELUTanh ? "gelu_pytorch_tanh"
+                                                                    : "relu");
   v.set("bos_token_id", bos_token_id);
   v.set("eos_token_id", eos_token_id);
   v.set("pad_token_id", pad_token_id);

@@ -60,9 +60,9 @@ CASES = [
                         "original_max_position_embeddings": 256}),
      torch.bfloat16, "safetensors", 1),
     # Mistral: Llama's architecture under model_type mistral, grouped-query attention, and a
-    # sliding window (32 of 64 positions) that caps the context kvpr serves.
+    # sliding window of 5 keys on every layer, shorter than the 13 tokens.
     ("mistral_sliding_window",
-     dict(model_type="mistral", architectures=["MistralForCausalLM"], num_key_value_heads=2, sliding_window=32),
+     dict(model_type="mistral", architectures=["MistralForCausalLM"], num_key_value_heads=2, sliding_window=5),
      torch.float32, "safetensors", 1),
     # Qwen2 (Qwen2.5): biases on q/k/v and none on o_proj (no config field says so), a tied
     # head, theta 1e6, grouped-query attention, bf16; and a sliding_window of 4 with

@@ -122,11 +122,11 @@ TEST_P(SimtKernels, BiasActivationAndRandomFill) {
   Tensor x = random(cpu, DType::F32, {M, K}, 1);
   Tensor w = random(cpu, dt, {N, K}, 2, 0.2f);
   Tensor b = random(cpu, dt, {N}, 3);
-  for (Activation act : {Activation::None, Activation::ReLU, Activation::GELU}) {
+  for (Activation act : {Activation::None, Activation::ReLU, Activation::GELU, Activation::GELUTanh, Activation::SiLU}) {
     Tensor ref = cpu.alloc(DType::F32, {M, N}), plain = cpu.alloc(DType::F32, {M, N});
     cpu.linear(ref, x, w, b, act);
     cpu.linear(plain, x, w, Tensor(), Activation::None);  // the GEMM part (cuBLAS on a GPU)
-    const int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
+    const int a = cuda::activation_code(act);
     cuda::bias_act(plain.data(), DType::F32, b.data(), dt, 1, M, N, a, nullptr);
     EXPECT_TRUE(test::close_rel(as_double(ref), plain.data_as<float>(), M * N, 1e-5)) << "act " << a;
   }
@@ -248,7 +248,9 @@ void check_attention(DType dt) {
       const auto* desc_ptr = reinterpret_cast<const cuda::AttnDesc*>(upload.data());
       Tensor ref = cpu.alloc(DType::F32, {T, hidden}), got = cpu.alloc(DType::F32, {T, hidden});
       const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-      cpu.attention(ref, q, seqs, heads, scale);
+      // Full causal, and a window of 7 keys with a soft-cap (Gemma 2's layers, scaled small).
+      for (const AttentionParams& params : {AttentionParams(scale), AttentionParams(2 * scale, 7, 1.5f)}) {
+      cpu.attention(ref, q, seqs, heads, params);
       if (paged) {  // the CPU backend through the tables gives what it gives over contiguous keys
         size_t first = 0;
         for (auto& a : paged_seqs) {
@@ -257,7 +259,7 @@ void check_attention(DType dt) {
           a.n_blocks = static_cast<int64_t>(nb);
           first += nb;
         }
-        cpu.attention(got, q, paged_seqs, heads, scale);
+        cpu.attention(got, q, paged_seqs, heads, params);
         EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-6))
             << "CPU backend, paged" << (two ? " two segments" : "") << ", head_dim " << hd;
       }
@@ -273,15 +275,17 @@ void check_attention(DType dt) {
             if ((tiled && decode_only) || (sms > 1 && !decode_only)) continue;
             std::fill_n(got.data_as<float>(), got.numel(), 0.f);
             cuda::attention(got.data_as<float>(), q.data_as<float>(), desc_ptr, static_cast<int64_t>(descs.size()),
-                            T, max_ctx, 33, decode_only, heads, kv_heads, hd, dt, scale, work.data(), aligned,
+                            T, max_ctx, 33, decode_only, heads, kv_heads, hd, dt, params.scale, params.softcap,
+                            params.window, work.data(), aligned,
                             tiled ? tiles.data() : nullptr, tiled ? static_cast<int64_t>(tiles.size()) : 0, sms,
                             nullptr);
             EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))
                 << "head_dim " << hd << ", " << heads << " heads, " << kv_heads << " KV heads"
                 << (decode_only ? " decode" : " mixed") << (paged ? " paged" : "") << (two ? " two segments" : "") << (aligned ? " 16-byte loads" : "")
                 << (tiled ? " tiled" : "")
-                << ", " << sms << " SMs, K/V " << dtype_name(dt);
+                << ", " << sms << " SMs, K/V " << dtype_name(dt) << ", window " << params.window;
           }
+      }
     }
   }
 }

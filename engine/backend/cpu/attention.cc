@@ -41,13 +41,20 @@ struct KvRowPtrs {
   const T* value(int64_t t) const { return (t < head ? hv : v) + row(t) * width; }
 };
 
+// A query's score of a key from their dot product (AttentionParams).
+inline float score(float dot, const AttentionParams& p) {
+  const float s = dot * p.scale;
+  return p.softcap > 0 ? p.softcap * std::tanh(s / p.softcap) : s;
+}
+
 template <typename Tag>
 void decode_attention_chunk(const float* q, const KvRowPtrs<typename Tag::T>& kv, int64_t t0, int64_t t1, int heads,
-                            int group, int64_t hd, float scale, float* scores, float* m_out, float* l_out, float* acc) {
+                            int group, int64_t hd, const AttentionParams& p, float* scores, float* m_out, float* l_out,
+                            float* acc) {
   const int64_t n = t1 - t0;
   for (int64_t t = 0; t < n; ++t) {
     const typename Tag::T* krow = kv.key(t0 + t);
-    for (int h = 0; h < heads; ++h) scores[h * n + t] = cpu::dot<Tag>(q + h * hd, krow + (h / group) * hd, hd) * scale;
+    for (int h = 0; h < heads; ++h) scores[h * n + t] = score(cpu::dot<Tag>(q + h * hd, krow + (h / group) * hd, hd), p);
   }
   for (int h = 0; h < heads; ++h) {
     float* sc = scores + h * n;
@@ -71,7 +78,7 @@ struct AttentionGeometry {
   int heads;
   int64_t hidden, hd, kv_width;
   int group;
-  float scale;
+  AttentionParams params;
 };
 
 // Each paged or two-segment sequence's key rows (AttentionSeq::row of every key), empty for the
@@ -83,7 +90,6 @@ void decode_attention(float* op, const float* qp, const std::vector<AttentionSeq
                       const AttentionGeometry& g, ThreadPool& pool) {
   const int heads = g.heads, group = g.group;
   const int64_t hidden = g.hidden, hd = g.hd, kv_width = g.kv_width;
-  const float scale = g.scale;
   constexpr int64_t kChunk = 256;
   struct Piece {
     size_t seq;
@@ -92,8 +98,8 @@ void decode_attention(float* op, const float* qp, const std::vector<AttentionSeq
   std::vector<Piece> pieces;
   for (size_t s = 0; s < seqs.size(); ++s) {
     if (seqs[s].q_len != 1) continue;
-    int64_t n = seqs[s].past_len + 1;
-    for (int64_t t0 = 0; t0 < n; t0 += kChunk) pieces.push_back({s, t0, std::min(n, t0 + kChunk)});
+    const int64_t n = seqs[s].past_len + 1;  // keys [first, n): the window's
+    for (int64_t t0 = g.params.first_key(n - 1); t0 < n; t0 += kChunk) pieces.push_back({s, t0, std::min(n, t0 + kChunk)});
   }
   if (!pieces.empty()) {
     const int64_t stride = heads * (hd + 2);  // m, l, acc per head
@@ -107,7 +113,7 @@ void decode_attention(float* op, const float* qp, const std::vector<AttentionSeq
         dispatch_float(a.k.dtype(), [&](auto tag) {
           using T = typename decltype(tag)::T;
           decode_attention_chunk<decltype(tag)>(qp + a.q_begin * hidden, KvRowPtrs<T>(a, rows[pc.seq], kv_width), pc.t0,
-                                                pc.t1, heads, group, hd, scale, scores.data(), part, part + heads,
+                                                pc.t1, heads, group, hd, g.params, scores.data(), part, part + heads,
                                                 part + 2 * heads);
         });
       }
@@ -142,7 +148,6 @@ void prefill_attention(float* op, const float* qp, const std::vector<AttentionSe
                        const AttentionGeometry& g, ThreadPool& pool) {
   const int heads = g.heads, group = g.group;
   const int64_t hidden = g.hidden, hd = g.hd, kv_width = g.kv_width;
-  const float scale = g.scale;
   std::vector<int64_t> first_item(seqs.size() + 1, 0);
   for (size_t s = 0; s < seqs.size(); ++s)
     first_item[s + 1] = first_item[s] + (seqs[s].q_len > 1 ? seqs[s].q_len * heads : 0);
@@ -154,7 +159,7 @@ void prefill_attention(float* op, const float* qp, const std::vector<AttentionSe
       const AttentionSeq& a = seqs[s];
       int64_t local = item - first_item[s];
       int64_t j = local / heads, h = local % heads;
-      int64_t n = a.past_len + j + 1;  // keys visible to this query
+      const int64_t n = a.past_len + j + 1, first = g.params.first_key(n - 1);  // keys [first, n) visible to it
       const float* qr = qp + (a.q_begin + j) * hidden + h * hd;
       float* orow = op + (a.q_begin + j) * hidden + h * hd;
       scores.resize(n);
@@ -163,18 +168,18 @@ void prefill_attention(float* op, const float* qp, const std::vector<AttentionSe
         const KvRowPtrs<T> kv(a, rows[s], kv_width);
         const int64_t col = (h / group) * hd;
         float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < n; ++t) {
-          scores[t] = cpu::dot<decltype(tag)>(qr, kv.key(t) + col, hd) * scale;
+        for (int64_t t = first; t < n; ++t) {
+          scores[t] = score(cpu::dot<decltype(tag)>(qr, kv.key(t) + col, hd), g.params);
           mx = std::max(mx, scores[t]);
         }
         float sum = 0.f;
-        for (int64_t t = 0; t < n; ++t) {
+        for (int64_t t = first; t < n; ++t) {
           scores[t] = std::exp(scores[t] - mx);
           sum += scores[t];
         }
         float inv = 1.f / sum;
         std::fill(orow, orow + hd, 0.f);
-        for (int64_t t = 0; t < n; ++t) cpu::axpy<decltype(tag)>(orow, scores[t] * inv, kv.value(t) + col, hd);
+        for (int64_t t = first; t < n; ++t) cpu::axpy<decltype(tag)>(orow, scores[t] * inv, kv.value(t) + col, hd);
       });
     }
   });
@@ -183,7 +188,9 @@ void prefill_attention(float* op, const float* qp, const std::vector<AttentionSe
 }  // namespace
 
 void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs, int heads,
-                   float scale, ThreadPool& pool) {
+                   const AttentionParams& params, ThreadPool& pool) {
+  KVPR_CHECK(params.window >= 0 && params.softcap >= 0, "attention: window ", params.window, " and softcap ",
+             params.softcap, " must not be negative");
   KVPR_CHECK(out.dtype() == DType::F32 && q.dtype() == DType::F32, "attention: q and out must be F32");
   const int64_t hidden = q.dim(-1);
   KVPR_CHECK(heads > 0 && hidden % heads == 0, "attention: hidden ", hidden, " not divisible by ",
@@ -202,7 +209,7 @@ void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<Attenti
     rows[s].resize(static_cast<size_t>(a.past_len + a.q_len));
     for (int64_t t = 0; t < a.past_len + a.q_len; ++t) rows[s][static_cast<size_t>(t)] = a.row(t);
   }
-  const AttentionGeometry g{heads, hidden, hd, kv_width, group, scale};
+  const AttentionGeometry g{heads, hidden, hd, kv_width, group, params};
   decode_attention(out.data_as<float>(), q.data_as<float>(), seqs, rows, g, pool);
   prefill_attention(out.data_as<float>(), q.data_as<float>(), seqs, rows, g, pool);
 }

@@ -59,6 +59,8 @@ float apply_act(float v, Activation act) {
     case Activation::None: return v;
     case Activation::ReLU: return v > 0.f ? v : 0.f;
     case Activation::GELU: return 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));
+    case Activation::GELUTanh: return 0.5f * v * (1.f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    case Activation::SiLU: return v / (1.f + std::exp(-v));
   }
   return v;
 }
@@ -410,16 +412,33 @@ void CpuBackend::rope(const Tensor& x, const Tensor& positions, int head_dim, co
   if (tracer_) trace_op("rope", trace_t0, json::Value());
 }
 
-void CpuBackend::silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) {
+void CpuBackend::gated_mul(const Tensor& out, const Tensor& gate, const Tensor& up, Activation act) {
   const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
-  check_silu_mul(out, gate, up);
+  check_gated_mul(out, gate, up, act);
   float* o = out.data_as<float>();
   const float* g = gate.data_as<float>();
   const float* u = up.data_as<float>();
   ThreadPool::global().parallel_for(out.numel(), 1 << 14, [&](int64_t s, int64_t e) {
-    for (int64_t i = s; i < e; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    if (act == Activation::SiLU)  // the common case, without the switch per element
+      for (int64_t i = s; i < e; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    else
+      for (int64_t i = s; i < e; ++i) o[i] = apply_act(g[i], act) * u[i];
   });
-  if (tracer_) trace_op("silu_mul", trace_t0, json::Value());
+  if (tracer_) trace_op("gated_mul", trace_t0, json::Value());
+}
+
+void CpuBackend::scale(const Tensor& out, const Tensor& x, float factor, float cap) {
+  const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
+  check_scale(out, x, cap);
+  float* o = out.data_as<float>();
+  const float* v = x.data_as<float>();
+  ThreadPool::global().parallel_for(out.numel(), 1 << 14, [&](int64_t s, int64_t e) {
+    if (cap > 0)
+      for (int64_t i = s; i < e; ++i) o[i] = cap * std::tanh(factor * v[i] / cap);
+    else
+      for (int64_t i = s; i < e; ++i) o[i] = factor * v[i];
+  });
+  if (tracer_) trace_op("scale", trace_t0, json::Value());
 }
 
 void CpuBackend::linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -582,9 +601,9 @@ void CpuBackend::fill_random(const Tensor& t, uint64_t seed, float mean, float s
 }
 
 void CpuBackend::attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
-                           int heads, float scale) {
+                           int heads, const AttentionParams& params) {
   double t0 = tracer_ ? tracer_->now_us() : 0;
-  cpu_attention(out, q, seqs, heads, scale, ThreadPool::global());
+  cpu_attention(out, q, seqs, heads, params, ThreadPool::global());
   if (tracer_) {
     int64_t bytes = 0;
     for (const auto& a : seqs) bytes += 2 * (a.past_len + a.q_len) * a.k.dim(1) * static_cast<int64_t>(dtype_size(a.k.dtype()));

@@ -71,7 +71,8 @@ class CpuBackend final : public Backend {
                   float eps) override;
   void rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamma, float eps) override;
   void rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params) override;
-  void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) override;
+  void gated_mul(const Tensor& out, const Tensor& gate, const Tensor& up, Activation act) override;
+  void scale(const Tensor& out, const Tensor& x, float factor, float cap) override;
   void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
               Activation act) override;
   void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -82,7 +83,7 @@ class CpuBackend final : public Backend {
   void copy_rows(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) override;
   void fill_random(const Tensor& t, uint64_t seed, float mean, float stddev) override;
   void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs,
-                 int heads, float scale) override;
+                 int heads, const AttentionParams& params) override;
   void argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor& logits, int32_t valid) override;
 
  private:

@@ -36,6 +36,18 @@ struct Partial {
   float m, l;
 };
 
+// How scores are made and which keys a query sees (AttentionParams): s = scale · q·k, soft-capped
+// to cap · tanh(s / cap) when cap > 0; the query at position i attends keys from first(i) on.
+struct AttnMath {
+  float scale, cap;
+  int64_t window;
+  __device__ __forceinline__ float score(float dot) const {
+    const float s = dot * scale;
+    return cap > 0.f ? cap * tanhf(s / cap) : s;
+  }
+  __device__ __forceinline__ int64_t first(int64_t i) const { return window > 0 && i + 1 > window ? i + 1 - window : 0; }
+};
+
 // How a lane reads its key: element by element (any head_dim, any alignment), with 16-byte
 // loads (head_dim % 8 == 0, rows 16-byte aligned), or with 16-byte loads and head_dim known
 // at compile time (head_dim == 32 * CH: 32, 64, 128, 256), so the loops unroll completely.
@@ -81,7 +93,7 @@ struct KvRows {
 // head, updating this warp's (m, l, acc). q is in shared memory (fp32, head_dim).
 template <typename T, int CH, int LOAD>
 __device__ __forceinline__ void warp_attend(const KvRows<T>& kv, const float* __restrict__ q, int hd_runtime,
-                                            int64_t first, int64_t end, int64_t stride, float scale, float& m,
+                                            int64_t first, int64_t end, int64_t stride, const AttnMath& am, float& m,
                                             float& l, float (&acc)[CH]) {
   const int hd = LOAD == kVectorExact ? CH * 32 : hd_runtime;
   const int lane = threadIdx.x & 31;
@@ -103,7 +115,7 @@ __device__ __forceinline__ void warp_attend(const KvRows<T>& kv, const float* __
 #pragma unroll 8
         for (int i = 0; i < hd; ++i) d += q[i] * to_f32(kr[i]);
       }
-      s = d * scale;
+      s = am.score(d);
     }
     const float m_new = fmaxf(m, warp_max(s));
     const float p = t < end ? __expf(s - m_new) : 0.f;
@@ -143,7 +155,7 @@ __device__ __forceinline__ int find_seq(const AttnDesc* d, int n, int64_t row) {
 
 template <typename T, int CH, int LOAD>
 __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc* descs, int n_seqs, int64_t total_q,
-                                      int heads, int kv_heads, int hd, float scale) {
+                                      int heads, int kv_heads, int hd, AttnMath am) {
   __shared__ float qs[kWarps][CH * 32];
   const int64_t row_stride = static_cast<int64_t>(heads) * hd;     // q and out rows hold every head
   const int64_t kv_stride = static_cast<int64_t>(kv_heads) * hd;   // K/V rows hold every KV head
@@ -162,7 +174,7 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
   const int64_t kh = h / (heads / kv_heads);  // the KV head this query head reads (GQA)
   const KvRows<T> kv(d, descs, n_seqs, kh * hd, kv_stride);
-  warp_attend<T, CH, LOAD>(kv, qs[warp], hd, 0, n, 32, scale, m, l, acc);
+  warp_attend<T, CH, LOAD>(kv, qs[warp], hd, am.first(n - 1), n, 32, am, m, l, acc);
   float* o = out + row * row_stride + h * hd;
   const float inv = 1.f / l;
 #pragma unroll
@@ -176,7 +188,7 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
 // one float so the lanes hit distinct banks), then the warp accumulates V rows coalesced.
 template <typename T, int CH>
 __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc* descs, int n_seqs,
-                                      const AttnTile* tiles, int heads, int kv_heads, int hd, float scale) {
+                                      const AttnTile* tiles, int heads, int kv_heads, int hd, AttnMath am) {
   constexpr int HD = CH * 32, RPW = kAttnTileRows / kWarps, KT = 32;
   __shared__ float qs[kAttnTileRows][HD];
   __shared__ float ks[KT][HD + 1];
@@ -204,7 +216,8 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
 #pragma unroll
     for (int c = 0; c < CH; ++c) acc[rr][c] = 0.f;
   }
-  for (int64_t kb = 0; kb < n_keys; kb += KT) {
+  // From the 32-key tile holding the first row's first key (a window's start) to the last key.
+  for (int64_t kb = am.first(n_keys - rows) / KT * KT; kb < n_keys; kb += KT) {
     __syncthreads();  // the previous tile is consumed (and the queries are in place)
     for (int i = threadIdx.x; i < KT * hd; i += blockDim.x) {
       const int r = i / hd, c = i % hd;
@@ -216,17 +229,19 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
 #pragma unroll
     for (int rr = 0; rr < RPW; ++rr) {
       const int r = warp * RPW + rr;
-      const int64_t limit = static_cast<int64_t>(d.past) + tile.first + r + 1;  // keys [0, limit) for row r
-      if (r >= rows || kb >= limit) continue;                                     // the same for the whole warp
+      const int64_t limit = static_cast<int64_t>(d.past) + tile.first + r + 1;  // keys [lo, limit) for row r
+      const int64_t lo = am.first(limit - 1);
+      if (r >= rows || kb >= limit || kb + KT <= lo) continue;  // the same for the whole warp
       const int64_t t = kb + lane;
+      const bool seen = t < limit && t >= lo;
       float s = -FLT_MAX;
-      if (t < limit) {
+      if (seen) {
         float dot = 0.f;
         for (int i = 0; i < hd; ++i) dot += qs[r][i] * ks[lane][i];
-        s = dot * scale;
+        s = am.score(dot);
       }
       const float m_new = fmaxf(m[rr], warp_max(s));
-      const float p = t < limit ? __expf(s - m_new) : 0.f;
+      const float p = seen ? __expf(s - m_new) : 0.f;
       const float correction = __expf(m[rr] - m_new);
       l[rr] = l[rr] * correction + warp_sum(p);
 #pragma unroll
@@ -256,7 +271,7 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
 
 // Grid (splits, heads, seqs). Writes this split's partial to work.
 template <typename T, int CH, int LOAD>
-__global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int heads, int kv_heads, int hd, float scale,
+__global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int heads, int kv_heads, int hd, AttnMath am,
                                     int splits, float* work) {
   constexpr int HD = CH * 32;  // shared arrays sized for the largest head_dim of this CH
   const int64_t row_stride = static_cast<int64_t>(heads) * hd;
@@ -267,9 +282,9 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int split = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
   const AttnDesc d = descs[s];
-  const int64_t n = static_cast<int64_t>(d.past) + 1;
-  const int64_t per = (n + splits - 1) / splits;
-  const int64_t begin = split * per, end = begin + per < n ? begin + per : n;
+  const int64_t n = static_cast<int64_t>(d.past) + 1, lo = am.first(n - 1);  // keys [lo, n)
+  const int64_t per = (n - lo + splits - 1) / splits;
+  const int64_t begin = lo + split * per, end = begin + per < n ? begin + per : n;
   const float* qr = q + d.q_begin * row_stride + h * hd;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
   __syncthreads();
@@ -278,7 +293,7 @@ __global__ void decode_split_kernel(const float* q, const AttnDesc* descs, int h
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
   const int64_t kh = h / (heads / kv_heads);
   const KvRows<T> kv(d, descs, gridDim.z, kh * hd, kv_stride);
-  warp_attend<T, CH, LOAD>(kv, qs, hd, begin + warp * 32, end, 32 * kWarps, scale, m, l, acc);
+  warp_attend<T, CH, LOAD>(kv, qs, hd, begin + warp * 32, end, 32 * kWarps, am, m, l, acc);
   if (lane == 0) {
     wm[warp] = m;
     wl[warp] = l;
@@ -341,7 +356,7 @@ __device__ __forceinline__ void load_k_tile(T* ks, const KvRows<T>& kv, int64_t 
 // Lane j's scores of key j of the tile for each of the GC heads (-FLT_MAX past the tile's rows).
 template <typename T, int CH, int GC, int LOAD, int PITCH>
 __device__ __forceinline__ void score_tile(const T* ks, const float (*qs)[CH * 32], int rows, int hd, int lane,
-                                           float scale, float (&sc)[GC]) {
+                                           const AttnMath& am, float (&sc)[GC]) {
 #pragma unroll
   for (int g = 0; g < GC; ++g) sc[g] = -FLT_MAX;
   if (lane >= rows) return;
@@ -368,7 +383,7 @@ __device__ __forceinline__ void score_tile(const T* ks, const float (*qs)[CH * 3
     }
   }
 #pragma unroll
-  for (int g = 0; g < GC; ++g) sc[g] = dot[g] * scale;
+  for (int g = 0; g < GC; ++g) sc[g] = am.score(dot[g]);
 }
 
 // The online softmax over the tile's scores, and its V rows accumulated: coalesced, lane owning
@@ -452,7 +467,7 @@ __device__ __forceinline__ void merge_warps(float* part, const float (&m)[GC], c
 
 template <typename T, int CH, int GC, int LOAD>
 __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* descs, int heads, int kv_heads, int hd,
-                                    float scale, int splits, float* work) {
+                                    AttnMath am, int splits, float* work) {
   static_assert(sizeof(T) <= 2 && CH <= 4, "shared memory sized for 1- and 2-byte K and head_dim <= 128");
   constexpr int HD = CH * 32, KT = 32, PAD = 16 / static_cast<int>(sizeof(T)), PITCH = HD + PAD;
   constexpr int TILE_BYTES = kWarps * KT * PITCH * static_cast<int>(sizeof(T));
@@ -468,9 +483,9 @@ __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* 
   const int64_t row_stride = static_cast<int64_t>(heads) * hd;
   const int64_t kv_stride = static_cast<int64_t>(kv_heads) * hd;
   const AttnDesc d = descs[s];
-  const int64_t n = static_cast<int64_t>(d.past) + 1;
-  const int64_t per = (n + splits - 1) / splits;
-  const int64_t begin = split * per, end = begin + per < n ? begin + per : n;
+  const int64_t n = static_cast<int64_t>(d.past) + 1, lo = am.first(n - 1);  // keys [lo, n)
+  const int64_t per = (n - lo + splits - 1) / splits;
+  const int64_t begin = lo + split * per, end = begin + per < n ? begin + per : n;
   for (int i = threadIdx.x; i < GC * HD; i += blockDim.x) {
     const int g = i / HD, c = i % HD;
     qs[g][c] = c < hd ? q[d.q_begin * row_stride + (h0 + g) * hd + c] : 0.f;
@@ -491,7 +506,7 @@ __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* 
     load_k_tile<T, LOAD, PITCH>(ks, kv, t0, rows, hd, lane);
     __syncwarp();
     float sc[GC];
-    score_tile<T, CH, GC, LOAD, PITCH>(ks, qs, rows, hd, lane, scale, sc);
+    score_tile<T, CH, GC, LOAD, PITCH>(ks, qs, rows, hd, lane, am, sc);
     accumulate_tile<T, CH, GC>(kv, t0, rows, hd, lane, sc, m, l, acc);
     __syncwarp();  // the tile is consumed before the next one overwrites it
   }
@@ -535,12 +550,12 @@ int decode_splits(int64_t max_ctx) {
 
 template <typename T, int CH, int GC, int LOAD>
 void launch_group(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t max_ctx, int heads,
-                  int kv_heads, int hd, float scale, float* work, int sm_count, cudaStream_t stream) {
+                  int kv_heads, int hd, AttnMath am, float* work, int sm_count, cudaStream_t stream) {
   const int groups = heads / GC;
   const int splits = decode_group_splits(max_ctx, static_cast<int64_t>(groups) * n_seqs, sm_count);
   dim3 grid(splits, groups, static_cast<unsigned>(n_seqs));
   KVPR_LAUNCH(grid, kWarps * 32, 0, stream, decode_group_kernel<T, CH, GC, LOAD>)(out, q, descs, heads, kv_heads, hd,
-                                                                                 scale, splits, work);
+                                                                                 am, splits, work);
   CUDA_CHECK_LAUNCH();
   if (splits > 1) {
     KVPR_LAUNCH(dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream, decode_merge_kernel)(out, descs, heads, hd,
@@ -551,25 +566,25 @@ void launch_group(float* out, const float* q, const AttnDesc* descs, int64_t n_s
 
 template <typename T, int CH, int LOAD>
 void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
-               bool all_decode, int heads, int kv_heads, int hd, float scale, float* work, const AttnTile* tiles,
+               bool all_decode, int heads, int kv_heads, int hd, AttnMath am, float* work, const AttnTile* tiles,
                int64_t n_tiles, int sm_count, cudaStream_t stream) {
   if constexpr (sizeof(T) <= 2 && CH <= 4) {
     if (all_decode) {
       // The query heads of one KV head in groups of 4, 2 or 1, whichever divides them.
       const int g = heads / kv_heads;
       if (g % 4 == 0)
-        launch_group<T, CH, 4, LOAD>(out, q, descs, n_seqs, max_ctx, heads, kv_heads, hd, scale, work, sm_count, stream);
+        launch_group<T, CH, 4, LOAD>(out, q, descs, n_seqs, max_ctx, heads, kv_heads, hd, am, work, sm_count, stream);
       else if (g % 2 == 0)
-        launch_group<T, CH, 2, LOAD>(out, q, descs, n_seqs, max_ctx, heads, kv_heads, hd, scale, work, sm_count, stream);
+        launch_group<T, CH, 2, LOAD>(out, q, descs, n_seqs, max_ctx, heads, kv_heads, hd, am, work, sm_count, stream);
       else
-        launch_group<T, CH, 1, LOAD>(out, q, descs, n_seqs, max_ctx, heads, kv_heads, hd, scale, work, sm_count, stream);
+        launch_group<T, CH, 1, LOAD>(out, q, descs, n_seqs, max_ctx, heads, kv_heads, hd, am, work, sm_count, stream);
       return;
     }
   }
   if (all_decode) {
     const int splits = decode_splits(max_ctx);
     dim3 grid(splits, heads, static_cast<unsigned>(n_seqs));
-    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, decode_split_kernel<T, CH, LOAD>)(q, descs, heads, kv_heads, hd, scale, splits,
+    KVPR_LAUNCH(grid, kWarps * 32, 0, stream, decode_split_kernel<T, CH, LOAD>)(q, descs, heads, kv_heads, hd, am, splits,
                                                                                     work);
     CUDA_CHECK_LAUNCH();
     KVPR_LAUNCH(dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream, decode_merge_kernel)(out, descs, heads, hd, splits,
@@ -578,29 +593,29 @@ void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
   } else if (CH <= 4 && tiles && n_tiles > 0) {  // shared memory sized for head_dim <= 128
     if constexpr (CH <= 4) {
       KVPR_LAUNCH(dim3(static_cast<unsigned>(n_tiles), heads), kWarps * 32, 0, stream, attention_tile_kernel<T, CH>)(
-          out, q, descs, static_cast<int>(n_seqs), tiles, heads, kv_heads, hd, scale);
+          out, q, descs, static_cast<int>(n_seqs), tiles, heads, kv_heads, hd, am);
       CUDA_CHECK_LAUNCH();
     }
   } else {
     dim3 grid(static_cast<unsigned>(total_q), (heads + kWarps - 1) / kWarps);
     KVPR_LAUNCH(grid, kWarps * 32, 0, stream, attention_rows_kernel<T, CH, LOAD>)(out, q, descs, static_cast<int>(n_seqs), total_q,
-                                                                    heads, kv_heads, hd, scale);
+                                                                    heads, kv_heads, hd, am);
     CUDA_CHECK_LAUNCH();
   }
 }
 
 template <typename T, int CH>
 void launch(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
-            bool all_decode, int heads, int kv_heads, int hd, float scale, float* work, bool aligned,
+            bool all_decode, int heads, int kv_heads, int hd, AttnMath am, float* work, bool aligned,
             const AttnTile* tiles, int64_t n_tiles, int sm_count, cudaStream_t stream) {
   if (aligned && hd == CH * 32)
-    launch_as<T, CH, kVectorExact>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, scale, work, tiles,
+    launch_as<T, CH, kVectorExact>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, am, work, tiles,
                                      n_tiles, sm_count, stream);
   else if (aligned && hd % 8 == 0)
-    launch_as<T, CH, kVector>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, scale, work, tiles,
+    launch_as<T, CH, kVector>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, am, work, tiles,
                                      n_tiles, sm_count, stream);
   else
-    launch_as<T, CH, kScalar>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, scale, work, tiles,
+    launch_as<T, CH, kScalar>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, hd, am, work, tiles,
                                      n_tiles, sm_count, stream);
 }
 
@@ -669,18 +684,19 @@ int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int he
 
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t /*max_q_len*/, bool all_decode, int heads, int kv_heads, int head_dim, DType kv_dtype,
-               float scale, float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles, int sm_count,
-               cudaStream_t stream) {
+               float scale, float softcap, int64_t window, float* work, bool kv_aligned16, const AttnTile* tiles,
+               int64_t n_tiles, int sm_count, cudaStream_t stream) {
   if (n_seqs == 0 || total_q == 0) return;
+  const AttnMath am{scale, softcap, window};
   KVPR_CHECK(total_q <= 0x7fffffff && n_seqs <= 65535, "attention batch too large for the grid");
   KVPR_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads, " heads do not share ", kv_heads,
              " KV heads evenly");
   KVPR_STORAGE_DISPATCH(kv_dtype, T, {
     // Each lane owns CH consecutive dimensions of the head.
-    if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
-    else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
-    else if (head_dim <= 128) launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
-    else if (head_dim <= 256) launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, scale, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
+    if (head_dim <= 32) launch<T, 1>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, am, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
+    else if (head_dim <= 64) launch<T, 2>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, am, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
+    else if (head_dim <= 128) launch<T, 4>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, am, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
+    else if (head_dim <= 256) launch<T, 8>(out, q, descs, n_seqs, total_q, max_ctx, all_decode, heads, kv_heads, head_dim, am, work, kv_aligned16, tiles, n_tiles, sm_count, stream);
     else KVPR_THROW("CUDA attention supports head_dim up to 256, not ", head_dim);
   });
 }

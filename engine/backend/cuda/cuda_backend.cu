@@ -365,11 +365,17 @@ class CudaBackend final : public Backend {
           compute());
   }
 
-  void silu_mul(const Tensor& out, const Tensor& gate, const Tensor& up) override {
-    check_silu_mul(out, gate, up);
-    Traced t(*this, Stream::Compute, "silu_mul", 0, 0);
-    issue("silu_mul", &cuda::silu_mul, out.data_as<float>(), gate.data_as<float>(), up.data_as<float>(), out.numel(),
-          compute());
+  void gated_mul(const Tensor& out, const Tensor& gate, const Tensor& up, Activation act) override {
+    check_gated_mul(out, gate, up, act);
+    Traced t(*this, Stream::Compute, "gated_mul", 0, 0);
+    issue("gated_mul", &cuda::gated_mul, out.data_as<float>(), gate.data_as<float>(), up.data_as<float>(), out.numel(),
+          cuda::activation_code(act), compute());
+  }
+
+  void scale(const Tensor& out, const Tensor& x, float factor, float cap) override {
+    check_scale(out, x, cap);
+    Traced t(*this, Stream::Compute, "scale", 0, 0);
+    issue("scale", &cuda::scale, out.data_as<float>(), x.data_as<float>(), out.numel(), factor, cap, compute());
   }
 
   void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) override {
@@ -457,7 +463,9 @@ class CudaBackend final : public Backend {
   }
 
   void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs, int heads,
-                 float scale) override {
+                 const AttentionParams& params) override {
+    KVPR_CHECK(params.window >= 0 && params.softcap >= 0, "attention: window ", params.window, " and softcap ",
+               params.softcap, " must not be negative");
     check_f32(out, "attention output");
     check_f32(q, "attention query");
     const cuda::AttnBatch ab = cuda::describe_attention(q, seqs, heads);
@@ -481,7 +489,7 @@ class CudaBackend final : public Backend {
     }
     issue("attention", &cuda::attention, out.data_as<float>(), q.data_as<float>(),
           static_cast<const cuda::AttnDesc*>(dd), n, ab.total_q, ab.max_ctx, ab.max_q, ab.all_decode, heads,
-          ab.kv_heads, static_cast<int>(hd), ab.kv_dtype, scale, work, ab.aligned,
+          ab.kv_heads, static_cast<int>(hd), ab.kv_dtype, params.scale, params.softcap, params.window, work, ab.aligned,
           static_cast<const cuda::AttnTile*>(tiles), n_tiles, sm_count_, compute());
   }
 
@@ -593,7 +601,7 @@ class CudaBackend final : public Backend {
   }
   // out = act(out + bias) over B×M rows of N, when there is a bias or an activation.
   void bias_act(const Tensor& out, const Tensor& bias, Activation act, int64_t B, int64_t M, int64_t N) {
-    const int a = act == Activation::ReLU ? 1 : act == Activation::GELU ? 2 : 0;
+    const int a = cuda::activation_code(act);
     if (!bias.defined() && !a) return;
     issue("bias_act", &cuda::bias_act, out.data(), out.dtype(), bias.defined() ? bias.data() : nullptr,
           bias.defined() ? bias.dtype() : DType::F32, B, M, N, a, compute());

@@ -90,12 +90,26 @@ __global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, in
   }
 }
 
-__global__ void silu_mul_kernel(float* out, const float* gate, const float* up, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    out[i] = g / (1.f + expf(-g)) * up[i];
+__device__ __forceinline__ float activate(float v, int act) {
+  switch (act) {
+    case 1: return fmaxf(v, 0.f);
+    case 2: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    case 3: return 0.5f * v * (1.f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    case 4: return v / (1.f + expf(-v));
+    default: return v;
   }
+}
+
+__global__ void gated_mul_kernel(float* out, const float* gate, const float* up, int64_t n, int act) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = activate(gate[i], act) * up[i];
+}
+
+__global__ void scale_kernel(float* out, const float* x, int64_t n, float factor, float cap) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = cap > 0.f ? cap * tanhf(factor * x[i] / cap) : factor * x[i];
 }
 
 template <typename O, typename T>
@@ -105,8 +119,7 @@ __global__ void bias_act_kernel(O* out, const T* bias, int64_t batch, int64_t m,
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float v = to_f32(out[i]);
     if (bias) v += to_f32(bias[(i / per) * n + i % n]);
-    if (act == 1) v = fmaxf(v, 0.f);
-    else if (act == 2) v = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    v = activate(v, act);
     out[i] = from_f32<O>(v);
   }
 }
@@ -199,10 +212,27 @@ void rope(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t w
   CUDA_CHECK_LAUNCH();
 }
 
-void silu_mul(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream) {
+void gated_mul(float* out, const float* gate, const float* up, int64_t n, int act, cudaStream_t stream) {
   if (n == 0) return;
-  KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, silu_mul_kernel)(out, gate, up, n);
+  KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, gated_mul_kernel)(out, gate, up, n, act);
   CUDA_CHECK_LAUNCH();
+}
+
+void scale(float* out, const float* x, int64_t n, float factor, float cap, cudaStream_t stream) {
+  if (n == 0) return;
+  KVPR_LAUNCH(grid_for(n, 256), 256, 0, stream, scale_kernel)(out, x, n, factor, cap);
+  CUDA_CHECK_LAUNCH();
+}
+
+int activation_code(Activation a) {
+  switch (a) {
+    case Activation::None: return 0;
+    case Activation::ReLU: return 1;
+    case Activation::GELU: return 2;
+    case Activation::GELUTanh: return 3;
+    case Activation::SiLU: return 4;
+  }
+  return 0;
 }
 
 void bias_act(void* out, DType out_dtype, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n,

@@ -35,8 +35,13 @@ void rms_norm(float* out, const float* x, const void* gamma, DType gamma_dtype, 
 // x [rows, width] F32 in place; row r turns by positions[r % t] (Backend::rope).
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t width, int head_dim,
           RopeParams params, cudaStream_t stream);
-void silu_mul(float* out, const float* gate, const float* up, int64_t n, cudaStream_t stream);
-// out[b, m, n] = act(out[b, m, n] + bias[b, n]) (bias may be null); act: 0 none, 1 relu, 2 gelu.
+// out = act(gate) * up (Backend::gated_mul; act as bias_act's).
+void gated_mul(float* out, const float* gate, const float* up, int64_t n, int act, cudaStream_t stream);
+// out = factor * x, or cap * tanh(factor * x / cap) when cap > 0 (Backend::scale).
+void scale(float* out, const float* x, int64_t n, float factor, float cap, cudaStream_t stream);
+// The activation codes of the kernels: 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh), 4 silu.
+int activation_code(Activation a);
+// out[b, m, n] = act(out[b, m, n] + bias[b, n]) (bias may be null; act: activation_code's).
 // out in F32, F16 or BF16 (a GEMM's fp16 output rounded once more, after the bias).
 void bias_act(void* out, DType out_dtype, const void* bias, DType bias_dtype, int64_t batch, int64_t m, int64_t n,
               int act, cudaStream_t stream);
@@ -90,7 +95,8 @@ inline std::vector<AttnTile> attention_tiles(const AttnDesc* descs, int64_t n_se
   return t;
 }
 
-// Attention over `n_seqs` sequences (descriptors in device memory). q, out [T, heads*hd] F32;
+// Attention over `n_seqs` sequences (descriptors in device memory), scored and windowed as
+// AttentionParams{scale, window, softcap} says. q, out [T, heads*hd] F32;
 // K and V rows [kv_heads*hd]: query head h reads KV head h / (heads / kv_heads) (grouped-query
 // attention; kv_heads == heads is multi-head attention).
 // Decode rows (q_len == 1) use a split-context kernel whose partials live in `work`
@@ -126,7 +132,7 @@ AttnBatch describe_attention(const Tensor& q, const std::vector<AttentionSeq>& s
 int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim);
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t max_q_len, bool all_decode, int heads, int kv_heads, int head_dim, DType kv_dtype, float scale,
-               float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles, int sm_count,
+               float softcap, int64_t window, float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles, int sm_count,
                cudaStream_t stream);
 
 // One span of copy_rows as the kernel reads it: `first` is the index of the span's first row

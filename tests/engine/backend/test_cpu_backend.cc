@@ -203,9 +203,28 @@ TEST_P(CpuOps, RmsNormRopeAndSiluMul) {
 
   Tensor gate = random_tensor(be, DType::F32, {T, D}, rng, 3.f), up = random_tensor(be, DType::F32, {T, D}, rng);
   auto gtv = as_double(gate), uv = as_double(up);
-  be.silu_mul(gate, gate, up);  // in place
+  Tensor geglu = be.alloc(DType::F32, {T, D});
+  be.gated_mul(geglu, gate, up, Activation::GELUTanh);  // Gemma's GeGLU: torch's gelu(approximate="tanh")
+  for (int i = 0; i < T * D; ++i)
+    ref[i] = 0.5 * gtv[i] * (1 + std::tanh(std::sqrt(2 / M_PI) * (gtv[i] + 0.044715 * std::pow(gtv[i], 3)))) * uv[i];
+  EXPECT_TRUE(test::close_rel(ref, geglu.data_as<float>(), ref.size(), 1e-5));
+  be.gated_mul(gate, gate, up, Activation::SiLU);  // in place
   for (int i = 0; i < T * D; ++i) ref[i] = gtv[i] / (1 + std::exp(-gtv[i])) * uv[i];
   EXPECT_TRUE(test::close_rel(ref, gate.data_as<float>(), ref.size(), 1e-6));
+  EXPECT_THROW(be.gated_mul(gate, gate, up, Activation::None), Error);
+
+  // Scaled (Gemma's embedding scale) and soft-capped (Gemma 2's final logits, 30 · tanh(x / 30)).
+  Tensor xs = random_tensor(be, DType::F32, {T, D}, rng, 40.f), ys = be.alloc(DType::F32, {T, D});
+  auto xsv = as_double(xs);
+  be.scale(ys, xs, 2.5f, 0.f);
+  for (int i = 0; i < T * D; ++i) ref[i] = 2.5 * xsv[i];
+  EXPECT_TRUE(test::close_rel(ref, ys.data_as<float>(), ref.size(), 1e-6));
+  be.scale(xs, xs, 1.f, 30.f);
+  int capped = 0;
+  for (int i = 0; i < T * D; ++i) ref[i] = 30 * std::tanh(xsv[i] / 30), capped += std::fabs(xsv[i]) > 30;
+  EXPECT_TRUE(test::close_rel(ref, xs.data_as<float>(), ref.size(), 1e-5));
+  EXPECT_GT(capped, 0);  // values beyond the cap, squeezed into it
+  EXPECT_THROW(be.scale(xs, xs, 1.f, -1.f), Error);
 }
 
 TEST_P(CpuOps, AttentionPrefillAndDecodeOverCache) {
@@ -233,9 +252,13 @@ TEST_P(CpuOps, AttentionPrefillAndDecodeOverCache) {
       seqs.push_back(a);
       off += s.q_len;
     }
+    // Full causal; a window of 6 keys (shorter than every context but the first rows'); a window
+    // and Gemma 2's soft-cap of the scores (3, where scores of ~±4 are far from linear).
+    for (const AttentionParams& params : {AttentionParams(0.3f), AttentionParams(0.3f, 6, 0.f),
+                                          AttentionParams(1.5f, 6, 3.f)}) {
     Tensor out = be.alloc(DType::F32, {T, hidden});
-    const float scale = 0.3f;
-    be.attention(out, q, seqs, heads, scale);
+    const double scale = params.scale;
+    be.attention(out, q, seqs, heads, params);
     auto qv = as_double(q);
     std::vector<double> ref(T * hidden);
     for (const auto& a : seqs) {
@@ -243,24 +266,29 @@ TEST_P(CpuOps, AttentionPrefillAndDecodeOverCache) {
       for (int j = 0; j < a.q_len; ++j)
         for (int h = 0; h < heads; ++h) {
           const int kh = h / group;  // modeling_llama's repeat_kv: query head h reads KV head h / group
-          int n = static_cast<int>(a.past_len) + j + 1;
+          const int n = static_cast<int>(a.past_len) + j + 1;  // query position n - 1
+          // transformers' sliding_window_overlay: key t is seen iff n - 1 - window < t.
+          const int first = params.window > 0 ? std::max(0, n - static_cast<int>(params.window)) : 0;
           std::vector<double> sc(n);
           double mx = -1e300, sum = 0;
-          for (int t = 0; t < n; ++t) {
+          for (int t = first; t < n; ++t) {
             double s = 0;
             for (int e = 0; e < hd; ++e) s += qv[(a.q_begin + j) * hidden + h * hd + e] * kv[t * kvw + kh * hd + e];
             sc[t] = s * scale;
+            if (params.softcap > 0) sc[t] = params.softcap * std::tanh(sc[t] / params.softcap);
             mx = std::max(mx, sc[t]);
           }
-          for (int t = 0; t < n; ++t) sum += sc[t] = std::exp(sc[t] - mx);
+          for (int t = first; t < n; ++t) sum += sc[t] = std::exp(sc[t] - mx);
           for (int e = 0; e < hd; ++e) {
             double o = 0;
-            for (int t = 0; t < n; ++t) o += sc[t] / sum * vv[t * kvw + kh * hd + e];
+            for (int t = first; t < n; ++t) o += sc[t] / sum * vv[t * kvw + kh * hd + e];
             ref[(a.q_begin + j) * hidden + h * hd + e] = o;
           }
         }
     }
-    EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), 1e-5)) << kv_heads << " KV heads";
+    EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), 1e-5))
+        << kv_heads << " KV heads, window " << params.window << ", softcap " << params.softcap;
+    }
   }
   // K/V widths that are not a whole number of KV heads dividing the query heads.
   Tensor q = be.alloc(DType::F32, {1, hidden}), out = be.alloc(DType::F32, {1, hidden});

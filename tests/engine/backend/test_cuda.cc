@@ -223,10 +223,16 @@ TEST_P(CudaKvOps, AttentionPrefillMixedAndLongDecode) {
       }
       Tensor oc = cpu.alloc(DType::F32, {T, hidden}), og = gpu->alloc(DType::F32, {T, hidden});
       const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-      cpu.attention(oc, q.cpu, sc, heads, scale);
-      gpu->attention(og, q.gpu, sg, heads, scale);
-      EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), T * hidden, 1e-4))
-          << "head_dim " << hd << ", " << kv_heads << " KV heads" << (decode_only ? " decode" : " mixed");
+      // Full causal; windows of 3 keys (inside a tile and a 32-key chunk), 40 (across tiles) and
+      // 600 (across decode splits); a soft-cap far from linear.
+      for (const AttentionParams& params : {AttentionParams(scale), AttentionParams(scale, 3, 0.f),
+                                            AttentionParams(scale, 40, 0.f), AttentionParams(4 * scale, 600, 1.5f)}) {
+        cpu.attention(oc, q.cpu, sc, heads, params);
+        gpu->attention(og, q.gpu, sg, heads, params);
+        EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), T * hidden, 1e-4))
+            << "head_dim " << hd << ", " << kv_heads << " KV heads" << (decode_only ? " decode" : " mixed")
+            << ", window " << params.window << ", softcap " << params.softcap;
+      }
     }
   }
 }
@@ -304,11 +310,19 @@ TEST_P(CudaOps, LlamaOpsMatchCpu) {
   EXPECT_THROW(gpu->rope(og, gpu->alloc(DType::I32, {T}), 6, RopeParams{}), Error);  // 333 is no multiple of 6
 
   Pair gate = random_pair(cpu, *gpu, DType::F32, {T, D}, 54, 4.f), up = random_pair(cpu, *gpu, DType::F32, {T, D}, 55);
-  cpu.silu_mul(oc, gate.cpu, up.cpu);
-  gpu->silu_mul(og, gate.gpu, up.gpu);
+  cpu.gated_mul(oc, gate.cpu, up.cpu, Activation::GELUTanh);  // Gemma's GeGLU
+  gpu->gated_mul(og, gate.gpu, up.gpu, Activation::GELUTanh);
   EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), T * D, 1e-5));
-  gpu->silu_mul(gate.gpu, gate.gpu, up.gpu);
+  cpu.gated_mul(oc, gate.cpu, up.cpu, Activation::SiLU);
+  gpu->gated_mul(og, gate.gpu, up.gpu, Activation::SiLU);
+  EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), T * D, 1e-5));
+  gpu->gated_mul(gate.gpu, gate.gpu, up.gpu, Activation::SiLU);
   EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, gate.gpu).data(), T * D, 1e-5));
+  for (float cap : {0.f, 2.f}) {  // Gemma's embedding scale; a soft-cap below most |x|
+    cpu.scale(oc, up.cpu, 3.f, cap);  // (gate.gpu was overwritten in place above)
+    gpu->scale(og, up.gpu, 3.f, cap);
+    EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), T * D, 1e-5)) << "cap " << cap;
+  }
 }
 
 TEST_P(CudaKvOps, CopyRowsMatchesCpu) {

@@ -298,7 +298,8 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
                                           "high_freq_factor": 1.0, "original_max_position_embeddings": 8192})"),
              "config.json: llama3 rope scaling needs high_freq_factor above low_freq_factor");
-  EXPECT_HAS(error_for("hidden_act", "\"gelu\""), "config.json: hidden_act \"gelu\" is not supported (silu)");
+  EXPECT_HAS(error_for("hidden_act", "\"quick_gelu\""),
+             "config.json: hidden_act \"quick_gelu\" is not supported (silu, gelu, gelu_pytorch_tanh)");
   EXPECT_HAS(error_for("num_attention_heads", "5"), "is not divisible into 5 heads");
   EXPECT_HAS(error_for("intermediate_size", "\"80\""), "config.json: \"intermediate_size\": expected an integer");
   EXPECT_EQ(error_for("rope_scaling", "null"), "");
@@ -312,10 +313,17 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   EXPECT_EQ(s.ffn_dim, 80);
   EXPECT_EQ(LlamaConfig::load(fixture("f16_bin_rope_parameters")).rope_theta, 20000.0);
   EXPECT_EQ(LlamaConfig::load(fixture("bf16_tied_scaled_sharded")).rope_freq_scale, 0.5);
-  // Mistral: the context served is the sliding window, where full attention is exact.
+  // Mistral: every layer slides its window, and the context served is max_position_embeddings
+  // (the window masks the attention, exactly as transformers does).
   const ModelSpec mistral = load_model_spec(fixture("mistral_sliding_window"));
   EXPECT_EQ(mistral.model_type, "mistral");
-  EXPECT_EQ(mistral.max_position_embeddings, 32);
+  EXPECT_EQ(mistral.max_position_embeddings, 64);
+  const LlamaConfig mistral_config = LlamaConfig::load(fixture("mistral_sliding_window"));
+  EXPECT_EQ(mistral_config.window(0), 5);
+  EXPECT_EQ(mistral_config.window(1), 5);
+  EXPECT_HAS(error_for("layer_types", R"(["sliding_attention", "chunked_attention"])"),
+             "config.json: layer_types[1] \"chunked_attention\" is not supported (sliding_attention, full_attention)");
+  EXPECT_HAS(error_for("layer_types", R"(["sliding_attention"])"), "config.json: layer_types must list one type per layer (2)");
   EXPECT_HAS(error_for("model_type", "\"gemma\""), "config.json: model_type \"gemma\" is not supported");
   // Qwen2: biases on q/k/v only; its sliding_window counts only with use_sliding_window, and
   // then only when some layer (those from max_window_layers on) slides.
@@ -324,16 +332,19 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   EXPECT_FALSE(qwen.o_bias);
   EXPECT_EQ(qwen.context(), 64);
   EXPECT_STREQ(qwen.architecture(), "Qwen2ForCausalLM");
-  auto qwen_context = [&](bool use, int64_t max_window_layers) {
+  // Which layers slide (window 4), as transformers' Qwen2Config builds layer_types.
+  auto qwen_windows = [&](bool use, int64_t max_window_layers) {
     json::Value cfg = json::parse(test::read_file(fixture("qwen2_qkv_bias_tied_bf16") + "/config.json"));
     cfg.set("use_sliding_window", use);
     cfg.set("max_window_layers", max_window_layers);
-    return LlamaConfig::from_json(cfg, "config.json").context();
+    const LlamaConfig c = LlamaConfig::from_json(cfg, "config.json");
+    EXPECT_EQ(c.context(), 64);
+    return std::vector<int64_t>{c.window(0), c.window(1)};
   };
-  EXPECT_EQ(qwen_context(false, 0), 64);
-  EXPECT_EQ(qwen_context(true, 0), 4);
-  EXPECT_EQ(qwen_context(true, 1), 4);
-  EXPECT_EQ(qwen_context(true, 2), 64);  // both layers below max_window_layers: full attention
+  EXPECT_EQ(qwen_windows(false, 0), (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(qwen_windows(true, 0), (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(qwen_windows(true, 1), (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(qwen_windows(true, 2), (std::vector<int64_t>{0, 0}));  // both below max_window_layers
   // Qwen3: its own head width (Q 64 wide on a hidden size of 32), per-head Q/K norms, no biases.
   const LlamaConfig q3 = LlamaConfig::load(fixture("qwen3_head_dim_qk_norm_bf16"));
   EXPECT_EQ(q3.head_dim(), 16);
