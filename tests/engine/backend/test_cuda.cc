@@ -495,7 +495,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModels,
                                            "llama/mistral_sliding_window", "llama/qwen2_qkv_bias_tied_bf16",
                                            "llama/qwen3_head_dim_qk_norm_bf16", "llama/qwen3_mha_head_dim_f32",
                                            "llama/qwen2_yarn_gqa_f32", "llama/qwen3_moe_dense_layer_f32",
-                                           "llama/qwen2_moe_shared_expert_bf16", "llama/mixtral_gqa_f16_bin"),
+                                           "llama/qwen2_moe_shared_expert_bf16", "llama/mixtral_gqa_f16_bin",
+                                           "gemma/gemma2_f32", "gemma/gemma3_text_f32", "gemma/gemma3_wrapper_bf16",
+                                           "gemma/mistral3_wrapper_f32"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;
                            std::replace(n.begin(), n.end(), '/', '_');
