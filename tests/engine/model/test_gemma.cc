@@ -17,6 +17,7 @@
 #include "engine/decode/generator.h"
 #include "engine/model/llama_model.h"
 #include "tests/engine/kv/kv_mode_check.h"
+#include "tests/engine/model/reference_check.h"
 #include "tests/test_util.h"
 
 using namespace kvpr;
@@ -37,31 +38,7 @@ TEST_P(GemmaForward, LogitsMatchFloat64Reference) {
   CpuBackend be;
   std::unique_ptr<Model> model = load_model(be, dir);
   ASSERT_NE(dynamic_cast<LlamaModel*>(model.get()), nullptr);
-  NpyArray ids = read_npy(dir + "/input_ids.npy");
-  NpyArray ref = read_npy(dir + "/logits.npy");
-  const int64_t T = static_cast<int64_t>(ids.values.size()), V = model->spec().vocab_size;
-  ASSERT_EQ(ref.shape, (std::vector<int64_t>{T, V}));
-  std::vector<int32_t> tokens(ids.values.begin(), ids.values.end());
-  KvRuntimeOptions f32;
-  f32.kv_dtype = DType::F32;
-  const int64_t ctx = model->spec().max_position_embeddings;
-  auto cache = model->make_kv_runtime(1, ctx, f32);
-  Tensor logits = Tensor::host(DType::F32, {T, V});
-  model->forward({ForwardChunk{tokens.data(), T, 0, 0}}, *cache, logits, /*all_positions=*/true);
-  EXPECT_TRUE(test::close_rel(ref.values, logits.data_as<float>(), ref.values.size(), 1e-4));
-
-  // A prefill of 5, then one token at a time at positions 5.. through the cache: past the
-  // windows (4 and 5 keys), so the sliding layers drop keys the global ones keep.
-  auto cache2 = model->make_kv_runtime(1, ctx, f32);
-  Tensor rows5 = Tensor::host(DType::F32, {5, V});
-  model->forward({ForwardChunk{tokens.data(), 5, 0, 0}}, *cache2, rows5, true);
-  std::vector<float> got(rows5.data_as<float>(), rows5.data_as<float>() + 5 * V);
-  Tensor one = Tensor::host(DType::F32, {1, V});
-  for (int64_t t = 5; t < T; ++t) {
-    model->forward({ForwardChunk{tokens.data() + t, 1, t, 0}}, *cache2, one);
-    got.insert(got.end(), one.data_as<float>(), one.data_as<float>() + V);
-  }
-  EXPECT_TRUE(test::close_rel(ref.values, got.data(), got.size(), 1e-4));
+  test::expect_logits_match_reference(*model, dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GemmaForward, ::testing::ValuesIn(kFixtures),
@@ -70,20 +47,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GemmaForward, ::testing::ValuesIn(kFixtures),
 TEST(Gemma, GreedyTokensMatchReference) {
   test::TempDir tmp;
   Tokenizer tok = test::char_tokenizer(tmp, 96);
-  for (const char* name : kFixtures) {
-    CpuBackend be;
-    std::unique_ptr<Model> model = load_model(be, fixture(name));
-    NpyArray ids = read_npy(fixture(name) + "/input_ids.npy");
-    NpyArray greedy = read_npy(fixture(name) + "/greedy.npy");
-    std::vector<int32_t> prompt(ids.values.begin(), ids.values.begin() + 5);
-    GeneratorOptions o;
-    o.kv_dtype = DType::F32;
-    GenerationParams p;
-    p.max_new_tokens = 8;
-    p.ignore_eos = true;
-    auto r = Generator(*model, tok, o).generate_all({prompt}, p);
-    EXPECT_EQ(r[0].tokens, std::vector<int32_t>(greedy.values.begin(), greedy.values.end())) << name;
-  }
+  for (const char* name : kFixtures) test::expect_greedy_matches_reference(fixture(name), tok);
 }
 
 // Every KV mode on the CPU backend gives the tokens of resident decoding; KVPR's forced split
