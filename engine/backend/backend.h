@@ -131,6 +131,9 @@ LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, co
 // their frequency, pairs from yarn_high on are divided by yarn_factor, and between the two the
 // weight of the divided one ramps linearly, (i - yarn_low) / (yarn_high - yarn_low); cos and sin
 // are then multiplied by attention_scale (YaRN's attention factor), which scales Q·K by its square.
+// With rotary_dim > 0 (partial rotary: Phi's partial_rotary_factor) only the first rotary_dim
+// elements of each head turn, pairs (i, i + rotary_dim/2) with frequencies over rotary_dim (the
+// exponent's denominator), and the rest pass unchanged.
 struct RopeParams {
   float theta = 10000.f;
   float freq_scale = 1.f;  // "linear": 1 / factor
@@ -139,10 +142,11 @@ struct RopeParams {
   float yarn_factor = 0.f;  // 0: no YaRN
   float yarn_low = 0.f, yarn_high = 0.f;
   float attention_scale = 1.f;
+  int rotary_dim = 0;  // 0: the whole head
 };
 
 // Throws unless rope's tensors fit (see Backend::rope); returns T, the rows positions covers.
-int64_t check_rope(const Tensor& x, const Tensor& positions, int head_dim);
+int64_t check_rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params);
 // Throws unless scatter_add_rows's tensors fit.
 void check_scatter_add_rows(const Tensor& out, const Tensor& src, const Tensor& ids, const Tensor& scales);
 // Throws unless rms_norm's, gated_mul's and scale's tensors fit.
@@ -259,8 +263,9 @@ class Backend {
   // Rotary position embedding (Llama, Hugging Face's rotate_half layout), in place. x is
   // [..., T, width] F32 with width a multiple of head_dim; every row r of the last two dims is
   // rotated by position positions[r % T] (I32 [T], device memory): in each head, element i and
-  // i + head_dim/2 turn by the angle rope_angle(p, i, head_dim, params), computed in fp32 as
-  // Hugging Face does. Q and K stacked as [2, T, hidden] turn in one call.
+  // i + d/2 turn by the angle rope_angle(p, i, d, params), d = rope_dims(head_dim, params) (the
+  // head, or its rotary part), computed in fp32 as Hugging Face does. Q and K stacked as
+  // [2, T, hidden] turn in one call.
   virtual void rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params) = 0;
   // out = act(gate) * up elementwise: a gated MLP's gate (SiLU: SwiGLU, Llama's; GELUTanh:
   // GeGLU, Gemma's); out may alias gate or up.
@@ -360,7 +365,10 @@ KVPR_HD inline float random_normal(uint64_t seed, uint64_t i) {
   return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2);
 }
 
-// The frequency of element pair i (RopeParams).
+// The elements of a head of head_dim that turn (RopeParams::rotary_dim).
+KVPR_HD inline int rope_dims(int head_dim, const RopeParams& r) { return r.rotary_dim > 0 ? r.rotary_dim : head_dim; }
+
+// The frequency of element pair i (RopeParams), of a rotation over head_dim elements (rope_dims').
 KVPR_HD inline float rope_inv_freq(int i, int head_dim, const RopeParams& r) {
   double f = static_cast<double>(r.freq_scale) /
              pow(static_cast<double>(r.theta), 2.0 * i / static_cast<double>(head_dim));

@@ -81,6 +81,7 @@ void read_attention(const ConfigFields& f, LlamaConfig& c) {
     c.qkv_bias = c.o_bias = attention_bias;
   }
   c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe" || c.model_type == "gemma3_text";
+  c.fused_projections = c.model_type == "phi3";
 }
 
 // Rotary embedding: rope_theta (transformers 4) or rope_parameters (transformers 5), and
@@ -108,8 +109,9 @@ YarnFields read_rope(const ConfigFields& f, LlamaConfig& c) {
     p.get_double("rope_theta", &c.rope_theta);
     if (p.find("rope_type") || p.find("type")) scaling = rp;
   }
-  if (double partial = 1.0; f.get_double("partial_rotary_factor", &partial), partial != 1.0)
-    KVPR_THROW(source, ": partial_rotary_factor ", partial, " is not supported (rotary embeddings over whole heads)");
+  f.get_double("partial_rotary_factor", &c.partial_rotary_factor);
+  KVPR_CHECK(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1, source, ": partial_rotary_factor ",
+             c.partial_rotary_factor, " must be in (0, 1]");
   KVPR_CHECK(c.local_rope_theta >= 0, source, ": rope_local_base_freq must not be negative");
   if (!scaling) return yarn;
   ConfigFields s(*scaling, source + ": rope scaling");
@@ -169,6 +171,8 @@ void check_heads(const ConfigFields& f, LlamaConfig& c) {
   KVPR_CHECK(c.num_kv_heads <= c.num_heads && c.num_heads % c.num_kv_heads == 0, source, ": num_key_value_heads ",
              c.num_kv_heads, " does not divide num_attention_heads ", c.num_heads);
   KVPR_CHECK(c.vocab_size < (int64_t{1} << 31), source, ": vocab_size too large");
+  KVPR_CHECK(c.rope_dim() > 0 && c.rope_dim() % 2 == 0, source, ": partial_rotary_factor ", c.partial_rotary_factor,
+             " turns ", c.rope_dim(), " of ", c.head_dim(), " elements of a head, which must be a positive even number");
 }
 
 
@@ -282,8 +286,8 @@ LlamaConfig LlamaConfig::from_json(const json::Value& top, const std::string& to
 }
 
 namespace {
-const char* const kLlamaFamily[] = {"llama",  "mistral",     "mixtral", "qwen2",   "qwen2_moe", "qwen3",
-                                    "qwen3_moe", "gemma2", "gemma3_text", "gemma3", "mistral3"};
+const char* const kLlamaFamily[] = {"llama",  "mistral",     "mixtral", "qwen2",  "qwen2_moe", "qwen3",
+                                    "qwen3_moe", "gemma2", "gemma3_text", "gemma3", "mistral3", "phi3"};
 }  // namespace
 
 bool is_llama_family(const std::string& model_type) {
@@ -293,7 +297,7 @@ bool is_llama_family(const std::string& model_type) {
 }
 
 const char* llama_family_names() {
-  return "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma2, gemma3_text, gemma3 or mistral3";
+  return "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma2, gemma3_text, gemma3, mistral3 or phi3";
 }
 
 void LlamaConfig::read_moe(const ConfigFields& f, LlamaConfig& c) {
@@ -334,8 +338,8 @@ void LlamaConfig::set_yarn(double factor, double original, double beta_fast, dou
   KVPR_CHECK(original > 0 && beta_fast > 0 && beta_slow > 0, source,
              ": yarn rope scaling needs positive original_max_position_embeddings, beta_fast and beta_slow");
   // The element pair whose wavelength turns `rotations` times over the original context:
-  // dim * ln(original / (2 pi rotations)) / (2 ln theta), in pairs of dim = head_dim.
-  const double dim = static_cast<double>(head_dim());
+  // dim * ln(original / (2 pi rotations)) / (2 ln theta), in pairs of dim = the rotary part.
+  const double dim = static_cast<double>(rope_dim());
   auto correction_dim = [&](double rotations) {
     return dim * std::log(original / (rotations * 2 * M_PI)) / (2 * std::log(rope_theta));
   };
@@ -355,6 +359,7 @@ RopeParams LlamaConfig::rope_params(int64_t layer) const {
   if (local_rope_theta > 0 && sliding(layer)) {  // Gemma 3's local layers: their base, no scaling
     RopeParams r;
     r.theta = static_cast<float>(local_rope_theta);
+    if (rope_dim() < head_dim()) r.rotary_dim = static_cast<int>(rope_dim());
     return r;
   }
   return rope_params();
@@ -372,6 +377,7 @@ RopeParams LlamaConfig::rope_params() const {
   r.yarn_low = static_cast<float>(rope_yarn_low);
   r.yarn_high = static_cast<float>(rope_yarn_high);
   r.attention_scale = static_cast<float>(rope_attention_factor);
+  if (rope_dim() < head_dim()) r.rotary_dim = static_cast<int>(rope_dim());
   return r;
 }
 

@@ -1,5 +1,5 @@
 // The Llama architecture's hyper-parameters (Llama-2 and the models built like it: Mistral,
-// Qwen2/3, Mixtral, Qwen-MoE, Gemma 2/3), read from a Hugging Face config.json, or from the
+// Qwen2/3, Mixtral, Qwen-MoE, Gemma 2/3, Phi-3/4), read from a Hugging Face config.json, or from the
 // text_config of a ForConditionalGeneration wrapper (gemma3, mistral3) whose text model is one.
 #pragma once
 
@@ -117,6 +117,12 @@ struct LlamaConfig {
   // multiplied by sqrt(hidden_size) rounded to the weights' dtype (the tied head reads them
   // unscaled).
   bool gemma_norms = false;
+  // Phi-3: Q, K and V in one matrix (qkv_proj, rows q then k then v) and gate and up in another
+  // (gate_up_proj, gate's rows first).
+  bool fused_projections = false;
+  // partial_rotary_factor (Phi-4-mini: 0.75): rope turns the first rope_dim() elements of a head.
+  double partial_rotary_factor = 1.0;
+  int64_t rope_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim()) * partial_rotary_factor); }
   // The ForConditionalGeneration wrapper read ("gemma3", "mistral3"; empty: none): its text
   // model's weights are under language_model.model. (or model.language_model.), its head under
   // language_model.lm_head. (or lm_head.); the vision tower's are not read.
@@ -141,6 +147,7 @@ struct LlamaConfig {
            : model_type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
            : model_type == "gemma2"    ? "Gemma2ForCausalLM"
            : model_type == "gemma3_text" ? "Gemma3ForCausalLM"
+           : model_type == "phi3"      ? "Phi3ForCausalLM"
                                        : "LlamaForCausalLM";
   }
 

@@ -82,9 +82,13 @@ void LlamaModel::assemble(const WeightSource& fetch) {
     LlamaLayer L;
     Parts P;
     L.attn_norm = gain(p + "input_layernorm.weight");
-    P.wq = matrix(p + "self_attn.q_proj.weight", {qw, h});
-    P.wk = matrix(p + "self_attn.k_proj.weight", {kvh, h});
-    P.wv = matrix(p + "self_attn.v_proj.weight", {kvh, h});
+    if (c.fused_projections) {  // Phi-3: rows q, k, v of one matrix
+      P.wqkv = matrix(p + "self_attn.qkv_proj.weight", {qw + 2 * kvh, h});
+    } else {
+      P.wq = matrix(p + "self_attn.q_proj.weight", {qw, h});
+      P.wk = matrix(p + "self_attn.k_proj.weight", {kvh, h});
+      P.wv = matrix(p + "self_attn.v_proj.weight", {kvh, h});
+    }
     L.wo = matrix(p + "self_attn.o_proj.weight", {h, qw});
     if (c.qk_norm) {
       L.q_norm = fetch(p + "self_attn.q_norm.weight", {c.head_dim()}, true, WeightRole::NormGain);
@@ -119,6 +123,9 @@ void LlamaModel::assemble(const WeightSource& fetch) {
         L.shared_down = matrix(m + "shared_expert.down_proj.weight", {h, fs});
         L.shared_gate = matrix(m + "shared_expert_gate.weight", {1, h});
       }
+    } else if (c.fused_projections) {  // Phi-3: gate's rows, then up's
+      P.w_gate_up = matrix(p + "mlp.gate_up_proj.weight", {2 * f, h});
+      L.w_down = matrix(p + "mlp.down_proj.weight", {h, f});
     } else {
       P.w_gate = matrix(p + "mlp.gate_proj.weight", {f, h});
       P.w_up = matrix(p + "mlp.up_proj.weight", {f, h});
@@ -165,7 +172,15 @@ void LlamaModel::stack_weights() {
   for (size_t i = 0; i < layers_.size(); ++i) {
     LlamaLayer& L = layers_[i];
     Parts& P = parts_[i];
-    if (config_.num_kv_heads == config_.num_heads) {
+    const int64_t qw = config_.q_width(), kvh = config_.num_kv_heads * config_.head_dim(), h = config_.hidden_size;
+    if (P.wqkv.defined()) {  // fused: Q's rows, then K's and V's, already stacked as the GEMMs read them
+      if (config_.num_kv_heads == config_.num_heads) {
+        L.wqkv = P.wqkv.reshape({3, qw, h});
+      } else {
+        L.wq = P.wqkv.rows(0, qw);
+        L.wkv = P.wqkv.rows(qw, 2 * kvh).reshape({2, kvh, h});
+      }
+    } else if (config_.num_kv_heads == config_.num_heads) {
       L.wqkv = stack({&P.wq, &P.wk, &P.wv});
       if (P.bq.defined()) L.bqkv = stack({&P.bq, &P.bk, &P.bv});
     } else {  // K and V are narrower than Q: Q alone, K and V stacked
@@ -175,6 +190,7 @@ void LlamaModel::stack_weights() {
       if (P.bk.defined()) L.bkv = stack({&P.bk, &P.bv});
     }
     if (P.w_gate.defined()) L.w_gate_up = stack({&P.w_gate, &P.w_up});
+    if (P.w_gate_up.defined()) L.w_gate_up = P.w_gate_up.reshape({2, config_.intermediate_size, h});
     if (P.b_gate.defined()) L.b_gate_up = stack({&P.b_gate, &P.b_up});
     if (P.shared_gate.defined()) L.shared_gate_up = stack({&P.shared_gate, &P.shared_up});
     for (size_t e = 0; e < P.expert_gate.size(); ++e) L.expert_gate_up.push_back(stack({&P.expert_gate[e], &P.expert_up[e]}));

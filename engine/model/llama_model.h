@@ -88,6 +88,7 @@ class LlamaModel : public Model {
   // The separate checkpoint tensors until stack_weights() joins them.
   struct Parts {
     Tensor wq, wk, wv, bq, bk, bv, w_gate, w_up, b_gate, b_up;
+    Tensor wqkv, w_gate_up;  // Phi-3's fused matrices
     std::vector<Tensor> expert_gate, expert_up;
     Tensor shared_gate, shared_up;
   };

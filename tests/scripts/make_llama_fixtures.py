@@ -121,6 +121,15 @@ CASES = [
           num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, router_jitter_noise=0.0,
           sliding_window=None, rope_theta=1000000.0),
      torch.float16, "bin", 1),
+    # Phi-3 / Phi-4: Q, K, V in one qkv_proj and gate, up in one gate_up_proj (written fused
+    # below), partial rotary (Phi-4-mini's 0.75: 6 of each head's 8 elements turn, pairs (i, i+3)
+    # over frequencies of 6), grouped-query attention, a sliding window of 6 on every layer
+    # (Phi-3-mini-4k slides 2047), tied head.
+    ("phi3_partial_rotary_fused_f32",
+     dict(model_type="phi3", architectures=["Phi3ForCausalLM"], num_key_value_heads=2,
+          partial_rotary_factor=0.75, sliding_window=6, rms_norm_eps=1e-5, tie_word_embeddings=True,
+          original_max_position_embeddings=64, rope_scaling=None),
+     torch.float32, "safetensors", 2),
 ]
 
 # rope_scaling of type yarn as checkpoints ship it (head_dim, theta, max_position_embeddings,
@@ -358,10 +367,11 @@ def reference_logits(cfg, w, ids):
     W = {k: t.to(torch.float64) for k, t in w.items()}
     h, nh, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["rms_norm_eps"]
     hd = head_dim(cfg)
+    rd = int(hd * cfg.get("partial_rotary_factor", 1.0))  # Phi's partial rotary: the rest passes
     nkv = cfg["num_key_value_heads"]
     T = len(ids)
     x = W["model.embed_tokens.weight"][torch.tensor(ids)]
-    cos, sin = rope_cos_sin(cfg, T, hd)
+    cos, sin = rope_cos_sin(cfg, T, rd)
     mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     if window(cfg):  # Mistral: token i sees positions i - window + 1 .. i
         mask = mask + torch.full((T, T), float("-inf"), dtype=torch.float64).tril(-window(cfg))
@@ -378,8 +388,8 @@ def reference_logits(cfg, w, ids):
         if p + "self_attn.q_norm.weight" in W:  # Qwen3: per-head norms before the rotation
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q = torch.cat((q[..., :rd] * cos + rotate_half(q[..., :rd]) * sin, q[..., rd:]), dim=-1)
+        k = torch.cat((k[..., :rd] * cos + rotate_half(k[..., :rd]) * sin, k[..., rd:]), dim=-1)
         # repeat_kv: KV head j serves query heads j*group .. j*group + group - 1.
         k, v = (t.repeat_interleave(nh // nkv, dim=0) for t in (k, v))
         att = torch.softmax(q @ k.transpose(1, 2) * hd ** -0.5 + mask, dim=-1) @ v
@@ -395,6 +405,22 @@ def reference_logits(cfg, w, ids):
     return x @ head.T
 
 
+def fused(w):
+    """Phi3's checkpoint names: qkv_proj = rows of q_proj, k_proj, v_proj; gate_up_proj = rows
+    of gate_proj, then up_proj."""
+    out = {}
+    for k, t in w.items():
+        if k.endswith("self_attn.q_proj.weight"):
+            p = k[: -len("q_proj.weight")]
+            out[p + "qkv_proj.weight"] = torch.cat([w[p + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
+        elif k.endswith("mlp.gate_proj.weight"):
+            p = k[: -len("gate_proj.weight")]
+            out[p + "gate_up_proj.weight"] = torch.cat([w[p + "gate_proj.weight"], w[p + "up_proj.weight"]])
+        elif not any(k.endswith(s) for s in ("k_proj.weight", "v_proj.weight", "up_proj.weight")):
+            out[k] = t
+    return out
+
+
 def main():
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
@@ -408,7 +434,7 @@ def main():
         os.makedirs(d)
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(cfg, f, indent=1)
-        write_checkpoint(d, w, fmt, shards)
+        write_checkpoint(d, fused(w) if cfg["model_type"] == "phi3" else w, fmt, shards)
         ids = torch.randint(3, cfg["vocab_size"], (13,), generator=gen).tolist()
         np.save(os.path.join(d, "input_ids.npy"), np.array(ids, dtype=np.int64))
         np.save(os.path.join(d, "logits.npy"), reference_logits(cfg, w, ids).numpy())

@@ -387,15 +387,15 @@ void CpuBackend::rms_norm(const Tensor& out, const Tensor& x, const Tensor& gamm
 
 void CpuBackend::rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params) {
   const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
-  const int64_t T = check_rope(x, positions, head_dim), W = x.dim(-1), rows = x.numel() / W;
-  const int half = head_dim / 2;
+  const int64_t T = check_rope(x, positions, head_dim, params), W = x.dim(-1), rows = x.numel() / W;
+  const int dims = rope_dims(head_dim, params), half = dims / 2;
   const int32_t* pos = positions.data_as<int32_t>();
   float* xp = x.data_as<float>();
   ThreadPool::global().parallel_for(rows, 4, [&](int64_t b, int64_t e) {
     std::vector<float> c(half), s(half);
     for (int64_t r = b; r < e; ++r) {
       for (int i = 0; i < half; ++i) {
-        const double a = rope_angle(pos[r % T], i, head_dim, params);
+        const double a = rope_angle(pos[r % T], i, dims, params);
         c[i] = static_cast<float>(std::cos(a)) * params.attention_scale;
         s[i] = static_cast<float>(std::sin(a)) * params.attention_scale;
       }

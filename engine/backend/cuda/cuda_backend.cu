@@ -359,7 +359,7 @@ class CudaBackend final : public Backend {
   }
 
   void rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params) override {
-    const int64_t T = check_rope(x, positions, head_dim), W = x.dim(-1);
+    const int64_t T = check_rope(x, positions, head_dim, params), W = x.dim(-1);
     Traced t(*this, Stream::Compute, "rope", 0, 0);
     issue("rope", &cuda::rope, x.data_as<float>(), positions.data_as<int32_t>(), x.numel() / W, T, W, head_dim, params,
           compute());
@@ -730,6 +730,7 @@ class CudaBackend final : public Backend {
     for (float f : {r.theta, r.freq_scale, r.llama3_factor, r.low_freq_factor, r.high_freq_factor,
                     r.original_max_position, r.yarn_factor, r.yarn_low, r.yarn_high, r.attention_scale})
       key_value(f);
+    key_value(r.rotary_dim);
   }
   void key_bytes(const void* p, size_t n) { rec_.key.append(static_cast<const char*>(p), n); }
 

@@ -69,11 +69,11 @@ __global__ void rms_norm_kernel(float* out, const float* x, const T* gamma, int6
   }
 }
 
-// One block per row; each thread turns pairs (i, i + head_dim/2) of the row's heads.
+// One block per row; each thread turns pairs (i, i + d/2) of the row's heads (d: rope_dims).
 __global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t width, int head_dim,
                             RopeParams params) {
-  const int half = head_dim / 2;
-  const int64_t pairs = width / 2;
+  const int dims = rope_dims(head_dim, params), half = dims / 2;
+  const int64_t pairs = width / head_dim * half;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int32_t p = positions[r % t];
     float* row = x + r * width;
@@ -81,7 +81,7 @@ __global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, in
       const int i = static_cast<int>(j % half);
       float* v = row + (j / half) * head_dim;
       double s, c;
-      sincos(static_cast<double>(rope_angle(p, i, head_dim, params)), &s, &c);
+      sincos(static_cast<double>(rope_angle(p, i, dims, params)), &s, &c);
       const float cf = static_cast<float>(c) * params.attention_scale, sf = static_cast<float>(s) * params.attention_scale;
       const float lo = v[i], hi = v[i + half];
       v[i] = lo * cf - hi * sf;

@@ -150,8 +150,10 @@ TEST_P(CpuOps, RmsNormRopeAndSiluMul) {
   // Linear scaling (a quarter of the frequency), then llama3 scaling: Hugging Face's
   // _compute_llama3_parameters written out in double, with a head wide enough that its
   // frequencies fall in all three bands (kept, blended, divided).
+  // With p.rotary_dim (Phi's partial rotary) only the head's first rd elements turn, with
+  // frequencies over rd, as transformers' apply_rotary_pos_emb splits q_rot and q_pass.
   auto check_rope = [&](int d, const RopeParams& p, auto&& inv_freq, double scale = 1.0) {
-    const int rw = d * heads;
+    const int rw = d * heads, rd = p.rotary_dim > 0 ? p.rotary_dim : d;
     Tensor t = random_tensor(be, DType::F32, {2, T, rw}, rng);
     auto tv = as_double(t);
     be.rope(t, pos, d, p);
@@ -159,14 +161,23 @@ TEST_P(CpuOps, RmsNormRopeAndSiluMul) {
     for (int r = 0; r < 2 * T; ++r)
       for (int h = 0; h < heads; ++h)
         for (int i = 0; i < d; ++i) {
-          const int j = i % (d / 2);
-          const double a = (3 + 5 * (r % T)) * inv_freq(j, d);
           const double* v = &tv[r * rw + h * d];
-          const double rot = i < d / 2 ? -v[i + d / 2] : v[i - d / 2];  // rotate_half
+          if (i >= rd) {
+            rr[r * rw + h * d + i] = v[i];  // passes
+            continue;
+          }
+          const int j = i % (rd / 2);
+          const double a = (3 + 5 * (r % T)) * inv_freq(j, rd);
+          const double rot = i < rd / 2 ? -v[i + rd / 2] : v[i - rd / 2];  // rotate_half
           rr[r * rw + h * d + i] = (v[i] * std::cos(a) + rot * std::sin(a)) * scale;
         }
     EXPECT_TRUE(test::close_rel(rr, t.data_as<float>(), rr.size(), 1e-5)) << "head_dim " << d;
   };
+  RopeParams partial;  // Phi-4-mini's: 96 of 128 dimensions turn
+  partial.rotary_dim = 96;
+  check_rope(128, partial, [](int j, int d) { return 1.0 / std::pow(10000.0, 2.0 * j / d); });
+  partial.rotary_dim = hd + 2;  // more than the head
+  EXPECT_THROW(be.rope(qk, pos, hd, partial), Error);
   RopeParams linear;
   linear.theta = 500000.f;
   linear.freq_scale = 0.25f;

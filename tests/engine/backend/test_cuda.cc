@@ -295,8 +295,10 @@ TEST_P(CudaOps, LlamaOpsMatchCpu) {
   // Qwen2.5's YaRN: factor 4, pairs 23-40 ramped at head_dim 128, cos and sin scaled.
   const RopeParams yarn{.theta = 1000000.f, .yarn_factor = 4.f, .yarn_low = 23.f, .yarn_high = 40.f,
                         .attention_scale = 1.1386294f};
+  RopeParams partial;  // Phi-4-mini's partial rotary: 3/4 of each head turns
   for (int hd : {8, 64, 128})
-  for (const RopeParams& rp : {linear, l3, yarn}) {
+  for (RopeParams rp : {linear, l3, yarn, partial}) {
+    if (rp.llama3_factor == 0 && rp.yarn_factor == 0 && rp.freq_scale == 1.f) rp.rotary_dim = hd * 3 / 4 / 2 * 2;
     const int64_t W = 3 * hd;
     Pair qk = random_pair(cpu, *gpu, DType::F32, {2, T, W}, 53);
     Tensor pc = cpu.alloc(DType::I32, {T}), pg = gpu->alloc(DType::I32, {T});
@@ -497,7 +499,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModels,
                                            "llama/qwen2_yarn_gqa_f32", "llama/qwen3_moe_dense_layer_f32",
                                            "llama/qwen2_moe_shared_expert_bf16", "llama/mixtral_gqa_f16_bin",
                                            "gemma/gemma2_f32", "gemma/gemma3_text_f32", "gemma/gemma3_wrapper_bf16",
-                                           "gemma/mistral3_wrapper_f32"),
+                                           "gemma/mistral3_wrapper_f32", "llama/phi3_partial_rotary_fused_f32"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;
                            std::replace(n.begin(), n.end(), '/', '_');

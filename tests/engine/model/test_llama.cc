@@ -28,7 +28,8 @@ const char* const kFixtures[] = {"f32_safetensors", "bf16_tied_scaled_sharded", 
                                  "gqa_f32_safetensors", "mqa_f16_bin_sharded", "llama3_rope_gqa_bf16",
                                  "mistral_sliding_window", "qwen2_qkv_bias_tied_bf16",
                                  "qwen3_head_dim_qk_norm_bf16", "qwen3_mha_head_dim_f32", "qwen2_yarn_gqa_f32",
-                                 "qwen3_moe_dense_layer_f32", "qwen2_moe_shared_expert_bf16", "mixtral_gqa_f16_bin"};
+                                 "qwen3_moe_dense_layer_f32", "qwen2_moe_shared_expert_bf16", "mixtral_gqa_f16_bin",
+                                 "phi3_partial_rotary_fused_f32"};
 
 std::string fixture(const std::string& name) { return test::data_path("llama/" + name); }
 
@@ -225,9 +226,21 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
              "config.json: yarn rope scaling attention_factor must be positive");
   EXPECT_HAS(error_for("rope_scaling", R"({"type": "yarn", "factor": 4, "beta_slow": -1})"),
              "config.json: yarn rope scaling needs positive original_max_position_embeddings, beta_fast and beta_slow");
-  EXPECT_HAS(error_for("partial_rotary_factor", "0.5"),
-             "config.json: partial_rotary_factor 0.5 is not supported (rotary embeddings over whole heads)");
+  EXPECT_HAS(error_for("partial_rotary_factor", "0.375"),
+             "config.json: partial_rotary_factor 0.375 turns 3 of 8 elements of a head, which must be a positive even number");
+  EXPECT_HAS(error_for("partial_rotary_factor", "1.5"), "config.json: partial_rotary_factor 1.5 must be in (0, 1]");
   EXPECT_EQ(error_for("partial_rotary_factor", "1.0"), "");
+  EXPECT_EQ(error_for("partial_rotary_factor", "0.5"), "");
+  // Phi-3: fused projections, partial rotary (6 of 8), its window on every layer; Phi's longrope
+  // ("su" in the first configs) is refused by name.
+  const LlamaConfig phi = LlamaConfig::load(fixture("phi3_partial_rotary_fused_f32"));
+  EXPECT_STREQ(phi.architecture(), "Phi3ForCausalLM");
+  EXPECT_TRUE(phi.fused_projections);
+  EXPECT_EQ(phi.rope_dim(), 6);
+  EXPECT_EQ(phi.rope_params().rotary_dim, 6);
+  EXPECT_EQ(phi.window(1), 6);
+  EXPECT_HAS(error_for("rope_scaling", R"({"type": "su", "short_factor": [1], "long_factor": [1]})"),
+             "config.json: rope scaling type \"su\" is not supported (default, linear, llama3, yarn)");
   // Mixtures of experts: the experts' fields of each family, checked.
   auto moe_error = [&](const char* fixture_name, const std::string& key, const std::string& value) {
     json::Value cfg = json::parse(test::read_file(fixture(fixture_name) + "/config.json"));
