@@ -140,6 +140,13 @@ void check_scale(const Tensor& out, const Tensor& x, float cap) {
   KVPR_CHECK(cap >= 0 && std::isfinite(cap), "scale: cap ", cap, " must be finite and not negative");
 }
 
+void check_attention_params(const AttentionParams& p, int heads) {
+  KVPR_CHECK(p.window >= 0 && p.softcap >= 0, "attention: window ", p.window, " and softcap ", p.softcap,
+             " must not be negative");
+  KVPR_CHECK(!p.sinks.defined() || (p.sinks.dtype() == DType::F32 && p.sinks.numel() == heads),
+             "attention: sinks ", p.sinks.defined() ? p.sinks.describe() : "", " must be F32 [", heads, "]");
+}
+
 const char* activation_name(Activation a) {
   switch (a) {
     case Activation::None: return "none";

@@ -84,17 +84,23 @@ struct AttentionSeq {
 // How a layer's attention turns scores into weights. A query at position i attends keys
 // i - window < t <= i (window 0: every key t <= i; transformers' sliding window, Mistral's and
 // Gemma's); its score of key t is s = scale · q·k, capped to softcap · tanh(s / softcap) when
-// softcap > 0 (Gemma 2's attn_logit_softcapping), then softmax over the keys it attends.
-// A plain scale converts to it: a full causal layer.
+// softcap > 0 (Gemma 2's attn_logit_softcapping), then softmax over the keys it attends and,
+// with sinks (F32 [heads] in the backend's memory: gpt-oss's per-head sink logits), one more
+// column per query head h of logit sinks[h] and no value: the weights of the keys then sum to
+// less than 1. A plain scale converts to it: a full causal layer.
 struct AttentionParams {
   AttentionParams(float scale_ = 1.f) : scale(scale_) {}  // NOLINT: implicit, the common case
   AttentionParams(float scale_, int64_t window_, float softcap_) : scale(scale_), softcap(softcap_), window(window_) {}
   float scale = 1.f;
   float softcap = 0.f;
   int64_t window = 0;
+  Tensor sinks;
   // The first key query position `i` attends.
   int64_t first_key(int64_t i) const { return window > 0 && i + 1 > window ? i + 1 - window : 0; }
 };
+
+// Throws unless the window and cap are not negative and sinks, when defined, are F32 [heads].
+void check_attention_params(const AttentionParams& p, int heads);
 
 // Throws unless the sequence's keys all lie in k and v (through its block table where it has one)
 // and k and v have `kv_width` columns and one dtype. Shared by the backends' attention.

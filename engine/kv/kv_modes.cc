@@ -97,6 +97,13 @@ void CpuAttnKv::attend(int64_t layer, int64_t group, const Tensor& x, const Tens
   be.wait(Stream::D2H, ready);
   be.copy(host_q_.rows(0, T), q, Stream::D2H, "Q");
   st_.stats.d2h_bytes += static_cast<int64_t>(q.nbytes());
+  AttentionParams host_params = params;  // the layer's sink logits (gpt-oss) read on the host
+  if (params.sinks.defined()) {
+    if (!host_sinks_.defined() || host_sinks_.numel() != params.sinks.numel())
+      host_sinks_ = be.alloc_pinned(DType::F32, params.sinks.shape());
+    be.copy(host_sinks_, params.sinks, Stream::D2H, "sinks");
+    host_params.sinks = host_sinks_;
+  }
   RunSpans runs;
   for (const auto& s : st_.seqs(group)) {
     st_.kv_runs(s, s.past, s.q_len,
@@ -114,7 +121,7 @@ void CpuAttnKv::attend(int64_t layer, int64_t group, const Tensor& x, const Tens
   for (const auto& s : st_.seqs(group)) seqs.push_back(st_.in_place(s, host.k_rows(layer), host.v_rows(layer)));
   Tracer* tr = be.tracer();
   double a0 = tr ? tr->now_us() : 0;
-  cpu_attention(host_out_.rows(0, T), host_q_.rows(0, T), seqs, static_cast<int>(st_.shape.heads), params, *pool_);
+  cpu_attention(host_out_.rows(0, T), host_q_.rows(0, T), seqs, static_cast<int>(st_.shape.heads), host_params, *pool_);
   if (tr) tr->span("host-attention", "L" + std::to_string(layer) + " attention", a0, tr->now_us());
   be.copy(out, host_out_.rows(0, T), Stream::H2D, "attention out");
   st_.stats.h2d_bytes += static_cast<int64_t>(out.nbytes());

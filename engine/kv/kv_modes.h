@@ -95,6 +95,7 @@ class CpuAttnKv : public KvModeRuntime {
   std::unique_ptr<ThreadPool> pool_;
   Tensor knew_, vnew_;         // device: the new K/V in the store's dtype
   Tensor host_q_, host_out_;   // pinned
+  Tensor host_sinks_;          // pinned: the layer's sink logits, when it has them
 };
 
 // The modes that stage past K/V in two per-step device buffers (a layer's and the next one's),

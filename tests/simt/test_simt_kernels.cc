@@ -248,8 +248,11 @@ void check_attention(DType dt) {
       const auto* desc_ptr = reinterpret_cast<const cuda::AttnDesc*>(upload.data());
       Tensor ref = cpu.alloc(DType::F32, {T, hidden}), got = cpu.alloc(DType::F32, {T, hidden});
       const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-      // Full causal, and a window of 7 keys with a soft-cap (Gemma 2's layers, scaled small).
-      for (const AttentionParams& params : {AttentionParams(scale), AttentionParams(2 * scale, 7, 1.5f)}) {
+      // Full causal; a window of 7 keys with a soft-cap (Gemma 2's layers, scaled small); sink
+      // logits (gpt-oss's) on a full layer.
+      AttentionParams sunk(scale);
+      sunk.sinks = random(cpu, DType::F32, {heads}, 99, 2.f);
+      for (const AttentionParams& params : {AttentionParams(scale), AttentionParams(2 * scale, 7, 1.5f), sunk}) {
       cpu.attention(ref, q, seqs, heads, params);
       if (paged) {  // the CPU backend through the tables gives what it gives over contiguous keys
         size_t first = 0;
@@ -276,7 +279,8 @@ void check_attention(DType dt) {
             std::fill_n(got.data_as<float>(), got.numel(), 0.f);
             cuda::attention(got.data_as<float>(), q.data_as<float>(), desc_ptr, static_cast<int64_t>(descs.size()),
                             T, max_ctx, 33, decode_only, heads, kv_heads, hd, dt, params.scale, params.softcap,
-                            params.window, work.data(), aligned,
+                            params.window, params.sinks.defined() ? params.sinks.data_as<float>() : nullptr,
+                            work.data(), aligned,
                             tiled ? tiles.data() : nullptr, tiled ? static_cast<int64_t>(tiles.size()) : 0, sms,
                             nullptr);
             EXPECT_TRUE(test::close_rel(as_double(ref), got.data_as<float>(), static_cast<size_t>(T) * hidden, 1e-4))

@@ -79,6 +79,7 @@ struct AttentionGeometry {
   int64_t hidden, hd, kv_width;
   int group;
   AttentionParams params;
+  const float* sinks;  // params.sinks' values (null: none)
 };
 
 // Each paged or two-segment sequence's key rows (AttentionSeq::row of every key), empty for the
@@ -124,9 +125,11 @@ void decode_attention(float* op, const float* qp, const std::vector<AttentionSeq
       while (j < pieces.size() && pieces[j].seq == pieces[i].seq) ++j;
       float* o = op + seqs[pieces[i].seq].q_begin * hidden;
       for (int h = 0; h < heads; ++h) {
-        float mx = -std::numeric_limits<float>::infinity();
+        // The sink's column (no value) among the pieces.
+        const float sink = g.sinks ? g.sinks[h] : -std::numeric_limits<float>::infinity();
+        float mx = sink;
         for (size_t c = i; c < j; ++c) mx = std::max(mx, partial[c * stride + h]);
-        float denom = 0.f;
+        float denom = g.sinks ? std::exp(sink - mx) : 0.f;
         std::fill(o + h * hd, o + (h + 1) * hd, 0.f);
         for (size_t c = i; c < j; ++c) {
           const float* part = partial.data() + c * stride;
@@ -167,12 +170,13 @@ void prefill_attention(float* op, const float* qp, const std::vector<AttentionSe
         using T = typename decltype(tag)::T;
         const KvRowPtrs<T> kv(a, rows[s], kv_width);
         const int64_t col = (h / group) * hd;
-        float mx = -std::numeric_limits<float>::infinity();
+        const float sink = g.sinks ? g.sinks[h] : -std::numeric_limits<float>::infinity();
+        float mx = sink;
         for (int64_t t = first; t < n; ++t) {
           scores[t] = score(cpu::dot<decltype(tag)>(qr, kv.key(t) + col, hd), g.params);
           mx = std::max(mx, scores[t]);
         }
-        float sum = 0.f;
+        float sum = g.sinks ? std::exp(sink - mx) : 0.f;
         for (int64_t t = first; t < n; ++t) {
           scores[t] = std::exp(scores[t] - mx);
           sum += scores[t];
@@ -189,8 +193,7 @@ void prefill_attention(float* op, const float* qp, const std::vector<AttentionSe
 
 void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs, int heads,
                    const AttentionParams& params, ThreadPool& pool) {
-  KVPR_CHECK(params.window >= 0 && params.softcap >= 0, "attention: window ", params.window, " and softcap ",
-             params.softcap, " must not be negative");
+  check_attention_params(params, heads);
   KVPR_CHECK(out.dtype() == DType::F32 && q.dtype() == DType::F32, "attention: q and out must be F32");
   const int64_t hidden = q.dim(-1);
   KVPR_CHECK(heads > 0 && hidden % heads == 0, "attention: hidden ", hidden, " not divisible by ",
@@ -209,7 +212,8 @@ void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<Attenti
     rows[s].resize(static_cast<size_t>(a.past_len + a.q_len));
     for (int64_t t = 0; t < a.past_len + a.q_len; ++t) rows[s][static_cast<size_t>(t)] = a.row(t);
   }
-  const AttentionGeometry g{heads, hidden, hd, kv_width, group, params};
+  const AttentionGeometry g{heads, hidden, hd, kv_width, group, params,
+                                 params.sinks.defined() ? params.sinks.data_as<float>() : nullptr};
   decode_attention(out.data_as<float>(), q.data_as<float>(), seqs, rows, g, pool);
   prefill_attention(out.data_as<float>(), q.data_as<float>(), seqs, rows, g, pool);
 }

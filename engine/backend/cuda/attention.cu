@@ -37,15 +37,22 @@ struct Partial {
 };
 
 // How scores are made and which keys a query sees (AttentionParams): s = scale · q·k, soft-capped
-// to cap · tanh(s / cap) when cap > 0; the query at position i attends keys from first(i) on.
+// to cap · tanh(s / cap) when cap > 0; the query at position i attends keys from first(i) on;
+// head h's sink logit sinks[h] (null: none) joins the softmax as a column with no value.
 struct AttnMath {
   float scale, cap;
   int64_t window;
+  const float* sinks;
   __device__ __forceinline__ float score(float dot) const {
     const float s = dot * scale;
     return cap > 0.f ? cap * tanhf(s / cap) : s;
   }
   __device__ __forceinline__ int64_t first(int64_t i) const { return window > 0 && i + 1 > window ? i + 1 - window : 0; }
+  // An online softmax's start for head h: empty, or the sink's column (m = S_h, l = e^0).
+  __device__ __forceinline__ void start(int h, float& m, float& l) const {
+    m = sinks ? sinks[h] : -FLT_MAX;
+    l = sinks ? 1.f : 0.f;
+  }
 };
 
 // How a lane reads its key: element by element (any head_dim, any alignment), with 16-byte
@@ -169,7 +176,8 @@ __global__ void attention_rows_kernel(float* out, const float* q, const AttnDesc
   const float* qr = q + row * row_stride + h * hd;
   for (int i = lane; i < hd; i += 32) qs[warp][i] = qr[i];
   __syncwarp();
-  float m = -FLT_MAX, l = 0.f, acc[CH];
+  float m, l, acc[CH];
+  am.start(h, m, l);
 #pragma unroll
   for (int c = 0; c < CH; ++c) acc[c] = 0.f;
   const int64_t kh = h / (heads / kv_heads);  // the KV head this query head reads (GQA)
@@ -211,8 +219,7 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
   float m[RPW], l[RPW], acc[RPW][CH];
 #pragma unroll
   for (int rr = 0; rr < RPW; ++rr) {
-    m[rr] = -FLT_MAX;
-    l[rr] = 0.f;
+    am.start(h, m[rr], l[rr]);
 #pragma unroll
     for (int c = 0; c < CH; ++c) acc[rr][c] = 0.f;
   }
@@ -423,7 +430,7 @@ template <int CH, int GC>
 __device__ __forceinline__ void merge_warps(float* part, const float (&m)[GC], const float (&l)[GC],
                                             const float (&acc)[GC][CH], int warp, int lane, int hd, int h0,
                                             int64_t q_row, int heads, int split, int splits, int s, float* out,
-                                            float* work) {
+                                            float* work, const AttnMath& am) {
   constexpr int HD = CH * 32;
 #pragma unroll
   for (int g = 0; g < GC; ++g) {
@@ -438,12 +445,20 @@ __device__ __forceinline__ void merge_warps(float* part, const float (&m)[GC], c
   __syncthreads();
   for (int i = threadIdx.x; i < GC * hd; i += blockDim.x) {
     const int g = i / hd, c = i % hd;
-    float M = -FLT_MAX;
+    // With one split the block's output, the sink's column included; else a partial, the sink
+    // left to decode_merge_kernel.
+    float M, L;
+    if (splits == 1) {
+      am.start(h0 + g, M, L);
+    } else {
+      M = -FLT_MAX, L = 0.f;
+    }
     for (int w = 0; w < kWarps; ++w) {
       const float* pw = part + (w * GC + g) * (HD + 2);
       if (pw[1] > 0.f) M = fmaxf(M, pw[0]);
     }
-    float L = 0.f, a = 0.f;
+    if (L > 0.f) L = __expf(am.sinks[h0 + g] - M);
+    float a = 0.f;
     for (int w = 0; w < kWarps; ++w) {
       const float* pw = part + (w * GC + g) * (HD + 2);
       if (pw[1] <= 0.f) continue;  // a warp without keys in this split
@@ -512,7 +527,7 @@ __global__ void decode_group_kernel(float* out, const float* q, const AttnDesc* 
   }
   __syncthreads();  // every warp is done with its tile: the buffer now holds the partials
   merge_warps<CH, GC>(reinterpret_cast<float*>(smem), m, l, acc, warp, lane, hd, h0, d.q_begin, heads, split, splits, s,
-                      out, work);
+                      out, work, am);
 }
 
 // Splits of decode_group_kernel: enough blocks for 8 per SM (the tail of the last wave then
@@ -524,15 +539,18 @@ int decode_group_splits(int64_t max_ctx, int64_t blocks_per_split, int sm_count)
   return static_cast<int>(s < 1 ? 1 : (s > 64 ? 64 : s));
 }
 
-// Grid (heads, seqs), HD threads: out = sum_i acc_i e^(m_i - M) / sum_i l_i e^(m_i - M).
+// Grid (heads, seqs), HD threads: out = sum_i acc_i e^(m_i - M) / sum_i l_i e^(m_i - M), the
+// sink's column (m = S_h, l = 1, no value) among the partials.
 __global__ void decode_merge_kernel(float* out, const AttnDesc* descs, int heads, int hd, int splits,
-                                    const float* work) {
+                                    const float* work, AttnMath am) {
   const int h = blockIdx.x, s = blockIdx.y, i = threadIdx.x;
   const float* base = work + (static_cast<int64_t>(s) * heads + h) * splits * (hd + 2);
-  float M = -FLT_MAX;
+  float M, L;
+  am.start(h, M, L);
   for (int p = 0; p < splits; ++p)
     if (base[p * (hd + 2) + 1] > 0.f) M = fmaxf(M, base[p * (hd + 2)]);
-  float L = 0.f, a = 0.f;
+  if (L > 0.f) L = __expf(am.sinks[h] - M);
+  float a = 0.f;
   for (int p = 0; p < splits; ++p) {
     const float* part = base + p * (hd + 2);
     if (part[1] <= 0.f) continue;  // empty split
@@ -559,7 +577,7 @@ void launch_group(float* out, const float* q, const AttnDesc* descs, int64_t n_s
   CUDA_CHECK_LAUNCH();
   if (splits > 1) {
     KVPR_LAUNCH(dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream, decode_merge_kernel)(out, descs, heads, hd,
-                                                                                            splits, work);
+                                                                                            splits, work, am);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -588,7 +606,7 @@ void launch_as(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
                                                                                     work);
     CUDA_CHECK_LAUNCH();
     KVPR_LAUNCH(dim3(heads, static_cast<unsigned>(n_seqs)), hd, 0, stream, decode_merge_kernel)(out, descs, heads, hd, splits,
-                                                                                      work);
+                                                                                      work, am);
     CUDA_CHECK_LAUNCH();
   } else if (CH <= 4 && tiles && n_tiles > 0) {  // shared memory sized for head_dim <= 128
     if constexpr (CH <= 4) {
@@ -684,10 +702,10 @@ int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int he
 
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t /*max_q_len*/, bool all_decode, int heads, int kv_heads, int head_dim, DType kv_dtype,
-               float scale, float softcap, int64_t window, float* work, bool kv_aligned16, const AttnTile* tiles,
-               int64_t n_tiles, int sm_count, cudaStream_t stream) {
+               float scale, float softcap, int64_t window, const float* sinks, float* work, bool kv_aligned16,
+               const AttnTile* tiles, int64_t n_tiles, int sm_count, cudaStream_t stream) {
   if (n_seqs == 0 || total_q == 0) return;
-  const AttnMath am{scale, softcap, window};
+  const AttnMath am{scale, softcap, window, sinks};
   KVPR_CHECK(total_q <= 0x7fffffff && n_seqs <= 65535, "attention batch too large for the grid");
   KVPR_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads, " heads do not share ", kv_heads,
              " KV heads evenly");

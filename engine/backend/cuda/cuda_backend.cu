@@ -464,8 +464,7 @@ class CudaBackend final : public Backend {
 
   void attention(const Tensor& out, const Tensor& q, const std::vector<AttentionSeq>& seqs, int heads,
                  const AttentionParams& params) override {
-    KVPR_CHECK(params.window >= 0 && params.softcap >= 0, "attention: window ", params.window, " and softcap ",
-               params.softcap, " must not be negative");
+    check_attention_params(params, heads);
     check_f32(out, "attention output");
     check_f32(q, "attention query");
     const cuda::AttnBatch ab = cuda::describe_attention(q, seqs, heads);
@@ -489,7 +488,8 @@ class CudaBackend final : public Backend {
     }
     issue("attention", &cuda::attention, out.data_as<float>(), q.data_as<float>(),
           static_cast<const cuda::AttnDesc*>(dd), n, ab.total_q, ab.max_ctx, ab.max_q, ab.all_decode, heads,
-          ab.kv_heads, static_cast<int>(hd), ab.kv_dtype, params.scale, params.softcap, params.window, work, ab.aligned,
+          ab.kv_heads, static_cast<int>(hd), ab.kv_dtype, params.scale, params.softcap, params.window,
+          params.sinks.defined() ? params.sinks.data_as<float>() : nullptr, work, ab.aligned,
           static_cast<const cuda::AttnTile*>(tiles), n_tiles, sm_count_, compute());
   }
 

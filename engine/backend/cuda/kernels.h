@@ -96,7 +96,8 @@ inline std::vector<AttnTile> attention_tiles(const AttnDesc* descs, int64_t n_se
 }
 
 // Attention over `n_seqs` sequences (descriptors in device memory), scored and windowed as
-// AttentionParams{scale, window, softcap} says. q, out [T, heads*hd] F32;
+// AttentionParams{scale, window, softcap} says, with per-head sink logits `sinks` (device, F32
+// [heads]; null: none). q, out [T, heads*hd] F32;
 // K and V rows [kv_heads*hd]: query head h reads KV head h / (heads / kv_heads) (grouped-query
 // attention; kv_heads == heads is multi-head attention).
 // Decode rows (q_len == 1) use a split-context kernel whose partials live in `work`
@@ -132,7 +133,7 @@ AttnBatch describe_attention(const Tensor& q, const std::vector<AttentionSeq>& s
 int64_t attention_work_floats(int64_t n_seqs, int64_t max_ctx, int heads, int head_dim);
 void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs, int64_t total_q, int64_t max_ctx,
                int64_t max_q_len, bool all_decode, int heads, int kv_heads, int head_dim, DType kv_dtype, float scale,
-               float softcap, int64_t window, float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles, int sm_count,
+               float softcap, int64_t window, const float* sinks, float* work, bool kv_aligned16, const AttnTile* tiles, int64_t n_tiles, int sm_count,
                cudaStream_t stream);
 
 // One span of copy_rows as the kernel reads it: `first` is the index of the span's first row

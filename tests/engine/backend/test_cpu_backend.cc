@@ -264,9 +264,13 @@ TEST_P(CpuOps, AttentionPrefillAndDecodeOverCache) {
       off += s.q_len;
     }
     // Full causal; a window of 6 keys (shorter than every context but the first rows'); a window
-    // and Gemma 2's soft-cap of the scores (3, where scores of ~±4 are far from linear).
+    // and Gemma 2's soft-cap of the scores (3, where scores of ~±4 are far from linear); a
+    // window and gpt-oss's sink logits, comparable to the scores.
+    AttentionParams sunk(0.3f, 6, 0.f);
+    sunk.sinks = be.alloc(DType::F32, {heads});
+    for (int h = 0; h < heads; ++h) sunk.sinks.data_as<float>()[h] = 1.5f * static_cast<float>(h) - 1.f;
     for (const AttentionParams& params : {AttentionParams(0.3f), AttentionParams(0.3f, 6, 0.f),
-                                          AttentionParams(1.5f, 6, 3.f)}) {
+                                          AttentionParams(1.5f, 6, 3.f), sunk}) {
     Tensor out = be.alloc(DType::F32, {T, hidden});
     const double scale = params.scale;
     be.attention(out, q, seqs, heads, params);
@@ -281,7 +285,9 @@ TEST_P(CpuOps, AttentionPrefillAndDecodeOverCache) {
           // transformers' sliding_window_overlay: key t is seen iff n - 1 - window < t.
           const int first = params.window > 0 ? std::max(0, n - static_cast<int>(params.window)) : 0;
           std::vector<double> sc(n);
-          double mx = -1e300, sum = 0;
+          // A sink joins the softmax as one more logit with no value (modeling_gpt_oss).
+          const double sink = params.sinks.defined() ? params.sinks.data_as<float>()[h] : -1e300;
+          double mx = sink, sum = 0;
           for (int t = first; t < n; ++t) {
             double s = 0;
             for (int e = 0; e < hd; ++e) s += qv[(a.q_begin + j) * hidden + h * hd + e] * kv[t * kvw + kh * hd + e];
@@ -290,6 +296,7 @@ TEST_P(CpuOps, AttentionPrefillAndDecodeOverCache) {
             mx = std::max(mx, sc[t]);
           }
           for (int t = first; t < n; ++t) sum += sc[t] = std::exp(sc[t] - mx);
+          if (params.sinks.defined()) sum += std::exp(sink - mx);
           for (int e = 0; e < hd; ++e) {
             double o = 0;
             for (int t = first; t < n; ++t) o += sc[t] / sum * vv[t * kvw + kh * hd + e];
@@ -298,7 +305,8 @@ TEST_P(CpuOps, AttentionPrefillAndDecodeOverCache) {
         }
     }
     EXPECT_TRUE(test::close_rel(ref, out.data_as<float>(), ref.size(), 1e-5))
-        << kv_heads << " KV heads, window " << params.window << ", softcap " << params.softcap;
+        << kv_heads << " KV heads, window " << params.window << ", softcap " << params.softcap
+        << (params.sinks.defined() ? ", sinks" : "");
     }
   }
   // K/V widths that are not a whole number of KV heads dividing the query heads.

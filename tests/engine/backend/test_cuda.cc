@@ -224,14 +224,19 @@ TEST_P(CudaKvOps, AttentionPrefillMixedAndLongDecode) {
       Tensor oc = cpu.alloc(DType::F32, {T, hidden}), og = gpu->alloc(DType::F32, {T, hidden});
       const float scale = 1.f / std::sqrt(static_cast<float>(hd));
       // Full causal; windows of 3 keys (inside a tile and a 32-key chunk), 40 (across tiles) and
-      // 600 (across decode splits); a soft-cap far from linear.
-      for (const AttentionParams& params : {AttentionParams(scale), AttentionParams(scale, 3, 0.f),
-                                            AttentionParams(scale, 40, 0.f), AttentionParams(4 * scale, 600, 1.5f)}) {
+      // 600 (across decode splits); a soft-cap far from linear; sink logits (gpt-oss) with a window
+      // and without (the sink among every decode split's partials).
+      Pair sinks = random_pair(cpu, *gpu, DType::F32, {heads}, 77, 2.f);
+      AttentionParams sunk(scale, 40, 0.f), sunk_full(scale);
+      sunk.sinks = sunk_full.sinks = sinks.cpu;
+      for (AttentionParams params : {AttentionParams(scale), AttentionParams(scale, 3, 0.f), AttentionParams(scale, 40, 0.f),
+                                     AttentionParams(4 * scale, 600, 1.5f), sunk, sunk_full}) {
         cpu.attention(oc, q.cpu, sc, heads, params);
+        if (params.sinks.defined()) params.sinks = sinks.gpu;
         gpu->attention(og, q.gpu, sg, heads, params);
         EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), T * hidden, 1e-4))
             << "head_dim " << hd << ", " << kv_heads << " KV heads" << (decode_only ? " decode" : " mixed")
-            << ", window " << params.window << ", softcap " << params.softcap;
+            << ", window " << params.window << ", softcap " << params.softcap << (params.sinks.defined() ? ", sinks" : "");
       }
     }
   }
