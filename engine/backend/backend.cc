@@ -154,6 +154,7 @@ const char* activation_name(Activation a) {
     case Activation::GELU: return "gelu";
     case Activation::GELUTanh: return "gelu_tanh";
     case Activation::SiLU: return "silu";
+    case Activation::ClampedSwiGLU: return "clamped_swiglu";
   }
   return "?";
 }

@@ -23,8 +23,10 @@ enum class Stream : int { Compute = 0, H2D = 1, D2H = 2 };
 
 // GELU is erf's (transformers' "gelu"); GELUTanh its tanh approximation ("gelu_new",
 // "gelu_pytorch_tanh": GPT-2, OPT's configs that ask for it, Gemma's GeGLU); SiLU is x·sigmoid(x).
-enum class Activation { None, ReLU, GELU, GELUTanh, SiLU };
-const char* activation_name(Activation a);  // "none", "relu", "gelu", "gelu_tanh", "silu"
+// ClampedSwiGLU is gpt-oss's gate (Backend::gated_mul only): with g = min(gate, 7) and
+// u = clamp(up, -7, 7), act(gate) · up is (u + 1) · g · sigmoid(1.702 g).
+enum class Activation { None, ReLU, GELU, GELUTanh, SiLU, ClampedSwiGLU };
+const char* activation_name(Activation a);  // "none", "relu", "gelu", "gelu_tanh", "silu", "clamped_swiglu"
 
 // A point in a stream's work. Backends define what is inside.
 class Event {

@@ -43,7 +43,7 @@ void read_layer_types(const ConfigFields& f, LlamaConfig& c) {
     int64_t max_window_layers = 0;
     f.get_int("max_window_layers", &max_window_layers);
     for (int64_t i = 0; i < L; ++i) c.sliding_layers[static_cast<size_t>(i)] = use_sliding_window && i >= max_window_layers;
-  } else if (c.model_type == "gemma2") {  // Gemma2Config: layer i slides when (i + 1) % 2 != 0
+  } else if (c.model_type == "gemma2" || c.model_type == "gpt_oss") {  // layer i slides when (i + 1) % 2 != 0
     for (int64_t i = 0; i < L; ++i) c.sliding_layers[static_cast<size_t>(i)] = i % 2 == 0;
   } else if (c.model_type == "gemma3_text") {  // Gemma3TextConfig: all but every pattern-th
     int64_t pattern = 6;
@@ -75,6 +75,9 @@ void read_attention(const ConfigFields& f, LlamaConfig& c) {
   if (c.model_type == "qwen2" || c.model_type == "qwen2_moe") {  // Qwen2Attention: q/k/v with biases, o_proj
                                                                   // without; no config field says so
     c.qkv_bias = true;
+  } else if (c.model_type == "gpt_oss") {  // GptOssConfig forces attention_bias; sinks in every layer
+    c.qkv_bias = c.o_bias = true;
+    c.attention_sinks = true;
   } else {
     bool attention_bias = false;
     f.get_bool("attention_bias", &attention_bias);
@@ -221,6 +224,13 @@ void read_activation(const ConfigFields& f, LlamaConfig& c) {
   std::string act;
   f.get_string("hidden_act", &act);
   if (is_gemma(c.model_type)) f.get_string("hidden_activation", &act);
+  if (c.model_type == "gpt_oss") {  // its experts' own gate; hidden_act is unused
+    double limit = 7.0;
+    f.get_double("swiglu_limit", &limit);
+    KVPR_CHECK(limit == 7.0, f.source(), ": swiglu_limit ", limit, " is not supported (7.0, gpt-oss's)");
+    c.mlp_activation = Activation::ClampedSwiGLU;
+    return;
+  }
   if (act.empty()) return;
   if (act == "silu" || act == "swish") c.mlp_activation = Activation::SiLU;
   else if (act == "gelu") c.mlp_activation = Activation::GELU;
@@ -287,7 +297,7 @@ LlamaConfig LlamaConfig::from_json(const json::Value& top, const std::string& to
 
 namespace {
 const char* const kLlamaFamily[] = {"llama",  "mistral",     "mixtral", "qwen2",  "qwen2_moe", "qwen3",
-                                    "qwen3_moe", "gemma2", "gemma3_text", "gemma3", "mistral3", "phi3"};
+                                    "qwen3_moe", "gemma2", "gemma3_text", "gemma3", "mistral3", "phi3", "gpt_oss"};
 }  // namespace
 
 bool is_llama_family(const std::string& model_type) {
@@ -297,7 +307,8 @@ bool is_llama_family(const std::string& model_type) {
 }
 
 const char* llama_family_names() {
-  return "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma2, gemma3_text, gemma3, mistral3 or phi3";
+  return "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma2, gemma3_text, gemma3, mistral3, phi3 "
+         "or gpt_oss";
 }
 
 void LlamaConfig::read_moe(const ConfigFields& f, LlamaConfig& c) {
@@ -307,6 +318,12 @@ void LlamaConfig::read_moe(const ConfigFields& f, LlamaConfig& c) {
     f.get_int("num_experts_per_tok", &c.experts_per_token, true);
     c.moe_intermediate_size = c.intermediate_size;
     c.norm_topk_prob = true;  // router_jitter_noise is training only
+  } else if (c.model_type == "gpt_oss") {  // GptOssMLP: every layer, top-k then softmax over the k
+    f.get_int("num_local_experts", &c.num_experts, true);
+    f.get_int("num_experts_per_tok", &c.experts_per_token, true);
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;  // softmax over the chosen k = the softmax over all, renormalised
+    c.router_bias = c.expert_bias = true;
   } else if (c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
     f.get_int("num_experts", &c.num_experts, true);
     f.get_int("num_experts_per_tok", &c.experts_per_token, true);

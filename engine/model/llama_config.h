@@ -120,6 +120,10 @@ struct LlamaConfig {
   // Phi-3: Q, K and V in one matrix (qkv_proj, rows q then k then v) and gate and up in another
   // (gate_up_proj, gate's rows first).
   bool fused_projections = false;
+  // gpt-oss: a sink logit per query head in every layer's softmax (self_attn.sinks), a bias on the
+  // router, biases on the experts (their fused, MXFP4-packed tensors: gpt_oss_experts.h).
+  bool attention_sinks = false;
+  bool router_bias = false, expert_bias = false;
   // partial_rotary_factor (Phi-4-mini: 0.75): rope turns the first rope_dim() elements of a head.
   double partial_rotary_factor = 1.0;
   int64_t rope_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim()) * partial_rotary_factor); }
@@ -148,6 +152,7 @@ struct LlamaConfig {
            : model_type == "gemma2"    ? "Gemma2ForCausalLM"
            : model_type == "gemma3_text" ? "Gemma3ForCausalLM"
            : model_type == "phi3"      ? "Phi3ForCausalLM"
+           : model_type == "gpt_oss"   ? "GptOssForCausalLM"
                                        : "LlamaForCausalLM";
   }
 

@@ -7,6 +7,7 @@
 #include "engine/model/checkpoint.h"
 #include "engine/base/error.h"
 #include "engine/base/dtype.h"
+#include "engine/model/gpt_oss_experts.h"
 
 namespace kvpr {
 
@@ -98,6 +99,7 @@ void LlamaModel::assemble(const WeightSource& fetch) {
     P.bk = bias(p + "self_attn.k_proj.bias", kvh, c.qkv_bias);
     P.bv = bias(p + "self_attn.v_proj.bias", kvh, c.qkv_bias);
     L.bo = bias(p + "self_attn.o_proj.bias", h, c.o_bias);
+    if (c.attention_sinks) L.sinks = fetch(p + "self_attn.sinks", {c.num_heads}, true, WeightRole::Bias);
     if (c.gemma_norms) {  // Gemma's four: the attention's and the MLP's inputs and outputs
       L.attn_out_norm = gain(p + "post_attention_layernorm.weight");
       L.mlp_norm = gain(p + "pre_feedforward_layernorm.weight");
@@ -106,16 +108,24 @@ void LlamaModel::assemble(const WeightSource& fetch) {
       L.mlp_norm = gain(p + "post_attention_layernorm.weight");
     }
     if (c.moe_layer(i)) {
-      // Mixtral's block_sparse_moe (experts' w1 gate, w3 up, w2 down) or Qwen's mlp.experts.
+      // Mixtral's block_sparse_moe (experts' w1 gate, w3 up, w2 down), Qwen's mlp.experts, or
+      // gpt-oss's mlp.router and experts (with biases; derived from its fused tensors).
       const bool mixtral = c.model_type == "mixtral";
       const std::string m = p + (mixtral ? "block_sparse_moe." : "mlp.");
       const int64_t fe = c.moe_intermediate_size;
-      L.router = matrix(m + "gate.weight", {c.num_experts, h});
+      const std::string router = c.router_bias ? "router." : "gate.";
+      L.router = matrix(m + router + "weight", {c.num_experts, h});
+      L.router_bias = bias(m + router + "bias", c.num_experts, c.router_bias);
       for (int64_t e = 0; e < c.num_experts; ++e) {
         const std::string x = m + "experts." + std::to_string(e) + ".";
         P.expert_gate.push_back(matrix(x + (mixtral ? "w1.weight" : "gate_proj.weight"), {fe, h}));
         P.expert_up.push_back(matrix(x + (mixtral ? "w3.weight" : "up_proj.weight"), {fe, h}));
         L.expert_down.push_back(matrix(x + (mixtral ? "w2.weight" : "down_proj.weight"), {h, fe}));
+        if (c.expert_bias) {
+          P.expert_gate_bias.push_back(bias(x + "gate_proj.bias", fe, true));
+          P.expert_up_bias.push_back(bias(x + "up_proj.bias", fe, true));
+          L.expert_down_bias.push_back(bias(x + "down_proj.bias", h, true));
+        }
       }
       if (const int64_t fs = c.shared_expert_intermediate_size; fs > 0) {
         P.shared_gate = matrix(m + "shared_expert.gate_proj.weight", {fs, h});
@@ -144,17 +154,25 @@ void LlamaModel::assemble(const WeightSource& fetch) {
   backend_.synchronize();
 }
 
-Tensor LlamaModel::offset_gain(const Tensor& w) {
+Tensor LlamaModel::as_f32(const Tensor& w, float add) {
   if (!w.defined()) return w;
   Tensor stored = Tensor::host(w.dtype(), w.shape()), gain = Tensor::host(DType::F32, w.shape());
-  backend_.copy(stored, w, Stream::D2H, "gemma gain");
+  backend_.copy(stored, w, Stream::D2H, "to f32");
   backend_.synchronize();
   for (int64_t i = 0; i < w.numel(); ++i)
-    gain.data_as<float>()[i] = 1.f + load_as_f32(stored.data(), w.dtype(), static_cast<size_t>(i));
+    gain.data_as<float>()[i] = add + load_as_f32(stored.data(), w.dtype(), static_cast<size_t>(i));
   Tensor dev = backend_.alloc(DType::F32, w.shape());
-  backend_.copy(dev, gain, Stream::H2D, "gemma gain");
+  backend_.copy(dev, gain, Stream::H2D, "to f32");
   backend_.synchronize();
   return dev;
+}
+
+std::optional<DType> LlamaModel::derived_dtype(const CheckpointDir& ckpt, const std::string& key) const {
+  return config_.model_type == "gpt_oss" ? gpt_oss_expert_dtype(ckpt, key) : std::nullopt;
+}
+
+Tensor LlamaModel::derived_weight(const CheckpointDir& ckpt, const std::string& key) const {
+  return config_.model_type == "gpt_oss" ? gpt_oss_expert_weight(ckpt, key) : Tensor();
 }
 
 void LlamaModel::stack_weights() {
@@ -162,13 +180,14 @@ void LlamaModel::stack_weights() {
   if (config_.gemma_norms) {
     for (LlamaLayer& L : layers_)
       for (Tensor* g : {&L.attn_norm, &L.attn_out_norm, &L.mlp_norm, &L.mlp_out_norm, &L.q_norm, &L.k_norm})
-        *g = offset_gain(*g);
-    final_norm_ = offset_gain(final_norm_);
+        *g = as_f32(*g, 1.f);
+    final_norm_ = as_f32(final_norm_, 1.f);
     // sqrt(hidden) as transformers multiplies by it: a tensor of the weights' dtype.
     const float s = std::sqrt(static_cast<float>(config_.hidden_size));
     const DType dt = embed_tokens_.dtype();
     embed_scale_ = dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(s)) : dt == DType::F16 ? f16_to_f32(f32_to_f16(s)) : s;
   }
+  for (LlamaLayer& L : layers_) L.sinks = as_f32(L.sinks, 0.f);
   for (size_t i = 0; i < layers_.size(); ++i) {
     LlamaLayer& L = layers_[i];
     Parts& P = parts_[i];
@@ -194,6 +213,8 @@ void LlamaModel::stack_weights() {
     if (P.b_gate.defined()) L.b_gate_up = stack({&P.b_gate, &P.b_up});
     if (P.shared_gate.defined()) L.shared_gate_up = stack({&P.shared_gate, &P.shared_up});
     for (size_t e = 0; e < P.expert_gate.size(); ++e) L.expert_gate_up.push_back(stack({&P.expert_gate[e], &P.expert_up[e]}));
+    for (size_t e = 0; e < P.expert_gate_bias.size(); ++e)
+      L.expert_gate_up_bias.push_back(stack({&P.expert_gate_bias[e], &P.expert_up_bias[e]}));
     // Free the layer's parts once its copies are done, so loading never holds two copies of the
     // model (in pinned memory when streamed, on the device otherwise).
     backend_.synchronize();
@@ -260,7 +281,7 @@ void LlamaModel::mixture_of_experts(const LlamaLayer& L, const Tensor& a, const 
   // The router's logits [n, E] (and the shared expert's gate logits [n]) to the host.
   const int64_t width = E + (shared ? 1 : 0);
   Tensor buf = ws_.get("router", DType::F32, {n * width});
-  be.linear(buf.rows(0, n * E).reshape({n, E}), a, L.router, Tensor(), Activation::None);
+  be.linear(buf.rows(0, n * E).reshape({n, E}), a, L.router, L.router_bias, Activation::None);
   if (shared) be.linear(buf.rows(n * E, n).reshape({n, 1}), a, L.shared_gate, Tensor(), Activation::None);
   // Both ways on the compute stream: the copy streams carry the KV runtime's transfers of other
   // layers (offload, kvpr), which these few bytes must not queue behind.
@@ -314,7 +335,9 @@ void LlamaModel::mixture_of_experts(const LlamaLayer& L, const Tensor& a, const 
     if (m == 0) continue;
     Tensor ae = ws_.get("moe_a", DType::F32, {m, h}), out = ws_.get("moe_out", DType::F32, {m, h});
     be.gather_rows(ae, a, dev_ids.rows(at, m));
-    swiglu(ae, L.expert_gate_up[e], Tensor(), L.expert_down[e], Tensor(), out, false);
+    const bool biased = !L.expert_down_bias.empty();
+    swiglu(ae, L.expert_gate_up[e], biased ? L.expert_gate_up_bias[e] : Tensor(), L.expert_down[e],
+           biased ? L.expert_down_bias[e] : Tensor(), out, false);
     be.scatter_add_rows(x, out, dev_ids.rows(at, m), dev_scales.rows(at, m));
     at += m;
   }
@@ -359,7 +382,8 @@ void LlamaModel::decoder_layer(const LlamaLayer& L, int64_t li, int64_t g, const
   const int64_t n = xg.dim(0);
   Backend& be = backend_;
   const bool mha = c.num_kv_heads == c.num_heads;  // Q, K and V equally wide: stacked
-  const AttentionParams attention(c.attention_scale(), c.window(li), static_cast<float>(c.attn_softcap));
+  AttentionParams attention(c.attention_scale(), c.window(li), static_cast<float>(c.attn_softcap));
+  attention.sinks = L.sinks;
   const float eps = static_cast<float>(c.rms_norm_eps);
   Tensor a = ws_.get("a", DType::F32, {n, h});            // normalised input of a sub-block
   // Q, K, V: stacked [3, n, qw] (MHA, one batched GEMM); with grouped-query attention Q

@@ -34,8 +34,10 @@ struct LlamaLayer {
   // Mixture of experts (a layer with a router has no dense MLP above): the router [E, h], each
   // expert's gate/up stacked [2, fe, h] and down [h, fe]; Qwen2-MoE's shared expert likewise and
   // its gate [1, h].
-  Tensor router;
+  Tensor router, router_bias;             // (gpt-oss: the router has a bias)
   std::vector<Tensor> expert_gate_up, expert_down;
+  std::vector<Tensor> expert_gate_up_bias, expert_down_bias;  // gpt-oss's experts' biases
+  Tensor sinks;                           // gpt-oss: self_attn.sinks, F32 [heads]
   Tensor shared_gate_up, shared_down, shared_gate;
 };
 
@@ -60,8 +62,11 @@ class LlamaModel : public Model {
   // Streamed weights: Q/K/V first, then the output projection and the MLP.
   void stream_layers() override;
   void rope(const Tensor& x, const Tensor& positions, int64_t layer);
-  // Gemma's norm gains: 1 + w, in fp32, in place of w (GemmaRMSNorm multiplies by (1 + w.float())).
-  Tensor offset_gain(const Tensor& w);
+  // w + add in fp32, in place of w: Gemma's norm gains 1 + w (GemmaRMSNorm multiplies by
+  // (1 + w.float())), gpt-oss's sinks as the attention reads them (add 0).
+  Tensor as_f32(const Tensor& w, float add);
+  std::optional<DType> derived_dtype(const CheckpointDir& ckpt, const std::string& key) const override;
+  Tensor derived_weight(const CheckpointDir& ckpt, const std::string& key) const override;
   // x += norm(y) with the gain `out_norm` (Gemma's output norms), else x += y, where y = a · wᵀ + b.
   void add_output(const Tensor& x, const Tensor& a, const Tensor& w, const Tensor& b, const Tensor& out_norm);
   // Qwen3's per-head RMSNorm of rows [n, heads x head_dim] with `gain` (in place); nothing for
@@ -89,7 +94,7 @@ class LlamaModel : public Model {
   struct Parts {
     Tensor wq, wk, wv, bq, bk, bv, w_gate, w_up, b_gate, b_up;
     Tensor wqkv, w_gate_up;  // Phi-3's fused matrices
-    std::vector<Tensor> expert_gate, expert_up;
+    std::vector<Tensor> expert_gate, expert_up, expert_gate_bias, expert_up_bias;
     Tensor shared_gate, shared_up;
   };
   // Routing: the router's logits (and the shared expert gate's) read back, and each expert's rows

@@ -195,9 +195,11 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   format_ = ckpt.format();
   prepare(ckpt);
   check_host_memory(plan_weights([&](const std::string& name, bool) -> std::optional<DType> {
-                      const TensorRecord* r = ckpt.find(key_of(name));
-                      if (!r) return std::nullopt;
-                      return opts.convert_weights ? opts.weight_dtype : r->dtype;
+                      const std::string key = key_of(name);
+                      const TensorRecord* r = ckpt.find(key);
+                      const std::optional<DType> stored = r ? std::optional<DType>(r->dtype) : derived_dtype(ckpt, key);
+                      if (!stored) return std::nullopt;
+                      return opts.convert_weights ? opts.weight_dtype : *stored;
                     }),
                     opts);
   size_t total = 0, done = 0;
@@ -210,27 +212,40 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole role) -> Tensor {
     const std::string key = key_of(name);
     const TensorRecord* r = ckpt.find(key);
-    if (!r) {
+    // A weight the architecture derives from other tensors (gpt-oss's packed experts).
+    const std::optional<DType> derived = r ? std::nullopt : derived_dtype(ckpt, key);
+    if (!r && !derived) {
       KVPR_CHECK(!required, model_dir, ": missing tensor '", key, "'");
       return Tensor();
     }
-    KVPR_CHECK(is_float(r->dtype), r->file, ": tensor '", key, "' has dtype ", dtype_name(r->dtype),
+    const DType stored = r ? r->dtype : *derived;
+    KVPR_CHECK(is_float(stored), r ? r->file : model_dir, ": tensor '", key, "' has dtype ", dtype_name(stored),
                ", expected F32, F16 or BF16");
-    KVPR_CHECK(r->shape == expect, r->file, ": tensor '", key, "' has shape ", shape_str(r->shape), ", expected ",
-               shape_str(expect));
-    Tensor src = Tensor::borrow(const_cast<void*>(r->data), r->dtype, r->shape);
-    DType dt = opts.convert_weights ? opts.weight_dtype : r->dtype;
+    KVPR_CHECK(!r || r->shape == expect, r ? r->file : model_dir, ": tensor '", key, "' has shape ",
+               shape_str(r ? r->shape : expect), ", expected ", shape_str(expect));
+    DType dt = opts.convert_weights ? opts.weight_dtype : stored;
     // Streamed weights go to pinned host memory, read by every rank; the rest to the device.
     const bool host = streamed(name, role);
-    Tensor dst = host ? backend_.alloc_pinned(dt, r->shape) : alloc_weight(dt, r->shape, total);
+    Tensor dst = host ? backend_.alloc_pinned(dt, expect) : alloc_weight(dt, expect, total);
+    const size_t bytes = r ? r->nbytes() : static_cast<size_t>(shape_numel(expect)) * dtype_size(stored);
     if (opts.broadcast && !host) {
       received.push_back(dst);
-      if (receiver) to_receive += r->nbytes();
+      if (receiver) to_receive += bytes;
     }
     if (opts.verify_weights) loaded.push_back(dst);
-    if (!receiver || host) upload_weight(backend_, dst, src);  // (a receiver's come over the broadcast below)
-    done += r->nbytes();
-    if (receiver && host) read_here += r->nbytes();
+    if (!receiver || host) {  // (a receiver's come over the broadcast below)
+      if (r) {
+        upload_weight(backend_, dst, Tensor::borrow(const_cast<void*>(r->data), r->dtype, r->shape));
+      } else {
+        const Tensor src = derived_weight(ckpt, key);
+        KVPR_CHECK(src.defined() && src.shape() == expect, model_dir, ": tensor '", key, "' derives to shape ",
+                   src.defined() ? shape_str(src.shape()) : "none", ", expected ", shape_str(expect));
+        upload_weight(backend_, dst, src);
+        backend_.synchronize();  // the upload has read `src`, which goes now (not every expert held at once)
+      }
+    }
+    done = std::min(done + bytes, total);  // (derived weights are larger than the packed bytes they come from)
+    if (receiver && host) read_here += bytes;
     if (opts.progress && (!receiver || host)) opts.progress(receiver ? read_here : done, total);
     parameter_count_ += dst.numel();
     weight_bytes_ += dst.nbytes();

@@ -127,6 +127,17 @@ class Model : public KvProjector {
   // weight has its values, the broadcast included), stream_layers (the streamed layers' fields,
   // for start_streaming).
   virtual void assemble(const WeightSource& fetch) = 0;
+  // Weights an architecture derives from other checkpoint tensors (gpt-oss's packed experts):
+  // the dtype of the one under checkpoint key `key` (nullopt: there is none), and its value in
+  // host memory, of the shape assemble asks for.
+  virtual std::optional<DType> derived_dtype(const CheckpointDir& ckpt, const std::string& key) const {
+    (void)ckpt, (void)key;
+    return std::nullopt;
+  }
+  virtual Tensor derived_weight(const CheckpointDir& ckpt, const std::string& key) const {
+    (void)ckpt, (void)key;
+    return Tensor();
+  }
   virtual void stack_weights() = 0;
   virtual void stream_layers() = 0;
   // Loads the checkpoint in model_dir: `prepare` looks at it first (key prefixes), then

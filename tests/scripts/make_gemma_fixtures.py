@@ -226,15 +226,6 @@ def reference_logits(cfg, w, ids, prefix="model."):
     return logits
 
 
-def save_case(d, ids, forward):
-    np.save(os.path.join(d, "input_ids.npy"), np.array(ids, dtype=np.int64))
-    np.save(os.path.join(d, "logits.npy"), forward(ids).numpy())
-    seq = ids[:5]  # greedy continuation: 8 tokens after the first 5 ids
-    for _ in range(8):
-        seq.append(int(forward(seq)[-1].argmax()))
-    np.save(os.path.join(d, "greedy.npy"), np.array(seq[5:], dtype=np.int64))
-
-
 def dump(cfg):
     return {k: v for k, v in cfg.items() if v is not None or k in ("final_logit_softcapping", "attn_logit_softcapping",
                                                                    "sliding_window", "rope_scaling")}
@@ -255,7 +246,7 @@ def main():
             json.dump(dump(cfg), f, indent=1)
         write_checkpoint(d, w, "safetensors", shards)
         ids = torch.randint(3, cfg["vocab_size"], (13,), generator=gen).tolist()
-        save_case(d, ids, lambda seq: reference_logits(cfg, w, seq))
+        llama.save_case(d, ids, lambda seq: reference_logits(cfg, w, seq))
         print(f"{name}: x{shards}, {ST_DTYPE[dtype]}")
     for n, (name, top, text, dtype, prefix, head) in enumerate(WRAPPERS):
         gen = torch.Generator().manual_seed(5000 + n)
@@ -281,7 +272,7 @@ def main():
         w["multi_modal_projector.mm_input_projection_weight"] = torch.zeros(8, text["hidden_size"], dtype=dtype)
         write_checkpoint(d, w, "safetensors", 2)
         ids = torch.randint(3, text["vocab_size"], (13,), generator=gen).tolist()
-        save_case(d, ids, forward)
+        llama.save_case(d, ids, forward)
         print(f"{name}: x2, {ST_DTYPE[dtype]}")
     print("torch", torch.__version__, file=sys.stderr)
 

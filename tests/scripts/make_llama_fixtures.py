@@ -405,6 +405,17 @@ def reference_logits(cfg, w, ids):
     return x @ head.T
 
 
+def save_case(d, ids, forward):
+    """The ids, the reference's logits of every position, and its greedy continuation: 8 tokens
+    after the first 5 ids (what tests/engine/model/reference_check.h reads)."""
+    np.save(os.path.join(d, "input_ids.npy"), np.array(ids, dtype=np.int64))
+    np.save(os.path.join(d, "logits.npy"), forward(ids).numpy())
+    seq = ids[:5]
+    for _ in range(8):
+        seq.append(int(forward(seq)[-1].argmax()))
+    np.save(os.path.join(d, "greedy.npy"), np.array(seq[5:], dtype=np.int64))
+
+
 def fused(w):
     """Phi3's checkpoint names: qkv_proj = rows of q_proj, k_proj, v_proj; gate_up_proj = rows
     of gate_proj, then up_proj."""
@@ -436,13 +447,7 @@ def main():
             json.dump(cfg, f, indent=1)
         write_checkpoint(d, fused(w) if cfg["model_type"] == "phi3" else w, fmt, shards)
         ids = torch.randint(3, cfg["vocab_size"], (13,), generator=gen).tolist()
-        np.save(os.path.join(d, "input_ids.npy"), np.array(ids, dtype=np.int64))
-        np.save(os.path.join(d, "logits.npy"), reference_logits(cfg, w, ids).numpy())
-        # Greedy continuation by the reference: 8 tokens after the first 5 ids.
-        seq = ids[:5]
-        for _ in range(8):
-            seq.append(int(reference_logits(cfg, w, seq)[-1].argmax()))
-        np.save(os.path.join(d, "greedy.npy"), np.array(seq[5:], dtype=np.int64))
+        save_case(d, ids, lambda seq: reference_logits(cfg, w, seq))
         print(f"{name}: {fmt} x{shards}, {ST_DTYPE[dtype]}")
     write_yarn_cases()
     print("torch", torch.__version__, file=sys.stderr)

@@ -39,7 +39,7 @@ CASES = [
      "model.decoder.", "absent", "safetensors", 1),
 ]
 
-ST_DTYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+ST_DTYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.uint8: "U8"}
 
 
 def make_weights(cfg, dtype, gen):

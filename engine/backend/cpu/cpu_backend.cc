@@ -61,12 +61,14 @@ float apply_act(float v, Activation act) {
     case Activation::GELU: return 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));
     case Activation::GELUTanh: return 0.5f * v * (1.f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
     case Activation::SiLU: return v / (1.f + std::exp(-v));
+    case Activation::ClampedSwiGLU: break;  // gated_mul's, with its up
   }
   return v;
 }
 
 // The linear's epilogue on out [M, N]: + bias (when defined), then the activation.
 void add_bias_activate(float* op, int64_t M, int64_t N, const Tensor& bias, Activation act, ThreadPool& pool) {
+  KVPR_CHECK(act != Activation::ClampedSwiGLU, "linear: clamped_swiglu is a gate (gated_mul), not an activation");
   std::vector<float> bv(bias.defined() ? N : 0);
   for (int64_t n = 0; n < static_cast<int64_t>(bv.size()); ++n) bv[n] = load_as_f32(bias.data(), bias.dtype(), n);
   pool.parallel_for(M, 4, [&](int64_t b, int64_t e) {
@@ -419,9 +421,14 @@ void CpuBackend::gated_mul(const Tensor& out, const Tensor& gate, const Tensor& 
   const float* g = gate.data_as<float>();
   const float* u = up.data_as<float>();
   ThreadPool::global().parallel_for(out.numel(), 1 << 14, [&](int64_t s, int64_t e) {
-    if (act == Activation::SiLU)  // the common case, without the switch per element
+    if (act == Activation::SiLU) {  // the common case, without the switch per element
       for (int64_t i = s; i < e; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-    else
+    } else if (act == Activation::ClampedSwiGLU) {
+      for (int64_t i = s; i < e; ++i) {
+        const float x = std::min(g[i], 7.f), y = std::clamp(u[i], -7.f, 7.f);
+        o[i] = (y + 1.f) * (x / (1.f + std::exp(-1.702f * x)));
+      }
+    } else
       for (int64_t i = s; i < e; ++i) o[i] = apply_act(g[i], act) * u[i];
   });
   if (tracer_) trace_op("gated_mul", trace_t0, json::Value());

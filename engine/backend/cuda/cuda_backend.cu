@@ -601,6 +601,7 @@ class CudaBackend final : public Backend {
   }
   // out = act(out + bias) over B×M rows of N, when there is a bias or an activation.
   void bias_act(const Tensor& out, const Tensor& bias, Activation act, int64_t B, int64_t M, int64_t N) {
+    KVPR_CHECK(act != Activation::ClampedSwiGLU, "linear: clamped_swiglu is a gate (gated_mul), not an activation");
     const int a = cuda::activation_code(act);
     if (!bias.defined() && !a) return;
     issue("bias_act", &cuda::bias_act, out.data(), out.dtype(), bias.defined() ? bias.data() : nullptr,

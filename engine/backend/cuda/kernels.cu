@@ -102,8 +102,14 @@ __device__ __forceinline__ float activate(float v, int act) {
 
 __global__ void gated_mul_kernel(float* out, const float* gate, const float* up, int64_t n, int act) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = activate(gate[i], act) * up[i];
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (act == 5) {  // gpt-oss's clamped SwiGLU
+      const float x = fminf(gate[i], 7.f), y = fminf(fmaxf(up[i], -7.f), 7.f);
+      out[i] = (y + 1.f) * (x / (1.f + expf(-1.702f * x)));
+    } else {
+      out[i] = activate(gate[i], act) * up[i];
+    }
+  }
 }
 
 __global__ void scale_kernel(float* out, const float* x, int64_t n, float factor, float cap) {
@@ -231,6 +237,7 @@ int activation_code(Activation a) {
     case Activation::GELU: return 2;
     case Activation::GELUTanh: return 3;
     case Activation::SiLU: return 4;
+    case Activation::ClampedSwiGLU: return 5;
   }
   return 0;
 }

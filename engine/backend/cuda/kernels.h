@@ -39,7 +39,8 @@ void rope(float* x, const int32_t* positions, int64_t rows, int64_t t, int64_t w
 void gated_mul(float* out, const float* gate, const float* up, int64_t n, int act, cudaStream_t stream);
 // out = factor * x, or cap * tanh(factor * x / cap) when cap > 0 (Backend::scale).
 void scale(float* out, const float* x, int64_t n, float factor, float cap, cudaStream_t stream);
-// The activation codes of the kernels: 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh), 4 silu.
+// The activation codes of the kernels: 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh), 4 silu,
+// 5 gpt-oss's clamped SwiGLU (gated_mul only).
 int activation_code(Activation a);
 // out[b, m, n] = act(out[b, m, n] + bias[b, n]) (bias may be null; act: activation_code's).
 // out in F32, F16 or BF16 (a GEMM's fp16 output rounded once more, after the bias).

@@ -504,7 +504,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModels,
                                            "llama/qwen2_yarn_gqa_f32", "llama/qwen3_moe_dense_layer_f32",
                                            "llama/qwen2_moe_shared_expert_bf16", "llama/mixtral_gqa_f16_bin",
                                            "gemma/gemma2_f32", "gemma/gemma3_text_f32", "gemma/gemma3_wrapper_bf16",
-                                           "gemma/mistral3_wrapper_f32", "llama/phi3_partial_rotary_fused_f32"),
+                                           "gemma/mistral3_wrapper_f32", "llama/phi3_partial_rotary_fused_f32",
+                                           "gpt_oss/mxfp4_bf16", "gpt_oss/dequantized_bf16"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;
                            std::replace(n.begin(), n.end(), '/', '_');

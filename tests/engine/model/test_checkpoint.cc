@@ -168,7 +168,7 @@ TEST(Checkpoint, BadConfig) {
   write_all(d + "/config.json", "{\"model_type\": \"opt\", ");
   EXPECT_HAS(load_error(d), "config.json: invalid JSON");
   write_all(d + "/config.json", R"({"model_type": "gpt_neox"})");
-  EXPECT_HAS(load_error(d), "config.json: model_type \"gpt_neox\" is not supported (supported: opt, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma2, gemma3_text, gemma3 or mistral3)");
+  EXPECT_HAS(load_error(d), "config.json: model_type \"gpt_neox\" is not supported (supported: opt, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma2, gemma3_text, gemma3, mistral3, phi3 or gpt_oss)");
   write_all(d + "/config.json", R"({"model_type": "llama"})");
   EXPECT_HAS(load_error(d), "config.json: missing \"vocab_size\"");
   write_all(d + "/config.json", R"({"model_type": "opt", "hidden_size": 32})");
