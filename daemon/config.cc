@@ -98,12 +98,15 @@ const std::vector<Option>& options() {
       {"tool-call-parser",
        "how a chat answer's tool calls are found, as vLLM's parsers of these names: hermes (<tool_call> blocks: "
        "Qwen2.5, Qwen3), mistral (a JSON list after [TOOL_CALLS]: Mistral-Nemo) or llama3_json (JSON "
-       "{\"name\", \"parameters\"}: Llama-3.1, 3.2), or generic (any model: the tools described in a system "
+       "{\"name\", \"parameters\"}: Llama-3.1, 3.2), harmony (commentary messages to=functions.NAME: gpt-oss), "
+       "or generic (any model: the tools described in a system "
        "message, the calls a JSON list); auto: the one for the chat template, generic where it writes no tools; "
        "none: requests with tools are refused [auto]",
        [](DaemonConfig& c, const std::string& v) {
-         KVPR_CHECK(v == "auto" || v == "none" || v == "hermes" || v == "llama3_json" || v == "mistral" || v == "generic",
-                    "tool-call-parser: expected auto, none, hermes, mistral, llama3_json or generic, got '", v, "'");
+         KVPR_CHECK(v == "auto" || v == "none" || v == "hermes" || v == "llama3_json" || v == "mistral" ||
+                        v == "harmony" || v == "generic",
+                    "tool-call-parser: expected auto, none, hermes, mistral, llama3_json, harmony or generic, got '", v,
+                    "'");
          c.tool_call_parser = v;
        }},
       {"responses-store", "finished Responses kept for previous_response_id and GET /v1/responses/{id}, at most "

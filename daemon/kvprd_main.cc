@@ -73,8 +73,12 @@ kvpr::ServedModel served_model(const kvpr::DaemonConfig& cfg, const kvpr::Engine
   }
   KVPR_CHECK(served.tool_call_parser == "none" || served.tool_call_parser == "generic" || chat_template_has_tools(tmpl),
              "--tool-call-parser ", served.tool_call_parser,
-             " needs a chat template that writes tools (qwen2.5, qwen3, mistral-nemo, llama-3.1, llama-3.2), not ", tmpl,
+             " needs a chat template that writes tools (qwen2.5, qwen3, mistral-nemo, llama-3.1, llama-3.2, harmony), not ", tmpl,
              " (generic serves tools on any template)");
+  // gpt-oss's calls are messages of its format, parsed with its channels: that parser and that template go together.
+  KVPR_CHECK((served.tool_call_parser == "harmony") == (tmpl == "harmony") || served.tool_call_parser == "none",
+             "--tool-call-parser ", served.tool_call_parser, " and the chat template ", tmpl,
+             " do not go together: gpt-oss's harmony template writes calls in its own format (--tool-call-parser harmony)");
   spdlog::info("tool calls: {}", served.tool_call_parser == "none"      ? "off (requests with tools are refused)"
                                  : served.tool_call_parser == "generic" ? "generic (the template writes no tools: they "
                                                                           "are described in a system message)"

@@ -1,5 +1,6 @@
 #include "openai/chat_template.h"
 
+#include <algorithm>
 #include <ctime>
 #include <optional>
 #include <filesystem>
@@ -14,7 +15,7 @@ namespace {
 
 constexpr const char* kTemplateNames[] = {"plain",   "opt",     "llama-2", "mistral",   "mistral-nemo", "zephyr",
                                           "chatml",  "qwen2",   "qwen2.5", "qwen3",     "llama-3",      "llama-3.1",
-                                          "llama-3.2"};
+                                          "llama-3.2", "harmony"};
 
 const std::string kQwen2System = "You are a helpful assistant.";
 const std::string kQwen25System = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
@@ -49,13 +50,14 @@ std::string llama3_turn(const std::string& role, const std::string& content) {
   return "<|start_header_id|>" + role + "<|end_header_id|>\n\n" + trim(content) + "<|eot_id|>";
 }
 
-// Today as Llama-3.2's template writes it with strftime_now("%d %b %Y"): "05 Mar 2025".
-std::string today() {
+// Today as strftime_now gives it: Llama-3.2's "%d %b %Y" ("05 Mar 2025"), or gpt-oss's "%Y-%m-%d".
+std::string today(bool iso = false) {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
   gmtime_r(&now, &tm);
   char buf[32];
-  std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
+  if (iso) std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  else std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
   return buf;
 }
 
@@ -330,6 +332,130 @@ void render_llama3(const std::string& name, const std::vector<ChatMessage>& mess
   r->stop_tokens = {"<|eot_id|>"};
 }
 
+// A JSON schema as the harmony format describes a function's parameter: TypeScript's type.
+std::string typescript_type(const json::Value& spec, int depth = 0) {
+  const json::Value* type = spec.is_object() ? spec.find("type") : nullptr;
+  const std::string t = type && type->is_string() ? type->as_string() : "";
+  if (const json::Value* e = spec.is_object() ? spec.find("enum") : nullptr; e && e->is_array() && t == "string") {
+    std::string out;
+    for (const json::Value& v : e->as_array()) out += (out.empty() ? "" : " | ") + v.dump();
+    return out;
+  }
+  if (t == "string") return "string";
+  if (t == "number" || t == "integer") return "number";
+  if (t == "boolean") return "boolean";
+  if (t == "array") {
+    const json::Value* items = spec.find("items");
+    return depth < 4 && items ? typescript_type(*items, depth + 1) + "[]" : "any[]";
+  }
+  if (t == "object") {
+    const json::Value* props = spec.find("properties");
+    if (depth >= 4 || !props || !props->is_object() || props->as_object().empty()) return "object";
+    std::string out = "{\n";
+    for (const auto& [name, p] : props->as_object()) out += name + ": " + typescript_type(p, depth + 1) + ",\n";
+    return out + "}";
+  }
+  return "any";
+}
+
+// gpt-oss's harmony format, as its model card and chat template describe it: a system message
+// (identity, knowledge cutoff, today's date, reasoning effort from chat_template_kwargs'
+// reasoning_effort, "medium" by default, and the channels), a developer message with the
+// instructions (the conversation's system message) and the tools as a TypeScript namespace
+// `functions`, then each message "<|start|>{role}<|message|>{content}<|end|>"; an assistant's
+// answer in the final channel (earlier reasoning dropped), its calls each a commentary message
+// "to=functions.NAME" ending <|call|> (its reasoning, when no later answer follows, before them
+// in the analysis channel), a tool's result a message from functions.NAME to the assistant
+// (arguments and results as its template's tojson writes them: json.dumps).
+// The answer opens with "<|start|>assistant"; <|return|> and <|call|> end it.
+void render_harmony(const std::vector<ChatMessage>& messages, const ChatOptions& options, RenderedChat* r) {
+  std::string effort = "medium";
+  if (auto it = std::find_if(options.template_kwargs.begin(), options.template_kwargs.end(),
+                             [](const auto& kv) { return kv.first == "reasoning_effort"; });
+      it != options.template_kwargs.end() && it->second.is_string())
+    effort = it->second.as_string();
+  const bool tools = !options.tools.empty();
+  r->prompt += "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+               "Knowledge cutoff: 2024-06\nCurrent date: " + today(true) + "\n\nReasoning: " + effort +
+               "\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message." +
+               (tools ? "\nCalls to these tools must go to the commentary channel: 'functions'." : "") + "<|end|>";
+  size_t i = 0;
+  std::string instructions;
+  if (!messages.empty() && (messages[0].role == "system" || messages[0].role == "developer")) {
+    instructions = messages[0].content;
+    i = 1;
+  }
+  if (!instructions.empty() || tools) {
+    r->prompt += "<|start|>developer<|message|>";
+    if (!instructions.empty()) r->prompt += "# Instructions\n\n" + instructions + "\n\n";
+    if (tools) {
+      r->prompt += "# Tools\n\n## functions\n\nnamespace functions {\n\n";
+      for (const json::Value& t : options.tools) {
+        const json::Value& fn = *t.find("function");
+        const json::Value* desc = fn.find("description");
+        if (desc && desc->is_string()) r->prompt += "// " + desc->as_string() + "\n";
+        r->prompt += "type " + fn.find("name")->as_string() + " = ";
+        const json::Value* params = fn.find("parameters");
+        const json::Value* props = params && params->is_object() ? params->find("properties") : nullptr;
+        if (!props || !props->is_object() || props->as_object().empty()) {
+          r->prompt += "() => any;\n\n";
+          continue;
+        }
+        const json::Value* required = params->find("required");
+        auto is_required = [&](const std::string& name) {
+          if (!required || !required->is_array()) return false;
+          for (const json::Value& n : required->as_array())
+            if (n.is_string() && n.as_string() == name) return true;
+          return false;
+        };
+        r->prompt += "(_: {\n";
+        for (const auto& [name, p] : props->as_object()) {
+          if (const json::Value* d = p.is_object() ? p.find("description") : nullptr; d && d->is_string())
+            r->prompt += "// " + d->as_string() + "\n";
+          r->prompt += name + (is_required(name) ? ": " : "?: ") + typescript_type(p);
+          if (const json::Value* d = p.is_object() ? p.find("default") : nullptr) r->prompt += ", // default: " + d->dump();
+          r->prompt += ",\n";
+        }
+        r->prompt += "}) => any;\n\n";
+      }
+      r->prompt += "} // namespace functions";
+    }
+    r->prompt += "<|end|>";
+  }
+  std::string last_call;  // whose result a tool message is, when its id names no call
+  std::vector<std::pair<std::string, std::string>> call_names;  // id -> name
+  for (; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "assistant" && !m.tool_calls.empty()) {
+      bool answered_later = false;
+      for (size_t j = i + 1; j < messages.size(); ++j)
+        answered_later = answered_later || (messages[j].role == "assistant" && messages[j].tool_calls.empty());
+      const std::string thought = m.reasoning ? *m.reasoning : m.content;
+      if (!thought.empty() && !answered_later)
+        r->prompt += "<|start|>assistant<|channel|>analysis<|message|>" + thought + "<|end|>";
+      for (const ChatToolCall& c : m.tool_calls) {
+        r->prompt += "<|start|>assistant to=functions." + c.name + "<|channel|>commentary json<|message|>" +
+                     c.arguments.dump_python() + "<|call|>";
+        call_names.emplace_back(c.id, c.name);
+        last_call = c.name;
+      }
+    } else if (m.role == "assistant") {
+      r->prompt += "<|start|>assistant<|channel|>final<|message|>" + m.content + "<|end|>";
+    } else if (m.role == "tool") {
+      std::string name = last_call;
+      for (const auto& [id, n] : call_names)
+        if (!m.tool_call_id.empty() && id == m.tool_call_id) name = n;
+      KVPR_CHECK(!name.empty(), "the chat template 'harmony' writes a tool result after the call it answers");
+      r->prompt += "<|start|>functions." + name + " to=assistant<|channel|>commentary<|message|>" +
+                   json::Value(m.content).dump_python() + "<|end|>";  // its template's content|tojson
+    } else {
+      r->prompt += "<|start|>" + m.role + "<|message|>" + m.content + "<|end|>";
+    }
+  }
+  r->prompt += "<|start|>assistant";
+  r->stop_tokens = {"<|return|>", "<|call|>"};
+}
+
 }  // namespace
 
 std::string chat_template_names() {
@@ -350,6 +476,7 @@ std::string chat_tool_call_parser(const std::string& name) {
   if (name == "qwen2.5" || name == "qwen3") return "hermes";
   if (name == "mistral-nemo") return "mistral";
   if (name == "llama-3.1" || name == "llama-3.2") return "llama3_json";
+  if (name == "harmony") return "harmony";
   return "";
 }
 
@@ -363,7 +490,7 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
       if (!m.tool_calls.empty()) what = "tool calls";
     }
     KVPR_CHECK(what == nullptr, "the chat template '", name, "' has no ", what,
-               " (qwen2.5, qwen3, mistral-nemo, llama-3.1 and llama-3.2 have)");
+               " (qwen2.5, qwen3, mistral-nemo, llama-3.1, llama-3.2 and harmony have)");
   }
   if (name == "qwen3") {
     render_qwen3(messages, options, &r);
@@ -404,6 +531,10 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
   }
   if (name == "llama-3" || name == "llama-3.1" || name == "llama-3.2") {
     render_llama3(name, messages, options, &r);
+    return r;
+  }
+  if (name == "harmony") {
+    render_harmony(messages, options, &r);
     return r;
   }
   KVPR_THROW("unknown chat template '", name, "'");
@@ -494,6 +625,10 @@ std::string chat_template_family(const std::string& jinja, std::string* why, std
     }
     *why = "Llama-3.1's";
     return "llama-3.1";
+  }
+  if (has("<|channel|>") && has("<|message|>") && has("<|start|>")) {
+    *why = "gpt-oss's harmony format";
+    return "harmony";
   }
   *why = "not one kvpr has built in";
   return "";

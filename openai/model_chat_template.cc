@@ -49,7 +49,10 @@ jinja::Value message_value(const ChatMessage& m) {
     }
     d.emplace_back("tool_calls", jinja::Value(std::move(calls)));
   }
-  if (m.reasoning) d.emplace_back("reasoning_content", jinja::Value(*m.reasoning));
+  if (m.reasoning) {
+    d.emplace_back("reasoning_content", jinja::Value(*m.reasoning));
+    d.emplace_back("thinking", jinja::Value(*m.reasoning));  // gpt-oss's template's name for it
+  }
   if (!m.tool_call_id.empty()) d.emplace_back("tool_call_id", jinja::Value(m.tool_call_id));
   return jinja::Value(std::move(d));
 }

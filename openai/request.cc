@@ -5,6 +5,7 @@
 
 #include "engine/base/error.h"
 #include "openai/generic_tools.h"
+#include "openai/harmony.h"
 
 namespace kvpr {
 
@@ -367,7 +368,7 @@ void constrain_to_tools(const std::string& choice, ToolRequest& t) {
   }
 }
 
-ToolRequest parse_tools(const json::Value& o, const ServedModel& served, const Tokenizer& tok) {
+ToolRequest parse_tools(const json::Value& o, const ServedModel& served) {
   ToolRequest t;
   const json::Value* tools = field(o, "tools");
   if (tools && !tools->is_array()) throw bad_request("'tools' must be a list", "tools");
@@ -398,8 +399,6 @@ ToolRequest parse_tools(const json::Value& o, const ServedModel& served, const T
   if (choice != "auto") return t;
   t.parse = true;
   t.parser = served.tool_call_parser;
-  if (t.parser == "mistral")
-    if (auto id = tok.token_to_id("[TOOL_CALLS]")) t.marker = *id;
   return t;
 }
 
@@ -483,14 +482,31 @@ void parse_chat(const json::Value& o, const ServedModel& served, const Tokenizer
   const json::Value* msgs = field(o, "messages");
   if (!msgs || !msgs->is_array() || msgs->as_array().empty()) throw bad_request("'messages' must be a non-empty list", "messages");
   for (const auto& m : msgs->as_array()) req.messages.push_back(parse_message(m, req.messages.size(), served));
-  req.tools = parse_tools(o, served, tok);
+  req.tools = parse_tools(o, served);
+  req.harmony = served.chat_template == "harmony";
+  if (req.harmony) {
+    // Its channels hold the reasoning before the answer: a constraint on the whole output cannot
+    // apply to the answer alone yet.
+    if (req.tools.required || !req.tools.named.empty())
+      throw bad_request("'tool_choice' required or naming a function is not supported with gpt-oss's harmony format "
+                        "(auto is)", "tool_choice");
+    if (req.sampling.json_object || !req.sampling.json_schema.is_null())
+      throw bad_request("'response_format' json_object and json_schema are not supported with gpt-oss's harmony format",
+                        "response_format");
+    for (const std::string& s : harmony_special_tokens())
+      if (auto id = tok.token_to_id(s)) req.markers.emplace_back(*id, s);
+  } else if (req.tools.parse && req.tools.parser == "mistral") {
+    if (auto id = tok.token_to_id("[TOOL_CALLS]")) req.markers.emplace_back(*id, "[TOOL_CALLS]");
+  }
   req.chat_options.default_system = served.default_system;
   if (const json::Value* kw = field(o, "chat_template_kwargs")) {  // vLLM's extension
     if (!kw->is_object()) throw bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
     for (const auto& [key, value] : kw->as_object()) {
       // The model's own template reads any; a built-in one only enable_thinking.
-      if (key != "enable_thinking" && !served.model_template)
-        throw bad_request("'chat_template_kwargs." + key + "' is not supported by this server (enable_thinking is)",
+      const bool built_in = key == "enable_thinking" || (key == "reasoning_effort" && served.chat_template == "harmony");
+      if (!built_in && !served.model_template)
+        throw bad_request("'chat_template_kwargs." + key + "' is not supported by this server (enable_thinking is" +
+                              (served.chat_template == "harmony" ? ", and reasoning_effort)" : ")"),
                           "chat_template_kwargs");
       if (key == "enable_thinking")
         req.chat_options.enable_thinking = bool_of(value, "chat_template_kwargs.enable_thinking");

@@ -34,7 +34,7 @@ struct ServedModel {
   // null: the built-in chat_template renders them.
   std::shared_ptr<const ModelChatTemplate> model_template;
   SamplingDefaults defaults;  // generation_config.json's, for fields a request leaves out
-  std::string tool_call_parser = "none";  // none, hermes, llama3_json, mistral or generic (auto resolved)
+  std::string tool_call_parser = "none";  // none, hermes, llama3_json, mistral, harmony or generic (auto resolved)
   bool reasoning = false;     // --reasoning-parser: <think> text goes to reasoning_content
 };
 
@@ -79,8 +79,7 @@ struct ToolRequest {
   // conversation's calls and results written as text (openai/generic_tools.h).
   bool generic = false;
   bool parse = false;
-  std::string parser;   // hermes, llama3_json, mistral or generic, when parse
-  int32_t marker = -1;  // mistral: the [TOOL_CALLS] token, which the text does not show
+  std::string parser;   // hermes, llama3_json, mistral, harmony or generic, when parse
   bool parallel = true;
   // tool_choice "required" or naming a function: the answer is constrained to `schema` (a list
   // of {"name", "parameters"} calls, or the named function's arguments) and is the calls.
@@ -97,6 +96,12 @@ struct GenerateRequest {
   std::vector<ChatMessage> messages;
   ChatOptions chat_options;  // tools, enable_thinking, the template's default system message
   ToolRequest tools;
+  // The answer is in gpt-oss's harmony format (openai/harmony.h): reasoning, content and calls
+  // come from its channels.
+  bool harmony = false;
+  // Special tokens the worker's text leaves out that the answer's parsers read, with their text
+  // (mistral's [TOOL_CALLS], harmony's): written into the text where the model emitted them.
+  std::vector<std::pair<int32_t, std::string>> markers;
   // completions: the prompts as texts, or as token ids (then prompt_texts is empty)
   std::vector<std::string> prompt_texts;
   std::vector<std::vector<int32_t>> prompt_ids;

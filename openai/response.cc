@@ -61,6 +61,13 @@ json::Array tool_calls_json(const ResponseState& r, const std::vector<ToolCallTe
   return out;
 }
 
+// The text of the request's marker that event `ev`'s token is, or "".
+std::string marker_text(const ResponseState& r, const EngineEvent& ev) {
+  for (const auto& [id, text] : r.markers)
+    if (ev.token == id) return text;
+  return "";
+}
+
 json::Value completions_logprobs(json::Array tokens, json::Array lps, json::Array tops, json::Array offsets) {
   return json::Object{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)},
                       {"top_logprobs", std::move(tops)}, {"text_offset", std::move(offsets)}};
@@ -157,6 +164,17 @@ json::Value choice_logprobs(const ResponseState& r, const ChoiceState& c, const 
 // request's tool_choice has them; *finish becomes "tool_calls" when the answer is calls.
 json::Value chat_message(const ResponseState& r, const ChoiceState& c, std::string* finish, const ResponseContext& ctx) {
   json::Value msg(json::Object{{"role", "assistant"}, {"content", c.text}});
+  if (r.harmony) {  // reasoning, answer and calls from the channels
+    const HarmonyStream::Delta h = HarmonyStream::parse(c.marked_text);
+    msg.set("content", h.content.empty() && (!h.reasoning.empty() || !h.calls.empty()) ? json::Value()
+                                                                                         : json::Value(h.content));
+    msg.set("reasoning_content", h.reasoning.empty() ? json::Value() : json::Value(h.reasoning));
+    if (!h.calls.empty() && r.tools.parse) {
+      msg.set("tool_calls", tool_calls_json(r, h.calls, false, ctx));
+      *finish = "tool_calls";
+    }
+    return msg;
+  }
   std::string content = c.text;
   if (ctx.reasoning) {
     const ReasoningSplitter::Parts parts = ReasoningSplitter::split(c.text);
@@ -174,7 +192,7 @@ json::Value chat_message(const ResponseState& r, const ChoiceState& c, std::stri
       *finish = "tool_calls";
     }
   } else if (r.tools.parse) {
-    const ToolCallParse p = parse_tool_calls(r.tools.parser, r.tools.marker >= 0 ? c.tool_text : content);
+    const ToolCallParse p = parse_tool_calls(r.tools.parser, r.markers.empty() ? content : c.marked_text);
     if (!p.calls.empty()) {
       msg.set("content", p.content ? json::Value(*p.content) : json::Value());
       msg.set("tool_calls", tool_calls_json(r, p.calls, false, ctx));
@@ -192,6 +210,8 @@ ResponseState start_response(const GenerateRequest& req, const Prompts& prompts,
   r.chat = req.chat;
   r.sampling = req.sampling;
   r.tools = req.tools;
+  r.harmony = req.harmony;
+  r.markers = req.markers;
   r.id = std::move(id);
   r.created = created;
   r.model = std::move(model);
@@ -200,7 +220,7 @@ ResponseState start_response(const GenerateRequest& req, const Prompts& prompts,
       ChoiceState c;
       c.prompt = prompts.ids[pi];
       if (req.sampling.echo) c.echo_text = prompts.texts[pi];
-      if (req.tools.parse) c.tool_stream = ToolCallStream(req.tools.parser);
+      if (req.tools.parse && !req.harmony) c.tool_stream = ToolCallStream(req.tools.parser);
       r.choices.push_back(std::move(c));
     }
   return r;
@@ -225,10 +245,8 @@ bool add_event(ResponseState& r, size_t i, const EngineEvent& ev) {
     c.prompt_logprobs = ev.prompt_logprobs;
     c.prompt_tops = ev.prompt_top;
   }
-  // The worker's text leaves special tokens out; mistral's parser needs to see where its
-  // [TOOL_CALLS] token was.
-  if (r.tools.marker >= 0 && ev.token == r.tools.marker) c.tool_text += "[TOOL_CALLS]";
-  c.tool_text += ev.text;
+  // The worker's text leaves special tokens out; the parsers see where the model wrote theirs.
+  c.marked_text += marker_text(r, ev) + ev.text;
   c.text += ev.text;
   if (ev.finish_reason.empty()) return false;
   c.done = true;
@@ -313,6 +331,7 @@ class ChunkWriter {
   // Returns the calls found at the end (then the finish reason is tool_calls).
   std::vector<ToolCallText> chat(const EngineEvent& ev) {
     const bool finished = !ev.finish_reason.empty();
+    if (r_.harmony) return harmony(ev, finished);
     std::string reasoning, content = ev.text;
     if (ctx_.reasoning) {  // text that may still be a tag waits
       ReasoningSplitter::Parts parts = c_.reasoning.feed(ev.text);
@@ -336,7 +355,7 @@ class ChunkWriter {
       }
     } else if (r_.tools.parse) {
       // Text before a call goes out as it comes; the calls when the answer is complete.
-      if (r_.tools.marker >= 0 && ev.token == r_.tools.marker) content = "[TOOL_CALLS]" + content;
+      content = marker_text(r_, ev) + content;
       content = c_.tool_stream.feed(content).content;
       if (finished) {
         ToolCallStream::Delta rest = c_.tool_stream.finish();
@@ -352,6 +371,34 @@ class ChunkWriter {
     }
     if (!calls.empty()) add_delta(json::Object{{"tool_calls", tool_calls_json(r_, calls, true, ctx_)}});
     return calls;
+  }
+
+  // gpt-oss: reasoning and answer as their channels come, each call when its message ends (its
+  // arguments whole; the finish reason tool_calls).
+  std::vector<ToolCallText> harmony(const EngineEvent& ev, bool finished) {
+    HarmonyStream::Delta d = c_.harmony.feed(marker_text(r_, ev) + ev.text);
+    if (finished) {
+      HarmonyStream::Delta rest = c_.harmony.finish();
+      d.reasoning += rest.reasoning;
+      d.content += rest.content;
+      for (auto& call : rest.calls) d.calls.push_back(std::move(call));
+    }
+    if (!r_.tools.parse) d.calls.clear();  // no tools asked for: nothing is a call
+    if (!d.reasoning.empty() || !d.content.empty()) {
+      json::Object delta;
+      if (!d.reasoning.empty()) delta.emplace_back("reasoning_content", d.reasoning);
+      if (!d.content.empty()) delta.emplace_back("content", d.content);
+      add_delta(std::move(delta));
+    }
+    if (!d.calls.empty()) {
+      json::Value calls = tool_calls_json(r_, d.calls, true, ctx_);
+      for (size_t k = 0; k < calls.as_array().size(); ++k)  // indices across the answer's calls
+        calls.as_array()[k].set("index", static_cast<int64_t>(c_.calls_sent + k));
+      c_.calls_sent += d.calls.size();
+      add_delta(json::Object{{"tool_calls", std::move(calls)}});
+    }
+    // The caller reads a non-empty list at the end as "the answer made calls" (finish reason tool_calls).
+    return c_.calls_sent > 0 && finished ? std::vector<ToolCallText>(c_.calls_sent) : std::vector<ToolCallText>();
   }
 
   // A named tool choice: the function's arguments as they come, its id and name with the first piece.

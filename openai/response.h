@@ -14,6 +14,7 @@
 
 #include "engine/base/json.h"
 #include "engine/text/tokenizer.h"
+#include "openai/harmony.h"
 #include "openai/ids.h"
 #include "openai/request.h"
 #include "openai/reasoning.h"
@@ -31,7 +32,7 @@ struct ChoiceState {
   std::vector<std::vector<std::pair<int32_t, double>>> tops;  // per token, when asked for
   std::vector<double> prompt_logprobs;  // echo + logprobs: prompt tokens 1..P-1
   std::vector<std::vector<std::pair<int32_t, double>>> prompt_tops;
-  std::string tool_text;  // the text with the tool-call marker where the model wrote it (mistral)
+  std::string marked_text;  // the text with the request's markers where the model wrote them
   std::string finish;     // stop, length, cancelled, error
   int64_t cached_tokens = 0;  // of the prompt's, found in the worker's prefix cache
   bool done = false;
@@ -41,6 +42,8 @@ struct ChoiceState {
   bool tool_call_sent = false;  // a named tool choice: its id and name went out
   ReasoningSplitter reasoning;  // with a reasoning parser
   ToolCallStream tool_stream;   // with tools
+  HarmonyStream harmony;        // the harmony format's (gpt-oss)
+  size_t calls_sent = 0;        // harmony: the calls streamed so far
   size_t lp_sent = 0;     // tokens whose logprobs went out
   int64_t lp_offset = 0;  // text offset of the next token (completions)
 };
@@ -50,6 +53,8 @@ struct ResponseState {
   bool chat = false;
   Sampling sampling;
   ToolRequest tools;
+  bool harmony = false;
+  std::vector<std::pair<int32_t, std::string>> markers;  // GenerateRequest::markers
   std::string id;
   int64_t created = 0;
   std::string model;

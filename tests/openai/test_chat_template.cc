@@ -241,7 +241,7 @@ TEST(ChatTemplate, RefusesToolsWhereTheTemplateHasNone) {
   for (const char* name : {"plain", "llama-2", "mistral", "zephyr", "chatml", "qwen2", "llama-3"}) {  // not mistral-nemo
     EXPECT_FALSE(chat_template_has_tools(name));
     EXPECT_EQ(chat_tool_call_parser(name), "");
-    expect_error([&] { render_chat(name, user, with_tools); }, "has no tools (qwen2.5, qwen3, mistral-nemo, llama-3.1 and llama-3.2 have)");
+    expect_error([&] { render_chat(name, user, with_tools); }, "has no tools (qwen2.5, qwen3, mistral-nemo, llama-3.1, llama-3.2 and harmony have)");
     expect_error([&] { render_chat(name, with_call); }, "has no tool calls");
     expect_error([&] { render_chat(name, with_result); }, "has no tool messages");
   }

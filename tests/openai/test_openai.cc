@@ -235,7 +235,7 @@ TEST(OpenAiResponse, MistralToolCallMarkerComesBackFromItsToken) {
   r.chat = true;
   r.tools.parse = true;
   r.tools.parser = "mistral";
-  r.tools.marker = 77;
+  r.markers = {{77, "[TOOL_CALLS]"}};
   r.choices.resize(1);
   add_event(r, 0, token_event(77, ""));
   add_event(r, 0, token_event(5, "[{\"name\": \"f\", \"arguments\": {}}]"));
