@@ -644,18 +644,25 @@ def npm_clients(port, model, *args, env=None):
 
 
 def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2", bos=151643, eos=151645, detour=None):
-    """A one-layer Qwen2 (or Llama) whose greedy answer is a given token sequence: token chain[i] embeds as
-    the unit vector e_i and the untied LM head maps e_i to chain[i + 1]; every attention and MLP
-    weight is zero, so each position's hidden state is its own embedding. A real model run
-    through the real engine, built so that its output (a tool call) is known. `detour`: an id
-    that chain[0] prefers to chain[1] (logit 20 against 10)."""
+    """A one-layer Qwen2 (or Llama, Gemma 2, gpt-oss) whose greedy answer is a given token sequence:
+    token chain[i] embeds as the unit vector e_i and the untied LM head maps e_i to chain[i + 1];
+    every attention and MLP weight and bias is zero, so each position's hidden state is its own
+    embedding (Gemma's scaled, its norms' zero offsets a gain of 1, its soft-caps keeping the
+    order). A real model run through the real engine, built so that its output (a tool call) is
+    known. `detour`: an id that chain[0] prefers to chain[1] (logit 20 against 10)."""
     import struct
     assert len(chain) <= hidden and len(set(chain[:-1])) == len(chain) - 1
-    json.dump(dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=16, num_hidden_layers=1,
-                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, rms_norm_eps=1e-6,
-                   rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, model_type=model_type,
-                   torch_dtype="float32", bos_token_id=bos, eos_token_id=eos),
-              open(os.path.join(model, "config.json"), "w"))
+    config = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=16, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, rms_norm_eps=1e-6,
+                  rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, model_type=model_type,
+                  torch_dtype="float32", bos_token_id=bos, eos_token_id=eos)
+    if model_type == "gemma2":
+        config.update(head_dim=hidden // 2, query_pre_attn_scalar=hidden // 2, sliding_window=4,
+                      hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    if model_type == "gpt_oss":
+        config.update(head_dim=hidden // 2, num_local_experts=2, num_experts_per_tok=1, sliding_window=128,
+                      attention_bias=True, rope_theta=150000.0)
+    json.dump(config, open(os.path.join(model, "config.json"), "w"))
     kvw, p = hidden // 2, "model.layers.0."
     shapes = {"model.embed_tokens.weight": [vocab, hidden], "lm_head.weight": [vocab, hidden],
               "model.norm.weight": [hidden], p + "input_layernorm.weight": [hidden],
@@ -667,11 +674,22 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
               p + "mlp.down_proj.weight": [hidden, 16]}
     if model_type != "qwen2":
         shapes = {k: v for k, v in shapes.items() if not k.endswith("proj.bias")}
+    if model_type == "gemma2":  # the MLP's input norm, and the norms of the attention's and the MLP's outputs
+        shapes.update({p + n + ".weight": [hidden] for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm")})
+    if model_type == "gpt_oss":  # biases everywhere, sinks, a router and two experts in transformers' layout
+        shapes = {k: v for k, v in shapes.items() if ".mlp." not in k}
+        shapes.update({p + "self_attn.q_proj.bias": [hidden], p + "self_attn.k_proj.bias": [kvw],
+                       p + "self_attn.v_proj.bias": [kvw], p + "self_attn.o_proj.bias": [hidden],
+                       p + "self_attn.sinks": [2], p + "mlp.router.weight": [2, hidden], p + "mlp.router.bias": [2],
+                       p + "mlp.experts.gate_up_proj": [2, hidden, 32], p + "mlp.experts.gate_up_proj_bias": [2, 32],
+                       p + "mlp.experts.down_proj": [2, 16, hidden], p + "mlp.experts.down_proj_bias": [2, hidden]})
     header, offset, blobs = {}, 0, []
     for name, shape in shapes.items():
-        n = shape[0] * (shape[1] if len(shape) > 1 else 1)
+        n = 1
+        for dim in shape:
+            n *= dim
         data = bytearray(4 * n)
-        if name.endswith("norm.weight"):
+        if name.endswith("norm.weight") and model_type != "gemma2":  # (Gemma's gains are 1 + w: w = 0)
             data = bytearray(struct.pack(f"<{n}f", *([1.0] * n)))
         elif name == "model.embed_tokens.weight":
             for i, t in enumerate(chain):
@@ -997,6 +1015,75 @@ def kv_sized_by_memory():
         check("a prompt it cannot hold: a 400 saying so", st == 400 and "KV cache holds" in body["error"]["message"], body)
         st, body = completion(d, "Hi", 2)
         check("a prompt it can hold: served", st == 200, body)
+    finally:
+        d.stop()
+
+
+def new_families():
+    """kvprd serving Gemma 2 and gpt-oss end to end (one-layer chain models of their real
+    architectures, write_chain_model, with Qwen2.5's tokenizer and the families' special tokens
+    added). Gemma: the model's own template in Gemma's turn format, the answer ending at
+    generation_config's <end_of_turn>. gpt-oss: the harmony format built in, its analysis channel
+    as reasoning_content, a commentary message to=functions.get_weather as a tool call, whole and
+    streamed; a constrained tool choice refused by name."""
+    gemma_template = ("{{ bos_token }}{% for m in messages %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' "
+                      "else m['role']) + '\\n' + m['content'] + '<end_of_turn>\\n' }}{% endfor %}"
+                      "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}")
+    model, ids = chain_model("gemma2", "qwen2-tokenizer", "Hi there!", 198, 151666, model_type="gemma2",
+                             added=((151665, "<start_of_turn>"), (151666, "<end_of_turn>")), special=True)
+    cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
+    cfg["chat_template"] = gemma_template
+    json.dump(cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
+    d, log = single_worker(model, "--served-model-name", "g", generation_config={"eos_token_id": [151645, 151666]})
+    try:
+        st, body = d.post("/v1/chat/completions", {"model": "g", "messages": [{"role": "user", "content": "Hello"}],
+                                                   "temperature": 0, "max_tokens": 20})
+        c = body["choices"][0] if st == 200 else {}
+        check("gemma2: served, its template rendered, the answer ends at <end_of_turn>",
+              c.get("message", {}).get("content") == "Hi there!" and c.get("finish_reason") == "stop" and
+              body["usage"]["completion_tokens"] == len(ids) + 1, (body, log[-800:]))
+    finally:
+        d.stop()
+
+    harmony = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>")
+    added = tuple((151665 + i, t) for i, t in enumerate(harmony))
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    req = {"model": "o", "messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": tools,
+           "temperature": 0, "max_tokens": 40}
+    calls_answer = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}'
+    model, ids = chain_model("gpt-oss-call", "qwen2-tokenizer", calls_answer, 77091, 151669, model_type="gpt_oss",
+                             added=added, special=True)  # after "assistant", then <|call|>
+    d, log = single_worker(model, "--served-model-name", "o", "--chat-template", "harmony")
+    try:
+        check("gpt-oss: harmony template and its tool calls", "tool calls: harmony" in log, log[-800:])
+        st, body = d.post("/v1/chat/completions", req)
+        c = body["choices"][0] if st == 200 else {}
+        calls = c.get("message", {}).get("tool_calls", [])
+        check("gpt-oss: a commentary message to=functions.get_weather is the call",
+              c.get("finish_reason") == "tool_calls" and c["message"]["content"] is None and len(calls) == 1 and
+              calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}, body)
+        events, _ = d.stream("/v1/chat/completions", dict(req, stream=True))
+        deltas = [e["choices"][0] for e in events[:-1] if e["choices"]]
+        check("gpt-oss streamed: the call, no content, finish tool_calls",
+              [t["function"] for x in deltas for t in x["delta"].get("tool_calls", [])] == [calls[0]["function"]] and
+              not any(x["delta"].get("content") for x in deltas) and deltas[-1]["finish_reason"] == "tool_calls", deltas)
+        st, body = d.post("/v1/chat/completions", dict(req, tool_choice="required"))
+        check("gpt-oss: tool_choice required refused by name", st == 400 and body["error"]["param"] == "tool_choice", body)
+    finally:
+        d.stop()
+    model, ids = chain_model("gpt-oss-think", "qwen2-tokenizer", "<|channel|>analysis<|message|>Check the weather.<|end|>",
+                             77091, 151670, model_type="gpt_oss", added=added, special=True)  # then <|return|>
+    d, log = single_worker(model, "--served-model-name", "o", "--chat-template", "harmony")
+    try:
+        st, body = d.post("/v1/chat/completions", dict(req, tools=None))
+        m = body["choices"][0]["message"] if st == 200 else {}
+        check("gpt-oss: the analysis channel is reasoning_content",
+              m.get("reasoning_content") == "Check the weather." and m.get("content") is None and
+              body["choices"][0]["finish_reason"] == "stop", body)
+        events, _ = d.stream("/v1/chat/completions", dict(req, tools=None, stream=True))
+        reasoning = "".join(e["choices"][0]["delta"].get("reasoning_content") or "" for e in events[:-1] if e["choices"])
+        check("gpt-oss streamed: reasoning_content deltas", reasoning == "Check the weather.", events)
     finally:
         d.stop()
 
@@ -1475,6 +1562,7 @@ def main():
     responses_api()
     kv_sized_by_memory()
     qwen3_reasoning_tools()
+    new_families()
     mistral_tools()
     llama_tools()
     json_mode()
