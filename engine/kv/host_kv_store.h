@@ -17,6 +17,12 @@ struct KvShape {
   int64_t heads = 0;     // query heads
   int64_t kv_heads = 0;  // key/value heads (fewer than heads with grouped-query attention; 0: = heads)
   int64_t head_dim = 0;  // ModelSpec's (Qwen3: not hidden / heads)
+  // Per layer, its sliding window (ModelSpec::windows): the query at position i reads keys from
+  // i + 1 - window on, so the staged modes move no key below the step's first query's window.
+  std::vector<int64_t> windows;
+  int64_t window(int64_t layer) const {
+    return layer >= 0 && layer < static_cast<int64_t>(windows.size()) ? windows[static_cast<size_t>(layer)] : 0;
+  }
   int64_t kv_hidden() const { return (kv_heads > 0 ? kv_heads : heads) * head_dim; }  // width of K and V
   int64_t q_width() const { return heads * head_dim; }  // width of Q and of the attention output
 };

@@ -120,6 +120,8 @@ class StagedKv : public KvModeRuntime {
     (void)layer, (void)group, (void)k, (void)v, (void)t;
   }
   virtual AttentionSeq staged_seq(int64_t layer, const SeqPlan& s, int b) const;
+  int64_t first_read(int64_t layer, const SeqPlan& s) const;
+  bool head_unread(int64_t layer, int64_t group) const;
   virtual void promote(int64_t layer, int64_t group, int b) { (void)layer, (void)group, (void)b; }
   // On the D2H stream after the staged rows' stores: the tier's new rows to the host.
   virtual void store_tier_rows(int64_t layer, int64_t group) { (void)layer, (void)group; }

@@ -147,10 +147,29 @@ void StagedKv::wait_for_buffers(int64_t layer, int b) {
   if (const Event& e = st_.store_done[static_cast<size_t>(layer)]; e.impl()) be.wait(Stream::H2D, e);
 }
 
+// A sliding layer's first key the sequence's step reads (its first query's window), below which
+// nothing is copied; never above the first row auto promotes to its device tier this step (the
+// tier takes copied rows only). 0 for a full layer.
+int64_t StagedKv::first_read(int64_t layer, const SeqPlan& s) const {
+  const int64_t w = st_.shape.window(layer);
+  return w > 0 ? std::min(std::max<int64_t>(0, s.past + 1 - w), s.promote_from) : 0;
+}
+
+// Whether no sequence of the group reads a row it would recompute: every split below its window
+// (a sliding layer at long contexts). Then neither X[0:l] nor its recompute is needed.
+bool StagedKv::head_unread(int64_t layer, int64_t group) const {
+  const int v = KvStep::variant(layer);
+  if (st_.shape.window(layer) == 0) return false;
+  for (const auto& s : st_.seqs(group))
+    if (s.split[v] > first_read(layer, s)) return false;
+  return true;
+}
+
 // The GPU batch's X[0:l], then (copy_kv) its K[l:s'] and V[l:s']: one copy_spans each, of their
 // runs of blocks (one 2-D copy per run index for a batch whose blocks were handed out together).
 void StagedKv::copy_x(int64_t layer, int64_t group, int b, LayerTiming& t) {
   const int v = KvStep::variant(layer);
+  if (head_unread(layer, group)) return;
   const int64_t es = static_cast<int64_t>(dtype_size(st_.opts.kv_dtype));
   RunSpans xs;
   for (const auto& s : st_.seqs(group))
@@ -167,10 +186,10 @@ void StagedKv::copy_kv(int64_t layer, int64_t group, int b, LayerTiming& t) {
   const int64_t es = static_cast<int64_t>(dtype_size(st_.opts.kv_dtype));
   RunSpans kvs;
   for (const auto& s : st_.seqs(group)) {
-    const int64_t l = s.split[v], n = s.staged_past() - l;
+    const int64_t from = std::max(s.split[v], first_read(layer, s)), n = s.staged_past() - from;
     if (n <= 0) continue;
-    st_.kv_runs(s, l, n,
-                [&](int64_t row, int64_t off, int64_t c, size_t k) { kvs.add(k, RowSpan{row, s.ctx_off + l + off, c}); });
+    st_.kv_runs(s, from, n,
+                [&](int64_t row, int64_t off, int64_t c, size_t k) { kvs.add(k, RowSpan{row, s.ctx_off + from + off, c}); });
     t.h2d_bytes += 2 * n * st_.shape.kv_hidden() * es;
   }
   if (kvs.empty()) return;
@@ -211,7 +230,7 @@ void StagedKv::recompute_head(int64_t layer, int64_t group, int b, LayerTiming& 
   const GpuBatch& gr = st_.batches[static_cast<size_t>(group)];
   const int var = KvStep::variant(layer);
   const int64_t rx = gr.x_rows[var];
-  if (rx <= 0) return;
+  if (rx <= 0 || head_unread(layer, group)) return;
   st_.wait_compute(t.x_ready, t);
   t.recompute_start = st_.be.record(Stream::Compute);
   // Stored X goes into the GEMM as it is; K/V come out in the store's dtype where the model

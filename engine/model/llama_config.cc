@@ -417,6 +417,8 @@ ModelSpec LlamaConfig::spec() const {
   s.eos_token_id = eos_token_id;
   s.pad_token_id = pad_token_id;
   s.torch_dtype = torch_dtype;
+  if (sliding_window > 0)
+    for (int64_t i = 0; i < num_layers; ++i) s.windows.push_back(window(i));
   return s;
 }
 

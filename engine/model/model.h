@@ -60,7 +60,7 @@ class Workspace {
 
 // The KV cache's shape of a model of this spec.
 inline KvShape kv_shape(const ModelSpec& spec) {
-  return KvShape{spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim};
+  return KvShape{spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.windows};
 }
 
 class Model : public KvProjector {

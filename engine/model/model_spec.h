@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvpr {
 
@@ -18,6 +19,8 @@ struct ModelSpec {
   int64_t max_position_embeddings = 0;
   int64_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
   std::string torch_dtype;
+  // Per layer, the sliding window its attention keeps (0: every key); empty: no layer slides.
+  std::vector<int64_t> windows;
   int64_t kv_hidden() const { return num_kv_heads * head_dim; }
   int64_t q_width() const { return num_heads * head_dim; }  // Q and the attention output (Qwen3: not hidden_size)
 };

@@ -175,3 +175,38 @@ TEST(Gemma, WrappersLoadTheirTextModelUnderEitherPrefix) {
     EXPECT_EQ(model->parameter_count(), expect) << name;
   }
 }
+
+// A sliding layer's keys below the window are never read, so offload and kvpr move none of them:
+// Mistral's layers (window 5) cost 2 x min(past, 4) K/V rows each per decode step, not 2 x past,
+// and kvpr's recompute of its first 3 tokens stops once they fall out of every window.
+TEST(Gemma, SlidingLayersMoveOnlyTheirWindow) {
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  CpuBackend be;
+  std::unique_ptr<Model> model = load_model(be, test::data_path("llama/mistral_sliding_window"));
+  const ModelSpec& spec = model->spec();
+  ASSERT_EQ(spec.windows, (std::vector<int64_t>{5, 5}));
+  const int64_t row_bytes = spec.kv_hidden() * 4;  // f32
+  for (KvMode mode : {KvMode::Offload, KvMode::Kvpr}) {
+    GeneratorOptions o;
+    o.kv_dtype = DType::F32;
+    o.kv.mode = mode;
+    if (mode == KvMode::Kvpr) o.kv.forced_split = 3;
+    Generator gen(*model, tok, o);
+    GenerationParams p;
+    p.max_new_tokens = 12;
+    p.ignore_eos = true;
+    gen.add({5, 17, 33, 2}, p);  // decode from past 4: the window passes kvpr's 3 recomputed tokens at past 7
+    int64_t past = 0;
+    for (int step = 0; !gen.idle(); ++step) {
+      gen.step([](uint64_t, const float*, int64_t) {});
+      const StepStats& st = gen.kv_runtime().last_step();
+      const int64_t kv_rows = std::min<int64_t>(past, 4);  // keys past - 4 .. past - 1 of the query at past
+      int64_t want = spec.num_layers * 2 * kv_rows * row_bytes;
+      if (mode == KvMode::Kvpr && past > 0 && past + 1 - 5 < 3)  // X of tokens 0..2 still in some window
+        want = spec.num_layers * (3 * spec.hidden_size * 4 + 2 * (past - 3) * row_bytes);
+      EXPECT_EQ(st.h2d_bytes, want) << kv_mode_name(mode) << " step " << step << " past " << past;
+      past += step == 0 ? 4 : 1;
+    }
+  }
+}
