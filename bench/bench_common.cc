@@ -37,7 +37,7 @@ void write_json(const std::string& path, const json::Value& v) {
 std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, const ModelLoadOptions& lo,
                                     const PresetSize& size) {
   KVPR_CHECK(size.max_positions >= 0 && size.layers >= 0, "a preset's positions and layers must not be negative");
-  if (name.rfind("llama", 0) != 0 && name.rfind("qwen", 0) != 0) {
+  if (name.rfind("llama", 0) != 0 && name.rfind("qwen", 0) != 0 && name.rfind("gemma", 0) != 0) {
     OptConfig oc = preset(name);
     if (size.max_positions > 0) oc.max_position_embeddings = size.max_positions;
     if (size.layers > 0) oc.num_layers = std::min(oc.num_layers, size.layers);
@@ -62,6 +62,31 @@ std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, const 
     c.rope_llama3_factor = 8;
   } else if (name == "llama-tiny") {
     shape(128, 4, 4, 2, 344);
+  } else if (name.rfind("gemma-3", 0) == 0) {
+    // Gemma 3 (gemma-3-4b-it's text model): 5 local layers (window 1024, base 1e4) to 1 global
+    // (base 1e6, linear 8), heads of 256, q/k norms, GeGLU, (1 + w) and output norms, tied head.
+    // gemma-3-tiny: its layer pattern and window on widths a CPU runs at 32k tokens.
+    c.model_type = "gemma3_text";
+    c.vocab_size = 262208;
+    c.max_position_embeddings = 131072;
+    c.rms_norm_eps = 1e-6;
+    c.torch_dtype = "bfloat16";
+    c.tie_word_embeddings = true;
+    c.qk_norm = c.gemma_norms = true;
+    c.mlp_activation = Activation::GELUTanh;
+    c.config_head_dim = c.query_pre_attn_scalar = 256;
+    c.rope_theta = 1e6, c.local_rope_theta = 1e4, c.rope_freq_scale = 1.0 / 8;
+    c.sliding_window = 1024;
+    if (name == "gemma-3-4b") {
+      shape(2560, 34, 8, 4, 10240);
+    } else if (name == "gemma-3-tiny") {
+      shape(128, 6, 2, 1, 256);
+      c.config_head_dim = c.query_pre_attn_scalar = 64;
+      c.vocab_size = 1024;
+    } else {
+      KVPR_THROW("unknown preset '", name, "' (gemma-3-4b, gemma-3-tiny)");
+    }
+    for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers.push_back((i + 1) % 6 != 0);
   } else if (name.rfind("qwen", 0) == 0) {  // 151936-row embeddings (152064 for 2.5-7B), theta 1e6
     c.vocab_size = 151936;
     c.max_position_embeddings = 32768;

@@ -484,6 +484,9 @@ class DecodeRun {
     DecodeShape shape;
     shape.layers = static_cast<double>(c.num_layers);
     shape.cached_tokens = static_cast<double>(batch_) * (prompt_ + gen_ / 2.0);  // mean cached tokens per layer
+    for (int64_t w : c.windows)  // a sliding layer reads its window of each sequence (its first query's)
+      shape.layer_tokens.push_back(static_cast<double>(batch_) *
+                                   (w > 0 ? std::min<double>(prompt_ + gen_ / 2.0, static_cast<double>(w - 1)) : prompt_ + gen_ / 2.0));
     shape.kv_bytes = 2.0 * c.kv_hidden() * es;  // K+V: fewer heads with GQA
     shape.x_bytes = c.hidden_size * es;
     shape.recompute_flops = 4.0 * c.hidden_size * c.kv_hidden();

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 namespace kvpr::bench {
 
@@ -31,6 +32,18 @@ struct DecodeShape {
   double streamed_weight_bytes = 0;  // --weights host: weight bytes crossing the link each step
   int gpu_batches = 1;            // cpu-attn: >= 2 lets host and device work overlap
   double device_tokens = 0;       // auto: of S, those whose K/V its device tier can hold (the budget's)
+  // Per layer, the cached tokens a step reads there, summed over the batch: S for a full layer, at
+  // most its window per sequence for a sliding one (Gemma 3's local layers). Empty: S in every
+  // layer. A step moves, recomputes and reads only these.
+  std::vector<double> layer_tokens;
+  // Σ over layers of f(T_i), T_i the layer's tokens.
+  template <typename F>
+  double over_layers(F f) const {
+    if (layer_tokens.empty()) return layers * f(cached_tokens);
+    double sum = 0;
+    for (double t : layer_tokens) sum += f(t);
+    return sum;
+  }
 };
 
 // What the run measured.
@@ -70,16 +83,25 @@ inline void best_split(double S, Link link, Device device, double* best_s, doubl
 // of the rest; kvpr is auto with no device tokens).
 inline Bound decode_bound(const std::string& mode, const DecodeShape& s, const Measured& m) {
   using detail::device_read_s;
-  const double L = s.layers, S = s.cached_tokens;
-  const double kv_all = L * S * s.kv_bytes, x_all = L * S * s.x_bytes;
+  const double S = s.cached_tokens;
+  const double kv_all = s.over_layers([&](double t) { return t * s.kv_bytes; });
+  const double x_all = s.over_layers([&](double t) { return t * s.x_bytes; });
   const double W = s.streamed_weight_bytes;
   const double v_phys = m.h2d_alone_gbps * 1e9, v_model = m.h2d_gbps * 1e9;
   // The device time of a step: physical, its weights and its K/V (however they got there) read
   // once by the layers and attention; model, the measured resident step.
   const double weights_s = device_read_s(s.weight_bytes, m);
   const double device_s = device_read_s(s.weight_bytes + kv_all, m);
-  auto recompute_phys = [&](double l) { return m.gemm_tflops > 0 ? L * l * s.recompute_flops / (m.gemm_tflops * 1e12) : 0; };
-  auto recompute_model = [&](double l) { return l > 0 ? L * (m.recompute_fixed_s + m.recompute_per_row_s * l) : 0; };
+  // Recomputing l tokens recomputes at most a layer's own tokens there (none below a window).
+  auto recomputed = [&](double l) { return s.over_layers([&](double t) { return std::min(l, t); }); };
+  auto recompute_phys = [&](double l) {
+    return m.gemm_tflops > 0 ? recomputed(l) * s.recompute_flops / (m.gemm_tflops * 1e12) : 0;
+  };
+  auto recompute_model = [&](double l) {
+    return s.over_layers([&](double t) {
+      return std::min(l, t) > 0 ? m.recompute_fixed_s + m.recompute_per_row_s * std::min(l, t) : 0;
+    });
+  };
   Bound b;
   if (mode == "resident" || mode == "resident+graphs") {
     b.physical_s = std::max(W / v_phys, device_s);
@@ -88,14 +110,21 @@ inline Bound decode_bound(const std::string& mode, const DecodeShape& s, const M
     b.physical_s = std::max((W + kv_all) / v_phys, device_s);
     b.model_s = std::max((W + kv_all) / v_model, m.resident_step_s);
   } else if (mode == "kvpr" || mode == "auto") {
-    // Staged tokens cross the link (as X for l of them); the device reads every token's K/V.
-    const double staged = mode == "auto" ? std::max(0.0, S - std::min(S, s.device_tokens)) : S;
+    // Staged tokens cross the link (as X for l of them, in each layer at most its own tokens);
+    // the device reads every token's K/V.
+    const double held = mode == "auto" ? std::min(S, s.device_tokens) : 0.0;
+    const double staged = std::max(0.0, S - held);
+    auto link_bytes = [&](double l) {
+      return s.over_layers([&](double t) {
+        const double st = std::max(0.0, t - std::min(t, held)), r = std::min(l, st);
+        return r * s.x_bytes + (st - r) * s.kv_bytes;
+      });
+    };
     detail::best_split(
-        staged, [&](double l) { return (W + L * (l * s.x_bytes + (staged - l) * s.kv_bytes)) / v_phys; },
-        [&](double l) { return device_s + recompute_phys(l); }, &b.physical_s,
-        &b.physical_split);
+        staged, [&](double l) { return (W + link_bytes(l)) / v_phys; },
+        [&](double l) { return device_s + recompute_phys(l); }, &b.physical_s, &b.physical_split);
     detail::best_split(
-        staged, [&](double l) { return (W + L * (l * s.x_bytes + (staged - l) * s.kv_bytes)) / v_model; },
+        staged, [&](double l) { return (W + link_bytes(l)) / v_model; },
         [&](double l) { return m.resident_step_s + recompute_model(l); }, &b.model_s, &b.model_split);
   } else if (mode == "recompute") {
     b.physical_s = std::max((W + x_all) / v_phys, device_s + recompute_phys(S));

@@ -110,3 +110,28 @@ TEST(DecodeBounds, StreamedWeightsAddToTheLink) {
   EXPECT_NEAR(decode_bound("resident", s, h200()).physical_s * 1e3, 13.317 / 55.3455 * 1e3, 0.5);
   EXPECT_NEAR(decode_bound("offload", s, h200()).physical_s * 1e3, 315.3 + 240.6, 0.5);
 }
+
+// Sliding layers (Gemma 3's 5 local to 1 global at a window of 1024): a step moves and reads a
+// local layer's window of each sequence, not its context. At 32768 tokens, 6 layers of one
+// sequence move (32768 + 5 x 1023) tokens' K/V where full offload moves 6 x 32768: 19.3%.
+TEST(DecodeBounds, SlidingLayersCountTheirWindowOnly) {
+  kvpr::bench::DecodeShape s;
+  s.layers = 6;
+  s.cached_tokens = 32768;
+  s.kv_bytes = 2.0 * 256 * 2;
+  s.x_bytes = 2560 * 2.0;
+  s.recompute_flops = 4.0 * 2560 * 256;
+  s.weight_bytes = 1e9;
+  kvpr::bench::DecodeShape windowed = s;
+  windowed.layer_tokens = {1023, 1023, 1023, 1023, 1023, 32768};
+  auto m = h200();
+  const double full = decode_bound("offload", s, m).physical_s, slid = decode_bound("offload", windowed, m).physical_s;
+  EXPECT_NEAR(full, 6 * 32768 * s.kv_bytes / (m.h2d_alone_gbps * 1e9), 1e-12);
+  EXPECT_NEAR(slid / full, (32768 + 5 * 1023) / (6.0 * 32768), 1e-9);
+  EXPECT_NEAR(slid / full, 0.193, 0.001);
+  // kvpr recomputes at most a layer's own tokens: its bound is never above offload's, and X (larger
+  // than K+V here: grouped-query attention) is not worth moving, so it splits at 0 and equals it.
+  const auto k = decode_bound("kvpr", windowed, m);
+  EXPECT_EQ(k.physical_split, 0);
+  EXPECT_NEAR(k.physical_s, slid, 1e-12);
+}
