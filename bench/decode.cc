@@ -520,6 +520,16 @@ class DecodeRun {
       mj.set("over_bound", ms / (b.physical_s * 1e3));
       mj.set("over_model_bound", ms / (b.model_s * 1e3));
     }
+    if (!shape.layer_tokens.empty()) {
+      // Sliding layers: what the step's K/V would be were every layer full, next to what each
+      // mode moved (the link bytes of sliding layers are their windows').
+      const double full = shape.layers * shape.cached_tokens * shape.kv_bytes;
+      result.set("kv_bytes_per_step_every_layer_full", full);
+      result.set("kv_bytes_per_step_sliding", shape.over_layers([&](double t) { return t * shape.kv_bytes; }));
+      for (auto& mj : modes)
+        mj.set("h2d_share_of_every_layer_full",
+               (mj.find("h2d_bytes_per_step")->as_double() - shape.streamed_weight_bytes) / full);
+    }
     const Bound kvpr_bound = decode_bound("kvpr", shape, measured);
     result.set("kvpr_best_split_from_profile", kvpr_bound.model_split);
     result.set("kvpr_best_split_physical", kvpr_bound.physical_split);
