@@ -407,6 +407,35 @@ std::string rope_scaling_text(const LlamaConfig& c) {
   return buf;
 }
 
+// The gated MLP by its activation: SwiGLU, GeGLU (Gemma's), gpt-oss's clamped SwiGLU.
+const char* mlp_text(const LlamaConfig& c) {
+  switch (c.mlp_activation) {
+    case Activation::GELU:
+    case Activation::GELUTanh: return "GeGLU";
+    case Activation::ClampedSwiGLU: return "clamped SwiGLU";
+    default: return "SwiGLU";
+  }
+}
+
+// The per-layer attention beyond full causal softmax: "sliding window 1024 on 5 of 6 layers,
+// scores soft-capped at 50, sink logits"; "" when there is none.
+std::string attention_text(const LlamaConfig& c) {
+  std::string out;
+  auto add = [&](const std::string& s) { out += (out.empty() ? "" : ", ") + s; };
+  int64_t sliding = 0;
+  for (int64_t i = 0; i < c.num_layers; ++i) sliding += c.sliding(i);
+  if (sliding > 0)
+    add("sliding window " + std::to_string(c.sliding_window) + " on " + std::to_string(sliding) + " of " +
+        std::to_string(c.num_layers) + " layers" + (c.local_rope_theta > 0 ? " (their own rope)" : ""));
+  char buf[64];
+  if (c.attn_softcap > 0) std::snprintf(buf, sizeof buf, "scores soft-capped at %g", c.attn_softcap), add(buf);
+  if (c.query_pre_attn_scalar > 0) std::snprintf(buf, sizeof buf, "scaled by %g^-1/2", c.query_pre_attn_scalar), add(buf);
+  if (c.attention_sinks) add("sink logits");
+  if (c.rope_dim() < c.head_dim()) add("rotary on " + std::to_string(c.rope_dim()) + " of " + std::to_string(c.head_dim()));
+  if (c.final_softcap > 0) std::snprintf(buf, sizeof buf, "logits soft-capped at %g", c.final_softcap), add(buf);
+  return out;
+}
+
 // What kvpr info reports of a model, loaded as --weights host would load it (to report what
 // the device holds either way).
 struct ModelInfo {
@@ -466,6 +495,11 @@ json::Value ModelInfo::to_json() const {
     o.set("q_width", llama->config().q_width());
     o.set("qk_norm", llama->config().qk_norm);
     o.set("attention_biases", llama->config().o_bias ? "qkvo" : llama->config().qkv_bias ? "qkv" : "none");
+    o.set("mlp", mlp_text(llama->config()));
+    o.set("attention", attention_text(llama->config()));
+    json::Array windows;
+    for (int64_t w : c.windows) windows.push_back(w);
+    o.set("sliding_windows", std::move(windows));  // per layer (0: full); empty when none slides
   }
   o.set("checkpoint_format", model.checkpoint_format());
   o.set("weight_dtype", dtype_name(model.weight_dtype()));
@@ -503,9 +537,12 @@ void ModelInfo::print() const {
     std::printf("architecture          %s (%s-LN%s)\n", arch, opt->config().do_layer_norm_before ? "pre" : "post",
                 opt->config().has_projection() ? ", projected embeddings" : "");
   else
-    std::printf("architecture          %s (RMSNorm, rotary theta %g, %s rope scaling,%s SwiGLU)\n", arch,
+    std::printf("architecture          %s (RMSNorm%s, rotary theta %g, %s rope scaling,%s %s)\n", arch,
+                llama->config().gemma_norms ? " (1 + w), output norms, scaled embeddings" : "",
                 llama->config().rope_theta, rope_scaling_text(llama->config()).c_str(),
-                llama->config().qk_norm ? " per-head Q/K norms," : "");
+                llama->config().qk_norm ? " per-head Q/K norms," : "", mlp_text(llama->config()));
+  if (llama && !attention_text(llama->config()).empty())
+    std::printf("attention             %s\n", attention_text(llama->config()).c_str());
   std::printf("layers                %lld\n", static_cast<long long>(c.num_layers));
   std::printf("hidden / heads        %lld / %lld (head dim %lld%s)\n", static_cast<long long>(c.hidden_size),
               static_cast<long long>(c.num_heads), static_cast<long long>(c.head_dim),
@@ -516,10 +553,6 @@ void ModelInfo::print() const {
   if (llama && llama->config().context() > llama->config().max_position_embeddings)
     std::printf("context               %lld (yarn x%g; max_position_embeddings %lld)\n",
                 static_cast<long long>(c.max_position_embeddings), llama->config().rope_yarn_factor,
-                static_cast<long long>(llama->config().max_position_embeddings));
-  else if (llama && llama->config().context() < llama->config().max_position_embeddings)
-    std::printf("context               %lld (the sliding window; %lld positions)\n",
-                static_cast<long long>(c.max_position_embeddings),
                 static_cast<long long>(llama->config().max_position_embeddings));
   else
     std::printf("context               %lld\n", static_cast<long long>(c.max_position_embeddings));
