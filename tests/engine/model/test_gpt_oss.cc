@@ -92,3 +92,32 @@ TEST(GptOss, Mxfp4DequantizesAsPacked) {
   EXPECT_FALSE(gpt_oss_expert_dtype(ckpt, base + "9x.up_proj.weight").has_value());
   EXPECT_FALSE(gpt_oss_expert_dtype(ckpt, "model.layers.1.mlp.router.weight").has_value());
 }
+
+// With --weights host (the layers' matrices in pinned host memory, streamed a layer ahead), the
+// derived experts, Gemma's and Phi-3's layers give the tokens of weights on the device, in every
+// KV mode that moves KV.
+TEST(GptOss, StreamedWeightsGiveTheDeviceWeightsTokens) {
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  for (const std::string& dir : {fixture("mxfp4_bf16"), test::data_path("gemma/gemma3_wrapper_bf16"),
+                                 test::data_path("gemma/gemma2_f32"), test::data_path("llama/phi3_partial_rotary_fused_f32")}) {
+    CpuBackend be;
+    ModelLoadOptions lo;
+    lo.stream_weights = true;
+    std::unique_ptr<Model> device = load_model(be, dir), streamed = load_model(be, dir, lo);
+    ASSERT_NE(streamed->weight_stream(), nullptr) << dir;
+    EXPECT_EQ(streamed->parameter_count(), device->parameter_count()) << dir;
+    GenerationParams p;
+    p.max_new_tokens = 8;
+    p.ignore_eos = true;
+    for (KvMode m : {KvMode::Resident, KvMode::Offload, KvMode::Kvpr}) {
+      GeneratorOptions o;
+      o.kv_dtype = DType::F32;
+      o.kv.mode = m;
+      if (m == KvMode::Kvpr) o.kv.forced_split = 3;
+      const auto want = Generator(*device, tok, o).generate_all({{5, 17, 33, 2, 80, 41, 9}, {60, 61}}, p);
+      const auto got = Generator(*streamed, tok, o).generate_all({{5, 17, 33, 2, 80, 41, 9}, {60, 61}}, p);
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << dir << " " << kv_mode_name(m);
+    }
+  }
+}
