@@ -337,6 +337,17 @@ part_syscalls() {
       PART_STATUS=failed
 }
 
+# Sliding layers: Gemma 3's shape at 32k, what each mode moves against every layer full.
+part_sliding() {
+  local preset=gemma-3-4b prompt=32768 args=(--modes resident,offload,kvpr)
+  if [ "$DRY" = 1 ]; then preset=gemma-3-tiny prompt=4096 args=(--modes offload,kvpr --kv-dtype f32 --probe-mib 8); fi
+  say "kvpr-bench decode: sliding layers, $preset, batch 1, prompt $prompt"
+  within 200 env KVPR_THREADS=$THREADS LD_LIBRARY_PATH="$LIBS" "$BIN/bench/kvpr-bench" decode --preset "$preset" \
+      --backend "$BACKEND" --batch 1 --prompt "$prompt" --gen 8 "${args[@]}" --json "$PART_RAW/sliding.json" \
+      > "$PART_RAW/sliding.txt" 2>&1
+  tail -5 "$PART_RAW/sliding.txt"
+}
+
 part_sweep() {
   local cfg b p k args name
   for cfg in $SWEEP; do

@@ -68,6 +68,9 @@ PARTS = [
     Part('syscalls', 90, 15, SERVE + ['systemd/kvprd.service', 'bench/syscall_filter.py'],
          "kvprd and its GPU workers under strace -f (start, greedy requests, drain): every system call, the CUDA "
          "driver's included, inside the unit's SystemCallFilter=@system-service"),
+    Part('sliding', 90, 20, BENCH,
+         "kvpr-bench decode of Gemma 3's shape (gemma-3-4b: 5 local layers of window 1024 to 1 global) at 32768 "
+         "tokens: each mode's link bytes per step against every layer full (19.3% expected), resident beside"),
     Part('sweep', 240, 30, BENCH,
          'kvpr-bench decode off the main point: fp8 KV, batch 1..64, prompt 128..8192, weights streamed'),
     Part('scale', 240, 30, BENCH + ['numa', 'worker'],
@@ -203,7 +206,7 @@ def summarize(part, raw):
                   if t.get('failures')]
         s = {'tests': g.get('tests'), 'failures': g.get('failures'), 'disabled': g.get('disabled'), 'failed': failed}
         targets.append(_target('GPU tests failing', g.get('failures') if g else None, '<=', 0))
-    elif name in ('decode', 'sweep'):
+    elif name in ('decode', 'sweep', 'sliding'):
         for key, doc in sorted(raw.items()):
             if not isinstance(doc, dict) or doc.get('benchmark') != 'decode':
                 continue
@@ -212,7 +215,13 @@ def summarize(part, raw):
                       'modes': {k: {'ms_per_step': m.get('decode_ms_per_step_median'), 'bound_ms': m.get('bound_ms'),
                                     'over_bound': m.get('over_bound'), 'tokens_per_s': m.get('decode_tokens_per_s'),
                                     'h2d_mb_per_step': (m.get('h2d_bytes_per_step') or 0) / 1e6,
-                                    'busy': m.get('compute_busy_fraction')} for k, m in ms.items()}}
+                                    'busy': m.get('compute_busy_fraction'),
+                                    'h2d_share_of_every_layer_full': m.get('h2d_share_of_every_layer_full')}
+                                for k, m in ms.items()}}
+            if name == 'sliding' and 'offload' in ms:
+                targets.append(_target('offload link bytes against every layer full',
+                                       ms['offload'].get('h2d_share_of_every_layer_full'), '<=', 0.2))
+                targets.append(_target('offload over its physical bound', ms['offload'].get('over_bound'), '<=', 1.1))
             if name != 'decode':
                 continue
             r = doc.get('ratios', {})
