@@ -123,9 +123,24 @@ inline Bound decode_bound(const std::string& mode, const DecodeShape& s, const M
     detail::best_split(
         staged, [&](double l) { return (W + link_bytes(l)) / v_phys; },
         [&](double l) { return device_s + recompute_phys(l); }, &b.physical_s, &b.physical_split);
+    // This code recomputes a sequence's oldest l tokens in every layer: a sliding layer whose
+    // window starts past them needs none of it (and skips it), else recomputes all l and copies
+    // from l on.
+    auto code_link_bytes = [&](double l) {
+      return s.over_layers([&](double t) {
+        const double lo = S - t;  // the window's start (0 for a full layer)
+        return (l > lo ? l * s.x_bytes : 0.0) + std::max(0.0, S - std::max(l, lo) - held) * s.kv_bytes;
+      });
+    };
+    auto code_recompute_s = [&](double l) {
+      return s.over_layers([&](double t) {
+        return l > S - t && l > 0 ? m.recompute_fixed_s + m.recompute_per_row_s * l : 0.0;
+      });
+    };
     detail::best_split(
-        staged, [&](double l) { return (W + link_bytes(l)) / v_model; },
-        [&](double l) { return m.resident_step_s + recompute_model(l); }, &b.model_s, &b.model_split);
+        staged, [&](double l) { return (W + (s.layer_tokens.empty() ? link_bytes(l) : code_link_bytes(l))) / v_model; },
+        [&](double l) { return m.resident_step_s + (s.layer_tokens.empty() ? recompute_model(l) : code_recompute_s(l)); },
+        &b.model_s, &b.model_split);
   } else if (mode == "recompute") {
     b.physical_s = std::max((W + x_all) / v_phys, device_s + recompute_phys(S));
     b.model_s = std::max((W + x_all) / v_model, m.resident_step_s + recompute_model(S));

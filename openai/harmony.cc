@@ -62,6 +62,7 @@ HarmonyStream::Delta HarmonyStream::feed(std::string_view text) {
   Delta out;
   pending_.append(text);
   size_t done = 0;  // pending_[0, done) is consumed
+  if (!opened_) raw_.append(text);
   while (done < pending_.size()) {
     const size_t lt = pending_.find("<|", done);
     if (lt == std::string::npos) {
@@ -107,6 +108,10 @@ HarmonyStream::Delta HarmonyStream::feed(std::string_view text) {
         recipient_ = word_after(header_, "to=");
         state_ = State::Body;
         header_.clear();
+        if (!opened_) {  // from here the text goes where its channel says
+          opened_ = true;
+          raw_.clear();
+        }
       }
     } else {  // <|end|>, <|call|>, <|return|>
       close_message(out);
@@ -118,6 +123,12 @@ HarmonyStream::Delta HarmonyStream::feed(std::string_view text) {
 
 HarmonyStream::Delta HarmonyStream::finish() {
   Delta out;
+  if (!opened_) {  // the model never began a message: what it wrote is the answer
+    out.content = std::move(raw_);
+    raw_.clear();
+    pending_.clear();
+    return out;
+  }
   const std::string rest = std::move(pending_);
   pending_.clear();
   route(out, rest);

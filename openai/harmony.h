@@ -45,7 +45,11 @@ class HarmonyStream {
   void close_message(Delta& out);
   void route(Delta& out, const std::string& body);
   enum class State { Body, Header };
-  State state_ = State::Body;  // text before any header is content
+  // The answer opens inside the first message's header (the prompt wrote "<|start|>assistant"):
+  // "<|channel|>final", or " to=functions.NAME<|channel|>commentary json".
+  State state_ = State::Header;
+  bool opened_ = false;        // a message has begun (<|message|>)
+  std::string raw_;            // until then, the answer as written: its content if none begins
   std::string header_;         // the header so far
   std::string channel_, recipient_;
   std::string body_;           // a call's arguments, held whole

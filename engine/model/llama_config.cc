@@ -65,6 +65,11 @@ void read_attention(const ConfigFields& f, LlamaConfig& c) {
   f.get_int("sliding_window", &c.sliding_window);
   KVPR_CHECK(c.sliding_window >= 0, source, ": sliding_window must not be negative");
   read_layer_types(f, c);
+  if (c.model_type.rfind("qwen", 0) == 0) {  // Qwen2Config: no window unless use_sliding_window, layer_types or not
+    bool use_sliding_window = false;
+    f.get_bool("use_sliding_window", &use_sliding_window);
+    if (!use_sliding_window) c.sliding_window = 0;
+  }
   f.get_double("query_pre_attn_scalar", &c.query_pre_attn_scalar);
   for (auto [name, out] : {std::pair{"attn_logit_softcapping", &c.attn_softcap}, {"final_logit_softcapping", &c.final_softcap}}) {
     if (f.is_null(name)) *out = 0;  // null: none

@@ -136,7 +136,8 @@ struct LlamaConfig {
   // shorten it: the attention masks every layer exactly.
   int64_t context() const { return std::max(max_position_embeddings, rope_yarn_context); }
   float attention_scale() const {
-    return static_cast<float>(1.0 / std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : double(head_dim())));
+    return query_pre_attn_scalar > 0 ? static_cast<float>(1.0 / std::sqrt(query_pre_attn_scalar))
+                                     : 1.f / std::sqrt(static_cast<float>(head_dim()));
   }
 
   // What Hugging Face calls the architecture (kvpr info).

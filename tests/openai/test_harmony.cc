@@ -54,6 +54,10 @@ TEST(Harmony, ChannelsBecomeReasoningContentAndCalls) {
       {"<|channel|>commentary<|message|>Checking both.<|end|><|start|>assistant to=functions.a<|channel|>commentary "
        "json<|message|>{}<|call|>",
        "", "Checking both.", {{"a", "{}"}}},
+      // The first message's recipient before its channel (the prompt wrote "<|start|>assistant"), as
+      // the template writes earlier calls.
+      {" to=functions.get_weather<|channel|>commentary json<|message|>{\"a\": 1}<|call|>", "", "",
+       {{"get_weather", "{\"a\": 1}"}}},
       // A model that wrote no header: all content; "<|" that opens none of the format's tokens is text.
       {"plain <|x|> text", "", "plain <|x|> text", {}},
       // Cut off (max_tokens) in the reasoning, and in a call's arguments.

@@ -255,7 +255,9 @@ __global__ void attention_tile_kernel(float* out, const float* q, const AttnDesc
       for (int c = 0; c < CH; ++c) acc[rr][c] *= correction;
       const int64_t left = limit - kb;
       const int nk = left < KT ? static_cast<int>(left) : KT;
-      for (int kk = 0; kk < nk; ++kk) {
+      // From the window's first key: the rows below it may hold anything (a staged mode copies
+      // none of them), and 0 times an Inf is a NaN.
+      for (int kk = lo > kb ? static_cast<int>(lo - kb) : 0; kk < nk; ++kk) {
         const float pk = __shfl_sync(0xffffffffu, p, kk);
 #pragma unroll
         for (int c = 0; c < CH; ++c)
@@ -706,6 +708,9 @@ void attention(float* out, const float* q, const AttnDesc* descs, int64_t n_seqs
                const AttnTile* tiles, int64_t n_tiles, int sm_count, cudaStream_t stream) {
   if (n_seqs == 0 || total_q == 0) return;
   const AttnMath am{scale, softcap, window, sinks};
+  // A sliding layer's decode reads at most its window: split that, not the whole context (the
+  // launch classes of attention_launch_ctx, so a graph of the step still replays).
+  if (window > 0 && attention_launch_ctx(window) < max_ctx) max_ctx = attention_launch_ctx(window);
   KVPR_CHECK(total_q <= 0x7fffffff && n_seqs <= 65535, "attention batch too large for the grid");
   KVPR_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads, " heads do not share ", kv_heads,
              " KV heads evenly");
