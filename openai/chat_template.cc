@@ -15,7 +15,7 @@ namespace {
 
 constexpr const char* kTemplateNames[] = {"plain",   "opt",     "llama-2", "mistral",   "mistral-nemo", "zephyr",
                                           "chatml",  "qwen2",   "qwen2.5", "qwen3",     "llama-3",      "llama-3.1",
-                                          "llama-3.2", "harmony"};
+                                          "llama-3.2", "gemma",   "harmony"};
 
 const std::string kQwen2System = "You are a helpful assistant.";
 const std::string kQwen25System = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
@@ -332,6 +332,26 @@ void render_llama3(const std::string& name, const std::vector<ChatMessage>& mess
   r->stop_tokens = {"<|eot_id|>"};
 }
 
+// Gemma's turns, as Gemma 2's and 3's templates write them: "<start_of_turn>{user|model}\n{content,
+// trimmed}<end_of_turn>\n", the answer opening with "<start_of_turn>model\n" (BOS is the
+// tokenizer's); a system message opens the first user turn, followed by a blank line (Gemma 3's;
+// Gemma 2's own template refuses a system message). <end_of_turn> ends the answer.
+void render_gemma(const std::vector<ChatMessage>& messages, RenderedChat* r) {
+  std::string system;
+  size_t i = 0;
+  if (!messages.empty() && messages[0].role == "system") {
+    system = trim(messages[0].content) + "\n\n";
+    i = 1;
+  }
+  for (bool first = true; i < messages.size(); ++i, first = false) {
+    const ChatMessage& m = messages[i];
+    const std::string role = m.role == "assistant" ? "model" : m.role;
+    r->prompt += "<start_of_turn>" + role + "\n" + (first ? system : "") + trim(m.content) + "<end_of_turn>\n";
+  }
+  r->prompt += "<start_of_turn>model\n";
+  r->stop_tokens = {"<end_of_turn>"};
+}
+
 // A JSON schema as the harmony format describes a function's parameter: TypeScript's type.
 std::string typescript_type(const json::Value& spec, int depth = 0) {
   const json::Value* type = spec.is_object() ? spec.find("type") : nullptr;
@@ -537,6 +557,10 @@ RenderedChat render_chat(const std::string& name, const std::vector<ChatMessage>
     render_harmony(messages, options, &r);
     return r;
   }
+  if (name == "gemma") {
+    render_gemma(messages, &r);
+    return r;
+  }
   KVPR_THROW("unknown chat template '", name, "'");
 }
 
@@ -625,6 +649,10 @@ std::string chat_template_family(const std::string& jinja, std::string* why, std
     }
     *why = "Llama-3.1's";
     return "llama-3.1";
+  }
+  if (has("<start_of_turn>") && has("<end_of_turn>")) {
+    *why = "Gemma's (<start_of_turn>)";
+    return "gemma";
   }
   if (has("<|channel|>") && has("<|message|>") && has("<|start|>")) {
     *why = "gpt-oss's harmony format";

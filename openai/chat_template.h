@@ -27,6 +27,12 @@
 //                       one ("You are a helpful assistant." / "You are Qwen, created by Alibaba
 //                       Cloud. You are a helpful assistant.", as their templates write it); chatml
 //                       with ChatOptions::default_system does the same with any message
+//   gemma:              "<start_of_turn>{user|model}\n{content, trimmed}<end_of_turn>\n" per message
+//                       (a system message opening the first user turn), then
+//                       "<start_of_turn>model\n"; <end_of_turn> is a stop token (Gemma 2, 3)
+//   harmony:            gpt-oss's (openai/harmony.h): system and developer messages, tools as a
+//                       TypeScript namespace, "<|start|>{role}<|message|>...<|end|>"; <|return|>
+//                       and <|call|> end the answer
 //   llama-3:            "<|start_header_id|>{role}<|end_header_id|>\n\n{content, trimmed}<|eot_id|>" per
 //                       message, then "<|start_header_id|>assistant<|end_header_id|>\n\n" (BOS is the
 //                       tokenizer's); <|eot_id|> is a stop token

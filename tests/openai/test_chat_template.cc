@@ -72,6 +72,16 @@ TEST(ChatTemplate, RendersEachFormat) {
             "Today Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
   EXPECT_NE(render_chat("llama-3.2", kChat).prompt.find("\n\nBe brief.<|eot_id|>"), std::string::npos);
+  // Gemma's turns: the system message opens the first user turn, contents trimmed, "model" for
+  // the assistant, <end_of_turn> its stop token; recognised in a model's own template.
+  const RenderedChat gemma = render_chat("gemma", kChat);
+  EXPECT_EQ(gemma.prompt, "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+                          "<start_of_turn>user\nMore<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(gemma.stop_tokens, std::vector<std::string>{"<end_of_turn>"});
+  std::string why;
+  EXPECT_EQ(chat_template_family("{{ bos_token }}{% for m in messages %}{{ '<start_of_turn>' + m['role'] + '\\n' + "
+                                 "m['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}", &why),
+            "gemma");
   EXPECT_THROW(render_chat("vicuna", kChat), Error);
   EXPECT_FALSE(known_chat_template("vicuna"));
 }
