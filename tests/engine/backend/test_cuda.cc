@@ -490,7 +490,7 @@ TEST_P(CudaModels, EveryKvModeGivesTheCpuGreedyTokens) {
   Tokenizer tok = test::char_tokenizer(tmp, 96);
   auto gpu = create_backend("cuda");
   test::expect_every_kv_mode_gives_cpu_tokens(*gpu, test::data_path(GetParam()), tok,
-                                              {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4,
+                                              test::kFixturePrompts, 10, 4,
                                               GetParam());
 }
 
@@ -553,7 +553,7 @@ TEST(Cuda, Fp8KvCacheMatchesTheCpuInEveryMode) {
     GenerationParams p;
     p.max_new_tokens = 10;
     p.ignore_eos = true;
-    const std::vector<std::vector<int32_t>> prompts = {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}};
+    const std::vector<std::vector<int32_t>>& prompts = test::kFixturePrompts;
     EXPECT_EQ(test::greedy_tokens(*mg, tok, o, prompts, p), test::greedy_tokens(*mc, tok, o, prompts, p)) << name;
   }
 }
@@ -568,7 +568,7 @@ TEST(Cuda, ChunksPastCachedTokensGiveTheCpuGreedyTokens) {
   auto gpu = create_backend("cuda");
   for (const char* name : {"opt/post_ln_proj_sharded", "llama/llama3_rope_gqa_bf16", "llama/qwen3_head_dim_qk_norm_bf16"})
     test::expect_chunks_past_cached_tokens_give_cpu_tokens(*gpu, test::data_path(name), tok,
-                                                            {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 4,
+                                                            test::kFixturePrompts, 10, 4,
                                                             name);
 }
 

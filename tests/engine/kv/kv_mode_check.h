@@ -16,6 +16,9 @@
 
 namespace kvpr::test {
 
+// The prompts the model fixtures' mode checks run: a long one, a short one, one with a repeat.
+inline const std::vector<std::vector<int32_t>> kFixturePrompts = {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}};
+
 inline std::vector<std::vector<int32_t>> greedy_tokens(Model& model, const Tokenizer& tok,
                                                        const GeneratorOptions& o,
                                                        const std::vector<std::vector<int32_t>>& prompts,

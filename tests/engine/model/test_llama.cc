@@ -112,7 +112,7 @@ TEST(Llama, EveryKvModeGivesTheSameGreedyTokens) {
   Tokenizer tok = test::char_tokenizer(tmp, 96);
   CpuBackend device;
   for (const char* name : kFixtures)
-    test::expect_every_kv_mode_gives_cpu_tokens(device, fixture(name), tok, {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}},
+    test::expect_every_kv_mode_gives_cpu_tokens(device, fixture(name), tok, test::kFixturePrompts,
                                                 10, 3, name);
 }
 
@@ -123,7 +123,7 @@ TEST(Llama, ChunksPastCachedTokensGiveTheSameGreedyTokens) {
   CpuBackend device;
   for (const char* name : kFixtures)
     test::expect_chunks_past_cached_tokens_give_cpu_tokens(device, fixture(name), tok,
-                                                            {{5, 17, 33, 2, 80, 41, 9}, {60, 61}, {7, 7, 8, 9, 10}}, 10, 3,
+                                                            test::kFixturePrompts, 10, 3,
                                                             name);
 }
 
