@@ -115,6 +115,9 @@ void render_worker_stats(std::string& out, const std::vector<WorkerStatus>& work
              &WorkerStats::kv_blocks_cached);
   per_worker("kvpr_worker_preemptions", "Sequences preempted for KV blocks since the worker started.",
              &WorkerStats::preemptions);
+  per_worker("kvpr_worker_rope_recomputes",
+             "Sequences whose K/V were computed again past longrope's original context since the worker started.",
+             &WorkerStats::rope_recomputes);
   per_worker("kvpr_worker_prefix_query_tokens", "Prompt tokens looked up in the prefix cache since the worker started.",
              &WorkerStats::prefix_query_tokens);
   per_worker("kvpr_worker_prefix_hit_tokens", "Of them, tokens whose K/V were found in cached blocks.",

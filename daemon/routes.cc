@@ -130,6 +130,7 @@ void Routes::health(Exchange& ex) {
                                   {"blocks_free", st.kv_blocks_total - st.kv_blocks_used},
                                   {"blocks_cached", st.kv_blocks_cached},
                                   {"preemptions", st.preemptions},
+                                  {"rope_recomputes", st.rope_recomputes},
                                   // Bytes per tier, and the tier sizes of the last step (kv mode auto: the
                                   // device tier holds each sequence's tail; the split l is recomputed).
                                   {"tiers", json::Object{{"host_bytes_used", st.host_kv_bytes},

@@ -208,6 +208,7 @@ json::Value encode_stats(const WorkerStats& s) {
                       {"kv_blocks_used", s.kv_blocks_used},
                       {"kv_blocks_cached", s.kv_blocks_cached},
                       {"preemptions", s.preemptions},
+                      {"rope_recomputes", s.rope_recomputes},
                       {"prefix_query_tokens", s.prefix_query_tokens},
                       {"prefix_hit_tokens", s.prefix_hit_tokens},
                       {"busy_fraction", s.busy_fraction},
@@ -268,6 +269,7 @@ WorkerMessage decode_worker_message(const json::Value& frame) {
                             {"spec_accepted_tokens", &s.spec_accepted_tokens}, {"kv_block_tokens", &s.kv_block_tokens},
                             {"kv_blocks_total", &s.kv_blocks_total}, {"kv_blocks_used", &s.kv_blocks_used},
                             {"kv_blocks_cached", &s.kv_blocks_cached}, {"preemptions", &s.preemptions},
+                            {"rope_recomputes", &s.rope_recomputes},
                             {"prefix_query_tokens", &s.prefix_query_tokens}, {"prefix_hit_tokens", &s.prefix_hit_tokens},
                             {"step_ms_max", &s.step_ms_max}})
       *dst = member(frame, key).as_int();

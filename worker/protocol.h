@@ -41,11 +41,11 @@ struct WorkerStats {
   int64_t steps = 0, graph_replays = 0;                   // since the worker started
   int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;  // since the worker started
   // Paged KV: the store's blocks now (kv_tier: "host", "device", or "host+device" for auto: where
-  // the KV mode keeps them), and since the worker started the preemptions and the prompt tokens looked up in the
-  // prefix cache and found.
+  // the KV mode keeps them), and since the worker started the preemptions, the sequences computed again
+  // past longrope's original context, and the prompt tokens looked up in the prefix cache and found.
   std::string kv_tier;
   int64_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
-  int64_t preemptions = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  int64_t preemptions = 0, rope_recomputes = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
   double busy_fraction = 0;                                 // since the last stats message
   int64_t step_ms_max = 0;  // the longest step finished since the last stats message
 };

@@ -356,6 +356,7 @@ class WorkerLoop {
     ws.kv_blocks_used = kb.used;
     ws.kv_blocks_cached = kb.cached;
     ws.preemptions = kb.preemptions;
+    ws.rope_recomputes = kb.rope_recomputes;
     ws.prefix_query_tokens = gen_->prefix_cache_stats().queries;
     ws.prefix_hit_tokens = gen_->prefix_cache_stats().hits;
     ws.host_kv_reserved_bytes = static_cast<int64_t>(hs ? hs->bytes() : 0);

@@ -105,6 +105,8 @@ LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, co
 int64_t check_rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params) {
   KVPR_CHECK(params.rotary_dim >= 0 && params.rotary_dim % 2 == 0 && params.rotary_dim <= head_dim,
              "rope: rotary_dim ", params.rotary_dim, " must be even and at most head_dim ", head_dim);
+  KVPR_CHECK(params.longrope_pairs == 0 || params.longrope_pairs == rope_dims(head_dim, params) / 2,
+             "rope: ", params.longrope_pairs, " longrope factors for ", rope_dims(head_dim, params) / 2, " pairs");
   KVPR_CHECK(x.dtype() == DType::F32 && x.rank() >= 2 && head_dim > 0 && head_dim % 2 == 0 &&
                  x.dim(-1) % head_dim == 0 && positions.dtype() == DType::I32 && positions.rank() == 1 &&
                  positions.dim(0) == x.dim(-2),

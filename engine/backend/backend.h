@@ -142,6 +142,13 @@ LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, co
 // With rotary_dim > 0 (partial rotary: Phi's partial_rotary_factor) only the first rotary_dim
 // elements of each head turn, pairs (i, i + rotary_dim/2) with frequencies over rotary_dim (the
 // exponent's denominator), and the rest pass unchanged.
+// With longrope_pairs > 0 (Phi-3/3.5/4-mini's "longrope"), pair i's frequency is divided by its
+// own factor: longrope[0][i] (the short factors) for a sequence within the original context,
+// longrope[1][i] (the long ones) for a sequence past it. A sequence's regime travels in its
+// positions (kRopeLong): the generator decides it per sequence (ForwardChunk::long_rope).
+inline constexpr int kLongropeMaxPairs = 64;
+// Set in a position: turn by the long factors. Positions stay far below it.
+inline constexpr int32_t kRopeLong = int32_t{1} << 30;
 struct RopeParams {
   float theta = 10000.f;
   float freq_scale = 1.f;  // "linear": 1 / factor
@@ -151,6 +158,8 @@ struct RopeParams {
   float yarn_low = 0.f, yarn_high = 0.f;
   float attention_scale = 1.f;
   int rotary_dim = 0;  // 0: the whole head
+  int longrope_pairs = 0;  // 0: no longrope; else rope_dims / 2
+  float longrope[2][kLongropeMaxPairs] = {};  // short, long
 };
 
 // Throws unless rope's tensors fit (see Backend::rope); returns T, the rows positions covers.
@@ -377,7 +386,7 @@ KVPR_HD inline float random_normal(uint64_t seed, uint64_t i) {
 KVPR_HD inline int rope_dims(int head_dim, const RopeParams& r) { return r.rotary_dim > 0 ? r.rotary_dim : head_dim; }
 
 // The frequency of element pair i (RopeParams), of a rotation over head_dim elements (rope_dims').
-KVPR_HD inline float rope_inv_freq(int i, int head_dim, const RopeParams& r) {
+KVPR_HD inline float rope_inv_freq(int i, int head_dim, const RopeParams& r, bool long_factors = false) {
   double f = static_cast<double>(r.freq_scale) /
              pow(static_cast<double>(r.theta), 2.0 * i / static_cast<double>(head_dim));
   if (r.llama3_factor > 0.f) {
@@ -395,14 +404,16 @@ KVPR_HD inline float rope_inv_freq(int i, int head_dim, const RopeParams& r) {
     const double ramp = fmin(fmax((i - lo) / (hi - lo), 0.0), 1.0);
     f = f / r.yarn_factor * ramp + f * (1.0 - ramp);
   }
+  if (r.longrope_pairs > 0) f /= r.longrope[long_factors ? 1 : 0][i];
   return static_cast<float>(f);
 }
 
-// The angle by which rope turns element pair i at `position`: the frequency rounded to fp32,
-// times the position in fp32, as Hugging Face's rotary embedding computes it. Shared by the
-// backends.
+// The angle by which rope turns element pair i at `position` (kRopeLong: by the long factors):
+// the frequency rounded to fp32, times the position in fp32, as Hugging Face's rotary embedding
+// computes it. Shared by the backends.
 KVPR_HD inline float rope_angle(int32_t position, int i, int head_dim, const RopeParams& r) {
-  return static_cast<float>(position) * rope_inv_freq(i, head_dim, r);
+  const bool long_factors = (position & kRopeLong) != 0;
+  return static_cast<float>(position & ~kRopeLong) * rope_inv_freq(i, head_dim, r, long_factors);
 }
 
 // Creates a backend by name: "cpu", "cuda" (device 0 or `device`), or "auto" (cuda when

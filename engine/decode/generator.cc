@@ -22,6 +22,7 @@ struct Generator::Sequence {
   std::vector<int32_t> all;  // the prompt, then the generated tokens: what its KV blocks hold
   bool done = false;
   bool admitted = false;  // given KV blocks once (a preempted sequence is admitted again)
+  bool long_rope = false;  // its K/V turned by longrope's long factors (ForwardChunk::long_rope)
   int64_t past_len = 0;  // tokens whose K/V are in the cache
   int64_t cached = 0;    // of the prompt's, those found in the prefix cache
   Rng rng;
@@ -48,6 +49,9 @@ Generator::~Generator() = default;
 namespace {
 
 constexpr double kHostShare = 0.9;  // of the host's available memory, the rest the system's
+// The prefix cache's salt of blocks computed with longrope's long factors: they are found only
+// by sequences that turn by them too.
+constexpr uint64_t kLongRopeSalt = 0x6c6f6e67726f7065ull;
 
 std::string gib(double bytes) {
   char buf[64];
@@ -130,6 +134,7 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOp
   valid_vocab_ = static_cast<int32_t>(std::min<int64_t>(model.spec().vocab_size, tokenizer.size()));
   runtime_ = model.make_kv_runtime(plan.layout, plan.kv);
   pool_ = std::make_unique<BlockPool>(plan.layout.blocks, plan.layout.block_tokens);
+  long_rope_after_ = model.spec().long_rope_after;
   max_batch_ = opts.max_batch > 0 ? static_cast<size_t>(opts.max_batch) : model.backend().device_is_host() ? 8 : 256;
   prefix_caching_ = opts.prefix_caching;
   KVPR_CHECK(opts.speculative_tokens >= 0 && opts.speculative_tokens <= 64, "speculative_tokens must be in 0..64");
@@ -286,17 +291,26 @@ void Generator::release_blocks(Sequence& s) {
 
 KvBlockStats Generator::kv_block_stats() const {
   return KvBlockStats{pool_->block_tokens(), pool_->total_blocks(), pool_->used_blocks(), pool_->free_blocks(),
-                      pool_->cached_blocks(), preemptions_};
+                      pool_->cached_blocks(), preemptions_, rope_recomputes_};
+}
+
+bool Generator::past_original_context(const Sequence& s) const {
+  return long_rope_after_ > 0 && static_cast<int64_t>(s.all.size()) > long_rope_after_;
 }
 
 bool Generator::admit(Sequence& s) {
   const bool fresh = s.tokens.empty();
   const bool share = prefix_caching_ && s.params.prompt_logprobs < 0;
   const auto need = std::span<const int32_t>(s.all).first(static_cast<size_t>(s.prefill_end()));
+  // A prompt past longrope's original context turns by the long factors from its first token, as
+  // transformers runs a prompt that long; its blocks are cached apart from the short ones'.
+  const bool long_rope = past_original_context(s);
+  const uint64_t salt = long_rope ? kLongRopeSalt : 0;
   // Room for the prompt, and a block for each running sequence's next token.
-  if (!pool_->can_admit(need, static_cast<int64_t>(running_.size()), share)) return false;
+  if (!pool_->can_admit(need, static_cast<int64_t>(running_.size()), share, salt)) return false;
   std::vector<BlockPool::Copy> copies;
-  KVPR_CHECK(pool_->allocate(s.key(), need, &copies, share) && copies.empty(), "KV blocks: admission failed");
+  KVPR_CHECK(pool_->allocate(s.key(), need, &copies, share, salt) && copies.empty(), "KV blocks: admission failed");
+  s.long_rope = long_rope;
   s.past_len = pool_->tokens(s.key());  // the cached prefix
   if (fresh && !s.admitted) {  // not a preempted prompt's second admission
     s.admitted = true;
@@ -553,15 +567,30 @@ void Generator::plan_decodes(StepPlan& p, bool speculate, std::vector<StepOutput
       ++i;
       continue;
     }
+    if (past_original_context(*s) && !s->long_rope) {
+      // Its next token takes it past longrope's original context: as transformers does there
+      // (it drops its cache), every token is computed again with the long factors. It gives its
+      // blocks back and prefills again, first in the queue.
+      ++rope_recomputes_;
+      release_blocks(*s);
+      s->past_len = 0;
+      waiting_.insert(waiting_.begin(), std::move(running_[i]));
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
     ForwardChunk c;
     c.past_len = s->past_len;
     c.tokens = &s->tokens.back();
     c.count = 1;
+    c.long_rope = s->long_rope;
     // Drafts to check: never more than the tokens still allowed after the model's own next one,
-    // nor past the context, nor past the step's budget.
+    // nor past the context, nor past the step's budget, nor (turning by longrope's short factors)
+    // past the original context, where the tokens after them would turn by the long ones.
     const int64_t room = std::min<int64_t>({speculative_tokens_, spare,
                                             s->params.max_new_tokens - static_cast<int64_t>(s->tokens.size()) - 1,
-                                            max_seq_len_ - s->past_len - 2});
+                                            max_seq_len_ - s->past_len - 2,
+                                            long_rope_after_ > 0 && !s->long_rope ? long_rope_after_ - s->past_len - 1
+                                                                                  : int64_t{1} << 40});
     // (None while its end is held back: each of those tokens is chosen from masked logits.)
     const std::vector<int32_t> drafts = room > 0 && speculate && !s->holds_end() ? propose(*s, room) : std::vector<int32_t>();
     if (!drafts.empty()) {
@@ -602,6 +631,7 @@ void Generator::plan_prefills(StepPlan& p, std::vector<StepOutput>& out) {
   auto add_prefill = [&](Sequence* s) {
     ForwardChunk c;
     c.past_len = s->past_len;
+    c.long_rope = s->long_rope;
     c.tokens = s->all.data() + s->past_len;
     c.count = std::min(s->prefill_end() - s->past_len, budget);
     const bool fresh = s->tokens.empty();  // not a preempted sequence's second prefill

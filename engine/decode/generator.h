@@ -71,6 +71,8 @@ struct KvBlockStats {
   int64_t block_tokens = 0;
   int64_t total = 0, used = 0, free = 0, cached = 0;  // cached: of free, blocks whose content is kept
   int64_t preemptions = 0;
+  // Sequences whose K/V were computed again as they passed longrope's original context (Phi).
+  int64_t rope_recomputes = 0;
 };
 
 class Generator {
@@ -136,6 +138,8 @@ class Generator {
   // Takes `s`'s blocks for its prompt (sharing cached ones) if the pool has room for it and a
   // block to spare for each running sequence; false if not.
   bool admit(Sequence& s);
+  // Whether s is longer than longrope's original context (ModelSpec::long_rope_after).
+  bool past_original_context(const Sequence& s) const;
   // Makes room for `s`'s next `tokens` tokens, preempting the newest running sequences while the
   // pool is short; false when `s` itself was preempted or ended (it cannot grow even alone).
   bool reserve_blocks(Sequence& s, int64_t tokens, std::vector<StepOutput>& out);
@@ -190,6 +194,8 @@ class Generator {
   std::unique_ptr<BlockPool> pool_;
   size_t max_batch_ = 8;
   int64_t preemptions_ = 0;
+  int64_t long_rope_after_ = 0;  // ModelSpec::long_rope_after
+  int64_t rope_recomputes_ = 0;
   bool prefix_caching_ = true;
   PrefixCacheStats prefix_stats_;
   int speculative_tokens_ = 0, lookup_max_ = 4, lookup_min_ = 2;

@@ -31,9 +31,9 @@ uint64_t BlockPool::block_hash(uint64_t parent, std::span<const int32_t> tokens)
   return h;
 }
 
-std::vector<BlockPool::Block> BlockPool::cached_prefix(std::span<const int32_t> tokens) const {
+std::vector<BlockPool::Block> BlockPool::cached_prefix(std::span<const int32_t> tokens, uint64_t salt) const {
   std::vector<Block> out;
-  uint64_t parent = 0;
+  uint64_t parent = salt;
   for (size_t i = 0; (i + 1) * static_cast<size_t>(block_tokens_) <= tokens.size(); ++i) {
     const auto part = tokens.subspan(i * static_cast<size_t>(block_tokens_), static_cast<size_t>(block_tokens_));
     const uint64_t h = block_hash(parent, part);
@@ -48,9 +48,9 @@ std::vector<BlockPool::Block> BlockPool::cached_prefix(std::span<const int32_t> 
   return out;
 }
 
-int64_t BlockPool::match_prefix(std::span<const int32_t> tokens) const {
+int64_t BlockPool::match_prefix(std::span<const int32_t> tokens, uint64_t salt) const {
   if (tokens.empty()) return 0;
-  return static_cast<int64_t>(cached_prefix(tokens.first(tokens.size() - 1)).size()) * block_tokens_;
+  return static_cast<int64_t>(cached_prefix(tokens.first(tokens.size() - 1), salt).size()) * block_tokens_;
 }
 
 std::optional<BlockPool::Block> BlockPool::take_idle() {
@@ -95,7 +95,7 @@ void BlockPool::seal(Seq& s, std::span<const int32_t> tokens) {
   while ((s.hashes.size() + 1) * bt <= static_cast<size_t>(s.tokens)) {
     const size_t i = s.hashes.size();
     const auto part = tokens.subspan(i * bt, bt);
-    const uint64_t h = block_hash(i == 0 ? 0 : s.hashes.back(), part);
+    const uint64_t h = block_hash(i == 0 ? s.salt : s.hashes.back(), part);
     s.hashes.push_back(h);
     const Block b = s.table[i];
     auto& bh = hash_of_[static_cast<size_t>(b)];
@@ -106,22 +106,25 @@ void BlockPool::seal(Seq& s, std::span<const int32_t> tokens) {
   }
 }
 
-bool BlockPool::can_admit(std::span<const int32_t> tokens, int64_t reserve, bool share) const {
+bool BlockPool::can_admit(std::span<const int32_t> tokens, int64_t reserve, bool share, uint64_t salt) const {
   const std::vector<Block> hit =
-      tokens.empty() || !share ? std::vector<Block>{} : cached_prefix(tokens.first(tokens.size() - 1));
+      tokens.empty() || !share ? std::vector<Block>{} : cached_prefix(tokens.first(tokens.size() - 1), salt);
   const int64_t idle_hit = std::count_if(hit.begin(), hit.end(), [&](Block b) { return ref_[static_cast<size_t>(b)] == 0; });
   const int64_t fresh = blocks_for(static_cast<int64_t>(tokens.size())) - static_cast<int64_t>(hit.size());
   return free_blocks() - idle_hit - fresh >= reserve;
 }
 
-bool BlockPool::allocate(SeqId seq, std::span<const int32_t> tokens, std::vector<Copy>* copies, bool share) {
+bool BlockPool::allocate(SeqId seq, std::span<const int32_t> tokens, std::vector<Copy>* copies, bool share,
+                         uint64_t salt) {
   if (holds(seq)) return extend(seq, static_cast<int64_t>(tokens.size()), copies);
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const std::vector<Block> hit = n > 0 && share ? cached_prefix(tokens.first(tokens.size() - 1)) : std::vector<Block>{};
+  const std::vector<Block> hit =
+      n > 0 && share ? cached_prefix(tokens.first(tokens.size() - 1), salt) : std::vector<Block>{};
   const int64_t idle_hit = std::count_if(hit.begin(), hit.end(), [&](Block b) { return ref_[static_cast<size_t>(b)] == 0; });
   const int64_t fresh = std::max<int64_t>(0, blocks_for(n) - static_cast<int64_t>(hit.size()));
   if (free_blocks() - idle_hit < fresh) return false;
   Seq& q = seqs_[seq];
+  q.salt = salt;
   for (Block b : hit) {
     hold(b);
     q.table.push_back(b);

@@ -46,8 +46,10 @@ class BlockPool {
 
   // How many leading tokens of `tokens` the pool holds in full blocks (a multiple of
   // block_tokens), not counting the last token (a prompt's last token is always computed, for
-  // its logits).
-  int64_t match_prefix(std::span<const int32_t> tokens) const;
+  // its logits). `salt` names how the K/V were computed, where the tokens alone do not say it
+  // (longrope's short or long factors): blocks are found only under the salt they were written
+  // with.
+  int64_t match_prefix(std::span<const int32_t> tokens, uint64_t salt = 0) const;
 
   // A copy the runtime makes before a sequence writes: block `from`'s rows into block `to`.
   struct Copy {
@@ -59,7 +61,9 @@ class BlockPool {
   // changing nothing, when the pool has too few blocks; else appends to `copies` the
   // copy-on-write a shared partial block needs.
   // share = false: a new sequence takes no cached blocks (its prompt is scored token by token).
-  bool allocate(SeqId seq, std::span<const int32_t> tokens, std::vector<Copy>* copies, bool share = true);
+  // A new sequence's blocks are known under `salt` (match_prefix).
+  bool allocate(SeqId seq, std::span<const int32_t> tokens, std::vector<Copy>* copies, bool share = true,
+                uint64_t salt = 0);
   // allocate for a sequence the pool holds already: only the count of its tokens matters.
   bool extend(SeqId seq, int64_t tokens, std::vector<Copy>* copies);
   // The K/V of `tokens` (the sequence's whole list so far) are written: full blocks become
@@ -68,7 +72,7 @@ class BlockPool {
   void commit(SeqId seq, std::span<const int32_t> tokens);
   // Whether allocate could give a new sequence of `tokens` tokens its blocks now, with `reserve`
   // blocks left over (admission keeps room for the sequences that decode).
-  bool can_admit(std::span<const int32_t> tokens, int64_t reserve, bool share = true) const;
+  bool can_admit(std::span<const int32_t> tokens, int64_t reserve, bool share = true, uint64_t salt = 0) const;
   // `child` holds what `parent` holds, the same blocks (n > 1 choices of one prompt).
   void fork(SeqId parent, SeqId child);
   // The sequence's blocks go back to the pool (finished, cancelled or preempted); full ones stay
@@ -88,10 +92,11 @@ class BlockPool {
     std::vector<Block> table;
     std::vector<uint64_t> hashes;  // of its full committed blocks, in order
     int64_t tokens = 0;            // committed
+    uint64_t salt = 0;             // its first block's parent hash (match_prefix)
   };
   uint64_t block_hash(uint64_t parent, std::span<const int32_t> tokens) const;
-  // The cached full blocks `tokens` begins with, in order.
-  std::vector<Block> cached_prefix(std::span<const int32_t> tokens) const;
+  // The cached full blocks `tokens` begins with under `salt`, in order.
+  std::vector<Block> cached_prefix(std::span<const int32_t> tokens, uint64_t salt) const;
   // A block no one holds: the lowest-numbered empty one (so a batch admitted together takes
   // consecutive blocks, whose copies merge), else the least recently freed cached one, its hash
   // forgotten.

@@ -215,7 +215,7 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
       std::span<const int32_t> table = c.blocks;
       if (table.empty()) table = std::span<const int32_t>(slot_tables_).subspan(slot_index++, 1);
       st_.plan.push_back(SeqPlan{table, c.past_len, c.count, gr.q_rows, gr.ctx_rows, c.past_len + c.count, {},
-                                 c.past_len + c.count, {0, 0}, {0, 0}});
+                                 c.past_len + c.count, {0, 0}, {0, 0}, c.long_rope});
       gr.ctx_rows += c.past_len + c.count;
       gr.q_rows += c.count;
     }

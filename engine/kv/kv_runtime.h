@@ -43,6 +43,9 @@ struct ForwardChunk {
   int64_t slot = 0;
   std::span<const int32_t> blocks = {};
   bool all_rows = false;  // logits for every token of the chunk (else only its last)
+  // Its sequence is past ModelSpec::long_rope_after tokens: every rotation it makes, in the
+  // forward and in kvpr's recompute, is by the long factors (its positions carry kRopeLong).
+  bool long_rope = false;
 };
 
 // A KV cache known before the model that holds it is loaded (Generator::kv_plan): the store's

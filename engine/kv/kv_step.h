@@ -73,6 +73,7 @@ struct SeqPlan {
   int64_t staged_new() const { return std::clamp<int64_t>(head - past, 0, q_len); }  // new rows below head
   int64_t split[2];  // l for layer 0 and for the other layers
   int64_t x_off[2];  // first row in the X buffer, likewise
+  bool long_rope;    // its recomputed keys turn by the long factors (ForwardChunk::long_rope)
 };
 
 // A GPU batch: plan[first, last), its tokens' rows, and its buffer extents.

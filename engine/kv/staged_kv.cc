@@ -125,7 +125,8 @@ void StagedKv::allocate() {
   if (rx <= 0) return;
   st_.grow(kv_recomputed_, st_.projector.kv_dtype_for(dt), 2 * rx, w);
   if (!st_.projector.needs_positions()) return;
-  // Stored X starts at a sequence's first token: recomputed row j of a sequence is position j.
+  // Stored X starts at a sequence's first token: recomputed row j of a sequence is position j
+  // (with kRopeLong where its sequence turns by longrope's long factors).
   const GpuBatch& last = st_.batches.back();
   const int64_t total = last.xpos_off[1] + last.x_rows[1];
   Tensor host = Tensor::host(DType::I32, {std::max<int64_t>(total, 1)});
@@ -133,7 +134,7 @@ void StagedKv::allocate() {
   for (int64_t g = 0; g < st_.groups(); ++g)
     for (int v = 0; v < 2; ++v)
       for (const auto& s : st_.seqs(g))
-        for (int64_t j = 0; j < s.split[v]; ++j) *p++ = static_cast<int32_t>(j);
+        for (int64_t j = 0; j < s.split[v]; ++j) *p++ = static_cast<int32_t>(j) | (s.long_rope ? kRopeLong : 0);
   st_.grow(xpos_, DType::I32, host.numel(), 1);
   st_.be.copy(xpos_.rows(0, host.numel()), host.reshape({host.numel(), 1}), Stream::Compute);
 }

@@ -156,9 +156,31 @@ YarnFields read_rope(const ConfigFields& f, LlamaConfig& c) {
     s.get_double("mscale", &yarn.mscale);
     s.get_double("mscale_all_dim", &yarn.mscale_all_dim);
     s.get_bool("truncate", &yarn.truncate);
+  } else if (type == "longrope" || type == "su") {
+    // As transformers' _compute_longrope_parameters reads it: the original context from the
+    // config (or the scaling's own field, transformers 5), max_position_embeddings without one;
+    // the attention factor given, else sqrt(1 + ln(factor) / ln(original)) with factor =
+    // max_position_embeddings / original (1 at or below 1).
+    auto factors = [&](const char* name, std::vector<double>* out) {
+      const json::Value* v = s.find(name);
+      KVPR_CHECK(v && v->is_array(), source, ": longrope rope scaling needs a list ", name);
+      for (const json::Value& x : v->as_array()) {
+        out->push_back(x.as_double());
+        KVPR_CHECK(std::isfinite(out->back()) && out->back() > 0, source, ": longrope ", name, " must be positive");
+      }
+    };
+    factors("short_factor", &c.longrope_short);
+    factors("long_factor", &c.longrope_long);
+    f.get_int("original_max_position_embeddings", &c.longrope_original);
+    s.get_int("original_max_position_embeddings", &c.longrope_original);
+    double attention_factor = 0;
+    s.get_double("attention_factor", &attention_factor);
+    KVPR_CHECK(!s.find("attention_factor") || attention_factor > 0, source,
+               ": longrope rope scaling attention_factor must be positive");
+    c.rope_attention_factor = attention_factor;  // 0: from the contexts, once both are known
   } else {
     KVPR_CHECK(type == "default", source, ": rope scaling type \"", type,
-               "\" is not supported (default, linear, llama3, yarn)");
+               "\" is not supported (default, linear, llama3, yarn, longrope)");
   }
   return yarn;
 }
@@ -297,6 +319,7 @@ LlamaConfig LlamaConfig::from_json(const json::Value& top, const std::string& to
   if (yarn.factor > 0) c.set_yarn(yarn.factor, yarn.original > 0 ? yarn.original : double(c.max_position_embeddings),
                                   yarn.beta_fast, yarn.beta_slow, yarn.attention_factor, yarn.mscale,
                                   yarn.mscale_all_dim, yarn.truncate, source);
+  if (!c.longrope_short.empty()) c.set_longrope(source);
   return c;
 }
 
@@ -377,6 +400,21 @@ void LlamaConfig::set_yarn(double factor, double original, double beta_fast, dou
   rope_yarn_context = static_cast<int64_t>(std::llround(factor * original));
 }
 
+void LlamaConfig::set_longrope(const std::string& source) {
+  const size_t pairs = static_cast<size_t>(rope_dim() / 2);
+  KVPR_CHECK(longrope_short.size() == pairs && longrope_long.size() == pairs, source, ": longrope needs ", pairs,
+             " short and long factors (rotary dimensions / 2), not ", longrope_short.size(), " and ",
+             longrope_long.size());
+  KVPR_CHECK(pairs <= static_cast<size_t>(kLongropeMaxPairs), source, ": longrope over ", pairs,
+             " rotary pairs is not supported (at most ", kLongropeMaxPairs, ")");
+  if (longrope_original <= 0) longrope_original = max_position_embeddings;
+  if (rope_attention_factor <= 0) {
+    const double factor = static_cast<double>(max_position_embeddings) / static_cast<double>(longrope_original);
+    rope_attention_factor =
+        factor <= 1 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(longrope_original)));
+  }
+}
+
 RopeParams LlamaConfig::rope_params(int64_t layer) const {
   if (local_rope_theta > 0 && sliding(layer)) {  // Gemma 3's local layers: their base, no scaling
     RopeParams r;
@@ -400,6 +438,11 @@ RopeParams LlamaConfig::rope_params() const {
   r.yarn_high = static_cast<float>(rope_yarn_high);
   r.attention_scale = static_cast<float>(rope_attention_factor);
   if (rope_dim() < head_dim()) r.rotary_dim = static_cast<int>(rope_dim());
+  r.longrope_pairs = static_cast<int>(longrope_short.size());
+  for (size_t i = 0; i < longrope_short.size(); ++i) {
+    r.longrope[0][i] = static_cast<float>(longrope_short[i]);
+    r.longrope[1][i] = static_cast<float>(longrope_long[i]);
+  }
   return r;
 }
 
@@ -418,6 +461,8 @@ ModelSpec LlamaConfig::spec() const {
   s.head_dim = head_dim();
   s.ffn_dim = intermediate_size;
   s.max_position_embeddings = context();
+  // A sequence past the original context turns by the long factors (all of it: see Generator).
+  if (longrope_original < max_position_embeddings && !longrope_short.empty()) s.long_rope_after = longrope_original;
   s.bos_token_id = bos_token_id;
   s.eos_token_id = eos_token_id;
   s.pad_token_id = pad_token_id;

@@ -45,6 +45,12 @@ struct LlamaConfig {
   double rope_yarn_low = 0.0, rope_yarn_high = 0.0;
   double rope_attention_factor = 1.0;
   int64_t rope_yarn_context = 0;
+  // "longrope" scaling (Phi-3-128k, Phi-3.5, Phi-4-mini; "su" in the first configs): a factor per
+  // rotary pair, the short ones while a sequence is at most original_max_position_embeddings
+  // tokens long (longrope_original), the long ones once it is longer; cos and sin are scaled by
+  // rope_attention_factor in both (see RopeParams).
+  std::vector<double> longrope_short, longrope_long;
+  int64_t longrope_original = 0;
   bool tie_word_embeddings = false;
   // Biases of the attention projections: Llama's attention_bias puts them on all four;
   // Qwen2 has them on q/k/v and not on o_proj.
@@ -166,10 +172,14 @@ struct LlamaConfig {
   void set_yarn(double factor, double original, double beta_fast, double beta_slow, double attention_factor,
                 double mscale, double mscale_all_dim, bool truncate, const std::string& source);
 
+  // Checks the longrope factors against the rotary pairs; sets the original context (default
+  // max_position_embeddings) and the attention factor where the config gives none.
+  void set_longrope(const std::string& source);
+
   // Parses and validates; errors name `source` and the offending field. What kvpr does not
-  // run (KV heads that do not divide the heads, rope scaling other than linear, llama3 and yarn,
-  // activations other than silu, gelu and gelu_pytorch_tanh, layer types other than sliding and
-  // full attention) is refused here, by name.
+  // run (KV heads that do not divide the heads, rope scaling other than linear, llama3, yarn and
+  // longrope, activations other than silu, gelu and gelu_pytorch_tanh, layer types other than
+  // sliding and full attention) is refused here, by name.
   static LlamaConfig from_json(const json::Value& v, const std::string& source);
   static LlamaConfig load(const std::string& model_dir);  // <dir>/config.json
   static void read_moe(const ConfigFields& f, LlamaConfig& c);  // the experts' fields, by model_type

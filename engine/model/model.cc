@@ -109,6 +109,8 @@ int64_t Model::check_chunks(const std::vector<ForwardChunk>& chunks, bool all_po
     KVPR_CHECK(ch.count > 0, "empty forward chunk");
     KVPR_CHECK(ch.past_len + ch.count <= spec_.max_position_embeddings, "sequence of ", ch.past_len + ch.count,
                " tokens exceeds max_position_embeddings ", spec_.max_position_embeddings);
+    KVPR_CHECK(!ch.long_rope || spec_.long_rope_after > 0, "a chunk asks for longrope's long factors, which ",
+               spec_.model_type, " does not have");
     for (int64_t j = 0; j < ch.count; ++j)
       KVPR_CHECK(ch.tokens[j] >= 0 && ch.tokens[j] < spec_.vocab_size, "token id ", ch.tokens[j],
                  " out of range for vocab_size ", spec_.vocab_size);
@@ -126,7 +128,7 @@ Tensor Model::upload_ids(const std::vector<ForwardChunk>& chunks, int64_t T, int
   for (const auto& ch : chunks)
     for (int64_t j = 0; j < ch.count; ++j, ++t) {
       hi[t] = ch.tokens[j];
-      hi[T + t] = static_cast<int32_t>(ch.past_len + j + position_offset);
+      hi[T + t] = static_cast<int32_t>(ch.past_len + j + position_offset) | (ch.long_rope ? kRopeLong : 0);
     }
   for (int64_t r = 0, first = 0; const auto& ch : chunks) {  // token rows whose logits are wanted
     if (all_positions || ch.all_rows)

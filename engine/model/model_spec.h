@@ -21,6 +21,9 @@ struct ModelSpec {
   std::string torch_dtype;
   // Per layer, the sliding window its attention keeps (0: every key); empty: no layer slides.
   std::vector<int64_t> windows;
+  // Longrope (Phi): a sequence longer than this many tokens turns by the long factors, all its
+  // tokens (ForwardChunk::long_rope); 0: one rope for every length.
+  int64_t long_rope_after = 0;
   int64_t kv_hidden() const { return num_kv_heads * head_dim; }
   int64_t q_width() const { return num_heads * head_dim; }  // Q and the attention output (Qwen3: not hidden_size)
 };

@@ -130,6 +130,16 @@ CASES = [
           partial_rotary_factor=0.75, sliding_window=6, rms_norm_eps=1e-5, tie_word_embeddings=True,
           original_max_position_embeddings=64, rope_scaling=None),
      torch.float32, "safetensors", 2),
+    # Phi-3.5 / Phi-4-mini: longrope over the partial rotary (3 pairs, a short and a long factor
+    # each, far apart), the original context 8 of 64 (transformers' attention factor
+    # sqrt(1 + ln 8 / ln 8)). The 13 ids run long; the greedy continuation of 5 crosses 8 tokens:
+    # short factors until the sequence passes 8, then every token turns by the long ones.
+    ("phi3_longrope_f32",
+     dict(model_type="phi3", architectures=["Phi3ForCausalLM"], num_key_value_heads=2,
+          partial_rotary_factor=0.75, sliding_window=None, rms_norm_eps=1e-5, tie_word_embeddings=True,
+          original_max_position_embeddings=8,
+          rope_scaling={"type": "longrope", "short_factor": [1.0, 1.5, 2.5], "long_factor": [4.0, 11.0, 30.0]}),
+     torch.float32, "safetensors", 1),
 ]
 
 # rope_scaling of type yarn as checkpoints ship it (head_dim, theta, max_position_embeddings,
@@ -301,6 +311,16 @@ def rope_cos_sin(cfg, T, hd):
         medium = ~(wavelen < old / hi) * ~(wavelen > old / lo)
         inv_freq = torch.where(medium, blended, scaled)
     attention_factor = 1.0
+    if kind in ("longrope", "su"):
+        # transformers' _compute_longrope_parameters with its dynamic update: the long factors for
+        # a sequence longer than the original context (all of it), else the short ones; the
+        # attention factor from max_position_embeddings / original.
+        original = cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"])
+        factor = cfg["max_position_embeddings"] / original
+        attention_factor = scaling.get("attention_factor") or (
+            1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original)))
+        ext = torch.tensor(scaling["long_factor"] if T > original else scaling["short_factor"], dtype=torch.float32)
+        inv_freq = 1.0 / (ext * theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     if kind == "yarn":
         inv_freq, attention_factor = yarn_inv_freq(hd, theta, cfg["max_position_embeddings"], scaling)
     freqs = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
@@ -405,15 +425,20 @@ def reference_logits(cfg, w, ids):
     return x @ head.T
 
 
-def save_case(d, ids, forward):
+def save_case(d, ids, forward, logprobs=False):
     """The ids, the reference's logits of every position, and its greedy continuation: 8 tokens
-    after the first 5 ids (what tests/engine/model/reference_check.h reads)."""
+    after the first 5 ids (what tests/engine/model/reference_check.h reads); with `logprobs`, the
+    log-probability of each token chosen too."""
     np.save(os.path.join(d, "input_ids.npy"), np.array(ids, dtype=np.int64))
     np.save(os.path.join(d, "logits.npy"), forward(ids).numpy())
-    seq = ids[:5]
+    seq, lp = ids[:5], []
     for _ in range(8):
-        seq.append(int(forward(seq)[-1].argmax()))
+        row = forward(seq)[-1]
+        seq.append(int(row.argmax()))
+        lp.append(float(torch.log_softmax(row, -1)[seq[-1]]))
     np.save(os.path.join(d, "greedy.npy"), np.array(seq[5:], dtype=np.int64))
+    if logprobs:
+        np.save(os.path.join(d, "greedy_logprobs.npy"), np.array(lp, dtype=np.float64))
 
 
 def fused(w):
@@ -447,7 +472,8 @@ def main():
             json.dump(cfg, f, indent=1)
         write_checkpoint(d, fused(w) if cfg["model_type"] == "phi3" else w, fmt, shards)
         ids = torch.randint(3, cfg["vocab_size"], (13,), generator=gen).tolist()
-        save_case(d, ids, lambda seq: reference_logits(cfg, w, seq))
+        # Longrope's regimes give the same greedy tokens here: their log-probabilities tell them apart.
+        save_case(d, ids, lambda seq: reference_logits(cfg, w, seq), logprobs=(over.get("rope_scaling") or {}).get("type") == "longrope")
         print(f"{name}: {fmt} x{shards}, {ST_DTYPE[dtype]}")
     write_yarn_cases()
     print("torch", torch.__version__, file=sys.stderr)

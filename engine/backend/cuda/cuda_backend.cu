@@ -732,6 +732,8 @@ class CudaBackend final : public Backend {
                     r.original_max_position, r.yarn_factor, r.yarn_low, r.yarn_high, r.attention_scale})
       key_value(f);
     key_value(r.rotary_dim);
+    key_value(r.longrope_pairs);
+    for (int i = 0; i < r.longrope_pairs; ++i) key_value(r.longrope[0][i]), key_value(r.longrope[1][i]);
   }
   void key_bytes(const void* p, size_t n) { rec_.key.append(static_cast<const char*>(p), n); }
 

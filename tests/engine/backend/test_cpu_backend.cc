@@ -176,6 +176,18 @@ TEST_P(CpuOps, RmsNormRopeAndSiluMul) {
   RopeParams partial;  // Phi-4-mini's: 96 of 128 dimensions turn
   partial.rotary_dim = 96;
   check_rope(128, partial, [](int j, int d) { return 1.0 / std::pow(10000.0, 2.0 * j / d); });
+  // Longrope over it: each pair's frequency divided by its short factor (positions without
+  // kRopeLong), cos and sin scaled by the attention factor.
+  RopeParams lr = partial;
+  lr.longrope_pairs = 48;
+  lr.attention_scale = 1.25f;
+  for (int i = 0; i < 48; ++i) lr.longrope[0][i] = 1.f + 0.25f * i, lr.longrope[1][i] = 100.f;
+  check_rope(128, lr, [](int j, int d) { return 1.0 / ((1.0 + 0.25 * j) * std::pow(10000.0, 2.0 * j / d)); }, 1.25);
+  // The long factors where the position carries kRopeLong.
+  for (int i = 0; i < T; ++i) pos.data_as<int32_t>()[i] |= kRopeLong;
+  for (int i = 0; i < 48; ++i) std::swap(lr.longrope[0][i], lr.longrope[1][i]);
+  check_rope(128, lr, [](int j, int d) { return 1.0 / ((1.0 + 0.25 * j) * std::pow(10000.0, 2.0 * j / d)); }, 1.25);
+  for (int i = 0; i < T; ++i) pos.data_as<int32_t>()[i] &= ~kRopeLong;
   partial.rotary_dim = hd + 2;  // more than the head
   EXPECT_THROW(be.rope(qk, pos, hd, partial), Error);
   RopeParams linear;

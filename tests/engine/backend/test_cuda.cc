@@ -18,6 +18,7 @@
 #include "engine/base/json.h"
 #include "engine/model/opt_model.h"
 #include "tests/engine/kv/kv_mode_check.h"
+#include "tests/engine/model/reference_check.h"
 #include "tests/test_util.h"
 
 using namespace kvpr;
@@ -314,7 +315,26 @@ TEST_P(CudaOps, LlamaOpsMatchCpu) {
     gpu->rope(qk.gpu, pg, hd, rp);
     EXPECT_TRUE(test::close_rel(as_double(qk.cpu), download(*gpu, qk.gpu).data(), 2 * T * W, 1e-5)) << "head_dim " << hd;
   }
-  EXPECT_THROW(gpu->rope(og, gpu->alloc(DType::I32, {T}), 6, RopeParams{}), Error);  // 333 is no multiple of 6
+  // Phi's longrope (Phi-3.5: 48 pairs of a 96-wide head; Phi-4-mini: 48 of 128 over its partial
+  // rotary), each pair's own short and long factors, rows of both regimes (kRopeLong) in one call.
+  for (int hd : {96, 128}) {
+    RopeParams lr;
+    lr.attention_scale = 1.1902381f;
+    if (hd == 128) lr.rotary_dim = 96;
+    lr.longrope_pairs = 48;
+    for (int i = 0; i < 48; ++i) lr.longrope[0][i] = 1.f + 0.05f * i, lr.longrope[1][i] = 1.f + 1.5f * i;
+    const int64_t W = 2 * hd;
+    Pair qk = random_pair(cpu, *gpu, DType::F32, {2, T, W}, 56);
+    Tensor pc = cpu.alloc(DType::I32, {T}), pg = gpu->alloc(DType::I32, {T});
+    for (int i = 0; i < T; ++i) pc.data_as<int32_t>()[i] = (i * 977) % 9000 | (i % 2 ? kRopeLong : 0);
+    gpu->copy(pg, pc, Stream::H2D);
+    gpu->wait(Stream::Compute, gpu->record(Stream::H2D));
+    cpu.rope(qk.cpu, pc, hd, lr);
+    gpu->rope(qk.gpu, pg, hd, lr);
+    EXPECT_TRUE(test::close_rel(as_double(qk.cpu), download(*gpu, qk.gpu).data(), 2 * T * W, 1e-5)) << "longrope " << hd;
+    lr.longrope_pairs = 47;
+    EXPECT_THROW(gpu->rope(qk.gpu, pg, hd, lr), Error);
+  }
 
   Pair gate = random_pair(cpu, *gpu, DType::F32, {T, D}, 54, 4.f), up = random_pair(cpu, *gpu, DType::F32, {T, D}, 55);
   cpu.gated_mul(oc, gate.cpu, up.cpu, Activation::GELUTanh);  // Gemma's GeGLU
@@ -505,12 +525,23 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModels,
                                            "llama/qwen2_moe_shared_expert_bf16", "llama/mixtral_gqa_f16_bin",
                                            "gemma/gemma2_f32", "gemma/gemma3_text_f32", "gemma/gemma3_wrapper_bf16",
                                            "gemma/mistral3_wrapper_f32", "llama/phi3_partial_rotary_fused_f32",
+                                           "llama/phi3_longrope_f32",
                                            "gpt_oss/mxfp4_bf16", "gpt_oss/dequantized_bf16"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;
                            std::replace(n.begin(), n.end(), '/', '_');
                            return n;
                          });
+
+// Phi's longrope through its crossing in every KV mode on the device: the float64 reference's
+// tokens and log-probabilities (kvpr's and auto's recompute turning X's keys by the long factors).
+TEST(Cuda, LongropeCrossingMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  test::TempDir tmp;
+  auto gpu = create_backend("cuda");
+  test::expect_longrope_crossing_matches_reference(*gpu, test::data_path("llama/phi3_longrope_f32"),
+                                                   test::char_tokenizer(tmp, 96), "cuda");
+}
 
 TEST(Cuda, FusedRecomputeGivesResidentTokens) {
   SKIP_WITHOUT_GPU();

@@ -29,7 +29,7 @@ const char* const kFixtures[] = {"f32_safetensors", "bf16_tied_scaled_sharded", 
                                  "mistral_sliding_window", "qwen2_qkv_bias_tied_bf16",
                                  "qwen3_head_dim_qk_norm_bf16", "qwen3_mha_head_dim_f32", "qwen2_yarn_gqa_f32",
                                  "qwen3_moe_dense_layer_f32", "qwen2_moe_shared_expert_bf16", "mixtral_gqa_f16_bin",
-                                 "phi3_partial_rotary_fused_f32"};
+                                 "phi3_partial_rotary_fused_f32", "phi3_longrope_f32"};
 
 std::string fixture(const std::string& name) { return test::data_path("llama/" + name); }
 
@@ -53,6 +53,15 @@ TEST(Llama, GreedyTokensMatchReference) {
   test::TempDir tmp;
   Tokenizer tok = test::char_tokenizer(tmp, 96);
   for (const char* name : kFixtures) test::expect_greedy_matches_reference(fixture(name), tok);
+}
+
+// Phi's longrope past its original context, in every KV mode on the CPU (the emulated device's
+// in test_cuda.cc): the reference's tokens and log-probabilities through the crossing.
+TEST(Llama, LongropeCrossingMatchesReference) {
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  CpuBackend be;
+  test::expect_longrope_crossing_matches_reference(be, fixture("phi3_longrope_f32"), tok, "cpu");
 }
 
 // YaRN's frequencies, attention factor and served context from rope_scaling as checkpoints ship
@@ -215,9 +224,9 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   EXPECT_HAS(error_for("num_key_value_heads", "8"), "num_key_value_heads 8 does not divide");
   EXPECT_EQ(error_for("num_key_value_heads", "1"), "");  // multi-query attention
   EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "dynamic", "factor": 8.0})"),
-             "config.json: rope scaling type \"dynamic\" is not supported (default, linear, llama3, yarn)");
+             "config.json: rope scaling type \"dynamic\" is not supported (default, linear, llama3, yarn, longrope)");
   EXPECT_HAS(error_for("rope_scaling", R"({"rope_type": "longrope", "factor": 8.0})"),
-             "config.json: rope scaling type \"longrope\" is not supported");
+             "config.json: longrope rope scaling needs a list short_factor");
   EXPECT_HAS(error_for("rope_scaling", R"({"type": "yarn", "original_max_position_embeddings": 32})"),
              "config.json: rope scaling: missing \"factor\"");
   EXPECT_HAS(error_for("rope_scaling", R"({"type": "yarn", "factor": -2})"),
@@ -231,16 +240,55 @@ TEST(Llama, ConfigsKvprDoesNotRunAreRefusedByName) {
   EXPECT_HAS(error_for("partial_rotary_factor", "1.5"), "config.json: partial_rotary_factor 1.5 must be in (0, 1]");
   EXPECT_EQ(error_for("partial_rotary_factor", "1.0"), "");
   EXPECT_EQ(error_for("partial_rotary_factor", "0.5"), "");
-  // Phi-3: fused projections, partial rotary (6 of 8), its window on every layer; Phi's longrope
-  // ("su" in the first configs) is refused by name.
+  // Phi-3: fused projections, partial rotary (6 of 8), its window on every layer.
   const LlamaConfig phi = LlamaConfig::load(fixture("phi3_partial_rotary_fused_f32"));
   EXPECT_STREQ(phi.architecture(), "Phi3ForCausalLM");
   EXPECT_TRUE(phi.fused_projections);
   EXPECT_EQ(phi.rope_dim(), 6);
   EXPECT_EQ(phi.rope_params().rotary_dim, 6);
   EXPECT_EQ(phi.window(1), 6);
+  // Longrope ("su" in the first Phi-3 configs): a factor per rotary pair, positive.
   EXPECT_HAS(error_for("rope_scaling", R"({"type": "su", "short_factor": [1], "long_factor": [1]})"),
-             "config.json: rope scaling type \"su\" is not supported (default, linear, llama3, yarn)");
+             "config.json: longrope needs 4 short and long factors (rotary dimensions / 2), not 1 and 1");
+  EXPECT_HAS(error_for("rope_scaling", R"({"type": "longrope", "short_factor": [1, 1, 0, 1], "long_factor": [1, 1, 1, 1]})"),
+             "config.json: longrope short_factor must be positive");
+  EXPECT_HAS(error_for("rope_scaling",
+                       R"({"type": "longrope", "short_factor": [1, 1, 1, 1], "long_factor": [1, 1, 1, 1], "attention_factor": 0})"),
+             "config.json: longrope rope scaling attention_factor must be positive");
+  {
+    // Without original_max_position_embeddings the original context is the whole one: one
+    // regime, no attention factor (transformers: factor 1).
+    json::Value cfg = json::parse(good);
+    cfg.set("rope_scaling", json::parse(R"({"type": "su", "short_factor": [1, 2, 3, 4], "long_factor": [5, 6, 7, 8]})"));
+    const LlamaConfig c = LlamaConfig::from_json(cfg, "config.json");
+    EXPECT_EQ(c.spec().long_rope_after, 0);
+    EXPECT_FLOAT_EQ(c.rope_params().attention_scale, 1.f);
+    EXPECT_EQ(c.rope_params().longrope_pairs, 4);
+    EXPECT_FLOAT_EQ(c.rope_params().longrope[0][3], 4.f);
+    EXPECT_FLOAT_EQ(c.rope_params().longrope[1][0], 5.f);
+  }
+  // The longrope fixture (Phi-4-mini's shape: 3 pairs of a partial rotary): past 8 tokens the long
+  // factors, cos and sin scaled by sqrt(1 + ln 8 / ln 8); read alike from transformers 5's
+  // rope_parameters, which may carry the original context itself.
+  const LlamaConfig lr = LlamaConfig::load(fixture("phi3_longrope_f32"));
+  EXPECT_EQ(lr.spec().long_rope_after, 8);
+  EXPECT_FLOAT_EQ(lr.rope_params().attention_scale, std::sqrt(2.f));
+  EXPECT_EQ(lr.rope_params().longrope_pairs, 3);
+  EXPECT_FLOAT_EQ(lr.rope_params().longrope[1][2], 30.f);
+  {
+    json::Value cfg = json::parse(test::read_file(fixture("phi3_longrope_f32") + "/config.json"));
+    json::Value rp = *cfg.find("rope_scaling");
+    rp.set("rope_type", "longrope");
+    rp.set("rope_theta", 10000.0);
+    rp.set("original_max_position_embeddings", 16);
+    cfg.set("rope_parameters", rp);
+    cfg.set("rope_scaling", json::Value());
+    cfg.set("original_max_position_embeddings", json::Value());
+    const LlamaConfig v5 = LlamaConfig::from_json(cfg, "config.json");
+    EXPECT_EQ(v5.spec().long_rope_after, 16);
+    EXPECT_FLOAT_EQ(v5.rope_params().attention_scale, static_cast<float>(std::sqrt(1 + std::log(4.0) / std::log(16.0))));
+    EXPECT_FLOAT_EQ(v5.rope_params().longrope[0][1], 1.5f);
+  }
   // Mixtures of experts: the experts' fields of each family, checked.
   auto moe_error = [&](const char* fixture_name, const std::string& key, const std::string& value) {
     json::Value cfg = json::parse(test::read_file(fixture(fixture_name) + "/config.json"));
