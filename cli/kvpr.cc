@@ -390,11 +390,14 @@ int cmd_tokenize(int argc, char** argv) {
   return 0;
 }
 
-// "no", "linear x2", "llama3 x8 (1-4, 8192)", "yarn x4 (pairs 23-40, attention x1.139)": the rotary
-// scaling a Llama config asks for.
+// "no", "linear x2", "llama3 x8 (1-4, 8192)", "yarn x4 (pairs 23-40, attention x1.139)",
+// "longrope (48 pairs, long past 4096, attention x1.19)": the rotary scaling a Llama config asks for.
 std::string rope_scaling_text(const LlamaConfig& c) {
   char buf[96];
-  if (c.rope_yarn_factor > 0)
+  if (!c.longrope_short.empty())
+    std::snprintf(buf, sizeof buf, "longrope (%zu pairs, long past %lld, attention x%.4g)", c.longrope_short.size(),
+                  static_cast<long long>(c.longrope_original), c.rope_attention_factor);
+  else if (c.rope_yarn_factor > 0)
     std::snprintf(buf, sizeof buf, "yarn x%g (pairs %g-%g, attention x%.4g)", c.rope_yarn_factor, c.rope_yarn_low,
                   c.rope_yarn_high, c.rope_attention_factor);
   else if (c.rope_llama3_factor > 0)

@@ -644,7 +644,7 @@ def npm_clients(port, model, *args, env=None):
 
 
 def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2", bos=151643, eos=151645, detour=None):
-    """A one-layer Qwen2 (or Llama, Gemma 2, gpt-oss) whose greedy answer is a given token sequence:
+    """A one-layer Qwen2 (or Llama, Gemma 2, gpt-oss, Phi-3) whose greedy answer is a given token sequence:
     token chain[i] embeds as the unit vector e_i and the untied LM head maps e_i to chain[i + 1];
     every attention and MLP weight and bias is zero, so each position's hidden state is its own
     embedding (Gemma's scaled, its norms' zero offsets a gain of 1, its soft-caps keeping the
@@ -662,6 +662,9 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
     if model_type == "gpt_oss":
         config.update(head_dim=hidden // 2, num_local_experts=2, num_experts_per_tok=1, sliding_window=128,
                       attention_bias=True, rope_theta=150000.0)
+    if model_type == "phi3":  # Phi-3.5's longrope, its original context 16 tokens
+        config.update(original_max_position_embeddings=16,
+                      rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8})
     json.dump(config, open(os.path.join(model, "config.json"), "w"))
     kvw, p = hidden // 2, "model.layers.0."
     shapes = {"model.embed_tokens.weight": [vocab, hidden], "lm_head.weight": [vocab, hidden],
@@ -683,6 +686,9 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
                        p + "self_attn.sinks": [2], p + "mlp.router.weight": [2, hidden], p + "mlp.router.bias": [2],
                        p + "mlp.experts.gate_up_proj": [2, hidden, 32], p + "mlp.experts.gate_up_proj_bias": [2, 32],
                        p + "mlp.experts.down_proj": [2, 16, hidden], p + "mlp.experts.down_proj_bias": [2, hidden]})
+    if model_type == "phi3":  # fused: qkv_proj (Q, K, V rows), gate_up_proj (gate, up rows)
+        shapes = {k: v for k, v in shapes.items() if not any(n in k for n in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))}
+        shapes.update({p + "self_attn.qkv_proj.weight": [hidden + 2 * kvw, hidden], p + "mlp.gate_up_proj.weight": [32, hidden]})
     header, offset, blobs = {}, 0, []
     for name, shape in shapes.items():
         n = 1
@@ -1020,12 +1026,28 @@ def kv_sized_by_memory():
 
 
 def new_families():
-    """kvprd serving Gemma 2 and gpt-oss end to end (one-layer chain models of their real
+    """kvprd serving Gemma 2, gpt-oss and Phi-3.5 end to end (one-layer chain models of their real
     architectures, write_chain_model, with Qwen2.5's tokenizer and the families' special tokens
     added). Gemma: the model's own template in Gemma's turn format, the answer ending at
     generation_config's <end_of_turn>. gpt-oss: the harmony format built in, its analysis channel
     as reasoning_content, a commentary message to=functions.get_weather as a tool call, whole and
-    streamed; a constrained tool choice refused by name."""
+    streamed; a constrained tool choice refused by name. Phi: an answer that takes the sequence past
+    longrope's original context, the sequence computed again once there, counted."""
+    words = " one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen"
+    model, ids = chain_model("phi3-longrope", "qwen2-tokenizer", words, 198, 151645, model_type="phi3")
+    d, log = single_worker(model, "--served-model-name", "p")
+    try:
+        st, body = d.post("/v1/completions", {"model": "p", "prompt": [198], "temperature": 0, "max_tokens": 40})
+        c = body["choices"][0] if st == 200 else {}
+        check("phi3 longrope: the answer runs past the original context of 16 tokens",
+              c.get("text") == words and c.get("finish_reason") == "stop" and len(ids) + 1 > 16, (body, log[-800:]))
+        time.sleep(1.2)  # the next stats message
+        st, h = d.get("/health")
+        kv = h["workers"][0].get("kv_cache", {})
+        check("phi3 longrope: the crossing computed the sequence again once, in /health and /metrics",
+              kv.get("rope_recomputes") == 1 and metrics(d).get('kvpr_worker_rope_recomputes{worker="0"}') == 1, h)
+    finally:
+        d.stop()
     gemma_template = ("{{ bos_token }}{% for m in messages %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' "
                       "else m['role']) + '\\n' + m['content'] + '<end_of_turn>\\n' }}{% endfor %}"
                       "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}")
