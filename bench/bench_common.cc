@@ -215,7 +215,7 @@ ForwardChunk GreedyDecode::chunk(int b, const int32_t* tokens, int64_t count, in
   if (!pool_) return c;
   std::vector<BlockPool::Copy> copies;
   const auto whole = std::span<const int32_t>(seqs_[static_cast<size_t>(b)]).first(static_cast<size_t>(past + count));
-  KVPR_CHECK(pool_->allocate(b, whole, &copies, false), "the bench's KV blocks ran out");
+  KVPR_CHECK(pool_->allocate(b, whole, &copies, /*hits=*/0), "the bench's KV blocks ran out");
   c.blocks = pool_->table(b);
   return c;
 }

@@ -46,7 +46,7 @@ void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<Row
                src.describe(), " or dst ", dst.describe());
 }
 
-void check_attention_seq(const AttentionSeq& a, size_t index, int64_t kv_width, int64_t q_rows) {
+void check_attention_seq(const AttentionSeq& a, size_t index, int64_t kv_width, int64_t q_rows, int64_t first_key) {
   const int64_t n = a.past_len + a.q_len;
   KVPR_CHECK(a.k.rank() == 2 && a.v.rank() == 2 && a.k.dim(1) == kv_width && a.v.dim(1) == kv_width &&
                  a.k.dtype() == a.v.dtype() && a.k.dim(0) == a.v.dim(0) && a.past_len >= 0 && a.q_len >= 0 &&
@@ -67,7 +67,7 @@ void check_attention_seq(const AttentionSeq& a, size_t index, int64_t kv_width, 
   const int64_t bt = a.block_tokens;
   KVPR_CHECK(bt > 0 && a.n_blocks * bt >= n, "attention: sequence ", index, " has ", a.n_blocks, " blocks of ", bt,
              " tokens for ", n, " keys");
-  for (int64_t i = a.head / bt; i * bt < n; ++i) {
+  for (int64_t i = std::max(a.head, first_key) / bt; i * bt < n; ++i) {
     const int64_t b = a.blocks[i];
     KVPR_CHECK(b >= 0 && (b + 1) * bt <= a.k.dim(0), "attention: sequence ", index, "'s block ", b,
                " lies outside the ", a.k.dim(0), " K/V rows");

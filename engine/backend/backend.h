@@ -104,9 +104,11 @@ struct AttentionParams {
 // Throws unless the window and cap are not negative and sinks, when defined, are F32 [heads].
 void check_attention_params(const AttentionParams& p, int heads);
 
-// Throws unless the sequence's keys all lie in k and v (through its block table where it has one)
-// and k and v have `kv_width` columns and one dtype. Shared by the backends' attention.
-void check_attention_seq(const AttentionSeq& a, size_t index, int64_t kv_width, int64_t q_rows);
+// Throws unless the sequence's keys from `first_key` on (those its queries' windows read: blocks
+// below may have gone back to the pool, kNone in its table) all lie in k and v (through its
+// block table where it has one) and k and v have `kv_width` columns and one dtype. Shared by the
+// backends' attention.
+void check_attention_seq(const AttentionSeq& a, size_t index, int64_t kv_width, int64_t q_rows, int64_t first_key = 0);
 
 // Rows [src_row, src_row + count) of a copy_rows source go to [dst_row, dst_row + count).
 struct RowSpan {

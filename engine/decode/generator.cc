@@ -61,6 +61,39 @@ std::string gib(double bytes) {
 
 }  // namespace
 
+// The sliding-window layers' store as a ring (KvLayout::ring), in the host modes that keep one,
+// from the bytes `plan`'s blocks take in every layer: room for the window of every sequence that
+// may run (max-batch) and a step's new tokens, whatever the context, the rest of the bytes to
+// blocks of the other layers; kept where that gives more blocks. When every layer slides, the
+// ring takes all the bytes (more sequences at once), the blocks then counting tokens alone.
+void Generator::plan_ring(KvPlan& plan, const GeneratorOptions& opts, const ModelSpec& spec, const Backend* backend) {
+  int64_t widest = 0;
+  for (int64_t w : spec.windows) widest = std::max(widest, w);
+  if (!kv_mode_rings_windows(plan.kv.mode) || widest == 0) return;
+  const KvShape shape = kv_shape(spec);
+  KvLayout& L = plan.layout;
+  const double all = KvRuntime::block_bytes(shape, L, plan.kv), bytes = static_cast<double>(L.blocks) * all;
+  const double ring_block = KvRuntime::window_block_bytes(shape, L, plan.kv), other = all - ring_block;
+  const int64_t running = opts.max_batch > 0 ? opts.max_batch : backend && !backend->device_is_host() ? 256 : 8;
+  // One sequence's window and its next token, in blocks (a lone sequence always moves on).
+  const int64_t one = L.blocks_for(widest + 1) + 2;
+  int64_t ring = running * (L.blocks_for(widest) + 3) + L.blocks_for(opts.max_step_tokens + running);
+  int64_t blocks = 0;
+  if (other <= 0) {  // every layer slides
+    ring = static_cast<int64_t>(std::min(bytes / ring_block, 2147483647.0));
+    if (ring < one) return;
+    blocks = std::max(L.blocks, running * L.blocks_for(L.max_tokens));
+  } else {
+    blocks = static_cast<int64_t>(std::min((bytes - static_cast<double>(ring) * ring_block) / other, 2147483647.0));
+    if (blocks <= L.blocks) return;  // the ring pays only where it buys more blocks
+  }
+  L.blocks = blocks;
+  L.window_blocks = ring;
+  L.window_tokens = widest;
+  plan.why += "; sliding-window layers in a ring of " + std::to_string(ring) + " blocks (" +
+              gib(static_cast<double>(ring) * ring_block) + ")";
+}
+
 KvPlan Generator::kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, DType weight_dtype, const Backend* backend,
                           double host_weight_bytes, bool weights_allocated) {
   KVPR_CHECK(opts.max_batch >= 0, "max_batch must not be negative");
@@ -84,13 +117,15 @@ KvPlan Generator::kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, D
     // twentieth of the free memory stays theirs, whatever the fraction.
     bytes = std::min(opts.kv_cache_fraction, device ? 0.95 : 1.0) * static_cast<double>(avail);
   }
-  const double block = KvRuntime::block_bytes(kv_shape(spec), plan.layout, plan.kv);
+  const KvShape shape = kv_shape(spec);
+  const double block = KvRuntime::block_bytes(shape, plan.layout, plan.kv);
   if (bytes > 0) {
     plan.layout.blocks = static_cast<int64_t>(std::min(bytes / block, 2147483647.0));
     KVPR_CHECK(plan.layout.blocks >= plan.layout.blocks_for(2), "a KV cache of ", bytes,
                " bytes holds less than one block of ", plan.layout.block_tokens, " tokens (", block, " bytes)");
     plan.why = opts.kv_cache_fraction > 0 ? "kv-cache " + json::Value(opts.kv_cache_fraction).dump() + " of the memory available"
                                           : "kv-cache " + gib(bytes);
+    plan_ring(plan, opts, spec, backend);
     return plan;
   }
   const int64_t batch = opts.max_batch > 0 ? opts.max_batch : 8;
@@ -112,11 +147,15 @@ KvPlan Generator::kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, D
     }
   }
   const auto fits = static_cast<int64_t>(std::clamp(room / block, 0.0, 2147483647.0));
-  if (fits >= plan.layout.blocks) return plan;
+  if (fits >= plan.layout.blocks) {
+    plan_ring(plan, opts, spec, backend);
+    return plan;
+  }
   plan.layout.blocks = std::max(fits, plan.layout.blocks_for(2));
   plan.why = "what " + bound + " leaves after " + gib(host_weight_bytes) + " of weights in host memory (max-batch " +
              std::to_string(batch) + " x max-seq-len " + std::to_string(max_tokens) + " would take " +
              gib(static_cast<double>(batch * plan.layout.blocks_for(max_tokens)) * block) + ")";
+  plan_ring(plan, opts, spec, backend);
   return plan;
 }
 
@@ -134,6 +173,8 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOp
   valid_vocab_ = static_cast<int32_t>(std::min<int64_t>(model.spec().vocab_size, tokenizer.size()));
   runtime_ = model.make_kv_runtime(plan.layout, plan.kv);
   pool_ = std::make_unique<BlockPool>(plan.layout.blocks, plan.layout.block_tokens);
+  if (plan.layout.ring())
+    window_pool_ = std::make_unique<BlockPool>(plan.layout.window_blocks, plan.layout.block_tokens, plan.layout.window_tokens);
   long_rope_after_ = model.spec().long_rope_after;
   max_batch_ = opts.max_batch > 0 ? static_cast<size_t>(opts.max_batch) : model.backend().device_is_host() ? 8 : 256;
   prefix_caching_ = opts.prefix_caching;
@@ -285,8 +326,20 @@ void Generator::finish(Sequence& s, FinishReason r, bool flush_decoder, std::vec
 void Generator::release_blocks(Sequence& s) {
   if (!pool_->holds(s.key())) return;
   // The blocks of every token that went through the model stay cached for later prompts.
-  pool_->commit(s.key(), std::span<const int32_t>(s.all).first(static_cast<size_t>(s.past_len)));
+  const auto done = std::span<const int32_t>(s.all).first(static_cast<size_t>(s.past_len));
+  pool_->commit(s.key(), done);
   pool_->release(s.key());
+  if (window_pool_) {
+    window_pool_->commit(s.key(), done);
+    window_pool_->release(s.key());
+  }
+}
+
+bool Generator::extend_blocks(Sequence& s, int64_t tokens) {
+  std::vector<BlockPool::Copy> copies;
+  const bool ok = pool_->extend(s.key(), tokens, &copies) && (!window_pool_ || window_pool_->extend(s.key(), tokens, &copies));
+  KVPR_CHECK(copies.empty(), "KV blocks: a running sequence shares a partial block");  // forks only
+  return ok;
 }
 
 KvBlockStats Generator::kv_block_stats() const {
@@ -306,10 +359,25 @@ bool Generator::admit(Sequence& s) {
   // transformers runs a prompt that long; its blocks are cached apart from the short ones'.
   const bool long_rope = past_original_context(s);
   const uint64_t salt = long_rope ? kLongRopeSalt : 0;
-  // Room for the prompt, and a block for each running sequence's next token.
-  if (!pool_->can_admit(need, static_cast<int64_t>(running_.size()), share, salt)) return false;
+  // The cached prefix: blocks of every layer's, and of the ring's those the window of the first
+  // token after it reads.
+  int64_t hits = share ? pool_->match_blocks(need, salt) : 0;
+  if (window_pool_) hits = window_pool_->match_blocks(need, salt, hits);
+  const auto cached = need.first(static_cast<size_t>(hits * pool_->block_tokens()));
+  // Room for the prompt, and a block for each running sequence's next token; the ring takes the
+  // cached blocks now and the rest chunk by chunk (add_prefill), room for its window kept.
+  const int64_t running = static_cast<int64_t>(running_.size());
+  if (!pool_->can_admit(need, running, hits, salt)) return false;
+  if (window_pool_) {
+    const int64_t rest = static_cast<int64_t>(need.size()) - static_cast<int64_t>(cached.size());
+    const int64_t window = window_pool_->blocks_for(std::min(rest, window_pool_->window())) + 1;
+    if (!window_pool_->can_admit(cached, running + window, hits, salt)) return false;
+  }
   std::vector<BlockPool::Copy> copies;
-  KVPR_CHECK(pool_->allocate(s.key(), need, &copies, share, salt) && copies.empty(), "KV blocks: admission failed");
+  KVPR_CHECK(pool_->allocate(s.key(), need, &copies, hits, salt) && copies.empty(), "KV blocks: admission failed");
+  if (window_pool_)
+    KVPR_CHECK(window_pool_->allocate(s.key(), cached, &copies, hits, salt) && copies.empty(),
+               "KV blocks: admission to the sliding-window ring failed");
   s.long_rope = long_rope;
   s.past_len = pool_->tokens(s.key());  // the cached prefix
   if (fresh && !s.admitted) {  // not a preempted prompt's second admission
@@ -334,8 +402,7 @@ void Generator::preempt(Sequence& s) {
 }
 
 bool Generator::reserve_blocks(Sequence& s, int64_t tokens, std::vector<StepOutput>& out) {
-  std::vector<BlockPool::Copy> copies;
-  while (!pool_->extend(s.key(), tokens, &copies)) {
+  while (!extend_blocks(s, tokens)) {
     // The newest running sequence gives its blocks back and waits at the head of the queue.
     auto newest = std::find_if(running_.rbegin(), running_.rend(), [](const auto& r) { return !r->done; });
     Sequence& victim = **newest;
@@ -352,7 +419,6 @@ bool Generator::reserve_blocks(Sequence& s, int64_t tokens, std::vector<StepOutp
     running_.erase(it);
     if (&victim == &s) return false;
   }
-  KVPR_CHECK(copies.empty(), "KV blocks: a running sequence shares a partial block");  // forks only
   return true;
 }
 
@@ -518,10 +584,21 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
   plan_prefills(p, out);
   if (p.batch.empty()) {
     running_.erase(std::remove_if(running_.begin(), running_.end(), [&](const auto& s) { return s->done; }), running_.end());
+    // Prompts that wait for the ring's blocks and nothing that decodes to give them back: the
+    // newest gives its blocks back and waits at the head of the queue (alone, the plan's ring
+    // always holds its window and its next token).
+    if (window_pool_ && running_.size() > 1) {
+      preempt(*running_.back());
+      waiting_.insert(waiting_.begin(), std::move(running_.back()));
+      running_.pop_back();
+    }
     return out;
   }
   // Every chunk reads its sequence's block table (final now: no more admissions this step).
-  for (size_t i = 0; i < p.batch.size(); ++i) p.chunks[i].blocks = pool_->table(p.batch[i]->key());
+  for (size_t i = 0; i < p.batch.size(); ++i) {
+    p.chunks[i].blocks = pool_->table(p.batch[i]->key());
+    if (window_pool_) p.chunks[i].window_blocks = window_pool_->table(p.batch[i]->key());
+  }
   plan_rows(p, observer);
   forward(p);
   StepChoices choices;
@@ -601,13 +678,11 @@ void Generator::plan_decodes(StepPlan& p, bool speculate, std::vector<StepOutput
       c.all_rows = true;
     }
     // Drafts only where their blocks are free: they never preempt a sequence or end this one.
-    std::vector<BlockPool::Copy> copies;
-    if (c.count > 1 && !pool_->extend(s->key(), c.past_len + c.count, &copies)) {
+    if (c.count > 1 && !extend_blocks(*s, c.past_len + c.count)) {
       c.tokens = &s->tokens.back();
       c.count = 1;
       c.all_rows = false;
     }
-    KVPR_CHECK(copies.empty(), "KV blocks: a running sequence shares a partial block");  // forks only
     if (!reserve_blocks(*s, c.past_len + c.count, out)) {
       if (s->done) ++i;  // ended where it stands; else it left running_ and i is the next one
       continue;
@@ -634,6 +709,12 @@ void Generator::plan_prefills(StepPlan& p, std::vector<StepOutput>& out) {
     c.long_rope = s->long_rope;
     c.tokens = s->all.data() + s->past_len;
     c.count = std::min(s->prefill_end() - s->past_len, budget);
+    if (window_pool_) {  // the ring's blocks for the chunk: as many tokens as its free blocks take
+      const int64_t B = window_pool_->block_tokens();
+      const int64_t held = static_cast<int64_t>(window_pool_->table(s->key()).size());
+      c.count = std::min(c.count, (held + window_pool_->free_blocks()) * B - c.past_len);
+      if (c.count <= 0 || !extend_blocks(*s, c.past_len + c.count)) return;  // it waits for blocks to come back
+    }
     const bool fresh = s->tokens.empty();  // not a preempted sequence's second prefill
     c.all_rows = fresh && s->params.prompt_logprobs >= 0;
     budget -= c.count;
@@ -811,7 +892,13 @@ void Generator::emit(StepPlan& p, StepChoices& ch, const LogitsObserver& observe
     }
     // Its blocks now hold what went through the model (rejected drafts' blocks go back); full
     // ones can be shared from here on.
-    if (!s.done) pool_->commit(s.key(), std::span<const int32_t>(s.all).first(static_cast<size_t>(s.past_len)));
+    if (s.done) continue;
+    const auto done = std::span<const int32_t>(s.all).first(static_cast<size_t>(s.past_len));
+    pool_->commit(s.key(), done);
+    if (window_pool_) {  // the ring keeps what its next query's window reads
+      window_pool_->commit(s.key(), done);
+      window_pool_->trim(s.key(), s.past_len + 1 - window_pool_->window());
+    }
   }
 }
 

@@ -138,6 +138,9 @@ class Generator {
   // Takes `s`'s blocks for its prompt (sharing cached ones) if the pool has room for it and a
   // block to spare for each running sequence; false if not.
   bool admit(Sequence& s);
+  static void plan_ring(KvPlan& plan, const GeneratorOptions& opts, const ModelSpec& spec, const Backend* backend);
+  // Grows s's tables (and its ring's) to `tokens` tokens; false, when a pool is short.
+  bool extend_blocks(Sequence& s, int64_t tokens);
   // Whether s is longer than longrope's original context (ModelSpec::long_rope_after).
   bool past_original_context(const Sequence& s) const;
   // Makes room for `s`'s next `tokens` tokens, preempting the newest running sequences while the
@@ -192,6 +195,7 @@ class Generator {
   FaultHook fault_hook_;
   std::unique_ptr<KvRuntime> runtime_;
   std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<BlockPool> window_pool_;  // the sliding-window layers' ring (KvLayout::ring), or none
   size_t max_batch_ = 8;
   int64_t preemptions_ = 0;
   int64_t long_rope_after_ = 0;  // ModelSpec::long_rope_after

@@ -7,11 +7,11 @@ namespace kvpr {
 HostKvStore::HostKvStore(Backend& backend, const KvShape& shape, const KvLayout& layout, DType dtype,
                          int64_t x_capacity)
     : layout_(layout), x_capacity_(x_capacity), x_block_rows_(std::min(layout.block_tokens, x_capacity)) {
-  const int64_t rows = layout.blocks * layout.block_tokens;
   for (int64_t l = 0; l < shape.layers; ++l) {
-    k_.push_back(backend.alloc_pinned(dtype, {rows, shape.kv_hidden()}));
-    v_.push_back(backend.alloc_pinned(dtype, {rows, shape.kv_hidden()}));
-    if (x_block_rows_ > 0) x_.push_back(backend.alloc_pinned(dtype, {layout.blocks * x_block_rows_, shape.hidden}));
+    const int64_t blocks = layout.layer_blocks(shape, l);
+    k_.push_back(backend.alloc_pinned(dtype, {blocks * layout.block_tokens, shape.kv_hidden()}));
+    v_.push_back(backend.alloc_pinned(dtype, {blocks * layout.block_tokens, shape.kv_hidden()}));
+    if (x_block_rows_ > 0) x_.push_back(backend.alloc_pinned(dtype, {blocks * x_block_rows_, shape.hidden}));
   }
 }
 

@@ -31,10 +31,20 @@ struct KvShape {
 // sequence's tokens live in the blocks its block table lists, token t in block table[t / B] at
 // row t % B; a sequence holds at most max_tokens. slots(S, T) is the contiguous layout: one block
 // of T tokens per sequence, the block's index its slot.
+// With window_blocks > 0 the sliding-window layers' store is a ring of its own: window_blocks
+// blocks lent through a second table per sequence (ForwardChunk::window_blocks), from which the
+// blocks below what the sequence's next query reads (window_tokens, the widest window of them)
+// go back as it grows (BlockPool::trim). Their table entries there are then negative.
 struct KvLayout {
   int64_t blocks = 0, block_tokens = 0, max_tokens = 0;
+  int64_t window_blocks = 0, window_tokens = 0;
   static KvLayout slots(int64_t slots, int64_t capacity) { return {slots, capacity, capacity}; }
   int64_t blocks_for(int64_t tokens) const { return (tokens + block_tokens - 1) / block_tokens; }
+  bool ring() const { return window_blocks > 0; }
+  // The blocks of `layer`'s store.
+  int64_t layer_blocks(const KvShape& shape, int64_t layer) const {
+    return ring() && shape.window(layer) > 0 ? window_blocks : blocks;
+  }
 };
 
 // Of a layer's store rows (one tensor [blocks * rows per block, width]), the runs that tokens
@@ -63,7 +73,8 @@ void for_each_run(std::span<const int32_t> table, int64_t block_tokens, int64_t 
 
 // K and V of every token and X of a sequence's first tokens, per layer, in pinned host memory,
 // in blocks. Layout per layer: K, V [blocks * block_tokens, kv width]; X [blocks * x rows per
-// block, hidden], where x rows per block = min(block_tokens, x_capacity) (0 without X).
+// block, hidden], where x rows per block = min(block_tokens, x_capacity) (0 without X); blocks:
+// KvLayout::layer_blocks (a sliding layer's ring, or the layout's blocks).
 class HostKvStore {
  public:
   HostKvStore(Backend& backend, const KvShape& shape, const KvLayout& layout, DType dtype, int64_t x_capacity);

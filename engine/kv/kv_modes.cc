@@ -41,14 +41,15 @@ void ResidentKv::attend(int64_t layer, int64_t group, const Tensor& x, const Ten
   // The new rows of every sequence into its blocks: one op for K, one for V.
   std::vector<RowSpan> spans;
   for (const auto& s : st_.seqs(group))
-    st_.kv_runs(s, s.past, s.q_len,
+    st_.kv_runs(s, layer, s.past, s.q_len,
                 [&](int64_t row, int64_t off, int64_t n, size_t) { spans.push_back(RowSpan{s.q_begin + off, row, n}); });
   st_.be.copy_rows(k_[static_cast<size_t>(layer)], k, spans);
   st_.be.copy_rows(v_[static_cast<size_t>(layer)], v, spans);
   // Attention reads the blocks in place: through the table, or a contiguous view of a
   // sequence's one block (the contiguous layout, and the attention kernels' fastest path).
   std::vector<AttentionSeq> seqs;
-  for (const auto& s : st_.seqs(group)) seqs.push_back(st_.in_place(s, k_[static_cast<size_t>(layer)], v_[static_cast<size_t>(layer)]));
+  for (const auto& s : st_.seqs(group))
+    seqs.push_back(st_.in_place(s, layer, k_[static_cast<size_t>(layer)], v_[static_cast<size_t>(layer)]));
   st_.be.attention(out, q, seqs, static_cast<int>(st_.shape.heads), params);
 }
 
@@ -106,7 +107,7 @@ void CpuAttnKv::attend(int64_t layer, int64_t group, const Tensor& x, const Tens
   }
   RunSpans runs;
   for (const auto& s : st_.seqs(group)) {
-    st_.kv_runs(s, s.past, s.q_len,
+    st_.kv_runs(s, layer, s.past, s.q_len,
                 [&](int64_t row, int64_t off, int64_t n, size_t run) { runs.add(run, RowSpan{s.q_begin + off, row, n}); });
     st_.stats.d2h_bytes += 2 * s.q_len * st_.shape.kv_hidden() * static_cast<int64_t>(dtype_size(st_.opts.kv_dtype));
   }
@@ -118,7 +119,7 @@ void CpuAttnKv::attend(int64_t layer, int64_t group, const Tensor& x, const Tens
   be.synchronize(down);
   // Attention on host threads over the host store.
   std::vector<AttentionSeq> seqs;
-  for (const auto& s : st_.seqs(group)) seqs.push_back(st_.in_place(s, host.k_rows(layer), host.v_rows(layer)));
+  for (const auto& s : st_.seqs(group)) seqs.push_back(st_.in_place(s, layer, host.k_rows(layer), host.v_rows(layer)));
   Tracer* tr = be.tracer();
   double a0 = tr ? tr->now_us() : 0;
   cpu_attention(host_out_.rows(0, T), host_q_.rows(0, T), seqs, static_cast<int>(st_.shape.heads), host_params, *pool_);

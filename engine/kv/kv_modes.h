@@ -121,6 +121,7 @@ class StagedKv : public KvModeRuntime {
   }
   virtual AttentionSeq staged_seq(int64_t layer, const SeqPlan& s, int b) const;
   int64_t first_read(int64_t layer, const SeqPlan& s) const;
+  int64_t split_at(int64_t layer, const SeqPlan& s) const;
   bool head_unread(int64_t layer, int64_t group) const;
   virtual void promote(int64_t layer, int64_t group, int b) { (void)layer, (void)group, (void)b; }
   // On the D2H stream after the staged rows' stores: the tier's new rows to the host.

@@ -93,8 +93,17 @@ double KvRuntime::block_bytes(const KvShape& shape, const KvLayout& layout, cons
           static_cast<double>(shape.hidden) * static_cast<double>(x_rows));
 }
 
+double KvRuntime::window_block_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts) {
+  int64_t sliding = 0;
+  for (int64_t l = 0; l < shape.layers; ++l) sliding += shape.window(l) > 0;
+  return block_bytes(shape, layout, opts) * static_cast<double>(sliding) / static_cast<double>(std::max<int64_t>(1, shape.layers));
+}
+
 double KvRuntime::store_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts) {
-  return static_cast<double>(layout.blocks) * block_bytes(shape, layout, opts);
+  if (!layout.ring()) return static_cast<double>(layout.blocks) * block_bytes(shape, layout, opts);
+  const double ring = window_block_bytes(shape, layout, opts);
+  return static_cast<double>(layout.blocks) * (block_bytes(shape, layout, opts) - ring) +
+         static_cast<double>(layout.window_blocks) * ring;
 }
 
 double KvRuntime::host_store_bytes(const Backend& backend, const KvShape& shape, const KvPlan& plan) {
@@ -185,6 +194,14 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
     for (int64_t i = 0; i < layout.blocks_for(n); ++i)
       KVPR_CHECK(c.blocks[static_cast<size_t>(i)] >= 0 && c.blocks[static_cast<size_t>(i)] < layout.blocks, "KV block ",
                  c.blocks[static_cast<size_t>(i)], " out of range");
+    if (!layout.ring()) continue;
+    // The ring's table: blocks from the first its first token's widest window reads.
+    KVPR_CHECK(static_cast<int64_t>(c.window_blocks.size()) >= layout.blocks_for(n), "sequence of ", n, " tokens has ",
+               c.window_blocks.size(), " sliding-window KV blocks of ", layout.block_tokens);
+    for (int64_t i = std::max<int64_t>(0, c.past_len + 1 - layout.window_tokens) / layout.block_tokens;
+         i < layout.blocks_for(n); ++i)
+      KVPR_CHECK(c.window_blocks[static_cast<size_t>(i)] >= 0 && c.window_blocks[static_cast<size_t>(i)] < layout.window_blocks,
+                 "sliding-window KV block ", c.window_blocks[static_cast<size_t>(i)], " out of range");
   }
   // GPU batches of consecutive chunks with context tokens as even as can be: the largest sets
   // the device buffers, and every batch's copies should take as long as the others'.
@@ -215,7 +232,7 @@ void KvRuntime::begin(const std::vector<ForwardChunk>& chunks) {
       std::span<const int32_t> table = c.blocks;
       if (table.empty()) table = std::span<const int32_t>(slot_tables_).subspan(slot_index++, 1);
       st_.plan.push_back(SeqPlan{table, c.past_len, c.count, gr.q_rows, gr.ctx_rows, c.past_len + c.count, {},
-                                 c.past_len + c.count, {0, 0}, {0, 0}, c.long_rope});
+                                 c.past_len + c.count, {0, 0}, {0, 0}, c.long_rope, c.window_blocks});
       gr.ctx_rows += c.past_len + c.count;
       gr.q_rows += c.count;
     }

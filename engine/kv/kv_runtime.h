@@ -46,6 +46,9 @@ struct ForwardChunk {
   // Its sequence is past ModelSpec::long_rope_after tokens: every rotation it makes, in the
   // forward and in kvpr's recompute, is by the long factors (its positions carry kRopeLong).
   bool long_rope = false;
+  // With a ring for the sliding layers (KvLayout::ring): its table there, covering as `blocks`
+  // does, negative below the window of its first token.
+  std::span<const int32_t> window_blocks = {};
 };
 
 // A KV cache known before the model that holds it is loaded (Generator::kv_plan): the store's
@@ -94,7 +97,9 @@ class KvRuntime {
   // Bytes of the KV cache of `layout`, allocated whole: K and V of every layer, and X where the
   // mode keeps it.
   static double store_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts);
-  // Bytes of one block (store_bytes of a one-block layout).
+  // Bytes of one block of every layer (store_bytes of a one-block layout without a ring), and of
+  // one block of the sliding layers alone (their ring's blocks).
+  static double window_block_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts);
   static double block_bytes(const KvShape& shape, const KvLayout& layout, const KvRuntimeOptions& opts);
   // Of them, what lands in host memory: all in the modes that keep KV on the host, and on a
   // backend whose device is the host; none for resident KV on a GPU.

@@ -22,11 +22,12 @@ void KvStep::wait_compute(const Event& e, LayerTiming& t) {
   stall(t, [&] { be.wait(Stream::Compute, e); });
 }
 
-AttentionSeq KvStep::in_place(const SeqPlan& s, const Tensor& k, const Tensor& v) const {
+AttentionSeq KvStep::in_place(const SeqPlan& s, int64_t layer, const Tensor& k, const Tensor& v) const {
   const int64_t bt = layout.block_tokens, n = s.past + s.q_len;
+  const std::span<const int32_t> t = table(s, layer);
   if (layout.blocks_for(n) <= 1)  // one block: its rows are the sequence's, in order
-    return AttentionSeq{s.q_begin, s.q_len, s.past, k.rows(int64_t{s.table[0]} * bt, bt), v.rows(int64_t{s.table[0]} * bt, bt)};
-  return AttentionSeq{s.q_begin, s.q_len, s.past, k, v, s.table.data(), layout.blocks_for(n), bt};
+    return AttentionSeq{s.q_begin, s.q_len, s.past, k.rows(int64_t{t[0]} * bt, bt), v.rows(int64_t{t[0]} * bt, bt)};
+  return AttentionSeq{s.q_begin, s.q_len, s.past, k, v, t.data(), layout.blocks_for(n), bt};
 }
 
 }  // namespace kvpr

@@ -74,6 +74,7 @@ struct SeqPlan {
   int64_t split[2];  // l for layer 0 and for the other layers
   int64_t x_off[2];  // first row in the X buffer, likewise
   bool long_rope;    // its recomputed keys turn by the long factors (ForwardChunk::long_rope)
+  std::span<const int32_t> window_table;  // its blocks in the sliding layers' ring (KvLayout::ring)
 };
 
 // A GPU batch: plan[first, last), its tokens' rows, and its buffer extents.
@@ -152,22 +153,27 @@ struct KvStep {
     t.stalls.emplace_back(std::move(before), be.record(Stream::Compute));
   }
   void wait_compute(const Event& e, LayerTiming& t);
-  // Runs of a sequence's tokens [first, first + count) in the K/V store's rows, or X's:
+  // A sequence's blocks in `layer`'s store: its ring's for a sliding layer (KvLayout::ring).
+  std::span<const int32_t> table(const SeqPlan& s, int64_t layer) const {
+    return layout.ring() && shape.window(layer) > 0 ? s.window_table : s.table;
+  }
+  // Runs of a sequence's tokens [first, first + count) in `layer`'s K/V store rows, or X's:
   // f(row, token offset, n, run index).
   template <typename F>
-  void kv_runs(const SeqPlan& s, int64_t first, int64_t count, F&& f) const {
+  void kv_runs(const SeqPlan& s, int64_t layer, int64_t first, int64_t count, F&& f) const {
     size_t k = 0;
-    for_each_run(s.table, layout.block_tokens, layout.block_tokens, first, count,
+    for_each_run(table(s, layer), layout.block_tokens, layout.block_tokens, first, count,
                  [&](int64_t row, int64_t off, int64_t n) { f(row, off, n, k++); });
   }
   template <typename F>
-  void x_runs(const SeqPlan& s, int64_t first, int64_t count, F&& f) const {
+  void x_runs(const SeqPlan& s, int64_t layer, int64_t first, int64_t count, F&& f) const {
     size_t k = 0;
-    for_each_run(s.table, layout.block_tokens, host->x_block_rows(), first, count,
+    for_each_run(table(s, layer), layout.block_tokens, host->x_block_rows(), first, count,
                  [&](int64_t row, int64_t off, int64_t n) { f(row, off, n, k++); });
   }
-  // A sequence's attention over a block store's K and V rows (resident, or the host's for cpu-attn).
-  AttentionSeq in_place(const SeqPlan& s, const Tensor& k, const Tensor& v) const;
+  // A sequence's attention over `layer`'s block store's K and V rows (resident, or the host's for
+  // cpu-attn).
+  AttentionSeq in_place(const SeqPlan& s, int64_t layer, const Tensor& k, const Tensor& v) const;
 };
 
 }  // namespace kvpr

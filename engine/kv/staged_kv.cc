@@ -156,13 +156,20 @@ int64_t StagedKv::first_read(int64_t layer, const SeqPlan& s) const {
   return w > 0 ? std::min(std::max<int64_t>(0, s.past + 1 - w), s.promote_from) : 0;
 }
 
+// The tokens of s whose K/V `layer` recomputes from X: the split, but none in a sliding layer's
+// ring once its window has left the first token (the blocks of its X may have gone back to the
+// pool; its K/V then come from the copied window alone).
+int64_t StagedKv::split_at(int64_t layer, const SeqPlan& s) const {
+  if (st_.layout.ring() && st_.shape.window(layer) > 0 && first_read(layer, s) > 0) return 0;
+  return s.split[KvStep::variant(layer)];
+}
+
 // Whether no sequence of the group reads a row it would recompute: every split below its window
 // (a sliding layer at long contexts). Then neither X[0:l] nor its recompute is needed.
 bool StagedKv::head_unread(int64_t layer, int64_t group) const {
-  const int v = KvStep::variant(layer);
   if (st_.shape.window(layer) == 0) return false;
   for (const auto& s : st_.seqs(group))
-    if (s.split[v] > first_read(layer, s)) return false;
+    if (split_at(layer, s) > first_read(layer, s)) return false;
   return true;
 }
 
@@ -174,22 +181,21 @@ void StagedKv::copy_x(int64_t layer, int64_t group, int b, LayerTiming& t) {
   const int64_t es = static_cast<int64_t>(dtype_size(st_.opts.kv_dtype));
   RunSpans xs;
   for (const auto& s : st_.seqs(group))
-    if (s.split[v] > 0) {
-      st_.x_runs(s, 0, s.split[v],
+    if (const int64_t l = split_at(layer, s); l > 0) {
+      st_.x_runs(s, layer, 0, l,
                  [&](int64_t row, int64_t off, int64_t n, size_t k) { xs.add(k, RowSpan{row, s.x_off[v] + off, n}); });
-      t.h2d_bytes += s.split[v] * st_.shape.hidden * es;
+      t.h2d_bytes += l * st_.shape.hidden * es;
     }
   if (!xs.empty()) st_.be.copy_spans(xbuf_[b], st_.host->x_rows(layer), xs.spans(), Stream::H2D, "X[0:l]");
 }
 
 void StagedKv::copy_kv(int64_t layer, int64_t group, int b, LayerTiming& t) {
-  const int v = KvStep::variant(layer);
   const int64_t es = static_cast<int64_t>(dtype_size(st_.opts.kv_dtype));
   RunSpans kvs;
   for (const auto& s : st_.seqs(group)) {
-    const int64_t from = std::max(s.split[v], first_read(layer, s)), n = s.staged_past() - from;
+    const int64_t from = std::max(split_at(layer, s), first_read(layer, s)), n = s.staged_past() - from;
     if (n <= 0) continue;
-    st_.kv_runs(s, from, n,
+    st_.kv_runs(s, layer, from, n,
                 [&](int64_t row, int64_t off, int64_t c, size_t k) { kvs.add(k, RowSpan{row, s.ctx_off + from + off, c}); });
     t.h2d_bytes += 2 * n * st_.shape.kv_hidden() * es;
   }
@@ -243,9 +249,9 @@ void StagedKv::recompute_head(int64_t layer, int64_t group, int b, LayerTiming& 
   st_.be.set_trace_label(st_.unit_label(layer, group) + " recompute");
   st_.projector.project_kv(layer, xbuf_[b].rows(0, rx), kv, pos);
   st_.be.set_trace_label(st_.unit_label(layer, group));
-  std::vector<RowSpan> spans;
+  std::vector<RowSpan> spans;  // (rows of sequences this layer does not recompute are left out)
   for (const auto& s : st_.seqs(group))
-    if (s.split[var] > 0) spans.push_back(RowSpan{s.x_off[var], s.ctx_off, s.split[var]});
+    if (const int64_t l = split_at(layer, s); l > 0) spans.push_back(RowSpan{s.x_off[var], s.ctx_off, l});
   st_.be.copy_rows(kbuf_[b], kv.rows(0, 1).reshape({rx, w}), spans);
   st_.be.copy_rows(vbuf_[b], kv.rows(1, 1).reshape({rx, w}), spans);
   t.recompute_end = st_.be.record(Stream::Compute);
@@ -271,13 +277,13 @@ void StagedKv::store_new_rows(int64_t layer, int64_t group, int b, bool store_x)
   const int64_t es = static_cast<int64_t>(dtype_size(st_.opts.kv_dtype));
   RunSpans new_kv, new_x;
   for (const auto& s : st_.seqs(group)) {
-    st_.kv_runs(s, s.past, s.staged_new(), [&](int64_t row, int64_t off, int64_t n, size_t run) {
+    st_.kv_runs(s, layer, s.past, s.staged_new(), [&](int64_t row, int64_t off, int64_t n, size_t run) {
       new_kv.add(run, RowSpan{s.ctx_off + s.past + off, row, n});
     });
     st_.stats.d2h_bytes += 2 * s.q_len * st_.shape.kv_hidden() * es;  // (auto's tier rows included)
     const int64_t nx = store_x ? std::min(s.q_len, host.x_capacity() - s.past) : 0;
     if (nx > 0) {
-      st_.x_runs(s, s.past, nx,
+      st_.x_runs(s, layer, s.past, nx,
                  [&](int64_t row, int64_t off, int64_t n, size_t run) { new_x.add(run, RowSpan{s.q_begin + off, row, n}); });
       st_.stats.d2h_bytes += nx * st_.shape.hidden * es;
     }

@@ -207,10 +207,11 @@ void cpu_attention(const Tensor& out, const Tensor& q, const std::vector<Attenti
   KeyRows rows(seqs.size());
   for (size_t s = 0; s < seqs.size(); ++s) {
     const AttentionSeq& a = seqs[s];
-    check_attention_seq(a, s, kv_width, q.dim(0));
+    const int64_t first = params.first_key(a.past_len);  // no query reads a key below it
+    check_attention_seq(a, s, kv_width, q.dim(0), first);
     if (!a.paged() && a.head == 0) continue;
-    rows[s].resize(static_cast<size_t>(a.past_len + a.q_len));
-    for (int64_t t = 0; t < a.past_len + a.q_len; ++t) rows[s][static_cast<size_t>(t)] = a.row(t);
+    rows[s].assign(static_cast<size_t>(a.past_len + a.q_len), 0);
+    for (int64_t t = first; t < a.past_len + a.q_len; ++t) rows[s][static_cast<size_t>(t)] = a.row(t);
   }
   const AttentionGeometry g{heads, hidden, hd, kv_width, group, params,
                                  params.sinks.defined() ? params.sinks.data_as<float>() : nullptr};

@@ -663,7 +663,7 @@ AttnBatch describe_attention(const Tensor& q, const std::vector<AttentionSeq>& s
   int64_t max_ctx = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const AttentionSeq& a = seqs[s];
-    check_attention_seq(a, s, kv_width, q.dim(0));
+    check_attention_seq(a, s, kv_width, q.dim(0));  // (every key: the device stores keep no ring)
     KVPR_CHECK(a.k.dtype() == kv && (s == 0 || a.q_begin >= seqs[s - 1].q_begin) && a.block_tokens <= INT32_MAX &&
                    b.tables.size() + static_cast<size_t>(a.n_blocks) <= INT32_MAX,
                "attention: sequence ", s, " is out of order or of another dtype");

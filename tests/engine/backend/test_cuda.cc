@@ -543,6 +543,18 @@ TEST(Cuda, LongropeCrossingMatchesReference) {
                                                    test::char_tokenizer(tmp, 96), "cuda");
 }
 
+// The sliding layers' ring on the device, every host mode but auto, under random arrivals,
+// chunked prefill and preemption (and, in the emulated suite's second run, random schedules of
+// the device's streams).
+TEST(Cuda, RingStoreGivesResidentTokens) {
+  SKIP_WITHOUT_GPU();
+  test::TempDir tmp;
+  Tokenizer tok = test::char_tokenizer(tmp, 96);
+  auto gpu = create_backend("cuda");
+  for (const char* name : {"gemma/gemma2_f32", "llama/mistral_sliding_window"})  // (the CPU's test runs more)
+    test::expect_ring_gives_resident_tokens(*gpu, test::data_path(name), tok, name, 1);
+}
+
 TEST(Cuda, FusedRecomputeGivesResidentTokens) {
   SKIP_WITHOUT_GPU();
   test::TempDir tmp;

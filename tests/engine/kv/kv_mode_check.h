@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/backend/cpu/cpu_backend.h"
+#include "engine/base/rng.h"
 #include "engine/decode/generator.h"
 #include "engine/model/model.h"
 
@@ -150,6 +151,88 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
       EXPECT_GE(after.replayed - before.replayed, 1) << label;
     else
       EXPECT_EQ(after.replayed + after.captured, before.replayed + before.captured) << label;
+  }
+}
+
+// The sliding-window layers' ring (KvLayout::ring) under `schedules` random schedules: prompts of 3 to 30
+// tokens (past the fixture's windows) arriving at random steps, prefilled in chunks of at most 6
+// tokens, three at a time in 2-token blocks, in a KV cache that holds fewer blocks than they
+// want (preemption, and prefixes found again in the cache), with sampled sequences among them.
+// In every host mode but auto (which keeps no ring) on `device`, every sequence's tokens are
+// those of the same schedule on `device` in resident mode, whose store is not a ring;
+// the ring's store is smaller than every layer's blocks would be, and the runs preempt (where
+// some layer keeps every key: else the ring bounds what runs at once).
+inline void expect_ring_gives_resident_tokens(Backend& device, const std::string& dir, const Tokenizer& tok,
+                                              const std::string& label, int schedules = 3) {
+  std::unique_ptr<Model> model = load_model(device, dir);
+  const ModelSpec& spec = model->spec();
+  ASSERT_FALSE(spec.windows.empty()) << label;
+  GeneratorOptions o;
+  o.kv_dtype = DType::F32;
+  o.block_tokens = 2;
+  o.max_batch = 3;
+  o.max_step_tokens = 6;
+  // The bytes of 26 blocks of every layer (52 tokens; with the ring more, fewer than three
+  // sequences of up to 50 tokens take): the runs preempt. When every layer slides, of 10 (the
+  // ring then takes them all: 20 tokens for the windows and chunks of the sequences it admits).
+  // The reference holds them all.
+  const bool all_slide = std::count(spec.windows.begin(), spec.windows.end(), 0) == 0;
+  auto with_budget = [&](GeneratorOptions g) {
+    KvRuntimeOptions kv = g.kv;
+    kv.kv_dtype = DType::F32;
+    const KvLayout one{1, g.block_tokens, spec.max_position_embeddings};
+    g.kv_cache_bytes = (all_slide ? 10 : 26) * KvRuntime::block_bytes(model->kv_shape(), one, kv);
+    return g;
+  };
+  int64_t preemptions = 0;
+  for (uint64_t seed = 1; seed <= static_cast<uint64_t>(schedules); ++seed) {
+    Rng rng(seed * 104729 + 7);
+    std::vector<std::vector<int32_t>> prompts(6);
+    for (auto& pr : prompts) {
+      pr = {5, 17, 33};  // a shared prefix
+      for (int64_t k = 0, n = static_cast<int64_t>(rng.next() % 28); k < n; ++k)
+        pr.push_back(static_cast<int32_t>(3 + rng.next() % 90));
+    }
+    std::vector<int64_t> arrival(prompts.size());
+    for (auto& a : arrival) a = static_cast<int64_t>(rng.next() % 12);
+    auto run = [&](Model& m, const GeneratorOptions& opts, int64_t* preempted) {
+      Generator gen(m, tok, opts);
+      std::vector<uint64_t> ids(prompts.size(), 0);
+      for (int64_t step = 0; step < 10000; ++step) {
+        for (size_t i = 0; i < prompts.size(); ++i)
+          if (arrival[i] == step) {
+            GenerationParams p;
+            p.max_new_tokens = 20;
+            p.ignore_eos = true;
+            if (i % 3 == 2) {  // sampled: the same draws wherever it runs
+              p.sampling.temperature = 0.8f;
+              p.sampling.seed = seed + i;
+            }
+            ids[i] = gen.add(prompts[i], p);
+          }
+        if (step > 12 && gen.idle()) break;
+        gen.step();
+      }
+      if (preempted) *preempted += gen.kv_block_stats().preemptions;
+      std::vector<std::vector<int32_t>> out;
+      for (uint64_t id : ids) out.push_back(gen.take_result(id).tokens);
+      return out;
+    };
+    const auto want = run(*model, o, nullptr);
+    for (KvMode m : {KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
+      GeneratorOptions om = with_budget(in_mode(o, m, 3, *model));
+      Generator probe(*model, tok, om);
+      ASSERT_TRUE(probe.kv_runtime().layout().ring()) << label << " " << kv_mode_name(m);
+      KvLayout every = probe.kv_runtime().layout();
+      every.window_blocks = 0;
+      EXPECT_LT(probe.kv_runtime().host_store()->bytes(),
+                KvRuntime::store_bytes(model->kv_shape(), every, probe.plan().kv))
+          << label << " " << kv_mode_name(m);
+      EXPECT_EQ(run(*model, om, &preemptions), want) << label << " " << kv_mode_name(m) << ", seed " << seed;
+    }
+  }
+  if (!all_slide) {
+    EXPECT_GT(preemptions, 0) << label;
   }
 }
 

@@ -35,7 +35,13 @@ struct Model {
   std::map<BlockPool::SeqId, std::vector<int32_t>> seqs;  // each live sequence's tokens
   BlockPool::SeqId next_id = 0;
 
-  Model(int64_t blocks, int64_t bt) : pool(blocks, bt), store(blocks, bt) {}
+  // window > 0: the pool of a sliding-window ring, each sequence trimmed to what its next
+  // query's window reads after each commit.
+  Model(int64_t blocks, int64_t bt, int64_t window = 0) : pool(blocks, bt, window), store(blocks, bt) {}
+  // The first token a sequence of n committed tokens still holds (its next query's window).
+  int64_t first_held(int64_t n) const {
+    return pool.window() > 0 ? std::max<int64_t>(0, n + 1 - pool.window()) / pool.block_tokens() * pool.block_tokens() : 0;
+  }
 
   // Grows `seq` to `tokens`, writing the rows past what it holds, and commits the first `keep`
   // of them (a speculative step's drafts past them rejected; all by default); false if the pool
@@ -52,6 +58,8 @@ struct Model {
     for (const auto& c : copies) store.copy(c);
     const auto& table = pool.table(seq);
     const int64_t bt = pool.block_tokens();
+    for (int64_t t = first_held(before); t < before; ++t)  // a new sequence's cached blocks its window reads
+      EXPECT_EQ(store.at(table[static_cast<size_t>(t / bt)], t % bt), tokens[static_cast<size_t>(t)]);
     for (int64_t t = before; t < static_cast<int64_t>(tokens.size()); ++t) {
       const BlockPool::Block b = table[static_cast<size_t>(t / bt)];
       EXPECT_EQ(pool.ref_count(b), 1) << "a shared block is written";
@@ -59,6 +67,7 @@ struct Model {
     }
     tokens.resize(std::min(keep, tokens.size()));
     pool.commit(seq, tokens);
+    if (pool.window() > 0) pool.trim(seq, static_cast<int64_t>(tokens.size()) + 1 - pool.window());
     seqs[seq] = tokens;
     return true;
   }
@@ -70,10 +79,15 @@ struct Model {
       const auto& table = pool.table(id);
       ASSERT_EQ(pool.tokens(id), static_cast<int64_t>(tokens.size()));
       ASSERT_GE(static_cast<int64_t>(table.size()), pool.blocks_for(static_cast<int64_t>(tokens.size())));
-      for (size_t t = 0; t < tokens.size(); ++t)
+      const auto held = static_cast<size_t>(first_held(static_cast<int64_t>(tokens.size())));
+      for (size_t t = held; t < tokens.size(); ++t)
         ASSERT_EQ(store.at(table[t / static_cast<size_t>(bt)], static_cast<int64_t>(t) % bt), tokens[t])
             << "sequence " << id << " reads a wrong token at " << t;
-      for (auto b : table) ++refs[b];
+      for (size_t j = 0; j < table.size(); ++j) {
+        // Blocks go back only below the window.
+        if (table[j] == BlockPool::kNone) ASSERT_LT(j, held / static_cast<size_t>(bt)) << "sequence " << id;
+        else ++refs[table[j]];
+      }
     }
     for (const auto& [b, n] : refs) ASSERT_EQ(pool.ref_count(b), n) << "block " << b;
     ASSERT_EQ(pool.used_blocks(), static_cast<int64_t>(refs.size()));
@@ -83,13 +97,20 @@ struct Model {
 
 }  // namespace
 
+// Also as a sliding-window ring (windows of 1 to 9 tokens), whose sequences give back what their
+// window has left: every sequence still reads what its next query's window reads, a new one
+// takes from the cache only blocks in the window of its first computed token, and nothing below
+// the window is held.
 TEST(BlockPool, RandomSchedulesNeverLoseOrShareABlockWrongly) {
+  for (int64_t window : {0, 1, 3, 9}) {
+  int64_t hits = 0;  // prefix tokens found, over the window's runs
   for (int64_t bt : {1, 4, 16}) {
     for (uint64_t seed = 1; seed <= 6; ++seed) {
-      SCOPED_TRACE("block_tokens " + std::to_string(bt) + ", seed " + std::to_string(seed));
-      Rng rng(seed * 7919 + static_cast<uint64_t>(bt));
+      SCOPED_TRACE("window " + std::to_string(window) + ", block_tokens " + std::to_string(bt) + ", seed " +
+                   std::to_string(seed));
+      Rng rng(seed * 7919 + static_cast<uint64_t>(bt) + static_cast<uint64_t>(window) * 31);
       const int64_t blocks = 24 + static_cast<int64_t>(rng.next() % 40);
-      Model m(blocks, bt);
+      Model m(blocks, bt, window);
       // Prompts start with one of three system prompts, so that prefixes are shared.
       std::vector<std::vector<int32_t>> systems(3);
       for (auto& s : systems)
@@ -136,12 +157,17 @@ TEST(BlockPool, RandomSchedulesNeverLoseOrShareABlockWrongly) {
       }
       EXPECT_GT(admitted, 20);
       EXPECT_GT(forks, 10);
-      EXPECT_GT(m.pool.prefix_hits(), 0);
+      hits += m.pool.prefix_hits();
+      if (window == 0) {
+        EXPECT_GT(m.pool.prefix_hits(), 0);
+      }
       (void)refused;
       (void)preempted;
       for (const auto& [id, tokens] : m.seqs) m.pool.release(id);
       EXPECT_EQ(m.pool.free_blocks(), blocks);  // everything comes back
     }
+  }
+  EXPECT_GT(hits, 0) << "window " << window;
   }
 }
 
