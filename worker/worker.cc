@@ -101,8 +101,7 @@ class WorkerLoop {
   void report_kv_store() {
     const KvPlan& plan = gen_->plan();
     const int64_t tokens = plan.layout.blocks * plan.layout.block_tokens;
-    const double bytes = static_cast<double>(plan.layout.blocks) *
-                         KvRuntime::block_bytes(model_->kv_shape(), plan.layout, plan.kv);
+    const double bytes = KvRuntime::store_bytes(model_->kv_shape(), plan.layout, plan.kv);  // (the ring's included)
     std::fprintf(stderr, "kvpr-worker %d: KV store %lld tokens, %.2f GiB, kv mode %s: %s\n", opts_.index,
                  static_cast<long long>(tokens), bytes / 1073741824.0, kv_mode_name(plan.kv.mode), plan.why.c_str());
     if (tokens < plan.layout.max_tokens)
