@@ -1056,9 +1056,12 @@ def new_families():
     cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
     cfg["chat_template"] = gemma_template
     json.dump(cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
-    d, log = single_worker(model, "--served-model-name", "g", generation_config={"eos_token_id": [151645, 151666]})
+    # In host memory (offload): its one layer slides, so its store is a ring.
+    d, log = single_worker(model, "--served-model-name", "g", "--kv-mode", "offload",
+                           generation_config={"eos_token_id": [151645, 151666]})
     try:
         check("gemma2: its own template recognised as Gemma's", "chat template gemma" in log, log[-800:])
+        check("gemma2 offload: the sliding layer's store is a ring", "sliding-window layers in a ring" in log, log[-800:])
         st, body = d.post("/v1/chat/completions", {"model": "g", "messages": [{"role": "user", "content": "Hello"}],
                                                    "temperature": 0, "max_tokens": 20})
         c = body["choices"][0] if st == 200 else {}
