@@ -131,6 +131,9 @@ void Routes::health(Exchange& ex) {
                                   {"blocks_cached", st.kv_blocks_cached},
                                   {"preemptions", st.preemptions},
                                   {"rope_recomputes", st.rope_recomputes},
+                                  // The sliding-window layers' ring (0 without one).
+                                  {"ring_blocks_total", st.ring_blocks_total},
+                                  {"ring_blocks_used", st.ring_blocks_used},
                                   // Bytes per tier, and the tier sizes of the last step (kv mode auto: the
                                   // device tier holds each sequence's tail; the split l is recomputed).
                                   {"tiers", json::Object{{"host_bytes_used", st.host_kv_bytes},

@@ -485,14 +485,20 @@ void parse_chat(const json::Value& o, const ServedModel& served, const Tokenizer
   req.tools = parse_tools(o, served);
   req.harmony = served.chat_template == "harmony";
   if (req.harmony) {
-    // Its channels hold the reasoning before the answer: a constraint on the whole output cannot
-    // apply to the answer alone yet.
-    if (req.tools.required || !req.tools.named.empty())
-      throw bad_request("'tool_choice' required or naming a function is not supported with gpt-oss's harmony format "
-                        "(auto is)", "tool_choice");
-    if (req.sampling.json_object || !req.sampling.json_schema.is_null())
-      throw bad_request("'response_format' json_object and json_schema are not supported with gpt-oss's harmony format",
-                        "response_format");
+    // Its channels hold the reasoning before the answer: a constraint (response_format JSON, a
+    // forced tool call) holds for the final channel's message, after its header.
+    const auto channel = tok.token_to_id("<|channel|>"), message = tok.token_to_id("<|message|>");
+    const bool constrained = req.tools.required || !req.tools.named.empty() || req.sampling.json_object ||
+                             !req.sampling.json_schema.is_null();
+    if (constrained && (!channel || !message))
+      throw bad_request("a constrained answer (response_format JSON, tool_choice required or named) needs the "
+                        "harmony format's <|channel|> and <|message|> tokens, which this tokenizer lacks",
+                        req.tools.required || !req.tools.named.empty() ? "tool_choice" : "response_format");
+    if (constrained) {
+      req.final_header.push_back(*channel);
+      for (int32_t id : tok.encode_ordinary("final")) req.final_header.push_back(id);
+      req.final_header.push_back(*message);
+    }
     for (const std::string& s : harmony_special_tokens())
       if (auto id = tok.token_to_id(s)) req.markers.emplace_back(*id, s);
   } else if (req.tools.parse && req.tools.parser == "mistral") {
@@ -677,6 +683,7 @@ EngineRequest engine_request(const GenerateRequest& req, const Tokenizer& tok, i
   }
   g.json_object = s.json_object;
   g.json_schema = !req.tools.schema.is_null() ? req.tools.schema : s.json_schema;  // forced tool calls, or the format
+  if (g.json_object || !g.json_schema.is_null()) g.constrain_after = req.final_header;  // harmony: the final channel
   g.stop = s.stop;
   for (int64_t id : s.stop_token_ids) {
     if (id < 0 || id >= tok.size())

@@ -99,6 +99,10 @@ struct GenerateRequest {
   // The answer is in gpt-oss's harmony format (openai/harmony.h): reasoning, content and calls
   // come from its channels.
   bool harmony = false;
+  // harmony: the ids of "<|channel|>final<|message|>", after which its answer (the final channel's
+  // message) begins: a response_format or forced tool call constrains that message alone
+  // (GenerationParams::constrain_after).
+  std::vector<int32_t> final_header;
   // Special tokens the worker's text leaves out that the answer's parsers read, with their text
   // (mistral's [TOOL_CALLS], harmony's): written into the text where the model emitted them.
   std::vector<std::pair<int32_t, std::string>> markers;

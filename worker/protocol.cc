@@ -34,6 +34,8 @@ json::Value params_json(const GenerationParams& g) {
   if (!s.logit_bias.empty()) p.emplace_back("logit_bias", logprob_pairs_json(s.logit_bias));
   if (g.json_object) p.emplace_back("json_object", true);
   if (!g.json_schema.is_null()) p.emplace_back("json_schema", g.json_schema);
+  if (!g.constrain_after.empty())
+    p.emplace_back("constrain_after", json::Array(g.constrain_after.begin(), g.constrain_after.end()));
   p.emplace_back("stop", json::Array(g.stop.begin(), g.stop.end()));
   if (!g.stop_token_ids.empty()) p.emplace_back("stop_token_ids", json::Array(g.stop_token_ids.begin(), g.stop_token_ids.end()));
   if (s.seed) p.emplace_back("seed", static_cast<int64_t>(*s.seed));
@@ -70,6 +72,8 @@ GenerationParams params_of(const json::Value& p) {
     for (const auto& id : v->as_array()) g.stop_token_ids.push_back(static_cast<int32_t>(id.as_int()));
   if (const json::Value* v = p.find("json_object")) g.json_object = v->as_bool();
   if (const json::Value* v = p.find("json_schema")) g.json_schema = *v;
+  if (const json::Value* v = p.find("constrain_after"))
+    for (const auto& id : v->as_array()) g.constrain_after.push_back(static_cast<int32_t>(id.as_int()));
   return g;
 }
 
@@ -209,6 +213,8 @@ json::Value encode_stats(const WorkerStats& s) {
                       {"kv_blocks_cached", s.kv_blocks_cached},
                       {"preemptions", s.preemptions},
                       {"rope_recomputes", s.rope_recomputes},
+                      {"ring_blocks_total", s.ring_blocks_total},
+                      {"ring_blocks_used", s.ring_blocks_used},
                       {"prefix_query_tokens", s.prefix_query_tokens},
                       {"prefix_hit_tokens", s.prefix_hit_tokens},
                       {"busy_fraction", s.busy_fraction},
@@ -270,6 +276,7 @@ WorkerMessage decode_worker_message(const json::Value& frame) {
                             {"kv_blocks_total", &s.kv_blocks_total}, {"kv_blocks_used", &s.kv_blocks_used},
                             {"kv_blocks_cached", &s.kv_blocks_cached}, {"preemptions", &s.preemptions},
                             {"rope_recomputes", &s.rope_recomputes},
+                            {"ring_blocks_total", &s.ring_blocks_total}, {"ring_blocks_used", &s.ring_blocks_used},
                             {"prefix_query_tokens", &s.prefix_query_tokens}, {"prefix_hit_tokens", &s.prefix_hit_tokens},
                             {"step_ms_max", &s.step_ms_max}})
       *dst = member(frame, key).as_int();

@@ -46,6 +46,7 @@ struct WorkerStats {
   std::string kv_tier;
   int64_t kv_block_tokens = 0, kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0;
   int64_t preemptions = 0, rope_recomputes = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  int64_t ring_blocks_total = 0, ring_blocks_used = 0;  // the sliding-window layers' ring, when kept
   double busy_fraction = 0;                                 // since the last stats message
   int64_t step_ms_max = 0;  // the longest step finished since the last stats message
 };

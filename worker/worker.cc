@@ -342,8 +342,16 @@ class WorkerLoop {
     ws.split = st.split_total;
     ws.h2d_gbps = st.link_gbps_estimate;
     const KvBlockStats kb = gen_->kv_block_stats();
-    // Host KV in use: the blocks sequences hold (and, in the contiguous layout, their tokens).
-    ws.host_kv_bytes = hs && kb.total > 0 ? static_cast<int64_t>(hs->bytes()) / kb.total * kb.used : 0;
+    // Host KV in use: the blocks sequences hold, every layer's and the sliding-window ring's.
+    if (hs) {
+      const KvPlan& plan = gen_->plan();
+      const double block = KvRuntime::block_bytes(model_->kv_shape(), plan.layout, plan.kv);
+      const double ring = plan.layout.ring() ? KvRuntime::window_block_bytes(model_->kv_shape(), plan.layout, plan.kv) : 0;
+      ws.host_kv_bytes = static_cast<int64_t>((block - ring) * static_cast<double>(kb.used) +
+                                              ring * static_cast<double>(kb.ring_used));
+    }
+    ws.ring_blocks_total = kb.ring_total;
+    ws.ring_blocks_used = kb.ring_used;
     const KvRuntime& kv = gen_->kv_runtime();
     ws.kv_tier = kv.device_tier() ? "host+device" : kv_mode_uses_host(kv.mode()) || backend_->device_is_host() ? "host" : "device";
     ws.device_kv_bytes = static_cast<int64_t>(kv.device_tier_bytes());

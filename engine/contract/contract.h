@@ -72,6 +72,11 @@ struct GenerationParams {
   // a schema is checked where it is used, not first in the controller and again in the engine);
   // a schema it cannot compile is refused as part "json_schema".
   json::Value json_schema;
+  // The constraint above holds from the token after the generated ids first contain these, in
+  // order (gpt-oss's "<|channel|>final<|message|>": its answer, after the reasoning); before them
+  // the text is free, but the end ids are held back until the constrained text is complete.
+  // Empty: from the first token.
+  std::vector<int32_t> constrain_after;
 };
 
 // Why a sequence ended. Error: this sequence alone failed (its constraint, sampling, detokenizing

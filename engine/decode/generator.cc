@@ -31,6 +31,7 @@ struct Generator::Sequence {
   size_t emitted = 0;   // bytes of `text` already handed out
   bool cancelled = false;
   std::unique_ptr<JsonTokenConstraint> json;  // params.json_object
+  bool constraining = true;                   // json applies now (params.constrain_after seen, or none)
   std::vector<int32_t> end_ids;               // ids that end it (EOS unless ignore_eos, stop ids)
   std::vector<int32_t> checked;               // a speculative step's chunk: the last token, then drafts
   Sequence(uint64_t i, const GenerationParams& p, std::vector<int32_t> pr, uint64_t seed, const Tokenizer& t)
@@ -41,7 +42,9 @@ struct Generator::Sequence {
   int64_t prefill_end() const { return tokens.empty() ? static_cast<int64_t>(prompt.size()) : static_cast<int64_t>(all.size()) - 1; }
   bool decoding() const { return !tokens.empty() && past_len == static_cast<int64_t>(all.size()) - 1; }
   // Its next token may not end it yet (min_new_tokens): the end ids are masked out of the choice.
-  bool holds_end() const { return static_cast<int64_t>(tokens.size()) < params.min_new_tokens; }
+  // (Nor before its constrained text has begun.)
+  bool holds_end() const { return static_cast<int64_t>(tokens.size()) < params.min_new_tokens || (json && !constraining); }
+  JsonTokenConstraint* constraint() const { return constraining ? json.get() : nullptr; }
 };
 
 Generator::~Generator() = default;
@@ -61,37 +64,26 @@ std::string gib(double bytes) {
 
 }  // namespace
 
-// The sliding-window layers' store as a ring (KvLayout::ring), in the host modes that keep one,
-// from the bytes `plan`'s blocks take in every layer: room for the window of every sequence that
-// may run (max-batch) and a step's new tokens, whatever the context, the rest of the bytes to
-// blocks of the other layers; kept where that gives more blocks. When every layer slides, the
-// ring takes all the bytes (more sequences at once), the blocks then counting tokens alone.
+// The sliding-window layers' store as a ring (KvLayout::ring), in the host modes that keep one:
+// room for the window of every sequence that may run (max-batch) and a step's new tokens,
+// whatever the context; kept where that is fewer blocks than `plan`'s. The blocks stay as many
+// (the sequences the store holds, and the step's staging buffers, which hold whole contexts, with
+// them): the ring saves host memory.
 void Generator::plan_ring(KvPlan& plan, const GeneratorOptions& opts, const ModelSpec& spec, const Backend* backend) {
+  KvLayout& L = plan.layout;
   int64_t widest = 0;
   for (int64_t w : spec.windows) widest = std::max(widest, w);
-  if (!kv_mode_rings_windows(plan.kv.mode) || widest == 0) return;
-  const KvShape shape = kv_shape(spec);
-  KvLayout& L = plan.layout;
-  const double all = KvRuntime::block_bytes(shape, L, plan.kv), bytes = static_cast<double>(L.blocks) * all;
-  const double ring_block = KvRuntime::window_block_bytes(shape, L, plan.kv), other = all - ring_block;
+  // (A window as long as the context never lets a block go: Phi-3.5's 262144 of 131072.)
+  if (!kv_mode_rings_windows(plan.kv.mode) || widest == 0 || widest >= L.max_tokens) return;
   const int64_t running = opts.max_batch > 0 ? opts.max_batch : backend && !backend->device_is_host() ? 256 : 8;
-  // One sequence's window and its next token, in blocks (a lone sequence always moves on).
-  const int64_t one = L.blocks_for(widest + 1) + 2;
-  int64_t ring = running * (L.blocks_for(widest) + 3) + L.blocks_for(opts.max_step_tokens + running);
-  int64_t blocks = 0;
-  if (other <= 0) {  // every layer slides
-    ring = static_cast<int64_t>(std::min(bytes / ring_block, 2147483647.0));
-    if (ring < one) return;
-    blocks = std::max(L.blocks, running * L.blocks_for(L.max_tokens));
-  } else {
-    blocks = static_cast<int64_t>(std::min((bytes - static_cast<double>(ring) * ring_block) / other, 2147483647.0));
-    if (blocks <= L.blocks) return;  // the ring pays only where it buys more blocks
-  }
-  L.blocks = blocks;
+  const int64_t ring = running * (L.blocks_for(widest) + 3) + L.blocks_for(opts.max_step_tokens + running);
+  if (ring >= L.blocks) return;
   L.window_blocks = ring;
   L.window_tokens = widest;
+  const double ring_block = KvRuntime::window_block_bytes(kv_shape(spec), L, plan.kv);
   plan.why += "; sliding-window layers in a ring of " + std::to_string(ring) + " blocks (" +
-              gib(static_cast<double>(ring) * ring_block) + ")";
+              gib(static_cast<double>(ring) * ring_block) + " instead of " +
+              gib(static_cast<double>(L.blocks) * ring_block) + ")";
 }
 
 KvPlan Generator::kv_plan(const GeneratorOptions& opts, const ModelSpec& spec, DType weight_dtype, const Backend* backend,
@@ -223,6 +215,9 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
              params.top_logprobs);
   KVPR_CHECK(params.prompt_logprobs >= -1 && params.prompt_logprobs <= 20, "prompt_logprobs must be in -1..20, got ",
              params.prompt_logprobs);
+  KVPR_CHECK(params.constrain_after.size() <= 16, "constrain_after holds at most 16 ids, not ", params.constrain_after.size());
+  for (int32_t t : params.constrain_after)
+    KVPR_CHECK(t >= 0 && t < valid_vocab_, "constrain_after id ", t, " is not in the vocabulary");
   uint64_t seed = params.sampling.seed ? *params.sampling.seed : std::random_device{}();
   uint64_t id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, params, std::move(prompt), seed, tok_);
@@ -235,6 +230,7 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
     seq->json = !params.json_schema.is_null()
                     ? std::make_unique<JsonTokenConstraint>(json_vocab_, compiled_schema(params.json_schema), json_options_)
                     : std::make_unique<JsonTokenConstraint>(json_vocab_, json_options_);
+    seq->constraining = params.constrain_after.empty();
   }
   if (!params.ignore_eos) {
     if (tok_.eos_id()) seq->end_ids.push_back(*tok_.eos_id());
@@ -344,7 +340,8 @@ bool Generator::extend_blocks(Sequence& s, int64_t tokens) {
 
 KvBlockStats Generator::kv_block_stats() const {
   return KvBlockStats{pool_->block_tokens(), pool_->total_blocks(), pool_->used_blocks(), pool_->free_blocks(),
-                      pool_->cached_blocks(), preemptions_, rope_recomputes_};
+                      pool_->cached_blocks(), preemptions_, rope_recomputes_,
+                      window_pool_ ? window_pool_->total_blocks() : 0, window_pool_ ? window_pool_->used_blocks() : 0};
 }
 
 bool Generator::past_original_context(const Sequence& s) const {
@@ -369,9 +366,13 @@ bool Generator::admit(Sequence& s) {
   const int64_t running = static_cast<int64_t>(running_.size());
   if (!pool_->can_admit(need, running, hits, salt)) return false;
   if (window_pool_) {
+    // Blocks for its window beside those it finds (all it takes alone: a lone sequence always
+    // fits, plan_ring's ring holding a window and a step).
     const int64_t rest = static_cast<int64_t>(need.size()) - static_cast<int64_t>(cached.size());
-    const int64_t window = window_pool_->blocks_for(std::min(rest, window_pool_->window())) + 1;
-    if (!window_pool_->can_admit(cached, running + window, hits, salt)) return false;
+    const int64_t found = hits - std::max<int64_t>(0, hits * pool_->block_tokens() + 1 - window_pool_->window()) /
+                                     pool_->block_tokens();
+    const int64_t window = std::max<int64_t>(1, window_pool_->blocks_for(std::min(rest, window_pool_->window())) + 1 - found);
+    if (!window_pool_->can_admit(cached, running_.empty() ? 0 : running + window, hits, salt)) return false;
   }
   std::vector<BlockPool::Copy> copies;
   KVPR_CHECK(pool_->allocate(s.key(), need, &copies, hits, salt) && copies.empty(), "KV blocks: admission failed");
@@ -487,12 +488,12 @@ void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_
       const float* row = logits_.data_as<float>() + r * V;
       if (s.params.top_logprobs > 0) top = top_logprobs(row, valid_vocab_, s.params.top_logprobs, stats[2 * r + 1], scratch_);
       std::vector<float> adjusted;
-      if (sp.adjusts_logits() || s.json) adjusted.assign(row, row + V);
+      if (sp.adjusts_logits() || s.constraint()) adjusted.assign(row, row + V);
       // Penalties count the drafts taken so far as generated; the JSON mask follows them too (the
       // constraint advances by each token handed out, drafts included, and by nothing else).
       if (sp.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, sp, s.prompt, s.tokens);
-      if (s.json) at_stage(SequenceStage::Constraint, s);
-      if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
+      if (s.constraint()) at_stage(SequenceStage::Constraint, s);
+      if (s.constraint() && s.constraint()->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
         StepOutput ev;  // a complete text with nothing allowed after it, and no end id to say so
         ev.id = s.id;
         s.past_len = past + 1 + j;
@@ -560,6 +561,13 @@ void Generator::at_stage(SequenceStage stage, const Sequence& s) const {
 // the JSON recognizer).
 void Generator::advance_constraint(Sequence& s, int32_t t) {
   if (!s.json || std::find(s.end_ids.begin(), s.end_ids.end(), t) != s.end_ids.end()) return;
+  if (!s.constraining) {  // free text until it ends with constrain_after (t its last id)
+    const std::vector<int32_t>& after = s.params.constrain_after;
+    const size_t k = after.size() - 1;
+    s.constraining = t == after.back() && s.tokens.size() >= k &&
+                     std::equal(after.begin(), after.begin() + static_cast<std::ptrdiff_t>(k), s.tokens.end() - static_cast<std::ptrdiff_t>(k));
+    return;
+  }
   at_stage(SequenceStage::Constraint, s);
   s.json->advance(t);
 }
@@ -846,10 +854,10 @@ void Generator::choose_on_host_unguarded(const StepPlan& p, size_t i, StepChoice
   if (s.params.sampling.adjusts_logits() || s.json || s.holds_end()) {
     std::vector<float> adjusted(row, row + model_.spec().vocab_size);
     if (s.params.sampling.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, s.params.sampling, s.prompt, s.tokens);
-    if (s.json) at_stage(SequenceStage::Constraint, s);
+    if (s.constraint()) at_stage(SequenceStage::Constraint, s);
     // While its end is held back, the JSON mask allows no end id either.
     const std::vector<int32_t> none;
-    if (s.json && s.json->mask(adjusted.data(), valid_vocab_, s.holds_end() ? none : s.end_ids) == 0) {
+    if (s.constraint() && s.constraint()->mask(adjusted.data(), valid_vocab_, s.holds_end() ? none : s.end_ids) == 0) {
       ch.picks[i] = Sampled{-1, 0.f};  // a complete object, and no end id to say so: it ends here
       return;
     }

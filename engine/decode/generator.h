@@ -73,6 +73,8 @@ struct KvBlockStats {
   int64_t preemptions = 0;
   // Sequences whose K/V were computed again as they passed longrope's original context (Phi).
   int64_t rope_recomputes = 0;
+  // The sliding-window layers' ring (KvLayout::ring; 0 without one): its blocks, and those held.
+  int64_t ring_total = 0, ring_used = 0;
 };
 
 class Generator {

@@ -163,7 +163,7 @@ YarnFields read_rope(const ConfigFields& f, LlamaConfig& c) {
     // max_position_embeddings / original (1 at or below 1).
     auto factors = [&](const char* name, std::vector<double>* out) {
       const json::Value* v = s.find(name);
-      KVPR_CHECK(v && v->is_array(), source, ": longrope rope scaling needs a list ", name);
+      KVPR_CHECK(v && v->is_array() && !v->as_array().empty(), source, ": longrope rope scaling needs a list ", name);
       for (const json::Value& x : v->as_array()) {
         out->push_back(x.as_double());
         KVPR_CHECK(std::isfinite(out->back()) && out->back() > 0, source, ": longrope ", name, " must be positive");

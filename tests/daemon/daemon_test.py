@@ -1031,8 +1031,9 @@ def new_families():
     added). Gemma: the model's own template in Gemma's turn format, the answer ending at
     generation_config's <end_of_turn>. gpt-oss: the harmony format built in, its analysis channel
     as reasoning_content, a commentary message to=functions.get_weather as a tool call, whole and
-    streamed; a constrained tool choice refused by name. Phi: an answer that takes the sequence past
-    longrope's original context, the sequence computed again once there, counted."""
+    streamed; a response_format and a named tool choice constraining the final channel. Phi: an
+    answer that takes the sequence past longrope's original context, the sequence computed again
+    once there, counted."""
     words = " one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen"
     model, ids = chain_model("phi3-longrope", "qwen2-tokenizer", words, 198, 151645, model_type="phi3")
     d, log = single_worker(model, "--served-model-name", "p")
@@ -1056,8 +1057,9 @@ def new_families():
     cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
     cfg["chat_template"] = gemma_template
     json.dump(cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
-    # In host memory (offload): its one layer slides, so its store is a ring.
-    d, log = single_worker(model, "--served-model-name", "g", "--kv-mode", "offload",
+    # In host memory (offload): its one layer slides, so its store is a ring (of 8 windows and a
+    # step: fewer blocks than the 16 MiB store's).
+    d, log = single_worker(model, "--served-model-name", "g", "--kv-mode", "offload", "--kv-cache", "16MiB",
                            generation_config={"eos_token_id": [151645, 151666]})
     try:
         check("gemma2: its own template recognised as Gemma's", "chat template gemma" in log, log[-800:])
@@ -1094,8 +1096,33 @@ def new_families():
         check("gpt-oss streamed: the call, no content, finish tool_calls",
               [t["function"] for x in deltas for t in x["delta"].get("tool_calls", [])] == [calls[0]["function"]] and
               not any(x["delta"].get("content") for x in deltas) and deltas[-1]["finish_reason"] == "tool_calls", deltas)
-        st, body = d.post("/v1/chat/completions", dict(req, tool_choice="required"))
-        check("gpt-oss: tool_choice required refused by name", st == 400 and body["error"]["param"] == "tool_choice", body)
+    finally:
+        d.stop()
+    # A constrained answer is the final channel's message: response_format json_schema gives it as
+    # content, tool_choice naming a function as the call's arguments (the model writes them
+    # there, as the constraint allows).
+    model, ids = chain_model("gpt-oss-final", "qwen2-tokenizer", '<|channel|>final<|message|>{"city":"Oslo"}', 77091,
+                             151670, model_type="gpt_oss", added=added, special=True)  # then <|return|>
+    d, log = single_worker(model, "--served-model-name", "o", "--chat-template", "harmony")
+    try:
+        schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+        st, body = d.post("/v1/chat/completions", dict(req, tools=None, response_format={
+            "type": "json_schema", "json_schema": {"name": "place", "schema": schema}}))
+        c = body["choices"][0] if st == 200 else {}
+        check("gpt-oss: response_format json_schema constrains the final channel, the content",
+              c.get("message", {}).get("content") == '{"city":"Oslo"}' and c.get("finish_reason") == "stop", body)
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        st, body = d.post("/v1/chat/completions", dict(req, tool_choice=named))
+        c = body["choices"][0] if st == 200 else {}
+        calls = c.get("message", {}).get("tool_calls", [])
+        check("gpt-oss: tool_choice naming get_weather: the final channel is its arguments",
+              c.get("finish_reason") == "tool_calls" and len(calls) == 1 and
+              calls[0]["function"] == {"name": "get_weather", "arguments": '{"city":"Oslo"}'}, body)
+        events, _ = d.stream("/v1/chat/completions", dict(req, tool_choice=named, stream=True))
+        deltas = [e["choices"][0] for e in events[:-1] if e["choices"]]
+        check("gpt-oss streamed, tool_choice named: the call, finish tool_calls",
+              [t["function"] for x in deltas for t in x["delta"].get("tool_calls", [])] == [calls[0]["function"]] and
+              deltas[-1]["finish_reason"] == "tool_calls", deltas)
     finally:
         d.stop()
     model, ids = chain_model("gpt-oss-think", "qwen2-tokenizer", "<|channel|>analysis<|message|>Check the weather.<|end|>",

@@ -35,6 +35,49 @@ HarmonyStream::Delta streamed(const std::string& text, std::mt19937& rng) {
   return all;
 }
 
+// A harmony response's state with its markers at ids 1000.. (harmony_special_tokens' order), and
+// an event of one of them.
+ResponseState harmony_response() {
+  ResponseState r;
+  r.chat = true;
+  r.harmony = true;
+  int32_t id = 1000;
+  for (const std::string& s : harmony_special_tokens()) r.markers.emplace_back(id++, s);
+  r.choices.resize(1);
+  return r;
+}
+EngineEvent special(const ResponseState& r, const std::string& s) {
+  for (const auto& [i, t] : r.markers)
+    if (t == s) return token_event(i, "");
+  ADD_FAILURE() << s;
+  return token_event(0, "");
+}
+
+// `events` into r whole and into a copy as a stream: what the stream's deltas said.
+struct StreamedChat {
+  std::string reasoning, content, finish;
+  json::Array calls;
+};
+StreamedChat add_and_stream(ResponseState& r, const std::vector<EngineEvent>& events, const ResponseContext& ctx) {
+  ResponseState s = r;
+  StreamedChat out;
+  for (const EngineEvent& ev : events) {
+    add_event(r, 0, ev);
+    add_event(s, 0, ev);
+    for (const json::Value& chunk : stream_chunks(s, 0, ev, ctx)) {
+      const json::Value& ch = chunk.find("choices")->as_array().at(0);
+      if (const json::Value* d = ch.find("delta")) {
+        if (const json::Value* x = d->find("reasoning_content")) out.reasoning += x->as_string();
+        if (const json::Value* x = d->find("content")) out.content += x->as_string();
+        if (const json::Value* x = d->find("tool_calls"))
+          for (const auto& c : x->as_array()) out.calls.push_back(c);
+      }
+      if (!ch.find("finish_reason")->is_null()) out.finish = ch.find("finish_reason")->as_string();
+    }
+  }
+  return out;
+}
+
 TEST(Harmony, ChannelsBecomeReasoningContentAndCalls) {
   struct Case {
     const char* text;
@@ -86,49 +129,23 @@ TEST(Harmony, ChannelsBecomeReasoningContentAndCalls) {
 // The worker's events carry the special tokens' ids with no text; the response puts their text
 // back (GenerateRequest::markers) and splits the channels, whole and streamed alike.
 TEST(Harmony, ResponsesFromEventsWhoseTextLeavesTheFormatOut) {
-  ResponseState r;
-  r.chat = true;
-  r.harmony = true;
+  ResponseState r = harmony_response();
   r.tools.parse = true;
   r.tools.parser = "harmony";
-  int32_t id = 1000;
-  for (const std::string& s : harmony_special_tokens()) r.markers.emplace_back(id++, s);
-  auto special = [&](const std::string& s) {
-    for (const auto& [i, t] : r.markers)
-      if (t == s) return token_event(i, "");
-    ADD_FAILURE() << s;
-    return token_event(0, "");
-  };
-  std::vector<EngineEvent> events = {special("<|channel|>"), token_event(5, "analysis"), special("<|message|>"),
-                                     token_event(6, "Look it up."), special("<|end|>"), special("<|start|>"),
-                                     token_event(7, "assistant"), special("<|channel|>"),
-                                     token_event(8, "commentary to=functions.get"), special("<|message|>"),
-                                     token_event(9, "{\"q\": 1}"), special("<|call|>"), finish_event("stop")};
-  r.choices.resize(1);
-  ResponseState s = r;
+  std::vector<EngineEvent> events = {special(r, "<|channel|>"), token_event(5, "analysis"), special(r, "<|message|>"),
+                                     token_event(6, "Look it up."), special(r, "<|end|>"), special(r, "<|start|>"),
+                                     token_event(7, "assistant"), special(r, "<|channel|>"),
+                                     token_event(8, "commentary to=functions.get"), special(r, "<|message|>"),
+                                     token_event(9, "{\"q\": 1}"), special(r, "<|call|>"), finish_event("stop")};
   IdMaker ids;
   const ResponseContext ctx{qwen_tokenizer(), false, ids};
-  std::string reasoning, content, finish;
-  json::Value calls;
-  for (const EngineEvent& ev : events) {
-    add_event(r, 0, ev);
-    add_event(s, 0, ev);
-    for (const json::Value& chunk : stream_chunks(s, 0, ev, ctx)) {
-      const json::Value& ch = chunk.find("choices")->as_array().at(0);
-      if (const json::Value* d = ch.find("delta")) {
-        if (const json::Value* x = d->find("reasoning_content")) reasoning += x->as_string();
-        if (const json::Value* x = d->find("content")) content += x->as_string();
-        if (const json::Value* x = d->find("tool_calls")) calls = *x;
-      }
-      if (!ch.find("finish_reason")->is_null()) finish = ch.find("finish_reason")->as_string();
-    }
-  }
-  EXPECT_EQ(reasoning, "Look it up.");
-  EXPECT_EQ(content, "");
-  EXPECT_EQ(finish, "tool_calls");
-  ASSERT_TRUE(calls.is_array());
-  EXPECT_EQ(calls.as_array().at(0).find("function")->find("name")->as_string(), "get");
-  EXPECT_EQ(calls.as_array().at(0).find("function")->find("arguments")->as_string(), "{\"q\": 1}");
+  const StreamedChat st = add_and_stream(r, events, ctx);
+  EXPECT_EQ(st.reasoning, "Look it up.");
+  EXPECT_EQ(st.content, "");
+  EXPECT_EQ(st.finish, "tool_calls");
+  ASSERT_EQ(st.calls.size(), 1u);
+  EXPECT_EQ(st.calls.at(0).find("function")->find("name")->as_string(), "get");
+  EXPECT_EQ(st.calls.at(0).find("function")->find("arguments")->as_string(), "{\"q\": 1}");
   const json::Value body = response_json(r, ctx);
   const json::Value& choice = body.find("choices")->as_array().at(0);
   EXPECT_EQ(choice.find("finish_reason")->as_string(), "tool_calls");
@@ -136,6 +153,60 @@ TEST(Harmony, ResponsesFromEventsWhoseTextLeavesTheFormatOut) {
   EXPECT_EQ(choice.find("message")->find("reasoning_content")->as_string(), "Look it up.");
   EXPECT_EQ(choice.find("message")->find("tool_calls")->as_array().at(0).find("function")->find("name")->as_string(),
             "get");
+}
+
+// tool_choice naming a function or required: the final channel's message, constrained to the
+// function's arguments or to a list of calls, is the calls (after the reasoning), whole and
+// streamed; an answer cut off before it is whole stays content.
+TEST(Harmony, ForcedToolCallsAreTheFinalChannel) {
+  struct Case {
+    std::string named, final_text, name, arguments, finish;
+  };
+  const std::vector<Case> cases = {
+      {"get_weather", "{\"city\":\"Oslo\"}", "get_weather", "{\"city\":\"Oslo\"}", "tool_calls"},
+      {"", "[{\"name\":\"get_time\",\"parameters\":{\"zone\":\"CET\"}}]", "get_time", "{\"zone\": \"CET\"}",
+       "tool_calls"},
+      {"", "[{\"name\":\"get_ti", "", "", "length"}};
+  for (const Case& k : cases) {
+    ResponseState r = harmony_response();
+    r.tools.named = k.named;
+    r.tools.required = k.named.empty();
+    std::vector<EngineEvent> events = {special(r, "<|channel|>"), token_event(5, "analysis"), special(r, "<|message|>"),
+                                       token_event(6, "Check."), special(r, "<|end|>"), special(r, "<|start|>"),
+                                       token_event(7, "assistant"), special(r, "<|channel|>"), token_event(8, "final"),
+                                       special(r, "<|message|>")};
+    for (size_t at = 0; at < k.final_text.size(); at += 5)  // in pieces
+      events.push_back(token_event(9, k.final_text.substr(at, 5)));
+    if (k.finish == "tool_calls") events.push_back(special(r, "<|return|>"));
+    events.push_back(finish_event(k.finish == "tool_calls" ? "stop" : k.finish));
+    IdMaker ids;
+    const ResponseContext ctx{qwen_tokenizer(), false, ids};
+    const StreamedChat st = add_and_stream(r, events, ctx);
+    const std::string& reasoning = st.reasoning;
+    const std::string& content = st.content;
+    const std::string& finish = st.finish;
+    const json::Array& calls = st.calls;
+    const json::Value body = response_json(r, ctx);
+    const json::Value& choice = body.find("choices")->as_array().at(0);
+    const json::Value& msg = *choice.find("message");
+    EXPECT_EQ(reasoning, "Check.") << k.final_text;
+    EXPECT_EQ(msg.find("reasoning_content")->as_string(), "Check.");
+    EXPECT_EQ(finish, k.finish) << k.final_text;
+    EXPECT_EQ(choice.find("finish_reason")->as_string(), k.finish);
+    if (k.finish != "tool_calls") {  // no calls: the text as it came
+      EXPECT_EQ(content, k.final_text);
+      EXPECT_EQ(msg.find("content")->as_string(), k.final_text);
+      EXPECT_TRUE(calls.empty());
+      continue;
+    }
+    EXPECT_EQ(content, "");
+    EXPECT_TRUE(msg.find("content")->is_null());
+    for (const json::Array& got : {calls, msg.find("tool_calls")->as_array()}) {
+      ASSERT_EQ(got.size(), 1u) << k.final_text;
+      EXPECT_EQ(got[0].find("function")->find("name")->as_string(), k.name);
+      EXPECT_EQ(got[0].find("function")->find("arguments")->as_string(), k.arguments);
+    }
+  }
 }
 
 // The built-in template writes the format as gpt-oss's card describes it: system and developer

@@ -819,6 +819,52 @@ TEST(Generation, JsonObjectKeepsTheTextJson) {
   EXPECT_LE(r.text.size(), 2u + 48u);
 }
 
+// constrain_after (gpt-oss's final channel header): the text is free until the generated ids
+// contain the header, then JSON. Greedy, the first ids are the unconstrained answer's, through
+// the header (taken from that answer); what follows them is JSON that ends on its own as a
+// whole object; the end id is held back before the header, so a header that never comes gives
+// a text that runs to max_tokens.
+TEST(Generation, ConstraintAfterAHeaderKeepsTheRestJson) {
+  Demo d;
+  Tokenizer& tok = *d.tok;
+  Generator gen(*d.m, tok, GeneratorOptions{});
+  GenerationParams free;
+  free.max_new_tokens = 6;
+  free.ignore_eos = true;
+  const std::vector<int32_t> prompt = tok.encode("Answer in JSON:");
+  const std::vector<int32_t> head = gen.generate_all({prompt}, free)[0].tokens;
+  ASSERT_EQ(head.size(), 6u);
+  GenerationParams p;
+  p.max_new_tokens = 60;
+  p.json_object = true;
+  p.constrain_after = {head[2], head[3]};
+  // Where the answer first ends with them (a repeated id may match early).
+  size_t e = 2;
+  while (e < head.size() && !(head[e - 1] == head[2] && head[e] == head[3])) ++e;
+  ASSERT_LT(e, head.size());
+  auto r = gen.generate_all({prompt}, p)[0];
+  ASSERT_GT(r.tokens.size(), e + 1);
+  EXPECT_EQ(std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + static_cast<std::ptrdiff_t>(e + 1)),
+            std::vector<int32_t>(head.begin(), head.begin() + static_cast<std::ptrdiff_t>(e + 1)));
+  std::string rest;
+  for (size_t i = e + 1; i < r.tokens.size(); ++i) rest += tok.decode({r.tokens[i]});
+  JsonRecognizer json;
+  EXPECT_TRUE(json.feed(rest)) << rest;
+  if (r.finish == FinishReason::Stop) {
+    EXPECT_TRUE(json::parse(rest).is_object()) << rest;
+  }
+  // A header the model never writes: no JSON, and no end before max_tokens.
+  GenerationParams never = free;
+  never.ignore_eos = false;
+  never.max_new_tokens = 12;
+  never.json_object = true;
+  never.constrain_after = {*tok.eos_id()};  // (held back: never chosen)
+  auto n = gen.generate_all({prompt}, never)[0];
+  EXPECT_EQ(n.finish, FinishReason::Length);
+  EXPECT_EQ(n.tokens.size(), 12u);
+  EXPECT_TRUE(std::find(n.tokens.begin(), n.tokens.end(), *tok.eos_id()) == n.tokens.end());
+}
+
 namespace {
 // The textbook distribution: sort every candidate, softmax at the temperature, nucleus prefix
 // cut further by min_p. Returns the kept (id, weight) in order, weights relative to the top one.

@@ -160,8 +160,7 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
 // want (preemption, and prefixes found again in the cache), with sampled sequences among them.
 // In every host mode but auto (which keeps no ring) on `device`, every sequence's tokens are
 // those of the same schedule on `device` in resident mode, whose store is not a ring;
-// the ring's store is smaller than every layer's blocks would be, and the runs preempt (where
-// some layer keeps every key: else the ring bounds what runs at once).
+// the ring's store is smaller than every layer's blocks would be, and the runs preempt.
 inline void expect_ring_gives_resident_tokens(Backend& device, const std::string& dir, const Tokenizer& tok,
                                               const std::string& label, int schedules = 3) {
   std::unique_ptr<Model> model = load_model(device, dir);
@@ -172,16 +171,14 @@ inline void expect_ring_gives_resident_tokens(Backend& device, const std::string
   o.block_tokens = 2;
   o.max_batch = 3;
   o.max_step_tokens = 6;
-  // The bytes of 26 blocks of every layer (52 tokens; with the ring more, fewer than three
-  // sequences of up to 50 tokens take): the runs preempt. When every layer slides, of 10 (the
-  // ring then takes them all: 20 tokens for the windows and chunks of the sequences it admits).
-  // The reference holds them all.
-  const bool all_slide = std::count(spec.windows.begin(), spec.windows.end(), 0) == 0;
+  // The bytes of 26 blocks of every layer (52 tokens, fewer than three sequences of up to 50
+  // tokens take): the runs preempt. The ring (three windows and a step) is smaller. The reference
+  // holds them all.
   auto with_budget = [&](GeneratorOptions g) {
     KvRuntimeOptions kv = g.kv;
     kv.kv_dtype = DType::F32;
     const KvLayout one{1, g.block_tokens, spec.max_position_embeddings};
-    g.kv_cache_bytes = (all_slide ? 10 : 26) * KvRuntime::block_bytes(model->kv_shape(), one, kv);
+    g.kv_cache_bytes = 26 * KvRuntime::block_bytes(model->kv_shape(), one, kv);
     return g;
   };
   int64_t preemptions = 0;
@@ -231,9 +228,7 @@ inline void expect_ring_gives_resident_tokens(Backend& device, const std::string
       EXPECT_EQ(run(*model, om, &preemptions), want) << label << " " << kv_mode_name(m) << ", seed " << seed;
     }
   }
-  if (!all_slide) {
-    EXPECT_GT(preemptions, 0) << label;
-  }
+  EXPECT_GT(preemptions, 0) << label;
 }
 
 // OPT with fp16 weights and an fp16 cache: KVPR and recompute project K/V from the stored X

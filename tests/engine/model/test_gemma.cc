@@ -203,6 +203,12 @@ TEST(Gemma, SlidingLayersMoveOnlyTheirWindow) {
     o.kv_dtype = DType::F32;
     o.kv.mode = mode;
     if (mode == KvMode::Kvpr) o.kv.forced_split = 3;
+    // A store of 40 blocks, which the ring of two sequences' windows and a step of 16 tokens beats.
+    o.max_batch = 2;
+    o.max_step_tokens = 16;
+    KvRuntimeOptions kv = o.kv;
+    kv.kv_dtype = DType::F32;
+    o.kv_cache_bytes = 40 * KvRuntime::block_bytes(model->kv_shape(), KvLayout{1, o.block_tokens, 64}, kv);
     Generator gen(*model, tok, o);
     EXPECT_TRUE(gen.kv_runtime().layout().ring());
     GenerationParams p;
