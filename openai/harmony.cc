@@ -39,7 +39,7 @@ void HarmonyStream::route(Delta& out, const std::string& text) {
     header_ += text;
   } else if (!recipient_.empty()) {
     body_ += text;  // a call's arguments: whole, when the message ends
-  } else if (channel_ == "analysis") {
+  } else if (channel_ == "analysis" || (answer_only_ && channel_ != "final")) {
     out.reasoning += text;
   } else {
     out.content += text;
@@ -136,8 +136,8 @@ HarmonyStream::Delta HarmonyStream::finish() {
   return out;
 }
 
-HarmonyStream::Delta HarmonyStream::parse(std::string_view text) {
-  HarmonyStream s;
+HarmonyStream::Delta HarmonyStream::parse(std::string_view text, bool answer_only) {
+  HarmonyStream s(answer_only);
   Delta a = s.feed(text), b = s.finish();
   a.reasoning += b.reasoning;
   a.content += b.content;

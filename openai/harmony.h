@@ -29,6 +29,9 @@ const std::vector<std::string>& harmony_special_tokens();
 
 class HarmonyStream {
  public:
+  // answer_only: content is the final channel's alone (a constrained answer, whose final
+  // message is the JSON); a preamble (commentary to no one) goes to reasoning then.
+  explicit HarmonyStream(bool answer_only = false) : answer_only_(answer_only) {}
   struct Delta {
     std::string reasoning, content;
     std::vector<ToolCallText> calls;
@@ -39,7 +42,7 @@ class HarmonyStream {
   // End of the output: what is held, and the message in progress.
   Delta finish();
   // A whole answer at once.
-  static Delta parse(std::string_view text);
+  static Delta parse(std::string_view text, bool answer_only = false);
 
  private:
   void close_message(Delta& out);
@@ -54,6 +57,7 @@ class HarmonyStream {
   std::string channel_, recipient_;
   std::string body_;           // a call's arguments, held whole
   std::string pending_;        // a tail that may be a special token's start
+  bool answer_only_ = false;
 };
 
 }  // namespace kvpr

@@ -485,15 +485,22 @@ void parse_chat(const json::Value& o, const ServedModel& served, const Tokenizer
   req.tools = parse_tools(o, served);
   req.harmony = served.chat_template == "harmony";
   if (req.harmony) {
-    // Its channels hold the reasoning before the answer: a constraint (response_format JSON, a
-    // forced tool call) holds for the final channel's message, after its header.
+    // Its channels hold the reasoning before the answer: response_format JSON constrains the final
+    // channel's message, after its header. Its tool calls go to the commentary channel and end
+    // the answer (<|call|>), which a constraint on the final message holds back: a forced call,
+    // or a JSON format beside tools it may call, is refused.
+    if (req.tools.required || !req.tools.named.empty())
+      throw bad_request("'tool_choice' required or naming a function is not supported with gpt-oss's harmony format: "
+                        "its calls go to the commentary channel, not the answer a constraint holds (auto is)",
+                        "tool_choice");
+    const bool constrained = req.sampling.json_object || !req.sampling.json_schema.is_null();
+    if (constrained && req.tools.parse)
+      throw bad_request("'response_format' json_object and json_schema are not supported beside tools with gpt-oss's "
+                        "harmony format (the answer could not end with a call)", "response_format");
     const auto channel = tok.token_to_id("<|channel|>"), message = tok.token_to_id("<|message|>");
-    const bool constrained = req.tools.required || !req.tools.named.empty() || req.sampling.json_object ||
-                             !req.sampling.json_schema.is_null();
     if (constrained && (!channel || !message))
-      throw bad_request("a constrained answer (response_format JSON, tool_choice required or named) needs the "
-                        "harmony format's <|channel|> and <|message|> tokens, which this tokenizer lacks",
-                        req.tools.required || !req.tools.named.empty() ? "tool_choice" : "response_format");
+      throw bad_request("'response_format' JSON needs the harmony format's <|channel|> and <|message|> tokens, which "
+                        "this tokenizer lacks", "response_format");
     if (constrained) {
       req.final_header.push_back(*channel);
       for (int32_t id : tok.encode_ordinary("final")) req.final_header.push_back(id);

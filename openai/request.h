@@ -100,7 +100,7 @@ struct GenerateRequest {
   // come from its channels.
   bool harmony = false;
   // harmony: the ids of "<|channel|>final<|message|>", after which its answer (the final channel's
-  // message) begins: a response_format or forced tool call constrains that message alone
+  // message) begins: a response_format constrains that message alone
   // (GenerationParams::constrain_after).
   std::vector<int32_t> final_header;
   // Special tokens the worker's text leaves out that the answer's parsers read, with their text

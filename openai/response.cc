@@ -160,29 +160,17 @@ json::Value choice_logprobs(const ResponseState& r, const ChoiceState& c, const 
   return lp;
 }
 
-// harmony with tool_choice required or named: the final channel's message (`content`) as the
-// calls it was constrained to, when it is them.
-std::optional<std::vector<ToolCallText>> harmony_forced_calls(const ResponseState& r, const std::string& content) {
-  if (!r.tools.named.empty() && !content.empty()) return std::vector<ToolCallText>{{r.tools.named, content}};
-  if (r.tools.required) return forced_calls(content);
-  return std::nullopt;
-}
-
 // A chat choice's message: content (less reasoning, with a reasoning parser), tool calls as the
 // request's tool_choice has them; *finish becomes "tool_calls" when the answer is calls.
 json::Value chat_message(const ResponseState& r, const ChoiceState& c, std::string* finish, const ResponseContext& ctx) {
   json::Value msg(json::Object{{"role", "assistant"}, {"content", c.text}});
   if (r.harmony) {  // reasoning, answer and calls from the channels
-    HarmonyStream::Delta h = HarmonyStream::parse(c.marked_text);
-    // A forced tool call: the final channel's message is the calls (constrained to them).
-    if (auto forced = harmony_forced_calls(r, h.content)) {
-      for (auto& call : *forced) h.calls.push_back(std::move(call));
-      h.content.clear();
-    }
+    // (A JSON response format: content is the final message alone, the constrained one.)
+    const HarmonyStream::Delta h = HarmonyStream::parse(c.marked_text, r.sampling.json_object || !r.sampling.json_schema.is_null());
     msg.set("content", h.content.empty() && (!h.reasoning.empty() || !h.calls.empty()) ? json::Value()
                                                                                          : json::Value(h.content));
     msg.set("reasoning_content", h.reasoning.empty() ? json::Value() : json::Value(h.reasoning));
-    if (!h.calls.empty() && (r.tools.parse || r.tools.required || !r.tools.named.empty())) {
+    if (!h.calls.empty() && r.tools.parse) {
       msg.set("tool_calls", tool_calls_json(r, h.calls, false, ctx));
       *finish = "tool_calls";
     }
@@ -234,6 +222,8 @@ ResponseState start_response(const GenerateRequest& req, const Prompts& prompts,
       c.prompt = prompts.ids[pi];
       if (req.sampling.echo) c.echo_text = prompts.texts[pi];
       if (req.tools.parse && !req.harmony) c.tool_stream = ToolCallStream(req.tools.parser);
+      // harmony with a JSON response format: content is the final message alone.
+      if (req.harmony) c.harmony = HarmonyStream(req.sampling.json_object || !req.sampling.json_schema.is_null());
       r.choices.push_back(std::move(c));
     }
   return r;
@@ -396,19 +386,7 @@ class ChunkWriter {
       d.content += rest.content;
       for (auto& call : rest.calls) d.calls.push_back(std::move(call));
     }
-    if (r_.tools.required || !r_.tools.named.empty()) {  // the final channel is the calls: whole, at the end
-      c_.forced += d.content;
-      d.content.clear();
-      if (finished) {
-        if (auto forced = harmony_forced_calls(r_, c_.forced)) {
-          for (auto& call : *forced) d.calls.push_back(std::move(call));
-        } else {
-          d.content = c_.forced;
-        }
-      }
-    } else if (!r_.tools.parse) {
-      d.calls.clear();  // no tools asked for: nothing is a call
-    }
+    if (!r_.tools.parse) d.calls.clear();  // no tools asked for: nothing is a call
     if (!d.reasoning.empty() || !d.content.empty()) {
       json::Object delta;
       if (!d.reasoning.empty()) delta.emplace_back("reasoning_content", d.reasoning);

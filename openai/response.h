@@ -44,7 +44,6 @@ struct ChoiceState {
   ToolCallStream tool_stream;   // with tools
   HarmonyStream harmony;        // the harmony format's (gpt-oss)
   size_t calls_sent = 0;        // harmony: the calls streamed so far
-  std::string forced;           // harmony with a forced tool call: the final channel so far (the calls)
   size_t lp_sent = 0;     // tokens whose logprobs went out
   int64_t lp_offset = 0;  // text offset of the next token (completions)
 };

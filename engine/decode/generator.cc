@@ -237,6 +237,9 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
     for (int32_t e : tok_.extra_eos_ids()) seq->end_ids.push_back(e);
   }
   for (int32_t e : params.stop_token_ids) seq->end_ids.push_back(e);
+  for (int32_t t : params.constrain_after)  // held back until it is written: it never would be
+    KVPR_CHECK(!seq->json || std::find(seq->end_ids.begin(), seq->end_ids.end(), t) == seq->end_ids.end(),
+               "constrain_after id ", t, " also ends the sequence");
   waiting_.push_back(std::move(seq));
   return id;
 }
@@ -368,10 +371,10 @@ bool Generator::admit(Sequence& s) {
   if (window_pool_) {
     // Blocks for its window beside those it finds (all it takes alone: a lone sequence always
     // fits, plan_ring's ring holding a window and a step).
-    const int64_t rest = static_cast<int64_t>(need.size()) - static_cast<int64_t>(cached.size());
     const int64_t found = hits - std::max<int64_t>(0, hits * pool_->block_tokens() + 1 - window_pool_->window()) /
                                      pool_->block_tokens();
-    const int64_t window = std::max<int64_t>(1, window_pool_->blocks_for(std::min(rest, window_pool_->window())) + 1 - found);
+    const int64_t window = std::max<int64_t>(
+        1, window_pool_->blocks_for(std::min(static_cast<int64_t>(need.size()), window_pool_->window())) + 1 - found);
     if (!window_pool_->can_admit(cached, running_.empty() ? 0 : running + window, hits, salt)) return false;
   }
   std::vector<BlockPool::Copy> copies;

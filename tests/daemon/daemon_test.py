@@ -1031,7 +1031,7 @@ def new_families():
     added). Gemma: the model's own template in Gemma's turn format, the answer ending at
     generation_config's <end_of_turn>. gpt-oss: the harmony format built in, its analysis channel
     as reasoning_content, a commentary message to=functions.get_weather as a tool call, whole and
-    streamed; a response_format and a named tool choice constraining the final channel. Phi: an
+    streamed; a JSON response_format constraining the final channel, forced calls refused. Phi: an
     answer that takes the sequence past longrope's original context, the sequence computed again
     once there, counted."""
     words = " one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen"
@@ -1098,9 +1098,8 @@ def new_families():
               not any(x["delta"].get("content") for x in deltas) and deltas[-1]["finish_reason"] == "tool_calls", deltas)
     finally:
         d.stop()
-    # A constrained answer is the final channel's message: response_format json_schema gives it as
-    # content, tool_choice naming a function as the call's arguments (the model writes them
-    # there, as the constraint allows).
+    # A JSON response format constrains the final channel's message, the content; a forced tool
+    # call is refused by name (its calls go to the commentary channel).
     model, ids = chain_model("gpt-oss-final", "qwen2-tokenizer", '<|channel|>final<|message|>{"city":"Oslo"}', 77091,
                              151670, model_type="gpt_oss", added=added, special=True)  # then <|return|>
     d, log = single_worker(model, "--served-model-name", "o", "--chat-template", "harmony")
@@ -1111,18 +1110,16 @@ def new_families():
         c = body["choices"][0] if st == 200 else {}
         check("gpt-oss: response_format json_schema constrains the final channel, the content",
               c.get("message", {}).get("content") == '{"city":"Oslo"}' and c.get("finish_reason") == "stop", body)
-        named = {"type": "function", "function": {"name": "get_weather"}}
-        st, body = d.post("/v1/chat/completions", dict(req, tool_choice=named))
-        c = body["choices"][0] if st == 200 else {}
-        calls = c.get("message", {}).get("tool_calls", [])
-        check("gpt-oss: tool_choice naming get_weather: the final channel is its arguments",
-              c.get("finish_reason") == "tool_calls" and len(calls) == 1 and
-              calls[0]["function"] == {"name": "get_weather", "arguments": '{"city":"Oslo"}'}, body)
-        events, _ = d.stream("/v1/chat/completions", dict(req, tool_choice=named, stream=True))
-        deltas = [e["choices"][0] for e in events[:-1] if e["choices"]]
-        check("gpt-oss streamed, tool_choice named: the call, finish tool_calls",
-              [t["function"] for x in deltas for t in x["delta"].get("tool_calls", [])] == [calls[0]["function"]] and
-              deltas[-1]["finish_reason"] == "tool_calls", deltas)
+        events, _ = d.stream("/v1/chat/completions", dict(req, tools=None, stream=True, response_format={
+            "type": "json_schema", "json_schema": {"name": "place", "schema": schema}}))
+        check("gpt-oss streamed, response_format json_schema: the same content",
+              "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"]) ==
+              '{"city":"Oslo"}', events)
+        st, body = d.post("/v1/chat/completions", dict(req, tool_choice="required"))
+        check("gpt-oss: tool_choice required refused by name", st == 400 and body["error"]["param"] == "tool_choice", body)
+        st, body = d.post("/v1/chat/completions", dict(req, response_format={"type": "json_object"}))
+        check("gpt-oss: a JSON format beside tools refused by name",
+              st == 400 and body["error"]["param"] == "response_format", body)
     finally:
         d.stop()
     model, ids = chain_model("gpt-oss-think", "qwen2-tokenizer", "<|channel|>analysis<|message|>Check the weather.<|end|>",

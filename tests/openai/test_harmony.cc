@@ -155,57 +155,35 @@ TEST(Harmony, ResponsesFromEventsWhoseTextLeavesTheFormatOut) {
             "get");
 }
 
-// tool_choice naming a function or required: the final channel's message, constrained to the
-// function's arguments or to a list of calls, is the calls (after the reasoning), whole and
-// streamed; an answer cut off before it is whole stays content.
-TEST(Harmony, ForcedToolCallsAreTheFinalChannel) {
-  struct Case {
-    std::string named, final_text, name, arguments, finish;
-  };
-  const std::vector<Case> cases = {
-      {"get_weather", "{\"city\":\"Oslo\"}", "get_weather", "{\"city\":\"Oslo\"}", "tool_calls"},
-      {"", "[{\"name\":\"get_time\",\"parameters\":{\"zone\":\"CET\"}}]", "get_time", "{\"zone\": \"CET\"}",
-       "tool_calls"},
-      {"", "[{\"name\":\"get_ti", "", "", "length"}};
-  for (const Case& k : cases) {
+// A JSON response format constrains the final channel's message: content is that message alone
+// (a preamble, commentary to no one, goes to reasoning then), whole and streamed; without one a
+// preamble is content, as before.
+TEST(Harmony, AJsonFormatsContentIsTheFinalMessageAlone) {
+  for (bool json_format : {true, false}) {
     ResponseState r = harmony_response();
-    r.tools.named = k.named;
-    r.tools.required = k.named.empty();
+    if (json_format) r.sampling.json_object = true;
+    r.choices[0].harmony = HarmonyStream(json_format);  // (as start_response sets it)
     std::vector<EngineEvent> events = {special(r, "<|channel|>"), token_event(5, "analysis"), special(r, "<|message|>"),
                                        token_event(6, "Check."), special(r, "<|end|>"), special(r, "<|start|>"),
-                                       token_event(7, "assistant"), special(r, "<|channel|>"), token_event(8, "final"),
-                                       special(r, "<|message|>")};
-    for (size_t at = 0; at < k.final_text.size(); at += 5)  // in pieces
-      events.push_back(token_event(9, k.final_text.substr(at, 5)));
-    if (k.finish == "tool_calls") events.push_back(special(r, "<|return|>"));
-    events.push_back(finish_event(k.finish == "tool_calls" ? "stop" : k.finish));
+                                       token_event(7, "assistant"), special(r, "<|channel|>"),
+                                       token_event(8, "commentary"), special(r, "<|message|>"),
+                                       token_event(9, "Formatting."), special(r, "<|end|>"), special(r, "<|start|>"),
+                                       token_event(7, "assistant"), special(r, "<|channel|>"), token_event(10, "final"),
+                                       special(r, "<|message|>"), token_event(11, "{\"a\":"), token_event(12, "1}"),
+                                       special(r, "<|return|>"), finish_event("stop")};
     IdMaker ids;
     const ResponseContext ctx{qwen_tokenizer(), false, ids};
     const StreamedChat st = add_and_stream(r, events, ctx);
-    const std::string& reasoning = st.reasoning;
-    const std::string& content = st.content;
-    const std::string& finish = st.finish;
-    const json::Array& calls = st.calls;
     const json::Value body = response_json(r, ctx);
-    const json::Value& choice = body.find("choices")->as_array().at(0);
-    const json::Value& msg = *choice.find("message");
-    EXPECT_EQ(reasoning, "Check.") << k.final_text;
-    EXPECT_EQ(msg.find("reasoning_content")->as_string(), "Check.");
-    EXPECT_EQ(finish, k.finish) << k.final_text;
-    EXPECT_EQ(choice.find("finish_reason")->as_string(), k.finish);
-    if (k.finish != "tool_calls") {  // no calls: the text as it came
-      EXPECT_EQ(content, k.final_text);
-      EXPECT_EQ(msg.find("content")->as_string(), k.final_text);
-      EXPECT_TRUE(calls.empty());
-      continue;
-    }
-    EXPECT_EQ(content, "");
-    EXPECT_TRUE(msg.find("content")->is_null());
-    for (const json::Array& got : {calls, msg.find("tool_calls")->as_array()}) {
-      ASSERT_EQ(got.size(), 1u) << k.final_text;
-      EXPECT_EQ(got[0].find("function")->find("name")->as_string(), k.name);
-      EXPECT_EQ(got[0].find("function")->find("arguments")->as_string(), k.arguments);
-    }
+    const json::Value& msg = *body.find("choices")->as_array().at(0).find("message");
+    const std::string content = json_format ? "{\"a\":1}" : "Formatting.{\"a\":1}";
+    const std::string reasoning = json_format ? "Check.Formatting." : "Check.";
+    EXPECT_EQ(st.content, content);
+    EXPECT_EQ(msg.find("content")->as_string(), content);
+    EXPECT_EQ(st.reasoning, reasoning);
+    EXPECT_EQ(msg.find("reasoning_content")->as_string(), reasoning);
+    EXPECT_EQ(st.finish, "stop");
+    EXPECT_TRUE(st.calls.empty());
   }
 }
 

@@ -858,11 +858,17 @@ TEST(Generation, ConstraintAfterAHeaderKeepsTheRestJson) {
   never.ignore_eos = false;
   never.max_new_tokens = 12;
   never.json_object = true;
-  never.constrain_after = {*tok.eos_id()};  // (held back: never chosen)
+  const int32_t banned = tok.encode("{")[0];
+  never.constrain_after = {banned};
+  never.sampling.logit_bias = {{banned, -100.f}};  // (never chosen)
   auto n = gen.generate_all({prompt}, never)[0];
   EXPECT_EQ(n.finish, FinishReason::Length);
   EXPECT_EQ(n.tokens.size(), 12u);
   EXPECT_TRUE(std::find(n.tokens.begin(), n.tokens.end(), *tok.eos_id()) == n.tokens.end());
+  // A header with an end id could never be written (held back until it is): refused.
+  GenerationParams ends = never;
+  ends.constrain_after = {*tok.eos_id()};
+  EXPECT_THROW(gen.add(prompt, ends), Error);
 }
 
 namespace {
