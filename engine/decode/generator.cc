@@ -51,6 +51,11 @@ Generator::~Generator() = default;
 
 namespace {
 
+// The sequences that may run at once: max-batch, else 8 where the device is the host, 256 on a GPU.
+int64_t running_cap(const GeneratorOptions& opts, bool device_is_host) {
+  return opts.max_batch > 0 ? opts.max_batch : device_is_host ? 8 : 256;
+}
+
 constexpr double kHostShare = 0.9;  // of the host's available memory, the rest the system's
 // The prefix cache's salt of blocks computed with longrope's long factors: they are found only
 // by sequences that turn by them too.
@@ -75,7 +80,7 @@ void Generator::plan_ring(KvPlan& plan, const GeneratorOptions& opts, const Mode
   for (int64_t w : spec.windows) widest = std::max(widest, w);
   // (A window as long as the context never lets a block go: Phi-3.5's 262144 of 131072.)
   if (!kv_mode_rings_windows(plan.kv.mode) || widest == 0 || widest >= L.max_tokens) return;
-  const int64_t running = opts.max_batch > 0 ? opts.max_batch : backend && !backend->device_is_host() ? 256 : 8;
+  const int64_t running = running_cap(opts, !backend || backend->device_is_host());
   const int64_t ring = running * (L.blocks_for(widest) + 3) + L.blocks_for(opts.max_step_tokens + running);
   if (ring >= L.blocks) return;
   L.window_blocks = ring;
@@ -168,7 +173,7 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, const GeneratorOp
   if (plan.layout.ring())
     window_pool_ = std::make_unique<BlockPool>(plan.layout.window_blocks, plan.layout.block_tokens, plan.layout.window_tokens);
   long_rope_after_ = model.spec().long_rope_after;
-  max_batch_ = opts.max_batch > 0 ? static_cast<size_t>(opts.max_batch) : model.backend().device_is_host() ? 8 : 256;
+  max_batch_ = static_cast<size_t>(running_cap(opts, model.backend().device_is_host()));
   prefix_caching_ = opts.prefix_caching;
   KVPR_CHECK(opts.speculative_tokens >= 0 && opts.speculative_tokens <= 64, "speculative_tokens must be in 0..64");
   KVPR_CHECK(opts.prompt_lookup_min >= 1 && opts.prompt_lookup_max >= opts.prompt_lookup_min,
@@ -325,13 +330,15 @@ void Generator::finish(Sequence& s, FinishReason r, bool flush_decoder, std::vec
 void Generator::release_blocks(Sequence& s) {
   if (!pool_->holds(s.key())) return;
   // The blocks of every token that went through the model stay cached for later prompts.
+  commit_blocks(s);
+  pool_->release(s.key());
+  if (window_pool_) window_pool_->release(s.key());
+}
+
+void Generator::commit_blocks(Sequence& s) {
   const auto done = std::span<const int32_t>(s.all).first(static_cast<size_t>(s.past_len));
   pool_->commit(s.key(), done);
-  pool_->release(s.key());
-  if (window_pool_) {
-    window_pool_->commit(s.key(), done);
-    window_pool_->release(s.key());
-  }
+  if (window_pool_) window_pool_->commit(s.key(), done);
 }
 
 bool Generator::extend_blocks(Sequence& s, int64_t tokens) {
@@ -371,8 +378,7 @@ bool Generator::admit(Sequence& s) {
   if (window_pool_) {
     // Blocks for its window beside those it finds (all it takes alone: a lone sequence always
     // fits, plan_ring's ring holding a window and a step).
-    const int64_t found = hits - std::max<int64_t>(0, hits * pool_->block_tokens() + 1 - window_pool_->window()) /
-                                     pool_->block_tokens();
+    const int64_t found = hits - window_pool_->first_block_read(hits * pool_->block_tokens());
     const int64_t window = std::max<int64_t>(
         1, window_pool_->blocks_for(std::min(static_cast<int64_t>(need.size()), window_pool_->window())) + 1 - found);
     if (!window_pool_->can_admit(cached, running_.empty() ? 0 : running + window, hits, salt)) return false;
@@ -904,12 +910,9 @@ void Generator::emit(StepPlan& p, StepChoices& ch, const LogitsObserver& observe
     // Its blocks now hold what went through the model (rejected drafts' blocks go back); full
     // ones can be shared from here on.
     if (s.done) continue;
-    const auto done = std::span<const int32_t>(s.all).first(static_cast<size_t>(s.past_len));
-    pool_->commit(s.key(), done);
-    if (window_pool_) {  // the ring keeps what its next query's window reads
-      window_pool_->commit(s.key(), done);
-      window_pool_->trim(s.key(), s.past_len + 1 - window_pool_->window());
-    }
+    commit_blocks(s);
+    // The ring keeps what its next query's window reads.
+    if (window_pool_) window_pool_->trim(s.key(), s.past_len + 1 - window_pool_->window());
   }
 }
 

@@ -150,6 +150,7 @@ class Generator {
   bool reserve_blocks(Sequence& s, int64_t tokens, std::vector<StepOutput>& out);
   void preempt(Sequence& s);
   void release_blocks(Sequence& s);  // its blocks back to the pool, their K/V kept cached
+  void commit_blocks(Sequence& s);   // its tables (and its ring's) hold its first past_len tokens
   // The schema compiled; RequestRefused("json_schema") when it cannot be (or was refused lately).
   std::shared_ptr<const JsonSchema> compiled_schema(const json::Value& schema);
   std::string take_visible_text(Sequence& s, bool final);

@@ -47,6 +47,10 @@ class BlockPool {
 
   int64_t block_tokens() const { return block_tokens_; }
   int64_t window() const { return window_; }
+  // The first block the window of a query at `position` reads (0 without a window).
+  int64_t first_block_read(int64_t position) const {
+    return window_ > 0 ? std::max<int64_t>(0, position + 1 - window_) / block_tokens_ : 0;
+  }
   int64_t total_blocks() const { return static_cast<int64_t>(ref_.size()); }
   // Blocks no sequence holds: free (no content) and cached (a full block's content kept).
   int64_t free_blocks() const { return static_cast<int64_t>(empty_.size() + cached_.size()); }
@@ -119,10 +123,6 @@ class BlockPool {
   // A new sequence's first `hits` blocks from the cache (match_blocks' at most): kNone below the
   // window of the token after them.
   std::vector<Block> cached_prefix(std::span<const int32_t> tokens, uint64_t salt, int64_t hits) const;
-  // The first block the window of a query at `position` reads (0 without a window).
-  int64_t first_block_read(int64_t position) const {
-    return window_ > 0 ? std::max<int64_t>(0, position + 1 - window_) / block_tokens_ : 0;
-  }
   // A block no one holds: the lowest-numbered empty one (so a batch admitted together takes
   // consecutive blocks, whose copies merge), else the least recently freed cached one, its hash
   // forgotten.
