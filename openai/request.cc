@@ -439,6 +439,12 @@ std::string content_of(const json::Value& m, bool only_calls) {
   if (!content || !content->is_array()) throw bad_request("each message needs 'content' (a string or text parts)", "messages");
   std::string text;
   for (const auto& part : content->as_array()) {
+    // An image or audio part (a multimodal wrapper's checkpoint is served as its text model) is
+    // refused by its type.
+    const json::Value* type = part.is_object() ? field(part, "type") : nullptr;
+    if (type && type->is_string() && type->as_string() != "text")
+      throw bad_request("content parts of type '" + type->as_string() + "' are not supported (kvprd serves text: "
+                        "parts of type 'text')", "messages");
     const json::Value* t = part.is_object() ? field(part, "text") : nullptr;
     if (!t || !t->is_string()) throw bad_request("only text content parts are supported", "messages");
     text += t->as_string();

@@ -643,28 +643,43 @@ def npm_clients(port, model, *args, env=None):
     return node_client("npm_clients_test.mjs", port, model, *args, env=env)
 
 
-def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2", bos=151643, eos=151645, detour=None):
-    """A one-layer Qwen2 (or Llama, Gemma 2, gpt-oss, Phi-3) whose greedy answer is a given token sequence:
+def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2", bos=151643, eos=151645, detour=None,
+                      wrapper=None):
+    """A one-layer Qwen2 (or Llama, Gemma 2, Gemma 3, gpt-oss, Phi-3) whose greedy answer is a given token sequence:
     token chain[i] embeds as the unit vector e_i and the untied LM head maps e_i to chain[i + 1];
     every attention and MLP weight and bias is zero, so each position's hidden state is its own
     embedding (Gemma's scaled, its norms' zero offsets a gain of 1, its soft-caps keeping the
     order). A real model run through the real engine, built so that its output (a tool call) is
-    known. `detour`: an id that chain[0] prefers to chain[1] (logit 20 against 10)."""
+    known. `detour`: an id that chain[0] prefers to chain[1] (logit 20 against 10). `wrapper`: the
+    text model inside a multimodal checkpoint, as the hub stores them: "gemma3" (Gemma-3-4B's
+    Gemma3ForConditionalGeneration, the names transformers wrote before 4.52:
+    language_model.model.*, language_model.lm_head) or "mistral3" (Mistral-Small-3.1's, the names
+    it writes since: model.language_model.*, lm_head), its config's text_config, a vision tower
+    and projector beside it."""
     import struct
     assert len(chain) <= hidden and len(set(chain[:-1])) == len(chain) - 1
     config = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=16, num_hidden_layers=1,
                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, rms_norm_eps=1e-6,
                   rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False, model_type=model_type,
                   torch_dtype="float32", bos_token_id=bos, eos_token_id=eos)
-    if model_type == "gemma2":
+    if model_type in ("gemma2", "gemma3_text"):
         config.update(head_dim=hidden // 2, query_pre_attn_scalar=hidden // 2, sliding_window=4,
-                      hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+                      hidden_activation="gelu_pytorch_tanh")
+    if model_type == "gemma2":
+        config.update(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    if model_type == "gemma3_text":  # its one layer slides (5 local : 1 global)
+        config.update(sliding_window_pattern=6, rope_local_base_freq=10000.0)
     if model_type == "gpt_oss":
         config.update(head_dim=hidden // 2, num_local_experts=2, num_experts_per_tok=1, sliding_window=128,
                       attention_bias=True, rope_theta=150000.0)
     if model_type == "phi3":  # Phi-3.5's longrope, its original context 16 tokens
         config.update(original_max_position_embeddings=16,
                       rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8})
+    if wrapper:  # the fields the wrappers keep at the top level
+        top = {k: config.pop(k) for k in ("torch_dtype", "bos_token_id", "eos_token_id", "tie_word_embeddings")}
+        config = dict(top, model_type=wrapper, text_config=config, vision_config={"hidden_size": 8},
+                      architectures=["Gemma3ForConditionalGeneration" if wrapper == "gemma3" else
+                                     "Mistral3ForConditionalGeneration"])
     json.dump(config, open(os.path.join(model, "config.json"), "w"))
     kvw, p = hidden // 2, "model.layers.0."
     shapes = {"model.embed_tokens.weight": [vocab, hidden], "lm_head.weight": [vocab, hidden],
@@ -677,8 +692,11 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
               p + "mlp.down_proj.weight": [hidden, 16]}
     if model_type != "qwen2":
         shapes = {k: v for k, v in shapes.items() if not k.endswith("proj.bias")}
-    if model_type == "gemma2":  # the MLP's input norm, and the norms of the attention's and the MLP's outputs
+    gemma = model_type in ("gemma2", "gemma3_text")
+    if gemma:  # the MLP's input norm, and the norms of the attention's and the MLP's outputs
         shapes.update({p + n + ".weight": [hidden] for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm")})
+    if model_type == "gemma3_text":  # per-head query and key norms
+        shapes.update({p + "self_attn.q_norm.weight": [hidden // 2], p + "self_attn.k_norm.weight": [hidden // 2]})
     if model_type == "gpt_oss":  # biases everywhere, sinks, a router and two experts in transformers' layout
         shapes = {k: v for k, v in shapes.items() if ".mlp." not in k}
         shapes.update({p + "self_attn.q_proj.bias": [hidden], p + "self_attn.k_proj.bias": [kvw],
@@ -695,7 +713,7 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
         for dim in shape:
             n *= dim
         data = bytearray(4 * n)
-        if name.endswith("norm.weight") and model_type != "gemma2":  # (Gemma's gains are 1 + w: w = 0)
+        if name.endswith("norm.weight") and not gemma:  # (Gemma's gains are 1 + w: w = 0)
             data = bytearray(struct.pack(f"<{n}f", *([1.0] * n)))
         elif name == "model.embed_tokens.weight":
             for i, t in enumerate(chain):
@@ -708,6 +726,16 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
         header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(data)]}
         offset += len(data)
         blobs.append(data)
+    if wrapper == "gemma3":
+        header = {"language_model." + k: v for k, v in header.items()}
+        tower = ("vision_tower.vision_model.embeddings.patch_embedding.weight", "multi_modal_projector.mm_input_projection_weight")
+    if wrapper == "mistral3":
+        header = {(k if k == "lm_head.weight" else "model.language_model." + k[len("model."):]): v for k, v in header.items()}
+        tower = ("model.vision_tower.transformer.layers.0.attention.q_proj.weight", "model.multi_modal_projector.linear_1.weight")
+    for name in tower if wrapper else ():  # the vision side, which the text model does not read
+        header[name] = {"dtype": "F32", "shape": [8, 8], "data_offsets": [offset, offset + 256]}
+        offset += 256
+        blobs.append(bytearray(256))
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     with open(os.path.join(model, "model.safetensors"), "wb") as f:
@@ -1026,7 +1054,7 @@ def kv_sized_by_memory():
 
 
 def new_families():
-    """kvprd serving Gemma 2, gpt-oss and Phi-3.5 end to end (one-layer chain models of their real
+    """kvprd serving Gemma 2, Gemma 3's and Mistral 3's multimodal wrappers, gpt-oss and Phi-3.5 end to end (one-layer chain models of their real
     architectures, write_chain_model, with Qwen2.5's tokenizer and the families' special tokens
     added). Gemma: the model's own template in Gemma's turn format, the answer ending at
     generation_config's <end_of_turn>. gpt-oss: the harmony format built in, its analysis channel
@@ -1070,6 +1098,43 @@ def new_families():
         check("gemma2: served, its template rendered, the answer ends at <end_of_turn>",
               c.get("message", {}).get("content") == "Hi there!" and c.get("finish_reason") == "stop" and
               body["usage"]["completion_tokens"] == len(ids) + 1, (body, log[-800:]))
+    finally:
+        d.stop()
+    # The multimodal checkpoints' text models: Gemma-3-4B's wrapper (its text weights under
+    # language_model.model.) and Mistral-Small-3.1's (under model.language_model., as transformers
+    # writes them since 4.52), each with a vision tower that is not read; text parts served, an
+    # image part refused by name.
+    model, ids = chain_model("gemma3-wrapper", "qwen2-tokenizer", "Hi there!", 198, 151666, model_type="gemma3_text",
+                             wrapper="gemma3", added=((151665, "<start_of_turn>"), (151666, "<end_of_turn>")),
+                             special=True)
+    cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
+    cfg["chat_template"] = gemma_template
+    json.dump(cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
+    d, log = single_worker(model, "--served-model-name", "g3", "--kv-mode", "kvpr",
+                           generation_config={"eos_token_id": [151645, 151666]})
+    try:
+        parts = [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]
+        st, body = d.post("/v1/chat/completions", {"model": "g3", "messages": [{"role": "user", "content": parts}],
+                                                   "temperature": 0, "max_tokens": 20})
+        c = body["choices"][0] if st == 200 else {}
+        check("gemma3 wrapper: its text model served from language_model.model., text parts joined",
+              c.get("message", {}).get("content") == "Hi there!" and c.get("finish_reason") == "stop" and
+              body["usage"]["completion_tokens"] == len(ids) + 1, (body, log[-800:]))
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+        st, body = d.post("/v1/chat/completions", {"model": "g3", "messages": [{"role": "user", "content": [image]}]})
+        check("gemma3 wrapper: an image part refused by name (400, messages)",
+              st == 400 and body["error"]["param"] == "messages" and "image_url" in body["error"]["message"], body)
+    finally:
+        d.stop()
+    model, ids = chain_model("mistral3-wrapper", "qwen2-tokenizer", "Bonjour!", 198, 151645, model_type="mistral",
+                             wrapper="mistral3")  # the tokenizer's ChatML template: after "assistant\n"
+    d, log = single_worker(model, "--served-model-name", "m3")
+    try:
+        st, body = d.post("/v1/chat/completions", {"model": "m3", "messages": [{"role": "user", "content": "Salut"}],
+                                                   "temperature": 0, "max_tokens": 20})
+        c = body["choices"][0] if st == 200 else {}
+        check("mistral3 wrapper: its text model served from model.language_model., the head from lm_head",
+              c.get("message", {}).get("content") == "Bonjour!" and c.get("finish_reason") == "stop", (body, log[-800:]))
     finally:
         d.stop()
 
