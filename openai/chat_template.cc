@@ -381,8 +381,8 @@ std::string typescript_type(const json::Value& spec, int depth = 0) {
 // gpt-oss's harmony format, as its model card and chat template describe it: a system message
 // (identity, knowledge cutoff, today's date, reasoning effort from chat_template_kwargs'
 // reasoning_effort, "medium" by default, and the channels), a developer message with the
-// instructions (the conversation's system message) and the tools as a TypeScript namespace
-// `functions`, then each message "<|start|>{role}<|message|>{content}<|end|>"; an assistant's
+// instructions (the conversation's system message), the tools as a TypeScript namespace
+// `functions` and a response format's schema ("# Response Formats"), then each message "<|start|>{role}<|message|>{content}<|end|>"; an assistant's
 // answer in the final channel (earlier reasoning dropped), its calls each a commentary message
 // "to=functions.NAME" ending <|call|> (its reasoning, when no later answer follows, before them
 // in the analysis channel), a tool's result a message from functions.NAME to the assistant
@@ -405,7 +405,9 @@ void render_harmony(const std::vector<ChatMessage>& messages, const ChatOptions&
     instructions = messages[0].content;
     i = 1;
   }
-  if (!instructions.empty() || tools) {
+  const json::Value* format_schema =
+      options.response_format.is_object() ? options.response_format.find("schema") : nullptr;
+  if (!instructions.empty() || tools || format_schema) {
     r->prompt += "<|start|>developer<|message|>";
     if (!instructions.empty()) r->prompt += "# Instructions\n\n" + instructions + "\n\n";
     if (tools) {
@@ -439,6 +441,14 @@ void render_harmony(const std::vector<ChatMessage>& messages, const ChatOptions&
         r->prompt += "}) => any;\n\n";
       }
       r->prompt += "} // namespace functions";
+    }
+    if (format_schema) {  // what the constraint will hold the final message to, told to the model
+      const json::Value* name = options.response_format.find("name");
+      const json::Value* desc = options.response_format.find("description");
+      if (tools) r->prompt += "\n\n";
+      r->prompt += "# Response Formats\n\n## " + (name && name->is_string() ? name->as_string() : "response") + "\n\n";
+      if (desc && desc->is_string() && !desc->as_string().empty()) r->prompt += "// " + desc->as_string() + "\n";
+      r->prompt += format_schema->dump();
     }
     r->prompt += "<|end|>";
   }

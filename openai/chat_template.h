@@ -84,6 +84,8 @@ struct ChatOptions {
                                 // reads any; the built-in ones only enable_thinking)
   json::Array tools;            // the request's tools ({"type": "function", "function": {...}}),
                                 // written into the system turn by templates that take tools
+  json::Value response_format;  // harmony: response_format's json_schema ({name, description, schema}),
+                                // written into the developer message as its "# Response Formats"
 };
 
 struct RenderedChat {

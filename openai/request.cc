@@ -493,21 +493,30 @@ void parse_chat(const json::Value& o, const ServedModel& served, const Tokenizer
   if (req.harmony) {
     // Its channels hold the reasoning before the answer: response_format JSON constrains the final
     // channel's message, after its header. Its tool calls go to the commentary channel and end
-    // the answer (<|call|>), which a constraint on the final message holds back: a forced call,
-    // or a JSON format beside tools it may call, is refused.
-    if (req.tools.required || !req.tools.named.empty())
-      throw bad_request("'tool_choice' required or naming a function is not supported with gpt-oss's harmony format: "
-                        "its calls go to the commentary channel, not the answer a constraint holds (auto is)",
-                        "tool_choice");
+    // the answer (<|call|>), which a constraint on the final message holds back: a JSON format
+    // beside tools it may call is refused. A forced call skips the reasoning: the prompt opens
+    // the call's message (named: "<|channel|>commentary to=functions.NAME <|constrain|>json
+    // <|message|>", the message the model writes for a call), or, for required, a final message
+    // holding the list of calls (the name is a choice among the tools, which the JSON list's schema
+    // makes); the answer is that message's body, constrained from its first token.
+    const bool forced = req.tools.required || !req.tools.named.empty();
     const bool constrained = req.sampling.json_object || !req.sampling.json_schema.is_null();
     if (constrained && req.tools.parse)
       throw bad_request("'response_format' json_object and json_schema are not supported beside tools with gpt-oss's "
                         "harmony format (the answer could not end with a call)", "response_format");
     const auto channel = tok.token_to_id("<|channel|>"), message = tok.token_to_id("<|message|>");
-    if (constrained && (!channel || !message))
-      throw bad_request("'response_format' JSON needs the harmony format's <|channel|> and <|message|> tokens, which "
-                        "this tokenizer lacks", "response_format");
-    if (constrained) {
+    if ((constrained || forced) && (!channel || !message))
+      throw bad_request("a constrained answer needs the harmony format's <|channel|> and <|message|> tokens, which "
+                        "this tokenizer lacks", forced ? "tool_choice" : "response_format");
+    if (forced) {
+      req.answer_opening = !req.tools.named.empty()
+                               ? "<|channel|>commentary to=functions." + req.tools.named + " <|constrain|>json<|message|>"
+                               : "<|channel|>final<|message|>";
+    } else if (constrained) {
+      const json::Value* rf = field(o, "response_format");  // json_schema's: the developer message shows it
+      const json::Value* type = rf ? field(*rf, "type") : nullptr;
+      if (type && type->is_string() && type->as_string() == "json_schema")
+        req.chat_options.response_format = *field(*rf, "json_schema");
       req.final_header.push_back(*channel);
       for (int32_t id : tok.encode_ordinary("final")) req.final_header.push_back(id);
       req.final_header.push_back(*message);
@@ -632,6 +641,7 @@ Prompts make_prompts(GenerateRequest& req, const ServedModel& served, const Toke
     } catch (const Error& e) {  // what the template refuses (its raise_exception), or tools it has none for
       throw bad_request(e.what(), "messages");
     }
+    rc.prompt += req.answer_opening;
     for (auto& st : rc.stop) s.stop.push_back(st);
     for (const auto& t : rc.stop_tokens)
       if (auto id = tok.token_to_id(t)) s.stop_token_ids.push_back(*id);

@@ -103,6 +103,11 @@ struct GenerateRequest {
   // message) begins: a response_format constrains that message alone
   // (GenerationParams::constrain_after).
   std::vector<int32_t> final_header;
+  // harmony with a forced call (tool_choice required or named): the assistant message the prompt
+  // opens, whose body the answer is (then constrained from its first token, and read as the
+  // arguments or the list of calls, as other templates' forced calls are): the named function's
+  // commentary call, or a final message holding the list.
+  std::string answer_opening;
   // Special tokens the worker's text leaves out that the answer's parsers read, with their text
   // (mistral's [TOOL_CALLS], harmony's): written into the text where the model emitted them.
   std::vector<std::pair<int32_t, std::string>> markers;

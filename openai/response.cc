@@ -211,7 +211,8 @@ ResponseState start_response(const GenerateRequest& req, const Prompts& prompts,
   r.chat = req.chat;
   r.sampling = req.sampling;
   r.tools = req.tools;
-  r.harmony = req.harmony;
+  // (A forced call's answer is the body of a message its prompt opened: the arguments or the list.)
+  r.harmony = req.harmony && req.answer_opening.empty();
   r.markers = req.markers;
   r.id = std::move(id);
   r.created = created;
@@ -223,7 +224,7 @@ ResponseState start_response(const GenerateRequest& req, const Prompts& prompts,
       if (req.sampling.echo) c.echo_text = prompts.texts[pi];
       if (req.tools.parse && !req.harmony) c.tool_stream = ToolCallStream(req.tools.parser);
       // harmony with a JSON response format: content is the final message alone.
-      if (req.harmony) c.harmony = HarmonyStream(req.sampling.json_object || !req.sampling.json_schema.is_null());
+      if (r.harmony) c.harmony = HarmonyStream(req.sampling.json_object || !req.sampling.json_schema.is_null());
       r.choices.push_back(std::move(c));
     }
   return r;

@@ -1059,7 +1059,7 @@ def new_families():
     added). Gemma: the model's own template in Gemma's turn format, the answer ending at
     generation_config's <end_of_turn>. gpt-oss: the harmony format built in, its analysis channel
     as reasoning_content, a commentary message to=functions.get_weather as a tool call, whole and
-    streamed; a JSON response_format constraining the final channel, forced calls refused. Phi: an
+    streamed; a JSON response_format constraining the final channel; forced calls (named, required). Phi: an
     answer that takes the sequence past longrope's original context, the sequence computed again
     once there, counted."""
     words = " one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen"
@@ -1175,18 +1175,51 @@ def new_families():
         c = body["choices"][0] if st == 200 else {}
         check("gpt-oss: response_format json_schema constrains the final channel, the content",
               c.get("message", {}).get("content") == '{"city":"Oslo"}' and c.get("finish_reason") == "stop", body)
+        st2, plain = d.post("/v1/chat/completions", dict(req, tools=None, max_tokens=1))
+        section = json.loads(subprocess.check_output([KVPR, "tokenize", "--model", model, "--text", "# Response Formats\n\n"
+                                                      "## place\n\n" + json.dumps(schema, separators=(",", ":")),
+                                                      "--json"]))["ids"]
+        check("gpt-oss: the schema told to the model in the developer message's # Response Formats",
+              st2 == 200 and body["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] + 4 + len(section),
+              (body["usage"], plain))  # (+ <|start|>developer<|message|> ... <|end|>: "developer" is one token)
         events, _ = d.stream("/v1/chat/completions", dict(req, tools=None, stream=True, response_format={
             "type": "json_schema", "json_schema": {"name": "place", "schema": schema}}))
         check("gpt-oss streamed, response_format json_schema: the same content",
               "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"]) ==
               '{"city":"Oslo"}', events)
-        st, body = d.post("/v1/chat/completions", dict(req, tool_choice="required"))
-        check("gpt-oss: tool_choice required refused by name", st == 400 and body["error"]["param"] == "tool_choice", body)
         st, body = d.post("/v1/chat/completions", dict(req, response_format={"type": "json_object"}))
         check("gpt-oss: a JSON format beside tools refused by name",
               st == 400 and body["error"]["param"] == "response_format", body)
     finally:
         d.stop()
+    # A forced call: the prompt opens the call's message (named) or a final message holding the
+    # list of calls (required); the answer, its body, is constrained from its first token.
+    for choice, answer, end in (({"type": "function", "function": {"name": "get_weather"}}, '{"city": "Oslo"}', 151669),
+                                ("required", '[{"name": "get_weather","parameters":{"city":"Oslo"}}]', 151670)):
+        named = choice != "required"
+        model, ids = chain_model("gpt-oss-forced-" + ("named" if named else "required"), "qwen2-tokenizer", answer,
+                                 151667, end, model_type="gpt_oss", added=added, special=True)  # after <|message|>
+        d, log = single_worker(model, "--served-model-name", "o", "--chat-template", "harmony")
+        try:
+            st, body = d.post("/v1/chat/completions", dict(req, tool_choice=choice))
+            c = body["choices"][0] if st == 200 else {}
+            calls = c.get("message", {}).get("tool_calls", [])
+            opening = ("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" if named else
+                       "<|channel|>final<|message|>")
+            st2, want = d.post("/v1/chat/completions", dict(req, max_tokens=1))  # the same prompt, unopened
+            check(f"gpt-oss: tool_choice {'named' if named else 'required'}: the prompt opens the message, its body "
+                  "the call", st2 == 200 and body["usage"]["prompt_tokens"] == want["usage"]["prompt_tokens"] + len(
+                      json.loads(subprocess.check_output([KVPR, "tokenize", "--model", model, "--text", opening,
+                                                          "--json"]))["ids"]) and
+                  c.get("finish_reason") == ("stop" if named else "tool_calls") and len(calls) == 1 and
+                  calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}, (body, want))
+            events, _ = d.stream("/v1/chat/completions", dict(req, tool_choice=choice, stream=True))
+            deltas = [e["choices"][0] for e in events[:-1] if e["choices"]]
+            check(f"gpt-oss streamed, tool_choice {'named' if named else 'required'}: the same call",
+                  "".join(t["function"].get("arguments", "") for x in deltas for t in x["delta"].get("tool_calls", []))
+                  == '{"city": "Oslo"}' and not any(x["delta"].get("content") for x in deltas), deltas)
+        finally:
+            d.stop()
     model, ids = chain_model("gpt-oss-think", "qwen2-tokenizer", "<|channel|>analysis<|message|>Check the weather.<|end|>",
                              77091, 151670, model_type="gpt_oss", added=added, special=True)  # then <|return|>
     d, log = single_worker(model, "--served-model-name", "o", "--chat-template", "harmony")

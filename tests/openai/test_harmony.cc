@@ -187,6 +187,57 @@ TEST(Harmony, AJsonFormatsContentIsTheFinalMessageAlone) {
   }
 }
 
+// A forced call (tool_choice named or required): the prompt opened the message, so the answer is
+// its body alone, read as other templates' forced calls are: the named function's arguments, or
+// the list of calls (finish reason tool_calls), whole and streamed alike.
+TEST(Harmony, AForcedCallIsTheBodyOfTheMessageThePromptOpened) {
+  for (bool named : {true, false}) {
+    GenerateRequest req;
+    req.chat = true;
+    req.harmony = true;
+    int32_t id = 1000;
+    for (const std::string& s : harmony_special_tokens()) req.markers.emplace_back(id++, s);
+    if (named) {
+      req.tools.named = "get_weather";
+      req.answer_opening = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>";
+    } else {
+      req.tools.required = true;
+      req.answer_opening = "<|channel|>final<|message|>";
+    }
+    ResponseState r = start_response(req, Prompts{{{1}}, {""}}, "chatcmpl-1", 0, "o");
+    EXPECT_FALSE(r.harmony);
+    std::vector<EngineEvent> events = {
+        token_event(5, named ? "{\"city\":" : "[{\"name\":\"get_weather\",\"parameters\":{\"city\":"),
+        token_event(6, named ? "\"Oslo\"}" : "\"Oslo\"}}]"), special(r, named ? "<|call|>" : "<|return|>"),
+        finish_event("stop")};
+    IdMaker ids;
+    const ResponseContext ctx{qwen_tokenizer(), false, ids};
+    const StreamedChat st = add_and_stream(r, events, ctx);
+    const json::Value body = response_json(r, ctx);
+    const json::Value& choice = body.find("choices")->as_array().at(0);
+    const json::Value& msg = *choice.find("message");
+    const std::string arguments = named ? "{\"city\":\"Oslo\"}" : "{\"city\": \"Oslo\"}";
+    ASSERT_EQ(msg.find("tool_calls")->as_array().size(), 1u) << body.dump();
+    const json::Value& fn = *msg.find("tool_calls")->as_array().at(0).find("function");
+    EXPECT_EQ(fn.find("name")->as_string(), "get_weather");
+    EXPECT_EQ(fn.find("arguments")->as_string(), arguments);
+    EXPECT_TRUE(msg.find("content")->is_null());
+    EXPECT_EQ(choice.find("finish_reason")->as_string(), named ? "stop" : "tool_calls");  // (as OpenAI's)
+    std::string streamed_arguments;
+    for (const json::Value& c : st.calls) {
+      const json::Value& f = *c.find("function");
+      if (const json::Value* n = f.find("name")) {
+        EXPECT_EQ(n->as_string(), "get_weather");
+      }
+      streamed_arguments += f.find("arguments")->as_string();
+    }
+    EXPECT_EQ(streamed_arguments, arguments);
+    EXPECT_EQ(st.content, "");
+    EXPECT_EQ(st.reasoning, "");
+    EXPECT_EQ(st.finish, named ? "stop" : "tool_calls");
+  }
+}
+
 // The built-in template writes the format as gpt-oss's card describes it: system and developer
 // messages, the tools as a TypeScript namespace, earlier calls and results, reasoning kept only
 // for calls no answer has followed yet.
@@ -230,6 +281,22 @@ TEST(Harmony, BuiltInTemplateWritesTheFormat) {
   std::string why;
   EXPECT_EQ(chat_template_family("{{ '<|start|>' }}{{ '<|channel|>final<|message|>' }}", &why), "harmony");
   EXPECT_EQ(chat_tool_call_parser("harmony"), "harmony");
+}
+
+// A response_format json_schema is told to the model as the format's guide writes it: a
+// "# Response Formats" section last in the developer message (its name, description, schema).
+TEST(Harmony, BuiltInTemplateWritesTheResponseFormat) {
+  ChatOptions o;
+  o.response_format = json::parse(R"({"name": "shopping_list", "description": "What to buy.", "schema":
+      {"properties": {"items": {"type": "array", "items": {"type": "string"}}}, "type": "object"}})");
+  const std::vector<ChatMessage> m = {{"system", "Be brief."}, {"user", "Coffee and eggs"}};
+  EXPECT_HAS(render_chat("harmony", m, o).prompt,
+             "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n# Response Formats\n\n## shopping_list\n\n"
+             "// What to buy.\n{\"properties\":{\"items\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},"
+             "\"type\":\"object\"}<|end|><|start|>user<|message|>Coffee and eggs<|end|><|start|>assistant");
+  o.response_format = json::parse(R"({"schema": {"type": "object"}})");  // no name, no description; no system message
+  const std::string p = render_chat("harmony", {{"user", "Hi"}}, o).prompt;
+  EXPECT_HAS(p, "<|start|>developer<|message|># Response Formats\n\n## response\n\n{\"type\":\"object\"}<|end|>");
 }
 
 }  // namespace
