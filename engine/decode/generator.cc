@@ -79,7 +79,7 @@ void Generator::plan_ring(KvPlan& plan, const GeneratorOptions& opts, const Mode
   int64_t widest = 0;
   for (int64_t w : spec.windows) widest = std::max(widest, w);
   // (A window as long as the context never lets a block go: Phi-3.5's 262144 of 131072.)
-  if (!kv_mode_rings_windows(plan.kv.mode) || widest == 0 || widest >= L.max_tokens) return;
+  if (!kv_mode_uses_host(plan.kv.mode) || widest == 0 || widest >= L.max_tokens) return;
   const int64_t running = running_cap(opts, !backend || backend->device_is_host());
   const int64_t ring = running * (L.blocks_for(widest) + 3) + L.blocks_for(opts.max_step_tokens + running);
   if (ring >= L.blocks) return;

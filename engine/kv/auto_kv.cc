@@ -25,8 +25,13 @@ void AutoKv::drop_unfinished_step() {
 // The tier's plan for the step (which tails it reads in place, which blocks it promotes), and
 // the staged rows that leaves; then kvpr's splits for the staged rest.
 void AutoKv::plan_step() {
+  // A ring's sliding layers hold (and the step stages) the blocks from their first query's widest
+  // window: the tier promotes none below it (a mirror holds every layer's rows).
+  const KvLayout& L = st_.layout;
   std::vector<DeviceBlockCache::Seq> seqs;
-  for (const SeqPlan& s : st_.plan) seqs.push_back({s.table, s.past, s.q_len});
+  for (const SeqPlan& s : st_.plan)
+    seqs.push_back({s.table, s.past, s.q_len,
+                    L.ring() ? std::max<int64_t>(0, s.past + 1 - L.window_tokens) / L.block_tokens : 0});
   cache_.plan(seqs, &placement_, &promotions_);
   StepStats& stats = st_.stats;
   stats.resident_tokens = stats.staged_tokens = 0;
@@ -92,13 +97,15 @@ void AutoKv::promote(int64_t layer, int64_t group, int b) {
 void AutoKv::store_tier_rows(int64_t layer, int64_t group) {
   const int64_t B = st_.layout.block_tokens;
   std::vector<RowSpan> spans;
-  for (const auto& s : st_.seqs(group))
+  for (const auto& s : st_.seqs(group)) {
+    const std::span<const int32_t> host = st_.table(s, layer);  // (a sliding layer's ring)
     for (int64_t t0 = s.past + s.staged_new(); t0 < s.past + s.q_len;) {
       // Block by block: the device and host tables differ.
       const int64_t j = t0 / B, r = t0 % B, n = std::min(B - r, s.past + s.q_len - t0);
-      spans.push_back(RowSpan{int64_t{s.dev_table[static_cast<size_t>(j)]} * B + r, int64_t{s.table[static_cast<size_t>(j)]} * B + r, n});
+      spans.push_back(RowSpan{int64_t{s.dev_table[static_cast<size_t>(j)]} * B + r, int64_t{host[static_cast<size_t>(j)]} * B + r, n});
       t0 += n;
     }
+  }
   if (spans.empty()) return;
   st_.be.copy_spans(st_.host->k_rows(layer), k_[static_cast<size_t>(layer)], spans, Stream::D2H, "K new");
   st_.be.copy_spans(st_.host->v_rows(layer), v_[static_cast<size_t>(layer)], spans, Stream::D2H, "V new");

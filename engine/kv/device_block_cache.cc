@@ -181,8 +181,8 @@ void DeviceBlockCache::promote_heads(std::span<const Seq> seqs, std::vector<int6
         more = true;
         continue;
       }
-      if (d >= 0 && refs_[static_cast<size_t>(h)] != 0) {
-        tail[i] = 0;  // another sequence reads it this step: leave it
+      if ((d >= 0 && refs_[static_cast<size_t>(h)] != 0) || j < s.first_promotable) {
+        tail[i] = 0;  // another sequence reads it this step, or some layers' rows are not staged: leave it
         continue;
       }
       if (d < 0) d = take(h);

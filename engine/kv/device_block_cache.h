@@ -16,7 +16,8 @@
 //   - the staged blocks just before each tail, one sequence at a time, join it: as they are
 //     where a valid mirror exists, else promoted (their own stale mirror refreshed, or a free
 //     device block, then an unread mirror, taken) from the rows the step stages anyway: a copy
-//     on the device after attention, nothing more over the link.
+//     on the device after attention, nothing more over the link; none below the sequence's
+//     first promotable block (a ring's window).
 // Sequences keep what they hold until they end: one that joins when the device is full streams
 // until others leave. Bookkeeping only: the runtime moves the rows. Not thread-safe.
 #pragma once
@@ -36,6 +37,9 @@ class DeviceBlockCache {
   struct Seq {
     std::span<const int32_t> table;  // host blocks, at least blocks_for(past + q_len)
     int64_t past = 0, q_len = 0;
+    // The first block the step may promote: below it the host store may lack rows of some
+    // layers (a sliding-window ring's, KvLayout::ring), so the step stages none of them there.
+    int64_t first_promotable = 0;
   };
   struct Placement {
     // Tokens [0, head) are staged (recomputed or copied into the step's buffers); tokens

@@ -24,7 +24,6 @@ bool parse_kv_mode(const std::string& s, KvMode* out) {
 }
 
 bool kv_mode_uses_host(KvMode m) { return m != KvMode::Resident; }
-bool kv_mode_rings_windows(KvMode m) { return kv_mode_uses_host(m) && m != KvMode::Auto; }
 bool kv_mode_stores_x(KvMode m) { return m == KvMode::Kvpr || m == KvMode::Recompute || m == KvMode::Auto; }
 bool kv_mode_splits(KvMode m) { return m == KvMode::Kvpr || m == KvMode::Auto; }
 

@@ -18,9 +18,6 @@ inline constexpr KvMode kAllKvModes[] = {KvMode::Resident, KvMode::Offload, KvMo
 const char* kv_mode_name(KvMode m);
 bool parse_kv_mode(const std::string& s, KvMode* out);
 bool kv_mode_uses_host(KvMode m);
-// The host modes whose sliding-window layers keep their store as a ring (KvLayout::window_blocks):
-// all but auto, whose device tier mirrors a block of every layer.
-bool kv_mode_rings_windows(KvMode m);
 bool kv_mode_stores_x(KvMode m);
 // kvpr and auto: the split l is the scheduler's (from a link profile) unless forced.
 bool kv_mode_splits(KvMode m);

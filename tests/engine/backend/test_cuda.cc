@@ -543,7 +543,7 @@ TEST(Cuda, LongropeCrossingMatchesReference) {
                                                    test::char_tokenizer(tmp, 96), "cuda");
 }
 
-// The sliding layers' ring on the device, every host mode but auto, under random arrivals,
+// The sliding layers' ring on the device, every host mode (auto's tier too), under random arrivals,
 // chunked prefill and preemption (and, in the emulated suite's second run, random schedules of
 // the device's streams).
 TEST(Cuda, RingStoreGivesResidentTokens) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -158,9 +159,10 @@ inline void expect_every_kv_mode_gives_cpu_tokens(Backend& device, const std::st
 // tokens (past the fixture's windows) arriving at random steps, prefilled in chunks of at most 6
 // tokens, three at a time in 2-token blocks, in a KV cache that holds fewer blocks than they
 // want (preemption, and prefixes found again in the cache), with sampled sequences among them.
-// In every host mode but auto (which keeps no ring) on `device`, every sequence's tokens are
-// those of the same schedule on `device` in resident mode, whose store is not a ring;
-// the ring's store is smaller than every layer's blocks would be, and the runs preempt.
+// In every host mode on `device` (auto with device tiers of 2 and 8 blocks: tails that slide,
+// and promotions stopped at the ring's window), every sequence's tokens are those of the same
+// schedule on `device` in resident mode, whose store is not a ring; the ring's store is smaller
+// than every layer's blocks would be, and the runs preempt.
 inline void expect_ring_gives_resident_tokens(Backend& device, const std::string& dir, const Tokenizer& tok,
                                               const std::string& label, int schedules = 3) {
   std::unique_ptr<Model> model = load_model(device, dir);
@@ -216,16 +218,21 @@ inline void expect_ring_gives_resident_tokens(Backend& device, const std::string
       return out;
     };
     const auto want = run(*model, o, nullptr);
-    for (KvMode m : {KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn}) {
-      GeneratorOptions om = with_budget(in_mode(o, m, 3, *model));
+    for (int variant = 0; variant < 6; ++variant) {
+      const KvMode m = std::array{KvMode::Offload, KvMode::Kvpr, KvMode::Recompute, KvMode::CpuAttn, KvMode::Auto,
+                                  KvMode::Auto}[static_cast<size_t>(variant)];
+      GeneratorOptions om = in_mode(o, m, 3, *model);
+      if (variant == 5) om = with_gpu_blocks(om, *model, 8);
+      om = with_budget(om);
+      const std::string what = label + " " + kv_mode_name(m) + (m == KvMode::Auto ? variant == 5 ? " (8)" : " (2)" : "");
       Generator probe(*model, tok, om);
-      ASSERT_TRUE(probe.kv_runtime().layout().ring()) << label << " " << kv_mode_name(m);
+      ASSERT_TRUE(probe.kv_runtime().layout().ring()) << what;
       KvLayout every = probe.kv_runtime().layout();
       every.window_blocks = 0;
       EXPECT_LT(probe.kv_runtime().host_store()->bytes(),
                 KvRuntime::store_bytes(model->kv_shape(), every, probe.plan().kv))
-          << label << " " << kv_mode_name(m);
-      EXPECT_EQ(run(*model, om, &preemptions), want) << label << " " << kv_mode_name(m) << ", seed " << seed;
+          << what;
+      EXPECT_EQ(run(*model, om, &preemptions), want) << what << ", seed " << seed;
     }
   }
   EXPECT_GT(preemptions, 0) << label;

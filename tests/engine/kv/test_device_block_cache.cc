@@ -1,8 +1,9 @@
 // kv mode auto's device tier against a model of what the host and device blocks hold: random
 // schedules (prefills in chunks, decoding, sequences sharing a prefix's blocks, sequences ending
-// and their blocks reused) at several device budgets. After every step each sequence's reads
-// (the staged head from the host, the tail from the device through the placement's table) give
-// its own tokens, and every mirror's valid rows equal the host block's.
+// and their blocks reused, blocks below which nothing may be promoted) at several device
+// budgets. After every step each sequence's reads (the staged head from the host, the tail from
+// the device through the placement's table) give its own tokens, and every mirror's valid rows
+// equal the host block's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -87,7 +88,10 @@ struct World {
       q = std::min<int64_t>(q, static_cast<int64_t>(s.tokens.size()) - s.past);
       if (q <= 0 || !grow(s, s.past + q)) continue;
       ids.push_back(id);
-      seqs.push_back({s.table, s.past, q});
+      // A third of the time some of its blocks are not staged for every layer (a ring's sliding
+      // layers below their window): nothing there may be promoted.
+      const int64_t first_promotable = rnd(0, 2) == 0 ? rnd(0, blocks_for(s.past)) : 0;
+      seqs.push_back({s.table, s.past, q, first_promotable});
     }
     std::vector<DeviceBlockCache::Placement> place;
     std::vector<DeviceBlockCache::Promotion> promos;
@@ -123,6 +127,7 @@ struct World {
     for (const auto& pr : promos) {
       const Live& s = live[ids[pr.seq]];
       ASSERT_LT(pr.index * B, place[pr.seq].head) << "promoted from a staged block";
+      ASSERT_GE(pr.index, seqs[pr.seq].first_promotable) << "promoted from a block some layers do not stage";
       for (int64_t r = 0; r < pr.rows; ++r)
         dev[static_cast<size_t>(pr.device)][static_cast<size_t>(r)] = s.tokens[static_cast<size_t>(pr.index * B + r)];
     }
