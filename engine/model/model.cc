@@ -195,11 +195,19 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     ~FinishUploads() { b.synchronize(); }
   } finish_uploads{backend_};
   format_ = ckpt.format();
+  quant_ = QuantizedCheckpoint::from_config(read_config_json(model_dir), model_dir + "/config.json");
   prepare(ckpt);
+  // A weight stored quantized (quantized_checkpoint.h), one the architecture derives (gpt-oss's
+  // packed experts), or the checkpoint's tensor as it is.
+  auto derived_of = [&](const std::string& key, const TensorRecord* r) -> std::optional<DType> {
+    if (std::optional<DType> q = quant_.dtype(ckpt, key)) return q;
+    return r ? std::nullopt : derived_dtype(ckpt, key);
+  };
   check_host_memory(plan_weights([&](const std::string& name, bool) -> std::optional<DType> {
                       const std::string key = key_of(name);
                       const TensorRecord* r = ckpt.find(key);
-                      const std::optional<DType> stored = r ? std::optional<DType>(r->dtype) : derived_dtype(ckpt, key);
+                      const std::optional<DType> derived = derived_of(key, r);
+                      const std::optional<DType> stored = derived ? derived : r ? std::optional<DType>(r->dtype) : std::nullopt;
                       if (!stored) return std::nullopt;
                       return opts.convert_weights ? opts.weight_dtype : *stored;
                     }),
@@ -213,9 +221,8 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   const bool receiver = opts.broadcast && opts.broadcast->rank() != 0;
   assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole role) -> Tensor {
     const std::string key = key_of(name);
-    const TensorRecord* r = ckpt.find(key);
-    // A weight the architecture derives from other tensors (gpt-oss's packed experts).
-    const std::optional<DType> derived = r ? std::nullopt : derived_dtype(ckpt, key);
+    const std::optional<DType> derived = derived_of(key, ckpt.find(key));
+    const TensorRecord* r = derived ? nullptr : ckpt.find(key);
     if (!r && !derived) {
       KVPR_CHECK(!required, model_dir, ": missing tensor '", key, "'");
       return Tensor();
@@ -239,7 +246,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
       if (r) {
         upload_weight(backend_, dst, Tensor::borrow(const_cast<void*>(r->data), r->dtype, r->shape));
       } else {
-        const Tensor src = derived_weight(ckpt, key);
+        const Tensor src = quant_.dtype(ckpt, key) ? quant_.dequantize(ckpt, key) : derived_weight(ckpt, key);
         KVPR_CHECK(src.defined() && src.shape() == expect, model_dir, ": tensor '", key, "' derives to shape ",
                    src.defined() ? shape_str(src.shape()) : "none", ", expected ", shape_str(expect));
         upload_weight(backend_, dst, src);

@@ -14,6 +14,7 @@
 #include "engine/backend/backend.h"
 #include "engine/kv/kv_runtime.h"
 #include "engine/model/model_spec.h"
+#include "engine/model/quantized_checkpoint.h"
 #include "engine/backend/weight_broadcast.h"
 #include "engine/kv/weight_stream.h"
 
@@ -72,6 +73,8 @@ class Model : public KvProjector {
   size_t weight_bytes() const { return weight_bytes_; }
   DType weight_dtype() const { return weight_dtype_; }  // dtype of the big matrices
   const std::string& checkpoint_format() const { return format_; }
+  // The checkpoint's quantization (quantized_checkpoint.h): its method and scheme, "" for none.
+  const QuantizedCheckpoint& quantization() const { return quant_; }
   // Bytes of the checkpoint's files this process read while loading (page granular; a rank
   // that received its weights over a broadcast read the headers only).
   size_t checkpoint_bytes_read() const { return checkpoint_bytes_read_; }
@@ -178,6 +181,7 @@ class Model : public KvProjector {
   Backend& backend_;
   ModelSpec spec_;
   std::string format_;
+  QuantizedCheckpoint quant_;
   size_t checkpoint_bytes_read_ = 0;
   double host_weight_bytes_ = 0;
   std::string weights_digest_;

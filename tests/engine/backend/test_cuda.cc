@@ -526,7 +526,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModels,
                                            "gemma/gemma2_f32", "gemma/gemma3_text_f32", "gemma/gemma3_wrapper_bf16",
                                            "gemma/mistral3_wrapper_f32", "llama/phi3_partial_rotary_fused_f32",
                                            "llama/phi3_longrope_f32",
-                                           "gpt_oss/mxfp4_bf16", "gpt_oss/dequantized_bf16"),
+                                           "gpt_oss/mxfp4_bf16", "gpt_oss/dequantized_bf16",
+                                           "quantized/fp8_block_partial", "quantized/gptq_mixtral_int4_g32"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;
                            std::replace(n.begin(), n.end(), '/', '_');

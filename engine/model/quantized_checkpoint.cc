@@ -1,0 +1,348 @@
+#include "engine/model/quantized_checkpoint.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/base/error.h"
+#include "engine/model/config_fields.h"
+
+namespace kvpr {
+
+namespace {
+
+// Element i of an integer tensor (I32, I64, U8) as int64.
+int64_t int_at(const TensorRecord& r, int64_t i) {
+  switch (r.dtype) {
+    case DType::I32: return static_cast<const int32_t*>(r.data)[i];
+    case DType::I64: return static_cast<const int64_t*>(r.data)[i];
+    case DType::U8: return static_cast<const uint8_t*>(r.data)[i];
+    default: KVPR_THROW(r.file, ": tensor '", r.name, "' has dtype ", dtype_name(r.dtype), ", expected an integer one");
+  }
+}
+
+// Value j of words holding 32/bits values each, value j at bits [bits·(j % per), ...) of word
+// j / per; the words `stride` apart (a column of a matrix of words packed along its rows).
+uint32_t unpack(const int32_t* words, int64_t j, int bits, int64_t stride = 1) {
+  const int per = 32 / bits;
+  return (static_cast<uint32_t>(words[(j / per) * stride]) >> (bits * (j % per))) & ((1u << bits) - 1u);
+}
+
+const TensorRecord& need(const CheckpointDir& ckpt, const std::string& name) {
+  const TensorRecord* r = ckpt.find(name);
+  KVPR_CHECK(r, ckpt.dir(), ": missing tensor '", name, "' beside the module's other quantized tensors");
+  return *r;
+}
+
+void expect_shape(const TensorRecord& r, const Shape& want) {
+  KVPR_CHECK(r.shape == want, r.file, ": tensor '", r.name, "' has shape ", shape_str(r.shape), ", expected ",
+             shape_str(want));
+}
+
+void expect_dtype(const TensorRecord& r, bool ok, const char* want) {
+  KVPR_CHECK(ok, r.file, ": tensor '", r.name, "' has dtype ", dtype_name(r.dtype), ", expected ", want);
+}
+
+// The module prefix of a ".weight" key, or "" when `key` is not one.
+std::string module_of(const std::string& key) {
+  constexpr std::string_view kWeight = ".weight";
+  if (key.size() <= kWeight.size() || key.compare(key.size() - kWeight.size(), kWeight.size(), kWeight) != 0) return "";
+  return key.substr(0, key.size() - kWeight.size());
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string group_name(int64_t group) { return group > 0 ? "g" + std::to_string(group) : "per channel"; }
+
+}  // namespace
+
+QuantizedCheckpoint QuantizedCheckpoint::from_config(const json::Value& config, const std::string& source) {
+  QuantizedCheckpoint q;
+  const json::Value* qc = config.is_object() ? config.find("quantization_config") : nullptr;
+  if (!qc || qc->is_null()) return q;
+  const std::string where = source + ": quantization_config";
+  // The model's dtype, which the unquantized tensors have: the dequantized ones take it too.
+  for (const char* key : {"torch_dtype", "dtype"})
+    if (const json::Value* d = config.find(key); d && d->is_string()) parse_dtype(d->as_string(), &q.model_dtype_);
+  if (!is_float(q.model_dtype_)) q.model_dtype_ = DType::BF16;
+  ConfigFields f(*qc, where);
+  f.get_string("quant_method", &q.method_, true);
+  const std::string& m = q.method_;
+  if (m == "fp8") {
+    std::string fmt = "e4m3";
+    f.get_string("fmt", &fmt);
+    KVPR_CHECK(fmt == "e4m3", where, ": fmt \"", fmt, "\" is not supported (e4m3)");
+    std::string blocks = "per tensor";
+    if (const json::Value* b = f.find("weight_block_size")) {
+      KVPR_CHECK(b->is_array() && b->as_array().size() == 2 && b->as_array()[0].is_number() &&
+                     b->as_array()[1].is_number() && b->as_array()[0].as_int() > 0 && b->as_array()[1].as_int() > 0,
+                 where, ": weight_block_size must be two positive integers");
+      q.block_n_ = b->as_array()[0].as_int(), q.block_k_ = b->as_array()[1].as_int();
+      blocks = std::to_string(q.block_n_) + "x" + std::to_string(q.block_k_) + " blocks";
+      q.bits_per_weight_ = 8 + 32.0 / static_cast<double>(q.block_n_ * q.block_k_);
+    } else {
+      q.bits_per_weight_ = 8;
+    }
+    std::string acts = "dynamic";
+    f.get_string("activation_scheme", &acts);
+    KVPR_CHECK(acts == "dynamic" || acts == "static", where, ": activation_scheme \"", acts,
+               "\" is not supported (dynamic, static)");
+    q.describe_ = "fp8 e4m3, " + blocks;
+  } else if (m == "gptq") {
+    int64_t bits = 4, group = 128;
+    f.get_int("bits", &bits);
+    KVPR_CHECK(bits == 4 || bits == 8, where, ": bits ", bits, " is not supported (4, 8)");
+    f.get_int("group_size", &group);
+    KVPR_CHECK(group == -1 || group > 0, where, ": group_size ", group, " must be positive or -1");
+    bool desc_act = false, marlin = false;
+    f.get_bool("desc_act", &desc_act);
+    f.get_bool("sym", &q.symmetric_);
+    f.get_bool("is_marlin_format", &marlin);
+    KVPR_CHECK(!marlin, where, ": is_marlin_format (Marlin's repacked layout) is not supported (AutoGPTQ's)");
+    std::string fmt = "gptq";
+    f.get_string("checkpoint_format", &fmt);
+    KVPR_CHECK(fmt == "gptq" || fmt == "gptq_v2", where, ": checkpoint_format \"", fmt,
+               "\" is not supported (gptq, gptq_v2)");
+    q.bits_ = static_cast<int>(bits);
+    q.group_ = group > 0 ? group : 0;
+    q.gptq_v1_zeros_ = fmt == "gptq";
+    q.bits_per_weight_ = static_cast<double>(bits) + (group > 0 ? (16.0 + static_cast<double>(bits)) / static_cast<double>(group) : 0);
+    q.describe_ = "gptq int" + std::to_string(bits) + " " + group_name(q.group_) + (q.symmetric_ ? " sym" : " asym") +
+                  (desc_act ? " desc_act" : "") + (fmt == "gptq_v2" ? " (v2 zeros)" : "");
+  } else if (m == "awq") {
+    int64_t bits = 4, group = 128;
+    f.get_int("bits", &bits);
+    f.get_int("w_bit", &bits);
+    KVPR_CHECK(bits == 4, where, ": bits ", bits, " is not supported (4)");
+    f.get_int("group_size", &group);
+    f.get_int("q_group_size", &group);
+    KVPR_CHECK(group > 0, where, ": group_size ", group, " must be positive");
+    bool zero_point = true;
+    f.get_bool("zero_point", &zero_point);
+    KVPR_CHECK(zero_point, where, ": zero_point false is not supported (AutoAWQ's GEMM stores zeros)");
+    std::string version = "gemm";
+    f.get_string("version", &version);
+    std::transform(version.begin(), version.end(), version.begin(), [](unsigned char c) { return std::tolower(c); });
+    KVPR_CHECK(version == "gemm", where, ": version \"", version, "\" is not supported (gemm: AutoAWQ's GEMM layout)");
+    q.bits_ = 4;
+    q.group_ = group;
+    q.symmetric_ = false;
+    q.bits_per_weight_ = 4 + 20.0 / static_cast<double>(group);
+    q.describe_ = "awq int4 g" + std::to_string(group);
+  } else if (m == "compressed-tensors") {
+    std::string format;
+    f.get_string("format", &format);
+    const json::Value* groups = f.find("config_groups");
+    KVPR_CHECK(groups && groups->is_object() && !groups->as_object().empty(), where,
+               ": config_groups must be a non-empty object");
+    // Every group's weights scheme; the modules' tensors say which one each has.
+    std::string schemes;
+    for (const auto& [name, g] : groups->as_object()) {
+      const std::string at = where + ".config_groups." + name;
+      ConfigFields gf(g, at);
+      std::string gformat = format == "mixed-precision" ? "" : format;  // (then each group's own, or its tensors')
+      gf.get_string("format", &gformat);
+      const json::Value* w = gf.find("weights");
+      KVPR_CHECK(w && w->is_object(), at, ": weights must be an object");
+      ConfigFields wf(*w, at + ".weights");
+      int64_t bits = 0, group = 0;
+      std::string type = "int", strategy;
+      bool symmetric = true;
+      wf.get_int("num_bits", &bits, true);
+      wf.get_string("type", &type);
+      wf.get_int("group_size", &group);
+      wf.get_string("strategy", &strategy);
+      if (strategy.empty()) strategy = group > 0 ? "group" : group == -1 ? "channel" : "tensor";  // (its default)
+      wf.get_bool("symmetric", &symmetric);
+      if (type == "float") {
+        KVPR_CHECK(bits == 8, at, ".weights: float num_bits ", bits, " is not supported (8: fp8 e4m3)");
+        KVPR_CHECK(gformat.empty() || gformat == "float-quantized", at, ": format \"", gformat,
+                   "\" is not supported for float weights (float-quantized)");
+        KVPR_CHECK(strategy == "tensor" || strategy == "channel" || strategy == "block", at, ".weights: strategy \"",
+                   strategy, "\" is not supported for fp8 (tensor, channel, block)");
+        if (strategy == "block") {
+          const json::Value* b = wf.find("block_structure");
+          KVPR_CHECK(b && b->is_array() && b->as_array().size() == 2 && b->as_array()[0].is_number() &&
+                         b->as_array()[1].is_number() && b->as_array()[0].as_int() > 0 && b->as_array()[1].as_int() > 0,
+                     at, ".weights: strategy block needs block_structure, two positive integers");
+          q.block_n_ = b->as_array()[0].as_int(), q.block_k_ = b->as_array()[1].as_int();
+        }
+        q.bits_per_weight_ = std::max(q.bits_per_weight_, 8.0);
+        schemes += std::string(schemes.empty() ? "" : ", ") + "fp8 e4m3 per " + strategy;
+      } else if (type == "int") {
+        KVPR_CHECK(bits == 4 || bits == 8, at, ".weights: num_bits ", bits, " is not supported (4, 8)");
+        KVPR_CHECK(gformat.empty() || gformat == "pack-quantized", at, ": format \"", gformat,
+                   "\" is not supported for integer weights (pack-quantized)");
+        KVPR_CHECK(strategy == "group" || strategy == "channel" || strategy == "tensor", at, ".weights: strategy \"",
+                   strategy, "\" is not supported for integer weights (group, channel, tensor)");
+        KVPR_CHECK(strategy != "group" || group > 0, at, ".weights: strategy group needs a positive group_size");
+        const double per_group = strategy == "group" ? static_cast<double>(group) : 4096.0;
+        q.bits_per_weight_ = std::max(q.bits_per_weight_, static_cast<double>(bits) + (16.0 + (symmetric ? 0 : bits)) / per_group);
+        schemes += std::string(schemes.empty() ? "" : ", ") + "int" + std::to_string(bits) + " " +
+                   (strategy == "group" ? "g" + std::to_string(group) : "per channel") + (symmetric ? " sym" : " asym");
+      } else {
+        KVPR_THROW(at, ".weights: type \"", type, "\" is not supported (int, float)");
+      }
+    }
+    q.describe_ = "compressed-tensors " + schemes;
+  } else if (m == "mxfp4") {
+    q.describe_ = "mxfp4 experts";
+    q.bits_per_weight_ = 4.25;
+  } else {
+    KVPR_THROW(where, ": quant_method \"", m, "\" is not supported (fp8, compressed-tensors, gptq, awq, mxfp4)");
+  }
+  return q;
+}
+
+json::Value QuantizedCheckpoint::to_json(DType computed_in) const {
+  if (method_.empty()) return json::Value();
+  return json::Object{{"method", method_},
+                      {"scheme", describe_},
+                      {"stored_bits_per_weight", std::round(bits_per_weight_ * 1000) / 1000},
+                      {"computed_in", dtype_name(computed_in)},
+                      {"kept_quantized", false}};
+}
+
+std::optional<DType> QuantizedCheckpoint::dtype(const CheckpointDir& ckpt, const std::string& key) const {
+  if (!quantized()) return std::nullopt;
+  const std::string p = module_of(key);
+  if (p.empty()) return std::nullopt;
+  const TensorRecord* w = ckpt.find(key);
+  const bool stored_quantized = method_ == "gptq" || method_ == "awq" ? ckpt.find(p + ".qweight") != nullptr
+                                : ckpt.find(p + ".weight_packed") ? true
+                                                                  : w && w->dtype == DType::F8E4M3;
+  return stored_quantized ? std::optional<DType>(model_dtype_) : std::nullopt;
+}
+
+Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::string& key) const {
+  const std::string p = module_of(key);
+  if (method_ == "gptq" || method_ == "awq") {
+    const TensorRecord& qw = need(ckpt, p + ".qweight");
+    const TensorRecord& qz = need(ckpt, p + ".qzeros");
+    const TensorRecord& sc = need(ckpt, p + ".scales");
+    expect_dtype(qw, qw.dtype == DType::I32, "I32");
+    expect_dtype(qz, qz.dtype == DType::I32, "I32");
+    expect_dtype(sc, is_float(sc.dtype), "F16, BF16 or F32");
+    KVPR_CHECK(qw.shape.size() == 2 && sc.shape.size() == 2, qw.file, ": tensors '", qw.name, "' and '", sc.name,
+               "' must be matrices");
+    const int bits = bits_, per = 32 / bits;
+    const bool gptq = method_ == "gptq";
+    // gptq: qweight [K/per, N]; awq: qweight [K, N/per]. scales [groups, N] in both.
+    const int64_t N = sc.shape[1];
+    const int64_t K = gptq ? qw.shape[0] * per : qw.shape[0];
+    expect_shape(qw, gptq ? Shape{K / per, N} : Shape{K, ceil_div(N, per)});
+    KVPR_CHECK(N % per == 0, sc.file, ": tensor '", sc.name, "' has ", N, " columns, not a multiple of ", per);
+    const int64_t groups = sc.shape[0];
+    const int64_t group = group_ > 0 ? group_ : K;
+    expect_shape(qz, {groups, N / per});
+    std::vector<int32_t> g_idx(static_cast<size_t>(K));
+    const TensorRecord* gi = gptq ? ckpt.find(p + ".g_idx") : nullptr;
+    if (gi) expect_shape(*gi, {K});
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t g = gi ? int_at(*gi, k) : k / group;
+      KVPR_CHECK(g >= 0 && g < groups, gi ? gi->file : sc.file, ": input ", k, " of '", p, "' is in group ", g, " of ",
+                 groups);
+      g_idx[static_cast<size_t>(k)] = static_cast<int32_t>(g);
+    }
+    // AWQ's words hold their eight columns in its order: column j of a word is value awq_value[j].
+    int awq_value[8];
+    for (int i = 0; i < 8; ++i) awq_value[kAwqColumn[i]] = i;
+    auto col_value = [&](int64_t n) { return gptq ? n : (n / 8) * 8 + awq_value[n % 8]; };
+    const auto* qwp = static_cast<const int32_t*>(qw.data);
+    const auto* qzp = static_cast<const int32_t*>(qz.data);
+    Tensor out = Tensor::host(DType::F32, {N, K});
+    float* o = out.data_as<float>();
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t g = g_idx[static_cast<size_t>(k)];
+      for (int64_t n = 0; n < N; ++n) {
+        // gptq's codes are packed along the inputs (a column of words), awq's along the outputs.
+        const uint32_t q = gptq ? unpack(qwp + n, k, bits, N) : unpack(qwp + k * (N / per), col_value(n), bits);
+        int64_t z = unpack(qzp + g * (N / per), col_value(n), bits);
+        if (gptq && gptq_v1_zeros_) z += 1;
+        const float s = load_as_f32(sc.data, sc.dtype, static_cast<size_t>(g * N + n));
+        o[n * K + k] = s * static_cast<float>(static_cast<int64_t>(q) - z);
+      }
+    }
+    return out;
+  }
+  if (const TensorRecord* packed = ckpt.find(p + ".weight_packed")) {
+    const TensorRecord& sc = need(ckpt, p + ".weight_scale");
+    const TensorRecord& ws = need(ckpt, p + ".weight_shape");
+    expect_dtype(*packed, packed->dtype == DType::I32, "I32");
+    expect_dtype(sc, is_float(sc.dtype), "F16, BF16 or F32");
+    KVPR_CHECK(ws.shape == Shape{2}, ws.file, ": tensor '", ws.name, "' must hold two sizes");
+    const int64_t N = int_at(ws, 0), K = int_at(ws, 1);
+    KVPR_CHECK(N > 0 && K > 0 && packed->shape.size() == 2 && packed->shape[0] == N && packed->shape[1] > 0,
+               packed->file, ": tensor '", packed->name, "' of shape ", shape_str(packed->shape), " does not hold ", N,
+               " x ", K, " weights");
+    const int64_t words = packed->shape[1];
+    const int bits = static_cast<int>(words * 32 / K);
+    KVPR_CHECK((bits == 4 || bits == 8) && words == ceil_div(K * bits, 32), packed->file, ": tensor '", packed->name,
+               "' has ", words, " words a row for ", K, " weights: not 4 or 8 bits a weight");
+    // One scale a row and group ([N, groups]; per channel [N, 1]), or one in all ([1]).
+    const bool one_scale = shape_numel(sc.shape) == 1;
+    KVPR_CHECK(one_scale || (sc.shape.size() == 2 && sc.shape[0] == N && sc.shape[1] > 0), sc.file, ": tensor '",
+               sc.name, "' has shape ", shape_str(sc.shape), ", expected [", N, ", groups] or [1]");
+    const int64_t groups = one_scale ? 1 : sc.shape[1], group = ceil_div(K, groups);
+    const TensorRecord* gi = ckpt.find(p + ".weight_g_idx");
+    if (gi) expect_shape(*gi, {K});
+    // Asymmetric: zero points as signed as the codes, packed along the output rows (I32
+    // [ceil(N·bits/32), groups], as compressed-tensors writes them since 0.9.4).
+    const TensorRecord* zp = ckpt.find(p + ".weight_zero_point");
+    if (zp) {
+      expect_dtype(*zp, zp->dtype == DType::I32, "I32 (zero points packed along the rows; compressed-tensors' int8 "
+                                                 "ones, before 0.9.4, are not supported)");
+      expect_shape(*zp, {ceil_div(N * bits, 32), groups});
+    }
+    const int64_t offset = int64_t{1} << (bits - 1);
+    const auto* words_p = static_cast<const int32_t*>(packed->data);
+    Tensor out = Tensor::host(DType::F32, {N, K});
+    float* o = out.data_as<float>();
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = gi && int_at(*gi, k) >= 0 ? int_at(*gi, k) : k / group;  // (-1: in order)
+        KVPR_CHECK(g < groups, gi ? gi->file : sc.file, ": input ", k, " of '", p, "' is in group ", g, " of ", groups);
+        const int64_t qv = static_cast<int64_t>(unpack(words_p + n * words, k, bits)) - offset;
+        const int64_t z =
+            zp ? static_cast<int64_t>(unpack(static_cast<const int32_t*>(zp->data) + g, n, bits, groups)) - offset : 0;
+        o[n * K + k] = load_as_f32(sc.data, sc.dtype, static_cast<size_t>(one_scale ? 0 : n * groups + g)) *
+                       static_cast<float>(qv - z);
+      }
+    return out;
+  }
+  // fp8: one scale per block (fp8's weight_scale_inv, or compressed-tensors' weight_scale per
+  // tensor, channel or block).
+  const TensorRecord& w = need(ckpt, key);
+  const TensorRecord* sc = ckpt.find(p + ".weight_scale_inv");
+  if (!sc) sc = ckpt.find(p + ".weight_scale");
+  KVPR_CHECK(sc, ckpt.dir(), ": fp8 tensor '", key, "' has no weight_scale_inv or weight_scale beside it");
+  expect_dtype(*sc, is_float(sc->dtype), "F32, BF16 or F16");
+  KVPR_CHECK(w.shape.size() == 2, w.file, ": tensor '", w.name, "' must be a matrix");
+  const int64_t N = w.shape[0], K = w.shape[1];
+  // The scale's grid: one ([1] or []), one per output channel ([N, 1]), or one per block of the
+  // config's size ([ceil(N/bn), ceil(K/bk)]: the last ones partial).
+  int64_t bn = N, bk = K;
+  if (shape_numel(sc->shape) != 1) {
+    if (sc->shape == Shape{N, 1}) {
+      bn = 1;
+    } else {
+      KVPR_CHECK(block_n_ > 0 && sc->shape == Shape({ceil_div(N, block_n_), ceil_div(K, block_k_)}), sc->file,
+                 ": tensor '", sc->name, "' has shape ", shape_str(sc->shape), ", expected [1], [", N, ", 1]",
+                 block_n_ > 0 ? " or [" + std::to_string(ceil_div(N, block_n_)) + ", " +
+                                    std::to_string(ceil_div(K, block_k_)) + "] (blocks of the config's size)"
+                              : std::string());
+      bn = block_n_, bk = block_k_;
+    }
+  }
+  const int64_t cols = ceil_div(K, bk);
+  Tensor out = Tensor::host(DType::F32, {N, K});
+  float* o = out.data_as<float>();
+  const auto* wp = static_cast<const uint8_t*>(w.data);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      o[n * K + k] = e4m3_to_f32(wp[n * K + k]) *
+                     load_as_f32(sc->data, sc->dtype, static_cast<size_t>((n / bn) * cols + k / bk));
+  return out;
+}
+
+}  // namespace kvpr
