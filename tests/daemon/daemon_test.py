@@ -644,7 +644,7 @@ def npm_clients(port, model, *args, env=None):
 
 
 def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2", bos=151643, eos=151645, detour=None,
-                      wrapper=None):
+                      wrapper=None, gptq=False):
     """A one-layer Qwen2 (or Llama, Gemma 2, Gemma 3, gpt-oss, Phi-3) whose greedy answer is a given token sequence:
     token chain[i] embeds as the unit vector e_i and the untied LM head maps e_i to chain[i + 1];
     every attention and MLP weight and bias is zero, so each position's hidden state is its own
@@ -655,7 +655,8 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
     Gemma3ForConditionalGeneration, the names transformers wrote before 4.52:
     language_model.model.*, language_model.lm_head) or "mistral3" (Mistral-Small-3.1's, the names
     it writes since: model.language_model.*, lm_head), its config's text_config, a vision tower
-    and projector beside it."""
+    and projector beside it. `gptq`: its layer's matrices (zero) stored as GPTQ int4 (v2 zeros,
+    groups of 16), as AutoGPTQ packs them."""
     import struct
     assert len(chain) <= hidden and len(set(chain[:-1])) == len(chain) - 1
     config = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=16, num_hidden_layers=1,
@@ -680,6 +681,9 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
         config = dict(top, model_type=wrapper, text_config=config, vision_config={"hidden_size": 8},
                       architectures=["Gemma3ForConditionalGeneration" if wrapper == "gemma3" else
                                      "Mistral3ForConditionalGeneration"])
+    if gptq:
+        config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 16, "desc_act": False,
+                                         "sym": False, "checkpoint_format": "gptq_v2"}
     json.dump(config, open(os.path.join(model, "config.json"), "w"))
     kvw, p = hidden // 2, "model.layers.0."
     shapes = {"model.embed_tokens.weight": [vocab, hidden], "lm_head.weight": [vocab, hidden],
@@ -707,6 +711,12 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
     if model_type == "phi3":  # fused: qkv_proj (Q, K, V rows), gate_up_proj (gate, up rows)
         shapes = {k: v for k, v in shapes.items() if not any(n in k for n in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))}
         shapes.update({p + "self_attn.qkv_proj.weight": [hidden + 2 * kvw, hidden], p + "mlp.gate_up_proj.weight": [32, hidden]})
+    if gptq:  # each [N, K] matrix: qweight I32 [K/8, N], qzeros I32 [K/16, N/8], scales F16 [K/16, N]
+        for name in [n for n in shapes if n.endswith("proj.weight") and ".layers." in n]:
+            n_out, k_in = shapes.pop(name)
+            m = name[: -len(".weight")]
+            shapes.update({m + ".qweight": [k_in // 8, n_out], m + ".qzeros": [k_in // 16, n_out // 8],
+                           m + ".scales": [k_in // 16, n_out]})
     header, offset, blobs = {}, 0, []
     for name, shape in shapes.items():
         n = 1
@@ -718,12 +728,15 @@ def write_chain_model(model, chain, vocab=151936, hidden=32, model_type="qwen2",
         elif name == "model.embed_tokens.weight":
             for i, t in enumerate(chain):
                 struct.pack_into("<f", data, 4 * (t * hidden + i), 1.0)
+        elif name.endswith(".scales"):  # F16 ones; codes and zeros 0: every weight (0 - 0) * 1
+            data = bytearray(struct.pack(f"<{n}e", *([1.0] * n)))
         elif name == "lm_head.weight":
             for i in range(len(chain) - 1):
                 struct.pack_into("<f", data, 4 * (chain[i + 1] * hidden + i), 10.0)
             if detour is not None:
                 struct.pack_into("<f", data, 4 * (detour * hidden + 0), 20.0)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        dtype = "F16" if name.endswith(".scales") else "I32" if name.endswith((".qweight", ".qzeros")) else "F32"
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
         offset += len(data)
         blobs.append(data)
     if wrapper == "gemma3":
@@ -1054,7 +1067,7 @@ def kv_sized_by_memory():
 
 
 def new_families():
-    """kvprd serving Gemma 2, Gemma 3's and Mistral 3's multimodal wrappers, gpt-oss and Phi-3.5 end to end (one-layer chain models of their real
+    """kvprd serving Gemma 2, Gemma 3's and Mistral 3's multimodal wrappers, a GPTQ checkpoint, gpt-oss and Phi-3.5 end to end (one-layer chain models of their real
     architectures, write_chain_model, with Qwen2.5's tokenizer and the families' special tokens
     added). Gemma: the model's own template in Gemma's turn format, the answer ending at
     generation_config's <end_of_turn>. gpt-oss: the harmony format built in, its analysis channel
@@ -1135,6 +1148,21 @@ def new_families():
         c = body["choices"][0] if st == 200 else {}
         check("mistral3 wrapper: its text model served from model.language_model., the head from lm_head",
               c.get("message", {}).get("content") == "Bonjour!" and c.get("finish_reason") == "stop", (body, log[-800:]))
+    finally:
+        d.stop()
+    # A GPTQ checkpoint, with no flag: served, its scheme in the load log and /health.
+    model, ids = chain_model("qwen-gptq", "qwen2-tokenizer", "Quantized!", 198, 151645, gptq=True)
+    d, log = single_worker(model, "--served-model-name", "q")
+    try:
+        st, body = d.post("/v1/chat/completions", {"model": "q", "messages": [{"role": "user", "content": "Hi"}],
+                                                   "temperature": 0, "max_tokens": 20})
+        c = body["choices"][0] if st == 200 else {}
+        st2, h = d.get("/health")
+        q = h["workers"][0].get("placement", {}).get("quantization", {}) if st2 == 200 else {}
+        check("gptq: served with no flag, its scheme in the load log and /health",
+              c.get("message", {}).get("content") == "Quantized!" and "quantized checkpoint: gptq int4 g16 asym" in log
+              and q.get("method") == "gptq" and q.get("scheme") == "gptq int4 g16 asym (v2 zeros)" and
+              q.get("stored_bits_per_weight") == 5.25, (body, q, log[-800:]))
     finally:
         d.stop()
 
