@@ -50,10 +50,13 @@ int64_t KvRuntime::device_tier_blocks(Backend& backend, const KvShape& shape, co
   const size_t free = backend.device_bytes_free();
   const bool own_memory = free != SIZE_MAX && !backend.device_is_host();
   // What the step needs beside the tier: the staging buffers at their largest (K and V of two
-  // layers of the whole host store, X where kept, grown by half again as they grow), the
-  // recomputed K/V in fp32, and a twentieth for activations, logits and scratch.
+  // layers of the whole host store, X where kept, grown by half again as they grow: whole
+  // contexts, a sliding-window ring's layers too), the recomputed K/V in fp32, and a twentieth
+  // for activations, logits and scratch.
   const double tokens = static_cast<double>(layout.blocks) * static_cast<double>(layout.block_tokens);
-  const double staging = 3.0 * store_bytes(shape, layout, opts) / static_cast<double>(std::max<int64_t>(1, shape.layers)) +
+  KvLayout every_layer = layout;
+  every_layer.window_blocks = 0;
+  const double staging = 3.0 * store_bytes(shape, every_layer, opts) / static_cast<double>(std::max<int64_t>(1, shape.layers)) +
                          2.0 * tokens * static_cast<double>(shape.kv_hidden()) * 4.0;
   const double avail = own_memory ? std::max(0.0, static_cast<double>(free) * 0.95 - staging) : 0;
   double bytes = opts.gpu_kv_bytes;

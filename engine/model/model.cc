@@ -196,6 +196,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   } finish_uploads{backend_};
   format_ = ckpt.format();
   quant_ = QuantizedCheckpoint::from_config(read_config_json(model_dir), model_dir + "/config.json");
+  quant_.settle_dtype(ckpt);
   prepare(ckpt);
   // A weight stored quantized (quantized_checkpoint.h), one the architecture derives (gpt-oss's
   // packed experts), or the checkpoint's tensor as it is.
@@ -233,6 +234,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     KVPR_CHECK(!r || r->shape == expect, r ? r->file : model_dir, ": tensor '", key, "' has shape ",
                shape_str(r ? r->shape : expect), ", expected ", shape_str(expect));
     DType dt = opts.convert_weights ? opts.weight_dtype : stored;
+    if (derived && quant_.dtype(ckpt, key)) dequantized_dtype_ = dt;
     // Streamed weights go to pinned host memory, read by every rank; the rest to the device.
     const bool host = streamed(name, role);
     Tensor dst = host ? backend_.alloc_pinned(dt, expect) : alloc_weight(dt, expect, total);

@@ -73,8 +73,10 @@ class Model : public KvProjector {
   size_t weight_bytes() const { return weight_bytes_; }
   DType weight_dtype() const { return weight_dtype_; }  // dtype of the big matrices
   const std::string& checkpoint_format() const { return format_; }
-  // The checkpoint's quantization (quantized_checkpoint.h): its method and scheme, "" for none.
+  // The checkpoint's quantization (quantized_checkpoint.h): its method and scheme, "" for none;
+  // and the dtype its quantized matrices were dequantized into (the model's, or the one asked for).
   const QuantizedCheckpoint& quantization() const { return quant_; }
+  DType dequantized_dtype() const { return dequantized_dtype_; }
   // Bytes of the checkpoint's files this process read while loading (page granular; a rank
   // that received its weights over a broadcast read the headers only).
   size_t checkpoint_bytes_read() const { return checkpoint_bytes_read_; }
@@ -182,6 +184,7 @@ class Model : public KvProjector {
   ModelSpec spec_;
   std::string format_;
   QuantizedCheckpoint quant_;
+  DType dequantized_dtype_ = DType::BF16;
   size_t checkpoint_bytes_read_ = 0;
   double host_weight_bytes_ = 0;
   std::string weights_digest_;

@@ -63,8 +63,9 @@ QuantizedCheckpoint QuantizedCheckpoint::from_config(const json::Value& config, 
   const std::string where = source + ": quantization_config";
   // The model's dtype, which the unquantized tensors have: the dequantized ones take it too.
   for (const char* key : {"torch_dtype", "dtype"})
-    if (const json::Value* d = config.find(key); d && d->is_string()) parse_dtype(d->as_string(), &q.model_dtype_);
-  if (!is_float(q.model_dtype_)) q.model_dtype_ = DType::BF16;
+    if (DType d; config.find(key) && config.find(key)->is_string() && parse_dtype(config.find(key)->as_string(), &d) &&
+                 is_float(d))
+      q.model_dtype_ = d;
   ConfigFields f(*qc, where);
   f.get_string("quant_method", &q.method_, true);
   const std::string& m = q.method_;
@@ -96,6 +97,7 @@ QuantizedCheckpoint QuantizedCheckpoint::from_config(const json::Value& config, 
     KVPR_CHECK(group == -1 || group > 0, where, ": group_size ", group, " must be positive or -1");
     bool desc_act = false, marlin = false;
     f.get_bool("desc_act", &desc_act);
+    q.desc_act_ = desc_act;
     f.get_bool("sym", &q.symmetric_);
     f.get_bool("is_marlin_format", &marlin);
     KVPR_CHECK(!marlin, where, ": is_marlin_format (Marlin's repacked layout) is not supported (AutoGPTQ's)");
@@ -176,6 +178,7 @@ QuantizedCheckpoint QuantizedCheckpoint::from_config(const json::Value& config, 
         KVPR_CHECK(strategy == "group" || strategy == "channel" || strategy == "tensor", at, ".weights: strategy \"",
                    strategy, "\" is not supported for integer weights (group, channel, tensor)");
         KVPR_CHECK(strategy != "group" || group > 0, at, ".weights: strategy group needs a positive group_size");
+        q.int_schemes_.push_back({static_cast<int>(bits), strategy == "group" ? group : 0, symmetric});
         const double per_group = strategy == "group" ? static_cast<double>(group) : 4096.0;
         q.bits_per_weight_ = std::max(q.bits_per_weight_, static_cast<double>(bits) + (16.0 + (symmetric ? 0 : bits)) / per_group);
         schemes += std::string(schemes.empty() ? "" : ", ") + "int" + std::to_string(bits) + " " +
@@ -203,6 +206,16 @@ json::Value QuantizedCheckpoint::to_json(DType computed_in) const {
                       {"kept_quantized", false}};
 }
 
+void QuantizedCheckpoint::settle_dtype(const CheckpointDir& ckpt) {
+  if (model_dtype_) return;
+  model_dtype_ = DType::BF16;
+  for (const TensorRecord& r : ckpt.tensors())
+    if (r.name.ends_with("embed_tokens.weight") && is_float(r.dtype)) {
+      model_dtype_ = r.dtype;
+      return;
+    }
+}
+
 std::optional<DType> QuantizedCheckpoint::dtype(const CheckpointDir& ckpt, const std::string& key) const {
   if (!quantized()) return std::nullopt;
   const std::string p = module_of(key);
@@ -211,7 +224,7 @@ std::optional<DType> QuantizedCheckpoint::dtype(const CheckpointDir& ckpt, const
   const bool stored_quantized = method_ == "gptq" || method_ == "awq" ? ckpt.find(p + ".qweight") != nullptr
                                 : ckpt.find(p + ".weight_packed") ? true
                                                                   : w && w->dtype == DType::F8E4M3;
-  return stored_quantized ? std::optional<DType>(model_dtype_) : std::nullopt;
+  return stored_quantized ? std::optional<DType>(model_dtype_.value_or(DType::BF16)) : std::nullopt;
 }
 
 Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::string& key) const {
@@ -235,9 +248,14 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
     const int64_t groups = sc.shape[0];
     const int64_t group = group_ > 0 ? group_ : K;
     expect_shape(qz, {groups, N / per});
+    KVPR_CHECK(N > 0 && K > 0, qw.file, ": tensor '", qw.name, "' holds no weights");
     std::vector<int32_t> g_idx(static_cast<size_t>(K));
     const TensorRecord* gi = gptq ? ckpt.find(p + ".g_idx") : nullptr;
     if (gi) expect_shape(*gi, {K});
+    KVPR_CHECK(gi || !desc_act_, ckpt.dir(), ": '", p, ".g_idx' is missing: desc_act orders the groups by it");
+    // In order, the groups are group_size inputs each: as many as the scales have rows.
+    KVPR_CHECK(gi || groups == ceil_div(K, group), sc.file, ": tensor '", sc.name, "' has ", groups, " groups, where ",
+               K, " inputs in groups of ", group, " make ", ceil_div(K, group));
     for (int64_t k = 0; k < K; ++k) {
       const int64_t g = gi ? int_at(*gi, k) : k / group;
       KVPR_CHECK(g >= 0 && g < groups, gi ? gi->file : sc.file, ": input ", k, " of '", p, "' is in group ", g, " of ",
@@ -276,19 +294,28 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
                packed->file, ": tensor '", packed->name, "' of shape ", shape_str(packed->shape), " does not hold ", N,
                " x ", K, " weights");
     const int64_t words = packed->shape[1];
-    const int bits = static_cast<int>(words * 32 / K);
-    KVPR_CHECK((bits == 4 || bits == 8) && words == ceil_div(K * bits, 32), packed->file, ": tensor '", packed->name,
-               "' has ", words, " words a row for ", K, " weights: not 4 or 8 bits a weight");
     // One scale a row and group ([N, groups]; per channel [N, 1]), or one in all ([1]).
     const bool one_scale = shape_numel(sc.shape) == 1;
     KVPR_CHECK(one_scale || (sc.shape.size() == 2 && sc.shape[0] == N && sc.shape[1] > 0), sc.file, ": tensor '",
                sc.name, "' has shape ", shape_str(sc.shape), ", expected [", N, ", groups] or [1]");
-    const int64_t groups = one_scale ? 1 : sc.shape[1], group = ceil_div(K, groups);
+    const int64_t groups = one_scale ? 1 : sc.shape[1];
+    const TensorRecord* zp = ckpt.find(p + ".weight_zero_point");
+    // The config's scheme these tensors are: its bits fill the words, its groups the scales, its
+    // zero points are there exactly when it is asymmetric.
+    const IntScheme* scheme = nullptr;
+    for (const IntScheme& s : int_schemes_)
+      if (words == ceil_div(K * s.bits, 32) && groups == (s.group > 0 ? ceil_div(K, s.group) : 1) &&
+          s.symmetric == (zp == nullptr))
+        scheme = &s;
+    KVPR_CHECK(scheme, packed->file, ": '", p, "' (", words, " words a row, ", groups, " scale", groups > 1 ? "s" : "",
+               " a row, ", zp ? "zero points" : "no zero points", " for ", N, " x ", K,
+               " weights) is none of the config's integer schemes");
+    const int bits = scheme->bits;
+    const int64_t group = scheme->group > 0 ? scheme->group : K;
     const TensorRecord* gi = ckpt.find(p + ".weight_g_idx");
     if (gi) expect_shape(*gi, {K});
     // Asymmetric: zero points as signed as the codes, packed along the output rows (I32
     // [ceil(N·bits/32), groups], as compressed-tensors writes them since 0.9.4).
-    const TensorRecord* zp = ckpt.find(p + ".weight_zero_point");
     if (zp) {
       expect_dtype(*zp, zp->dtype == DType::I32, "I32 (zero points packed along the rows; compressed-tensors' int8 "
                                                  "ones, before 0.9.4, are not supported)");
@@ -317,7 +344,8 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
   if (!sc) sc = ckpt.find(p + ".weight_scale");
   KVPR_CHECK(sc, ckpt.dir(), ": fp8 tensor '", key, "' has no weight_scale_inv or weight_scale beside it");
   expect_dtype(*sc, is_float(sc->dtype), "F32, BF16 or F16");
-  KVPR_CHECK(w.shape.size() == 2, w.file, ": tensor '", w.name, "' must be a matrix");
+  KVPR_CHECK(w.shape.size() == 2 && w.shape[0] > 0 && w.shape[1] > 0, w.file, ": tensor '", w.name,
+             "' must be a matrix of weights, not ", shape_str(w.shape));
   const int64_t N = w.shape[0], K = w.shape[1];
   // The scale's grid: one ([1] or []), one per output channel ([N, 1]), or one per block of the
   // config's size ([ceil(N/bn), ceil(K/bk)]: the last ones partial).

@@ -27,6 +27,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/base/json.h"
 #include "engine/base/tensor.h"
@@ -52,9 +53,11 @@ class QuantizedCheckpoint {
   // dtype the matrices are computed in (dequantized at load); null for an unquantized checkpoint.
   json::Value to_json(DType computed_in) const;
 
+  // The model's dtype, which dequantized weights take: config.json's torch_dtype, else the
+  // stored embedding's (else BF16). Called once the checkpoint is open.
+  void settle_dtype(const CheckpointDir& ckpt);
   // The dtype the weight under checkpoint key `key` (a module's ".weight") dequantizes to when
-  // its module is stored quantized (the model's: config.json's torch_dtype, BF16 without one),
-  // else nullopt.
+  // its module is stored quantized (the model's), else nullopt.
   std::optional<DType> dtype(const CheckpointDir& ckpt, const std::string& key) const;
   // That weight, dequantized: F32 [N, K] in host memory. Throws naming the tensor whose dtype
   // or shape does not fit the others.
@@ -68,8 +71,16 @@ class QuantizedCheckpoint {
   int64_t group_ = 0;           // integer formats' group size (0: one per output channel)
   bool gptq_v1_zeros_ = false;  // gptq v1: zeros stored minus one
   bool symmetric_ = true;
+  bool desc_act_ = false;       // gptq: the groups follow g_idx, which must be there
   int64_t block_n_ = 0, block_k_ = 0;  // fp8 blocks of scales (weight_block_size, block_structure)
-  DType model_dtype_ = DType::BF16;
+  // compressed-tensors' integer schemes (config_groups): a module's tensors must fit one.
+  struct IntScheme {
+    int bits;
+    int64_t group;  // 0: one scale a row (channel) or in all (tensor)
+    bool symmetric;
+  };
+  std::vector<IntScheme> int_schemes_;
+  std::optional<DType> model_dtype_;  // config.json's torch_dtype
 };
 
 // AWQ's order of the eight 4-bit values in a word: value i is column kAwqColumn[i] of its 8.

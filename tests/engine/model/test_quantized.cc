@@ -161,21 +161,61 @@ TEST(Quantized, WhatIsNotSupportedIsRefusedByName) {
       {"num_bits": 4, "type": "float"}}}}})", "float num_bits 4");
   // Unquantized: nothing to do.
   EXPECT_FALSE(QuantizedCheckpoint::from_config(json::parse(R"({"model_type": "llama"})"), "c").quantized());
-  // A module whose scales do not fit its codes, named with its tensor.
+  // A module whose tensors do not fit the config, named with its tensor: groups of 16 or 64 where
+  // the scales hold groups of 32; desc_act without g_idx; compressed-tensors int4 tensors under
+  // an int8 scheme.
+  auto load_refused = [](const std::string& name, const char* key, const json::Value& value, const char* what) {
+    test::TempDir tmp;
+    const std::string src = fixture(name);
+    for (const char* f : {"config.json", "model.safetensors"})
+      std::filesystem::copy_file(src + "/" + f, tmp.path() + "/" + f);
+    json::Value cfg = json::parse(test::read_file(src + "/config.json"));
+    json::Value qc = *cfg.find("quantization_config");
+    if (std::string(key) == "num_bits") {
+      json::Value groups = *qc.find("config_groups");
+      json::Value g = *groups.find("group_0");
+      json::Value w = *g.find("weights");
+      w.set("num_bits", value);
+      g.set("weights", w);
+      groups.set("group_0", g);
+      qc.set("config_groups", groups);
+    } else {
+      qc.set(key, value);
+    }
+    cfg.set("quantization_config", qc);
+    std::ofstream(tmp.path() + "/config.json") << cfg.dump();
+    CpuBackend be;
+    try {
+      load_model(be, tmp.path());
+      ADD_FAILURE() << name << " " << key << " loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  load_refused("awq_int4_g32", "group_size", json::Value(16), "in groups of 16 make");
+  load_refused("awq_int4_g32", "group_size", json::Value(64), "in groups of 64 make");
+  load_refused("ct_w4a16_g32", "num_bits", json::Value(8), "none of the config's integer schemes");
+  // desc_act without the g_idx that orders its groups: one module of 8 x 32 weights.
   test::TempDir tmp;
-  const std::string src = fixture("awq_int4_g32");  // (no g_idx: the groups follow group_size)
-  for (const char* f : {"config.json", "model.safetensors"})
-    std::filesystem::copy_file(src + "/" + f, tmp.path() + "/" + f);
-  json::Value cfg = json::parse(test::read_file(src + "/config.json"));
-  json::Value qc = *cfg.find("quantization_config");
-  qc.set("group_size", 16);  // 6 groups of 96 inputs, where the scales hold 3
-  cfg.set("quantization_config", qc);
-  std::ofstream(tmp.path() + "/config.json") << cfg.dump();
-  CpuBackend be;
-  try {
-    load_model(be, tmp.path());
-    ADD_FAILURE() << "loaded";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is in group"), std::string::npos) << e.what();
+  std::vector<int32_t> qw(4 * 8, 0), qz(1, 0);
+  std::vector<uint16_t> sc(8, f32_to_f16(1.f));
+  write_safetensors(tmp.path() + "/model.safetensors", {{"m.qweight", DType::I32, {4, 8}, qw.data()},
+                                                        {"m.qzeros", DType::I32, {1, 1}, qz.data()},
+                                                        {"m.scales", DType::F16, {1, 8}, sc.data()}});
+  CheckpointDir ckpt(tmp.path());
+  for (bool desc_act : {false, true}) {
+    json::Value cfg = json::parse(R"({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 32}})");
+    json::Value qc = *cfg.find("quantization_config");
+    qc.set("desc_act", desc_act);
+    cfg.set("quantization_config", qc);
+    const QuantizedCheckpoint q = QuantizedCheckpoint::from_config(cfg, "config.json");
+    try {
+      const Tensor w = q.dequantize(ckpt, "m.weight");
+      EXPECT_FALSE(desc_act);
+      EXPECT_EQ(w.shape(), (Shape{8, 32}));
+    } catch (const Error& e) {
+      EXPECT_TRUE(desc_act) << e.what();
+      EXPECT_NE(std::string(e.what()).find("desc_act orders the groups"), std::string::npos) << e.what();
+    }
   }
 }
