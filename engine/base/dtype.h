@@ -10,7 +10,8 @@
 
 namespace kvpr {
 
-enum class DType : uint8_t { F32, F16, BF16, I32, I64, U8, F8E4M3 };
+// (I8: quantized checkpoints' int8 codes and zero points, read at load.)
+enum class DType : uint8_t { F32, F16, BF16, I32, I64, U8, F8E4M3, I8 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -20,6 +21,7 @@ inline size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::U8: return 1;
+    case DType::I8: return 1;
     case DType::F8E4M3: return 1;
   }
   return 0;
@@ -33,6 +35,7 @@ inline const char* dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::I8: return "I8";
     case DType::F8E4M3: return "F8_E4M3";
   }
   return "?";

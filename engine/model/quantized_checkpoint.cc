@@ -17,6 +17,7 @@ int64_t int_at(const TensorRecord& r, int64_t i) {
     case DType::I32: return static_cast<const int32_t*>(r.data)[i];
     case DType::I64: return static_cast<const int64_t*>(r.data)[i];
     case DType::U8: return static_cast<const uint8_t*>(r.data)[i];
+    case DType::I8: return static_cast<const int8_t*>(r.data)[i];
     default: KVPR_THROW(r.file, ": tensor '", r.name, "' has dtype ", dtype_name(r.dtype), ", expected an integer one");
   }
 }
@@ -173,16 +174,22 @@ QuantizedCheckpoint QuantizedCheckpoint::from_config(const json::Value& config, 
         schemes += std::string(schemes.empty() ? "" : ", ") + "fp8 e4m3 per " + strategy;
       } else if (type == "int") {
         KVPR_CHECK(bits == 4 || bits == 8, at, ".weights: num_bits ", bits, " is not supported (4, 8)");
-        KVPR_CHECK(gformat.empty() || gformat == "pack-quantized", at, ": format \"", gformat,
-                   "\" is not supported for integer weights (pack-quantized)");
+        // pack-quantized: codes in I32 words; int-quantized (W8A8) and naive-quantized: I8 codes.
+        const bool unpacked = gformat == "int-quantized" || gformat == "naive-quantized";
+        KVPR_CHECK(gformat.empty() || gformat == "pack-quantized" || unpacked, at, ": format \"", gformat,
+                   "\" is not supported for integer weights (pack-quantized, int-quantized, naive-quantized)");
+        KVPR_CHECK(!unpacked || bits == 8, at, ": format \"", gformat, "\" with num_bits ", bits,
+                   " is not supported (8: int8 codes)");
         KVPR_CHECK(strategy == "group" || strategy == "channel" || strategy == "tensor", at, ".weights: strategy \"",
                    strategy, "\" is not supported for integer weights (group, channel, tensor)");
         KVPR_CHECK(strategy != "group" || group > 0, at, ".weights: strategy group needs a positive group_size");
         q.int_schemes_.push_back({static_cast<int>(bits), strategy == "group" ? group : 0, symmetric});
         const double per_group = strategy == "group" ? static_cast<double>(group) : 4096.0;
         q.bits_per_weight_ = std::max(q.bits_per_weight_, static_cast<double>(bits) + (16.0 + (symmetric ? 0 : bits)) / per_group);
+        const json::Value* acts = gf.find("input_activations");
         schemes += std::string(schemes.empty() ? "" : ", ") + "int" + std::to_string(bits) + " " +
-                   (strategy == "group" ? "g" + std::to_string(group) : "per channel") + (symmetric ? " sym" : " asym");
+                   (strategy == "group" ? "g" + std::to_string(group) : "per " + strategy) + (symmetric ? " sym" : " asym") +
+                   (acts && acts->is_object() ? " (w8a8 run as weight-only)" : "");
       } else {
         KVPR_THROW(at, ".weights: type \"", type, "\" is not supported (int, float)");
       }
@@ -223,7 +230,7 @@ std::optional<DType> QuantizedCheckpoint::dtype(const CheckpointDir& ckpt, const
   const TensorRecord* w = ckpt.find(key);
   const bool stored_quantized = method_ == "gptq" || method_ == "awq" ? ckpt.find(p + ".qweight") != nullptr
                                 : ckpt.find(p + ".weight_packed") ? true
-                                                                  : w && w->dtype == DType::F8E4M3;
+                                                                  : w && (w->dtype == DType::F8E4M3 || w->dtype == DType::I8);
   return stored_quantized ? std::optional<DType>(model_dtype_.value_or(DType::BF16)) : std::nullopt;
 }
 
@@ -283,57 +290,74 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
     }
     return out;
   }
-  if (const TensorRecord* packed = ckpt.find(p + ".weight_packed")) {
+  // compressed-tensors' integer codes: packed in I32 words (pack-quantized), or one I8 each
+  // (int-quantized, naive-quantized).
+  const TensorRecord* packed = ckpt.find(p + ".weight_packed");
+  const TensorRecord* codes8 = packed ? nullptr : ckpt.find(key);
+  if (codes8 && codes8->dtype != DType::I8) codes8 = nullptr;
+  if (packed || codes8) {
     const TensorRecord& sc = need(ckpt, p + ".weight_scale");
-    const TensorRecord& ws = need(ckpt, p + ".weight_shape");
-    expect_dtype(*packed, packed->dtype == DType::I32, "I32");
     expect_dtype(sc, is_float(sc.dtype), "F16, BF16 or F32");
-    KVPR_CHECK(ws.shape == Shape{2}, ws.file, ": tensor '", ws.name, "' must hold two sizes");
-    const int64_t N = int_at(ws, 0), K = int_at(ws, 1);
-    KVPR_CHECK(N > 0 && K > 0 && packed->shape.size() == 2 && packed->shape[0] == N && packed->shape[1] > 0,
-               packed->file, ": tensor '", packed->name, "' of shape ", shape_str(packed->shape), " does not hold ", N,
-               " x ", K, " weights");
-    const int64_t words = packed->shape[1];
+    int64_t N = 0, K = 0, words = 0;
+    if (packed) {
+      const TensorRecord& ws = need(ckpt, p + ".weight_shape");
+      expect_dtype(*packed, packed->dtype == DType::I32, "I32");
+      KVPR_CHECK(ws.shape == Shape{2}, ws.file, ": tensor '", ws.name, "' must hold two sizes");
+      N = int_at(ws, 0), K = int_at(ws, 1);
+      KVPR_CHECK(N > 0 && K > 0 && packed->shape.size() == 2 && packed->shape[0] == N && packed->shape[1] > 0,
+                 packed->file, ": tensor '", packed->name, "' of shape ", shape_str(packed->shape), " does not hold ", N,
+                 " x ", K, " weights");
+      words = packed->shape[1];
+    } else {
+      KVPR_CHECK(codes8->shape.size() == 2 && codes8->shape[0] > 0 && codes8->shape[1] > 0, codes8->file, ": tensor '",
+                 codes8->name, "' must be a matrix of weights, not ", shape_str(codes8->shape));
+      N = codes8->shape[0], K = codes8->shape[1];
+    }
     // One scale a row and group ([N, groups]; per channel [N, 1]), or one in all ([1]).
     const bool one_scale = shape_numel(sc.shape) == 1;
     KVPR_CHECK(one_scale || (sc.shape.size() == 2 && sc.shape[0] == N && sc.shape[1] > 0), sc.file, ": tensor '",
                sc.name, "' has shape ", shape_str(sc.shape), ", expected [", N, ", groups] or [1]");
     const int64_t groups = one_scale ? 1 : sc.shape[1];
     const TensorRecord* zp = ckpt.find(p + ".weight_zero_point");
-    // The config's scheme these tensors are: its bits fill the words, its groups the scales, its
-    // zero points are there exactly when it is asymmetric.
+    // The config's scheme these tensors are: its bits fill the words (or are 8, one I8 a code),
+    // its groups the scales, its zero points are there exactly when it is asymmetric.
     const IntScheme* scheme = nullptr;
     for (const IntScheme& s : int_schemes_)
-      if (words == ceil_div(K * s.bits, 32) && groups == (s.group > 0 ? ceil_div(K, s.group) : 1) &&
-          s.symmetric == (zp == nullptr))
+      if ((packed ? words == ceil_div(K * s.bits, 32) : s.bits == 8) &&
+          groups == (s.group > 0 ? ceil_div(K, s.group) : 1) && s.symmetric == (zp == nullptr))
         scheme = &s;
-    KVPR_CHECK(scheme, packed->file, ": '", p, "' (", words, " words a row, ", groups, " scale", groups > 1 ? "s" : "",
-               " a row, ", zp ? "zero points" : "no zero points", " for ", N, " x ", K,
+    KVPR_CHECK(scheme, (packed ? packed : codes8)->file, ": '", p, "' (", packed ? std::to_string(words) + " words" :
+               std::string("I8 codes"), " a row, ", groups, " scale", groups > 1 ? "s" : "", " a row, ",
+               zp ? "zero points" : "no zero points", " for ", N, " x ", K,
                " weights) is none of the config's integer schemes");
     const int bits = scheme->bits;
     const int64_t group = scheme->group > 0 ? scheme->group : K;
     const TensorRecord* gi = ckpt.find(p + ".weight_g_idx");
     if (gi) expect_shape(*gi, {K});
     // Asymmetric: zero points as signed as the codes, packed along the output rows (I32
-    // [ceil(N·bits/32), groups], as compressed-tensors writes them since 0.9.4).
+    // [ceil(N·bits/32), groups], as compressed-tensors writes them since 0.9.4), or one I8 each
+    // (before, and for a tensor's one), shaped as the scales.
     if (zp) {
-      expect_dtype(*zp, zp->dtype == DType::I32, "I32 (zero points packed along the rows; compressed-tensors' int8 "
-                                                 "ones, before 0.9.4, are not supported)");
-      expect_shape(*zp, {ceil_div(N * bits, 32), groups});
+      expect_dtype(*zp, zp->dtype == DType::I32 || zp->dtype == DType::I8, "I32 (packed) or I8");
+      expect_shape(*zp, zp->dtype == DType::I32 ? Shape{ceil_div(N * bits, 32), groups} : sc.shape);
     }
     const int64_t offset = int64_t{1} << (bits - 1);
-    const auto* words_p = static_cast<const int32_t*>(packed->data);
+    auto zero = [&](int64_t n, int64_t g) -> int64_t {
+      if (!zp) return 0;
+      if (zp->dtype == DType::I8) return static_cast<const int8_t*>(zp->data)[one_scale ? 0 : n * groups + g];
+      return static_cast<int64_t>(unpack(static_cast<const int32_t*>(zp->data) + g, n, bits, groups)) - offset;
+    };
     Tensor out = Tensor::host(DType::F32, {N, K});
     float* o = out.data_as<float>();
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < K; ++k) {
         const int64_t g = gi && int_at(*gi, k) >= 0 ? int_at(*gi, k) : k / group;  // (-1: in order)
         KVPR_CHECK(g < groups, gi ? gi->file : sc.file, ": input ", k, " of '", p, "' is in group ", g, " of ", groups);
-        const int64_t qv = static_cast<int64_t>(unpack(words_p + n * words, k, bits)) - offset;
-        const int64_t z =
-            zp ? static_cast<int64_t>(unpack(static_cast<const int32_t*>(zp->data) + g, n, bits, groups)) - offset : 0;
+        const int64_t qv = packed ? static_cast<int64_t>(unpack(static_cast<const int32_t*>(packed->data) + n * words, k,
+                                                                bits)) - offset
+                                  : static_cast<const int8_t*>(codes8->data)[n * K + k];
         o[n * K + k] = load_as_f32(sc.data, sc.dtype, static_cast<size_t>(one_scale ? 0 : n * groups + g)) *
-                       static_cast<float>(qv - z);
+                       static_cast<float>(qv - zero(n, g));
       }
     return out;
   }

@@ -8,7 +8,10 @@
 //   - compressed-tensors pack-quantized (W4A16, W8A16): P.weight_packed I32 [N, K·bits/32] (value
 //     j of a word at bits [bits·j, bits·j + bits), stored plus 2^(bits-1)), P.weight_scale
 //     [N, K/G] (G = group_size; one column per channel), P.weight_shape, and when asymmetric
-//     P.weight_zero_point; with actorder P.weight_g_idx [K];
+//     P.weight_zero_point (packed along the rows; I8 before compressed-tensors 0.9.4); with
+//     actorder P.weight_g_idx [K];
+//   - compressed-tensors int-quantized (W8A8) and naive-quantized: P.weight I8 [N, K] and
+//     P.weight_scale as above (the activations' quantization is not applied: weight-only);
 //   - gptq (AutoGPTQ, GPTQModel): P.qweight I32 [K·bits/32, N] (packed along the input),
 //     P.qzeros I32 [groups, N·bits/32] (along the output), P.scales [groups, N], P.g_idx I32 [K]:
 //     w = scale · (q - z), where checkpoint_format "gptq" (v1) stores z - 1;

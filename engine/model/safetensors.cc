@@ -20,6 +20,7 @@ bool safetensors_dtype(const std::string& s, DType* out) {
   else if (s == "I32") *out = DType::I32;
   else if (s == "I64") *out = DType::I64;
   else if (s == "U8") *out = DType::U8;
+  else if (s == "I8") *out = DType::I8;
   else if (s == "F8_E4M3") *out = DType::F8E4M3;  // (quantized checkpoints' fp8 weights)
   else return false;
   return true;
@@ -62,7 +63,7 @@ std::vector<TensorRecord> read_safetensors(const MappedFile& file) {
       r.name = key;
       r.file = name;
       KVPR_CHECK(safetensors_dtype(dt->as_string(), &r.dtype), "unsupported dtype ", dt->as_string(),
-                 " (supported: F32, F16, BF16, F8_E4M3, I32, I64, U8)");
+                 " (supported: F32, F16, BF16, F8_E4M3, I32, I64, U8, I8)");
       int64_t numel = 1;
       for (const auto& d : shape->as_array()) {
         int64_t v = d.as_int();

@@ -53,6 +53,11 @@ CASES = [
     # and int8 per channel.
     ("ct_w4a16_asym_actorder", dict(torch_dtype="bfloat16"), "ct_int", dict(bits=4, group=32, sym=False, actorder=True)),
     ("ct_w8a16_channel", {}, "ct_int", dict(bits=8, group=-1, sym=True)),
+    # RedHatAI W8A8 (int-quantized): I8 codes, a scale per channel, dynamic int8 activations
+    # (which kvpr does not apply: weight-only); and int4 asymmetric with the int8 zero points
+    # compressed-tensors wrote before 0.9.4.
+    ("ct_w8a8_int8_channel", dict(torch_dtype="bfloat16"), "ct_int", dict(bits=8, group=-1, sym=True, i8=True)),
+    ("ct_w4a16_asym_int8_zp", {}, "ct_int", dict(bits=4, group=32, sym=False, zp_i8=True)),
     # Mixtral (MoE) in GPTQ: every expert quantized, the router kept.
     ("gptq_mixtral_int4_g32",
      dict(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4, num_experts_per_tok=2),
@@ -145,7 +150,7 @@ def st_bytes(a):
         if a.dtype == torch.bfloat16:
             return "BF16", a.view(torch.int16).numpy().tobytes()
         return {torch.float32: "F32", torch.float16: "F16"}[a.dtype], a.numpy().tobytes()
-    return {np.dtype(np.int32): "I32", np.dtype(np.int64): "I64", np.dtype(np.uint8): "F8_E4M3",
+    return {np.dtype(np.int32): "I32", np.dtype(np.int64): "I64", np.dtype(np.uint8): "F8_E4M3", np.dtype(np.int8): "I8",
             np.dtype(np.float32): "F32"}[a.dtype], np.ascontiguousarray(a).tobytes()
 
 
@@ -228,10 +233,13 @@ def quantize_module(method, opt, w, dtype, gen):
                 lo = np.minimum(w[:, groups == g].min(1), 0)
                 zp[:, g] = np.clip(np.round(qmin - lo / s[:, g]), qmin, qmax)
         q = np.clip(np.round(w / s[:, groups]) + zp[:, groups], qmin, qmax).astype(np.int64)
-        t = {"weight_packed": pack(q - qmin, bits, 1), "weight_scale": st,
-             "weight_shape": np.array([N, K], dtype=np.int64)}
+        if opt.get("i8"):
+            t = {"weight": q.astype(np.int8), "weight_scale": st}
+        else:
+            t = {"weight_packed": pack(q - qmin, bits, 1), "weight_scale": st,
+                 "weight_shape": np.array([N, K], dtype=np.int64)}
         if not opt["sym"]:
-            t["weight_zero_point"] = pack(zp - qmin, bits, 0)
+            t["weight_zero_point"] = zp.astype(np.int8) if opt.get("zp_i8") else pack(zp - qmin, bits, 0)
         if opt.get("actorder"):
             t["weight_g_idx"] = groups.astype(np.int32)
         return t, s[:, groups] * (q - zp[:, groups])
@@ -259,8 +267,11 @@ def quantization_config(method, opt):
                    "strategy": "group" if opt["group"] > 0 else "channel",
                    "group_size": opt["group"] if opt["group"] > 0 else None,
                    "actorder": "group" if opt.get("actorder") else None}
-        return {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
-                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}}}
+        acts = {"num_bits": 8, "type": "int", "strategy": "token", "symmetric": True, "dynamic": True} if opt.get("i8") \
+            else None
+        return {"quant_method": "compressed-tensors", "format": "int-quantized" if opt.get("i8") else "pack-quantized",
+                "ignore": ["lm_head"],
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}}}
     raise ValueError(method)
 
 

@@ -3,7 +3,8 @@
 // make_quantized_fixtures.py, which quantizes and packs as AutoGPTQ, AutoAWQ, llm-compressor and
 // DeepSeek's fp8 do): GPTQ int4 symmetric, asymmetric with desc_act, int8 per channel in the v2
 // zeros; AWQ's GEMM layout; fp8 blocks (whole and partial); compressed-tensors fp8 per channel
-// and int4/int8 packed, symmetric, asymmetric with actorder; a Mixtral whose experts are GPTQ.
+// and int4/int8 packed, symmetric, asymmetric with actorder or int8 zero points, int8 codes
+// (W8A8, run weight-only); a Mixtral whose experts are GPTQ.
 // Logits within 1e-3 (the weights dequantized exactly in F32), the greedy tokens, every KV mode;
 // an element of each packing computed by hand; what is not supported refused by name.
 #include <gtest/gtest.h>
@@ -40,6 +41,8 @@ const Case kCases[] = {
     {"ct_w4a16_g32", "compressed-tensors", "compressed-tensors int4 g32 sym"},
     {"ct_w4a16_asym_actorder", "compressed-tensors", "compressed-tensors int4 g32 asym"},
     {"ct_w8a16_channel", "compressed-tensors", "compressed-tensors int8 per channel sym"},
+    {"ct_w8a8_int8_channel", "compressed-tensors", "compressed-tensors int8 per channel sym (w8a8 run as weight-only)"},
+    {"ct_w4a16_asym_int8_zp", "compressed-tensors", "compressed-tensors int4 g32 asym"},
     {"gptq_mixtral_int4_g32", "gptq", "gptq int4 g32 sym"},
 };
 
@@ -155,8 +158,11 @@ TEST(Quantized, WhatIsNotSupportedIsRefusedByName) {
   refused(R"({"quantization_config": {"quant_method": "awq", "bits": 4, "zero_point": false}})", "zero_point");
   refused(R"({"quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}})", "fmt \"e5m2\"");
   refused(R"({"quantization_config": {"quant_method": "compressed-tensors", "format": "int-quantized",
-      "config_groups": {"g": {"weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}}})",
-          "format \"int-quantized\"");
+      "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "channel"}}}}})",
+          "format \"int-quantized\" with num_bits 4");
+  refused(R"({"quantization_config": {"quant_method": "compressed-tensors", "format": "marlin-24",
+      "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "channel"}}}}})",
+          "format \"marlin-24\"");
   refused(R"({"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights":
       {"num_bits": 4, "type": "float"}}}}})", "float num_bits 4");
   // Unquantized: nothing to do.
