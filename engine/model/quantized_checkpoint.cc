@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/base/error.h"
+#include "engine/base/thread_pool.h"
 #include "engine/model/config_fields.h"
 
 namespace kvpr {
@@ -52,6 +53,14 @@ std::string module_of(const std::string& key) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// f(n) for every output row n, on the CPU kernels' threads (rows are written apart; f throws nothing).
+template <typename F>
+void rows_in_parallel(int64_t N, F&& f) {
+  ThreadPool::global().parallel_for(N, 16, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) f(n);
+  });
+}
 
 std::string group_name(int64_t group) { return group > 0 ? "g" + std::to_string(group) : "per channel"; }
 
@@ -277,9 +286,9 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
     const auto* qzp = static_cast<const int32_t*>(qz.data);
     Tensor out = Tensor::host(DType::F32, {N, K});
     float* o = out.data_as<float>();
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t g = g_idx[static_cast<size_t>(k)];
-      for (int64_t n = 0; n < N; ++n) {
+    rows_in_parallel(N, [&](int64_t n) {
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = g_idx[static_cast<size_t>(k)];
         // gptq's codes are packed along the inputs (a column of words), awq's along the outputs.
         const uint32_t q = gptq ? unpack(qwp + n, k, bits, N) : unpack(qwp + k * (N / per), col_value(n), bits);
         int64_t z = unpack(qzp + g * (N / per), col_value(n), bits);
@@ -287,7 +296,7 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
         const float s = load_as_f32(sc.data, sc.dtype, static_cast<size_t>(g * N + n));
         o[n * K + k] = s * static_cast<float>(static_cast<int64_t>(q) - z);
       }
-    }
+    });
     return out;
   }
   // compressed-tensors' integer codes: packed in I32 words (pack-quantized), or one I8 each
@@ -347,18 +356,24 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
       if (zp->dtype == DType::I8) return static_cast<const int8_t*>(zp->data)[one_scale ? 0 : n * groups + g];
       return static_cast<int64_t>(unpack(static_cast<const int32_t*>(zp->data) + g, n, bits, groups)) - offset;
     };
+    std::vector<int64_t> g_of(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t g = gi && int_at(*gi, k) >= 0 ? int_at(*gi, k) : k / group;  // (-1: in order)
+      KVPR_CHECK(g < groups, gi ? gi->file : sc.file, ": input ", k, " of '", p, "' is in group ", g, " of ", groups);
+      g_of[static_cast<size_t>(k)] = g;
+    }
     Tensor out = Tensor::host(DType::F32, {N, K});
     float* o = out.data_as<float>();
-    for (int64_t n = 0; n < N; ++n)
+    rows_in_parallel(N, [&](int64_t n) {
       for (int64_t k = 0; k < K; ++k) {
-        const int64_t g = gi && int_at(*gi, k) >= 0 ? int_at(*gi, k) : k / group;  // (-1: in order)
-        KVPR_CHECK(g < groups, gi ? gi->file : sc.file, ": input ", k, " of '", p, "' is in group ", g, " of ", groups);
+        const int64_t g = g_of[static_cast<size_t>(k)];
         const int64_t qv = packed ? static_cast<int64_t>(unpack(static_cast<const int32_t*>(packed->data) + n * words, k,
                                                                 bits)) - offset
                                   : static_cast<const int8_t*>(codes8->data)[n * K + k];
         o[n * K + k] = load_as_f32(sc.data, sc.dtype, static_cast<size_t>(one_scale ? 0 : n * groups + g)) *
                        static_cast<float>(qv - zero(n, g));
       }
+    });
     return out;
   }
   // fp8: one scale per block (fp8's weight_scale_inv, or compressed-tensors' weight_scale per
@@ -390,10 +405,11 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
   Tensor out = Tensor::host(DType::F32, {N, K});
   float* o = out.data_as<float>();
   const auto* wp = static_cast<const uint8_t*>(w.data);
-  for (int64_t n = 0; n < N; ++n)
+  rows_in_parallel(N, [&](int64_t n) {
     for (int64_t k = 0; k < K; ++k)
       o[n * K + k] = e4m3_to_f32(wp[n * K + k]) *
                      load_as_f32(sc->data, sc->dtype, static_cast<size_t>((n / bn) * cols + k / bk));
+  });
   return out;
 }
 
