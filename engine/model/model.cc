@@ -222,6 +222,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   const bool receiver = opts.broadcast && opts.broadcast->rank() != 0;
   assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole role) -> Tensor {
     const std::string key = key_of(name);
+    const bool quantized = quant_.dtype(ckpt, key).has_value();
     const std::optional<DType> derived = derived_of(key, ckpt.find(key));
     const TensorRecord* r = derived ? nullptr : ckpt.find(key);
     if (!r && !derived) {
@@ -234,7 +235,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     KVPR_CHECK(!r || r->shape == expect, r ? r->file : model_dir, ": tensor '", key, "' has shape ",
                shape_str(r ? r->shape : expect), ", expected ", shape_str(expect));
     DType dt = opts.convert_weights ? opts.weight_dtype : stored;
-    if (derived && quant_.dtype(ckpt, key)) dequantized_dtype_ = dt;
+    if (quantized) dequantized_dtype_ = dt;
     // Streamed weights go to pinned host memory, read by every rank; the rest to the device.
     const bool host = streamed(name, role);
     Tensor dst = host ? backend_.alloc_pinned(dt, expect) : alloc_weight(dt, expect, total);
@@ -248,7 +249,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
       if (r) {
         upload_weight(backend_, dst, Tensor::borrow(const_cast<void*>(r->data), r->dtype, r->shape));
       } else {
-        const Tensor src = quant_.dtype(ckpt, key) ? quant_.dequantize(ckpt, key) : derived_weight(ckpt, key);
+        const Tensor src = quantized ? quant_.dequantize(ckpt, key) : derived_weight(ckpt, key);
         KVPR_CHECK(src.defined() && src.shape() == expect, model_dir, ": tensor '", key, "' derives to shape ",
                    src.defined() ? shape_str(src.shape()) : "none", ", expected ", shape_str(expect));
         upload_weight(backend_, dst, src);

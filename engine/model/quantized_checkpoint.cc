@@ -54,6 +54,20 @@ std::string module_of(const std::string& key) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The group of each of a module's K inputs: g_idx's entry (with `negative_in_order`, compressed-
+// tensors' -1 means in order), else k / group; each checked to lie in [0, groups).
+std::vector<int64_t> groups_of_inputs(const TensorRecord* g_idx, int64_t K, int64_t group, int64_t groups,
+                                      bool negative_in_order, const std::string& file, const std::string& module) {
+  std::vector<int64_t> out(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) {
+    int64_t g = g_idx ? int_at(*g_idx, k) : k / group;
+    if (g < 0 && negative_in_order) g = k / group;
+    KVPR_CHECK(g >= 0 && g < groups, file, ": input ", k, " of '", module, "' is in group ", g, " of ", groups);
+    out[static_cast<size_t>(k)] = g;
+  }
+  return out;
+}
+
 // f(n) for every output row n, on the CPU kernels' threads (rows are written apart; f throws nothing).
 template <typename F>
 void rows_in_parallel(int64_t N, F&& f) {
@@ -265,19 +279,13 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
     const int64_t group = group_ > 0 ? group_ : K;
     expect_shape(qz, {groups, N / per});
     KVPR_CHECK(N > 0 && K > 0, qw.file, ": tensor '", qw.name, "' holds no weights");
-    std::vector<int32_t> g_idx(static_cast<size_t>(K));
     const TensorRecord* gi = gptq ? ckpt.find(p + ".g_idx") : nullptr;
     if (gi) expect_shape(*gi, {K});
     KVPR_CHECK(gi || !desc_act_, ckpt.dir(), ": '", p, ".g_idx' is missing: desc_act orders the groups by it");
     // In order, the groups are group_size inputs each: as many as the scales have rows.
     KVPR_CHECK(gi || groups == ceil_div(K, group), sc.file, ": tensor '", sc.name, "' has ", groups, " groups, where ",
                K, " inputs in groups of ", group, " make ", ceil_div(K, group));
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t g = gi ? int_at(*gi, k) : k / group;
-      KVPR_CHECK(g >= 0 && g < groups, gi ? gi->file : sc.file, ": input ", k, " of '", p, "' is in group ", g, " of ",
-                 groups);
-      g_idx[static_cast<size_t>(k)] = static_cast<int32_t>(g);
-    }
+    const std::vector<int64_t> g_idx = groups_of_inputs(gi, K, group, groups, false, gi ? gi->file : sc.file, p);
     // AWQ's words hold their eight columns in its order: column j of a word is value awq_value[j].
     int awq_value[8];
     for (int i = 0; i < 8; ++i) awq_value[kAwqColumn[i]] = i;
@@ -356,12 +364,7 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
       if (zp->dtype == DType::I8) return static_cast<const int8_t*>(zp->data)[one_scale ? 0 : n * groups + g];
       return static_cast<int64_t>(unpack(static_cast<const int32_t*>(zp->data) + g, n, bits, groups)) - offset;
     };
-    std::vector<int64_t> g_of(static_cast<size_t>(K));
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t g = gi && int_at(*gi, k) >= 0 ? int_at(*gi, k) : k / group;  // (-1: in order)
-      KVPR_CHECK(g < groups, gi ? gi->file : sc.file, ": input ", k, " of '", p, "' is in group ", g, " of ", groups);
-      g_of[static_cast<size_t>(k)] = g;
-    }
+    const std::vector<int64_t> g_of = groups_of_inputs(gi, K, group, groups, true, gi ? gi->file : sc.file, p);
     Tensor out = Tensor::host(DType::F32, {N, K});
     float* o = out.data_as<float>();
     rows_in_parallel(N, [&](int64_t n) {
