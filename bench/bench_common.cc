@@ -1,5 +1,7 @@
 #include "bench/bench_common.h"
 
+#include <atomic>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -41,7 +43,7 @@ std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, const 
     OptConfig oc = preset(name);
     if (size.max_positions > 0) oc.max_position_embeddings = size.max_positions;
     if (size.layers > 0) oc.num_layers = std::min(oc.num_layers, size.layers);
-    return std::make_unique<OptModel>(be, oc, DType::F16, 1234, lo);
+    return std::make_unique<OptModel>(be, oc, size.dtype, 1234, lo);
   }
   LlamaConfig c;
   c.vocab_size = 32000;
@@ -60,6 +62,14 @@ std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, const 
     c.max_position_embeddings = 131072;
     c.rope_theta = 500000;
     c.rope_llama3_factor = 8;
+  } else if (name == "llama-3.2-1b") {  // grouped-query attention, 128256 tokens, the head tied
+    shape(2048, 16, 32, 8, 8192);
+    c.vocab_size = 128256;
+    c.max_position_embeddings = 131072;
+    c.rope_theta = 500000;
+    c.rope_llama3_factor = 32;
+    c.tie_word_embeddings = true;
+    c.torch_dtype = "bfloat16";
   } else if (name == "llama-tiny") {
     shape(128, 4, 4, 2, 344);
   } else if (name.rfind("gemma-3", 0) == 0) {
@@ -117,11 +127,11 @@ std::unique_ptr<Model> preset_model(Backend& be, const std::string& name, const 
       KVPR_THROW("unknown preset '", name, "' (qwen2.5-7b, qwen3-8b, qwen3-0.6b, qwen3-tiny)");
     }
   } else {
-    KVPR_THROW("unknown preset '", name, "' (llama-2-7b, llama-2-13b, llama-2-70b, llama-3.1-8b, llama-tiny)");
+    KVPR_THROW("unknown preset '", name, "' (llama-2-7b, llama-2-13b, llama-2-70b, llama-3.1-8b, llama-3.2-1b, llama-tiny)");
   }
   if (size.max_positions > 0) c.max_position_embeddings = size.max_positions;
   if (size.layers > 0) c.num_layers = std::min(c.num_layers, size.layers);
-  return std::make_unique<LlamaModel>(be, c, DType::F16, 1234, lo);
+  return std::make_unique<LlamaModel>(be, c, size.dtype, 1234, lo);
 }
 
 OptConfig preset(const std::string& name) {
@@ -181,6 +191,24 @@ double recompute_gemm_tflops(Backend& be, int64_t hidden, int64_t kv_hidden, int
   }
   std::sort(ms.begin(), ms.end());
   return 4.0 * static_cast<double>(rows) * hidden * kv_hidden / (ms[ms.size() / 2] / 1e3) / 1e12;
+}
+
+double host_read_gbps(int64_t bytes) {
+  const int64_t words = bytes / 8;
+  std::vector<uint64_t> a(static_cast<size_t>(words), 1);
+  ThreadPool& pool = ThreadPool::global();
+  std::atomic<uint64_t> sink{0};
+  auto read = [&] {
+    pool.parallel_for(words, 1 << 17, [&](int64_t s, int64_t e) {
+      uint64_t sum = 0;
+      for (int64_t i = s; i < e; ++i) sum += a[static_cast<size_t>(i)];
+      sink += sum;
+    });
+  };
+  read();
+  const double t = time_median(3, read);
+  KVPR_CHECK(sink.load() > 0, "host_read_gbps: nothing read");
+  return static_cast<double>(words * 8) / t / 1e9;
 }
 
 double host_copy_gbps(int64_t bytes) {

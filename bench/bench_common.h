@@ -93,6 +93,8 @@ struct PresetSize {
   int64_t max_positions = 0;
   // At most this many layers (--layers: a big preset's real widths at a size a CPU runs).
   int64_t layers = 0;
+  // The random weights' dtype.
+  DType dtype = DType::F16;
 };
 
 // OPT, Llama-2/3.1 and Qwen shapes (and tiny ones for tests) with random weights generated on
@@ -144,6 +146,11 @@ class GreedyDecode {
   ForwardChunk chunk(int b, const int32_t* tokens, int64_t count, int64_t past);
   Tensor ids_dev_, stats_dev_, ids_host_, stats_host_;
 };
+
+// The host memory's read rate (bytes per second) with the global pool's threads: a sum over
+// `bytes`, the median of 3 after a warm-up. Decode at small batch on the CPU reads its weights
+// at this rate at best.
+double host_read_gbps(int64_t bytes);
 
 // The host's memcpy traffic rate (bytes read + written per second) with the global pool's threads.
 double host_copy_gbps(int64_t bytes);

@@ -16,6 +16,7 @@ int cmd_json(const Args& args);    // constrained decoding's host cost per logit
 int cmd_tokenize(const Args& args);  // tokenizer MB/s with the fast splitters and with Oniguruma
 int cmd_serve(const Args& args);   // prefix cache, chunked prefill, speculative decoding on and off
 int cmd_scale(const Args& args);   // N workers on one host in lockstep (bench/scale.cc)
+int cmd_weights(const Args& args);  // batch-1 CPU decode with quantized weights against BF16
 // One of cmd_scale's workers (`kvpr-bench scale-worker ...`, started by it, never by hand):
 // commands on stdin, one JSON reply per line on fd 3.
 int cmd_scale_worker(const Args& args);

@@ -8,13 +8,15 @@
 //                     [--kv-dtype f16] [--weights device|host] [--gpu-batches N] [--emulate-link-gbps G]
 //                     [--host-attention-threads N]
 //                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR] [--max-positions N]
-//                     [--layers N] [--repeat R] [--budget-svg FILE]
+//                     [--layers N] [--repeat R] [--budget-svg FILE] [--weight-format dense|int4|int8|fp8 [--group G]]
 //     (--max-positions: the preset's position range, for contexts past OPT's 2048 positions;
 //     --layers: the preset's first N layers, its real widths at a size a CPU runs;
 //     --repeat: the list of modes run R times over, interleaved, each mode's step time the
 //     median of its R runs: ratios that hold on a machine whose speed drifts;
 //     --budget-svg: ms/step against the GPU KV budget, auto:F's curve beside kvpr, offload and
-//     resident.)
+//     resident; --weight-format: the layers' matrices quantized round to nearest, a scale a row
+//     and group of --group inputs (0: a row), kept quantized: with --weights host the link moves
+//     their bytes.)
 //     Every KV mode side by side in one run on one model with random weights generated on the
 //     device: decode ms per step, tokens/s, split per step, bytes over the link per step, busy
 //     fraction of the compute stream, and each mode's bound from the measured profile.
@@ -263,7 +265,7 @@ class DecodeRun {
   explicit DecodeRun(const std::vector<std::string>& args)
       : opt_(args, {"--preset", "--backend", "--batch", "--prompt", "--gen", "--modes", "--kv-dtype", "--emulate-link-gbps",
                     "--weights", "--gpu-batches", "--host-attention-threads", "--peer", "--probe-mib", "--json", "--svg",
-                    "--trace-dir", "--max-positions", "--layers", "--repeat", "--budget-svg"}) {
+                    "--trace-dir", "--max-positions", "--layers", "--repeat", "--budget-svg", "--weight-format", "--group"}) {
     preset_ = opt_.get("--preset", "opt-6.7b");
     batch_ = opt_.get_int("--batch", 32);
     prompt_ = opt_.get_int("--prompt", 1024);
@@ -292,6 +294,9 @@ class DecodeRun {
     KVPR_CHECK(size.max_positions >= 0 && size.layers >= 0, "--max-positions and --layers must not be negative");
     ModelLoadOptions lo;
     lo.stream_weights = engine_.weights_on_host;
+    KVPR_CHECK(parse_weight_format(opt_.get("--weight-format", "dense"), &lo.random_format),
+               "--weight-format must be dense, int4, int8 or fp8");
+    lo.random_group = opt_.get_int("--group", 128);
     lo.kv_plan = [this](const ModelSpec& spec, DType, const Backend&, double) { return largest_kv_plan(spec); };
     model_ = preset_model(*be_, preset_, lo, size);
     const double init_s = seconds_since(t_init);
@@ -398,8 +403,10 @@ class DecodeRun {
   json::Value header_json(double init_s) const {
     char title[160];
     const std::string layers = opt_.get_int("--layers", 0) > 0 ? " (" + std::to_string(model_->spec().num_layers) + " layers)" : "";
-    std::snprintf(title, sizeof title, "%s%s, batch %d, prompt %d, %d tokens, %s%s", preset_.c_str(), layers.c_str(), batch_,
-                  prompt_, gen_, be_->name().c_str(), engine_.weights_on_host ? ", weights streamed from host" : "");
+    const std::string format = opt_.get("--weight-format", "dense");
+    std::snprintf(title, sizeof title, "%s%s, batch %d, prompt %d, %d tokens, %s%s%s", preset_.c_str(), layers.c_str(),
+                  batch_, prompt_, gen_, be_->name().c_str(), engine_.weights_on_host ? ", weights streamed from host" : "",
+                  format == "dense" ? "" : (", " + format + " weights").c_str());
     return json::Object{{"title", title},
                         {"benchmark", "decode"},
                         {"device", be_->name()},
@@ -411,6 +418,8 @@ class DecodeRun {
                         {"kv_dtype", dtype_name(kv_dtype())},
                         {"weight_bytes", static_cast<int64_t>(model_->weight_bytes())},
                         {"weights", engine_.weights_on_host ? "host" : "device"},
+                        {"weight_format", opt_.get("--weight-format", "dense")},
+                        {"weight_group", opt_.get_int("--group", 128)},
                         {"gpu_batches", engine_.generator.kv.gpu_batches},
                         {"streamed_weight_bytes", streamed_bytes()},
                         {"device_weight_bytes", static_cast<int64_t>(model_->device_weight_bytes())},

@@ -71,6 +71,9 @@ PARTS = [
     Part('sliding', 90, 20, BENCH,
          "kvpr-bench decode of Gemma 3's shape (gemma-3-4b: 5 local layers of window 1024 to 1 global) at 32768 "
          "tokens: each mode's link bytes per step against every layer full (19.3% expected), resident beside"),
+    Part('quantized', 90, 20, BENCH,
+         "kvpr-bench weights: batch-1 decode of Llama-3.2-1B's shape, resident, its layers' matrices in bf16, int4, "
+         "int8 and fp8 (kvpr's layout, read by quantized_gemv): each at >= 80% of the device's memory rate on its bytes"),
     Part('sweep', 240, 30, BENCH,
          'kvpr-bench decode off the main point: fp8 KV, batch 1..64, prompt 128..8192, weights streamed'),
     Part('scale', 240, 30, BENCH + ['numa', 'worker'],
@@ -237,6 +240,16 @@ def summarize(part, raw):
             for k, v in r.items():
                 if k.endswith('_speed_over_contiguous'):
                     targets.append(_target(k.replace('_speed_over_contiguous', '') + ' speed over contiguous', v, '>=', 0.98))
+    elif name == 'quantized':
+        doc = raw.get('weights') or {}
+        runs = {r['format']: r for r in doc.get('runs', []) if isinstance(r, dict) and 'format' in r}
+        rate = doc.get('memory_gbps')
+        s = {'memory_gbps': rate, 'ratios': doc.get('ratios', {}),
+             'runs': {f: {k: r.get(k) for k in ('ms_per_token', 'tokens_per_s', 'weight_bytes_read_per_token', 'bound_ms',
+                                                'over_bound', 'weights_gbps')} for f, r in runs.items()}}
+        for f, r in runs.items():
+            if rate and r.get('weights_gbps') is not None:
+                targets.append(_target(f'{f}: share of the memory rate on its bytes', r['weights_gbps'] / rate, '>=', 0.8))
     elif name == 'kvprd':
         bench = _modes(raw.get('bench'))
         for key, h in sorted(raw.items()):

@@ -4,6 +4,7 @@
 #                bench/run-cpu-bench.sh json [--tokenizer D] (kvpr-bench json: <name> json-mask)
 #                bench/run-cpu-bench.sh serve [options]      (kvpr-bench serve --backend cpu: <name> serve)
 #                bench/run-cpu-bench.sh decode [options]     (kvpr-bench decode --backend cpu: <name> decode)
+#                bench/run-cpu-bench.sh weights [options]    (kvpr-bench weights: <name> weights)
 #                KVPR_BENCH_NAME=N names the result <date>-N-<commit>.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,7 @@ cmd=cpu name=cpu
 if [ "${1:-}" = json ]; then cmd=json name=json-mask; shift; fi
 if [ "${1:-}" = serve ]; then cmd=serve name=serve; shift; set -- --backend cpu "$@"; fi
 if [ "${1:-}" = decode ]; then cmd=decode name=decode; shift; set -- --backend cpu "$@"; fi
+if [ "${1:-}" = weights ]; then cmd=weights name=weights; shift; fi
 name=${KVPR_BENCH_NAME:-$name}
 out=bench/results/$(date -u +%Y-%m-%d)-${name}-${commit}.json
 mkdir -p bench/results

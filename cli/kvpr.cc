@@ -506,7 +506,7 @@ json::Value ModelInfo::to_json() const {
   }
   o.set("checkpoint_format", model.checkpoint_format());
   o.set("weight_dtype", dtype_name(model.weight_dtype()));
-  o.set("quantization", model.quantization().to_json(model.dequantized_dtype()));
+  o.set("quantization", model.quantization().to_json(model.kept_quantized(), model.dequantized_dtype()));
   o.set("parameters", model.parameter_count());
   if (llama && llama->config().moe()) {
     const LlamaConfig& lc = llama->config();
@@ -562,8 +562,8 @@ void ModelInfo::print() const {
     std::printf("context               %lld\n", static_cast<long long>(c.max_position_embeddings));
   std::printf("checkpoint            %s, %s\n", model.checkpoint_format().c_str(), dtype_name(model.weight_dtype()));
   if (const QuantizedCheckpoint& q = model.quantization(); !q.method().empty())
-    std::printf("quantization          %s, %.2f bits a weight as stored, dequantized to %s at load\n",
-                q.describe().c_str(), q.bits_per_weight(), dtype_name(model.dequantized_dtype()));
+    std::printf("quantization          %s, %.2f bits a weight as stored, %s\n", q.describe().c_str(),
+                q.bits_per_weight(), q.how_computed(model.kept_quantized(), model.dequantized_dtype()).c_str());
   if (llama && llama->config().moe()) {
     const LlamaConfig& lc = llama->config();
     std::printf("experts               %lld of width %lld, %lld per token%s, in %lld of %lld layers%s\n",

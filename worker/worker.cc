@@ -202,10 +202,11 @@ class WorkerLoop {
     placement_.set("checkpoint_bytes_read", static_cast<int64_t>(model_->checkpoint_bytes_read()));
     if (!model_->weights_digest().empty()) placement_.set("weights_digest", model_->weights_digest());
     if (const QuantizedCheckpoint& q = model_->quantization(); !q.method().empty()) {
-      placement_.set("quantization", q.to_json(model_->dequantized_dtype()));
-      std::fprintf(stderr, "kvpr-worker %d: quantized checkpoint: %s, %.2f bits a weight as stored; dequantized to %s "
-                   "at load (%.2f GB of weights)\n", opts_.index, q.describe().c_str(), q.bits_per_weight(),
-                   dtype_name(model_->dequantized_dtype()), static_cast<double>(model_->weight_bytes()) / 1e9);
+      placement_.set("quantization", q.to_json(model_->kept_quantized(), model_->dequantized_dtype()));
+      std::fprintf(stderr, "kvpr-worker %d: quantized checkpoint: %s, %.2f bits a weight as stored; %s "
+                   "(%.2f GB of weights)\n", opts_.index, q.describe().c_str(), q.bits_per_weight(),
+                   q.how_computed(model_->kept_quantized(), model_->dequantized_dtype()).c_str(),
+                   static_cast<double>(model_->weight_bytes()) / 1e9);
     }
     if (const LayerWeightStream* ws = model_->weight_stream()) {
       placement_.set("weights", "host");

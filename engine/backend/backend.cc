@@ -87,13 +87,15 @@ void check_copy_spans(const Tensor& dst, const Tensor& src, const std::vector<Ro
              " differ in dtype");
 }
 
-void check_linear_batched_dtypes(const Tensor& out, const Tensor& x, const Tensor& w) {
-  KVPR_CHECK(is_storage_float(x.dtype()) &&
-                 (out.dtype() == DType::F32 || (out.dtype() == w.dtype() && w.dtype() != DType::F8E4M3)),
-             "linear_batched: input ", x.describe(), " and output ", out.describe(), " for weights ", w.describe());
+void check_linear_batched_dtypes(const Tensor& out, const Tensor& x, const Weight& w) {
+  const bool out_ok = out.dtype() == DType::F32 ||
+                      (w.quantized() ? out.dtype() == DType::F16 || out.dtype() == DType::BF16
+                                     : out.dtype() == w.codes.dtype() && w.codes.dtype() != DType::F8E4M3);
+  KVPR_CHECK(is_storage_float(x.dtype()) && out_ok, "linear_batched: input ", x.describe(), " and output ",
+             out.describe(), " for weights ", w.describe());
 }
 
-LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const char* what) {
+LinearShape check_linear(const Tensor& out, const Tensor& x, const Weight& w, const Tensor& bias, const char* what) {
   KVPR_CHECK(out.dtype() == DType::F32 && x.dtype() == DType::F32 && x.rank() >= 1 && x.dim(-1) > 0, what,
              ": output ", out.describe(), " and input ", x.describe(), " must be F32");
   const int64_t K = x.dim(-1), M = x.numel() / K, N = w.rank() == 2 ? w.dim(0) : 0;

@@ -15,6 +15,7 @@
 
 #include "engine/base/host_memory.h"
 #include "engine/base/tensor.h"
+#include "engine/base/weight.h"
 #include "engine/base/trace.h"
 
 namespace kvpr {
@@ -119,8 +120,9 @@ struct RowSpan {
 // Throws unless dst and src are 2-D float tensors of one width and every span lies inside
 // both. Shared by the backends' copy_rows.
 void check_row_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans);
-// Throws unless linear_batched's x is a stored float dtype and out F32 or w's (non-fp8) dtype.
-void check_linear_batched_dtypes(const Tensor& out, const Tensor& x, const Tensor& w);
+// Throws unless linear_batched's x is a stored float dtype and out F32 or w's (non-fp8) dtype
+// (a quantized w: F32, F16 or BF16).
+void check_linear_batched_dtypes(const Tensor& out, const Tensor& x, const Weight& w);
 // The same as check_row_spans, and one dtype (Backend::copy_spans).
 void check_copy_spans(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans);
 
@@ -129,7 +131,7 @@ void check_copy_spans(const Tensor& dst, const Tensor& src, const std::vector<Ro
 struct LinearShape {
   int64_t M, N, K;
 };
-LinearShape check_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const char* what);
+LinearShape check_linear(const Tensor& out, const Tensor& x, const Weight& w, const Tensor& bias, const char* what);
 
 // Rotary embedding frequencies, as Hugging Face's rope types "default", "linear" and "llama3"
 // compute them. Element pair i of a head (of head_dim / 2) turns by position · inv_freq(i),
@@ -292,20 +294,23 @@ class Backend {
   // out = factor · x, or with cap > 0, cap · tanh(factor · x / cap) (soft-capping: Gemma 2's
   // final logits), elementwise in fp32; out may alias x. Gemma's embedding scale is factor.
   virtual void scale(const Tensor& out, const Tensor& x, float factor, float cap) = 0;
+  // Whether linear, linear_accumulate and linear_batched take quantized weights (weight.h),
+  // reading them as stored; a backend that does not is given them dequantized at load.
+  virtual bool reads_quantized_weights() const { return false; }
   // out[M, N] = act(x[M, K] · w[N, K]ᵀ + bias[N]); bias may be undefined.
-  virtual void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+  virtual void linear(const Tensor& out, const Tensor& x, const Weight& w, const Tensor& bias,
                       Activation act) = 0;
   // out[M, N] += x[M, K] · w[N, K]ᵀ + bias[N] (bias may be undefined): a projection added into
   // the residual stream in place. On a GPU the GEMM accumulates into out (beta = 1) and one
   // kernel adds the bias: no temporary and no separate add launch.
-  virtual void linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) = 0;
+  virtual void linear_accumulate(const Tensor& out, const Tensor& x, const Weight& w, const Tensor& bias) = 0;
   // out[b] = act(x · w[b]ᵀ + bias[b]) for every b: x [M, K] shared, w [B, N, K], bias [B, N]
   // (or undefined), out [B, M, N]. One strided-batched GEMM on a GPU: a layer's Q, K and V
   // projections (or K and V when recomputing) in one call, the input converted once. x may be
   // in any stored float dtype (KVPR's X as the KV store holds it: no conversion when it has the
   // weights' dtype), out in F32 or the weights' dtype (recomputed K/V written as the store
   // keeps them: no fp32 round trip).
-  virtual void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+  virtual void linear_batched(const Tensor& out, const Tensor& x, const Weight& w, const Tensor& bias,
                               Activation act) = 0;
   // out = a + b elementwise; out may alias a or b.
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;

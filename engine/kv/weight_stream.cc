@@ -26,6 +26,11 @@ void LayerWeightStream::add(int64_t layer, Tensor* field, Part part) {
   layers_[static_cast<size_t>(layer)].fields.push_back(Field{field, *field, part});
 }
 
+void LayerWeightStream::add(int64_t layer, Weight* field, Part part) {
+  for (Tensor* t : field->parts())
+    if (t->defined()) add(layer, t, part);
+}
+
 void LayerWeightStream::finalize() {
   KVPR_CHECK(!finalized_, "weight stream: finalize twice");
   KVPR_CHECK(!layers_.empty(), "weight stream: no layers");

@@ -38,6 +38,8 @@ class LayerWeightStream {
   // view into the layer's device slot after finalize(). Layers are numbered from 0 and every
   // layer must register at least one field.
   void add(int64_t layer, Tensor* field, Part part);
+  // A matrix's parts (a quantized one's codes, scales, zeros and order; a dense one's tensor).
+  void add(int64_t layer, Weight* field, Part part);
   // Packs each layer into one pinned block and allocates the two device slots.
   void finalize();
 

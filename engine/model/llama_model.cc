@@ -58,10 +58,10 @@ void LlamaModel::stream_layers() {
         ws.add(li, &L.wq, LayerWeightStream::Part::Front);
         ws.add(li, &L.wkv, LayerWeightStream::Part::Front);
       }
-      for (Tensor* w : {&L.wo, &L.w_gate_up, &L.w_down, &L.router, &L.shared_gate_up, &L.shared_down, &L.shared_gate})
+      for (Weight* w : {&L.wo, &L.w_gate_up, &L.w_down, &L.router, &L.shared_gate_up, &L.shared_down, &L.shared_gate})
         if (w->defined()) ws.add(li, w, LayerWeightStream::Part::Back);
-      for (std::vector<Tensor>* ws_experts : {&L.expert_gate_up, &L.expert_down})
-        for (Tensor& w : *ws_experts) ws.add(li, &w, LayerWeightStream::Part::Back);
+      for (std::vector<Weight>* ws_experts : {&L.expert_gate_up, &L.expert_down})
+        for (Weight& w : *ws_experts) ws.add(li, &w, LayerWeightStream::Part::Back);
     }
   });
 }
@@ -71,12 +71,13 @@ void LlamaModel::assemble(const WeightSource& fetch) {
   const int64_t h = c.hidden_size, f = c.intermediate_size, kvh = c.num_kv_heads * c.head_dim(), qw = c.q_width();
   auto matrix = [&](const std::string& name, Shape shape) { return fetch(name, shape, true, WeightRole::Matrix); };
   auto bias = [&](const std::string& name, int64_t n, bool on) {
-    return on ? fetch(name, {n}, true, WeightRole::Bias) : Tensor();
+    return on ? fetch(name, {n}, true, WeightRole::Bias).dense("bias") : Tensor();
   };
-  auto gain = [&](const std::string& name) { return fetch(name, {h}, true, WeightRole::NormGain); };
+  auto vector = [&](const std::string& name, int64_t n) { return fetch(name, {n}, true, WeightRole::NormGain).dense("gain"); };
+  auto gain = [&](const std::string& name) { return vector(name, h); };
   layers_.clear();
   parts_.clear();
-  embed_tokens_ = fetch("embed_tokens.weight", {c.vocab_size, h}, true, WeightRole::Embedding);
+  embed_tokens_ = fetch("embed_tokens.weight", {c.vocab_size, h}, true, WeightRole::Embedding).dense("embedding");
   weight_dtype_ = embed_tokens_.dtype();
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
@@ -92,14 +93,14 @@ void LlamaModel::assemble(const WeightSource& fetch) {
     }
     L.wo = matrix(p + "self_attn.o_proj.weight", {h, qw});
     if (c.qk_norm) {
-      L.q_norm = fetch(p + "self_attn.q_norm.weight", {c.head_dim()}, true, WeightRole::NormGain);
-      L.k_norm = fetch(p + "self_attn.k_norm.weight", {c.head_dim()}, true, WeightRole::NormGain);
+      L.q_norm = vector(p + "self_attn.q_norm.weight", c.head_dim());
+      L.k_norm = vector(p + "self_attn.k_norm.weight", c.head_dim());
     }
     P.bq = bias(p + "self_attn.q_proj.bias", qw, c.qkv_bias);
     P.bk = bias(p + "self_attn.k_proj.bias", kvh, c.qkv_bias);
     P.bv = bias(p + "self_attn.v_proj.bias", kvh, c.qkv_bias);
     L.bo = bias(p + "self_attn.o_proj.bias", h, c.o_bias);
-    if (c.attention_sinks) L.sinks = fetch(p + "self_attn.sinks", {c.num_heads}, true, WeightRole::Bias);
+    if (c.attention_sinks) L.sinks = bias(p + "self_attn.sinks", c.num_heads, true);
     if (c.gemma_norms) {  // Gemma's four: the attention's and the MLP's inputs and outputs
       L.attn_out_norm = gain(p + "post_attention_layernorm.weight");
       L.mlp_norm = gain(p + "pre_feedforward_layernorm.weight");
@@ -228,7 +229,7 @@ void LlamaModel::rope(const Tensor& x, const Tensor& positions, int64_t layer) {
   backend_.rope(x, positions, static_cast<int>(config_.head_dim()), ropes_[static_cast<size_t>(layer)]);
 }
 
-void LlamaModel::add_output(const Tensor& x, const Tensor& a, const Tensor& w, const Tensor& b, const Tensor& out_norm) {
+void LlamaModel::add_output(const Tensor& x, const Tensor& a, const Weight& w, const Tensor& b, const Tensor& out_norm) {
   if (!out_norm.defined()) {
     backend_.linear_accumulate(x, a, w, b);
     return;
@@ -260,7 +261,7 @@ void LlamaModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, co
   rope(k, positions, layer);  // K turns; V does not
 }
 
-void LlamaModel::swiglu(const Tensor& a, const Tensor& w_gate_up, const Tensor& b_gate_up, const Tensor& w_down,
+void LlamaModel::swiglu(const Tensor& a, const Weight& w_gate_up, const Tensor& b_gate_up, const Weight& w_down,
                         const Tensor& b_down, const Tensor& out, bool accumulate) {
   const int64_t m = a.dim(0), f = w_gate_up.dim(1);
   Tensor gate_up = ws_.get("moe_gu", DType::F32, {2, m, f});

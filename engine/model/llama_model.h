@@ -20,25 +20,29 @@ namespace kvpr {
 
 struct LlamaLayer {
   Tensor attn_norm;                       // input_layernorm
-  Tensor wqkv, bqkv;                      // q_proj, k_proj, v_proj stacked: [3, qw, h] (and [3, qw]) (MHA)
-  Tensor wq, bq, wkv, bkv;                // grouped-query attention: q_proj [qw, h]; k_proj, v_proj
+  Weight wqkv;                            // q_proj, k_proj, v_proj stacked: [3, qw, h] (and [3, qw]) (MHA)
+  Tensor bqkv;
+  Weight wq, wkv;                         // grouped-query attention: q_proj [qw, h]; k_proj, v_proj
+  Tensor bq, bkv;
                                           // stacked [2, kv_h, h] (and biases)
   Tensor q_norm, k_norm;                  // Qwen3: per-head RMSNorm gains [head_dim]
-  Tensor wo, bo;                          // o_proj [h, qw]
+  Weight wo;                              // o_proj [h, qw]
+  Tensor bo;
                                           // (qw = heads x head_dim, h unless config.json sets head_dim)
   Tensor attn_out_norm;                   // Gemma: post_attention_layernorm, on o_proj's output
   Tensor mlp_norm;                        // post_attention_layernorm (Gemma: pre_feedforward_layernorm)
   Tensor mlp_out_norm;                    // Gemma: post_feedforward_layernorm, on down_proj's output
-  Tensor w_gate_up, b_gate_up;            // gate_proj, up_proj stacked: [2, ffn, h] (and [2, ffn])
-  Tensor w_down, b_down;                  // down_proj
+  Weight w_gate_up, w_down;               // gate_proj, up_proj stacked: [2, ffn, h]; down_proj
+  Tensor b_gate_up, b_down;               // (and their biases, [2, ffn] and [h])
   // Mixture of experts (a layer with a router has no dense MLP above): the router [E, h], each
   // expert's gate/up stacked [2, fe, h] and down [h, fe]; Qwen2-MoE's shared expert likewise and
   // its gate [1, h].
-  Tensor router, router_bias;             // (gpt-oss: the router has a bias)
-  std::vector<Tensor> expert_gate_up, expert_down;
+  Weight router;
+  Tensor router_bias;                     // (gpt-oss: the router has a bias)
+  std::vector<Weight> expert_gate_up, expert_down;
   std::vector<Tensor> expert_gate_up_bias, expert_down_bias;  // gpt-oss's experts' biases
   Tensor sinks;                           // gpt-oss: self_attn.sinks, F32 [heads]
-  Tensor shared_gate_up, shared_down, shared_gate;
+  Weight shared_gate_up, shared_down, shared_gate;
 };
 
 class LlamaModel : public Model {
@@ -52,6 +56,7 @@ class LlamaModel : public Model {
   Tensor forward_device(const std::vector<ForwardChunk>& chunks, KvRuntime& kv, bool all_positions = false) override;
   void project_kv(int64_t layer, const Tensor& x, const Tensor& kv, const Tensor& positions) override;
   bool needs_positions() const override { return true; }
+  bool keeps_quantized() const override { return true; }
   // A mixture of experts reads the router's choices back to the host every layer.
   bool graph_capturable() const override { return !config_.moe(); }
 
@@ -68,7 +73,7 @@ class LlamaModel : public Model {
   std::optional<DType> derived_dtype(const CheckpointDir& ckpt, const std::string& key) const override;
   Tensor derived_weight(const CheckpointDir& ckpt, const std::string& key) const override;
   // x += norm(y) with the gain `out_norm` (Gemma's output norms), else x += y, where y = a · wᵀ + b.
-  void add_output(const Tensor& x, const Tensor& a, const Tensor& w, const Tensor& b, const Tensor& out_norm);
+  void add_output(const Tensor& x, const Tensor& a, const Weight& w, const Tensor& b, const Tensor& out_norm);
   // Qwen3's per-head RMSNorm of rows [n, heads x head_dim] with `gain` (in place); nothing for
   // models without it.
   void head_norm(const Tensor& x, const Tensor& gain);
@@ -80,7 +85,7 @@ class LlamaModel : public Model {
   void mixture_of_experts(const LlamaLayer& L, const Tensor& a, const Tensor& x);
   // a SwiGLU MLP of stacked gate/up `w_gate_up` [2, f, h] and `w_down` [h, f] on rows `a` [m, h]
   // into out [m, h] (out = ... when `accumulate` is false, else out += ...).
-  void swiglu(const Tensor& a, const Tensor& w_gate_up, const Tensor& b_gate_up, const Tensor& w_down,
+  void swiglu(const Tensor& a, const Weight& w_gate_up, const Tensor& b_gate_up, const Weight& w_down,
               const Tensor& b_down, const Tensor& out, bool accumulate);
 
   LlamaConfig config_;
@@ -89,13 +94,16 @@ class LlamaModel : public Model {
   // The checkpoint's key prefixes: "model." and "" (a wrapper's: "language_model.model." or
   // "model.language_model.", and "language_model." or "").
   std::string prefix_ = "model.", head_prefix_;
-  Tensor embed_tokens_, final_norm_, lm_head_;
+  Tensor embed_tokens_, final_norm_;
+  Weight lm_head_;
   // The separate checkpoint tensors until stack_weights() joins them.
   struct Parts {
-    Tensor wq, wk, wv, bq, bk, bv, w_gate, w_up, b_gate, b_up;
-    Tensor wqkv, w_gate_up;  // Phi-3's fused matrices
-    std::vector<Tensor> expert_gate, expert_up, expert_gate_bias, expert_up_bias;
-    Tensor shared_gate, shared_up;
+    Weight wq, wk, wv, w_gate, w_up;
+    Tensor bq, bk, bv, b_gate, b_up;
+    Weight wqkv, w_gate_up;  // Phi-3's fused matrices
+    std::vector<Weight> expert_gate, expert_up;
+    std::vector<Tensor> expert_gate_bias, expert_up_bias;
+    Weight shared_gate, shared_up;
   };
   // Routing: the router's logits (and the shared expert gate's) read back, and each expert's rows
   // and weights sent up, through pinned host buffers.

@@ -65,7 +65,9 @@ bool Model::streamed(const std::string& name, WeightRole role) const {
   return stream_weights_ && role == WeightRole::Matrix && name.rfind("layers.", 0) == 0;
 }
 
-Tensor Model::stack(std::initializer_list<const Tensor*> parts) {
+Tensor Model::stack(std::initializer_list<const Tensor*> parts) { return stack_tensors(std::vector<const Tensor*>(parts)); }
+
+Tensor Model::stack_tensors(const std::vector<const Tensor*>& parts) {
   const Tensor& first = **parts.begin();
   Shape shape{static_cast<int64_t>(parts.size())};
   for (int64_t d : first.shape()) shape.push_back(d);
@@ -91,6 +93,97 @@ Tensor Model::stack(std::initializer_list<const Tensor*> parts) {
     }
   }
   return out;
+}
+
+namespace {
+// dst (device or pinned memory) from a host tensor (a checkpoint's, or one dequantized), converted
+// on the host first when the dtypes differ; queued on the H2D stream.
+void upload_weight(Backend& backend, const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype()) {
+    backend.copy(dst, src, Stream::H2D, "weights");
+    return;
+  }
+  Tensor tmp = Tensor::host(dst.dtype(), src.shape());
+  for (int64_t i = 0; i < src.numel(); ++i)
+    store_from_f32(tmp.data(), dst.dtype(), i, load_as_f32(src.data(), src.dtype(), i));
+  backend.copy(dst, tmp, Stream::H2D, "weights");
+}
+
+// The weight's parts in host memory (copies when they are in the backend's).
+Weight on_host(Backend& backend, const Weight& w) {
+  Weight h = w;
+  for (Tensor* t : h.parts()) {
+    if (!t->defined() || t->memory() != MemoryKind::Device) continue;
+    Tensor c = Tensor::host(t->dtype(), t->shape());
+    backend.copy(c, *t, Stream::D2H, "weights");
+    *t = c;
+  }
+  backend.synchronize();
+  return h;
+}
+
+bool same_tensor_bytes(Backend& backend, const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  const Weight ha = on_host(backend, Weight(a)), hb = on_host(backend, Weight(b));
+  return std::memcmp(ha.codes.data(), hb.codes.data(), ha.codes.nbytes()) == 0;
+}
+}  // namespace
+
+Weight Model::upload(const Weight& host, bool pinned, size_t model_bytes) {
+  Weight w = host;
+  for (Tensor* t : w.parts()) {
+    if (!t->defined()) continue;
+    Tensor dst = pinned ? backend_.alloc_pinned(t->dtype(), t->shape()) : alloc_weight(t->dtype(), t->shape(), model_bytes);
+    upload_weight(backend_, dst, *t);
+    *t = dst;
+  }
+  backend_.synchronize();  // the host parts may go
+  return w;
+}
+
+Weight Model::stack(std::initializer_list<const Weight*> parts) {
+  const Weight& first = **parts.begin();
+  bool one_layout = true;
+  for (const Weight* w : parts)
+    one_layout = one_layout && w->format == first.format && w->shape == first.shape && w->block_n == first.block_n &&
+                 w->block_k == first.block_k && w->zeros.defined() == first.zeros.defined() &&
+                 (!w->zeros.defined() || w->zeros.dtype() == first.zeros.dtype()) &&
+                 w->codes.dtype() == first.codes.dtype() && same_tensor_bytes(backend_, w->order, first.order);
+  if (!first.quantized() && one_layout) {
+    std::vector<const Tensor*> dense;
+    for (const Weight* w : parts) dense.push_back(&w->codes);
+    return Weight(stack_tensors(dense));
+  }
+  if (one_layout) {  // part by part
+    auto stack_part = [&](Tensor Weight::*part) {
+      std::vector<const Tensor*> ts;
+      for (const Weight* w : parts) ts.push_back(&(w->*part));
+      return stack_tensors(ts);
+    };
+    Weight out = first;
+    out.shape.insert(out.shape.begin(), static_cast<int64_t>(parts.size()));
+    out.codes = stack_part(&Weight::codes);
+    out.scales = stack_part(&Weight::scales);
+    if (first.zeros.defined()) out.zeros = stack_part(&Weight::zeros);
+    return out;
+  }
+  // Parts of different layouts (q, k and v in different act orders, or one that loaded dense):
+  // every one dense, in one dtype.
+  const DType dt = first.quantized() ? dequantized_dtype_ : first.codes.dtype();
+  const bool pinned = first.codes.memory() == MemoryKind::PinnedHost;
+  std::vector<Tensor> dense;
+  for (const Weight* w : parts) {
+    const Tensor f32 = w->quantized() ? dequantize(on_host(backend_, *w)) : on_host(backend_, *w).codes;
+    Tensor d = pinned ? backend_.alloc_pinned(dt, f32.shape()) : alloc_weight(dt, f32.shape(), weight_bytes_);
+    upload_weight(backend_, d, f32);
+    backend_.synchronize();  // (f32 goes)
+    dense.push_back(d);
+  }
+  std::vector<const Tensor*> ptrs;
+  for (const Tensor& t : dense) ptrs.push_back(&t);
+  return Weight(stack_tensors(ptrs));
 }
 
 void Model::start_streaming(const std::function<void(LayerWeightStream&)>& register_fields) {
@@ -144,19 +237,6 @@ Tensor Model::upload_ids(const std::vector<ForwardChunk>& chunks, int64_t T, int
 
 namespace {
 
-// dst (device or pinned memory) from a checkpoint tensor, converted on the host first when the
-// dtypes differ; queued on the H2D stream.
-void upload_weight(Backend& backend, const Tensor& dst, const Tensor& src) {
-  if (dst.dtype() == src.dtype()) {
-    backend.copy(dst, src, Stream::H2D, "weights");
-    return;
-  }
-  Tensor tmp = Tensor::host(dst.dtype(), src.shape());
-  for (int64_t i = 0; i < src.numel(); ++i)
-    store_from_f32(tmp.data(), dst.dtype(), i, load_as_f32(src.data(), src.dtype(), i));
-  backend.copy(dst, tmp, Stream::H2D, "weights");
-}
-
 // Rank 0 sends `tensors`, the others receive them, in pieces of 1/64 of the model (1 MiB to
 // 256 MiB) each waited for: a receiver's progress (in its log) is what it has received, and a
 // failed peer is seen at the next piece. `progress` (a receiver's) counts from the `total` -
@@ -204,13 +284,18 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     if (std::optional<DType> q = quant_.dtype(ckpt, key)) return q;
     return r ? std::nullopt : derived_dtype(ckpt, key);
   };
-  check_host_memory(plan_weights([&](const std::string& name, bool) -> std::optional<DType> {
+  // Quantized matrices stay quantized when the architecture and the backend both compute on them
+  // (never over a broadcast, which carries dense weights).
+  const bool keep_quantized = keeps_quantized() && backend_.reads_quantized_weights() && !opts.broadcast;
+  check_host_memory(plan_weights([&](const std::string& name, bool) -> std::optional<PlannedWeight> {
                       const std::string key = key_of(name);
                       const TensorRecord* r = ckpt.find(key);
                       const std::optional<DType> derived = derived_of(key, r);
                       const std::optional<DType> stored = derived ? derived : r ? std::optional<DType>(r->dtype) : std::nullopt;
                       if (!stored) return std::nullopt;
-                      return opts.convert_weights ? opts.weight_dtype : *stored;
+                      const DType dt = opts.convert_weights ? opts.weight_dtype : *stored;
+                      if (keep_quantized && quant_.dtype(ckpt, key)) return PlannedWeight{dt, quant_.bits_per_weight() / 8};
+                      return PlannedWeight{dt, static_cast<double>(dtype_size(dt))};
                     }),
                     opts);
   size_t total = 0, done = 0;
@@ -220,7 +305,7 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   size_t to_receive = 0;         // a receiver's checkpoint bytes that come over the broadcast
   size_t read_here = 0;          // ... and those it reads itself (streamed layers)
   const bool receiver = opts.broadcast && opts.broadcast->rank() != 0;
-  assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole role) -> Tensor {
+  assemble([&](const std::string& name, const Shape& expect, bool required, WeightRole role) -> Weight {
     const std::string key = key_of(name);
     const bool quantized = quant_.dtype(ckpt, key).has_value();
     const std::optional<DType> derived = derived_of(key, ckpt.find(key));
@@ -238,6 +323,24 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     if (quantized) dequantized_dtype_ = dt;
     // Streamed weights go to pinned host memory, read by every rank; the rest to the device.
     const bool host = streamed(name, role);
+    if (quantized && keep_quantized && role == WeightRole::Matrix) {
+      // Repacked into kvpr's layout on the host and uploaded as it is (unless its groups loaded
+      // dense, below).
+      if (Weight hw = quant_.weight(ckpt, key); hw.quantized()) {
+        KVPR_CHECK(hw.shape == expect, model_dir, ": tensor '", key, "' holds ", shape_str(hw.shape), " weights, expected ",
+                   shape_str(expect));
+        Weight w = upload(hw, host, total);
+        kept_quantized_ = true;
+        if (opts.verify_weights)
+          for (const Tensor* t : w.parts())
+            if (t->defined()) loaded.push_back(*t);
+        done = std::min(done + static_cast<size_t>(w.nbytes()), total);
+        if (opts.progress) opts.progress(done, total);
+        parameter_count_ += w.numel();
+        weight_bytes_ += w.nbytes();
+        return w;
+      }
+    }
     Tensor dst = host ? backend_.alloc_pinned(dt, expect) : alloc_weight(dt, expect, total);
     const size_t bytes = r ? r->nbytes() : static_cast<size_t>(shape_numel(expect)) * dtype_size(stored);
     if (opts.broadcast && !host) {
@@ -336,14 +439,29 @@ void Model::verify_weights(const std::vector<Tensor>& loaded, WeightBroadcaster*
 void Model::init_random(DType dtype, uint64_t seed, const ModelLoadOptions& opts) {
   format_ = "random";
   stream_weights_ = opts.stream_weights;
-  check_host_memory(plan_weights([dtype](const std::string& name, bool required) -> std::optional<DType> {
+  // The layers' matrices (routers included) quantized when asked; lm_head and the embedding stay
+  // dense, as the quantizers leave them.
+  const WeightFormat q = opts.random_format;
+  KVPR_CHECK(q == WeightFormat::Dense || (keeps_quantized() && backend_.reads_quantized_weights()), "random weights in ",
+             weight_format_name(q), ": this model on this backend computes on dense weights only");
+  KVPR_CHECK(opts.random_group >= 0, "random weights: a group of ", opts.random_group, " inputs");
+  auto quantized = [q](const std::string& name, WeightRole role) {
+    return q != WeightFormat::Dense && role == WeightRole::Matrix && name.rfind("layers.", 0) == 0;
+  };
+  const double q_bytes = q == WeightFormat::Int4 ? 0.5 : 1.0,
+               scale_bytes = opts.random_group > 0 ? 4.0 / static_cast<double>(opts.random_group) : 0.0;
+  check_host_memory(plan_weights([&](const std::string& name, bool required) -> std::optional<PlannedWeight> {
                       if (!required && name == "lm_head.weight") return std::nullopt;  // tied, as below
-                      return dtype;
+                      return PlannedWeight{dtype, quantized(name, WeightRole::Matrix) ? q_bytes + scale_bytes
+                                                                                      : static_cast<double>(dtype_size(dtype))};
                     }),
                     opts);
   auto n = std::make_shared<uint64_t>(0);
-  assemble([this, dtype, seed, n](const std::string& name, const Shape& shape, bool required, WeightRole role) {
-    if (!required && name == "lm_head.weight") return Tensor();  // tied
+  const int64_t group = opts.random_group;
+  dequantized_dtype_ = dtype;
+  assemble([this, dtype, seed, n, quantized, q, group](const std::string& name, const Shape& shape, bool required,
+                                                       WeightRole role) -> Weight {
+    if (!required && name == "lm_head.weight") return Weight();  // tied
     const bool host = streamed(name, role);
     Tensor t = alloc_weight(dtype, shape, 0);
     const float fan_in = static_cast<float>(shape.size() == 2 ? shape[1] : 1);
@@ -353,6 +471,16 @@ void Model::init_random(DType dtype, uint64_t seed, const ModelLoadOptions& opts
       case WeightRole::Embedding: backend_.fill_random(t, s, 0.f, 0.1f); break;
       case WeightRole::NormGain: backend_.fill_random(t, s, 1.f, 0.05f); break;
       case WeightRole::Bias: backend_.fill_random(t, s, 0.f, 0.02f); break;
+    }
+    if (quantized(name, role)) {
+      Tensor dense = Tensor::host(dtype, shape);
+      backend_.copy(dense, t, Stream::Compute);
+      backend_.synchronize();
+      Weight w = upload(quantize_rtn(dense, q, group), host, 0);
+      kept_quantized_ = true;
+      parameter_count_ += w.numel();
+      weight_bytes_ += w.nbytes();
+      return w;
     }
     parameter_count_ += t.numel();
     weight_bytes_ += t.nbytes();
@@ -367,22 +495,22 @@ void Model::init_random(DType dtype, uint64_t seed, const ModelLoadOptions& opts
 }
 
 Model::WeightPlan Model::plan_weights(
-    const std::function<std::optional<DType>(const std::string& name, bool required)>& dtype_of) {
+    const std::function<std::optional<PlannedWeight>(const std::string& name, bool required)>& plan_of) {
   WeightPlan plan;
   bool have_dtype = false;
   std::map<std::string, double> layer_bytes;  // streamed, by "layers.N."
   assemble([&](const std::string& name, const Shape& shape, bool required, WeightRole role) {
-    const std::optional<DType> dt = dtype_of(name, required);
-    if (!dt) return Tensor();
-    const double bytes = static_cast<double>(shape_numel(shape)) * static_cast<double>(dtype_size(*dt));
+    const std::optional<PlannedWeight> w = plan_of(name, required);
+    if (!w) return Weight();
+    const double bytes = static_cast<double>(shape_numel(shape)) * w->bytes_per_element;
     plan.all += bytes;
-    if (role == WeightRole::Embedding && !have_dtype) plan.dtype = *dt, have_dtype = true;
+    if (role == WeightRole::Embedding && !have_dtype) plan.dtype = w->dtype, have_dtype = true;
     if (streamed(name, role)) {
       plan.streamed += bytes;
       const size_t dot = name.find('.', std::strlen("layers."));
       plan.largest_streamed_layer = std::max(plan.largest_streamed_layer, layer_bytes[name.substr(0, dot)] += bytes);
     }
-    return Tensor();
+    return Weight();
   });
   return plan;
 }

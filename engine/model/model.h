@@ -46,6 +46,11 @@ struct ModelLoadOptions {
   // takes what they leave).
   std::function<KvPlan(const ModelSpec& spec, DType weight_dtype, const Backend& backend, double host_weight_bytes)>
       kv_plan;
+  // Random weights (init_random): the layers' matrices quantized as this, round to nearest, one
+  // scale a row and group of `random_group` inputs (0: a row) (kvpr-bench's quantized models), on
+  // a backend that reads quantized weights.
+  WeightFormat random_format = WeightFormat::Dense;
+  int64_t random_group = 128;
 };
 
 // Scratch tensors reused across forward calls; grown on demand.
@@ -77,6 +82,9 @@ class Model : public KvProjector {
   // and the dtype its quantized matrices were dequantized into (the model's, or the one asked for).
   const QuantizedCheckpoint& quantization() const { return quant_; }
   DType dequantized_dtype() const { return dequantized_dtype_; }
+  // Whether the quantized matrices are kept as stored, the GEMMs reading them (weight.h), rather
+  // than dequantized at load: when the architecture and the backend both take them.
+  bool kept_quantized() const { return kept_quantized_; }
   // Bytes of the checkpoint's files this process read while loading (page granular; a rank
   // that received its weights over a broadcast read the headers only).
   size_t checkpoint_bytes_read() const { return checkpoint_bytes_read_; }
@@ -125,7 +133,11 @@ class Model : public KvProjector {
   // Returns the weight `name` (as the architecture names it) of the given shape, or an
   // undefined tensor when it is absent and not required. Counts what it returns into
   // parameter_count_ and weight_bytes_.
-  using WeightSource = std::function<Tensor(const std::string& name, const Shape& shape, bool required, WeightRole)>;
+  // Matrices may come quantized (when keeps_quantized()); every other role is dense.
+  using WeightSource = std::function<Weight(const std::string& name, const Shape& shape, bool required, WeightRole)>;
+  // Whether the architecture's layers compute on quantized matrices as they are (else a quantized
+  // checkpoint's are dequantized at load).
+  virtual bool keeps_quantized() const { return false; }
   // An architecture's weights come in three steps, which load_checkpoint and init_random both
   // take: assemble (every weight from a source, and nothing else: plan_weights runs it on a
   // source that allocates nothing, so it starts from empty layers), stack_weights (what runs stacked, once every
@@ -163,7 +175,11 @@ class Model : public KvProjector {
     double largest_streamed_layer = 0;  // bytes: stacking a layer holds its parts and the stack at once
     DType dtype = DType::F32;        // the embedding's: the model's weight dtype
   };
-  WeightPlan plan_weights(const std::function<std::optional<DType>(const std::string& name, bool required)>& dtype_of);
+  struct PlannedWeight {
+    DType dtype;               // the dense dtype (a quantized weight's: the model's)
+    double bytes_per_element;  // as it will be stored
+  };
+  WeightPlan plan_weights(const std::function<std::optional<PlannedWeight>(const std::string& name, bool required)>& plan_of);
   // Throws a one-line error naming the sizes when `plan` and opts.kv_plan's KV cache need more
   // host memory than is available (nothing without a kv_plan).
   void check_host_memory(const WeightPlan& plan, const ModelLoadOptions& opts);
@@ -175,6 +191,13 @@ class Model : public KvProjector {
   // [n, ...] from n tensors of one shape, in the memory of the first (device, or pinned host
   // for streamed weights), converted to the first one's dtype.
   Tensor stack(std::initializer_list<const Tensor*> parts);
+  Tensor stack_tensors(const std::vector<const Tensor*>& parts);
+  // The same for matrices: quantized ones of one layout stack part by part (sharing the first's
+  // input order); any other mix is stacked dense, the quantized ones dequantized into
+  // dequantized_dtype().
+  Weight stack(std::initializer_list<const Weight*> parts);
+  // A quantized weight's parts copied into the backend's memory (pinned when `pinned`).
+  Weight upload(const Weight& host, bool pinned, size_t model_bytes);
   // ModelLoadOptions::verify_weights: the digest of `loaded`, checked against rank 0's.
   void verify_weights(const std::vector<Tensor>& loaded, WeightBroadcaster* broadcast);
   // Hands the registered layer fields to a new LayerWeightStream (when stream_weights_).
@@ -185,6 +208,7 @@ class Model : public KvProjector {
   std::string format_;
   QuantizedCheckpoint quant_;
   DType dequantized_dtype_ = DType::BF16;
+  bool kept_quantized_ = false;
   size_t checkpoint_bytes_read_ = 0;
   double host_weight_bytes_ = 0;
   std::string weights_digest_;

@@ -57,8 +57,9 @@ void OptModel::stream_layers() {
 void OptModel::assemble(const WeightSource& fetch) {
   const OptConfig& c = config_;
   const int64_t h = c.hidden_size, d = c.word_embed_proj_dim, f = c.ffn_dim;
+  // (OPT's layers compute on dense weights: a quantized checkpoint's come dequantized.)
   auto take = [&](const std::string& name, Shape shape, bool required, WeightRole role) {
-    return fetch(name, shape, required, role);
+    return fetch(name, shape, required, role).dense("opt");
   };
   auto matrix = [&](const std::string& name, Shape shape) { return take(name, shape, true, WeightRole::Matrix); };
   auto bias = [&](const std::string& name, int64_t n) { return take(name, {n}, c.enable_bias, WeightRole::Bias); };

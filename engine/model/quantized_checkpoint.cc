@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "engine/base/error.h"
 #include "engine/base/thread_pool.h"
@@ -227,13 +228,18 @@ QuantizedCheckpoint QuantizedCheckpoint::from_config(const json::Value& config, 
   return q;
 }
 
-json::Value QuantizedCheckpoint::to_json(DType computed_in) const {
+json::Value QuantizedCheckpoint::to_json(bool kept, DType dequantized_to) const {
   if (method_.empty()) return json::Value();
   return json::Object{{"method", method_},
                       {"scheme", describe_},
                       {"stored_bits_per_weight", std::round(bits_per_weight_ * 1000) / 1000},
-                      {"computed_in", dtype_name(computed_in)},
-                      {"kept_quantized", false}};
+                      {"computed_in", dtype_name(kept ? DType::F32 : dequantized_to)},
+                      {"kept_quantized", kept}};
+}
+
+std::string QuantizedCheckpoint::how_computed(bool kept, DType dequantized_to) const {
+  if (kept) return "kept quantized, the GEMMs reading it as stored (in fp32)";
+  return std::string("dequantized to ") + dtype_name(dequantized_to) + " at load";
 }
 
 void QuantizedCheckpoint::settle_dtype(const CheckpointDir& ckpt) {
@@ -257,7 +263,111 @@ std::optional<DType> QuantizedCheckpoint::dtype(const CheckpointDir& ckpt, const
   return stored_quantized ? std::optional<DType>(model_dtype_.value_or(DType::BF16)) : std::nullopt;
 }
 
+namespace {
+
+// A weight in kvpr's layout (weight.h) being filled from a checkpoint's: N x K codes and a scale
+// grid of `srows` x `scols` blocks of bn x bk.
+struct Repack {
+  Weight w;
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  int64_t row_bytes = 0;
+
+  Repack(WeightFormat f, int64_t N, int64_t K, int64_t bn, int64_t bk) {
+    w.format = f;
+    w.shape = {N, K};
+    w.block_n = bn, w.block_k = bk;
+    row_bytes = f == WeightFormat::Int4 ? ceil_div(K, 2) : K;
+    w.codes = Tensor::host(DType::U8, {N, row_bytes});
+    w.scales = Tensor::host(DType::F32, {ceil_div(N, bn), ceil_div(K, bk)});
+    codes = w.codes.data_as<uint8_t>();
+    scales = w.scales.data_as<float>();
+  }
+  // Code `q` (unsigned) of input k of row n (rows are written by one thread each).
+  void set(int64_t n, int64_t k, uint32_t q) {
+    uint8_t* row = codes + n * row_bytes;
+    if (w.format == WeightFormat::Int4)
+      row[k / 2] = static_cast<uint8_t>(row[k / 2] | ((q & 15u) << (4 * (k & 1))));
+    else
+      row[k] = static_cast<uint8_t>(q);
+  }
+  // The zero points, one per scale (`zero(cell)`), kept unless each is the format's middle code;
+  // U8 for int4, I32 for int8 (GPTQ v1's 8-bit zeros reach 256).
+  template <typename Z>
+  void set_zeros(Z&& zero) {
+    const int64_t cells = w.scales.numel(), middle = weight_middle_code(w.format);
+    Tensor z = Tensor::host(w.format == WeightFormat::Int4 ? DType::U8 : DType::I32, w.scales.shape());
+    bool all_middle = true;
+    for (int64_t c = 0; c < cells; ++c) {
+      const int64_t v = zero(c);
+      KVPR_CHECK(v >= 0 && v <= (w.format == WeightFormat::Int4 ? 16 : 256), "zero point ", v, " out of range for ",
+                 weight_format_name(w.format));
+      all_middle = all_middle && v == middle;
+      if (z.dtype() == DType::U8) z.data_as<uint8_t>()[c] = static_cast<uint8_t>(v);
+      else z.data_as<int32_t>()[c] = static_cast<int32_t>(v);
+    }
+    if (!all_middle) w.zeros = z;
+  }
+};
+
+// The input order that makes a module's groups (`g_of`, each input's) contiguous, each `group`
+// inputs (the last fewer): empty when they already are in order; nullopt when no order does
+// (groups of other sizes).
+std::optional<std::vector<int32_t>> contiguous_order(const std::vector<int64_t>& g_of, int64_t group) {
+  const auto K = static_cast<int64_t>(g_of.size());
+  bool in_order = true;
+  for (int64_t k = 0; k < K; ++k) in_order = in_order && g_of[static_cast<size_t>(k)] == k / group;
+  if (in_order) return std::vector<int32_t>();
+  std::vector<int32_t> order(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) order[static_cast<size_t>(k)] = static_cast<int32_t>(k);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return g_of[static_cast<size_t>(a)] < g_of[static_cast<size_t>(b)];
+  });
+  for (int64_t k = 0; k < K; ++k)
+    if (g_of[static_cast<size_t>(order[static_cast<size_t>(k)])] != k / group) return std::nullopt;
+  return order;
+}
+
+// Repacks an integer module whose inputs' groups are `g_of`: `code(n, k)` and `scale(n, g)`,
+// `zero(n, g)` (unsigned, as the codes) of the checkpoint's input k, group g. Groups that no order
+// of the inputs makes contiguous come back dequantized (F32, dense).
+template <typename Code, typename Scale, typename Zero>
+Weight repack_int(int bits, int64_t N, int64_t K, int64_t group, const std::vector<int64_t>& g_of, Code&& code,
+                  Scale&& scale, Zero&& zero) {
+  const int64_t groups = ceil_div(K, group);
+  const std::optional<std::vector<int32_t>> order = contiguous_order(g_of, group);
+  if (!order) {
+    Tensor out = Tensor::host(DType::F32, {N, K});
+    float* o = out.data_as<float>();
+    rows_in_parallel(N, [&](int64_t n) {
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = g_of[static_cast<size_t>(k)];
+        o[n * K + k] = scale(n, g) * static_cast<float>(static_cast<int64_t>(code(n, k)) - zero(n, g));
+      }
+    });
+    return Weight(out);
+  }
+  Repack r(bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8, N, K, 1, group);
+  rows_in_parallel(N, [&](int64_t n) {
+    for (int64_t k = 0; k < K; ++k) r.set(n, k, code(n, order->empty() ? k : (*order)[static_cast<size_t>(k)]));
+    for (int64_t g = 0; g < groups; ++g) r.scales[n * groups + g] = scale(n, g);
+  });
+  r.set_zeros([&](int64_t c) { return zero(c / groups, c % groups); });
+  if (!order->empty()) {
+    r.w.order = Tensor::host(DType::I32, {K});
+    std::copy(order->begin(), order->end(), r.w.order.data_as<int32_t>());
+  }
+  return r.w;
+}
+
+}  // namespace
+
 Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::string& key) const {
+  Weight w = weight(ckpt, key);
+  return w.quantized() ? kvpr::dequantize(w) : w.codes;
+}
+
+Weight QuantizedCheckpoint::weight(const CheckpointDir& ckpt, const std::string& key) const {
   const std::string p = module_of(key);
   if (method_ == "gptq" || method_ == "awq") {
     const TensorRecord& qw = need(ckpt, p + ".qweight");
@@ -282,30 +392,27 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
     const TensorRecord* gi = gptq ? ckpt.find(p + ".g_idx") : nullptr;
     if (gi) expect_shape(*gi, {K});
     KVPR_CHECK(gi || !desc_act_, ckpt.dir(), ": '", p, ".g_idx' is missing: desc_act orders the groups by it");
-    // In order, the groups are group_size inputs each: as many as the scales have rows.
-    KVPR_CHECK(gi || groups == ceil_div(K, group), sc.file, ": tensor '", sc.name, "' has ", groups, " groups, where ",
-               K, " inputs in groups of ", group, " make ", ceil_div(K, group));
-    const std::vector<int64_t> g_idx = groups_of_inputs(gi, K, group, groups, false, gi ? gi->file : sc.file, p);
+    // The groups are group_size inputs each (in order, or as g_idx orders them): as many as the
+    // scales have rows.
+    KVPR_CHECK(groups == ceil_div(K, group), sc.file, ": tensor '", sc.name, "' has ", groups, " groups, where ", K,
+               " inputs in groups of ", group, " make ", ceil_div(K, group));
+    const std::vector<int64_t> g_of = groups_of_inputs(gi, K, group, groups, false, gi ? gi->file : sc.file, p);
     // AWQ's words hold their eight columns in its order: column j of a word is value awq_value[j].
     int awq_value[8];
     for (int i = 0; i < 8; ++i) awq_value[kAwqColumn[i]] = i;
     auto col_value = [&](int64_t n) { return gptq ? n : (n / 8) * 8 + awq_value[n % 8]; };
     const auto* qwp = static_cast<const int32_t*>(qw.data);
     const auto* qzp = static_cast<const int32_t*>(qz.data);
-    Tensor out = Tensor::host(DType::F32, {N, K});
-    float* o = out.data_as<float>();
-    rows_in_parallel(N, [&](int64_t n) {
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t g = g_idx[static_cast<size_t>(k)];
-        // gptq's codes are packed along the inputs (a column of words), awq's along the outputs.
-        const uint32_t q = gptq ? unpack(qwp + n, k, bits, N) : unpack(qwp + k * (N / per), col_value(n), bits);
-        int64_t z = unpack(qzp + g * (N / per), col_value(n), bits);
-        if (gptq && gptq_v1_zeros_) z += 1;
-        const float s = load_as_f32(sc.data, sc.dtype, static_cast<size_t>(g * N + n));
-        o[n * K + k] = s * static_cast<float>(static_cast<int64_t>(q) - z);
-      }
-    });
-    return out;
+    // gptq's codes are packed along the inputs (a column of words), awq's along the outputs.
+    return repack_int(
+        bits, N, K, group, g_of,
+        [&](int64_t n, int64_t k) {
+          return gptq ? unpack(qwp + n, k, bits, N) : unpack(qwp + k * (N / per), col_value(n), bits);
+        },
+        [&](int64_t n, int64_t g) { return load_as_f32(sc.data, sc.dtype, static_cast<size_t>(g * N + n)); },
+        [&](int64_t n, int64_t g) {
+          return static_cast<int64_t>(unpack(qzp + g * (N / per), col_value(n), bits)) + (gptq && gptq_v1_zeros_ ? 1 : 0);
+        });
   }
   // compressed-tensors' integer codes: packed in I32 words (pack-quantized), or one I8 each
   // (int-quantized, naive-quantized).
@@ -358,26 +465,31 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
       expect_dtype(*zp, zp->dtype == DType::I32 || zp->dtype == DType::I8, "I32 (packed) or I8");
       expect_shape(*zp, zp->dtype == DType::I32 ? Shape{ceil_div(N * bits, 32), groups} : sc.shape);
     }
+    // Codes and zero points are stored signed (packed ones plus 2^(bits-1)); kvpr's are unsigned.
     const int64_t offset = int64_t{1} << (bits - 1);
-    auto zero = [&](int64_t n, int64_t g) -> int64_t {
-      if (!zp) return 0;
-      if (zp->dtype == DType::I8) return static_cast<const int8_t*>(zp->data)[one_scale ? 0 : n * groups + g];
-      return static_cast<int64_t>(unpack(static_cast<const int32_t*>(zp->data) + g, n, bits, groups)) - offset;
-    };
     const std::vector<int64_t> g_of = groups_of_inputs(gi, K, group, groups, true, gi ? gi->file : sc.file, p);
-    Tensor out = Tensor::host(DType::F32, {N, K});
-    float* o = out.data_as<float>();
-    rows_in_parallel(N, [&](int64_t n) {
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t g = g_of[static_cast<size_t>(k)];
-        const int64_t qv = packed ? static_cast<int64_t>(unpack(static_cast<const int32_t*>(packed->data) + n * words, k,
-                                                                bits)) - offset
-                                  : static_cast<const int8_t*>(codes8->data)[n * K + k];
-        o[n * K + k] = load_as_f32(sc.data, sc.dtype, static_cast<size_t>(one_scale ? 0 : n * groups + g)) *
-                       static_cast<float>(qv - zero(n, g));
-      }
-    });
-    return out;
+    auto scale = [&](int64_t n, int64_t g) {
+      return load_as_f32(sc.data, sc.dtype, static_cast<size_t>(one_scale ? 0 : n * groups + g));
+    };
+    auto zero = [&](int64_t n, int64_t g) -> int64_t {
+      if (!zp) return offset;
+      if (zp->dtype == DType::I8) return offset + static_cast<const int8_t*>(zp->data)[one_scale ? 0 : n * groups + g];
+      return static_cast<int64_t>(unpack(static_cast<const int32_t*>(zp->data) + g, n, bits, groups));
+    };
+    auto code = [&](int64_t n, int64_t k) -> uint32_t {
+      if (packed) return unpack(static_cast<const int32_t*>(packed->data) + n * words, k, bits);
+      return static_cast<uint32_t>(static_cast<const int8_t*>(codes8->data)[n * K + k] + offset);
+    };
+    if (one_scale) {  // one scale (and zero) for the whole tensor, held once a row: rows split freely
+      Repack r(bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8, N, K, 1, K);
+      rows_in_parallel(N, [&](int64_t n) {
+        for (int64_t k = 0; k < K; ++k) r.set(n, k, code(n, k));
+        r.scales[n] = scale(0, 0);
+      });
+      r.set_zeros([&](int64_t) { return zero(0, 0); });
+      return r.w;
+    }
+    return repack_int(bits, N, K, group, g_of, code, scale, zero);
   }
   // fp8: one scale per block (fp8's weight_scale_inv, or compressed-tensors' weight_scale per
   // tensor, channel or block).
@@ -404,16 +516,13 @@ Tensor QuantizedCheckpoint::dequantize(const CheckpointDir& ckpt, const std::str
       bn = block_n_, bk = block_k_;
     }
   }
-  const int64_t cols = ceil_div(K, bk);
-  Tensor out = Tensor::host(DType::F32, {N, K});
-  float* o = out.data_as<float>();
-  const auto* wp = static_cast<const uint8_t*>(w.data);
-  rows_in_parallel(N, [&](int64_t n) {
-    for (int64_t k = 0; k < K; ++k)
-      o[n * K + k] = e4m3_to_f32(wp[n * K + k]) *
-                     load_as_f32(sc->data, sc->dtype, static_cast<size_t>((n / bn) * cols + k / bk));
-  });
-  return out;
+  // One scale for the tensor is held once a row, so that the rows split freely (Phi-3's fused q/k/v).
+  const bool per_tensor = bn == N && bk == K;
+  Repack r(WeightFormat::Fp8, N, K, per_tensor ? 1 : bn, bk);
+  std::memcpy(r.codes, w.data, static_cast<size_t>(N * K));
+  for (int64_t c = 0; c < r.w.scales.numel(); ++c)
+    r.scales[c] = load_as_f32(sc->data, sc->dtype, static_cast<size_t>(per_tensor ? 0 : c));
+  return r.w;
 }
 
 }  // namespace kvpr

@@ -22,10 +22,10 @@
 // Modules the method leaves as they are (embeddings, norms, lm_head, routers, an `ignore` or
 // `modules_to_not_convert` list) are read as stored.
 //
-// This step dequantizes a quantized weight on the host when it is loaded, exactly in F32, and
-// the model computes on it in its dtype: the formats load, their arithmetic is proved against an
-// independent reference, and what a format does not define is refused by name. Keeping the
-// weights quantized in memory, with GEMMs that read them, is the next step (docs/models.md).
+// Every format is repacked at load into kvpr's own layout (weight.h), which the Llama family's
+// GEMMs take as it is, on the CPU and on CUDA; OPT's layers, and ranks that receive their weights
+// over NCCL, get them dequantized from it at load, exactly, into the model's dtype. What a format
+// does not define is refused by name.
 #pragma once
 
 #include <optional>
@@ -34,6 +34,7 @@
 
 #include "engine/base/json.h"
 #include "engine/base/tensor.h"
+#include "engine/base/weight.h"
 #include "engine/model/checkpoint.h"
 
 namespace kvpr {
@@ -52,9 +53,13 @@ class QuantizedCheckpoint {
   const std::string& describe() const { return describe_; }
   // Bits per weight of the quantized matrices as stored (scales and zeros included), or 0.
   double bits_per_weight() const { return bits_per_weight_; }
-  // What /health and `kvpr info --json` say: method, scheme, bits a weight as stored, and the
-  // dtype the matrices are computed in (dequantized at load); null for an unquantized checkpoint.
-  json::Value to_json(DType computed_in) const;
+  // What /health and `kvpr info --json` say: method, scheme, bits a weight as stored, whether the
+  // matrices are kept quantized (the GEMMs reading them as stored, in fp32) or dequantized at load
+  // into `dequantized_to`, and the dtype they are computed in; null for an unquantized checkpoint.
+  json::Value to_json(bool kept, DType dequantized_to) const;
+  // The same in words, for the load log and `kvpr info`: "kept quantized: ..." or "dequantized
+  // to BF16 at load".
+  std::string how_computed(bool kept, DType dequantized_to) const;
 
   // The model's dtype, which dequantized weights take: config.json's torch_dtype, else the
   // stored embedding's (else BF16). Called once the checkpoint is open.
@@ -62,8 +67,11 @@ class QuantizedCheckpoint {
   // The dtype the weight under checkpoint key `key` (a module's ".weight") dequantizes to when
   // its module is stored quantized (the model's), else nullopt.
   std::optional<DType> dtype(const CheckpointDir& ckpt, const std::string& key) const;
-  // That weight, dequantized: F32 [N, K] in host memory. Throws naming the tensor whose dtype
-  // or shape does not fit the others.
+  // That weight in kvpr's quantized layout (weight.h) in host memory, [N, K]; dense F32 when no
+  // order of its inputs makes GPTQ's groups contiguous. Throws naming the tensor whose dtype or
+  // shape does not fit the others.
+  Weight weight(const CheckpointDir& ckpt, const std::string& key) const;
+  // The same, dequantized: F32 [N, K] in host memory.
   Tensor dequantize(const CheckpointDir& ckpt, const std::string& key) const;
 
  private:

@@ -448,19 +448,22 @@ void CpuBackend::scale(const Tensor& out, const Tensor& x, float factor, float c
   if (tracer_) trace_op("scale", trace_t0, json::Value());
 }
 
-void CpuBackend::linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+void CpuBackend::linear(const Tensor& out, const Tensor& x, const Weight& weight, const Tensor& bias,
                         Activation act) {
   const double trace_t0 = tracer_ ? tracer_->now_us() : 0;
-  const auto [M, N, K] = check_linear(out, x, w, bias, "linear");
+  const auto [M, N, K] = check_linear(out, x, weight, bias, "linear");
   const float* xp = x.data_as<float>();
   float* op = out.data_as<float>();
   ThreadPool& pool = ThreadPool::global();
+  const Tensor& w = weight.codes;
+  weight_bytes_read_ += static_cast<double>(weight.nbytes());
 
-  bool done = false;
+  bool done = weight.quantized();
+  if (done) cpu::quantized_linear(op, xp, M, weight, quantized_scratch_);
 #ifdef KVPR_HAVE_OPENBLAS
   // Few rows (decode): one pass over the weight in its own dtype, memory-bound (below).
   constexpr int64_t kSmallM = 8;
-  if (M > kSmallM) {
+  if (!done && M > kSmallM) {
     const float* wf = nullptr;
     if (w.dtype() == DType::F32) {
       wf = w.data_as<float>();
@@ -515,15 +518,19 @@ void CpuBackend::linear(const Tensor& out, const Tensor& x, const Tensor& w, con
     });
   }
   if (bias.defined() || act != Activation::None) add_bias_activate(op, M, N, bias, act, pool);
-  if (tracer_) trace_op("linear", trace_t0, json::Object{{"flops", json::Value(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K))}, {"shape", json::Value(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K))}});
+  if (tracer_)
+    trace_op("linear", trace_t0,
+             json::Object{{"flops", json::Value(2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K))},
+                          {"weight_bytes", json::Value(static_cast<double>(weight.nbytes()))},
+                          {"shape", json::Value(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K))}});
 }
 
-void CpuBackend::linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+void CpuBackend::linear_batched(const Tensor& out, const Tensor& x, const Weight& w, const Tensor& bias,
                                 Activation act) {
   KVPR_CHECK(w.rank() == 3 && out.rank() == 3 && out.dim(0) == w.dim(0) && (!bias.defined() || bias.rank() == 2),
              "linear_batched: shapes x ", x.describe(), " w ", w.describe(), " out ", out.describe());
   check_linear_batched_dtypes(out, x, w);
-  const int64_t B = w.dim(0), N = w.dim(1), K = w.dim(2);
+  const int64_t B = w.dim(0), N = w.dim(1);
   // X from the KV store (fp16, fp8) is widened once; an fp16 output is rounded once, after the
   // bias, from the fp32 product.
   Tensor xf = x, of = out;
@@ -533,12 +540,12 @@ void CpuBackend::linear_batched(const Tensor& out, const Tensor& x, const Tensor
   }
   if (out.dtype() != DType::F32) of = Tensor::host(DType::F32, out.shape());
   for (int64_t b = 0; b < B; ++b)
-    linear(of.rows(b, 1).reshape({of.dim(1), of.dim(2)}), xf, w.rows(b, 1).reshape({N, K}),
+    linear(of.rows(b, 1).reshape({of.dim(1), of.dim(2)}), xf, w.item(b),
            bias.defined() ? bias.rows(b, 1).reshape({N}) : Tensor(), act);
   if (of.data() != out.data()) convert(out, of);
 }
 
-void CpuBackend::linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+void CpuBackend::linear_accumulate(const Tensor& out, const Tensor& x, const Weight& w, const Tensor& bias) {
   const auto [M, N, K] = check_linear(out, x, w, bias, "linear_accumulate");
   (void)K;
   if (!accumulate_scratch_.defined() || accumulate_scratch_.numel() < M * N)

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/cpu/quantized_linear.h"
 
 namespace kvpr {
 
@@ -73,11 +74,15 @@ class CpuBackend final : public Backend {
   void rope(const Tensor& x, const Tensor& positions, int head_dim, const RopeParams& params) override;
   void gated_mul(const Tensor& out, const Tensor& gate, const Tensor& up, Activation act) override;
   void scale(const Tensor& out, const Tensor& x, float factor, float cap) override;
-  void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+  bool reads_quantized_weights() const override { return true; }
+  // Bytes of weights, as stored, the GEMMs have read so far: each linear call's weight once
+  // (kvpr-bench weights counts them per token).
+  double weight_bytes_read() const { return weight_bytes_read_; }
+  void linear(const Tensor& out, const Tensor& x, const Weight& w, const Tensor& bias,
               Activation act) override;
-  void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+  void linear_batched(const Tensor& out, const Tensor& x, const Weight& w, const Tensor& bias,
                       Activation act) override;
-  void linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override;
+  void linear_accumulate(const Tensor& out, const Tensor& x, const Weight& w, const Tensor& bias) override;
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void convert(const Tensor& dst, const Tensor& src) override;
   void copy_rows(const Tensor& dst, const Tensor& src, const std::vector<RowSpan>& spans) override;
@@ -102,6 +107,8 @@ class CpuBackend final : public Backend {
   CopyEngine h2d_, d2h_;
   Tensor weight_scratch_;  // F32 copy of a F16/BF16 weight for large-M GEMMs
   Tensor accumulate_scratch_;  // linear_accumulate's product before it is added
+  cpu::QuantizedScratch quantized_scratch_;  // the GEMM on quantized weights' buffers
+  double weight_bytes_read_ = 0;
 };
 
 }  // namespace kvpr

@@ -378,35 +378,50 @@ class CudaBackend final : public Backend {
     issue("scale", &cuda::scale, out.data_as<float>(), x.data_as<float>(), out.numel(), factor, cap, compute());
   }
 
-  void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) override {
-    const auto [M, N, K] = check_linear(out, x, w, bias, "linear");
+  // Quantized weights (weight.h) are read as stored: a few rows take quantized_gemv (the codes
+  // dequantized in registers), more a tile of dequantized rows at a time through cuBLAS.
+  bool reads_quantized_weights() const override { return true; }
+
+  void linear(const Tensor& out, const Tensor& x, const Weight& weight, const Tensor& bias, Activation act) override {
+    const auto [M, N, K] = check_linear(out, x, weight, bias, "linear");
     if (M == 0) return;
     Traced t(*this, Stream::Compute, "linear", 0, 2.0 * M * N * K);
-    gemm(out, x, w, 1, M, N, K, 0.f);
+    if (weight.quantized())
+      quantized_gemm(out, x, weight, M, 0.f);
+    else
+      gemm(out, x, weight.codes, 1, M, N, K, 0.f);
     bias_act(out, bias, act, 1, M, N);
   }
 
-  void linear_accumulate(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override {
-    const auto [M, N, K] = check_linear(out, x, w, bias, "linear_accumulate");
+  void linear_accumulate(const Tensor& out, const Tensor& x, const Weight& weight, const Tensor& bias) override {
+    const auto [M, N, K] = check_linear(out, x, weight, bias, "linear_accumulate");
     if (M == 0) return;
     Traced t(*this, Stream::Compute, "linear_accumulate", 0, 2.0 * M * N * K);
-    gemm(out, x, w, 1, M, N, K, 1.f);  // out += x · wᵀ
+    if (weight.quantized())
+      quantized_gemm(out, x, weight, M, 1.f);
+    else
+      gemm(out, x, weight.codes, 1, M, N, K, 1.f);  // out += x · wᵀ
     bias_act(out, bias, Activation::None, 1, M, N);
   }
 
-  void linear_batched(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+  void linear_batched(const Tensor& out, const Tensor& x, const Weight& weight, const Tensor& bias,
                       Activation act) override {
     // x in any stored float dtype (X read from the KV store goes into the GEMM as it is when
-    // it has the weights' dtype); out in F32 or the weights' dtype.
-    check_linear_batched_dtypes(out, x, w);
-    KVPR_CHECK(w.rank() == 3 && out.rank() == 3, "linear_batched: w ", w.describe(), " out ", out.describe());
-    const int64_t B = w.dim(0), N = w.dim(1), K = w.dim(2), M = x.numel() / std::max<int64_t>(K, 1);
+    // it has the weights' dtype); out in F32 or the weights' dtype (quantized ones: F16, BF16).
+    check_linear_batched_dtypes(out, x, weight);
+    KVPR_CHECK(weight.rank() == 3 && out.rank() == 3, "linear_batched: w ", weight.describe(), " out ", out.describe());
+    const int64_t B = weight.dim(0), N = weight.dim(1), K = weight.dim(2), M = x.numel() / std::max<int64_t>(K, 1);
     KVPR_CHECK(x.dim(-1) == K && out.dim(0) == B && out.dim(1) == M && out.dim(2) == N &&
                    (!bias.defined() || (bias.rank() == 2 && bias.dim(0) == B && bias.dim(1) == N)),
-               "linear_batched: shapes x ", x.describe(), " w ", w.describe(), " bias ", bias.describe(), " out ",
+               "linear_batched: shapes x ", x.describe(), " w ", weight.describe(), " bias ", bias.describe(), " out ",
                out.describe());
     if (M == 0 || B == 0) return;
     Traced t(*this, Stream::Compute, "linear_batched", 0, 2.0 * B * M * N * K);
+    if (weight.quantized()) {
+      quantized_batched(out, x, weight, bias, act);
+      return;
+    }
+    const Tensor& w = weight.codes;
     if (out.dtype() != DType::F32 && bias.defined() && bias.dtype() == out.dtype() && act == Activation::None) {
       // A reduced-precision output takes the bias (of its dtype: exact in C) inside the GEMM
       // (C = bias, beta = 1): rounded once, as the fp32 path's result is when it is stored.
@@ -416,6 +431,72 @@ class CudaBackend final : public Backend {
     }
     gemm(out, x, w, B, M, N, K, 0.f);
     bias_act(out, bias, act, B, M, N);
+  }
+
+  // linear_batched (checked) on a stack of quantized matrices: x widened to F32 once, each
+  // matrix's product in F32, then the bias and the output's dtype.
+  void quantized_batched(const Tensor& out, const Tensor& x, const Weight& w, const Tensor& bias, Activation act) {
+    const int64_t B = w.dim(0), N = w.dim(1), K = w.dim(2), M = x.numel() / K;
+    Tensor xf = x, of = out;
+    if (x.dtype() != DType::F32) {
+      xf = scratch_named(quant_x_buf_, DType::F32, M * K).reshape({M, K});
+      issue("convert", &cuda::convert, xf.data(), DType::F32, x.data(), x.dtype(), M * K, compute());
+    }
+    if (out.dtype() != DType::F32) of = scratch_named(quant_out_buf_, DType::F32, B * M * N).reshape({B, M, N});
+    for (int64_t b = 0; b < B; ++b) quantized_gemm(of.rows(b, 1).reshape({M, N}), xf, w.item(b), M, 0.f);
+    bias_act(of, bias, act, B, M, N);
+    if (of.data() != out.data())
+      issue("convert", &cuda::convert, out.data(), out.dtype(), of.data(), DType::F32, B * M * N, compute());
+  }
+
+  // out [M, N] F32 = x [M, K] F32 · wᵀ + beta · out for a quantized matrix w [N, K]. Up to 64
+  // rows (decode batches): quantized_gemv on 8 rows at a time, the codes read once per 8 rows
+  // (at 64 rows, 8 passes: twice a bf16 matrix's bytes for int4, unless L2 holds the matrix). More
+  // (prefill, KVPR's recompute): tiles dequantized to F32 for cuBLAS in TF32.
+  void quantized_gemm(const Tensor& out, const Tensor& x, const Weight& w, int64_t M, float beta) {
+    const cuda::QuantDesc d = quant_desc(w);
+    if (M <= 64) {
+      for (int64_t m0 = 0; m0 < M; m0 += 8)
+        issue("quantized_gemv", &cuda::quantized_gemv, out.data_as<float>() + m0 * d.n, x.data_as<float>() + m0 * d.k,
+              std::min<int64_t>(8, M - m0), d, beta, compute());
+      return;
+    }
+    const float* xin = x.data_as<float>();
+    if (d.order) {  // x in the codes' input order
+      Tensor xg = scratch_named(quant_order_buf_, DType::F32, M * d.k);
+      issue("gather_columns", &cuda::gather_columns, xg.data_as<float>(), xin, d.order, M, d.k, compute());
+      xin = xg.data_as<float>();
+    }
+    // Tiles of about 16 Mi weights, each dequantized to F32 and multiplied by cuBLAS into its
+    // columns of out.
+    const int64_t tile = std::min<int64_t>(d.n, std::max<int64_t>(16, (int64_t{1} << 24) / d.k));
+    Tensor buf = scratch_named(quant_tile_buf_, DType::F32, tile * d.k);
+    for (int64_t n0 = 0; n0 < d.n; n0 += tile) {
+      const int64_t nt = std::min(tile, d.n - n0);
+      issue("dequantize_rows", &cuda::dequantize_rows, buf.data_as<float>(), d, n0, nt, compute());
+      issue("gemm", &gemm_tile_call, cublas_, static_cast<int>(nt), static_cast<int>(M), static_cast<int>(d.k),
+            static_cast<const float*>(buf.data_as<float>()), xin, beta, out.data_as<float>() + n0, static_cast<int>(d.n));
+    }
+  }
+  static void gemm_tile_call(cublasHandle_t h, int n, int m, int k, const float* w, const float* x, float beta,
+                             float* out, int ldc) {
+    const float alpha = 1.f;
+    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_32F, k, x, CUDA_R_32F, k, &beta,
+                              out, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+  }
+  static cuda::QuantDesc quant_desc(const Weight& w) {
+    KVPR_CHECK(w.rank() == 2, "a quantized GEMM of ", w.describe(), ", not a matrix");
+    cuda::QuantDesc d{};
+    d.codes = w.codes.data_as<uint8_t>();
+    d.scales = w.scales.data_as<float>();
+    d.zeros = w.zeros.defined() ? w.zeros.data() : nullptr;
+    d.zeros_i32 = w.zeros.defined() && w.zeros.dtype() == DType::I32;
+    d.order = w.order.defined() ? w.order.data_as<int32_t>() : nullptr;
+    d.n = w.dim(0), d.k = w.dim(1), d.row_bytes = w.codes.dim(-1);
+    d.block_n = w.block_n, d.block_k = w.block_k, d.cols = w.scale_cols();
+    d.format = w.format == WeightFormat::Int4 ? 1 : w.format == WeightFormat::Int8 ? 2 : 3;
+    d.middle = static_cast<float>(weight_middle_code(w.format));
+    return d;
   }
 
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
@@ -735,6 +816,13 @@ class CudaBackend final : public Backend {
     key_value(r.longrope_pairs);
     for (int i = 0; i < r.longrope_pairs; ++i) key_value(r.longrope[0][i]), key_value(r.longrope[1][i]);
   }
+  void key_value(const cuda::QuantDesc& d) {  // field by field
+    for (const void* p : {static_cast<const void*>(d.codes), static_cast<const void*>(d.scales), d.zeros,
+                          static_cast<const void*>(d.order)})
+      key_value(p);
+    for (int64_t v : {d.n, d.k, d.row_bytes, d.block_n, d.block_k, d.cols}) key_value(v);
+    key_value(d.format), key_value(d.zeros_i32), key_value(d.middle);
+  }
   void key_bytes(const void* p, size_t n) { rec_.key.append(static_cast<const char*>(p), n); }
 
   // The device address `bytes` of parameters will have when the recorded step runs, or null
@@ -876,6 +964,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<std::atomic<size_t>> in_use_ = std::make_shared<std::atomic<size_t>>(0);
   Tensor gemm_buf_, work_buf_;
+  Tensor quant_x_buf_, quant_out_buf_, quant_order_buf_, quant_tile_buf_;  // the quantized GEMMs
   static constexpr size_t kStagingSlotBytes = 4096;
   std::array<Staging, 512> staging_;
   Tensor ring_host_, ring_dev_;  // kStagingSlotBytes per slot

@@ -301,4 +301,93 @@ void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, f
   CUDA_CHECK_LAUNCH();
 }
 
+// ---- quantized weights (engine/base/weight.h's layout) ----
+
+// Code k of a row as the value it multiplies before the zero point and scale.
+__device__ __forceinline__ float quant_code(const uint8_t* row, int format, int64_t k) {
+  if (format == 1) return static_cast<float>((row[k >> 1] >> ((k & 1) * 4)) & 15);
+  if (format == 2) return static_cast<float>(row[k]);
+  __nv_fp8_e4m3 v;
+  v.__x = static_cast<__nv_fp8_storage_t>(row[k]);
+  return static_cast<float>(v);
+}
+
+// The zero point of scale cell s.
+__device__ __forceinline__ float quant_zero(const QuantDesc& w, int64_t s) {
+  if (!w.zeros) return w.middle;
+  return w.zeros_i32 ? static_cast<float>(static_cast<const int32_t*>(w.zeros)[s])
+                     : static_cast<float>(static_cast<const uint8_t*>(w.zeros)[s]);
+}
+
+constexpr int kGemvWarps = 4;
+
+__global__ void quantized_gemv_kernel(float* out, const float* x, int64_t rows, QuantDesc w, float beta) {
+  const int lane = threadIdx.x & 31;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (n >= w.n) return;  // (the whole warp: shuffles below stay full-warp)
+  const uint8_t* row = w.codes + n * w.row_bytes;
+  const int64_t srow = (n / w.block_n) * w.cols;
+  // A lane's eight inputs lie in one block of scales when blocks are multiples of eight.
+  const bool one_block = w.block_k % 8 == 0;
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int64_t k0 = static_cast<int64_t>(lane) * 8; k0 < w.k; k0 += 256) {
+    const int64_t k1 = k0 + 8 < w.k ? k0 + 8 : w.k;
+    int64_t s = srow + k0 / w.block_k;
+    float z = quant_zero(w, s), sc = w.scales[s];
+    for (int64_t k = k0; k < k1; ++k) {
+      if (!one_block && k != k0) {
+        s = srow + k / w.block_k;
+        z = quant_zero(w, s), sc = w.scales[s];
+      }
+      const float v = (quant_code(row, w.format, k) - z) * sc;
+      const int64_t xk = w.order ? w.order[k] : k;
+#pragma unroll
+      for (int m = 0; m < 8; ++m)
+        if (m < rows) acc[m] += v * x[m * w.k + xk];
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    if (m >= rows) break;
+    const float v = warp_sum(acc[m]);
+    if (lane == 0) out[m * w.n + n] = beta != 0.f ? beta * out[m * w.n + n] + v : v;
+  }
+}
+
+__global__ void dequantize_rows_kernel(float* dst, QuantDesc w, int64_t n0, int64_t count) {
+  const int64_t total = count * w.k;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t n = n0 + i / w.k, k = i % w.k, s = (n / w.block_n) * w.cols + k / w.block_k;
+    dst[i] = (quant_code(w.codes + n * w.row_bytes, w.format, k) - quant_zero(w, s)) * w.scales[s];
+  }
+}
+
+__global__ void gather_columns_kernel(float* dst, const float* x, const int32_t* order, int64_t rows, int64_t k) {
+  const int64_t total = rows * k;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = x[(i / k) * k + order[i % k]];
+}
+
+void quantized_gemv(float* out, const float* x, int64_t rows, QuantDesc w, float beta, cudaStream_t stream) {
+  if (rows == 0 || w.n == 0) return;
+  KVPR_CHECK(rows <= 8, "quantized_gemv: ", rows, " rows (at most 8)");
+  const auto blocks = static_cast<unsigned>((w.n + kGemvWarps - 1) / kGemvWarps);
+  KVPR_LAUNCH(blocks, 32 * kGemvWarps, 0, stream, quantized_gemv_kernel)(out, x, rows, w, beta);
+  CUDA_CHECK_LAUNCH();
+}
+
+void dequantize_rows(float* dst, QuantDesc w, int64_t n0, int64_t count, cudaStream_t stream) {
+  if (count * w.k == 0) return;
+  KVPR_LAUNCH(grid_for(count * w.k, 256), 256, 0, stream, dequantize_rows_kernel)(dst, w, n0, count);
+  CUDA_CHECK_LAUNCH();
+}
+
+void gather_columns(float* dst, const float* x, const int32_t* order, int64_t rows, int64_t k, cudaStream_t stream) {
+  if (rows * k == 0) return;
+  KVPR_LAUNCH(grid_for(rows * k, 256), 256, 0, stream, gather_columns_kernel)(dst, x, order, rows, k);
+  CUDA_CHECK_LAUNCH();
+}
+
 KVPR_CUDA_NAMESPACE_END

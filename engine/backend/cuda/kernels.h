@@ -54,6 +54,29 @@ void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t str
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t stream);
 void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, float stddev, cudaStream_t stream);
 
+// A quantized matrix [n, k] in kvpr's layout (engine/base/weight.h) as the kernels read it, in
+// device memory: codes (row_bytes a row), F32 scales of `cols` a row of blocks, zero points (U8,
+// or I32 when zeros_i32; null: `middle`) and the input order (null: none).
+struct QuantDesc {
+  const uint8_t* codes;
+  const float* scales;
+  const void* zeros;
+  const int32_t* order;
+  int64_t n, k, row_bytes, block_n, block_k, cols;
+  int format;  // 1 int4, 2 int8, 3 fp8 (E4M3)
+  int zeros_i32;
+  float middle;
+};
+// out[m, n] = beta · out[m, n] + Σ_k w[n, k] · x[m, order[k]] for m < rows (at most 8): one warp
+// an output row, a lane eight inputs at a time, the codes dequantized in registers (decode).
+// x, out: F32 [rows, k], [rows, n].
+void quantized_gemv(float* out, const float* x, int64_t rows, QuantDesc w, float beta, cudaStream_t stream);
+// dst [count, k] F32 = rows [n0, n0 + count) of the weight dequantized, in the codes' input
+// order (a prefill tile for cuBLAS).
+void dequantize_rows(float* dst, QuantDesc w, int64_t n0, int64_t count, cudaStream_t stream);
+// dst[m, j] = x[m, order[j]] for m < rows, j < k (x in the codes' input order).
+void gather_columns(float* dst, const float* x, const int32_t* order, int64_t rows, int64_t k, cudaStream_t stream);
+
 // One sequence of an attention call, as the kernels read it from device memory.
 struct AttnDesc {
   const void* k;   // K/V rows, row stride kv_width: key t is row t, or through `blocks`

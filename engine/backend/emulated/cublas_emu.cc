@@ -111,9 +111,11 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t tr
   if (!is_op(transa) || !is_op(transb) || m < 0 || n < 0 || k < 0 || batch < 0 || !alpha || !beta ||
       lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
-  // The combinations used for fp32 accumulation (cublasGemmEx's table, CUBLAS_COMPUTE_32F).
+  // The combinations used for fp32 accumulation (cublasGemmEx's table, CUBLAS_COMPUTE_32F; with
+  // FAST_TF32, F32 inputs on tensor cores, whose rounding of the inputs to TF32 is not modeled).
   const bool types_ok = a_type == b_type && type_size(a_type) && (c_type == CUDA_R_32F || c_type == a_type) &&
-                        (compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC);
+                        (compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC ||
+                         (compute == CUBLAS_COMPUTE_32F_FAST_TF32 && a_type == CUDA_R_32F));
   if (!types_ok) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);

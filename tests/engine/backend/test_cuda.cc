@@ -243,6 +243,98 @@ TEST_P(CudaKvOps, AttentionPrefillMixedAndLongDecode) {
   }
 }
 
+// The GEMMs on quantized weights (engine/base/weight.h), read as stored on both backends: decode
+// rows (one warp an output, dequantized in registers, 8 rows at a time) and prefill tiles through
+// cuBLAS (TF32 on a GPU), int4 with
+// zero points and an input order, int8 with I32 zeros, fp8 in partial blocks; accumulated, and
+// batched on a stack into a BF16 output with a bias.
+TEST(CudaQuantized, LinearMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  CpuBackend cpu;
+  auto gpu = create_backend("cuda");
+  auto upload = [&](const Weight& h) {
+    Weight g = h;
+    for (Tensor* t : g.parts())
+      if (t->defined()) {
+        Tensor d = gpu->alloc(t->dtype(), t->shape());
+        gpu->copy(d, *t, Stream::H2D);
+        *t = d;
+      }
+    gpu->synchronize();
+    return g;
+  };
+  struct Case {
+    WeightFormat format;
+    int64_t N, K, group;
+    bool zeros, ordered, blocks;
+  };
+  for (const Case& c : {Case{WeightFormat::Int4, 40, 96, 32, true, true, false},
+                        Case{WeightFormat::Int8, 33, 75, 0, true, false, false},
+                        Case{WeightFormat::Fp8, 50, 80, 16, false, false, true}}) {
+    Pair dense = random_pair(cpu, *gpu, DType::F32, {c.N, c.K}, 61, 0.1f);
+    Tensor dh = Tensor::host(DType::F32, {c.N, c.K});
+    std::memcpy(dh.data(), dense.cpu.data(), dh.nbytes());
+    Weight w = quantize_rtn(dh, c.format, c.group);
+    if (c.blocks) {  // fp8 blocks of 16 x 16, the last ones partial: one scale of each block's first row
+      Weight b = w;
+      b.block_n = 16;
+      b.scales = Tensor::host(DType::F32, {b.scale_rows(), b.scale_cols()});
+      for (int64_t i = 0; i < b.scales.numel(); ++i)
+        b.scales.data_as<float>()[i] = w.scales.data_as<float>()[(i / b.scale_cols()) * 16 * w.scale_cols() + i % b.scale_cols()];
+      w = b;
+    }
+    if (c.zeros) {
+      w.zeros = Tensor::host(c.format == WeightFormat::Int4 ? DType::U8 : DType::I32, w.scales.shape());
+      for (int64_t i = 0; i < w.zeros.numel(); ++i) {
+        if (w.zeros.dtype() == DType::U8) w.zeros.data_as<uint8_t>()[i] = static_cast<uint8_t>(5 + i % 7);
+        else w.zeros.data_as<int32_t>()[i] = static_cast<int32_t>(100 + i % 57);
+      }
+    }
+    if (c.ordered) {
+      w.order = Tensor::host(DType::I32, {c.K});
+      for (int64_t k = 0; k < c.K; ++k) w.order.data_as<int32_t>()[k] = static_cast<int32_t>((k * 37 + 11) % c.K);
+    }
+    const Weight wg = upload(w);
+    for (int64_t M : {1, 5, 8, 12, 70}) {  // one gemv, groups of 8 rows, then TF32 tiles
+      Pair x = random_pair(cpu, *gpu, DType::F32, {M, c.K}, 62 + M);
+      Tensor oc = cpu.alloc(DType::F32, {M, c.N}), og = gpu->alloc(DType::F32, {M, c.N});
+      cpu.linear(oc, x.cpu, w, Tensor(), Activation::None);
+      gpu->linear(og, x.gpu, wg, Tensor(), Activation::None);
+      const double tol_m = M > 64 ? 1e-2 : 1e-4;  // TF32 tiles on a GPU
+      EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), M * c.N, tol_m))
+          << weight_format_name(c.format) << " M=" << M;
+      Pair r = random_pair(cpu, *gpu, DType::F32, {M, c.N}, 70 + M);
+      cpu.linear_accumulate(r.cpu, x.cpu, w, Tensor());
+      gpu->linear_accumulate(r.gpu, x.gpu, wg, Tensor());
+      EXPECT_TRUE(test::close_rel(as_double(r.cpu), download(*gpu, r.gpu).data(), M * c.N, tol_m))
+          << "accumulate " << weight_format_name(c.format) << " M=" << M;
+    }
+    // A stack of two (the matrix twice) into BF16 with a bias, from BF16 X (KVPR's recompute).
+    Weight sc = w, sg = wg;
+    for (auto [host, dst] : {std::pair<const Weight*, Weight*>{&w, &sc}, std::pair<const Weight*, Weight*>{&wg, &sg}}) {
+      Backend& be = host == &w ? static_cast<Backend&>(cpu) : *gpu;
+      for (auto part : {&Weight::codes, &Weight::scales, &Weight::zeros}) {
+        const Tensor& t = host->*part;
+        if (!t.defined()) continue;
+        Shape sh = t.shape();
+        sh.insert(sh.begin(), 2);
+        Tensor st = be.alloc(t.dtype(), sh);
+        be.copy(st.rows(0, 1).reshape(t.shape()), t, Stream::Compute);
+        be.copy(st.rows(1, 1).reshape(t.shape()), t, Stream::Compute);
+        dst->*part = st;
+      }
+      dst->shape = {2, c.N, c.K};
+      be.synchronize();
+    }
+    Pair xb = random_pair(cpu, *gpu, DType::BF16, {12, c.K}, 80), bias = random_pair(cpu, *gpu, DType::BF16, {2, c.N}, 81);
+    Tensor oc = cpu.alloc(DType::BF16, {2, 12, c.N}), og = gpu->alloc(DType::BF16, {2, 12, c.N});
+    cpu.linear_batched(oc, xb.cpu, sc, bias.cpu, Activation::None);
+    gpu->linear_batched(og, xb.gpu, sg, bias.gpu, Activation::None);
+    EXPECT_TRUE(test::close_rel(as_double(oc), download(*gpu, og).data(), 2 * 12 * c.N, 1e-2))
+        << "batched " << weight_format_name(c.format);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::F32, DType::F16, DType::BF16),
                          [](const auto& p) { return std::string(dtype_name(p.param)); });
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKvOps, ::testing::Values(DType::F32, DType::F16, DType::BF16, DType::F8E4M3),

@@ -5,7 +5,9 @@
 // zeros; AWQ's GEMM layout; fp8 blocks (whole and partial); compressed-tensors fp8 per channel
 // and int4/int8 packed, symmetric, asymmetric with actorder or int8 zero points, int8 codes
 // (W8A8, run weight-only); a Mixtral whose experts are GPTQ.
-// Logits within 1e-3 (the weights dequantized exactly in F32), the greedy tokens, every KV mode;
+// The weights are kept quantized, in kvpr's layout (engine/base/weight.h), and the GEMMs read them
+// as stored (the emulated GPU's CudaModels tests run two of these fixtures too).
+// Logits within 1e-3, the greedy tokens, every KV mode;
 // an element of each packing computed by hand; what is not supported refused by name.
 #include <gtest/gtest.h>
 
@@ -66,6 +68,7 @@ TEST(Quantized, LogitsAndGreedyTokensMatchFloat64Reference) {
     std::unique_ptr<Model> model = load_f32(be, fixture(c.name));
     EXPECT_EQ(model->quantization().method(), c.method) << c.name;
     EXPECT_EQ(model->quantization().describe(), c.describe) << c.name;
+    EXPECT_TRUE(model->kept_quantized()) << c.name;  // the CPU's GEMMs read them as stored
     test::expect_logits_match_reference(*model, fixture(c.name), 1e-3);
     NpyArray ids = read_npy(fixture(c.name) + "/input_ids.npy");
     NpyArray greedy = read_npy(fixture(c.name) + "/greedy.npy");
@@ -79,8 +82,8 @@ TEST(Quantized, LogitsAndGreedyTokensMatchFloat64Reference) {
   }
 }
 
-// Loaded as they come (dequantized into the model's dtype, BF16 for some): every KV mode gives
-// the same greedy tokens, the weights on the device and streamed.
+// Loaded as they come (kept quantized; GPTQ's q, k and v in act orders of their own stacked
+// dense): every KV mode gives the same greedy tokens, the weights on the device and streamed.
 TEST(Quantized, EveryKvModeGivesTheSameGreedyTokens) {
   test::TempDir tmp;
   Tokenizer tok = test::char_tokenizer(tmp, 96);

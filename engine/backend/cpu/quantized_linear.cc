@@ -1,0 +1,186 @@
+#include "engine/backend/cpu/quantized_linear.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/backend/cpu/vec.h"
+#include "engine/base/error.h"
+#include "engine/base/thread_pool.h"
+
+#ifdef KVPR_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace kvpr::cpu {
+
+namespace {
+
+// fp8 codes enter the sums as e4m3 / 256 (the E4M3 bits placed in an fp16, whose exponent bias
+// is 8 more), and the block's scale is multiplied by 256: both exact, powers of two.
+constexpr float kFp8Unit = 256.f;
+
+// Rows of x the decode kernel keeps in registers at once.
+constexpr int kMaxRows = 8;
+
+// Σ_k code(k) · x[m][k] over inputs [k0, k1) of one row of codes, for the M rows of x (`ldx`
+// apart), into dot[m]; codes in the kernel's units (int4, int8: the code; fp8: e4m3 / 256).
+template <WeightFormat F, int M>
+void block_dot(const uint8_t* row, int64_t k0, int64_t k1, const float* x, int64_t ldx, float* dot) {
+  int64_t k = k0;
+#ifdef KVPR_VEC_AVX2
+  if (F != WeightFormat::Int4 || k0 % 2 == 0) {
+    // Two accumulators a row (inputs k..k+7 and k+8..k+15): the FMAs of one iteration do not
+    // wait for each other.
+    __m256 acc[M], acc2[M];
+    for (int m = 0; m < M; ++m) acc[m] = acc2[m] = _mm256_setzero_ps();
+    // int4: a 32-bit word of 8 codes broadcast to every lane, lane i shifted by 4i (input 2j is
+    // the low nibble of byte j: lane i is input i), no shuffle.
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), low4 = _mm256_set1_epi32(15);
+    for (; k + 16 <= k1; k += 16) {
+      __m256 w0, w1;
+      if constexpr (F == WeightFormat::Int4) {
+        int32_t a, b;
+        std::memcpy(&a, row + k / 2, 4);
+        std::memcpy(&b, row + k / 2 + 4, 4);
+        w0 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(a), shifts), low4));
+        w1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b), shifts), low4));
+      } else if constexpr (F == WeightFormat::Int8) {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k));
+        w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+        w1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+      } else {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k));
+        auto half = [](__m128i bytes) {  // 8 E4M3 bytes as fp16s of 1/256 their value
+          const __m128i v = _mm_cvtepu8_epi16(bytes);
+          const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x7F)), 7),
+                                         _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x80)), 8));
+          return _mm256_cvtph_ps(h);
+        };
+        w0 = half(b);
+        w1 = half(_mm_srli_si128(b, 8));
+      }
+      for (int m = 0; m < M; ++m) {
+        const float* xm = x + m * ldx + k;
+        acc[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xm), acc[m]);
+        acc2[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xm + 8), acc2[m]);
+      }
+    }
+    for (int m = 0; m < M; ++m) dot[m] = hsum(_mm256_add_ps(acc[m], acc2[m]));
+  } else {
+    for (int m = 0; m < M; ++m) dot[m] = 0;
+  }
+#else
+  for (int m = 0; m < M; ++m) dot[m] = 0;
+#endif
+  for (; k < k1; ++k) {
+    float q = weight_code(row, F, k);
+    if constexpr (F == WeightFormat::Fp8) q /= kFp8Unit;
+    for (int m = 0; m < M; ++m) dot[m] += q * x[m * ldx + k];
+  }
+}
+
+// out[m][n] for M rows of x (x, xsum, out `ldx`, `cols`, `ldo` apart) and every output n.
+template <WeightFormat F, int M>
+void decode_rows(float* out, int64_t ldo, const float* x, int64_t ldx, const float* xsum, const Weight& w) {
+  const int64_t N = w.dim(0), K = w.dim(1), bk = w.block_k, bn = w.block_n, cols = w.scale_cols();
+  const int64_t row_bytes = w.codes.dim(-1);
+  const auto* codes = w.codes.data_as<uint8_t>();
+  const float* scales = w.scales.data_as<float>();
+  ThreadPool::global().parallel_for(N, 8, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      float acc[M] = {}, dot[M];
+      const int64_t s_row = (n / bn) * cols;
+      for (int64_t g = 0; g < cols; ++g) {
+        const int64_t k0 = g * bk, k1 = std::min(K, k0 + bk);
+        block_dot<F, M>(codes + n * row_bytes, k0, k1, x, ldx, dot);
+        if constexpr (F == WeightFormat::Fp8) {
+          const float s = scales[s_row + g] * kFp8Unit;
+          for (int m = 0; m < M; ++m) acc[m] += s * dot[m];
+        } else {
+          const float s = scales[s_row + g];
+          const auto z = static_cast<float>(weight_zero(w, s_row + g));
+          for (int m = 0; m < M; ++m) acc[m] += s * (dot[m] - z * xsum[m * cols + g]);
+        }
+      }
+      for (int m = 0; m < M; ++m) out[m * ldo + n] = acc[m];
+    }
+  });
+}
+
+template <WeightFormat F>
+void decode(float* out, int64_t ldo, const float* x, int64_t M, int64_t ldx, const float* xsum, int64_t cols,
+            const Weight& w) {
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+    const float* xm = x + m0 * ldx;
+    const float* sm = xsum + m0 * cols;
+    float* om = out + m0 * ldo;
+    switch (std::min<int64_t>(kMaxRows, M - m0)) {
+      case 1: decode_rows<F, 1>(om, ldo, xm, ldx, sm, w); break;
+      case 2: decode_rows<F, 2>(om, ldo, xm, ldx, sm, w); break;
+      case 3: decode_rows<F, 3>(om, ldo, xm, ldx, sm, w); break;
+      case 4: decode_rows<F, 4>(om, ldo, xm, ldx, sm, w); break;
+      case 5: decode_rows<F, 5>(om, ldo, xm, ldx, sm, w); break;
+      case 6: decode_rows<F, 6>(om, ldo, xm, ldx, sm, w); break;
+      case 7: decode_rows<F, 7>(om, ldo, xm, ldx, sm, w); break;
+      default: decode_rows<F, 8>(om, ldo, xm, ldx, sm, w); break;
+    }
+  }
+}
+
+}  // namespace
+
+void quantized_linear(float* out, const float* x, int64_t M, const Weight& w, QuantizedScratch& scratch) {
+  KVPR_CHECK(w.quantized() && w.rank() == 2, "quantized_linear: weight ", w.describe());
+  const int64_t N = w.dim(0), K = w.dim(1), cols = w.scale_cols(), bk = w.block_k;
+  // x in the codes' input order.
+  if (w.order.defined()) {
+    scratch.x.resize(static_cast<size_t>(M * K));
+    const int32_t* order = w.order.data_as<int32_t>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) scratch.x[static_cast<size_t>(m * K + k)] = x[m * K + order[k]];
+    x = scratch.x.data();
+  }
+#ifdef KVPR_HAVE_OPENBLAS
+  if (M > kMaxRows) {
+    // Tiles of about 1 Mi weights, dequantized by the pool's threads, each one sgemm.
+    ThreadPool& pool = ThreadPool::global();
+    const int64_t tile = std::min<int64_t>(N, std::max<int64_t>(16, (int64_t{1} << 20) / K));
+    scratch.tile.resize(static_cast<size_t>(tile * K));
+    const int64_t row_bytes = w.codes.dim(-1), srows_cols = cols;
+    const auto* codes = w.codes.data_as<uint8_t>();
+    const float* scales = w.scales.data_as<float>();
+    for (int64_t n0 = 0; n0 < N; n0 += tile) {
+      const int64_t nt = std::min(tile, N - n0);
+      float* t = scratch.tile.data();
+      pool.parallel_for(nt, 8, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const int64_t n = n0 + i, s_row = (n / w.block_n) * srows_cols;
+          for (int64_t k = 0; k < K; ++k) {
+            const int64_t s = s_row + k / bk;
+            t[i * K + k] = (weight_code(codes + n * row_bytes, w.format, k) - static_cast<float>(weight_zero(w, s))) *
+                           scales[s];
+          }
+        }
+      });
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(nt),
+                  static_cast<int>(K), 1.f, x, static_cast<int>(K), t, static_cast<int>(K), 0.f, out + n0,
+                  static_cast<int>(N));
+    }
+    return;
+  }
+#endif
+  // Each row's sum of x over each block of inputs: the zero points' share.
+  scratch.xsum.assign(static_cast<size_t>(M * cols), 0.f);
+  if (w.format != WeightFormat::Fp8)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) scratch.xsum[static_cast<size_t>(m * cols + k / bk)] += x[m * K + k];
+  const float* xsum = scratch.xsum.data();
+  switch (w.format) {
+    case WeightFormat::Int4: decode<WeightFormat::Int4>(out, N, x, M, K, xsum, cols, w); break;
+    case WeightFormat::Int8: decode<WeightFormat::Int8>(out, N, x, M, K, xsum, cols, w); break;
+    case WeightFormat::Fp8: decode<WeightFormat::Fp8>(out, N, x, M, K, xsum, cols, w); break;
+    case WeightFormat::Dense: break;
+  }
+}
+
+}  // namespace kvpr::cpu

@@ -1,0 +1,182 @@
+// The CPU's GEMM on quantized weights (engine/backend/cpu/quantized_linear.h) against the dense
+// GEMM on the same weights dequantized (engine/base/weight.h: exactly (code - zero) · scale):
+// every format (int4 with and without zero points, int8 with I32 zeros, fp8 with partial blocks),
+// an input order, widths that leave a tail of the vector loop, a few rows (decode: one pass,
+// dequantized in registers) and many (prefill: a tile at a time); linear_batched on a stack and
+// linear_accumulate; the layout's slicing; round to nearest within half a step.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/base/error.h"
+#include "engine/base/weight.h"
+
+using namespace kvpr;
+
+namespace {
+
+// A random quantized [N, K] of `format` with blocks bn x bk, zero points when `zeros` (U8 for
+// int4, I32 for int8), and a random input order when `ordered`.
+Weight random_weight(WeightFormat format, int64_t N, int64_t K, int64_t bn, int64_t bk, bool zeros, bool ordered,
+                     uint32_t seed) {
+  std::mt19937 rng(seed);
+  Weight w;
+  w.format = format;
+  w.shape = {N, K};
+  w.block_n = bn, w.block_k = bk;
+  const int64_t row_bytes = format == WeightFormat::Int4 ? (K + 1) / 2 : K;
+  w.codes = Tensor::host(DType::U8, {N, row_bytes});
+  for (int64_t i = 0; i < w.codes.numel(); ++i) {
+    auto b = static_cast<uint8_t>(rng());
+    if (format == WeightFormat::Fp8 && (b & 0x7F) == 0x7F) b &= 0xFE;  // no NaN
+    w.codes.data_as<uint8_t>()[i] = b;
+  }
+  w.scales = Tensor::host(DType::F32, {w.scale_rows(), w.scale_cols()});
+  std::uniform_real_distribution<float> scale(0.001f, 0.02f);
+  for (int64_t i = 0; i < w.scales.numel(); ++i) w.scales.data_as<float>()[i] = scale(rng);
+  if (zeros) {
+    const bool int4 = format == WeightFormat::Int4;
+    w.zeros = Tensor::host(int4 ? DType::U8 : DType::I32, w.scales.shape());
+    for (int64_t i = 0; i < w.zeros.numel(); ++i) {
+      if (int4)
+        w.zeros.data_as<uint8_t>()[i] = static_cast<uint8_t>(rng() % 17);
+      else
+        w.zeros.data_as<int32_t>()[i] = static_cast<int32_t>(rng() % 257);
+    }
+  }
+  if (ordered) {
+    w.order = Tensor::host(DType::I32, {K});
+    std::vector<int32_t> o(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) o[static_cast<size_t>(k)] = static_cast<int32_t>(k);
+    std::shuffle(o.begin(), o.end(), rng);
+    std::copy(o.begin(), o.end(), w.order.data_as<int32_t>());
+  }
+  return w;
+}
+
+Tensor random_x(int64_t M, int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  Tensor x = Tensor::host(DType::F32, {M, K});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = d(rng);
+  return x;
+}
+
+// max |a - b| / max |b|
+double rel_err(const Tensor& a, const Tensor& b) {
+  double e = 0, m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    e = std::max(e, static_cast<double>(std::fabs(a.data_as<float>()[i] - b.data_as<float>()[i])));
+    m = std::max(m, static_cast<double>(std::fabs(b.data_as<float>()[i])));
+  }
+  return e / std::max(m, 1e-30);
+}
+
+struct Layout {
+  WeightFormat format;
+  int64_t N, K, bn, bk;
+  bool zeros, ordered;
+};
+const Layout kLayouts[] = {
+    {WeightFormat::Int4, 40, 256, 1, 128, false, false},  // GPTQ g128 symmetric
+    {WeightFormat::Int4, 24, 96, 1, 32, true, true},      // asymmetric, act order
+    {WeightFormat::Int4, 9, 75, 1, 75, true, false},      // per channel, an odd width (tails)
+    {WeightFormat::Int4, 16, 100, 1, 20, false, false},   // groups that are no multiple of 16
+    {WeightFormat::Int8, 33, 200, 1, 200, true, false},   // per channel, I32 zeros
+    {WeightFormat::Int8, 16, 64, 16, 64, false, false},   // one scale for the tensor
+    {WeightFormat::Fp8, 50, 160, 32, 32, false, false},   // blocks, the last ones partial
+    {WeightFormat::Fp8, 20, 48, 1, 48, false, true},      // per channel, ordered
+};
+
+}  // namespace
+
+TEST(QuantizedLinear, MatchesTheDenseGemmOnTheDequantizedWeights) {
+  CpuBackend be;
+  uint32_t seed = 1;
+  for (const Layout& l : kLayouts) {
+    const Weight w = random_weight(l.format, l.N, l.K, l.bn, l.bk, l.zeros, l.ordered, seed++);
+    const Tensor dense = dequantize(w);
+    for (int64_t M : {1, 3, 8, 9, 40}) {  // one pass in registers (<= 8), then tiles for sgemm
+      const Tensor x = random_x(M, l.K, seed++);
+      Tensor got = Tensor::host(DType::F32, {M, l.N}), want = Tensor::host(DType::F32, {M, l.N});
+      be.linear(got, x, w, Tensor(), Activation::None);
+      be.linear(want, x, dense, Tensor(), Activation::None);
+      EXPECT_LT(rel_err(got, want), 2e-5) << w.describe() << " M " << M;
+    }
+  }
+}
+
+TEST(QuantizedLinear, BatchedOnAStackAndAccumulated) {
+  CpuBackend be;
+  const Weight a = random_weight(WeightFormat::Int4, 32, 64, 1, 32, true, false, 7);
+  Weight b = random_weight(WeightFormat::Int4, 32, 64, 1, 32, true, false, 8);
+  // A stack [2, 32, 64] as Model::stack makes it, part by part.
+  Weight s = a;
+  s.shape = {2, 32, 64};
+  auto join = [](const Tensor& p, const Tensor& q) {
+    Shape sh = p.shape();
+    sh.insert(sh.begin(), 2);
+    Tensor t = Tensor::host(p.dtype(), sh);
+    std::memcpy(t.data(), p.data(), p.nbytes());
+    std::memcpy(static_cast<char*>(t.data()) + p.nbytes(), q.data(), q.nbytes());
+    return t;
+  };
+  s.codes = join(a.codes, b.codes);
+  s.scales = join(a.scales, b.scales);
+  s.zeros = join(a.zeros, b.zeros);
+  const Tensor x = random_x(3, 64, 9);
+  Tensor out = Tensor::host(DType::F32, {2, 3, 32});
+  be.linear_batched(out, x, s, Tensor(), Activation::None);
+  for (int i = 0; i < 2; ++i) {
+    Tensor want = Tensor::host(DType::F32, {3, 32});
+    be.linear(want, x, dequantize(i == 0 ? a : b), Tensor(), Activation::None);
+    EXPECT_LT(rel_err(out.rows(i, 1).reshape({3, 32}), want), 2e-5) << i;
+    // item() of the stack is the matrix.
+    Tensor got = Tensor::host(DType::F32, {3, 32});
+    be.linear(got, x, s.item(i), Tensor(), Activation::None);
+    EXPECT_LT(rel_err(got, want), 2e-5) << i;
+  }
+  // Into the residual: out += x · wᵀ.
+  Tensor acc = random_x(3, 32, 10), base = Tensor::host(DType::F32, {3, 32}), prod = Tensor::host(DType::F32, {3, 32});
+  std::memcpy(base.data(), acc.data(), acc.nbytes());
+  be.linear_accumulate(acc, x, b, Tensor());
+  be.linear(prod, x, dequantize(b), Tensor(), Activation::None);
+  for (int64_t i = 0; i < prod.numel(); ++i)
+    EXPECT_NEAR(acc.data_as<float>()[i], base.data_as<float>()[i] + prod.data_as<float>()[i], 1e-4) << i;
+}
+
+TEST(QuantizedLinear, RowsAndReshapeFollowTheBlocks) {
+  const Weight w = random_weight(WeightFormat::Fp8, 64, 48, 16, 16, false, false, 11);
+  const Tensor all = dequantize(w);
+  // Rows 16..48 of the matrix are the same weights.
+  const Tensor part = dequantize(w.rows(16, 32));
+  for (int64_t i = 0; i < part.numel(); ++i) ASSERT_EQ(part.data_as<float>()[i], all.data_as<float>()[16 * 48 + i]);
+  // [64, 48] as a stack [2, 32, 48]: item 1 is rows 32..64.
+  const Tensor item = dequantize(w.reshape({2, 32, 48}).item(1));
+  for (int64_t i = 0; i < item.numel(); ++i) ASSERT_EQ(item.data_as<float>()[i], all.data_as<float>()[32 * 48 + i]);
+  // A cut through a block of outputs is refused.
+  EXPECT_THROW(w.rows(8, 16), Error);
+  EXPECT_THROW(w.reshape({4, 16, 48}).reshape({8, 8, 48}), Error);
+  // A dense weight is a tensor, and a quantized one is not.
+  EXPECT_THROW(w.dense("test"), Error);
+}
+
+TEST(QuantizedLinear, RoundToNearestIsWithinHalfAStep) {
+  const Tensor x = random_x(12, 200, 12);
+  for (WeightFormat f : {WeightFormat::Int4, WeightFormat::Int8, WeightFormat::Fp8}) {
+    const Weight w = quantize_rtn(x, f, 64);
+    EXPECT_EQ(w.scales.dim(1), 4);  // ceil(200 / 64)
+    const Tensor back = dequantize(w);
+    for (int64_t n = 0; n < 12; ++n)
+      for (int64_t k = 0; k < 200; ++k) {
+        const float v = x.data_as<float>()[n * 200 + k], s = w.scales.data_as<float>()[n * 4 + k / 64];
+        // int: half a step of the scale; fp8: half an ulp of E4M3 (3 mantissa bits), 1/16 relative.
+        const float bound = f == WeightFormat::Fp8 ? std::fabs(v) / 16 + s * 0.002f : s / 2 + 1e-6f;
+        ASSERT_LE(std::fabs(back.data_as<float>()[n * 200 + k] - v), bound) << weight_format_name(f) << " " << n << " " << k;
+      }
+  }
+}
