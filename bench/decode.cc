@@ -8,7 +8,7 @@
 //                     [--kv-dtype f16] [--weights device|host] [--gpu-batches N] [--emulate-link-gbps G]
 //                     [--host-attention-threads N]
 //                     [--peer HF.json] [--json FILE] [--svg FILE] [--trace-dir DIR] [--max-positions N]
-//                     [--layers N] [--repeat R] [--budget-svg FILE] [--weight-format dense|int4|int8|fp8 [--group G]]
+//                     [--layers N] [--repeat R] [--budget-svg FILE] [--weight-format dense|int4|int8|fp8|fp4 [--group G]]
 //     (--max-positions: the preset's position range, for contexts past OPT's 2048 positions;
 //     --layers: the preset's first N layers, its real widths at a size a CPU runs;
 //     --repeat: the list of modes run R times over, interleaved, each mode's step time the
@@ -295,7 +295,7 @@ class DecodeRun {
     ModelLoadOptions lo;
     lo.stream_weights = engine_.weights_on_host;
     KVPR_CHECK(parse_weight_format(opt_.get("--weight-format", "dense"), &lo.random_format),
-               "--weight-format must be dense, int4, int8 or fp8");
+               "--weight-format must be dense, int4, int8, fp8 or fp4");
     lo.random_group = opt_.get_int("--group", 128);
     lo.kv_plan = [this](const ModelSpec& spec, DType, const Backend&, double) { return largest_kv_plan(spec); };
     model_ = preset_model(*be_, preset_, lo, size);

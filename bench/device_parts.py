@@ -71,9 +71,9 @@ PARTS = [
     Part('sliding', 90, 20, BENCH,
          "kvpr-bench decode of Gemma 3's shape (gemma-3-4b: 5 local layers of window 1024 to 1 global) at 32768 "
          "tokens: each mode's link bytes per step against every layer full (19.3% expected), resident beside"),
-    Part('quantized', 90, 20, BENCH,
+    Part('quantized', 110, 20, BENCH,
          "kvpr-bench weights: batch-1 decode of Llama-3.2-1B's shape, resident, its layers' matrices in bf16, int4, "
-         "int8 and fp8 (kvpr's layout, read by quantized_gemv): each at >= 80% of the device's memory rate on its bytes"),
+         "int8, fp8 and fp4 (MXFP4; kvpr's layout, read by quantized_gemv): each at >= 80% of the device's memory rate on its bytes"),
     Part('sweep', 240, 30, BENCH,
          'kvpr-bench decode off the main point: fp8 KV, batch 1..64, prompt 128..8192, weights streamed'),
     Part('scale', 240, 30, BENCH + ['numa', 'worker'],

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
                          "                         [--backend B] [--kv-dtype D] [--weights device|host] [--gpu-batches N]\n"
                          "                         [--emulate-link-gbps G] [--peer F]\n"
                          "                         [--json F] [--svg F] [--trace-dir D] [--max-positions N]\n"
-                         "                         [--weight-format dense|int4|int8|fp8] [--group G]\n"
+                         "                         [--weight-format dense|int4|int8|fp8|fp4] [--group G]\n"
                          "       kvpr-bench ops [--preset P] [--batch B] [--ctx S] [--reps N] [--backend B] [--json F]\n"
                          "       kvpr-bench json [--tokenizer DIR] [--reps N] [--json F]\n"
                          "       kvpr-bench tokenize [--tokenizer DIR] [--corpus F] [--mib N] [--reps N] [--json F]\n"
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
                          "                        [--prompt P] [--gen N] [--kv-dtype D] [--backend B] [--real-workers R]\n"
                          "                        [--emulate-link-gbps G] [--probe-mib M] [--json F] [--svg F]\n"
                          "       kvpr-bench scale --topology XML [--workers 1,2,4,8]\n"
-                         "       kvpr-bench weights [--preset P] [--formats bf16,int4,int8,fp8] [--group G] [--prompt P]\n"
+                         "       kvpr-bench weights [--preset P] [--formats bf16,int4,int8,fp8,fp4] [--group G] [--prompt P]\n"
                          "                          [--gen N] [--layers N] [--json F]\n");
     return 2;
   } catch (const std::exception& e) {

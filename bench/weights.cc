@@ -1,8 +1,8 @@
-// kvpr-bench weights [--preset llama-3.2-1b] [--formats bf16,int4,fp8] [--group 128] [--prompt 16]
+// kvpr-bench weights [--preset llama-3.2-1b] [--formats bf16,int4,int8,fp8,fp4] [--group 128] [--prompt 16]
 //                    [--gen 16] [--layers N] [--backend cpu|cuda|auto] [--json FILE]
 //     Batch-1 decode, resident, with the layers' matrices in each weight format, in one run:
 //     random weights, quantized round to nearest in groups of --group inputs (fp8: one scale a
-//     row and group too); the embedding and the tied head stay BF16, as quantized checkpoints
+//     row and group too; fp4: MXFP4's power-of-two scales a 32); the embedding and the tied head stay BF16, as quantized checkpoints
 //     leave them. Per format: tokens/s, the weight bytes read per token (on the CPU the backend
 //     counts each GEMM's weight as stored; on a GPU, the model's weight bytes, which a batch-1 step
 //     of a tied model reads once) and the physical bound: those bytes over the memory's rate
@@ -34,7 +34,7 @@ struct Format {
 Format parse_format(const std::string& s) {
   WeightFormat f = WeightFormat::Dense;
   KVPR_CHECK(s == "bf16" || (s != "dense" && parse_weight_format(s, &f)), "--formats: unknown format '", s,
-             "' (bf16, int4, int8, fp8)");
+             "' (bf16, int4, int8, fp8, fp4)");
   return {s, f};
 }
 
@@ -72,7 +72,7 @@ int cmd_weights(const Args& args) {
     auto* cpu = dynamic_cast<CpuBackend*>(&be);
     ModelLoadOptions lo;
     lo.random_format = f.format;
-    lo.random_group = group;
+    lo.random_group = f.format == WeightFormat::Fp4 ? 32 : group;  // MXFP4's blocks are 32 wide
     PresetSize size;
     size.layers = opt.get_int("--layers", 0);
     size.dtype = DType::BF16;
@@ -98,6 +98,7 @@ int cmd_weights(const Args& args) {
     std::fprintf(stderr, "  %-5s %8.1f ms/token %7.2f tokens/s, %7.1f MB read a token (weights %7.1f MB), bound %7.1f ms\n",
                  f.name.c_str(), ms, gen / t, bytes / 1e6, static_cast<double>(model->weight_bytes()) / 1e6, bound_ms);
     runs.push_back(json::Object{{"format", f.name},
+                                {"group", f.format == WeightFormat::Fp4 ? int64_t{32} : group},
                                 {"weight_bytes", static_cast<double>(model->weight_bytes())},
                                 {"weight_bytes_read_per_token", bytes},
                                 {"read_over_weight_bytes", bytes / static_cast<double>(model->weight_bytes())},

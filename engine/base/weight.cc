@@ -29,12 +29,13 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::Int4: return "int4";
     case WeightFormat::Int8: return "int8";
     case WeightFormat::Fp8: return "fp8";
+    case WeightFormat::Fp4: return "fp4";
   }
   return "?";
 }
 
 bool parse_weight_format(const std::string& name, WeightFormat* out) {
-  for (WeightFormat f : {WeightFormat::Dense, WeightFormat::Int4, WeightFormat::Int8, WeightFormat::Fp8})
+  for (WeightFormat f : {WeightFormat::Dense, WeightFormat::Int4, WeightFormat::Int8, WeightFormat::Fp8, WeightFormat::Fp4})
     if (name == weight_format_name(f)) {
       *out = f;
       return true;
@@ -106,11 +107,18 @@ Weight Weight::reshape(const Shape& to) const {
   return w;
 }
 
+float fp4_e2m1_value(uint8_t code) {
+  static const float kValues[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  const float v = kValues[code & 7];
+  return code & 8 ? -v : v;
+}
+
 float weight_code(const uint8_t* row, WeightFormat format, int64_t k) {
   switch (format) {
     case WeightFormat::Int4: return static_cast<float>((row[k / 2] >> (4 * (k & 1))) & 15);
     case WeightFormat::Int8: return static_cast<float>(row[k]);
     case WeightFormat::Fp8: return e4m3_to_f32(row[k]);
+    case WeightFormat::Fp4: return fp4_e2m1_value(static_cast<uint8_t>((row[k / 2] >> (4 * (k & 1))) & 15));
     case WeightFormat::Dense: break;
   }
   KVPR_THROW("weight_code of a dense weight");
@@ -160,10 +168,13 @@ Weight quantize_rtn(const Tensor& dense, WeightFormat format, int64_t group) {
   w.block_n = 1;
   w.block_k = G;
   const int64_t cols = ceil_div(K, G);
-  const int64_t row_bytes = format == WeightFormat::Int4 ? ceil_div(K, 2) : K;
+  const int64_t row_bytes = weight_format_is_nibbles(format) ? ceil_div(K, 2) : K;
   w.codes = Tensor::host(DType::U8, {N, row_bytes});
   w.scales = Tensor::host(DType::F32, {N, cols});
-  const float top = format == WeightFormat::Int4 ? 7.f : format == WeightFormat::Int8 ? 127.f : 448.f;
+  const float top = format == WeightFormat::Int4   ? 7.f
+                    : format == WeightFormat::Int8 ? 127.f
+                    : format == WeightFormat::Fp8  ? 448.f
+                                                   : 6.f;
   const int64_t zero = weight_middle_code(format);
   auto* codes = w.codes.data_as<uint8_t>();
   float* sc = w.scales.data_as<float>();
@@ -174,13 +185,20 @@ Weight quantize_rtn(const Tensor& dense, WeightFormat format, int64_t group) {
         float amax = 0;
         for (int64_t k = k0; k < k1; ++k)
           amax = std::max(amax, std::fabs(load_as_f32(dense.data(), dense.dtype(), static_cast<size_t>(n * K + k))));
-        const float s = amax > 0 ? amax / top : 1.f;
+        float s = amax > 0 ? amax / top : 1.f;
+        // MX: the power of two at or above (E8M0), so the largest value still fits under 6.
+        if (format == WeightFormat::Fp4) s = std::exp2(std::ceil(std::log2(s)));
         sc[n * cols + g] = s;
         for (int64_t k = k0; k < k1; ++k) {
           const float v = load_as_f32(dense.data(), dense.dtype(), static_cast<size_t>(n * K + k)) / s;
           uint8_t* row = codes + n * row_bytes;
           if (format == WeightFormat::Fp8) {
             row[k] = f32_to_e4m3(v);
+          } else if (format == WeightFormat::Fp4) {
+            uint8_t best = 0;  // the nearest of the 16 values
+            for (uint8_t c = 1; c < 16; ++c)
+              if (std::fabs(fp4_e2m1_value(c) - v) < std::fabs(fp4_e2m1_value(best) - v)) best = c;
+            row[k / 2] = static_cast<uint8_t>(row[k / 2] | (best << (4 * (k & 1))));
           } else {
             const auto q = static_cast<uint8_t>(std::clamp<int64_t>(std::lround(v), -zero, zero - 1) + zero);
             if (format == WeightFormat::Int8)

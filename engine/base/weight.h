@@ -4,15 +4,17 @@
 // format is repacked at load (quantized_checkpoint.h says how each one maps):
 //   codes   U8. int4: [.., N, ceil(K/2)], two inputs a byte (input 2j in the low nibble, 2j+1 in
 //           the high one); int8: [.., N, K], unsigned (a signed code plus 128); fp8: [.., N, K],
-//           E4M3 bytes.
+//           E4M3 bytes; fp4: as int4, E2M1 codes (MXFP4's elements: 0, ±0.5, ±1, ±1.5, ±2, ±3,
+//           ±4, ±6; bit 3 the sign).
 //   scales  F32 [.., ceil(N/block_n), ceil(K/block_k)]: one per block of block_n outputs by
 //           block_k inputs (a group of G inputs: 1 x G; a channel: 1 x K, as is a tensor's one
 //           scale, repeated; DeepSeek's fp8 blocks: 128 x 128, the last ones partial).
 //   zeros   shaped as the scales: U8 (int4) or I32 (int8); undefined: the middle code (8 for
-//           int4, 128 for int8). fp8 has none.
+//           int4, 128 for int8). fp8 and fp4 have none.
 //   order   I32 [K], or undefined: input k of the codes is input order[k] of x (GPTQ's act order,
 //           whose groups load contiguous this way).
-// Weight [n, k] = (code - zero) · scale for the integer formats, e4m3(code) · scale for fp8.
+// Weight [n, k] = (code - zero) · scale for the integer formats, e4m3(code) · scale for fp8,
+// e2m1(code) · scale for fp4 (MXFP4's E8M0 scales are powers of two, exact in F32).
 // The GEMMs read these bytes (and dequantize in registers, or a tile at a time), never a
 // dequantized copy of the matrix.
 #pragma once
@@ -25,9 +27,9 @@
 
 namespace kvpr {
 
-enum class WeightFormat : uint8_t { Dense, Int4, Int8, Fp8 };
+enum class WeightFormat : uint8_t { Dense, Int4, Int8, Fp8, Fp4 };
 
-const char* weight_format_name(WeightFormat f);  // "dense", "int4", "int8", "fp8"
+const char* weight_format_name(WeightFormat f);  // "dense", "int4", "int8", "fp8", "fp4"
 // The format of one of those names; false for another.
 bool parse_weight_format(const std::string& name, WeightFormat* out);
 
@@ -70,7 +72,8 @@ struct Weight {
 };
 
 // A dense matrix quantized as `format` round to nearest, symmetric, one scale per row and group of
-// `group` inputs (0: per row), fp8 included: for random models (kvpr-bench weights) and tests.
+// `group` inputs (0: per row), fp8 and fp4 included (fp4: MX's power-of-two scales): for random
+// models (kvpr-bench weights) and tests.
 // `dense` is in host memory; so is the result.
 Weight quantize_rtn(const Tensor& dense, WeightFormat format, int64_t group);
 
@@ -78,10 +81,15 @@ Weight quantize_rtn(const Tensor& dense, WeightFormat format, int64_t group);
 // exactly (code - zero) · scale.
 Tensor dequantize(const Weight& w);
 
+// FP4 E2M1's 16 values, by code (bit 3 the sign): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
+float fp4_e2m1_value(uint8_t code);
+// Whether a format's codes are 4 bits, two a byte (int4, fp4).
+constexpr bool weight_format_is_nibbles(WeightFormat f) { return f == WeightFormat::Int4 || f == WeightFormat::Fp4; }
+
 // The stored value of element k (< K) of a row of codes, as the kernels multiply it before the
-// scale: int4 / int8 codes as integers, fp8 as its E4M3 value.
+// scale: int4 / int8 codes as integers, fp8 as its E4M3 value, fp4 as its E2M1 value.
 float weight_code(const uint8_t* row, WeightFormat format, int64_t k);
-// The code a missing zero point stands for: the middle of the integer range (8, 128; fp8: 0).
+// The code a missing zero point stands for: the middle of the integer range (8, 128; fp8, fp4: 0).
 int32_t weight_middle_code(WeightFormat f);
 // The zero point of cell s of the scales' grid (row-major over every matrix of a stack).
 int32_t weight_zero(const Weight& w, int64_t s);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "engine/base/dtype.h"
 #include "engine/base/error.h"
@@ -69,13 +70,18 @@ Tensor bias_of(const ExpertKey& k, const TensorRecord& b) {
   return out;
 }
 
-// MXFP4 blocks [E, R, G, 16] and scales [E, R, G]: the picked rows of expert e, [rows, 32 G] in BF16.
-Tensor dequantize(const ExpertKey& k, const TensorRecord& blocks, const TensorRecord& scales) {
+void check_mxfp4(const ExpertKey& k, const TensorRecord& blocks, const TensorRecord& scales) {
   const Shape& bs = blocks.shape;
   KVPR_CHECK(blocks.dtype == DType::U8 && scales.dtype == DType::U8 && bs.size() == 4 && bs[3] == 16 &&
                  scales.shape == Shape({bs[0], bs[1], bs[2]}) && k.expert < bs[0],
              blocks.file, ": MXFP4 tensors '", blocks.name, "' ", shape_str(bs), " and '", scales.name, "' ",
              shape_str(scales.shape), " are not U8 [E, rows, in/32, 16] and [E, rows, in/32] with expert ", k.expert);
+}
+
+// MXFP4 blocks [E, R, G, 16] and scales [E, R, G]: the picked rows of expert e, [rows, 32 G] in BF16.
+Tensor dequantize(const ExpertKey& k, const TensorRecord& blocks, const TensorRecord& scales) {
+  check_mxfp4(k, blocks, scales);
+  const Shape& bs = blocks.shape;
   const RowPick p = pick(k);
   const int64_t R = bs[1], G = bs[2], rows = R / p.step, in = 32 * G;
   const auto* b = static_cast<const uint8_t*>(blocks.data);
@@ -97,6 +103,29 @@ Tensor dequantize(const ExpertKey& k, const TensorRecord& blocks, const TensorRe
   return out;
 }
 
+// The same rows kept in MXFP4: each row's 16 G bytes as they are, its scales as F32.
+Weight fp4(const ExpertKey& k, const TensorRecord& blocks, const TensorRecord& scales) {
+  check_mxfp4(k, blocks, scales);
+  const Shape& bs = blocks.shape;
+  const RowPick p = pick(k);
+  const int64_t R = bs[1], G = bs[2], rows = R / p.step;
+  const auto* b = static_cast<const uint8_t*>(blocks.data);
+  const auto* s = static_cast<const uint8_t*>(scales.data);
+  Weight w;
+  w.format = WeightFormat::Fp4;
+  w.shape = {rows, 32 * G};
+  w.block_n = 1, w.block_k = 32;
+  w.codes = Tensor::host(DType::U8, {rows, 16 * G});
+  w.scales = Tensor::host(DType::F32, {rows, G});
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t src = k.expert * R + p.first + r * p.step;
+    std::memcpy(w.codes.data_as<uint8_t>() + r * 16 * G, b + src * G * 16, static_cast<size_t>(16 * G));
+    for (int64_t g = 0; g < G; ++g)
+      w.scales.data_as<float>()[r * G + g] = std::ldexp(1.f, static_cast<int>(s[src * G + g]) - 127);
+  }
+  return w;
+}
+
 // transformers' parameter [E, in, out] (x · W): the picked output columns of expert e, [rows, in].
 Tensor transpose(const ExpertKey& k, const TensorRecord& w) {
   KVPR_CHECK(w.shape.size() == 3 && k.expert < w.shape[0], w.file, ": tensor '", w.name, "' has shape ",
@@ -112,12 +141,6 @@ Tensor transpose(const ExpertKey& k, const TensorRecord& w) {
 }
 
 }  // namespace
-
-float fp4_e2m1_value(uint8_t code) {
-  static const float kValues[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  const float v = kValues[code & 7];
-  return code & 8 ? -v : v;
-}
 
 std::optional<DType> gpt_oss_expert_dtype(const CheckpointDir& ckpt, const std::string& key) {
   const std::optional<ExpertKey> k = parse(key);
@@ -145,6 +168,20 @@ Tensor gpt_oss_expert_weight(const CheckpointDir& ckpt, const std::string& key) 
   if (blocks && scales) return dequantize(*k, *blocks, *scales);
   if (const TensorRecord* w = find(ckpt, fused)) return transpose(*k, *w);
   return Tensor();
+}
+
+double gpt_oss_expert_fp4_bytes(const CheckpointDir& ckpt, const std::string& key) {
+  const std::optional<ExpertKey> k = parse(key);
+  if (!k || k->bias) return 0;
+  const std::string fused = k->base + fused_name(*k);
+  return find(ckpt, fused + "_blocks") && find(ckpt, fused + "_scales") ? 0.5 + 4.0 / 32 : 0;
+}
+
+Weight gpt_oss_expert_fp4(const CheckpointDir& ckpt, const std::string& key) {
+  if (gpt_oss_expert_fp4_bytes(ckpt, key) == 0) return Weight();
+  const ExpertKey k = *parse(key);
+  const std::string fused = k.base + fused_name(k);
+  return fp4(k, *find(ckpt, fused + "_blocks"), *find(ckpt, fused + "_scales"));
 }
 
 }  // namespace kvpr

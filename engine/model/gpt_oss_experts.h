@@ -11,14 +11,15 @@
 // The model asks for `mlp.experts.<e>.{gate_proj,up_proj,down_proj}.{weight,bias}` ([out, in],
 // as Qwen-MoE's experts are named); these are derived here, on the host, expert by expert
 // (MXFP4 dequantized exactly into BF16: every E2M1 value times a power of two is a BF16 value
-// within its exponent range). Computing on the MXFP4 bytes themselves is the quantized-weights
-// work (docs/models.md).
+// within its exponent range), or, where the model computes on quantized matrices, kept in MXFP4
+// as weight.h's fp4 layout: the same bytes, the E8M0 scales as F32 powers of two.
 #pragma once
 
 #include <optional>
 #include <string>
 
 #include "engine/base/tensor.h"
+#include "engine/base/weight.h"
 #include "engine/model/checkpoint.h"
 
 namespace kvpr {
@@ -30,7 +31,11 @@ std::optional<DType> gpt_oss_expert_dtype(const CheckpointDir& ckpt, const std::
 // Throws naming the tensor when the packed ones have shapes that do not fit each other.
 Tensor gpt_oss_expert_weight(const CheckpointDir& ckpt, const std::string& key);
 
-// FP4 E2M1's 16 values, by code (bit 3 the sign): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
-float fp4_e2m1_value(uint8_t code);
+// Bytes a weight of expert matrix `key` takes kept in MXFP4 (fp4 codes and an F32 scale per 32),
+// or 0 when the checkpoint does not store it in MXFP4.
+double gpt_oss_expert_fp4_bytes(const CheckpointDir& ckpt, const std::string& key);
+// That matrix in weight.h's fp4 layout: codes U8 [rows, in/2], scales F32 [rows, in/32] (blocks
+// of 1 x 32), in host memory; undefined when gpt_oss_expert_fp4_bytes says 0.
+Weight gpt_oss_expert_fp4(const CheckpointDir& ckpt, const std::string& key);
 
 }  // namespace kvpr

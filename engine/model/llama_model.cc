@@ -176,6 +176,14 @@ Tensor LlamaModel::derived_weight(const CheckpointDir& ckpt, const std::string& 
   return config_.model_type == "gpt_oss" ? gpt_oss_expert_weight(ckpt, key) : Tensor();
 }
 
+double LlamaModel::derived_quantized_bytes(const CheckpointDir& ckpt, const std::string& key) const {
+  return config_.model_type == "gpt_oss" ? gpt_oss_expert_fp4_bytes(ckpt, key) : 0;
+}
+
+Weight LlamaModel::derived_quantized_weight(const CheckpointDir& ckpt, const std::string& key) const {
+  return config_.model_type == "gpt_oss" ? gpt_oss_expert_fp4(ckpt, key) : Weight();
+}
+
 void LlamaModel::stack_weights() {
   backend_.synchronize();  // every weight has landed (uploads, random fills, broadcast)
   if (config_.gemma_norms) {

@@ -72,6 +72,8 @@ class LlamaModel : public Model {
   Tensor as_f32(const Tensor& w, float add);
   std::optional<DType> derived_dtype(const CheckpointDir& ckpt, const std::string& key) const override;
   Tensor derived_weight(const CheckpointDir& ckpt, const std::string& key) const override;
+  double derived_quantized_bytes(const CheckpointDir& ckpt, const std::string& key) const override;
+  Weight derived_quantized_weight(const CheckpointDir& ckpt, const std::string& key) const override;
   // x += norm(y) with the gain `out_norm` (Gemma's output norms), else x += y, where y = a · wᵀ + b.
   void add_output(const Tensor& x, const Tensor& a, const Weight& w, const Tensor& b, const Tensor& out_norm);
   // Qwen3's per-head RMSNorm of rows [n, heads x head_dim] with `gain` (in place); nothing for

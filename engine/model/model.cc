@@ -295,6 +295,8 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
                       if (!stored) return std::nullopt;
                       const DType dt = opts.convert_weights ? opts.weight_dtype : *stored;
                       if (keep_quantized && quant_.dtype(ckpt, key)) return PlannedWeight{dt, quant_.bits_per_weight() / 8};
+                      if (keep_quantized && derived)
+                        if (const double b = derived_quantized_bytes(ckpt, key); b > 0) return PlannedWeight{dt, b};
                       return PlannedWeight{dt, static_cast<double>(dtype_size(dt))};
                     }),
                     opts);
@@ -320,13 +322,13 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     KVPR_CHECK(!r || r->shape == expect, r ? r->file : model_dir, ": tensor '", key, "' has shape ",
                shape_str(r ? r->shape : expect), ", expected ", shape_str(expect));
     DType dt = opts.convert_weights ? opts.weight_dtype : stored;
-    if (quantized) dequantized_dtype_ = dt;
+    if (quantized || derived_quantized_bytes(ckpt, key) > 0) dequantized_dtype_ = dt;
     // Streamed weights go to pinned host memory, read by every rank; the rest to the device.
     const bool host = streamed(name, role);
-    if (quantized && keep_quantized && role == WeightRole::Matrix) {
+    if (derived && keep_quantized && role == WeightRole::Matrix) {
       // Repacked into kvpr's layout on the host and uploaded as it is (unless its groups loaded
-      // dense, below).
-      if (Weight hw = quant_.weight(ckpt, key); hw.quantized()) {
+      // dense, or the architecture derives it dense only: below).
+      if (Weight hw = quantized ? quant_.weight(ckpt, key) : derived_quantized_weight(ckpt, key); hw.quantized()) {
         KVPR_CHECK(hw.shape == expect, model_dir, ": tensor '", key, "' holds ", shape_str(hw.shape), " weights, expected ",
                    shape_str(expect));
         Weight w = upload(hw, host, total);
@@ -448,7 +450,7 @@ void Model::init_random(DType dtype, uint64_t seed, const ModelLoadOptions& opts
   auto quantized = [q](const std::string& name, WeightRole role) {
     return q != WeightFormat::Dense && role == WeightRole::Matrix && name.rfind("layers.", 0) == 0;
   };
-  const double q_bytes = q == WeightFormat::Int4 ? 0.5 : 1.0,
+  const double q_bytes = weight_format_is_nibbles(q) ? 0.5 : 1.0,
                scale_bytes = opts.random_group > 0 ? 4.0 / static_cast<double>(opts.random_group) : 0.0;
   check_host_memory(plan_weights([&](const std::string& name, bool required) -> std::optional<PlannedWeight> {
                       if (!required && name == "lm_head.weight") return std::nullopt;  // tied, as below

@@ -155,6 +155,17 @@ class Model : public KvProjector {
     (void)ckpt, (void)key;
     return Tensor();
   }
+  // Where the architecture computes on quantized matrices, a derived one kept as stored (gpt-oss's
+  // MXFP4 experts, weight.h's fp4): the bytes a weight of it takes (0: derived dense only) and
+  // the weight, in host memory.
+  virtual double derived_quantized_bytes(const CheckpointDir& ckpt, const std::string& key) const {
+    (void)ckpt, (void)key;
+    return 0;
+  }
+  virtual Weight derived_quantized_weight(const CheckpointDir& ckpt, const std::string& key) const {
+    (void)ckpt, (void)key;
+    return Weight();
+  }
   virtual void stack_weights() = 0;
   virtual void stream_layers() = 0;
   // Loads the checkpoint in model_dir: `prepare` looks at it first (key prefixes), then

@@ -277,7 +277,7 @@ struct Repack {
     w.format = f;
     w.shape = {N, K};
     w.block_n = bn, w.block_k = bk;
-    row_bytes = f == WeightFormat::Int4 ? ceil_div(K, 2) : K;
+    row_bytes = weight_format_is_nibbles(f) ? ceil_div(K, 2) : K;
     w.codes = Tensor::host(DType::U8, {N, row_bytes});
     w.scales = Tensor::host(DType::F32, {ceil_div(N, bn), ceil_div(K, bk)});
     codes = w.codes.data_as<uint8_t>();

@@ -28,7 +28,7 @@ template <WeightFormat F, int M>
 void block_dot(const uint8_t* row, int64_t k0, int64_t k1, const float* x, int64_t ldx, float* dot) {
   int64_t k = k0;
 #ifdef KVPR_VEC_AVX2
-  if (F != WeightFormat::Int4 || k0 % 2 == 0) {
+  if (!weight_format_is_nibbles(F) || k0 % 2 == 0) {
     // Two accumulators a row (inputs k..k+7 and k+8..k+15): the FMAs of one iteration do not
     // wait for each other.
     __m256 acc[M], acc2[M];
@@ -36,14 +36,27 @@ void block_dot(const uint8_t* row, int64_t k0, int64_t k1, const float* x, int64
     // int4: a 32-bit word of 8 codes broadcast to every lane, lane i shifted by 4i (input 2j is
     // the low nibble of byte j: lane i is input i), no shuffle.
     const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), low4 = _mm256_set1_epi32(15);
+    // fp4: the magnitude's 3 bits index E2M1's 8 values (vpermps reads an index's low 3 bits),
+    // and bit 3, moved to bit 31, is the sign.
+    const __m256 e2m1 = _mm256_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+    const __m256i sign = _mm256_set1_epi32(8);
     for (; k + 16 <= k1; k += 16) {
       __m256 w0, w1;
-      if constexpr (F == WeightFormat::Int4) {
+      if constexpr (weight_format_is_nibbles(F)) {
         int32_t a, b;
         std::memcpy(&a, row + k / 2, 4);
         std::memcpy(&b, row + k / 2 + 4, 4);
-        w0 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(a), shifts), low4));
-        w1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b), shifts), low4));
+        const __m256i c0 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(a), shifts), low4);
+        const __m256i c1 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b), shifts), low4);
+        if constexpr (F == WeightFormat::Int4) {
+          w0 = _mm256_cvtepi32_ps(c0);
+          w1 = _mm256_cvtepi32_ps(c1);
+        } else {
+          w0 = _mm256_xor_ps(_mm256_permutevar8x32_ps(e2m1, c0),
+                             _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c0, sign), 28)));
+          w1 = _mm256_xor_ps(_mm256_permutevar8x32_ps(e2m1, c1),
+                             _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c1, sign), 28)));
+        }
       } else if constexpr (F == WeightFormat::Int8) {
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k));
         w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
@@ -93,8 +106,8 @@ void decode_rows(float* out, int64_t ldo, const float* x, int64_t ldx, const flo
       for (int64_t g = 0; g < cols; ++g) {
         const int64_t k0 = g * bk, k1 = std::min(K, k0 + bk);
         block_dot<F, M>(codes + n * row_bytes, k0, k1, x, ldx, dot);
-        if constexpr (F == WeightFormat::Fp8) {
-          const float s = scales[s_row + g] * kFp8Unit;
+        if constexpr (F == WeightFormat::Fp8 || F == WeightFormat::Fp4) {
+          const float s = scales[s_row + g] * (F == WeightFormat::Fp8 ? kFp8Unit : 1.f);
           for (int m = 0; m < M; ++m) acc[m] += s * dot[m];
         } else {
           const float s = scales[s_row + g];
@@ -127,7 +140,67 @@ void decode(float* out, int64_t ldo, const float* x, int64_t M, int64_t ldx, con
   }
 }
 
+#ifdef KVPR_CPU_AVX512
+// Inputs the AVX-512 kernel takes a loop iteration at a time.
+constexpr int64_t kAvx512Step = 32;
+
+// The decode with the AVX-512 kernel: rows of x in groups of 8 over the pool's threads, and the
+// inputs past the last whole iteration added here.
+void decode_avx512(float* out, const float* x, int64_t M, const Weight& w, QuantizedScratch& scratch) {
+  const int64_t N = w.dim(0), K = w.dim(1), kv = K / kAvx512Step * kAvx512Step;
+  const QuantizedView view{w.codes.data_as<uint8_t>(),
+                           w.scales.data_as<float>(),
+                           w.zeros.defined() && w.zeros.dtype() == DType::U8 ? w.zeros.data_as<uint8_t>() : nullptr,
+                           w.zeros.defined() && w.zeros.dtype() == DType::I32 ? w.zeros.data_as<int32_t>() : nullptr,
+                           w.format,
+                           N,
+                           K,
+                           w.codes.dim(-1),
+                           w.block_n,
+                           w.block_k,
+                           w.scale_cols()};
+  const float* pairs = nullptr;
+  if (weight_format_is_nibbles(w.format)) {
+    scratch.x_pairs.resize(static_cast<size_t>(M * K));
+    float* d = scratch.x_pairs.data();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < kv; k += kAvx512Step)
+        for (int64_t j = 0; j < kAvx512Step / 2; ++j) {
+          d[m * K + k + j] = x[m * K + k + 2 * j];
+          d[m * K + k + kAvx512Step / 2 + j] = x[m * K + k + 2 * j + 1];
+        }
+    pairs = d;
+  }
+  const int64_t cols = view.cols;
+  ThreadPool::global().parallel_for(N, 8, [&](int64_t b, int64_t e) {
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
+      quantized_rows_avx512(view, x + m0 * K, pairs ? pairs + m0 * K : nullptr, std::min<int64_t>(kMaxRows, M - m0), b,
+                            e, out + m0 * N);
+    for (int64_t n = b; n < e && kv < K; ++n) {
+      const uint8_t* row = view.codes + n * view.row_bytes;
+      const int64_t s = (n / w.block_n) * cols + (K - 1) / w.block_k;  // the last block's
+      const auto zero = static_cast<float>(weight_zero(w, s));  // (fp8, fp4: 0)
+      const float scale = view.scales[s];
+      for (int64_t k = kv; k < K; ++k) {
+        const float v = (weight_code(row, w.format, k) - zero) * scale;
+        for (int64_t m = 0; m < M; ++m) out[m * N + n] += v * x[m * K + k];
+      }
+    }
+  });
+}
+#endif
+
 }  // namespace
+
+bool quantized_avx512_available() {
+#ifdef KVPR_CPU_AVX512
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
 
 void quantized_linear(float* out, const float* x, int64_t M, const Weight& w, QuantizedScratch& scratch) {
   KVPR_CHECK(w.quantized() && w.rank() == 2, "quantized_linear: weight ", w.describe());
@@ -149,16 +222,28 @@ void quantized_linear(float* out, const float* x, int64_t M, const Weight& w, Qu
     const int64_t row_bytes = w.codes.dim(-1), srows_cols = cols;
     const auto* codes = w.codes.data_as<uint8_t>();
     const float* scales = w.scales.data_as<float>();
+    const float* e4m3 = e4m3_table();
+    float e2m1[16];
+    for (uint8_t c = 0; c < 16; ++c) e2m1[c] = fp4_e2m1_value(c);
     for (int64_t n0 = 0; n0 < N; n0 += tile) {
       const int64_t nt = std::min(tile, N - n0);
       float* t = scratch.tile.data();
       pool.parallel_for(nt, 8, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           const int64_t n = n0 + i, s_row = (n / w.block_n) * srows_cols;
-          for (int64_t k = 0; k < K; ++k) {
-            const int64_t s = s_row + k / bk;
-            t[i * K + k] = (weight_code(codes + n * row_bytes, w.format, k) - static_cast<float>(weight_zero(w, s))) *
-                           scales[s];
+          const uint8_t* row = codes + n * row_bytes;
+          float* ti = t + i * K;
+          for (int64_t g = 0; g < cols; ++g) {  // a block at a time: its scale and zero point
+            const int64_t k1 = std::min(K, (g + 1) * bk);
+            const float s = scales[s_row + g], z = static_cast<float>(weight_zero(w, s_row + g));
+            if (w.format == WeightFormat::Int4)
+              for (int64_t k = g * bk; k < k1; ++k) ti[k] = (static_cast<float>((row[k / 2] >> (k % 2 * 4)) & 15) - z) * s;
+            else if (w.format == WeightFormat::Int8)
+              for (int64_t k = g * bk; k < k1; ++k) ti[k] = (static_cast<float>(row[k]) - z) * s;
+            else if (w.format == WeightFormat::Fp4)
+              for (int64_t k = g * bk; k < k1; ++k) ti[k] = e2m1[(row[k / 2] >> (k % 2 * 4)) & 15] * s;
+            else
+              for (int64_t k = g * bk; k < k1; ++k) ti[k] = e4m3[row[k]] * s;
           }
         }
       });
@@ -169,9 +254,17 @@ void quantized_linear(float* out, const float* x, int64_t M, const Weight& w, Qu
     return;
   }
 #endif
+#ifdef KVPR_CPU_AVX512
+  // (Zero points as the layout has them: U8 for int4, I32 for int8.)
+  const bool zeros_fit = !w.zeros.defined() || w.zeros.dtype() == (w.format == WeightFormat::Int4 ? DType::U8 : DType::I32);
+  if (scratch.avx512 && quantized_avx512_available() && (bk % kAvx512Step == 0 || bk >= K) && zeros_fit) {
+    decode_avx512(out, x, M, w, scratch);
+    return;
+  }
+#endif
   // Each row's sum of x over each block of inputs: the zero points' share.
   scratch.xsum.assign(static_cast<size_t>(M * cols), 0.f);
-  if (w.format != WeightFormat::Fp8)
+  if (w.format == WeightFormat::Int4 || w.format == WeightFormat::Int8)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t k = 0; k < K; ++k) scratch.xsum[static_cast<size_t>(m * cols + k / bk)] += x[m * K + k];
   const float* xsum = scratch.xsum.data();
@@ -179,6 +272,7 @@ void quantized_linear(float* out, const float* x, int64_t M, const Weight& w, Qu
     case WeightFormat::Int4: decode<WeightFormat::Int4>(out, N, x, M, K, xsum, cols, w); break;
     case WeightFormat::Int8: decode<WeightFormat::Int8>(out, N, x, M, K, xsum, cols, w); break;
     case WeightFormat::Fp8: decode<WeightFormat::Fp8>(out, N, x, M, K, xsum, cols, w); break;
+    case WeightFormat::Fp4: decode<WeightFormat::Fp4>(out, N, x, M, K, xsum, cols, w); break;
     case WeightFormat::Dense: break;
   }
 }

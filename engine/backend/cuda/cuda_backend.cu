@@ -494,7 +494,7 @@ class CudaBackend final : public Backend {
     d.order = w.order.defined() ? w.order.data_as<int32_t>() : nullptr;
     d.n = w.dim(0), d.k = w.dim(1), d.row_bytes = w.codes.dim(-1);
     d.block_n = w.block_n, d.block_k = w.block_k, d.cols = w.scale_cols();
-    d.format = w.format == WeightFormat::Int4 ? 1 : w.format == WeightFormat::Int8 ? 2 : 3;
+    d.format = w.format == WeightFormat::Int4 ? 1 : w.format == WeightFormat::Int8 ? 2 : w.format == WeightFormat::Fp8 ? 3 : 4;
     d.middle = static_cast<float>(weight_middle_code(w.format));
     return d;
   }

@@ -307,6 +307,11 @@ void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, f
 __device__ __forceinline__ float quant_code(const uint8_t* row, int format, int64_t k) {
   if (format == 1) return static_cast<float>((row[k >> 1] >> ((k & 1) * 4)) & 15);
   if (format == 2) return static_cast<float>(row[k]);
+  if (format == 4) {  // E2M1: exponent bits 2..1 (bias 1), mantissa bit 0, sign bit 3
+    const int c = (row[k >> 1] >> ((k & 1) * 4)) & 15, e = (c >> 1) & 3, m = c & 1;
+    const float mag = e == 0 ? 0.5f * static_cast<float>(m) : (1.f + 0.5f * static_cast<float>(m)) * static_cast<float>(1 << (e - 1));
+    return c & 8 ? -mag : mag;
+  }
   __nv_fp8_e4m3 v;
   v.__x = static_cast<__nv_fp8_storage_t>(row[k]);
   return static_cast<float>(v);

@@ -63,7 +63,7 @@ struct QuantDesc {
   const void* zeros;
   const int32_t* order;
   int64_t n, k, row_bytes, block_n, block_k, cols;
-  int format;  // 1 int4, 2 int8, 3 fp8 (E4M3)
+  int format;  // 1 int4, 2 int8, 3 fp8 (E4M3), 4 fp4 (E2M1)
   int zeros_i32;
   float middle;
 };

@@ -246,7 +246,8 @@ TEST_P(CudaKvOps, AttentionPrefillMixedAndLongDecode) {
 // The GEMMs on quantized weights (engine/base/weight.h), read as stored on both backends: decode
 // rows (one warp an output, dequantized in registers, 8 rows at a time) and prefill tiles through
 // cuBLAS (TF32 on a GPU), int4 with
-// zero points and an input order, int8 with I32 zeros, fp8 in partial blocks; accumulated, and
+// zero points and an input order, int8 with I32 zeros, fp8 in partial blocks, fp4 (MXFP4) in
+// blocks of 32; accumulated, and
 // batched on a stack into a BF16 output with a bias.
 TEST(CudaQuantized, LinearMatchesCpu) {
   SKIP_WITHOUT_GPU();
@@ -270,7 +271,8 @@ TEST(CudaQuantized, LinearMatchesCpu) {
   };
   for (const Case& c : {Case{WeightFormat::Int4, 40, 96, 32, true, true, false},
                         Case{WeightFormat::Int8, 33, 75, 0, true, false, false},
-                        Case{WeightFormat::Fp8, 50, 80, 16, false, false, true}}) {
+                        Case{WeightFormat::Fp8, 50, 80, 16, false, false, true},
+                        Case{WeightFormat::Fp4, 24, 100, 32, false, false, false}}) {  // MXFP4's blocks, a tail
     Pair dense = random_pair(cpu, *gpu, DType::F32, {c.N, c.K}, 61, 0.1f);
     Tensor dh = Tensor::host(DType::F32, {c.N, c.K});
     std::memcpy(dh.data(), dense.cpu.data(), dh.nbytes());

@@ -1,7 +1,9 @@
 // The CPU's GEMM on quantized weights (engine/backend/cpu/quantized_linear.h) against the dense
 // GEMM on the same weights dequantized (engine/base/weight.h: exactly (code - zero) · scale):
-// every format (int4 with and without zero points, int8 with I32 zeros, fp8 with partial blocks),
-// an input order, widths that leave a tail of the vector loop, a few rows (decode: one pass,
+// every format (int4 with and without zero points, int8 with I32 zeros, fp8 with partial blocks,
+// fp4 in MXFP4's blocks),
+// an input order, widths that leave a tail of the vector loop, both decode kernels (AVX-512 and
+// AVX2) where the CPU has both, a few rows (decode: one pass,
 // dequantized in registers) and many (prefill: a tile at a time); linear_batched on a stack and
 // linear_accumulate; the layout's slicing; round to nearest within half a step.
 #include <gtest/gtest.h>
@@ -28,7 +30,7 @@ Weight random_weight(WeightFormat format, int64_t N, int64_t K, int64_t bn, int6
   w.format = format;
   w.shape = {N, K};
   w.block_n = bn, w.block_k = bk;
-  const int64_t row_bytes = format == WeightFormat::Int4 ? (K + 1) / 2 : K;
+  const int64_t row_bytes = weight_format_is_nibbles(format) ? (K + 1) / 2 : K;
   w.codes = Tensor::host(DType::U8, {N, row_bytes});
   for (int64_t i = 0; i < w.codes.numel(); ++i) {
     auto b = static_cast<uint8_t>(rng());
@@ -88,24 +90,37 @@ const Layout kLayouts[] = {
     {WeightFormat::Int4, 16, 100, 1, 20, false, false},   // groups that are no multiple of 16
     {WeightFormat::Int8, 33, 200, 1, 200, true, false},   // per channel, I32 zeros
     {WeightFormat::Int8, 16, 64, 16, 64, false, false},   // one scale for the tensor
+    {WeightFormat::Int8, 12, 208, 1, 64, true, false},    // the last group 16 wide
+    {WeightFormat::Int4, 10, 136, 1, 64, true, true},     // the last group 8 wide, act order
     {WeightFormat::Fp8, 50, 160, 32, 32, false, false},   // blocks, the last ones partial
     {WeightFormat::Fp8, 20, 48, 1, 48, false, true},      // per channel, ordered
+    {WeightFormat::Fp4, 24, 96, 1, 32, false, false},     // MXFP4's blocks of 32
+    {WeightFormat::Fp4, 9, 75, 1, 32, false, true},       // a tail of 11, ordered
+    {WeightFormat::Fp4, 16, 256, 1, 128, false, false},   // groups of 128
+    {WeightFormat::Fp4, 9, 75, 1, 75, false, false},      // one scale a row, an odd width
 };
 
 }  // namespace
 
 TEST(QuantizedLinear, MatchesTheDenseGemmOnTheDequantizedWeights) {
   CpuBackend be;
+  // Where the CPU has AVX-512 the backend's kernel is that one's: the AVX2 kernel is run too.
+  RecordProperty("avx512", cpu::quantized_avx512_available() ? "yes" : "no");
+  cpu::QuantizedScratch avx2;
+  avx2.avx512 = false;
   uint32_t seed = 1;
   for (const Layout& l : kLayouts) {
     const Weight w = random_weight(l.format, l.N, l.K, l.bn, l.bk, l.zeros, l.ordered, seed++);
     const Tensor dense = dequantize(w);
-    for (int64_t M : {1, 3, 8, 9, 40}) {  // one pass in registers (<= 8), then tiles for sgemm
+    for (int64_t M : {1, 2, 3, 8, 9, 40}) {  // one pass in registers (<= 8), then tiles for sgemm
       const Tensor x = random_x(M, l.K, seed++);
       Tensor got = Tensor::host(DType::F32, {M, l.N}), want = Tensor::host(DType::F32, {M, l.N});
+      Tensor got_avx2 = Tensor::host(DType::F32, {M, l.N});
       be.linear(got, x, w, Tensor(), Activation::None);
       be.linear(want, x, dense, Tensor(), Activation::None);
+      cpu::quantized_linear(got_avx2.data_as<float>(), x.data_as<float>(), M, w, avx2);
       EXPECT_LT(rel_err(got, want), 2e-5) << w.describe() << " M " << M;
+      EXPECT_LT(rel_err(got_avx2, want), 2e-5) << w.describe() << " M " << M << " (AVX2)";
     }
   }
 }
@@ -167,16 +182,25 @@ TEST(QuantizedLinear, RowsAndReshapeFollowTheBlocks) {
 
 TEST(QuantizedLinear, RoundToNearestIsWithinHalfAStep) {
   const Tensor x = random_x(12, 200, 12);
-  for (WeightFormat f : {WeightFormat::Int4, WeightFormat::Int8, WeightFormat::Fp8}) {
+  for (WeightFormat f : {WeightFormat::Int4, WeightFormat::Int8, WeightFormat::Fp8, WeightFormat::Fp4}) {
     const Weight w = quantize_rtn(x, f, 64);
     EXPECT_EQ(w.scales.dim(1), 4);  // ceil(200 / 64)
     const Tensor back = dequantize(w);
     for (int64_t n = 0; n < 12; ++n)
       for (int64_t k = 0; k < 200; ++k) {
         const float v = x.data_as<float>()[n * 200 + k], s = w.scales.data_as<float>()[n * 4 + k / 64];
-        // int: half a step of the scale; fp8: half an ulp of E4M3 (3 mantissa bits), 1/16 relative.
-        const float bound = f == WeightFormat::Fp8 ? std::fabs(v) / 16 + s * 0.002f : s / 2 + 1e-6f;
+        // int: half a step of the scale; fp8: half an ulp of E4M3 (3 mantissa bits), 1/16 relative;
+        // fp4: half the gap between E2M1's neighbours (0.5 up to 2, 1 up to 4, 2 up to 6).
+        const float a = std::fabs(v) / s;
+        const float bound = f == WeightFormat::Fp8   ? std::fabs(v) / 16 + s * 0.002f
+                            : f == WeightFormat::Fp4 ? s * (a <= 2 ? 0.25f : a <= 4 ? 0.5f : 1.f) + 1e-6f
+                                                     : s / 2 + 1e-6f;
         ASSERT_LE(std::fabs(back.data_as<float>()[n * 200 + k] - v), bound) << weight_format_name(f) << " " << n << " " << k;
+      }
+    if (f == WeightFormat::Fp4)  // MX scales: powers of two (E8M0)
+      for (int64_t i = 0; i < w.scales.numel(); ++i) {
+        const float s = w.scales.data_as<float>()[i];
+        EXPECT_EQ(s, std::exp2(std::round(std::log2(s)))) << i;
       }
   }
 }

@@ -32,6 +32,8 @@ TEST(GptOss, LogitsAndGreedyTokensMatchFloat64Reference) {
   for (const char* name : kFixtures) {
     CpuBackend be;
     std::unique_ptr<Model> model = load_model(be, fixture(name));
+    // MXFP4 experts kept as stored (the CPU's GEMMs read fp4), the dequantized layout dense.
+    EXPECT_EQ(model->kept_quantized(), std::string(name) == "mxfp4_bf16") << name;
     test::expect_logits_match_reference(*model, fixture(name));
     test::expect_greedy_matches_reference(fixture(name), tok);
   }
@@ -89,6 +91,16 @@ TEST(GptOss, Mxfp4DequantizesAsPacked) {
   const float hand = fp4_e2m1_value(b[3] >> 4) * std::ldexp(1.f, exponent);
   EXPECT_EQ(bf16_to_f32(up.data_as<uint16_t>()[5 * 32 + 7]), hand);
   EXPECT_NE(hand, 0.f);
+  // Kept in MXFP4: the same bytes, the scale as F32, dequantizing to the same values.
+  const Weight kept = gpt_oss_expert_fp4(ckpt, base + "2.up_proj.weight");
+  ASSERT_EQ(kept.format, WeightFormat::Fp4);
+  EXPECT_EQ(kept.shape, Shape({64, 32}));
+  EXPECT_EQ(kept.codes.data_as<uint8_t>()[5 * 16 + 3], b[3]);
+  EXPECT_EQ(kept.scales.data_as<float>()[5], std::ldexp(1.f, exponent));
+  const Tensor back = dequantize(kept);
+  for (int64_t i = 0; i < up.numel(); ++i) ASSERT_EQ(back.data_as<float>()[i], bf16_to_f32(up.data_as<uint16_t>()[i])) << i;
+  EXPECT_EQ(gpt_oss_expert_fp4_bytes(ckpt, base + "2.up_proj.bias"), 0);
+  EXPECT_FALSE(gpt_oss_expert_fp4(ckpt, base + "2.up_proj.bias").defined());
   EXPECT_FALSE(gpt_oss_expert_dtype(ckpt, base + "9x.up_proj.weight").has_value());
   EXPECT_FALSE(gpt_oss_expert_dtype(ckpt, "model.layers.1.mlp.router.weight").has_value());
 }
