@@ -1,15 +1,18 @@
 // kvpr-bench weights [--preset llama-3.2-1b] [--formats bf16,int4,int8,fp8,fp4] [--group 128] [--prompt 16]
-//                    [--gen 16] [--layers N] [--backend cpu|cuda|auto] [--json FILE]
-//     Batch-1 decode, resident, with the layers' matrices in each weight format, in one run:
+//                    [--gen 16] [--layers N] [--backend cpu|cuda|auto] [--repeat 3] [--json FILE]
+//     Batch-1 decode, resident, with the layers' matrices in each weight format, in one run (every
+//     format's model held at once, measured round-robin --repeat times, each format's median):
 //     random weights, quantized round to nearest in groups of --group inputs (fp8: one scale a
 //     row and group too; fp4: MXFP4's power-of-two scales a 32); the embedding and the tied head stay BF16, as quantized checkpoints
 //     leave them. Per format: tokens/s, the weight bytes read per token (on the CPU the backend
 //     counts each GEMM's weight as stored; on a GPU, the model's weight bytes, which a batch-1 step
 //     of a tied model reads once) and the physical bound: those bytes over the memory's rate
-//     measured in the same run (the host's read rate; the device's copy rate). Ratios against
+//     measured in the same run, before the runs and after them, the faster (the host's read rate;
+//     the device's copy rate). Ratios against
 //     bf16, measured and bound.
 #include "bench/commands.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -41,7 +44,8 @@ Format parse_format(const std::string& s) {
 }  // namespace
 
 int cmd_weights(const Args& args) {
-  const Options opt(args, {"--preset", "--formats", "--group", "--prompt", "--gen", "--layers", "--backend", "--json"});
+  const Options opt(args,
+                    {"--preset", "--formats", "--group", "--prompt", "--gen", "--layers", "--backend", "--repeat", "--json"});
   const std::string preset = opt.get("--preset", "llama-3.2-1b");
   const int64_t group = opt.get_int("--group", 128);
   const int prompt = opt.get_int("--prompt", 16), gen = opt.get_int("--gen", 16);
@@ -56,20 +60,37 @@ int cmd_weights(const Args& args) {
   }
   const std::string backend = opt.get("--backend", "cpu");
   std::string device;
-  double read_gbps = 0;
-  {
+  // The memory's rate, measured before the runs and after them: the bound takes the faster.
+  auto memory_gbps = [&](std::string* name) {
     std::unique_ptr<Backend> be = bench_backend(backend);
-    device = be->name();
-    read_gbps = be->device_is_host() ? host_read_gbps(int64_t{1} << 30) : device_copy_gbps(*be, int64_t{2} << 30);
-  }
+    if (name) *name = be->name();
+    return be->device_is_host() ? host_read_gbps(int64_t{1} << 30) : device_copy_gbps(*be, int64_t{2} << 30);
+  };
+  double read_gbps = memory_gbps(&device);
+  const double read_gbps_before = read_gbps;
   std::fprintf(stderr, "kvpr-bench weights: %s on %s, batch 1, prompt %d, %d tokens; memory %.1f GB/s\n",
                preset.c_str(), device.c_str(), prompt, gen, read_gbps);
-  json::Array runs;
-  std::map<std::string, double> tps, bytes_of;
+  // Every format's model built first, then measured round-robin --repeat times: each format's
+  // median, so that a memory rate that drifts over the run (a shared host's) favours none.
+  struct Run {
+    Format f;
+    std::unique_ptr<Backend> be;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<KvRuntime> kv;
+    std::unique_ptr<GreedyDecode> decode;
+    CpuBackend* cpu = nullptr;
+    double init_s = 0, bytes = 0;
+    std::vector<double> ms;
+  };
+  const int repeat = opt.get_int("--repeat", 3);
+  KVPR_CHECK(repeat > 0, "--repeat must be positive");
+  std::vector<Run> all;
+  const bool graphs = backend != "cpu";  // a GPU's steps as CUDA graphs: no launch gaps
   for (const Format& f : formats) {
-    std::unique_ptr<Backend> owned = bench_backend(backend);
-    Backend& be = *owned;
-    auto* cpu = dynamic_cast<CpuBackend*>(&be);
+    Run r;
+    r.f = f;
+    r.be = bench_backend(backend);
+    r.cpu = dynamic_cast<CpuBackend*>(r.be.get());
     ModelLoadOptions lo;
     lo.random_format = f.format;
     lo.random_group = f.format == WeightFormat::Fp4 ? 32 : group;  // MXFP4's blocks are 32 wide
@@ -77,37 +98,56 @@ int cmd_weights(const Args& args) {
     size.layers = opt.get_int("--layers", 0);
     size.dtype = DType::BF16;
     const auto t_init = Clock::now();
-    std::unique_ptr<Model> model = preset_model(be, preset, lo, size);
-    const double init_s = seconds_since(t_init);
+    r.model = preset_model(*r.be, preset, lo, size);
+    r.init_s = seconds_since(t_init);
     KvRuntimeOptions kvo;
     kvo.kv_dtype = DType::BF16;
-    auto kv = model->make_kv_runtime(1, prompt + gen + 2, kvo);
-    GreedyDecode decode(be, *model, *kv, 1, prompt);
-    decode.prefill();
-    const bool graphs = !be.device_is_host();  // a GPU's steps as CUDA graphs: no launch gaps
-    decode.step(graphs);  // warm: recorded,
-    decode.step(graphs);  // then captured (a GPU's replays come next)
-    const double before = cpu ? cpu->weight_bytes_read() : 0;
-    const auto t0 = Clock::now();
-    for (int s = 0; s < gen; ++s) decode.step(graphs);
-    const double t = seconds_since(t0);
-    const double bytes = cpu ? (cpu->weight_bytes_read() - before) / gen : static_cast<double>(model->weight_bytes());
-    const double ms = t / gen * 1e3, bound_ms = bytes / (read_gbps * 1e9) * 1e3;
-    tps[f.name] = gen / t;
-    bytes_of[f.name] = bytes;
-    std::fprintf(stderr, "  %-5s %8.1f ms/token %7.2f tokens/s, %7.1f MB read a token (weights %7.1f MB), bound %7.1f ms\n",
-                 f.name.c_str(), ms, gen / t, bytes / 1e6, static_cast<double>(model->weight_bytes()) / 1e6, bound_ms);
-    runs.push_back(json::Object{{"format", f.name},
-                                {"group", f.format == WeightFormat::Fp4 ? int64_t{32} : group},
-                                {"weight_bytes", static_cast<double>(model->weight_bytes())},
+    r.kv = r.model->make_kv_runtime(1, prompt + gen * repeat + 4, kvo);
+    r.decode = std::make_unique<GreedyDecode>(*r.be, *r.model, *r.kv, 1, prompt);
+    r.decode->prefill();
+    const bool g = graphs && !r.be->device_is_host();
+    r.decode->step(g);  // warm: recorded,
+    r.decode->step(g);  // then captured (a GPU's replays come next)
+    all.push_back(std::move(r));
+  }
+  for (int rep = 0; rep < repeat; ++rep)
+    for (Run& r : all) {
+      const bool g = graphs && !r.be->device_is_host();
+      const double before = r.cpu ? r.cpu->weight_bytes_read() : 0;
+      const auto t0 = Clock::now();
+      for (int s = 0; s < gen; ++s) r.decode->step(g);
+      r.ms.push_back(seconds_since(t0) / gen * 1e3);
+      if (rep == 0)
+        r.bytes = r.cpu ? (r.cpu->weight_bytes_read() - before) / gen : static_cast<double>(r.model->weight_bytes());
+    }
+  const double read_gbps_after = memory_gbps(nullptr);
+  read_gbps = std::max(read_gbps, read_gbps_after);
+  std::fprintf(stderr, "  memory %.1f GB/s before the runs, %.1f after\n", read_gbps_before, read_gbps_after);
+  json::Array runs;
+  std::map<std::string, double> tps, bytes_of;
+  for (Run& r : all) {
+    std::vector<double> sorted = r.ms;
+    std::sort(sorted.begin(), sorted.end());
+    const double ms = sorted[sorted.size() / 2], bytes = r.bytes, bound_ms = bytes / (read_gbps * 1e9) * 1e3;
+    const double weight_bytes = static_cast<double>(r.model->weight_bytes());
+    tps[r.f.name] = 1e3 / ms;
+    bytes_of[r.f.name] = bytes;
+    std::fprintf(stderr, "  %-5s %8.1f ms/token (median of %d) %7.2f tokens/s, %7.1f MB read a token (weights %7.1f MB), bound %7.1f ms\n",
+                 r.f.name.c_str(), ms, repeat, 1e3 / ms, bytes / 1e6, weight_bytes / 1e6, bound_ms);
+    json::Array each;
+    for (double v : r.ms) each.push_back(v);
+    runs.push_back(json::Object{{"format", r.f.name},
+                                {"group", r.f.format == WeightFormat::Fp4 ? int64_t{32} : group},
+                                {"weight_bytes", weight_bytes},
                                 {"weight_bytes_read_per_token", bytes},
-                                {"read_over_weight_bytes", bytes / static_cast<double>(model->weight_bytes())},
+                                {"read_over_weight_bytes", bytes / weight_bytes},
                                 {"ms_per_token", ms},
-                                {"tokens_per_s", gen / t},
+                                {"ms_per_token_each_repeat", each},
+                                {"tokens_per_s", 1e3 / ms},
                                 {"bound_ms", bound_ms},
                                 {"over_bound", ms / bound_ms},
-                                {"weights_gbps", bytes / (t / gen) / 1e9},
-                                {"model_init_s", init_s}});
+                                {"weights_gbps", bytes / ms / 1e6},
+                                {"model_init_s", r.init_s}});
   }
   json::Value ratios(json::Object{});
   if (tps.count("bf16"))
@@ -125,7 +165,10 @@ int cmd_weights(const Args& args) {
                                                   {"prompt", prompt},
                                                   {"gen", gen},
                                                   {"group", group},
+                                                  {"repeat", repeat},
                                                   {"memory_gbps", read_gbps},
+                                                  {"memory_gbps_before", read_gbps_before},
+                                                  {"memory_gbps_after", read_gbps_after},
                                                   {"runs", runs},
                                                   {"ratios", ratios}});
   return 0;

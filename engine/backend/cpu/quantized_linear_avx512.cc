@@ -11,7 +11,9 @@
 //         order, rearranged once a call (x_pairs).
 //   int8  code as float, then (code · scale - zero · scale) in one FMA.
 //   fp8   E4M3 bytes become fp16s of 1/256 their value by two shifts and a mask (fp16 has 2 more
-//         exponent bits, bias 15 against 7), widened by the F16C converter, times scale · 256.
+//         exponent bits, bias 15 against 7), widened by the F16C converter; a block's sums are
+//         scaled by scale · 256 at its end (up to 4 rows of x; more: each value as it comes).
+// Blocks of 32 inputs (MXFP4's) take one flat loop, an iteration's table built in it.
 // Each row keeps two accumulators per 32 inputs (four for one or two rows of x), so FMAs do not
 // wait on each other.
 // GCC 12's AVX-512 intrinsics start their results from _mm512_undefined_*(), a self-initialized
@@ -76,43 +78,65 @@ void rows(const QuantizedView& w, const float* x, const float* xp, int64_t ldx, 
   const __m512 e2m1 = _mm512_setr_ps(0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.f, -0.5f, -1, -1.5f, -2, -3, -4, -6);
   const __m512i low4 = _mm512_set1_epi32(15);
   const float middle = F == WeightFormat::Int4 ? 8.f : 128.f;
+  constexpr bool is_nibbles = F == WeightFormat::Int4 || F == WeightFormat::Fp4;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.codes + n * w.row_bytes;
     __m512 acc[A][M];
     for (int a = 0; a < A; ++a)
       for (int m = 0; m < M; ++m) acc[a][m] = _mm512_setzero_ps();
     const int64_t s_row = (n / w.block_n) * w.cols;
-    for (int64_t g = 0, k = 0; k < kv; ++g) {
-      const int64_t end = k + w.block_k < kv ? k + w.block_k : kv;
-      const float s = w.scales[s_row + g];
-      if constexpr (F == WeightFormat::Int4 || F == WeightFormat::Fp4) {
-        __m512 table;
-        if constexpr (F == WeightFormat::Int4) {
-          const float z = w.zeros_u8 ? w.zeros_u8[s_row + g] : middle;
-          table = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z)), _mm512_set1_ps(s));
-        } else {
-          table = _mm512_mul_ps(e2m1, _mm512_set1_ps(s));
-        }
-        accumulate<M, A>(k, end, xp, ldx, acc, [&](int64_t i, __m512& lo, __m512& hi) {
-          const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i / 2)));
-          lo = _mm512_permutexvar_ps(_mm512_and_si512(v, low4), table);
-          hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
-        });
-      } else if constexpr (F == WeightFormat::Int8) {
-        const auto z = static_cast<float>(w.zeros_i32 ? w.zeros_i32[s_row + g] : middle);
-        const __m512 vs = _mm512_set1_ps(s), vzs = _mm512_set1_ps(-z * s);
-        accumulate<M, A>(k, end, x, ldx, acc, [&](int64_t i, __m512& lo, __m512& hi) {
-          const auto* p = reinterpret_cast<const __m128i*>(row + i);
-          lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p))), vs, vzs);
-          hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p + 1))), vs, vzs);
-        });
+    // int4, fp4: the table of scale cell c's 16 values, and the 32 at input i looked up in it.
+    auto table_of = [&](int64_t c) {
+      if constexpr (F == WeightFormat::Int4) {
+        const float z = w.zeros_u8 ? w.zeros_u8[c] : middle;
+        return _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z)), _mm512_set1_ps(w.scales[c]));
       } else {
-        const __m512 vs = _mm512_set1_ps(s * 256.f);  // the values are 1/256 of E4M3's: exact
-        accumulate<M, A>(k, end, x, ldx, acc, [&](int64_t i, __m512& lo, __m512& hi) {
-          fp8x32(row + i, lo, hi);
-          lo = _mm512_mul_ps(lo, vs);
-          hi = _mm512_mul_ps(hi, vs);
-        });
+        return _mm512_mul_ps(e2m1, _mm512_set1_ps(w.scales[c]));
+      }
+    };
+    auto nibbles = [&](int64_t i, __m512 table, __m512& lo, __m512& hi) {
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i / 2)));
+      lo = _mm512_permutexvar_ps(_mm512_and_si512(v, low4), table);
+      hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+    };
+    if (is_nibbles && w.block_k == kStep) {
+      // A block an iteration (MXFP4, groups of 32): one loop, each iteration its own table.
+      int64_t k = 0;
+      accumulate<M, A>(k, kv, xp, ldx, acc,
+                       [&](int64_t i, __m512& lo, __m512& hi) { nibbles(i, table_of(s_row + i / kStep), lo, hi); });
+    } else {
+      for (int64_t g = 0, k = 0; k < kv; ++g) {
+        const int64_t end = k + w.block_k < kv ? k + w.block_k : kv;
+        const float s = w.scales[s_row + g];
+        if constexpr (is_nibbles) {
+          const __m512 table = table_of(s_row + g);
+          accumulate<M, A>(k, end, xp, ldx, acc, [&](int64_t i, __m512& lo, __m512& hi) { nibbles(i, table, lo, hi); });
+        } else if constexpr (F == WeightFormat::Int8) {
+          const auto z = static_cast<float>(w.zeros_i32 ? w.zeros_i32[s_row + g] : middle);
+          const __m512 vs = _mm512_set1_ps(s), vzs = _mm512_set1_ps(-z * s);
+          accumulate<M, A>(k, end, x, ldx, acc, [&](int64_t i, __m512& lo, __m512& hi) {
+            const auto* p = reinterpret_cast<const __m128i*>(row + i);
+            lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p))), vs, vzs);
+            hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p + 1))), vs, vzs);
+          });
+        } else if constexpr (M <= 4) {
+          // The block's sum of the values (1/256 of E4M3's) times x, scaled once at its end by
+          // scale · 256 (exact): a row's one multiply where the scale is per row.
+          __m512 blk[A][M];
+          for (int a = 0; a < A; ++a)
+            for (int m = 0; m < M; ++m) blk[a][m] = _mm512_setzero_ps();
+          accumulate<M, A>(k, end, x, ldx, blk, [&](int64_t i, __m512& lo, __m512& hi) { fp8x32(row + i, lo, hi); });
+          const __m512 vs = _mm512_set1_ps(s * 256.f);
+          for (int a = 0; a < A; ++a)
+            for (int m = 0; m < M; ++m) acc[a][m] = _mm512_fmadd_ps(blk[a][m], vs, acc[a][m]);
+        } else {  // (more rows: too few registers for a block's sums beside the row's)
+          const __m512 vs = _mm512_set1_ps(s * 256.f);
+          accumulate<M, A>(k, end, x, ldx, acc, [&](int64_t i, __m512& lo, __m512& hi) {
+            fp8x32(row + i, lo, hi);
+            lo = _mm512_mul_ps(lo, vs);
+            hi = _mm512_mul_ps(hi, vs);
+          });
+        }
       }
     }
     for (int m = 0; m < M; ++m) {
