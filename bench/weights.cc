@@ -1,7 +1,8 @@
 // kvpr-bench weights [--preset llama-3.2-1b] [--formats bf16,int4,int8,fp8,fp4] [--group 128] [--prompt 16]
 //                    [--gen 16] [--layers N] [--backend cpu|cuda|auto] [--repeat 3] [--json FILE]
 //     Batch-1 decode, resident, with the layers' matrices in each weight format, in one run (every
-//     format's model held at once, measured round-robin --repeat times, each format's median):
+//     format's model held at once, measured round-robin --repeat times after a round not
+//     counted, each format's median):
 //     random weights, quantized round to nearest in groups of --group inputs (fp8: one scale a
 //     row and group too; fp4: MXFP4's power-of-two scales a 32); the embedding and the tied head stay BF16, as quantized checkpoints
 //     leave them. Per format: tokens/s, the weight bytes read per token (on the CPU the backend
@@ -102,7 +103,7 @@ int cmd_weights(const Args& args) {
     r.init_s = seconds_since(t_init);
     KvRuntimeOptions kvo;
     kvo.kv_dtype = DType::BF16;
-    r.kv = r.model->make_kv_runtime(1, prompt + gen * repeat + 4, kvo);
+    r.kv = r.model->make_kv_runtime(1, prompt + gen * (repeat + 1) + 4, kvo);
     r.decode = std::make_unique<GreedyDecode>(*r.be, *r.model, *r.kv, 1, prompt);
     r.decode->prefill();
     const bool g = graphs && !r.be->device_is_host();
@@ -110,15 +111,17 @@ int cmd_weights(const Args& args) {
     r.decode->step(g);  // then captured (a GPU's replays come next)
     all.push_back(std::move(r));
   }
-  for (int rep = 0; rep < repeat; ++rep)
+  // Round 0 warms every format once more and is not counted (on this project's shared 2-core
+  // host the first pass over freshly built models ran up to 1.8x slower than the next).
+  for (int rep = 0; rep <= repeat; ++rep)
     for (Run& r : all) {
       const bool g = graphs && !r.be->device_is_host();
       const double before = r.cpu ? r.cpu->weight_bytes_read() : 0;
       const auto t0 = Clock::now();
       for (int s = 0; s < gen; ++s) r.decode->step(g);
+      if (rep == 0) continue;
       r.ms.push_back(seconds_since(t0) / gen * 1e3);
-      if (rep == 0)
-        r.bytes = r.cpu ? (r.cpu->weight_bytes_read() - before) / gen : static_cast<double>(r.model->weight_bytes());
+      r.bytes = r.cpu ? (r.cpu->weight_bytes_read() - before) / gen : static_cast<double>(r.model->weight_bytes());
     }
   const double read_gbps_after = memory_gbps(nullptr);
   read_gbps = std::max(read_gbps, read_gbps_after);

@@ -1,5 +1,8 @@
 #include "engine/base/tensor.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -29,17 +32,27 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, size_t offset_bytes, DType dtyp
              " does not fit its storage");
 }
 
-Tensor Tensor::host(DType dtype, Shape shape) {
-  size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+std::shared_ptr<Storage> zeroed_host_storage(size_t bytes, MemoryKind kind, const char* what) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const bool huge = bytes >= 2 * kHuge;
+  const size_t align = huge ? kHuge : 64;
+  const size_t rounded = std::max<size_t>(64, (bytes + align - 1) / align * align);
   auto st = std::make_shared<Storage>();
-  size_t rounded = (bytes + 63) / 64 * 64;
-  st->data = std::aligned_alloc(64, rounded ? rounded : 64);
-  KVPR_CHECK(st->data, "out of host memory allocating ", bytes, " bytes");
-  std::memset(st->data, 0, rounded ? rounded : 64);
+  st->data = std::aligned_alloc(align, rounded);
+  KVPR_CHECK(st->data, "out of host memory allocating ", bytes, " bytes for ", what);
+#ifdef MADV_HUGEPAGE
+  if (huge) madvise(st->data, rounded, MADV_HUGEPAGE);  // (advice: nothing to check)
+#endif
+  std::memset(st->data, 0, rounded);
   st->bytes = bytes;
-  st->kind = MemoryKind::Host;
+  st->kind = kind;
   st->release = [](void* p) { std::free(p); };
-  return Tensor(std::move(st), 0, dtype, std::move(shape));
+  return st;
+}
+
+Tensor Tensor::host(DType dtype, Shape shape) {
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  return Tensor(zeroed_host_storage(bytes, MemoryKind::Host, "a host tensor"), 0, dtype, std::move(shape));
 }
 
 Tensor Tensor::borrow(void* data, DType dtype, Shape shape, MemoryKind kind) {

@@ -35,6 +35,13 @@ struct Storage {
   }
 };
 
+// Zeroed host memory of `bytes`, 64-byte aligned, freed with the storage; large buffers (weights,
+// a KV cache) in 2 MiB pages where the kernel gives transparent huge pages to those who ask
+// (Debian's default, "madvise"): a GEMM streaming a weight then reads across pages that the
+// hardware prefetcher does not cross at 4 KiB, and a TLB entry covers 512 times the bytes.
+// Throws naming `what` when memory runs out.
+std::shared_ptr<Storage> zeroed_host_storage(size_t bytes, MemoryKind kind, const char* what);
+
 class Tensor {
  public:
   Tensor() = default;

@@ -134,23 +134,9 @@ CpuBackend::CpuBackend() : bytes_in_use_(std::make_shared<std::atomic<size_t>>(0
 
 CpuBackend::~CpuBackend() { synchronize(); }
 
-namespace {
-std::shared_ptr<Storage> zeroed_storage(size_t bytes, MemoryKind kind, const std::string& what) {
-  auto st = std::make_shared<Storage>();
-  size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-  st->data = std::aligned_alloc(64, rounded);
-  KVPR_CHECK(st->data, "out of memory allocating ", bytes, " bytes for ", what);
-  std::memset(st->data, 0, rounded);
-  st->bytes = bytes;
-  st->kind = kind;
-  st->release = [](void* p) { std::free(p); };
-  return st;
-}
-}  // namespace
-
 Tensor CpuBackend::alloc(DType dtype, Shape shape) {
   size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
-  auto st = zeroed_storage(bytes, MemoryKind::Device, dtype_name(dtype) + shape_str(shape));
+  auto st = zeroed_host_storage(bytes, MemoryKind::Device, "a CPU backend tensor");
   auto counter = bytes_in_use_;
   counter->fetch_add(bytes);
   st->release = [counter, bytes](void* p) {
@@ -171,7 +157,7 @@ Tensor CpuBackend::alloc_pinned(DType dtype, Shape shape) {
     st->release = [a = host_allocator_, bytes](void* p) { a->deallocate(p, bytes); };
     return Tensor(std::move(st), 0, dtype, std::move(shape));
   }
-  auto st = zeroed_storage(bytes, MemoryKind::PinnedHost, dtype_name(dtype) + shape_str(shape));
+  auto st = zeroed_host_storage(bytes, MemoryKind::PinnedHost, "a pinned host tensor");
   return Tensor(std::move(st), 0, dtype, std::move(shape));
 }
 
