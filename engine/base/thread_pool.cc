@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <sched.h>
+
 namespace kvpr {
 
 namespace {
@@ -12,16 +14,24 @@ namespace {
 // How long a thread spins on the pool's state before it sleeps on a condition variable: a decode
 // step's kernels follow each other a few microseconds apart, and a wake-up costs tens of them.
 constexpr auto kSpin = std::chrono::microseconds(50);
+// Past this many polls a spinning thread yields its core at each poll: where the threads it waits
+// for share its cores (several workers on one node, a loaded machine) a plain spin would hold the
+// core they need; where they have cores of their own, sched_yield returns at once.
+constexpr int kPollsBeforeYield = 32;
 
 // Until ready() or kSpin has passed.
 template <typename Ready>
 void spin_until(Ready ready) {
   const auto until = std::chrono::steady_clock::now() + kSpin;
   for (int i = 0; !ready(); ++i) {
+    if (i < kPollsBeforeYield) {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();  // (a hint to the core: a spin loop, no memory-order speculation to undo)
+      __builtin_ia32_pause();  // (a hint to the core: a spin loop, no memory-order speculation to undo)
 #endif
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) return;
+      continue;
+    }
+    sched_yield();
+    if (std::chrono::steady_clock::now() > until) return;
   }
 }
 
@@ -56,7 +66,9 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   int64_t chunks = std::min<int64_t>(size(), (n + grain - 1) / grain);
-  if (chunks <= 1) {
+  // One call at a time shares the workers; a second caller (another thread, or a task calling
+  // back into its pool) runs its loop on its own thread rather than wait for the first.
+  if (chunks <= 1 || busy_.exchange(true, std::memory_order_acquire)) {
     fn(0, n);
     return;
   }
@@ -85,6 +97,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   lock.lock();
   done_.wait(lock, [&] { return pending_ == 0; });
   task_ = nullptr;
+  busy_.store(false, std::memory_order_release);
 }
 
 void ThreadPool::worker_loop(int /*index*/) {
@@ -94,7 +107,9 @@ void ThreadPool::worker_loop(int /*index*/) {
     lock.unlock();
     spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; });
     lock.lock();
-    wake_.wait(lock, [&] { return stop_ || (generation_ != seen && task_ && next_chunk_ < chunks_); });
+    // A generation whose chunks the others took already still counts as seen, so the next spin
+    // waits for the one after it rather than sleeping through its start.
+    wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
     if (stop_) return;
     seen = generation_;
     while (task_ && next_chunk_ < chunks_) {

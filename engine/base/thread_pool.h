@@ -1,9 +1,11 @@
 // A fixed pool of worker threads for the CPU kernels. parallel_for splits [0, n) into
-// contiguous chunks; the calling thread takes a share. Not re-entrant: a task must not
-// call parallel_for on the same pool. Idle workers, and the caller waiting for them, spin for
-// 50 µs before they sleep: a decode step's kernels come microseconds apart, and waking a
-// sleeping thread costs tens of microseconds each time (a third of a 1B model's int4 step on
-// two cores).
+// contiguous chunks; the calling thread takes a share. One call at a time has the workers: a
+// call made while another runs (from another thread, or from inside a task) runs on its caller's
+// thread alone. Idle workers, and the caller waiting for them, poll for 50 µs before they sleep:
+// a decode step's kernels come microseconds apart, and waking a sleeping thread costs tens of
+// microseconds each time (a third of a 1B model's int4 step on two cores). Past the first polls
+// they yield the core at each poll, so threads that share cores (several workers on a node, a
+// loaded machine) do not hold the core the thread they wait for needs.
 #pragma once
 
 #include <atomic>
@@ -45,6 +47,7 @@ class ThreadPool {
   std::atomic<int64_t> pending_{0};
   std::atomic<uint64_t> generation_{0};
   bool stop_ = false;
+  std::atomic<bool> busy_{false};
 };
 
 }  // namespace kvpr

@@ -94,6 +94,8 @@ const Layout kLayouts[] = {
     {WeightFormat::Int4, 10, 136, 1, 64, true, true},     // the last group 8 wide, act order
     {WeightFormat::Fp8, 50, 160, 32, 32, false, false},   // blocks, the last ones partial
     {WeightFormat::Fp8, 20, 48, 1, 48, false, true},      // per channel, ordered
+    {WeightFormat::Fp8, 16, 256, 1, 128, false, false},   // groups of 128 (AVX-512: block sums)
+    {WeightFormat::Fp8, 7, 200, 1, 200, false, false},    // per channel, a tail of 8 past 192
     {WeightFormat::Fp4, 24, 96, 1, 32, false, false},     // MXFP4's blocks of 32
     {WeightFormat::Fp4, 9, 75, 1, 32, false, true},       // a tail of 11, ordered
     {WeightFormat::Fp4, 16, 256, 1, 128, false, false},   // groups of 128
