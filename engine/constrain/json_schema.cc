@@ -127,9 +127,10 @@ bool SchemaRecognizer::string_regex_byte(Thread& t, const SchemaNode& n, uint8_t
   }
   // A character begun: some code point it may still become must move every regex on (else a
   // token ending inside a character could be taken and leave nothing valid to follow).
-  auto may_become = [&]() {
+  auto may_become = [&](uint32_t floor = 0, uint32_t ceiling = 0x10FFFF) {
     const int rest = 6 * t.aux;
-    const uint32_t lo = t.cp << rest, hi = lo | ((1u << rest) - 1);
+    const uint32_t lo = std::max(t.cp << rest, floor), hi = std::min(t.cp << rest | ((1u << rest) - 1), ceiling);
+    if (lo > hi) return false;
     for (size_t k = 0; k < n.regexes.size(); ++k)
       if (!n.regexes[k]->may_step(t.rx[k], lo, hi)) return false;
     return true;
@@ -162,7 +163,10 @@ bool SchemaRecognizer::string_regex_byte(Thread& t, const SchemaNode& n, uint8_t
   }
   if (c < 0x80) return feed_cp(c);
   t.cp = c & (t.aux == 1 ? 0x1Fu : t.aux == 2 ? 0x0Fu : 0x07u);  // a lead byte
-  return may_become();
+  // Its bits followed by any continuation bits, less what string_byte refuses at the next byte:
+  // the overlong forms (E0 and F0 carry no bits: they begin U+0800 and U+10000 onwards, never
+  // ASCII), the surrogates after ED.
+  return may_become(t.aux == 1 ? 0x80u : t.aux == 2 ? 0x800u : 0x10000u, c == 0xED ? 0xD7FFu : 0x10FFFFu);
 }
 
 const uint64_t* SchemaRecognizer::used_literals(const Thread& t) const {
@@ -355,7 +359,9 @@ bool SchemaRecognizer::structure_step(Thread& t, uint8_t c, std::vector<Thread>&
     case Mode::ObjFirst:
     case Mode::ObjKey:
       if (c == '}' && t.mode == Mode::ObjFirst) return close(t, true);
-      if (c != '"') return false;
+      // A key may begin only where one may be given: {"properties": {}, "additionalProperties":
+      // false} takes `{}` alone, never `{"` (after which nothing is valid).
+      if (c != '"' || !object_may_continue(t)) return false;
       t.mode = Mode::Key;
       t.key.clear();
       t.sub = t.aux = 0;

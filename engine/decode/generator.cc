@@ -51,6 +51,13 @@ Generator::~Generator() = default;
 
 namespace {
 
+// A constrained text that no token of the vocabulary continues: the sequence fails (its pick is
+// kDeadEnd) rather than end `stop` on an unfinished text. The masks allow only tokens after which
+// the text can be finished, so this takes a vocabulary without the bytes the text needs.
+constexpr int32_t kDeadEnd = -2;
+constexpr const char* kConstraintDeadEnd =
+    "the constrained output cannot be finished: no token of the model's vocabulary continues it";
+
 // The sequences that may run at once: max-batch, else 8 where the device is the host, 256 on a GPU.
 int64_t running_cap(const GeneratorOptions& opts, bool device_is_host) {
   return opts.max_batch > 0 ? opts.max_batch : device_is_host ? 8 : 256;
@@ -503,9 +510,13 @@ void Generator::accept_drafts(Sequence& s, const ForwardChunk& c, int64_t first_
       if (sp.adjusts_logits()) adjust_logits(adjusted.data(), valid_vocab_, sp, s.prompt, s.tokens);
       if (s.constraint()) at_stage(SequenceStage::Constraint, s);
       if (s.constraint() && s.constraint()->mask(adjusted.data(), valid_vocab_, s.end_ids) == 0) {
+        s.past_len = past + 1 + j;
+        if (!s.constraint()->complete()) {  // no token of the vocabulary continues the text
+          fail_sequence(s, kConstraintDeadEnd, out);
+          return;
+        }
         StepOutput ev;  // a complete text with nothing allowed after it, and no end id to say so
         ev.id = s.id;
-        s.past_len = past + 1 + j;
         finish(s, FinishReason::Stop, true, out, ev);
         return;
       }
@@ -867,7 +878,9 @@ void Generator::choose_on_host_unguarded(const StepPlan& p, size_t i, StepChoice
     // While its end is held back, the JSON mask allows no end id either.
     const std::vector<int32_t> none;
     if (s.constraint() && s.constraint()->mask(adjusted.data(), valid_vocab_, s.holds_end() ? none : s.end_ids) == 0) {
-      ch.picks[i] = Sampled{-1, 0.f};  // a complete object, and no end id to say so: it ends here
+      // A complete text, and no end id to say so: it ends here. An incomplete one that no token
+      // continues (a vocabulary without the bytes it needs) fails rather than end `stop` unfinished.
+      ch.picks[i] = Sampled{s.constraint()->complete() ? -1 : kDeadEnd, 0.f};
       return;
     }
     if (s.holds_end()) {
@@ -940,6 +953,10 @@ void Generator::emit_chunk(StepPlan& p, size_t i, StepChoices& ch, const LogitsO
     ev.prompt_logprobs = s.prompt_logprobs;
     ev.prompt_top = s.prompt_top;
     finish(s, FinishReason::Length, true, out, ev);
+    return;
+  }
+  if (ch.picks[i].token == kDeadEnd) {
+    fail_sequence(s, kConstraintDeadEnd, out);
     return;
   }
   if (ch.picks[i].token < 0) {  // JSON complete with nothing allowed after it

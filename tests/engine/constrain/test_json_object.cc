@@ -641,6 +641,17 @@ TEST(JsonSchema, PatternTakesABegunCharacterOnlyIfItMayContinue) {
   const char* ascii = R"({"type": "string", "pattern": "^[a-z]+$"})";
   EXPECT_FALSE(takes(ascii, "\"ab\xe2"));       // no 3-byte character is a lowercase letter
   EXPECT_FALSE(takes(ascii, "\"ab\xc3"));
+  // E0 and F0 carry no bits of their own, yet begin U+0800 and U+10000 onwards: not ASCII (the
+  // reply that ended on a lone F0 under ^[a-f]-[a-f]$, the next byte having nothing valid).
+  EXPECT_FALSE(takes(ascii, "\"ab\xe0"));
+  EXPECT_FALSE(takes(ascii, "\"ab\xf0"));
+  EXPECT_FALSE(takes(R"({"type": "string", "pattern": "^[a-f]-[a-f]$"})", "\"a-\xf0"));
+  EXPECT_FALSE(takes(R"({"type": "string", "pattern": "^[a-f]-[a-f]$"})", "\"\xe0"));
+  EXPECT_TRUE(takes(R"({"type": "string", "pattern": "^\u0800+$"})", "\"\xe0"));
+  EXPECT_TRUE(whole(R"({"type": "string", "pattern": "^\u0800+$"})", "\"\xe0\xa0\x80\""));
+  EXPECT_FALSE(takes(R"({"type": "string", "pattern": "^[\u0020-\u07ff]+$"})", "\"\xe0"));
+  EXPECT_TRUE(takes("{\"type\": \"string\", \"pattern\": \"^\xf0\x9f\x98\x80$\"}", "\"\xf0"));  // U+1F600
+  EXPECT_FALSE(takes(R"({"type": "string", "pattern": "^[\u0020-\uffff]$"})", "\"\xf0"));
   const char* accents = R"({"type": "string", "pattern": "^[a-z\u00e0-\u00ff]+$"})";
   EXPECT_TRUE(takes(accents, "\"caf\xc3"));     // U+00C0..U+00FF begins with C3
   EXPECT_TRUE(whole(accents, "\"caf\xc3\xa9\""));
@@ -650,6 +661,62 @@ TEST(JsonSchema, PatternTakesABegunCharacterOnlyIfItMayContinue) {
   // An escape begun likewise: only where a character it may stand for continues the pattern.
   EXPECT_FALSE(takes(ascii, "\"ab\\"));
   EXPECT_TRUE(takes(R"({"type": "string", "pattern": "^[a-z\n]+$"})", "\"ab\\"));
+}
+
+// A mask allows only tokens after which the text can still be finished: with every byte a token
+// (a real vocabulary has them all), decoding by random logits never reaches a state that allows
+// nothing, and what it ends on (the end id, allowed only then) is valid. Each schema once had, or
+// is near, a dead end: an empty closed object (`{"` took), patterns of ASCII (a lone E0 or F0
+// took), a character begun at maxLength, bounds a digit can cross, literals taken once.
+TEST(JsonSchema, MasksNeverLeadWhereNothingValidFollows) {
+  auto vocab = std::make_shared<JsonTokenConstraint::Vocabulary>();
+  for (int b = 1; b < 256; ++b) vocab->push_back(std::string(1, static_cast<char>(b)));
+  for (const char* t : {"{\"", "\":", "\",", "\xc3\xa9", "\xf0\x9f\x98\x80", "\xe4\xb8\x80", "ab", "-1", "0.", "}"})
+    vocab->push_back(t);
+  vocab->push_back("");  // the end id
+  const int32_t V = static_cast<int32_t>(vocab->size());
+  const char* schemas[] = {
+      R"({"type": "object", "properties": {}, "additionalProperties": false})",
+      R"({"type": "string", "pattern": "^[a-f]-[a-f]$"})",
+      R"({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-f0-9]{4}-[a-f]$"}},
+          "required": ["id"], "additionalProperties": false})",
+      R"({"type": "string", "pattern": "^[a-z\u00e0-\u00ff]{1,3}$"})",
+      R"({"type": "string", "maxLength": 2})",
+      R"({"type": "integer", "minimum": -3, "maximum": 12})",
+      R"({"type": "number", "exclusiveMinimum": 0.5, "maximum": 2})",
+      R"({"type": "array", "items": {"enum": ["x", 1, null]}, "uniqueItems": true, "maxItems": 3})",
+      R"({"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2})",
+      R"({"anyOf": [{"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"], "additionalProperties": false},
+                    {"type": "object", "properties": {"ab": {"type": "string", "format": "date"}},
+                     "additionalProperties": false}]})",
+  };
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (const char* text_of_schema : schemas) {
+    auto schema = std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse(text_of_schema)));
+    int ended = 0;
+    for (int trial = 0; trial < 60; ++trial) {
+      JsonTokenConstraint c(vocab, schema, JsonConstraintOptions{});
+      std::string text;
+      for (int step = 0; step < 48; ++step) {
+        std::vector<float> logits(static_cast<size_t>(V));
+        for (float& l : logits) l = normal(rng);
+        logits[static_cast<size_t>(V - 1)] += step / 8.0f;  // the end, likelier as the text grows
+        const int64_t left = c.mask(logits.data(), V, {V - 1});
+        ASSERT_GT(left, 0) << text_of_schema << ": nothing may follow " << text;
+        const int32_t pick = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        if (pick == V - 1) {
+          ASSERT_TRUE(c.complete()) << text;
+          EXPECT_NO_THROW(json::parse(text)) << text;
+          ++ended;
+          break;
+        }
+        c.advance(pick);
+        text += (*vocab)[static_cast<size_t>(pick)];
+      }
+    }
+    EXPECT_GE(ended, 1) << text_of_schema;
+  }
 }
 
 // At maxLength, a character may not begin (a lead byte, a backslash): it could not be finished.

@@ -819,6 +819,45 @@ TEST(Generation, JsonObjectKeepsTheTextJson) {
   EXPECT_LE(r.text.size(), 2u + 48u);
 }
 
+// A constrained text that no token of the vocabulary continues fails with an error; it never
+// ends `stop` unfinished. The demo model cut to GPT-2's first 216 ids has every byte but the space
+// (id 220) and those after it: {"const": "a b"} is begun and cannot go on; "ab" ends whole.
+TEST(Generation, AConstrainedTextNoTokenContinuesFailsRatherThanStops) {
+  test::TempDir tmp;
+  CpuBackend be;
+  DemoModelSpec spec = default_demo_spec();
+  spec.config.vocab_size = 216;
+  write_demo_model(tmp.file("demo"), spec, default_tokenizer_dir());
+  OptModel m(be, tmp.file("demo"));
+  Tokenizer tok = Tokenizer::load(tmp.file("demo"));
+  for (bool speculative : {false, true}) {
+    GeneratorOptions o;
+    if (speculative) o.speculative_tokens = 3;
+    Generator gen(m, tok, o);
+    GenerationParams p;
+    p.max_new_tokens = 40;
+    p.json_schema = json::parse(R"({"const": "a b"})");
+    // (Speculative: the prompt repeats what the answer begins with, so drafts follow it.)
+    const std::vector<int32_t> prompt = tok.encode(speculative ? "x\"a\"a\"a" : "x");
+    for (int32_t t : prompt) ASSERT_LT(t, 216);
+    const uint64_t id = gen.add(prompt, p);
+    std::vector<StepOutput> ends;
+    while (!gen.idle())
+      for (StepOutput& out : gen.step())
+        if (out.finish != FinishReason::None) ends.push_back(out);
+    ASSERT_EQ(ends.size(), 1u);
+    EXPECT_EQ(ends[0].finish, FinishReason::Error);
+    EXPECT_NE(ends[0].error.find("cannot be finished"), std::string::npos) << ends[0].error;
+    SequenceResult r = gen.take_result(id);
+    EXPECT_EQ(r.finish, FinishReason::Error);
+    EXPECT_EQ(r.text.substr(r.text.find_first_not_of(" \t\r\n")), "\"a") << r.text;
+    p.json_schema = json::parse(R"({"const": "ab"})");
+    r = gen.generate_all({tok.encode("x")}, p)[0];
+    EXPECT_EQ(r.finish, FinishReason::Stop) << r.text;
+    EXPECT_EQ(json::parse(r.text).as_string(), "ab") << r.text;
+  }
+}
+
 // constrain_after (gpt-oss's final channel header): the text is free until the generated ids
 // contain the header, then JSON. Greedy, the first ids are the unconstrained answer's, through
 // the header (taken from that answer); what follows them is JSON that ends on its own as a
