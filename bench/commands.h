@@ -13,6 +13,7 @@ int cmd_cpu(const Args& args);     // the CPU engine: prefill/decode tokens/s, a
 int cmd_decode(const Args& args);  // every KV mode side by side, with each mode's bounds
 int cmd_ops(const Args& args);     // one decode layer's device ops, each timed alone
 int cmd_json(const Args& args);    // constrained decoding's host cost per logits row
+int cmd_schemas(const Args& args);  // real-world JSON Schemas: compiled, instances judged right
 int cmd_tokenize(const Args& args);  // tokenizer MB/s with the fast splitters and with Oniguruma
 int cmd_serve(const Args& args);   // prefix cache, chunked prefill, speculative decoding on and off
 int cmd_scale(const Args& args);   // N workers on one host in lockstep (bench/scale.cc)

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::string(argv[1]) == "decode") return kvpr::bench::cmd_decode(args);
     if (argc >= 2 && std::string(argv[1]) == "ops") return kvpr::bench::cmd_ops(args);
     if (argc >= 2 && std::string(argv[1]) == "json") return kvpr::bench::cmd_json(args);
+    if (argc >= 2 && std::string(argv[1]) == "schemas") return kvpr::bench::cmd_schemas(args);
     if (argc >= 2 && std::string(argv[1]) == "tokenize") return kvpr::bench::cmd_tokenize(args);
     if (argc >= 2 && std::string(argv[1]) == "serve") return kvpr::bench::cmd_serve(args);
     if (argc >= 2 && std::string(argv[1]) == "scale") return kvpr::bench::cmd_scale(args);
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
                          "                         [--weight-format dense|int4|int8|fp8|fp4] [--group G]\n"
                          "       kvpr-bench ops [--preset P] [--batch B] [--ctx S] [--reps N] [--backend B] [--json F]\n"
                          "       kvpr-bench json [--tokenizer DIR] [--reps N] [--json F]\n"
+                         "       kvpr-bench schemas --file SAMPLE.jsonl [--tokenizer DIR] [--json F]\n"
                          "       kvpr-bench tokenize [--tokenizer DIR] [--corpus F] [--mib N] [--reps N] [--json F]\n"
                          "       kvpr-bench serve [--preset P] [--backend B] [--kv-mode M] [--kv-dtype D] [--conversations C]\n"
                          "                        [--prompt P] [--answer A] [--new N] [--decoders D] [--long-prompt L]\n"

@@ -12,10 +12,13 @@
 // repr writes it; a bounded number is written without an exponent), pattern (regex.h's subset)
 // and format (date-time, date, time, uuid, email, ipv4 as regex.h's format_pattern; other formats
 // are annotations, as JSON Schema 2020-12 makes every format by default; a string under a pattern
-// or format is written without \u escapes), $ref to "#", "#/$defs/..." or "#/definitions/..."
-// (recursion included), and boolean schemas; annotations (title, description, default, examples,
-// $schema, $id, $comment, deprecated, readOnly, writeOnly) are ignored. Any other keyword is
-// refused by name (kvpr::Error) rather than ignored, so that a schema is never silently loosened.
+// or format is written without \u escapes), $ref to "#" or a JSON pointer into the schema
+// ("#/$defs/A", "#/definitions/a/definitions/b"; recursion included), required keys that
+// properties does not list (of additionalProperties' schema), and boolean schemas; annotations (title, description, default, examples,
+// $schema, $id, $comment, deprecated, readOnly, writeOnly, and every keyword JSON Schema does not
+// define, as its validators read them) are ignored. A keyword that constrains values and is not
+// enforced here (allOf, not, if, patternProperties, dependencies, multipleOf...) is refused by
+// name (kvpr::Error) rather than ignored, so that a schema is never silently loosened.
 // The text is written in one style the schema fixes nothing about: keys of a closed object
 // (additionalProperties false) as plain strings without escapes, each at most once; enum and
 // const values as Python's compact json.dumps writes them (ensure_ascii=False).

@@ -223,33 +223,59 @@ class SchemaCompiler {
                " alternatives at once (alternatives that begin alike, nested in each other)");
   }
 
-  static bool annotation(std::string_view k) {
-    for (const char* a : {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-                          "readOnly", "writeOnly", "$defs", "definitions", "strict"})
+  // Keywords of JSON Schema (drafts 3 to 2020-12) that constrain a value and that the compiler
+  // does not enforce: refused by name, never ignored, so that a schema is never loosened.
+  static bool unenforced(std::string_view k) {
+    for (const char* a : {"allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+                          "patternProperties", "propertyNames", "contains", "minContains", "maxContains",
+                          "minProperties", "maxProperties", "multipleOf", "divisibleBy", "unevaluatedProperties",
+                          "unevaluatedItems", "additionalItems", "$dynamicRef", "$recursiveRef", "extends",
+                          "disallow", "contentSchema"})
       if (k == a) return true;
     return false;
   }
+  // The keywords that say nothing of the value: JSON Schema's annotations and every keyword it does
+  // not define (x-kubernetes-*, draft 4's id, example, readonly, links...), which validators ignore.
+  static bool annotation(std::string_view k) {
+    static const std::set<std::string_view> validation = {
+        "type",        "properties", "required", "additionalProperties", "items",     "minItems",  "maxItems",
+        "prefixItems", "uniqueItems", "enum",    "const",                "anyOf",     "oneOf",     "minLength",
+        "maxLength",   "$ref",        "minimum", "maximum",              "exclusiveMinimum", "exclusiveMaximum",
+        "pattern",     "format"};
+    return !validation.count(k) && !unenforced(k);
+  }
 
-  // "#", "#/$defs/Name", "#/definitions/Name" (JSON pointer, ~0 and ~1 unescaped).
+  // "#" and "#/..." (a JSON pointer into the schema, ~0 and ~1 unescaped, list items by index:
+  // "#/$defs/Name", "#/definitions/a/definitions/b", "#/properties/x/items").
   const json::Value& resolve(const std::string& ref, const std::string& path) const {
     if (ref == "#") return root_;
-    for (const char* base : {"#/$defs/", "#/definitions/"}) {
-      if (!ref.starts_with(base)) continue;
+    KVPR_CHECK(ref.starts_with("#/"), path, ": $ref '", ref, "' is not supported (\"#\" and pointers \"#/...\" into the "
+               "schema are)");
+    const json::Value* at = &root_;
+    size_t i = 2;
+    while (true) {
       std::string name;
-      for (size_t i = std::string_view(base).size(); i < ref.size(); ++i) {
-        if (ref[i] == '~' && i + 1 < ref.size()) {
+      for (; i < ref.size() && ref[i] != '/'; ++i) {
+        if (ref[i] == '~' && i + 1 < ref.size() && (ref[i + 1] == '0' || ref[i + 1] == '1')) {
           name += ref[i + 1] == '1' ? '/' : '~';
           ++i;
         } else {
           name += ref[i];
         }
       }
-      const json::Value* defs = root_.find(std::string_view(base).substr(2, std::string_view(base).size() - 3));
-      const json::Value* target = defs ? defs->find(name) : nullptr;
-      KVPR_CHECK(target, path, ": $ref '", ref, "' names no definition");
-      return *target;
+      const json::Value* next = nullptr;
+      if (at->is_object()) {
+        next = at->find(name);
+      } else if (at->is_array() && !name.empty() && name.size() < 10 &&
+                 name.find_first_not_of("0123456789") == std::string::npos && (name == "0" || name[0] != '0')) {
+        const size_t k = std::stoul(name);
+        if (k < at->as_array().size()) next = &at->as_array()[k];
+      }
+      KVPR_CHECK(next, path, ": $ref '", ref, "' names no definition");
+      at = next;
+      if (i >= ref.size()) return *at;
+      ++i;  // the '/'
     }
-    KVPR_THROW(path, ": $ref '", ref, "' is not supported (\"#\", \"#/$defs/...\" and \"#/definitions/...\" are)");
   }
 
   static int64_t count_of(const json::Value& s, const char* k, const std::string& path) {
@@ -275,14 +301,7 @@ class SchemaCompiler {
       return out_.any_;
     }
     KVPR_CHECK(s.is_object(), path, ": a schema must be an object or a boolean");
-    for (const auto& [k, v] : s.as_object()) {
-      static const std::set<std::string_view> known = {
-          "type",     "properties", "required", "additionalProperties", "items",     "minItems", "maxItems",
-          "prefixItems", "uniqueItems",
-          "enum",     "const",      "anyOf",    "oneOf",                "minLength", "maxLength", "$ref",
-          "minimum",  "maximum",    "exclusiveMinimum",               "exclusiveMaximum", "pattern", "format"};
-      KVPR_CHECK(known.count(k) || annotation(k), path, ": the keyword '", k, "' is not supported");
-    }
+    for (const auto& [k, v] : s.as_object()) KVPR_CHECK(!unenforced(k), path, ": the keyword '", k, "' is not supported");
     if (const json::Value* ref = s.find("$ref")) {
       KVPR_CHECK(ref->is_string(), path, ": $ref must be a string");
       for (const auto& [k, v] : s.as_object())
@@ -377,10 +396,16 @@ class SchemaCompiler {
   // minimum / exclusiveMinimum and maximum / exclusiveMaximum (the tighter of a pair); an
   // integer's become inclusive integer bounds (minimum 1.5: 2; exclusiveMaximum 10: 9).
   static void number_bounds(const json::Value& s, bool integer, SchemaNode& n, const std::string& path) {
+    // Draft 4 writes an exclusive bound as minimum (maximum) with exclusiveMinimum (exclusiveMaximum)
+    // true; false leaves it inclusive.
+    auto draft4 = [&](const char* k) {
+      const json::Value* v = s.find(k);
+      return v && v->is_bool() && v->as_bool();
+    };
     auto read = [&](const char* k, bool exclusive, bool lower, SchemaNode::Bound& b) {
       const json::Value* v = s.find(k);
-      if (!v) return;
-      KVPR_CHECK(v->is_number(), path, ": ", k, " must be a number (draft 4's boolean form is not supported)");
+      if (!v || (exclusive && v->is_bool())) return;
+      KVPR_CHECK(v->is_number(), path, ": ", k, " must be a number");
       KVPR_CHECK(std::isfinite(v->as_double()), path, ": ", k, " must be finite");
       const std::string text = v->is_int() ? std::to_string(v->as_int()) : v->dump_python();
       if (b.set) {  // keep the tighter
@@ -389,9 +414,13 @@ class SchemaCompiler {
       }
       b = SchemaNode::Bound{true, exclusive, text};
     };
-    read("minimum", false, true, n.lo);
+    if (const json::Value* v = s.find("exclusiveMinimum"); v && v->is_bool() && v->as_bool())
+      KVPR_CHECK(s.find("minimum"), path, ": exclusiveMinimum true needs a minimum");
+    if (const json::Value* v = s.find("exclusiveMaximum"); v && v->is_bool() && v->as_bool())
+      KVPR_CHECK(s.find("maximum"), path, ": exclusiveMaximum true needs a maximum");
+    read("minimum", draft4("exclusiveMinimum"), true, n.lo);
     read("exclusiveMinimum", true, true, n.lo);
-    read("maximum", false, false, n.hi);
+    read("maximum", draft4("exclusiveMaximum"), false, n.hi);
     read("exclusiveMaximum", true, false, n.hi);
     if (integer) {  // the integers within: inclusive integer bounds
       if (n.lo.set) {
@@ -521,16 +550,23 @@ class SchemaCompiler {
         n.names.push_back(k);
       }
     }
+    const size_t listed = n.names.size();  // those after them: required, not in properties
+    const json::Value* add_props = s.find("additionalProperties");
     if (const json::Value* req = s.find("required")) {
       KVPR_CHECK(req->is_array(), path, ": required must be a list");
       for (const auto& r : req->as_array()) {
         KVPR_CHECK(r.is_string(), path, ": required must list property names");
-        const auto it = std::find(n.names.begin(), n.names.end(), r.as_string());
-        KVPR_CHECK(it != n.names.end(), path, ": required names '", r.as_string(), "', which is not in properties");
+        auto it = std::find(n.names.begin(), n.names.end(), r.as_string());
+        if (it == n.names.end()) {  // a key of the other keys' schema, which must be given
+          KVPR_CHECK(!(add_props && add_props->is_bool() && !add_props->as_bool()), path, ": required names '",
+                     r.as_string(), "', which is not in properties and additionalProperties false forbids");
+          KVPR_CHECK(n.names.size() < 64, path, ": more than 64 properties are not supported");
+          n.names.push_back(r.as_string());
+          it = n.names.end() - 1;
+        }
         n.required |= uint64_t{1} << (it - n.names.begin());
       }
     }
-    const json::Value* add_props = s.find("additionalProperties");
     const int at = add(std::move(n));
     if (props)
       for (const auto& [k, v] : props->as_object()) {
@@ -540,7 +576,9 @@ class SchemaCompiler {
     int additional = out_.any_;  // JSON Schema's default: other keys with any values
     if (add_props && add_props->is_bool()) additional = add_props->as_bool() ? out_.any_ : -1;
     else if (add_props) additional = compile(*add_props, path + ".additionalProperties", depth + 1);
-    out_.nodes_[static_cast<size_t>(at)].additional = additional;
+    SchemaNode& o = out_.nodes_[static_cast<size_t>(at)];
+    o.additional = additional;
+    for (size_t i = listed; i < o.names.size(); ++i) o.props.push_back(additional);
     return at;
   }
 

@@ -304,10 +304,17 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
           "$.properties.n: the keyword 'multipleOf' is not supported");
   refused(R"({"type": "integer", "minimum": 1.2, "maximum": 1.8})", "no integer lies within its bounds");
   refused(R"({"type": "number", "exclusiveMinimum": 1, "maximum": 1})", "no number lies within its bounds");
-  refused(R"({"type": "number", "minimum": 0, "exclusiveMinimum": true})", "draft 4's boolean form");
+  refused(R"({"type": "integer", "exclusiveMinimum": true})", "$: exclusiveMinimum true needs a minimum");
+  refused(R"({"allOf": [{"type": "string"}]})", "$: the keyword 'allOf' is not supported");
+  refused(R"({"properties": {"a": {"not": {"type": "null"}}}})", "$.properties.a: the keyword 'not' is not supported");
+  refused(R"({"type": "object", "dependencies": {"a": ["b"]}})", "the keyword 'dependencies' is not supported");
+  refused(R"({"if": {"type": "string"}, "then": {"minLength": 1}})", "the keyword 'if' is not supported");
+  refused(R"({"$ref": "#/definitions/a/definitions/c", "definitions": {"a": {"definitions": {"b": {}}}}})",
+          "names no definition");
   refused(R"({"$ref": "#/$defs/Missing"})", "names no definition");
   refused(R"({"$ref": "http://example.com/s.json"})", "is not supported");
-  refused(R"({"type": "object", "required": ["x"]})", "'x', which is not in properties");
+  refused(R"({"type": "object", "required": ["x"], "additionalProperties": false})",
+          "$: required names 'x', which is not in properties and additionalProperties false forbids");
   refused(R"({"type": "array", "items": [{"type": "string"}]})", "draft 7 tuples");
   refused(R"({"type": "array", "uniqueItems": true})", "$: uniqueItems true is supported for items that are one of");
   refused(R"({"type": "array", "items": {"type": "string"}, "uniqueItems": true})", "not these");
@@ -321,6 +328,45 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   refused(R"({"type": "date"})", "unknown type 'date'");
   refused("false", "admits no value");
   refused(R"({"type": "string", "minLength": 3, "maxLength": 2})", "maxLength is below minLength");
+}
+
+// What JSON Schema's validators read the same way: keywords it does not define are annotations
+// (Kubernetes' x-kubernetes-*, draft 4's id, example, readonly, links, _format); draft 4's boolean
+// exclusiveMinimum/exclusiveMaximum; a $ref anywhere into the schema; a required key that
+// properties does not list takes the other keys' schema.
+TEST(JsonSchema, ReadsWhatValidatorsReadAlike) {
+  EXPECT_TRUE(whole(R"({"type": "object", "id": "http://x/y#", "x-kubernetes-preserve-unknown-fields": true,
+                       "readonly": true, "example": {"a": "b"}, "links": [{"rel": "self"}], "self": {"vendor": "v"},
+                       "properties": {"a": {"type": "string", "_format": "uri", "x-order": 1}},
+                       "additionalProperties": false})",
+                    R"({"a":"b"})"));
+  EXPECT_FALSE(whole(R"({"type": "object", "x-foo": 1, "properties": {"a": {"type": "string"}},
+                        "additionalProperties": false})", R"({"b":"c"})"));
+  const char* above_zero = R"({"type": "number", "minimum": 0, "exclusiveMinimum": true, "maximum": 2})";
+  EXPECT_FALSE(whole(above_zero, "0"));
+  EXPECT_TRUE(whole(above_zero, "0.5"));
+  EXPECT_TRUE(whole(above_zero, "2"));
+  const char* below_three = R"({"type": "integer", "maximum": 3, "exclusiveMaximum": true, "minimum": 1,
+                                "exclusiveMinimum": false})";
+  EXPECT_FALSE(whole(below_three, "3"));
+  EXPECT_TRUE(whole(below_three, "2"));
+  EXPECT_TRUE(whole(below_three, "1"));
+  const char* nested = R"({"definitions": {"a": {"definitions": {"b~/c": {"type": "integer"}}}},
+                           "properties": {"x": {"$ref": "#/definitions/a/definitions/b~0~1c"},
+                                          "y": {"$ref": "#/properties/x"},
+                                          "z": {"$ref": "#/properties/w/prefixItems/1"},
+                                          "w": {"prefixItems": [{"type": "string"}, {"type": "boolean"}]}},
+                           "additionalProperties": false})";
+  EXPECT_TRUE(whole(nested, R"({"x":5,"y":6,"z":true})"));
+  EXPECT_FALSE(takes(nested, R"({"x":"5")"));
+  EXPECT_FALSE(takes(nested, R"({"z":1)"));
+  const char* required = R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"],
+                             "additionalProperties": {"type": "string"}})";
+  EXPECT_TRUE(whole(required, R"({"a":1,"b":"x"})"));
+  EXPECT_TRUE(whole(required, R"({"b":"x","c":"y","a":1})"));
+  EXPECT_FALSE(whole(required, R"({"a":1})"));
+  EXPECT_FALSE(takes(required, R"({"a":1,"b":2)"));
+  EXPECT_TRUE(whole(R"({"type": "object", "required": ["k"]})", R"({"k":[1,{"z":null}]})"));
 }
 
 // A schema that would crash, or keep a CPU busy, a recognizer is refused at compile time naming
