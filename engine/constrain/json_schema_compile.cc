@@ -6,6 +6,8 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <deque>
+#include <optional>
 #include <map>
 #include <set>
 #include <tuple>
@@ -226,10 +228,10 @@ class SchemaCompiler {
   // Keywords of JSON Schema (drafts 3 to 2020-12) that constrain a value and that the compiler
   // does not enforce: refused by name, never ignored, so that a schema is never loosened.
   static bool unenforced(std::string_view k) {
-    for (const char* a : {"allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+    for (const char* a : {"not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
                           "patternProperties", "propertyNames", "contains", "minContains", "maxContains",
                           "minProperties", "maxProperties", "multipleOf", "divisibleBy", "unevaluatedProperties",
-                          "unevaluatedItems", "additionalItems", "$dynamicRef", "$recursiveRef", "extends",
+                          "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends",
                           "disallow", "contentSchema"})
       if (k == a) return true;
     return false;
@@ -241,8 +243,211 @@ class SchemaCompiler {
         "type",        "properties", "required", "additionalProperties", "items",     "minItems",  "maxItems",
         "prefixItems", "uniqueItems", "enum",    "const",                "anyOf",     "oneOf",     "minLength",
         "maxLength",   "$ref",        "minimum", "maximum",              "exclusiveMinimum", "exclusiveMaximum",
-        "pattern",     "format"};
+        "pattern",     "format",     "allOf",   "additionalItems"};
     return !validation.count(k) && !unenforced(k);
+  }
+
+  // allOf, and $ref, anyOf or oneOf beside keywords that constrain values (which JSON Schema
+  // reads as allOf too): the schemas they join merged into one (merge), which compiles as any
+  // other; null when `s` joins nothing.
+  const json::Value* joined(const json::Value& s, const std::string& path, int depth) {
+    auto beside = [&](std::string_view key) {
+      if (!s.find(key)) return false;
+      for (const auto& [k, v] : s.as_object())
+        if (k != key && !annotation(k)) return true;
+      return false;
+    };
+    if (!s.find("allOf") && !beside("$ref") && !beside("anyOf") && !beside("oneOf")) return nullptr;
+    owned_.push_back(merge(json::Value(json::Object{}), flat(s, path, depth), path, depth));  // (distributes an anyOf)
+    return &owned_.back();
+  }
+
+  // `s` with its allOf and $ref merged in: no allOf or $ref at its top; draft 4's boolean
+  // exclusive bounds written as numbers (so that bounds from several schemas compare).
+  json::Value flat(const json::Value& s, const std::string& path, int depth) {
+    KVPR_CHECK(depth <= Limits::kMaxNesting, path, ": the schema nests deeper than ", Limits::kMaxNesting,
+               " levels (each $ref followed and each allOf counts one)");
+    KVPR_CHECK(std::chrono::duration<double>(Clock::now() - t0_).count() < Limits::kMaxCompileSeconds,
+               "the schema took longer than ", Limits::kMaxCompileSeconds, " s to compile");
+    if (s.is_bool()) {
+      KVPR_CHECK(s.as_bool(), path, ": allOf joins the schema false, which admits no value");
+      return json::Value(json::Object{});
+    }
+    KVPR_CHECK(s.is_object(), path, ": a schema must be an object or a boolean");
+    json::Object base;
+    const json::Value* all = s.find("allOf");
+    const json::Value* ref = s.find("$ref");
+    for (const auto& [k, v] : s.as_object()) {
+      if (k == "allOf" || k == "$ref" || annotation(k)) continue;
+      if ((k == "exclusiveMinimum" || k == "exclusiveMaximum") && v.is_bool()) {
+        const json::Value* bound = s.find(k == "exclusiveMinimum" ? "minimum" : "maximum");
+        KVPR_CHECK(!v.as_bool() || bound, path, ": ", k, " true needs a ", k == "exclusiveMinimum" ? "minimum" : "maximum");
+        if (v.as_bool()) base.emplace_back(k, *bound);
+        continue;
+      }
+      if ((k == "minimum" || k == "maximum")) {
+        const json::Value* ex = s.find(k == "minimum" ? "exclusiveMinimum" : "exclusiveMaximum");
+        if (ex && ex->is_bool() && ex->as_bool()) continue;  // it became the exclusive bound
+      }
+      base.emplace_back(k, v);
+    }
+    json::Value out(std::move(base));
+    if (ref) {
+      KVPR_CHECK(ref->is_string(), path, ": $ref must be a string");
+      out = merge(out, flat(resolve(ref->as_string(), path), path + "->" + ref->as_string(), depth + 1), path, depth + 1);
+    }
+    if (all) {
+      KVPR_CHECK(all->is_array() && !all->as_array().empty(), path, ": allOf must be a non-empty list");
+      for (size_t i = 0; i < all->as_array().size(); ++i) {
+        const std::string at = path + ".allOf[" + std::to_string(i) + "]";
+        out = merge(out, flat(all->as_array()[i], at, depth + 1), at, depth + 1);
+      }
+    }
+    return out;
+  }
+
+  // The schema of the values both flat schemas `a` and `b` admit. An anyOf (oneOf) on one side
+  // is distributed over the other; keywords on one side carry over; keywords on both combine
+  // (types and enums intersected, required joined, the tighter bound, properties and items merged
+  // in turn); anything else on both sides that differs is refused by name: a merge never admits
+  // what one of them refuses.
+  json::Value merge(const json::Value& a, const json::Value& b, const std::string& path, int depth) {
+    KVPR_CHECK(depth <= Limits::kMaxNesting, path, ": the schema nests deeper than ", Limits::kMaxNesting,
+               " levels (each $ref followed and each allOf counts one)");
+    auto alts_of = [](const json::Value& v) -> const char* {
+      return v.find("anyOf") ? "anyOf" : v.find("oneOf") ? "oneOf" : nullptr;
+    };
+    const char* ka = alts_of(a);
+    const char* kb = alts_of(b);
+    KVPR_CHECK(!(ka && kb) && !(ka && a.find("oneOf") && a.find("anyOf")) && !(kb && b.find("oneOf") && b.find("anyOf")),
+               path, ": allOf over two anyOf/oneOf lists is not supported");
+    if (ka || kb) {
+      const json::Value& with = ka ? a : b;
+      const char* key = ka ? ka : kb;
+      const json::Value* alts = with.find(key);
+      KVPR_CHECK(alts->is_array() && !alts->as_array().empty(), path, ": ", key, " must be a non-empty list");
+      json::Object rest;
+      for (const auto& [k, v] : with.as_object())
+        if (k != key) rest.emplace_back(k, v);
+      const json::Value common = merge(json::Value(std::move(rest)), ka ? b : a, path, depth + 1);
+      json::Array out;
+      for (size_t i = 0; i < alts->as_array().size(); ++i) {
+        const std::string at = path + "." + key + "[" + std::to_string(i) + "]";
+        out.push_back(merge(common, flat(alts->as_array()[i], at, depth + 1), at, depth + 1));
+      }
+      return json::Value(json::Object{{"anyOf", json::Value(std::move(out))}});
+    }
+    auto text = [](const json::Value& v) { return v.is_int() ? std::to_string(v.as_int()) : v.dump_python(); };
+    auto number = [&](const json::Value* v, const char* k) {
+      KVPR_CHECK(v->is_number(), path, ": ", k, " must be a number");
+      return parse_dec(text(*v));
+    };
+    json::Object out;
+    auto put = [&](const std::string& k, json::Value v) { out.emplace_back(k, std::move(v)); };
+    std::vector<std::string> keys;
+    for (const auto& [k, v] : a.as_object()) keys.push_back(k);
+    for (const auto& [k, v] : b.as_object())
+      if (!a.find(k)) keys.push_back(k);
+    for (const std::string& k : keys) {
+      if (k == "properties" || k == "additionalProperties") continue;  // below, together
+      const json::Value* va = a.find(k);
+      const json::Value* vb = b.find(k);
+      if (!va || !vb || va->dump() == vb->dump()) {
+        put(k, va ? *va : *vb);
+        continue;
+      }
+      if (k == "type") {
+        auto list = [](const json::Value* t) {
+          std::vector<std::string> l;
+          if (t->is_string()) l.push_back(t->as_string());
+          else if (t->is_array())
+            for (const auto& e : t->as_array())
+              if (e.is_string()) l.push_back(e.as_string());
+          return l;
+        };
+        const auto la = list(va), lb = list(vb);
+        auto has = [](const std::vector<std::string>& l, const std::string& t) {
+          return std::find(l.begin(), l.end(), t) != l.end();
+        };
+        json::Array both;
+        for (const auto& t : la)
+          if (has(lb, t) || (t == "integer" && has(lb, "number"))) both.push_back(json::Value(t));
+        for (const auto& t : lb)
+          if (t == "integer" && has(la, "number") && !has(la, "integer")) both.push_back(json::Value(t));
+        KVPR_CHECK(!both.empty(), path, ": no type satisfies every schema allOf joins");
+        put(k, both.size() == 1 ? both[0] : json::Value(std::move(both)));
+      } else if (k == "required") {
+        KVPR_CHECK(va->is_array() && vb->is_array(), path, ": required must be a list");
+        json::Array names = va->as_array();
+        for (const auto& n : vb->as_array())
+          if (std::none_of(names.begin(), names.end(), [&](const json::Value& m) { return m.dump() == n.dump(); }))
+            names.push_back(n);
+        put(k, json::Value(std::move(names)));
+      } else if (k == "enum") {
+        KVPR_CHECK(va->is_array() && vb->is_array(), path, ": enum must be a list");
+        json::Array common;
+        for (const auto& x : va->as_array())
+          if (std::any_of(vb->as_array().begin(), vb->as_array().end(), [&](const json::Value& y) { return x.dump() == y.dump(); }))
+            common.push_back(x);
+        KVPR_CHECK(!common.empty(), path, ": no enum value satisfies every schema allOf joins");
+        put(k, json::Value(std::move(common)));
+      } else if (k == "minimum" || k == "exclusiveMinimum" || k == "minLength" || k == "minItems") {
+        put(k, cmp(number(va, k.c_str()), number(vb, k.c_str())) >= 0 ? *va : *vb);
+      } else if (k == "maximum" || k == "exclusiveMaximum" || k == "maxLength" || k == "maxItems") {
+        put(k, cmp(number(va, k.c_str()), number(vb, k.c_str())) <= 0 ? *va : *vb);
+      } else if (k == "uniqueItems") {
+        put(k, json::Value(va->is_bool() && vb->is_bool() && (va->as_bool() || vb->as_bool())));
+      } else if ((k == "items" || k == "additionalItems") && !va->is_array() && !vb->is_array()) {
+        put(k, merge_or_false(*va, *vb, path + "." + k, depth + 1));
+      } else {
+        KVPR_THROW(path, ": allOf joins schemas whose '", k, "' differ, which is not supported");
+      }
+    }
+    // Properties: a key one side lists takes, on the other, that side's schema for it, else its
+    // additionalProperties' (false there: the key may not appear, so a required one fails).
+    const json::Value* pa = a.find("properties");
+    const json::Value* pb = b.find("properties");
+    const json::Value* aa = a.find("additionalProperties");
+    const json::Value* ab = b.find("additionalProperties");
+    if (pa || pb) {
+      KVPR_CHECK((!pa || pa->is_object()) && (!pb || pb->is_object()), path, ": properties must be an object");
+      std::vector<std::string> names;
+      for (const json::Value* p : {pa, pb})
+        if (p)
+          for (const auto& [k, v] : p->as_object())
+            if (std::find(names.begin(), names.end(), k) == names.end()) names.push_back(k);
+      json::Object props;
+      const json::Value* required = nullptr;
+      for (const auto& [k, v] : out)
+        if (k == "required") required = &v;
+      for (const std::string& name : names) {
+        const json::Value* sa = pa ? pa->find(name) : nullptr;
+        const json::Value* sb = pb ? pb->find(name) : nullptr;
+        if (!sa) sa = aa;
+        if (!sb) sb = ab;
+        const bool forbidden = (sa && sa->is_bool() && !sa->as_bool()) || (sb && sb->is_bool() && !sb->as_bool());
+        if (forbidden) {
+          const bool needed = required && required->is_array() &&
+                              std::any_of(required->as_array().begin(), required->as_array().end(),
+                                          [&](const json::Value& r) { return r.is_string() && r.as_string() == name; });
+          KVPR_CHECK(!needed, path, ": required names '", name, "', which a schema allOf joins forbids");
+          continue;
+        }
+        const std::string at = path + ".properties." + name;
+        props.emplace_back(name, !sa ? *sb : !sb ? *sa : merge_or_false(*sa, *sb, at, depth + 1));
+      }
+      put("properties", json::Value(std::move(props)));
+    }
+    if (aa || ab) put("additionalProperties", !aa ? *ab : !ab ? *aa : merge_or_false(*aa, *ab, path + ".additionalProperties", depth + 1));
+    return json::Value(std::move(out));
+  }
+
+  // merge of two schemas that may be booleans: false when either is.
+  json::Value merge_or_false(const json::Value& a, const json::Value& b, const std::string& path, int depth) {
+    if ((a.is_bool() && !a.as_bool()) || (b.is_bool() && !b.as_bool())) return json::Value(false);
+    if (a.is_bool()) return b;
+    if (b.is_bool()) return a;
+    return merge(flat(a, path, depth), flat(b, path, depth), path, depth);
   }
 
   // "#" and "#/..." (a JSON pointer into the schema, ~0 and ~1 unescaped, list items by index:
@@ -302,6 +507,7 @@ class SchemaCompiler {
     }
     KVPR_CHECK(s.is_object(), path, ": a schema must be an object or a boolean");
     for (const auto& [k, v] : s.as_object()) KVPR_CHECK(!unenforced(k), path, ": the keyword '", k, "' is not supported");
+    if (const json::Value* j = joined(s, path, depth)) return compile(*j, path, depth + 1);
     if (const json::Value* ref = s.find("$ref")) {
       KVPR_CHECK(ref->is_string(), path, ": $ref must be a string");
       for (const auto& [k, v] : s.as_object())
@@ -351,7 +557,9 @@ class SchemaCompiler {
     if (types.empty()) {
       if (s.find("properties") || s.find("required") || s.find("additionalProperties")) types = {"object"};
       else if (s.find("items") || s.find("prefixItems") || s.find("minItems") || s.find("maxItems")) types = {"array"};
-      else if (s.find("minLength") || s.find("maxLength")) types = {"string"};
+      else if (s.find("minLength") || s.find("maxLength") || s.find("pattern") || s.find("format")) types = {"string"};
+      else if (s.find("minimum") || s.find("maximum") || s.find("exclusiveMinimum") || s.find("exclusiveMaximum"))
+        types = {"number"};
       else return out_.any_;
     }
     if (types.size() == 1) return typed(s, types[0], path, depth);
@@ -365,11 +573,33 @@ class SchemaCompiler {
 
   int literals(const json::Value& s, const std::vector<std::string>& types, const std::string& path) {
     std::vector<json::Value> values;
-    if (const json::Value* c = s.find("const")) values.push_back(*c);
+    const json::Value* c = s.find("const");
     if (const json::Value* e = s.find("enum")) {
       KVPR_CHECK(e->is_array() && !e->as_array().empty(), path, ": enum must be a non-empty list");
-      for (const auto& v : e->as_array()) values.push_back(v);
+      for (const auto& v : e->as_array())
+        if (!c || v.dump() == c->dump()) values.push_back(v);  // with const: const alone, if listed
+      KVPR_CHECK(!values.empty(), path, ": const is not one of enum's values: no value is valid");
+    } else if (c) {
+      values.push_back(*c);
     }
+    // The keywords of strings and of numbers beside them (a length, a pattern, bounds, as allOf's
+    // merges and hand-written schemas put them) keep only the values that meet them.
+    auto check_of = [&](const char* type, std::initializer_list<const char*> keys) {
+      json::Object keep{{"type", json::Value(type)}};
+      for (const char* k : keys)
+        if (const json::Value* v = s.find(k)) keep.emplace_back(k, *v);
+      std::optional<JsonSchema> out;
+      if (keep.size() == 1) return out;
+      try {
+        out = JsonSchema::compile(json::Value(std::move(keep)));
+      } catch (const Error& e) {
+        KVPR_THROW(path, ": ", e.what());
+      }
+      return out;
+    };
+    const std::optional<JsonSchema> strings = check_of("string", {"minLength", "maxLength", "pattern", "format"});
+    const std::optional<JsonSchema> numbers =
+        check_of("number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"});
     auto type_of = [](const json::Value& v) -> std::vector<std::string> {
       if (v.is_string()) return {"string"};
       if (v.is_int()) return {"integer", "number"};
@@ -387,9 +617,13 @@ class SchemaCompiler {
                           return std::find(types.begin(), types.end(), t) != types.end();
                         });
       const std::string text = v.dump_python();
+      if (const std::optional<JsonSchema>& check = v.is_string() ? strings : numbers; fits && check && (v.is_string() || v.is_number())) {
+        SchemaRecognizer r(&*check);
+        if (!r.feed(text) || !r.complete()) continue;
+      }
       if (fits && std::find(n.literals.begin(), n.literals.end(), text) == n.literals.end()) n.literals.push_back(text);
     }
-    KVPR_CHECK(!n.literals.empty(), path, ": no enum or const value has the schema's type");
+    KVPR_CHECK(!n.literals.empty(), path, ": no enum or const value has the schema's type", strings || numbers ? " and bounds" : "");
     return add(std::move(n));
   }
 
@@ -487,8 +721,11 @@ class SchemaCompiler {
     KVPR_CHECK(!prefix || (prefix->is_array() && !prefix->as_array().empty()), path,
                ": prefixItems must be a non-empty list");
     const json::Value* items = s.find("items");
-    KVPR_CHECK(!items || !items->is_array(), path,
-               ": items as a list (draft 7 tuples) is not supported; prefixItems says the same");
+    if (items && items->is_array()) {  // drafts 4 to 7's tuples: prefixItems and items since 2020-12
+      KVPR_CHECK(!prefix, path, ": items as a list beside prefixItems");
+      prefix = items->as_array().empty() ? nullptr : items;
+      items = s.find("additionalItems");
+    }
     const size_t np = prefix ? prefix->as_array().size() : 0;
     if (items && items->is_bool() && !items->as_bool()) {  // no items past the prefix
       cap_items(n, static_cast<int64_t>(np), " items prefixItems and items false allow", path);
@@ -596,6 +833,7 @@ class SchemaCompiler {
   }
 
   const json::Value& root_;
+  std::deque<json::Value> owned_;  // merged schemas (joined), alive while they compile
   JsonSchema out_;
   std::map<std::string, int> refs_;
   std::map<int, std::string> where_;  // AnyOf nodes: the path that made them (for errors)

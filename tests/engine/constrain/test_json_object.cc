@@ -305,7 +305,17 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   refused(R"({"type": "integer", "minimum": 1.2, "maximum": 1.8})", "no integer lies within its bounds");
   refused(R"({"type": "number", "exclusiveMinimum": 1, "maximum": 1})", "no number lies within its bounds");
   refused(R"({"type": "integer", "exclusiveMinimum": true})", "$: exclusiveMinimum true needs a minimum");
-  refused(R"({"allOf": [{"type": "string"}]})", "$: the keyword 'allOf' is not supported");
+  refused(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})", "$.allOf[1]: no type satisfies every schema");
+  refused(R"({"allOf": [{"anyOf": [{"type": "string"}]}, {"oneOf": [{"type": "string"}]}]})",
+          "allOf over two anyOf/oneOf lists is not supported");
+  refused(R"({"allOf": [{"pattern": "a"}, {"pattern": "b"}]})", "$.allOf[1]: allOf joins schemas whose 'pattern' differ");
+  refused(R"({"allOf": [{"properties": {"a": {}}, "additionalProperties": false}, {"required": ["b"]}]})",
+          "$: required names 'b', which is not in properties and additionalProperties false forbids");
+  refused(R"({"allOf": [{"properties": {"a": {}}, "additionalProperties": false}, {"properties": {"b": {}}, "required": ["b"]}]})",
+          "$.allOf[1]: required names 'b', which a schema allOf joins forbids");
+  refused(R"({"const": "a", "enum": ["b"]})", "const is not one of enum's values");
+  refused(R"({"enum": ["abc", "de"], "maxLength": 1})", "no enum or const value has the schema's type and bounds");
+  refused(R"({"allOf": [{"$ref": "#"}]})", "nests deeper than");
   refused(R"({"properties": {"a": {"not": {"type": "null"}}}})", "$.properties.a: the keyword 'not' is not supported");
   refused(R"({"type": "object", "dependencies": {"a": ["b"]}})", "the keyword 'dependencies' is not supported");
   refused(R"({"if": {"type": "string"}, "then": {"minLength": 1}})", "the keyword 'if' is not supported");
@@ -315,7 +325,7 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   refused(R"({"$ref": "http://example.com/s.json"})", "is not supported");
   refused(R"({"type": "object", "required": ["x"], "additionalProperties": false})",
           "$: required names 'x', which is not in properties and additionalProperties false forbids");
-  refused(R"({"type": "array", "items": [{"type": "string"}]})", "draft 7 tuples");
+  refused(R"({"type": "array", "items": [{"type": "string"}], "prefixItems": [{}]})", "items as a list beside prefixItems");
   refused(R"({"type": "array", "uniqueItems": true})", "$: uniqueItems true is supported for items that are one of");
   refused(R"({"type": "array", "items": {"type": "string"}, "uniqueItems": true})", "not these");
   refused(R"({"type": "array", "items": {"enum": [1, 1.0]}, "uniqueItems": true})", "lists one value twice (1, 1.0)");
@@ -367,6 +377,62 @@ TEST(JsonSchema, ReadsWhatValidatorsReadAlike) {
   EXPECT_FALSE(whole(required, R"({"a":1})"));
   EXPECT_FALSE(takes(required, R"({"a":1,"b":2)"));
   EXPECT_TRUE(whole(R"({"type": "object", "required": ["k"]})", R"({"k":[1,{"z":null}]})"));
+}
+
+// allOf, and $ref, anyOf or oneOf beside other keywords (JSON Schema's allOf too), merged into one
+// schema: the values every joined schema admits, never one that some refuses. Drafts 4 to 7's
+// tuples (items as a list, additionalItems).
+TEST(JsonSchema, JoinsWhatAllOfAndSiblingsJoin) {
+  const char* both = R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                                   {"properties": {"b": {"type": "string"}}, "required": ["b"]}]})";
+  EXPECT_TRUE(whole(both, R"({"a":1,"b":"x"})"));
+  EXPECT_FALSE(whole(both, R"({"a":1})"));
+  EXPECT_FALSE(takes(both, R"({"b":2)"));
+  const char* closed = R"({"allOf": [{"properties": {"a": {}}, "additionalProperties": false},
+                                     {"properties": {"a": {"type": "integer"}, "b": {}}}]})";
+  EXPECT_TRUE(whole(closed, R"({"a":1})"));
+  EXPECT_FALSE(takes(closed, R"({"b)"));
+  EXPECT_FALSE(takes(closed, R"({"a":"x)"));
+  const char* open = R"({"allOf": [{"properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+                                   {"properties": {"b": {"maxLength": 1}}}]})";
+  EXPECT_TRUE(whole(open, R"({"a":1,"b":"x","c":"y"})"));
+  EXPECT_FALSE(takes(open, R"({"b":"xy)"));
+  EXPECT_FALSE(takes(open, R"({"b":1)"));
+  const char* bounds = R"({"allOf": [{"minimum": 0}, {"maximum": 5}, {"type": "integer"}, {"exclusiveMaximum": 5}]})";
+  EXPECT_TRUE(whole(bounds, "3"));
+  EXPECT_FALSE(whole(bounds, "5"));
+  EXPECT_FALSE(takes(bounds, "-1"));
+  const char* types = R"({"allOf": [{"type": ["string", "integer"]}, {"type": "number"}]})";
+  EXPECT_TRUE(whole(types, "3"));
+  EXPECT_FALSE(takes(types, "\"a"));
+  EXPECT_FALSE(takes(types, "3."));
+  const char* enums = R"({"allOf": [{"enum": ["a", "b", "c"]}, {"enum": ["b", "c", "d"]}, {"pattern": "^c"}]})";
+  EXPECT_TRUE(whole(enums, "\"c\""));
+  EXPECT_FALSE(takes(enums, "\"a"));
+  EXPECT_FALSE(takes(enums, "\"b"));
+  // A discriminated union as hand-written schemas put it: the shared part beside a oneOf.
+  const char* tagged = R"({"type": "object", "properties": {"kind": {"enum": ["x", "y"]}}, "required": ["kind"],
+                           "oneOf": [{"properties": {"kind": {"const": "x"}, "n": {"type": "integer"}}, "required": ["n"]},
+                                     {"properties": {"kind": {"const": "y"}}}]})";
+  EXPECT_TRUE(whole(tagged, R"({"kind":"x","n":1})"));
+  EXPECT_FALSE(whole(tagged, R"({"kind":"x"})"));
+  EXPECT_TRUE(whole(tagged, R"({"kind":"y"})"));
+  EXPECT_FALSE(takes(tagged, R"({"kind":"z)"));
+  // $ref beside keywords, into a recursive definition.
+  const char* ref = R"({"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"},
+                                                                             "v": {"type": "integer"}}}},
+                        "$ref": "#/$defs/node", "required": ["v"]})";
+  EXPECT_TRUE(whole(ref, R"({"v":1,"next":{"next":{}}})"));
+  EXPECT_FALSE(whole(ref, R"({"next":{}})"));
+  // Tuples as drafts 4 to 7 write them.
+  const char* tuple = R"({"type": "array", "items": [{"type": "string"}, {"type": "integer"}], "additionalItems": false})";
+  EXPECT_TRUE(whole(tuple, R"(["a",1])"));
+  EXPECT_FALSE(takes(tuple, R"(["a",1,)"));
+  EXPECT_FALSE(takes(tuple, R"([1)"));
+  EXPECT_TRUE(whole(R"({"type": "array", "items": [{"type": "string"}], "additionalItems": {"type": "null"}})",
+                    R"(["a",null,null])"));
+  EXPECT_TRUE(whole(R"({"type": "array", "items": [{"type": "string"}]})", R"(["a",{"b":[1]}])"));
+  EXPECT_TRUE(whole(R"({"type": "array", "additionalItems": false, "items": {"type": "integer"}})", "[1,2,3]"));
 }
 
 // A schema that would crash, or keep a CPU busy, a recognizer is refused at compile time naming
