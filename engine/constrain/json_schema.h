@@ -4,7 +4,7 @@
 // side until the text tells them apart.
 //
 // The subset: type (one or a list), properties, required, additionalProperties (false, true or a
-// schema), items (a schema, or false), prefixItems (tuples: Pydantic's tuple[int, str]; items then
+// schema), patternProperties (beside additionalProperties other than false), items (a schema, or false), prefixItems (tuples: Pydantic's tuple[int, str]; items then
 // are those after them), minItems, maxItems, uniqueItems (true only for items that are literals:
 // Pydantic's set[Literal[...]] and sets of enums), enum, const, anyOf (and oneOf, as anyOf: the text is valid
 // against one of them), minLength, maxLength, minimum, maximum, exclusiveMinimum,
@@ -44,6 +44,10 @@ struct SchemaNode {
   std::vector<int> props;          // their nodes
   uint64_t required = 0;           // bit i: names[i] is required
   int additional = -1;             // node of other keys' values; -1: no other keys
+  // patternProperties (an open object's): a key not in names whose text a pattern matches takes
+  // that pattern's node (several with different nodes: the key is refused); names matching one
+  // had its schema merged into theirs at compile time.
+  std::vector<std::pair<std::shared_ptr<const Regex>, int>> pattern_props;
   // Array
   int items = -1;  // node of the items (-1: any), those after prefix
   std::vector<int> prefix;  // prefixItems: the nodes of the first items

@@ -229,7 +229,7 @@ class SchemaCompiler {
   // does not enforce: refused by name, never ignored, so that a schema is never loosened.
   static bool unenforced(std::string_view k) {
     for (const char* a : {"not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-                          "patternProperties", "propertyNames", "contains", "minContains", "maxContains",
+                          "propertyNames", "contains", "minContains", "maxContains",
                           "minProperties", "maxProperties", "multipleOf", "divisibleBy", "unevaluatedProperties",
                           "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends",
                           "disallow", "contentSchema"})
@@ -243,7 +243,7 @@ class SchemaCompiler {
         "type",        "properties", "required", "additionalProperties", "items",     "minItems",  "maxItems",
         "prefixItems", "uniqueItems", "enum",    "const",                "anyOf",     "oneOf",     "minLength",
         "maxLength",   "$ref",        "minimum", "maximum",              "exclusiveMinimum", "exclusiveMaximum",
-        "pattern",     "format",     "allOf",   "additionalItems"};
+        "pattern",     "format",     "allOf",   "additionalItems",      "patternProperties"};
     return !validation.count(k) && !unenforced(k);
   }
 
@@ -804,12 +804,38 @@ class SchemaCompiler {
         n.required |= uint64_t{1} << (it - n.names.begin());
       }
     }
+    const json::Value* pattern_props = s.find("patternProperties");
+    KVPR_CHECK(!pattern_props || pattern_props->is_object(), path, ": patternProperties must be an object");
+    if (pattern_props && pattern_props->as_object().empty()) pattern_props = nullptr;
+    KVPR_CHECK(!pattern_props || !(add_props && add_props->is_bool() && !add_props->as_bool()), path,
+               ": patternProperties beside additionalProperties false is not supported");
+    std::vector<std::pair<std::shared_ptr<const Regex>, const json::Value*>> patterns;
+    if (pattern_props)
+      for (const auto& [k, v] : pattern_props->as_object()) {
+        try {
+          patterns.emplace_back(regex(k, path), &v);
+        } catch (const Error& e) {
+          KVPR_THROW(path, ".patternProperties: ", e.what());
+        }
+      }
     const int at = add(std::move(n));
     if (props)
       for (const auto& [k, v] : props->as_object()) {
-        const int p = compile(v, path + ".properties." + k, depth + 1);
+        // A listed key that a pattern matches must meet both schemas: merged.
+        const json::Value* schema = &v;
+        const std::u32string name = utf32(k);
+        for (const auto& [rx, ps] : patterns)
+          if (rx->matches(name)) {
+            owned_.push_back(merge_or_false(*schema, *ps, path + ".properties." + k, depth + 1));
+            schema = &owned_.back();
+          }
+        const int p = compile(*schema, path + ".properties." + k, depth + 1);
         out_.nodes_[static_cast<size_t>(at)].props.push_back(p);
       }
+    for (const auto& [rx, ps] : patterns) {
+      const int p = compile(*ps, path + ".patternProperties." + rx->pattern(), depth + 1);
+      out_.nodes_[static_cast<size_t>(at)].pattern_props.emplace_back(rx, p);
+    }
     int additional = out_.any_;  // JSON Schema's default: other keys with any values
     if (add_props && add_props->is_bool()) additional = add_props->as_bool() ? out_.any_ : -1;
     else if (add_props) additional = compile(*add_props, path + ".additionalProperties", depth + 1);
@@ -817,6 +843,19 @@ class SchemaCompiler {
     o.additional = additional;
     for (size_t i = listed; i < o.names.size(); ++i) o.props.push_back(additional);
     return at;
+  }
+
+  static std::u32string utf32(const std::string& s) {
+    std::u32string out;
+    for (size_t i = 0; i < s.size();) {
+      const uint8_t c = static_cast<uint8_t>(s[i]);
+      const int n = c < 0x80 ? 0 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
+      uint32_t cp = n == 0 ? c : c & (0x3Fu >> n);
+      for (int k = 1; k <= n && i + static_cast<size_t>(k) < s.size(); ++k) cp = cp << 6 | (static_cast<uint8_t>(s[i + static_cast<size_t>(k)]) & 0x3Fu);
+      out.push_back(cp);
+      i += static_cast<size_t>(n) + 1;
+    }
+    return out;
   }
 
   // One Regex per distinct pattern, shared by the strings that use it.

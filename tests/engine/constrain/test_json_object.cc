@@ -299,7 +299,9 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
     }
   };
-  refused(R"({"type": "object", "patternProperties": {"^a": {}}})", "$: the keyword 'patternProperties' is not supported");
+  refused(R"({"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": false})",
+          "$: patternProperties beside additionalProperties false is not supported");
+  refused(R"({"type": "object", "patternProperties": {"(a": {}}})", "$.patternProperties: pattern '(a'");
   refused(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5}}})",
           "$.properties.n: the keyword 'multipleOf' is not supported");
   refused(R"({"type": "integer", "minimum": 1.2, "maximum": 1.8})", "no integer lies within its bounds");
@@ -377,6 +379,17 @@ TEST(JsonSchema, ReadsWhatValidatorsReadAlike) {
   EXPECT_FALSE(whole(required, R"({"a":1})"));
   EXPECT_FALSE(takes(required, R"({"a":1,"b":2)"));
   EXPECT_TRUE(whole(R"({"type": "object", "required": ["k"]})", R"({"k":[1,{"z":null}]})"));
+  // patternProperties: a key its pattern matches takes its schema; a listed one both.
+  const char* patterns = R"({"type": "object", "properties": {"ab": {"type": "string"}},
+                             "patternProperties": {"^a": {"maxLength": 1}, "^x-": {"type": "integer"}},
+                             "additionalProperties": {"type": "boolean"}})";
+  EXPECT_TRUE(whole(patterns, R"({"ab":"c"})"));
+  EXPECT_FALSE(takes(patterns, R"({"ab":"cd)"));
+  EXPECT_TRUE(whole(patterns, R"({"aq":"q","x-y":1,"zz":true})"));
+  EXPECT_FALSE(takes(patterns, R"({"x-y":"s)"));
+  EXPECT_FALSE(takes(patterns, R"({"zz":1)"));
+  EXPECT_TRUE(whole(patterns, R"({"x-y":2})"));  // the key as read, escapes and all
+  EXPECT_FALSE(takes(patterns, R"({"x-y":true)"));
 }
 
 // allOf, and $ref, anyOf or oneOf beside other keywords (JSON Schema's allOf too), merged into one
