@@ -190,7 +190,12 @@ bool SchemaRecognizer::scalar_may_end(const Thread& t) const {
 
 bool SchemaRecognizer::object_may_close(const Thread& t) const {
   const SchemaNode& n = schema_->node(t.stack.back().node);
-  return n.kind == SchemaNode::Kind::Any || (n.required & ~t.stack.back().seen) == 0;
+  if (n.kind == SchemaNode::Kind::Any) return true;
+  const uint64_t seen = t.stack.back().seen;
+  if ((n.required & ~seen) != 0) return false;
+  for (const auto& [key, needs] : n.depends)
+    if ((seen & key) && (needs & ~seen)) return false;
+  return true;
 }
 
 bool SchemaRecognizer::object_may_continue(const Thread& t) const {

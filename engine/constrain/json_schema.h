@@ -4,7 +4,8 @@
 // side until the text tells them apart.
 //
 // The subset: type (one or a list), properties, required, additionalProperties (false, true or a
-// schema), patternProperties (beside additionalProperties other than false), items (a schema, or false), prefixItems (tuples: Pydantic's tuple[int, str]; items then
+// schema), patternProperties (beside additionalProperties other than false), dependencies and
+// dependentRequired (lists of keys a key requires), items (a schema, or false), prefixItems (tuples: Pydantic's tuple[int, str]; items then
 // are those after them), minItems, maxItems, uniqueItems (true only for items that are literals:
 // Pydantic's set[Literal[...]] and sets of enums), enum, const, anyOf (and oneOf, as anyOf: the text is valid
 // against one of them), minLength, maxLength, minimum, maximum, exclusiveMinimum,
@@ -48,6 +49,9 @@ struct SchemaNode {
   // that pattern's node (several with different nodes: the key is refused); names matching one
   // had its schema merged into theirs at compile time.
   std::vector<std::pair<std::shared_ptr<const Regex>, int>> pattern_props;
+  // dependencies / dependentRequired: once a key of `first`'s bit is given, those of `second` are
+  // required too.
+  std::vector<std::pair<uint64_t, uint64_t>> depends;
   // Array
   int items = -1;  // node of the items (-1: any), those after prefix
   std::vector<int> prefix;  // prefixItems: the nodes of the first items

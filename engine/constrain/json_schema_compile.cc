@@ -228,7 +228,7 @@ class SchemaCompiler {
   // Keywords of JSON Schema (drafts 3 to 2020-12) that constrain a value and that the compiler
   // does not enforce: refused by name, never ignored, so that a schema is never loosened.
   static bool unenforced(std::string_view k) {
-    for (const char* a : {"not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+    for (const char* a : {"not", "if", "then", "else", "dependentSchemas",
                           "propertyNames", "contains", "minContains", "maxContains",
                           "minProperties", "maxProperties", "multipleOf", "divisibleBy", "unevaluatedProperties",
                           "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends",
@@ -243,7 +243,8 @@ class SchemaCompiler {
         "type",        "properties", "required", "additionalProperties", "items",     "minItems",  "maxItems",
         "prefixItems", "uniqueItems", "enum",    "const",                "anyOf",     "oneOf",     "minLength",
         "maxLength",   "$ref",        "minimum", "maximum",              "exclusiveMinimum", "exclusiveMaximum",
-        "pattern",     "format",     "allOf",   "additionalItems",      "patternProperties"};
+        "pattern",     "format",     "allOf",   "additionalItems",      "patternProperties", "dependencies",
+        "dependentRequired"};
     return !validation.count(k) && !unenforced(k);
   }
 
@@ -818,6 +819,36 @@ class SchemaCompiler {
           KVPR_THROW(path, ".patternProperties: ", e.what());
         }
       }
+    // Keys that require others once given (the list form; a schema there is refused by name).
+    const bool closed = add_props && add_props->is_bool() && !add_props->as_bool();
+    for (const char* key : {"dependencies", "dependentRequired"}) {
+      const json::Value* deps = s.find(key);
+      if (!deps) continue;
+      KVPR_CHECK(deps->is_object(), path, ": ", key, " must be an object");
+      // A key's bit, the key added (of the other keys' schema) where properties does not list
+      // it; -1 where it may not appear at all.
+      auto bit = [&](const std::string& name) -> int {
+        auto it = std::find(n.names.begin(), n.names.end(), name);
+        if (it != n.names.end()) return static_cast<int>(it - n.names.begin());
+        if (closed) return -1;
+        KVPR_CHECK(n.names.size() < 64, path, ": more than 64 properties are not supported");
+        n.names.push_back(name);
+        return static_cast<int>(n.names.size()) - 1;
+      };
+      for (const auto& [k, v] : deps->as_object()) {
+        KVPR_CHECK(v.is_array(), path, ".", key, ".", k, ": a schema there is not supported (a list of keys is)");
+        const int a = bit(k);
+        if (a < 0) continue;  // the key never appears
+        uint64_t needs = 0;
+        for (const auto& b : v.as_array()) {
+          KVPR_CHECK(b.is_string(), path, ".", key, ".", k, ": must list property names");
+          const int i = bit(b.as_string());
+          KVPR_CHECK(i >= 0, path, ".", key, ".", k, ": names '", b.as_string(), "', which additionalProperties false forbids");
+          needs |= uint64_t{1} << i;
+        }
+        n.depends.emplace_back(uint64_t{1} << a, needs);
+      }
+    }
     const int at = add(std::move(n));
     if (props)
       for (const auto& [k, v] : props->as_object()) {
@@ -841,7 +872,17 @@ class SchemaCompiler {
     else if (add_props) additional = compile(*add_props, path + ".additionalProperties", depth + 1);
     SchemaNode& o = out_.nodes_[static_cast<size_t>(at)];
     o.additional = additional;
-    for (size_t i = listed; i < o.names.size(); ++i) o.props.push_back(additional);
+    // Keys that properties does not list (required, dependencies): a pattern's schema where one
+    // matches, else the other keys'.
+    for (size_t i = listed; i < o.names.size(); ++i) {
+      int node = -1;
+      for (const auto& [rx, p] : o.pattern_props)
+        if (rx->matches(utf32(o.names[i]))) {
+          KVPR_CHECK(node < 0 || node == p, path, ": the key '", o.names[i], "' matches two patternProperties");
+          node = p;
+        }
+      o.props.push_back(node >= 0 ? node : additional);
+    }
     return at;
   }
 

@@ -319,7 +319,11 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   refused(R"({"enum": ["abc", "de"], "maxLength": 1})", "no enum or const value has the schema's type and bounds");
   refused(R"({"allOf": [{"$ref": "#"}]})", "nests deeper than");
   refused(R"({"properties": {"a": {"not": {"type": "null"}}}})", "$.properties.a: the keyword 'not' is not supported");
-  refused(R"({"type": "object", "dependencies": {"a": ["b"]}})", "the keyword 'dependencies' is not supported");
+  refused(R"({"type": "object", "dependencies": {"a": {"required": ["b"]}}})",
+          "$.dependencies.a: a schema there is not supported");
+  refused(R"({"type": "object", "dependentSchemas": {"a": {}}})", "the keyword 'dependentSchemas' is not supported");
+  refused(R"({"properties": {"a": {}}, "dependencies": {"a": ["b"]}, "additionalProperties": false})",
+          "$.dependencies.a: names 'b', which additionalProperties false forbids");
   refused(R"({"if": {"type": "string"}, "then": {"minLength": 1}})", "the keyword 'if' is not supported");
   refused(R"({"$ref": "#/definitions/a/definitions/c", "definitions": {"a": {"definitions": {"b": {}}}}})",
           "names no definition");
@@ -388,8 +392,29 @@ TEST(JsonSchema, ReadsWhatValidatorsReadAlike) {
   EXPECT_TRUE(whole(patterns, R"({"aq":"q","x-y":1,"zz":true})"));
   EXPECT_FALSE(takes(patterns, R"({"x-y":"s)"));
   EXPECT_FALSE(takes(patterns, R"({"zz":1)"));
-  EXPECT_TRUE(whole(patterns, R"({"x-y":2})"));  // the key as read, escapes and all
-  EXPECT_FALSE(takes(patterns, R"({"x-y":true)"));
+  EXPECT_TRUE(whole(patterns, R"({"x\u002dy":2})"));  // the key as read, escapes and all
+  EXPECT_FALSE(takes(patterns, R"({"x\u002dy":true)"));
+  const char* attributes = R"({"type": "object", "properties": {"attributes": {"type": "object", "properties": {},
+      "patternProperties": {"^.*$": {"type": "array", "items": {"properties": {"terms": {"type": "array",
+      "items": {"type": "object", "properties": {"url": {"type": "string"}}}}}}}}}}})";
+  EXPECT_FALSE(takes(attributes, R"({"attributes": {"x": [{"terms": [{"url": 1)"));
+  EXPECT_FALSE(takes(attributes, R"({"attributes": {"x": 1)"));
+  EXPECT_FALSE(takes(R"({"type": "object", "patternProperties": {"^.*$": {"type": "array"}}})", R"({"x": 1)"));
+  EXPECT_FALSE(takes(R"({"type": "object", "patternProperties": {"^.*$": {"type": "array"}}})", R"({"x":1)"));
+  // dependencies (drafts 4-7) and dependentRequired: a key given requires others.
+  for (const char* key : {"dependencies", "dependentRequired"}) {
+    const std::string deps = std::string(R"({"type": "object", "properties": {"card": {"type": "integer"},
+                                             "billing": {"type": "string"}}, ")") + key +
+                             R"(": {"card": ["billing", "cvv"]}, "additionalProperties": {"type": "integer"}})";
+    EXPECT_TRUE(whole(deps, R"({"billing":"x"})")) << key;
+    EXPECT_FALSE(whole(deps, R"({"card":1,"billing":"x"})")) << key;
+    EXPECT_TRUE(whole(deps, R"({"card":1,"cvv":2,"billing":"x"})")) << key;
+    EXPECT_FALSE(takes(deps, R"({"card":1,"cvv":"x)")) << key;
+  }
+  // (a key the object may not hold requires nothing)
+  EXPECT_TRUE(whole(R"({"properties": {"a": {}}, "dependencies": {"z": ["a"]}, "additionalProperties": false})", R"({})"));
+  // A required key a pattern matches takes the pattern's schema, not the other keys'.
+  EXPECT_FALSE(takes(R"({"required": ["x1"], "patternProperties": {"^x": {"type": "integer"}}})", R"({"x1":"a)"));
 }
 
 // allOf, and $ref, anyOf or oneOf beside other keywords (JSON Schema's allOf too), merged into one
