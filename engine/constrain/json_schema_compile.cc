@@ -315,6 +315,8 @@ class SchemaCompiler {
   json::Value merge(const json::Value& a, const json::Value& b, const std::string& path, int depth) {
     KVPR_CHECK(depth <= Limits::kMaxNesting, path, ": the schema nests deeper than ", Limits::kMaxNesting,
                " levels (each $ref followed and each allOf counts one)");
+    KVPR_CHECK(std::chrono::duration<double>(Clock::now() - t0_).count() < Limits::kMaxCompileSeconds,
+               "the schema took longer than ", Limits::kMaxCompileSeconds, " s to compile");
     auto alts_of = [](const json::Value& v) -> const char* {
       return v.find("anyOf") ? "anyOf" : v.find("oneOf") ? "oneOf" : nullptr;
     };

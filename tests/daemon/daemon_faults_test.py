@@ -121,7 +121,12 @@ def hostile_corpus():
     schema("patterns too large together",
            {"anyOf": [{"type": "string", "pattern": "^(?:" + c + "{1000}){9}$"} for c in "abcdef"]})
     schema("schema false", False)
-    schema("unknown keyword", {"type": "object", "patternProperties": {"a": {}}})
+    schema("a keyword not enforced", {"type": "object", "minProperties": 1})
+    schema("allOf [$ref #]", {"allOf": [{"$ref": "#"}]})
+    branching = {"$defs": {d: {"properties": {"x": {"$ref": f"#/$defs/{d}"}, "y": {"$ref": f"#/$defs/{d}"}},
+                               "required": [k]} for d, k in (("B", "x"), ("C", "y"))},
+                 "allOf": [{"$ref": "#/$defs/B"}, {"$ref": "#/$defs/C"}]}
+    schema("allOf of two recursive schemas, branching", branching)
     # Regexes: nesting, counts beyond any integer type, sizes.
     schema("pattern of 20000 nested groups", {"type": "string", "pattern": "(" * 20000 + "a" + ")" * 20000})
     schema("pattern a{99999999999999999999}", {"type": "string", "pattern": "a{99999999999999999999}"})

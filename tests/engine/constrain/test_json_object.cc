@@ -538,6 +538,11 @@ TEST(JsonSchema, RefusesSchemasPastItsLimits) {
   shared += R"("L20": {"type": "string", "maxLength": 3}}})";
   EXPECT_TRUE(whole(shared, "\"abc\""));
   EXPECT_FALSE(whole(shared, "\"abcd\""));
+  // allOf over two recursive schemas that branch: merged level by level until the nesting limit.
+  refused(R"({"$defs": {"B": {"properties": {"x": {"$ref": "#/$defs/B"}, "y": {"$ref": "#/$defs/B"}}, "required": ["x"]},
+                        "C": {"properties": {"x": {"$ref": "#/$defs/C"}, "y": {"$ref": "#/$defs/C"}}, "required": ["y"]}},
+              "allOf": [{"$ref": "#/$defs/B"}, {"$ref": "#/$defs/C"}]})",
+          "nests deeper than 64 levels");
 }
 
 // Past SchemaLimits::kMaxThreads alternatives side by side, the recognizer follows the first
