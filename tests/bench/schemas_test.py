@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""kvpr-bench schemas over the JSONSchemaBench sample kept beside the repository
+(../shared/jsonschemabench/sample.jsonl, never copied into it): every schema is compiled or
+refused with a message that names where (a path from "$") or the limit it passed, within the
+compile budget; every compiled schema's instances are judged; the JSON holds one row a schema and
+counts that add up. It asserts what the tool reports, never a share (the benchmark's numbers are
+in bench/results). Skipped (77) where the sample is not there."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sample = os.environ.get("KVPR_SCHEMA_SAMPLE", "")
+if not sample or not os.path.exists(sample):
+    print(f"skipped: no JSONSchemaBench sample at {sample!r}")
+    sys.exit(77)
+bench = os.environ["KVPR_BENCH"]
+lines = [json.loads(line) for line in open(sample) if line.strip()]
+with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "schemas.json")
+    r = subprocess.run([bench, "schemas", "--file", sample, "--json", out], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.load(open(out))
+rows = doc["rows"]
+assert doc["schemas"] == len(lines) == len(rows), (doc["schemas"], len(lines), len(rows))
+assert [row["id"] for row in rows] == [line["id"] for line in lines]
+compiled = [row for row in rows if "refused" not in row]
+refused = [row for row in rows if "refused" in row]
+assert doc["compiled"] == len(compiled) and len(compiled) + len(refused) == len(rows)
+for row in refused:
+    e = row["error"]
+    assert e.startswith("$") or e.startswith("the schema"), f"{row['id']}: a refusal that names no path: {e}"
+    assert "took longer than" not in e, f"{row['id']}: past the compile budget: {e}"
+for row in compiled:
+    assert row["compile_ms"] < 2000, row
+tests = {line["id"]: len(line.get("tests") or []) for line in lines}
+judged = sum(row.get("instances", 0) for row in compiled)
+assert judged == sum(tests[row["id"]] for row in compiled), "an instance of a compiled schema was not judged"
+assert doc["valid"] + doc["invalid"] == judged
+assert sum(c["schemas"] for c in doc["subsets"].values()) == len(rows)
+print(f"schemas: {len(compiled)} of {len(rows)} compiled, {doc['all_right']} of {doc['with_tests']} with every "
+      f"instance judged right; refused: {', '.join(f'{k} ({n})' for k, n in list(doc['refused'].items())[:6])}")
