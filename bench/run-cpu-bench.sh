@@ -2,6 +2,7 @@
 # Runs a CPU benchmark and writes bench/results/<date>-<name>-<commit>.json with the hardware it
 # ran on. Usage: bench/run-cpu-bench.sh [--quick]           (kvpr-bench cpu: <name> cpu)
 #                bench/run-cpu-bench.sh json [--tokenizer D] (kvpr-bench json: <name> json-mask)
+#                bench/run-cpu-bench.sh schemas --file F [--tokenizer D] (kvpr-bench schemas: <name> json-schemas)
 #                bench/run-cpu-bench.sh serve [options]      (kvpr-bench serve --backend cpu: <name> serve)
 #                bench/run-cpu-bench.sh decode [options]     (kvpr-bench decode --backend cpu: <name> decode)
 #                bench/run-cpu-bench.sh weights [options]    (kvpr-bench weights: <name> weights)
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 cmd=cpu name=cpu
 if [ "${1:-}" = json ]; then cmd=json name=json-mask; shift; fi
+if [ "${1:-}" = schemas ]; then cmd=schemas name=json-schemas; shift; fi
 if [ "${1:-}" = serve ]; then cmd=serve name=serve; shift; set -- --backend cpu "$@"; fi
 if [ "${1:-}" = decode ]; then cmd=decode name=decode; shift; set -- --backend cpu "$@"; fi
 if [ "${1:-}" = weights ]; then cmd=weights name=weights; shift; fi

@@ -115,7 +115,18 @@ int cmd_schemas(const Args& args) {
           if (valid && taken) ++c.valid_taken;
           if (!valid && !taken) ++c.invalid_refused;
           if (taken == valid) ++right;
-          else if (wrong.empty()) wrong.push_back(json::Value((valid ? "valid refused: " : "invalid taken: ") + text.substr(0, 100)));
+          else if (wrong.empty()) {
+            std::string what = "invalid taken: " + text.substr(0, 100);
+            if (valid) {  // where: the first byte refused
+              SchemaRecognizer by_byte(schema.get());
+              size_t at = 0;
+              while (at < text.size() && by_byte.feed(static_cast<uint8_t>(text[at]))) ++at;
+              const size_t from = at > 60 ? at - 60 : 0;
+              what = "valid refused at byte " + std::to_string(at) + ": ..." + text.substr(from, at - from) + " <here> " +
+                     text.substr(at, 20);
+            }
+            wrong.push_back(json::Value(what));
+          }
         }
       if (total > 0) {
         ++c.with_tests;

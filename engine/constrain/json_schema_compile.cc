@@ -558,11 +558,14 @@ class SchemaCompiler {
     }
     if (s.find("enum") || s.find("const")) return literals(s, types, path);
     if (types.empty()) {
-      if (s.find("properties") || s.find("required") || s.find("additionalProperties")) types = {"object"};
+      const json::Value* ap = s.find("additionalProperties");  // (true says nothing)
+      if (s.find("properties") || s.find("required") || (ap && !(ap->is_bool() && ap->as_bool()))) types = {"object"};
       else if (s.find("items") || s.find("prefixItems") || s.find("minItems") || s.find("maxItems")) types = {"array"};
-      else if (s.find("minLength") || s.find("maxLength") || s.find("pattern") || s.find("format")) types = {"string"};
-      else if (s.find("minimum") || s.find("maximum") || s.find("exclusiveMinimum") || s.find("exclusiveMaximum"))
-        types = {"number"};
+      // A string's or a number's keywords alone apply to strings or numbers, and leave the other
+      // types free (JSON Schema's reading: {"format": "positiveInteger"} admits 1).
+      else if (s.find("minLength") || s.find("maxLength") || s.find("pattern") || s.find("format") ||
+               s.find("minimum") || s.find("maximum") || s.find("exclusiveMinimum") || s.find("exclusiveMaximum"))
+        types = {"string", "number", "object", "array", "boolean", "null"};
       else return out_.any_;
     }
     if (types.size() == 1) return typed(s, types[0], path, depth);
