@@ -413,6 +413,14 @@ TEST(JsonSchema, ReadsWhatValidatorsReadAlike) {
   }
   // (a key the object may not hold requires nothing)
   EXPECT_TRUE(whole(R"({"properties": {"a": {}}, "dependencies": {"z": ["a"]}, "additionalProperties": false})", R"({})"));
+  // Without a type, a string's or number's keywords bind strings or numbers alone.
+  EXPECT_TRUE(whole(R"({"format": "positiveInteger"})", "1"));
+  EXPECT_TRUE(whole(R"({"pattern": "^a"})", "[1]"));
+  EXPECT_TRUE(whole(R"({"pattern": "^a"})", R"("ab")"));
+  EXPECT_FALSE(takes(R"({"pattern": "^a"})", R"("b)"));
+  EXPECT_FALSE(takes(R"({"maximum": 3})", "4"));
+  EXPECT_TRUE(whole(R"({"maximum": 3})", R"("4")"));
+  EXPECT_TRUE(whole(R"({"additionalProperties": true})", R"("x")"));
   // A required key a pattern matches takes the pattern's schema, not the other keys'.
   EXPECT_FALSE(takes(R"({"required": ["x1"], "patternProperties": {"^x": {"type": "integer"}}})", R"({"x1":"a)"));
 }
