@@ -339,8 +339,13 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
         t.key_node = n.props[i];
       }
     if (t.key_node < 0 && !n.pattern_props.empty()) {  // the patterns its text matches
+      std::string value = t.key;  // the key as read (escapes; one the parser refuses, a lone surrogate, stays as written)
+      try {
+        value = json::parse("\"" + t.key + "\"").as_string();
+      } catch (const Error&) {
+      }
       std::u32string text;
-      for (uint8_t ch : json::parse("\"" + t.key + "\"").as_string()) {  // (escapes read; UTF-8 to code points)
+      for (uint8_t ch : value) {  // UTF-8 to code points
         if ((ch & 0xC0) == 0x80) text.back() = text.back() << 6 | (ch & 0x3Fu);
         else text.push_back(ch < 0x80 ? ch : ch >= 0xF0 ? ch & 0x07u : ch >= 0xE0 ? ch & 0x0Fu : ch & 0x1Fu);
       }

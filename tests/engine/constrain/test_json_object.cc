@@ -394,6 +394,7 @@ TEST(JsonSchema, ReadsWhatValidatorsReadAlike) {
   EXPECT_FALSE(takes(patterns, R"({"zz":1)"));
   EXPECT_TRUE(whole(patterns, R"({"x\u002dy":2})"));  // the key as read, escapes and all
   EXPECT_FALSE(takes(patterns, R"({"x\u002dy":true)"));
+  EXPECT_TRUE(whole(patterns, R"({"\ud800":false})"));  // a lone surrogate: no pattern's, the other keys'
   const char* attributes = R"({"type": "object", "properties": {"attributes": {"type": "object", "properties": {},
       "patternProperties": {"^.*$": {"type": "array", "items": {"properties": {"terms": {"type": "array",
       "items": {"type": "object", "properties": {"url": {"type": "string"}}}}}}}}}}})";
