@@ -329,23 +329,27 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
     return false;
   }
   t.key_node = -1;
+  // The key as read: escapes (only open objects take them) decoded; one the parser refuses (a
+  // lone surrogate) stays as written.
+  std::string name = t.key;
+  if (name.find('\\') != std::string::npos) {
+    try {
+      name = json::parse("\"" + t.key + "\"").as_string();
+    } catch (const Error&) {
+    }
+  }
   if (n.kind == K::Any) {
     t.key_node = schema_->any();
   } else {
     for (size_t i = 0; i < n.names.size(); ++i)
-      if (n.names[i] == t.key) {
+      if (n.names[i] == name) {
         if ((t.stack.back().seen >> i) & 1) return false;  // a key given twice
         t.stack.back().seen |= uint64_t{1} << i;
         t.key_node = n.props[i];
       }
     if (t.key_node < 0 && !n.pattern_props.empty()) {  // the patterns its text matches
-      std::string value = t.key;  // the key as read (escapes; one the parser refuses, a lone surrogate, stays as written)
-      try {
-        value = json::parse("\"" + t.key + "\"").as_string();
-      } catch (const Error&) {
-      }
       std::u32string text;
-      for (uint8_t ch : value) {  // UTF-8 to code points
+      for (uint8_t ch : name) {  // UTF-8 to code points
         if ((ch & 0xC0) == 0x80) text.back() = text.back() << 6 | (ch & 0x3Fu);
         else text.push_back(ch < 0x80 ? ch : ch >= 0xF0 ? ch & 0x07u : ch >= 0xE0 ? ch & 0x0Fu : ch & 0x1Fu);
       }

@@ -162,7 +162,10 @@ class SchemaCompiler {
         ++objects;
         const int other = y.kind == K::Any ? -1 : y.additional;
         const bool open = y.kind == K::Any || other >= 0;
-        if (open) open_total = add(open_total, below_of(other));
+        int64_t others = below_of(other);  // (a key a pattern matches takes the pattern's)
+        if (y.kind == K::Object)
+          for (const auto& pp : y.pattern_props) others = std::max(others, below_of(pp.second));
+        if (open) open_total = add(open_total, others);
         for (size_t k = 0; k < y.names.size(); ++k) {
           listed[y.names[k]] = add(listed[y.names[k]], below_of(y.props[k]));
           if (open) open_listed[y.names[k]] = add(open_listed[y.names[k]], below_of(other));
@@ -208,6 +211,7 @@ class SchemaCompiler {
         if (d > 0 && x.kind == K::Object) {
           for (int p : x.props) w = std::max(w, below[static_cast<size_t>(p)]);
           if (x.additional >= 0) w = std::max(w, below[static_cast<size_t>(x.additional)]);
+          for (const auto& pp : x.pattern_props) w = std::max(w, below[static_cast<size_t>(pp.second)]);
         } else if (d > 0 && x.kind == K::Array) {
           for (int p : x.prefix) w = std::max(w, below[static_cast<size_t>(p)]);
           if (x.items >= 0) w = std::max(w, below[static_cast<size_t>(x.items)]);
@@ -351,6 +355,34 @@ class SchemaCompiler {
     for (const auto& [k, v] : a.as_object()) keys.push_back(k);
     for (const auto& [k, v] : b.as_object())
       if (!a.find(k)) keys.push_back(k);
+    // A tuple on one side (prefixItems, or items as a list) and items on the other would apply the
+    // other's items past the tuple alone; a pattern's keys on one side would skip the other's
+    // additionalProperties. Refused unless both sides say the same.
+    auto tuple = [](const json::Value& v) {
+      const json::Value* items = v.find("items");
+      return v.find("prefixItems") || (items && items->is_array());
+    };
+    auto same = [&](std::initializer_list<const char*> ks) {
+      for (const char* k : ks) {
+        const json::Value* x = a.find(k);
+        const json::Value* y = b.find(k);
+        if (!x != !y || (x && x->dump() != y->dump())) return false;
+      }
+      return true;
+    };
+    if ((tuple(a) || tuple(b)) && !same({"prefixItems", "items", "additionalItems"})) {
+      const json::Value& other = tuple(a) ? b : a;
+      KVPR_CHECK(!(tuple(a) && tuple(b)) && !other.find("items") && !other.find("additionalItems") &&
+                     !other.find("prefixItems"),
+                 path, ": allOf joining a tuple (prefixItems, items as a list) with other items is not supported");
+    }
+    if ((a.find("patternProperties") || b.find("patternProperties")) &&
+        !same({"patternProperties", "properties", "additionalProperties"})) {
+      const json::Value& other = a.find("patternProperties") ? b : a;
+      KVPR_CHECK(!(a.find("patternProperties") && b.find("patternProperties")) && !other.find("properties") &&
+                     !other.find("additionalProperties"),
+                 path, ": allOf joining patternProperties with another schema's properties is not supported");
+    }
     for (const std::string& k : keys) {
       if (k == "properties" || k == "additionalProperties") continue;  // below, together
       const json::Value* va = a.find(k);
@@ -412,7 +444,11 @@ class SchemaCompiler {
     const json::Value* pb = b.find("properties");
     const json::Value* aa = a.find("additionalProperties");
     const json::Value* ab = b.find("additionalProperties");
-    if (pa || pb) {
+    if ((pa || aa) && !pb && !ab) {  // one side alone says anything of keys: its word stands
+      if (pa) put("properties", *pa);
+    } else if ((pb || ab) && !pa && !aa) {
+      if (pb) put("properties", *pb);
+    } else if (pa || pb) {
       KVPR_CHECK((!pa || pa->is_object()) && (!pb || pb->is_object()), path, ": properties must be an object");
       std::vector<std::string> names;
       for (const json::Value* p : {pa, pb})
@@ -434,10 +470,14 @@ class SchemaCompiler {
                               std::any_of(required->as_array().begin(), required->as_array().end(),
                                           [&](const json::Value& r) { return r.is_string() && r.as_string() == name; });
           KVPR_CHECK(!needed, path, ": required names '", name, "', which a schema allOf joins forbids");
+          // Dropped, the key would fall to the other keys' schema: only where that is false too.
+          const bool closed = (aa && aa->is_bool() && !aa->as_bool()) || (ab && ab->is_bool() && !ab->as_bool());
+          KVPR_CHECK(closed, path, ": the key '", name, "', which a schema allOf joins forbids, beside other keys "
+                     "allowed is not supported");
           continue;
         }
         const std::string at = path + ".properties." + name;
-        props.emplace_back(name, !sa ? *sb : !sb ? *sa : merge_or_false(*sa, *sb, at, depth + 1));
+        props.emplace_back(name, !sa ? *sb : !sb ? *sa : sa->dump() == sb->dump() ? *sa : merge_or_false(*sa, *sb, at, depth + 1));
       }
       put("properties", json::Value(std::move(props)));
     }
@@ -559,8 +599,12 @@ class SchemaCompiler {
     if (s.find("enum") || s.find("const")) return literals(s, types, path);
     if (types.empty()) {
       const json::Value* ap = s.find("additionalProperties");  // (true says nothing)
-      if (s.find("properties") || s.find("required") || (ap && !(ap->is_bool() && ap->as_bool()))) types = {"object"};
-      else if (s.find("items") || s.find("prefixItems") || s.find("minItems") || s.find("maxItems")) types = {"array"};
+      if (s.find("properties") || s.find("required") || (ap && !(ap->is_bool() && ap->as_bool())) ||
+          s.find("patternProperties") || s.find("dependencies") || s.find("dependentRequired"))
+        types = {"object"};
+      else if (s.find("items") || s.find("prefixItems") || s.find("minItems") || s.find("maxItems") ||
+               s.find("additionalItems") || s.find("uniqueItems"))
+        types = {"array"};
       // A string's or a number's keywords alone apply to strings or numbers, and leave the other
       // types free (JSON Schema's reading: {"format": "positiveInteger"} admits 1).
       else if (s.find("minLength") || s.find("maxLength") || s.find("pattern") || s.find("format") ||
@@ -816,6 +860,19 @@ class SchemaCompiler {
     KVPR_CHECK(!pattern_props || !(add_props && add_props->is_bool() && !add_props->as_bool()), path,
                ": patternProperties beside additionalProperties false is not supported");
     std::vector<std::pair<std::shared_ptr<const Regex>, const json::Value*>> patterns;
+    // A key two patterns match takes both schemas; with different schemas that is not supported
+    // (refused here: a key refused only at its closing quote could leave nothing to write).
+    // (Patterns anchored on literal prefixes neither of which begins the other match no key alike.)
+    if (pattern_props)
+      for (size_t i = 0; i < pattern_props->as_object().size(); ++i)
+        for (size_t j = 0; j < i; ++j) {
+          const auto& [ki, vi] = pattern_props->as_object()[i];
+          const auto& [kj, vj] = pattern_props->as_object()[j];
+          const std::string pi = anchored_prefix(ki), pj = anchored_prefix(kj);
+          const bool apart = !pi.empty() && !pj.empty() && !pi.starts_with(pj) && !pj.starts_with(pi);
+          KVPR_CHECK(apart || vi.dump() == vj.dump(), path, ": patternProperties '", kj, "' and '", ki,
+                     "' may match one key and give it different schemas, which is not supported");
+        }
     if (pattern_props)
       for (const auto& [k, v] : pattern_props->as_object()) {
         try {
@@ -889,6 +946,19 @@ class SchemaCompiler {
       o.props.push_back(node >= 0 ? node : additional);
     }
     return at;
+  }
+
+  // The literal text a pattern anchored with ^ begins with ("^x-": "x-"; "" when unanchored).
+  static std::string anchored_prefix(const std::string& pattern) {
+    if (!pattern.starts_with("^")) return "";
+    std::string out;
+    for (size_t i = 1; i < pattern.size(); ++i) {
+      const char c = pattern[i];
+      if (std::string_view(".[](){}*+?|\\^$").find(c) != std::string_view::npos) break;
+      if (i + 1 < pattern.size() && std::string_view("*?{").find(pattern[i + 1]) != std::string_view::npos) break;
+      out += c;
+    }
+    return out;
   }
 
   static std::u32string utf32(const std::string& s) {

@@ -889,7 +889,7 @@ void Generator::choose_on_host_unguarded(const StepPlan& p, size_t i, StepChoice
       // Only an end id was left (a JSON text whose one continuation is an end id that is also
       // text): nothing may be chosen, so it ends here, as a complete constrained text does.
       if (std::none_of(adjusted.begin(), adjusted.begin() + valid_vocab_, [](float x) { return x > -std::numeric_limits<float>::infinity(); })) {
-        ch.picks[i] = Sampled{-1, 0.f};
+        ch.picks[i] = Sampled{!s.constraint() || s.constraint()->complete() ? -1 : kDeadEnd, 0.f};
         return;
       }
     }

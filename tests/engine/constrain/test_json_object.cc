@@ -302,6 +302,19 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   refused(R"({"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": false})",
           "$: patternProperties beside additionalProperties false is not supported");
   refused(R"({"type": "object", "patternProperties": {"(a": {}}})", "$.patternProperties: pattern '(a'");
+  refused(R"({"type": "object", "patternProperties": {"a": {"type": "string"}, "b": {"type": "integer"}}})",
+          "$: patternProperties 'a' and 'b' may match one key and give it different schemas");
+  refused(R"({"type": "object", "patternProperties": {"^a": {"type": "string"}, "^ab": {"type": "integer"}}})",
+          "may match one key");
+  refused(R"({"allOf": [{"properties": {"x": false}}, {"type": "object"}]})",
+          "$.properties.x: the schema false admits no value");
+  refused(R"({"allOf": [{"properties": {"x": false}}, {"properties": {"y": {}}}]})",
+          "$.allOf[1]: the key 'x', which a schema allOf joins forbids, beside other keys allowed is not supported");
+  refused(R"({"allOf": [{"prefixItems": [{"type": "string"}]}, {"items": {"type": "integer"}}]})",
+          "allOf joining a tuple (prefixItems, items as a list) with other items is not supported");
+  refused(R"({"allOf": [{"prefixItems": [{}]}, {"items": false}]})", "with other items is not supported");
+  refused(R"({"allOf": [{"patternProperties": {"^x": {"type": "integer"}}}, {"additionalProperties": {"type": "string"}}]})",
+          "allOf joining patternProperties with another schema's properties is not supported");
   refused(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5}}})",
           "$.properties.n: the keyword 'multipleOf' is not supported");
   refused(R"({"type": "integer", "minimum": 1.2, "maximum": 1.8})", "no integer lies within its bounds");
@@ -395,6 +408,13 @@ TEST(JsonSchema, ReadsWhatValidatorsReadAlike) {
   EXPECT_TRUE(whole(patterns, R"({"x\u002dy":2})"));  // the key as read, escapes and all
   EXPECT_FALSE(takes(patterns, R"({"x\u002dy":true)"));
   EXPECT_TRUE(whole(patterns, R"({"\ud800":false})"));  // a lone surrogate: no pattern's, the other keys'
+  EXPECT_FALSE(takes(patterns, R"({"\u0061b":1)"));  // "ab", escaped: still the listed key's schema
+  EXPECT_FALSE(takes(R"({"type": "object", "properties": {"a": {"type": "integer"}}})", R"({"\u0061":"x)"));
+  EXPECT_FALSE(whole(R"({"type": "object", "dependentRequired": {"a": ["b"]}})", R"({"\u0061":1})"));
+  // Without a type, object and array keywords bind objects and arrays.
+  EXPECT_FALSE(takes(R"({"patternProperties": {"^x": {"type": "integer"}}})", R"({"xa":"s)"));
+  EXPECT_FALSE(whole(R"({"dependentRequired": {"a": ["b"]}})", R"({"a":1})"));
+  EXPECT_FALSE(takes(R"({"uniqueItems": true, "items": {"enum": [1, 2]}})", "[1,1"));
   const char* attributes = R"({"type": "object", "properties": {"attributes": {"type": "object", "properties": {},
       "patternProperties": {"^.*$": {"type": "array", "items": {"properties": {"terms": {"type": "array",
       "items": {"type": "object", "properties": {"url": {"type": "string"}}}}}}}}}}})";
@@ -480,6 +500,12 @@ TEST(JsonSchema, JoinsWhatAllOfAndSiblingsJoin) {
                     R"(["a",null,null])"));
   EXPECT_TRUE(whole(R"({"type": "array", "items": [{"type": "string"}]})", R"(["a",{"b":[1]}])"));
   EXPECT_TRUE(whole(R"({"type": "array", "additionalItems": false, "items": {"type": "integer"}})", "[1,2,3]"));
+  // The same recursive schema twice: merged once, not to the nesting limit.
+  EXPECT_TRUE(whole(R"({"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}},
+                        "allOf": [{"$ref": "#/$defs/N"}, {"$ref": "#/$defs/N"}]})",
+                    R"({"next":{"next":{}}})"));
+  EXPECT_TRUE(whole(R"({"allOf": [{"properties": {"x": false}}, {"additionalProperties": false, "properties": {"y": {}}}]})",
+                    R"({"y":1})"));
 }
 
 // A schema that would crash, or keep a CPU busy, a recognizer is refused at compile time naming
