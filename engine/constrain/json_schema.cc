@@ -348,11 +348,7 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
         t.key_node = n.props[i];
       }
     if (t.key_node < 0 && !n.pattern_props.empty()) {  // the patterns its text matches
-      std::u32string text;
-      for (uint8_t ch : name) {  // UTF-8 to code points
-        if ((ch & 0xC0) == 0x80) text.back() = text.back() << 6 | (ch & 0x3Fu);
-        else text.push_back(ch < 0x80 ? ch : ch >= 0xF0 ? ch & 0x07u : ch >= 0xE0 ? ch & 0x0Fu : ch & 0x1Fu);
-      }
+      const std::u32string text = Regex::code_points(name);
       for (const auto& [rx, node] : n.pattern_props)
         if (rx->matches(text)) {
           if (t.key_node >= 0 && t.key_node != node) return false;  // two patterns' schemas: refused

@@ -37,12 +37,16 @@ class SchemaCompiler {
   using Limits = SchemaLimits;
   using Clock = std::chrono::steady_clock;
 
+  void check_budget() const {
+    KVPR_CHECK(std::chrono::duration<double>(Clock::now() - t0_).count() < Limits::kMaxCompileSeconds,
+               "the schema took longer than ", Limits::kMaxCompileSeconds, " s to compile");
+  }
+
   int add(SchemaNode n) {
     KVPR_CHECK(out_.nodes_.size() < Limits::kMaxNodes, "the schema is too large: more than ", Limits::kMaxNodes,
                " nodes once compiled");
     if (out_.nodes_.size() % 256 == 255)
-      KVPR_CHECK(std::chrono::duration<double>(Clock::now() - t0_).count() < Limits::kMaxCompileSeconds,
-                 "the schema took longer than ", Limits::kMaxCompileSeconds, " s to compile");
+      check_budget();
     out_.nodes_.push_back(std::move(n));
     return static_cast<int>(out_.nodes_.size()) - 1;
   }
@@ -272,8 +276,7 @@ class SchemaCompiler {
   json::Value flat(const json::Value& s, const std::string& path, int depth) {
     KVPR_CHECK(depth <= Limits::kMaxNesting, path, ": the schema nests deeper than ", Limits::kMaxNesting,
                " levels (each $ref followed and each allOf counts one)");
-    KVPR_CHECK(std::chrono::duration<double>(Clock::now() - t0_).count() < Limits::kMaxCompileSeconds,
-               "the schema took longer than ", Limits::kMaxCompileSeconds, " s to compile");
+    check_budget();
     if (s.is_bool()) {
       KVPR_CHECK(s.as_bool(), path, ": allOf joins the schema false, which admits no value");
       return json::Value(json::Object{});
@@ -319,8 +322,7 @@ class SchemaCompiler {
   json::Value merge(const json::Value& a, const json::Value& b, const std::string& path, int depth) {
     KVPR_CHECK(depth <= Limits::kMaxNesting, path, ": the schema nests deeper than ", Limits::kMaxNesting,
                " levels (each $ref followed and each allOf counts one)");
-    KVPR_CHECK(std::chrono::duration<double>(Clock::now() - t0_).count() < Limits::kMaxCompileSeconds,
-               "the schema took longer than ", Limits::kMaxCompileSeconds, " s to compile");
+    check_budget();
     auto alts_of = [](const json::Value& v) -> const char* {
       return v.find("anyOf") ? "anyOf" : v.find("oneOf") ? "oneOf" : nullptr;
     };
@@ -916,7 +918,7 @@ class SchemaCompiler {
       for (const auto& [k, v] : props->as_object()) {
         // A listed key that a pattern matches must meet both schemas: merged.
         const json::Value* schema = &v;
-        const std::u32string name = utf32(k);
+        const std::u32string name = Regex::code_points(k);
         for (const auto& [rx, ps] : patterns)
           if (rx->matches(name)) {
             owned_.push_back(merge_or_false(*schema, *ps, path + ".properties." + k, depth + 1));
@@ -939,7 +941,7 @@ class SchemaCompiler {
     for (size_t i = listed; i < o.names.size(); ++i) {
       int node = -1;
       for (const auto& [rx, p] : o.pattern_props)
-        if (rx->matches(utf32(o.names[i]))) {
+        if (rx->matches(Regex::code_points(o.names[i]))) {
           KVPR_CHECK(node < 0 || node == p, path, ": the key '", o.names[i], "' matches two patternProperties");
           node = p;
         }
@@ -957,19 +959,6 @@ class SchemaCompiler {
       if (std::string_view(".[](){}*+?|\\^$").find(c) != std::string_view::npos) break;
       if (i + 1 < pattern.size() && std::string_view("*?{").find(pattern[i + 1]) != std::string_view::npos) break;
       out += c;
-    }
-    return out;
-  }
-
-  static std::u32string utf32(const std::string& s) {
-    std::u32string out;
-    for (size_t i = 0; i < s.size();) {
-      const uint8_t c = static_cast<uint8_t>(s[i]);
-      const int n = c < 0x80 ? 0 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
-      uint32_t cp = n == 0 ? c : c & (0x3Fu >> n);
-      for (int k = 1; k <= n && i + static_cast<size_t>(k) < s.size(); ++k) cp = cp << 6 | (static_cast<uint8_t>(s[i + static_cast<size_t>(k)]) & 0x3Fu);
-      out.push_back(cp);
-      i += static_cast<size_t>(n) + 1;
     }
     return out;
   }

@@ -512,4 +512,13 @@ std::string format_pattern(const std::string& format) {
   return "";
 }
 
+std::u32string Regex::code_points(std::string_view text) {
+  std::u32string out;
+  for (uint8_t c : text) {
+    if ((c & 0xC0) == 0x80 && !out.empty()) out.back() = out.back() << 6 | (c & 0x3Fu);
+    else out.push_back(c < 0x80 ? c : c >= 0xF0 ? c & 0x07u : c >= 0xE0 ? c & 0x0Fu : c & 0x1Fu);
+  }
+  return out;
+}
+
 }  // namespace kvpr

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -42,6 +43,8 @@ class Regex {
   bool accepts(int state) const;
   // Whether the whole text matches (JSON Schema's pattern semantics: a search unless anchored).
   bool matches(const std::u32string& text) const;
+  // The code points of valid UTF-8 `text` (what matches takes).
+  static std::u32string code_points(std::string_view text);
 
  private:
   struct Range {
