@@ -192,7 +192,7 @@ PY
 
 part_tests() {
   say "GPU tests: $TEST_FILTER"
-  within 240 env KVPR_THREADS=$THREADS LD_LIBRARY_PATH="$LIBS" "$BIN/tests/kvpr_tests" --gtest_filter="$TEST_FILTER" \
+  within 240 env KVPR_THREADS=$THREADS LD_LIBRARY_PATH="$LIBS" "$BIN/tests/kvpr_gpu_tests" --gtest_filter="$TEST_FILTER" \
       --gtest_output=json:"$PART_RAW/gtest.json" > "$PART_RAW/tests.txt" 2>&1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$PART_RAW/tests.txt" | tail -30
   # Failing tests run again under compute-sanitizer, which names the kernel and the bad access:
@@ -206,7 +206,7 @@ print(':'.join(s['name'] + '.' + t['name'] for s in g['testsuites'] for t in s['
   if [ -n "$failed" ] && [ "$DRY" != 1 ] && [ "$PART_STATUS" != partial ]; then
     say "compute-sanitizer memcheck on: $failed"
     within 120 env KVPR_THREADS=$THREADS LD_LIBRARY_PATH="$LIBS" "$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)" \
-        --tool memcheck --print-limit 10 "$BIN/tests/kvpr_tests" --gtest_filter="$failed" > "$PART_RAW/sanitizer.txt" 2>&1
+        --tool memcheck --print-limit 10 "$BIN/tests/kvpr_gpu_tests" --gtest_filter="$failed" > "$PART_RAW/sanitizer.txt" 2>&1
     grep -E "=========|FAILED" "$PART_RAW/sanitizer.txt" | head -30
   fi
   [ -z "$failed" ] || PART_STATUS=failed
@@ -539,7 +539,7 @@ build() {
   BIN=${KVPR_DEVICE_BUILD_DIR:-build-device}
   say "configure and build: GPU tests, kvprd, kvpr-worker, kvpr, kvpr-bench against the carried prefix"
   # shellcheck disable=SC2086
-  bash bench/device-build.sh "$CARRY" "$PFX" "$BIN" $jobs $device kvpr kvpr-bench kvprd kvpr-worker kvpr_tests \
+  bash bench/device-build.sh "$CARRY" "$PFX" "$BIN" $jobs $device kvpr kvpr-bench kvprd kvpr-worker kvpr_gpu_tests \
       -- ${KVPR_DEVICE_BUILD_ARGS:-}
 }
 

@@ -1,6 +1,7 @@
 #include "engine/constrain/token_constraint.h"
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 
 #include "engine/base/error.h"
@@ -23,30 +24,103 @@ int32_t plain_chars(const std::string& b) {
   return aux == 0 ? static_cast<int32_t>(chars) : -1;
 }
 
-std::vector<int32_t> plain_chars_of(const JsonTokenConstraint::Vocabulary& v) {
-  std::vector<int32_t> out;
-  out.reserve(v.size());
-  for (const auto& b : v) out.push_back(b.empty() ? -1 : plain_chars(b));
+std::shared_ptr<const std::vector<int32_t>> plain_chars_of(const JsonMaskTable::Vocabulary& v) {
+  auto out = std::make_shared<std::vector<int32_t>>();
+  out->reserve(v.size());
+  for (const auto& b : v) out->push_back(b.empty() ? -1 : plain_chars(b));
   return out;
+}
+
+size_t masks_within(size_t budget_bytes, size_t vocab) {
+  return std::max<size_t>(8, budget_bytes / std::max<size_t>(1, (vocab + 63) / 64 * 8));
 }
 }  // namespace
 
+JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, const JsonConstraintOptions& o, size_t budget_bytes)
+    : vocab_(std::move(vocab)), options_(o), plain_chars_(plain_chars_of(*vocab_)), budget_bytes_(budget_bytes),
+      capacity_(masks_within(budget_bytes, vocab_->size())) {}
+
+JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
+                             const JsonConstraintOptions& o, size_t budget_bytes)
+    : vocab_(std::move(vocab)), schema_(std::move(schema)), options_(o), plain_chars_(plain_chars_of(*vocab_)),
+      budget_bytes_(budget_bytes), capacity_(masks_within(budget_bytes, vocab_->size())) {
+  KVPR_CHECK(schema_ != nullptr, "a schema's mask table needs the schema");
+}
+
+std::shared_ptr<JsonMaskTable> JsonMaskTable::for_schema(std::shared_ptr<const JsonSchema> schema,
+                                                         const JsonConstraintOptions& o) const {
+  KVPR_CHECK(schema != nullptr, "a schema's mask table needs the schema");
+  return std::shared_ptr<JsonMaskTable>(new JsonMaskTable(vocab_, plain_chars_, std::move(schema), o, budget_bytes_));
+}
+
+JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const std::vector<int32_t>> plain_chars,
+                             std::shared_ptr<const JsonSchema> schema, const JsonConstraintOptions& o, size_t budget_bytes)
+    : vocab_(std::move(vocab)), schema_(std::move(schema)), options_(o), plain_chars_(std::move(plain_chars)),
+      budget_bytes_(budget_bytes), capacity_(masks_within(budget_bytes, vocab_->size())) {}
+
+std::shared_ptr<const JsonMaskTable::Mask> JsonMaskTable::find(const std::string& key, int32_t valid) {
+  const std::string k = key + '/' + std::to_string(valid);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(k);
+  if (it == index_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  ++found_;
+  return it->second->mask;
+}
+
+std::shared_ptr<const JsonMaskTable::Mask> JsonMaskTable::insert(const std::string& key, int32_t valid, Mask m) {
+  std::string k = key + '/' + std::to_string(valid);
+  auto mask = std::make_shared<const Mask>(std::move(m));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++computed_;
+  if (auto it = index_.find(k); it != index_.end()) return it->second->mask;  // another row's, the same
+  lru_.push_front(Entry{k, mask});
+  index_.emplace(std::move(k), lru_.begin());
+  while (lru_.size() > capacity_) {
+    index_.erase(lru_.back().key);
+    lru_.pop_back();
+  }
+  return mask;
+}
+
+int64_t JsonMaskTable::computed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return computed_;
+}
+int64_t JsonMaskTable::found() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return found_;
+}
+size_t JsonMaskTable::kept() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lru_.size();
+}
+
+namespace {
+std::variant<JsonRecognizer, SchemaRecognizer> recognizer_of(const JsonMaskTable& t) {
+  if (t.schema()) return SchemaRecognizer(t.schema(), t.options().whitespace(), t.options().max_depth);
+  return JsonRecognizer(t.options());
+}
+}  // namespace
+
+JsonTokenConstraint::JsonTokenConstraint(std::shared_ptr<JsonMaskTable> table)
+    : table_(std::move(table)), r_(recognizer_of(*table_)) {}
+
 JsonTokenConstraint::JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, const JsonConstraintOptions& o)
-    : vocab_(std::move(vocab)), plain_chars_(plain_chars_of(*vocab_)), r_(JsonRecognizer(o)) {}
+    : JsonTokenConstraint(std::make_shared<JsonMaskTable>(std::move(vocab), o)) {}
 
 JsonTokenConstraint::JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
                                          const JsonConstraintOptions& o)
-    : vocab_(std::move(vocab)),
-      plain_chars_(plain_chars_of(*vocab_)),
-      schema_(std::move(schema)),
-      r_(SchemaRecognizer(schema_.get(), o.whitespace(), o.max_depth)) {}
+    : JsonTokenConstraint(std::make_shared<JsonMaskTable>(std::move(vocab), std::move(schema), o)) {}
 
-const std::vector<uint8_t>& JsonTokenConstraint::allowed(int32_t valid) {
+std::shared_ptr<const JsonMaskTable::Mask> JsonTokenConstraint::allowed(int32_t valid) {
   const std::string key = std::visit([](const auto& r) { return std::string(r.key()); }, r_);
-  for (const auto& [k, m] : cache_)
-    if (k == key) return m;
-  std::vector<uint8_t> m(static_cast<size_t>(valid), 0);
-  const Vocabulary& v = *vocab_;
+  if (auto m = table_->find(key, valid)) return m;
+  JsonMaskTable::Mask m((static_cast<size_t>(valid) + 63) / 64, 0);
+  auto is_set = [&](int32_t id) { return (m[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; };
+  auto set = [&](int32_t id) { m[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); };
+  const Vocabulary& v = table_->vocab();
+  const std::vector<int32_t>& plain = table_->plain_chars();
   const int32_t n = std::min<int32_t>(valid, static_cast<int32_t>(v.size()));
   // The ids whose bytes `rec` takes, among those not allowed yet.
   auto add_allowed = [&](const auto& rec) {
@@ -60,13 +134,13 @@ const std::vector<uint8_t>& JsonTokenConstraint::allowed(int32_t valid) {
     const int64_t room = rec.plain_string_room();
     for (int32_t id = 0; id < n; ++id) {
       const std::string& b = v[static_cast<size_t>(id)];
-      if (m[static_cast<size_t>(id)] || b.empty() || !first_ok[static_cast<uint8_t>(b[0])]) continue;
-      if (room >= 0 && plain_chars_[static_cast<size_t>(id)] >= 0) {
-        m[static_cast<size_t>(id)] = plain_chars_[static_cast<size_t>(id)] <= room;
+      if (b.empty() || !first_ok[static_cast<uint8_t>(b[0])] || is_set(id)) continue;
+      if (room >= 0 && plain[static_cast<size_t>(id)] >= 0) {
+        if (plain[static_cast<size_t>(id)] <= room) set(id);
         continue;
       }
       auto r = rec;
-      m[static_cast<size_t>(id)] = r.feed(std::string_view(b));
+      if (r.feed(std::string_view(b))) set(id);
     }
   };
   // Under a schema with several alternatives side by side, one at a time: a token is allowed
@@ -85,42 +159,40 @@ const std::vector<uint8_t>& JsonTokenConstraint::allowed(int32_t valid) {
         add_allowed(rec);
       },
       r_);
-  constexpr size_t kCacheSize = 16;
-  if (cache_.size() < kCacheSize) {
-    cache_.emplace_back(key, std::move(m));
-    return cache_.back().second;
-  }
-  auto& slot = cache_[next_victim_];
-  next_victim_ = (next_victim_ + 1) % kCacheSize;
-  slot = {key, std::move(m)};
-  return slot.second;
+  return table_->insert(key, valid, std::move(m));
 }
 
 int64_t JsonTokenConstraint::mask(float* logits, int32_t valid, const std::vector<int32_t>& end_ids) {
-  const std::vector<uint8_t>& m = allowed(valid);
+  const std::shared_ptr<const JsonMaskTable::Mask> held = allowed(valid);
+  const JsonMaskTable::Mask& m = *held;
+  auto is_set = [&](int32_t id) { return (m[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; };
   std::vector<std::pair<int32_t, float>> ends;  // end ids in range, with their logits
   for (int32_t e : end_ids)
     if (e >= 0 && e < valid) ends.emplace_back(e, logits[e]);
   constexpr float kOff = -std::numeric_limits<float>::infinity();
   int64_t left = 0;
-  for (int32_t id = 0; id < valid; ++id) {
-    if (m[static_cast<size_t>(id)]) ++left;
-    else logits[id] = kOff;
+  for (size_t w = 0; w < m.size(); ++w) {
+    const uint64_t word = m[w];
+    left += std::popcount(word);
+    if (word == ~uint64_t{0}) continue;
+    const int32_t base = static_cast<int32_t>(w * 64), end = std::min<int32_t>(valid, base + 64);
+    for (int32_t id = base; id < end; ++id)
+      if (!((word >> (id - base)) & 1)) logits[id] = kOff;
   }
   // An end id ends the sequence, whatever its bytes: allowed exactly when the JSON is complete.
   const bool done = complete();
   std::sort(ends.begin(), ends.end());
   ends.erase(std::unique(ends.begin(), ends.end(), [](auto& a, auto& b) { return a.first == b.first; }), ends.end());
   for (const auto& [e, logit] : ends) {
-    left += (done ? 1 : 0) - (m[static_cast<size_t>(e)] ? 1 : 0);
+    left += (done ? 1 : 0) - (is_set(e) ? 1 : 0);
     logits[e] = done ? logit : kOff;
   }
   return left;
 }
 
 void JsonTokenConstraint::advance(int32_t id) {
-  if (id < 0 || static_cast<size_t>(id) >= vocab_->size()) return;
-  const std::string& b = (*vocab_)[static_cast<size_t>(id)];
+  if (id < 0 || static_cast<size_t>(id) >= table_->vocab().size()) return;
+  const std::string& b = table_->vocab()[static_cast<size_t>(id)];
   if (b.empty()) return;  // an end id
   const bool ok = std::visit([&](auto& r) { return r.feed(b); }, r_);
   KVPR_CHECK(ok, "token ", id, " does not continue the JSON");

@@ -1,11 +1,15 @@
 // Decoding constrained to JSON: over a tokenizer's vocabulary, the mask of the tokens that can
 // continue what has been generated so far, by the json_object recognizer (json_object.h) or a
-// schema's (json_schema.h), with a cache of the masks of recent states.
+// schema's (json_schema.h). The masks of the states met so far are kept, bit-packed, in a table
+// that every sequence under the same constraint shares (JsonMaskTable).
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -15,14 +19,71 @@
 
 namespace kvpr {
 
-// The tokens that may come next while generating JSON. The vocabulary is every id's bytes as
-// the text shows them ("" for special tokens, which never belong to the JSON).
-class JsonTokenConstraint {
+// One constraint over one vocabulary, shared by the sequences under it: the vocabulary's facts
+// the masks use (computed once), and the masks of recent states, bit-packed (bit id % 64 of word
+// id / 64), at most `budget_bytes` of them, the least recently used dropped first. Thread-safe:
+// the rows of a batch take their masks in parallel.
+class JsonMaskTable {
  public:
   using Vocabulary = std::vector<std::string>;
+  using Mask = std::vector<uint64_t>;
+  static constexpr size_t kDefaultBudgetBytes = size_t{4} << 20;
+
   // Any JSON value (an object with o.object_only).
+  JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, const JsonConstraintOptions& o = {},
+                size_t budget_bytes = kDefaultBudgetBytes);
+  // A JSON text valid against `schema`.
+  JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
+                const JsonConstraintOptions& o = {}, size_t budget_bytes = kDefaultBudgetBytes);
+
+  // A table for `schema` over the same vocabulary, its facts shared with this one's.
+  std::shared_ptr<JsonMaskTable> for_schema(std::shared_ptr<const JsonSchema> schema, const JsonConstraintOptions& o) const;
+
+  const Vocabulary& vocab() const { return *vocab_; }
+  const JsonSchema* schema() const { return schema_.get(); }
+  const JsonConstraintOptions& options() const { return options_; }
+  // Per id: its characters when it is plain string text (no quote, backslash or control
+  // character, whole UTF-8 sequences), else -1.
+  const std::vector<int32_t>& plain_chars() const { return *plain_chars_; }
+
+  // The mask kept for the state `key` over `valid` ids, or null.
+  std::shared_ptr<const Mask> find(const std::string& key, int32_t valid);
+  // Keeps `m` for `key` (a mask another row computed meanwhile stays) and returns the one kept.
+  std::shared_ptr<const Mask> insert(const std::string& key, int32_t valid, Mask m);
+  // Masks computed and masks found, since the start.
+  int64_t computed() const;
+  int64_t found() const;
+  size_t kept() const;
+
+ private:
+  JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const std::vector<int32_t>> plain_chars,
+                std::shared_ptr<const JsonSchema> schema, const JsonConstraintOptions& o, size_t budget_bytes);
+  struct Entry {
+    std::string key;
+    std::shared_ptr<const Mask> mask;
+  };
+  std::shared_ptr<const Vocabulary> vocab_;
+  std::shared_ptr<const JsonSchema> schema_;
+  JsonConstraintOptions options_;
+  std::shared_ptr<const std::vector<int32_t>> plain_chars_;
+  size_t budget_bytes_, capacity_;  // masks kept
+
+  mutable std::mutex mu_;
+  std::list<Entry> lru_;  // most recently used first
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;  // key + "/" + valid
+  int64_t computed_ = 0, found_ = 0;
+};
+
+// The tokens that may come next while generating JSON, for one sequence. The vocabulary is every
+// id's bytes as the text shows them ("" for special tokens, which never belong to the JSON).
+class JsonTokenConstraint {
+ public:
+  using Vocabulary = JsonMaskTable::Vocabulary;
+  // A sequence under a table other sequences may share.
+  explicit JsonTokenConstraint(std::shared_ptr<JsonMaskTable> table);
+  // With a table of its own: any JSON value (an object with o.object_only) ...
   JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, const JsonConstraintOptions& o = {});
-  // A JSON text valid against `schema` (json_schema.h); o's whitespace and depth apply.
+  // ... or a JSON text valid against `schema` (json_schema.h); o's whitespace and depth apply.
   JsonTokenConstraint(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
                       const JsonConstraintOptions& o = {});
 
@@ -35,17 +96,13 @@ class JsonTokenConstraint {
   bool complete() const {
     return std::visit([](const auto& r) { return r.complete(); }, r_);
   }
+  const JsonMaskTable& table() const { return *table_; }
 
  private:
-  const std::vector<uint8_t>& allowed(int32_t valid);
+  std::shared_ptr<const JsonMaskTable::Mask> allowed(int32_t valid);
 
-  std::shared_ptr<const Vocabulary> vocab_;
-  std::vector<int32_t> plain_chars_;  // per id: its characters when it is plain string text, else -1
-  std::shared_ptr<const JsonSchema> schema_;
+  std::shared_ptr<JsonMaskTable> table_;
   std::variant<JsonRecognizer, SchemaRecognizer> r_;
-  // Masks of recent states (JSON revisits the same states: inside strings, between members).
-  std::vector<std::pair<std::string, std::vector<uint8_t>>> cache_;
-  size_t next_victim_ = 0;
 };
 
 }  // namespace kvpr

@@ -234,14 +234,13 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
   uint64_t id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, params, std::move(prompt), seed, tok_);
   if (params.json_object || !params.json_schema.is_null()) {
-    if (!json_vocab_) {  // each id's text as the output shows it (special tokens: none)
+    if (!json_object_table_) {  // each id's text as the output shows it (special tokens: none)
       auto v = std::make_shared<JsonTokenConstraint::Vocabulary>(static_cast<size_t>(valid_vocab_));
       for (int32_t t = 0; t < valid_vocab_; ++t) (*v)[static_cast<size_t>(t)] = tok_.token_bytes(t, true);
-      json_vocab_ = std::move(v);
+      json_object_table_ = std::make_shared<JsonMaskTable>(std::move(v), json_options_);
     }
-    seq->json = !params.json_schema.is_null()
-                    ? std::make_unique<JsonTokenConstraint>(json_vocab_, compiled_schema(params.json_schema), json_options_)
-                    : std::make_unique<JsonTokenConstraint>(json_vocab_, json_options_);
+    seq->json = std::make_unique<JsonTokenConstraint>(!params.json_schema.is_null() ? schema_table(params.json_schema)
+                                                                                    : json_object_table_);
     seq->constraining = params.constrain_after.empty();
   }
   if (!params.ignore_eos) {
@@ -256,15 +255,23 @@ uint64_t Generator::add(std::vector<int32_t> prompt, const GenerationParams& par
   return id;
 }
 
-std::shared_ptr<const JsonSchema> Generator::compiled_schema(const json::Value& schema) {
+std::shared_ptr<JsonMaskTable> Generator::schema_table(const json::Value& schema) {
   std::string key = schema.dump();
+  for (auto it = schema_tables_.begin(); it != schema_tables_.end(); ++it)
+    if (it->first == key) {
+      schema_tables_.splice(schema_tables_.begin(), schema_tables_, it);  // most recently used first
+      return it->second;
+    }
   for (auto it = refused_schemas_.begin(); it != refused_schemas_.end(); ++it)
     if (it->first == key) {
       refused_schemas_.splice(refused_schemas_.begin(), refused_schemas_, it);  // most recently refused first
       throw RequestRefused("json_schema", it->second);
     }
   try {
-    return std::make_shared<const JsonSchema>(JsonSchema::compile(schema));
+    auto compiled = std::make_shared<const JsonSchema>(JsonSchema::compile(schema));
+    schema_tables_.emplace_front(std::move(key), json_object_table_->for_schema(std::move(compiled), json_options_));
+    if (schema_tables_.size() > kSchemaTables) schema_tables_.pop_back();
+    return schema_tables_.front().second;
   } catch (const Error& e) {
     refused_schemas_.emplace_front(std::move(key), e.what());
     if (refused_schemas_.size() > kRefusedSchemas) refused_schemas_.pop_back();

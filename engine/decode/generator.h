@@ -151,8 +151,9 @@ class Generator {
   void preempt(Sequence& s);
   void release_blocks(Sequence& s);  // its blocks back to the pool, their K/V kept cached
   void commit_blocks(Sequence& s);   // its tables (and its ring's) hold its first past_len tokens
-  // The schema compiled; RequestRefused("json_schema") when it cannot be (or was refused lately).
-  std::shared_ptr<const JsonSchema> compiled_schema(const json::Value& schema);
+  // The mask table of `schema` (compiled at its first request); RequestRefused("json_schema")
+  // when it cannot be compiled (or was refused lately).
+  std::shared_ptr<JsonMaskTable> schema_table(const json::Value& schema);
   std::string take_visible_text(Sequence& s, bool final);
   // Prompt lookup: the tokens that followed the latest earlier occurrence of s's last n tokens
   // (n from prompt_lookup_max down), at most `most`; empty when none occurred.
@@ -211,11 +212,16 @@ class Generator {
   std::vector<std::unique_ptr<Sequence>> waiting_, running_;
   std::map<uint64_t, SequenceResult> done_;
   uint64_t next_id_ = 1;
-  std::shared_ptr<const JsonTokenConstraint::Vocabulary> json_vocab_;  // every id's text, for JSON masks
+  // The constraints' mask tables (token_constraint.h), shared by every sequence under the same
+  // constraint and kept for later requests: json_object's (made at its first need, with the
+  // vocabulary's facts every table shares), and the accepted schemas' by their JSON text, the
+  // least recently used dropped past kSchemaTables (a table in use lives on with its sequences).
+  // A kept schema is compiled once; its patterns' lazily built states are shared with it.
+  static constexpr size_t kSchemaTables = 16;
+  std::shared_ptr<JsonMaskTable> json_object_table_;
+  std::list<std::pair<std::string, std::shared_ptr<JsonMaskTable>>> schema_tables_;
   // The schemas refused lately (keyed by their JSON text) and why, most recent first: a schema
   // that runs into the compile's budget costs the step loop that budget once, not at every retry.
-  // An accepted schema is compiled for each request: its recognizer's lazily built states are the
-  // request's own, and so are their limits.
   static constexpr size_t kRefusedSchemas = 32;
   std::list<std::pair<std::string, std::string>> refused_schemas_;
   Tensor logits_;                 // host [rows, vocab], for rows sampled on the host

@@ -3,8 +3,11 @@
 // the token masks over a vocabulary are the tokens whose bytes continue the text.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "engine/base/error.h"
 #include "engine/base/json.h"
@@ -156,6 +159,65 @@ TEST(JsonObject, TokenMasksAreTheContinuations) {
   EXPECT_GE(completed, 20);  // random rows do finish objects now and then
   JsonTokenConstraint c(vocab);
   EXPECT_THROW(c.advance(1), Error);  // "}" cannot open the object
+}
+
+// Sequences under one mask table (the generator's, one per constraint) share its masks: on four
+// threads at once, each sequence's masks equal those of a constraint with a table of its own
+// advanced alike, states met by several are computed once (or a few times when rows race), and
+// a table past its budget drops masks and computes them again, still the same.
+TEST(JsonObject, SequencesUnderOneTableShareItsMasks) {
+  auto vocab = std::make_shared<JsonTokenConstraint::Vocabulary>(JsonTokenConstraint::Vocabulary{
+      "{", "}", "[", "]", "\"", ":", ",", " ", "{\"", "\":", "\",", "\"}", "true", "false", "null", "0", "1", "12",
+      ".", "-", "a", "key", "name", "\\", "n", "\xc3", "\xa9", "x\"", "", ""});
+  const int32_t V = static_cast<int32_t>(vocab->size());
+  const std::vector<int32_t> ends = {V - 1};
+  auto schema = std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse(
+      R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "key": {"type": "array",
+          "items": {"type": "integer"}}}, "required": ["name"], "additionalProperties": false})")));
+  for (size_t budget : {JsonMaskTable::kDefaultBudgetBytes, size_t{1}}) {
+    for (bool with_schema : {false, true}) {
+      auto shared = with_schema ? std::make_shared<JsonMaskTable>(vocab, schema, JsonConstraintOptions{}, budget)
+                                : std::make_shared<JsonMaskTable>(vocab, JsonConstraintOptions{}, budget);
+      std::atomic<int64_t> masks{0}, mismatches{0};
+      auto walk = [&](uint32_t seed) {
+        std::mt19937 rng(seed);
+        std::normal_distribution<float> normal;
+        for (int trial = 0; trial < 30; ++trial) {
+          JsonTokenConstraint c(shared);
+          JsonTokenConstraint own = with_schema ? JsonTokenConstraint(vocab, schema) : JsonTokenConstraint(vocab);
+          for (int step = 0; step < 40; ++step) {
+            std::vector<float> logits(static_cast<size_t>(V));
+            for (float& l : logits) l = normal(rng);
+            std::vector<float> a = logits, b = logits;
+            const int64_t left = c.mask(a.data(), V, ends);
+            if (left != own.mask(b.data(), V, ends) || a != b) ++mismatches;
+            ++masks;
+            if (left == 0) break;
+            const int32_t pick = static_cast<int32_t>(std::max_element(a.begin(), a.end()) - a.begin());
+            if (pick == V - 1) break;
+            c.advance(pick);
+            own.advance(pick);
+          }
+        }
+      };
+      std::vector<std::thread> threads;
+      for (uint32_t t = 0; t < 4; ++t) threads.emplace_back(walk, 11 + t);
+      for (auto& t : threads) t.join();
+      EXPECT_EQ(mismatches.load(), 0) << "budget " << budget << " schema " << with_schema;
+      EXPECT_EQ(shared->computed() + shared->found(), masks.load());
+      EXPECT_GT(shared->found(), 0);
+      // A walk again, one of the four: every state it meets is kept, unless the budget dropped it.
+      const int64_t computed = shared->computed(), before = masks.load();
+      walk(12);
+      EXPECT_EQ(mismatches.load(), 0);
+      if (budget == 1) {
+        EXPECT_LE(shared->kept(), 8u);  // the fewest a table keeps
+        EXPECT_GT(shared->computed(), computed);
+      } else {
+        EXPECT_EQ(shared->computed(), computed) << "masks " << masks.load() - before;
+      }
+    }
+  }
 }
 
 // 24 schemas (Pydantic's of nested, optional, literal, length-limited, numerically bounded,
