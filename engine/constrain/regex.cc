@@ -390,7 +390,14 @@ Regex::Frag Regex::emit_repeat(const Node& n) {
   return {s, e};
 }
 
-Regex::Regex(const std::string& pattern) : pattern_(pattern) {
+constexpr size_t kFastBlocks = (kMaxDfaStates + 31) / 32;
+
+Regex::~Regex() {
+  for (size_t i = 0; i < kFastBlocks; ++i) delete fast_[i].load(std::memory_order_relaxed);
+}
+
+Regex::Regex(const std::string& pattern) : pattern_(pattern), fast_(new std::atomic<FastBlock*>[kFastBlocks]()) {
+  static_assert(kFastStates == 32, "kFastBlocks counts blocks of 32 states");
   bool anchored_start = false, anchored_end = false;
   Node tree = Parser(pattern).parse(&anchored_start, &anchored_end);
   Node whole;
@@ -437,6 +444,14 @@ int Regex::intern(std::vector<int> set) const {
   if (it != ids_.end()) return it->second;
   const int id = static_cast<int>(sets_.size());
   accepting_.push_back(std::binary_search(set.begin(), set.end(), nfa_accept_) ? 1 : 0);
+  std::atomic<FastBlock*>& slot = fast_[static_cast<size_t>(id) / kFastStates];
+  FastBlock* block = slot.load(std::memory_order_relaxed);
+  if (!block) {
+    block = new FastBlock();  // (all zero: nothing found yet)
+    slot.store(block, std::memory_order_release);
+  }
+  block->accepting[static_cast<size_t>(id) % kFastStates].store(static_cast<int8_t>(accepting_.back() + 1),
+                                                                std::memory_order_release);
   set_entries_ += set.size();
   ids_.emplace(set, id);
   sets_.push_back(std::move(set));
@@ -445,9 +460,19 @@ int Regex::intern(std::vector<int> set) const {
 
 int Regex::step(int state, uint32_t cp) const {
   if (state < 0) return -1;
+  std::atomic<int32_t>* fast = nullptr;
+  if (cp < 128) {
+    if (FastBlock* b = fast_[static_cast<size_t>(state) / kFastStates].load(std::memory_order_acquire)) {
+      fast = &b->next[static_cast<size_t>(state) % kFastStates][cp];
+      if (const int32_t v = fast->load(std::memory_order_acquire); v != 0) return v - 2;
+    }
+  }
   const uint64_t key = (static_cast<uint64_t>(state) << 21) | cp;
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = moves_.find(key); it != moves_.end()) return it->second;
+  if (auto it = moves_.find(key); it != moves_.end()) {
+    if (fast) fast->store(it->second + 2, std::memory_order_release);
+    return it->second;
+  }
   std::vector<int> next;
   for (int s : sets_[static_cast<size_t>(state)]) {
     const NfaState& n = nfa_[static_cast<size_t>(s)];
@@ -468,6 +493,7 @@ int Regex::step(int state, uint32_t cp) const {
   }
   if (moves_.size() >= kMaxMoves) moves_.clear();
   moves_.emplace(key, id);
+  if (fast) fast->store(id + 2, std::memory_order_release);
   return id;
 }
 
@@ -485,6 +511,9 @@ bool Regex::may_step(int state, uint32_t lo, uint32_t hi) const {
 
 bool Regex::accepts(int state) const {
   if (state < 0) return false;
+  if (FastBlock* b = fast_[static_cast<size_t>(state) / kFastStates].load(std::memory_order_acquire))
+    if (const int8_t a = b->accepting[static_cast<size_t>(state) % kFastStates].load(std::memory_order_acquire); a != 0)
+      return a == 2;
   std::lock_guard<std::mutex> lock(mu_);
   return accepting_[static_cast<size_t>(state)] != 0;
 }

@@ -47,9 +47,8 @@ JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::share
   KVPR_CHECK(schema_ != nullptr, "a schema's mask table needs the schema");
 }
 
-std::shared_ptr<JsonMaskTable> JsonMaskTable::for_schema(std::shared_ptr<const JsonSchema> schema,
-                                                         const JsonConstraintOptions& o) const {
-  KVPR_CHECK(schema != nullptr, "a schema's mask table needs the schema");
+std::shared_ptr<JsonMaskTable> JsonMaskTable::sibling(std::shared_ptr<const JsonSchema> schema,
+                                                      const JsonConstraintOptions& o) const {
   return std::shared_ptr<JsonMaskTable>(new JsonMaskTable(vocab_, plain_chars_, std::move(schema), o, budget_bytes_));
 }
 

@@ -36,8 +36,9 @@ class JsonMaskTable {
   JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
                 const JsonConstraintOptions& o = {}, size_t budget_bytes = kDefaultBudgetBytes);
 
-  // A table for `schema` over the same vocabulary, its facts shared with this one's.
-  std::shared_ptr<JsonMaskTable> for_schema(std::shared_ptr<const JsonSchema> schema, const JsonConstraintOptions& o) const;
+  // An empty table for another constraint over the same vocabulary, its facts shared with this
+  // one's: `schema`'s, or any JSON value's when it is null.
+  std::shared_ptr<JsonMaskTable> sibling(std::shared_ptr<const JsonSchema> schema, const JsonConstraintOptions& o) const;
 
   const Vocabulary& vocab() const { return *vocab_; }
   const JsonSchema* schema() const { return schema_.get(); }

@@ -269,7 +269,7 @@ std::shared_ptr<JsonMaskTable> Generator::schema_table(const json::Value& schema
     }
   try {
     auto compiled = std::make_shared<const JsonSchema>(JsonSchema::compile(schema));
-    schema_tables_.emplace_front(std::move(key), json_object_table_->for_schema(std::move(compiled), json_options_));
+    schema_tables_.emplace_front(std::move(key), json_object_table_->sibling(std::move(compiled), json_options_));
     if (schema_tables_.size() > kSchemaTables) schema_tables_.pop_back();
     return schema_tables_.front().second;
   } catch (const Error& e) {
