@@ -175,6 +175,10 @@ int64_t JsonTokenConstraint::mask(float* logits, int32_t valid, const std::vecto
     left += std::popcount(word);
     if (word == ~uint64_t{0}) continue;
     const int32_t base = static_cast<int32_t>(w * 64), end = std::min<int32_t>(valid, base + 64);
+    if (word == 0) {  // (most words of a narrow mask: a plain fill)
+      std::fill(logits + base, logits + end, kOff);
+      continue;
+    }
     for (int32_t id = base; id < end; ++id)
       if (!((word >> (id - base)) & 1)) logits[id] = kOff;
   }
