@@ -107,7 +107,7 @@ json::Value time_mask_case(const MaskCase& c, const Tokenizer& tok, const JsonMa
 
 // Constrained decoding's host cost: the time to mask one logits row (every id of a tokenizer's
 // vocabulary checked against the JSON recognizer or a schema's) in the states a generation
-// passes through, computed afresh (a state not seen before) and from the per-state cache; next
+// passes through, computed afresh (a state not seen before) and from the shared mask table; next
 // to a floor, one pass reading every token's bytes (no check can cost less per row).
 int cmd_json(const std::vector<std::string>& args) {
   Options o(args, {"--tokenizer", "--json", "--reps"});

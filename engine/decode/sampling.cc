@@ -130,6 +130,7 @@ class Candidates {
   int32_t draw(double u, int32_t skip = -1) {
     int32_t last = -1;
     for (size_t i = 0; i < keep_; ++i) {
+      if (i == sorted_ && i > 0 && keep_ == k_ && k_ - i > 4096) return select(i, u, skip, last);
       if (i == sorted_) sort_to(std::max<size_t>(256, 4 * sorted_));
       if (c_[i].second == skip) continue;
       last = c_[i].second;
@@ -144,6 +145,52 @@ class Candidates {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   }
   double weight(size_t i) const { return std::exp((static_cast<double>(c_[i].first) - top_) * inv_t_); }
+  // draw's walk past the sorted prefix when every candidate is kept (a flat distribution walks
+  // deep): the same id, found by selection instead of sorting what is left. The range left is
+  // split around a pivot: the candidates before it in the order, the pivot, those after it. u
+  // falls among the first (whose weights it sums), or on the pivot, or goes on after it taken
+  // down by both; a short range is sorted and walked. `last`: the last id walked so far.
+  int32_t select(size_t from, double u, int32_t skip, int32_t last) {
+    size_t lo = from, hi = k_;
+    uint64_t pick = 0x9e3779b97f4a7c15ull;  // (pivots: any choice gives the same id)
+    while (hi - lo > 256) {
+      pick = pick * 6364136223846793005ull + 1442695040888963407ull;
+      std::swap(c_[lo + (pick >> 33) % (hi - lo)], c_[hi - 1]);
+      const std::pair<float, int32_t> pivot = c_[hi - 1];
+      const auto mid = std::partition(c_.begin() + static_cast<std::ptrdiff_t>(lo),
+                                      c_.begin() + static_cast<std::ptrdiff_t>(hi - 1),
+                                      [&](const std::pair<float, int32_t>& x) { return desc(x, pivot); });
+      const size_t m = static_cast<size_t>(mid - c_.begin());
+      std::swap(c_[m], c_[hi - 1]);  // the pivot between the two
+      double before = 0;
+      size_t latest = m;  // the last of [lo, m) in the order, skip aside
+      for (size_t i = lo; i < m; ++i) {
+        if (c_[i].second == skip) continue;
+        before += weight(i);
+        if (latest == m || desc(c_[latest], c_[i])) latest = i;
+      }
+      if (u < before) {
+        hi = m;
+        continue;
+      }
+      u -= before;
+      if (latest != m) last = c_[latest].second;
+      if (pivot.second != skip) {
+        last = pivot.second;
+        u -= weight(m);
+        if (u < 0) return last;
+      }
+      lo = m + 1;
+    }
+    std::sort(c_.begin() + static_cast<std::ptrdiff_t>(lo), c_.begin() + static_cast<std::ptrdiff_t>(hi), desc);
+    for (size_t i = lo; i < hi; ++i) {
+      if (c_[i].second == skip) continue;
+      last = c_[i].second;
+      u -= weight(i);
+      if (u < 0) return last;
+    }
+    return last;
+  }
   // Sorts the prefix [0, need) (the rest keeps following it in order).
   void sort_to(size_t need) {
     need = std::min(need, k_);

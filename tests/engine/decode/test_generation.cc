@@ -979,6 +979,29 @@ TEST(Sampling, DrawsWhatAFullSortDraws) {
   EXPECT_EQ(trials, 288);
 }
 
+// Where every candidate is kept and the walk goes deep (a flat distribution, a high
+// temperature), sample_token selects instead of sorting the rest: the same ids as the full sort,
+// ties included (logits on a grid of 16 values over 50,000 ids, ties going to the lower id).
+TEST(Sampling, DeepDrawsSelectWhatAFullSortDraws) {
+  Rng data(11);
+  std::vector<float> logits(50000);
+  std::vector<std::pair<float, int32_t>> scratch;
+  for (float t : {1.f, 4.f}) {
+    for (auto& l : logits) l = static_cast<float>(std::floor(16.0 * data.uniform())) * 0.25f;
+    SamplingParams p;
+    p.temperature = t;
+    std::vector<int32_t> ids;
+    for (uint64_t seed = 0; seed < 120; ++seed) {
+      Rng a(seed), b(seed);
+      const int32_t got = sample_token(logits.data(), static_cast<int32_t>(logits.size()), p, a, scratch).token;
+      ASSERT_EQ(got, reference_draw(logits, p, b)) << "T=" << t << " seed " << seed;
+      ids.push_back(got);
+    }
+    std::sort(ids.begin(), ids.end());
+    EXPECT_GT(std::unique(ids.begin(), ids.end()) - ids.begin(), 100);  // deep walks, not the head
+  }
+}
+
 // Speculative sampling against a one-token draft leaves the distribution of the chosen token
 // exactly sample_token's (the textbook one: reference_draw's weights over its kept prefix), for
 // drafts the distribution favours, ones it disfavours, ones top-k, top-p or min-p cut, and ids out
