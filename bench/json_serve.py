@@ -85,7 +85,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=48)
     a = ap.parse_args()
     model = base.llama_model("qwen", "qwen2-tokenizer", None, model_type="qwen2", vocab=152064, hidden=16, heads=2,
-                             kv_heads=1, ffn=24, bos_token_id=151643, eos_token_id=151645)
+                             kv_heads=1, ffn=24, bos_token_id=151643, eos_token_id=151645,
+                             max_position_embeddings=1024)
     port = base.free_port()
     d = base.Daemon(args=["--model", model, "--port", str(port), "--workers", "1", "--backend", "cpu",
                           "--max-batch", str(a.concurrency), "--config", "/dev/null"], port=port)
