@@ -80,8 +80,14 @@ class Candidates {
   Candidates(const float* logits, int32_t valid, const SamplingParams& p, float max,
              std::vector<std::pair<float, int32_t>>& scratch)
       : c_(scratch), inv_t_(1.0 / p.temperature), top_(max) {
+    // Ids masked to -infinity (a JSON constraint's) weigh nothing: left out, so a constrained
+    // row's draw costs its allowed ids, not the vocabulary.
     c_.clear();
-    for (int32_t i = 0; i < valid; ++i) c_.emplace_back(logits[i], i);
+    constexpr float kOff = -std::numeric_limits<float>::infinity();
+    for (int32_t i = 0; i < valid; ++i)
+      if (logits[i] > kOff) c_.emplace_back(logits[i], i);
+    if (c_.empty())
+      for (int32_t i = 0; i < valid; ++i) c_.emplace_back(logits[i], i);
     k_ = p.top_k > 0 ? std::min<size_t>(p.top_k, c_.size()) : c_.size();
     if (k_ < c_.size()) {
       std::nth_element(c_.begin(), c_.begin() + static_cast<std::ptrdiff_t>(k_), c_.end(), desc);
