@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import threading
 import time
@@ -97,6 +98,7 @@ def main():
         json_s, json_tokens, answers = run(d, a.requests, a.concurrency, a.max_tokens, True)
     finally:
         d.stop()
+        shutil.rmtree(base.TMP, ignore_errors=True)  # (the harness's folder: the model, kvprd's log)
     finished = [text for text, reason in answers if reason == "stop"]
     parsed = []
     for text in finished:
