@@ -549,4 +549,14 @@ std::string SchemaRecognizer::key() const {
   return out;
 }
 
+bool JsonSchema::saturated() const {
+  for (const SchemaNode& n : nodes_) {
+    for (const auto& r : n.regexes)
+      if (r->saturated()) return true;
+    for (const auto& [r, node] : n.pattern_props)
+      if (r->saturated()) return true;
+  }
+  return false;
+}
+
 }  // namespace kvpr

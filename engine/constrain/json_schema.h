@@ -106,6 +106,9 @@ class JsonSchema {
   const SchemaNode& node(int i) const { return nodes_[static_cast<size_t>(i)]; }
   int root() const { return root_; }
   int any() const { return any_; }
+  // Whether one of its patterns ran into its determinized-state caps (Regex::saturated): what it
+  // admits then depends on the texts tried before, so a worker compiles it afresh.
+  bool saturated() const;
 
  private:
   std::vector<SchemaNode> nodes_;

@@ -390,7 +390,7 @@ Regex::Frag Regex::emit_repeat(const Node& n) {
   return {s, e};
 }
 
-constexpr size_t kFastBlocks = (kMaxDfaStates + 31) / 32;
+constexpr size_t kFastBlocks = 4096 / 32;  // the first 4096 states step without the lock
 
 Regex::~Regex() {
   for (size_t i = 0; i < kFastBlocks; ++i) delete fast_[i].load(std::memory_order_relaxed);
@@ -444,14 +444,16 @@ int Regex::intern(std::vector<int> set) const {
   if (it != ids_.end()) return it->second;
   const int id = static_cast<int>(sets_.size());
   accepting_.push_back(std::binary_search(set.begin(), set.end(), nfa_accept_) ? 1 : 0);
-  std::atomic<FastBlock*>& slot = fast_[static_cast<size_t>(id) / kFastStates];
-  FastBlock* block = slot.load(std::memory_order_relaxed);
-  if (!block) {
-    block = new FastBlock();  // (all zero: nothing found yet)
-    slot.store(block, std::memory_order_release);
+  if (static_cast<size_t>(id) / kFastStates < kFastBlocks) {
+    std::atomic<FastBlock*>& slot = fast_[static_cast<size_t>(id) / kFastStates];
+    FastBlock* block = slot.load(std::memory_order_relaxed);
+    if (!block) {
+      block = new FastBlock();  // (all zero: nothing found yet)
+      slot.store(block, std::memory_order_release);
+    }
+    block->accepting[static_cast<size_t>(id) % kFastStates].store(static_cast<int8_t>(accepting_.back() + 1),
+                                                                  std::memory_order_release);
   }
-  block->accepting[static_cast<size_t>(id) % kFastStates].store(static_cast<int8_t>(accepting_.back() + 1),
-                                                                std::memory_order_release);
   set_entries_ += set.size();
   ids_.emplace(set, id);
   sets_.push_back(std::move(set));
@@ -461,7 +463,7 @@ int Regex::intern(std::vector<int> set) const {
 int Regex::step(int state, uint32_t cp) const {
   if (state < 0) return -1;
   std::atomic<int32_t>* fast = nullptr;
-  if (cp < 128) {
+  if (cp < 128 && static_cast<size_t>(state) / kFastStates < kFastBlocks) {
     if (FastBlock* b = fast_[static_cast<size_t>(state) / kFastStates].load(std::memory_order_acquire)) {
       fast = &b->next[static_cast<size_t>(state) % kFastStates][cp];
       if (const int32_t v = fast->load(std::memory_order_acquire); v != 0) return v - 2;
@@ -490,6 +492,7 @@ int Regex::step(int state, uint32_t cp) const {
     // taking the host's memory: continuations that need a new state are refused.
     if (auto it = ids_.find(set); it != ids_.end()) id = it->second;
     else if (sets_.size() < kMaxDfaStates && set_entries_ + set.size() <= kMaxDfaEntries) id = intern(std::move(set));
+    else saturated_.store(true, std::memory_order_relaxed);
   }
   if (moves_.size() >= kMaxMoves) moves_.clear();
   moves_.emplace(key, id);
@@ -511,9 +514,10 @@ bool Regex::may_step(int state, uint32_t lo, uint32_t hi) const {
 
 bool Regex::accepts(int state) const {
   if (state < 0) return false;
-  if (FastBlock* b = fast_[static_cast<size_t>(state) / kFastStates].load(std::memory_order_acquire))
-    if (const int8_t a = b->accepting[static_cast<size_t>(state) % kFastStates].load(std::memory_order_acquire); a != 0)
-      return a == 2;
+  if (static_cast<size_t>(state) / kFastStates < kFastBlocks)
+    if (FastBlock* b = fast_[static_cast<size_t>(state) / kFastStates].load(std::memory_order_acquire))
+      if (const int8_t a = b->accepting[static_cast<size_t>(state) % kFastStates].load(std::memory_order_acquire); a != 0)
+        return a == 2;
   std::lock_guard<std::mutex> lock(mu_);
   return accepting_[static_cast<size_t>(state)] != 0;
 }

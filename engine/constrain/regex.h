@@ -45,6 +45,9 @@ class Regex {
   // Whether some code point in [lo, hi] moves `state` on (a UTF-8 character begun, not finished).
   bool may_step(int state, uint32_t lo, uint32_t hi) const;
   bool accepts(int state) const;
+  // Whether a continuation needed a determinized state past the caps (and was refused for it):
+  // from then on what this pattern admits depends on which continuations were tried first.
+  bool saturated() const { return saturated_.load(std::memory_order_relaxed); }
   // Whether the whole text matches (JSON Schema's pattern semantics: a search unless anchored).
   bool matches(const std::u32string& text) const;
   // The code points of valid UTF-8 `text` (what matches takes).
@@ -84,14 +87,16 @@ class Regex {
   // Moves on ASCII code points and acceptance, read without the lock (a mask steps the bytes of
   // most tokens of a vocabulary through the pattern, from the rows of a batch at once): per
   // state, the next state + 2 on each of the 128 (0: not found yet, 1: dead) and acceptance + 1,
-  // in blocks of kFastStates states allocated as states are made. What is 0 here is read under
-  // the lock.
+  // in blocks of kFastStates states allocated as states are made, for the first 4096 states
+  // (2 MiB at most; a pattern past them steps under the lock). What is 0 here is read under the
+  // lock.
   static constexpr size_t kFastStates = 32;
   struct FastBlock {
     std::atomic<int32_t> next[kFastStates][128];
     std::atomic<int8_t> accepting[kFastStates];
   };
   std::unique_ptr<std::atomic<FastBlock*>[]> fast_;
+  mutable std::atomic<bool> saturated_{false};
 };
 
 // The regex a JSON Schema `format` stands for (RFC 3339 date-time, date, time; uuid; email;

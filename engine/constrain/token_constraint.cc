@@ -31,19 +31,16 @@ std::shared_ptr<const std::vector<int32_t>> plain_chars_of(const JsonMaskTable::
   return out;
 }
 
-size_t masks_within(size_t budget_bytes, size_t vocab) {
-  return std::max<size_t>(8, budget_bytes / std::max<size_t>(1, (vocab + 63) / 64 * 8));
-}
+constexpr size_t kFewestMasks = 8;  // kept whatever the budget
 }  // namespace
 
 JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, const JsonConstraintOptions& o, size_t budget_bytes)
-    : vocab_(std::move(vocab)), options_(o), plain_chars_(plain_chars_of(*vocab_)), budget_bytes_(budget_bytes),
-      capacity_(masks_within(budget_bytes, vocab_->size())) {}
+    : vocab_(std::move(vocab)), options_(o), plain_chars_(plain_chars_of(*vocab_)), budget_bytes_(budget_bytes) {}
 
 JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
                              const JsonConstraintOptions& o, size_t budget_bytes)
     : vocab_(std::move(vocab)), schema_(std::move(schema)), options_(o), plain_chars_(plain_chars_of(*vocab_)),
-      budget_bytes_(budget_bytes), capacity_(masks_within(budget_bytes, vocab_->size())) {
+      budget_bytes_(budget_bytes) {
   KVPR_CHECK(schema_ != nullptr, "a schema's mask table needs the schema");
 }
 
@@ -55,7 +52,7 @@ std::shared_ptr<JsonMaskTable> JsonMaskTable::sibling(std::shared_ptr<const Json
 JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const std::vector<int32_t>> plain_chars,
                              std::shared_ptr<const JsonSchema> schema, const JsonConstraintOptions& o, size_t budget_bytes)
     : vocab_(std::move(vocab)), schema_(std::move(schema)), options_(o), plain_chars_(std::move(plain_chars)),
-      budget_bytes_(budget_bytes), capacity_(masks_within(budget_bytes, vocab_->size())) {}
+      budget_bytes_(budget_bytes) {}
 
 std::shared_ptr<const JsonMaskTable::Mask> JsonMaskTable::find(const std::string& key, int32_t valid) {
   const std::string k = key + '/' + std::to_string(valid);
@@ -73,9 +70,12 @@ std::shared_ptr<const JsonMaskTable::Mask> JsonMaskTable::insert(const std::stri
   std::lock_guard<std::mutex> lock(mu_);
   ++computed_;
   if (auto it = index_.find(k); it != index_.end()) return it->second->mask;  // another row's, the same
+  auto cost = [](const Entry& e) { return e.mask->size() * sizeof(uint64_t) + 2 * e.key.size(); };
   lru_.push_front(Entry{k, mask});
+  bytes_ += cost(lru_.front());
   index_.emplace(std::move(k), lru_.begin());
-  while (lru_.size() > capacity_) {
+  while (bytes_ > budget_bytes_ && lru_.size() > kFewestMasks) {
+    bytes_ -= cost(lru_.back());
     index_.erase(lru_.back().key);
     lru_.pop_back();
   }

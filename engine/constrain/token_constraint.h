@@ -21,7 +21,8 @@ namespace kvpr {
 
 // One constraint over one vocabulary, shared by the sequences under it: the vocabulary's facts
 // the masks use (computed once), and the masks of recent states, bit-packed (bit id % 64 of word
-// id / 64), at most `budget_bytes` of them, the least recently used dropped first. Thread-safe:
+// id / 64), at most `budget_bytes` of them with their keys (but the 8 latest, whatever their
+// size), the least recently used dropped first. Thread-safe:
 // the rows of a batch take their masks in parallel.
 class JsonMaskTable {
  public:
@@ -67,7 +68,8 @@ class JsonMaskTable {
   std::shared_ptr<const JsonSchema> schema_;
   JsonConstraintOptions options_;
   std::shared_ptr<const std::vector<int32_t>> plain_chars_;
-  size_t budget_bytes_, capacity_;  // masks kept
+  size_t budget_bytes_;
+  size_t bytes_ = 0;  // kept: the masks' words and their keys (each held twice)
 
   mutable std::mutex mu_;
   std::list<Entry> lru_;  // most recently used first

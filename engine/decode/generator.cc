@@ -259,6 +259,10 @@ std::shared_ptr<JsonMaskTable> Generator::schema_table(const json::Value& schema
   std::string key = schema.dump();
   for (auto it = schema_tables_.begin(); it != schema_tables_.end(); ++it)
     if (it->first == key) {
+      if (it->second->schema()->saturated()) {  // compiled afresh: its caps are this request's again
+        schema_tables_.erase(it);
+        break;
+      }
       schema_tables_.splice(schema_tables_.begin(), schema_tables_, it);  // most recently used first
       return it->second;
     }

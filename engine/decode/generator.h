@@ -216,7 +216,8 @@ class Generator {
   // constraint and kept for later requests: json_object's (made at its first need, with the
   // vocabulary's facts every table shares), and the accepted schemas' by their JSON text, the
   // least recently used dropped past kSchemaTables (a table in use lives on with its sequences).
-  // A kept schema is compiled once; its patterns' lazily built states are shared with it.
+  // A kept schema is compiled once; its patterns' lazily built states are shared with it, and
+  // one whose pattern ran into its state caps is compiled afresh for the next request.
   static constexpr size_t kSchemaTables = 16;
   std::shared_ptr<JsonMaskTable> json_object_table_;
   std::list<std::pair<std::string, std::shared_ptr<JsonMaskTable>>> schema_tables_;

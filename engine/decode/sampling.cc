@@ -158,7 +158,7 @@ class Candidates {
   // down by both; a short range is sorted and walked. `last`: the last id walked so far.
   int32_t select(size_t from, double u, int32_t skip, int32_t last) {
     size_t lo = from, hi = k_;
-    uint64_t pick = 0x9e3779b97f4a7c15ull;  // (pivots: any choice gives the same id)
+    uint64_t pick = 0x9e3779b97f4a7c15ull;  // (pivots: any choice gives the same id, up to rounding)
     while (hi - lo > 256) {
       pick = pick * 6364136223846793005ull + 1442695040888963407ull;
       std::swap(c_[lo + (pick >> 33) % (hi - lo)], c_[hi - 1]);

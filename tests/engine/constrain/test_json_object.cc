@@ -876,15 +876,27 @@ TEST(Regex, DeterminizedStatesAreCapped) {
   std::mt19937 rng(5);
   std::u32string text;
   int dead = 0;
+  EXPECT_FALSE(rx.saturated());
   for (int i = 0; i < 200000 && dead == 0; ++i) {
     int s = rx.start();
     for (int k = 0; k < 40 && s >= 0; ++k) s = rx.step(s, (rng() & 1) ? U'a' : U'b');
     dead += s < 0;
   }
   EXPECT_EQ(dead, 1) << "2^16 suffixes need more states than the cap";
-  int s = rx.start();  // states made before the cap still answer
+  EXPECT_TRUE(rx.saturated());  // (a worker then compiles the schema that holds it afresh)
+  int s = rx.start();  // states made before the cap still answer, past the lock-free first 4096 too
   for (char32_t c : std::u32string(U"aba")) s = rx.step(s, static_cast<uint32_t>(c));
   EXPECT_GE(s, 0);
+  // Its schema says so, for the worker that keeps it.
+  const JsonSchema schema = JsonSchema::compile(json::parse(R"({"type": "string", "pattern": "a[ab]{15}$"})"));
+  EXPECT_FALSE(schema.saturated());
+  ASSERT_EQ(schema.node(schema.root()).regexes.size(), 1u);
+  const Regex& in_schema = *schema.node(schema.root()).regexes[0];
+  for (int i = 0; i < 200000 && !in_schema.saturated(); ++i) {
+    int st = in_schema.start();
+    for (int k = 0; k < 40 && st >= 0; ++k) st = in_schema.step(st, (rng() & 1) ? U'a' : U'b');
+  }
+  EXPECT_TRUE(schema.saturated());
 }
 
 // A character begun under a pattern (a byte-level token may end inside one) is taken only when
