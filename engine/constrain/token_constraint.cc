@@ -32,15 +32,16 @@ std::shared_ptr<const std::vector<int32_t>> plain_chars_of(const JsonMaskTable::
 }
 
 constexpr size_t kFewestMasks = 8;  // kept whatever the budget
+
+bool allows(const JsonMaskTable::Mask& m, int32_t id) { return (m[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; }
 }  // namespace
 
 JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, const JsonConstraintOptions& o, size_t budget_bytes)
-    : vocab_(std::move(vocab)), options_(o), plain_chars_(plain_chars_of(*vocab_)), budget_bytes_(budget_bytes) {}
+    : JsonMaskTable(vocab, plain_chars_of(*vocab), nullptr, o, budget_bytes) {}
 
 JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
                              const JsonConstraintOptions& o, size_t budget_bytes)
-    : vocab_(std::move(vocab)), schema_(std::move(schema)), options_(o), plain_chars_(plain_chars_of(*vocab_)),
-      budget_bytes_(budget_bytes) {
+    : JsonMaskTable(vocab, plain_chars_of(*vocab), std::move(schema), o, budget_bytes) {
   KVPR_CHECK(schema_ != nullptr, "a schema's mask table needs the schema");
 }
 
@@ -116,7 +117,6 @@ std::shared_ptr<const JsonMaskTable::Mask> JsonTokenConstraint::allowed(int32_t 
   const std::string key = std::visit([](const auto& r) { return std::string(r.key()); }, r_);
   if (auto m = table_->find(key, valid)) return m;
   JsonMaskTable::Mask m((static_cast<size_t>(valid) + 63) / 64, 0);
-  auto is_set = [&](int32_t id) { return (m[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; };
   auto set = [&](int32_t id) { m[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); };
   const Vocabulary& v = table_->vocab();
   const std::vector<int32_t>& plain = table_->plain_chars();
@@ -133,7 +133,7 @@ std::shared_ptr<const JsonMaskTable::Mask> JsonTokenConstraint::allowed(int32_t 
     const int64_t room = rec.plain_string_room();
     for (int32_t id = 0; id < n; ++id) {
       const std::string& b = v[static_cast<size_t>(id)];
-      if (b.empty() || !first_ok[static_cast<uint8_t>(b[0])] || is_set(id)) continue;
+      if (b.empty() || !first_ok[static_cast<uint8_t>(b[0])] || allows(m, id)) continue;
       if (room >= 0 && plain[static_cast<size_t>(id)] >= 0) {
         if (plain[static_cast<size_t>(id)] <= room) set(id);
         continue;
@@ -164,7 +164,6 @@ std::shared_ptr<const JsonMaskTable::Mask> JsonTokenConstraint::allowed(int32_t 
 int64_t JsonTokenConstraint::mask(float* logits, int32_t valid, const std::vector<int32_t>& end_ids) {
   const std::shared_ptr<const JsonMaskTable::Mask> held = allowed(valid);
   const JsonMaskTable::Mask& m = *held;
-  auto is_set = [&](int32_t id) { return (m[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; };
   std::vector<std::pair<int32_t, float>> ends;  // end ids in range, with their logits
   for (int32_t e : end_ids)
     if (e >= 0 && e < valid) ends.emplace_back(e, logits[e]);
@@ -187,7 +186,7 @@ int64_t JsonTokenConstraint::mask(float* logits, int32_t valid, const std::vecto
   std::sort(ends.begin(), ends.end());
   ends.erase(std::unique(ends.begin(), ends.end(), [](auto& a, auto& b) { return a.first == b.first; }), ends.end());
   for (const auto& [e, logit] : ends) {
-    left += (done ? 1 : 0) - (is_set(e) ? 1 : 0);
+    left += (done ? 1 : 0) - (allows(m, e) ? 1 : 0);
     logits[e] = done ? logit : kOff;
   }
   return left;
