@@ -3,6 +3,7 @@
 #include "engine/constrain/json_schema.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -195,14 +196,66 @@ bool SchemaRecognizer::object_may_close(const Thread& t) const {
   if ((n.required & ~seen) != 0) return false;
   for (const auto& [key, needs] : n.depends)
     if ((seen & key) && (needs & ~seen)) return false;
-  return true;
+  return t.stack.back().count >= n.min_props;
 }
 
+// Whether another key may begin: one not given yet that fits maxProperties.
 bool SchemaRecognizer::object_may_continue(const Thread& t) const {
   const SchemaNode& n = schema_->node(t.stack.back().node);
-  if (n.kind == SchemaNode::Kind::Any || n.additional >= 0) return true;
-  const uint64_t all = n.names.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << n.names.size()) - 1;
-  return (t.stack.back().seen & all) != all;
+  const Frame& f = t.stack.back();
+  if (n.kind == SchemaNode::Kind::Any) return true;
+  if (n.max_props >= 0 && f.count >= n.max_props) return false;
+  if (n.additional >= 0) return true;
+  for (size_t i = 0; i < n.names.size(); ++i)
+    if (!((f.seen >> i) & 1) && keys_fit(n, f, f.seen | uint64_t{1} << i, 1)) return true;
+  return pattern_key_alive(n, f, "");
+}
+
+bool SchemaRecognizer::keys_fit(const SchemaNode& n, const Frame& f, uint64_t seen, int64_t added) const {
+  if (n.max_props < 0) return true;
+  return f.count + added + std::popcount(n.keys_due(seen) & ~seen) <= n.max_props;
+}
+
+bool SchemaRecognizer::pattern_key_alive(const SchemaNode& n, const Frame& f, std::string_view prefix) const {
+  if (n.pattern_props.empty() || !keys_fit(n, f, f.seen, 1)) return false;
+  // The prefix's whole characters, and the one it ends inside (lead byte and continuations).
+  size_t whole = prefix.size();
+  while (whole > 0 && (static_cast<uint8_t>(prefix[whole - 1]) & 0xC0) == 0x80) --whole;
+  uint32_t lo = 0, hi = 0;  // the code points the character begun may become
+  int due = 0;               // its continuation bytes still to come
+  if (whole > 0 && static_cast<uint8_t>(prefix[whole - 1]) >= 0xC0) {
+    const uint8_t lead = static_cast<uint8_t>(prefix[whole - 1]);
+    const int len = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+    const int have = static_cast<int>(prefix.size() - (whole - 1));
+    if (have < len) {
+      due = len - have;
+      const uint32_t cp = Regex::code_points(prefix.substr(whole - 1))[0];
+      lo = std::max(cp << (6 * due), len == 4 ? 0x10000u : len == 3 ? 0x800u : 0x80u);
+      hi = std::min(cp << (6 * due) | ((1u << (6 * due)) - 1), 0x10FFFFu);
+      --whole;
+    }
+  }
+  if (due == 0) whole = prefix.size();
+  const std::u32string text = Regex::code_points(prefix.substr(0, whole));
+  for (const auto& [rx, node] : n.pattern_props) {
+    int state = rx->start();
+    for (char32_t c : text)
+      if ((state = rx->step(state, static_cast<uint32_t>(c))) < 0) break;
+    if (state < 0) continue;
+    if (due > 0) {
+      if (lo <= hi && rx->may_step(state, lo, hi)) return true;
+      continue;
+    }
+    // Texts it may still take, against the keys beginning with the prefix that it matches and
+    // that are given already.
+    int64_t given = 0;
+    for (size_t i = 0; i < n.names.size(); ++i)
+      if (((f.seen >> i) & 1) && n.names[i].starts_with(prefix) && rx->matches(Regex::code_points(n.names[i]))) ++given;
+    for (const std::string& k : f.extra)
+      if (k.starts_with(prefix)) ++given;
+    if (given == 0 || rx->completions(state) > given) return true;
+  }
+  return false;
 }
 
 bool SchemaRecognizer::end_value(Thread& t) const {
@@ -252,13 +305,13 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
   const bool any = n.kind == K::Any;
   if (c == '{' && (any || n.kind == K::Object)) {
     if (t.stack.size() >= max_depth_) return false;
-    t.stack.push_back(Frame{t.node, true, 0, 0, 0});
+    t.stack.push_back(Frame{t.node, true, 0, 0, 0, {}});
     t.mode = Mode::ObjFirst;
     return true;
   }
   if (c == '[' && (any || n.kind == K::Array)) {
     if (t.stack.size() >= max_depth_) return false;
-    t.stack.push_back(Frame{t.node, false, 0, 0, 0});
+    t.stack.push_back(Frame{t.node, false, 0, 0, 0, {}});
     t.mode = Mode::ArrFirst;
     return true;
   }
@@ -324,9 +377,11 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
   if (r == 1) {
     t.key.push_back(static_cast<char>(c));
     if (!closed) return true;
+    const Frame& f = t.stack.back();
     for (size_t i = 0; i < n.names.size(); ++i)  // still the start of a property not yet given
-      if (!((t.stack.back().seen >> i) & 1) && n.names[i].starts_with(t.key)) return true;
-    return false;
+      if (!((f.seen >> i) & 1) && n.names[i].starts_with(t.key) && keys_fit(n, f, f.seen | uint64_t{1} << i, 1))
+        return true;
+    return pattern_key_alive(n, f, t.key);
   }
   t.key_node = -1;
   // The key as read: escapes (only open objects take them) decoded; one the parser refuses (a
@@ -341,11 +396,15 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
   if (n.kind == K::Any) {
     t.key_node = schema_->any();
   } else {
+    Frame& f = t.stack.back();
+    bool listed = false;
     for (size_t i = 0; i < n.names.size(); ++i)
       if (n.names[i] == name) {
-        if ((t.stack.back().seen >> i) & 1) return false;  // a key given twice
-        t.stack.back().seen |= uint64_t{1} << i;
+        if ((f.seen >> i) & 1) return false;  // a key given twice
+        if (!keys_fit(n, f, f.seen | uint64_t{1} << i, 1)) return false;
+        f.seen |= uint64_t{1} << i;
         t.key_node = n.props[i];
+        listed = true;
       }
     if (t.key_node < 0 && !n.pattern_props.empty()) {  // the patterns its text matches
       const std::u32string text = Regex::code_points(name);
@@ -357,6 +416,14 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
     }
     if (t.key_node < 0) t.key_node = n.additional;
     if (t.key_node < 0) return false;
+    if (n.tracks_extra()) {
+      if (!listed) {
+        if (std::find(f.extra.begin(), f.extra.end(), name) != f.extra.end()) return false;  // given twice
+        if (!keys_fit(n, f, f.seen, 1)) return false;
+        f.extra.push_back(name);
+      }
+      ++f.count;
+    }
   }
   t.key.clear();
   t.mode = Mode::Colon;
@@ -532,6 +599,13 @@ std::string SchemaRecognizer::thread_key(const Thread& t) {
     put(&f.seen, sizeof f.seen);
     put(&f.count, sizeof f.count);
     put(&f.used, sizeof f.used);
+    const uint32_t extras = static_cast<uint32_t>(f.extra.size());
+    put(&extras, sizeof extras);
+    for (const std::string& e : f.extra) {
+      const uint32_t el = static_cast<uint32_t>(e.size());
+      put(&el, sizeof el);
+      k += e;
+    }
   }
   return k;
 }

@@ -45,13 +45,32 @@ struct SchemaNode {
   std::vector<int> props;          // their nodes
   uint64_t required = 0;           // bit i: names[i] is required
   int additional = -1;             // node of other keys' values; -1: no other keys
-  // patternProperties (an open object's): a key not in names whose text a pattern matches takes
-  // that pattern's node (several with different nodes: the key is refused); names matching one
-  // had its schema merged into theirs at compile time.
+  // patternProperties: a key not in names whose text a pattern matches takes that pattern's node
+  // (several with different nodes: the key is refused); names matching one had its schema merged
+  // into theirs at compile time. Beside additionalProperties false (additional < 0) the keys are
+  // those of names and those a pattern matches, each at most once.
   std::vector<std::pair<std::shared_ptr<const Regex>, int>> pattern_props;
+  // minProperties, maxProperties (-1: none): keys given, counted once each.
+  int64_t min_props = 0, max_props = -1;
+  // Whether the keys given that names does not list are remembered (Frame::extra): to count them
+  // once (min/maxProperties) or to give each at most once (a closed object's pattern keys).
+  bool tracks_extra() const { return min_props > 0 || max_props >= 0 || (additional < 0 && !pattern_props.empty()); }
   // dependencies / dependentRequired: once a key of `first`'s bit is given, those of `second` are
   // required too.
   std::vector<std::pair<uint64_t, uint64_t>> depends;
+  // The keys an object with `given` will have: those, the required ones, and what they require.
+  uint64_t keys_due(uint64_t given) const {
+    uint64_t due = required | given;
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (const auto& [key, needs] : depends)
+        if ((due & key) && (needs & ~due)) {
+          due |= needs;
+          grew = true;
+        }
+    }
+    return due;
+  }
   // Array
   int items = -1;  // node of the items (-1: any), those after prefix
   std::vector<int> prefix;  // prefixItems: the nodes of the first items
@@ -137,6 +156,9 @@ class SchemaRecognizer {
     uint64_t seen = 0;  // object: properties given
     int64_t count = 0;  // array: items so far
     uint64_t used = 0;  // unique array: bit i, literal i of its items has been given
+    // object whose node tracks_extra(): the keys given that its names does not list; count is
+    // then the keys given
+    std::vector<std::string> extra;
   };
   enum class Mode : uint8_t { Value, ArrFirst, ObjFirst, ObjKey, Key, Colon, AfterValue, String, Number, Literal, Done };
   struct Thread {
@@ -167,6 +189,12 @@ class SchemaRecognizer {
   bool close(Thread& t, bool object) const;
   bool object_may_close(const Thread& t) const;
   bool object_may_continue(const Thread& t) const;
+  // Whether the object's keys would stay within maxProperties once `seen` are given (count of
+  // them before this key, `added` more): the keys they require counted in.
+  bool keys_fit(const SchemaNode& n, const Frame& f, uint64_t seen, int64_t added) const;
+  // A closed object's pattern keys: whether some key not given yet that a pattern matches begins
+  // with `prefix` (and fits maxProperties).
+  bool pattern_key_alive(const SchemaNode& n, const Frame& f, std::string_view prefix) const;
   // In a uniqueItems array: the item literals given so far (null when the value is no such item).
   const uint64_t* used_literals(const Thread& t) const;
   static std::string thread_key(const Thread& t);

@@ -3,6 +3,7 @@
 #include "engine/constrain/json_schema.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -238,7 +239,7 @@ class SchemaCompiler {
   static bool unenforced(std::string_view k) {
     for (const char* a : {"not", "if", "then", "else", "dependentSchemas",
                           "propertyNames", "contains", "minContains", "maxContains",
-                          "minProperties", "maxProperties", "multipleOf", "divisibleBy", "unevaluatedProperties",
+                          "multipleOf", "divisibleBy", "unevaluatedProperties",
                           "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends",
                           "disallow", "contentSchema"})
       if (k == a) return true;
@@ -252,7 +253,7 @@ class SchemaCompiler {
         "prefixItems", "uniqueItems", "enum",    "const",                "anyOf",     "oneOf",     "minLength",
         "maxLength",   "$ref",        "minimum", "maximum",              "exclusiveMinimum", "exclusiveMaximum",
         "pattern",     "format",     "allOf",   "additionalItems",      "patternProperties", "dependencies",
-        "dependentRequired"};
+        "dependentRequired", "minProperties", "maxProperties"};
     return !validation.count(k) && !unenforced(k);
   }
 
@@ -428,9 +429,11 @@ class SchemaCompiler {
             common.push_back(x);
         KVPR_CHECK(!common.empty(), path, ": no enum value satisfies every schema allOf joins");
         put(k, json::Value(std::move(common)));
-      } else if (k == "minimum" || k == "exclusiveMinimum" || k == "minLength" || k == "minItems") {
+      } else if (k == "minimum" || k == "exclusiveMinimum" || k == "minLength" || k == "minItems" ||
+                 k == "minProperties") {
         put(k, cmp(number(va, k.c_str()), number(vb, k.c_str())) >= 0 ? *va : *vb);
-      } else if (k == "maximum" || k == "exclusiveMaximum" || k == "maxLength" || k == "maxItems") {
+      } else if (k == "maximum" || k == "exclusiveMaximum" || k == "maxLength" || k == "maxItems" ||
+                 k == "maxProperties") {
         put(k, cmp(number(va, k.c_str()), number(vb, k.c_str())) <= 0 ? *va : *vb);
       } else if (k == "uniqueItems") {
         put(k, json::Value(va->is_bool() && vb->is_bool() && (va->as_bool() || vb->as_bool())));
@@ -602,7 +605,8 @@ class SchemaCompiler {
     if (types.empty()) {
       const json::Value* ap = s.find("additionalProperties");  // (true says nothing)
       if (s.find("properties") || s.find("required") || (ap && !(ap->is_bool() && ap->as_bool())) ||
-          s.find("patternProperties") || s.find("dependencies") || s.find("dependentRequired"))
+          s.find("patternProperties") || s.find("dependencies") || s.find("dependentRequired") ||
+          s.find("minProperties") || s.find("maxProperties"))
         types = {"object"};
       else if (s.find("items") || s.find("prefixItems") || s.find("minItems") || s.find("maxItems") ||
                s.find("additionalItems") || s.find("uniqueItems"))
@@ -841,26 +845,11 @@ class SchemaCompiler {
     }
     const size_t listed = n.names.size();  // those after them: required, not in properties
     const json::Value* add_props = s.find("additionalProperties");
-    if (const json::Value* req = s.find("required")) {
-      KVPR_CHECK(req->is_array(), path, ": required must be a list");
-      for (const auto& r : req->as_array()) {
-        KVPR_CHECK(r.is_string(), path, ": required must list property names");
-        auto it = std::find(n.names.begin(), n.names.end(), r.as_string());
-        if (it == n.names.end()) {  // a key of the other keys' schema, which must be given
-          KVPR_CHECK(!(add_props && add_props->is_bool() && !add_props->as_bool()), path, ": required names '",
-                     r.as_string(), "', which is not in properties and additionalProperties false forbids");
-          KVPR_CHECK(n.names.size() < 64, path, ": more than 64 properties are not supported");
-          n.names.push_back(r.as_string());
-          it = n.names.end() - 1;
-        }
-        n.required |= uint64_t{1} << (it - n.names.begin());
-      }
-    }
+    const bool closed = add_props && add_props->is_bool() && !add_props->as_bool();
+    std::tie(n.min_props, n.max_props) = bounds(s, "minProperties", "maxProperties", path);
     const json::Value* pattern_props = s.find("patternProperties");
     KVPR_CHECK(!pattern_props || pattern_props->is_object(), path, ": patternProperties must be an object");
     if (pattern_props && pattern_props->as_object().empty()) pattern_props = nullptr;
-    KVPR_CHECK(!pattern_props || !(add_props && add_props->is_bool() && !add_props->as_bool()), path,
-               ": patternProperties beside additionalProperties false is not supported");
     std::vector<std::pair<std::shared_ptr<const Regex>, const json::Value*>> patterns;
     // A key two patterns match takes both schemas; with different schemas that is not supported
     // (refused here: a key refused only at its closing quote could leave nothing to write).
@@ -883,8 +872,29 @@ class SchemaCompiler {
           KVPR_THROW(path, ".patternProperties: ", e.what());
         }
       }
+    // Whether a key properties does not list may appear: of additionalProperties' schema, or of a
+    // pattern's that matches it.
+    auto may_appear = [&](const std::string& name) {
+      if (!closed) return true;
+      const std::u32string text = Regex::code_points(name);
+      return std::any_of(patterns.begin(), patterns.end(), [&](const auto& p) { return p.first->matches(text); });
+    };
+    if (const json::Value* req = s.find("required")) {
+      KVPR_CHECK(req->is_array(), path, ": required must be a list");
+      for (const auto& r : req->as_array()) {
+        KVPR_CHECK(r.is_string(), path, ": required must list property names");
+        auto it = std::find(n.names.begin(), n.names.end(), r.as_string());
+        if (it == n.names.end()) {  // a key of the other keys' schema, which must be given
+          KVPR_CHECK(may_appear(r.as_string()), path, ": required names '", r.as_string(),
+                     "', which is not in properties and additionalProperties false forbids");
+          KVPR_CHECK(n.names.size() < 64, path, ": more than 64 properties are not supported");
+          n.names.push_back(r.as_string());
+          it = n.names.end() - 1;
+        }
+        n.required |= uint64_t{1} << (it - n.names.begin());
+      }
+    }
     // Keys that require others once given (the list form; a schema there is refused by name).
-    const bool closed = add_props && add_props->is_bool() && !add_props->as_bool();
     for (const char* key : {"dependencies", "dependentRequired"}) {
       const json::Value* deps = s.find(key);
       if (!deps) continue;
@@ -894,7 +904,7 @@ class SchemaCompiler {
       auto bit = [&](const std::string& name) -> int {
         auto it = std::find(n.names.begin(), n.names.end(), name);
         if (it != n.names.end()) return static_cast<int>(it - n.names.begin());
-        if (closed) return -1;
+        if (!may_appear(name)) return -1;
         KVPR_CHECK(n.names.size() < 64, path, ": more than 64 properties are not supported");
         n.names.push_back(name);
         return static_cast<int>(n.names.size()) - 1;
@@ -947,6 +957,11 @@ class SchemaCompiler {
         }
       o.props.push_back(node >= 0 ? node : additional);
     }
+    KVPR_CHECK(o.max_props < 0 || std::popcount(o.keys_due(0)) <= o.max_props, path, ": maxProperties ", o.max_props,
+               " is below the keys required");
+    KVPR_CHECK(additional >= 0 || !o.pattern_props.empty() || static_cast<int64_t>(o.names.size()) >= o.min_props,
+               path, ": minProperties ", o.min_props, " exceeds the ", o.names.size(),
+               " keys additionalProperties false allows");
     return at;
   }
 

@@ -531,6 +531,47 @@ bool Regex::matches(const std::u32string& text) const {
   return accepts(s);
 }
 
+int64_t Regex::completions(int state) const {
+  if (state < 0) return 0;
+  {
+    std::lock_guard<std::mutex> lock(completions_mu_);
+    if (auto it = completions_.find(state); it != completions_.end()) return it->second;
+  }
+  // Texts by length, as the DFA's states with the number of texts reaching each (a DFA: distinct
+  // paths spell distinct texts), capped; a budget of moves, past which what was counted stands.
+  auto remember = [&](int64_t total) {
+    std::lock_guard<std::mutex> lock(completions_mu_);
+    completions_[state] = total;
+    return total;
+  };
+  constexpr int kMaxLength = 256;
+  constexpr int64_t kMaxMoves = 1 << 18;
+  auto add = [](int64_t a, int64_t b) { return std::min(kCompletionsCap, a + b); };
+  std::map<int, int64_t> layer{{state, 1}};
+  int64_t total = 0, moves = 0;
+  for (int length = 0; length <= kMaxLength && !layer.empty() && total < kCompletionsCap; ++length) {
+    for (const auto& [s, n] : layer)
+      if (accepts(s)) total = add(total, n);
+    if (length == kMaxLength) {  // a text going on past them: at least one more
+      for (const auto& [s, n] : layer)
+        for (uint32_t c = 0x20; c < 0x7F; ++c)
+          if (c != '"' && c != '\\' && step(s, c) >= 0) return remember(add(total, 1));
+      break;
+    }
+    std::map<int, int64_t> next;
+    for (const auto& [s, n] : layer) {
+      for (uint32_t c = 0x20; c < 0x7F && moves < kMaxMoves; ++c, ++moves) {
+        if (c == '"' || c == '\\') continue;
+        const int t = step(s, c);
+        if (t >= 0) next[t] = add(next[t], n);
+      }
+    }
+    if (moves >= kMaxMoves) break;
+    layer = std::move(next);
+  }
+  return remember(total);
+}
+
 std::string format_pattern(const std::string& format) {
   static const std::string date = "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])";
   static const std::string time =

@@ -50,6 +50,11 @@ class Regex {
   bool saturated() const { return saturated_.load(std::memory_order_relaxed); }
   // Whether the whole text matches (JSON Schema's pattern semantics: a search unless anchored).
   bool matches(const std::u32string& text) const;
+  // How many texts take `state` to acceptance, counting those of printable ASCII but '"' and '\\'
+  // (an object key written without escapes) up to kCompletionsCap, and those longer than 256
+  // characters as one at most; never more than there are. Computed once per state.
+  static constexpr int64_t kCompletionsCap = 1 << 16;
+  int64_t completions(int state) const;
   // The code points of valid UTF-8 `text` (what matches takes).
   static std::u32string code_points(std::string_view text);
 
@@ -97,6 +102,8 @@ class Regex {
   };
   std::unique_ptr<std::atomic<FastBlock*>[]> fast_;
   mutable std::atomic<bool> saturated_{false};
+  mutable std::mutex completions_mu_;
+  mutable std::unordered_map<int, int64_t> completions_;
 };
 
 // The regex a JSON Schema `format` stands for (RFC 3339 date-time, date, time; uuid; email;

@@ -159,7 +159,16 @@ SCHEMAS += [
     Palette.model_json_schema(),
     strict(Palette.model_json_schema()),
     {"type": "array", "items": {"enum": [1, 7, "x", None, "xy"]}, "uniqueItems": True, "minItems": 1},
+    # A closed object whose other keys are those its patterns match (one pattern's keys are a
+    # finite set beside a listed name); an open one with a number of keys between bounds.
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 4}, "ab": {"type": "null"}},
+     "patternProperties": {"^x-[a-z]+$": {"type": "integer"}, "^a[bc]$": {"type": "null"}},
+     "required": ["name"], "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "null"}},
+     "additionalProperties": {"type": "string", "maxLength": 3}, "minProperties": 2, "maxProperties": 3},
 ]
+# Keys the patterns of patternProperties match.
+PATTERN_KEYS = {"^x-[a-z]+$": ["x-a", "x-vendor", "x-id"], "^a[bc]$": ["ac"]}
 # Values of strings under a format or pattern, which random text would not match.
 EXAMPLES = {
     "date-time": ["2024-07-01T12:30:00Z", "1999-12-31t23:59:60.25-08:00"],
@@ -211,9 +220,16 @@ def gen(root, s, rng, depth=0):
         for k, v in props.items():
             if k in req or rng.random() < 0.5:
                 out[k] = gen(root, v, rng, depth + 1)
+        for rx, v in s.get("patternProperties", {}).items():
+            for k in rng.sample(PATTERN_KEYS[rx], rng.randint(0, len(PATTERN_KEYS[rx]))):
+                out.setdefault(k, gen(root, v, rng, depth + 1))
         extra = s.get("additionalProperties", True)
-        if extra is not False and rng.random() < 0.3:
+        while extra is not False and (rng.random() < 0.3 or len(out) < s.get("minProperties", 0)):
             out["extra_" + str(rng.randint(0, 9))] = gen(root, extra if isinstance(extra, dict) else {}, rng, depth + 1)
+            if "minProperties" not in s:
+                break
+        while len(out) > s.get("maxProperties", len(out)):
+            del out[rng.choice([k for k in out if k not in req])]
         return out
     if s.get("uniqueItems"):  # distinct literals (enum, boolean), as many as asked for
         items = resolve(root, s["items"])

@@ -248,8 +248,8 @@ TEST(JsonSchema, ReadsWhatJsonschemaValidates) {
       ++n;
     }
   }
-  EXPECT_EQ(n, 2880u);
-  EXPECT_GE(valid, 1250u);
+  EXPECT_EQ(n, 3120u);
+  EXPECT_GE(valid, 1400u);
 }
 
 namespace {
@@ -361,8 +361,13 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
     }
   };
-  refused(R"({"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": false})",
-          "$: patternProperties beside additionalProperties false is not supported");
+  refused(R"({"type": "object", "properties": {"a": {}}, "additionalProperties": false, "minProperties": 2})",
+          "$: minProperties 2 exceeds the 1 keys additionalProperties false allows");
+  refused(R"({"properties": {"a": {}}, "required": ["a"], "dependencies": {"a": ["b"]}, "maxProperties": 1})",
+          "$: maxProperties 1 is below the keys required");
+  refused(R"({"type": "object", "minProperties": 3, "maxProperties": 2})", "maxProperties is below minProperties");
+  refused(R"({"type": "object", "patternProperties": {"^a": {}}, "required": ["b"], "additionalProperties": false})",
+          "$: required names 'b', which is not in properties and additionalProperties false forbids");
   refused(R"({"type": "object", "patternProperties": {"(a": {}}})", "$.patternProperties: pattern '(a'");
   refused(R"({"type": "object", "patternProperties": {"a": {"type": "string"}, "b": {"type": "integer"}}})",
           "$: patternProperties 'a' and 'b' may match one key and give it different schemas");
@@ -950,6 +955,12 @@ TEST(JsonSchema, MasksNeverLeadWhereNothingValidFollows) {
       R"({"type": "number", "exclusiveMinimum": 0.5, "maximum": 2})",
       R"({"type": "array", "items": {"enum": ["x", 1, null]}, "uniqueItems": true, "maxItems": 3})",
       R"({"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2})",
+      R"({"type": "object", "properties": {"a": {}}, "patternProperties": {"^(a|b)$": {"const": 1}},
+          "additionalProperties": false})",
+      R"({"type": "object", "patternProperties": {"^[ab]$": {"type": "null"}}, "additionalProperties": false,
+          "minProperties": 2})",
+      R"({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "dependencies": {"a": ["b", "c"]},
+          "additionalProperties": false, "minProperties": 1, "maxProperties": 2})",
       R"({"anyOf": [{"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"], "additionalProperties": false},
                     {"type": "object", "properties": {"ab": {"type": "string", "format": "date"}},
                      "additionalProperties": false}]})",
@@ -981,6 +992,52 @@ TEST(JsonSchema, MasksNeverLeadWhereNothingValidFollows) {
     }
     EXPECT_GE(ended, 1) << text_of_schema;
   }
+}
+
+// Beside additionalProperties false, a key is a listed property or one a pattern matches, each
+// given once; a key may begin only where a key not given yet can follow.
+TEST(JsonSchema, AClosedObjectTakesTheKeysItsPatternsMatch) {
+  const char* tags = R"({"type": "object", "properties": {"id": {"type": "integer"}},
+                         "patternProperties": {"^x-[a-z]+$": {"type": "string"}, "^a[bc]$": {"type": "null"}},
+                         "additionalProperties": false})";
+  EXPECT_TRUE(whole(tags, R"({"id": 1, "x-vendor": "v", "ab": null, "ac": null})"));
+  EXPECT_TRUE(takes(tags, R"({"x-)"));
+  EXPECT_FALSE(takes(tags, R"({"y)"));           // neither a property nor a pattern's key
+  EXPECT_FALSE(takes(tags, R"({"x-1)"));
+  EXPECT_FALSE(whole(tags, R"({"x-": "v"})"));   // a key the pattern does not match whole
+  EXPECT_FALSE(takes(tags, R"({"x-a": 1)"));      // the pattern's schema
+  EXPECT_FALSE(takes(tags, R"({"x-a": "v", "x-a")"));  // a key given twice
+  EXPECT_FALSE(takes(tags, R"({"ab": null, "ab")"));
+  // Once "ab" and "ac" are given, the pattern ^a[bc]$ has nothing left: "a" cannot begin a key.
+  EXPECT_TRUE(takes(tags, R"({"ab": null, "a)"));
+  EXPECT_FALSE(takes(tags, R"({"ab": null, "ac": null, "a)"));
+  // Nothing but the patterns' keys, all given: no key may begin.
+  const char* two = R"({"type": "object", "patternProperties": {"^[ab]$": {}}, "additionalProperties": false})";
+  EXPECT_TRUE(whole(two, R"({"a": 1, "b": 2})"));
+  EXPECT_FALSE(takes(two, R"({"a": 1, "b": 2, ")"));
+  EXPECT_FALSE(takes(two, R"({"a": 1, "b": 2,)"));
+}
+
+// minProperties and maxProperties count the keys given, each once; the keys a key requires count
+// before it is taken.
+TEST(JsonSchema, PropertyCountsHoldBetweenTheirBounds) {
+  const char* some = R"({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2,
+                         "maxProperties": 3})";
+  EXPECT_FALSE(whole(some, R"({"a": 1})"));
+  EXPECT_FALSE(takes(some, R"({"a": 1})"));   // may not close
+  EXPECT_TRUE(whole(some, R"({"a": 1, "b": 2})"));
+  EXPECT_TRUE(whole(some, R"({"a": 1, "b": 2, "c": 3})"));
+  EXPECT_FALSE(takes(some, R"({"a": 1, "b": 2, "c": 3,)"));
+  EXPECT_FALSE(takes(some, R"({"a": 1, "a")"));  // counted once: a key given twice is refused
+  EXPECT_TRUE(takes(some, R"({"a": 1, "ab")"));
+  const char* deps = R"({"properties": {"a": {}, "b": {}, "c": {}}, "dependencies": {"a": ["b", "c"]},
+                         "maxProperties": 2})";
+  EXPECT_FALSE(takes(deps, R"({"a")"));  // a needs b and c: three keys
+  EXPECT_TRUE(whole(deps, R"({"b": 1, "c": 2})"));
+  EXPECT_TRUE(whole(deps, R"({"b": 1, "d": 2})"));
+  EXPECT_FALSE(takes(deps, R"({"b": 1, "d": 2, )"));
+  EXPECT_TRUE(whole(R"({"maxProperties": 1})", R"({"z": [1]})"));
+  EXPECT_FALSE(takes(R"({"minProperties": 1})", "{}"));
 }
 
 // At maxLength, a character may not begin (a lead byte, a backslash): it could not be finished.
