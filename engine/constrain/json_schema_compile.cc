@@ -500,10 +500,31 @@ class SchemaCompiler {
 
   // "#" and "#/..." (a JSON pointer into the schema, ~0 and ~1 unescaped, list items by index:
   // "#/$defs/Name", "#/definitions/a/definitions/b", "#/properties/x/items").
-  const json::Value& resolve(const std::string& ref, const std::string& path) const {
-    if (ref == "#") return root_;
-    KVPR_CHECK(ref.starts_with("#/"), path, ": $ref '", ref, "' is not supported (\"#\" and pointers \"#/...\" into the "
-               "schema are)");
+  // A URI fragment's %XX escapes decoded (RFC 3986), as a pointer in a $ref is written
+  // ("#/patternProperties/%5Ba-z%5D%2B").
+  static std::string percent_decoded(const std::string& ref) {
+    auto hex = [](char c) {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      return c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    };
+    std::string out;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      if (ref[i] == '%' && i + 2 < ref.size() && hex(ref[i + 1]) >= 0 && hex(ref[i + 2]) >= 0) {
+        out += static_cast<char>(hex(ref[i + 1]) * 16 + hex(ref[i + 2]));
+        i += 2;
+      } else {
+        out += ref[i];
+      }
+    }
+    return out;
+  }
+
+  const json::Value& resolve(const std::string& written, const std::string& path) const {
+    if (written == "#") return root_;
+    KVPR_CHECK(written.starts_with("#/"), path, ": $ref '", written, "' is not supported (\"#\" and pointers \"#/...\" "
+               "into the schema are)");
+    const std::string ref = percent_decoded(written);
     const json::Value* at = &root_;
     size_t i = 2;
     while (true) {
@@ -524,7 +545,7 @@ class SchemaCompiler {
         const size_t k = std::stoul(name);
         if (k < at->as_array().size()) next = &at->as_array()[k];
       }
-      KVPR_CHECK(next, path, ": $ref '", ref, "' names no definition");
+      KVPR_CHECK(next, path, ": $ref '", written, "' names no definition");
       at = next;
       if (i >= ref.size()) return *at;
       ++i;  // the '/'
@@ -851,19 +872,6 @@ class SchemaCompiler {
     KVPR_CHECK(!pattern_props || pattern_props->is_object(), path, ": patternProperties must be an object");
     if (pattern_props && pattern_props->as_object().empty()) pattern_props = nullptr;
     std::vector<std::pair<std::shared_ptr<const Regex>, const json::Value*>> patterns;
-    // A key two patterns match takes both schemas; with different schemas that is not supported
-    // (refused here: a key refused only at its closing quote could leave nothing to write).
-    // (Patterns anchored on literal prefixes neither of which begins the other match no key alike.)
-    if (pattern_props)
-      for (size_t i = 0; i < pattern_props->as_object().size(); ++i)
-        for (size_t j = 0; j < i; ++j) {
-          const auto& [ki, vi] = pattern_props->as_object()[i];
-          const auto& [kj, vj] = pattern_props->as_object()[j];
-          const std::string pi = anchored_prefix(ki), pj = anchored_prefix(kj);
-          const bool apart = !pi.empty() && !pj.empty() && !pi.starts_with(pj) && !pj.starts_with(pi);
-          KVPR_CHECK(apart || vi.dump() == vj.dump(), path, ": patternProperties '", kj, "' and '", ki,
-                     "' may match one key and give it different schemas, which is not supported");
-        }
     if (pattern_props)
       for (const auto& [k, v] : pattern_props->as_object()) {
         try {
@@ -871,6 +879,15 @@ class SchemaCompiler {
         } catch (const Error& e) {
           KVPR_THROW(path, ".patternProperties: ", e.what());
         }
+      }
+    // A key two patterns match takes both schemas; with different schemas that is not supported
+    // (refused here: a key refused only at its closing quote could leave nothing to write).
+    for (size_t i = 0; i < patterns.size(); ++i)
+      for (size_t j = 0; j < i; ++j) {
+        const auto& [ri, vi] = patterns[i];
+        const auto& [rj, vj] = patterns[j];
+        KVPR_CHECK(vi->dump() == vj->dump() || Regex::disjoint(*ri, *rj), path, ": patternProperties '", rj->pattern(),
+                   "' and '", ri->pattern(), "' may match one key and give it different schemas, which is not supported");
       }
     // Whether a key properties does not list may appear: of additionalProperties' schema, or of a
     // pattern's that matches it.
@@ -963,19 +980,6 @@ class SchemaCompiler {
                path, ": minProperties ", o.min_props, " exceeds the ", o.names.size(),
                " keys additionalProperties false allows");
     return at;
-  }
-
-  // The literal text a pattern anchored with ^ begins with ("^x-": "x-"; "" when unanchored).
-  static std::string anchored_prefix(const std::string& pattern) {
-    if (!pattern.starts_with("^")) return "";
-    std::string out;
-    for (size_t i = 1; i < pattern.size(); ++i) {
-      const char c = pattern[i];
-      if (std::string_view(".[](){}*+?|\\^$").find(c) != std::string_view::npos) break;
-      if (i + 1 < pattern.size() && std::string_view("*?{").find(pattern[i + 1]) != std::string_view::npos) break;
-      out += c;
-    }
-    return out;
   }
 
   // One Regex per distinct pattern, shared by the strings that use it.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <set>
 
 #include "engine/base/error.h"
 
@@ -85,31 +86,45 @@ class Regex::Parser {
  public:
   Parser(const std::string& pattern) : src_(pattern), p_(decode_utf8(pattern)) {}
 
-  // Returns the tree; `anchored_start` / `anchored_end` say whether ^ / $ were given.
-  Node parse(bool* anchored_start, bool* anchored_end) {
-    *anchored_start = i_ < p_.size() && p_[i_] == '^';
-    if (*anchored_start) ++i_;
-    size_t end = p_.size();
-    *anchored_end = false;
-    if (end > i_ && p_[end - 1] == '$') {
-      size_t slashes = 0;
-      for (size_t k = end - 1; k > i_ && p_[k - 1] == '\\'; --k) ++slashes;
-      if (slashes % 2 == 0) {
-        *anchored_end = true;
-        --end;
-      }
+  // Returns the tree of the whole search: each top-level alternative anchored where it begins
+  // with ^ or ends with $ (ECMAScript's reading of ^a|b$), else with anything before or after it.
+  Node parse() {
+    end_ = p_.size();
+    Node alt;
+    alt.kind = Node::Alt;
+    while (true) {
+      Node whole;
+      whole.kind = Node::Concat;
+      const bool anchored_start = more() && peek() == '^';
+      if (anchored_start) ++i_;
+      else whole.kids.push_back(anything());
+      whole.kids.push_back(sequence());
+      if (more() && peek() == '$') ++i_;  // (sequence stops at a $ only where it ends the alternative)
+      else whole.kids.push_back(anything());
+      alt.kids.push_back(std::move(whole));
+      if (!more()) break;
+      if (peek() != '|') fail(peek() == ')' ? "an unmatched ')'" : "unexpected text");
+      ++i_;
     }
-    end_ = end;
-    Node n = alternation();
-    if (i_ != end_) fail(p_[i_] == ')' ? "an unmatched ')'" : "unexpected text");
-    if ((*anchored_start || *anchored_end) && n.kind == Node::Alt)
-      fail("^ or $ with a top-level | is not supported (group the alternatives: ^(a|b)$)");
-    return n;
+    return alt.kids.size() == 1 ? std::move(alt.kids[0]) : alt;
   }
 
  private:
   [[noreturn]] void fail(const std::string& why) const { KVPR_THROW("pattern '", shown(src_), "': ", why); }
   bool more() const { return i_ < end_; }
+  // A $ that ends a top-level alternative (the pattern's end or a | follows).
+  bool ends_alternative() const { return peek() == '$' && (i_ + 1 == end_ || p_[i_ + 1] == '|'); }
+  static Node anything() {  // .* over every code point
+    Node any;
+    any.kind = Node::Set;
+    any.set = kAny;
+    Node r;
+    r.kind = Node::Repeat;
+    r.min = 0;
+    r.max = kInfinite;
+    r.kids.push_back(std::move(any));
+    return r;
+  }
   char32_t peek() const { return p_[i_]; }
 
   Node alternation() {
@@ -128,7 +143,7 @@ class Regex::Parser {
   Node sequence() {
     Node seq;
     seq.kind = Node::Concat;
-    while (more() && peek() != '|' && peek() != ')') {
+    while (more() && peek() != '|' && peek() != ')' && !(depth_ == 0 && ends_alternative())) {
       Node atom_node = atom();
       quantifier(atom_node);
       seq.kids.push_back(std::move(atom_node));
@@ -214,7 +229,7 @@ class Regex::Parser {
       case '.': return set_node(kDot);
       case '\\': return set_node(escape(false));
       case '^':
-      case '$': fail("^ and $ are supported only at the start and the end");
+      case '$': fail("^ and $ are supported only at the start and the end of the pattern or of a top-level alternative");
       case '*':
       case '+':
       case '?': fail("a quantifier with nothing before it");
@@ -398,24 +413,7 @@ Regex::~Regex() {
 
 Regex::Regex(const std::string& pattern) : pattern_(pattern), fast_(new std::atomic<FastBlock*>[kFastBlocks]()) {
   static_assert(kFastStates == 32, "kFastBlocks counts blocks of 32 states");
-  bool anchored_start = false, anchored_end = false;
-  Node tree = Parser(pattern).parse(&anchored_start, &anchored_end);
-  Node whole;
-  whole.kind = Node::Concat;
-  auto anything = [] {
-    Node any;
-    any.kind = Node::Set;
-    any.set = kAny;
-    Node r;
-    r.kind = Node::Repeat;
-    r.min = 0;
-    r.max = kInfinite;
-    r.kids.push_back(std::move(any));
-    return r;
-  };
-  if (!anchored_start) whole.kids.push_back(anything());
-  whole.kids.push_back(std::move(tree));
-  if (!anchored_end) whole.kids.push_back(anything());
+  const Node whole = Parser(pattern).parse();
 
   const Frag f = emit(whole);
   nfa_start_ = f.start;
@@ -529,6 +527,37 @@ bool Regex::matches(const std::u32string& text) const {
     if (s < 0) return false;
   }
   return accepts(s);
+}
+
+bool Regex::disjoint(const Regex& a, const Regex& b) {
+  // The code points where some class of either begins or ends: between two of them every code
+  // point moves both alike, so the first of each interval stands for it.
+  std::vector<uint32_t> cuts{0};
+  for (const Regex* r : {&a, &b})
+    for (const NfaState& n : r->nfa_)
+      for (const Range& c : n.cls) {
+        cuts.push_back(c.lo);
+        if (c.hi < kMaxCp) cuts.push_back(c.hi + 1);
+      }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  constexpr int64_t kMaxSteps = 1 << 18;
+  int64_t steps = 0;
+  std::set<std::pair<int, int>> seen{{a.start_, b.start_}};
+  std::vector<std::pair<int, int>> todo{{a.start_, b.start_}};
+  while (!todo.empty()) {
+    const auto [x, y] = todo.back();
+    todo.pop_back();
+    if (a.accepts(x) && b.accepts(y)) return false;
+    for (uint32_t cp : cuts) {
+      if (++steps > kMaxSteps) return false;
+      const int nx = a.step(x, cp);
+      if (nx < 0) continue;
+      const int ny = b.step(y, cp);
+      if (ny >= 0 && seen.insert({nx, ny}).second) todo.emplace_back(nx, ny);
+    }
+  }
+  return true;
 }
 
 int64_t Regex::completions(int state) const {

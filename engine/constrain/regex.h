@@ -11,7 +11,8 @@
 // The subset: literals; `.` (any code point but line terminators); classes `[...]`, `[^...]`
 // with ranges; `\d \D \w \W \s \S`, `\t \n \r \f \v \0`, `\xHH`, `\uHHHH`, `\u{H...}` and escaped
 // punctuation; groups `(...)`, `(?:...)`, `(?<name>...)`; `|`; `* + ? {n} {n,} {n,m}` (lazy
-// forms too: recognition is the same); `^` first and `$` last. As JSON Schema says, a pattern is
+// forms too: recognition is the same); `^` first and `$` last in the pattern or in one of its
+// top-level alternatives (`^dev|rc$`: ^ binds dev alone, $ rc). As JSON Schema says, a pattern is
 // not anchored: without `^` anything may come before a match, without `$` anything after.
 // Backreferences, lookaround, `\b` and anchors elsewhere are refused by name (kvpr::Error).
 #pragma once
@@ -50,6 +51,9 @@ class Regex {
   bool saturated() const { return saturated_.load(std::memory_order_relaxed); }
   // Whether the whole text matches (JSON Schema's pattern semantics: a search unless anchored).
   bool matches(const std::u32string& text) const;
+  // Whether no text matches both (false also where telling would take more than a budget of
+  // steps: a caller then treats them as overlapping).
+  static bool disjoint(const Regex& a, const Regex& b);
   // How many texts take `state` to acceptance, counting those of printable ASCII but '"' and '\\'
   // (an object key written without escapes) up to kCompletionsCap, and those longer than 256
   // characters as one at most; never more than there are. Computed once per state.

@@ -46,7 +46,12 @@ PATTERNS = [
     (r"^(a|b|)c$", ["ac", "c"]),
     (r"^(ab)*$", ["", "abab"]),
     (r"^[😀-🙏]+!$", ["😀😃!"]),
-] + [(rx, []) for rx in FORMATS.values()]
+] + [(rx, []) for rx in FORMATS.values()] + [
+    # Anchors on top-level alternatives: ^ binds the first, $ the last (ECMAScript's reading).
+    (r"^dev|alpha|rc$", ["dev1", "xalphax", "1rc"]),
+    (r"^a$|^bc$|d", ["a", "bc", "xdx"]),
+    (r"^(http)|(https)://(.*)$", ["httpx", "xhttps://y"]),
+]
 
 FORMAT_EXAMPLES = ["2024-02-29", "23:59:60.5+05:30", "2024-07-01T12:30:00Z", "1999-12-31t00:00:00.123-08:00",
                    "123e4567-e89b-12d3-a456-426614174000", "ada@example.co.uk", "192.168.0.255", "0.0.0.0"]
@@ -56,6 +61,7 @@ ALPHABET = "abcxyzABCZ0129 -_.:/@$+é中😀]\\[(){}"
 def python_match(pattern, text):
     anchored_end = pattern.endswith("$") and not pattern.endswith(r"\$")
     p = pattern[:-1] + r"\Z" if anchored_end else pattern
+    p = re.sub(r"(?<!\\)\$\|", r"\\Z|", p)  # a top-level alternative's $: the very end too
     p = re.sub(r"\(\?<(?=[A-Za-z])", "(?P<", p)  # ECMAScript's named groups in Python's spelling
     return re.search(p, text, re.ASCII) is not None
 
