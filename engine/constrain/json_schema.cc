@@ -207,7 +207,7 @@ bool SchemaRecognizer::object_may_continue(const Thread& t) const {
   if (n.max_props >= 0 && f.count >= n.max_props) return false;
   if (n.additional >= 0) return true;
   for (size_t i = 0; i < n.names.size(); ++i)
-    if (!((f.seen >> i) & 1) && keys_fit(n, f, f.seen | uint64_t{1} << i, 1)) return true;
+    if (n.props[i] >= 0 && !((f.seen >> i) & 1) && keys_fit(n, f, f.seen | uint64_t{1} << i, 1)) return true;
   return pattern_key_alive(n, f, "");
 }
 
@@ -379,7 +379,8 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
     if (!closed) return true;
     const Frame& f = t.stack.back();
     for (size_t i = 0; i < n.names.size(); ++i)  // still the start of a property not yet given
-      if (!((f.seen >> i) & 1) && n.names[i].starts_with(t.key) && keys_fit(n, f, f.seen | uint64_t{1} << i, 1))
+      if (n.props[i] >= 0 && !((f.seen >> i) & 1) && n.names[i].starts_with(t.key) &&
+          keys_fit(n, f, f.seen | uint64_t{1} << i, 1))
         return true;
     return pattern_key_alive(n, f, t.key);
   }
@@ -400,7 +401,7 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
     bool listed = false;
     for (size_t i = 0; i < n.names.size(); ++i)
       if (n.names[i] == name) {
-        if ((f.seen >> i) & 1) return false;  // a key given twice
+        if (((f.seen >> i) & 1) || n.props[i] < 0) return false;  // a key given twice, or one its schema false forbids
         if (!keys_fit(n, f, f.seen | uint64_t{1} << i, 1)) return false;
         f.seen |= uint64_t{1} << i;
         t.key_node = n.props[i];

@@ -42,7 +42,7 @@ struct SchemaNode {
   Kind kind = Kind::Any;
   // Object
   std::vector<std::string> names;  // properties, at most 64
-  std::vector<int> props;          // their nodes
+  std::vector<int> props;          // their nodes (-1: the schema false, the key may not appear)
   uint64_t required = 0;           // bit i: names[i] is required
   int additional = -1;             // node of other keys' values; -1: no other keys
   // patternProperties: a key not in names whose text a pattern matches takes that pattern's node

@@ -22,6 +22,13 @@ namespace kvpr {
 
 using namespace decimal;
 
+// allOf joining schemas no value satisfies together (types or enums with nothing in common,
+// different consts): what an alternative of a cross product of anyOf lists may be, and is then
+// left out.
+struct NoValue : Error {
+  using Error::Error;
+};
+
 class SchemaCompiler {
  public:
   explicit SchemaCompiler(const json::Value& root) : root_(root) {}
@@ -214,7 +221,8 @@ class SchemaCompiler {
         const SchemaNode& x = nodes[i];
         int64_t w = 1;
         if (d > 0 && x.kind == K::Object) {
-          for (int p : x.props) w = std::max(w, below[static_cast<size_t>(p)]);
+          for (int p : x.props)
+            if (p >= 0) w = std::max(w, below[static_cast<size_t>(p)]);
           if (x.additional >= 0) w = std::max(w, below[static_cast<size_t>(x.additional)]);
           for (const auto& pp : x.pattern_props) w = std::max(w, below[static_cast<size_t>(pp.second)]);
         } else if (d > 0 && x.kind == K::Array) {
@@ -237,7 +245,7 @@ class SchemaCompiler {
   // Keywords of JSON Schema (drafts 3 to 2020-12) that constrain a value and that the compiler
   // does not enforce: refused by name, never ignored, so that a schema is never loosened.
   static bool unenforced(std::string_view k) {
-    for (const char* a : {"not", "if", "then", "else", "dependentSchemas",
+    for (const char* a : {"not", "if", "then", "else",
                           "propertyNames", "contains", "minContains", "maxContains",
                           "multipleOf", "divisibleBy", "unevaluatedProperties",
                           "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends",
@@ -253,7 +261,7 @@ class SchemaCompiler {
         "prefixItems", "uniqueItems", "enum",    "const",                "anyOf",     "oneOf",     "minLength",
         "maxLength",   "$ref",        "minimum", "maximum",              "exclusiveMinimum", "exclusiveMaximum",
         "pattern",     "format",     "allOf",   "additionalItems",      "patternProperties", "dependencies",
-        "dependentRequired", "minProperties", "maxProperties"};
+        "dependentRequired", "dependentSchemas", "minProperties", "maxProperties"};
     return !validation.count(k) && !unenforced(k);
   }
 
@@ -267,7 +275,8 @@ class SchemaCompiler {
         if (k != key && !annotation(k)) return true;
       return false;
     };
-    if (!s.find("allOf") && !beside("$ref") && !beside("anyOf") && !beside("oneOf")) return nullptr;
+    if (!s.find("allOf") && !beside("$ref") && !beside("anyOf") && !beside("oneOf") && !schema_dependencies(s))
+      return nullptr;
     owned_.push_back(merge(json::Value(json::Object{}), flat(s, path, depth), path, depth));  // (distributes an anyOf)
     return &owned_.back();
   }
@@ -312,6 +321,57 @@ class SchemaCompiler {
         out = merge(out, flat(all->as_array()[i], at, depth + 1), at, depth + 1);
       }
     }
+    return dependent(std::move(out), path, depth);
+  }
+
+  // Whether `s` has schema dependencies (dependencies' schema form, dependentSchemas).
+  static bool schema_dependencies(const json::Value& s) {
+    if (s.find("dependentSchemas")) return true;
+    const json::Value* d = s.find("dependencies");
+    if (!d || !d->is_object()) return false;
+    return std::any_of(d->as_object().begin(), d->as_object().end(), [](const auto& e) { return !e.second.is_array(); });
+  }
+
+  // A flat schema's schema dependencies written out: an object either without the key, or with
+  // it and valid against the key's schema too (an anyOf of the two, those no value meets left
+  // out).
+  json::Value dependent(json::Value s, const std::string& path, int depth) {
+    if (!s.is_object() || !schema_dependencies(s)) return s;
+    std::vector<std::pair<std::string, json::Value>> deps;
+    json::Object rest, lists;
+    for (const auto& [k, v] : s.as_object()) {
+      if (k != "dependencies" && k != "dependentSchemas") {
+        rest.emplace_back(k, v);
+        continue;
+      }
+      KVPR_CHECK(v.is_object(), path, ": ", k, " must be an object");
+      for (const auto& [name, d] : v.as_object()) {
+        if (k == "dependencies" && d.is_array()) lists.emplace_back(name, d);
+        else deps.emplace_back(name, d);
+      }
+    }
+    if (!lists.empty()) rest.emplace_back("dependencies", json::Value(std::move(lists)));
+    json::Value out(std::move(rest));
+    for (const auto& [name, d] : deps) {
+      const std::string at = path + ".dependencies." + name;
+      if (d.is_bool() && d.as_bool()) continue;
+      json::Array either;
+      try {
+        either.push_back(merge(out, json::Value(json::Object{{"properties", json::Value(json::Object{{name, json::Value(false)}})}}),
+                               at, depth + 1));
+      } catch (const NoValue&) {
+      }
+      if (!d.is_bool()) {
+        try {
+          const json::Value with = merge(out, flat(d, at, depth + 1), at, depth + 1);
+          either.push_back(merge(with, json::Value(json::Object{{"required", json::Value(json::Array{json::Value(name)})}}),
+                                 at, depth + 1));
+        } catch (const NoValue&) {
+        }
+      }
+      if (either.empty()) throw NoValue(at + ": no object meets the dependency");
+      out = either.size() == 1 ? std::move(either[0]) : json::Value(json::Object{{"anyOf", json::Value(std::move(either))}});
+    }
     return out;
   }
 
@@ -329,8 +389,36 @@ class SchemaCompiler {
     };
     const char* ka = alts_of(a);
     const char* kb = alts_of(b);
-    KVPR_CHECK(!(ka && kb) && !(ka && a.find("oneOf") && a.find("anyOf")) && !(kb && b.find("oneOf") && b.find("anyOf")),
-               path, ": allOf over two anyOf/oneOf lists is not supported");
+    KVPR_CHECK(!(ka && a.find("oneOf") && a.find("anyOf")) && !(kb && b.find("oneOf") && b.find("anyOf")),
+               path, ": anyOf beside oneOf in one schema is not supported");
+    if (ka && kb) {  // every pair of alternatives, those no value satisfies left out
+      const json::Value* xs = a.find(ka);
+      const json::Value* ys = b.find(kb);
+      KVPR_CHECK(xs->is_array() && !xs->as_array().empty() && ys->is_array() && !ys->as_array().empty(), path, ": ",
+                 ka, " must be a non-empty list");
+      KVPR_CHECK(xs->as_array().size() * ys->as_array().size() <= Limits::kMaxAlternatives, path,
+                 ": the schema is too large: allOf joins anyOf lists of more than ", Limits::kMaxAlternatives,
+                 " pairs of alternatives");
+      json::Object rest_a, rest_b;
+      for (const auto& [k, v] : a.as_object())
+        if (k != ka) rest_a.emplace_back(k, v);
+      for (const auto& [k, v] : b.as_object())
+        if (k != kb) rest_b.emplace_back(k, v);
+      const json::Value common = merge(json::Value(std::move(rest_a)), json::Value(std::move(rest_b)), path, depth + 1);
+      json::Array out;
+      for (size_t i = 0; i < xs->as_array().size(); ++i)
+        for (size_t j = 0; j < ys->as_array().size(); ++j) {
+          const std::string at = path + "." + ka + "[" + std::to_string(i) + "]";
+          try {
+            const json::Value x = merge(common, flat(xs->as_array()[i], at, depth + 1), at, depth + 1);
+            const std::string bt = path + "." + kb + "[" + std::to_string(j) + "]";
+            out.push_back(merge(x, flat(ys->as_array()[j], bt, depth + 1), bt, depth + 1));
+          } catch (const NoValue&) {
+          }
+        }
+      if (out.empty()) throw NoValue(path + ": no pair of the anyOf (oneOf) alternatives allOf joins admits a value");
+      return json::Value(json::Object{{"anyOf", json::Value(std::move(out))}});
+    }
     if (ka || kb) {
       const json::Value& with = ka ? a : b;
       const char* key = ka ? ka : kb;
@@ -343,8 +431,13 @@ class SchemaCompiler {
       json::Array out;
       for (size_t i = 0; i < alts->as_array().size(); ++i) {
         const std::string at = path + "." + key + "[" + std::to_string(i) + "]";
-        out.push_back(merge(common, flat(alts->as_array()[i], at, depth + 1), at, depth + 1));
+        try {
+          out.push_back(merge(common, flat(alts->as_array()[i], at, depth + 1), at, depth + 1));
+        } catch (const NoValue& e) {  // an alternative no value satisfies beside the rest: left out
+          if (alts->as_array().size() == 1) throw;
+        }
       }
+      if (out.empty()) throw NoValue(path + ": no " + key + " alternative admits a value beside the schemas allOf joins");
       return json::Value(json::Object{{"anyOf", json::Value(std::move(out))}});
     }
     auto text = [](const json::Value& v) { return v.is_int() ? std::to_string(v.as_int()) : v.dump_python(); };
@@ -412,7 +505,7 @@ class SchemaCompiler {
           if (has(lb, t) || (t == "integer" && has(lb, "number"))) both.push_back(json::Value(t));
         for (const auto& t : lb)
           if (t == "integer" && has(la, "number") && !has(la, "integer")) both.push_back(json::Value(t));
-        KVPR_CHECK(!both.empty(), path, ": no type satisfies every schema allOf joins");
+        if (both.empty()) throw NoValue(path + ": no type satisfies every schema allOf joins");
         put(k, both.size() == 1 ? both[0] : json::Value(std::move(both)));
       } else if (k == "required") {
         KVPR_CHECK(va->is_array() && vb->is_array(), path, ": required must be a list");
@@ -427,7 +520,7 @@ class SchemaCompiler {
         for (const auto& x : va->as_array())
           if (std::any_of(vb->as_array().begin(), vb->as_array().end(), [&](const json::Value& y) { return x.dump() == y.dump(); }))
             common.push_back(x);
-        KVPR_CHECK(!common.empty(), path, ": no enum value satisfies every schema allOf joins");
+        if (common.empty()) throw NoValue(path + ": no enum value satisfies every schema allOf joins");
         put(k, json::Value(std::move(common)));
       } else if (k == "minimum" || k == "exclusiveMinimum" || k == "minLength" || k == "minItems" ||
                  k == "minProperties") {
@@ -474,11 +567,10 @@ class SchemaCompiler {
           const bool needed = required && required->is_array() &&
                               std::any_of(required->as_array().begin(), required->as_array().end(),
                                           [&](const json::Value& r) { return r.is_string() && r.as_string() == name; });
-          KVPR_CHECK(!needed, path, ": required names '", name, "', which a schema allOf joins forbids");
-          // Dropped, the key would fall to the other keys' schema: only where that is false too.
+          if (needed) throw NoValue(path + ": required names '" + name + "', which a schema allOf joins forbids");
+          // Dropped where the other keys' schema is false too; else kept, false.
           const bool closed = (aa && aa->is_bool() && !aa->as_bool()) || (ab && ab->is_bool() && !ab->as_bool());
-          KVPR_CHECK(closed, path, ": the key '", name, "', which a schema allOf joins forbids, beside other keys "
-                     "allowed is not supported");
+          if (!closed) props.emplace_back(name, json::Value(false));
           continue;
         }
         const std::string at = path + ".properties." + name;
@@ -600,8 +692,18 @@ class SchemaCompiler {
         KVPR_CHECK(k == key || annotation(k), path, ": ", key, " with '", k, "' beside it is not supported");
       SchemaNode n;
       n.kind = SchemaNode::Kind::AnyOf;
-      for (size_t i = 0; i < alts->as_array().size(); ++i)
-        n.options.push_back(compile(alts->as_array()[i], path + "." + key + "[" + std::to_string(i) + "]", depth + 1));
+      for (size_t i = 0; i < alts->as_array().size(); ++i) {
+        const size_t nodes = out_.nodes_.size();
+        try {
+          n.options.push_back(compile(alts->as_array()[i], path + "." + key + "[" + std::to_string(i) + "]", depth + 1));
+        } catch (const NoValue&) {  // an alternative no value satisfies: left out, and what it compiled
+          if (alts->as_array().size() == 1) throw;
+          out_.nodes_.resize(nodes);
+          std::erase_if(refs_, [&](const auto& r) { return r.second >= static_cast<int>(nodes); });
+          std::erase_if(where_, [&](const auto& w) { return w.first >= static_cast<int>(nodes); });
+        }
+      }
+      if (n.options.empty()) throw NoValue(path + ": no " + key + " alternative admits a value");
       const int at = add(std::move(n));
       where_[at] = path;
       return at;
@@ -626,7 +728,7 @@ class SchemaCompiler {
     if (types.empty()) {
       const json::Value* ap = s.find("additionalProperties");  // (true says nothing)
       if (s.find("properties") || s.find("required") || (ap && !(ap->is_bool() && ap->as_bool())) ||
-          s.find("patternProperties") || s.find("dependencies") || s.find("dependentRequired") ||
+          s.find("patternProperties") || s.find("dependencies") || s.find("dependentRequired") || s.find("dependentSchemas") ||
           s.find("minProperties") || s.find("maxProperties"))
         types = {"object"};
       else if (s.find("items") || s.find("prefixItems") || s.find("minItems") || s.find("maxItems") ||
@@ -655,7 +757,7 @@ class SchemaCompiler {
       KVPR_CHECK(e->is_array() && !e->as_array().empty(), path, ": enum must be a non-empty list");
       for (const auto& v : e->as_array())
         if (!c || v.dump() == c->dump()) values.push_back(v);  // with const: const alone, if listed
-      KVPR_CHECK(!values.empty(), path, ": const is not one of enum's values: no value is valid");
+      if (values.empty()) throw NoValue(path + ": const is not one of enum's values: no value is valid");
     } else if (c) {
       values.push_back(*c);
     }
@@ -700,7 +802,8 @@ class SchemaCompiler {
       }
       if (fits && std::find(n.literals.begin(), n.literals.end(), text) == n.literals.end()) n.literals.push_back(text);
     }
-    KVPR_CHECK(!n.literals.empty(), path, ": no enum or const value has the schema's type", strings || numbers ? " and bounds" : "");
+    if (n.literals.empty())
+      throw NoValue(path + ": no enum or const value has the schema's type" + (strings || numbers ? " and bounds" : ""));
     return add(std::move(n));
   }
 
@@ -745,7 +848,7 @@ class SchemaCompiler {
     }
     if (n.lo.set && n.hi.set) {
       const End L{true, !n.lo.exclusive, parse_dec(n.lo.value)}, H{true, !n.hi.exclusive, parse_dec(n.hi.value)};
-      KVPR_CHECK(overlap(L, H), path, ": no ", integer ? "integer" : "number", " lies within its bounds");
+      if (!overlap(L, H)) throw NoValue(path + ": no " + (integer ? "integer" : "number") + " lies within its bounds");
     }
   }
 
@@ -902,8 +1005,9 @@ class SchemaCompiler {
         KVPR_CHECK(r.is_string(), path, ": required must list property names");
         auto it = std::find(n.names.begin(), n.names.end(), r.as_string());
         if (it == n.names.end()) {  // a key of the other keys' schema, which must be given
-          KVPR_CHECK(may_appear(r.as_string()), path, ": required names '", r.as_string(),
-                     "', which is not in properties and additionalProperties false forbids");
+          if (!may_appear(r.as_string()))
+            throw NoValue(path + ": required names '" + r.as_string() +
+                          "', which is not in properties and additionalProperties false forbids");
           KVPR_CHECK(n.names.size() < 64, path, ": more than 64 properties are not supported");
           n.names.push_back(r.as_string());
           it = n.names.end() - 1;
@@ -951,7 +1055,8 @@ class SchemaCompiler {
             owned_.push_back(merge_or_false(*schema, *ps, path + ".properties." + k, depth + 1));
             schema = &owned_.back();
           }
-        const int p = compile(*schema, path + ".properties." + k, depth + 1);
+        // false: the key may not appear (-1)
+        const int p = schema->is_bool() && !schema->as_bool() ? -1 : compile(*schema, path + ".properties." + k, depth + 1);
         out_.nodes_[static_cast<size_t>(at)].props.push_back(p);
       }
     for (const auto& [rx, ps] : patterns) {
@@ -974,6 +1079,9 @@ class SchemaCompiler {
         }
       o.props.push_back(node >= 0 ? node : additional);
     }
+    for (size_t i = 0; i < o.names.size(); ++i)
+      if (o.props[i] < 0 && (o.keys_due(0) >> i & 1))
+        throw NoValue(path + ": required names '" + o.names[i] + "', whose schema is false");
     KVPR_CHECK(o.max_props < 0 || std::popcount(o.keys_due(0)) <= o.max_props, path, ": maxProperties ", o.max_props,
                " is below the keys required");
     KVPR_CHECK(additional >= 0 || !o.pattern_props.empty() || static_cast<int64_t>(o.names.size()) >= o.min_props,

@@ -366,6 +366,10 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   refused(R"({"properties": {"a": {}}, "required": ["a"], "dependencies": {"a": ["b"]}, "maxProperties": 1})",
           "$: maxProperties 1 is below the keys required");
   refused(R"({"type": "object", "minProperties": 3, "maxProperties": 2})", "maxProperties is below minProperties");
+  refused(R"({"properties": {"a": false}, "required": ["a"]})", "$: required names 'a', whose schema is false");
+  refused(R"({"properties": {"a": {}}, "required": ["a"], "additionalProperties": false,
+              "dependencies": {"a": {"properties": {"a": {"type": "string"}}, "required": ["b"]}}})",
+          "$: required names 'b', which is not in properties and additionalProperties false forbids");
   refused(R"({"type": "object", "patternProperties": {"^a": {}}, "required": ["b"], "additionalProperties": false})",
           "$: required names 'b', which is not in properties and additionalProperties false forbids");
   refused(R"({"type": "object", "patternProperties": {"(a": {}}})", "$.patternProperties: pattern '(a'");
@@ -373,10 +377,6 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
           "$: patternProperties 'a' and 'b' may match one key and give it different schemas");
   refused(R"({"type": "object", "patternProperties": {"^a": {"type": "string"}, "^ab": {"type": "integer"}}})",
           "may match one key");
-  refused(R"({"allOf": [{"properties": {"x": false}}, {"type": "object"}]})",
-          "$.properties.x: the schema false admits no value");
-  refused(R"({"allOf": [{"properties": {"x": false}}, {"properties": {"y": {}}}]})",
-          "$.allOf[1]: the key 'x', which a schema allOf joins forbids, beside other keys allowed is not supported");
   refused(R"({"allOf": [{"prefixItems": [{"type": "string"}]}, {"items": {"type": "integer"}}]})",
           "allOf joining a tuple (prefixItems, items as a list) with other items is not supported");
   refused(R"({"allOf": [{"prefixItems": [{}]}, {"items": false}]})", "with other items is not supported");
@@ -388,8 +388,10 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   refused(R"({"type": "number", "exclusiveMinimum": 1, "maximum": 1})", "no number lies within its bounds");
   refused(R"({"type": "integer", "exclusiveMinimum": true})", "$: exclusiveMinimum true needs a minimum");
   refused(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})", "$.allOf[1]: no type satisfies every schema");
-  refused(R"({"allOf": [{"anyOf": [{"type": "string"}]}, {"oneOf": [{"type": "string"}]}]})",
-          "allOf over two anyOf/oneOf lists is not supported");
+  refused(R"({"allOf": [{"anyOf": [{"type": "string"}]}, {"oneOf": [{"type": "integer"}, {"type": "null"}]}]})",
+          "no pair of the anyOf (oneOf) alternatives allOf joins admits a value");
+  refused(R"({"anyOf": [{"type": "string"}], "oneOf": [{"type": "string"}], "allOf": [{}]})",
+          "anyOf beside oneOf in one schema is not supported");
   refused(R"({"allOf": [{"pattern": "a"}, {"pattern": "b"}]})", "$.allOf[1]: allOf joins schemas whose 'pattern' differ");
   refused(R"({"allOf": [{"properties": {"a": {}}, "additionalProperties": false}, {"required": ["b"]}]})",
           "$: required names 'b', which is not in properties and additionalProperties false forbids");
@@ -399,9 +401,6 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   refused(R"({"enum": ["abc", "de"], "maxLength": 1})", "no enum or const value has the schema's type and bounds");
   refused(R"({"allOf": [{"$ref": "#"}]})", "nests deeper than");
   refused(R"({"properties": {"a": {"not": {"type": "null"}}}})", "$.properties.a: the keyword 'not' is not supported");
-  refused(R"({"type": "object", "dependencies": {"a": {"required": ["b"]}}})",
-          "$.dependencies.a: a schema there is not supported");
-  refused(R"({"type": "object", "dependentSchemas": {"a": {}}})", "the keyword 'dependentSchemas' is not supported");
   refused(R"({"properties": {"a": {}}, "dependencies": {"a": ["b"]}, "additionalProperties": false})",
           "$.dependencies.a: names 'b', which additionalProperties false forbids");
   refused(R"({"if": {"type": "string"}, "then": {"minLength": 1}})", "the keyword 'if' is not supported");
@@ -552,6 +551,39 @@ TEST(JsonSchema, JoinsWhatAllOfAndSiblingsJoin) {
   EXPECT_FALSE(whole(tagged, R"({"kind":"x"})"));
   EXPECT_TRUE(whole(tagged, R"({"kind":"y"})"));
   EXPECT_FALSE(takes(tagged, R"({"kind":"z)"));
+  // allOf over two anyOf (oneOf) lists: every pair joined, those no value satisfies left out.
+  const char* pairs = R"({"allOf": [{"oneOf": [{"type": "string"}, {"type": "integer"}, {"const": true}]},
+                                    {"anyOf": [{"type": "string", "maxLength": 2}, {"type": "number", "minimum": 5},
+                                               {"type": "boolean"}]}]})";
+  EXPECT_TRUE(whole(pairs, R"("ab")"));
+  EXPECT_FALSE(takes(pairs, R"("abc)"));
+  EXPECT_TRUE(whole(pairs, "7"));
+  EXPECT_FALSE(whole(pairs, "4"));
+  EXPECT_FALSE(takes(pairs, "5.5"));  // integer and number: an integer
+  EXPECT_TRUE(whole(pairs, "true"));
+  EXPECT_FALSE(takes(pairs, "f"));    // false: not the const
+  EXPECT_FALSE(takes(pairs, "n"));
+  // A property whose schema is false: the key may not appear, others may.
+  const char* no_x = R"({"allOf": [{"properties": {"x": false}}, {"properties": {"y": {"type": "integer"}}}]})";
+  EXPECT_TRUE(whole(no_x, R"({"y": 1, "xy": 2})"));
+  EXPECT_FALSE(takes(no_x, R"({"x":)"));
+  EXPECT_FALSE(takes(no_x, R"({"x")"));
+  EXPECT_TRUE(takes(no_x, R"({"x)"));  // "xy" may follow
+  // Schema dependencies (dependencies' schema form, dependentSchemas): with the key, the object
+  // meets the key's schema too; without it, it need not.
+  const char* site = R"({"type": "object", "properties": {"id": {"type": "string"}, "website": {"type": "string"},
+                                                         "type": {"type": "string"}},
+                         "additionalProperties": false, "required": ["id"],
+                         "dependencies": {"website": {"properties": {"type": {"enum": ["section"]}}, "required": ["type"]}}})";
+  EXPECT_TRUE(whole(site, R"({"id": "a", "type": "story"})"));
+  EXPECT_TRUE(whole(site, R"({"id": "a", "website": "w", "type": "section"})"));
+  EXPECT_FALSE(whole(site, R"({"id": "a", "website": "w"})"));                      // type required with website
+  EXPECT_FALSE(takes(site, R"({"id": "a", "website": "w", "type": "story")"));
+  EXPECT_FALSE(takes(site, R"({"id": "a", "type": "story", "website")"));         // once type is not "section"
+  const char* open_dep = R"({"dependentSchemas": {"a": {"properties": {"b": {"type": "integer"}}}}})";
+  EXPECT_TRUE(whole(open_dep, R"({"b": "x"})"));
+  EXPECT_TRUE(whole(open_dep, R"({"a": 1, "b": 2})"));
+  EXPECT_FALSE(whole(open_dep, R"({"a": 1, "b": "x"})"));
   // $ref beside keywords, into a recursive definition.
   const char* ref = R"({"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"},
                                                                              "v": {"type": "integer"}}}},
