@@ -106,11 +106,13 @@ struct SchemaLimits {
   static constexpr size_t kMaxAlternatives = 100000;  // anyOf options, summed over every anyOf (flattened)
   static constexpr size_t kMaxPatterns = 64;      // distinct pattern and format regexes
   static constexpr size_t kMaxRegexStates = 100000;   // their NFA states together
-  // Text alternatives followed side by side (SchemaRecognizer's threads). The worst case a schema
-  // allows (overlapping anyOf options nested in each other, over JSON's 64 levels) is computed at
-  // compile time and must not exceed kMaxAmbiguity; while decoding, at most kMaxThreads are
-  // followed (the first ones): dropping one narrows what the model may write, never admits a
-  // text the schema refuses. 128 keeps every one of 128 forced tool calls (tools' limit) open.
+  // Text alternatives followed side by side (SchemaRecognizer's threads): at most kMaxThreads
+  // (the first ones); dropping one narrows what the model may write, never admits a text the
+  // schema refuses. 128 keeps every one of 128 forced tool calls (tools' limit) open. The worst
+  // case a schema allows (overlapping anyOf options nested in each other, over JSON's 64 levels)
+  // is computed at compile time, counted up to kMaxAmbiguity (JsonSchema::ambiguity): past
+  // kMaxThreads, what the model writes may be narrowed (a discriminated union nested in itself
+  // whose tag comes after the members that nest).
   static constexpr int64_t kMaxThreads = 128;
   static constexpr int64_t kMaxAmbiguity = 1024;
   static constexpr double kMaxCompileSeconds = 2.0;  // a backstop behind the counts above
@@ -124,6 +126,9 @@ class JsonSchema {
   static JsonSchema compile(const json::Value& schema);
   const SchemaNode& node(int i) const { return nodes_[static_cast<size_t>(i)]; }
   int root() const { return root_; }
+  // The most alternatives a text could have to be followed as at once, counted up to
+  // SchemaLimits::kMaxAmbiguity + 1; past kMaxThreads the recognizer keeps the first ones.
+  int64_t ambiguity() const { return ambiguity_; }
   int any() const { return any_; }
   // Whether one of its patterns ran into its determinized-state caps (Regex::saturated): what it
   // admits then depends on the texts tried before, so a worker compiles it afresh.
@@ -132,6 +137,7 @@ class JsonSchema {
  private:
   std::vector<SchemaNode> nodes_;
   int root_ = 0, any_ = 0;
+  int64_t ambiguity_ = 1;
   friend class SchemaCompiler;
 };
 

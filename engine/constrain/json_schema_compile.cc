@@ -37,7 +37,7 @@ class SchemaCompiler {
     out_.any_ = add(SchemaNode{});
     out_.root_ = compile(root_, "$", 0);
     flatten_alternatives();
-    check_ambiguity();
+    out_.ambiguity_ = ambiguity();
     return std::move(out_);
   }
 
@@ -211,7 +211,7 @@ class SchemaCompiler {
   // The most alternatives a text could have to follow side by side (SchemaRecognizer's threads),
   // an upper bound: at a value, the options that may start with the same byte all go on, each with
   // the alternatives inside it; a container follows one member at a time, over at most 64 levels.
-  void check_ambiguity() const {
+  int64_t ambiguity() const {
     const auto& nodes = out_.nodes_;
     const size_t n = nodes.size();
     using K = SchemaNode::Kind;
@@ -236,10 +236,7 @@ class SchemaCompiler {
       }
       std::swap(below, here);
     }
-    const int64_t worst = below[static_cast<size_t>(out_.root_)];
-    KVPR_CHECK(worst <= Limits::kMaxAmbiguity, "the schema's anyOf alternatives overlap too much: a text could have to "
-               "be followed as ", worst > Limits::kMaxAmbiguity ? "more than " : "", Limits::kMaxAmbiguity,
-               " alternatives at once (alternatives that begin alike, nested in each other)");
+    return below[static_cast<size_t>(out_.root_)];
   }
 
   // Keywords of JSON Schema (drafts 3 to 2020-12) that constrain a value and that the compiler
@@ -275,7 +272,8 @@ class SchemaCompiler {
         if (k != key && !annotation(k)) return true;
       return false;
     };
-    if (!s.find("allOf") && !beside("$ref") && !beside("anyOf") && !beside("oneOf") && !schema_dependencies(s))
+    if (!s.find("allOf") && !beside("$ref") && !beside("anyOf") && !beside("oneOf") && !schema_dependencies(s) &&
+        !s.find("not"))
       return nullptr;
     owned_.push_back(merge(json::Value(json::Object{}), flat(s, path, depth), path, depth));  // (distributes an anyOf)
     return &owned_.back();
@@ -296,7 +294,7 @@ class SchemaCompiler {
     const json::Value* all = s.find("allOf");
     const json::Value* ref = s.find("$ref");
     for (const auto& [k, v] : s.as_object()) {
-      if (k == "allOf" || k == "$ref" || annotation(k)) continue;
+      if (k == "allOf" || k == "$ref" || k == "not" || annotation(k)) continue;
       if ((k == "exclusiveMinimum" || k == "exclusiveMaximum") && v.is_bool()) {
         const json::Value* bound = s.find(k == "exclusiveMinimum" ? "minimum" : "maximum");
         KVPR_CHECK(!v.as_bool() || bound, path, ": ", k, " true needs a ", k == "exclusiveMinimum" ? "minimum" : "maximum");
@@ -321,7 +319,39 @@ class SchemaCompiler {
         out = merge(out, flat(all->as_array()[i], at, depth + 1), at, depth + 1);
       }
     }
+    if (const json::Value* no = s.find("not")) {
+      KVPR_CHECK(negatable(*no), path, ": the keyword 'not' is not supported (beside nothing but a list of required keys)");
+      if (empty_schema(*no)) throw NoValue(path + ": not {} admits no value");
+      // not {"required": [a, b]}: a or b absent
+      json::Array absent;
+      for (const auto& k : no->find("required")->as_array())
+        absent.push_back(json::Value(json::Object{{"properties", json::Value(json::Object{{k.as_string(), json::Value(false)}})}}));
+      out = merge(out, json::Value(json::Object{{"anyOf", json::Value(std::move(absent))}}), path + ".not", depth + 1);
+    }
     return dependent(std::move(out), path, depth);
+  }
+
+  // A schema that says nothing of the value: true, or annotations alone.
+  static bool empty_schema(const json::Value& v) {
+    if (v.is_bool()) return v.as_bool();
+    return v.is_object() && std::all_of(v.as_object().begin(), v.as_object().end(), [](const auto& e) { return annotation(e.first); });
+  }
+  // false, or a schema beside not {} (which JSON Schema's authors write for false).
+  static bool admits_nothing(const json::Value& v) {
+    if (v.is_bool()) return !v.as_bool();
+    const json::Value* no = v.is_object() ? v.find("not") : nullptr;
+    return no && empty_schema(*no);
+  }
+  // What `not` the compiler writes out: not {} (nothing), not {"required": [keys]} (one absent).
+  static bool negatable(const json::Value& v) {
+    if (empty_schema(v)) return true;
+    if (!v.is_object()) return false;
+    const json::Value* r = v.find("required");
+    if (!r || !r->is_array() || r->as_array().empty()) return false;
+    for (const auto& k : r->as_array())
+      if (!k.is_string()) return false;
+    return std::all_of(v.as_object().begin(), v.as_object().end(),
+                       [](const auto& e) { return e.first == "required" || annotation(e.first); });
   }
 
   // Whether `s` has schema dependencies (dependencies' schema form, dependentSchemas).
@@ -562,7 +592,7 @@ class SchemaCompiler {
         const json::Value* sb = pb ? pb->find(name) : nullptr;
         if (!sa) sa = aa;
         if (!sb) sb = ab;
-        const bool forbidden = (sa && sa->is_bool() && !sa->as_bool()) || (sb && sb->is_bool() && !sb->as_bool());
+        const bool forbidden = (sa && admits_nothing(*sa)) || (sb && admits_nothing(*sb));
         if (forbidden) {
           const bool needed = required && required->is_array() &&
                               std::any_of(required->as_array().begin(), required->as_array().end(),
@@ -584,7 +614,7 @@ class SchemaCompiler {
 
   // merge of two schemas that may be booleans: false when either is.
   json::Value merge_or_false(const json::Value& a, const json::Value& b, const std::string& path, int depth) {
-    if ((a.is_bool() && !a.as_bool()) || (b.is_bool() && !b.as_bool())) return json::Value(false);
+    if (admits_nothing(a) || admits_nothing(b)) return json::Value(false);
     if (a.is_bool()) return b;
     if (b.is_bool()) return a;
     return merge(flat(a, path, depth), flat(b, path, depth), path, depth);
@@ -663,11 +693,13 @@ class SchemaCompiler {
     KVPR_CHECK(depth <= Limits::kMaxNesting, path, ": the schema nests deeper than ", Limits::kMaxNesting,
                " levels (each $ref followed counts one)");
     if (s.is_bool()) {
-      KVPR_CHECK(s.as_bool(), path, ": the schema false admits no value");
+      if (!s.as_bool()) throw NoValue(path + ": the schema false admits no value");
       return out_.any_;
     }
     KVPR_CHECK(s.is_object(), path, ": a schema must be an object or a boolean");
-    for (const auto& [k, v] : s.as_object()) KVPR_CHECK(!unenforced(k), path, ": the keyword '", k, "' is not supported");
+    for (const auto& [k, v] : s.as_object())
+      KVPR_CHECK(!unenforced(k) || (k == "not" && negatable(v)), path, ": the keyword '", k, "' is not supported");
+    if (admits_nothing(s)) throw NoValue(path + ": not {} admits no value");
     if (const json::Value* j = joined(s, path, depth)) return compile(*j, path, depth + 1);
     if (const json::Value* ref = s.find("$ref")) {
       KVPR_CHECK(ref->is_string(), path, ": $ref must be a string");
@@ -1056,7 +1088,7 @@ class SchemaCompiler {
             schema = &owned_.back();
           }
         // false: the key may not appear (-1)
-        const int p = schema->is_bool() && !schema->as_bool() ? -1 : compile(*schema, path + ".properties." + k, depth + 1);
+        const int p = admits_nothing(*schema) ? -1 : compile(*schema, path + ".properties." + k, depth + 1);
         out_.nodes_[static_cast<size_t>(at)].props.push_back(p);
       }
     for (const auto& [rx, ps] : patterns) {
