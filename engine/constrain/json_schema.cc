@@ -176,6 +176,24 @@ const uint64_t* SchemaRecognizer::used_literals(const Thread& t) const {
   return a.kind == SchemaNode::Kind::Array && a.unique && a.items == t.node ? &t.stack.back().used : nullptr;
 }
 
+bool SchemaRecognizer::unique_value_item(const Thread& t) const {
+  if (t.stack.empty() || t.stack.back().object) return false;
+  const SchemaNode& a = schema_->node(t.stack.back().node);
+  return a.kind == SchemaNode::Kind::Array && a.unique_values;
+}
+
+std::string SchemaRecognizer::value_of(Mode mode, const std::string& text) {
+  if (mode == Mode::Number) return "n" + decimal::dec_text(decimal::parse_dec(text));
+  try {
+    const json::Value v = json::parse(text);
+    if (v.is_string()) return "s" + v.as_string();
+    if (v.is_number()) return "n" + decimal::dec_text(decimal::parse_dec(text));
+  } catch (const Error&) {  // a string the parser refuses (a lone surrogate escape): as written
+    return "s" + text;
+  }
+  return "l" + text;  // true, false, null
+}
+
 bool SchemaRecognizer::scalar_may_end(const Thread& t) const {
   if (t.mode == Mode::Number) return number_may_end(t.sub) && number_in_bounds(t);
   if (t.mode == Mode::Literal) {
@@ -192,10 +210,10 @@ bool SchemaRecognizer::scalar_may_end(const Thread& t) const {
 bool SchemaRecognizer::object_may_close(const Thread& t) const {
   const SchemaNode& n = schema_->node(t.stack.back().node);
   if (n.kind == SchemaNode::Kind::Any) return true;
-  const uint64_t seen = t.stack.back().seen;
-  if ((n.required & ~seen) != 0) return false;
+  const KeySet& seen = t.stack.back().seen;
+  if ((n.required & ~seen).any()) return false;
   for (const auto& [key, needs] : n.depends)
-    if ((seen & key) && (needs & ~seen)) return false;
+    if ((seen & key).any() && (needs & ~seen).any()) return false;
   return t.stack.back().count >= n.min_props;
 }
 
@@ -207,13 +225,13 @@ bool SchemaRecognizer::object_may_continue(const Thread& t) const {
   if (n.max_props >= 0 && f.count >= n.max_props) return false;
   if (n.additional >= 0) return true;
   for (size_t i = 0; i < n.names.size(); ++i)
-    if (n.props[i] >= 0 && !((f.seen >> i) & 1) && keys_fit(n, f, f.seen | uint64_t{1} << i, 1)) return true;
+    if (n.props[i] >= 0 && !f.seen.test(i) && keys_fit(n, f, f.seen.with(i), 1)) return true;
   return pattern_key_alive(n, f, "");
 }
 
-bool SchemaRecognizer::keys_fit(const SchemaNode& n, const Frame& f, uint64_t seen, int64_t added) const {
+bool SchemaRecognizer::keys_fit(const SchemaNode& n, const Frame& f, const KeySet& seen, int64_t added) const {
   if (n.max_props < 0) return true;
-  return f.count + added + std::popcount(n.keys_due(seen) & ~seen) <= n.max_props;
+  return f.count + added + (n.keys_due(seen) & ~seen).count() <= n.max_props;
 }
 
 bool SchemaRecognizer::pattern_key_alive(const SchemaNode& n, const Frame& f, std::string_view prefix) const {
@@ -250,7 +268,7 @@ bool SchemaRecognizer::pattern_key_alive(const SchemaNode& n, const Frame& f, st
     // that are given already.
     int64_t given = 0;
     for (size_t i = 0; i < n.names.size(); ++i)
-      if (((f.seen >> i) & 1) && n.names[i].starts_with(prefix) && rx->matches(Regex::code_points(n.names[i]))) ++given;
+      if (f.seen.test(i) && n.names[i].starts_with(prefix) && rx->matches(Regex::code_points(n.names[i]))) ++given;
     for (const std::string& k : f.extra)
       if (k.starts_with(prefix)) ++given;
     if (given == 0 || rx->completions(state) > given) return true;
@@ -265,6 +283,12 @@ bool SchemaRecognizer::end_value(Thread& t) const {
       const size_t i = static_cast<size_t>(std::find(lits.begin(), lits.end(), t.key) - lits.begin());
       t.stack.back().used = *used | uint64_t{1} << i;
     }
+  if ((t.mode == Mode::String || t.mode == Mode::Number || t.mode == Mode::Literal) && unique_value_item(t)) {
+    std::vector<std::string>& given = t.stack.back().extra;
+    std::string v = value_of(t.mode, t.key);
+    if (std::find(given.begin(), given.end(), v) != given.end()) return false;  // an item given twice
+    given.push_back(std::move(v));
+  }
   t.key.clear();
   t.ws = 0;
   if (t.stack.empty()) {
@@ -305,13 +329,13 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
   const bool any = n.kind == K::Any;
   if (c == '{' && (any || n.kind == K::Object)) {
     if (t.stack.size() >= max_depth_) return false;
-    t.stack.push_back(Frame{t.node, true, 0, 0, 0, {}});
+    t.stack.push_back(Frame{t.node, true, {}, 0, 0, {}});
     t.mode = Mode::ObjFirst;
     return true;
   }
   if (c == '[' && (any || n.kind == K::Array)) {
     if (t.stack.size() >= max_depth_) return false;
-    t.stack.push_back(Frame{t.node, false, 0, 0, 0, {}});
+    t.stack.push_back(Frame{t.node, false, {}, 0, 0, {}});
     t.mode = Mode::ArrFirst;
     return true;
   }
@@ -322,14 +346,14 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
     t.cp = 0;
     t.rx[0] = t.rx[1] = 0;  // equal states keep equal keys (mask cache, merged alternatives)
     for (size_t k = 0; k < n.regexes.size() && k < 2; ++k) t.rx[k] = n.regexes[k]->start();
+    if (unique_value_item(t)) t.key.assign(1, '"');
     return true;
   }
   if ((c == '-' || is_digit(c)) && (any || n.kind == K::Number || n.kind == K::Integer)) {
     t.mode = Mode::Number;
     t.sub = number_start(c);
-    if (!n.bounded()) return true;
-    t.key.assign(1, static_cast<char>(c));
-    return number_viable(t);
+    if (n.bounded() || unique_value_item(t)) t.key.assign(1, static_cast<char>(c));
+    return !n.bounded() || number_viable(t);
   }
   if (any || n.kind == K::Literals) {
     const auto& lits = any ? kAnyLiterals : n.literals;
@@ -353,6 +377,7 @@ bool SchemaRecognizer::string_step(Thread& t, uint8_t c) const {
   if (r == 0) return false;
   const SchemaNode& n = schema_->node(t.node);
   if (n.kind == K::String && !n.regexes.empty() && !string_regex_byte(t, n, c, sub0, aux0, r)) return false;
+  if (unique_value_item(t)) t.key.push_back(static_cast<char>(c));
   if (r == 2) {
     if (n.kind == K::String && chars < n.min_length) return false;
     return end_value(t);
@@ -379,8 +404,7 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
     if (!closed) return true;
     const Frame& f = t.stack.back();
     for (size_t i = 0; i < n.names.size(); ++i)  // still the start of a property not yet given
-      if (n.props[i] >= 0 && !((f.seen >> i) & 1) && n.names[i].starts_with(t.key) &&
-          keys_fit(n, f, f.seen | uint64_t{1} << i, 1))
+      if (n.props[i] >= 0 && !f.seen.test(i) && n.names[i].starts_with(t.key) && keys_fit(n, f, f.seen.with(i), 1))
         return true;
     return pattern_key_alive(n, f, t.key);
   }
@@ -401,9 +425,9 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
     bool listed = false;
     for (size_t i = 0; i < n.names.size(); ++i)
       if (n.names[i] == name) {
-        if (((f.seen >> i) & 1) || n.props[i] < 0) return false;  // a key given twice, or one its schema false forbids
-        if (!keys_fit(n, f, f.seen | uint64_t{1} << i, 1)) return false;
-        f.seen |= uint64_t{1} << i;
+        if (f.seen.test(i) || n.props[i] < 0) return false;  // a key given twice, or one its schema false forbids
+        if (!keys_fit(n, f, f.seen.with(i), 1)) return false;
+        f.seen.set(i);
         t.key_node = n.props[i];
         listed = true;
       }
@@ -490,9 +514,9 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
       const SchemaNode& n = schema_->node(t.node);
       if (n.bounded() && (c == 'e' || c == 'E')) return false;  // bounded: no exponent
       const int r = number_byte(t.sub, c, n.kind == K::Integer);
-      if (r == 1 && n.bounded()) {
+      if (r == 1 && (n.bounded() || unique_value_item(t))) {
         t.key.push_back(static_cast<char>(c));
-        return number_viable(t);
+        return !n.bounded() || number_viable(t);
       }
       if (r != 2) return r == 1;
       if (!number_in_bounds(t) || !end_value(t)) return false;

@@ -25,6 +25,7 @@
 // const values as Python's compact json.dumps writes them (ensure_ascii=False).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -37,13 +38,52 @@
 
 namespace kvpr {
 
+// A set of an object's keys, by their index in SchemaNode::names.
+struct KeySet {
+  static constexpr size_t kMax = 256;  // SchemaLimits::kMaxProperties
+  uint64_t w[kMax / 64] = {};
+  bool test(size_t i) const { return (w[i >> 6] >> (i & 63)) & 1; }
+  void set(size_t i) { w[i >> 6] |= uint64_t{1} << (i & 63); }
+  KeySet with(size_t i) const {
+    KeySet k = *this;
+    k.set(i);
+    return k;
+  }
+  bool any() const {
+    for (uint64_t x : w)
+      if (x) return true;
+    return false;
+  }
+  int count() const {
+    int n = 0;
+    for (uint64_t x : w) n += std::popcount(x);
+    return n;
+  }
+  KeySet operator|(const KeySet& o) const {
+    KeySet k;
+    for (size_t i = 0; i < kMax / 64; ++i) k.w[i] = w[i] | o.w[i];
+    return k;
+  }
+  KeySet operator&(const KeySet& o) const {
+    KeySet k;
+    for (size_t i = 0; i < kMax / 64; ++i) k.w[i] = w[i] & o.w[i];
+    return k;
+  }
+  KeySet operator~() const {
+    KeySet k;
+    for (size_t i = 0; i < kMax / 64; ++i) k.w[i] = ~w[i];
+    return k;
+  }
+  KeySet& operator|=(const KeySet& o) { return *this = *this | o; }
+};
+
 struct SchemaNode {
   enum class Kind : uint8_t { Any, Object, Array, String, Number, Integer, Literals, AnyOf };
   Kind kind = Kind::Any;
   // Object
-  std::vector<std::string> names;  // properties, at most 64
+  std::vector<std::string> names;  // properties, at most SchemaLimits::kMaxProperties
   std::vector<int> props;          // their nodes (-1: the schema false, the key may not appear)
-  uint64_t required = 0;           // bit i: names[i] is required
+  KeySet required;                 // names[i] is required
   int additional = -1;             // node of other keys' values; -1: no other keys
   // patternProperties: a key not in names whose text a pattern matches takes that pattern's node
   // (several with different nodes: the key is refused); names matching one had its schema merged
@@ -57,14 +97,14 @@ struct SchemaNode {
   bool tracks_extra() const { return min_props > 0 || max_props >= 0 || (additional < 0 && !pattern_props.empty()); }
   // dependencies / dependentRequired: once a key of `first`'s bit is given, those of `second` are
   // required too.
-  std::vector<std::pair<uint64_t, uint64_t>> depends;
+  std::vector<std::pair<KeySet, KeySet>> depends;
   // The keys an object with `given` will have: those, the required ones, and what they require.
-  uint64_t keys_due(uint64_t given) const {
-    uint64_t due = required | given;
+  KeySet keys_due(const KeySet& given) const {
+    KeySet due = required | given;
     for (bool grew = true; grew;) {
       grew = false;
       for (const auto& [key, needs] : depends)
-        if ((due & key) && (needs & ~due)) {
+        if ((due & key).any() && (needs & ~due).any()) {
           due |= needs;
           grew = true;
         }
@@ -78,6 +118,9 @@ struct SchemaNode {
   // uniqueItems true, for items that are one of a set of literals (enum, const, boolean): each
   // literal at most once.
   bool unique = false;
+  // uniqueItems true, for items that are strings, numbers or literals (anyOf them): each value
+  // at most once, as JSON Schema compares them ("a" and "\u0061", 1 and 1.0 are one value).
+  bool unique_values = false;
   int item(int64_t index, int any) const {  // the node of item `index`
     return index < static_cast<int64_t>(prefix.size()) ? prefix[static_cast<size_t>(index)] : items >= 0 ? items : any;
   }
@@ -103,6 +146,7 @@ struct SchemaNode {
 struct SchemaLimits {
   static constexpr int kMaxNesting = 64;          // schemas inside schemas, each $ref followed counting one
   static constexpr size_t kMaxNodes = 10000;      // compiled nodes
+  static constexpr size_t kMaxProperties = KeySet::kMax;  // an object's listed and required keys
   static constexpr size_t kMaxAlternatives = 100000;  // anyOf options, summed over every anyOf (flattened)
   static constexpr size_t kMaxPatterns = 64;      // distinct pattern and format regexes
   static constexpr size_t kMaxRegexStates = 100000;   // their NFA states together
@@ -159,11 +203,12 @@ class SchemaRecognizer {
   struct Frame {
     int node = 0;
     bool object = false;
-    uint64_t seen = 0;  // object: properties given
+    KeySet seen;        // object: properties given
     int64_t count = 0;  // array: items so far
     uint64_t used = 0;  // unique array: bit i, literal i of its items has been given
     // object whose node tracks_extra(): the keys given that its names does not list; count is
-    // then the keys given
+    // then the keys given. Array whose node has unique_values: the items given, as value_of writes
+    // them.
     std::vector<std::string> extra;
   };
   enum class Mode : uint8_t { Value, ArrFirst, ObjFirst, ObjKey, Key, Colon, AfterValue, String, Number, Literal, Done };
@@ -197,12 +242,16 @@ class SchemaRecognizer {
   bool object_may_continue(const Thread& t) const;
   // Whether the object's keys would stay within maxProperties once `seen` are given (count of
   // them before this key, `added` more): the keys they require counted in.
-  bool keys_fit(const SchemaNode& n, const Frame& f, uint64_t seen, int64_t added) const;
+  bool keys_fit(const SchemaNode& n, const Frame& f, const KeySet& seen, int64_t added) const;
   // A closed object's pattern keys: whether some key not given yet that a pattern matches begins
   // with `prefix` (and fits maxProperties).
   bool pattern_key_alive(const SchemaNode& n, const Frame& f, std::string_view prefix) const;
   // In a uniqueItems array: the item literals given so far (null when the value is no such item).
   const uint64_t* used_literals(const Thread& t) const;
+  // Whether the value being read is an item of a unique_values array (its text then kept in
+  // t.key), and the value of such an item's text, as items are compared.
+  bool unique_value_item(const Thread& t) const;
+  static std::string value_of(Mode mode, const std::string& text);
   static std::string thread_key(const Thread& t);
   static void merge(std::vector<Thread>& threads);
   SchemaRecognizer(const SchemaRecognizer& other, const Thread& only)

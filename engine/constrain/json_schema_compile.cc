@@ -965,10 +965,17 @@ class SchemaCompiler {
     while (lit >= 0 && out_.nodes_[static_cast<size_t>(lit)].kind == SchemaNode::Kind::AnyOf &&
            out_.nodes_[static_cast<size_t>(lit)].options.size() == 1)
       lit = out_.nodes_[static_cast<size_t>(lit)].options[0];  // a $ref to an enum
-    KVPR_CHECK(np == 0 && lit >= 0 && out_.nodes_[static_cast<size_t>(lit)].kind == SchemaNode::Kind::Literals &&
-                   out_.nodes_[static_cast<size_t>(lit)].literals.size() <= 64,
-               path, ": uniqueItems true is supported for items that are one of at most 64 literals (enum, const, "
-                     "boolean), not these");
+    if (!(np == 0 && lit >= 0 && out_.nodes_[static_cast<size_t>(lit)].kind == SchemaNode::Kind::Literals &&
+          out_.nodes_[static_cast<size_t>(lit)].literals.size() <= 64)) {
+      // Items that are scalars: each value given is kept and compared with the next ones.
+      KVPR_CHECK(arr.items >= 0 && scalar(arr.items), path, ": uniqueItems true is supported for items that are "
+                 "strings, numbers or literals (enum, const, boolean), not these");
+      for (int p : arr.prefix)
+        KVPR_CHECK(scalar(p), path, ": uniqueItems true is supported for items that are strings, numbers or "
+                   "literals (enum, const, boolean), not these");
+      arr.unique_values = true;
+      return;
+    }
     const auto& lits = out_.nodes_[static_cast<size_t>(lit)].literals;
     for (size_t i = 0; i < lits.size(); ++i)  // items are compared by which literal they are
       for (size_t j = 0; j < i; ++j) {
@@ -979,6 +986,22 @@ class SchemaCompiler {
     arr.items = lit;
     arr.unique = true;
     cap_items(arr, static_cast<int64_t>(lits.size()), " distinct items uniqueItems allows", path);
+  }
+
+  // Whether every value of node `at` is a string, a number or a literal (through anyOf and $ref).
+  bool scalar(int at) const {
+    std::vector<int> todo{at};
+    std::set<int> seen;
+    while (!todo.empty()) {
+      const int i = todo.back();
+      todo.pop_back();
+      if (!seen.insert(i).second) continue;
+      const SchemaNode& x = out_.nodes_[static_cast<size_t>(i)];
+      using K = SchemaNode::Kind;
+      if (x.kind == K::AnyOf) todo.insert(todo.end(), x.options.begin(), x.options.end());
+      else if (x.kind != K::String && x.kind != K::Number && x.kind != K::Integer && x.kind != K::Literals) return false;
+    }
+    return true;
   }
 
   // At most `most` items (`why` names the keywords that say so).
@@ -993,7 +1016,8 @@ class SchemaCompiler {
     const json::Value* props = s.find("properties");
     if (props) {
       KVPR_CHECK(props->is_object(), path, ": properties must be an object");
-      KVPR_CHECK(props->as_object().size() <= 64, path, ": more than 64 properties are not supported");
+      KVPR_CHECK(props->as_object().size() <= Limits::kMaxProperties, path, ": more than ", Limits::kMaxProperties,
+                 " properties are not supported");
       for (const auto& [k, v] : props->as_object()) {
         KVPR_CHECK(std::find(n.names.begin(), n.names.end(), k) == n.names.end(), path, ": property '", k, "' twice");
         n.names.push_back(k);
@@ -1040,11 +1064,12 @@ class SchemaCompiler {
           if (!may_appear(r.as_string()))
             throw NoValue(path + ": required names '" + r.as_string() +
                           "', which is not in properties and additionalProperties false forbids");
-          KVPR_CHECK(n.names.size() < 64, path, ": more than 64 properties are not supported");
+          KVPR_CHECK(n.names.size() < Limits::kMaxProperties, path, ": more than ", Limits::kMaxProperties,
+                     " properties are not supported");
           n.names.push_back(r.as_string());
           it = n.names.end() - 1;
         }
-        n.required |= uint64_t{1} << (it - n.names.begin());
+        n.required.set(static_cast<size_t>(it - n.names.begin()));
       }
     }
     // Keys that require others once given (the list form; a schema there is refused by name).
@@ -1058,7 +1083,8 @@ class SchemaCompiler {
         auto it = std::find(n.names.begin(), n.names.end(), name);
         if (it != n.names.end()) return static_cast<int>(it - n.names.begin());
         if (!may_appear(name)) return -1;
-        KVPR_CHECK(n.names.size() < 64, path, ": more than 64 properties are not supported");
+        KVPR_CHECK(n.names.size() < Limits::kMaxProperties, path, ": more than ", Limits::kMaxProperties,
+                   " properties are not supported");
         n.names.push_back(name);
         return static_cast<int>(n.names.size()) - 1;
       };
@@ -1066,14 +1092,14 @@ class SchemaCompiler {
         KVPR_CHECK(v.is_array(), path, ".", key, ".", k, ": a schema there is not supported (a list of keys is)");
         const int a = bit(k);
         if (a < 0) continue;  // the key never appears
-        uint64_t needs = 0;
+        KeySet needs;
         for (const auto& b : v.as_array()) {
           KVPR_CHECK(b.is_string(), path, ".", key, ".", k, ": must list property names");
           const int i = bit(b.as_string());
           KVPR_CHECK(i >= 0, path, ".", key, ".", k, ": names '", b.as_string(), "', which additionalProperties false forbids");
-          needs |= uint64_t{1} << i;
+          needs.set(static_cast<size_t>(i));
         }
-        n.depends.emplace_back(uint64_t{1} << a, needs);
+        n.depends.emplace_back(KeySet{}.with(static_cast<size_t>(a)), needs);
       }
     }
     const int at = add(std::move(n));
@@ -1112,9 +1138,9 @@ class SchemaCompiler {
       o.props.push_back(node >= 0 ? node : additional);
     }
     for (size_t i = 0; i < o.names.size(); ++i)
-      if (o.props[i] < 0 && (o.keys_due(0) >> i & 1))
+      if (o.props[i] < 0 && o.keys_due({}).test(i))
         throw NoValue(path + ": required names '" + o.names[i] + "', whose schema is false");
-    KVPR_CHECK(o.max_props < 0 || std::popcount(o.keys_due(0)) <= o.max_props, path, ": maxProperties ", o.max_props,
+    KVPR_CHECK(o.max_props < 0 || o.keys_due({}).count() <= o.max_props, path, ": maxProperties ", o.max_props,
                " is below the keys required");
     KVPR_CHECK(additional >= 0 || !o.pattern_props.empty() || static_cast<int64_t>(o.names.size()) >= o.min_props,
                path, ": minProperties ", o.min_props, " exceeds the ", o.names.size(),

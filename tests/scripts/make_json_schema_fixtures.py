@@ -166,6 +166,9 @@ SCHEMAS += [
      "required": ["name"], "additionalProperties": False},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "null"}},
      "additionalProperties": {"type": "string", "maxLength": 3}, "minProperties": 2, "maxProperties": 3},
+    # Unique items that are strings and numbers, compared by value.
+    {"type": "array", "items": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "number"}]},
+     "uniqueItems": True, "maxItems": 4},
 ]
 # Keys the patterns of patternProperties match.
 PATTERN_KEYS = {"^x-[a-z]+$": ["x-a", "x-vendor", "x-id"], "^a[bc]$": ["ac"]}
@@ -231,9 +234,9 @@ def gen(root, s, rng, depth=0):
         while len(out) > s.get("maxProperties", len(out)):
             del out[rng.choice([k for k in out if k not in req])]
         return out
-    if s.get("uniqueItems"):  # distinct literals (enum, boolean), as many as asked for
+    if s.get("uniqueItems"):  # distinct literals (enum, boolean), or strings and numbers, as many as asked for
         items = resolve(root, s["items"])
-        values = items["enum"] if "enum" in items else [True, False]
+        values = items["enum"] if "enum" in items else ["a", "bc", "\u00e9", "1", 1, 2.5, -3] if "anyOf" in items else [True, False]
         lo, hi = s.get("minItems", 0), min(s.get("maxItems", len(values)), len(values))
         return rng.sample(values, rng.randint(lo, hi))
     if t == "array" or "prefixItems" in s:

@@ -248,8 +248,8 @@ TEST(JsonSchema, ReadsWhatJsonschemaValidates) {
       ++n;
     }
   }
-  EXPECT_EQ(n, 3120u);
-  EXPECT_GE(valid, 1400u);
+  EXPECT_EQ(n, 3240u);
+  EXPECT_GE(valid, 1450u);
 }
 
 namespace {
@@ -412,8 +412,9 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   refused(R"({"type": "object", "required": ["x"], "additionalProperties": false})",
           "$: required names 'x', which is not in properties and additionalProperties false forbids");
   refused(R"({"type": "array", "items": [{"type": "string"}], "prefixItems": [{}]})", "items as a list beside prefixItems");
-  refused(R"({"type": "array", "uniqueItems": true})", "$: uniqueItems true is supported for items that are one of");
-  refused(R"({"type": "array", "items": {"type": "string"}, "uniqueItems": true})", "not these");
+  refused(R"({"type": "array", "uniqueItems": true})", "$: uniqueItems true is supported for items that are strings");
+  refused(R"({"type": "array", "items": {"type": "object"}, "uniqueItems": true})", "not these");
+  refused(R"({"items": {"anyOf": [{"type": "string"}, {"type": "array"}]}, "uniqueItems": true})", "not these");
   refused(R"({"type": "array", "items": {"enum": [1, 1.0]}, "uniqueItems": true})", "lists one value twice (1, 1.0)");
   refused(R"({"items": {"enum": ["a"]}, "uniqueItems": true, "minItems": 2})",
           "$: minItems 2 exceeds the 1 distinct items uniqueItems allows");
@@ -1073,6 +1074,25 @@ TEST(JsonSchema, AClosedObjectTakesTheKeysItsPatternsMatch) {
   EXPECT_FALSE(takes(two, R"({"a": 1, "b": 2,)"));
 }
 
+// An object of up to SchemaLimits::kMaxProperties keys (Snowplow's event schemas list 131).
+TEST(JsonSchema, ObjectsListHundredsOfKeys) {
+  std::string wide = R"({"type": "object", "additionalProperties": false, "required": ["k199"], "properties": {)";
+  for (int i = 0; i < 200; ++i) wide += std::string(i ? ", " : "") + "\"k" + std::to_string(i) + "\": {\"type\": \"integer\"}";
+  wide += "}}";
+  EXPECT_TRUE(whole(wide, R"({"k150": 1, "k199": 2, "k0": 3})"));
+  EXPECT_FALSE(whole(wide, R"({"k150": 1})"));                 // k199 is required
+  EXPECT_FALSE(takes(wide, R"({"k150": 1, "k150")"));          // given twice
+  EXPECT_FALSE(takes(wide, R"({"k200")"));
+  std::string past = R"({"properties": {)";
+  for (size_t i = 0; i <= SchemaLimits::kMaxProperties; ++i) past += std::string(i ? ", " : "") + "\"k" + std::to_string(i) + "\": {}";
+  try {
+    JsonSchema::compile(json::parse(past + "}}"));
+    ADD_FAILURE() << "accepted " << SchemaLimits::kMaxProperties + 1 << " properties";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 256 properties are not supported"), std::string::npos) << e.what();
+  }
+}
+
 // minProperties and maxProperties count the keys given, each once; the keys a key requires count
 // before it is taken.
 TEST(JsonSchema, PropertyCountsHoldBetweenTheirBounds) {
@@ -1093,6 +1113,25 @@ TEST(JsonSchema, PropertyCountsHoldBetweenTheirBounds) {
   EXPECT_FALSE(takes(deps, R"({"b": 1, "d": 2, )"));
   EXPECT_TRUE(whole(R"({"maxProperties": 1})", R"({"z": [1]})"));
   EXPECT_FALSE(takes(R"({"minProperties": 1})", "{}"));
+}
+
+// uniqueItems over strings and numbers: each value once, compared as JSON Schema compares them.
+TEST(JsonSchema, UniqueItemsTakeEachValueOnce) {
+  const char* tags = R"({"type": "array", "items": {"type": "string"}, "uniqueItems": true})";
+  EXPECT_TRUE(whole(tags, R"(["a", "b", "ab"])"));
+  EXPECT_FALSE(takes(tags, R"(["a", "a")"));
+  EXPECT_TRUE(takes(tags, R"(["a", "a)"));           // "ab" may follow
+  EXPECT_FALSE(takes(tags, R"(["a", "a")"));    // the same string, escaped
+  EXPECT_FALSE(takes(tags, "[["));                   // items are strings
+  const char* nums = R"({"type": "array", "items": {"anyOf": [{"type": "number"}, {"type": "string"}]}, "uniqueItems": true})";
+  EXPECT_TRUE(whole(nums, R"([1, "1", 2.5, -1])"));
+  EXPECT_FALSE(takes(nums, "[1, 1.0,"));              // one value
+  EXPECT_FALSE(takes(nums, "[100, 1e2]"));
+  EXPECT_TRUE(takes(nums, "[1, 10"));
+  EXPECT_TRUE(whole(R"({"prefixItems": [{"const": "x"}], "items": {"type": "string"}, "uniqueItems": true})",
+                    R"(["x", "y"])"));
+  EXPECT_FALSE(takes(R"({"prefixItems": [{"const": "x"}], "items": {"type": "string"}, "uniqueItems": true})",
+                     R"(["x", "x")"));
 }
 
 // At maxLength, a character may not begin (a lead byte, a backslash): it could not be finished.
