@@ -71,6 +71,69 @@ bool SchemaRecognizer::number_in_bounds(const Thread& t) const {
   return true;
 }
 
+namespace {
+
+// A number's text split: sign, integer digits, whether a '.' was written, fraction digits.
+struct NumberText {
+  bool neg = false, dot = false;
+  std::string_view i, f;
+  explicit NumberText(std::string_view text) {
+    neg = !text.empty() && text[0] == '-';
+    const std::string_view body = text.substr(neg ? 1 : 0);
+    const size_t at = body.find('.');
+    dot = at != std::string_view::npos;
+    i = body.substr(0, at);
+    f = dot ? body.substr(at + 1) : std::string_view{};
+  }
+};
+
+// The value times 10^scale modulo m, of digits `i`.`f` (f at most `scale` digits).
+int64_t scaled_remainder(const NumberText& x, int scale, int64_t m) {
+  int64_t r = 0;
+  for (char c : x.i) r = (r * 10 + (c - '0')) % m;
+  for (char c : x.f) r = (r * 10 + (c - '0')) % m;
+  for (size_t k = x.f.size(); k < static_cast<size_t>(scale); ++k) r = r * 10 % m;
+  return r;
+}
+
+}  // namespace
+
+bool SchemaRecognizer::number_is_multiple(const Thread& t) const {
+  const SchemaNode& n = schema_->node(t.node);
+  if (n.multiple == 0) return true;
+  const NumberText x(t.key);
+  return x.f.size() <= static_cast<size_t>(n.multiple_scale) && scaled_remainder(x, n.multiple_scale, n.multiple) == 0;
+}
+
+bool SchemaRecognizer::multiple_viable(const Thread& t) const {
+  const SchemaNode& n = schema_->node(t.node);
+  if (n.multiple == 0) return true;
+  const NumberText x(t.key);
+  // Before the point, integer digits may go on: every remainder is still reachable, and no upper
+  // bound stands in the way (nor a lower one below 0). A leading 0 goes on only to a fraction:
+  // 0 itself, or 0. and digits.
+  if (!x.dot && x.i != "0") return true;
+  if (!x.dot && number_in_bounds(t)) return true;
+  if (n.multiple_scale == 0 && x.f.empty()) return false;  // no fraction digit may follow
+  if (x.f.size() > static_cast<size_t>(n.multiple_scale)) return false;
+  // The fraction digits still free add some d < 10^free (times the last place) to the value.
+  int64_t room = 1;
+  for (size_t k = x.f.size(); k < static_cast<size_t>(n.multiple_scale); ++k) room *= 10;
+  const int64_t r = scaled_remainder(x, n.multiple_scale, n.multiple);
+  const int64_t d0 = (n.multiple - r) % n.multiple;  // the least d making a multiple
+  if (d0 >= room) return false;
+  if (!n.lo.set) return true;
+  // Beside a lower bound: the largest such value (the least d when negative) must meet it.
+  const int64_t d = x.neg ? d0 : d0 + (room - 1 - d0) / n.multiple * n.multiple;
+  std::string digits = std::to_string(d);
+  const size_t free = static_cast<size_t>(n.multiple_scale) - x.f.size();
+  if (digits.size() < free) digits.insert(0, free - digits.size(), '0');
+  if (free == 0) digits.clear();
+  Thread end = t;
+  end.key = t.key + (x.dot ? "" : ".") + digits;
+  return number_in_bounds(end);
+}
+
 // The values a prefix of -?(0|[1-9][0-9]*)(\.[0-9]*)? can still become, by magnitude m:
 //   "" (or "-")     every m >= 0
 //   "0"             m in [0, 1) (an integer: m = 0)
@@ -195,7 +258,7 @@ std::string SchemaRecognizer::value_of(Mode mode, const std::string& text) {
 }
 
 bool SchemaRecognizer::scalar_may_end(const Thread& t) const {
-  if (t.mode == Mode::Number) return number_may_end(t.sub) && number_in_bounds(t);
+  if (t.mode == Mode::Number) return number_may_end(t.sub) && number_in_bounds(t) && number_is_multiple(t);
   if (t.mode == Mode::Literal) {
     const SchemaNode& n = schema_->node(t.node);
     const auto& lits = n.kind == SchemaNode::Kind::Any ? kAnyLiterals : n.literals;
@@ -352,8 +415,8 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
   if ((c == '-' || is_digit(c)) && (any || n.kind == K::Number || n.kind == K::Integer)) {
     t.mode = Mode::Number;
     t.sub = number_start(c);
-    if (n.bounded() || unique_value_item(t)) t.key.assign(1, static_cast<char>(c));
-    return !n.bounded() || number_viable(t);
+    if (n.exact() || unique_value_item(t)) t.key.assign(1, static_cast<char>(c));
+    return number_viable(t) && multiple_viable(t);
   }
   if (any || n.kind == K::Literals) {
     const auto& lits = any ? kAnyLiterals : n.literals;
@@ -512,14 +575,14 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
     case Mode::Key: return key_step(t, c);
     case Mode::Number: {
       const SchemaNode& n = schema_->node(t.node);
-      if (n.bounded() && (c == 'e' || c == 'E')) return false;  // bounded: no exponent
+      if (n.exact() && (c == 'e' || c == 'E')) return false;  // bounded, a multiple: no exponent
       const int r = number_byte(t.sub, c, n.kind == K::Integer);
-      if (r == 1 && (n.bounded() || unique_value_item(t))) {
+      if (r == 1 && (n.exact() || unique_value_item(t))) {
         t.key.push_back(static_cast<char>(c));
-        return !n.bounded() || number_viable(t);
+        return number_viable(t) && multiple_viable(t);
       }
       if (r != 2) return r == 1;
-      if (!number_in_bounds(t) || !end_value(t)) return false;
+      if (!number_in_bounds(t) || !number_is_multiple(t) || !end_value(t)) return false;
       return step(t, c, spawned);
     }
     case Mode::Literal: {

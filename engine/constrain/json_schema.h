@@ -10,7 +10,9 @@
 // Pydantic's set[Literal[...]] and sets of enums), enum, const, anyOf (and oneOf, as anyOf: the text is valid
 // against one of them), minLength, maxLength, minimum, maximum, exclusiveMinimum,
 // exclusiveMaximum (compared exactly: the text's decimal value against the bound as Python's
-// repr writes it; a bounded number is written without an exponent), pattern (regex.h's subset)
+// repr writes it; a bounded number is written without an exponent), multipleOf (a decimal of at
+// most 12 digits, beside no upper bound: the text's value divided by it is an integer, written
+// without an exponent), pattern (regex.h's subset)
 // and format (date-time, date, time, uuid, email, ipv4 as regex.h's format_pattern; other formats
 // are annotations, as JSON Schema 2020-12 makes every format by default; a string under a pattern
 // or format is written without \u escapes), $ref to "#" or a JSON pointer into the schema
@@ -135,6 +137,13 @@ struct SchemaNode {
   };
   Bound lo, hi;
   bool bounded() const { return lo.set || hi.set; }
+  // multipleOf, as multiple / 10^multiple_scale (0.25: 25 and 2): the value times
+  // 10^multiple_scale is an integer that `multiple` divides (0: none).
+  int64_t multiple = 0;
+  int multiple_scale = 0;
+  // Numbers read digit by digit (their text kept): bounded or multipleOf; written without an
+  // exponent.
+  bool exact() const { return bounded() || multiple > 0; }
   // Literals (enum, const, boolean, null): their texts as compact json.dumps
   std::vector<std::string> literals;
   // AnyOf: the alternatives, flattened once compiled (none is an AnyOf, each once)
@@ -236,6 +245,10 @@ class SchemaRecognizer {
   // the text's value does.
   bool number_viable(const Thread& t) const;
   bool number_in_bounds(const Thread& t) const;
+  // multipleOf (t.key the text so far): some continuation is a multiple (within a lower bound);
+  // the text's value is one.
+  bool multiple_viable(const Thread& t) const;
+  bool number_is_multiple(const Thread& t) const;
   bool string_regex_byte(Thread& t, const SchemaNode& n, uint8_t c, uint8_t sub0, uint8_t aux0, int r) const;
   bool close(Thread& t, bool object) const;
   bool object_may_close(const Thread& t) const;

@@ -244,7 +244,7 @@ class SchemaCompiler {
   static bool unenforced(std::string_view k) {
     for (const char* a : {"not", "if", "then", "else",
                           "propertyNames", "contains", "minContains", "maxContains",
-                          "multipleOf", "divisibleBy", "unevaluatedProperties",
+                          "divisibleBy", "unevaluatedProperties",
                           "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends",
                           "disallow", "contentSchema"})
       if (k == a) return true;
@@ -258,7 +258,7 @@ class SchemaCompiler {
         "prefixItems", "uniqueItems", "enum",    "const",                "anyOf",     "oneOf",     "minLength",
         "maxLength",   "$ref",        "minimum", "maximum",              "exclusiveMinimum", "exclusiveMaximum",
         "pattern",     "format",     "allOf",   "additionalItems",      "patternProperties", "dependencies",
-        "dependentRequired", "dependentSchemas", "minProperties", "maxProperties"};
+        "dependentRequired", "dependentSchemas", "minProperties", "maxProperties", "multipleOf"};
     return !validation.count(k) && !unenforced(k);
   }
 
@@ -769,7 +769,8 @@ class SchemaCompiler {
       // A string's or a number's keywords alone apply to strings or numbers, and leave the other
       // types free (JSON Schema's reading: {"format": "positiveInteger"} admits 1).
       else if (s.find("minLength") || s.find("maxLength") || s.find("pattern") || s.find("format") ||
-               s.find("minimum") || s.find("maximum") || s.find("exclusiveMinimum") || s.find("exclusiveMaximum"))
+               s.find("minimum") || s.find("maximum") || s.find("exclusiveMinimum") || s.find("exclusiveMaximum") ||
+               s.find("multipleOf"))
         types = {"string", "number", "object", "array", "boolean", "null"};
       else return out_.any_;
     }
@@ -810,7 +811,7 @@ class SchemaCompiler {
     };
     const std::optional<JsonSchema> strings = check_of("string", {"minLength", "maxLength", "pattern", "format"});
     const std::optional<JsonSchema> numbers =
-        check_of("number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"});
+        check_of("number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"});
     auto type_of = [](const json::Value& v) -> std::vector<std::string> {
       if (v.is_string()) return {"string"};
       if (v.is_int()) return {"integer", "number"};
@@ -884,6 +885,24 @@ class SchemaCompiler {
     }
   }
 
+  // multipleOf m as m = multiple / 10^multiple_scale, on numbers without an upper bound (where a
+  // continuation that is a multiple always exists above a lower bound).
+  static void multiple_of(const json::Value& s, SchemaNode& n, const std::string& path) {
+    const json::Value* m = s.find("multipleOf");
+    if (!m) return;
+    KVPR_CHECK(m->is_number(), path, ": multipleOf must be a number");
+    const Dec d = parse_dec(m->is_int() ? std::to_string(m->as_int()) : m->dump_python());
+    const std::string digits = d.i + d.f;
+    const size_t lead = digits.find_first_not_of('0');
+    KVPR_CHECK(!d.neg && lead != std::string::npos, path, ": multipleOf must be above 0");
+    KVPR_CHECK(digits.size() - lead <= 12 && d.f.size() <= 12, path, ": multipleOf ", m->dump_python(),
+               " is not supported (a decimal of at most 12 digits is)");
+    KVPR_CHECK(!n.hi.set, path, ": multipleOf beside maximum or exclusiveMaximum is not supported");
+    KVPR_CHECK(!n.lo.set || !parse_dec(n.lo.value).neg, path, ": multipleOf beside a minimum below 0 is not supported");
+    n.multiple = std::stoll(digits.substr(lead));
+    n.multiple_scale = static_cast<int>(d.f.size());
+  }
+
   int typed(const json::Value& s, const std::string& type, const std::string& path, int depth) {
     if (type == "boolean" || type == "null") {
       SchemaNode n;
@@ -896,6 +915,7 @@ class SchemaCompiler {
       SchemaNode n;
       n.kind = type == "number" ? SchemaNode::Kind::Number : SchemaNode::Kind::Integer;
       number_bounds(s, type == "integer", n, path);
+      multiple_of(s, n, path);
       return add(std::move(n));
     }
     if (type == "array") return typed_array(s, path, depth);

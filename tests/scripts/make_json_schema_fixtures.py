@@ -169,7 +169,12 @@ SCHEMAS += [
     # Unique items that are strings and numbers, compared by value.
     {"type": "array", "items": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "number"}]},
      "uniqueItems": True, "maxItems": 4},
+    # Multiples (of a binary fraction, which the validator's float division takes exactly).
+    {"type": "object", "properties": {"q": {"type": "number", "multipleOf": 0.25, "minimum": 0.5},
+                                      "n": {"type": "integer", "multipleOf": 3}},
+     "required": ["q", "n"], "additionalProperties": False},
 ]
+NO_EXPONENT.add(len(SCHEMAS) - 1)
 # Keys the patterns of patternProperties match.
 PATTERN_KEYS = {"^x-[a-z]+$": ["x-a", "x-vendor", "x-id"], "^a[bc]$": ["ac"]}
 # Values of strings under a format or pattern, which random text would not match.
@@ -252,6 +257,10 @@ def gen(root, s, rng, depth=0):
         return rng.choice(EXAMPLES[s.get("pattern", s.get("format"))])
     if t == "string":
         return rand_text(rng, s.get("minLength", 0), s.get("maxLength", 8))
+    if "multipleOf" in s:
+        m = s["multipleOf"]
+        first = math.ceil(s.get("minimum", -10) / m)
+        return rng.randint(first, first + 20) * m
     lo = s.get("minimum", s.get("exclusiveMinimum"))
     hi = s.get("maximum", s.get("exclusiveMaximum"))
     if t == "integer" and (lo is not None or hi is not None):

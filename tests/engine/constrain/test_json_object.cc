@@ -248,8 +248,8 @@ TEST(JsonSchema, ReadsWhatJsonschemaValidates) {
       ++n;
     }
   }
-  EXPECT_EQ(n, 3240u);
-  EXPECT_GE(valid, 1450u);
+  EXPECT_EQ(n, 3360u);
+  EXPECT_GE(valid, 1500u);
 }
 
 namespace {
@@ -382,8 +382,11 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   refused(R"({"allOf": [{"prefixItems": [{}]}, {"items": false}]})", "with other items is not supported");
   refused(R"({"allOf": [{"patternProperties": {"^x": {"type": "integer"}}}, {"additionalProperties": {"type": "string"}}]})",
           "allOf joining patternProperties with another schema's properties is not supported");
-  refused(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5}}})",
-          "$.properties.n: the keyword 'multipleOf' is not supported");
+  refused(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5, "maximum": 100}}})",
+          "$.properties.n: multipleOf beside maximum or exclusiveMaximum is not supported");
+  refused(R"({"type": "number", "multipleOf": 0})", "$: multipleOf must be above 0");
+  refused(R"({"type": "number", "multipleOf": 0.1, "minimum": -1})", "multipleOf beside a minimum below 0");
+  refused(R"({"type": "number", "multipleOf": 1e-20})", "is not supported (a decimal of at most 12 digits is)");
   refused(R"({"type": "integer", "minimum": 1.2, "maximum": 1.8})", "no integer lies within its bounds");
   refused(R"({"type": "number", "exclusiveMinimum": 1, "maximum": 1})", "no number lies within its bounds");
   refused(R"({"type": "integer", "exclusiveMinimum": true})", "$: exclusiveMinimum true needs a minimum");
@@ -1001,6 +1004,9 @@ TEST(JsonSchema, MasksNeverLeadWhereNothingValidFollows) {
       R"({"type": "number", "exclusiveMinimum": 0.5, "maximum": 2})",
       R"({"type": "array", "items": {"enum": ["x", 1, null]}, "uniqueItems": true, "maxItems": 3})",
       R"({"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2})",
+      R"({"type": "number", "multipleOf": 0.25, "minimum": 0.25})",
+      R"({"type": "number", "multipleOf": 2, "exclusiveMinimum": 0.5})",
+      R"({"type": "integer", "multipleOf": 7})",
       R"({"type": "object", "properties": {"a": {}}, "patternProperties": {"^(a|b)$": {"const": 1}},
           "additionalProperties": false})",
       R"({"type": "object", "patternProperties": {"^[ab]$": {"type": "null"}}, "additionalProperties": false,
@@ -1113,6 +1119,38 @@ TEST(JsonSchema, PropertyCountsHoldBetweenTheirBounds) {
   EXPECT_FALSE(takes(deps, R"({"b": 1, "d": 2, )"));
   EXPECT_TRUE(whole(R"({"maxProperties": 1})", R"({"z": [1]})"));
   EXPECT_FALSE(takes(R"({"minProperties": 1})", "{}"));
+}
+
+// multipleOf: the value divided by it an integer, decided digit by digit (a fraction digit only
+// where a multiple can still follow, within a lower bound).
+TEST(JsonSchema, MultipleOfDecidesEachDigit) {
+  const char* quarter = R"({"type": "number", "multipleOf": 0.25, "minimum": 0.25})";
+  EXPECT_TRUE(whole(quarter, "1.75"));
+  EXPECT_TRUE(whole(quarter, "0.5"));
+  EXPECT_TRUE(whole(quarter, "3"));
+  EXPECT_FALSE(whole(quarter, "0"));      // below the minimum
+  EXPECT_FALSE(takes(quarter, "1.3"));    // no multiple begins so
+  EXPECT_TRUE(takes(quarter, "1.2"));     // 1.25
+  EXPECT_FALSE(takes(quarter, "1.255"));
+  EXPECT_FALSE(takes(quarter, "1e"));     // written without an exponent
+  EXPECT_FALSE(takes(quarter, "0.1"));    // 0.1x is below 0.25 or no multiple
+  EXPECT_TRUE(takes(quarter, "0.2"));
+  const char* cents = R"({"type": "number", "multipleOf": 0.01})";
+  EXPECT_TRUE(whole(cents, "19.99"));
+  EXPECT_TRUE(whole(cents, "-0.5"));
+  EXPECT_FALSE(takes(cents, "19.999"));
+  const char* even = R"({"type": "number", "multipleOf": 2, "exclusiveMinimum": 0.5})";
+  EXPECT_TRUE(whole(even, "14"));
+  EXPECT_FALSE(whole(even, "13"));
+  EXPECT_TRUE(takes(even, "13"));    // 130
+  EXPECT_FALSE(takes(even, "0"));    // 0 is excluded, and no fraction may follow
+  EXPECT_FALSE(takes(even, "4."));
+  const char* sevens = R"({"type": "integer", "multipleOf": 7})";
+  EXPECT_TRUE(whole(sevens, "-49"));
+  EXPECT_FALSE(whole(sevens, "50"));
+  EXPECT_TRUE(whole(R"({"type": "integer", "multipleOf": 0.5})", "3"));
+  EXPECT_TRUE(whole(R"({"enum": [1, 2.5, 3], "multipleOf": 1.5})", "3"));
+  EXPECT_FALSE(takes(R"({"enum": [1, 2.5, 3], "multipleOf": 1.5})", "1"));
 }
 
 // uniqueItems over strings and numbers: each value once, compared as JSON Schema compares them.
