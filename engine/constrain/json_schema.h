@@ -3,25 +3,31 @@
 // recognizer of the JSON texts valid against it, the alternatives of an anyOf followed side by
 // side until the text tells them apart.
 //
-// The subset: type (one or a list), properties, required, additionalProperties (false, true or a
-// schema), patternProperties (beside additionalProperties other than false), dependencies and
-// dependentRequired (lists of keys a key requires), items (a schema, or false), prefixItems (tuples: Pydantic's tuple[int, str]; items then
-// are those after them), minItems, maxItems, uniqueItems (true only for items that are literals:
-// Pydantic's set[Literal[...]] and sets of enums), enum, const, anyOf (and oneOf, as anyOf: the text is valid
-// against one of them), minLength, maxLength, minimum, maximum, exclusiveMinimum,
-// exclusiveMaximum (compared exactly: the text's decimal value against the bound as Python's
-// repr writes it; a bounded number is written without an exponent), multipleOf (a decimal of at
-// most 12 digits, beside no upper bound: the text's value divided by it is an integer, written
-// without an exponent), pattern (regex.h's subset)
-// and format (date-time, date, time, uuid, email, ipv4 as regex.h's format_pattern; other formats
-// are annotations, as JSON Schema 2020-12 makes every format by default; a string under a pattern
-// or format is written without \u escapes), $ref to "#" or a JSON pointer into the schema
-// ("#/$defs/A", "#/definitions/a/definitions/b"; recursion included), required keys that
-// properties does not list (of additionalProperties' schema), and boolean schemas; annotations (title, description, default, examples,
-// $schema, $id, $comment, deprecated, readOnly, writeOnly, and every keyword JSON Schema does not
-// define, as its validators read them) are ignored. A keyword that constrains values and is not
-// enforced here (allOf, not, if, patternProperties, dependencies, multipleOf...) is refused by
-// name (kvpr::Error) rather than ignored, so that a schema is never silently loosened.
+// The subset: type (one or a list), properties (at most SchemaLimits::kMaxProperties; a
+// property's schema false or {"not": {}}: the key may not appear), required,
+// additionalProperties (false, true or a schema), patternProperties (beside additionalProperties
+// false too: the keys are then the listed ones and those a pattern matches), dependencies and
+// dependentRequired (lists of keys a key requires; a schema there, and dependentSchemas, written
+// out as an anyOf of the object without the key and the object with it meeting the schema),
+// minProperties, maxProperties, items (a schema, or false), prefixItems (tuples: Pydantic's
+// tuple[int, str]; items then are those after them), minItems, maxItems, uniqueItems (true for
+// items that are literals, strings or numbers), enum, const, anyOf (and oneOf, as anyOf: the
+// text is valid against one of them; an alternative no value meets left out), minLength,
+// maxLength, minimum, maximum, exclusiveMinimum, exclusiveMaximum (compared exactly: the text's
+// decimal value against the bound as Python's repr writes it; a bounded number is written
+// without an exponent), multipleOf (a decimal of at most 12 digits, beside no upper bound: the
+// text's value divided by it is an integer, written without an exponent), pattern (regex.h's
+// subset) and format (date-time, date, time, uuid, email, ipv4 as regex.h's format_pattern; other
+// formats are annotations, as JSON Schema 2020-12 makes every format by default; a string under a
+// pattern or format is written without \u escapes), $ref to "#" or a JSON pointer into the schema
+// ("#/$defs/A", "#/definitions/a/definitions/b", %-escapes decoded; recursion included), required
+// keys that properties does not list (of additionalProperties' schema), not {} and not over a
+// list of required keys (one of them absent), and boolean schemas; annotations (title,
+// description, default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly, and
+// every keyword JSON Schema does not define, as its validators read them) are ignored. A keyword
+// that constrains values and is not enforced here (if, not over other schemas, propertyNames,
+// contains...) is refused by name (kvpr::Error) rather than ignored, so that a schema is never
+// silently loosened; a schema no value meets is refused too.
 // The text is written in one style the schema fixes nothing about: keys of a closed object
 // (additionalProperties false) as plain strings without escapes, each at most once; enum and
 // const values as Python's compact json.dumps writes them (ensure_ascii=False).

@@ -1440,7 +1440,7 @@ def json_mode():
               st == 200 and body["choices"][0]["finish_reason"] == "stop" and isinstance(json.loads(content)["b"], bool)
               and list(json.loads(content)) == ["b"], body)
         for bad, part in (({"type": "string", "pattern": "(a+"}, "pattern '(a+': an unclosed '('"),
-                          ({"type": "integer", "multipleOf": 3}, "'multipleOf' is not supported"),
+                          ({"type": "integer", "if": {"minimum": 3}, "then": {"maximum": 5}}, "'if' is not supported"),
                           ({"$ref": "#/$defs/X"}, "names no definition")):
             rf["json_schema"]["schema"] = bad
             st, body = d.post("/v1/chat/completions", dict(req, response_format=rf))
@@ -1487,7 +1487,7 @@ def json_mode():
                             ("required without tools", {"tools": [], "tool_choice": "required"}),
                             ("tool parameters the server cannot enforce", {"tool_choice": "required", "tools": [
                                 {"type": "function", "function": {"name": "f", "parameters": {
-                                    "type": "object", "properties": {"x": {"type": "integer", "multipleOf": 2}}}}}]})):
+                                    "type": "object", "properties": {"x": {"type": "integer", "not": {"const": 2}}}}}}]})):
             st, body = d.post("/v1/chat/completions", dict(req, **dict({"tools": tools}, **extra)))
             check(f"{what}: 400", st == 400, body)
         r = openai_client(d.port, "qwen", "json")
