@@ -245,6 +245,12 @@ bool SchemaRecognizer::unique_value_item(const Thread& t) const {
   return a.kind == SchemaNode::Kind::Array && a.unique_values;
 }
 
+bool SchemaRecognizer::literal_given(const Thread& t, const std::string& literal) const {
+  if (!unique_value_item(t)) return false;
+  const std::vector<std::string>& given = t.stack.back().extra;
+  return !given.empty() && std::find(given.begin(), given.end(), value_of(Mode::Literal, literal)) != given.end();
+}
+
 std::string SchemaRecognizer::value_of(Mode mode, const std::string& text) {
   if (mode == Mode::Number) return "n" + decimal::dec_text(decimal::parse_dec(text));
   try {
@@ -265,7 +271,7 @@ bool SchemaRecognizer::scalar_may_end(const Thread& t) const {
     const auto it = std::find(lits.begin(), lits.end(), t.key);
     if (it == lits.end()) return false;
     const uint64_t* used = used_literals(t);
-    return !used || !(*used >> (it - lits.begin()) & 1);
+    return (!used || !(*used >> (it - lits.begin()) & 1)) && !literal_given(t, *it);
   }
   return false;
 }
@@ -286,7 +292,7 @@ bool SchemaRecognizer::object_may_continue(const Thread& t) const {
   const Frame& f = t.stack.back();
   if (n.kind == SchemaNode::Kind::Any) return true;
   if (n.max_props >= 0 && f.count >= n.max_props) return false;
-  if (n.additional >= 0) return true;
+  if (n.additional >= 0 && keys_fit(n, f, f.seen, 1)) return true;
   for (size_t i = 0; i < n.names.size(); ++i)
     if (n.props[i] >= 0 && !f.seen.test(i) && keys_fit(n, f, f.seen.with(i), 1)) return true;
   return pattern_key_alive(n, f, "");
@@ -331,9 +337,9 @@ bool SchemaRecognizer::pattern_key_alive(const SchemaNode& n, const Frame& f, st
     // that are given already.
     int64_t given = 0;
     for (size_t i = 0; i < n.names.size(); ++i)
-      if (f.seen.test(i) && n.names[i].starts_with(prefix) && rx->matches(Regex::code_points(n.names[i]))) ++given;
+      if ((f.seen.test(i) || n.props[i] < 0) && n.names[i].starts_with(prefix) && rx->matches(Regex::code_points(n.names[i]))) ++given;
     for (const std::string& k : f.extra)
-      if (k.starts_with(prefix)) ++given;
+      if (k.starts_with(prefix) && rx->matches(Regex::code_points(k))) ++given;
     if (given == 0 || rx->completions(state) > given) return true;
   }
   return false;
@@ -422,7 +428,7 @@ bool SchemaRecognizer::start_value(Thread& t, uint8_t c, std::vector<Thread>& sp
     const auto& lits = any ? kAnyLiterals : n.literals;
     const uint64_t* used = any ? nullptr : used_literals(t);
     for (size_t i = 0; i < lits.size(); ++i)
-      if (static_cast<uint8_t>(lits[i][0]) == c && !(used && (*used >> i & 1))) {
+      if (static_cast<uint8_t>(lits[i][0]) == c && !(used && (*used >> i & 1)) && !literal_given(t, lits[i])) {
         t.mode = Mode::Literal;
         t.key.assign(1, static_cast<char>(c));
         return true;
@@ -464,8 +470,9 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
   if (r == 0) return false;
   if (r == 1) {
     t.key.push_back(static_cast<char>(c));
-    if (!closed) return true;
     const Frame& f = t.stack.back();
+    // Any key, unless the object is closed or maxProperties leaves room for listed keys alone.
+    if (!closed && keys_fit(n, f, f.seen, 1)) return true;
     for (size_t i = 0; i < n.names.size(); ++i)  // still the start of a property not yet given
       if (n.props[i] >= 0 && !f.seen.test(i) && n.names[i].starts_with(t.key) && keys_fit(n, f, f.seen.with(i), 1))
         return true;
@@ -575,7 +582,8 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
     case Mode::Key: return key_step(t, c);
     case Mode::Number: {
       const SchemaNode& n = schema_->node(t.node);
-      if (n.exact() && (c == 'e' || c == 'E')) return false;  // bounded, a multiple: no exponent
+      // Bounded, a multiple, a unique item (compared by its digits): no exponent.
+      if ((n.exact() || unique_value_item(t)) && (c == 'e' || c == 'E')) return false;
       const int r = number_byte(t.sub, c, n.kind == K::Integer);
       if (r == 1 && (n.exact() || unique_value_item(t))) {
         t.key.push_back(static_cast<char>(c));
@@ -591,7 +599,7 @@ bool SchemaRecognizer::step(Thread& t, uint8_t c, std::vector<Thread>& spawned) 
       const uint64_t* used = n.kind == K::Any ? nullptr : used_literals(t);
       t.key.push_back(static_cast<char>(c));
       for (size_t i = 0; i < lits.size(); ++i)
-        if (lits[i].starts_with(t.key) && !(used && (*used >> i & 1))) return true;
+        if (lits[i].starts_with(t.key) && !(used && (*used >> i & 1)) && !literal_given(t, lits[i])) return true;
       t.key.pop_back();
       if (!scalar_may_end(t) || !end_value(t)) return false;
       return step(t, c, spawned);

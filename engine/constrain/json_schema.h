@@ -271,6 +271,8 @@ class SchemaRecognizer {
   // t.key), and the value of such an item's text, as items are compared.
   bool unique_value_item(const Thread& t) const;
   static std::string value_of(Mode mode, const std::string& text);
+  // In a unique_values array: whether the literal's value was given already (it may not begin).
+  bool literal_given(const Thread& t, const std::string& literal) const;
   static std::string thread_key(const Thread& t);
   static void merge(std::vector<Thread>& threads);
   SchemaRecognizer(const SchemaRecognizer& other, const Thread& only)

@@ -692,6 +692,7 @@ class SchemaCompiler {
   int compile(const json::Value& s, const std::string& path, int depth) {
     KVPR_CHECK(depth <= Limits::kMaxNesting, path, ": the schema nests deeper than ", Limits::kMaxNesting,
                " levels (each $ref followed counts one)");
+    check_budget();  // (an alternative left out is compiled again where another reaches it)
     if (s.is_bool()) {
       if (!s.as_bool()) throw NoValue(path + ": the schema false admits no value");
       return out_.any_;
@@ -1018,6 +1019,7 @@ class SchemaCompiler {
       if (!seen.insert(i).second) continue;
       const SchemaNode& x = out_.nodes_[static_cast<size_t>(i)];
       using K = SchemaNode::Kind;
+      if (x.kind == K::AnyOf && x.options.empty()) return false;  // a $ref still being compiled: it recurses
       if (x.kind == K::AnyOf) todo.insert(todo.end(), x.options.begin(), x.options.end());
       else if (x.kind != K::String && x.kind != K::Number && x.kind != K::Integer && x.kind != K::Literals) return false;
     }
@@ -1065,6 +1067,7 @@ class SchemaCompiler {
       for (size_t j = 0; j < i; ++j) {
         const auto& [ri, vi] = patterns[i];
         const auto& [rj, vj] = patterns[j];
+        check_budget();
         KVPR_CHECK(vi->dump() == vj->dump() || Regex::disjoint(*ri, *rj), path, ": patternProperties '", rj->pattern(),
                    "' and '", ri->pattern(), "' may match one key and give it different schemas, which is not supported");
       }
@@ -1162,9 +1165,9 @@ class SchemaCompiler {
         throw NoValue(path + ": required names '" + o.names[i] + "', whose schema is false");
     KVPR_CHECK(o.max_props < 0 || o.keys_due({}).count() <= o.max_props, path, ": maxProperties ", o.max_props,
                " is below the keys required");
-    KVPR_CHECK(additional >= 0 || !o.pattern_props.empty() || static_cast<int64_t>(o.names.size()) >= o.min_props,
-               path, ": minProperties ", o.min_props, " exceeds the ", o.names.size(),
-               " keys additionalProperties false allows");
+    const int64_t allowed = std::count_if(o.props.begin(), o.props.end(), [](int p) { return p >= 0; });
+    KVPR_CHECK(additional >= 0 || !o.pattern_props.empty() || allowed >= o.min_props, path, ": minProperties ",
+               o.min_props, " exceeds the ", allowed, " keys additionalProperties false allows");
     return at;
   }
 

@@ -541,7 +541,7 @@ bool Regex::disjoint(const Regex& a, const Regex& b) {
       }
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  constexpr int64_t kMaxSteps = 1 << 18;
+  constexpr int64_t kMaxSteps = 1 << 16;
   int64_t steps = 0;
   std::set<std::pair<int, int>> seen{{a.start_, b.start_}};
   std::vector<std::pair<int, int>> todo{{a.start_, b.start_}};
@@ -550,7 +550,7 @@ bool Regex::disjoint(const Regex& a, const Regex& b) {
     todo.pop_back();
     if (a.accepts(x) && b.accepts(y)) return false;
     for (uint32_t cp : cuts) {
-      if (++steps > kMaxSteps) return false;
+      if (++steps > kMaxSteps || a.saturated() || b.saturated()) return false;  // (a refused move is not a dead one)
       const int nx = a.step(x, cp);
       if (nx < 0) continue;
       const int ny = b.step(y, cp);

@@ -1073,6 +1073,11 @@ TEST(JsonSchema, AClosedObjectTakesTheKeysItsPatternsMatch) {
   EXPECT_FALSE(Regex::disjoint(Regex("^a"), Regex("^ab")));
   EXPECT_FALSE(Regex::disjoint(Regex("a"), Regex("b")));   // "ab"
   EXPECT_FALSE(Regex::disjoint(Regex("^a|b"), Regex("^c")));  // "cb"
+  // A key given counts only against the patterns that match it.
+  const char* xy = R"({"patternProperties": {"^x$": {}, "^y$": {}}, "additionalProperties": false, "minProperties": 2})";
+  EXPECT_TRUE(takes(xy, R"({"x": 1,)"));
+  EXPECT_TRUE(whole(xy, R"({"x": 1, "y": 2})"));
+  EXPECT_FALSE(takes(xy, R"({"x": 1, "x)"));
   // Nothing but the patterns' keys, all given: no key may begin.
   const char* two = R"({"type": "object", "patternProperties": {"^[ab]$": {}}, "additionalProperties": false})";
   EXPECT_TRUE(whole(two, R"({"a": 1, "b": 2})"));
@@ -1118,6 +1123,13 @@ TEST(JsonSchema, PropertyCountsHoldBetweenTheirBounds) {
   EXPECT_TRUE(whole(deps, R"({"b": 1, "d": 2})"));
   EXPECT_FALSE(takes(deps, R"({"b": 1, "d": 2, )"));
   EXPECT_TRUE(whole(R"({"maxProperties": 1})", R"({"z": [1]})"));
+  // The one key maxProperties leaves is the required one.
+  EXPECT_FALSE(takes(R"({"required": ["a"], "maxProperties": 1})", R"({"b)"));
+  EXPECT_TRUE(whole(R"({"required": ["a"], "maxProperties": 1})", R"({"a": 2})"));
+  // A forbidden key counts for nothing: two keys cannot be given.
+  EXPECT_THROW(JsonSchema::compile(json::parse(
+                   R"({"properties": {"a": {}, "b": false}, "additionalProperties": false, "minProperties": 2})")),
+               Error);
   EXPECT_FALSE(takes(R"({"minProperties": 1})", "{}"));
 }
 
@@ -1166,6 +1178,18 @@ TEST(JsonSchema, UniqueItemsTakeEachValueOnce) {
   EXPECT_FALSE(takes(nums, "[1, 1.0,"));              // one value
   EXPECT_FALSE(takes(nums, "[100, 1e2]"));
   EXPECT_TRUE(takes(nums, "[1, 10"));
+  EXPECT_FALSE(takes(nums, "[1e"));  // compared by digits: no exponent
+  // A literal given may not begin again; an item that recurses is no scalar.
+  const char* many = R"({"items": {"enum": ["a", "b", 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                                             21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40,
+                                             41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60,
+                                             61, 62, 63, 64]}, "uniqueItems": true})";
+  EXPECT_TRUE(whole(many, R"(["a", "b", 64])"));
+  EXPECT_TRUE(takes(many, R"(["a", ")"));  // "b" may follow
+  EXPECT_FALSE(takes(many, R"(["a", "a)"));
+  EXPECT_THROW(JsonSchema::compile(json::parse(
+                   R"({"$ref": "#/$defs/A", "$defs": {"A": {"type": "array", "uniqueItems": true, "items": {"$ref": "#/$defs/A"}}}})")),
+               Error);
   EXPECT_TRUE(whole(R"({"prefixItems": [{"const": "x"}], "items": {"type": "string"}, "uniqueItems": true})",
                     R"(["x", "y"])"));
   EXPECT_FALSE(takes(R"({"prefixItems": [{"const": "x"}], "items": {"type": "string"}, "uniqueItems": true})",
