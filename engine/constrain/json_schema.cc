@@ -56,21 +56,6 @@ void allowed(const SchemaNode& n, bool neg, End* L, End* H) {
 
 }  // namespace
 
-bool SchemaRecognizer::number_in_bounds(const Thread& t) const {
-  const SchemaNode& n = schema_->node(t.node);
-  if (!n.bounded()) return true;
-  const Dec v = parse_dec(t.key);
-  if (n.lo.set) {
-    const int c = cmp(v, parse_dec(n.lo.value));
-    if (c < 0 || (c == 0 && n.lo.exclusive)) return false;
-  }
-  if (n.hi.set) {
-    const int c = cmp(v, parse_dec(n.hi.value));
-    if (c > 0 || (c == 0 && n.hi.exclusive)) return false;
-  }
-  return true;
-}
-
 namespace {
 
 // A number's text split: sign, integer digits, whether a '.' was written, fraction digits.
@@ -97,6 +82,21 @@ int64_t scaled_remainder(const NumberText& x, int scale, int64_t m) {
 }
 
 }  // namespace
+
+bool SchemaRecognizer::number_in_bounds(const Thread& t) const {
+  const SchemaNode& n = schema_->node(t.node);
+  if (!n.bounded()) return true;
+  const Dec v = parse_dec(t.key);
+  if (n.lo.set) {
+    const int c = cmp(v, parse_dec(n.lo.value));
+    if (c < 0 || (c == 0 && n.lo.exclusive)) return false;
+  }
+  if (n.hi.set) {
+    const int c = cmp(v, parse_dec(n.hi.value));
+    if (c > 0 || (c == 0 && n.hi.exclusive)) return false;
+  }
+  return true;
+}
 
 bool SchemaRecognizer::number_is_multiple(const Thread& t) const {
   const SchemaNode& n = schema_->node(t.node);
@@ -143,20 +143,17 @@ bool SchemaRecognizer::number_viable(const Thread& t) const {
   const SchemaNode& n = schema_->node(t.node);
   if (!n.bounded()) return true;
   const bool integer = n.kind == SchemaNode::Kind::Integer;
-  const std::string_view text = t.key;
-  const bool neg = !text.empty() && text[0] == '-';
-  const std::string_view body = text.substr(neg ? 1 : 0);
-  const size_t dot = body.find('.');
-  const std::string I(body.substr(0, dot)), F(dot == std::string_view::npos ? "" : body.substr(dot + 1));
+  const NumberText x(t.key);
+  const std::string I(x.i), F(x.f);
   End L, H;
-  allowed(n, neg, &L, &H);
+  allowed(n, x.neg, &L, &H);
   const Dec zero;
   if (I.empty()) return meets(zero, End{}, L, H);
   auto span = [&](const Dec& a, const Dec& b_excl) {  // [a, b): for an integer, [a, b - 1]
     End b{true, !integer ? false : true, integer ? negated(plus_one(negated(b_excl))) : b_excl};
     return meets(a, b, L, H);
   };
-  if (dot != std::string_view::npos) {
+  if (x.dot) {
     const std::string digits = I + F;  // I.F + one unit of its last place
     const std::string up = inc_digits(digits);
     const size_t int_len = up.size() - F.size();

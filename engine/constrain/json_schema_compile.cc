@@ -325,7 +325,7 @@ class SchemaCompiler {
       // not {"required": [a, b]}: a or b absent
       json::Array absent;
       for (const auto& k : no->find("required")->as_array())
-        absent.push_back(json::Value(json::Object{{"properties", json::Value(json::Object{{k.as_string(), json::Value(false)}})}}));
+        absent.push_back(without(k.as_string()));
       out = merge(out, json::Value(json::Object{{"anyOf", json::Value(std::move(absent))}}), path + ".not", depth + 1);
     }
     return dependent(std::move(out), path, depth);
@@ -352,6 +352,11 @@ class SchemaCompiler {
       if (!k.is_string()) return false;
     return std::all_of(v.as_object().begin(), v.as_object().end(),
                        [](const auto& e) { return e.first == "required" || annotation(e.first); });
+  }
+
+  // The schema of objects without `key`: {"properties": {key: false}}.
+  static json::Value without(const std::string& key) {
+    return json::Value(json::Object{{"properties", json::Value(json::Object{{key, json::Value(false)}})}});
   }
 
   // Whether `s` has schema dependencies (dependencies' schema form, dependentSchemas).
@@ -387,8 +392,7 @@ class SchemaCompiler {
       if (d.is_bool() && d.as_bool()) continue;
       json::Array either;
       try {
-        either.push_back(merge(out, json::Value(json::Object{{"properties", json::Value(json::Object{{name, json::Value(false)}})}}),
-                               at, depth + 1));
+        either.push_back(merge(out, without(name), at, depth + 1));
       } catch (const NoValue&) {
       }
       if (!d.is_bool()) {
