@@ -9,7 +9,10 @@
 // when its bytes continue the recognizer (JsonTokenConstraint::mask), so an instance taken byte by
 // byte is taken token by token with any tokenizer's tokens. With --tokenizer, also the first
 // mask of each compiled schema over that vocabulary (fresh: no state cached), the latency a
-// request sees before its first constrained token. Schemas whose worst case passes
+// request sees before its first constrained token, and MaskBench's measurement: every valid
+// instance written token by token (the tokenizer's encoding of its text), each token's mask timed
+// (one mask table per schema, shared by its instances as a worker shares it between requests)
+// and the token checked to be allowed by it. Schemas whose worst case passes
 // SchemaLimits::kMaxThreads alternatives side by side are counted (what the model writes under
 // them may be narrowed).
 #include "bench/commands.h"
@@ -17,6 +20,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <limits>
+#include <memory>
 #include <map>
 #include <string>
 #include <vector>
@@ -67,15 +72,17 @@ int cmd_schemas(const Args& args) {
   std::ifstream in(file);
   KVPR_CHECK(in, "kvpr-bench schemas: cannot read ", file);
   std::shared_ptr<JsonTokenConstraint::Vocabulary> vocab;
+  std::unique_ptr<Tokenizer> tok;
   const std::string tok_dir = o.get("--tokenizer", "");
   if (!tok_dir.empty()) {
-    const Tokenizer tok = Tokenizer::load(tok_dir);
+    tok = std::make_unique<Tokenizer>(Tokenizer::load(tok_dir));
     vocab = std::make_shared<JsonTokenConstraint::Vocabulary>();
-    for (int32_t t = 0; t < tok.size(); ++t) vocab->push_back(tok.token_bytes(t, true));
+    for (int32_t t = 0; t < tok->size(); ++t) vocab->push_back(tok->token_bytes(t, true));
   }
   std::map<std::string, SubsetCount> subsets;
   std::map<std::string, int> refusals;
-  std::vector<double> compile_s, first_mask_s;
+  std::vector<double> compile_s, first_mask_s, mask_s;
+  int64_t tokens_refused = 0;  // tokens of valid instances that their masks did not allow
   int narrowed = 0;  // compiled schemas whose worst case passes SchemaLimits::kMaxThreads
   json::Array rows;
   std::string line;
@@ -144,13 +151,36 @@ int cmd_schemas(const Args& args) {
         if (!wrong.empty()) std::printf("judged wrong: %s: %s\n", id.c_str(), wrong[0].as_string().c_str());
       }
       if (vocab) {
-        JsonTokenConstraint k(vocab, schema);
+        const int32_t V = static_cast<int32_t>(vocab->size());
+        auto table = std::make_shared<JsonMaskTable>(vocab, schema);
+        JsonTokenConstraint k(table);
         std::vector<float> logits(vocab->size(), 0.f);
         const auto m0 = Clock::now();
-        const int64_t allowed = k.mask(logits.data(), static_cast<int32_t>(vocab->size()), {});
+        const int64_t allowed = k.mask(logits.data(), V, {});
         first_mask_s.push_back(seconds_since(m0));
         row.set("first_mask_ms", first_mask_s.back() * 1e3);
         row.set("first_mask_allowed", allowed);
+        int64_t masks = 0, refused_here = 0;
+        if (tests && tests->is_array())
+          for (const json::Value& t : tests->as_array()) {
+            if (!t.find("valid")->as_bool()) continue;
+            JsonTokenConstraint w(table);
+            for (int32_t tid : tok->encode(t.find("data")->dump_python(), false)) {
+              std::fill(logits.begin(), logits.end(), 0.f);
+              const auto s0 = Clock::now();
+              w.mask(logits.data(), V, {});
+              mask_s.push_back(seconds_since(s0));
+              ++masks;
+              if (logits[static_cast<size_t>(tid)] == -std::numeric_limits<float>::infinity()) {
+                ++refused_here;
+                break;  // (the recognizer cannot take it either)
+              }
+              w.advance(tid);
+            }
+          }
+        row.set("masks", masks);
+        if (refused_here > 0) row.set("tokens_refused", refused_here);
+        tokens_refused += refused_here;
       }
     }
     rows.push_back(std::move(row));
@@ -181,9 +211,17 @@ int cmd_schemas(const Args& args) {
   print("all", all);
   std::printf("compile: p50 %.3f ms, p99 %.3f ms, max %.3f ms\n", quantile(compile_s, 0.5) * 1e3,
               quantile(compile_s, 0.99) * 1e3, quantile(compile_s, 1.0) * 1e3);
-  if (vocab)
+  if (vocab) {
     std::printf("first mask over %zu tokens: p50 %.3f ms, p99 %.3f ms, max %.3f ms\n", vocab->size(),
                 quantile(first_mask_s, 0.5) * 1e3, quantile(first_mask_s, 0.99) * 1e3, quantile(first_mask_s, 1.0) * 1e3);
+    std::vector<double> ttfm(first_mask_s.size());
+    for (size_t i = 0; i < ttfm.size(); ++i) ttfm[i] = compile_s[i] + first_mask_s[i];
+    std::printf("time to first mask (compile + mask): p50 %.3f ms, p99 %.3f ms\n", quantile(ttfm, 0.5) * 1e3,
+                quantile(ttfm, 0.99) * 1e3);
+    std::printf("valid instances token by token: %zu masks, p50 %.1f us, p99 %.1f us, max %.1f us; tokens refused %lld\n",
+                mask_s.size(), quantile(mask_s, 0.5) * 1e6, quantile(mask_s, 0.99) * 1e6, quantile(mask_s, 1.0) * 1e6,
+                static_cast<long long>(tokens_refused));
+  }
   std::vector<std::pair<int, std::string>> why;
   for (const auto& [k, n] : refusals) why.emplace_back(n, k);
   std::sort(why.rbegin(), why.rend());
@@ -217,6 +255,15 @@ int cmd_schemas(const Args& args) {
     result.set("vocab", static_cast<int64_t>(vocab->size()));
     result.set("first_mask_ms_p50", quantile(first_mask_s, 0.5) * 1e3);
     result.set("first_mask_ms_p99", quantile(first_mask_s, 0.99) * 1e3);
+    std::vector<double> ttfm(first_mask_s.size());
+    for (size_t i = 0; i < ttfm.size(); ++i) ttfm[i] = compile_s[i] + first_mask_s[i];
+    result.set("time_to_first_mask_ms_p50", quantile(ttfm, 0.5) * 1e3);
+    result.set("time_to_first_mask_ms_p99", quantile(ttfm, 0.99) * 1e3);
+    result.set("token_masks", static_cast<int64_t>(mask_s.size()));
+    result.set("token_mask_us_p50", quantile(mask_s, 0.5) * 1e6);
+    result.set("token_mask_us_p99", quantile(mask_s, 0.99) * 1e6);
+    result.set("token_mask_us_max", quantile(mask_s, 1.0) * 1e6);
+    result.set("valid_tokens_refused", tokens_refused);
   }
   result.set("subsets", json::Value(std::move(per_subset)));
   result.set("refused", json::Value(std::move(refused)));

@@ -618,6 +618,20 @@ void SchemaRecognizer::merge(std::vector<Thread>& threads) {
 }
 
 bool SchemaRecognizer::feed(uint8_t c) {
+  if (threads_.size() == 1) {  // (the usual case, and a mask's walk: no allocation unless it spawns)
+    static thread_local std::vector<Thread> spawned;
+    spawned.clear();
+    const bool kept = step(threads_[0], c, spawned);
+    if (spawned.empty()) {
+      if (!kept) threads_.clear();
+      return kept;
+    }
+    if (!kept) threads_.clear();
+    for (auto& s : spawned) threads_.push_back(std::move(s));
+    spawned.clear();
+    merge(threads_);
+    return !threads_.empty();
+  }
   std::vector<Thread> next;
   for (auto& t : threads_) {
     std::vector<Thread> spawned;

@@ -12,47 +12,132 @@ namespace kvpr {
 namespace {
 
 using namespace json_lex;
-// The characters of `b` when it is plain string text: no quote, backslash or control character,
-// whole UTF-8 sequences only (the ranges the recognizers take); else -1.
-int32_t plain_chars(const std::string& b) {
+// The characters `b` begins when it is string-local (VocabularyIndex), else -1.
+int32_t local_chars_of(const std::string& b) {
   uint8_t sub = 0, aux = 0;
-  int64_t chars = 0;
+  int64_t chars = 0, begun = 0;
   for (char ch : b) {
     const uint8_t c = static_cast<uint8_t>(ch);
     if (c == '"' || c == '\\' || string_byte(sub, aux, chars, c) != 1) return -1;
+    if (c < 0x80 || c >= 0xC0) ++begun;  // an ASCII character or a UTF-8 lead
   }
-  return aux == 0 ? static_cast<int32_t>(chars) : -1;
+  return static_cast<int32_t>(begun);
 }
 
-std::shared_ptr<const std::vector<int32_t>> plain_chars_of(const JsonMaskTable::Vocabulary& v) {
-  auto out = std::make_shared<std::vector<int32_t>>();
-  out->reserve(v.size());
-  for (const auto& b : v) out->push_back(b.empty() ? -1 : plain_chars(b));
-  return out;
+void build_trie(const std::vector<std::string>& vocab, const std::vector<int32_t>& ids_by_bytes,
+                VocabularyIndex::Trie& t) {
+  t = {};
+  t.byte.push_back(0);
+  t.depth.push_back(0);
+  t.end.push_back(0);
+  std::vector<std::vector<int32_t>> at(1);  // ids ending at each node
+  std::vector<int32_t> path{0};             // path[d]: the open node at depth d
+  const std::string* prev = nullptr;
+  for (int32_t id : ids_by_bytes) {
+    const std::string& b = vocab[static_cast<size_t>(id)];
+    KVPR_CHECK(b.size() < 65535, "a token of ", b.size(), " bytes");
+    size_t common = 0;
+    if (prev)
+      while (common < prev->size() && common < b.size() && (*prev)[common] == b[common]) ++common;
+    for (size_t d = path.size() - 1; d > common; --d) t.end[static_cast<size_t>(path[d])] = static_cast<int32_t>(t.byte.size());
+    path.resize(common + 1);
+    for (size_t d = common; d < b.size(); ++d) {
+      path.push_back(static_cast<int32_t>(t.byte.size()));
+      t.byte.push_back(static_cast<uint8_t>(b[d]));
+      t.depth.push_back(static_cast<uint16_t>(d + 1));
+      t.end.push_back(0);
+      at.emplace_back();
+    }
+    at[static_cast<size_t>(path.back())].push_back(id);
+    t.max_depth = std::max<int>(t.max_depth, static_cast<int>(b.size()));
+    prev = &b;
+  }
+  for (size_t d = path.size() - 1; d > 0; --d) t.end[static_cast<size_t>(path[d])] = static_cast<int32_t>(t.byte.size());
+  t.end[0] = static_cast<int32_t>(t.byte.size());
+  for (const auto& ids : at) {
+    t.first.push_back(static_cast<int32_t>(t.ids.size()));
+    t.ids.insert(t.ids.end(), ids.begin(), ids.end());
+  }
+  t.first.push_back(static_cast<int32_t>(t.ids.size()));
 }
 
 constexpr size_t kFewestMasks = 8;  // kept whatever the budget
 
 bool allows(const JsonMaskTable::Mask& m, int32_t id) { return (m[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; }
+void set(JsonMaskTable::Mask& m, int32_t id) { m[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); }
+
+// Sets in `m` the ids below n whose bytes `root` takes: the trie depth first, one recognizer per
+// depth (each a copy of its parent's fed the node's byte), a refused byte's subtree skipped.
+template <class Rec>
+void walk(const VocabularyIndex::Trie& t, const Rec& root, int32_t n, JsonMaskTable::Mask& m) {
+  std::vector<Rec> at;  // at[d]: after the bytes of the current node's ancestors at depth d
+  at.reserve(static_cast<size_t>(t.max_depth) + 1);
+  at.push_back(root);
+  const int32_t nodes = static_cast<int32_t>(t.nodes());
+  for (int32_t i = 1; i < nodes;) {
+    const size_t d = t.depth[static_cast<size_t>(i)];
+    if (d < at.size()) at[d] = at[d - 1];
+    else at.push_back(at[d - 1]);
+    if (!at[d].feed(t.byte[static_cast<size_t>(i)])) {
+      i = t.end[static_cast<size_t>(i)];
+      continue;
+    }
+    for (int32_t k = t.first[static_cast<size_t>(i)]; k < t.first[static_cast<size_t>(i) + 1]; ++k)
+      if (const int32_t id = t.ids[static_cast<size_t>(k)]; id < n) set(m, id);
+    ++i;
+  }
+}
 }  // namespace
 
+VocabularyIndex::VocabularyIndex(const std::vector<std::string>& vocab) {
+  const int32_t n = static_cast<int32_t>(vocab.size());
+  local_chars.resize(vocab.size(), -1);
+  std::vector<int32_t> with_bytes, other;
+  for (int32_t id = 0; id < n; ++id) {
+    const std::string& b = vocab[static_cast<size_t>(id)];
+    if (b.empty()) continue;
+    with_bytes.push_back(id);
+    local_chars[static_cast<size_t>(id)] = local_chars_of(b);
+  }
+  std::sort(with_bytes.begin(), with_bytes.end(), [&](int32_t a, int32_t b) {
+    const std::string &x = vocab[static_cast<size_t>(a)], &y = vocab[static_cast<size_t>(b)];
+    return x != y ? x < y : a < b;
+  });
+  for (int32_t id : with_bytes)
+    if (local_chars[static_cast<size_t>(id)] < 0) other.push_back(id);
+  build_trie(vocab, with_bytes, all);
+  build_trie(vocab, other, nonlocal);
+  const size_t words = (vocab.size() + 63) / 64;
+  fits.assign(kFitsMax + 1, Mask(words, 0));
+  for (int32_t id = 0; id < n; ++id) {
+    const int32_t c = local_chars[static_cast<size_t>(id)];
+    if (c < 0) continue;
+    if (c > kFitsMax) {
+      longer.emplace_back(c, id);
+      continue;
+    }
+    for (int k = c; k <= kFitsMax; ++k) fits[static_cast<size_t>(k)][static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+  }
+  std::sort(longer.begin(), longer.end());
+}
+
 JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, const JsonConstraintOptions& o, size_t budget_bytes)
-    : JsonMaskTable(vocab, plain_chars_of(*vocab), nullptr, o, budget_bytes) {}
+    : JsonMaskTable(vocab, std::make_shared<const VocabularyIndex>(*vocab), nullptr, o, budget_bytes) {}
 
 JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const JsonSchema> schema,
                              const JsonConstraintOptions& o, size_t budget_bytes)
-    : JsonMaskTable(vocab, plain_chars_of(*vocab), std::move(schema), o, budget_bytes) {
+    : JsonMaskTable(vocab, std::make_shared<const VocabularyIndex>(*vocab), std::move(schema), o, budget_bytes) {
   KVPR_CHECK(schema_ != nullptr, "a schema's mask table needs the schema");
 }
 
 std::shared_ptr<JsonMaskTable> JsonMaskTable::sibling(std::shared_ptr<const JsonSchema> schema,
                                                       const JsonConstraintOptions& o) const {
-  return std::shared_ptr<JsonMaskTable>(new JsonMaskTable(vocab_, plain_chars_, std::move(schema), o, budget_bytes_));
+  return std::shared_ptr<JsonMaskTable>(new JsonMaskTable(vocab_, vocab_index_, std::move(schema), o, budget_bytes_));
 }
 
-JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const std::vector<int32_t>> plain_chars,
+JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const VocabularyIndex> index,
                              std::shared_ptr<const JsonSchema> schema, const JsonConstraintOptions& o, size_t budget_bytes)
-    : vocab_(std::move(vocab)), schema_(std::move(schema)), options_(o), plain_chars_(std::move(plain_chars)),
+    : vocab_(std::move(vocab)), schema_(std::move(schema)), options_(o), vocab_index_(std::move(index)),
       budget_bytes_(budget_bytes) {}
 
 std::shared_ptr<const JsonMaskTable::Mask> JsonMaskTable::find(const std::string& key, int32_t valid) {
@@ -117,36 +202,25 @@ std::shared_ptr<const JsonMaskTable::Mask> JsonTokenConstraint::allowed(int32_t 
   const std::string key = std::visit([](const auto& r) { return std::string(r.key()); }, r_);
   if (auto m = table_->find(key, valid)) return m;
   JsonMaskTable::Mask m((static_cast<size_t>(valid) + 63) / 64, 0);
-  auto set = [&](int32_t id) { m[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); };
-  const Vocabulary& v = table_->vocab();
-  const std::vector<int32_t>& plain = table_->plain_chars();
-  const int32_t n = std::min<int32_t>(valid, static_cast<int32_t>(v.size()));
-  // The ids whose bytes `rec` takes, among those not allowed yet.
+  const VocabularyIndex& index = table_->index();
+  const int32_t n = std::min<int32_t>(valid, static_cast<int32_t>(table_->vocab().size()));
+  // The ids in [0, n) whose bytes `rec` takes.
   auto add_allowed = [&](const auto& rec) {
-    // A token whose first byte is refused is refused: try the 256 bytes once.
-    bool first_ok[256];
-    for (int b = 0; b < 256; ++b) {
-      auto r = rec;
-      first_ok[b] = r.feed(static_cast<uint8_t>(b));
-    }
-    // Inside a string, a token of plain characters is decided by its length alone.
-    const int64_t room = rec.plain_string_room();
-    for (int32_t id = 0; id < n; ++id) {
-      const std::string& b = v[static_cast<size_t>(id)];
-      if (b.empty() || !first_ok[static_cast<uint8_t>(b[0])] || allows(m, id)) continue;
-      if (room >= 0 && plain[static_cast<size_t>(id)] >= 0) {
-        if (plain[static_cast<size_t>(id)] <= room) set(id);
-        continue;
+    const VocabularyIndex::Trie* trie = &index.all;
+    // Inside a string, a string-local token is decided by the characters it begins alone.
+    if (const int64_t room = rec.plain_string_room(); room >= 0) {
+      const auto& fit = index.fits[static_cast<size_t>(std::min<int64_t>(room, VocabularyIndex::kFitsMax))];
+      for (size_t w = 0; w < std::min(m.size(), fit.size()); ++w) m[w] |= fit[w];
+      for (const auto& [chars, id] : index.longer) {
+        if (chars > room) break;
+        if (id < n) set(m, id);
       }
-      auto r = rec;
-      if (r.feed(std::string_view(b))) set(id);
+      trie = &index.nonlocal;
     }
+    walk(*trie, rec, n, m);
   };
   // Under a schema with several alternatives side by side, one at a time: a token is allowed
-  // when one of them takes it (SchemaRecognizer::feed's rule), and each later alternative only
-  // looks at the tokens the earlier ones refused, with its own first bytes and string room.
-  // The mask then costs about one pass over the vocabulary per alternative that refuses most of
-  // it, instead of every token copied and fed through every alternative at once.
+  // when one of them takes it (SchemaRecognizer::feed's rule).
   std::visit(
       [&](const auto& rec) {
         if constexpr (std::is_same_v<std::decay_t<decltype(rec)>, SchemaRecognizer>) {
@@ -158,6 +232,8 @@ std::shared_ptr<const JsonMaskTable::Mask> JsonTokenConstraint::allowed(int32_t 
         add_allowed(rec);
       },
       r_);
+  // (the fits sets cover the whole vocabulary: the ids past `valid` are cleared)
+  if (valid % 64 != 0 && !m.empty()) m.back() &= (uint64_t{1} << (valid % 64)) - 1;
   return table_->insert(key, valid, std::move(m));
 }
 

@@ -19,8 +19,39 @@
 
 namespace kvpr {
 
-// One constraint over one vocabulary, shared by the sequences under it: the vocabulary's facts
-// the masks use (computed once), and the masks of recent states, bit-packed (bit id % 64 of word
+// What masks read of a vocabulary, computed once per worker and shared by every table over it.
+// A token is string-local when its bytes could sit inside a JSON string on their own: no quote,
+// backslash or control byte, and UTF-8 from a character's start (possibly ending inside one). In a
+// string between characters, with no pattern to follow, such a token is allowed exactly when the
+// string has room for the characters it begins, whatever the grammar around the string: so those
+// masks are unions of the precomputed `fits` sets, and only the other tokens are walked.
+struct VocabularyIndex {
+  using Mask = std::vector<uint64_t>;
+  // The tokens' bytes as a trie in preorder: node 0 is the root (no byte); node i's descendants
+  // are the nodes after it up to end[i]; the ids whose bytes end at node i are
+  // ids[first[i], first[i + 1]). A mask walks it depth first, one recognizer per depth, and skips
+  // the subtree of a byte refused: a shared prefix is fed once.
+  struct Trie {
+    std::vector<uint8_t> byte;
+    std::vector<uint16_t> depth;
+    std::vector<int32_t> end;
+    std::vector<int32_t> first;
+    std::vector<int32_t> ids;
+    int max_depth = 0;
+    size_t nodes() const { return byte.size(); }
+  };
+  static constexpr int kFitsMax = 64;
+  explicit VocabularyIndex(const std::vector<std::string>& vocab);
+
+  std::vector<int32_t> local_chars;  // per id: the characters a string-local token begins, else -1
+  Trie all;       // every token with bytes
+  Trie nonlocal;  // those not string-local
+  std::vector<Mask> fits;  // fits[k], k <= kFitsMax: the string-local ids beginning at most k characters
+  std::vector<std::pair<int32_t, int32_t>> longer;  // (characters, id) of those past kFitsMax, by characters
+};
+
+// One constraint over one vocabulary, shared by the sequences under it: the vocabulary's index
+// (computed once), and the masks of recent states, bit-packed (bit id % 64 of word
 // id / 64), at most `budget_bytes` of them with their keys (but the 8 latest, whatever their
 // size), the least recently used dropped first. Thread-safe:
 // the rows of a batch take their masks in parallel.
@@ -44,9 +75,7 @@ class JsonMaskTable {
   const Vocabulary& vocab() const { return *vocab_; }
   const JsonSchema* schema() const { return schema_.get(); }
   const JsonConstraintOptions& options() const { return options_; }
-  // Per id: its characters when it is plain string text (no quote, backslash or control
-  // character, whole UTF-8 sequences), else -1.
-  const std::vector<int32_t>& plain_chars() const { return *plain_chars_; }
+  const VocabularyIndex& index() const { return *vocab_index_; }
 
   // The mask kept for the state `key` over `valid` ids, or null.
   std::shared_ptr<const Mask> find(const std::string& key, int32_t valid);
@@ -58,7 +87,7 @@ class JsonMaskTable {
   size_t kept() const;
 
  private:
-  JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const std::vector<int32_t>> plain_chars,
+  JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::shared_ptr<const VocabularyIndex> index,
                 std::shared_ptr<const JsonSchema> schema, const JsonConstraintOptions& o, size_t budget_bytes);
   struct Entry {
     std::string key;
@@ -67,7 +96,7 @@ class JsonMaskTable {
   std::shared_ptr<const Vocabulary> vocab_;
   std::shared_ptr<const JsonSchema> schema_;
   JsonConstraintOptions options_;
-  std::shared_ptr<const std::vector<int32_t>> plain_chars_;
+  std::shared_ptr<const VocabularyIndex> vocab_index_;
   size_t budget_bytes_;
   size_t bytes_ = 0;  // kept: the masks' words and their keys (each held twice)
 

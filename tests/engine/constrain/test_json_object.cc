@@ -14,6 +14,7 @@
 #include "engine/constrain/token_constraint.h"
 #include "engine/constrain/json_schema.h"
 #include "engine/constrain/regex.h"
+#include "engine/text/tokenizer.h"
 #include "tests/test_util.h"
 
 using namespace kvpr;
@@ -1204,4 +1205,96 @@ TEST(JsonSchema, MaxLengthRefusesABegunCharacterItCannotHold) {
   EXPECT_FALSE(takes(two, "\"ab\\"));
   EXPECT_TRUE(whole(two, "\"a\\n\""));
   EXPECT_TRUE(whole(two, "\"\xc3\xa9\xc3\xa9\""));
+}
+
+namespace {
+// A real vocabulary (Qwen2.5's 151,665 tokens) and tokens it lacks that masks must still decide:
+// string text of 70 and 100 characters (past VocabularyIndex::kFitsMax), UTF-8 begun and not
+// finished, a continuation byte alone, control bytes, bytes two ids share, special tokens.
+std::shared_ptr<JsonTokenConstraint::Vocabulary> real_vocabulary() {
+  const Tokenizer tok = Tokenizer::load(test::data_path("qwen2-tokenizer"));
+  auto vocab = std::make_shared<JsonTokenConstraint::Vocabulary>();
+  for (int32_t t = 0; t < tok.size(); ++t) vocab->push_back(tok.token_bytes(t, true));
+  for (const std::string& extra : std::vector<std::string>{std::string(70, 'a'), std::string(100, 'b') + "\"", "\xe6", "\xe6\x9d", "ab\xf0\x9f",
+                            "\xc3\xa9\xe6", "\x9d", "\x01", "a\x1f", "{", "\"", "", ""})
+    vocab->push_back(extra);
+  return vocab;
+}
+
+// The reference: each id's bytes fed alone to a copy of the recognizer (one alternative at a
+// time, as SchemaRecognizer::feed takes a token), a token whose first byte is refused skipped.
+template <class Rec>
+std::vector<bool> fed_alone(const Rec& rec, const JsonTokenConstraint::Vocabulary& vocab) {
+  std::vector<bool> out(vocab.size(), false);
+  std::vector<Rec> alts;
+  if constexpr (std::is_same_v<Rec, SchemaRecognizer>) {
+    for (size_t a = 0; a < rec.alternatives(); ++a) alts.push_back(rec.alternative(a));
+  } else {
+    alts.push_back(rec);
+  }
+  for (const Rec& one : alts) {
+    bool first_ok[256];
+    for (int b = 0; b < 256; ++b) {
+      Rec r = one;
+      first_ok[b] = r.feed(static_cast<uint8_t>(b));
+    }
+    for (size_t id = 0; id < vocab.size(); ++id) {
+      const std::string& b = vocab[id];
+      if (out[id] || b.empty() || !first_ok[static_cast<uint8_t>(b[0])]) continue;
+      Rec r = one;
+      out[id] = r.feed(std::string_view(b));
+    }
+  }
+  return out;
+}
+}  // namespace
+
+// Masks over a real vocabulary, computed by walking its token trie with string text decided by
+// length (VocabularyIndex), equal the tokens fed one by one, in the states random decoding meets
+// under json_object and a schema of bounded, patterned, enumerated and alternative strings.
+TEST(JsonObject, MasksOverARealVocabularyAreEachTokenFedAlone) {
+  const auto vocab = real_vocabulary();
+  const int32_t V = static_cast<int32_t>(vocab->size());
+  auto schema = std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse(R"({
+      "type": "object", "additionalProperties": false, "required": ["a", "b"],
+      "properties": {"a": {"type": "string", "maxLength": 2}, "b": {"type": "string", "minLength": 3, "maxLength": 80},
+        "c": {"anyOf": [{"type": "string", "pattern": "^[a-z \u00e9]+$"}, {"type": "integer", "minimum": 10}]},
+        "d": {"type": "array", "items": {"type": "string", "maxLength": 4}, "uniqueItems": true},
+        "e": {"enum": ["x", "xy", 3]}, "f": {"type": "object"}}})")));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  int masks = 0;
+  for (bool with_schema : {false, true}) {
+    auto table = with_schema ? std::make_shared<JsonMaskTable>(vocab, schema) : std::make_shared<JsonMaskTable>(vocab);
+    for (int trial = 0; trial < 6; ++trial) {
+      JsonTokenConstraint c(table);
+      JsonRecognizer plain_mirror;
+      SchemaRecognizer schema_mirror(schema.get());
+      std::string text;
+      for (int step = 0; step < 40; ++step) {
+        std::vector<float> logits(static_cast<size_t>(V));
+        for (float& l : logits) l = normal(rng);
+        c.mask(logits.data(), V, {V - 1});
+        const std::vector<bool> want =
+            with_schema ? fed_alone(schema_mirror, *vocab) : fed_alone(plain_mirror, *vocab);
+        ++masks;
+        for (int32_t id = 0; id + 1 < V; ++id)
+          ASSERT_EQ(!std::isinf(logits[static_cast<size_t>(id)]), want[static_cast<size_t>(id)])
+              << "id " << id << " (" << (*vocab)[static_cast<size_t>(id)] << ") after " << text;
+        // Two picks in three among the short tokens allowed (quotes, commas, a character): into
+        // and out of strings, near their bounds; else the highest logit.
+        std::vector<int32_t> short_ones;
+        for (int32_t id = 0; id + 1 < V; ++id)
+          if (want[static_cast<size_t>(id)] && (*vocab)[static_cast<size_t>(id)].size() <= 2) short_ones.push_back(id);
+        int32_t pick = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        if (rng() % 3 != 0 && !short_ones.empty()) pick = short_ones[rng() % short_ones.size()];
+        if (pick == V - 1) break;
+        c.advance(pick);
+        const std::string& b = (*vocab)[static_cast<size_t>(pick)];
+        ASSERT_TRUE(with_schema ? schema_mirror.feed(std::string_view(b)) : plain_mirror.feed(b));
+        text += b;
+      }
+    }
+  }
+  EXPECT_GE(masks, 100);
 }
