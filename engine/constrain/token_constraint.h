@@ -123,6 +123,9 @@ class JsonTokenConstraint {
   // stop ids) stay only once the JSON is complete. Returns how many ids are left (0 when the
   // JSON is complete and nothing may follow but an end id the sequence does not have).
   int64_t mask(float* logits, int32_t valid, const std::vector<int32_t>& end_ids);
+  // Computes the mask of the state now into the table, without logits: mask() then finds it. The
+  // generator calls it on a host thread while the device computes the step's logits.
+  void prepare(int32_t valid) { allowed(valid); }
   // The chosen id: its bytes continue the JSON (an end id adds none).
   void advance(int32_t id);
   bool complete() const {

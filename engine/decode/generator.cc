@@ -1,9 +1,12 @@
 #include "engine/decode/generator.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <limits>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "engine/base/error.h"
 #include "engine/base/thread_pool.h"
@@ -45,6 +48,64 @@ struct Generator::Sequence {
   // (Nor before its constrained text has begun.)
   bool holds_end() const { return static_cast<int64_t>(tokens.size()) < params.min_new_tokens || (json && !constraining); }
   JsonTokenConstraint* constraint() const { return constraining ? json.get() : nullptr; }
+};
+
+// One host thread that computes a step's masks (JsonTokenConstraint::prepare) while the device
+// computes the step's logits: a mask depends only on the tokens already chosen, so the host's
+// choice after the step finds it made. Where the device is the host, the step's kernels have the
+// cores and the masks are made when the rows are chosen, as before.
+class Generator::MaskAhead {
+ public:
+  MaskAhead() : thread_([this] { run(); }) {}
+  ~MaskAhead() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  // Begins the masks of `work` over `valid` ids; wait() before any of them advances.
+  void start(std::vector<JsonTokenConstraint*> work, int32_t valid) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      work_ = std::move(work);
+      valid_ = valid;
+      busy_ = true;
+    }
+    wake_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return !busy_; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || busy_; });
+      if (stop_) return;
+      std::vector<JsonTokenConstraint*> work = std::move(work_);
+      const int32_t valid = valid_;
+      lock.unlock();
+      for (JsonTokenConstraint* c : work) {
+        try {
+          c->prepare(valid);
+        } catch (const std::exception&) {  // made again, and its error raised, where the row is chosen
+        }
+      }
+      lock.lock();
+      busy_ = false;
+      done_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::vector<JsonTokenConstraint*> work_;
+  int32_t valid_ = 0;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;  // last: started once the rest is made
 };
 
 Generator::~Generator() = default;
@@ -639,7 +700,25 @@ std::vector<StepOutput> Generator::step(const LogitsObserver& observer) {
     if (window_pool_) p.chunks[i].window_blocks = window_pool_->table(p.batch[i]->key());
   }
   plan_rows(p, observer);
-  forward(p);
+  // The masks of the constrained rows, on a host thread while the device runs the step.
+  std::vector<JsonTokenConstraint*> masks;
+  if (!model_.backend().device_is_host() && p.need_logits && !observer)
+    for (size_t i = 0; i < p.batch.size(); ++i)
+      if ((p.chooses[i] || p.speculates[i]) && p.batch[i]->constraint()) masks.push_back(p.batch[i]->constraint());
+  const bool ahead = !masks.empty();
+  if (ahead) {
+    if (!mask_ahead_) mask_ahead_ = std::make_unique<MaskAhead>();
+    mask_ahead_->start(std::move(masks), valid_vocab_);
+  }
+  {
+    struct Join {  // the thread reads the sequences: it is done before anything else touches them
+      MaskAhead* m;
+      ~Join() {
+        if (m) m->wait();
+      }
+    } join{ahead ? mask_ahead_.get() : nullptr};
+    forward(p);
+  }
   StepChoices choices;
   choices.picks.resize(p.batch.size());
   choices.tops.resize(p.batch.size());

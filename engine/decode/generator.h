@@ -171,6 +171,7 @@ class Generator {
   // the forward pass with the device's greedy choices; the host's choices; the outputs.
   struct StepPlan;
   struct StepChoices;
+  class MaskAhead;
   // Ends `s` alone with FinishReason::Error and `why` (its blocks back, its result recorded).
   void fail_sequence(Sequence& s, const std::string& why, std::vector<StepOutput>& out);
   void at_stage(SequenceStage stage, const Sequence& s) const;
@@ -225,6 +226,7 @@ class Generator {
   // that runs into the compile's budget costs the step loop that budget once, not at every retry.
   static constexpr size_t kRefusedSchemas = 32;
   std::list<std::pair<std::string, std::string>> refused_schemas_;
+  std::unique_ptr<MaskAhead> mask_ahead_;  // made at the first constrained step on a device
   Tensor logits_;                 // host [rows, vocab], for rows sampled on the host
   Tensor dev_ids_, dev_stats_;    // device: greedy id and (max, log-sum-exp) per row
   Tensor host_ids_, host_stats_;  // their host copies

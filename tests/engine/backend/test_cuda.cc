@@ -723,18 +723,25 @@ TEST(Cuda, SpeculativeDecodingGivesTheCpuGreedyTokens) {
   EXPECT_GT(accepted, 0);
 }
 
-// JSON mode on the device: the constrained rows are masked and chosen on the host from the
-// logits the device copies back; the tokens are the CPU backend's, and the text is JSON.
+// JSON mode and a schema on the device: the constrained rows' masks are made on a host thread
+// while the device computes the step (Generator's MaskAhead), then applied to the logits it
+// copies back; the tokens are the CPU backend's, and the text is JSON.
 TEST(Cuda, JsonObjectGivesTheCpuTokens) {
   SKIP_WITHOUT_GPU();
   test::TempDir tmp;
   Tokenizer tok = test::char_tokenizer(tmp, 96);
   CpuBackend cpu;
   auto gpu = create_backend("cuda");
-  for (const char* name : {"opt/pre_ln_safetensors", "llama/gqa_f32_safetensors"}) {
+  for (const char* name : {"opt/pre_ln_safetensors", "llama/gqa_f32_safetensors", "schema"}) {
     GenerationParams p;
     p.max_new_tokens = 24;
     p.json_object = true;
+    if (std::string(name) == "schema") {
+      name = "llama/gqa_f32_safetensors";
+      p.json_object = false;
+      p.json_schema = json::parse(R"({"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string",
+          "maxLength": 3}}, "required": ["n", "s"], "additionalProperties": false})");
+    }
     GeneratorOptions o;
     o.max_batch = 2;
     o.kv_dtype = DType::F32;
