@@ -179,6 +179,16 @@ int cmd_schemas(const Args& args) {
             }
           }
         row.set("masks", masks);
+        if (masks > 0) {
+          const std::vector<double> mine(mask_s.end() - masks, mask_s.end());
+          row.set("mask_us_p50", quantile(mine, 0.5) * 1e6);
+          row.set("mask_us_max", quantile(mine, 1.0) * 1e6);
+          row.set("mask_ms_total", [&] {
+            double sum = 0;
+            for (double x : mine) sum += x;
+            return sum * 1e3;
+          }());
+        }
         if (refused_here > 0) row.set("tokens_refused", refused_here);
         tokens_refused += refused_here;
       }

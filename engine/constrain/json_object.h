@@ -42,8 +42,9 @@ class JsonRecognizer {
   // The state, as bytes: equal states accept the same continuations.
   std::string_view key() const { return {reinterpret_cast<const char*>(&s_), sizeof s_}; }
   // Inside a string, between characters: how many more characters it may take (INT64_MAX: no
-  // bound); -1 elsewhere. A token of plain characters (no quote, backslash, control character or
-  // partial UTF-8) then fits exactly when it has no more characters than that.
+  // bound); -1 elsewhere. A string-local token (no quote, backslash or control byte; UTF-8 from a
+  // character's start, possibly ending inside one) then fits exactly when it begins no more
+  // characters than that (token_constraint.h's VocabularyIndex).
   int64_t plain_string_room() const;
 
  private:

@@ -672,11 +672,31 @@ SchemaRecognizer SchemaRecognizer::alternative(size_t i) const {
 int64_t SchemaRecognizer::plain_string_room() const {
   if (threads_.size() != 1) return -1;
   const Thread& t = threads_[0];
-  if (t.mode != Mode::String || t.sub != 0 || t.aux != 0) return -1;
+  if (t.sub != 0 || t.aux != 0) return -1;
+  if (t.mode == Mode::Key) {  // an open object's key, while any key fits: key_step takes any text
+    const SchemaNode& o = schema_->node(t.stack.back().node);
+    const bool closed = o.kind != SchemaNode::Kind::Any && o.additional < 0;
+    return !closed && keys_fit(o, t.stack.back(), t.stack.back().seen, 1) ? INT64_MAX : -1;
+  }
+  if (t.mode != Mode::String) return -1;
   const SchemaNode& n = schema_->node(t.node);
   if (!n.regexes.empty()) return -1;  // every character goes through the regexes
   if (n.kind == SchemaNode::Kind::String && n.max_length >= 0) return n.max_length - t.length;
   return INT64_MAX;
+}
+
+std::optional<SchemaRecognizer> SchemaRecognizer::string_alone() const {
+  if (threads_.size() != 1) return std::nullopt;
+  const Thread& t = threads_[0];
+  if (t.mode != Mode::String || t.sub != 0 || t.aux != 0 || schema_->node(t.node).regexes.empty()) return std::nullopt;
+  // (string_step reads no frame for such bytes: the closing quote alone ends the value)
+  Thread alone;
+  alone.mode = Mode::String;
+  alone.node = t.node;
+  alone.length = t.length;
+  alone.rx[0] = t.rx[0];
+  alone.rx[1] = t.rx[1];
+  return SchemaRecognizer(*this, alone);
 }
 
 bool SchemaRecognizer::complete() const {

@@ -36,6 +36,7 @@
 #include <bit>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -212,7 +213,15 @@ class SchemaRecognizer {
   SchemaRecognizer alternative(size_t i) const;
   bool complete() const;
   std::string key() const;  // the state: equal keys accept the same continuations
-  int64_t plain_string_room() const;  // as JsonRecognizer's (one alternative inside a string)
+  // Inside a string under a pattern or format, between characters: the string's text alone, a
+  // recognizer without the values around the string (its key() the string's state alone).
+  // Bytes without a quote, backslash or control byte continue the string exactly when they
+  // continue this, whatever surrounds it; so their mask is the same in every context the string
+  // meets (JsonTokenConstraint keeps it once). Null elsewhere.
+  std::optional<SchemaRecognizer> string_alone() const;
+  // As JsonRecognizer's: one alternative inside a string, or inside an open object's key while
+  // any key may come.
+  int64_t plain_string_room() const;
 
  private:
   struct Frame {

@@ -92,7 +92,7 @@ void walk(const VocabularyIndex::Trie& t, const Rec& root, int32_t n, JsonMaskTa
 VocabularyIndex::VocabularyIndex(const std::vector<std::string>& vocab) {
   const int32_t n = static_cast<int32_t>(vocab.size());
   local_chars.resize(vocab.size(), -1);
-  std::vector<int32_t> with_bytes, other;
+  std::vector<int32_t> with_bytes, local_ids, other;
   for (int32_t id = 0; id < n; ++id) {
     const std::string& b = vocab[static_cast<size_t>(id)];
     if (b.empty()) continue;
@@ -103,9 +103,9 @@ VocabularyIndex::VocabularyIndex(const std::vector<std::string>& vocab) {
     const std::string &x = vocab[static_cast<size_t>(a)], &y = vocab[static_cast<size_t>(b)];
     return x != y ? x < y : a < b;
   });
-  for (int32_t id : with_bytes)
-    if (local_chars[static_cast<size_t>(id)] < 0) other.push_back(id);
+  for (int32_t id : with_bytes) (local_chars[static_cast<size_t>(id)] < 0 ? other : local_ids).push_back(id);
   build_trie(vocab, with_bytes, all);
+  build_trie(vocab, local_ids, local);
   build_trie(vocab, other, nonlocal);
   const size_t words = (vocab.size() + 63) / 64;
   fits.assign(kFitsMax + 1, Mask(words, 0));
@@ -140,8 +140,14 @@ JsonMaskTable::JsonMaskTable(std::shared_ptr<const Vocabulary> vocab, std::share
     : vocab_(std::move(vocab)), schema_(std::move(schema)), options_(o), vocab_index_(std::move(index)),
       budget_bytes_(budget_bytes) {}
 
-std::shared_ptr<const JsonMaskTable::Mask> JsonMaskTable::find(const std::string& key, int32_t valid) {
-  const std::string k = key + '/' + std::to_string(valid);
+namespace {
+std::string table_key(const std::string& key, int32_t valid, bool string_alone) {
+  return (string_alone ? "A" : "S") + key + '/' + std::to_string(valid);
+}
+}  // namespace
+
+std::shared_ptr<const JsonMaskTable::Mask> JsonMaskTable::find(const std::string& key, int32_t valid, bool string_alone) {
+  const std::string k = table_key(key, valid, string_alone);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(k);
   if (it == index_.end()) return nullptr;
@@ -150,8 +156,9 @@ std::shared_ptr<const JsonMaskTable::Mask> JsonMaskTable::find(const std::string
   return it->second->mask;
 }
 
-std::shared_ptr<const JsonMaskTable::Mask> JsonMaskTable::insert(const std::string& key, int32_t valid, Mask m) {
-  std::string k = key + '/' + std::to_string(valid);
+std::shared_ptr<const JsonMaskTable::Mask> JsonMaskTable::insert(const std::string& key, int32_t valid, Mask m,
+                                                                bool string_alone) {
+  std::string k = table_key(key, valid, string_alone);
   auto mask = std::make_shared<const Mask>(std::move(m));
   std::lock_guard<std::mutex> lock(mu_);
   ++computed_;
@@ -216,6 +223,22 @@ std::shared_ptr<const JsonMaskTable::Mask> JsonTokenConstraint::allowed(int32_t 
         if (id < n) set(m, id);
       }
       trie = &index.nonlocal;
+    }
+    if constexpr (std::is_same_v<std::decay_t<decltype(rec)>, SchemaRecognizer>) {
+      // Inside a pattern's string: its string-local tokens' mask is the string's own, kept once
+      // for every context the string meets.
+      if (trie == &index.all)
+        if (const std::optional<SchemaRecognizer> alone = rec.string_alone()) {
+          const std::string k = alone->key();
+          std::shared_ptr<const JsonMaskTable::Mask> own = table_->find(k, valid, true);
+          if (!own) {
+            JsonMaskTable::Mask lm(m.size(), 0);
+            walk(index.local, *alone, n, lm);
+            own = table_->insert(k, valid, std::move(lm), true);
+          }
+          for (size_t w = 0; w < m.size(); ++w) m[w] |= (*own)[w];
+          trie = &index.nonlocal;
+        }
     }
     walk(*trie, rec, n, m);
   };

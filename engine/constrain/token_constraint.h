@@ -45,7 +45,8 @@ struct VocabularyIndex {
 
   std::vector<int32_t> local_chars;  // per id: the characters a string-local token begins, else -1
   Trie all;       // every token with bytes
-  Trie nonlocal;  // those not string-local
+  Trie local;     // the string-local ones
+  Trie nonlocal;  // the others
   std::vector<Mask> fits;  // fits[k], k <= kFitsMax: the string-local ids beginning at most k characters
   std::vector<std::pair<int32_t, int32_t>> longer;  // (characters, id) of those past kFitsMax, by characters
 };
@@ -77,10 +78,11 @@ class JsonMaskTable {
   const JsonConstraintOptions& options() const { return options_; }
   const VocabularyIndex& index() const { return *vocab_index_; }
 
-  // The mask kept for the state `key` over `valid` ids, or null.
-  std::shared_ptr<const Mask> find(const std::string& key, int32_t valid);
+  // The mask kept for the state `key` over `valid` ids, or null. With `string_alone`, `key` is
+  // a string's own state (SchemaRecognizer::string_alone) and the mask its string-local tokens'.
+  std::shared_ptr<const Mask> find(const std::string& key, int32_t valid, bool string_alone = false);
   // Keeps `m` for `key` (a mask another row computed meanwhile stays) and returns the one kept.
-  std::shared_ptr<const Mask> insert(const std::string& key, int32_t valid, Mask m);
+  std::shared_ptr<const Mask> insert(const std::string& key, int32_t valid, Mask m, bool string_alone = false);
   // Masks computed and masks found, since the start.
   int64_t computed() const;
   int64_t found() const;
@@ -102,7 +104,7 @@ class JsonMaskTable {
 
   mutable std::mutex mu_;
   std::list<Entry> lru_;  // most recently used first
-  std::unordered_map<std::string, std::list<Entry>::iterator> index_;  // key + "/" + valid
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;  // S or A (alone), key, "/", valid
   int64_t computed_ = 0, found_ = 0;
 };
 

@@ -1250,8 +1250,10 @@ std::vector<bool> fed_alone(const Rec& rec, const JsonTokenConstraint::Vocabular
 }  // namespace
 
 // Masks over a real vocabulary, computed by walking its token trie with string text decided by
-// length (VocabularyIndex), equal the tokens fed one by one, in the states random decoding meets
-// under json_object and a schema of bounded, patterned, enumerated and alternative strings.
+// length (VocabularyIndex) and a pattern's string text by the string alone
+// (SchemaRecognizer::string_alone), equal the tokens fed one by one, in the states random decoding
+// meets under json_object, a schema of bounded, patterned, enumerated and alternative strings,
+// and one of open objects (any key) under maxProperties.
 TEST(JsonObject, MasksOverARealVocabularyAreEachTokenFedAlone) {
   const auto vocab = real_vocabulary();
   const int32_t V = static_cast<int32_t>(vocab->size());
@@ -1261,15 +1263,23 @@ TEST(JsonObject, MasksOverARealVocabularyAreEachTokenFedAlone) {
         "c": {"anyOf": [{"type": "string", "pattern": "^[a-z \u00e9]+$"}, {"type": "integer", "minimum": 10}]},
         "d": {"type": "array", "items": {"type": "string", "maxLength": 4}, "uniqueItems": true},
         "e": {"enum": ["x", "xy", 3]}, "f": {"type": "object"}}})")));
+  // Open objects (any key, while maxProperties leaves room), values under a pattern with `.`.
+  auto open = std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse(R"({
+      "type": "array", "minItems": 3, "items": {"type": "object", "maxProperties": 3, "properties": {"m": {"type": "string",
+        "pattern": "^(.+)/(.+)$"}}, "additionalProperties": {"anyOf": [{"type": "string", "pattern": "^.{2,}$"},
+        {"type": "object"}]}}})")));
   std::mt19937 rng(5);
   std::normal_distribution<float> normal;
   int masks = 0;
-  for (bool with_schema : {false, true}) {
-    auto table = with_schema ? std::make_shared<JsonMaskTable>(vocab, schema) : std::make_shared<JsonMaskTable>(vocab);
-    for (int trial = 0; trial < 6; ++trial) {
+  for (const JsonSchema* under : {static_cast<const JsonSchema*>(nullptr), schema.get(), open.get()}) {
+    const bool with_schema = under != nullptr;
+    auto table = !with_schema         ? std::make_shared<JsonMaskTable>(vocab)
+                 : under == schema.get() ? std::make_shared<JsonMaskTable>(vocab, schema)
+                                         : std::make_shared<JsonMaskTable>(vocab, open);
+    for (int trial = 0; trial < 5; ++trial) {
       JsonTokenConstraint c(table);
       JsonRecognizer plain_mirror;
-      SchemaRecognizer schema_mirror(schema.get());
+      SchemaRecognizer schema_mirror(with_schema ? under : schema.get());
       std::string text;
       for (int step = 0; step < 40; ++step) {
         std::vector<float> logits(static_cast<size_t>(V));
