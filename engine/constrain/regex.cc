@@ -418,7 +418,19 @@ Regex::Regex(const std::string& pattern) : pattern_(pattern), fast_(new std::ato
   const Frag f = emit(whole);
   nfa_start_ = f.start;
   nfa_accept_ = f.end;
+  wide_cuts_.push_back(128);
+  for (const NfaState& n : nfa_)
+    for (const Range& r : n.cls) {
+      if (r.lo > 128) wide_cuts_.push_back(r.lo);
+      if (r.hi >= 128 && r.hi < kMaxCp) wide_cuts_.push_back(r.hi + 1);
+    }
+  std::sort(wide_cuts_.begin(), wide_cuts_.end());
+  wide_cuts_.erase(std::unique(wide_cuts_.begin(), wide_cuts_.end()), wide_cuts_.end());
   start_ = intern(closure({nfa_start_}));
+}
+
+size_t Regex::wide_class(uint32_t cp) const {
+  return static_cast<size_t>(std::upper_bound(wide_cuts_.begin(), wide_cuts_.end(), cp) - wide_cuts_.begin()) - 1;
 }
 
 std::vector<int> Regex::closure(std::vector<int> states) const {
@@ -461,9 +473,10 @@ int Regex::intern(std::vector<int> set) const {
 int Regex::step(int state, uint32_t cp) const {
   if (state < 0) return -1;
   std::atomic<int32_t>* fast = nullptr;
-  if (cp < 128 && static_cast<size_t>(state) / kFastStates < kFastBlocks) {
+  if (static_cast<size_t>(state) / kFastStates < kFastBlocks && (cp < 128 || wide_cuts_.size() <= kWideClasses)) {
     if (FastBlock* b = fast_[static_cast<size_t>(state) / kFastStates].load(std::memory_order_acquire)) {
-      fast = &b->next[static_cast<size_t>(state) % kFastStates][cp];
+      fast = cp < 128 ? &b->next[static_cast<size_t>(state) % kFastStates][cp]
+                      : &b->wide[static_cast<size_t>(state) % kFastStates][wide_class(cp)];
       if (const int32_t v = fast->load(std::memory_order_acquire); v != 0) return v - 2;
     }
   }
@@ -500,6 +513,11 @@ int Regex::step(int state, uint32_t cp) const {
 
 bool Regex::may_step(int state, uint32_t lo, uint32_t hi) const {
   if (state < 0) return false;
+  if (lo >= 128 && lo <= hi && wide_cuts_.size() <= kWideClasses) {  // a class at a time (its first code point)
+    for (size_t k = wide_class(lo), last = wide_class(hi); k <= last; ++k)
+      if (step(state, std::max(lo, wide_cuts_[k])) >= 0) return true;
+    return false;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (int s : sets_[static_cast<size_t>(state)]) {
     const NfaState& n = nfa_[static_cast<size_t>(s)];

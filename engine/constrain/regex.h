@@ -43,7 +43,8 @@ class Regex {
   // Recognizer states (determinized): start(), then step() per code point; -1 is dead.
   int start() const { return start_; }
   int step(int state, uint32_t cp) const;
-  // Whether some code point in [lo, hi] moves `state` on (a UTF-8 character begun, not finished).
+  // Whether some code point in [lo, hi] moves `state` on (a UTF-8 character begun, not finished);
+  // a move that needs a state past the caps counts as none, as step() refuses it.
   bool may_step(int state, uint32_t lo, uint32_t hi) const;
   bool accepts(int state) const;
   // Whether a continuation needed a determinized state past the caps (and was refused for it):
@@ -99,11 +100,20 @@ class Regex {
   // in blocks of kFastStates states allocated as states are made, for the first 4096 states
   // (2 MiB at most; a pattern past them steps under the lock). What is 0 here is read under the
   // lock.
+  // Code points past ASCII step by their class: the intervals between the points where one of
+  // the pattern's ranges begins or ends (wide_cuts_, from 128), inside which every code point
+  // moves every state alike. A pattern with at most kWideClasses of them steps those without the
+  // lock too (`wide`, per state and class, as `next`); most have one to three (`.`, a negated
+  // class, a few scripts).
   static constexpr size_t kFastStates = 32;
+  static constexpr size_t kWideClasses = 16;
   struct FastBlock {
     std::atomic<int32_t> next[kFastStates][128];
+    std::atomic<int32_t> wide[kFastStates][kWideClasses];
     std::atomic<int8_t> accepting[kFastStates];
   };
+  std::vector<uint32_t> wide_cuts_;
+  size_t wide_class(uint32_t cp) const;  // cp >= 128
   std::unique_ptr<std::atomic<FastBlock*>[]> fast_;
   mutable std::atomic<bool> saturated_{false};
   mutable std::mutex completions_mu_;
