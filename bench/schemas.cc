@@ -73,11 +73,13 @@ int cmd_schemas(const Args& args) {
   KVPR_CHECK(in, "kvpr-bench schemas: cannot read ", file);
   std::shared_ptr<JsonTokenConstraint::Vocabulary> vocab;
   std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<JsonMaskTable> facts;
   const std::string tok_dir = o.get("--tokenizer", "");
   if (!tok_dir.empty()) {
     tok = std::make_unique<Tokenizer>(Tokenizer::load(tok_dir));
     vocab = std::make_shared<JsonTokenConstraint::Vocabulary>();
     for (int32_t t = 0; t < tok->size(); ++t) vocab->push_back(tok->token_bytes(t, true));
+    facts = std::make_unique<JsonMaskTable>(vocab);
   }
   std::map<std::string, SubsetCount> subsets;
   std::map<std::string, int> refusals;
@@ -152,7 +154,7 @@ int cmd_schemas(const Args& args) {
       }
       if (vocab) {
         const int32_t V = static_cast<int32_t>(vocab->size());
-        auto table = std::make_shared<JsonMaskTable>(vocab, schema);
+        auto table = facts->sibling(schema, JsonConstraintOptions{});  // the vocabulary's index as a worker keeps it
         JsonTokenConstraint k(table);
         std::vector<float> logits(vocab->size(), 0.f);
         const auto m0 = Clock::now();
@@ -165,11 +167,14 @@ int cmd_schemas(const Args& args) {
           for (const json::Value& t : tests->as_array()) {
             if (!t.find("valid")->as_bool()) continue;
             JsonTokenConstraint w(table);
+            std::string sofar;
             for (int32_t tid : tok->encode(t.find("data")->dump_python(), false)) {
               std::fill(logits.begin(), logits.end(), 0.f);
               const auto s0 = Clock::now();
               w.mask(logits.data(), V, {});
               mask_s.push_back(seconds_since(s0));
+              if (getenv("SLOW") && mask_s.back() > 2e-3) std::printf("SLOW %.1f ms %s after: %s\n", mask_s.back()*1e3, id.c_str(), sofar.substr(sofar.size() > 100 ? sofar.size() - 100 : 0).c_str());
+              sofar += (*vocab)[static_cast<size_t>(tid)];
               ++masks;
               if (logits[static_cast<size_t>(tid)] == -std::numeric_limits<float>::infinity()) {
                 ++refused_here;

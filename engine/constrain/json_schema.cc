@@ -300,7 +300,8 @@ bool SchemaRecognizer::keys_fit(const SchemaNode& n, const Frame& f, const KeySe
   return f.count + added + (n.keys_due(seen) & ~seen).count() <= n.max_props;
 }
 
-bool SchemaRecognizer::pattern_key_alive(const SchemaNode& n, const Frame& f, std::string_view prefix) const {
+bool SchemaRecognizer::pattern_key_alive(const SchemaNode& n, const Frame& f, std::string_view prefix,
+                                         const int* states) const {
   if (n.pattern_props.empty() || !keys_fit(n, f, f.seen, 1)) return false;
   // The prefix's whole characters, and the one it ends inside (lead byte and continuations).
   size_t whole = prefix.size();
@@ -320,24 +321,31 @@ bool SchemaRecognizer::pattern_key_alive(const SchemaNode& n, const Frame& f, st
     }
   }
   if (due == 0) whole = prefix.size();
-  const std::u32string text = Regex::code_points(prefix.substr(0, whole));
-  for (const auto& [rx, node] : n.pattern_props) {
-    int state = rx->start();
-    for (char32_t c : text)
-      if ((state = rx->step(state, static_cast<uint32_t>(c))) < 0) break;
+  const std::string_view text = prefix.substr(0, whole);  // whole UTF-8 characters
+  for (size_t p = 0; p < n.pattern_props.size(); ++p) {
+    const std::shared_ptr<const Regex>& rx = n.pattern_props[p].first;
+    int state = states ? states[p] : rx->start();
+    uint32_t cp = 0;
+    for (size_t i = 0; !states && i < text.size() && state >= 0; ++i) {  // (decoded in place)
+      const uint8_t c = static_cast<uint8_t>(text[i]);
+      cp = (c & 0xC0) == 0x80 ? cp << 6 | (c & 0x3Fu) : c < 0x80 ? c : c >= 0xF0 ? c & 0x07u : c >= 0xE0 ? c & 0x0Fu : c & 0x1Fu;
+      if (i + 1 == text.size() || (static_cast<uint8_t>(text[i + 1]) & 0xC0) != 0x80) state = rx->step(state, cp);
+    }
     if (state < 0) continue;
     if (due > 0) {
       if (lo <= hi && rx->may_step(state, lo, hi)) return true;
       continue;
     }
     // Texts it may still take, against the keys beginning with the prefix that it matches and
-    // that are given already.
+    // that are given already (counted only when the keys it could take are few).
+    const int64_t left = rx->completions(state);
+    if (left > static_cast<int64_t>(n.names.size() + f.extra.size())) return true;
     int64_t given = 0;
     for (size_t i = 0; i < n.names.size(); ++i)
       if ((f.seen.test(i) || n.props[i] < 0) && n.names[i].starts_with(prefix) && rx->matches(Regex::code_points(n.names[i]))) ++given;
     for (const std::string& k : f.extra)
       if (k.starts_with(prefix) && rx->matches(Regex::code_points(k))) ++given;
-    if (given == 0 || rx->completions(state) > given) return true;
+    if (given == 0 || left > given) return true;
   }
   return false;
 }
@@ -467,13 +475,18 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
   if (r == 0) return false;
   if (r == 1) {
     t.key.push_back(static_cast<char>(c));
+    if (keys_stepped(n)) {  // the patterns' states move a whole character at a time
+      t.cp = (c & 0xC0) == 0x80 ? t.cp << 6 | (c & 0x3Fu) : c < 0x80 ? c : c >= 0xF0 ? c & 0x07u : c >= 0xE0 ? c & 0x0Fu : c & 0x1Fu;
+      if (t.aux == 0)
+        for (size_t k = 0; k < n.pattern_props.size(); ++k) t.rx[k] = n.pattern_props[k].first->step(t.rx[k], t.cp);
+    }
     const Frame& f = t.stack.back();
     // Any key, unless the object is closed or maxProperties leaves room for listed keys alone.
     if (!closed && keys_fit(n, f, f.seen, 1)) return true;
     for (size_t i = 0; i < n.names.size(); ++i)  // still the start of a property not yet given
       if (n.props[i] >= 0 && !f.seen.test(i) && n.names[i].starts_with(t.key) && keys_fit(n, f, f.seen.with(i), 1))
         return true;
-    return pattern_key_alive(n, f, t.key);
+    return pattern_key_alive(n, f, t.key, keys_stepped(n) ? t.rx : nullptr);
   }
   t.key_node = -1;
   // The key as read: escapes (only open objects take them) decoded; one the parser refuses (a
@@ -546,6 +559,10 @@ bool SchemaRecognizer::structure_step(Thread& t, uint8_t c, std::vector<Thread>&
       t.mode = Mode::Key;
       t.key.clear();
       t.sub = t.aux = 0;
+      if (const SchemaNode& o = schema_->node(t.stack.back().node); keys_stepped(o)) {
+        for (size_t k = 0; k < o.pattern_props.size(); ++k) t.rx[k] = o.pattern_props[k].first->start();
+        t.cp = 0;
+      }
       return true;
     case Mode::Colon:
       if (c != ':') return false;

@@ -244,8 +244,8 @@ class SchemaRecognizer {
     uint8_t aux = 0;      // string: UTF-8 continuation bytes due
     uint8_t ws = 0;
     int64_t length = 0;   // string: characters so far
-    int rx[2] = {0, 0};   // string with regexes: their states
-    uint32_t cp = 0;      // string with regexes: the code point being read
+    int rx[2] = {0, 0};   // string with regexes: their states (a key: its object's patterns', keys_stepped)
+    uint32_t cp = 0;      // string with regexes (or such a key): the code point being read
     std::string key;      // Key: bytes so far; Literal: bytes so far
     int key_node = -1;    // Colon: the node of the value after it
   };
@@ -273,7 +273,14 @@ class SchemaRecognizer {
   bool keys_fit(const SchemaNode& n, const Frame& f, const KeySet& seen, int64_t added) const;
   // A closed object's pattern keys: whether some key not given yet that a pattern matches begins
   // with `prefix` (and fits maxProperties).
-  bool pattern_key_alive(const SchemaNode& n, const Frame& f, std::string_view prefix) const;
+  // `states`: the patterns' states after the prefix's whole characters, where the key read them
+  // (keys_stepped), else null (stepped here).
+  bool pattern_key_alive(const SchemaNode& n, const Frame& f, std::string_view prefix, const int* states = nullptr) const;
+  // A closed object of one or two patterns: its key's thread steps them as it reads the key (in
+  // Thread::rx, Thread::cp), so that each byte costs one step, not the key so far.
+  static bool keys_stepped(const SchemaNode& n) {
+    return n.kind != SchemaNode::Kind::Any && n.additional < 0 && !n.pattern_props.empty() && n.pattern_props.size() <= 2;
+  }
   // In a uniqueItems array: the item literals given so far (null when the value is no such item).
   const uint64_t* used_literals(const Thread& t) const;
   // Whether the value being read is an item of a unique_values array (its text then kept in
