@@ -167,14 +167,11 @@ int cmd_schemas(const Args& args) {
           for (const json::Value& t : tests->as_array()) {
             if (!t.find("valid")->as_bool()) continue;
             JsonTokenConstraint w(table);
-            std::string sofar;
             for (int32_t tid : tok->encode(t.find("data")->dump_python(), false)) {
               std::fill(logits.begin(), logits.end(), 0.f);
               const auto s0 = Clock::now();
               w.mask(logits.data(), V, {});
               mask_s.push_back(seconds_since(s0));
-              if (getenv("SLOW") && mask_s.back() > 2e-3) std::printf("SLOW %.1f ms %s after: %s\n", mask_s.back()*1e3, id.c_str(), sofar.substr(sofar.size() > 100 ? sofar.size() - 100 : 0).c_str());
-              sofar += (*vocab)[static_cast<size_t>(tid)];
               ++masks;
               if (logits[static_cast<size_t>(tid)] == -std::numeric_limits<float>::infinity()) {
                 ++refused_here;

@@ -316,7 +316,7 @@ bool SchemaRecognizer::pattern_key_alive(const SchemaNode& n, const Frame& f, st
       due = len - have;
       const uint32_t cp = Regex::code_points(prefix.substr(whole - 1))[0];
       lo = std::max(cp << (6 * due), len == 4 ? 0x10000u : len == 3 ? 0x800u : 0x80u);
-      hi = std::min(cp << (6 * due) | ((1u << (6 * due)) - 1), 0x10FFFFu);
+      hi = std::min(cp << (6 * due) | ((1u << (6 * due)) - 1), lead == 0xED ? 0xD7FFu : 0x10FFFFu);  // (no surrogates)
       --whole;
     }
   }
@@ -338,6 +338,7 @@ bool SchemaRecognizer::pattern_key_alive(const SchemaNode& n, const Frame& f, st
     }
     // Texts it may still take, against the keys beginning with the prefix that it matches and
     // that are given already (counted only when the keys it could take are few).
+    if (n.names.empty() && f.extra.empty()) return true;  // none given: it may take this one
     const int64_t left = rx->completions(state);
     if (left > static_cast<int64_t>(n.names.size() + f.extra.size())) return true;
     int64_t given = 0;
@@ -365,6 +366,8 @@ bool SchemaRecognizer::end_value(Thread& t) const {
   }
   t.key.clear();
   t.ws = 0;
+  t.rx[0] = t.rx[1] = 0;  // (a pattern's string or key read: equal states keep equal keys)
+  t.cp = 0;
   if (t.stack.empty()) {
     t.mode = Mode::Done;
     return true;
@@ -489,6 +492,8 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
     return pattern_key_alive(n, f, t.key, keys_stepped(n) ? t.rx : nullptr);
   }
   t.key_node = -1;
+  t.rx[0] = t.rx[1] = 0;
+  t.cp = 0;
   // The key as read: escapes (only open objects take them) decoded; one the parser refuses (a
   // lone surrogate) stays as written.
   std::string name = t.key;

@@ -43,8 +43,10 @@ class Regex {
   // Recognizer states (determinized): start(), then step() per code point; -1 is dead.
   int start() const { return start_; }
   int step(int state, uint32_t cp) const;
-  // Whether some code point in [lo, hi] moves `state` on (a UTF-8 character begun, not finished);
-  // a move that needs a state past the caps counts as none, as step() refuses it.
+  // Whether some code point in [lo, hi] moves `state` on (a UTF-8 character begun, not finished).
+  // Past ASCII, for a pattern of at most kWideClasses classes, each class's first code point in
+  // the range is stepped (making its state: a move past the caps then counts as none, as step()
+  // refuses it); otherwise the NFA's ranges are read.
   bool may_step(int state, uint32_t lo, uint32_t hi) const;
   bool accepts(int state) const;
   // Whether a continuation needed a determinized state past the caps (and was refused for it):
@@ -98,7 +100,7 @@ class Regex {
   // most tokens of a vocabulary through the pattern, from the rows of a batch at once): per
   // state, the next state + 2 on each of the 128 (0: not found yet, 1: dead) and acceptance + 1,
   // in blocks of kFastStates states allocated as states are made, for the first 4096 states
-  // (2 MiB at most; a pattern past them steps under the lock). What is 0 here is read under the
+  // (2.3 MiB at most; a pattern past them steps under the lock). What is 0 here is read under the
   // lock.
   // Code points past ASCII step by their class: the intervals between the points where one of
   // the pattern's ranges begins or ends (wide_cuts_, from 128), inside which every code point

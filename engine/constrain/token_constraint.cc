@@ -35,7 +35,6 @@ void build_trie(const std::vector<std::string>& vocab, const std::vector<int32_t
   const std::string* prev = nullptr;
   for (int32_t id : ids_by_bytes) {
     const std::string& b = vocab[static_cast<size_t>(id)];
-    KVPR_CHECK(b.size() < 65535, "a token of ", b.size(), " bytes");
     size_t common = 0;
     if (prev)
       while (common < prev->size() && common < b.size() && (*prev)[common] == b[common]) ++common;
@@ -96,6 +95,10 @@ VocabularyIndex::VocabularyIndex(const std::vector<std::string>& vocab) {
   for (int32_t id = 0; id < n; ++id) {
     const std::string& b = vocab[static_cast<size_t>(id)];
     if (b.empty()) continue;
+    if (b.size() >= 65535) {  // (a trie's depth is 16 bits)
+      huge.push_back(id);
+      continue;
+    }
     with_bytes.push_back(id);
     local_chars[static_cast<size_t>(id)] = local_chars_of(b);
   }
@@ -241,6 +244,11 @@ std::shared_ptr<const JsonMaskTable::Mask> JsonTokenConstraint::allowed(int32_t 
         }
     }
     walk(*trie, rec, n, m);
+    for (int32_t id : index.huge)
+      if (id < n) {
+        auto r = rec;
+        if (r.feed(std::string_view(table_->vocab()[static_cast<size_t>(id)]))) set(m, id);
+      }
   };
   // Under a schema with several alternatives side by side, one at a time: a token is allowed
   // when one of them takes it (SchemaRecognizer::feed's rule).

@@ -22,9 +22,10 @@ namespace kvpr {
 // What masks read of a vocabulary, computed once per worker and shared by every table over it.
 // A token is string-local when its bytes could sit inside a JSON string on their own: no quote,
 // backslash or control byte, and UTF-8 from a character's start (possibly ending inside one). In a
-// string between characters, with no pattern to follow, such a token is allowed exactly when the
-// string has room for the characters it begins, whatever the grammar around the string: so those
-// masks are unions of the precomputed `fits` sets, and only the other tokens are walked.
+// string between characters, with no pattern to follow (or an open object's key while any key
+// may come), such a token is allowed exactly when the string has room for the characters it
+// begins, whatever the grammar around the string: so those masks are unions of the precomputed
+// `fits` sets, and only the other tokens are walked.
 struct VocabularyIndex {
   using Mask = std::vector<uint64_t>;
   // The tokens' bytes as a trie in preorder: node 0 is the root (no byte); node i's descendants
@@ -44,6 +45,7 @@ struct VocabularyIndex {
   explicit VocabularyIndex(const std::vector<std::string>& vocab);
 
   std::vector<int32_t> local_chars;  // per id: the characters a string-local token begins, else -1
+  std::vector<int32_t> huge;  // ids of 65,535 bytes or more: in no trie, each fed whole
   Trie all;       // every token with bytes
   Trie local;     // the string-local ones
   Trie nonlocal;  // the others

@@ -1,6 +1,7 @@
 #include "engine/decode/generator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <limits>
@@ -52,8 +53,10 @@ struct Generator::Sequence {
 
 // One host thread that computes a step's masks (JsonTokenConstraint::prepare) while the device
 // computes the step's logits: a mask depends only on the tokens already chosen, so the host's
-// choice after the step finds it made. Where the device is the host, the step's kernels have the
-// cores and the masks are made when the rows are chosen, as before.
+// choice after the step finds it made. Once the logits are back it stops after the row it is on
+// and the rest are made where the rows are chosen (on every core of the thread pool), so a step
+// never waits for more than one mask. Where the device is the host, the step's kernels have the
+// cores and the masks are made when the rows are chosen.
 class Generator::MaskAhead {
  public:
   MaskAhead() : thread_([this] { run(); }) {}
@@ -72,10 +75,13 @@ class Generator::MaskAhead {
       work_ = std::move(work);
       valid_ = valid;
       busy_ = true;
+      enough_.store(false, std::memory_order_relaxed);
     }
     wake_.notify_all();
   }
+  // Stops it after the row it is on and waits for that.
   void wait() {
+    enough_.store(true, std::memory_order_relaxed);
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [&] { return !busy_; });
   }
@@ -90,6 +96,7 @@ class Generator::MaskAhead {
       const int32_t valid = valid_;
       lock.unlock();
       for (JsonTokenConstraint* c : work) {
+        if (enough_.load(std::memory_order_relaxed)) break;
         try {
           c->prepare(valid);
         } catch (const std::exception&) {  // made again, and its error raised, where the row is chosen
@@ -105,6 +112,7 @@ class Generator::MaskAhead {
   std::vector<JsonTokenConstraint*> work_;
   int32_t valid_ = 0;
   bool busy_ = false, stop_ = false;
+  std::atomic<bool> enough_{false};
   std::thread thread_;  // last: started once the rest is made
 };
 

@@ -1253,7 +1253,8 @@ std::vector<bool> fed_alone(const Rec& rec, const JsonTokenConstraint::Vocabular
 // length (VocabularyIndex) and a pattern's string text by the string alone
 // (SchemaRecognizer::string_alone), equal the tokens fed one by one, in the states random decoding
 // meets under json_object, a schema of bounded, patterned, enumerated and alternative strings,
-// and one of open objects (any key) under maxProperties.
+// one of open objects (any key) under maxProperties and one of pattern keys, some over fewer ids
+// than the vocabulary.
 TEST(JsonObject, MasksOverARealVocabularyAreEachTokenFedAlone) {
   const auto vocab = real_vocabulary();
   const int32_t V = static_cast<int32_t>(vocab->size());
@@ -1268,37 +1269,43 @@ TEST(JsonObject, MasksOverARealVocabularyAreEachTokenFedAlone) {
       "type": "array", "minItems": 3, "items": {"type": "object", "maxProperties": 3, "properties": {"m": {"type": "string",
         "pattern": "^(.+)/(.+)$"}}, "additionalProperties": {"anyOf": [{"type": "string", "pattern": "^.{2,}$"},
         {"type": "object"}]}}})")));
+  // A closed object whose keys are its patterns' (read a step per character, keys_stepped).
+  auto patterned = std::make_shared<const JsonSchema>(JsonSchema::compile(json::parse(R"({
+      "type": "object", "additionalProperties": false, "minProperties": 2, "patternProperties": {
+        "^[A-Z_]+$": {"type": "integer"}, "^\\.[a-zé]+$": {"type": "string", "maxLength": 3}}})")));
   std::mt19937 rng(5);
   std::normal_distribution<float> normal;
   int masks = 0;
-  for (const JsonSchema* under : {static_cast<const JsonSchema*>(nullptr), schema.get(), open.get()}) {
+  for (auto under : {std::shared_ptr<const JsonSchema>(), schema, open, patterned}) {
     const bool with_schema = under != nullptr;
-    auto table = !with_schema         ? std::make_shared<JsonMaskTable>(vocab)
-                 : under == schema.get() ? std::make_shared<JsonMaskTable>(vocab, schema)
-                                         : std::make_shared<JsonMaskTable>(vocab, open);
-    for (int trial = 0; trial < 5; ++trial) {
+    const JsonMaskTable facts(vocab);
+    auto table = facts.sibling(under, JsonConstraintOptions{});
+    for (int trial = 0; trial < 3; ++trial) {
       JsonTokenConstraint c(table);
       JsonRecognizer plain_mirror;
-      SchemaRecognizer schema_mirror(with_schema ? under : schema.get());
+      SchemaRecognizer schema_mirror(with_schema ? under.get() : schema.get());
       std::string text;
       for (int step = 0; step < 40; ++step) {
         std::vector<float> logits(static_cast<size_t>(V));
         for (float& l : logits) l = normal(rng);
-        c.mask(logits.data(), V, {V - 1});
+        // Every third mask over fewer ids than the vocabulary holds (a model's padded or cut
+        // vocabulary): those past it are left as they are.
+        const int32_t valid = step % 3 == 2 ? V - 7001 : V;
+        c.mask(logits.data(), valid, {V - 1});
         const std::vector<bool> want =
             with_schema ? fed_alone(schema_mirror, *vocab) : fed_alone(plain_mirror, *vocab);
         ++masks;
         for (int32_t id = 0; id + 1 < V; ++id)
-          ASSERT_EQ(!std::isinf(logits[static_cast<size_t>(id)]), want[static_cast<size_t>(id)])
+          ASSERT_EQ(!std::isinf(logits[static_cast<size_t>(id)]), id >= valid || want[static_cast<size_t>(id)])
               << "id " << id << " (" << (*vocab)[static_cast<size_t>(id)] << ") after " << text;
         // Two picks in three among the short tokens allowed (quotes, commas, a character): into
         // and out of strings, near their bounds; else the highest logit.
         std::vector<int32_t> short_ones;
-        for (int32_t id = 0; id + 1 < V; ++id)
+        for (int32_t id = 0; id + 1 < valid; ++id)
           if (want[static_cast<size_t>(id)] && (*vocab)[static_cast<size_t>(id)].size() <= 2) short_ones.push_back(id);
-        int32_t pick = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        int32_t pick = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + valid) - logits.begin());
         if (rng() % 3 != 0 && !short_ones.empty()) pick = short_ones[rng() % short_ones.size()];
-        if (pick == V - 1) break;
+        if (pick == V - 1 || std::isinf(logits[static_cast<size_t>(pick)])) break;  // complete (the end id past `valid`)
         c.advance(pick);
         const std::string& b = (*vocab)[static_cast<size_t>(pick)];
         ASSERT_TRUE(with_schema ? schema_mirror.feed(std::string_view(b)) : plain_mirror.feed(b));
