@@ -127,4 +127,11 @@ inline int number_byte(uint8_t& sub, uint8_t c, bool integer) {
   return number_may_end(n) ? 2 : 0;
 }
 
+// A code point read a UTF-8 byte at a time: `cp` so far, then byte c (a lead or an ASCII byte
+// begins the next one, with its own bits).
+inline uint32_t utf8_step(uint32_t cp, uint8_t c) {
+  if ((c & 0xC0) == 0x80) return cp << 6 | (c & 0x3Fu);
+  return c < 0x80 ? c : c >= 0xF0 ? c & 0x07u : c >= 0xE0 ? c & 0x0Fu : c & 0x1Fu;
+}
+
 }  // namespace kvpr::json_lex

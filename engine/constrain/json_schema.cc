@@ -328,7 +328,7 @@ bool SchemaRecognizer::pattern_key_alive(const SchemaNode& n, const Frame& f, st
     uint32_t cp = 0;
     for (size_t i = 0; !states && i < text.size() && state >= 0; ++i) {  // (decoded in place)
       const uint8_t c = static_cast<uint8_t>(text[i]);
-      cp = (c & 0xC0) == 0x80 ? cp << 6 | (c & 0x3Fu) : c < 0x80 ? c : c >= 0xF0 ? c & 0x07u : c >= 0xE0 ? c & 0x0Fu : c & 0x1Fu;
+      cp = utf8_step(cp, c);
       if (i + 1 == text.size() || (static_cast<uint8_t>(text[i + 1]) & 0xC0) != 0x80) state = rx->step(state, cp);
     }
     if (state < 0) continue;
@@ -479,7 +479,7 @@ bool SchemaRecognizer::key_step(Thread& t, uint8_t c) const {
   if (r == 1) {
     t.key.push_back(static_cast<char>(c));
     if (keys_stepped(n)) {  // the patterns' states move a whole character at a time
-      t.cp = (c & 0xC0) == 0x80 ? t.cp << 6 | (c & 0x3Fu) : c < 0x80 ? c : c >= 0xF0 ? c & 0x07u : c >= 0xE0 ? c & 0x0Fu : c & 0x1Fu;
+      t.cp = utf8_step(t.cp, c);
       if (t.aux == 0)
         for (size_t k = 0; k < n.pattern_props.size(); ++k) t.rx[k] = n.pattern_props[k].first->step(t.rx[k], t.cp);
     }
