@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
                          "                        [--prompt P] [--gen N] [--kv-dtype D] [--backend B] [--real-workers R]\n"
                          "                        [--emulate-link-gbps G] [--probe-mib M] [--json F] [--svg F]\n"
                          "       kvpr-bench scale --topology XML [--workers 1,2,4,8]\n"
-                         "       kvpr-bench weights [--preset P] [--formats bf16,int4,int8,fp8,fp4] [--group G] [--prompt P]\n"
+                         "       kvpr-bench weights [--preset P] [--formats bf16,int4,int8,fp8,fp4,int4+head] [--group G] [--prompt P]\n"
                          "                          [--gen N] [--layers N] [--json F]\n");
     return 2;
   } catch (const std::exception& e) {

@@ -1,11 +1,12 @@
-// kvpr-bench weights [--preset llama-3.2-1b] [--formats bf16,int4,int8,fp8,fp4] [--group 128] [--prompt 16]
+// kvpr-bench weights [--preset llama-3.2-1b] [--formats bf16,int4,int8,fp8,fp4,int4+head] [--group 128] [--prompt 16]
 //                    [--gen 16] [--layers N] [--backend cpu|cuda|auto] [--repeat 3] [--json FILE]
 //     Batch-1 decode, resident, with the layers' matrices in each weight format, in one run (every
 //     format's model held at once, measured round-robin --repeat times after a round not
 //     counted, each format's median):
 //     random weights, quantized round to nearest in groups of --group inputs (fp8: one scale a
 //     row and group too; fp4: MXFP4's power-of-two scales a 32); the embedding and the tied head stay BF16, as quantized checkpoints
-//     leave them. Per format: tokens/s, the weight bytes read per token (on the CPU the backend
+//     leave them, unless the format is named with "+head" (int4+head: the head quantized too, a
+//     matrix of its own, as GPTQModel's and AutoRound's lm_head=True store it). Per format: tokens/s, the weight bytes read per token (on the CPU the backend
 //     counts each GEMM's weight as stored; on a GPU, the model's weight bytes, which a batch-1 step
 //     of a tied model reads once) and the physical bound: those bytes over the memory's rate
 //     measured in the same run, before the runs and after them, the faster (the host's read rate;
@@ -33,13 +34,16 @@ namespace {
 struct Format {
   std::string name;
   WeightFormat format;
+  bool head = false;  // "+head": the LM head quantized too
 };
 
 Format parse_format(const std::string& s) {
   WeightFormat f = WeightFormat::Dense;
-  KVPR_CHECK(s == "bf16" || (s != "dense" && parse_weight_format(s, &f)), "--formats: unknown format '", s,
-             "' (bf16, int4, int8, fp8, fp4)");
-  return {s, f};
+  const bool head = s.ends_with("+head");
+  const std::string base = head ? s.substr(0, s.size() - 5) : s;
+  KVPR_CHECK((base == "bf16" && !head) || (base != "dense" && parse_weight_format(base, &f)), "--formats: unknown format '",
+             s, "' (bf16, int4, int8, fp8, fp4; a quantized one with +head: the LM head too)");
+  return {s, f, head};
 }
 
 }  // namespace
@@ -95,6 +99,7 @@ int cmd_weights(const Args& args) {
     ModelLoadOptions lo;
     lo.random_format = f.format;
     lo.random_group = f.format == WeightFormat::Fp4 ? 32 : group;  // MXFP4's blocks are 32 wide
+    lo.random_quantized_head = f.head;
     PresetSize size;
     size.layers = opt.get_int("--layers", 0);
     size.dtype = DType::BF16;
@@ -140,6 +145,7 @@ int cmd_weights(const Args& args) {
     json::Array each;
     for (double v : r.ms) each.push_back(v);
     runs.push_back(json::Object{{"format", r.f.name},
+                                {"head_quantized", r.f.head},
                                 {"group", r.f.format == WeightFormat::Fp4 ? int64_t{32} : group},
                                 {"weight_bytes", weight_bytes},
                                 {"weight_bytes_read_per_token", bytes},

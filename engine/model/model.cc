@@ -143,6 +143,60 @@ Weight Model::upload(const Weight& host, bool pinned, size_t model_bytes) {
   return w;
 }
 
+Weight Model::share_layout(WeightBroadcaster& bc, const Weight& sent, size_t model_bytes) {
+  // [quantized, format, block_n, block_k, rank, dims x3], then per part [defined, dtype, rank, dims x3].
+  constexpr int kHead = 8, kPart = 6, kWords = kHead + 4 * kPart;
+  Tensor words = Tensor::host(DType::I64, {kWords});
+  int64_t* d = words.data_as<int64_t>();
+  std::fill(d, d + kWords, 0);
+  auto put_shape = [](int64_t* at, const Shape& shape) {
+    KVPR_CHECK(shape.size() <= 3, "broadcast of a weight of rank ", shape.size());
+    at[0] = static_cast<int64_t>(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) at[1 + i] = shape[i];
+  };
+  if (bc.rank() == 0 && sent.quantized()) {
+    d[0] = 1;
+    d[1] = static_cast<int64_t>(sent.format);
+    d[2] = sent.block_n;
+    d[3] = sent.block_k;
+    put_shape(d + 4, sent.shape);
+    int i = 0;
+    for (const Tensor* t : sent.parts()) {
+      int64_t* p = d + kHead + kPart * i++;
+      if (!t->defined()) continue;
+      p[0] = 1;
+      p[1] = static_cast<int64_t>(t->dtype());
+      put_shape(p + 2, t->shape());
+    }
+  }
+  Tensor dev = backend_.alloc(DType::I64, {kWords});
+  if (bc.rank() == 0) {
+    backend_.copy(dev, words, Stream::H2D, "weight layout");
+    backend_.synchronize();
+  }
+  bc.broadcast(dev);
+  bc.finish();
+  if (bc.rank() == 0) return sent;
+  backend_.copy(words, dev, Stream::D2H, "weight layout");
+  backend_.synchronize();
+  if (d[0] == 0) return Weight();
+  auto get_shape = [](const int64_t* at) {
+    KVPR_CHECK(at[0] >= 0 && at[0] <= 3, "the broadcast's weight layout is malformed");
+    return Shape(at + 1, at + 1 + at[0]);
+  };
+  Weight w;
+  w.format = static_cast<WeightFormat>(d[1]);
+  w.block_n = d[2];
+  w.block_k = d[3];
+  w.shape = get_shape(d + 4);
+  int i = 0;
+  for (Tensor* t : w.parts()) {
+    const int64_t* p = d + kHead + kPart * i++;
+    if (p[0] == 1) *t = alloc_weight(static_cast<DType>(p[1]), get_shape(p + 2), model_bytes);
+  }
+  return w;
+}
+
 Weight Model::stack(std::initializer_list<const Weight*> parts) {
   const Weight& first = **parts.begin();
   bool one_layout = true;
@@ -285,8 +339,8 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     return r ? std::nullopt : derived_dtype(ckpt, key);
   };
   // Quantized matrices stay quantized when the architecture and the backend both compute on them
-  // (never over a broadcast, which carries dense weights).
-  const bool keep_quantized = keeps_quantized() && backend_.reads_quantized_weights() && !opts.broadcast;
+  // (a broadcast carries them as they are: share_layout).
+  const bool keep_quantized = keeps_quantized() && backend_.reads_quantized_weights();
   check_host_memory(plan_weights([&](const std::string& name, bool) -> std::optional<PlannedWeight> {
                       const std::string key = key_of(name);
                       const TensorRecord* r = ckpt.find(key);
@@ -327,17 +381,25 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
     const bool host = streamed(name, role);
     if (derived && keep_quantized && role == WeightRole::Matrix) {
       // Repacked into kvpr's layout on the host and uploaded as it is (unless its groups loaded
-      // dense, or the architecture derives it dense only: below).
-      if (Weight hw = quantized ? quant_.weight(ckpt, key) : derived_quantized_weight(ckpt, key); hw.quantized()) {
+      // dense, or the architecture derives it dense only: below). Over a broadcast rank 0
+      // repacks and the receivers take its layout and then its bytes.
+      const bool shared = opts.broadcast && !host;
+      Weight hw;
+      if (!receiver || host) hw = quantized ? quant_.weight(ckpt, key) : derived_quantized_weight(ckpt, key);
+      if (shared) hw = share_layout(*opts.broadcast, hw, total);
+      if (hw.quantized()) {
         KVPR_CHECK(hw.shape == expect, model_dir, ": tensor '", key, "' holds ", shape_str(hw.shape), " weights, expected ",
                    shape_str(expect));
-        Weight w = upload(hw, host, total);
+        Weight w = shared && receiver ? hw : upload(hw, host, total);
         kept_quantized_ = true;
-        if (opts.verify_weights)
-          for (const Tensor* t : w.parts())
-            if (t->defined()) loaded.push_back(*t);
+        for (const Tensor* t : w.parts()) {
+          if (!t->defined()) continue;
+          if (opts.verify_weights) loaded.push_back(*t);
+          if (shared) received.push_back(*t);
+          if (shared && receiver) to_receive += t->nbytes();
+        }
         done = std::min(done + static_cast<size_t>(w.nbytes()), total);
-        if (opts.progress) opts.progress(done, total);
+        if (opts.progress && !(shared && receiver)) opts.progress(done, total);
         parameter_count_ += w.numel();
         weight_bytes_ += w.nbytes();
         return w;
@@ -447,13 +509,15 @@ void Model::init_random(DType dtype, uint64_t seed, const ModelLoadOptions& opts
   KVPR_CHECK(q == WeightFormat::Dense || (keeps_quantized() && backend_.reads_quantized_weights()), "random weights in ",
              weight_format_name(q), ": this model on this backend computes on dense weights only");
   KVPR_CHECK(opts.random_group >= 0, "random weights: a group of ", opts.random_group, " inputs");
-  auto quantized = [q](const std::string& name, WeightRole role) {
-    return q != WeightFormat::Dense && role == WeightRole::Matrix && name.rfind("layers.", 0) == 0;
+  const bool head = q != WeightFormat::Dense && opts.random_quantized_head;
+  auto quantized = [q, head](const std::string& name, WeightRole role) {
+    return q != WeightFormat::Dense && role == WeightRole::Matrix &&
+           (name.rfind("layers.", 0) == 0 || (head && name == "lm_head.weight"));
   };
   const double q_bytes = weight_format_is_nibbles(q) ? 0.5 : 1.0,
                scale_bytes = opts.random_group > 0 ? 4.0 / static_cast<double>(opts.random_group) : 0.0;
   check_host_memory(plan_weights([&](const std::string& name, bool required) -> std::optional<PlannedWeight> {
-                      if (!required && name == "lm_head.weight") return std::nullopt;  // tied, as below
+                      if (!required && !head && name == "lm_head.weight") return std::nullopt;  // tied, as below
                       return PlannedWeight{dtype, quantized(name, WeightRole::Matrix) ? q_bytes + scale_bytes
                                                                                       : static_cast<double>(dtype_size(dtype))};
                     }),
@@ -461,9 +525,9 @@ void Model::init_random(DType dtype, uint64_t seed, const ModelLoadOptions& opts
   auto n = std::make_shared<uint64_t>(0);
   const int64_t group = opts.random_group;
   dequantized_dtype_ = dtype;
-  assemble([this, dtype, seed, n, quantized, q, group](const std::string& name, const Shape& shape, bool required,
-                                                       WeightRole role) -> Weight {
-    if (!required && name == "lm_head.weight") return Weight();  // tied
+  assemble([this, dtype, seed, n, quantized, q, group, head](const std::string& name, const Shape& shape,
+                                                             bool required, WeightRole role) -> Weight {
+    if (!required && !head && name == "lm_head.weight") return Weight();  // tied
     const bool host = streamed(name, role);
     Tensor t = alloc_weight(dtype, shape, 0);
     const float fan_in = static_cast<float>(shape.size() == 2 ? shape[1] : 1);

@@ -51,6 +51,9 @@ struct ModelLoadOptions {
   // a backend that reads quantized weights.
   WeightFormat random_format = WeightFormat::Dense;
   int64_t random_group = 128;
+  // ... and the LM head too, a matrix of its own when the model ties it (as GPTQModel's and
+  // AutoRound's lm_head=True checkpoints store it; the embedding stays dense).
+  bool random_quantized_head = false;
 };
 
 // Scratch tensors reused across forward calls; grown on demand.
@@ -209,6 +212,11 @@ class Model : public KvProjector {
   Weight stack(std::initializer_list<const Weight*> parts);
   // A quantized weight's parts copied into the backend's memory (pinned when `pinned`).
   Weight upload(const Weight& host, bool pinned, size_t model_bytes);
+  // A broadcast's quantized matrix: rank 0 sends the layout of `sent` (what it repacked: its
+  // format, blocks, and each part's dtype and shape; a dense one's "none") and returns it as it
+  // is; a receiver returns a weight of that layout whose parts are allocated on the device, to be
+  // filled by the broadcast, or an undefined one for "none". Collective, like the broadcast.
+  Weight share_layout(WeightBroadcaster& bc, const Weight& sent, size_t model_bytes);
   // ModelLoadOptions::verify_weights: the digest of `loaded`, checked against rank 0's.
   void verify_weights(const std::vector<Tensor>& loaded, WeightBroadcaster* broadcast);
   // Hands the registered layer fields to a new LayerWeightStream (when stream_weights_).

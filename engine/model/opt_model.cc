@@ -45,11 +45,11 @@ void OptModel::stream_layers() {
       const int64_t li = static_cast<int64_t>(i);
       if (L.wqkv.defined()) {
         ws.add(li, &L.wqkv, LayerWeightStream::Part::Front);
-        L.wq = L.wk = L.wv = Tensor();  // views of the host stack; the forward uses wqkv
+        L.wq = L.wk = L.wv = Weight();  // views of the host stack; the forward uses wqkv
       } else {
-        for (Tensor* w : {&L.wq, &L.wk, &L.wv}) ws.add(li, w, LayerWeightStream::Part::Front);
+        for (Weight* w : {&L.wq, &L.wk, &L.wv}) ws.add(li, w, LayerWeightStream::Part::Front);
       }
-      for (Tensor* w : {&L.wo, &L.fc1_w, &L.fc2_w}) ws.add(li, w, LayerWeightStream::Part::Back);
+      for (Weight* w : {&L.wo, &L.fc1_w, &L.fc2_w}) ws.add(li, w, LayerWeightStream::Part::Back);
     }
   });
 }
@@ -57,11 +57,11 @@ void OptModel::stream_layers() {
 void OptModel::assemble(const WeightSource& fetch) {
   const OptConfig& c = config_;
   const int64_t h = c.hidden_size, d = c.word_embed_proj_dim, f = c.ffn_dim;
-  // (OPT's layers compute on dense weights: a quantized checkpoint's come dequantized.)
+  // Matrices may come quantized (kept as stored); everything else is dense.
   auto take = [&](const std::string& name, Shape shape, bool required, WeightRole role) {
     return fetch(name, shape, required, role).dense("opt");
   };
-  auto matrix = [&](const std::string& name, Shape shape) { return take(name, shape, true, WeightRole::Matrix); };
+  auto matrix = [&](const std::string& name, Shape shape) { return fetch(name, shape, true, WeightRole::Matrix); };
   auto bias = [&](const std::string& name, int64_t n) { return take(name, {n}, c.enable_bias, WeightRole::Bias); };
   auto gain = [&](const std::string& name) { return take(name, {h}, c.layer_norm_affine, WeightRole::NormGain); };
   auto shift = [&](const std::string& name) { return take(name, {h}, c.layer_norm_affine, WeightRole::Bias); };
@@ -100,7 +100,7 @@ void OptModel::assemble(const WeightSource& fetch) {
     layers_.push_back(std::move(L));
   }
   // lm_head is tied to embed_tokens when the checkpoint has none.
-  lm_head_ = take("lm_head.weight", {c.vocab_size, d}, false, WeightRole::Matrix);
+  lm_head_ = fetch("lm_head.weight", {c.vocab_size, d}, false, WeightRole::Matrix);
   if (!lm_head_.defined()) lm_head_ = embed_tokens_;
 }
 
@@ -125,11 +125,13 @@ void OptModel::project_kv(int64_t layer, const Tensor& x, const Tensor& kv, cons
 }
 
 DType OptModel::kv_dtype_for(DType storage) const {
-  // One stacked K/V GEMM in the store's dtype per layer: it writes K/V as the store keeps them.
+  // One stacked K/V GEMM in the store's dtype per layer: it writes K/V as the store keeps them
+  // (dense weights of that dtype, and a bias of that dtype: the GEMM's C preset to it, the sum
+  // rounded once). Quantized weights' GEMMs sum in F32.
   if (storage != DType::F16 && storage != DType::BF16) return DType::F32;
-  // (and a bias of that dtype: the GEMM's C preset to it, the sum rounded once).
   for (const OptLayer& L : layers_)
-    if (!L.wqkv.defined() || L.wqkv.dtype() != storage || (L.bqkv.defined() && L.bqkv.dtype() != storage))
+    if (!L.wqkv.defined() || L.wqkv.quantized() || L.wqkv.codes.dtype() != storage ||
+        (L.bqkv.defined() && L.bqkv.dtype() != storage))
       return DType::F32;
   return storage;
 }
@@ -152,13 +154,18 @@ void OptModel::stack_weights() {
   }
   backend_.synchronize();  // every weight has landed (uploads, random fills, broadcast)
   for (OptLayer& L : layers_) {
-    const DType dt = L.wq.dtype();
-    if (L.wk.dtype() != dt || L.wv.dtype() != dt) continue;  // mixed checkpoint: three GEMMs
+    // A mixed checkpoint's dense dtypes: three GEMMs. (Quantized ones stack as they are when of one
+    // layout, else dense: Model::stack.)
+    const bool quantized = L.wq.quantized() && L.wk.quantized() && L.wv.quantized();
+    const DType dt = L.wq.codes.dtype();
+    if (!quantized && (L.wq.quantized() || L.wk.quantized() || L.wv.quantized() || L.wk.codes.dtype() != dt ||
+                       L.wv.codes.dtype() != dt))
+      continue;
     const bool biases = L.bq.defined() && L.bk.defined() && L.bv.defined() && L.bk.dtype() == L.bq.dtype() &&
                         L.bv.dtype() == L.bq.dtype();
     // Some biases but not three of one dtype: keep the separate GEMMs.
     if (!biases && (L.bq.defined() || L.bk.defined() || L.bv.defined())) continue;
-    Tensor w = stack({&L.wq, &L.wk, &L.wv});  // in host memory when the layers are streamed
+    Weight w = stack({&L.wq, &L.wk, &L.wv});  // in host memory when the layers are streamed
     Tensor b = biases ? stack({&L.bq, &L.bk, &L.bv}) : Tensor();
     backend_.synchronize();  // the copies are done before the separate tensors go
     L.wqkv = w;

@@ -13,14 +13,18 @@
 
 namespace kvpr {
 
+// The matrices are Weights: dense, or a quantized checkpoint's kept as stored (weight.h).
 struct OptLayer {
   Tensor attn_ln_w, attn_ln_b;  // self_attn_layer_norm
-  Tensor wq, bq, wk, bk, wv, bv, wo, bo;
+  Weight wq, wk, wv, wo;
+  Tensor bq, bk, bv, bo;
   // Q, K and V projections stacked ([3, h, h] and [3, h]; wq..bv are views into them) when
-  // their dtypes agree, for one batched GEMM per layer. Undefined otherwise.
-  Tensor wqkv, bqkv;
+  // their dtypes (or quantized layouts) agree, for one batched GEMM per layer. Undefined otherwise.
+  Weight wqkv;
+  Tensor bqkv;
   Tensor ffn_ln_w, ffn_ln_b;    // final_layer_norm of the layer
-  Tensor fc1_w, fc1_b, fc2_w, fc2_b;
+  Weight fc1_w, fc2_w;
+  Tensor fc1_b, fc2_b;
 };
 
 class OptModel : public Model {
@@ -47,8 +51,11 @@ class OptModel : public Model {
   // Streamed weights: Q/K/V first, then the output projection and the MLP.
   void stream_layers() override;
 
+  bool keeps_quantized() const override { return true; }
+
   OptConfig config_;
-  Tensor embed_tokens_, embed_positions_, project_in_, project_out_, final_ln_w_, final_ln_b_, lm_head_;
+  Tensor embed_tokens_, embed_positions_, final_ln_w_, final_ln_b_;
+  Weight project_in_, project_out_, lm_head_;
   std::vector<OptLayer> layers_;
 };
 

@@ -22,10 +22,11 @@
 // Modules the method leaves as they are (embeddings, norms, lm_head, routers, an `ignore` or
 // `modules_to_not_convert` list) are read as stored.
 //
-// Every format is repacked at load into kvpr's own layout (weight.h), which the Llama family's
-// GEMMs take as it is, on the CPU and on CUDA; OPT's layers, and ranks that receive their weights
-// over NCCL, get them dequantized from it at load, exactly, into the model's dtype. What a format
-// does not define is refused by name.
+// Every format is repacked at load into kvpr's own layout (weight.h), which the GEMMs of the Llama
+// family and OPT take as it is, on the CPU and on CUDA (ranks that receive their weights over NCCL
+// receive that layout: Model::share_layout); a backend that does not read it gets the weights
+// dequantized from it at load, exactly, into the model's dtype. What a format does not define is
+// refused by name.
 #pragma once
 
 #include <optional>

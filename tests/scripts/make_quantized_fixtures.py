@@ -25,10 +25,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_llama_fixtures import BASE, make_weights, reference_logits, save_case  # noqa: E402
+from make_opt_fixtures import BASE as OPT_BASE  # noqa: E402
+from make_opt_fixtures import make_weights as opt_make_weights  # noqa: E402
+from make_opt_fixtures import reference_logits as opt_reference_logits  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "quantized")
 
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+           "out_proj", "fc1", "fc2")  # (the last three: OPT's)
 
 # Hidden 64, intermediate 96: inputs of 64 and 96, groups of 32 (2 and 3 per row). Mixtral's
 # experts (w1, w2, w3) are quantized too; its router (block_sparse_moe.gate) is not.
@@ -62,6 +66,8 @@ CASES = [
     ("gptq_mixtral_int4_g32",
      dict(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4, num_experts_per_tok=2),
      "gptq", dict(bits=4, group=32, sym=True, desc_act=False, fmt="gptq")),
+    # GPTQModel's and AutoRound's lm_head=True: the head quantized too (the embedding stays).
+    ("gptq_int4_g32_lm_head", {}, "gptq", dict(bits=4, group=32, sym=True, desc_act=False, fmt="gptq", lm_head=True)),
 ]
 
 
@@ -248,8 +254,11 @@ def quantize_module(method, opt, w, dtype, gen):
 
 def quantization_config(method, opt):
     if method == "gptq":
-        return {"quant_method": "gptq", "bits": opt["bits"], "group_size": opt["group"], "desc_act": opt["desc_act"],
-                "sym": opt["sym"], "true_sequential": True, "checkpoint_format": opt["fmt"]}
+        c = {"quant_method": "gptq", "bits": opt["bits"], "group_size": opt["group"], "desc_act": opt["desc_act"],
+             "sym": opt["sym"], "true_sequential": True, "checkpoint_format": opt["fmt"]}
+        if opt.get("lm_head"):
+            c["lm_head"] = True
+        return c
     if method == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": opt["group"], "zero_point": True, "version": "gemm",
                 "modules_to_not_convert": None}
@@ -275,36 +284,61 @@ def quantization_config(method, opt):
     raise ValueError(method)
 
 
+# OPT (make_opt_fixtures.py's random weights and float64 forward): a layer's q/k/v/out_proj, fc1
+# and fc2 quantized, as AutoGPTQ's and llm-compressor's OPT recipes do; embeddings, the
+# project_in/out projections, layer norms, biases and the tied head stay as stored.
+OPT_CASES = [
+    # name, config overrides, method, options
+    ("opt_gptq_int4_g32_sym", {}, "gptq", dict(bits=4, group=32, sym=True, desc_act=False, fmt="gptq")),
+    # act order (q, k and v in orders of their own), asymmetric, post-LN, a 16-wide embedding
+    ("opt_gptq_int4_g16_asym_desc_act", dict(do_layer_norm_before=False, word_embed_proj_dim=16), "gptq",
+     dict(bits=4, group=16, sym=False, desc_act=True, fmt="gptq")),
+    ("opt_ct_fp8_channel_bf16", dict(torch_dtype="bfloat16"), "ct_fp8", dict()),
+]
+
+
+def write_case(name, cfg, method, opt, seed, make, forward, prefix=""):
+    """One fixture: `make`'s float64 weights, its Linear layers quantized (and with opt lm_head the
+    head), written under `prefix`; the reference `forward(cfg, ref, seq)` on what was stored,
+    dequantized (float64)."""
+    cfg.setdefault("torch_dtype", "float32")
+    cfg["quantization_config"] = quantization_config(method, opt)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg["torch_dtype"]]
+    w = make(cfg, torch.float64, gen)
+    stored, ref = {}, {}
+    for key, t in w.items():
+        if quantized_name("." + key) or (opt.get("lm_head") and key == "lm_head.weight"):
+            parts, deq = quantize_module(method, opt, t.numpy(), dtype, gen)
+            module = prefix + key[: -len(".weight")]
+            for part, a in parts.items():
+                stored[module + "." + part] = a
+            ref[key] = torch.tensor(deq)
+        else:
+            stored[prefix + key] = t.to(dtype)
+            ref[key] = t.to(dtype).double()  # the reference reads what is stored
+    d = os.path.join(OUT, name)
+    os.makedirs(d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    write_safetensors(os.path.join(d, "model.safetensors"), stored)
+    ids = torch.randint(3, cfg["vocab_size"], (13,), generator=gen).tolist()
+    save_case(d, ids, lambda seq: forward(cfg, ref, seq))
+    print(f"{name}: {method} {opt}")
+
+
 def main():
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
     os.makedirs(OUT)
     for n, (name, over, method, opt) in enumerate(CASES):
         cfg = {k: v for k, v in dict(dict(BASE, **SMALL), **over).items() if v is not None}
-        cfg.setdefault("torch_dtype", "float32")
-        cfg["quantization_config"] = quantization_config(method, opt)
-        gen = torch.Generator().manual_seed(7000 + n)
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg["torch_dtype"]]
-        w = make_weights(cfg, torch.float64, gen)
-        stored, ref = {}, {}
-        for key, t in w.items():
-            if quantized_name(key):
-                parts, deq = quantize_module(method, opt, t.numpy(), dtype, gen)
-                module = key[: -len(".weight")]
-                for part, a in parts.items():
-                    stored[module + "." + part] = a
-                ref[key] = torch.tensor(deq)
-            else:
-                stored[key] = t.to(dtype)
-                ref[key] = t.to(dtype).double()  # the reference reads what is stored
-        d = os.path.join(OUT, name)
-        os.makedirs(d)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(cfg, f, indent=1)
-        write_safetensors(os.path.join(d, "model.safetensors"), stored)
-        ids = torch.randint(3, cfg["vocab_size"], (13,), generator=gen).tolist()
-        save_case(d, ids, lambda seq: reference_logits(cfg, ref, seq))
-        print(f"{name}: {method} {opt}")
+        write_case(name, cfg, method, opt, 7000 + n, make_weights, reference_logits)
+    for n, (name, over, method, opt) in enumerate(OPT_CASES):
+        cfg = dict(dict(OPT_BASE, num_hidden_layers=2), **over)
+        write_case(name, cfg, method, opt, 7500 + n, opt_make_weights,
+                   lambda c, ref, seq: opt_reference_logits(c, ref, ref["embed_tokens.weight"], seq),  # tied head
+                   prefix="model.decoder.")
     print("torch", torch.__version__, file=sys.stderr)
 
 

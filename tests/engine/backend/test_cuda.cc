@@ -621,7 +621,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModels,
                                            "gemma/mistral3_wrapper_f32", "llama/phi3_partial_rotary_fused_f32",
                                            "llama/phi3_longrope_f32",
                                            "gpt_oss/mxfp4_bf16", "gpt_oss/dequantized_bf16",
-                                           "quantized/fp8_block_partial", "quantized/gptq_mixtral_int4_g32"),
+                                           "quantized/fp8_block_partial", "quantized/gptq_mixtral_int4_g32",
+                                           "quantized/opt_gptq_int4_g32_sym"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;
                            std::replace(n.begin(), n.end(), '/', '_');

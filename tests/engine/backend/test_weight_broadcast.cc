@@ -2,7 +2,7 @@
 // workers run it, on the emulated build's devices and NCCL stand-in
 // (engine/backend/emulated/nccl_emu.h): every rank ends with the bits of a direct load while
 // only rank 0 reads the tensors, and a rank that leaves mid-way makes the other's load fail with
-// NCCL's error instead of waiting forever. Built in the emulated build only (two ranks on one
+// NCCL's error instead of waiting forever; quantized weights cross quantized. Built in the emulated build only (two ranks on one
 // real GPU is not a configuration NCCL accepts).
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -50,7 +50,8 @@ pid_t start_rank(const std::string& dir, const std::string& id, int rank, Part p
     lo.verify_weights = true;
     if (part == Part::Leaves) lo.progress = [](size_t, size_t) { _exit(0); };
     auto model = load_model(*backend, dir, lo);
-    result = "ok " + model->weights_digest() + " " + std::to_string(model->checkpoint_bytes_read());
+    result = "ok " + model->weights_digest() + " " + std::to_string(model->checkpoint_bytes_read()) + " " +
+             (model->kept_quantized() ? "kept" : "dense");
   } catch (const std::exception& e) {
     result = std::string("error ") + e.what();
   }
@@ -131,6 +132,33 @@ TEST_F(WeightBroadcast, EveryRankHoldsTheBitsOfADirectLoadAndOnlyRankZeroReadsTh
   EXPECT_GE(read0, file - 64 * 1024);
   EXPECT_LE(read1, (size_t{2} << 20) + (size_t{64} << 10));
   EXPECT_LT(read1, file / 4);
+}
+
+// Quantized checkpoints cross as they are stored (kvpr's layout, weight.h): rank 0 repacks, the
+// receiver takes the layout and the bytes and keeps them quantized, bit for bit a direct load's.
+// GPTQ with act order (each of q, k and v in an order of its own), OPT in GPTQ, fp8 blocks (the
+// last ones partial), and gpt-oss's MXFP4 experts (which the architecture derives).
+TEST_F(WeightBroadcast, QuantizedWeightsCrossAsStored) {
+  for (const char* name : {"quantized/gptq_int4_g32_asym_desc_act", "quantized/opt_gptq_int4_g32_sym",
+                           "quantized/fp8_block_partial", "gpt_oss/mxfp4_bf16"}) {
+    const std::string dir = test::data_path(name);
+    auto backend = create_backend("cuda", 0);
+    ModelLoadOptions lo;
+    lo.verify_weights = true;
+    auto model = load_model(*backend, dir, lo);
+    ASSERT_TRUE(model->kept_quantized()) << name;
+    const std::string direct = model->weights_digest();
+    model.reset();
+    const auto r = run_ranks(dir, Part::Whole, Part::Whole);
+    ASSERT_TRUE(r[0].ended && r[1].ended) << "a rank hung: " << name;
+    for (int rank : {0, 1}) {
+      char digest[32] = {}, kept[16] = {};
+      size_t read = 0;
+      ASSERT_EQ(std::sscanf(r[rank].text.c_str(), "ok %16s %zu %15s", digest, &read, kept), 3) << name << ": " << r[rank].text;
+      EXPECT_EQ(std::string(digest), direct) << name << " rank " << rank;
+      EXPECT_EQ(std::string(kept), "kept") << name << " rank " << rank;
+    }
+  }
 }
 
 TEST_F(WeightBroadcast, AReceiverGoneMidBroadcastFailsTheSenderWithNcclsError) {

@@ -4,7 +4,7 @@
 // DeepSeek's fp8 do): GPTQ int4 symmetric, asymmetric with desc_act, int8 per channel in the v2
 // zeros; AWQ's GEMM layout; fp8 blocks (whole and partial); compressed-tensors fp8 per channel
 // and int4/int8 packed, symmetric, asymmetric with actorder or int8 zero points, int8 codes
-// (W8A8, run weight-only); a Mixtral whose experts are GPTQ.
+// (W8A8, run weight-only); a Mixtral whose experts are GPTQ; OPT in GPTQ and fp8.
 // The weights are kept quantized, in kvpr's layout (engine/base/weight.h), and the GEMMs read them
 // as stored (the emulated GPU's CudaModels tests run two of these fixtures too).
 // Logits within 1e-3, the greedy tokens, every KV mode;
@@ -46,6 +46,12 @@ const Case kCases[] = {
     {"ct_w8a8_int8_channel", "compressed-tensors", "compressed-tensors int8 per channel sym (w8a8 run as weight-only)"},
     {"ct_w4a16_asym_int8_zp", "compressed-tensors", "compressed-tensors int4 g32 asym"},
     {"gptq_mixtral_int4_g32", "gptq", "gptq int4 g32 sym"},
+    // OPT: q/k/v stacked quantized; in act orders of their own (stacked dense), post-LN with
+    // project_in/out; fp8 per channel in BF16.
+    {"gptq_int4_g32_lm_head", "gptq", "gptq int4 g32 sym, lm_head too"},
+    {"opt_gptq_int4_g32_sym", "gptq", "gptq int4 g32 sym"},
+    {"opt_gptq_int4_g16_asym_desc_act", "gptq", "gptq int4 g16 asym desc_act"},
+    {"opt_ct_fp8_channel_bf16", "compressed-tensors", "compressed-tensors fp8 e4m3 per channel"},
 };
 
 std::string fixture(const std::string& name) { return test::data_path("quantized/" + name); }
@@ -82,6 +88,16 @@ TEST(Quantized, LogitsAndGreedyTokensMatchFloat64Reference) {
   }
 }
 
+// GPTQModel's lm_head=True: the head is kept quantized like the layers (the embedding stays dense).
+// The same shapes with the head dense differ by exactly the head's F32 bytes less its int4 codes
+// and its scales (96 rows of 64 inputs, groups of 32).
+TEST(Quantized, AQuantizedHeadStaysQuantized) {
+  CpuBackend be;
+  const size_t head_dense = load_f32(be, fixture("gptq_int4_g32_sym"))->weight_bytes();
+  const size_t head_int4 = load_f32(be, fixture("gptq_int4_g32_lm_head"))->weight_bytes();
+  EXPECT_EQ(head_dense - head_int4, size_t{96 * 64 * 4 - (96 * 64 / 2 + 96 * 2 * 4)});
+}
+
 // Loaded as they come (kept quantized; GPTQ's q, k and v in act orders of their own stacked
 // dense): every KV mode gives the same greedy tokens, the weights on the device and streamed.
 TEST(Quantized, EveryKvModeGivesTheSameGreedyTokens) {
@@ -89,7 +105,7 @@ TEST(Quantized, EveryKvModeGivesTheSameGreedyTokens) {
   Tokenizer tok = test::char_tokenizer(tmp, 96);
   CpuBackend device;
   for (const char* name : {"gptq_int4_g32_asym_desc_act", "awq_int4_g32", "fp8_block_partial", "ct_w4a16_asym_actorder",
-                           "gptq_mixtral_int4_g32"})
+                           "gptq_mixtral_int4_g32", "opt_gptq_int4_g32_sym", "opt_ct_fp8_channel_bf16"})
     test::expect_every_kv_mode_gives_cpu_tokens(device, fixture(name), tok, test::kFixturePrompts, 10, 3, name);
 }
 
