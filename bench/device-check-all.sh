@@ -350,7 +350,7 @@ part_sliding() {
 
 # Quantized weights: batch-1 decode of Llama-3.2-1B's shape in each format, resident.
 part_quantized() {
-  local args=(--gen 32 --formats bf16,int4,int8,fp8,fp4)
+  local args=(--gen 32 --formats bf16,int4,int8,fp8,fp4,int4+head)
   if [ "$DRY" = 1 ]; then args=(--layers 1 --prompt 2 --gen 2 --formats bf16,int4); fi
   say "kvpr-bench weights: llama-3.2-1b, batch 1, each weight format"
   within 180 env KVPR_THREADS=$THREADS LD_LIBRARY_PATH="$LIBS" "$BIN/bench/kvpr-bench" weights --preset llama-3.2-1b \

@@ -454,18 +454,19 @@ class CudaBackend final : public Backend {
   // (at 64 rows, 8 passes: twice a bf16 matrix's bytes for int4, unless L2 holds the matrix). More
   // (prefill, KVPR's recompute): tiles dequantized to F32 for cuBLAS in TF32.
   void quantized_gemm(const Tensor& out, const Tensor& x, const Weight& w, int64_t M, float beta) {
-    const cuda::QuantDesc d = quant_desc(w);
-    if (M <= 64) {
-      for (int64_t m0 = 0; m0 < M; m0 += 8)
-        issue("quantized_gemv", &cuda::quantized_gemv, out.data_as<float>() + m0 * d.n, x.data_as<float>() + m0 * d.k,
-              std::min<int64_t>(8, M - m0), d, beta, compute());
-      return;
-    }
+    cuda::QuantDesc d = quant_desc(w);
     const float* xin = x.data_as<float>();
-    if (d.order) {  // x in the codes' input order
+    if (d.order) {  // x in the codes' input order, once: the GEMMs then read the codes in order
       Tensor xg = scratch_named(quant_order_buf_, DType::F32, M * d.k);
       issue("gather_columns", &cuda::gather_columns, xg.data_as<float>(), xin, d.order, M, d.k, compute());
       xin = xg.data_as<float>();
+      d.order = nullptr;
+    }
+    if (M <= 64) {
+      for (int64_t m0 = 0; m0 < M; m0 += 8)
+        issue("quantized_gemv", &cuda::quantized_gemv, out.data_as<float>() + m0 * d.n, xin + m0 * d.k,
+              std::min<int64_t>(8, M - m0), d, beta, compute());
+      return;
     }
     // Tiles of about 16 Mi weights, each dequantized to F32 and multiplied by cuBLAS into its
     // columns of out.

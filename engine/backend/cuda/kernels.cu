@@ -359,6 +359,64 @@ __global__ void quantized_gemv_kernel(float* out, const float* x, int64_t rows, 
   }
 }
 
+// The same with 16-byte loads of the codes: a lane takes a chunk of 16 bytes of a row at a time (32
+// int4 or fp4 codes, 16 int8 or fp8 ones) inside one block of scales, and x as float4s; the
+// chunk's products summed before its scale (and zero point) apply once. Format F at compile time
+// (QuantDesc::format's codes). Needs quantized_gemv_fast's conditions.
+template <int F>
+__device__ __forceinline__ float chunk_code(const uint4& q, int i) {
+  const uint32_t word = i < (F == 1 || F == 4 ? 8 : 4) ? q.x : i < (F == 1 || F == 4 ? 16 : 8) ? q.y
+                        : i < (F == 1 || F == 4 ? 24 : 12) ? q.z : q.w;
+  if (F == 1) return static_cast<float>((word >> ((i & 7) * 4)) & 15u);
+  if (F == 2) return static_cast<float>((word >> ((i & 3) * 8)) & 255u);
+  if (F == 4) {
+    const unsigned c = (word >> ((i & 7) * 4)) & 15u, e = (c >> 1) & 3u, m = c & 1u;
+    const float mag = e == 0 ? 0.5f * static_cast<float>(m)
+                             : (1.f + 0.5f * static_cast<float>(m)) * static_cast<float>(1u << (e - 1));
+    return c & 8u ? -mag : mag;
+  }
+  __nv_fp8_e4m3 v;
+  v.__x = static_cast<__nv_fp8_storage_t>((word >> ((i & 3) * 8)) & 255u);
+  return static_cast<float>(v);
+}
+
+template <int F>
+__global__ void quantized_gemv_vec_kernel(float* out, const float* x, int64_t rows, QuantDesc w, float beta) {
+  constexpr int E = F == 1 || F == 4 ? 32 : 16;  // codes a chunk
+  const int lane = threadIdx.x & 31;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (n >= w.n) return;  // (the whole warp)
+  const uint4* row = reinterpret_cast<const uint4*>(w.codes + n * w.row_bytes);
+  const int64_t srow = (n / w.block_n) * w.cols, chunks = w.k / E;
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int64_t c = lane; c < chunks; c += 32) {
+    const uint4 q = row[c];
+    const int64_t k0 = c * E, s = srow + k0 / w.block_k;
+    const float sc = w.scales[s], z = F == 1 || F == 2 ? quant_zero(w, s) : 0.f;
+    float v[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) v[i] = chunk_code<F>(q, i) - z;
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      if (m >= rows) break;
+      const float4* xr = reinterpret_cast<const float4*>(x + m * w.k + k0);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < E / 4; ++j) {
+        const float4 xv = xr[j];
+        sum += v[4 * j] * xv.x + v[4 * j + 1] * xv.y + v[4 * j + 2] * xv.z + v[4 * j + 3] * xv.w;
+      }
+      acc[m] += sc * sum;
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    if (m >= rows) break;
+    const float v = warp_sum(acc[m]);
+    if (lane == 0) out[m * w.n + n] = beta != 0.f ? beta * out[m * w.n + n] + v : v;
+  }
+}
+
 __global__ void dequantize_rows_kernel(float* dst, QuantDesc w, int64_t n0, int64_t count) {
   const int64_t total = count * w.k;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -375,11 +433,26 @@ __global__ void gather_columns_kernel(float* dst, const float* x, const int32_t*
     dst[i] = x[(i / k) * k + order[i % k]];
 }
 
+bool quantized_gemv_fast(const QuantDesc& w, const float* x) {
+  const int64_t e = w.format == 1 || w.format == 4 ? 32 : 16;
+  return !w.order && w.k % e == 0 && w.block_k % e == 0 && w.row_bytes % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
 void quantized_gemv(float* out, const float* x, int64_t rows, QuantDesc w, float beta, cudaStream_t stream) {
   if (rows == 0 || w.n == 0) return;
   KVPR_CHECK(rows <= 8, "quantized_gemv: ", rows, " rows (at most 8)");
   const auto blocks = static_cast<unsigned>((w.n + kGemvWarps - 1) / kGemvWarps);
-  KVPR_LAUNCH(blocks, 32 * kGemvWarps, 0, stream, quantized_gemv_kernel)(out, x, rows, w, beta);
+  if (quantized_gemv_fast(w, x)) {
+    switch (w.format) {
+      case 1: KVPR_LAUNCH(blocks, 32 * kGemvWarps, 0, stream, quantized_gemv_vec_kernel<1>)(out, x, rows, w, beta); break;
+      case 2: KVPR_LAUNCH(blocks, 32 * kGemvWarps, 0, stream, quantized_gemv_vec_kernel<2>)(out, x, rows, w, beta); break;
+      case 3: KVPR_LAUNCH(blocks, 32 * kGemvWarps, 0, stream, quantized_gemv_vec_kernel<3>)(out, x, rows, w, beta); break;
+      default: KVPR_LAUNCH(blocks, 32 * kGemvWarps, 0, stream, quantized_gemv_vec_kernel<4>)(out, x, rows, w, beta); break;
+    }
+  } else {
+    KVPR_LAUNCH(blocks, 32 * kGemvWarps, 0, stream, quantized_gemv_kernel)(out, x, rows, w, beta);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

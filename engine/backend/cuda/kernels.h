@@ -70,7 +70,11 @@ struct QuantDesc {
 // out[m, n] = beta · out[m, n] + Σ_k w[n, k] · x[m, order[k]] for m < rows (at most 8): one warp
 // an output row, a lane eight inputs at a time, the codes dequantized in registers (decode).
 // x, out: F32 [rows, k], [rows, n].
+// When the codes and x allow it (quantized_gemv_fast: no input order, K and the scale blocks whole
+// chunks of 16 bytes of codes, the codes and x 16-byte aligned) each lane reads 16 bytes of codes
+// at a time and x as float4s, the format a template argument; else one byte at a time.
 void quantized_gemv(float* out, const float* x, int64_t rows, QuantDesc w, float beta, cudaStream_t stream);
+bool quantized_gemv_fast(const QuantDesc& w, const float* x);
 // dst [count, k] F32 = rows [n0, n0 + count) of the weight dequantized, in the codes' input
 // order (a prefill tile for cuBLAS).
 void dequantize_rows(float* dst, QuantDesc w, int64_t n0, int64_t count, cudaStream_t stream);

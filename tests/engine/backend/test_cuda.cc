@@ -244,7 +244,8 @@ TEST_P(CudaKvOps, AttentionPrefillMixedAndLongDecode) {
 }
 
 // The GEMMs on quantized weights (engine/base/weight.h), read as stored on both backends: decode
-// rows (one warp an output, dequantized in registers, 8 rows at a time) and prefill tiles through
+// rows (one warp an output, dequantized in registers, 8 rows at a time; 16 bytes of codes at a time
+// where rows are whole chunks, a byte at a time where not) and prefill tiles through
 // cuBLAS (TF32 on a GPU), int4 with
 // zero points and an input order, int8 with I32 zeros, fp8 in partial blocks, fp4 (MXFP4) in
 // blocks of 32; accumulated, and
@@ -272,7 +273,12 @@ TEST(CudaQuantized, LinearMatchesCpu) {
   for (const Case& c : {Case{WeightFormat::Int4, 40, 96, 32, true, true, false},
                         Case{WeightFormat::Int8, 33, 75, 0, true, false, false},
                         Case{WeightFormat::Fp8, 50, 80, 16, false, false, true},
-                        Case{WeightFormat::Fp4, 24, 100, 32, false, false, false}}) {  // MXFP4's blocks, a tail
+                        Case{WeightFormat::Fp4, 24, 100, 32, false, false, false},  // MXFP4's blocks, a tail
+                        // Rows of whole 16-byte chunks (the decode kernel's vector loads): int8 per
+                        // channel with I32 zeros, fp4 in MXFP4's blocks, int4 in the middle code.
+                        Case{WeightFormat::Int8, 36, 128, 0, true, false, false},
+                        Case{WeightFormat::Fp4, 20, 128, 32, false, false, false},
+                        Case{WeightFormat::Int4, 12, 256, 64, false, false, false}}) {
     Pair dense = random_pair(cpu, *gpu, DType::F32, {c.N, c.K}, 61, 0.1f);
     Tensor dh = Tensor::host(DType::F32, {c.N, c.K});
     std::memcpy(dh.data(), dense.cpu.data(), dh.nbytes());
