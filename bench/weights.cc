@@ -4,13 +4,14 @@
 //     format's model held at once, measured round-robin --repeat times after a round not
 //     counted, each format's median):
 //     random weights, quantized round to nearest in groups of --group inputs (fp8: one scale a
-//     row and group too; fp4: MXFP4's power-of-two scales a 32); the embedding and the tied head stay BF16, as quantized checkpoints
-//     leave them, unless the format is named with "+head" (int4+head: the head quantized too, a
-//     matrix of its own, as GPTQModel's and AutoRound's lm_head=True store it). Per format: tokens/s, the weight bytes read per token (on the CPU the backend
-//     counts each GEMM's weight as stored; on a GPU, the model's weight bytes, which a batch-1 step
-//     of a tied model reads once) and the physical bound: those bytes over the memory's rate
-//     measured in the same run, before the runs and after them, the faster (the host's read rate;
-//     the device's copy rate). Ratios against
+//     row and group too; fp4: MXFP4's power-of-two scales a 32); the embedding and the tied head
+//     stay BF16, as quantized checkpoints leave them, unless the format is named with "+head"
+//     (int4+head: the head quantized too, a matrix of its own, as GPTQModel's lm_head=True stores
+//     it). Per format: tokens/s, the weight bytes read per token (on the CPU the backend counts
+//     each GEMM's weight as stored; on a GPU, the model's weight bytes, which a batch-1 step of a
+//     tied model reads once; with +head less the embedding's, of which it reads a row) and the
+//     physical bound: those bytes over the memory's rate measured in the same run, before the runs
+//     and after them, the faster (the host's read rate; the device's copy rate). Ratios against
 //     bf16, measured and bound.
 #include "bench/commands.h"
 
@@ -126,7 +127,11 @@ int cmd_weights(const Args& args) {
       for (int s = 0; s < gen; ++s) r.decode->step(g);
       if (rep == 0) continue;
       r.ms.push_back(seconds_since(t0) / gen * 1e3);
-      r.bytes = r.cpu ? (r.cpu->weight_bytes_read() - before) / gen : static_cast<double>(r.model->weight_bytes());
+      // (a GPU: the model's weights but for an untied head's embedding, of which a step reads a row)
+      const ModelSpec& sp = r.model->spec();
+      const double embedding =
+          r.f.head ? static_cast<double>(sp.vocab_size * sp.hidden_size * dtype_size(r.model->weight_dtype())) : 0.0;
+      r.bytes = r.cpu ? (r.cpu->weight_bytes_read() - before) / gen : static_cast<double>(r.model->weight_bytes()) - embedding;
     }
   const double read_gbps_after = memory_gbps(nullptr);
   read_gbps = std::max(read_gbps, read_gbps_after);

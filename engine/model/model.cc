@@ -398,8 +398,10 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
           if (shared) received.push_back(*t);
           if (shared && receiver) to_receive += t->nbytes();
         }
+        // (as the dense weights below: a receiver counts what it reads itself, the streamed layers)
         done = std::min(done + static_cast<size_t>(w.nbytes()), total);
-        if (opts.progress && !(shared && receiver)) opts.progress(done, total);
+        if (receiver && host) read_here = std::min(read_here + static_cast<size_t>(w.nbytes()), total);
+        if (opts.progress && (!receiver || host)) opts.progress(receiver ? read_here : done, total);
         parameter_count_ += w.numel();
         weight_bytes_ += w.nbytes();
         return w;
@@ -432,7 +434,9 @@ void Model::load_checkpoint(const std::string& model_dir, const ModelLoadOptions
   });
   if (opts.broadcast) {
     backend_.synchronize();  // rank 0's uploads have landed
-    broadcast_weights(*opts.broadcast, received, total, to_receive, receiver ? opts.progress : nullptr);
+    // (repacked layouts may hold more bytes than the checkpoint's: F32 scales for 8-bit ones)
+    broadcast_weights(*opts.broadcast, received, total, std::min(to_receive, total - std::min(read_here, total)),
+                      receiver ? opts.progress : nullptr);
     received = {};  // its references would keep the parts stack_weights replaces on the device
     if (opts.progress) opts.progress(total, total);
   }

@@ -51,8 +51,8 @@ struct ModelLoadOptions {
   // a backend that reads quantized weights.
   WeightFormat random_format = WeightFormat::Dense;
   int64_t random_group = 128;
-  // ... and the LM head too, a matrix of its own when the model ties it (as GPTQModel's and
-  // AutoRound's lm_head=True checkpoints store it; the embedding stays dense).
+  // ... and the LM head too, a matrix of its own when the model ties it (as GPTQModel's
+  // lm_head=True checkpoints store it; the embedding stays dense).
   bool random_quantized_head = false;
 };
 

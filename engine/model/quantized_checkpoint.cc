@@ -134,7 +134,7 @@ QuantizedCheckpoint QuantizedCheckpoint::from_config(const json::Value& config, 
     q.group_ = group > 0 ? group : 0;
     q.gptq_v1_zeros_ = fmt == "gptq";
     q.bits_per_weight_ = static_cast<double>(bits) + (group > 0 ? (16.0 + static_cast<double>(bits)) / static_cast<double>(group) : 0);
-    // GPTQModel's and AutoRound's lm_head (the head quantized too: its tensors say so, as any module's).
+    // GPTQModel's lm_head (the head quantized too: its tensors say so, as any module's).
     bool lm_head = false;
     f.get_bool("lm_head", &lm_head);
     q.describe_ = "gptq int" + std::to_string(bits) + " " + group_name(q.group_) + (q.symmetric_ ? " sym" : " asym") +

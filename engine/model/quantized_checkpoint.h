@@ -19,8 +19,9 @@
 //     values a word in AWQ's order (value i of word c is column 8c + kAwqColumn[i]),
 //     P.scales [K/G, N]: w = (q - z) · scale;
 //   - mxfp4: gpt-oss's experts, which its architecture derives (gpt_oss_experts.h).
-// Modules the method leaves as they are (embeddings, norms, lm_head, routers, an `ignore` or
-// `modules_to_not_convert` list) are read as stored.
+// Modules the method leaves as they are (embeddings, norms, lm_head unless GPTQModel's `lm_head`
+// quantized it, routers, an `ignore` or `modules_to_not_convert` list) are read as stored: a module
+// is quantized exactly when its quantized tensors are there.
 //
 // Every format is repacked at load into kvpr's own layout (weight.h), which the GEMMs of the Llama
 // family and OPT take as it is, on the CPU and on CUDA (ranks that receive their weights over NCCL

@@ -278,7 +278,10 @@ TEST(CudaQuantized, LinearMatchesCpu) {
                         // channel with I32 zeros, fp4 in MXFP4's blocks, int4 in the middle code.
                         Case{WeightFormat::Int8, 36, 128, 0, true, false, false},
                         Case{WeightFormat::Fp4, 20, 128, 32, false, false, false},
-                        Case{WeightFormat::Int4, 12, 256, 64, false, false, false}}) {
+                        Case{WeightFormat::Int4, 12, 256, 64, false, false, false},
+                        // Groups that split 16-byte chunks: the byte-at-a-time kernel (int4, fp8).
+                        Case{WeightFormat::Int4, 16, 100, 20, true, false, false},
+                        Case{WeightFormat::Fp8, 20, 72, 24, false, false, false}}) {
     Pair dense = random_pair(cpu, *gpu, DType::F32, {c.N, c.K}, 61, 0.1f);
     Tensor dh = Tensor::host(DType::F32, {c.N, c.K});
     std::memcpy(dh.data(), dense.cpu.data(), dh.nbytes());

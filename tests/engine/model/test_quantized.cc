@@ -46,9 +46,9 @@ const Case kCases[] = {
     {"ct_w8a8_int8_channel", "compressed-tensors", "compressed-tensors int8 per channel sym (w8a8 run as weight-only)"},
     {"ct_w4a16_asym_int8_zp", "compressed-tensors", "compressed-tensors int4 g32 asym"},
     {"gptq_mixtral_int4_g32", "gptq", "gptq int4 g32 sym"},
+    {"gptq_int4_g32_lm_head", "gptq", "gptq int4 g32 sym, lm_head too"},
     // OPT: q/k/v stacked quantized; in act orders of their own (stacked dense), post-LN with
     // project_in/out; fp8 per channel in BF16.
-    {"gptq_int4_g32_lm_head", "gptq", "gptq int4 g32 sym, lm_head too"},
     {"opt_gptq_int4_g32_sym", "gptq", "gptq int4 g32 sym"},
     {"opt_gptq_int4_g16_asym_desc_act", "gptq", "gptq int4 g16 asym desc_act"},
     {"opt_ct_fp8_channel_bf16", "compressed-tensors", "compressed-tensors fp8 e4m3 per channel"},
