@@ -303,18 +303,26 @@ void fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float mean, f
 
 // ---- quantized weights (engine/base/weight.h's layout) ----
 
+// E2M1 code c (4 bits): exponent bits 2..1 (bias 1), mantissa bit 0, sign bit 3.
+__device__ __forceinline__ float e2m1_value(unsigned c) {
+  const unsigned e = (c >> 1) & 3u, m = c & 1u;
+  const float mag = e == 0 ? 0.5f * static_cast<float>(m)
+                           : (1.f + 0.5f * static_cast<float>(m)) * static_cast<float>(1u << (e - 1));
+  return c & 8u ? -mag : mag;
+}
+
+__device__ __forceinline__ float e4m3_value(unsigned byte) {
+  __nv_fp8_e4m3 v;
+  v.__x = static_cast<__nv_fp8_storage_t>(byte);
+  return static_cast<float>(v);
+}
+
 // Code k of a row as the value it multiplies before the zero point and scale.
 __device__ __forceinline__ float quant_code(const uint8_t* row, int format, int64_t k) {
   if (format == 1) return static_cast<float>((row[k >> 1] >> ((k & 1) * 4)) & 15);
   if (format == 2) return static_cast<float>(row[k]);
-  if (format == 4) {  // E2M1: exponent bits 2..1 (bias 1), mantissa bit 0, sign bit 3
-    const int c = (row[k >> 1] >> ((k & 1) * 4)) & 15, e = (c >> 1) & 3, m = c & 1;
-    const float mag = e == 0 ? 0.5f * static_cast<float>(m) : (1.f + 0.5f * static_cast<float>(m)) * static_cast<float>(1 << (e - 1));
-    return c & 8 ? -mag : mag;
-  }
-  __nv_fp8_e4m3 v;
-  v.__x = static_cast<__nv_fp8_storage_t>(row[k]);
-  return static_cast<float>(v);
+  if (format == 4) return e2m1_value((row[k >> 1] >> ((k & 1) * 4)) & 15u);
+  return e4m3_value(row[k]);
 }
 
 // The zero point of scale cell s.
@@ -325,6 +333,17 @@ __device__ __forceinline__ float quant_zero(const QuantDesc& w, int64_t s) {
 }
 
 constexpr int kGemvWarps = 4;
+
+// A warp's sums of its output n for `rows` rows into out (beta · out + sum).
+__device__ __forceinline__ void gemv_store(float* out, const float (&acc)[8], int64_t rows, int64_t n, int64_t width,
+                                           float beta) {
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    if (m >= rows) break;
+    const float v = warp_sum(acc[m]);
+    if ((threadIdx.x & 31) == 0) out[m * width + n] = beta != 0.f ? beta * out[m * width + n] + v : v;
+  }
+}
 
 __global__ void quantized_gemv_kernel(float* out, const float* x, int64_t rows, QuantDesc w, float beta) {
   const int lane = threadIdx.x & 31;
@@ -345,18 +364,12 @@ __global__ void quantized_gemv_kernel(float* out, const float* x, int64_t rows, 
         z = quant_zero(w, s), sc = w.scales[s];
       }
       const float v = (quant_code(row, w.format, k) - z) * sc;
-      const int64_t xk = w.order ? w.order[k] : k;
 #pragma unroll
       for (int m = 0; m < 8; ++m)
-        if (m < rows) acc[m] += v * x[m * w.k + xk];
+        if (m < rows) acc[m] += v * x[m * w.k + k];
     }
   }
-#pragma unroll
-  for (int m = 0; m < 8; ++m) {
-    if (m >= rows) break;
-    const float v = warp_sum(acc[m]);
-    if (lane == 0) out[m * w.n + n] = beta != 0.f ? beta * out[m * w.n + n] + v : v;
-  }
+  gemv_store(out, acc, rows, n, w.n, beta);
 }
 
 // The same with 16-byte loads of the codes: a lane takes a chunk of 16 bytes of a row at a time (32
@@ -369,15 +382,8 @@ __device__ __forceinline__ float chunk_code(const uint4& q, int i) {
                         : i < (F == 1 || F == 4 ? 24 : 12) ? q.z : q.w;
   if (F == 1) return static_cast<float>((word >> ((i & 7) * 4)) & 15u);
   if (F == 2) return static_cast<float>((word >> ((i & 3) * 8)) & 255u);
-  if (F == 4) {
-    const unsigned c = (word >> ((i & 7) * 4)) & 15u, e = (c >> 1) & 3u, m = c & 1u;
-    const float mag = e == 0 ? 0.5f * static_cast<float>(m)
-                             : (1.f + 0.5f * static_cast<float>(m)) * static_cast<float>(1u << (e - 1));
-    return c & 8u ? -mag : mag;
-  }
-  __nv_fp8_e4m3 v;
-  v.__x = static_cast<__nv_fp8_storage_t>((word >> ((i & 3) * 8)) & 255u);
-  return static_cast<float>(v);
+  if (F == 4) return e2m1_value((word >> ((i & 7) * 4)) & 15u);
+  return e4m3_value((word >> ((i & 3) * 8)) & 255u);
 }
 
 template <int F>
@@ -409,12 +415,7 @@ __global__ void quantized_gemv_vec_kernel(float* out, const float* x, int64_t ro
       acc[m] += sc * sum;
     }
   }
-#pragma unroll
-  for (int m = 0; m < 8; ++m) {
-    if (m >= rows) break;
-    const float v = warp_sum(acc[m]);
-    if (lane == 0) out[m * w.n + n] = beta != 0.f ? beta * out[m * w.n + n] + v : v;
-  }
+  gemv_store(out, acc, rows, n, w.n, beta);
 }
 
 __global__ void dequantize_rows_kernel(float* dst, QuantDesc w, int64_t n0, int64_t count) {
@@ -435,13 +436,14 @@ __global__ void gather_columns_kernel(float* dst, const float* x, const int32_t*
 
 bool quantized_gemv_fast(const QuantDesc& w, const float* x) {
   const int64_t e = w.format == 1 || w.format == 4 ? 32 : 16;
-  return !w.order && w.k % e == 0 && w.block_k % e == 0 && w.row_bytes % 16 == 0 &&
+  return w.k % e == 0 && w.block_k % e == 0 && w.row_bytes % 16 == 0 &&
          reinterpret_cast<uintptr_t>(w.codes) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
 
 void quantized_gemv(float* out, const float* x, int64_t rows, QuantDesc w, float beta, cudaStream_t stream) {
   if (rows == 0 || w.n == 0) return;
-  KVPR_CHECK(rows <= 8, "quantized_gemv: ", rows, " rows (at most 8)");
+  KVPR_CHECK(rows <= 8 && !w.order, "quantized_gemv: ", rows, " rows (at most 8), x ", w.order ? "not " : "",
+             "in the codes' order");
   const auto blocks = static_cast<unsigned>((w.n + kGemvWarps - 1) / kGemvWarps);
   if (quantized_gemv_fast(w, x)) {
     switch (w.format) {

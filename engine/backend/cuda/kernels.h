@@ -67,10 +67,11 @@ struct QuantDesc {
   int zeros_i32;
   float middle;
 };
-// out[m, n] = beta · out[m, n] + Σ_k w[n, k] · x[m, order[k]] for m < rows (at most 8): one warp
+// out[m, n] = beta · out[m, n] + Σ_k w[n, k] · x[m, k] for m < rows (at most 8): one warp
 // an output row, a lane eight inputs at a time, the codes dequantized in registers (decode).
 // x, out: F32 [rows, k], [rows, n].
-// When the codes and x allow it (quantized_gemv_fast: no input order, K and the scale blocks whole
+// x is in the codes' input order (an act order gathered first: gather_columns; w.order null).
+// When the codes and x allow it (quantized_gemv_fast: K and the scale blocks whole
 // chunks of 16 bytes of codes, the codes and x 16-byte aligned) each lane reads 16 bytes of codes
 // at a time and x as float4s, the format a template argument; else one byte at a time.
 void quantized_gemv(float* out, const float* x, int64_t rows, QuantDesc w, float beta, cudaStream_t stream);
