@@ -563,14 +563,41 @@ void CpuBackend::argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor
   const float* lp = logits.data_as<float>();
   int32_t* ip = ids.data_as<int32_t>();
   float* sp = stats.data_as<float>();
-  ThreadPool::global().parallel_for(R, 1, [&](int64_t s, int64_t e) {
-    for (int64_t r = s; r < e; ++r) {
-      const RowStats st = row_argmax_lse(lp + r * V, valid);
-      ip[r] = st.token;
-      sp[2 * r] = st.max;
-      sp[2 * r + 1] = static_cast<float>(st.lse);
+  ThreadPool& pool = ThreadPool::global();
+  auto put = [&](int64_t r, const RowStats& st) {
+    ip[r] = st.token;
+    sp[2 * r] = st.max;
+    sp[2 * r + 1] = static_cast<float>(st.lse);
+  };
+  if (R >= pool.size()) {
+    pool.parallel_for(R, 1, [&](int64_t s, int64_t e) {
+      for (int64_t r = s; r < e; ++r) put(r, row_argmax_lse(lp + r * V, valid));
+    });
+  } else {
+    // Fewer rows than threads (a decode step's few): each row's ids in a part a thread, joined
+    // in order (the first largest stays first) with the parts' sums rescaled to the row's max.
+    const int64_t parts = pool.size();
+    std::vector<RowStats> part(static_cast<size_t>(R * parts));
+    pool.parallel_for(R * parts, 1, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) {
+        const int64_t r = i / parts, b = i % parts * valid / parts, n = (i % parts + 1) * valid / parts - b;
+        part[static_cast<size_t>(i)] = n > 0 ? row_argmax_lse(lp + r * V + b, static_cast<int32_t>(n))
+                                             : RowStats{0, -std::numeric_limits<float>::infinity(), 0.0};
+        part[static_cast<size_t>(i)].token += static_cast<int32_t>(b);
+      }
+    });
+    for (int64_t r = 0; r < R; ++r) {
+      const RowStats* p = part.data() + r * parts;
+      RowStats best = p[0];
+      for (int64_t j = 1; j < parts; ++j)
+        if (p[j].max > best.max) best.token = p[j].token, best.max = p[j].max;
+      double sum = 0;
+      for (int64_t j = 0; j < parts; ++j)
+        if (p[j].max > -std::numeric_limits<float>::infinity()) sum += std::exp(p[j].lse - best.max);
+      best.lse = best.max + std::log(sum);
+      put(r, best);
     }
-  });
+  }
   if (tracer_) trace_op("argmax_lse", trace_t0, json::Value());
 }
 

@@ -144,10 +144,18 @@ void decode(float* out, int64_t ldo, const float* x, int64_t M, int64_t ldx, con
 // Inputs the AVX-512 kernel takes a loop iteration at a time.
 constexpr int64_t kAvx512Step = 32;
 
-// The decode with the AVX-512 kernel: rows of x in groups of 8 over the pool's threads, and the
-// inputs past the last whole iteration added here.
+// Whether the VNNI kernel takes w: int4 or int8 whose blocks of inputs fit its steps, and at
+// least one whole step.
+bool vnni_fits(const Weight& w) {
+  const int64_t bk = w.block_k, K = w.dim(1);
+  if (K < kVnniStep || !(w.format == WeightFormat::Int4 || w.format == WeightFormat::Int8)) return false;
+  return bk % kVnniStep == 0 || bk >= K || (w.format == WeightFormat::Int4 && (bk == 32 || bk == 64));
+}
+
+// The decode with an AVX-512 kernel (VNNI's for int4 and int8 where it fits): rows of x in groups
+// of 8 over the pool's threads, and the inputs past the kernel's last whole step added here.
 void decode_avx512(float* out, const float* x, int64_t M, const Weight& w, QuantizedScratch& scratch) {
-  const int64_t N = w.dim(0), K = w.dim(1), kv = K / kAvx512Step * kAvx512Step;
+  const int64_t N = w.dim(0), K = w.dim(1);
   const QuantizedView view{w.codes.data_as<uint8_t>(),
                            w.scales.data_as<float>(),
                            w.zeros.defined() && w.zeros.dtype() == DType::U8 ? w.zeros.data_as<uint8_t>() : nullptr,
@@ -159,8 +167,17 @@ void decode_avx512(float* out, const float* x, int64_t M, const Weight& w, Quant
                            w.block_n,
                            w.block_k,
                            w.scale_cols()};
+  const int64_t cols = view.cols;
+  const bool vnni = scratch.vnni && quantized_vnni_available() && vnni_fits(w);
+  const int64_t kv = K / (vnni ? kVnniStep : kAvx512Step) * (vnni ? kVnniStep : kAvx512Step);
   const float* pairs = nullptr;
-  if (weight_format_is_nibbles(w.format)) {
+  if (vnni) {
+    const int64_t steps = K / kVnniStep;
+    scratch.xq.resize(static_cast<size_t>(M * steps * kVnniBytes));
+    scratch.xscale.resize(static_cast<size_t>(M * steps));
+    scratch.xsum.resize(static_cast<size_t>(M * cols));
+    quantize_x_vnni(x, M, K, w.format, w.block_k, cols, scratch.xq.data(), scratch.xscale.data(), scratch.xsum.data());
+  } else if (weight_format_is_nibbles(w.format)) {
     scratch.x_pairs.resize(static_cast<size_t>(M * K));
     float* d = scratch.x_pairs.data();
     for (int64_t m = 0; m < M; ++m)
@@ -171,18 +188,23 @@ void decode_avx512(float* out, const float* x, int64_t M, const Weight& w, Quant
         }
     pairs = d;
   }
-  const int64_t cols = view.cols;
   ThreadPool::global().parallel_for(N, 8, [&](int64_t b, int64_t e) {
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
-      quantized_rows_avx512(view, x + m0 * K, pairs ? pairs + m0 * K : nullptr, std::min<int64_t>(kMaxRows, M - m0), b,
-                            e, out + m0 * N);
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+      const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
+      if (vnni) {
+        const int64_t steps = K / kVnniStep;
+        quantized_rows_vnni(view, scratch.xq.data() + m0 * steps * kVnniBytes, scratch.xscale.data() + m0 * steps,
+                            scratch.xsum.data() + m0 * cols, rows, b, e, out + m0 * N);
+      } else {
+        quantized_rows_avx512(view, x + m0 * K, pairs ? pairs + m0 * K : nullptr, rows, b, e, out + m0 * N);
+      }
+    }
     for (int64_t n = b; n < e && kv < K; ++n) {
       const uint8_t* row = view.codes + n * view.row_bytes;
-      const int64_t s = (n / w.block_n) * cols + (K - 1) / w.block_k;  // the last block's
-      const auto zero = static_cast<float>(weight_zero(w, s));  // (fp8, fp4: 0)
-      const float scale = view.scales[s];
+      const int64_t s_row = (n / w.block_n) * cols;
       for (int64_t k = kv; k < K; ++k) {
-        const float v = (weight_code(row, w.format, k) - zero) * scale;
+        const int64_t s = s_row + k / w.block_k;
+        const float v = (weight_code(row, w.format, k) - static_cast<float>(weight_zero(w, s))) * view.scales[s];  // (fp8, fp4: zero 0)
         for (int64_t m = 0; m < M; ++m) out[m * N + n] += v * x[m * K + k];
       }
     }
@@ -196,6 +218,15 @@ bool quantized_avx512_available() {
 #ifdef KVPR_CPU_AVX512
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool quantized_vnni_available() {
+#ifdef KVPR_CPU_AVX512
+  static const bool has = quantized_avx512_available() && __builtin_cpu_supports("avx512vnni");
   return has;
 #else
   return false;

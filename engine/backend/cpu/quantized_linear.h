@@ -17,7 +17,10 @@ struct QuantizedScratch {
   std::vector<float> xsum;     // each row's sum of x over each block of inputs
   std::vector<float> x_pairs;  // x per 32 inputs as the even ones, then the odd ones (int4, fp4: AVX-512)
   std::vector<float> tile;     // a tile of dequantized rows (prefill)
+  std::vector<int8_t> xq;      // x as the VNNI kernel reads it (int4, int8)
+  std::vector<float> xscale;   // its scale per kVnniStep inputs
   bool avx512 = true;          // false: the AVX2 decode kernel where the CPU has AVX-512 (tests)
+  bool vnni = true;            // false: not the VNNI kernel for int4 and int8 (tests)
 };
 
 // out, x: F32; w: a quantized matrix [N, K]; all in host memory (the CPU backend's).
@@ -41,5 +44,24 @@ struct QuantizedView {
 // one a row. x_pairs: x rearranged as QuantizedScratch::x_pairs says (int4, fp4), else unused.
 void quantized_rows_avx512(const QuantizedView& w, const float* x, const float* x_pairs, int64_t M, int64_t n0,
                            int64_t n1, float* out);
+
+// Whether the VNNI decode kernel (int4 and int8 by integer dot products) is built and this CPU
+// runs it.
+bool quantized_vnni_available();
+
+// The VNNI kernel's x: one step of kVnniStep inputs is kVnniBytes bytes, each input's 16-bit
+// integer as a high and a low signed byte (the high bytes of the step, then the low ones), in
+// the codes' order (int4: the step's inputs 2j, then 2j + 1), with one scale a step.
+constexpr int64_t kVnniStep = 128, kVnniBytes = 2 * kVnniStep;
+// x [M, K] as that for inputs [0, K rounded down to kVnniStep): xq [M, steps, kVnniBytes],
+// xscale [M, steps], and xsum [M, cols]: the sum of each block of block_k inputs of the integers
+// times their scales (block_k: 32, 64, a multiple of kVnniStep, or K and more).
+void quantize_x_vnni(const float* x, int64_t M, int64_t K, WeightFormat format, int64_t block_k, int64_t cols,
+                     int8_t* xq, float* xscale, float* xsum);
+// out[m * N + n] for outputs n in [n0, n1) and rows m < M <= 8, over the inputs quantize_x_vnni
+// prepared (the caller adds the rest): int4 (U8 zero points or none) with blocks of 32, 64, a
+// multiple of kVnniStep or whole rows; int8 (I32 zero points or none) with the latter two.
+void quantized_rows_vnni(const QuantizedView& w, const int8_t* xq, const float* xscale, const float* xsum, int64_t M,
+                         int64_t n0, int64_t n1, float* out);
 
 }  // namespace kvpr::cpu

@@ -2,8 +2,8 @@
 // GEMM on the same weights dequantized (engine/base/weight.h: exactly (code - zero) · scale):
 // every format (int4 with and without zero points, int8 with I32 zeros, fp8 with partial blocks,
 // fp4 in MXFP4's blocks),
-// an input order, widths that leave a tail of the vector loop, both decode kernels (AVX-512 and
-// AVX2) where the CPU has both, a few rows (decode: one pass,
+// an input order, widths that leave a tail of the vector loop, every decode kernel (AVX-512 VNNI's
+// for int4 and int8, AVX-512's, AVX2's) where the CPU has them, a few rows (decode: one pass,
 // dequantized in registers) and many (prefill: a tile at a time); linear_batched on a stack and
 // linear_accumulate; the layout's slicing; round to nearest within half a step.
 #include <gtest/gtest.h>
@@ -100,16 +100,36 @@ const Layout kLayouts[] = {
     {WeightFormat::Fp4, 9, 75, 1, 32, false, true},       // a tail of 11, ordered
     {WeightFormat::Fp4, 16, 256, 1, 128, false, false},   // groups of 128
     {WeightFormat::Fp4, 9, 75, 1, 75, false, false},      // one scale a row, an odd width
+    // (VNNI, steps of 128 inputs:)
+    {WeightFormat::Int4, 12, 320, 1, 32, true, false},    // four scales a step, a tail of 64
+    {WeightFormat::Int4, 11, 300, 1, 300, false, true},   // one scale a row, a tail of 44, ordered
+    {WeightFormat::Int8, 8, 384, 1, 128, true, false},    // groups of 128, I32 zeros
+    {WeightFormat::Int4, 6, 512, 2, 256, true, false},    // blocks of 2 x 256: two steps a block
 };
+
+// The VNNI kernel's x is 16-bit integers with one scale per 128 inputs, at most max |x| / 32639:
+// each product is off by at most |w| times half of that. The bound of out[m][n] over all inputs.
+double x_rounding_bound(const Tensor& dense, const Tensor& x, int64_t m, int64_t n) {
+  const int64_t K = dense.dim(1);
+  double amax = 0, wsum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    amax = std::max(amax, static_cast<double>(std::fabs(x.data_as<float>()[m * K + k])));
+    wsum += std::fabs(dense.data_as<float>()[n * K + k]);
+  }
+  return amax / 32639 / 2 * wsum;
+}
 
 }  // namespace
 
 TEST(QuantizedLinear, MatchesTheDenseGemmOnTheDequantizedWeights) {
   CpuBackend be;
-  // Where the CPU has AVX-512 the backend's kernel is that one's: the AVX2 kernel is run too.
+  // Where the CPU has AVX-512 (and VNNI) the backend's kernel is that one's: the others are run
+  // too.
   RecordProperty("avx512", cpu::quantized_avx512_available() ? "yes" : "no");
-  cpu::QuantizedScratch avx2;
+  RecordProperty("vnni", cpu::quantized_vnni_available() ? "yes" : "no");
+  cpu::QuantizedScratch avx2, avx512;
   avx2.avx512 = false;
+  avx512.vnni = false;
   uint32_t seed = 1;
   for (const Layout& l : kLayouts) {
     const Weight w = random_weight(l.format, l.N, l.K, l.bn, l.bk, l.zeros, l.ordered, seed++);
@@ -117,13 +137,50 @@ TEST(QuantizedLinear, MatchesTheDenseGemmOnTheDequantizedWeights) {
     for (int64_t M : {1, 2, 3, 8, 9, 40}) {  // one pass in registers (<= 8), then tiles for sgemm
       const Tensor x = random_x(M, l.K, seed++);
       Tensor got = Tensor::host(DType::F32, {M, l.N}), want = Tensor::host(DType::F32, {M, l.N});
-      Tensor got_avx2 = Tensor::host(DType::F32, {M, l.N});
+      Tensor got_avx2 = Tensor::host(DType::F32, {M, l.N}), got_avx512 = Tensor::host(DType::F32, {M, l.N});
       be.linear(got, x, w, Tensor(), Activation::None);
       be.linear(want, x, dense, Tensor(), Activation::None);
       cpu::quantized_linear(got_avx2.data_as<float>(), x.data_as<float>(), M, w, avx2);
-      EXPECT_LT(rel_err(got, want), 2e-5) << w.describe() << " M " << M;
+      cpu::quantized_linear(got_avx512.data_as<float>(), x.data_as<float>(), M, w, avx512);
+      EXPECT_LT(rel_err(got_avx512, want), 2e-5) << w.describe() << " M " << M;
       EXPECT_LT(rel_err(got_avx2, want), 2e-5) << w.describe() << " M " << M << " (AVX2)";
+      // The backend's: the float kernels' bound, and x's rounding where it took the VNNI kernel.
+      double out_max = 0;
+      for (int64_t i = 0; i < want.numel(); ++i) out_max = std::max(out_max, static_cast<double>(std::fabs(want.data_as<float>()[i])));
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < l.N; ++n) {
+          const double bound = 2e-5 * out_max + (M <= 8 ? x_rounding_bound(dense, x, m, n) : 0.0);
+          ASSERT_LE(std::fabs(got.data_as<float>()[m * l.N + n] - want.data_as<float>()[m * l.N + n]), bound)
+              << w.describe() << " M " << M << " m " << m << " n " << n;
+        }
     }
+  }
+}
+
+// x of integers within 16 bits, each step of 128 inputs holding ±32639: the VNNI kernel's scale is
+// 1, its x exact, and the integer sums exact, so it matches the float kernels to their rounding.
+TEST(QuantizedLinear, VnniIsExactOnSixteenBitIntegers) {
+  if (!cpu::quantized_vnni_available()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  cpu::QuantizedScratch vnni, avx512;
+  avx512.vnni = false;
+  uint32_t seed = 40;
+  for (const Layout& l : kLayouts) {
+    if (l.format != WeightFormat::Int4 && l.format != WeightFormat::Int8) continue;
+    if (l.K < cpu::kVnniStep) continue;
+    const Weight w = random_weight(l.format, l.N, l.K, l.bn, l.bk, l.zeros, false, seed++);
+    const Tensor dense = dequantize(w);
+    const int64_t M = 3;
+    std::mt19937 rng(seed++);
+    std::uniform_int_distribution<int> v(-32639, 32639);
+    Tensor x = Tensor::host(DType::F32, {M, l.K});
+    float* xp = x.data_as<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) xp[i] = static_cast<float>(v(rng));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < l.K; k += cpu::kVnniStep) xp[m * l.K + k + m] = m % 2 ? -32639.f : 32639.f;
+    Tensor got = Tensor::host(DType::F32, {M, l.N}), want = Tensor::host(DType::F32, {M, l.N});
+    cpu::quantized_linear(got.data_as<float>(), xp, M, w, vnni);
+    cpu::quantized_linear(want.data_as<float>(), xp, M, w, avx512);
+    EXPECT_LT(rel_err(got, want), 2e-6) << w.describe();
   }
 }
 
