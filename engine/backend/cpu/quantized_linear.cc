@@ -152,7 +152,7 @@ bool vnni_fits(const Weight& w) {
   return bk % kVnniStep == 0 || bk >= K || (w.format == WeightFormat::Int4 && (bk == 32 || bk == 64));
 }
 
-// The decode with an AVX-512 kernel (VNNI's for int4 and int8 where it fits): rows of x in groups
+// The decode with an AVX-512 kernel (VNNI's for int4 and int8, BF16's for fp8, where they fit): rows of x in groups
 // of 8 over the pool's threads, and the inputs past the kernel's last whole step added here.
 void decode_avx512(float* out, const float* x, int64_t M, const Weight& w, QuantizedScratch& scratch) {
   const int64_t N = w.dim(0), K = w.dim(1);
@@ -168,10 +168,15 @@ void decode_avx512(float* out, const float* x, int64_t M, const Weight& w, Quant
                            w.block_k,
                            w.scale_cols()};
   const int64_t cols = view.cols;
-  const bool vnni = scratch.vnni && quantized_vnni_available() && vnni_fits(w);
-  const int64_t kv = K / (vnni ? kVnniStep : kAvx512Step) * (vnni ? kVnniStep : kAvx512Step);
+  const bool vnni = scratch.dots && quantized_vnni_available() && vnni_fits(w);
+  const bool bf16 = scratch.dots && quantized_bf16_available() && w.format == WeightFormat::Fp8 && K >= kBf16Step &&
+                    (w.block_k % kBf16Step == 0 || w.block_k >= K);
+  const int64_t step = vnni ? kVnniStep : bf16 ? kBf16Step : kAvx512Step, kv = K / step * step;
   const float* pairs = nullptr;
-  if (vnni) {
+  if (bf16) {
+    scratch.xb.resize(static_cast<size_t>(M * kv * 2));
+    bf16_x(x, M, K, scratch.xb.data());
+  } else if (vnni) {
     const int64_t steps = K / kVnniStep;
     scratch.xq.resize(static_cast<size_t>(M * steps * kVnniBytes));
     scratch.xscale.resize(static_cast<size_t>(M * steps));
@@ -191,7 +196,9 @@ void decode_avx512(float* out, const float* x, int64_t M, const Weight& w, Quant
   ThreadPool::global().parallel_for(N, 8, [&](int64_t b, int64_t e) {
     for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
       const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
-      if (vnni) {
+      if (bf16) {
+        quantized_rows_fp8_bf16(view, scratch.xb.data() + m0 * kv * 2, rows, b, e, out + m0 * N);
+      } else if (vnni) {
         const int64_t steps = K / kVnniStep;
         quantized_rows_vnni(view, scratch.xq.data() + m0 * steps * kVnniBytes, scratch.xscale.data() + m0 * steps,
                             scratch.xsum.data() + m0 * cols, rows, b, e, out + m0 * N);
@@ -227,6 +234,16 @@ bool quantized_avx512_available() {
 bool quantized_vnni_available() {
 #ifdef KVPR_CPU_AVX512
   static const bool has = quantized_avx512_available() && __builtin_cpu_supports("avx512vnni");
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool quantized_bf16_available() {
+#ifdef KVPR_CPU_AVX512
+  static const bool has =
+      quantized_avx512_available() && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
   return has;
 #else
   return false;

@@ -19,8 +19,9 @@ struct QuantizedScratch {
   std::vector<float> tile;     // a tile of dequantized rows (prefill)
   std::vector<int8_t> xq;      // x as the VNNI kernel reads it (int4, int8)
   std::vector<float> xscale;   // its scale per kVnniStep inputs
+  std::vector<uint16_t> xb;    // x as the BF16 kernel reads it (fp8)
   bool avx512 = true;          // false: the AVX2 decode kernel where the CPU has AVX-512 (tests)
-  bool vnni = true;            // false: not the VNNI kernel for int4 and int8 (tests)
+  bool dots = true;            // false: not the dot-product kernels (VNNI's, BF16's) (tests)
 };
 
 // out, x: F32; w: a quantized matrix [N, K]; all in host memory (the CPU backend's).
@@ -63,5 +64,18 @@ void quantize_x_vnni(const float* x, int64_t M, int64_t K, WeightFormat format, 
 // multiple of kVnniStep or whole rows; int8 (I32 zero points or none) with the latter two.
 void quantized_rows_vnni(const QuantizedView& w, const int8_t* xq, const float* xscale, const float* xsum, int64_t M,
                          int64_t n0, int64_t n1, float* out);
+
+// Whether the BF16 decode kernel for fp8 is built and this CPU runs it (AVX-512 BF16 and VBMI).
+bool quantized_bf16_available();
+
+// The BF16 kernel's x: each kBf16Step inputs as 2 · kBf16Step BF16s, hi = bf16(x) then lo =
+// bf16(x - hi) (their sum within 2^-17 of x), each in the weights' order (of each 16 inputs the
+// first 8, then of each 16 the last 8), for inputs [0, K rounded down to kBf16Step): xb [M, K / kBf16Step,
+// 2 · kBf16Step].
+constexpr int64_t kBf16Step = 64;
+void bf16_x(const float* x, int64_t M, int64_t K, uint16_t* xb);
+// out[m * N + n] for outputs n in [n0, n1) and rows m < M <= 8 of fp8 codes, over the inputs
+// bf16_x prepared (the caller adds the rest); blocks of inputs a multiple of kBf16Step or whole rows.
+void quantized_rows_fp8_bf16(const QuantizedView& w, const uint16_t* xb, int64_t M, int64_t n0, int64_t n1, float* out);
 
 }  // namespace kvpr::cpu

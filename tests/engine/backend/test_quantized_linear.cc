@@ -3,7 +3,7 @@
 // every format (int4 with and without zero points, int8 with I32 zeros, fp8 with partial blocks,
 // fp4 in MXFP4's blocks),
 // an input order, widths that leave a tail of the vector loop, every decode kernel (AVX-512 VNNI's
-// for int4 and int8, AVX-512's, AVX2's) where the CPU has them, a few rows (decode: one pass,
+// for int4 and int8, AVX-512 BF16's for fp8, AVX-512's, AVX2's) where the CPU has them, a few rows (decode: one pass,
 // dequantized in registers) and many (prefill: a tile at a time); linear_batched on a stack and
 // linear_accumulate; the layout's slicing; round to nearest within half a step.
 #include <gtest/gtest.h>
@@ -105,6 +105,8 @@ const Layout kLayouts[] = {
     {WeightFormat::Int4, 11, 300, 1, 300, false, true},   // one scale a row, a tail of 44, ordered
     {WeightFormat::Int8, 8, 384, 1, 128, true, false},    // groups of 128, I32 zeros
     {WeightFormat::Int4, 6, 512, 2, 256, true, false},    // blocks of 2 x 256: two steps a block
+    // (BF16, fp8 in steps of 64:)
+    {WeightFormat::Fp8, 130, 320, 128, 128, false, false},  // DeepSeek's 128 x 128 blocks, partial ones
 };
 
 // The VNNI kernel's x is 16-bit integers with one scale per 128 inputs, at most max |x| / 32639:
@@ -127,9 +129,10 @@ TEST(QuantizedLinear, MatchesTheDenseGemmOnTheDequantizedWeights) {
   // too.
   RecordProperty("avx512", cpu::quantized_avx512_available() ? "yes" : "no");
   RecordProperty("vnni", cpu::quantized_vnni_available() ? "yes" : "no");
+  RecordProperty("bf16", cpu::quantized_bf16_available() ? "yes" : "no");
   cpu::QuantizedScratch avx2, avx512;
   avx2.avx512 = false;
-  avx512.vnni = false;
+  avx512.dots = false;
   uint32_t seed = 1;
   for (const Layout& l : kLayouts) {
     const Weight w = random_weight(l.format, l.N, l.K, l.bn, l.bk, l.zeros, l.ordered, seed++);
@@ -149,7 +152,9 @@ TEST(QuantizedLinear, MatchesTheDenseGemmOnTheDequantizedWeights) {
       for (int64_t i = 0; i < want.numel(); ++i) out_max = std::max(out_max, static_cast<double>(std::fabs(want.data_as<float>()[i])));
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = 0; n < l.N; ++n) {
-          const double bound = 2e-5 * out_max + (M <= 8 ? x_rounding_bound(dense, x, m, n) : 0.0);
+          // (fp8's BF16 kernel: x as two BF16s, within 2^-17 of it, inside the float kernels' bound)
+          const bool integer_x = M <= 8 && (l.format == WeightFormat::Int4 || l.format == WeightFormat::Int8);
+          const double bound = 2e-5 * out_max + (integer_x ? x_rounding_bound(dense, x, m, n) : 0.0);
           ASSERT_LE(std::fabs(got.data_as<float>()[m * l.N + n] - want.data_as<float>()[m * l.N + n]), bound)
               << w.describe() << " M " << M << " m " << m << " n " << n;
         }
@@ -162,7 +167,7 @@ TEST(QuantizedLinear, MatchesTheDenseGemmOnTheDequantizedWeights) {
 TEST(QuantizedLinear, VnniIsExactOnSixteenBitIntegers) {
   if (!cpu::quantized_vnni_available()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
   cpu::QuantizedScratch vnni, avx512;
-  avx512.vnni = false;
+  avx512.dots = false;
   uint32_t seed = 40;
   for (const Layout& l : kLayouts) {
     if (l.format != WeightFormat::Int4 && l.format != WeightFormat::Int8) continue;
