@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Integration tests of kvprd on loopback: the real daemon with 2 CPU workers on the demo
 model, driven over HTTP with the standard library only. Run by ctest (daemon_integration)."""
+import fcntl
 import http.client
 import json
 import os
@@ -616,11 +617,16 @@ def node_client(script, port, model, *args, env=None):
     """tests/<script> (a node program using the npm clients above) against kvprd on `port`."""
     npm_dir = os.environ.get("KVPR_NPM_DIR", os.path.join(TMP, "npm"))
     stamp = os.path.join(npm_dir, "installed.txt")
-    if not os.path.exists(stamp) or open(stamp).read() != " ".join(NPM_PACKAGES):
-        subprocess.run(["npm", "install", "--prefix", npm_dir, "--no-audit", "--no-fund", "--no-save",
-                        "--no-package-lock", "--loglevel=error", *NPM_PACKAGES], check=True)
-        with open(stamp, "w") as f:
-            f.write(" ".join(NPM_PACKAGES))
+    # The daemon tests of a build tree share one folder: the first to get here installs, under a
+    # lock, while the others wait for it.
+    os.makedirs(npm_dir, exist_ok=True)
+    with open(os.path.join(npm_dir, "install.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(stamp) or open(stamp).read() != " ".join(NPM_PACKAGES):
+            subprocess.run(["npm", "install", "--prefix", npm_dir, "--no-audit", "--no-fund", "--no-save",
+                            "--no-package-lock", "--loglevel=error", *NPM_PACKAGES], check=True)
+            with open(stamp, "w") as f:
+                f.write(" ".join(NPM_PACKAGES))
     r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), script), str(port), model, *args],
                        capture_output=True, text=True, timeout=180,
                        env={**os.environ, "NODE_PATH": os.path.join(npm_dir, "node_modules"), **(env or {})})
