@@ -582,18 +582,24 @@ void CpuBackend::argmax_lse(const Tensor& ids, const Tensor& stats, const Tensor
       for (int64_t i = s; i < e; ++i) {
         const int64_t r = i / parts, b = i % parts * valid / parts, n = (i % parts + 1) * valid / parts - b;
         part[static_cast<size_t>(i)] = n > 0 ? row_argmax_lse(lp + r * V + b, static_cast<int32_t>(n))
-                                             : RowStats{0, -std::numeric_limits<float>::infinity(), 0.0};
+                                             : RowStats{0, -std::numeric_limits<float>::infinity(), 0.0};  // (none: whole)
         part[static_cast<size_t>(i)].token += static_cast<int32_t>(b);
       }
     });
     for (int64_t r = 0; r < R; ++r) {
       const RowStats* p = part.data() + r * parts;
       RowStats best = p[0];
-      for (int64_t j = 1; j < parts; ++j)
+      bool whole = false;  // a part of no finite logit (masked ids, or NaN): the row's own definition
+      for (int64_t j = 0; j < parts; ++j) {
+        whole = whole || !(p[j].max > -std::numeric_limits<float>::infinity());
         if (p[j].max > best.max) best.token = p[j].token, best.max = p[j].max;
+      }
+      if (whole) {
+        put(r, row_argmax_lse(lp + r * V, valid));
+        continue;
+      }
       double sum = 0;
-      for (int64_t j = 0; j < parts; ++j)
-        if (p[j].max > -std::numeric_limits<float>::infinity()) sum += std::exp(p[j].lse - best.max);
+      for (int64_t j = 0; j < parts; ++j) sum += std::exp(p[j].lse - best.max);
       best.lse = best.max + std::log(sum);
       put(r, best);
     }

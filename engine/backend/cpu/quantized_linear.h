@@ -1,8 +1,10 @@
 // The CPU's GEMM on quantized weights (weight.h), reading them as stored: out [M, N] = x [M, K] ·
-// wᵀ in fp32. A few rows (decode) take one pass over the codes, each dequantized in registers:
-// per block of inputs the kernel sums code · x and applies the block's scale and zero point once,
-// as scale · (Σ code · x - zero · Σ x). More rows (prefill) dequantize a tile of the weight's rows
-// at a time into a small buffer for OpenBLAS's sgemm, never the whole matrix.
+// wᵀ in fp32. A few rows (decode) take one pass over the codes: where the CPU has AVX-512 VNNI
+// (int4, int8) or AVX-512 BF16 and VBMI (fp8), as dot products on the codes (x as 16-bit integers
+// a step of 128 inputs, or as two BF16s: quantized_linear_vnni.cc, quantized_linear_bf16.cc); else
+// dequantized in registers, per block of inputs summing code · x and applying the block's scale
+// and zero point once, as scale · (Σ code · x - zero · Σ x). More rows (prefill) dequantize a tile
+// of the weight's rows at a time into a small buffer for OpenBLAS's sgemm, never the whole matrix.
 #pragma once
 
 #include <vector>

@@ -104,6 +104,7 @@ const Layout kLayouts[] = {
     {WeightFormat::Int4, 12, 320, 1, 32, true, false},    // four scales a step, a tail of 64
     {WeightFormat::Int4, 11, 300, 1, 300, false, true},   // one scale a row, a tail of 44, ordered
     {WeightFormat::Int8, 8, 384, 1, 128, true, false},    // groups of 128, I32 zeros
+    {WeightFormat::Int8, 32, 256, 16, 256, false, false}, // a scale a row block of 16, no zeros (128)
     {WeightFormat::Int4, 6, 512, 2, 256, true, false},    // blocks of 2 x 256: two steps a block
     // (BF16, fp8 in steps of 64:)
     {WeightFormat::Fp8, 130, 320, 128, 128, false, false},  // DeepSeek's 128 x 128 blocks, partial ones
@@ -153,7 +154,8 @@ TEST(QuantizedLinear, MatchesTheDenseGemmOnTheDequantizedWeights) {
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = 0; n < l.N; ++n) {
           // (fp8's BF16 kernel: x as two BF16s, within 2^-17 of it, inside the float kernels' bound)
-          const bool integer_x = M <= 8 && (l.format == WeightFormat::Int4 || l.format == WeightFormat::Int8);
+          // (any M: without OpenBLAS more than 8 rows take the decode kernels too)
+          const bool integer_x = l.format == WeightFormat::Int4 || l.format == WeightFormat::Int8;
           const double bound = 2e-5 * out_max + (integer_x ? x_rounding_bound(dense, x, m, n) : 0.0);
           ASSERT_LE(std::fabs(got.data_as<float>()[m * l.N + n] - want.data_as<float>()[m * l.N + n]), bound)
               << w.describe() << " M " << M << " m " << m << " n " << n;
@@ -186,6 +188,23 @@ TEST(QuantizedLinear, VnniIsExactOnSixteenBitIntegers) {
     cpu::quantized_linear(got.data_as<float>(), xp, M, w, vnni);
     cpu::quantized_linear(want.data_as<float>(), xp, M, w, avx512);
     EXPECT_LT(rel_err(got, want), 2e-6) << w.describe();
+  }
+}
+
+// A NaN in x is a NaN in every output, as the float kernels give it (the VNNI kernel's integers
+// could not hold one: its step's scale becomes NaN).
+TEST(QuantizedLinear, ANanInXIsANanOut) {
+  CpuBackend be;
+  for (WeightFormat f : {WeightFormat::Int4, WeightFormat::Int8, WeightFormat::Fp8}) {
+    const Weight w = random_weight(f, 16, 256, 1, 128, f != WeightFormat::Fp8, false, 50);
+    Tensor x = random_x(2, 256, 51);
+    x.data_as<float>()[256 + 130] = std::nanf("");  // row 1, the second step
+    Tensor out = Tensor::host(DType::F32, {2, 16});
+    be.linear(out, x, w, Tensor(), Activation::None);
+    for (int64_t n = 0; n < 16; ++n) {
+      EXPECT_FALSE(std::isnan(out.data_as<float>()[n])) << weight_format_name(f) << " " << n;
+      EXPECT_TRUE(std::isnan(out.data_as<float>()[16 + n])) << weight_format_name(f) << " " << n;
+    }
   }
 }
 
