@@ -604,7 +604,8 @@ TEST(Cuda, WeightsTooLargeForTheDeviceNameTheWayOut) {
   EXPECT_EQ(gpu->alloc(DType::F32, {16}).numel(), 16);  // the device is still usable
 }
 
-// One test per checkpoint fixture (each its own ctest entry, so they run side by side).
+// One test per checkpoint fixture (on the emulated device each its own ctest entry, so they run
+// side by side).
 class CudaModels : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaModels, EveryKvModeGivesTheCpuGreedyTokens) {
