@@ -152,8 +152,15 @@ bool vnni_fits(const Weight& w) {
   return bk % kVnniStep == 0 || bk >= K || (w.format == WeightFormat::Int4 && (bk == 32 || bk == 64));
 }
 
-// The decode with an AVX-512 kernel (VNNI's for int4 and int8, BF16's for fp8, where they fit): rows of x in groups
-// of 8 over the pool's threads, and the inputs past the kernel's last whole step added here.
+// Whether the BF16 kernel takes w: fp8 whose blocks of inputs are whole steps, and at least one.
+bool bf16_fits(const Weight& w) {
+  const int64_t bk = w.block_k, K = w.dim(1);
+  return w.format == WeightFormat::Fp8 && K >= kBf16Step && (bk % kBf16Step == 0 || bk >= K);
+}
+
+// The decode with an AVX-512 kernel (VNNI's for int4 and int8, BF16's for fp8, where they fit):
+// rows of x in groups of 8 over the pool's threads, and the inputs past the kernel's last whole
+// step added here.
 void decode_avx512(float* out, const float* x, int64_t M, const Weight& w, QuantizedScratch& scratch) {
   const int64_t N = w.dim(0), K = w.dim(1);
   const QuantizedView view{w.codes.data_as<uint8_t>(),
@@ -169,15 +176,14 @@ void decode_avx512(float* out, const float* x, int64_t M, const Weight& w, Quant
                            w.scale_cols()};
   const int64_t cols = view.cols;
   const bool vnni = scratch.dots && quantized_vnni_available() && vnni_fits(w);
-  const bool bf16 = scratch.dots && quantized_bf16_available() && w.format == WeightFormat::Fp8 && K >= kBf16Step &&
-                    (w.block_k % kBf16Step == 0 || w.block_k >= K);
+  const bool bf16 = scratch.dots && quantized_bf16_available() && bf16_fits(w);
   const int64_t step = vnni ? kVnniStep : bf16 ? kBf16Step : kAvx512Step, kv = K / step * step;
+  const int64_t steps = K / kVnniStep;  // (the VNNI kernel's)
   const float* pairs = nullptr;
   if (bf16) {
     scratch.xb.resize(static_cast<size_t>(M * kv * 2));
     bf16_x(x, M, K, scratch.xb.data());
   } else if (vnni) {
-    const int64_t steps = K / kVnniStep;
     scratch.xq.resize(static_cast<size_t>(M * steps * kVnniBytes));
     scratch.xscale.resize(static_cast<size_t>(M * steps));
     scratch.xsum.resize(static_cast<size_t>(M * cols));
@@ -199,7 +205,6 @@ void decode_avx512(float* out, const float* x, int64_t M, const Weight& w, Quant
       if (bf16) {
         quantized_rows_fp8_bf16(view, scratch.xb.data() + m0 * kv * 2, rows, b, e, out + m0 * N);
       } else if (vnni) {
-        const int64_t steps = K / kVnniStep;
         quantized_rows_vnni(view, scratch.xq.data() + m0 * steps * kVnniBytes, scratch.xscale.data() + m0 * steps,
                             scratch.xsum.data() + m0 * cols, rows, b, e, out + m0 * N);
       } else {
